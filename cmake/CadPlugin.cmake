@@ -1,0 +1,25 @@
+# cad_add_plugin(NAME <name> SOURCES <files...> [LIBRARIES <libs...>])
+#
+# Builds plugin <name> as build/lib/cad/plugins/cad_<name>.so: a MODULE library (never linked
+# against), with hidden visibility and a version script so that it exports only
+# cad_plugin_entry_v1, built with the plugin support library, and installed with the other plugins.
+set(CAD_PLUGIN_VERSION_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/cad_plugin_exports.map)
+
+function(cad_add_plugin)
+  cmake_parse_arguments(ARG "" "NAME" "SOURCES;LIBRARIES" ${ARGN})
+  set(target cad_plugin_${ARG_NAME})
+  add_library(${target} MODULE ${ARG_SOURCES})
+  set_target_properties(${target} PROPERTIES
+    PREFIX ""
+    OUTPUT_NAME cad_${ARG_NAME}
+    LIBRARY_OUTPUT_DIRECTORY ${CAD_PLUGIN_OUTPUT_DIRECTORY}
+    LINK_DEPENDS ${CAD_PLUGIN_VERSION_SCRIPT})
+  target_link_libraries(${target} PRIVATE cad_plugin_support ${ARG_LIBRARIES})
+  # -z defs: a plugin must not rely on symbols from the host process.
+  target_link_options(${target} PRIVATE "LINKER:--version-script=${CAD_PLUGIN_VERSION_SCRIPT}")
+  if(NOT CAD_SANITIZE)
+    target_link_options(${target} PRIVATE "LINKER:-z,defs")
+  endif()
+  install(TARGETS ${target} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/cad/plugins)
+  set_property(GLOBAL APPEND PROPERTY CAD_PLUGIN_TARGETS ${target})
+endfunction()

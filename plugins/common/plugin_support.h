@@ -1,0 +1,182 @@
+// plugin_support.h -- the small C++ toolkit every in-tree plugin is built with (linked statically
+// into each plugin; nothing here is exported). It turns C++ failures into ABI status codes, reads
+// JSON configs with errors that name the key, checks tensor descriptors with errors that name the
+// tensor, and logs through the host's services. Plugins keep their own state in their context; this
+// file has no globals.
+#pragma once
+
+#include <cstdarg>
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cad_plugin_v1.h"
+
+namespace cad::plugin {
+
+// A failure with the status it maps to. Thrown inside a plugin, caught by guarded() at the boundary.
+class Failure : public std::exception {
+ public:
+  Failure(cad_status_t status, std::string message) : status_(status), message_(std::move(message)) {}
+  cad_status_t status() const { return status_; }
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  cad_status_t status_;
+  std::string message_;
+};
+
+// printf-style formatting into a std::string.
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+[[noreturn]] void fail(cad_status_t status, const std::string& message);
+
+// Logging through the host's services; a no-op when the host lent no logger or the level is below
+// the host's threshold.
+class Logger {
+ public:
+  Logger(const cad_host_services_v1_t* services, std::string source)
+      : services_(services), source_(std::move(source)) {}
+  void log(cad_log_level_t level, const std::string& message) const;
+  void debug(const std::string& m) const { log(CAD_LOG_DEBUG, m); }
+  void info(const std::string& m) const { log(CAD_LOG_INFO, m); }
+  void warn(const std::string& m) const { log(CAD_LOG_WARN, m); }
+  bool enabled(cad_log_level_t level) const;
+  const cad_host_services_v1_t* services() const { return services_; }
+  const std::string& source() const { return source_; }
+
+ private:
+  const cad_host_services_v1_t* services_;
+  std::string source_;
+};
+
+// The part of every plugin context that the ABI requires: the last error.
+struct ErrorState {
+  std::string last_error;
+};
+
+// Runs `body` and converts whatever it throws into a status + last_error. Use at every ABI entry
+// point so that no exception crosses the boundary.
+template <class Body>
+cad_status_t guarded(ErrorState& state, Body&& body) noexcept {
+  try {
+    body();
+    state.last_error.clear();
+    return CAD_STATUS_OK;
+  } catch (const Failure& f) {
+    state.last_error = f.what();
+    return f.status();
+  } catch (const std::bad_alloc&) {
+    state.last_error = "out of memory";
+    return CAD_STATUS_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    state.last_error = std::string("internal error: ") + e.what();
+    return CAD_STATUS_INTERNAL;
+  } catch (...) {
+    state.last_error = "internal error: unknown exception";
+    return CAD_STATUS_INTERNAL;
+  }
+}
+
+// Implements the ABI's create contract for a context type `Ctx` constructible as
+// Ctx(services, config_json): validates the services table, builds the context, and on failure
+// writes the message into the caller's buffer.
+void copy_message(const std::string& message, char* buffer, size_t capacity);
+cad_status_t check_services(const cad_host_services_v1_t* services, std::string* message);
+
+template <class Ctx>
+cad_status_t create_context(const cad_host_services_v1_t* services, const char* config_json, void** out_ctx,
+                            char* error_message, size_t error_capacity) noexcept {
+  std::string message;
+  cad_status_t status = CAD_STATUS_OK;
+  if (out_ctx == nullptr) {
+    copy_message("create: out_ctx is NULL", error_message, error_capacity);
+    return CAD_STATUS_INVALID_ARGUMENT;
+  }
+  status = check_services(services, &message);
+  if (status != CAD_STATUS_OK) {
+    copy_message(message, error_message, error_capacity);
+    return status;
+  }
+  try {
+    *out_ctx = new Ctx(services, config_json);
+    return CAD_STATUS_OK;
+  } catch (const Failure& f) {
+    message = f.what();
+    status = f.status();
+  } catch (const std::bad_alloc&) {
+    message = "out of memory";
+    status = CAD_STATUS_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    message = std::string("internal error: ") + e.what();
+    status = CAD_STATUS_INTERNAL;
+  } catch (...) {
+    message = "internal error: unknown exception";
+    status = CAD_STATUS_INTERNAL;
+  }
+  copy_message(message, error_message, error_capacity);
+  return status;
+}
+
+// Reads a plugin's JSON config. Every getter records the key as known; finish() warns about the
+// rest. Errors throw Failure(CAD_STATUS_INVALID_CONFIG) naming `source` ("plugin 'mpi' config")
+// and the key, with the expected type or range.
+class ConfigReader {
+ public:
+  ConfigReader(const char* config_json, std::string source);
+  bool has(const std::string& key) const;
+  int64_t get_int(const std::string& key, int64_t fallback, int64_t min_value, int64_t max_value);
+  double get_double(const std::string& key, double fallback, double min_value, double max_value);
+  bool get_bool(const std::string& key, bool fallback);
+  std::string get_string(const std::string& key, const std::string& fallback);
+  // A string that must be one of `allowed`.
+  std::string get_choice(const std::string& key, const std::string& fallback,
+                         const std::vector<std::string>& allowed);
+  // The raw JSON value (records the key), or null if absent.
+  nlohmann::json get_json(const std::string& key);
+  // Log a warning for each key no getter asked for.
+  void finish(const Logger& logger) const;
+  const nlohmann::json& json() const { return json_; }
+
+ private:
+  [[noreturn]] void bad(const std::string& key, const std::string& expected) const;
+  nlohmann::json json_;
+  std::string source_;
+  std::set<std::string> known_;
+};
+
+// dtype helpers.
+enum class DType { F32, BF16 };
+const char* dtype_name(const cad_dtype_v1_t& dtype);
+bool dtype_is(const cad_dtype_v1_t& dtype, DType want);
+
+// Checks one tensor argument: non-NULL, data non-NULL (unless it has zero elements), the expected
+// device type, rank, shape (-1 = any; `dims` names each dim for the message) and dtype, and compact
+// row-major strides. Throws Failure(CAD_STATUS_INVALID_ARGUMENT) naming the tensor.
+struct TensorSpec {
+  const char* name;                 // e.g. "q"
+  cad_device_type_t device_type;
+  std::vector<int64_t> shape;       // expected extents, -1 = any
+  std::vector<const char*> dims;    // names of the dims, e.g. {"Tq", "Hq", "D"}
+  std::vector<DType> dtypes;        // accepted dtypes
+};
+void check_tensor(const cad_tensor_v1_t* tensor, const TensorSpec& spec);
+
+// Start of the tensor's data (data + byte_offset).
+inline void* tensor_data(const cad_tensor_v1_t* t) {
+  return static_cast<char*>(t->data) + t->byte_offset;
+}
+int64_t tensor_numel(const cad_tensor_v1_t* t);
+
+// Validate a segment table against Tq and Tk: non-negative lengths, in-bounds ranges, queries of
+// different segments disjoint, q_len <= kv_len when causal. Throws INVALID_ARGUMENT naming the segment.
+void check_segments(const cad_segment_v1_t* segments, int64_t num_segments, int64_t tq, int64_t tk,
+                    bool causal);
+
+}  // namespace cad::plugin
