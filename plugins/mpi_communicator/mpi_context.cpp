@@ -1,0 +1,114 @@
+// mpi_context.cpp -- creating and destroying one "mpi" communicator instance.
+#include "mpi_context.h"
+
+#include <algorithm>
+
+#include "mpi_requests.h"
+#include "mpi_runtime.h"
+
+namespace cad::mpi_comm {
+
+using plugin::fail;
+using plugin::format;
+
+static void check_mpi(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) fail(CAD_STATUS_COMMUNICATION, format("create: %s failed: %s", what, mpi_error_text(rc).c_str()));
+}
+
+MpiContext::MpiContext(const cad_host_services_v1_t* services, const char* config_json)
+    : logger_(services, "mpi"), config_(read_config(config_json, logger_)) {
+  ensure_mpi_initialised(logger_);
+  try {
+    create_communicator();
+  } catch (...) {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    throw;
+  }
+  register_instance();  // last: from here on destroy() owns the MPI lifetime bookkeeping
+}
+
+void MpiContext::create_communicator() {
+  int world_rank = 0, world_size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+
+  // Our own duplicate, so that our messages never mix with the host's and errors return to us
+  // instead of aborting the job. MPI_Comm_idup lets a rank that never joins time out here too.
+  MPI_Comm dup = MPI_COMM_NULL;
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, &dup, &request), "MPI_Comm_idup(MPI_COMM_WORLD)");
+  const Deadline deadline = Deadline::after_ms(config_.timeout_ms);
+  for (int done = 0; !done;) {
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Comm_idup(MPI_COMM_WORLD)");
+    if (!done && Clock::now() >= deadline.at) {
+      // The request cannot be cancelled (it is a collective); leave it to MPI_Finalize.
+      MPI_Request_free(&request);
+      fail(CAD_STATUS_TIMEOUT, format("create: duplicating MPI_COMM_WORLD timed out after %lld ms (is every one "
+                                      "of the %d ranks creating this communicator?)",
+                                      static_cast<long long>(config_.timeout_ms), world_size));
+    }
+  }
+  comm_ = dup;
+  check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+
+  if (config_.use_split) {
+    const int key = config_.split_key_given ? config_.split_key : world_rank;
+    MPI_Comm sub = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, config_.split_color, key, &sub), "MPI_Comm_split");
+    MPI_Comm_free(&comm_);
+    comm_ = sub;
+  } else if (!config_.ranks.empty()) {
+    for (int r : config_.ranks) {
+      if (r >= world_size) {
+        fail(CAD_STATUS_INVALID_CONFIG, format("plugin 'mpi' config: key 'ranks': rank %d is not below the world "
+                                               "size %d", r, world_size));
+      }
+    }
+    if (std::find(config_.ranks.begin(), config_.ranks.end(), world_rank) == config_.ranks.end()) {
+      fail(CAD_STATUS_INVALID_CONFIG, format("plugin 'mpi' config: key 'ranks': this process (world rank %d) is not "
+                                             "listed; only the listed ranks may create this communicator",
+                                             world_rank));
+    }
+    MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    MPI_Comm_group(comm_, &world_group);
+    MPI_Group_incl(world_group, static_cast<int>(config_.ranks.size()), config_.ranks.data(), &group);
+    MPI_Comm sub = MPI_COMM_NULL;
+    const int rc = MPI_Comm_create_group(comm_, group, /*tag=*/0, &sub);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    check_mpi(rc, "MPI_Comm_create_group");
+    MPI_Comm_free(&comm_);
+    comm_ = sub;
+  }
+  check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &world_size_);
+
+  int* tag_ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found);
+  if (found && tag_ub != nullptr) tag_limit_ = *tag_ub;
+  logger_.debug(format("rank %d of %d (world rank %d of %d), timeout %lld ms", rank_, world_size_, world_rank,
+                       world_size, static_cast<long long>(config_.timeout_ms)));
+}
+
+MpiContext::~MpiContext() {
+  // MPI_Comm_free only marks the communicator for release; it does not wait for peers, so it is safe
+  // after a timeout too.
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  unregister_instance(logger_);
+}
+
+int MpiContext::next_tag_base() {
+  const uint64_t slots = static_cast<uint64_t>(tag_limit_ / kTagsPerCall);
+  return static_cast<int>((calls_++ % slots) * kTagsPerCall);
+}
+
+void MpiContext::check_usable() const {
+  if (!broken_reason_.empty()) {
+    fail(CAD_STATUS_COMMUNICATION, "this communicator is unusable after an earlier failure (" + broken_reason_ +
+                                       "); only last_error and destroy may be called");
+  }
+}
+
+}  // namespace cad::mpi_comm
