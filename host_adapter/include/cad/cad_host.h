@@ -16,21 +16,30 @@
 extern "C" {
 #endif
 
+/* libcad_host is built with hidden visibility; everything declared here is its public API. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* ---- One plugin shared object ---------------------------------------------------------------- */
 typedef struct cad_library cad_library_t;
 
 /* Open a plugin by path (contains '/' or ends in ".so") or by name: "NAME" is looked up as
- * cad_NAME.so in `search_path` (colon-separated; NULL = $CAD_PLUGIN_PATH, then the build/install
- * plugin directory). Loads with local symbol scope, checks that the entry symbol is the object's own,
- * that the ABI major matches, and the tables' sizes. On success *out owns the loaded object. */
+ * cad_NAME.so in, in order: `search_path` (colon-separated, may be NULL), $CAD_PLUGIN_PATH, then the
+ * plugin directory next to libcad_host.so (lib/cad/plugins), the build tree's and the install
+ * prefix's. Loads with local symbol scope, checks that the entry symbol is the object's own, that the
+ * ABI major matches, and the tables' sizes and functions. On success *out owns the loaded object.
+ * Thread-safe (loading is serialised internally). */
 cad_status_t cad_library_open(const char* name_or_path, const char* search_path, cad_library_t** out,
                               char* error, size_t error_capacity);
 const cad_plugin_v1_t* cad_library_plugin(const cad_library_t* library); /* borrowed, static data */
 const char* cad_library_path(const cad_library_t* library);              /* resolved absolute path */
 void cad_library_close(cad_library_t* library);                          /* NULL is a no-op */
 
-/* Every plugin file found on the search path (sorted by file name), as resolved paths joined by '\n'.
- * The returned string is owned by the caller and released with cad_string_free. */
+/* Every plugin file (cad_*.so) found in the directories cad_library_open searches (sorted by file name;
+ * a file reached through two directories is listed once), as resolved paths joined by '\n' ("" if
+ * none). Files are not opened. The returned string is owned by the caller and released with
+ * cad_string_free. */
 cad_status_t cad_list_plugin_files(const char* search_path, char** out_paths, char* error,
                                    size_t error_capacity);
 void cad_string_free(char* s);
@@ -41,15 +50,25 @@ typedef struct cad_host cad_host_t;
 /* Out-of-band all-gather for bootstrapping communicators (see cad_host_services_v1_t). */
 typedef cad_status_t (*cad_bootstrap_all_gather_fn)(void* user, const void* send, size_t bytes, void* recv);
 
+/* Receives every log line of the host and its plugins (source: "cad" for the host itself, else the
+ * instance name) instead of stderr. Called from any thread, one call at a time. */
+typedef void (*cad_host_log_fn)(void* user, cad_log_level_t level, const char* source, const char* message);
+
+/* Set struct_size = sizeof(cad_host_options_v1_t); fields past the caller's struct_size read as 0. */
 typedef struct cad_host_options_v1 {
   size_t struct_size;
   const char* config_json;  /* the stack config as JSON text, or NULL to read config_path             */
-  const char* config_path;  /* a JSON file; also names the source in error messages                   */
-  const char* search_path;  /* overrides the config's "plugin_path" and $CAD_PLUGIN_PATH if non-NULL  */
+  const char* config_path;  /* a JSON file; also names the source in error messages, and relative
+                               "plugin_path" entries are resolved against its directory              */
+  const char* search_path;  /* colon-separated dirs searched before the config's "plugin_path" and
+                               $CAD_PLUGIN_PATH (may be NULL)                                        */
   cad_bootstrap_all_gather_fn bootstrap_all_gather; /* may be NULL                                    */
   void* bootstrap_user;
   int32_t bootstrap_rank;
   int32_t bootstrap_world_size;
+  /* Appended after v1.0 of this header (read only if struct_size covers them): */
+  cad_host_log_fn log_callback; /* NULL: log to stderr through spdlog                                 */
+  void* log_user;
 } cad_host_options_v1_t;
 
 /* Validate the config, load every plugin it names and create every instance in order (an instance may
@@ -66,8 +85,35 @@ const cad_host_services_v1_t* cad_host_services(cad_host_t* host);
 cad_status_t cad_host_find_instance(cad_host_t* host, const char* instance_name, cad_plugin_kind_t kind,
                                     const void** out_table, void** out_instance);
 
-/* The instance named by the config's "attention" key: the one the trainer calls. */
+/* The instance named by the config's "attention" key: the one the trainer calls. NOT_FOUND if the
+ * config names none. */
 cad_status_t cad_host_attention(cad_host_t* host, const cad_attention_v1_t** out_table, void** out_instance);
+
+/* The created instances, in creation order (for tools such as `cad check-config`). */
+typedef struct cad_host_instance_info_v1 {
+  size_t struct_size;             /* set by the caller                                               */
+  const char* name;               /* the config's instance name                                      */
+  const cad_plugin_v1_t* plugin;  /* its plugin's table (kind, name, version, ...)                    */
+  const char* path;               /* the plugin file, resolved                                       */
+  const void* table;              /* the kind's table                                                */
+  void* instance;                 /* the instance's context                                          */
+} cad_host_instance_info_v1_t;
+int64_t cad_host_num_instances(const cad_host_t* host);
+/* INVALID_ARGUMENT if index is out of range. Strings and tables stay valid until cad_host_destroy. */
+cad_status_t cad_host_instance_info(const cad_host_t* host, int64_t index, cad_host_instance_info_v1_t* out);
+
+/* The log level in effect ($CAD_LOG_LEVEL, else the config's "log_level", else info). */
+cad_log_level_t cad_host_log_level(const cad_host_t* host);
+
+/* Parse a level name: trace, debug, info, warn, error, off. Returns 0 (and sets *out) on success, -1 if
+ * the name is unknown. */
+int cad_log_level_from_name(const char* name, cad_log_level_t* out);
+const char* cad_plugin_kind_name(cad_plugin_kind_t kind); /* "attention", ...; "unknown" otherwise */
+const char* cad_status_name(cad_status_t status);          /* "INVALID_CONFIG", ...                 */
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 } /* extern "C" */

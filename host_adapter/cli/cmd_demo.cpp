@@ -1,0 +1,223 @@
+// cmd_demo.cpp -- `cad demo`: builds the configured stack, draws a random varlen batch (a few documents
+// of random lengths summing to N tokens) and runs forward and backward through the configured
+// attention instance, printing sizes, timings and checksums.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cad_host.hpp"
+#include "cli_args.h"
+#include "command.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: cad demo [--config FILE] [--tokens N] [--heads H] [--kv-heads H] [--head-dim D] [--seed S]\n"
+    "                [--noncausal] [--path DIRS]\n\n"
+    "Loads the stack of FILE (default configs/reference.json), draws a random batch of a few documents\n"
+    "of random lengths summing to N tokens, and runs forward and backward through the config's\n"
+    "attention instance (fp32, CPU). Prints sizes, timings and checksums.\n\n"
+    "  --tokens N     tokens in the batch (default 2048)\n"
+    "  --heads H      query heads (default 8)\n"
+    "  --kv-heads H   key/value heads, dividing --heads (default 2)\n"
+    "  --head-dim D   head dimension (default 64)\n"
+    "  --seed S       random seed of the batch (default 1)\n"
+    "  --noncausal    full attention inside each document instead of causal\n"
+    "  --path DIRS    directories searched for plugins first (colon-separated)\n";
+
+// The default config: in the working directory, the source tree, or the install prefix.
+std::string default_config() {
+  const std::vector<std::string> candidates = {"configs/reference.json",
+#ifdef CAD_SOURCE_CONFIG_DIR
+                                               CAD_SOURCE_CONFIG_DIR "/reference.json",
+#endif
+#ifdef CAD_INSTALL_CONFIG_DIR
+                                               CAD_INSTALL_CONFIG_DIR "/reference.json",
+#endif
+  };
+  for (const auto& c : candidates) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(c, ec)) return c;
+  }
+  return candidates.front();
+}
+
+// A borrowed fp32 CPU tensor over a std::vector.
+struct Tensor {
+  std::vector<float> data;
+  std::vector<int64_t> shape;
+  cad_tensor_v1_t view{};
+
+  explicit Tensor(std::vector<int64_t> dims) : shape(std::move(dims)) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    data.assign(static_cast<size_t>(n), 0.0f);
+    view.data = data.data();
+    view.device = {CAD_DEVICE_CPU, 0};
+    view.ndim = static_cast<int32_t>(shape.size());
+    view.dtype = {CAD_DTYPE_CODE_FLOAT, 32, 1};
+    view.shape = shape.data();
+    view.strides = nullptr;
+    view.byte_offset = 0;
+  }
+  void randomize(std::mt19937_64& rng) {
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (float& x : data) x = uniform(rng);
+  }
+  double sum() const {
+    double s = 0;
+    for (float x : data) {
+      if (std::isfinite(x)) s += x;
+    }
+    return s;
+  }
+};
+
+// Document lengths: 1 to 8 documents, cut at random points, summing to `tokens`.
+std::vector<int64_t> draw_documents(int64_t tokens, std::mt19937_64& rng) {
+  const int64_t max_docs = std::min<int64_t>(8, tokens);
+  const int64_t docs = std::uniform_int_distribution<int64_t>(1, max_docs)(rng);
+  std::vector<int64_t> cuts;
+  std::uniform_int_distribution<int64_t> position(1, tokens - 1);
+  while (static_cast<int64_t>(cuts.size()) < docs - 1) {
+    const int64_t c = position(rng);
+    if (std::find(cuts.begin(), cuts.end(), c) == cuts.end()) cuts.push_back(c);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.push_back(tokens);
+  std::vector<int64_t> lengths;
+  int64_t previous = 0;
+  for (int64_t c : cuts) {
+    lengths.push_back(c - previous);
+    previous = c;
+  }
+  return lengths;
+}
+
+void require(cad_status_t status, const cad_attention_v1_t* table, void* instance, const char* what) {
+  if (status != CAD_STATUS_OK) {
+    throw cad::Error(status, std::string(what) + " failed [" + cad_status_name(status) + "]: " +
+                                 table->last_error(instance));
+  }
+}
+
+double milliseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+int run_demo(int argc, char** argv) {
+  const cad::cli::Args args(argc, argv, {"--config", "--tokens", "--heads", "--kv-heads", "--head-dim", "--seed", "--path"},
+                            {"--noncausal"});
+  if (args.help()) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!args.positional().empty()) throw cad::cli::UsageError("unexpected argument '" + args.positional()[0] + "'");
+  const std::string config = args.get("--config", default_config());
+  const int64_t tokens = args.get_int("--tokens", 2048, 1, int64_t{1} << 24);
+  const int64_t heads = args.get_int("--heads", 8, 1, 1024);
+  const int64_t kv_heads = args.get_int("--kv-heads", std::min<int64_t>(2, heads), 1, heads);
+  const int64_t head_dim = args.get_int("--head-dim", 64, 1, 1024);
+  const int64_t seed = args.get_int("--seed", 1, 0, INT64_MAX);
+  const bool causal = !args.has("--noncausal");
+  if (heads % kv_heads != 0) throw cad::cli::UsageError("--heads must be a multiple of --kv-heads");
+  const std::string search_path = args.get("--path", "");
+
+  cad::Host host(config, search_path.empty() ? nullptr : search_path.c_str());
+  const auto [attention, instance] = host.attention();
+
+  cad_attention_capabilities_v1_t caps{};
+  caps.struct_size = sizeof caps;
+  require(attention->get_capabilities(instance, &caps), attention, instance, "get_capabilities");
+  if (caps.device_type != CAD_DEVICE_CPU || (caps.dtype_mask & CAD_ATTENTION_DTYPE_FP32) == 0) {
+    std::fprintf(stderr, "cad demo: the attention instance does not take fp32 CPU tensors (the demo's only mode so far)\n");
+    return 1;
+  }
+
+  std::mt19937_64 rng(static_cast<uint64_t>(seed));
+  const std::vector<int64_t> lengths = draw_documents(tokens, rng);
+  std::vector<cad_segment_v1_t> segments;
+  std::vector<cad_piece_v1_t> pieces;
+  int64_t offset = 0;
+  double score_entries = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int64_t l = lengths[i];
+    segments.push_back({offset, l, offset, l});
+    pieces.push_back({static_cast<int64_t>(i), l, 0, l});
+    score_entries += causal ? 0.5 * static_cast<double>(l) * static_cast<double>(l + 1) : static_cast<double>(l) * l;
+    offset += l;
+  }
+
+  Tensor q({tokens, heads, head_dim}), k({tokens, kv_heads, head_dim}), v({tokens, kv_heads, head_dim});
+  Tensor d_o({tokens, heads, head_dim});
+  q.randomize(rng);
+  k.randomize(rng);
+  v.randomize(rng);
+  d_o.randomize(rng);
+  Tensor o({tokens, heads, head_dim}), lse({heads, tokens});
+  Tensor d_q({tokens, heads, head_dim}), d_k({tokens, kv_heads, head_dim}), d_v({tokens, kv_heads, head_dim});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+
+  cad_attention_forward_args_v1_t fwd{};
+  fwd.struct_size = sizeof fwd;
+  fwd.segments = segments.data();
+  fwd.num_segments = static_cast<int64_t>(segments.size());
+  fwd.pieces = pieces.data();
+  fwd.num_pieces = static_cast<int64_t>(pieces.size());
+  fwd.softmax_scale = scale;
+  fwd.causal = causal ? 1 : 0;
+  fwd.q = &q.view;
+  fwd.k = &k.view;
+  fwd.v = &v.view;
+  fwd.o = &o.view;
+  fwd.lse = &lse.view;
+  auto start = std::chrono::steady_clock::now();
+  require(attention->forward(instance, &fwd), attention, instance, "forward");
+  const double forward_ms = milliseconds_since(start);
+
+  cad_attention_backward_args_v1_t bwd{};
+  bwd.struct_size = sizeof bwd;
+  bwd.segments = fwd.segments;
+  bwd.num_segments = fwd.num_segments;
+  bwd.pieces = fwd.pieces;
+  bwd.num_pieces = fwd.num_pieces;
+  bwd.softmax_scale = scale;
+  bwd.causal = fwd.causal;
+  bwd.q = &q.view;
+  bwd.k = &k.view;
+  bwd.v = &v.view;
+  bwd.o = &o.view;
+  bwd.lse = &lse.view;
+  bwd.d_o = &d_o.view;
+  bwd.d_q = &d_q.view;
+  bwd.d_k = &d_k.view;
+  bwd.d_v = &d_v.view;
+  start = std::chrono::steady_clock::now();
+  require(attention->backward(instance, &bwd), attention, instance, "backward");
+  const double backward_ms = milliseconds_since(start);
+
+  // Forward: QK^T and PV, 2 FLOPs per multiply-add each: 4 * D * Hq per score entry.
+  const double forward_flops = 4.0 * static_cast<double>(head_dim * heads) * score_entries;
+  std::string doc_list;
+  for (int64_t l : lengths) doc_list += (doc_list.empty() ? "" : " ") + std::to_string(l);
+  std::printf("config     %s\n", config.c_str());
+  std::printf("batch      %lld tokens, %zu documents (%s), %s\n", static_cast<long long>(tokens), lengths.size(),
+              doc_list.c_str(), causal ? "causal" : "non-causal");
+  std::printf("shape      Hq=%lld Hkv=%lld D=%lld fp32, softmax scale %.4g\n", static_cast<long long>(heads),
+              static_cast<long long>(kv_heads), static_cast<long long>(head_dim), static_cast<double>(scale));
+  std::printf("forward    %10.3f ms  %8.2f GFLOP/s\n", forward_ms, forward_flops / (forward_ms * 1e6));
+  std::printf("backward   %10.3f ms\n", backward_ms);
+  std::printf("checksum   O %.6e  LSE %.6e  dQ %.6e  dK %.6e  dV %.6e\n", o.sum(), lse.sum(), d_q.sum(), d_k.sum(),
+              d_v.sum());
+  return 0;
+}
+
+}  // namespace
+
+CAD_REGISTER_COMMAND(demo, "demo", "run a random varlen batch forward and backward through a configured stack",
+                     run_demo);
