@@ -1,0 +1,125 @@
+// context.cpp -- see context.h.
+#include "context.h"
+
+#include <limits>
+
+namespace cad::cad_plugin {
+
+using plugin::fail;
+using plugin::format;
+
+namespace {
+
+const char* kind_name(cad_plugin_kind_t kind) {
+  switch (kind) {
+    case CAD_PLUGIN_KIND_ATTENTION: return "attention";
+    case CAD_PLUGIN_KIND_COMMUNICATOR: return "communicator";
+    case CAD_PLUGIN_KIND_BALANCER: return "balancer";
+  }
+  return "unknown";
+}
+
+// Borrows an instance the host created before this one.
+const void* lookup(const cad_host_services_v1_t* services, const std::string& name, cad_plugin_kind_t kind,
+                   void** instance) {
+  if (services->lookup_plugin == nullptr) {
+    fail(CAD_STATUS_NOT_FOUND, format("plugin 'cad': the host lends no lookup_plugin service, so the %s instance "
+                                      "'%s' cannot be found", kind_name(kind), name.c_str()));
+  }
+  const void* table = nullptr;
+  void* found = nullptr;
+  const cad_status_t status = services->lookup_plugin(services->host_ctx, name.c_str(), kind, &table, &found);
+  if (status != CAD_STATUS_OK || table == nullptr) {
+    fail(CAD_STATUS_NOT_FOUND, format("plugin 'cad': no %s instance named '%s' (it must be listed before the CAD "
+                                      "instance in the host's config)", kind_name(kind), name.c_str()));
+  }
+  *instance = found;
+  return table;
+}
+
+std::string required_name(plugin::ConfigReader& reader, const char* key) {
+  const std::string value = reader.get_string(key, "");
+  if (value.empty()) {
+    fail(CAD_STATUS_INVALID_CONFIG,
+         format("plugin 'cad' config: key '%s' is missing: expected the name of an instance in the host's config", key));
+  }
+  return value;
+}
+
+}  // namespace
+
+CadContext::CadContext(const cad_host_services_v1_t* services, const char* config_json)
+    : logger(services, "cad") {
+  plugin::ConfigReader reader(config_json, "plugin 'cad' config");
+  config.communicator = required_name(reader, "communicator");
+  config.balancer = required_name(reader, "balancer");
+  config.server_backend = required_name(reader, "server_backend");
+  config.keep_forward_tensors = reader.get_bool("keep_forward_tensors", true);
+  config.knobs.min_shard_tokens = reader.get_int("min_shard_tokens", 0, 0, std::numeric_limits<int32_t>::max());
+  config.knobs.memory_cap_bytes = reader.get_int("memory_cap_bytes", 0, 0, std::numeric_limits<int64_t>::max());
+  reader.finish(logger);
+
+  void* instance = nullptr;
+  const auto* comm_table = static_cast<const cad_communicator_v1_t*>(
+      lookup(services, config.communicator, CAD_PLUGIN_KIND_COMMUNICATOR, &instance));
+  comm = std::make_unique<Comm>(comm_table, instance, config.communicator);
+  if (comm->device().device_type != CAD_DEVICE_CPU) {
+    fail(CAD_STATUS_UNSUPPORTED, format("plugin 'cad': communicator instance '%s' moves device memory; this build of "
+                                        "CAD has only the CPU data path", config.communicator.c_str()));
+  }
+
+  balancer.table = static_cast<const cad_balancer_v1_t*>(
+      lookup(services, config.balancer, CAD_PLUGIN_KIND_BALANCER, &balancer.instance));
+  balancer.name = config.balancer;
+  if (balancer.table->plan == nullptr || balancer.table->release_plan == nullptr ||
+      balancer.table->last_error == nullptr) {
+    fail(CAD_STATUS_ABI_MISMATCH, "plugin 'cad': balancer instance '" + balancer.name + "' lacks plan functions");
+  }
+
+  server.table = static_cast<const cad_attention_v1_t*>(
+      lookup(services, config.server_backend, CAD_PLUGIN_KIND_ATTENTION, &server.instance));
+  server.name = config.server_backend;
+  if (server.table->get_capabilities == nullptr || server.table->forward == nullptr ||
+      server.table->backward == nullptr || server.table->last_error == nullptr) {
+    fail(CAD_STATUS_ABI_MISMATCH, "plugin 'cad': server backend instance '" + server.name + "' lacks functions");
+  }
+  server.caps.struct_size = sizeof(server.caps);
+  if (server.table->get_capabilities(server.instance, &server.caps) != CAD_STATUS_OK) {
+    fail(CAD_STATUS_INTERNAL, "plugin 'cad': server backend instance '" + server.name +
+                                  "': get_capabilities failed: " + server.table->last_error(server.instance));
+  }
+  if (server.caps.flags & CAD_ATTENTION_CAP_PIECES) {
+    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
+                                     "' is itself distributed (takes pieces); it must take segments");
+  }
+  if (!(server.caps.flags & CAD_ATTENTION_CAP_SHARED_KV)) {
+    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
+                                     "' does not support segments that share K/V, which server batches use");
+  }
+  if (server.caps.device_type != CAD_DEVICE_CPU) {
+    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
+                                     "' runs on a device; this build of CAD has only the CPU data path");
+  }
+  accepts.dtype_mask = server.caps.dtype_mask & (CAD_ATTENTION_DTYPE_FP32 | CAD_ATTENTION_DTYPE_BF16);
+  accepts.flags = server.caps.flags;
+  accepts.max_head_dim = server.caps.max_head_dim;
+  logger.info(format("rank %d of %d: communicator '%s', balancer '%s', server backend '%s', keep_forward_tensors %s",
+                     comm->rank(), comm->world(), config.communicator.c_str(), config.balancer.c_str(),
+                     config.server_backend.c_str(), config.keep_forward_tensors ? "true" : "false"));
+}
+
+cad_attention_capabilities_v1_t cad_capabilities(const CadContext& ctx) {
+  cad_attention_capabilities_v1_t caps{};
+  caps.struct_size = sizeof(caps);
+  caps.device_type = CAD_DEVICE_CPU;
+  caps.dtype_mask = ctx.accepts.dtype_mask;
+  caps.flags = CAD_ATTENTION_CAP_PIECES |
+               (ctx.server.caps.flags & (CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL |
+                                         CAD_ATTENTION_CAP_GQA | CAD_ATTENTION_CAP_BACKWARD));
+  caps.head_dim_mask = ctx.server.caps.head_dim_mask;
+  caps.max_head_dim = ctx.server.caps.max_head_dim;
+  caps.min_compute_capability = 0;
+  return caps;
+}
+
+}  // namespace cad::cad_plugin

@@ -1,0 +1,53 @@
+// data_path.cpp -- see data_path.h.
+#include "data_path.h"
+
+namespace cad::cad_plugin {
+
+TensorView::TensorView(void* data, std::vector<int64_t> shape, bool bf16) : shape_(std::move(shape)) {
+  tensor_.data = data;
+  tensor_.device = cad_device_v1_t{CAD_DEVICE_CPU, 0};
+  tensor_.ndim = static_cast<int32_t>(shape_.size());
+  tensor_.dtype = bf16 ? cad_dtype_v1_t{CAD_DTYPE_CODE_BFLOAT, 16, 1} : cad_dtype_v1_t{CAD_DTYPE_CODE_FLOAT, 32, 1};
+  tensor_.shape = shape_.data();
+  tensor_.strides = nullptr;
+  tensor_.byte_offset = 0;
+}
+
+Part rows(RunSet runs, void* data, int64_t row_bytes) {
+  Part part;
+  part.runs = runs;
+  part.format = Format::Rows;
+  part.data = static_cast<std::byte*>(data);
+  part.row_bytes = row_bytes;
+  return part;
+}
+
+Part lse_columns(void* data, int64_t heads, int64_t rows) {
+  Part part;
+  part.runs = RunSet::Q;
+  part.format = Format::LseColumns;
+  part.data = static_cast<std::byte*>(data);
+  part.row_bytes = heads * static_cast<int64_t>(sizeof(float));
+  part.lse_heads = heads;
+  part.lse_rows = rows;
+  return part;
+}
+
+void exchange(Comm& comm, const Layout& layout, Direction direction, const std::vector<Part>& send,
+              const std::vector<Part>& recv, CallStats& stats) {
+  const int32_t me = comm.rank();
+  const Transfer transfer = plan_transfer(layout, me, direction, send, recv);
+  std::vector<std::byte> send_buffer(transfer.send_bytes), recv_buffer(transfer.recv_bytes);
+  Stopwatch watch;
+  pack(layout, me, direction, send, transfer, send_buffer.data());
+  stats.pack_ms += watch.lap_ms();
+  comm.all_to_all_v(send_buffer.data(), transfer, recv_buffer.data());
+  stats.exchange_ms += watch.lap_ms();
+  unpack(layout, me, direction, recv, transfer, recv_buffer.data());
+  stats.unpack_ms += watch.lap_ms();
+  const size_t self = static_cast<size_t>(me);
+  stats.bytes_sent += transfer.send_bytes - transfer.send_counts[self];
+  stats.bytes_received += transfer.recv_bytes - transfer.recv_counts[self];
+}
+
+}  // namespace cad::cad_plugin

@@ -1,0 +1,81 @@
+// data_path.h -- the pieces forward and backward share: tensor descriptors over CAD's own buffers,
+// one timed exchange (pack -> all_to_all_v -> unpack), and calls into the server backend.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "context.h"
+#include "exchange.h"
+
+namespace cad::cad_plugin {
+
+void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args);
+void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args);
+
+// A compact row-major CPU tensor descriptor over memory CAD owns. Not copyable: the descriptor
+// points at its own shape array.
+class TensorView {
+ public:
+  TensorView(void* data, std::vector<int64_t> shape, bool bf16);
+  TensorView(const TensorView&) = delete;
+  TensorView& operator=(const TensorView&) = delete;
+  cad_tensor_v1_t* get() { return &tensor_; }
+
+ private:
+  std::vector<int64_t> shape_;
+  cad_tensor_v1_t tensor_{};
+};
+
+class Stopwatch {
+ public:
+  double lap_ms() {
+    const auto now = std::chrono::steady_clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - start_).count();
+    start_ = now;
+    return ms;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// One exchange between owners and servers; adds its times and bytes (to and from other ranks) to
+// `stats`.
+void exchange(Comm& comm, const Layout& layout, Direction direction, const std::vector<Part>& send,
+              const std::vector<Part>& recv, CallStats& stats);
+
+// Row parts over raw memory.
+Part rows(RunSet runs, void* data, int64_t row_bytes);
+Part lse_columns(void* data, int64_t heads, int64_t rows);
+
+// Runs `call` (a server backend forward/backward) and then agrees across ranks on its outcome, so
+// that a failing server makes every rank fail (naming that rank) instead of leaving peers waiting.
+template <class Call>
+void run_on_server(CadContext& ctx, const char* what, Call&& call) {
+  cad_status_t status = CAD_STATUS_OK;
+  std::string message;
+  try {
+    status = call();
+    if (status != CAD_STATUS_OK) {
+      message = "server backend instance '" + ctx.server.name + "': " + ctx.server.table->last_error(ctx.server.instance);
+    }
+  } catch (const plugin::Failure& f) {
+    status = f.status();
+    message = f.what();
+  } catch (const std::bad_alloc&) {
+    status = CAD_STATUS_OUT_OF_MEMORY;
+    message = "out of memory";
+  }
+  agree(*ctx.comm, status, message, what);
+}
+
+// Byte vectors sized for server-batch tensors.
+inline std::vector<std::byte> rows_buffer(int64_t rows, int64_t row_bytes) {
+  return std::vector<std::byte>(static_cast<size_t>(rows * row_bytes));
+}
+
+}  // namespace cad::cad_plugin

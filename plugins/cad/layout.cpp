@@ -1,0 +1,128 @@
+// layout.cpp -- see layout.h.
+#include "layout.h"
+
+#include <algorithm>
+#include <map>
+
+namespace cad::cad_plugin {
+namespace {
+
+// Where the tokens of one document live: its pieces in document order, with the row each piece
+// starts at on its owner.
+struct PieceRef {
+  int32_t owner;
+  int64_t offset_in_doc;
+  int64_t len;
+  int64_t owner_row;
+};
+
+struct DocPlacement {
+  int64_t doc_len = 0;
+  std::vector<PieceRef> pieces;  // sorted by offset_in_doc; they tile [0, doc_len)
+};
+
+// std::map, not unordered_map: iteration order must be the same on every rank.
+std::map<int64_t, DocPlacement> index_documents(const PieceTables& tables) {
+  std::map<int64_t, DocPlacement> docs;
+  for (size_t rank = 0; rank < tables.size(); ++rank) {
+    int64_t row = 0;
+    for (const cad_piece_v1_t& p : tables[rank]) {
+      DocPlacement& doc = docs[p.doc_id];
+      doc.doc_len = p.doc_len;
+      doc.pieces.push_back(PieceRef{static_cast<int32_t>(rank), p.offset_in_doc, p.len, row});
+      row += p.len;
+    }
+  }
+  for (auto& entry : docs) {
+    std::sort(entry.second.pieces.begin(), entry.second.pieces.end(),
+              [](const PieceRef& a, const PieceRef& b) { return a.offset_in_doc < b.offset_in_doc; });
+  }
+  return docs;
+}
+
+// Appends a run, merging it into the previous one when both ends continue it (fewer copies later).
+void append_run(std::vector<RowRun>& runs, int64_t src_row, int64_t dst_row, int64_t count) {
+  if (count <= 0) return;
+  if (!runs.empty()) {
+    RowRun& last = runs.back();
+    if (last.src_row + last.count == src_row && last.dst_row + last.count == dst_row) {
+      last.count += count;
+      return;
+    }
+  }
+  runs.push_back(RowRun{src_row, dst_row, count});
+}
+
+}  // namespace
+
+int64_t rows_in(const std::vector<RowRun>& runs) {
+  int64_t rows = 0;
+  for (const RowRun& r : runs) rows += r.count;
+  return rows;
+}
+
+Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks_in, bool causal) {
+  const int32_t world = static_cast<int32_t>(tables.size());
+  Layout layout;
+  layout.world = world;
+  layout.routes.resize(static_cast<size_t>(world) * static_cast<size_t>(world));
+  layout.servers.resize(static_cast<size_t>(world));
+
+  const std::map<int64_t, DocPlacement> docs = index_documents(tables);
+
+  std::vector<cad_task_v1_t> tasks = tasks_in;
+  std::sort(tasks.begin(), tasks.end(), [](const cad_task_v1_t& a, const cad_task_v1_t& b) {
+    if (a.server != b.server) return a.server < b.server;
+    if (a.doc_id != b.doc_id) return a.doc_id < b.doc_id;
+    return a.q_begin < b.q_begin;
+  });
+
+  // Walk the tasks grouped by (server, document).
+  size_t first = 0;
+  while (first < tasks.size()) {
+    size_t end = first;
+    while (end < tasks.size() && tasks[end].server == tasks[first].server && tasks[end].doc_id == tasks[first].doc_id) {
+      ++end;
+    }
+    const int32_t server = tasks[first].server;
+    const DocPlacement& doc = docs.at(tasks[first].doc_id);
+    ServerBatch& batch = layout.servers[static_cast<size_t>(server)];
+
+    // One shared copy of the KV prefix that the longest task of this document needs.
+    int64_t kv_need = 0;
+    for (size_t t = first; t < end; ++t) {
+      if (tasks[t].q_end > tasks[t].q_begin) kv_need = std::max(kv_need, causal ? tasks[t].q_end : doc.doc_len);
+    }
+    const int64_t kv_base = batch.kv_rows;
+    for (const PieceRef& piece : doc.pieces) {
+      const int64_t lo = piece.offset_in_doc;
+      const int64_t hi = std::min(piece.offset_in_doc + piece.len, kv_need);
+      if (hi <= lo) continue;
+      Route& route = layout.route(piece.owner, server);
+      append_run(route.kv, piece.owner_row, kv_base + lo, hi - lo);
+      route.kv_rows += hi - lo;
+    }
+    batch.kv_rows += kv_need;
+
+    // The queries: one segment per (task, piece) intersection.
+    for (size_t t = first; t < end; ++t) {
+      const cad_task_v1_t& task = tasks[t];
+      for (const PieceRef& piece : doc.pieces) {
+        const int64_t lo = std::max(task.q_begin, piece.offset_in_doc);
+        const int64_t hi = std::min(task.q_end, piece.offset_in_doc + piece.len);
+        if (hi <= lo) continue;
+        Route& route = layout.route(piece.owner, server);
+        append_run(route.q, piece.owner_row + (lo - piece.offset_in_doc), batch.q_rows, hi - lo);
+        route.q_rows += hi - lo;
+        // Bottom-right causal alignment: with kv_len = hi, query i of the segment (document position
+        // lo + i) sees keys j <= i + (kv_len - q_len) = lo + i, exactly the causal mask.
+        batch.segments.push_back(cad_segment_v1_t{batch.q_rows, hi - lo, kv_base, causal ? hi : doc.doc_len});
+        batch.q_rows += hi - lo;
+      }
+    }
+    first = end;
+  }
+  return layout;
+}
+
+}  // namespace cad::cad_plugin

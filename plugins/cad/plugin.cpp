@@ -1,0 +1,94 @@
+// plugin.cpp -- the ABI glue of plugin "cad": core attention disaggregation as an attention backend
+// that takes pieces. Every entry point is wrapped by plugin::guarded so that no exception crosses.
+#include <cstring>
+
+#include "context.h"
+#include "data_path.h"
+
+namespace {
+
+using cad::cad_plugin::CadContext;
+namespace plugin = cad::plugin;
+
+CadContext* as_ctx(void* ctx) { return static_cast<CadContext*>(ctx); }
+
+cad_status_t null_ctx() { return CAD_STATUS_INVALID_ARGUMENT; }
+
+cad_status_t cad_create(const cad_host_services_v1_t* services, const char* config_json, void** out_ctx,
+                        char* error_message, size_t error_capacity) {
+  return plugin::create_context<CadContext>(services, config_json, out_ctx, error_message, error_capacity);
+}
+
+void cad_destroy(void* ctx) { delete as_ctx(ctx); }
+
+const char* cad_last_error(void* ctx) {
+  return ctx == nullptr ? "context is NULL" : as_ctx(ctx)->last_error.c_str();
+}
+
+cad_status_t cad_get_capabilities(void* ctx, cad_attention_capabilities_v1_t* out) {
+  if (ctx == nullptr) return null_ctx();
+  CadContext& c = *as_ctx(ctx);
+  return plugin::guarded(c, [&] {
+    if (out == nullptr) plugin::fail(CAD_STATUS_INVALID_ARGUMENT, "get_capabilities: out is NULL");
+    if (out->struct_size < sizeof(cad_attention_capabilities_v1_t)) {
+      plugin::fail(CAD_STATUS_ABI_MISMATCH,
+                   plugin::format("get_capabilities: out->struct_size is %zu, expected >= %zu", out->struct_size,
+                                  sizeof(cad_attention_capabilities_v1_t)));
+    }
+    const size_t size = out->struct_size;
+    *out = cad_capabilities(c);
+    out->struct_size = size;
+  });
+}
+
+cad_status_t cad_forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
+  if (ctx == nullptr) return null_ctx();
+  CadContext& c = *as_ctx(ctx);
+  return plugin::guarded(c, [&] { cad::cad_plugin::run_forward(c, args); });
+}
+
+cad_status_t cad_backward(void* ctx, const cad_attention_backward_args_v1_t* args) {
+  if (ctx == nullptr) return null_ctx();
+  CadContext& c = *as_ctx(ctx);
+  return plugin::guarded(c, [&] { cad::cad_plugin::run_backward(c, args); });
+}
+
+cad_status_t cad_get_stats_json(void* ctx, char* buffer, size_t capacity, size_t* needed) {
+  if (ctx == nullptr) return null_ctx();
+  CadContext& c = *as_ctx(ctx);
+  return plugin::guarded(c, [&] {
+    if (needed == nullptr) plugin::fail(CAD_STATUS_INVALID_ARGUMENT, "get_stats_json: needed is NULL");
+    c.stats.rank = c.comm->rank();
+    c.stats.world = c.comm->world();
+    const std::string json = cad::cad_plugin::stats_json(c.stats);
+    *needed = json.size() + 1;
+    if (buffer == nullptr || capacity < json.size() + 1) {
+      plugin::fail(CAD_STATUS_INVALID_ARGUMENT,
+                   plugin::format("get_stats_json: buffer holds %zu bytes, the stats need %zu", capacity, *needed));
+    }
+    std::memcpy(buffer, json.c_str(), json.size() + 1);
+  });
+}
+
+const cad_attention_v1_t kAttentionTable = {
+    sizeof(cad_attention_v1_t), cad_create,  cad_destroy,  cad_last_error, cad_get_capabilities,
+    cad_forward,                cad_backward, cad_get_stats_json,
+};
+
+const cad_plugin_v1_t kPlugin = {
+    sizeof(cad_plugin_v1_t),
+    CAD_ABI_VERSION_MAJOR,
+    CAD_ABI_VERSION_MINOR,
+    CAD_PLUGIN_KIND_ATTENTION,
+    "cad",
+    "0.1.0",
+    "core attention disaggregation: balances attention work across ranks (CPU data path over any "
+    "communicator, balancer and server backend)",
+    &kAttentionTable,
+    nullptr,
+    nullptr,
+};
+
+}  // namespace
+
+extern "C" CAD_PLUGIN_EXPORT const cad_plugin_v1_t* cad_plugin_entry_v1(void) { return &kPlugin; }

@@ -1,0 +1,47 @@
+// stats.h -- what get_stats_json reports about the last forward and the last backward: attention
+// work per server, bytes moved per rank, and where the time went.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "layout.h"
+#include "validate.h"
+
+namespace cad::cad_plugin {
+
+struct ServerWork {
+  int64_t q_rows = 0;
+  int64_t kv_rows = 0;
+  int64_t segments = 0;
+  double score_entries = 0.0;  // entries of QK^T the server computes (causal: the unmasked ones)
+  double forward_flops = 0.0;  // 4 * head_dim * Hq * score_entries
+};
+
+struct CallStats {
+  bool valid = false;
+  bool replanned = false;  // backward: false when it reused the last forward's plan
+  double plan_ms = 0.0, pack_ms = 0.0, exchange_ms = 0.0, compute_ms = 0.0, unpack_ms = 0.0, total_ms = 0.0;
+  std::vector<ServerWork> servers;
+  uint64_t bytes_sent = 0, bytes_received = 0;  // this rank, all exchanges of the call
+  std::vector<uint64_t> bytes_sent_by_rank, bytes_received_by_rank;
+};
+
+struct Stats {
+  int32_t rank = 0;
+  int32_t world = 1;
+  CallStats forward, backward;
+};
+
+// The work of every server batch in the layout, counted from its segments.
+std::vector<ServerWork> server_work(const Layout& layout, const CallShape& shape);
+
+// Fills bytes_*_by_rank with one small all_gather (collective).
+void gather_bytes(Comm& comm, CallStats& call);
+
+std::string stats_json(const Stats& stats);
+std::string stats_line(const char* phase, const CallStats& call, int32_t rank);  // for the debug log
+
+}  // namespace cad::cad_plugin

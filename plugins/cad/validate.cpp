@@ -1,0 +1,254 @@
+// validate.cpp -- see validate.h.
+#include "validate.h"
+
+#include <algorithm>
+#include <map>
+
+#include "plugin_support.h"
+
+namespace cad::cad_plugin {
+
+using plugin::DType;
+using plugin::fail;
+using plugin::format;
+
+namespace {
+
+long long ll(int64_t x) { return static_cast<long long>(x); }
+
+// Pieces: non-negative lengths whose sum is the number of local tokens. Everything else about them
+// (gaps, overlaps, doc_len) is checked globally, where the whole table is known.
+int64_t count_tokens(const cad_piece_v1_t* pieces, int64_t num_pieces) {
+  if (num_pieces < 0) fail(CAD_STATUS_INVALID_ARGUMENT, format("num_pieces is %lld, expected >= 0", ll(num_pieces)));
+  if (num_pieces > 0 && pieces == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "pieces is NULL but num_pieces > 0");
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < num_pieces; ++i) {
+    if (pieces[i].len < 0) {
+      fail(CAD_STATUS_INVALID_ARGUMENT, format("piece %lld (doc %lld) has negative len %lld", ll(i),
+                                               ll(pieces[i].doc_id), ll(pieces[i].len)));
+    }
+    tokens += pieces[i].len;
+  }
+  return tokens;
+}
+
+std::vector<DType> accepted_dtypes(const Accepts& accepts) {
+  std::vector<DType> dtypes;
+  if (accepts.dtype_mask & CAD_ATTENTION_DTYPE_FP32) dtypes.push_back(DType::F32);
+  if (accepts.dtype_mask & CAD_ATTENTION_DTYPE_BF16) dtypes.push_back(DType::BF16);
+  return dtypes;
+}
+
+void check_rows(const cad_tensor_v1_t* t, const char* name, int64_t tokens, const char* what) {
+  if (t->shape[0] != tokens) {
+    fail(CAD_STATUS_INVALID_ARGUMENT,
+         format("tensor '%s' has %lld rows (%s) but the local pieces hold %lld tokens", name, ll(t->shape[0]),
+                what, ll(tokens)));
+  }
+}
+
+// q, k, v against the pieces and each other; fills the shape.
+CallShape check_qkv(const cad_tensor_v1_t* q, const cad_tensor_v1_t* k, const cad_tensor_v1_t* v, int64_t tokens,
+                    int32_t causal, float softmax_scale, void* stream, const Accepts& accepts) {
+  if (stream != nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "stream must be NULL: CAD's data path is on the CPU");
+  if (causal != 0 && causal != 1) fail(CAD_STATUS_INVALID_ARGUMENT, format("causal is %d, expected 0 or 1", causal));
+  if (causal == 1 && !(accepts.flags & CAD_ATTENTION_CAP_CAUSAL)) {
+    fail(CAD_STATUS_UNSUPPORTED, "causal attention: the server backend does not support it");
+  }
+  if (causal == 0 && !(accepts.flags & CAD_ATTENTION_CAP_NONCAUSAL)) {
+    fail(CAD_STATUS_UNSUPPORTED, "non-causal attention: the server backend does not support it");
+  }
+  const std::vector<DType> dtypes = accepted_dtypes(accepts);
+  plugin::check_tensor(q, {"q", CAD_DEVICE_CPU, {-1, -1, -1}, {"Tq", "Hq", "D"}, dtypes});
+  check_rows(q, "q", tokens, "Tq");
+  const DType dtype = plugin::dtype_is(q->dtype, DType::BF16) ? DType::BF16 : DType::F32;
+  const int64_t hq = q->shape[1], d = q->shape[2];
+  plugin::check_tensor(k, {"k", CAD_DEVICE_CPU, {-1, -1, d}, {"Tk", "Hkv", "D"}, {dtype}});
+  check_rows(k, "k", tokens, "Tk");
+  const int64_t hkv = k->shape[1];
+  plugin::check_tensor(v, {"v", CAD_DEVICE_CPU, {tokens, hkv, d}, {"Tk", "Hkv", "D"}, {dtype}});
+  if (hq < 1 || hkv < 1 || d < 1) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("heads and head dim must be >= 1: Hq=%lld, Hkv=%lld, D=%lld", ll(hq),
+                                             ll(hkv), ll(d)));
+  }
+  if (hq % hkv != 0) {
+    fail(CAD_STATUS_INVALID_ARGUMENT,
+         format("Hq=%lld (tensor 'q') is not a multiple of Hkv=%lld (tensor 'k')", ll(hq), ll(hkv)));
+  }
+  if (hq != hkv && !(accepts.flags & CAD_ATTENTION_CAP_GQA)) {
+    fail(CAD_STATUS_UNSUPPORTED, "grouped-query attention (Hq != Hkv): the server backend does not support it");
+  }
+  if (d > accepts.max_head_dim) {
+    fail(CAD_STATUS_UNSUPPORTED, format("head dim %lld: the server backend supports at most %d", ll(d),
+                                        accepts.max_head_dim));
+  }
+  if (!(softmax_scale > 0.0f) || softmax_scale > 1e30f) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("softmax_scale is %g, expected a finite value > 0", softmax_scale));
+  }
+  CallShape shape;
+  shape.tokens = tokens;
+  shape.num_q_heads = static_cast<int32_t>(hq);
+  shape.num_kv_heads = static_cast<int32_t>(hkv);
+  shape.head_dim = static_cast<int32_t>(d);
+  shape.bf16 = dtype == DType::BF16;
+  shape.causal = causal == 1;
+  shape.softmax_scale = softmax_scale;
+  return shape;
+}
+
+plugin::TensorSpec q_like(const char* name, const CallShape& s) {
+  return {name, CAD_DEVICE_CPU, {s.tokens, s.num_q_heads, s.head_dim}, {"Tq", "Hq", "D"},
+          {s.bf16 ? DType::BF16 : DType::F32}};
+}
+plugin::TensorSpec kv_like(const char* name, const CallShape& s) {
+  return {name, CAD_DEVICE_CPU, {s.tokens, s.num_kv_heads, s.head_dim}, {"Tk", "Hkv", "D"},
+          {s.bf16 ? DType::BF16 : DType::F32}};
+}
+plugin::TensorSpec lse_spec(const CallShape& s) {
+  return {"lse", CAD_DEVICE_CPU, {s.num_q_heads, s.tokens}, {"Hq", "Tq"}, {DType::F32}};
+}
+
+}  // namespace
+
+CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const Accepts& accepts) {
+  if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "forward: args is NULL");
+  if (args->struct_size < sizeof(cad_attention_forward_args_v1_t)) {
+    fail(CAD_STATUS_ABI_MISMATCH, format("forward: args.struct_size is %zu, expected >= %zu", args->struct_size,
+                                         sizeof(cad_attention_forward_args_v1_t)));
+  }
+  if (args->num_segments != 0) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, "forward: CAD takes pieces, not segments (num_segments must be 0)");
+  }
+  const int64_t tokens = count_tokens(args->pieces, args->num_pieces);
+  const CallShape shape =
+      check_qkv(args->q, args->k, args->v, tokens, args->causal, args->softmax_scale, args->stream, accepts);
+  plugin::check_tensor(args->o, q_like("o", shape));
+  plugin::check_tensor(args->lse, lse_spec(shape));
+  return shape;
+}
+
+CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, const Accepts& accepts) {
+  if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "backward: args is NULL");
+  if (args->struct_size < sizeof(cad_attention_backward_args_v1_t)) {
+    fail(CAD_STATUS_ABI_MISMATCH, format("backward: args.struct_size is %zu, expected >= %zu", args->struct_size,
+                                         sizeof(cad_attention_backward_args_v1_t)));
+  }
+  if (!(accepts.flags & CAD_ATTENTION_CAP_BACKWARD)) {
+    fail(CAD_STATUS_UNSUPPORTED, "backward: the server backend does not support it");
+  }
+  if (args->num_segments != 0) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, "backward: CAD takes pieces, not segments (num_segments must be 0)");
+  }
+  const int64_t tokens = count_tokens(args->pieces, args->num_pieces);
+  const CallShape shape =
+      check_qkv(args->q, args->k, args->v, tokens, args->causal, args->softmax_scale, args->stream, accepts);
+  plugin::check_tensor(args->o, q_like("o", shape));
+  plugin::check_tensor(args->lse, lse_spec(shape));
+  plugin::check_tensor(args->d_o, q_like("d_o", shape));
+  plugin::check_tensor(args->d_q, q_like("d_q", shape));
+  plugin::check_tensor(args->d_k, kv_like("d_k", shape));
+  plugin::check_tensor(args->d_v, kv_like("d_v", shape));
+  return shape;
+}
+
+void check_piece_tables(const PieceTables& tables) {
+  struct Holder {
+    size_t rank;
+    size_t index;
+    const cad_piece_v1_t* piece;
+  };
+  std::map<int64_t, std::vector<Holder>> docs;  // ordered: the first error found is the same everywhere
+  for (size_t rank = 0; rank < tables.size(); ++rank) {
+    for (size_t i = 0; i < tables[rank].size(); ++i) {
+      const cad_piece_v1_t& p = tables[rank][i];
+      if (p.len < 1 || p.doc_len < 1 || p.offset_in_doc < 0 || p.offset_in_doc > p.doc_len - p.len) {
+        fail(CAD_STATUS_INVALID_ARGUMENT,
+             format("rank %zu piece %zu (doc %lld): offset_in_doc %lld, len %lld do not fit in doc_len %lld "
+                    "(need len >= 1 and 0 <= offset, offset + len <= doc_len)",
+                    rank, i, ll(p.doc_id), ll(p.offset_in_doc), ll(p.len), ll(p.doc_len)));
+      }
+      docs[p.doc_id].push_back(Holder{rank, i, &p});
+    }
+  }
+  for (auto& [doc_id, holders] : docs) {
+    const Holder& first = holders.front();
+    for (const Holder& h : holders) {
+      if (h.piece->doc_len != first.piece->doc_len) {
+        fail(CAD_STATUS_INVALID_ARGUMENT,
+             format("document %lld: rank %zu piece %zu says doc_len %lld but rank %zu piece %zu says %lld",
+                    ll(doc_id), first.rank, first.index, ll(first.piece->doc_len), h.rank, h.index,
+                    ll(h.piece->doc_len)));
+      }
+    }
+    std::stable_sort(holders.begin(), holders.end(), [](const Holder& a, const Holder& b) {
+      return a.piece->offset_in_doc < b.piece->offset_in_doc;
+    });
+    int64_t covered = 0;
+    const Holder* previous = nullptr;
+    for (const Holder& h : holders) {
+      const int64_t begin = h.piece->offset_in_doc;
+      if (begin > covered) {
+        fail(CAD_STATUS_INVALID_ARGUMENT, format("document %lld (doc_len %lld): tokens [%lld, %lld) are held by no rank",
+                                                 ll(doc_id), ll(h.piece->doc_len), ll(covered), ll(begin)));
+      }
+      if (begin < covered) {
+        fail(CAD_STATUS_INVALID_ARGUMENT,
+             format("document %lld: tokens [%lld, %lld) are held twice, by rank %zu piece %zu and rank %zu piece %zu",
+                    ll(doc_id), ll(begin), ll(std::min(covered, begin + h.piece->len)), previous->rank,
+                    previous->index, h.rank, h.index));
+      }
+      covered = begin + h.piece->len;
+      previous = &h;
+    }
+    if (covered != first.piece->doc_len) {
+      fail(CAD_STATUS_INVALID_ARGUMENT, format("document %lld (doc_len %lld): tokens [%lld, %lld) are held by no rank",
+                                               ll(doc_id), ll(first.piece->doc_len), ll(covered),
+                                               ll(first.piece->doc_len)));
+    }
+  }
+}
+
+void check_plan(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks, int32_t world,
+                const std::string& balancer_name) {
+  const std::string who = "balancer instance '" + balancer_name + "' returned an invalid plan: ";
+  std::map<int64_t, int64_t> doc_len;
+  for (const auto& pieces : tables) {
+    for (const cad_piece_v1_t& p : pieces) doc_len[p.doc_id] = p.doc_len;
+  }
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> ranges;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const cad_task_v1_t& t = tasks[i];
+    if (t.server < 0 || t.server >= world) {
+      fail(CAD_STATUS_INTERNAL, who + format("task %zu has server %d, expected [0, %d)", i, t.server, world));
+    }
+    auto doc = doc_len.find(t.doc_id);
+    if (doc == doc_len.end()) {
+      fail(CAD_STATUS_INTERNAL, who + format("task %zu names document %lld, which no rank holds", i, ll(t.doc_id)));
+    }
+    if (t.q_begin < 0 || t.q_end < t.q_begin || t.q_end > doc->second) {
+      fail(CAD_STATUS_INTERNAL, who + format("task %zu: queries [%lld, %lld) of document %lld (doc_len %lld)", i,
+                                             ll(t.q_begin), ll(t.q_end), ll(t.doc_id), ll(doc->second)));
+    }
+    if (t.q_end > t.q_begin) ranges[t.doc_id].emplace_back(t.q_begin, t.q_end);
+  }
+  for (const auto& [doc_id, len] : doc_len) {
+    auto found = ranges.find(doc_id);
+    std::vector<std::pair<int64_t, int64_t>> r = found == ranges.end() ? decltype(r){} : found->second;
+    std::sort(r.begin(), r.end());
+    int64_t covered = 0;
+    for (const auto& [begin, end] : r) {
+      if (begin != covered) {
+        fail(CAD_STATUS_INTERNAL, who + format("document %lld: queries from %lld are %s", ll(doc_id),
+                                               ll(std::min(begin, covered)),
+                                               begin > covered ? "not covered" : "covered twice"));
+      }
+      covered = end;
+    }
+    if (covered != len) {
+      fail(CAD_STATUS_INTERNAL, who + format("document %lld: queries [%lld, %lld) are not covered", ll(doc_id),
+                                             ll(covered), ll(len)));
+    }
+  }
+}
+
+}  // namespace cad::cad_plugin
