@@ -24,7 +24,7 @@ MpiContext::MpiContext(const cad_host_services_v1_t* services, const char* confi
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
     throw;
   }
-  register_instance();  // last: from here on destroy() owns the MPI lifetime bookkeeping
+  register_instance();  // last: only fully created instances are counted
 }
 
 void MpiContext::create_communicator() {
@@ -96,7 +96,7 @@ MpiContext::~MpiContext() {
   // MPI_Comm_free only marks the communicator for release; it does not wait for peers, so it is safe
   // after a timeout too.
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-  unregister_instance(logger_);
+  unregister_instance();
 }
 
 int MpiContext::next_tag_base() {

@@ -1,6 +1,7 @@
 // mpi_runtime.cpp -- see mpi_runtime.h for the initialise/finalise rule.
 #include "mpi_runtime.h"
 
+#include <cstdio>
 #include <mutex>
 
 #include <mpi.h>
@@ -8,11 +9,22 @@
 namespace cad::mpi_comm {
 namespace {
 
-// Process-wide by necessity: MPI itself is process-wide (see mpi_runtime.h).
+// Process-wide by necessity: MPI itself is process-wide (see mpi_runtime.h). Its destructor runs
+// when the plugin is unloaded or the process exits, and finalises MPI if the plugin initialised it.
 struct RuntimeState {
   std::mutex mutex;
   int live_instances = 0;
   bool initialised_by_plugin = false;
+  ~RuntimeState() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!initialised_by_plugin || finalized) return;
+    if (live_instances > 0) {
+      std::fprintf(stderr, "cad 'mpi' plugin: finalising MPI at unload/exit with %d communicator(s) not "
+                           "destroyed\n", live_instances);
+    }
+    MPI_Finalize();
+  }
 };
 
 RuntimeState& state() {
@@ -40,9 +52,8 @@ void ensure_mpi_initialised(const plugin::Logger& logger) {
   if (finalized) {
     plugin::fail(CAD_STATUS_COMMUNICATION,
                  s.initialised_by_plugin
-                     ? "MPI was finalised when the last 'mpi' communicator of this process was destroyed, and "
-                       "MPI cannot be re-initialised; keep one instance alive for the whole run, or initialise "
-                       "and finalise MPI in the host"
+                     ? "MPI was finalised when the 'mpi' plugin was unloaded, and MPI cannot be re-initialised in "
+                       "this process; a host that reloads plugins must initialise and finalise MPI itself"
                      : "MPI was already finalised by the host, and MPI cannot be re-initialised");
   }
   int initialised = 0;
@@ -69,18 +80,10 @@ void register_instance() {
   ++s.live_instances;
 }
 
-void unregister_instance(const plugin::Logger& logger) {
+void unregister_instance() {
   RuntimeState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   --s.live_instances;
-  if (s.live_instances == 0 && s.initialised_by_plugin) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) {
-      logger.debug("last instance destroyed: finalising MPI (this plugin initialised it)");
-      MPI_Finalize();
-    }
-  }
 }
 
 }  // namespace cad::mpi_comm

@@ -1,7 +1,6 @@
 // anchor_main.cpp -- main() for the multi-rank gtest programs. It keeps one "anchor" communicator
-// alive for the whole run: the plugin finalises MPI when its last instance goes (and MPI cannot be
-// re-initialised), so tests that create and destroy their own instances need one that outlives them.
-// The anchor also lets tests compare results across ranks.
+// alive for the whole run, with a generous timeout, through which tests compare results across ranks
+// and meet again after provoking a failure on an instance of their own.
 #include "anchor.h"
 
 #include <gtest/gtest.h>
@@ -17,7 +16,7 @@ class AnchorEnvironment : public ::testing::Environment {
     ASSERT_EQ(g_anchor->create_status(), CAD_STATUS_OK) << g_anchor->create_error();
   }
   void TearDown() override {
-    delete g_anchor;  // the last instance: MPI_Finalize happens here
+    delete g_anchor;  // MPI itself is finalised later, when the plugin is unloaded at exit
     g_anchor = nullptr;
   }
 };
