@@ -1,0 +1,123 @@
+// attention_api.cpp -- attention_forward / attention_backward: copy a plan's tables into the caller's
+// workspace and enqueue the kernels in order on the caller's stream. No allocation, no synchronisation.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "attention_internal.h"
+#include "cad_kernels.h"
+
+namespace cad::kernels {
+namespace {
+
+template <class T>
+cudaError_t upload(const std::vector<T>& host, char* workspace, size_t offset, cudaStream_t stream) {
+  if (host.empty()) return cudaSuccess;
+  // The tables come from pageable memory: the copy is staged before the call returns, so the plan may
+  // be destroyed right after.
+  return cudaMemcpyAsync(workspace + offset, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream);
+}
+
+#define CAD_CUDA_TRY(expr)                   \
+  do {                                       \
+    const cudaError_t cad_err_ = (expr);     \
+    if (cad_err_ != cudaSuccess) return cad_err_; \
+  } while (0)
+
+}  // namespace
+
+cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
+                              float* lse, void* workspace, cudaStream_t stream) {
+  const AttentionProblem& pr = plan.problem;
+  if (!head_dim_supported(pr.head_dim) || pr.hkv <= 0 || pr.hq % pr.hkv != 0) return cudaErrorInvalidValue;
+  char* ws = static_cast<char*>(workspace);
+  CAD_CUDA_TRY(upload(plan.items, ws, plan.items_offset, stream));
+  CAD_CUDA_TRY(upload(plan.combines, ws, plan.combines_offset, stream));
+  CAD_CUDA_TRY(upload(plan.uncovered, ws, plan.uncovered_offset, stream));
+
+  detail::FwdParams p{};
+  p.q = static_cast<const __nv_bfloat16*>(q);
+  p.k = static_cast<const __nv_bfloat16*>(k);
+  p.v = static_cast<const __nv_bfloat16*>(v);
+  p.o = static_cast<__nv_bfloat16*>(o);
+  p.lse = lse;
+  p.partial_o = reinterpret_cast<float*>(ws + plan.partial_o_offset);
+  p.partial_lse = reinterpret_cast<float*>(ws + plan.partial_lse_offset);
+  p.items = reinterpret_cast<const FwdItem*>(ws + plan.items_offset);
+  p.tq = pr.tq;
+  p.hq = pr.hq;
+  p.group = pr.hq / pr.hkv;
+  p.scale_log2 = pr.softmax_scale * detail::kLog2e;
+  p.causal = pr.causal ? 1 : 0;
+
+  CAD_CUDA_TRY(detail::launch_fill_uncovered(reinterpret_cast<const RowRange*>(ws + plan.uncovered_offset),
+                                             static_cast<int>(plan.uncovered.size()), p.o, lse, pr.tq, pr.hq,
+                                             pr.head_dim, stream));
+  const int n = static_cast<int>(plan.items.size());
+  CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_fwd<64>(p, n, stream)
+                                 : detail::launch_attention_fwd<128>(p, n, stream));
+  return detail::launch_fwd_combine(p, reinterpret_cast<const CombineItem*>(ws + plan.combines_offset),
+                                    static_cast<int>(plan.combines.size()), pr.head_dim, stream);
+}
+
+cudaError_t attention_backward(const BackwardPlan& plan, const void* q, const void* k, const void* v, const void* o,
+                               const float* lse, const void* d_o, void* d_q, void* d_k, void* d_v,
+                               void* workspace, cudaStream_t stream) {
+  const AttentionProblem& pr = plan.problem;
+  if (!head_dim_supported(pr.head_dim) || pr.hkv <= 0 || pr.hq % pr.hkv != 0) return cudaErrorInvalidValue;
+  char* ws = static_cast<char*>(workspace);
+  CAD_CUDA_TRY(upload(plan.items, ws, plan.items_offset, stream));
+  const size_t q_elems = static_cast<size_t>(pr.tq) * pr.hq * pr.head_dim;
+  const size_t kv_elems = static_cast<size_t>(pr.tk) * pr.hkv * pr.head_dim;
+  const size_t kv_row_bytes = static_cast<size_t>(pr.hkv) * pr.head_dim * sizeof(__nv_bfloat16);
+
+  detail::BwdParams p{};
+  p.q = static_cast<const __nv_bfloat16*>(q);
+  p.k = static_cast<const __nv_bfloat16*>(k);
+  p.v = static_cast<const __nv_bfloat16*>(v);
+  p.d_o = static_cast<const __nv_bfloat16*>(d_o);
+  p.lse = lse;
+  float* delta = reinterpret_cast<float*>(ws + plan.delta_offset);
+  p.delta = delta;
+  p.dq_acc = reinterpret_cast<float*>(ws + plan.dq_acc_offset);
+  p.dk_acc = plan.kv_exclusive ? nullptr : reinterpret_cast<float*>(ws + plan.dk_acc_offset);
+  p.dv_acc = plan.kv_exclusive ? nullptr : reinterpret_cast<float*>(ws + plan.dv_acc_offset);
+  p.d_k = static_cast<__nv_bfloat16*>(d_k);
+  p.d_v = static_cast<__nv_bfloat16*>(d_v);
+  p.items = reinterpret_cast<const BwdItem*>(ws + plan.items_offset);
+  p.tq = pr.tq;
+  p.hq = pr.hq;
+  p.group = pr.hq / pr.hkv;
+  p.scale = pr.softmax_scale;
+  p.scale_log2 = pr.softmax_scale * detail::kLog2e;
+  p.causal = pr.causal ? 1 : 0;
+  p.kv_exclusive = plan.kv_exclusive ? 1 : 0;
+
+  CAD_CUDA_TRY(cudaMemsetAsync(p.dq_acc, 0, q_elems * sizeof(float), stream));
+  if (plan.kv_exclusive) {
+    // Key rows nobody reads get no work item: their gradient is 0.
+    for (const RowRange& r : plan.unread_kv) {
+      CAD_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(d_k) + r.begin * kv_row_bytes, 0,
+                                   (r.end - r.begin) * kv_row_bytes, stream));
+      CAD_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(d_v) + r.begin * kv_row_bytes, 0,
+                                   (r.end - r.begin) * kv_row_bytes, stream));
+    }
+  } else {
+    CAD_CUDA_TRY(cudaMemsetAsync(p.dk_acc, 0, kv_elems * sizeof(float), stream));
+    CAD_CUDA_TRY(cudaMemsetAsync(p.dv_acc, 0, kv_elems * sizeof(float), stream));
+  }
+  CAD_CUDA_TRY(detail::launch_bwd_preprocess(static_cast<const __nv_bfloat16*>(o), p.d_o, delta, pr.tq, pr.hq,
+                                             pr.head_dim, stream));
+  const int n = static_cast<int>(plan.items.size());
+  CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_bwd<64>(p, n, stream)
+                                 : detail::launch_attention_bwd<128>(p, n, stream));
+  CAD_CUDA_TRY(detail::launch_f32_to_bf16(p.dq_acc, static_cast<__nv_bfloat16*>(d_q), static_cast<int64_t>(q_elems), stream));
+  if (!plan.kv_exclusive) {
+    CAD_CUDA_TRY(detail::launch_f32_to_bf16(p.dk_acc, p.d_k, static_cast<int64_t>(kv_elems), stream));
+    CAD_CUDA_TRY(detail::launch_f32_to_bf16(p.dv_acc, p.d_v, static_cast<int64_t>(kv_elems), stream));
+  }
+  return cudaSuccess;
+}
+
+}  // namespace cad::kernels

@@ -1,0 +1,67 @@
+// attention_internal.h -- what the attention translation units share: kernel parameter blocks and the
+// per-head-dim launchers (each defined in its own .cu so that CI compiles one instantiation per TU).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cad_kernels.h"
+
+namespace cad::kernels::detail {
+
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct FwdParams {
+  const __nv_bfloat16* q;
+  const __nv_bfloat16* k;
+  const __nv_bfloat16* v;
+  __nv_bfloat16* o;
+  float* lse;
+  float* partial_o;    // [slots, hq, kFwdBlockM, D] fp32
+  float* partial_lse;  // [slots, hq, kFwdBlockM]
+  const FwdItem* items;
+  int64_t tq;
+  int hq;
+  int group;  // hq / hkv
+  float scale_log2;
+  int causal;
+};
+
+struct BwdParams {
+  const __nv_bfloat16* q;
+  const __nv_bfloat16* k;
+  const __nv_bfloat16* v;
+  const __nv_bfloat16* d_o;
+  const float* lse;    // [hq, tq]
+  const float* delta;  // [hq, tq]: rowsum(dO * O)
+  float* dq_acc;       // [tq, hq, D] fp32, scaled
+  float* dk_acc;       // [tk, hkv, D] fp32 (shared-KV mode)
+  float* dv_acc;
+  __nv_bfloat16* d_k;  // direct bf16 output (exclusive-KV mode)
+  __nv_bfloat16* d_v;
+  const BwdItem* items;
+  int64_t tq;
+  int hq;
+  int group;
+  float scale;
+  float scale_log2;
+  int causal;
+  int kv_exclusive;
+};
+
+template <int D>
+cudaError_t launch_attention_fwd(const FwdParams& p, int num_items, cudaStream_t stream);
+template <int D>
+cudaError_t launch_attention_bwd(const BwdParams& p, int num_items, cudaStream_t stream);
+
+// attention_aux.cu
+cudaError_t launch_fwd_combine(const FwdParams& p, const CombineItem* combines, int num_combines, int head_dim,
+                               cudaStream_t stream);
+cudaError_t launch_fill_uncovered(const RowRange* ranges, int num_ranges, __nv_bfloat16* o, float* lse, int64_t tq,
+                                  int hq, int head_dim, cudaStream_t stream);
+cudaError_t launch_bwd_preprocess(const __nv_bfloat16* o, const __nv_bfloat16* d_o, float* delta, int64_t tq, int hq,
+                                  int head_dim, cudaStream_t stream);
+cudaError_t launch_f32_to_bf16(const float* src, __nv_bfloat16* dst, int64_t numel, cudaStream_t stream);
+
+}  // namespace cad::kernels::detail

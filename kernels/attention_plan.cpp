@@ -1,0 +1,174 @@
+// attention_plan.cpp -- host code that turns a segment table into the kernels' work lists: forward
+// query tiles (split along KV when there are too few of them to fill the GPU), backward key tiles,
+// the rows no segment covers, and the workspace layout. Pure C++: no CUDA call here.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "cad_kernels.h"
+
+namespace cad::kernels {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr int kFwdBlocksPerSm = 2;     // what the forward kernel's registers and shared memory allow at D=128
+constexpr int64_t kMinSplitBlocks = 8; // a KV split shorter than 8 tiles (512 keys) costs more to merge than it saves
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Rows of [0, total) that none of `ranges` covers, merged and in order.
+std::vector<RowRange> gaps(std::vector<RowRange> ranges, int64_t total) {
+  std::sort(ranges.begin(), ranges.end(), [](const RowRange& a, const RowRange& b) { return a.begin < b.begin; });
+  std::vector<RowRange> out;
+  int64_t covered_to = 0;
+  for (const RowRange& r : ranges) {
+    if (r.begin > covered_to) out.push_back({covered_to, r.begin});
+    covered_to = std::max(covered_to, r.end);
+  }
+  if (covered_to < total) out.push_back({covered_to, total});
+  return out;
+}
+
+}  // namespace
+
+bool head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
+
+ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments,
+                              int num_sms) {
+  ForwardPlan plan;
+  plan.problem = problem;
+  std::vector<RowRange> q_ranges;
+  std::vector<FwdItem> tiles;
+  for (int64_t i = 0; i < num_segments; ++i) {
+    const Segment& s = segments[i];
+    if (s.q_len <= 0) continue;
+    q_ranges.push_back({s.q_offset, s.q_offset + s.q_len});
+    const int64_t offset = problem.causal ? s.kv_len - s.q_len : 0;
+    for (int64_t q0 = 0; q0 < s.q_len; q0 += kFwdBlockM) {
+      const int64_t rows = std::min<int64_t>(kFwdBlockM, s.q_len - q0);
+      // The tile's last query sees keys up to q0 + rows - 1 + offset.
+      const int64_t kv_end = problem.causal ? std::min(s.kv_len, q0 + rows + offset) : s.kv_len;
+      FwdItem item{};
+      item.q_row = s.q_offset + q0;
+      item.kv_row = s.kv_offset;
+      item.q_rows = static_cast<int32_t>(rows);
+      item.q_index = static_cast<int32_t>(q0);
+      item.causal_offset = static_cast<int32_t>(offset);
+      item.kv_begin = 0;
+      item.kv_end = static_cast<int32_t>(kv_end);
+      item.partial_slot = -1;
+      tiles.push_back(item);
+    }
+  }
+  plan.uncovered = gaps(q_ranges, problem.tq);
+
+  // Split long KV ranges into chunks of at most `chunk` key tiles, sized so that the grid holds about
+  // two waves of equal work: short queries against long KV (CAD's shards) then still fill every SM.
+  const auto blocks_of = [](const FwdItem& it) { return std::max<int64_t>(1, ceil_div(it.kv_end - it.kv_begin, kFwdBlockN)); };
+  int64_t total_blocks = 0;
+  for (const FwdItem& it : tiles) total_blocks += blocks_of(it);
+  const int64_t slots = std::max(1, num_sms) * static_cast<int64_t>(kFwdBlocksPerSm);
+  const int64_t heads = std::max(1, problem.hq);
+  const int64_t chunk = std::max(kMinSplitBlocks, ceil_div(total_blocks * heads, 2 * slots));
+  for (const FwdItem& tile : tiles) {
+    const int64_t nb = blocks_of(tile);
+    if (nb <= chunk) {
+      plan.items.push_back(tile);
+      continue;
+    }
+    const int64_t splits = ceil_div(nb, chunk);
+    const int64_t per_split = ceil_div(nb, splits);
+    CombineItem c{};
+    c.q_row = tile.q_row;
+    c.q_rows = tile.q_rows;
+    c.first_slot = plan.num_slots;
+    int32_t n = 0;
+    for (int64_t b = 0; b < nb; b += per_split) {
+      FwdItem part = tile;
+      part.kv_begin = static_cast<int32_t>(b * kFwdBlockN);
+      part.kv_end = static_cast<int32_t>(std::min<int64_t>(tile.kv_end, (b + per_split) * kFwdBlockN));
+      part.partial_slot = plan.num_slots++;
+      plan.items.push_back(part);
+      ++n;
+    }
+    c.num_slots = n;
+    plan.combines.push_back(c);
+  }
+  // Heaviest items first: the tail of the grid is then made of short items.
+  std::stable_sort(plan.items.begin(), plan.items.end(),
+                   [&](const FwdItem& a, const FwdItem& b) { return blocks_of(a) > blocks_of(b); });
+
+  size_t at = 0;
+  plan.items_offset = at;
+  at = align_up(at + plan.items.size() * sizeof(FwdItem));
+  plan.combines_offset = at;
+  at = align_up(at + plan.combines.size() * sizeof(CombineItem));
+  plan.uncovered_offset = at;
+  at = align_up(at + plan.uncovered.size() * sizeof(RowRange));
+  const size_t partial_rows = static_cast<size_t>(plan.num_slots) * static_cast<size_t>(heads) * kFwdBlockM;
+  plan.partial_o_offset = at;
+  at = align_up(at + partial_rows * static_cast<size_t>(problem.head_dim) * sizeof(float));
+  plan.partial_lse_offset = at;
+  at = align_up(at + partial_rows * sizeof(float));
+  plan.workspace_bytes = at;
+  return plan;
+}
+
+BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments) {
+  BackwardPlan plan;
+  plan.problem = problem;
+  std::vector<RowRange> kv_ranges;
+  for (int64_t i = 0; i < num_segments; ++i) {
+    const Segment& s = segments[i];
+    if (s.kv_len <= 0) continue;
+    kv_ranges.push_back({s.kv_offset, s.kv_offset + s.kv_len});
+    const int64_t offset = problem.causal ? s.kv_len - s.q_len : 0;
+    for (int64_t k0 = 0; k0 < s.kv_len; k0 += kBwdBlockN) {
+      BwdItem item{};
+      item.q_row = s.q_offset;
+      item.kv_row = s.kv_offset;
+      item.q_len = static_cast<int32_t>(s.q_len);
+      item.causal_offset = static_cast<int32_t>(offset);
+      item.kv_begin = static_cast<int32_t>(k0);
+      item.kv_rows = static_cast<int32_t>(std::min<int64_t>(kBwdBlockN, s.kv_len - k0));
+      // Query i sees key k0 iff i >= k0 - offset (causal); earlier queries never touch this tile.
+      const int64_t first = problem.causal ? std::clamp<int64_t>(k0 - offset, 0, s.q_len) : 0;
+      item.q_begin = static_cast<int32_t>(first);
+      plan.items.push_back(item);
+    }
+  }
+  std::stable_sort(plan.items.begin(), plan.items.end(), [](const BwdItem& a, const BwdItem& b) {
+    return a.q_len - a.q_begin > b.q_len - b.q_begin;
+  });
+
+  // Exclusive KV: no key row is read by two segments (then each tile has one writer).
+  std::vector<RowRange> sorted = kv_ranges;
+  std::sort(sorted.begin(), sorted.end(), [](const RowRange& a, const RowRange& b) { return a.begin < b.begin; });
+  plan.kv_exclusive = true;
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i].begin < sorted[i - 1].end) plan.kv_exclusive = false;
+  }
+  if (plan.kv_exclusive) plan.unread_kv = gaps(kv_ranges, problem.tk);
+
+  const size_t d = static_cast<size_t>(problem.head_dim);
+  size_t at = 0;
+  plan.items_offset = at;
+  at = align_up(at + plan.items.size() * sizeof(BwdItem));
+  plan.delta_offset = at;
+  at = align_up(at + static_cast<size_t>(problem.tq) * problem.hq * sizeof(float));
+  plan.dq_acc_offset = at;
+  at = align_up(at + static_cast<size_t>(problem.tq) * problem.hq * d * sizeof(float));
+  if (!plan.kv_exclusive) {
+    const size_t kv_bytes = static_cast<size_t>(problem.tk) * problem.hkv * d * sizeof(float);
+    plan.dk_acc_offset = at;
+    at = align_up(at + kv_bytes);
+    plan.dv_acc_offset = at;
+    at = align_up(at + kv_bytes);
+  }
+  plan.workspace_bytes = at;
+  return plan;
+}
+
+}  // namespace cad::kernels

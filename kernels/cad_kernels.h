@@ -1,0 +1,149 @@
+// cad_kernels.h -- the CUDA kernels of the project, as plain C++ functions that take raw device
+// pointers, sizes and a stream, enqueue work on that stream only, and return the launch's
+// cudaError_t. Nothing here allocates: callers get the workspace size from a plan and lend the
+// memory (the plugins take it from the host's allocate service).
+//
+// Tensors are compact row-major: Q, O, dO, dQ [Tq, Hq, D] bf16; K, V, dK, dV [Tk, Hkv, D] bf16;
+// LSE [Hq, Tq] fp32. Head dims 64 and 128; Hq % Hkv == 0 (query head h reads KV head h / (Hq/Hkv)).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace cad::kernels {
+
+// One segment of a server batch; the same layout as cad_segment_v1_t. Queries [q_offset, +q_len)
+// attend to keys [kv_offset, +kv_len); causal masks are aligned bottom-right.
+struct Segment {
+  int64_t q_offset;
+  int64_t q_len;
+  int64_t kv_offset;
+  int64_t kv_len;
+};
+
+struct AttentionProblem {
+  int64_t tq = 0;  // rows of Q
+  int64_t tk = 0;  // rows of K/V
+  int hq = 0;
+  int hkv = 0;
+  int head_dim = 0;  // 64 or 128
+  float softmax_scale = 0.f;
+  bool causal = false;
+};
+
+bool head_dim_supported(int head_dim);
+
+// ---- forward ---------------------------------------------------------------------------------------
+
+// One forward work item (per query head): a tile of up to kFwdBlockM queries of one segment against
+// keys [kv_begin, kv_end) of that segment. partial_slot < 0 writes O/LSE; otherwise the item is one
+// split of the KV range and writes fp32 partial results that the combine kernel merges.
+struct FwdItem {
+  int64_t q_row;          // absolute row in Q/O of the tile's first query
+  int64_t kv_row;         // absolute row in K/V of the segment's first key
+  int32_t q_rows;         // valid queries in the tile
+  int32_t q_index;        // index of the tile's first query inside its segment
+  int32_t causal_offset;  // kv_len - q_len: query i sees keys j <= i + causal_offset
+  int32_t kv_begin;       // keys of this item, segment-relative
+  int32_t kv_end;
+  int32_t partial_slot;
+};
+
+// Merges the splits of one query tile: partial slots [first_slot, first_slot + num_slots).
+struct CombineItem {
+  int64_t q_row;
+  int32_t q_rows;
+  int32_t first_slot;
+  int32_t num_slots;
+  int32_t reserved;
+};
+
+// Rows [begin, end) of Q that no segment covers (their O is 0 and LSE -inf).
+struct RowRange {
+  int64_t begin;
+  int64_t end;
+};
+
+constexpr int kFwdBlockM = 64;
+constexpr int kFwdBlockN = 64;
+
+struct ForwardPlan {
+  AttentionProblem problem;
+  std::vector<FwdItem> items;        // heaviest first
+  std::vector<CombineItem> combines;
+  std::vector<RowRange> uncovered;   // rows of Q outside every segment
+  int32_t num_slots = 0;
+  // Workspace layout (byte offsets into one buffer of workspace_bytes, 256-byte aligned).
+  size_t items_offset = 0, combines_offset = 0, uncovered_offset = 0, partial_o_offset = 0,
+         partial_lse_offset = 0, workspace_bytes = 0;
+};
+
+// Builds the work list on the host. `num_sms` (the device's multiprocessor count) decides how far
+// long KV ranges are split so that the grid fills the GPU. Pure host code.
+ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments,
+                              int num_sms);
+
+// Enqueues the forward: copies the plan's tables into `workspace` (device memory of at least
+// plan.workspace_bytes, usable in order on `stream`), then runs the kernels. Writes every row of O/LSE.
+cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
+                              float* lse, void* workspace, cudaStream_t stream);
+
+// ---- backward --------------------------------------------------------------------------------------
+
+constexpr int kBwdBlockN = 64;  // keys per work item
+
+// One backward work item (per KV head): keys [kv_begin, kv_begin + kv_rows) of one segment against all
+// queries of that segment that see them, for every query head of the KV head's group.
+struct BwdItem {
+  int64_t q_row;          // absolute row in Q of the segment's first query
+  int64_t kv_row;         // absolute row in K/V of the segment's first key
+  int32_t q_len;
+  int32_t causal_offset;  // kv_len - q_len
+  int32_t kv_begin;       // first key of the tile, segment-relative
+  int32_t kv_rows;        // valid keys in the tile
+  int32_t q_begin;        // first query that sees any key of the tile (causal), else 0
+  int32_t reserved;
+};
+
+struct BackwardPlan {
+  AttentionProblem problem;
+  std::vector<BwdItem> items;          // heaviest first
+  // true when no KV row is read by two segments: each (key tile, KV head) then belongs to one work
+  // item, which writes dK/dV directly; otherwise items add into fp32 accumulators.
+  bool kv_exclusive = true;
+  std::vector<RowRange> unread_kv;     // rows of K/V no segment reads (kv_exclusive only)
+  size_t items_offset = 0, delta_offset = 0, dq_acc_offset = 0, dk_acc_offset = 0, dv_acc_offset = 0,
+         workspace_bytes = 0;
+};
+
+BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments);
+
+cudaError_t attention_backward(const BackwardPlan& plan, const void* q, const void* k, const void* v, const void* o,
+                               const float* lse, const void* d_o, void* d_q, void* d_k, void* d_v,
+                               void* workspace, cudaStream_t stream);
+
+// ---- CAD pack/unpack and partial-gradient reduction ------------------------------------------------
+
+// Copies `num_rows` rows of `row_bytes` bytes each from src row `src_row` to dst row `dst_row`.
+struct RowCopy {
+  int64_t src_row;
+  int64_t dst_row;
+  int64_t num_rows;
+};
+
+// Many row-range copies in one launch (CAD's pack = gather into a send buffer, unpack = scatter back).
+// `copies` points to `num_copies` entries in DEVICE memory. Ranges must not overlap in dst.
+cudaError_t copy_row_ranges(const void* src, void* dst, int64_t row_bytes, const RowCopy* copies, int64_t num_copies,
+                            cudaStream_t stream);
+
+// out[i] = (accumulate ? out[i] : 0) + partials[0][i] + partials[1][i] + ... in fp32, in that fixed
+// order (deterministic), for i < numel; partial p starts at partials + p * partial_stride (elements).
+cudaError_t sum_partials_bf16(const void* partials, int num_partials, int64_t partial_stride, int64_t numel,
+                              void* out, bool accumulate, cudaStream_t stream);
+cudaError_t sum_partials_f32(const float* partials, int num_partials, int64_t partial_stride, int64_t numel,
+                             float* out, bool accumulate, cudaStream_t stream);
+
+}  // namespace cad::kernels

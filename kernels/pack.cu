@@ -1,0 +1,109 @@
+// pack.cu -- CAD's data movement kernels: many row-range copies in one launch (pack = gather token
+// ranges into a send buffer, unpack = scatter them back) and the fixed-order sum of partial dK/dV
+// buffers that several attention servers sent back for the same tokens.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cad_kernels.h"
+
+namespace cad::kernels {
+namespace {
+
+// Every block walks every range; inside a range the blocks of the grid share the bytes, so one long
+// range and many short ones both spread over the whole GPU. Rows [begin, end) of a [T, H, D] tensor
+// are contiguous, so each range is one contiguous copy of num_rows * row_bytes bytes.
+template <class Vec>
+__global__ void copy_row_ranges_kernel(const char* src, char* dst, int64_t row_bytes, const RowCopy* copies,
+                                       int64_t num_copies) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t c = 0; c < num_copies; ++c) {
+    const RowCopy rc = copies[c];
+    const Vec* s = reinterpret_cast<const Vec*>(src + rc.src_row * row_bytes);
+    Vec* d = reinterpret_cast<Vec*>(dst + rc.dst_row * row_bytes);
+    const int64_t n = rc.num_rows * row_bytes / static_cast<int64_t>(sizeof(Vec));
+    for (int64_t i = first; i < n; i += stride) d[i] = s[i];
+  }
+}
+
+template <class In>
+__device__ __forceinline__ float to_float(In x);
+template <>
+__device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+template <class T>
+__global__ void sum_partials_kernel(const T* partials, int num_partials, int64_t partial_stride, int64_t numel, T* out,
+                                    bool accumulate) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float acc = accumulate ? to_float(out[i]) : 0.f;
+    for (int p = 0; p < num_partials; ++p) acc += to_float(partials[p * partial_stride + i]);
+    out[i] = from_float<T>(acc);
+  }
+}
+
+int grid_size(int64_t work, int threads) {
+  int device = 0, sms = 132;
+  if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int64_t want = (work + threads - 1) / threads;
+  const int64_t cap = static_cast<int64_t>(sms) * 8;
+  return static_cast<int>(want < 1 ? 1 : (want < cap ? want : cap));
+}
+
+bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+cudaError_t copy_row_ranges(const void* src, void* dst, int64_t row_bytes, const RowCopy* copies, int64_t num_copies,
+                            cudaStream_t stream) {
+  if (num_copies == 0 || row_bytes == 0) return cudaSuccess;
+  if (src == nullptr || dst == nullptr || copies == nullptr || row_bytes < 0 || num_copies < 0) {
+    return cudaErrorInvalidValue;
+  }
+  const auto* s = static_cast<const char*>(src);
+  auto* d = static_cast<char*>(dst);
+  constexpr int kThreads = 256;
+  // The widest access every row start allows: 16 bytes for any [T, H, D] bf16 tensor with H*D % 8 == 0.
+  if (row_bytes % 16 == 0 && aligned(src, 16) && aligned(dst, 16)) {
+    copy_row_ranges_kernel<uint4><<<grid_size(1 << 20, kThreads), kThreads, 0, stream>>>(s, d, row_bytes, copies,
+                                                                                          num_copies);
+  } else if (row_bytes % 4 == 0 && aligned(src, 4) && aligned(dst, 4)) {
+    copy_row_ranges_kernel<uint32_t><<<grid_size(1 << 20, kThreads), kThreads, 0, stream>>>(s, d, row_bytes, copies,
+                                                                                             num_copies);
+  } else {
+    copy_row_ranges_kernel<uint8_t><<<grid_size(1 << 20, kThreads), kThreads, 0, stream>>>(s, d, row_bytes, copies,
+                                                                                            num_copies);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t sum_partials_bf16(const void* partials, int num_partials, int64_t partial_stride, int64_t numel,
+                              void* out, bool accumulate, cudaStream_t stream) {
+  if (numel == 0) return cudaSuccess;
+  if (out == nullptr || (num_partials > 0 && partials == nullptr) || num_partials < 0) return cudaErrorInvalidValue;
+  sum_partials_kernel<__nv_bfloat16><<<grid_size(numel, 256), 256, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(partials), num_partials, partial_stride, numel,
+      static_cast<__nv_bfloat16*>(out), accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t sum_partials_f32(const float* partials, int num_partials, int64_t partial_stride, int64_t numel,
+                             float* out, bool accumulate, cudaStream_t stream) {
+  if (numel == 0) return cudaSuccess;
+  if (out == nullptr || (num_partials > 0 && partials == nullptr) || num_partials < 0) return cudaErrorInvalidValue;
+  sum_partials_kernel<float><<<grid_size(numel, 256), 256, 0, stream>>>(partials, num_partials, partial_stride, numel,
+                                                                        out, accumulate);
+  return cudaGetLastError();
+}
+
+}  // namespace cad::kernels
