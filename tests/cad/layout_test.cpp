@@ -1,0 +1,299 @@
+// layout_test.cpp -- single-process tests of the CAD plugin's pure parts: the dispatch layout (checked
+// against the invariants a server batch must satisfy, on random batches and random plans), the
+// exchange's pack/unpack (simulating every rank in one process), and the validation messages.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+
+#include "exchange.h"
+#include "layout.h"
+#include "plugin_support.h"
+#include "test_batch.h"
+#include "validate.h"
+
+namespace cp = cad::cad_plugin;
+using cad_test::BatchSpec;
+using cad_test::GlobalBatch;
+
+namespace {
+
+// A mock balancer: every document cut at random points, each cut on a random server.
+std::vector<cad_task_v1_t> random_plan(const GlobalBatch& b, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<cad_task_v1_t> tasks;
+  for (const auto& doc : b.docs) {
+    std::vector<int64_t> cuts = {0, doc.len};
+    for (int i = 0; i < 3 && doc.len > 1; ++i) cuts.push_back(1 + static_cast<int64_t>(rng() % (doc.len - 1)));
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      tasks.push_back(cad_task_v1_t{doc.id, cuts[i], cuts[i + 1], static_cast<int32_t>(rng() % b.world), 0});
+    }
+  }
+  return tasks;
+}
+
+struct Token {
+  int64_t doc;
+  int64_t pos;
+  bool operator<(const Token& o) const { return doc != o.doc ? doc < o.doc : pos < o.pos; }
+  bool operator==(const Token& o) const { return doc == o.doc && pos == o.pos; }
+};
+
+// Which token each local row of each rank is.
+std::vector<std::vector<Token>> owner_tokens(const GlobalBatch& b) {
+  std::vector<std::vector<Token>> out(static_cast<size_t>(b.world));
+  for (int32_t r = 0; r < b.world; ++r) {
+    for (const auto& p : b.pieces[static_cast<size_t>(r)]) {
+      for (int64_t i = 0; i < p.len; ++i) out[static_cast<size_t>(r)].push_back(Token{p.doc_id, p.offset_in_doc + i});
+    }
+  }
+  return out;
+}
+
+// Every invariant a correct layout has, checked by following the runs back to document tokens.
+void expect_layout_invariants(const GlobalBatch& b, const std::vector<cad_task_v1_t>& tasks, bool causal) {
+  const cp::Layout layout = cp::build_layout(b.pieces, tasks, causal);
+  const auto tokens = owner_tokens(b);
+  std::set<Token> queried;  // every token must be a query exactly once, across all servers
+  for (int32_t s = 0; s < b.world; ++s) {
+    const cp::ServerBatch& batch = layout.servers[static_cast<size_t>(s)];
+    std::vector<Token> q_rows(static_cast<size_t>(batch.q_rows), Token{-1, -1});
+    std::vector<Token> kv_rows(static_cast<size_t>(batch.kv_rows), Token{-1, -1});
+    for (int32_t o = 0; o < b.world; ++o) {
+      const cp::Route& route = layout.route(o, s);
+      EXPECT_EQ(route.q_rows, cp::rows_in(route.q));
+      EXPECT_EQ(route.kv_rows, cp::rows_in(route.kv));
+      for (const auto& [runs, rows] : {std::pair{&route.q, &q_rows}, std::pair{&route.kv, &kv_rows}}) {
+        for (const cp::RowRun& run : *runs) {
+          for (int64_t i = 0; i < run.count; ++i) {
+            Token& slot = (*rows)[static_cast<size_t>(run.dst_row + i)];
+            EXPECT_EQ(slot.doc, -1) << "server " << s << " row " << run.dst_row + i << " written twice";
+            slot = tokens[static_cast<size_t>(o)][static_cast<size_t>(run.src_row + i)];
+          }
+        }
+      }
+    }
+    std::set<Token> kv_seen;  // deduplicated: no token's K/V twice on one server
+    for (const Token& t : kv_rows) {
+      EXPECT_NE(t.doc, -1) << "server " << s << ": a K/V row nobody sends";
+      EXPECT_TRUE(kv_seen.insert(t).second) << "server " << s << " receives K/V of doc " << t.doc << " pos " << t.pos
+                                            << " twice";
+    }
+    int64_t covered = 0;
+    for (const cad_segment_v1_t& seg : batch.segments) {
+      EXPECT_EQ(seg.q_offset, covered);  // segments tile the server's Q rows in order
+      covered += seg.q_len;
+      const Token first_q = q_rows[static_cast<size_t>(seg.q_offset)];
+      const int64_t doc_len = b.doc(first_q.doc).len;
+      EXPECT_EQ(seg.kv_len, causal ? first_q.pos + seg.q_len : doc_len);
+      for (int64_t j = 0; j < seg.kv_len; ++j) {  // the KV range is the document's prefix, in order
+        EXPECT_TRUE((kv_rows[static_cast<size_t>(seg.kv_offset + j)] == Token{first_q.doc, j}));
+      }
+      for (int64_t i = 0; i < seg.q_len; ++i) {  // bottom-right alignment puts query i at kv_len - q_len + i
+        const Token t = q_rows[static_cast<size_t>(seg.q_offset + i)];
+        EXPECT_TRUE((t == Token{first_q.doc, (causal ? seg.kv_len : first_q.pos + seg.q_len) - seg.q_len + i}));
+        EXPECT_TRUE(queried.insert(t).second) << "doc " << t.doc << " pos " << t.pos << " queried twice";
+      }
+    }
+    EXPECT_EQ(covered, batch.q_rows);
+  }
+  EXPECT_EQ(static_cast<int64_t>(queried.size()), b.total_tokens);
+}
+
+}  // namespace
+
+TEST(Layout, InvariantsHoldOnRandomBatchesAndPlans) {
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    BatchSpec spec;
+    spec.seed = seed;
+    spec.world = static_cast<int32_t>(1 + seed % 6);
+    spec.tokens_per_rank = 60;
+    const GlobalBatch b = cad_test::make_batch(spec);
+    cp::check_piece_tables(b.pieces);
+    const auto tasks = random_plan(b, seed);
+    cp::check_plan(b.pieces, tasks, b.world, "mock");
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    expect_layout_invariants(b, tasks, true);
+    expect_layout_invariants(b, tasks, false);
+  }
+}
+
+TEST(Layout, SharesOneKvPrefixPerDocumentAndServer) {
+  // Document 7 (len 10) split 6 + 4 over ranks 0 and 1; tasks [0,3) and [8,10) on server 1, [3,8) on 0.
+  const cp::PieceTables tables = {{{7, 10, 0, 6}}, {{7, 10, 6, 4}}};
+  const std::vector<cad_task_v1_t> tasks = {{7, 0, 3, 1, 0}, {7, 3, 8, 0, 0}, {7, 8, 10, 1, 0}};
+  const cp::Layout layout = cp::build_layout(tables, tasks, true);
+  const cp::ServerBatch& s1 = layout.servers[1];
+  EXPECT_EQ(s1.q_rows, 5);
+  EXPECT_EQ(s1.kv_rows, 10);  // one prefix [0, 10) for both tasks, not 3 + 10
+  ASSERT_EQ(s1.segments.size(), 2u);
+  EXPECT_EQ(s1.segments[0].kv_offset, s1.segments[1].kv_offset);
+  EXPECT_EQ(s1.segments[0].kv_len, 3);
+  EXPECT_EQ(s1.segments[1].kv_len, 10);
+  // Server 0 needs the prefix [0, 8): 6 rows from rank 0 (its own) and 2 from rank 1.
+  EXPECT_EQ(layout.route(0, 0).kv_rows, 6);
+  EXPECT_EQ(layout.route(1, 0).kv_rows, 2);
+  ASSERT_EQ(layout.servers[0].segments.size(), 2u);  // queries [3,8) live on two ranks: two segments
+  EXPECT_EQ(layout.servers[0].segments[0].q_len, 3);
+  EXPECT_EQ(layout.servers[0].segments[0].kv_len, 6);
+  EXPECT_EQ(layout.servers[0].segments[1].q_len, 2);
+  EXPECT_EQ(layout.servers[0].segments[1].kv_len, 8);
+}
+
+TEST(Exchange, SimulatedRanksRoundTripRowsLseAndSums) {
+  BatchSpec spec;
+  spec.seed = 7;
+  spec.world = 4;
+  spec.tokens_per_rank = 50;
+  const GlobalBatch b = cad_test::make_batch(spec);
+  const auto tasks = random_plan(b, 99);
+  const cp::Layout layout = cp::build_layout(b.pieces, tasks, true);
+  const int64_t width = 3, heads = 2, row_bytes = width * 4;
+  const size_t world = static_cast<size_t>(b.world);
+
+  // Owner r's row i carries the value 1000 * r + i in every column; LSE column i is -(1000 r + i) - h.
+  std::vector<std::vector<float>> owner_q(world), owner_lse(world), back_q(world), back_lse(world), sums(world);
+  std::vector<int64_t> tokens(world);
+  for (size_t r = 0; r < world; ++r) {
+    for (const auto& p : b.pieces[r]) tokens[r] += p.len;
+    for (int64_t i = 0; i < tokens[r]; ++i) {
+      for (int64_t c = 0; c < width; ++c) owner_q[r].push_back(static_cast<float>(1000 * r + i));
+    }
+    owner_lse[r].resize(static_cast<size_t>(heads * tokens[r]));
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < tokens[r]; ++i) owner_lse[r][static_cast<size_t>(h * tokens[r] + i)] = -static_cast<float>(1000 * r + i) - h;
+    }
+    back_q[r].assign(owner_q[r].size(), 0.0f);
+    back_lse[r].assign(owner_lse[r].size(), 0.0f);
+    sums[r].assign(owner_q[r].size(), 0.0f);
+  }
+  std::vector<std::vector<float>> server_q(world), server_lse(world), ones(world);
+  for (size_t s = 0; s < world; ++s) {
+    server_q[s].assign(static_cast<size_t>(layout.servers[s].q_rows * width), 0.0f);
+    server_lse[s].assign(static_cast<size_t>(layout.servers[s].q_rows * heads), 0.0f);
+    ones[s].assign(static_cast<size_t>(layout.servers[s].kv_rows * width), 1.0f);
+  }
+  const auto as_bytes = [](std::vector<float>& v) { return reinterpret_cast<std::byte*>(v.data()); };
+  const auto rows = [&](cp::RunSet set, std::vector<float>& v) {
+    cp::Part p;
+    p.runs = set;
+    p.data = as_bytes(v);
+    p.row_bytes = row_bytes;
+    return p;
+  };
+  const auto lse = [&](std::vector<float>& v, int64_t n) {
+    cp::Part p;
+    p.runs = cp::RunSet::Q;
+    p.format = cp::Format::LseColumns;
+    p.data = as_bytes(v);
+    p.row_bytes = heads * 4;
+    p.lse_heads = heads;
+    p.lse_rows = n;
+    return p;
+  };
+  // A simulated all_to_all_v: pack on every rank, move the chunks, unpack on every rank.
+  const auto simulate = [&](cp::Direction dir, const std::vector<std::vector<cp::Part>>& send,
+                            const std::vector<std::vector<cp::Part>>& recv) {
+    std::vector<cp::Transfer> t(world);
+    std::vector<std::vector<std::byte>> sbuf(world), rbuf(world);
+    for (size_t r = 0; r < world; ++r) {
+      t[r] = cp::plan_transfer(layout, static_cast<int32_t>(r), dir, send[r], recv[r]);
+      sbuf[r].resize(t[r].send_bytes);
+      rbuf[r].resize(t[r].recv_bytes);
+      cp::pack(layout, static_cast<int32_t>(r), dir, send[r], t[r], sbuf[r].data());
+    }
+    for (size_t from = 0; from < world; ++from) {
+      for (size_t to = 0; to < world; ++to) {
+        ASSERT_EQ(t[from].send_counts[to], t[to].recv_counts[from]);
+        if (t[from].send_counts[to] == 0) continue;
+        std::memcpy(rbuf[to].data() + t[to].recv_displs[from], sbuf[from].data() + t[from].send_displs[to],
+                    t[from].send_counts[to]);
+      }
+    }
+    for (size_t r = 0; r < world; ++r) cp::unpack(layout, static_cast<int32_t>(r), dir, recv[r], t[r], rbuf[r].data());
+  };
+  std::vector<std::vector<cp::Part>> send(world), recv(world);
+  for (size_t r = 0; r < world; ++r) {
+    send[r] = {rows(cp::RunSet::Q, owner_q[r]), lse(owner_lse[r], tokens[r])};
+    recv[r] = {rows(cp::RunSet::Q, server_q[r]), lse(server_lse[r], layout.servers[r].q_rows)};
+  }
+  simulate(cp::Direction::ToServers, send, recv);
+  for (size_t r = 0; r < world; ++r) {
+    cp::Part acc = rows(cp::RunSet::KV, sums[r]);
+    acc.format = cp::Format::AccumulateRows;
+    send[r] = {rows(cp::RunSet::Q, server_q[r]), lse(server_lse[r], layout.servers[r].q_rows), rows(cp::RunSet::KV, ones[r])};
+    recv[r] = {rows(cp::RunSet::Q, back_q[r]), lse(back_lse[r], tokens[r]), acc};
+  }
+  simulate(cp::Direction::ToOwners, send, recv);
+  for (size_t r = 0; r < world; ++r) {
+    EXPECT_EQ(back_q[r], owner_q[r]) << "rank " << r;
+    EXPECT_EQ(back_lse[r], owner_lse[r]) << "rank " << r;
+  }
+  // Each K/V row comes back summed once per server that needed it: compare with a direct count.
+  std::map<std::pair<int64_t, int64_t>, float> users;  // (doc, pos) -> servers whose prefix holds it
+  std::map<std::pair<int64_t, int32_t>, int64_t> need;   // (doc, server) -> prefix length
+  for (const auto& t : tasks) {
+    int64_t& n = need[{t.doc_id, t.server}];
+    n = std::max(n, t.q_end);
+  }
+  for (const auto& [key, len] : need) {
+    for (int64_t pos = 0; pos < len; ++pos) users[{key.first, pos}] += 1.0f;
+  }
+  for (size_t r = 0; r < world; ++r) {
+    int64_t row = 0;
+    for (const auto& p : b.pieces[r]) {
+      for (int64_t i = 0; i < p.len; ++i, ++row) {
+        EXPECT_EQ(sums[r][static_cast<size_t>(row * width)], (users[{p.doc_id, p.offset_in_doc + i}]));
+      }
+    }
+  }
+}
+
+TEST(Exchange, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(cp::float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(cp::bf16_to_float(0x3f80), 1.0f);
+  // 1 + 2^-8 is halfway between two bf16 values: ties go to the even one (1.0).
+  EXPECT_EQ(cp::float_to_bf16(1.00390625f), 0x3f80);
+  EXPECT_EQ(cp::float_to_bf16(1.01171875f), 0x3f82);  // 1 + 3*2^-8: halfway, even is 0x3f82
+}
+
+namespace {
+std::string failure_of(const cp::PieceTables& tables) {
+  try {
+    cp::check_piece_tables(tables);
+  } catch (const cad::plugin::Failure& f) {
+    EXPECT_EQ(f.status(), CAD_STATUS_INVALID_ARGUMENT);
+    return f.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Validate, PieceTablesNameTheProblem) {
+  EXPECT_EQ(failure_of({{{1, 5, 0, 3}}, {{1, 5, 3, 2}}}), "");
+  EXPECT_EQ(failure_of({{{1, 5, 0, 3}}, {{1, 5, 2, 3}}}),
+            "document 1: tokens [2, 3) are held twice, by rank 0 piece 0 and rank 1 piece 0");
+  EXPECT_EQ(failure_of({{{1, 5, 0, 2}}, {{1, 5, 3, 2}}}), "document 1 (doc_len 5): tokens [2, 3) are held by no rank");
+  EXPECT_EQ(failure_of({{{1, 5, 0, 3}}, {}}), "document 1 (doc_len 5): tokens [3, 5) are held by no rank");
+  EXPECT_EQ(failure_of({{{1, 5, 0, 3}}, {{1, 6, 3, 2}}}),
+            "document 1: rank 0 piece 0 says doc_len 5 but rank 1 piece 0 says 6");
+  EXPECT_NE(failure_of({{{1, 5, 0, 0}}}).find("rank 0 piece 0 (doc 1)"), std::string::npos);
+}
+
+TEST(Validate, BrokenPlansAreInternalErrorsNamingTheBalancer) {
+  const cp::PieceTables tables = {{{1, 5, 0, 5}}};
+  try {
+    cp::check_plan(tables, {{1, 0, 3, 0, 0}}, 1, "mine");
+    FAIL() << "a plan that leaves queries [3, 5) uncovered was accepted";
+  } catch (const cad::plugin::Failure& f) {
+    EXPECT_EQ(f.status(), CAD_STATUS_INTERNAL);
+    EXPECT_NE(std::string(f.what()).find("balancer instance 'mine'"), std::string::npos) << f.what();
+  }
+  EXPECT_THROW(cp::check_plan(tables, {{1, 0, 5, 1, 0}}, 1, "mine"), cad::plugin::Failure);  // no server 1
+  EXPECT_THROW(cp::check_plan(tables, {{1, 0, 3, 0, 0}, {1, 2, 5, 0, 0}}, 1, "mine"), cad::plugin::Failure);
+}
