@@ -1,0 +1,231 @@
+// cuda_plugin.cpp -- the "cuda" attention backend (cad_cuda.so): ABI glue around the project's CUDA
+// kernels (kernels/cad_kernels.h). The host-side plan (work lists) is built from the segment table,
+// copied into a workspace lent by the host's allocate service, and the kernels are enqueued on the
+// caller's stream; nothing here synchronises the device.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cad_kernels.h"
+#include "cad_plugin_v1.h"
+#include "cuda_validate.h"
+#include "plugin_support.h"
+
+namespace {
+
+using cad::plugin::fail;
+using cad::plugin::format;
+
+constexpr const char* kName = "cuda";
+constexpr int kMinComputeCapability = 80;
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    fail(CAD_STATUS_DEVICE_ERROR, format("cuda backend: %s failed: %s (%s)", what, cudaGetErrorName(err),
+                                         cudaGetErrorString(err)));
+  }
+}
+
+// Makes `device` current for the scope of one call and restores the caller's device after it.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+struct CudaContext {
+  CudaContext(const cad_host_services_v1_t* host, const char* config_json) : logger(host, kName), services(host) {
+    cad::plugin::ConfigReader config(config_json, "plugin 'cuda' config");
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+      fail(CAD_STATUS_DEVICE_ERROR, format("cuda backend: no usable CUDA device (%s)",
+                                           err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0"));
+    }
+    int current = 0;
+    check_cuda(cudaGetDevice(&current), "cudaGetDevice");
+    device = static_cast<int>(config.get_int("device", current, 0, count - 1));
+    config.finish(logger);
+    cudaDeviceProp prop{};
+    check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    compute_capability = prop.major * 10 + prop.minor;
+    num_sms = prop.multiProcessorCount;
+    device_name = prop.name;
+    if (compute_capability < kMinComputeCapability) {
+      fail(CAD_STATUS_UNSUPPORTED, format("cuda backend: device %d (%s) has compute capability %d.%d; needs 8.0 or newer",
+                                          device, prop.name, prop.major, prop.minor));
+    }
+    logger.info(format("device %d: %s, sm_%d, %d SMs", device, prop.name, compute_capability, num_sms));
+  }
+
+  // Workspace lent by the host for one call, handed back in stream order when the call's work is enqueued.
+  class Workspace {
+   public:
+    Workspace(const CudaContext& ctx, size_t bytes, void* stream) : ctx_(ctx), stream_(stream) {
+      const cad_device_v1_t dev{CAD_DEVICE_CUDA, ctx.device};
+      if (bytes == 0) return;
+      const cad_status_t st = ctx.services->allocate(ctx.services->host_ctx, dev, bytes, stream, &ptr_);
+      if (st != CAD_STATUS_OK || ptr_ == nullptr) {
+        ptr_ = nullptr;
+        fail(CAD_STATUS_OUT_OF_MEMORY, format("cuda backend: the host could not allocate a workspace of %zu bytes", bytes));
+      }
+    }
+    ~Workspace() {
+      if (ptr_ != nullptr) ctx_.services->free(ctx_.services->host_ctx, {CAD_DEVICE_CUDA, ctx_.device}, ptr_, stream_);
+    }
+    Workspace(const Workspace&) = delete;
+    Workspace& operator=(const Workspace&) = delete;
+    void* get() const { return ptr_; }
+
+   private:
+    const CudaContext& ctx_;
+    void* stream_;
+    void* ptr_ = nullptr;
+  };
+
+  cad::plugin::ErrorState error;
+  cad::plugin::Logger logger;
+  const cad_host_services_v1_t* services;
+  int device = 0;
+  int compute_capability = 0;
+  int num_sms = 1;
+  std::string device_name;
+  // Statistics of the last successful call.
+  size_t last_items = 0, last_splits = 0, last_workspace_bytes = 0;
+  bool last_kv_exclusive = true;
+};
+
+CudaContext* as_context(void* ctx) { return static_cast<CudaContext*>(ctx); }
+
+const cad::kernels::Segment* as_segments(const cad_segment_v1_t* s) {
+  static_assert(sizeof(cad::kernels::Segment) == sizeof(cad_segment_v1_t), "segment layouts must match");
+  return reinterpret_cast<const cad::kernels::Segment*>(s);
+}
+
+cad_status_t create(const cad_host_services_v1_t* services, const char* config_json, void** out_ctx,
+                    char* error_message, size_t error_capacity) {
+  return cad::plugin::create_context<CudaContext>(services, config_json, out_ctx, error_message, error_capacity);
+}
+
+void destroy(void* ctx) { delete as_context(ctx); }  // no thread, no pending state: work belongs to the caller's stream
+
+const char* last_error(void* ctx) {
+  return ctx == nullptr ? "context is NULL" : as_context(ctx)->error.last_error.c_str();
+}
+
+cad_status_t get_capabilities(void* ctx, cad_attention_capabilities_v1_t* out) {
+  if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
+  return cad::plugin::guarded(as_context(ctx)->error, [&] {
+    if (out == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "get_capabilities: out is NULL");
+    if (out->struct_size < sizeof(cad_attention_capabilities_v1_t)) {
+      fail(CAD_STATUS_ABI_MISMATCH, format("get_capabilities: out.struct_size is %zu, ABI v1.0 needs at least %zu",
+                                           out->struct_size, sizeof(cad_attention_capabilities_v1_t)));
+    }
+    out->device_type = CAD_DEVICE_CUDA;
+    out->dtype_mask = CAD_ATTENTION_DTYPE_BF16;
+    out->flags = CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL | CAD_ATTENTION_CAP_GQA |
+                 CAD_ATTENTION_CAP_SHARED_KV | CAD_ATTENTION_CAP_BACKWARD;
+    out->head_dim_mask = (1u << 3) | (1u << 7);  // 64 and 128
+    out->max_head_dim = 128;
+    out->min_compute_capability = kMinComputeCapability;
+  });
+}
+
+cad_status_t forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
+  if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
+  CudaContext& self = *as_context(ctx);
+  return cad::plugin::guarded(self.error, [&] {
+    const cad::kernels::AttentionProblem pr = cad::cuda_backend::check_forward(args, self.device);
+    const cad::kernels::ForwardPlan plan =
+        cad::kernels::make_forward_plan(pr, as_segments(args->segments), args->num_segments, self.num_sms);
+    DeviceScope scope(self.device);
+    CudaContext::Workspace ws(self, plan.workspace_bytes, args->stream);
+    check_cuda(cad::kernels::attention_forward(plan, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
+                                               cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
+                                               static_cast<float*>(cad::plugin::tensor_data(args->lse)), ws.get(),
+                                               static_cast<cudaStream_t>(args->stream)),
+               "forward launch");
+    self.last_items = plan.items.size();
+    self.last_splits = plan.combines.size();
+    self.last_workspace_bytes = plan.workspace_bytes;
+  });
+}
+
+cad_status_t backward(void* ctx, const cad_attention_backward_args_v1_t* args) {
+  if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
+  CudaContext& self = *as_context(ctx);
+  return cad::plugin::guarded(self.error, [&] {
+    const cad::kernels::AttentionProblem pr = cad::cuda_backend::check_backward(args, self.device);
+    const cad::kernels::BackwardPlan plan =
+        cad::kernels::make_backward_plan(pr, as_segments(args->segments), args->num_segments);
+    DeviceScope scope(self.device);
+    CudaContext::Workspace ws(self, plan.workspace_bytes, args->stream);
+    check_cuda(cad::kernels::attention_backward(
+                   plan, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
+                   cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
+                   static_cast<const float*>(cad::plugin::tensor_data(args->lse)), cad::plugin::tensor_data(args->d_o),
+                   cad::plugin::tensor_data(args->d_q), cad::plugin::tensor_data(args->d_k),
+                   cad::plugin::tensor_data(args->d_v), ws.get(), static_cast<cudaStream_t>(args->stream)),
+               "backward launch");
+    self.last_items = plan.items.size();
+    self.last_splits = 0;
+    self.last_workspace_bytes = plan.workspace_bytes;
+    self.last_kv_exclusive = plan.kv_exclusive;
+  });
+}
+
+cad_status_t get_stats_json(void* ctx, char* buffer, size_t capacity, size_t* needed) {
+  if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
+  CudaContext& self = *as_context(ctx);
+  return cad::plugin::guarded(self.error, [&] {
+    if (needed == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "get_stats_json: needed is NULL");
+    if (buffer == nullptr && capacity > 0) fail(CAD_STATUS_INVALID_ARGUMENT, "get_stats_json: buffer is NULL");
+    nlohmann::json j;
+    j["device"] = self.device;
+    j["device_name"] = self.device_name;
+    j["compute_capability"] = self.compute_capability;
+    j["work_items"] = self.last_items;
+    j["kv_split_tiles"] = self.last_splits;
+    j["workspace_bytes"] = self.last_workspace_bytes;
+    j["kv_exclusive"] = self.last_kv_exclusive;
+    const std::string json = j.dump();
+    *needed = json.size() + 1;
+    if (capacity < json.size() + 1) {
+      fail(CAD_STATUS_INVALID_ARGUMENT,
+           format("get_stats_json: buffer has %zu bytes, the statistics need %zu", capacity, json.size() + 1));
+    }
+    cad::plugin::copy_message(json, buffer, capacity);
+  });
+}
+
+const cad_attention_v1_t kAttentionTable = {
+    sizeof(cad_attention_v1_t), create, destroy, last_error, get_capabilities, forward, backward, get_stats_json,
+};
+
+const cad_plugin_v1_t kPlugin = {
+    sizeof(cad_plugin_v1_t),
+    CAD_ABI_VERSION_MAJOR,
+    CAD_ABI_VERSION_MINOR,
+    CAD_PLUGIN_KIND_ATTENTION,
+    kName,
+    "0.1.0",
+    "CUDA attention (bf16, varlen, causal, GQA, shared KV, split-KV, backward; head dims 64/128; sm_80+)",
+    &kAttentionTable,
+    nullptr,
+    nullptr,
+};
+
+}  // namespace
+
+extern "C" CAD_PLUGIN_EXPORT const cad_plugin_v1_t* cad_plugin_entry_v1(void) { return &kPlugin; }
