@@ -12,32 +12,48 @@
 
 namespace cad::conformance {
 
+// A plugin instance the caller created beforehand (e.g. a communicator a CAD backend looks up);
+// every runner registers these in the TestServices it lends the plugin under test.
+struct HelperInstance {
+  std::string name;
+  cad_plugin_kind_t kind = 0;
+  const void* table = nullptr;  // the kind table
+  void* instance = nullptr;
+};
+
 struct Options {
   std::string plugin_path;   // the .so under test (already loaded by the caller)
   std::string config_json = "{}";  // config passed to create for the "good config" checks
   uint64_t seed = 1234;      // random batches are drawn from this seed
   bool quick = false;        // fewer/smaller random cases (CI under sanitizers)
   bool verbose = false;      // print every check, not only failures
+  std::vector<HelperInstance> instances;  // looked up by name through services->lookup_plugin
 };
 
 struct Check {
   std::string name;    // e.g. "forward.gqa.bf16"
   bool passed = false;
   std::string detail;  // why it failed, or a short measurement when it passed
+  bool skipped = false;  // not run (passed stays true); detail says why
 };
 
 struct Report {
   std::vector<Check> checks;
   void pass(const std::string& name, const std::string& detail = "");
   void fail(const std::string& name, const std::string& detail);
+  // A check that could not run here (e.g. a CUDA backend in a kit built without CUDA).
+  void skip(const std::string& name, const std::string& reason);
   // Adds a check that passes iff `ok`.
   bool expect(bool ok, const std::string& name, const std::string& detail_if_failed);
   int failed() const;
+  int skipped() const;
+  int passed() const;  // passed and not skipped
 };
 
-// A services table for tests: logs to stderr at >= `level`, allocates with aligned malloc (CPU) and
-// reports leaks (bytes still allocated) through outstanding_bytes(). lookup_plugin finds nothing
-// unless instances were registered with add_instance.
+// A services table for tests: logs to stderr at >= `level`, allocates with aligned malloc (CPU; CUDA
+// through cudaMalloc only in a kit built with CUDA, otherwise refused with UNSUPPORTED) and reports
+// leaks (bytes still allocated) through outstanding_bytes(). lookup_plugin finds nothing unless
+// instances were registered with add_instance. Thread-safe, as the ABI requires.
 class TestServices {
  public:
   explicit TestServices(cad_log_level_t level = CAD_LOG_WARN);
@@ -47,15 +63,19 @@ class TestServices {
   const cad_host_services_v1_t* table() const { return &table_; }
   int64_t outstanding_bytes() const;
   void add_instance(const std::string& name, cad_plugin_kind_t kind, const void* table, void* instance);
+  void add_instances(const std::vector<HelperInstance>& instances);
+
+  struct State;  // opaque; defined in test_services.cpp (public only so its C callbacks can reach it)
 
  private:
-  struct State;
   State* state_;
   cad_host_services_v1_t table_;
 };
 
 // The plugin-level checks every kind shares: table sizes, versions, name, create/destroy with good
-// and bad configs, last_error behaviour.
+// and bad configs, last_error behaviour. Returns false when the table is unusable (the kind's runner
+// must not be called then). The two-argument form uses default Options ("{}" config).
+bool check_plugin_table(const cad_plugin_v1_t* plugin, const Options& options, Report& report);
 void check_plugin_table(const cad_plugin_v1_t* plugin, Report& report);
 
 // One runner per kind (each in its own file).
