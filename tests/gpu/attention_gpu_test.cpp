@@ -1,0 +1,254 @@
+// attention_gpu_test.cpp -- drives cad_cuda.so through its ABI on random varlen batches and compares
+// O, LSE, dQ, dK, dV with the CPU reference backend (cad_reference.so, fp32 on the same bf16-rounded
+// inputs). Batches: tiny segments (1..17 tokens, gaps of uncovered/unread rows, empty KV), CAD-style
+// tasks sharing their document's KV prefix, and short queries against long KV (split-KV path).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gpu_harness.h"
+
+namespace cad::gpu_test {
+namespace {
+
+struct Batch {
+  int64_t tq = 0, tk = 0;
+  std::vector<cad_segment_v1_t> segments;
+};
+
+int64_t uniform(std::mt19937_64& rng, int64_t lo, int64_t hi) {
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+
+// Many tiny segments with rows between them that no segment covers or reads.
+Batch tiny_segments(std::mt19937_64& rng, bool causal) {
+  Batch b;
+  for (int i = 0; i < 24; ++i) {
+    b.tq += uniform(rng, 0, 3);
+    b.tk += uniform(rng, 0, 3);
+    const int64_t q_len = uniform(rng, 1, 17);
+    const int64_t kv_len = causal ? q_len + uniform(rng, 0, 17) : uniform(rng, 0, 17);
+    b.segments.push_back({b.tq, q_len, b.tk, kv_len});
+    b.tq += q_len;
+    b.tk += kv_len;
+  }
+  b.tq += 2;
+  b.tk += 2;
+  return b;
+}
+
+// Documents cut into CAD tasks that share the document's KV: task [qb, qe) attends to keys [0, qe)
+// (causal) or [0, L) of its document.
+Batch shared_kv(std::mt19937_64& rng, bool causal) {
+  Batch b;
+  std::vector<cad_segment_v1_t> tasks;
+  for (int doc = 0; doc < 5; ++doc) {
+    const int64_t len = uniform(rng, 1, 300);
+    const int64_t kv_offset = b.tk;
+    b.tk += len;
+    int64_t qb = 0;
+    while (qb < len) {
+      const int64_t qe = std::min(len, qb + uniform(rng, 1, 160));
+      tasks.push_back({0, qe - qb, kv_offset, causal ? qe : len});
+      qb = qe;
+    }
+  }
+  std::shuffle(tasks.begin(), tasks.end(), rng);
+  for (cad_segment_v1_t& s : tasks) {
+    s.q_offset = b.tq;
+    b.tq += s.q_len;
+    b.segments.push_back(s);
+  }
+  return b;
+}
+
+// Short query shards against long KV prefixes (the forward splits their KV range), one of them
+// sharing its prefix with another.
+Batch long_kv(std::mt19937_64& rng, bool causal) {
+  Batch b;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t kv_len = uniform(rng, 600, 2600);
+    const int64_t q_len = uniform(rng, 40, 200);
+    b.segments.push_back({b.tq, q_len, b.tk, kv_len});
+    b.tq += q_len;
+    if (i == 1) {  // a second shard of the same document: a shorter prefix of the same KV
+      const int64_t q2 = uniform(rng, 1, 64);
+      b.segments.push_back({b.tq, q2, b.tk, causal ? kv_len - q_len : kv_len});
+      b.tq += q2;
+    }
+    b.tk += kv_len;
+  }
+  return b;
+}
+
+enum class Kind { kTiny, kSharedKv, kLongKv };
+const char* kind_name(Kind k) { return k == Kind::kTiny ? "tiny" : k == Kind::kSharedKv ? "shared_kv" : "long_kv"; }
+
+struct Case {
+  Kind kind;
+  int head_dim;
+  bool causal;
+  int hq, hkv;
+};
+
+std::vector<float> download_bf16(const DeviceBuffer& buf, size_t n) {
+  std::vector<uint16_t> host(n);
+  if (n) cudaMemcpy(host.data(), buf.get(), n * 2, cudaMemcpyDeviceToHost);
+  return bf16_vector_to_float(host);
+}
+std::vector<float> download_f32(const DeviceBuffer& buf, size_t n) {
+  std::vector<float> host(n);
+  if (n) cudaMemcpy(host.data(), buf.get(), n * 4, cudaMemcpyDeviceToHost);
+  return host;
+}
+
+// LSE rows match when both are -inf or they differ by at most 1e-3 (relative to max(1, |ref|)).
+double lse_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i]) && want[i] < 0) {
+      if (!(std::isinf(got[i]) && got[i] < 0)) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]) / std::max(1.0, std::fabs(double(want[i]))));
+  }
+  return worst;
+}
+
+class AttentionVsReference : public ::testing::TestWithParam<std::tuple<Kind, int, bool, std::pair<int, int>>> {};
+
+TEST_P(AttentionVsReference, MatchesReference) {
+  const auto [kind, d, causal, heads] = GetParam();
+  const int hq = heads.first, hkv = heads.second;
+  AttentionPlugin gpu(plugin_path("cuda"));
+  ASSERT_EQ(gpu.error(), "");
+  AttentionPlugin ref(plugin_path("reference"));
+  ASSERT_EQ(ref.error(), "");
+
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed * 1000 + d + (causal ? 7 : 0) + static_cast<int>(kind) * 100 + hq);
+    const Batch b = kind == Kind::kTiny ? tiny_segments(rng, causal)
+                    : kind == Kind::kSharedKv ? shared_kv(rng, causal)
+                                              : long_kv(rng, causal);
+    const size_t nq = static_cast<size_t>(b.tq) * hq * d, nk = static_cast<size_t>(b.tk) * hkv * d;
+    const size_t nl = static_cast<size_t>(b.tq) * hq;
+    std::vector<float> qf, kf, vf, dof;
+    const auto q = random_bf16(nq, rng, &qf), k = random_bf16(nk, rng, &kf), v = random_bf16(nk, rng, &vf);
+    const auto d_o = random_bf16(nq, rng, &dof);
+    const float scale = 1.f / std::sqrt(static_cast<float>(d));
+
+    // ---- GPU: inputs in, outputs poisoned (0xff bytes = NaN) so that unwritten elements show.
+    DeviceBuffer dq_in(nq * 2), dk_in(nk * 2), dv_in(nk * 2), ddo(nq * 2), dout(nq * 2), dlse(nl * 4);
+    DeviceBuffer ddq(nq * 2), ddk(nk * 2), ddv(nk * 2);
+    cudaMemcpy(dq_in.get(), q.data(), nq * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dk_in.get(), k.data(), nk * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dv_in.get(), v.data(), nk * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(ddo.get(), d_o.data(), nq * 2, cudaMemcpyHostToDevice);
+    for (DeviceBuffer* out : {&dout, &dlse, &ddq, &ddk, &ddv}) cudaMemset(out->get(), 0xff, out->bytes());
+    cudaStream_t stream;
+    CAD_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+    Tensor tq(dq_in.get(), CAD_DEVICE_CUDA, kBf16, {b.tq, hq, d}), tk(dk_in.get(), CAD_DEVICE_CUDA, kBf16, {b.tk, hkv, d}),
+        tv(dv_in.get(), CAD_DEVICE_CUDA, kBf16, {b.tk, hkv, d}), to(dout.get(), CAD_DEVICE_CUDA, kBf16, {b.tq, hq, d}),
+        tl(dlse.get(), CAD_DEVICE_CUDA, kF32, {hq, b.tq}), tdo(ddo.get(), CAD_DEVICE_CUDA, kBf16, {b.tq, hq, d}),
+        tdq(ddq.get(), CAD_DEVICE_CUDA, kBf16, {b.tq, hq, d}), tdk(ddk.get(), CAD_DEVICE_CUDA, kBf16, {b.tk, hkv, d}),
+        tdv(ddv.get(), CAD_DEVICE_CUDA, kBf16, {b.tk, hkv, d});
+    cad_attention_forward_args_v1_t fa{};
+    fa.struct_size = sizeof(fa);
+    fa.segments = b.segments.data();
+    fa.num_segments = static_cast<int64_t>(b.segments.size());
+    fa.softmax_scale = scale;
+    fa.causal = causal ? 1 : 0;
+    fa.stream = stream;
+    fa.q = &tq.t;
+    fa.k = &tk.t;
+    fa.v = &tv.t;
+    fa.o = &to.t;
+    fa.lse = &tl.t;
+    ASSERT_EQ(gpu.table()->forward(gpu.ctx(), &fa), CAD_STATUS_OK) << gpu.last_error();
+    cad_attention_backward_args_v1_t ba{};
+    ba.struct_size = sizeof(ba);
+    ba.segments = fa.segments;
+    ba.num_segments = fa.num_segments;
+    ba.softmax_scale = scale;
+    ba.causal = fa.causal;
+    ba.stream = stream;
+    ba.q = &tq.t;
+    ba.k = &tk.t;
+    ba.v = &tv.t;
+    ba.o = &to.t;
+    ba.lse = &tl.t;
+    ba.d_o = &tdo.t;
+    ba.d_q = &tdq.t;
+    ba.d_k = &tdk.t;
+    ba.d_v = &tdv.t;
+    ASSERT_EQ(gpu.table()->backward(gpu.ctx(), &ba), CAD_STATUS_OK) << gpu.last_error();
+    CAD_CHECK_CUDA(cudaStreamSynchronize(stream));
+    CAD_CHECK_CUDA(cudaGetLastError());
+    EXPECT_EQ(gpu.outstanding_device_bytes(), 0) << "workspace not handed back";
+    const auto o_gpu = download_bf16(dout, nq), lse_gpu = download_f32(dlse, nl);
+    const auto dq_gpu = download_bf16(ddq, nq), dk_gpu = download_bf16(ddk, nk), dv_gpu = download_bf16(ddv, nk);
+    cudaStreamDestroy(stream);
+
+    // ---- CPU reference in fp32 on the same (bf16-rounded) values.
+    std::vector<float> o_ref(nq), lse_ref(nl), dq_ref(nq), dk_ref(nk), dv_ref(nk);
+    Tensor rq(qf.data(), CAD_DEVICE_CPU, kF32, {b.tq, hq, d}), rk(kf.data(), CAD_DEVICE_CPU, kF32, {b.tk, hkv, d}),
+        rv(vf.data(), CAD_DEVICE_CPU, kF32, {b.tk, hkv, d}), ro(o_ref.data(), CAD_DEVICE_CPU, kF32, {b.tq, hq, d}),
+        rl(lse_ref.data(), CAD_DEVICE_CPU, kF32, {hq, b.tq}), rdo(dof.data(), CAD_DEVICE_CPU, kF32, {b.tq, hq, d}),
+        rdq(dq_ref.data(), CAD_DEVICE_CPU, kF32, {b.tq, hq, d}), rdk(dk_ref.data(), CAD_DEVICE_CPU, kF32, {b.tk, hkv, d}),
+        rdv(dv_ref.data(), CAD_DEVICE_CPU, kF32, {b.tk, hkv, d});
+    fa.stream = nullptr;
+    fa.q = &rq.t;
+    fa.k = &rk.t;
+    fa.v = &rv.t;
+    fa.o = &ro.t;
+    fa.lse = &rl.t;
+    ASSERT_EQ(ref.table()->forward(ref.ctx(), &fa), CAD_STATUS_OK) << ref.last_error();
+    ba.stream = nullptr;
+    ba.q = &rq.t;
+    ba.k = &rk.t;
+    ba.v = &rv.t;
+    ba.o = &ro.t;
+    ba.lse = &rl.t;
+    ba.d_o = &rdo.t;
+    ba.d_q = &rdq.t;
+    ba.d_k = &rdk.t;
+    ba.d_v = &rdv.t;
+    ASSERT_EQ(ref.table()->backward(ref.ctx(), &ba), CAD_STATUS_OK) << ref.last_error();
+
+    const double e_o = max_relative_error(o_gpu, o_ref), e_lse = lse_error(lse_gpu, lse_ref);
+    const double e_dq = max_relative_error(dq_gpu, dq_ref), e_dk = max_relative_error(dk_gpu, dk_ref);
+    const double e_dv = max_relative_error(dv_gpu, dv_ref);
+    std::printf("[%s d=%d causal=%d hq=%d hkv=%d seed=%llu] tq=%lld tk=%lld segs=%zu  O %.2e  LSE %.2e  dQ %.2e  dK %.2e  dV %.2e\n",
+                kind_name(kind), d, causal ? 1 : 0, hq, hkv, static_cast<unsigned long long>(seed),
+                static_cast<long long>(b.tq), static_cast<long long>(b.tk), b.segments.size(), e_o, e_lse, e_dq, e_dk,
+                e_dv);
+    EXPECT_LE(e_o, 1e-2);
+    EXPECT_LE(e_lse, 1e-3);
+    EXPECT_LE(e_dq, 1e-2);
+    EXPECT_LE(e_dk, 1e-2);
+    EXPECT_LE(e_dv, 1e-2);
+  }
+}
+
+std::string case_name(const ::testing::TestParamInfo<AttentionVsReference::ParamType>& info) {
+  const auto [kind, d, causal, heads] = info.param;
+  return std::string(kind_name(kind)) + "_d" + std::to_string(d) + (causal ? "_causal" : "_full") + "_h" +
+         std::to_string(heads.first) + "x" + std::to_string(heads.second);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, AttentionVsReference,
+                         ::testing::Combine(::testing::Values(Kind::kTiny, Kind::kSharedKv, Kind::kLongKv),
+                                            ::testing::Values(64, 128), ::testing::Bool(),
+                                            ::testing::Values(std::make_pair(4, 4), std::make_pair(8, 2))),
+                         case_name);
+
+}  // namespace
+}  // namespace cad::gpu_test

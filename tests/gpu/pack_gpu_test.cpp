@@ -1,0 +1,120 @@
+// pack_gpu_test.cpp -- the pack/unpack row-range copies and the fixed-order partial sums of
+// kernels/cad_kernels.h against host computations on random data.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cad_kernels.h"
+#include "gpu_harness.h"
+
+namespace cad::gpu_test {
+namespace {
+
+using kernels::RowCopy;
+
+// Random disjoint ranges of a [T, row] tensor, packed back to back (pack), in a shuffled order.
+std::vector<RowCopy> random_ranges(std::mt19937_64& rng, int64_t rows, int64_t* packed_rows) {
+  std::vector<RowCopy> copies;
+  int64_t at = 0;
+  while (at < rows) {
+    const int64_t len = std::min<int64_t>(rows - at, std::uniform_int_distribution<int64_t>(1, 300)(rng));
+    if (std::uniform_int_distribution<int>(0, 3)(rng) != 0) copies.push_back({at, 0, len});  // some rows stay home
+    at += len;
+  }
+  std::shuffle(copies.begin(), copies.end(), rng);
+  int64_t dst = 0;
+  for (RowCopy& c : copies) {
+    c.dst_row = dst;
+    dst += c.num_rows;
+  }
+  *packed_rows = dst;
+  return copies;
+}
+
+void pack_round_trip(int64_t row_bytes, int64_t byte_shift) {
+  std::mt19937_64 rng(static_cast<uint64_t>(row_bytes * 31 + byte_shift));
+  const int64_t rows = 5000;
+  int64_t packed_rows = 0;
+  const std::vector<RowCopy> copies = random_ranges(rng, rows, &packed_rows);
+  std::vector<unsigned char> src(static_cast<size_t>(rows * row_bytes));
+  for (auto& b : src) b = static_cast<unsigned char>(rng());
+
+  DeviceBuffer d_src(src.size() + 16), d_packed(static_cast<size_t>(packed_rows * row_bytes) + 16),
+      d_back(src.size() + 16), d_copies(copies.size() * sizeof(RowCopy));
+  char* s = static_cast<char*>(d_src.get()) + byte_shift;
+  char* pk = static_cast<char*>(d_packed.get()) + byte_shift;
+  char* bk = static_cast<char*>(d_back.get()) + byte_shift;
+  cudaMemcpy(s, src.data(), src.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(d_copies.get(), copies.data(), d_copies.bytes(), cudaMemcpyHostToDevice);
+  cudaMemset(bk, 0, src.size());
+  const auto* dev_copies = static_cast<const RowCopy*>(d_copies.get());
+  ASSERT_EQ(kernels::copy_row_ranges(s, pk, row_bytes, dev_copies, static_cast<int64_t>(copies.size()), nullptr),
+            cudaSuccess);
+  // Unpack = the same ranges with source and destination swapped.
+  std::vector<RowCopy> reverse = copies;
+  for (RowCopy& c : reverse) std::swap(c.src_row, c.dst_row);
+  DeviceBuffer d_reverse(reverse.size() * sizeof(RowCopy));
+  cudaMemcpy(d_reverse.get(), reverse.data(), d_reverse.bytes(), cudaMemcpyHostToDevice);
+  ASSERT_EQ(kernels::copy_row_ranges(pk, bk, row_bytes, static_cast<const RowCopy*>(d_reverse.get()),
+                                     static_cast<int64_t>(reverse.size()), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  std::vector<unsigned char> packed(static_cast<size_t>(packed_rows * row_bytes)), back(src.size());
+  cudaMemcpy(packed.data(), pk, packed.size(), cudaMemcpyDeviceToHost);
+  cudaMemcpy(back.data(), bk, back.size(), cudaMemcpyDeviceToHost);
+  std::vector<unsigned char> want_back(src.size(), 0);
+  for (const RowCopy& c : copies) {
+    const size_t n = static_cast<size_t>(c.num_rows * row_bytes);
+    ASSERT_TRUE(std::equal(src.begin() + c.src_row * row_bytes, src.begin() + c.src_row * row_bytes + n,
+                           packed.begin() + c.dst_row * row_bytes))
+        << "range at row " << c.src_row;
+    std::copy(src.begin() + c.src_row * row_bytes, src.begin() + c.src_row * row_bytes + n,
+              want_back.begin() + c.src_row * row_bytes);
+  }
+  EXPECT_EQ(back, want_back);
+}
+
+TEST(GpuPack, RoundTripWide) { pack_round_trip(8 * 128 * 2, 0); }       // [T, 8, 128] bf16 rows: 16-byte path
+TEST(GpuPack, RoundTripWordAligned) { pack_round_trip(36, 4); }         // 4-byte path
+TEST(GpuPack, RoundTripUnaligned) { pack_round_trip(7, 1); }            // byte path
+
+TEST(GpuPack, SumPartialsInFixedOrder) {
+  std::mt19937_64 rng(9);
+  const int parts = 5;
+  const int64_t n = 100003, stride = 100096;
+  std::vector<float> f32;
+  const auto bf = random_bf16(static_cast<size_t>(parts * stride), rng, &f32);
+  std::vector<float> start_f;
+  const auto start = random_bf16(static_cast<size_t>(n), rng, &start_f);
+
+  DeviceBuffer d_parts(bf.size() * 2), d_out(static_cast<size_t>(n) * 2), d_parts32(f32.size() * 4),
+      d_out32(static_cast<size_t>(n) * 4);
+  cudaMemcpy(d_parts.get(), bf.data(), d_parts.bytes(), cudaMemcpyHostToDevice);
+  cudaMemcpy(d_out.get(), start.data(), d_out.bytes(), cudaMemcpyHostToDevice);
+  cudaMemcpy(d_parts32.get(), f32.data(), d_parts32.bytes(), cudaMemcpyHostToDevice);
+  ASSERT_EQ(kernels::sum_partials_bf16(d_parts.get(), parts, stride, n, d_out.get(), true, nullptr), cudaSuccess);
+  ASSERT_EQ(kernels::sum_partials_f32(static_cast<const float*>(d_parts32.get()), parts, stride, n,
+                                      static_cast<float*>(d_out32.get()), false, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> out(static_cast<size_t>(n));
+  std::vector<float> out32(static_cast<size_t>(n));
+  cudaMemcpy(out.data(), d_out.get(), d_out.bytes(), cudaMemcpyDeviceToHost);
+  cudaMemcpy(out32.data(), d_out32.get(), d_out32.bytes(), cudaMemcpyDeviceToHost);
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = start_f[static_cast<size_t>(i)], acc32 = 0.f;
+    for (int p = 0; p < parts; ++p) {
+      acc += f32[static_cast<size_t>(p * stride + i)];
+      acc32 += f32[static_cast<size_t>(p * stride + i)];
+    }
+    ASSERT_EQ(out[static_cast<size_t>(i)], float_to_bf16(acc)) << "element " << i;
+    ASSERT_EQ(out32[static_cast<size_t>(i)], acc32) << "element " << i;  // same order, same fp32 rounding
+  }
+}
+
+}  // namespace
+}  // namespace cad::gpu_test

@@ -1,0 +1,154 @@
+// refusal_gpu_test.cpp -- what the cuda backend refuses, with which status and message, and that a
+// refused call leaves its outputs untouched; plus its capabilities and run-to-run determinism.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_harness.h"
+
+namespace cad::gpu_test {
+namespace {
+
+// One small valid forward problem on the GPU whose descriptors a test may then spoil.
+struct SmallProblem {
+  int64_t t = 48;
+  int hq = 4, hkv = 2, d = 64;
+  DeviceBuffer q{size_t(48) * 4 * 128 * 4}, k{size_t(48) * 2 * 128 * 4}, v{size_t(48) * 2 * 128 * 4};
+  DeviceBuffer o{size_t(48) * 4 * 128 * 4}, lse{size_t(48) * 8 * 4};
+  std::vector<cad_segment_v1_t> segments{{0, 20, 0, 30}, {20, 28, 30, 18}};
+  Tensor tq, tk, tv, to, tl;
+  cad_attention_forward_args_v1_t args{};
+
+  explicit SmallProblem(int head_dim = 64, cad_dtype_v1_t dtype = kBf16, int heads_q = 4, int heads_kv = 2)
+      : hq(heads_q), hkv(heads_kv), d(head_dim),
+        tq(q.get(), CAD_DEVICE_CUDA, dtype, {t, heads_q, head_dim}),
+        tk(k.get(), CAD_DEVICE_CUDA, dtype, {t, heads_kv, head_dim}),
+        tv(v.get(), CAD_DEVICE_CUDA, dtype, {t, heads_kv, head_dim}),
+        to(o.get(), CAD_DEVICE_CUDA, dtype, {t, heads_q, head_dim}),
+        tl(lse.get(), CAD_DEVICE_CUDA, kF32, {heads_q, t}) {
+    std::mt19937_64 rng(5);
+    const auto host = random_bf16(q.bytes() / 2, rng, nullptr);
+    cudaMemcpy(q.get(), host.data(), q.bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(k.get(), host.data(), k.bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(v.get(), host.data(), v.bytes(), cudaMemcpyHostToDevice);
+    cudaMemset(o.get(), 0x5a, o.bytes());
+    args.struct_size = sizeof(args);
+    args.segments = segments.data();
+    args.num_segments = 2;
+    args.softmax_scale = 0.125f;
+    args.causal = 0;
+    args.q = &tq.t;
+    args.k = &tk.t;
+    args.v = &tv.t;
+    args.o = &to.t;
+    args.lse = &tl.t;
+  }
+  bool output_untouched() const {
+    std::vector<unsigned char> host(o.bytes());
+    cudaMemcpy(host.data(), o.get(), o.bytes(), cudaMemcpyDeviceToHost);
+    for (unsigned char c : host) {
+      if (c != 0x5a) return false;
+    }
+    return true;
+  }
+};
+
+class CudaRefusals : public ::testing::Test {
+ protected:
+  AttentionPlugin gpu{plugin_path("cuda")};
+  void SetUp() override { ASSERT_EQ(gpu.error(), ""); }
+  cad_status_t forward(SmallProblem& p) { return gpu.table()->forward(gpu.ctx(), &p.args); }
+};
+
+TEST_F(CudaRefusals, CapabilitiesDescribeTheBackend) {
+  cad_attention_capabilities_v1_t caps{};
+  caps.struct_size = sizeof(caps);
+  ASSERT_EQ(gpu.table()->get_capabilities(gpu.ctx(), &caps), CAD_STATUS_OK);
+  EXPECT_EQ(caps.device_type, CAD_DEVICE_CUDA);
+  EXPECT_EQ(caps.dtype_mask, static_cast<uint32_t>(CAD_ATTENTION_DTYPE_BF16));
+  EXPECT_EQ(caps.head_dim_mask, (1u << 3) | (1u << 7));
+  EXPECT_EQ(caps.max_head_dim, 128);
+  EXPECT_EQ(caps.min_compute_capability, 80);
+  const uint32_t want = CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL | CAD_ATTENTION_CAP_GQA |
+                        CAD_ATTENTION_CAP_SHARED_KV | CAD_ATTENTION_CAP_BACKWARD;
+  EXPECT_EQ(caps.flags, want);
+}
+
+TEST_F(CudaRefusals, Fp32IsUnsupported) {
+  SmallProblem p(64, kF32);
+  EXPECT_EQ(forward(p), CAD_STATUS_UNSUPPORTED);
+  EXPECT_NE(gpu.last_error().find("cuda backend: dtype fp32 not supported; use bf16"), std::string::npos)
+      << gpu.last_error();
+  EXPECT_TRUE(p.output_untouched());
+}
+
+TEST_F(CudaRefusals, HeadDim96IsUnsupported) {
+  SmallProblem p(96);
+  EXPECT_EQ(forward(p), CAD_STATUS_UNSUPPORTED);
+  EXPECT_NE(gpu.last_error().find("head dim D=96"), std::string::npos) << gpu.last_error();
+  EXPECT_TRUE(p.output_untouched());
+}
+
+TEST_F(CudaRefusals, GqaNeedsDivisibleHeads) {
+  SmallProblem p(64, kBf16, 6, 4);
+  EXPECT_EQ(forward(p), CAD_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(gpu.last_error().find("Hq % Hkv == 0"), std::string::npos) << gpu.last_error();
+  EXPECT_TRUE(p.output_untouched());
+}
+
+TEST_F(CudaRefusals, CpuTensorIsRefused) {
+  SmallProblem p;
+  std::vector<uint16_t> host(static_cast<size_t>(p.t) * p.hkv * p.d);
+  Tensor cpu_k(host.data(), CAD_DEVICE_CPU, kBf16, {p.t, p.hkv, p.d});
+  p.args.k = &cpu_k.t;
+  EXPECT_EQ(forward(p), CAD_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(gpu.last_error().find("tensor 'k'"), std::string::npos) << gpu.last_error();
+  EXPECT_TRUE(p.output_untouched());
+}
+
+TEST_F(CudaRefusals, SegmentOutOfRangeIsRefused) {
+  SmallProblem p;
+  p.segments[1].kv_len = 1000;
+  EXPECT_EQ(forward(p), CAD_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(gpu.last_error().find("segment 1"), std::string::npos) << gpu.last_error();
+  EXPECT_TRUE(p.output_untouched());
+}
+
+TEST_F(CudaRefusals, PiecesAreUnsupported) {
+  SmallProblem p;
+  cad_piece_v1_t piece{0, 10, 0, 10};
+  p.args.pieces = &piece;
+  p.args.num_pieces = 1;
+  EXPECT_EQ(forward(p), CAD_STATUS_UNSUPPORTED);
+  EXPECT_TRUE(p.output_untouched());
+}
+
+TEST_F(CudaRefusals, UnknownConfigKeyWarnsButBadDeviceFails) {
+  AttentionPlugin warned(plugin_path("cuda"), R"({"no_such_key": 1})");
+  EXPECT_EQ(warned.error(), "");
+  AttentionPlugin bad(plugin_path("cuda"), R"({"device": 4096})");
+  EXPECT_NE(bad.error().find("device"), std::string::npos) << bad.error();
+}
+
+TEST_F(CudaRefusals, ForwardIsDeterministic) {
+  SmallProblem p(128, kBf16, 8, 2);
+  p.args.causal = 1;
+  p.segments = {{0, 20, 0, 30}, {20, 18, 30, 18}};
+  ASSERT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<unsigned char> first(p.o.bytes()), second(p.o.bytes());
+  cudaMemcpy(first.data(), p.o.get(), p.o.bytes(), cudaMemcpyDeviceToHost);
+  cudaMemset(p.o.get(), 0x5a, p.o.bytes());
+  ASSERT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaMemcpy(second.data(), p.o.get(), p.o.bytes(), cudaMemcpyDeviceToHost);
+  EXPECT_EQ(first, second);
+  EXPECT_FALSE(p.output_untouched());
+}
+
+}  // namespace
+}  // namespace cad::gpu_test

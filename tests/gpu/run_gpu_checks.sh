@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# run_gpu_checks.sh -- on a GPU machine: build the project for Hopper, run the GPU test program, the
+# conformance kit on cad_cuda.so (where the `cad` tool is buildable), compute-sanitizer memcheck and
+# racecheck on small cases, and (with --bench) the kernel benchmark against cuDNN.
+# Logs go to $OUT (default ./gpu-out); the last lines printed are a summary.
+#   usage: tests/gpu/run_gpu_checks.sh [--bench] [--no-sanitizer]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-out}
+BUILD=${BUILD:-build-gpu}
+ARCH=${CAD_GPU_ARCH:-90a}
+RUN_BENCH=0
+RUN_SANITIZER=1
+for arg in "$@"; do
+  case "$arg" in
+    --bench) RUN_BENCH=1 ;;
+    --no-sanitizer) RUN_SANITIZER=0 ;;
+    *) echo "unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$SUMMARY"
+
+# ---- build (only the targets these checks need: other folders may be mid-change) ----------------
+start=$(date +%s)
+{
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" &&
+  cmake --build "$BUILD" -j"$(nproc)" --target cad_gpu_tests cad_plugin_cuda cad_plugin_reference
+} > "$OUT/build.log" 2>&1
+build_rc=$?
+cmake --build "$BUILD" -j"$(nproc)" --target cad >> "$OUT/build.log" 2>&1; cad_rc=$?
+if [ "$RUN_BENCH" = 1 ]; then cmake --build "$BUILD" -j"$(nproc)" --target cad_kernel_bench >> "$OUT/build.log" 2>&1; fi
+note "build rc=$build_rc (cad tool rc=$cad_rc) in $(( $(date +%s) - start )) s"
+if [ "$build_rc" != 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
+
+# ---- correctness ------------------------------------------------------------------------------------
+"$BUILD/bin/cad_gpu_tests" --gtest_brief=0 > "$OUT/gpu_tests.log" 2>&1
+tests_rc=$?
+note "gpu tests rc=$tests_rc: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.log" | tr '\n' ' ')"
+grep -E '^\[  FAILED  \]|Failure|Expected|Which is' "$OUT/gpu_tests.log" | head -30 | tee -a "$SUMMARY"
+grep -E '^\[(tiny|shared_kv|long_kv) ' "$OUT/gpu_tests.log" | sort -t' ' -k1,1 | awk '
+  { for (i = 1; i <= NF; i++) { if ($i == "O") o = ($(i+1) > o ? $(i+1) : o); if ($i == "dQ") q = ($(i+1) > q ? $(i+1) : q);
+      if ($i == "dK") k = ($(i+1) > k ? $(i+1) : k); if ($i == "dV") v = ($(i+1) > v ? $(i+1) : v); if ($i == "LSE") l = ($(i+1) > l ? $(i+1) : l) } }
+  END { printf "worst relative errors over all cases: O %s LSE %s dQ %s dK %s dV %s\n", o, l, q, k, v }' | tee -a "$SUMMARY"
+
+if [ "$cad_rc" = 0 ] && [ -x "$BUILD/bin/cad" ]; then
+  "$BUILD/bin/cad" conformance "$BUILD/lib/cad/plugins/cad_cuda.so" > "$OUT/conformance.log" 2>&1
+  note "conformance rc=$?: $(tail -1 "$OUT/conformance.log")"
+else
+  note "conformance: cad tool not built (see build.log)"
+fi
+
+if [ "$RUN_SANITIZER" = 1 ]; then
+  small='Gpu/AttentionVsReference.tiny_d64_causal_h8x2:Gpu/AttentionVsReference.shared_kv_d128_full_h4x4:GpuPack.*'
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 17 "$BUILD/bin/cad_gpu_tests" --gtest_filter="$small" \
+      > "$OUT/sanitizer_$tool.log" 2>&1
+    note "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+  done
+fi
+
+if [ "$RUN_BENCH" = 1 ]; then
+  bash bench/kernels/run_bench.sh "$BUILD" "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -30
+fi
+echo "---- summary ----"
+cat "$SUMMARY"
