@@ -72,9 +72,9 @@ std::vector<Case> all_cases() {
   cases.push_back({"empty_batch", make(0, 0, 2, 1, 16, true, {})});
   {
     // Larger segments that cross the plugin's internal block sizes at odd places.
-    auto segs = tasks_of_document(0, 0, {0, 100, 133, 250});
-    segs.push_back({250, 70, 250, 90});
-    cases.push_back({"blocks_causal", make(320, 340, 4, 2, 64, true, segs)});
+    auto segs = tasks_of_document(0, 0, {0, 40, 73, 140});
+    segs.push_back({140, 50, 140, 70});
+    cases.push_back({"blocks_causal", make(190, 210, 4, 2, 32, true, segs)});
   }
   return cases;
 }
