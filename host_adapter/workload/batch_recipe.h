@@ -1,0 +1,40 @@
+// batch_recipe.h -- turning document lengths into one step's piece tables, with the DistCA evaluation
+// recipe (see /work/shared/data/README.md):
+//   1. documents are cut at 64K tokens; every full 64K-token chunk is upsampled (appears twice), and 90%
+//      of the shorter documents and remainders are kept (each independently, with probability 0.9);
+//   2. the list is shuffled with a fixed seed and every length scaled by context / 65536;
+//   3. documents are packed in order into per-rank buffers of `context` tokens; a document that
+//      overflows a buffer is cut and its remainder starts the next buffer.
+// The random numbers come from our own generator (splitmix64), so a seed gives the same batch with
+// every compiler and standard library.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cad_common_v1.h"
+
+namespace cad::workload {
+
+using RankPieces = std::vector<std::vector<cad_piece_v1_t>>;
+
+constexpr int64_t kRecipeSplitTokens = 65536;
+
+// Steps 1 and 2: the recipe's document stream (scaled lengths, shuffled). Lengths scale with rounding
+// to the nearest token, at least 1.
+std::vector<int64_t> recipe_documents(const std::vector<int64_t>& lengths, int64_t context, uint64_t seed);
+
+// Step 3: packs `docs` in order into `ranks` buffers of `context` tokens each. Document ids are the
+// positions in `docs`. Packing stops when the buffers are full; a document cut by the end of the last
+// buffer is truncated to what fits (so every document's pieces tile [0, doc_len)). Buffers may stay
+// partly empty when the documents run out.
+RankPieces pack(const std::vector<int64_t>& docs, int64_t context, int32_t ranks);
+
+// One sampled batch: recipe_documents + pack. The stream is repeated (with seeds seed+1, ...) if
+// one pass does not fill ranks * context tokens.
+RankPieces sample_batch(const std::vector<int64_t>& lengths, int64_t context, int32_t ranks, uint64_t seed);
+
+// Per-rank causal score entries (sum over pieces of q*kv - q*(q-1)/2), for checking the recipe.
+std::vector<int64_t> causal_cost_per_rank(const RankPieces& ranks);
+
+}  // namespace cad::workload

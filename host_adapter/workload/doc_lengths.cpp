@@ -1,0 +1,83 @@
+// doc_lengths.cpp -- see doc_lengths.h.
+#include "doc_lengths.h"
+
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace cad::workload {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+}  // namespace
+
+std::vector<int64_t> parse_lengths_json(const std::string& text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw LengthsError(source + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_array()) throw LengthsError(source + ": expected a JSON list of document lengths");
+  std::vector<int64_t> out;
+  out.reserve(j.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& v = j[i];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1) {
+      throw LengthsError(source + ": entry [" + std::to_string(i) + "] is " + v.dump() +
+                         ", expected an integer >= 1");
+    }
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
+std::vector<int64_t> parse_lengths_csv(const std::string& text, const std::string& source) {
+  std::vector<int64_t> out;
+  std::istringstream in(text);
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    std::string field = trim(line.substr(0, line.find(',')));
+    if (field.empty() || field[0] == '#') continue;
+    size_t used = 0;
+    long long value = 0;
+    bool ok = true;
+    try {
+      value = std::stoll(field, &used);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    if (!ok || used != field.size()) {
+      if (out.empty() && number == 1) continue;  // a header line
+      ok = false;
+    }
+    if (!ok || value < 1) {
+      throw LengthsError(source + ":" + std::to_string(number) + ": '" + field + "' is not an integer >= 1");
+    }
+    out.push_back(value);
+  }
+  return out;
+}
+
+std::vector<int64_t> load_lengths(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw LengthsError(path + ": cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return ends_with(path, ".json") ? parse_lengths_json(text.str(), path) : parse_lengths_csv(text.str(), path);
+}
+
+}  // namespace cad::workload

@@ -1,0 +1,26 @@
+// doc_lengths.h -- reading a list of document lengths (tokens) from a file: a JSON list of integers, or
+// CSV/text with one length per line (an optional header line, extra columns after a comma ignored).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cad::workload {
+
+// Thrown with a message naming the file and the index (JSON) or line (CSV) of the bad entry.
+class LengthsError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Chooses the format by extension: ".json" is a JSON list, anything else one length per line.
+// Every length must be an integer >= 1.
+std::vector<int64_t> load_lengths(const std::string& path);
+
+// The same, from text already in memory; `source` names it in errors.
+std::vector<int64_t> parse_lengths_json(const std::string& text, const std::string& source);
+std::vector<int64_t> parse_lengths_csv(const std::string& text, const std::string& source);
+
+}  // namespace cad::workload

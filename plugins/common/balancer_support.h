@@ -1,0 +1,178 @@
+// balancer_support.h -- what the four balancer plugins share: reading and validating the ABI input,
+// the colocated starting point, a ledger of load/traffic/memory for algorithms that move work,
+// putting a plan into its canonical form and checking it, plan allocation, and the ABI glue. Each
+// balancer folder then holds only its algorithm and a one-line plugin table (CAD_BALANCER_PLUGIN).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "plan_model.h"
+#include "plugin_support.h"
+
+namespace cad::balancer {
+
+using plan::ModelParams;
+using plan::RankPieces;
+using Tasks = std::vector<cad_task_v1_t>;
+
+// Tokens [begin, end) of a document, held by `rank`.
+struct Span {
+  int64_t begin;
+  int64_t end;
+  int32_t rank;
+};
+
+// One document: its spans sorted by begin, tiling [0, len) exactly once (validated).
+struct Doc {
+  int64_t id;
+  int64_t len;
+  std::vector<Span> spans;
+};
+
+// The validated input of one plan call, as plain data.
+struct Problem {
+  int32_t num_ranks = 0;
+  int32_t num_servers = 0;  // >= num_ranks; servers beyond num_ranks hold no tokens
+  ModelParams model;
+  int64_t min_shard = 1;   // the cost params' min_shard_tokens, at least 1
+  int64_t memory_cap = 0;  // 0 = no cap
+  RankPieces ranks;
+  std::vector<Doc> docs;   // sorted by id
+
+  int64_t cost(int64_t q_begin, int64_t q_end, const Doc& doc) const {
+    return plan::task_cost(q_begin, q_end, doc.len, model.causal);
+  }
+};
+
+// Validates the ABI input (struct sizes, cost params, every piece: len >= 1, inside its document, one
+// agreed doc_len per document, the pieces of a document tiling [0, doc_len) exactly once) and copies
+// it. Throws Failure(INVALID_ARGUMENT) naming the rank, the piece index and the document.
+Problem read_input(const cad_balance_input_v1_t* input);
+
+inline cad_task_v1_t make_task(int64_t doc_id, int64_t q_begin, int64_t q_end, int32_t server) {
+  return cad_task_v1_t{doc_id, q_begin, q_end, server, 0};
+}
+
+// Every piece on its owner (rank r = server r).
+Tasks colocated_tasks(const Problem& problem);
+
+// A contiguous query range of one document that a server still computes; algorithms cut shards
+// from it. `doc` indexes Problem::docs.
+struct Range {
+  int32_t doc;
+  int64_t begin;
+  int64_t end;
+};
+// The colocated starting point as ranges per server.
+std::vector<std::vector<Range>> colocated_ranges(const Problem& problem);
+
+// Load, traffic and memory while an algorithm moves shards; it starts at the colocated plan and uses
+// the definitions of plan_model.h, so that what it predicts is what evaluate_plan reports (its
+// memory figure is an upper bound: it never forgets a KV prefix a server stopped needing).
+class Ledger {
+ public:
+  explicit Ledger(const Problem& problem);
+
+  struct Delta {
+    int64_t bytes = 0;   // forward traffic the move adds (Q out, O + LSE back, new KV tokens)
+    int64_t memory = 0;  // foreign Q/K/V/O bytes the destination would hold in addition
+  };
+  // What moving queries [q_begin, q_end) of docs[doc] onto `server` would add.
+  Delta delta(int32_t doc, int64_t q_begin, int64_t q_end, int32_t server) const;
+  // Apply that move: the cost leaves `from` and arrives at `to`.
+  void commit(int32_t doc, int64_t q_begin, int64_t q_end, int32_t from, int32_t to);
+
+  int64_t load(int32_t server) const { return load_[static_cast<size_t>(server)]; }
+  int64_t memory(int32_t server) const { return memory_[static_cast<size_t>(server)]; }
+  const std::vector<int64_t>& loads() const { return load_; }
+  bool fits_memory(int32_t server, int64_t extra) const {
+    return problem_.memory_cap == 0 || memory(server) + extra <= problem_.memory_cap;
+  }
+
+ private:
+  int64_t foreign_tokens(const Doc& doc, int64_t begin, int64_t end, int32_t server) const;
+  int64_t kv_needed_end(int32_t doc, int64_t q_end) const;
+  const Problem& problem_;
+  std::vector<int64_t> load_;
+  std::vector<int64_t> memory_;
+  std::map<std::pair<int32_t, int32_t>, int64_t> kv_end_;  // (doc, server) -> KV prefix already there
+};
+
+// Sorts tasks by (server, doc_id, q_begin) and merges tasks of one document that touch on one server.
+void normalize(Tasks& tasks);
+// The plan invariant: per document the tasks partition [0, doc_len); servers in range. INTERNAL if not.
+void check_partition(const Problem& problem, const Tasks& tasks);
+// No server receives more than memory_cap_bytes of foreign Q/K/V/O; UNSUPPORTED naming the server.
+void check_memory_cap(const Problem& problem, const Tasks& tasks);
+
+// A plan in one allocation (header + task array), released with free_plan.
+cad_plan_v1_t* allocate_plan(int32_t num_servers, const Tasks& tasks);
+void free_plan(cad_plan_v1_t* plan);
+
+// ---- ABI glue --------------------------------------------------------------------------------------
+// An algorithm type provides:
+//   static constexpr const char* kName, kDescription;
+//   explicit Algo(plugin::ConfigReader& config);            // reads its keys
+//   Tasks plan(const Problem& problem, const plugin::Logger& log) const;  // any task order
+template <class Algo>
+struct Context {
+  plugin::ErrorState error;
+  plugin::Logger logger;
+  Algo algo;
+  Context(const cad_host_services_v1_t* services, const char* config_json)
+      : logger(services, std::string("balancer '") + Algo::kName + "'"), algo(read_config(config_json, logger)) {}
+
+ private:
+  static Algo read_config(const char* config_json, const plugin::Logger& logger) {
+    plugin::ConfigReader reader(config_json, std::string("plugin '") + Algo::kName + "' config");
+    Algo algo(reader);
+    reader.finish(logger);
+    return algo;
+  }
+};
+
+// Runs the whole plan call: validate, algorithm, canonical form, invariant and memory checks.
+template <class Algo>
+cad_status_t run_plan(void* ctx, const cad_balance_input_v1_t* input, cad_plan_v1_t** out_plan) noexcept {
+  if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
+  auto* c = static_cast<Context<Algo>*>(ctx);
+  return plugin::guarded(c->error, [&] {
+    if (out_plan == nullptr) plugin::fail(CAD_STATUS_INVALID_ARGUMENT, "plan: out_plan is NULL");
+    const Problem problem = read_input(input);
+    Tasks tasks = c->algo.plan(problem, c->logger);
+    normalize(tasks);
+    check_partition(problem, tasks);
+    check_memory_cap(problem, tasks);
+    *out_plan = allocate_plan(problem.num_servers, tasks);
+  });
+}
+
+template <class Algo>
+struct Plugin {
+  static void destroy(void* ctx) { delete static_cast<Context<Algo>*>(ctx); }
+  static const char* last_error(void* ctx) {
+    return ctx == nullptr ? "balancer context is NULL" : static_cast<Context<Algo>*>(ctx)->error.last_error.c_str();
+  }
+  static void release_plan(void*, cad_plan_v1_t* plan) { free_plan(plan); }
+
+  static const cad_plugin_v1_t* entry() {
+    static const cad_balancer_v1_t table = {sizeof(cad_balancer_v1_t), &plugin::create_context<Context<Algo>>,
+                                            &destroy, &last_error, &run_plan<Algo>, &release_plan};
+    static const cad_plugin_v1_t plugin = {sizeof(cad_plugin_v1_t), CAD_ABI_VERSION_MAJOR, CAD_ABI_VERSION_MINOR,
+                                           CAD_PLUGIN_KIND_BALANCER, Algo::kName, "0.1.0", Algo::kDescription,
+                                           nullptr, nullptr, &table};
+    return &plugin;
+  }
+};
+
+}  // namespace cad::balancer
+
+// Defines the plugin's one exported symbol for algorithm type `Algo`.
+#define CAD_BALANCER_PLUGIN(Algo)                                               \
+  extern "C" CAD_PLUGIN_EXPORT const cad_plugin_v1_t* cad_plugin_entry_v1(void) { \
+    return ::cad::balancer::Plugin<Algo>::entry();                              \
+  }
