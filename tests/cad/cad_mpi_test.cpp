@@ -1,0 +1,464 @@
+// cad_mpi_test.cpp -- multi-rank tests of the CAD plugin, run under mpirun with 1..8 ranks.
+//
+// Every rank builds the same random global batch from a seed (documents split across ranks, length-1
+// documents, empty ranks), runs CAD forward + backward on its own pieces through the stack the host
+// adapter builds from a JSON config (mpi communicator, reference server backend, each balancer), and
+// compares O, LSE, dQ, dK, dV of its tokens with the reference math run locally over the whole batch.
+// Bad inputs must give every rank the same status and message, and never hang (ctest TIMEOUT).
+//
+// Collective discipline: every rank runs the same tests in the same order and makes the same CAD
+// calls; assertions never skip a collective call on one rank only.
+#include <mpi.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cad/cad_host.hpp"
+#include "reference_math.h"
+#include "test_batch.h"
+
+using cad_test::BatchSpec;
+using cad_test::GlobalBatch;
+
+namespace {
+
+int g_rank = 0;
+int g_world = 1;
+cad::Host* g_host = nullptr;
+
+std::vector<std::string> balancers() {
+  std::vector<std::string> names;
+  std::stringstream list(CAD_TEST_BALANCERS);
+  for (std::string name; std::getline(list, name, ',');) {
+    if (!name.empty()) names.push_back(name);
+  }
+  return names;
+}
+
+std::string instance_name(const std::string& balancer, bool keep) {
+  return "cad_" + balancer + (keep ? "_keep" : "_resend");
+}
+
+std::string stack_config() {
+  nlohmann::json instances = nlohmann::json::array();
+  instances.push_back({{"name", "comm"}, {"plugin", "mpi"}, {"config", {{"timeout_ms", 60000}}}});
+  instances.push_back({{"name", "server"}, {"plugin", "reference"}, {"config", {{"num_threads", 1}}}});
+  for (const std::string& b : balancers()) {
+    instances.push_back({{"name", "bal_" + b}, {"plugin", b}, {"config", nlohmann::json::object()}});
+    for (bool keep : {true, false}) {
+      instances.push_back({{"name", instance_name(b, keep)},
+                           {"plugin", "cad"},
+                           {"config",
+                            {{"communicator", "comm"},
+                             {"balancer", "bal_" + b},
+                             {"server_backend", "server"},
+                             {"keep_forward_tensors", keep},
+                             {"min_shard_tokens", 8}}}});
+    }
+  }
+  return nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
+}
+
+struct Attention {
+  const cad_attention_v1_t* table;
+  void* ctx;
+};
+
+Attention cad_instance(const std::string& balancer, bool keep) {
+  const auto found = g_host->find<cad_attention_v1_t>(instance_name(balancer, keep), CAD_PLUGIN_KIND_ATTENTION);
+  return Attention{found.first, found.second};
+}
+
+// A CPU fp32 tensor that owns its data and shape; desc() is valid while the Tensor lives.
+struct Tensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+  cad_tensor_v1_t view{};
+
+  Tensor(std::vector<int64_t> dims, std::vector<float> values) : shape(std::move(dims)), data(std::move(values)) {}
+  cad_tensor_v1_t* desc() {
+    view.data = data.data();
+    view.device = {CAD_DEVICE_CPU, 0};
+    view.ndim = static_cast<int32_t>(shape.size());
+    view.dtype = {CAD_DTYPE_CODE_FLOAT, 32, 1};
+    view.shape = shape.data();
+    view.strides = nullptr;
+    view.byte_offset = 0;
+    return &view;
+  }
+};
+
+Tensor filled(std::vector<int64_t> dims, float value) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return Tensor(std::move(dims), std::vector<float>(static_cast<size_t>(n), value));
+}
+
+struct Outputs {
+  std::vector<float> o, lse, d_q, d_k, d_v;
+};
+
+// The oracle: the reference math over the global batch, one segment per document. Only the documents
+// this rank holds a piece of matter to it, so it skips the others (the rows stay 0 and are not read).
+Outputs oracle(const GlobalBatch& b, bool causal, float scale) {
+  std::set<int64_t> mine;
+  for (const auto& p : b.pieces[static_cast<size_t>(g_rank)]) mine.insert(p.doc_id);
+  std::vector<cad_segment_v1_t> segments;
+  for (const auto& doc : b.docs) {
+    if (mine.count(doc.id) != 0) segments.push_back({doc.first_row, doc.len, doc.first_row, doc.len});
+  }
+  cad::reference::AttentionBatch batch;
+  batch.tq = batch.tk = b.total_tokens;
+  batch.hq = b.hq;
+  batch.hkv = b.hkv;
+  batch.d = b.d;
+  batch.segments = segments.data();
+  batch.num_segments = static_cast<int64_t>(segments.size());
+  batch.softmax_scale = scale;
+  batch.causal = causal;
+  Outputs out;
+  out.o.resize(b.q.size());
+  out.lse.resize(static_cast<size_t>(b.hq * b.total_tokens));
+  out.d_q.resize(b.q.size());
+  out.d_k.resize(b.k.size());
+  out.d_v.resize(b.v.size());
+  cad::reference::attention_forward(batch, b.q.data(), b.k.data(), b.v.data(), out.o.data(), out.lse.data(), 1);
+  cad::reference::attention_backward(batch, b.q.data(), b.k.data(), b.v.data(), out.o.data(), out.lse.data(),
+                                     b.d_o.data(), out.d_q.data(), out.d_k.data(), out.d_v.data(), 1);
+  return out;
+}
+
+// This rank's slice of the oracle.
+Outputs local_slice(const GlobalBatch& b, const Outputs& global) {
+  const std::vector<int64_t> rows = b.global_rows(g_rank);
+  Outputs out;
+  out.o = cad_test::take_rows(global.o, b.hq * b.d, rows);
+  out.lse = cad_test::take_columns(global.lse, b.hq, b.total_tokens, rows);
+  out.d_q = cad_test::take_rows(global.d_q, b.hq * b.d, rows);
+  out.d_k = cad_test::take_rows(global.d_k, b.hkv * b.d, rows);
+  out.d_v = cad_test::take_rows(global.d_v, b.hkv * b.d, rows);
+  return out;
+}
+
+// The host's side of one step on this rank: its pieces and tensors.
+struct LocalCall {
+  std::vector<cad_piece_v1_t> pieces;
+  int64_t tokens = 0;
+  Tensor q, k, v, d_o, o, lse, d_q, d_k, d_v;
+  bool causal = true;
+  float scale = 0.25f;
+
+  LocalCall(const GlobalBatch& b, bool is_causal, int64_t extra_q_rows = 0, int64_t head_dim = -1)
+      : pieces(b.pieces[static_cast<size_t>(g_rank)]),
+        q({}, {}), k({}, {}), v({}, {}), d_o({}, {}), o({}, {}), lse({}, {}), d_q({}, {}), d_k({}, {}), d_v({}, {}) {
+    const std::vector<int64_t> rows = b.global_rows(g_rank);
+    tokens = static_cast<int64_t>(rows.size());
+    const int64_t d = head_dim > 0 ? head_dim : b.d;
+    if (head_dim > 0) {  // a rank that disagrees on the head dim: shapes only, values do not matter
+      q = filled({tokens, b.hq, d}, 0.5f);
+      k = filled({tokens, b.hkv, d}, 0.5f);
+      v = filled({tokens, b.hkv, d}, 0.5f);
+      d_o = filled({tokens, b.hq, d}, 0.5f);
+    } else {
+      q = Tensor({tokens + extra_q_rows, b.hq, d}, cad_test::take_rows(b.q, b.hq * d, rows));
+      q.data.resize(static_cast<size_t>((tokens + extra_q_rows) * b.hq * d), 0.0f);
+      k = Tensor({tokens, b.hkv, d}, cad_test::take_rows(b.k, b.hkv * d, rows));
+      v = Tensor({tokens, b.hkv, d}, cad_test::take_rows(b.v, b.hkv * d, rows));
+      d_o = Tensor({tokens, b.hq, d}, cad_test::take_rows(b.d_o, b.hq * d, rows));
+    }
+    // Outputs start as a sentinel, to see what is written (and that nothing is on error).
+    o = filled({tokens, b.hq, d}, 7.0f);
+    lse = filled({b.hq, tokens}, 7.0f);
+    d_q = filled({tokens, b.hq, d}, 7.0f);
+    d_k = filled({tokens, b.hkv, d}, 7.0f);
+    d_v = filled({tokens, b.hkv, d}, 7.0f);
+    causal = is_causal;
+    scale = 1.0f / std::sqrt(static_cast<float>(d));
+  }
+
+  cad_status_t forward(const Attention& a) {
+    cad_attention_forward_args_v1_t args{};
+    args.struct_size = sizeof(args);
+    args.pieces = pieces.data();
+    args.num_pieces = static_cast<int64_t>(pieces.size());
+    args.softmax_scale = scale;
+    args.causal = causal ? 1 : 0;
+    args.q = q.desc();
+    args.k = k.desc();
+    args.v = v.desc();
+    args.o = o.desc();
+    args.lse = lse.desc();
+    return a.table->forward(a.ctx, &args);
+  }
+
+  cad_status_t backward(const Attention& a) {
+    cad_attention_backward_args_v1_t args{};
+    args.struct_size = sizeof(args);
+    args.pieces = pieces.data();
+    args.num_pieces = static_cast<int64_t>(pieces.size());
+    args.softmax_scale = scale;
+    args.causal = causal ? 1 : 0;
+    args.q = q.desc();
+    args.k = k.desc();
+    args.v = v.desc();
+    args.o = o.desc();
+    args.lse = lse.desc();
+    args.d_o = d_o.desc();
+    args.d_q = d_q.desc();
+    args.d_k = d_k.desc();
+    args.d_v = d_v.desc();
+    return a.table->backward(a.ctx, &args);
+  }
+};
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* name, double tol = 1e-5) {
+  const double err = cad_test::relative_error(got, want);
+  EXPECT_LE(err, tol) << "rank " << g_rank << ": tensor " << name << " max relative error " << err;
+}
+
+// True when every rank passed the same string.
+bool same_on_every_rank(const std::string& text) {
+  std::vector<char> mine(1024, '\0'), all(1024 * static_cast<size_t>(g_world));
+  std::strncpy(mine.data(), text.c_str(), mine.size() - 1);
+  MPI_Allgather(mine.data(), 1024, MPI_CHAR, all.data(), 1024, MPI_CHAR, MPI_COMM_WORLD);
+  for (int r = 0; r < g_world; ++r) {
+    if (std::strncmp(all.data() + 1024 * r, mine.data(), 1024) != 0) return false;
+  }
+  return true;
+}
+
+BatchSpec spec_for(uint64_t seed) {
+  BatchSpec spec;
+  spec.seed = seed;
+  spec.world = g_world;
+  spec.tokens_per_rank = g_world >= 8 ? 64 : 120;  // 8 ranks share 2 cores in CI: keep it small
+  return spec;
+}
+
+// One full step through `a`; expects it to match the oracle.
+void expect_step_matches(const Attention& a, const GlobalBatch& b, bool causal) {
+  LocalCall call(b, causal);
+  const Outputs want = local_slice(b, oracle(b, causal, call.scale));
+  const cad_status_t fs = call.forward(a);
+  ASSERT_EQ(fs, CAD_STATUS_OK) << a.table->last_error(a.ctx);  // agreed on every rank: no desync
+  const cad_status_t bs = call.backward(a);
+  ASSERT_EQ(bs, CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  expect_close(call.o.data, want.o, "o");
+  expect_close(call.lse.data, want.lse, "lse");
+  expect_close(call.d_q.data, want.d_q, "d_q");
+  expect_close(call.d_k.data, want.d_k, "d_k");
+  expect_close(call.d_v.data, want.d_v, "d_v");
+}
+
+}  // namespace
+
+TEST(CadMpi, MatchesReferenceForEveryBalancerMaskAndKeepMode) {
+  ASSERT_FALSE(balancers().empty());
+  uint64_t seed = 100;
+  for (const std::string& balancer : balancers()) {
+    for (bool causal : {true, false}) {
+      for (bool keep : {true, false}) {
+        SCOPED_TRACE(balancer + (causal ? " causal" : " non-causal") + (keep ? " keep" : " resend"));
+        const GlobalBatch b = cad_test::make_batch(spec_for(++seed));
+        expect_step_matches(cad_instance(balancer, keep), b, causal);
+      }
+    }
+  }
+}
+
+TEST(CadMpi, MultiHeadAttentionWithWiderHeads) {
+  BatchSpec spec = spec_for(7);
+  spec.hq = spec.hkv = 3;
+  spec.d = 32;
+  const GlobalBatch b = cad_test::make_batch(spec);
+  expect_step_matches(cad_instance(balancers().back(), true), b, true);
+}
+
+TEST(CadMpi, EveryRankEmptyButOne) {
+  // All documents on the last rank: every other rank holds nothing but still serves work.
+  GlobalBatch b = cad_test::make_batch(spec_for(8));
+  for (int r = 0; r + 1 < g_world; ++r) {
+    auto& last = b.pieces[static_cast<size_t>(g_world - 1)];
+    last.insert(last.end(), b.pieces[static_cast<size_t>(r)].begin(), b.pieces[static_cast<size_t>(r)].end());
+    b.pieces[static_cast<size_t>(r)].clear();
+  }
+  expect_step_matches(cad_instance(balancers().back(), false), b, true);
+}
+
+TEST(CadMpi, ResendModeRunsBackwardWithoutItsForward) {
+  // keep_forward_tensors false: backward re-sends Q/K/V/O/LSE, so it needs no forward of its own.
+  const GlobalBatch b = cad_test::make_batch(spec_for(9));
+  LocalCall call(b, true);
+  const Outputs want = local_slice(b, oracle(b, true, call.scale));
+  call.o.data = want.o;
+  call.lse.data = want.lse;
+  const Attention a = cad_instance(balancers().front(), false);
+  ASSERT_EQ(call.backward(a), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  expect_close(call.d_q.data, want.d_q, "d_q");
+  expect_close(call.d_k.data, want.d_k, "d_k");
+  expect_close(call.d_v.data, want.d_v, "d_v");
+}
+
+TEST(CadMpi, KeepModeRefusesBackwardOfAnotherBatch) {
+  const Attention a = cad_instance(balancers().front(), true);
+  const GlobalBatch first = cad_test::make_batch(spec_for(10));
+  const GlobalBatch second = cad_test::make_batch(spec_for(11));
+  LocalCall f(first, true), s(second, true);
+  ASSERT_EQ(f.forward(a), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  const cad_status_t status = s.backward(a);
+  const std::string message = a.table->last_error(a.ctx);
+  EXPECT_EQ(status, CAD_STATUS_INVALID_ARGUMENT) << message;
+  EXPECT_NE(message.find("keep_forward_tensors"), std::string::npos) << message;
+  EXPECT_TRUE(same_on_every_rank(message)) << "rank " << g_rank << ": " << message;
+  EXPECT_EQ(s.d_q.data, filled({s.tokens, first.hq, first.d}, 7.0f).data) << "outputs touched on error";
+}
+
+namespace {
+struct BadCase {
+  const char* name;
+  const char* expected;  // a part of the message every rank must get
+};
+
+// Runs a forward that must fail on every rank with INVALID_ARGUMENT and the same message.
+void expect_refused(const Attention& a, LocalCall& call, const BadCase& c) {
+  const cad_status_t status = call.forward(a);
+  const std::string message = a.table->last_error(a.ctx);
+  EXPECT_EQ(status, CAD_STATUS_INVALID_ARGUMENT) << c.name << ": " << message;
+  EXPECT_NE(message.find(c.expected), std::string::npos) << c.name << ": got '" << message << "'";
+  EXPECT_TRUE(same_on_every_rank(message)) << c.name << ": rank " << g_rank << " got '" << message << "'";
+  for (float x : call.o.data) {
+    if (x != 7.0f) {
+      ADD_FAILURE() << c.name << ": rank " << g_rank << " wrote O although the call failed";
+      break;
+    }
+  }
+}
+}  // namespace
+
+TEST(CadMpi, BadInputsFailTheSameWayOnEveryRankAndNobodyHangs) {
+  const Attention a = cad_instance(balancers().back(), true);
+  const GlobalBatch good = cad_test::make_batch(spec_for(12));
+  const size_t last = static_cast<size_t>(g_world - 1);
+  size_t holder = 0;  // some rank that holds pieces
+  while (good.pieces[holder].empty()) ++holder;
+
+  {  // The same tokens twice: the last rank also claims a piece of another rank (or its own).
+    GlobalBatch b = good;
+    b.pieces[last].push_back(good.pieces[holder].front());
+    LocalCall call(b, true);
+    expect_refused(a, call, {"overlap", "are held twice"});
+  }
+  {  // A gap: one piece is dropped.
+    GlobalBatch b = good;
+    b.pieces[holder].pop_back();
+    LocalCall call(b, true);
+    expect_refused(a, call, {"gap", "are held by no rank"});
+  }
+  {  // Ranks disagree on a document's length: one piece of a split document says one token more.
+    GlobalBatch b = good;
+    std::map<int64_t, int> pieces_of;
+    for (const auto& rank_pieces : b.pieces) {
+      for (const auto& p : rank_pieces) ++pieces_of[p.doc_id];
+    }
+    bool changed = false;
+    for (auto& rank_pieces : b.pieces) {
+      for (auto& p : rank_pieces) {
+        if (!changed && pieces_of[p.doc_id] > 1) {
+          p.doc_len += 1;
+          changed = true;
+        }
+      }
+    }
+    ASSERT_TRUE(changed);  // the generator always splits one document
+    LocalCall call(b, true);
+    expect_refused(a, call, {"doc_len", "says doc_len"});
+  }
+  {  // One rank's tensors do not match its piece table: every rank names that rank.
+    LocalCall call(good, true, g_rank == static_cast<int>(last) ? 1 : 0);
+    const std::string expected = "forward: rank " + std::to_string(last) + ": tensor 'q' has";
+    expect_refused(a, call, {"tensor rows", expected.c_str()});
+  }
+  if (g_world > 1) {  // One rank uses another head dim.
+    LocalCall call(good, true, 0, g_rank == static_cast<int>(last) ? 8 : -1);
+    expect_refused(a, call, {"head dim", "ranks disagree on the head layout"});
+  }
+  // The instance is still usable afterwards.
+  expect_step_matches(a, good, true);
+}
+
+TEST(CadMpi, StatsCountTheWorkAndTheBytes) {
+  const GlobalBatch b = cad_test::make_batch(spec_for(13));
+  const Attention a = cad_instance(balancers().back(), true);
+  LocalCall call(b, true);
+  ASSERT_EQ(call.forward(a), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  size_t needed = 0;
+  ASSERT_EQ(a.table->get_stats_json(a.ctx, nullptr, 0, &needed), CAD_STATUS_INVALID_ARGUMENT);
+  std::string buffer(needed, '\0');
+  ASSERT_EQ(a.table->get_stats_json(a.ctx, buffer.data(), buffer.size(), &needed), CAD_STATUS_OK);
+  const nlohmann::json stats = nlohmann::json::parse(buffer.c_str());
+  const nlohmann::json& fwd = stats.at("forward");
+  ASSERT_EQ(fwd.at("servers").size(), static_cast<size_t>(g_world));
+  double entries = 0.0, want = 0.0;
+  for (const auto& s : fwd.at("servers")) entries += s.at("score_entries").get<double>();
+  for (const auto& doc : b.docs) want += static_cast<double>(doc.len) * static_cast<double>(doc.len + 1) / 2.0;
+  EXPECT_EQ(entries, want) << "the servers together compute exactly the causal attention of the batch";
+  uint64_t sent = 0, received = 0;
+  for (const auto& x : fwd.at("bytes_sent_by_rank")) sent += x.get<uint64_t>();
+  for (const auto& x : fwd.at("bytes_received_by_rank")) received += x.get<uint64_t>();
+  EXPECT_EQ(sent, received);
+  EXPECT_EQ(fwd.at("bytes_sent_by_rank").at(static_cast<size_t>(g_rank)).get<uint64_t>(),
+            fwd.at("bytes_sent").get<uint64_t>());
+  if (g_world == 1) {
+    EXPECT_EQ(sent, 0u);
+  }
+  EXPECT_FALSE(stats.contains("backward"));
+}
+
+namespace {
+// Ranks other than 0 print only their failures, prefixed with the rank.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (result.failed()) {
+      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", g_rank, result.file_name() ? result.file_name() : "?",
+                   result.line_number(), result.summary());
+    }
+  }
+};
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);  // the test owns MPI, so the mpi plugin neither initialises nor finalises it
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (g_rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter);
+  }
+  int rc = 1;
+  try {
+    const std::string config = stack_config();
+    cad_host_options_v1_t options{};
+    options.struct_size = sizeof(options);
+    options.config_json = config.c_str();
+    options.search_path = CAD_TEST_PLUGIN_DIR;
+    cad::Host host(options);
+    g_host = &host;
+    rc = RUN_ALL_TESTS();
+    g_host = nullptr;
+  } catch (const cad::Error& e) {
+    std::fprintf(stderr, "[rank %d] cannot build the CAD stack: %s\n", g_rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  int worst = rc;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}
