@@ -33,7 +33,6 @@ start=$(date +%s)
 } > "$OUT/build.log" 2>&1
 build_rc=$?
 cmake --build "$BUILD" -j"$(nproc)" --target cad >> "$OUT/build.log" 2>&1; cad_rc=$?
-if [ "$RUN_BENCH" = 1 ]; then cmake --build "$BUILD" -j"$(nproc)" --target cad_kernel_bench >> "$OUT/build.log" 2>&1; fi
 note "build rc=$build_rc (cad tool rc=$cad_rc) in $(( $(date +%s) - start )) s"
 if [ "$build_rc" != 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
 
@@ -64,7 +63,9 @@ if [ "$RUN_SANITIZER" = 1 ]; then
 fi
 
 if [ "$RUN_BENCH" = 1 ]; then
-  bash bench/kernels/run_bench.sh "$BUILD" "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -30
+  bash bench/kernels/run_bench.sh "$BUILD" "$OUT" > "$OUT/bench.log" 2>&1
+  note "bench rc=$?"
+  cat "$OUT/kernel_table.md" 2>/dev/null || tail -20 "$OUT/bench.log"
 fi
 echo "---- summary ----"
 cat "$SUMMARY"
