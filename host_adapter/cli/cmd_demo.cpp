@@ -22,7 +22,7 @@ const char* kUsage =
     "Loads the stack of FILE (default configs/reference.json), draws a random batch of a few documents\n"
     "of random lengths summing to N tokens, and runs forward and backward through the config's\n"
     "attention instance (fp32, CPU). Prints sizes, timings and checksums.\n\n"
-    "  --tokens N     tokens in the batch (default 2048)\n"
+    "  --tokens N     tokens in the batch (default 1024)\n"
     "  --heads H      query heads (default 8)\n"
     "  --kv-heads H   key/value heads, dividing --heads (default 2)\n"
     "  --head-dim D   head dimension (default 64)\n"
@@ -119,7 +119,7 @@ int run_demo(int argc, char** argv) {
   }
   if (!args.positional().empty()) throw cad::cli::UsageError("unexpected argument '" + args.positional()[0] + "'");
   const std::string config = args.get("--config", default_config());
-  const int64_t tokens = args.get_int("--tokens", 2048, 1, int64_t{1} << 24);
+  const int64_t tokens = args.get_int("--tokens", 1024, 1, int64_t{1} << 24);
   const int64_t heads = args.get_int("--heads", 8, 1, 1024);
   const int64_t kv_heads = args.get_int("--kv-heads", std::min<int64_t>(2, heads), 1, heads);
   const int64_t head_dim = args.get_int("--head-dim", 64, 1, 1024);
@@ -136,6 +136,14 @@ int run_demo(int argc, char** argv) {
   require(attention->get_capabilities(instance, &caps), attention, instance, "get_capabilities");
   if (caps.device_type != CAD_DEVICE_CPU || (caps.dtype_mask & CAD_ATTENTION_DTYPE_FP32) == 0) {
     std::fprintf(stderr, "cad demo: the attention instance does not take fp32 CPU tensors (the demo's only mode so far)\n");
+    return 1;
+  }
+  const uint32_t needed = static_cast<uint32_t>(causal ? CAD_ATTENTION_CAP_CAUSAL : CAD_ATTENTION_CAP_NONCAUSAL) |
+                          CAD_ATTENTION_CAP_BACKWARD |
+                          (heads != kv_heads ? static_cast<uint32_t>(CAD_ATTENTION_CAP_GQA) : 0u);
+  if ((caps.flags & needed) != needed) {
+    std::fprintf(stderr, "cad demo: the attention instance lacks a capability this run needs (%s%s%s)\n",
+                 causal ? "causal" : "non-causal", heads != kv_heads ? ", GQA" : "", ", backward");
     return 1;
   }
 
@@ -165,10 +173,15 @@ int run_demo(int argc, char** argv) {
 
   cad_attention_forward_args_v1_t fwd{};
   fwd.struct_size = sizeof fwd;
-  fwd.segments = segments.data();
-  fwd.num_segments = static_cast<int64_t>(segments.size());
-  fwd.pieces = pieces.data();
-  fwd.num_pieces = static_cast<int64_t>(pieces.size());
+  // A distributed backend takes this process's tokens as pieces of documents; a local one, segments.
+  const bool takes_pieces = (caps.flags & CAD_ATTENTION_CAP_PIECES) != 0;
+  if (takes_pieces) {
+    fwd.pieces = pieces.data();
+    fwd.num_pieces = static_cast<int64_t>(pieces.size());
+  } else {
+    fwd.segments = segments.data();
+    fwd.num_segments = static_cast<int64_t>(segments.size());
+  }
   fwd.softmax_scale = scale;
   fwd.causal = causal ? 1 : 0;
   fwd.q = &q.view;

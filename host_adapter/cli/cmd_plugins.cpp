@@ -54,7 +54,7 @@ void print_table(const std::vector<Entry>& entries) {
       std::printf("%-12s %s\n", "(broken)", e.error.c_str());
       continue;
     }
-    std::printf("%-12s %-16s %-5s %-10s %s\n%52s%s\n", e.kind.c_str(), e.name.c_str(), e.abi.c_str(),
+    std::printf("%-12s %-16s %-5s %-10s %s\n%13s%s\n", e.kind.c_str(), e.name.c_str(), e.abi.c_str(),
                 e.version.c_str(), e.description.c_str(), "", e.path.c_str());
   }
 }

@@ -62,7 +62,11 @@ void check_shared_object_file(const std::string& path) {
     in.read(reinterpret_cast<char*>(segments.data()),
             static_cast<std::streamsize>(segments.size() * sizeof(Elf64_Phdr)));
     if (in) {
-      for (const Elf64_Phdr& s : segments) needed = std::max<uint64_t>(needed, s.p_offset + s.p_filesz);
+      for (const Elf64_Phdr& s : segments) {
+        needed = std::max<uint64_t>(needed, s.p_offset + s.p_filesz);
+        // An interpreter request marks a (position-independent) executable, which is ET_DYN too.
+        if (s.p_type == PT_INTERP) raise(CAD_STATUS_ABI_MISMATCH, "not a shared object: it is an executable");
+      }
     }
   }
   if (needed > file_size) {

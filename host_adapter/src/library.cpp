@@ -30,6 +30,21 @@ std::string ltdl_error(const char* fallback) {
   return message != nullptr ? message : fallback;
 }
 
+// Why the dynamic loader refused `path`. libltdl reports most loader failures as "file not found",
+// hiding dlerror()'s reason (an undefined symbol, a missing dependency, a wrong ELF class), so ask the
+// system loader directly, once, with the same local scope, purely for the message.
+std::string loader_failure_reason(const std::string& path) {
+  const std::string from_ltdl = ltdl_error("unknown loader error");
+  dlerror();
+  void* probe = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (probe != nullptr) {
+    dlclose(probe);
+    return from_ltdl;
+  }
+  const char* reason = dlerror();
+  return reason != nullptr ? reason : from_ltdl;
+}
+
 // Loads `path` with local scope. Called with the lock held. Returns NULL with *error set on failure.
 lt_dlhandle open_local(const std::string& path, std::string* error) {
   if (lt_dlinit() != 0) {
@@ -40,7 +55,7 @@ lt_dlhandle open_local(const std::string& path, std::string* error) {
   lt_dlhandle handle = nullptr;
   if (lt_dladvise_init(&advise) == 0 && lt_dladvise_local(&advise) == 0) {
     handle = lt_dlopenadvise(path.c_str(), advise);
-    if (handle == nullptr) *error = "cannot load: " + ltdl_error("unknown loader error");
+    if (handle == nullptr) *error = "cannot load: " + loader_failure_reason(path);
   } else {
     *error = "cannot set up libltdl: " + ltdl_error("unknown error");
   }

@@ -1,0 +1,59 @@
+#!/bin/sh
+# cli_test.sh CAD CONFIG_DIR FIXTURE_DIR BROKEN_DIR -- the `cad` command end to end: --help of every
+# subcommand, usage errors, `cad plugins`, `cad check-config` on every configs/*.json, and `cad demo`
+# on the test fixture plugin.
+set -u
+CAD=$1 CONFIG_DIR=$2 FIXTURE_DIR=$3 BROKEN_DIR=$4
+OUT=$(mktemp -d) || exit 1
+trap 'rm -rf "$OUT"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# expect STATUS CMD... : run CMD, output in $OUT/out, check its exit status.
+expect() {
+  want=$1; shift
+  "$@" >"$OUT/out" 2>&1
+  got=$?
+  if [ "$got" -ne "$want" ]; then fail "'$*' exited $got, expected $want:"; sed 's/^/    /' "$OUT/out"; return 1; fi
+  return 0
+}
+# contains TEXT: the last command's output contains TEXT.
+contains() { grep -qF -- "$1" "$OUT/out" || { fail "output lacks '$1':"; sed 's/^/    /' "$OUT/out"; }; }
+
+expect 0 "$CAD" --help && contains "commands:"
+commands=$(sed -n '/^commands:/,$p' "$OUT/out" | awk 'NR > 1 && NF > 0 { print $1 }')
+[ -n "$commands" ] || fail "cad --help lists no commands"
+for c in plugins check-config demo; do
+  echo "$commands" | grep -qx "$c" || fail "cad --help does not list '$c'"
+done
+for c in $commands; do
+  expect 0 "$CAD" "$c" --help && contains "usage: cad $c"
+done
+expect 2 "$CAD" && contains "usage: cad <command>"
+expect 2 "$CAD" no-such-command && contains "cad: unknown command 'no-such-command'"
+expect 2 "$CAD" plugins --no-such-option && contains "unknown option --no-such-option"
+expect 2 "$CAD" demo --tokens many && contains "--tokens: expected an integer"
+expect 2 "$CAD" check-config && contains "expected exactly one config FILE"
+
+# plugins: the fixture is described; every broken plugin is listed with its reason.
+expect 0 "$CAD" plugins --path "$FIXTURE_DIR:$BROKEN_DIR" && contains "test_attention"
+contains "cad_table_major2.so: built for plugin ABI 2, this host supports ABI 1"
+contains "cad_notelf.so: not a shared object (no ELF header)"
+expect 0 "$CAD" plugins --json --path "$FIXTURE_DIR" && contains '"name": "test_attention"'
+expect 0 "$CAD" plugins
+
+# check-config on every shipped config, then on a broken stack.
+for config in "$CONFIG_DIR"/*.json; do
+  expect 0 "$CAD" check-config "$config" && contains ": OK, "
+done
+printf '{"instances": [{"name": "x", "plugin": "%s/cad_create_fails.so"}]}\n' "$BROKEN_DIR" >"$OUT/broken.json"
+expect 1 "$CAD" check-config "$OUT/broken.json" && contains "create failed: broken on purpose"
+printf '{"instances": [{"name": "t", "plugin": "test_attention"}], "attention": "t"}\n' >"$OUT/fixture.json"
+expect 0 "$CAD" check-config "$OUT/fixture.json" --path "$FIXTURE_DIR" && contains "attention: t"
+
+# demo through the fixture (O = Q, so it runs anywhere).
+expect 0 "$CAD" demo --config "$OUT/fixture.json" --path "$FIXTURE_DIR" --tokens 300 --heads 4 --kv-heads 2 --head-dim 16 &&
+  contains "300 tokens"
+
+if [ "$failures" -ne 0 ]; then echo "$failures check(s) failed"; exit 1; fi
+echo "all cad CLI checks passed"
