@@ -156,7 +156,7 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
   store_sums(sum_k, shape, tensor_data(args->d_k));
   store_sums(sum_v, shape, tensor_data(args->d_v));
 
-  stats.servers = server_work(step.layout, shape);
+  describe_step(step.tables, step.tasks, step.layout, shape, stats);
   gather_bytes(comm, stats);
   stats.total_ms = total.lap_ms();
   stats.valid = true;

@@ -79,7 +79,7 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
             lse_columns(tensor_data(args->lse), shape.num_q_heads, shape.tokens)},
            stats);
 
-  stats.servers = server_work(step.layout, shape);
+  describe_step(step.tables, step.tasks, step.layout, shape, stats);
   gather_bytes(comm, stats);
   stats.total_ms = total.lap_ms();
   stats.valid = true;

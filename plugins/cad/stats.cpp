@@ -3,26 +3,33 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan_model.h"
 #include "plugin_support.h"
 
 namespace cad::cad_plugin {
 
-std::vector<ServerWork> server_work(const Layout& layout, const CallShape& shape) {
-  std::vector<ServerWork> work(layout.servers.size());
+void describe_step(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks, const Layout& layout,
+                   const CallShape& shape, CallStats& call) {
+  plan::ModelParams params;
+  params.num_q_heads = shape.num_q_heads;
+  params.num_kv_heads = shape.num_kv_heads;
+  params.head_dim = shape.head_dim;
+  params.bytes_per_element = static_cast<int32_t>(shape.element_bytes());
+  params.causal = shape.causal;
+  const plan::PlanStats model = plan::evaluate_plan(tables, layout.world, tasks.data(),
+                                                    static_cast<int64_t>(tasks.size()), params);
+  call.servers.assign(layout.servers.size(), ServerWork{});
   for (size_t s = 0; s < layout.servers.size(); ++s) {
-    const ServerBatch& batch = layout.servers[s];
-    ServerWork& w = work[s];
-    w.q_rows = batch.q_rows;
-    w.kv_rows = batch.kv_rows;
-    w.segments = static_cast<int64_t>(batch.segments.size());
-    for (const cad_segment_v1_t& seg : batch.segments) {
-      const double q = static_cast<double>(seg.q_len), kv = static_cast<double>(seg.kv_len);
-      // Causal, bottom-right: query i sees kv - q + i + 1 keys.
-      w.score_entries += shape.causal ? q * kv - q * (q - 1.0) / 2.0 : q * kv;
-    }
-    w.forward_flops = 4.0 * shape.head_dim * shape.num_q_heads * w.score_entries;
+    ServerWork& w = call.servers[s];
+    w.q_rows = layout.servers[s].q_rows;
+    w.kv_rows = layout.servers[s].kv_rows;
+    w.segments = static_cast<int64_t>(layout.servers[s].segments.size());
+    w.score_entries = model.cost[s];
+    w.forward_flops = model.flops[s];
   }
-  return work;
+  call.model_forward_bytes_sent = model.bytes_sent;
+  call.model_forward_bytes_received = model.bytes_received;
+  call.imbalance = model.imbalance;
 }
 
 void gather_bytes(Comm& comm, CallStats& call) {
@@ -62,6 +69,9 @@ nlohmann::json call_json(const CallStats& c) {
           {"bytes_received", c.bytes_received},
           {"bytes_sent_by_rank", c.bytes_sent_by_rank},
           {"bytes_received_by_rank", c.bytes_received_by_rank},
+          {"model_forward_bytes_sent_by_rank", c.model_forward_bytes_sent},
+          {"model_forward_bytes_received_by_rank", c.model_forward_bytes_received},
+          {"imbalance", c.imbalance},
           {"servers", servers}};
 }
 
@@ -75,17 +85,11 @@ std::string stats_json(const Stats& stats) {
 }
 
 std::string stats_line(const char* phase, const CallStats& c, int32_t rank) {
-  double max_entries = 0.0, sum_entries = 0.0;
-  for (const ServerWork& w : c.servers) {
-    max_entries = std::max(max_entries, w.score_entries);
-    sum_entries += w.score_entries;
-  }
-  const double mean = c.servers.empty() ? 0.0 : sum_entries / static_cast<double>(c.servers.size());
   return plugin::format("%s rank %d: plan %.3f ms, pack %.3f ms, exchange %.3f ms, compute %.3f ms, unpack %.3f ms, "
-                        "total %.3f ms; sent %llu B, received %llu B; server work max/mean %.3f",
+                        "total %.3f ms; sent %llu B, received %llu B; server cost max/mean %.3f",
                         phase, rank, c.plan_ms, c.pack_ms, c.exchange_ms, c.compute_ms, c.unpack_ms, c.total_ms,
                         static_cast<unsigned long long>(c.bytes_sent), static_cast<unsigned long long>(c.bytes_received),
-                        mean > 0.0 ? max_entries / mean : 1.0);
+                        c.imbalance);
 }
 
 }  // namespace cad::cad_plugin

@@ -9,15 +9,16 @@
 #include "comm.h"
 #include "layout.h"
 #include "validate.h"
+#include "cad_balancer_v1.h"
 
 namespace cad::cad_plugin {
 
 struct ServerWork {
-  int64_t q_rows = 0;
+  int64_t q_rows = 0;         // the server batch's size, from the layout
   int64_t kv_rows = 0;
   int64_t segments = 0;
-  double score_entries = 0.0;  // entries of QK^T the server computes (causal: the unmasked ones)
-  double forward_flops = 0.0;  // 4 * head_dim * Hq * score_entries
+  int64_t score_entries = 0;  // from the project's cost model (plugins/common/plan_model.h)
+  double forward_flops = 0.0;
 };
 
 struct CallStats {
@@ -27,6 +28,10 @@ struct CallStats {
   std::vector<ServerWork> servers;
   uint64_t bytes_sent = 0, bytes_received = 0;  // this rank, all exchanges of the call
   std::vector<uint64_t> bytes_sent_by_rank, bytes_received_by_rank;
+  // What the cost model predicts a forward moves (per rank, to and from other ranks): the measured
+  // forward bytes should equal these.
+  std::vector<int64_t> model_forward_bytes_sent, model_forward_bytes_received;
+  double imbalance = 1.0;  // max / mean server cost
 };
 
 struct Stats {
@@ -35,8 +40,9 @@ struct Stats {
   CallStats forward, backward;
 };
 
-// The work of every server batch in the layout, counted from its segments.
-std::vector<ServerWork> server_work(const Layout& layout, const CallShape& shape);
+// The work of every server (cost model over the step's plan) and the model's forward traffic.
+void describe_step(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks, const Layout& layout,
+                   const CallShape& shape, CallStats& call);
 
 // Fills bytes_*_by_rank with one small all_gather (collective).
 void gather_bytes(Comm& comm, CallStats& call);
