@@ -164,8 +164,8 @@ void check_lifecycle(const cad_plugin_v1_t* plugin, const Options& options, Repo
   life.destroy(nullptr);
   report.pass("destroy.null");
 
-  // The default config and NULL (documented as "defaults") must both work, unless the plugin needs
-  // helper instances that only a real host provides (NOT_FOUND).
+  // The default config and NULL (documented as "defaults") must both work, or be refused with
+  // INVALID_CONFIG / NOT_FOUND and a message by a plugin that has required keys.
   for (const char* config : {"{}", static_cast<const char*>(nullptr)}) {
     const std::string check = config ? "create.default_config" : "create.null_config";
     char message[512] = {0};
@@ -178,8 +178,11 @@ void check_lifecycle(const cad_plugin_v1_t* plugin, const Options& options, Repo
       report.expect(error != nullptr, "last_error.fresh" + std::string(config ? "" : ".null_config"),
                     "last_error returned NULL on a fresh context");
       life.destroy(ctx);
-    } else if (status == CAD_STATUS_NOT_FOUND && options.instances.empty()) {
-      report.skip(check, std::string("needs helper instances: ") + message);
+    } else if ((status == CAD_STATUS_INVALID_CONFIG || status == CAD_STATUS_NOT_FOUND) && message[0] != '\0') {
+      // A plugin with required keys (e.g. the names of the instances it looks up) has no defaults;
+      // refusing them with a message is the contract. The given config must then work (the runner
+      // creates its instance with it).
+      report.pass(check, "refused (the plugin requires config): " + std::string(message));
     } else {
       report.fail(check, "returned " + status_name(status) + ": " + message);
     }
