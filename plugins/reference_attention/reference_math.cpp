@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -24,17 +25,58 @@ constexpr int64_t kQueryBlock = 32;  // query rows per forward/dQ item
 constexpr int64_t kKeyBlock = 64;    // key rows per dK/dV item
 constexpr int64_t kRowChunk = 256;   // rows per item of the rowsum(dO * O) pass
 
-// Dot product with eight fixed partial sums: the compiler may vectorise it, and the summation order
-// is the same wherever it is called, so identical inputs give identical scores in every pass.
+// Dot products keep eight fixed partial sums (lanes), held as two 4-float vectors (GCC/Clang vector
+// extensions: SSE/NEON registers without intrinsics), combined in one fixed order. Every score is
+// computed with this same order, whichever function computes it, so identical inputs give bitwise
+// identical scores in every pass.
+typedef float Float4 __attribute__((vector_size(16)));
+
+inline Float4 load4(const float* p) {
+  Float4 v;
+  std::memcpy(&v, p, sizeof(v));  // unaligned load
+  return v;
+}
+
+inline float combine(Float4 lo, Float4 hi, float tail) {
+  return ((lo[0] + lo[1]) + (lo[2] + lo[3])) + ((hi[0] + hi[1]) + (hi[2] + hi[3])) + tail;
+}
+
 float dot(const float* a, const float* b, int64_t n) {
-  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  Float4 lo = {0, 0, 0, 0}, hi = {0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) lanes[l] += a[i + l] * b[i + l];
+    lo += load4(a + i) * load4(b + i);
+    hi += load4(a + i + 4) * load4(b + i + 4);
   }
   float tail = 0;
   for (; i < n; ++i) tail += a[i] * b[i];
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + tail;
+  return combine(lo, hi, tail);
+}
+
+// Four dot products against one shared vector b, bitwise equal to four dot() calls, loading b once
+// and keeping eight independent accumulator chains in flight.
+void dot4(const float* const a[4], const float* b, int64_t n, float out[4]) {
+  Float4 lo0 = {0, 0, 0, 0}, hi0 = lo0, lo1 = lo0, hi1 = lo0, lo2 = lo0, hi2 = lo0, lo3 = lo0, hi3 = lo0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const Float4 b_lo = load4(b + i), b_hi = load4(b + i + 4);
+    lo0 += load4(a[0] + i) * b_lo;
+    hi0 += load4(a[0] + i + 4) * b_hi;
+    lo1 += load4(a[1] + i) * b_lo;
+    hi1 += load4(a[1] + i + 4) * b_hi;
+    lo2 += load4(a[2] + i) * b_lo;
+    hi2 += load4(a[2] + i + 4) * b_hi;
+    lo3 += load4(a[3] + i) * b_lo;
+    hi3 += load4(a[3] + i + 4) * b_hi;
+  }
+  float tails[4] = {0, 0, 0, 0};
+  for (int r = 0; r < 4; ++r) {
+    for (int64_t t = i; t < n; ++t) tails[r] += a[r][t] * b[t];
+  }
+  out[0] = combine(lo0, hi0, tails[0]);
+  out[1] = combine(lo1, hi1, tails[1]);
+  out[2] = combine(lo2, hi2, tails[2]);
+  out[3] = combine(lo3, hi3, tails[3]);
 }
 
 // y += alpha * x
@@ -90,6 +132,12 @@ int64_t block_visibility(const AttentionBatch& b, const QueryBlock& block, Scrat
   return scratch.visible.back();
 }
 
+// The first row of the block that sees key j (rows only gain keys going down); `rows` if none.
+int64_t first_row_seeing(const Scratch& scratch, int64_t j) {
+  const auto& visible = scratch.visible;
+  return std::upper_bound(visible.begin(), visible.end(), j) - visible.begin();
+}
+
 void forward_block(const AttentionBatch& b, const QueryBlock& block, const float* q, const float* k,
                    const float* v, float* o, float* lse, Scratch& scratch) {
   const Layout at(b);
@@ -105,9 +153,16 @@ void forward_block(const AttentionBatch& b, const QueryBlock& block, const float
 
   for (int64_t j = 0; j < width; ++j) {
     const float* key = k + at.kv(seg.kv_offset + j, kv_head);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (j < visible(r)) scores[r * width + j] = b.softmax_scale * dot(q + at.q(row_of(r), block.head), key, at.d);
+    // Rows that see key j are a suffix of the block; take them four at a time.
+    int64_t r = first_row_seeing(scratch, j);
+    for (; r + 4 <= rows; r += 4) {
+      const float* queries[4];
+      float dots[4];
+      for (int x = 0; x < 4; ++x) queries[x] = q + at.q(row_of(r + x), block.head);
+      dot4(queries, key, at.d, dots);
+      for (int x = 0; x < 4; ++x) scores[(r + x) * width + j] = b.softmax_scale * dots[x];
     }
+    for (; r < rows; ++r) scores[r * width + j] = b.softmax_scale * dot(q + at.q(row_of(r), block.head), key, at.d);
   }
   // Stable softmax: subtract the row maximum before exponentiating; keep exp(s - max) unnormalised.
   for (int64_t r = 0; r < rows; ++r) {
@@ -159,12 +214,26 @@ void grad_q_block(const AttentionBatch& b, const QueryBlock& block, const float*
   for (int64_t j = 0; j < width; ++j) {
     const float* key = k + at.kv(seg.kv_offset + j, kv_head);
     const float* value = v + at.kv(seg.kv_offset + j, kv_head);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (j >= visible(r)) continue;
+    const auto d_score = [&](int64_t r, float score_dot, float dp) {
       const int64_t row = row_of(r);
-      const float p = std::exp(b.softmax_scale * dot(q + at.q(row, block.head), key, at.d) - lse[at.lse(row, block.head)]);
-      const float dp = dot(d_o + at.q(row, block.head), value, at.d);
+      const float p = std::exp(b.softmax_scale * score_dot - lse[at.lse(row, block.head)]);
       d_scores[r * width + j] = p * (dp - delta[at.lse(row, block.head)]);
+    };
+    int64_t r = first_row_seeing(scratch, j);
+    for (; r + 4 <= rows; r += 4) {
+      const float* queries[4];
+      const float* grads[4];
+      float score_dots[4], dps[4];
+      for (int x = 0; x < 4; ++x) {
+        queries[x] = q + at.q(row_of(r + x), block.head);
+        grads[x] = d_o + at.q(row_of(r + x), block.head);
+      }
+      dot4(queries, key, at.d, score_dots);
+      dot4(grads, value, at.d, dps);
+      for (int x = 0; x < 4; ++x) d_score(r + x, score_dots[x], dps[x]);
+    }
+    for (; r < rows; ++r) {
+      d_score(r, dot(q + at.q(row_of(r), block.head), key, at.d), dot(d_o + at.q(row_of(r), block.head), value, at.d));
     }
   }
   for (int64_t r = 0; r < rows; ++r) std::fill_n(d_q + at.q(row_of(r), block.head), at.d, 0.0f);
@@ -204,13 +273,28 @@ void grad_kv_block(const AttentionBatch& b, int64_t kv_head, int64_t first, int6
         const float row_lse = lse[at.lse(row, head)];
         const float row_delta = delta[at.lse(row, head)];
         const int64_t end = std::min(hi, visible_keys(seg, i, b.causal));
-        for (int64_t j = lo; j < end; ++j) {
-          const int64_t key_row = seg.kv_offset + j;
-          const float p = std::exp(b.softmax_scale * dot(query, k + at.kv(key_row, kv_head), at.d) - row_lse);
-          const float dp = dot(grad_out, v + at.kv(key_row, kv_head), at.d);
+        const auto accumulate = [&](int64_t key_row, float score_dot, float dp) {
+          const float p = std::exp(b.softmax_scale * score_dot - row_lse);
           const size_t acc = static_cast<size_t>((key_row - first) * at.d);
           axpy(scratch.grad_v.data() + acc, p, grad_out, at.d);
           axpy(scratch.grad_k.data() + acc, p * (dp - row_delta), query, at.d);
+        };
+        int64_t j = lo;
+        for (; j + 4 <= end; j += 4) {  // four keys at a time share the loads of query and dO
+          const float* keys[4];
+          const float* values[4];
+          float score_dots[4], dps[4];
+          for (int x = 0; x < 4; ++x) {
+            keys[x] = k + at.kv(seg.kv_offset + j + x, kv_head);
+            values[x] = v + at.kv(seg.kv_offset + j + x, kv_head);
+          }
+          dot4(keys, query, at.d, score_dots);
+          dot4(values, grad_out, at.d, dps);
+          for (int x = 0; x < 4; ++x) accumulate(seg.kv_offset + j + x, score_dots[x], dps[x]);
+        }
+        for (; j < end; ++j) {
+          const int64_t key_row = seg.kv_offset + j;
+          accumulate(key_row, dot(k + at.kv(key_row, kv_head), query, at.d), dot(v + at.kv(key_row, kv_head), grad_out, at.d));
         }
       }
     }
