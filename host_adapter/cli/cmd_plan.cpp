@@ -1,0 +1,368 @@
+// cmd_plan.cpp -- `cad plan`: the balancer inspector. Builds one step's piece tables (a Pretrain-style
+// sample with DistCA's recipe, or a given list of document lengths packed into R ranks), runs one or all
+// balancer plugins on them through the ABI, and reports what plan_model says about each plan: cost per
+// server before and after, max/mean imbalance, bytes moved (total, per server, per link) and plan time.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "batch_recipe.h"
+#include "cad_host.hpp"
+#include "cli_args.h"
+#include "command.h"
+#include "doc_lengths.h"
+#include "plan_model.h"
+
+namespace {
+
+using cad::cli::UsageError;
+
+const char* kUsage =
+    "usage: cad plan --dist FILE --context N --ranks R [--seed S]       (a sampled batch)\n"
+    "       cad plan --lengths FILE --ranks R [--context N]             (one given batch)\n"
+    "                [--balancer NAME|all] [--tolerance T] [--config JSON] [--heads H] [--kv-heads H]\n"
+    "                [--head-dim D] [--bytes-per-element B] [--min-shard N] [--memory-cap BYTES]\n"
+    "                [--noncausal] [--repeat N] [--per-server] [--json] [--plot OUT.png] [--path DIRS]\n\n"
+    "Runs balancer plugins on one step's piece tables and prints, per balancer, the attention cost per\n"
+    "server before (colocated) and after, max/mean imbalance, forward bytes moved and the plan time.\n\n"
+    "  --dist FILE       document lengths (JSON list or CSV) to sample from with DistCA's recipe: cut at\n"
+    "                    64K, upsample 64K chunks twice, keep 90% of the rest, shuffle with --seed, scale\n"
+    "                    by context/65536, pack into R buffers of --context tokens\n"
+    "  --lengths FILE    the documents of ONE batch, packed in order into R buffers of --context tokens\n"
+    "                    (default: the total divided by R, rounded up)\n"
+    "  --context N       tokens per rank (required with --dist)\n"
+    "  --ranks R         ranks = servers\n"
+    "  --seed S          sampling seed (default 1)\n"
+    "  --balancer NAME   a balancer plugin name or path, or 'all' = colocated, per_doc_cp, distca,\n"
+    "                    prefix_aware (default all)\n"
+    "  --tolerance T     sets \"tolerance\" in the config of distca and prefix_aware\n"
+    "  --config JSON     config of the balancer (with a single --balancer)\n"
+    "  --heads H, --kv-heads H, --head-dim D, --bytes-per-element B   cost model (default 32, 8, 128, 2)\n"
+    "  --min-shard N     shortest efficient shard in tokens (default 128)\n"
+    "  --memory-cap B    most Q/K/V/O bytes one server may receive (default 0 = no cap)\n"
+    "  --noncausal       full attention inside each document\n"
+    "  --repeat N        plan N times and report the fastest (default 1)\n"
+    "  --per-server      print the per-server table even for many ranks (default: up to 16 ranks)\n"
+    "  --json            machine-readable output\n"
+    "  --plot OUT.png    draw per-server load before/after and bytes per link (needs gnuplot)\n"
+    "  --path DIRS       directories searched for plugins first (colon-separated)\n";
+
+const std::vector<std::string> kAllBalancers = {"colocated", "per_doc_cp", "distca", "prefix_aware"};
+
+// The host services `cad plan` lends the balancers: logging of warnings and errors to stderr only.
+void log_to_stderr(void*, cad_log_level_t level, const char* source, const char* message) {
+  std::fprintf(stderr, "[%s] %s: %s\n", level >= CAD_LOG_ERROR ? "error" : "warn", source, message);
+}
+
+cad_host_services_v1_t make_services() {
+  cad_host_services_v1_t s{};
+  s.struct_size = sizeof s;
+  s.abi_major = CAD_ABI_VERSION_MAJOR;
+  s.abi_minor = CAD_ABI_VERSION_MINOR;
+  s.log_level = CAD_LOG_WARN;
+  s.log = &log_to_stderr;
+  s.bootstrap_rank = -1;
+  return s;
+}
+
+struct Outcome {
+  std::string name;
+  cad_status_t status = CAD_STATUS_OK;
+  std::string error;
+  std::vector<cad_task_v1_t> tasks;
+  cad::plan::PlanStats stats;
+  double plan_ms = 0;
+};
+
+// Loads one balancer plugin, creates an instance with `config`, plans `repeat` times (fastest counts).
+Outcome run_balancer(const std::string& name, const std::string& config, const char* search_path,
+                     const cad::plan::RankPieces& ranks, const cad_cost_params_v1_t& cost,
+                     const cad::plan::ModelParams& model, int repeat) {
+  Outcome out;
+  cad::Library library(name, search_path);
+  const cad_plugin_v1_t& plugin = library.plugin();
+  out.name = plugin.name;
+  if (plugin.kind != CAD_PLUGIN_KIND_BALANCER || plugin.balancer == nullptr) {
+    throw std::runtime_error(library.path() + " is not a balancer plugin");
+  }
+  const cad_balancer_v1_t* table = plugin.balancer;
+  static const cad_host_services_v1_t services = make_services();
+  void* ctx = nullptr;
+  char message[2048] = {0};
+  const cad_status_t created = table->create(&services, config.c_str(), &ctx, message, sizeof message);
+  if (created != CAD_STATUS_OK) {
+    throw std::runtime_error("balancer '" + out.name + "': create failed: " + message);
+  }
+  std::vector<cad_rank_pieces_v1_t> views;
+  for (const auto& r : ranks) views.push_back({r.data(), static_cast<int64_t>(r.size())});
+  cad_balance_input_v1_t input{};
+  input.struct_size = sizeof input;
+  input.ranks = views.data();
+  input.num_ranks = static_cast<int32_t>(views.size());
+  input.num_servers = input.num_ranks;
+  input.cost = &cost;
+  out.plan_ms = 1e300;
+  for (int i = 0; i < repeat; ++i) {
+    cad_plan_v1_t* plan = nullptr;
+    const auto start = std::chrono::steady_clock::now();
+    out.status = table->plan(ctx, &input, &plan);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    out.plan_ms = std::min(out.plan_ms, ms);
+    if (out.status != CAD_STATUS_OK) {
+      out.error = table->last_error(ctx);
+      break;
+    }
+    out.tasks.assign(plan->tasks, plan->tasks + plan->num_tasks);
+    table->release_plan(ctx, plan);
+  }
+  table->destroy(ctx);
+  if (out.status == CAD_STATUS_OK) {
+    out.stats = cad::plan::evaluate_plan(ranks, input.num_servers, out.tasks.data(),
+                                         static_cast<int64_t>(out.tasks.size()), model);
+  }
+  return out;
+}
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+
+void print_text(const std::string& batch, const std::vector<int64_t>& before, const std::vector<Outcome>& outcomes,
+                bool per_server) {
+  std::printf("%s\n", batch.c_str());
+  std::printf("colocated (before): max/mean attention cost %.3f\n\n", cad::plan::imbalance_of(before));
+  std::printf("%-14s %9s %9s %12s %14s %8s %10s\n", "balancer", "before", "after", "bytes_GiB", "max_recv_GiB", "tasks",
+              "plan_ms");
+  for (const auto& o : outcomes) {
+    if (o.status != CAD_STATUS_OK) {
+      std::printf("%-14s error (%s): %s\n", o.name.c_str(), cad_status_name(o.status), o.error.c_str());
+      continue;
+    }
+    const int64_t max_recv = *std::max_element(o.stats.bytes_received.begin(), o.stats.bytes_received.end());
+    std::printf("%-14s %9.3f %9.3f %12.3f %14.3f %8zu %10.3f\n", o.name.c_str(), cad::plan::imbalance_of(before),
+                o.stats.imbalance, gib(o.stats.total_bytes), gib(max_recv), o.tasks.size(), o.plan_ms);
+  }
+  if (!per_server) return;
+  std::printf("\nattention cost per server (score entries / 1e9), before and after:\n%-8s %10s", "server", "before");
+  for (const auto& o : outcomes) std::printf(" %14s", o.name.c_str());
+  std::printf("\n");
+  for (size_t s = 0; s < before.size(); ++s) {
+    std::printf("%-8zu %10.3f", s, static_cast<double>(before[s]) / 1e9);
+    for (const auto& o : outcomes) {
+      if (o.status == CAD_STATUS_OK) std::printf(" %14.3f", static_cast<double>(o.stats.cost[s]) / 1e9);
+      else std::printf(" %14s", "-");
+    }
+    std::printf("\n");
+  }
+}
+
+nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& before,
+                       const std::vector<Outcome>& outcomes) {
+  nlohmann::json out;
+  out["batch"] = batch;
+  out["cost_before"] = before;
+  out["imbalance_before"] = cad::plan::imbalance_of(before);
+  out["balancers"] = nlohmann::json::array();
+  for (const auto& o : outcomes) {
+    nlohmann::json b;
+    b["name"] = o.name;
+    b["status"] = cad_status_name(o.status);
+    if (o.status != CAD_STATUS_OK) {
+      b["error"] = o.error;
+    } else {
+      b["imbalance"] = o.stats.imbalance;
+      b["cost"] = o.stats.cost;
+      b["flops"] = o.stats.flops;
+      b["bytes_total"] = o.stats.total_bytes;
+      b["bytes_sent"] = o.stats.bytes_sent;
+      b["bytes_received"] = o.stats.bytes_received;
+      b["memory_received"] = o.stats.memory_received;
+      nlohmann::json links = nlohmann::json::array();
+      const size_t n = static_cast<size_t>(o.stats.num_nodes);
+      for (size_t s = 0; s < n; ++s) {
+        links.push_back(std::vector<int64_t>(o.stats.link_bytes.begin() + static_cast<std::ptrdiff_t>(s * n),
+                                             o.stats.link_bytes.begin() + static_cast<std::ptrdiff_t>((s + 1) * n)));
+      }
+      b["link_bytes"] = links;
+      b["tasks"] = o.tasks.size();
+    }
+    b["plan_ms"] = o.plan_ms;
+    out["balancers"].push_back(b);
+  }
+  return out;
+}
+
+bool gnuplot_available() { return std::system("gnuplot --version > /dev/null 2>&1") == 0; }
+
+// Per-server load before/after (one line per balancer) on top, one bytes-per-link heat map per balancer
+// below. Data goes through temporary files next to the output.
+void plot(const std::string& png, const std::vector<int64_t>& before, const std::vector<Outcome>& outcomes) {
+  if (!gnuplot_available()) {
+    throw std::runtime_error("--plot needs gnuplot, which is not installed (Debian: apt-get install gnuplot-nox)");
+  }
+  std::vector<const Outcome*> ok;
+  for (const auto& o : outcomes)
+    if (o.status == CAD_STATUS_OK) ok.push_back(&o);
+  const std::string base = png + ".tmp";
+  {
+    FILE* f = std::fopen((base + ".load").c_str(), "w");
+    if (f == nullptr) throw std::runtime_error("cannot write " + base + ".load");
+    for (size_t s = 0; s < before.size(); ++s) {
+      std::fprintf(f, "%zu %g", s, static_cast<double>(before[s]) / 1e9);
+      for (const Outcome* o : ok) std::fprintf(f, " %g", static_cast<double>(o->stats.cost[s]) / 1e9);
+      std::fprintf(f, "\n");
+    }
+    std::fclose(f);
+  }
+  for (size_t i = 0; i < ok.size(); ++i) {
+    FILE* f = std::fopen((base + ".link" + std::to_string(i)).c_str(), "w");
+    if (f == nullptr) throw std::runtime_error("cannot write plot data next to " + png);
+    const size_t n = static_cast<size_t>(ok[i]->stats.num_nodes);
+    for (size_t s = 0; s < n; ++s) {
+      for (size_t d = 0; d < n; ++d) std::fprintf(f, "%s%g", d ? " " : "", gib(ok[i]->stats.link_bytes[s * n + d]));
+      std::fprintf(f, "\n");
+    }
+    std::fclose(f);
+  }
+  const size_t cols = std::max<size_t>(1, ok.size());
+  std::string script = "set terminal pngcairo size " + std::to_string(std::max<size_t>(900, 420 * cols)) +
+                       ",900 font ',9'\nset output '" + png + "'\n";
+  script += "set termoption noenhanced\nset multiplot\n";
+  if (before.size() <= 32) script += "set xtics 1\n";
+  script += "set origin 0,0.5\nset size 1,0.5\nset title 'attention cost per server (score entries / 1e9)'\n";
+  script += "set xlabel 'server'\nset key outside right\nplot '" + base + ".load' using 1:2 with linespoints title 'before (colocated)'";
+  for (size_t i = 0; i < ok.size(); ++i) {
+    if (ok[i]->name == "colocated") continue;  // the same as "before"
+    script += ", '' using 1:" + std::to_string(i + 3) + " with linespoints title '" + ok[i]->name + "'";
+  }
+  script += "\nunset key\nset xlabel 'destination'\nset ylabel 'source'\nset cblabel 'GiB'\n";
+  for (size_t i = 0; i < ok.size(); ++i) {
+    char origin[64];
+    std::snprintf(origin, sizeof origin, "set origin %g,0\nset size %g,0.5\n", static_cast<double>(i) / cols,
+                  1.0 / cols);
+    script += origin;
+    script += "set title 'bytes per link: " + ok[i]->name + "'\n";
+    script += "plot '" + base + ".link" + std::to_string(i) + "' matrix with image\n";
+  }
+  script += "unset multiplot\n";
+  FILE* gp = popen("gnuplot", "w");
+  if (gp == nullptr) throw std::runtime_error("cannot start gnuplot");
+  std::fputs(script.c_str(), gp);
+  const int rc = pclose(gp);
+  std::error_code ec;
+  std::filesystem::remove(base + ".load", ec);
+  for (size_t i = 0; i < ok.size(); ++i) std::filesystem::remove(base + ".link" + std::to_string(i), ec);
+  if (rc != 0) throw std::runtime_error("gnuplot failed drawing " + png);
+}
+
+int run_plan(int argc, char** argv) {
+  const cad::cli::Args args(argc, argv,
+                            {"--dist", "--lengths", "--context", "--ranks", "--seed", "--balancer", "--tolerance",
+                             "--config", "--heads", "--kv-heads", "--head-dim", "--bytes-per-element", "--min-shard",
+                             "--memory-cap", "--repeat", "--plot", "--path"},
+                            {"--noncausal", "--json", "--per-server"});
+  if (args.help()) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!args.positional().empty()) throw UsageError("unexpected argument '" + args.positional()[0] + "'");
+  const bool sampled = args.has("--dist");
+  if (sampled == args.has("--lengths")) throw UsageError("give exactly one of --dist and --lengths");
+  if (!args.has("--ranks")) throw UsageError("--ranks is required");
+  if (sampled && !args.has("--context")) throw UsageError("--context is required with --dist");
+  const int32_t ranks = static_cast<int32_t>(args.get_int("--ranks", 1, 1, 1 << 20));
+  const int64_t seed = args.get_int("--seed", 1, 0, INT64_MAX);
+  const int64_t heads = args.get_int("--heads", 32, 1, 4096);
+  const int64_t kv_heads = args.get_int("--kv-heads", std::min<int64_t>(8, heads), 1, heads);
+  if (heads % kv_heads != 0) throw UsageError("--heads must be a multiple of --kv-heads");
+  const int repeat = static_cast<int>(args.get_int("--repeat", 1, 1, 1000));
+
+  cad_cost_params_v1_t cost{};
+  cost.struct_size = sizeof cost;
+  cost.num_q_heads = static_cast<int32_t>(heads);
+  cost.num_kv_heads = static_cast<int32_t>(kv_heads);
+  cost.head_dim = static_cast<int32_t>(args.get_int("--head-dim", 128, 1, 4096));
+  cost.bytes_per_element = static_cast<int32_t>(args.get_int("--bytes-per-element", 2, 1, 8));
+  cost.causal = args.has("--noncausal") ? 0 : 1;
+  cost.min_shard_tokens = args.get_int("--min-shard", 128, 0, INT64_MAX);
+  cost.memory_cap_bytes = args.get_int("--memory-cap", 0, 0, INT64_MAX);
+  const cad::plan::ModelParams model = cad::plan::model_params(cost);
+
+  // The batch.
+  cad::plan::RankPieces pieces;
+  nlohmann::json batch;
+  std::string file = sampled ? args.get("--dist", "") : args.get("--lengths", "");
+  const std::vector<int64_t> lengths = cad::workload::load_lengths(file);
+  if (lengths.empty()) throw std::runtime_error(file + ": no document lengths");
+  int64_t context;
+  if (sampled) {
+    context = args.get_int("--context", 0, 1, int64_t{1} << 40);
+    pieces = cad::workload::sample_batch(lengths, context, ranks, static_cast<uint64_t>(seed));
+  } else {
+    int64_t total = 0;
+    for (int64_t l : lengths) total += l;
+    context = args.get_int("--context", (total + ranks - 1) / ranks, 1, int64_t{1} << 40);
+    pieces = cad::workload::pack(lengths, context, ranks);
+  }
+  int64_t tokens = 0, piece_count = 0, docs = 0;
+  for (const auto& r : pieces) {
+    for (const auto& p : r) {
+      tokens += p.len;
+      ++piece_count;
+      if (p.offset_in_doc == 0) ++docs;
+    }
+  }
+  batch = {{"source", file}, {"sampled", sampled}, {"ranks", ranks}, {"context", context}, {"tokens", tokens},
+           {"documents", docs}, {"pieces", piece_count}, {"causal", cost.causal == 1}};
+  if (sampled) batch["seed"] = seed;
+  const std::vector<int64_t> before = cad::plan::colocated_cost(pieces, cost.causal == 1);
+
+  // The balancers.
+  const std::string which = args.get("--balancer", "all");
+  const std::vector<std::string> names = which == "all" ? kAllBalancers : std::vector<std::string>{which};
+  if (args.has("--config") && names.size() != 1) throw UsageError("--config needs a single --balancer");
+  const std::string search = args.get("--path", "");
+  std::vector<Outcome> outcomes;
+  for (const auto& name : names) {
+    std::string config = args.get("--config", "{}");
+    if (args.has("--tolerance") && (name == "distca" || name == "prefix_aware")) {
+      nlohmann::json c = nlohmann::json::parse(config, nullptr, false);
+      if (c.is_discarded() || !c.is_object()) throw UsageError("--config is not a JSON object");
+      const std::string t = args.get("--tolerance", "");
+      char* end = nullptr;
+      const double value = std::strtod(t.c_str(), &end);
+      if (end == t.c_str() || *end != '\0') throw UsageError("--tolerance: expected a number, got '" + t + "'");
+      c["tolerance"] = value;
+      config = c.dump();
+    }
+    outcomes.push_back(run_balancer(name, config, search.empty() ? nullptr : search.c_str(), pieces, cost, model,
+                                    repeat));
+  }
+
+  if (args.has("--json")) {
+    std::printf("%s\n", to_json(batch, before, outcomes).dump(2).c_str());
+  } else {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "batch: %s%s, %d ranks x %lld tokens, %lld documents in %lld pieces, %s; Hq=%d Hkv=%d D=%d, "
+                  "min shard %lld",
+                  file.c_str(), sampled ? (" (seed " + std::to_string(seed) + ")").c_str() : "", ranks,
+                  static_cast<long long>(context), static_cast<long long>(docs),
+                  static_cast<long long>(piece_count), cost.causal ? "causal" : "non-causal", cost.num_q_heads,
+                  cost.num_kv_heads, cost.head_dim, static_cast<long long>(cost.min_shard_tokens));
+    print_text(line, before, outcomes, args.has("--per-server") || ranks <= 16);
+  }
+  if (args.has("--plot")) plot(args.get("--plot", ""), before, outcomes);
+  for (const auto& o : outcomes)
+    if (o.status != CAD_STATUS_OK) return 1;
+  return 0;
+}
+
+}  // namespace
+
+CAD_REGISTER_COMMAND(plan, "plan", "run balancers on a sampled or given batch: imbalance, bytes moved, plan time",
+                     run_plan);
