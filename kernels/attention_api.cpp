@@ -27,6 +27,17 @@ cudaError_t upload(const std::vector<T>& host, char* workspace, size_t offset, c
 
 }  // namespace
 
+bool hopper_kernels_available() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0 && detail::attention_fwd_sm90_loaded<64>() && detail::attention_fwd_sm90_loaded<128>();
+}
+
 cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
                               float* lse, void* workspace, cudaStream_t stream) {
   const AttentionProblem& pr = plan.problem;
@@ -50,13 +61,20 @@ cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void
   p.group = pr.hq / pr.hkv;
   p.scale_log2 = pr.softmax_scale * detail::kLog2e;
   p.causal = pr.causal ? 1 : 0;
+  p.block_m = plan.block_m;
+  if (plan.block_m != fwd_block_m(pr)) return cudaErrorInvalidValue;
 
   CAD_CUDA_TRY(detail::launch_fill_uncovered(reinterpret_cast<const RowRange*>(ws + plan.uncovered_offset),
                                              static_cast<int>(plan.uncovered.size()), p.o, lse, pr.tq, pr.hq,
                                              pr.head_dim, stream));
   const int n = static_cast<int>(plan.items.size());
-  CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_fwd<64>(p, n, stream)
-                                 : detail::launch_attention_fwd<128>(p, n, stream));
+  if (pr.hopper) {
+    CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_fwd_sm90<64>(p, n, stream)
+                                   : detail::launch_attention_fwd_sm90<128>(p, n, stream));
+  } else {
+    CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_fwd<64>(p, n, stream)
+                                   : detail::launch_attention_fwd<128>(p, n, stream));
+  }
   return detail::launch_fwd_combine(p, reinterpret_cast<const CombineItem*>(ws + plan.combines_offset),
                                     static_cast<int>(plan.combines.size()), pr.head_dim, stream);
 }

@@ -21,13 +21,13 @@ __global__ void fwd_combine_kernel(FwdParams p, const CombineItem* combines, int
   for (int r = warp; r < c.q_rows; r += num_warps) {
     float lse_max = -INFINITY;
     for (int s = 0; s < c.num_slots; ++s) {
-      const int64_t base = (static_cast<int64_t>(c.first_slot + s) * p.hq + head) * kFwdBlockM + r;
+      const int64_t base = (static_cast<int64_t>(c.first_slot + s) * p.hq + head) * p.block_m + r;
       lse_max = fmaxf(lse_max, p.partial_lse[base]);
     }
     float total = 0.f;
     if (lse_max != -INFINITY) {
       for (int s = 0; s < c.num_slots; ++s) {
-        const int64_t base = (static_cast<int64_t>(c.first_slot + s) * p.hq + head) * kFwdBlockM + r;
+        const int64_t base = (static_cast<int64_t>(c.first_slot + s) * p.hq + head) * p.block_m + r;
         total += expf(p.partial_lse[base] - lse_max);
       }
     }
@@ -37,7 +37,7 @@ __global__ void fwd_combine_kernel(FwdParams p, const CombineItem* combines, int
       float acc = 0.f;
       if (total > 0.f) {
         for (int s = 0; s < c.num_slots; ++s) {
-          const int64_t base = (static_cast<int64_t>(c.first_slot + s) * p.hq + head) * kFwdBlockM + r;
+          const int64_t base = (static_cast<int64_t>(c.first_slot + s) * p.hq + head) * p.block_m + r;
           const float w = expf(p.partial_lse[base] - lse);
           acc += w * p.partial_o[base * head_dim + d];
         }

@@ -1,10 +1,10 @@
 // attention_bwd.cuh -- the varlen attention backward kernel (FlashAttention-2 style) for one head
 // dim, included by exactly one translation unit per head dim (bwd_hd64.cu, bwd_hd128.cu).
 //
-// One block = one work item (a tile of kBwdBlockN keys of one segment) x one KV head. The K/V tile
+// One block = one work item (a tile of bwd_block_n(D) keys of one segment) x one KV head. The K/V tile
 // stays in shared memory; the block walks every query head of the KV head's group and every query
-// tile that sees the keys, with Q/dO tiles double-buffered through cp.async. Each of the four warps
-// owns 16 keys and keeps their dK/dV in registers:
+// tile that sees the keys, with Q/dO tiles double-buffered through cp.async. Each warp (4 at D=64, 8 at
+// D=128) owns 16 keys and keeps their dK/dV in registers:
 //   S^T = K Q^T, P^T = exp(S^T - LSE), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - Delta),
 //   dK += dS^T Q; dS goes through shared memory so that the warps, now split by head-dim columns,
 //   compute dQ = dS K and add it into an fp32 accumulator with atomics.
@@ -23,9 +23,10 @@ namespace cad::kernels::detail {
 
 template <int D>
 struct BwdTraits {
-  static constexpr int kBlockN = kBwdBlockN;            // keys per block (16 per warp)
+  static constexpr int kWarps = bwd_warps(D);
+  static constexpr int kBlockN = bwd_block_n(D);        // keys per block (16 per warp)
   static constexpr int kBlockM = D == 128 ? 32 : 64;    // queries per step (registers bound it at D=128)
-  static constexpr int kThreads = 128;
+  static constexpr int kThreads = kWarps * 32;
   static constexpr int kDsStride = kBlockM + 8;          // padded row of the dS^T tile: no bank conflicts
   static constexpr int kSmemBytes = (2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kDsStride) * 2 +
                                     4 * kBlockM * 4;
@@ -35,7 +36,8 @@ template <int D>
 __global__ void __launch_bounds__(BwdTraits<D>::kThreads) attention_bwd_kernel(BwdParams p) {
   using T = BwdTraits<D>;
   constexpr int BM = T::kBlockM, BN = T::kBlockN, NT = T::kThreads, DS = T::kDsStride;
-  constexpr int kWarpCols = D / 4;  // head-dim columns of dQ per warp
+  constexpr int kWarpCols = D / T::kWarps;  // head-dim columns of dQ per warp
+  static_assert(kWarpCols % 16 == 0, "each warp computes dQ in 16-column steps");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   __nv_bfloat16* sV = sK + BN * D;
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) attention_bwd_kernel(B
         const int q = q0 + ql;
         const bool valid = key < item.kv_rows && q < item.q_len &&
                            (!p.causal || item.kv_begin + key <= q + item.causal_offset);
-        const float prob = valid ? exp2f(st[nt][e] * p.scale_log2 - lse_tile[ql]) : 0.f;
+        const float prob = valid ? fast_exp2(st[nt][e] * p.scale_log2 - lse_tile[ql]) : 0.f;
         st[nt][e] = prob;
         dpt[nt][e] = prob * (dpt[nt][e] - delta_tile[ql]);
       }
@@ -210,8 +212,7 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) attention_bwd_kernel(B
         float* dst = p.dq_acc + (item.q_row + q) * q_stride + h * D + warp * kWarpCols + 2 * t;
 #pragma unroll
         for (int dn = 0; dn < kWarpCols / 8; ++dn) {
-          atomicAdd(dst + dn * 8, dq[mm][dn][2 * r] * p.scale);
-          atomicAdd(dst + dn * 8 + 1, dq[mm][dn][2 * r + 1] * p.scale);
+          atomic_add_pair(dst + dn * 8, dq[mm][dn][2 * r] * p.scale, dq[mm][dn][2 * r + 1] * p.scale);
         }
       }
     }
@@ -232,10 +233,8 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) attention_bwd_kernel(B
         *reinterpret_cast<uint32_t*>(p.d_k + offset + dn * 8) = pack_bf16(k0, k1);
         *reinterpret_cast<uint32_t*>(p.d_v + offset + dn * 8) = pack_bf16(v0, v1);
       } else {
-        atomicAdd(p.dk_acc + offset + dn * 8, k0);
-        atomicAdd(p.dk_acc + offset + dn * 8 + 1, k1);
-        atomicAdd(p.dv_acc + offset + dn * 8, v0);
-        atomicAdd(p.dv_acc + offset + dn * 8 + 1, v1);
+        atomic_add_pair(p.dk_acc + offset + dn * 8, k0, k1);
+        atomic_add_pair(p.dv_acc + offset + dn * 8, v0, v1);
       }
     }
   }

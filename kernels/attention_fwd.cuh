@@ -131,13 +131,13 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads) attention_fwd_kernel(F
       const float m_new = fmaxf(row_max[r], mx);
       // A row that has seen no key yet keeps max -inf; subtracting 0 keeps exp2 at 0, not NaN.
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2f(row_max[r] - m_use);
+      const float alpha = fast_exp2(row_max[r] - m_use);
       row_max[r] = m_new;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) {
-        s[nt][2 * r] = exp2f(s[nt][2 * r] - m_use);
-        s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - m_use);
+        s[nt][2 * r] = fast_exp2(s[nt][2 * r] - m_use);
+        s[nt][2 * r + 1] = fast_exp2(s[nt][2 * r + 1] - m_use);
         sum += s[nt][2 * r] + s[nt][2 * r + 1];
       }
       row_sum[r] = row_sum[r] * alpha + sum;

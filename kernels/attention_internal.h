@@ -18,14 +18,15 @@ struct FwdParams {
   const __nv_bfloat16* v;
   __nv_bfloat16* o;
   float* lse;
-  float* partial_o;    // [slots, hq, kFwdBlockM, D] fp32
-  float* partial_lse;  // [slots, hq, kFwdBlockM]
+  float* partial_o;    // [slots, hq, block_m, D] fp32
+  float* partial_lse;  // [slots, hq, block_m]
   const FwdItem* items;
   int64_t tq;
   int hq;
   int group;  // hq / hkv
   float scale_log2;
   int causal;
+  int block_m;  // queries per work item: the kernel's tile height
 };
 
 struct BwdParams {
@@ -52,6 +53,10 @@ struct BwdParams {
 
 template <int D>
 cudaError_t launch_attention_fwd(const FwdParams& p, int num_items, cudaStream_t stream);
+template <int D>
+cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStream_t stream);
+template <int D>
+bool attention_fwd_sm90_loaded();
 template <int D>
 cudaError_t launch_attention_bwd(const BwdParams& p, int num_items, cudaStream_t stream);
 

@@ -39,6 +39,8 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
                               int num_sms) {
   ForwardPlan plan;
   plan.problem = problem;
+  plan.block_m = fwd_block_m(problem);
+  const int64_t block_m = plan.block_m;
   std::vector<RowRange> q_ranges;
   std::vector<FwdItem> tiles;
   for (int64_t i = 0; i < num_segments; ++i) {
@@ -46,8 +48,8 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
     if (s.q_len <= 0) continue;
     q_ranges.push_back({s.q_offset, s.q_offset + s.q_len});
     const int64_t offset = problem.causal ? s.kv_len - s.q_len : 0;
-    for (int64_t q0 = 0; q0 < s.q_len; q0 += kFwdBlockM) {
-      const int64_t rows = std::min<int64_t>(kFwdBlockM, s.q_len - q0);
+    for (int64_t q0 = 0; q0 < s.q_len; q0 += block_m) {
+      const int64_t rows = std::min<int64_t>(block_m, s.q_len - q0);
       // The tile's last query sees keys up to q0 + rows - 1 + offset.
       const int64_t kv_end = problem.causal ? std::min(s.kv_len, q0 + rows + offset) : s.kv_len;
       FwdItem item{};
@@ -64,14 +66,15 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
   }
   plan.uncovered = gaps(q_ranges, problem.tq);
 
-  // Split long KV ranges into chunks of at most `chunk` key tiles, sized so that the grid holds about
-  // two waves of equal work: short queries against long KV (CAD's shards) then still fill every SM.
+  // Split long KV ranges into chunks of at most `chunk` key tiles, sized so that no item holds more
+  // than an eighth of one slot's fair share: short queries against long KV (CAD's shards) then fill
+  // every SM, and items of very different KV lengths still finish together.
   const auto blocks_of = [](const FwdItem& it) { return std::max<int64_t>(1, ceil_div(it.kv_end - it.kv_begin, kFwdBlockN)); };
   int64_t total_blocks = 0;
   for (const FwdItem& it : tiles) total_blocks += blocks_of(it);
   const int64_t slots = std::max(1, num_sms) * static_cast<int64_t>(kFwdBlocksPerSm);
   const int64_t heads = std::max(1, problem.hq);
-  const int64_t chunk = std::max(kMinSplitBlocks, ceil_div(total_blocks * heads, 2 * slots));
+  const int64_t chunk = std::max(kMinSplitBlocks, ceil_div(total_blocks * heads, 8 * slots));
   for (const FwdItem& tile : tiles) {
     const int64_t nb = blocks_of(tile);
     if (nb <= chunk) {
@@ -107,7 +110,7 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
   at = align_up(at + plan.combines.size() * sizeof(CombineItem));
   plan.uncovered_offset = at;
   at = align_up(at + plan.uncovered.size() * sizeof(RowRange));
-  const size_t partial_rows = static_cast<size_t>(plan.num_slots) * static_cast<size_t>(heads) * kFwdBlockM;
+  const size_t partial_rows = static_cast<size_t>(plan.num_slots) * static_cast<size_t>(heads) * block_m;
   plan.partial_o_offset = at;
   at = align_up(at + partial_rows * static_cast<size_t>(problem.head_dim) * sizeof(float));
   plan.partial_lse_offset = at;
@@ -125,14 +128,15 @@ BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* 
     if (s.kv_len <= 0) continue;
     kv_ranges.push_back({s.kv_offset, s.kv_offset + s.kv_len});
     const int64_t offset = problem.causal ? s.kv_len - s.q_len : 0;
-    for (int64_t k0 = 0; k0 < s.kv_len; k0 += kBwdBlockN) {
+    const int64_t block_n = bwd_block_n(problem.head_dim);
+    for (int64_t k0 = 0; k0 < s.kv_len; k0 += block_n) {
       BwdItem item{};
       item.q_row = s.q_offset;
       item.kv_row = s.kv_offset;
       item.q_len = static_cast<int32_t>(s.q_len);
       item.causal_offset = static_cast<int32_t>(offset);
       item.kv_begin = static_cast<int32_t>(k0);
-      item.kv_rows = static_cast<int32_t>(std::min<int64_t>(kBwdBlockN, s.kv_len - k0));
+      item.kv_rows = static_cast<int32_t>(std::min<int64_t>(block_n, s.kv_len - k0));
       // Query i sees key k0 iff i >= k0 - offset (causal); earlier queries never touch this tile.
       const int64_t first = problem.causal ? std::clamp<int64_t>(k0 - offset, 0, s.q_len) : 0;
       item.q_begin = static_cast<int32_t>(first);

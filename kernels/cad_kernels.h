@@ -32,13 +32,19 @@ struct AttentionProblem {
   int head_dim = 0;  // 64 or 128
   float softmax_scale = 0.f;
   bool causal = false;
+  // Use the Hopper (sm_90a, wgmma) forward kernel; only where hopper_kernels_available() says so.
+  bool hopper = false;
 };
 
 bool head_dim_supported(int head_dim);
 
+// True when the current device is compute capability 9.0 and the sm_90a kernels of this build are
+// the ones loaded for it.
+bool hopper_kernels_available();
+
 // ---- forward ---------------------------------------------------------------------------------------
 
-// One forward work item (per query head): a tile of up to kFwdBlockM queries of one segment against
+// One forward work item (per query head): a tile of up to fwd_block_m() queries of one segment against
 // keys [kv_begin, kv_end) of that segment. partial_slot < 0 writes O/LSE; otherwise the item is one
 // split of the KV range and writes fp32 partial results that the combine kernel merges.
 struct FwdItem {
@@ -67,14 +73,17 @@ struct RowRange {
   int64_t end;
 };
 
-constexpr int kFwdBlockM = 64;
+constexpr int kFwdBlockM = 64;     // queries per forward work item (portable mma.sync kernel)
+constexpr int kFwdBlockM90 = 128;  // queries per forward work item (Hopper wgmma kernel)
 constexpr int kFwdBlockN = 64;
+inline int fwd_block_m(const AttentionProblem& p) { return p.hopper ? kFwdBlockM90 : kFwdBlockM; }
 
 struct ForwardPlan {
   AttentionProblem problem;
   std::vector<FwdItem> items;        // heaviest first
   std::vector<CombineItem> combines;
   std::vector<RowRange> uncovered;   // rows of Q outside every segment
+  int32_t block_m = kFwdBlockM;      // queries per item (and per partial slot)
   int32_t num_slots = 0;
   // Workspace layout (byte offsets into one buffer of workspace_bytes, 256-byte aligned).
   size_t items_offset = 0, combines_offset = 0, uncovered_offset = 0, partial_o_offset = 0,
@@ -93,9 +102,13 @@ cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void
 
 // ---- backward --------------------------------------------------------------------------------------
 
-constexpr int kBwdBlockN = 64;  // keys per work item
+// Keys per backward work item: 16 per warp, 4 warps at D=64 and 8 at D=128 (twice the keys per
+// dQ atomic, the backward's bottleneck, where registers allow only 32 queries per step).
+constexpr int bwd_warps(int head_dim) { return head_dim == 128 ? 8 : 4; }
+constexpr int bwd_block_n(int head_dim) { return 16 * bwd_warps(head_dim); }
 
-// One backward work item (per KV head): keys [kv_begin, kv_begin + kv_rows) of one segment against all
+// One backward work item (per KV head): keys [kv_begin, kv_begin + kv_rows) of one segment (kv_rows <=
+// bwd_block_n(D)) against all
 // queries of that segment that see them, for every query head of the KV head's group.
 struct BwdItem {
   int64_t q_row;          // absolute row in Q of the segment's first query

@@ -84,6 +84,23 @@ __device__ __forceinline__ void load_tile_async(__nv_bfloat16* smem, const __nv_
   }
 }
 
+// 2^x through the SFU (ex2.approx: ~2 ulp, exp2(-inf) = +0), which the softmax needs by the billion.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// dst[0] += a, dst[1] += b (8-byte aligned): one vector atomic on Hopper, two scalar ones before it.
+__device__ __forceinline__ void atomic_add_pair(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
 __device__ __forceinline__ float warp_quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

@@ -56,6 +56,7 @@ struct CudaContext {
     int current = 0;
     check_cuda(cudaGetDevice(&current), "cudaGetDevice");
     device = static_cast<int>(config.get_int("device", current, 0, count - 1));
+    const bool allow_hopper = config.get_bool("hopper_kernels", true);
     config.finish(logger);
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
@@ -66,7 +67,12 @@ struct CudaContext {
       fail(CAD_STATUS_UNSUPPORTED, format("cuda backend: device %d (%s) has compute capability %d.%d; needs 8.0 or newer",
                                           device, prop.name, prop.major, prop.minor));
     }
-    logger.info(format("device %d: %s, sm_%d, %d SMs", device, prop.name, compute_capability, num_sms));
+    {
+      DeviceScope scope(device);
+      hopper = allow_hopper && cad::kernels::hopper_kernels_available();
+    }
+    logger.info(format("device %d: %s, sm_%d, %d SMs, %s forward kernel", device, prop.name, compute_capability,
+                       num_sms, hopper ? "wgmma (sm_90a)" : "mma.sync"));
   }
 
   // Workspace lent by the host for one call, handed back in stream order when the call's work is enqueued.
@@ -100,6 +106,7 @@ struct CudaContext {
   int device = 0;
   int compute_capability = 0;
   int num_sms = 1;
+  bool hopper = false;  // forward on the sm_90a wgmma kernel (config "hopper_kernels", default true, where loaded)
   std::string device_name;
   // Statistics of the last successful call.
   size_t last_items = 0, last_splits = 0, last_workspace_bytes = 0;
@@ -146,7 +153,8 @@ cad_status_t forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
   if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
   CudaContext& self = *as_context(ctx);
   return cad::plugin::guarded(self.error, [&] {
-    const cad::kernels::AttentionProblem pr = cad::cuda_backend::check_forward(args, self.device);
+    cad::kernels::AttentionProblem pr = cad::cuda_backend::check_forward(args, self.device);
+    pr.hopper = self.hopper;
     const cad::kernels::ForwardPlan plan =
         cad::kernels::make_forward_plan(pr, as_segments(args->segments), args->num_segments, self.num_sms);
     DeviceScope scope(self.device);
@@ -195,6 +203,7 @@ cad_status_t get_stats_json(void* ctx, char* buffer, size_t capacity, size_t* ne
     j["device"] = self.device;
     j["device_name"] = self.device_name;
     j["compute_capability"] = self.compute_capability;
+    j["forward_kernel"] = self.hopper ? "wgmma_sm90a" : "mma_sync";
     j["work_items"] = self.last_items;
     j["kv_split_tiles"] = self.last_splits;
     j["workspace_bytes"] = self.last_workspace_bytes;

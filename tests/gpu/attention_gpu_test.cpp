@@ -121,12 +121,15 @@ double lse_error(const std::vector<float>& got, const std::vector<float>& want) 
   return worst;
 }
 
-class AttentionVsReference : public ::testing::TestWithParam<std::tuple<Kind, int, bool, std::pair<int, int>>> {};
+// The last parameter picks the forward kernel: true = the default (wgmma on Hopper), false = the
+// portable mma.sync kernel forced through the config.
+class AttentionVsReference
+    : public ::testing::TestWithParam<std::tuple<Kind, int, bool, std::pair<int, int>, bool>> {};
 
 TEST_P(AttentionVsReference, MatchesReference) {
-  const auto [kind, d, causal, heads] = GetParam();
+  const auto [kind, d, causal, heads, hopper] = GetParam();
   const int hq = heads.first, hkv = heads.second;
-  AttentionPlugin gpu(plugin_path("cuda"));
+  AttentionPlugin gpu(plugin_path("cuda"), hopper ? "{}" : R"({"hopper_kernels": false})");
   ASSERT_EQ(gpu.error(), "");
   AttentionPlugin ref(plugin_path("reference"));
   ASSERT_EQ(ref.error(), "");
@@ -226,8 +229,8 @@ TEST_P(AttentionVsReference, MatchesReference) {
     const double e_o = max_relative_error(o_gpu, o_ref), e_lse = lse_error(lse_gpu, lse_ref);
     const double e_dq = max_relative_error(dq_gpu, dq_ref), e_dk = max_relative_error(dk_gpu, dk_ref);
     const double e_dv = max_relative_error(dv_gpu, dv_ref);
-    std::printf("[%s d=%d causal=%d hq=%d hkv=%d seed=%llu] tq=%lld tk=%lld segs=%zu  O %.2e  LSE %.2e  dQ %.2e  dK %.2e  dV %.2e\n",
-                kind_name(kind), d, causal ? 1 : 0, hq, hkv, static_cast<unsigned long long>(seed),
+    std::printf("[%s%s d=%d causal=%d hq=%d hkv=%d seed=%llu] tq=%lld tk=%lld segs=%zu  O %.2e  LSE %.2e  dQ %.2e  dK %.2e  dV %.2e\n",
+                kind_name(kind), hopper ? "" : "/portable", d, causal ? 1 : 0, hq, hkv, static_cast<unsigned long long>(seed),
                 static_cast<long long>(b.tq), static_cast<long long>(b.tk), b.segments.size(), e_o, e_lse, e_dq, e_dk,
                 e_dv);
     EXPECT_LE(e_o, 1e-2);
@@ -239,15 +242,16 @@ TEST_P(AttentionVsReference, MatchesReference) {
 }
 
 std::string case_name(const ::testing::TestParamInfo<AttentionVsReference::ParamType>& info) {
-  const auto [kind, d, causal, heads] = info.param;
+  const auto [kind, d, causal, heads, hopper] = info.param;
   return std::string(kind_name(kind)) + "_d" + std::to_string(d) + (causal ? "_causal" : "_full") + "_h" +
-         std::to_string(heads.first) + "x" + std::to_string(heads.second);
+         std::to_string(heads.first) + "x" + std::to_string(heads.second) + (hopper ? "" : "_portable");
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, AttentionVsReference,
                          ::testing::Combine(::testing::Values(Kind::kTiny, Kind::kSharedKv, Kind::kLongKv),
                                             ::testing::Values(64, 128), ::testing::Bool(),
-                                            ::testing::Values(std::make_pair(4, 4), std::make_pair(8, 2))),
+                                            ::testing::Values(std::make_pair(4, 4), std::make_pair(8, 2)),
+                                            ::testing::Bool()),
                          case_name);
 
 }  // namespace

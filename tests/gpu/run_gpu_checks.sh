@@ -41,7 +41,7 @@ if [ "$build_rc" != 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
 tests_rc=$?
 note "gpu tests rc=$tests_rc: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.log" | tr '\n' ' ')"
 grep -E '^\[  FAILED  \]|Failure|Expected|Which is' "$OUT/gpu_tests.log" | head -30 | tee -a "$SUMMARY"
-grep -E '^\[(tiny|shared_kv|long_kv) ' "$OUT/gpu_tests.log" | sort -t' ' -k1,1 | awk '
+grep -E '^\[(tiny|shared_kv|long_kv)' "$OUT/gpu_tests.log" | sort -t' ' -k1,1 | awk '
   { for (i = 1; i <= NF; i++) { if ($i == "O") o = ($(i+1) > o ? $(i+1) : o); if ($i == "dQ") q = ($(i+1) > q ? $(i+1) : q);
       if ($i == "dK") k = ($(i+1) > k ? $(i+1) : k); if ($i == "dV") v = ($(i+1) > v ? $(i+1) : v); if ($i == "LSE") l = ($(i+1) > l ? $(i+1) : l) } }
   END { printf "worst relative errors over all cases: O %s LSE %s dQ %s dK %s dV %s\n", o, l, q, k, v }' | tee -a "$SUMMARY"
@@ -54,7 +54,7 @@ else
 fi
 
 if [ "$RUN_SANITIZER" = 1 ]; then
-  small='Gpu/AttentionVsReference.tiny_d64_causal_h8x2:Gpu/AttentionVsReference.shared_kv_d128_full_h4x4:GpuPack.*'
+  small='Gpu/AttentionVsReference.MatchesReference/tiny_d64_causal_h8x2*:Gpu/AttentionVsReference.MatchesReference/shared_kv_d128_full_h4x4*:Gpu/AttentionVsReference.MatchesReference/long_kv_d64_causal_h8x2*:GpuPack.*'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 17 "$BUILD/bin/cad_gpu_tests" --gtest_filter="$small" \
       > "$OUT/sanitizer_$tool.log" 2>&1

@@ -1,0 +1,249 @@
+// attention_fwd_sm90.cuh -- the Hopper (sm_90a) forward kernel: the same work items and online
+// softmax as attention_fwd.cuh, with the two matrix products on wgmma instead of mma.sync.
+//
+// One block = two warpgroups = kFwdBlockM90 (128) queries of one work item x one query head. Q and
+// double-buffered K/V tiles sit in shared memory in wgmma's 128-byte-swizzled layout (atoms of 64
+// head-dim columns); S = Q K^T reads both operands from shared memory, O += P V takes P straight from
+// the score registers and V as a transposed (N-contiguous) operand. Compiled to a stub everywhere but
+// sm_90a; the launcher only picks it where the sm_90a binary is loaded.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "attention_internal.h"
+#include "mma_utils.cuh"
+#include "wgmma_ops.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CAD_SM90_KERNEL_BODY 1
+#endif
+
+namespace cad::kernels::detail {
+
+template <int D>
+struct Fwd90Traits {
+  static constexpr int kBlockM = kFwdBlockM90;  // 2 warpgroups x 64 rows
+  static constexpr int kBlockN = 64;
+  static constexpr int kThreads = 256;
+  static constexpr int kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * 2 + 1024;  // + alignment slack
+};
+
+// Element offset of (row, col) in a tile of ROWS rows stored as D/64 atoms of [ROWS][64], each
+// 128-byte row's 16-byte chunks XOR-swizzled by row % 8 (wgmma's SW128 layout; atoms 1024-aligned).
+template <int ROWS>
+__device__ __forceinline__ int atom_swizzled(int row, int col) {
+  return (col >> 6) * (ROWS * 64) + row * 64 + ((((col & 63) >> 3) ^ (row & 7)) << 3) + (col & 7);
+}
+
+template <int ROWS, int COLS, int THREADS>
+__device__ __forceinline__ void load_tile_atoms_async(__nv_bfloat16* smem, const __nv_bfloat16* src, int64_t stride,
+                                                      int valid_rows, int tid) {
+  constexpr int kChunksPerRow = COLS / 8;
+  constexpr int kChunks = ROWS * kChunksPerRow;
+  static_assert(kChunks % THREADS == 0, "tile must split evenly over the block");
+#pragma unroll
+  for (int i = 0; i < kChunks / THREADS; ++i) {
+    const int chunk = tid + i * THREADS;
+    const int row = chunk / kChunksPerRow;
+    const int col = (chunk % kChunksPerRow) * 8;
+    const bool valid = row < valid_rows;
+    cp_async_16(smem + atom_swizzled<ROWS>(row, col), valid ? src + row * stride + col : src, valid);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm90_kernel(FwdParams p) {
+#ifdef CAD_SM90_KERNEL_BODY
+  using T = Fwd90Traits<D>;
+  constexpr int BM = T::kBlockM, BN = T::kBlockN, NT = T::kThreads;
+  extern __shared__ unsigned char smem_raw[];
+  // Swizzle atoms must start 1024-byte aligned.
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
+  __nv_bfloat16* sK = sQ + BM * D;      // 2 buffers of BN x D
+  __nv_bfloat16* sV = sK + 2 * BN * D;  // 2 buffers of BN x D
+  const uint32_t q_addr = smem_addr(sQ), k_addr = smem_addr(sK), v_addr = smem_addr(sV);
+
+  const FwdItem item = p.items[blockIdx.x];
+  const int head = blockIdx.y;
+  const int kv_head = head / p.group;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int warpgroup = warp / 4;
+  const int g = lane / 4, t = lane % 4;
+
+  const int64_t q_stride = static_cast<int64_t>(p.hq) * D;
+  const int64_t kv_stride = static_cast<int64_t>(p.hq / p.group) * D;
+  const __nv_bfloat16* gQ = p.q + item.q_row * q_stride + head * D;
+  const __nv_bfloat16* gK = p.k + (item.kv_row + item.kv_begin) * kv_stride + kv_head * D;
+  const __nv_bfloat16* gV = p.v + (item.kv_row + item.kv_begin) * kv_stride + kv_head * D;
+  const int n_keys = item.kv_end - item.kv_begin;
+  const int n_blocks = n_keys > 0 ? (n_keys + BN - 1) / BN : 0;
+
+  load_tile_atoms_async<BM, D, NT>(sQ, gQ, q_stride, item.q_rows, tid);
+  if (n_blocks > 0) {
+    load_tile_atoms_async<BN, D, NT>(sK, gK, kv_stride, n_keys, tid);
+    load_tile_atoms_async<BN, D, NT>(sV, gV, kv_stride, n_keys, tid);
+  }
+  cp_async_commit();
+
+  float o_acc[D / 2];  // wgmma m64nD accumulator: [n8 block][4]
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+  const int row0 = item.q_index + warp * 16 + g;
+  const int warp_first_row = item.q_index + warp * 16;
+
+  for (int j = 0; j < n_blocks; ++j) {
+    if (j + 1 < n_blocks) {
+      const int next = (j + 1) & 1;
+      const int64_t off = static_cast<int64_t>(j + 1) * BN * kv_stride;
+      load_tile_atoms_async<BN, D, NT>(sK + next * BN * D, gK + off, kv_stride, n_keys - (j + 1) * BN, tid);
+      load_tile_atoms_async<BN, D, NT>(sV + next * BN * D, gV + off, kv_stride, n_keys - (j + 1) * BN, tid);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();
+    const uint32_t k_buf = k_addr + (j & 1) * BN * D * 2, v_buf = v_addr + (j & 1) * BN * D * 2;
+
+    // S = Q K^T: this warpgroup's 64 rows x BN keys.
+    float s[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t col_bytes = (kk & 3) * 32;
+      const uint64_t da = smem_desc_sw128(q_addr + (kk >> 2) * BM * 128 + warpgroup * 64 * 128 + col_bytes, 0, 1024);
+      const uint64_t db = smem_desc_sw128(k_buf + (kk >> 2) * BN * 128 + col_bytes, 0, 1024);
+      wgmma_m64n64k16_ss(s, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_registers(s);
+
+    const int key0 = item.kv_begin + j * BN;
+    const bool need_mask =
+        key0 + BN > item.kv_end || (p.causal && key0 + BN - 1 > warp_first_row + item.causal_offset);
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt * 4 + e] * p.scale_log2;
+        if (need_mask) {
+          const int col = key0 + nt * 8 + 2 * t + (e & 1);
+          const int row = row0 + (e >> 1) * 8;
+          if (col >= item.kv_end || (p.causal && col > row + item.causal_offset)) x = -INFINITY;
+        }
+        s[nt * 4 + e] = x;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
+      mx = warp_quad_max(mx);
+      const float m_new = fmaxf(row_max[r], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = fast_exp2(row_max[r] - m_use);
+      row_max[r] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+        s[nt * 4 + 2 * r] = fast_exp2(s[nt * 4 + 2 * r] - m_use);
+        s[nt * 4 + 2 * r + 1] = fast_exp2(s[nt * 4 + 2 * r + 1] - m_use);
+        sum += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+      for (int dn = 0; dn < D / 8; ++dn) {
+        o_acc[dn * 4 + 2 * r] *= alpha;
+        o_acc[dn * 4 + 2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V: P from registers (16 keys per step), V transposed from shared memory.
+    uint32_t pa[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = pack_bf16(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+      pa[kk][1] = pack_bf16(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+      pa[kk][2] = pack_bf16(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+      pa[kk][3] = pack_bf16(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      // 16 keys = two 8-row groups (stride 1024 B); the next 64 head-dim columns are one atom (BN rows) on.
+      const uint64_t db = smem_desc_sw128(v_buf + kk * 16 * 128, BN * 128, 1024);
+      if constexpr (D == 128) {
+        wgmma_m64n128k16_rs_tb(o_acc, pa[kk], db, 1);
+      } else {
+        wgmma_m64n64k16_rs_tb(o_acc, pa[kk], db, 1);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_registers(o_acc);
+    __syncthreads();  // every warp is done with buffer j&1 before iteration j+1 refills it
+  }
+  if (n_blocks == 0) cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float total = warp_quad_sum(row_sum[r]);
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    const float lse = total > 0.f ? row_max[r] * kLn2 + logf(total) : -INFINITY;
+    const int local_row = warp * 16 + g + r * 8;
+    if (local_row >= item.q_rows) continue;
+    if (item.partial_slot < 0) {
+      __nv_bfloat16* out = p.o + (item.q_row + local_row) * q_stride + head * D;
+#pragma unroll
+      for (int dn = 0; dn < D / 8; ++dn) {
+        *reinterpret_cast<uint32_t*>(out + dn * 8 + 2 * t) =
+            pack_bf16(o_acc[dn * 4 + 2 * r] * inv, o_acc[dn * 4 + 2 * r + 1] * inv);
+      }
+      if (t == 0) p.lse[static_cast<int64_t>(head) * p.tq + item.q_row + local_row] = lse;
+    } else {
+      const int64_t base = (static_cast<int64_t>(item.partial_slot) * p.hq + head) * BM + local_row;
+      float* out = p.partial_o + base * D;
+#pragma unroll
+      for (int dn = 0; dn < D / 8; ++dn) {
+        *reinterpret_cast<float2*>(out + dn * 8 + 2 * t) =
+            make_float2(o_acc[dn * 4 + 2 * r] * inv, o_acc[dn * 4 + 2 * r + 1] * inv);
+      }
+      if (t == 0) p.partial_lse[base] = lse;
+    }
+  }
+#endif
+}
+
+template <int D>
+cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStream_t stream) {
+  using T = Fwd90Traits<D>;
+  if (num_items == 0 || p.hq == 0) return cudaSuccess;
+  cudaError_t err = cudaFuncSetAttribute(attention_fwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         T::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  attention_fwd_sm90_kernel<D><<<dim3(num_items, p.hq), T::kThreads, T::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// True when the loaded binary of the sm_90a kernel is real sm_90 code (not the stub of another arch).
+template <int D>
+bool attention_fwd_sm90_loaded() {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, attention_fwd_sm90_kernel<D>) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.binaryVersion == 90;
+}
+
+}  // namespace cad::kernels::detail

@@ -1,0 +1,7 @@
+// fwd_sm90_hd64.cu -- the Hopper (wgmma) forward kernel for head dim 64; a stub in non-sm_90a passes.
+#include "attention_fwd_sm90.cuh"
+
+namespace cad::kernels::detail {
+template cudaError_t launch_attention_fwd_sm90<64>(const FwdParams& p, int num_items, cudaStream_t stream);
+template bool attention_fwd_sm90_loaded<64>();
+}  // namespace cad::kernels::detail
