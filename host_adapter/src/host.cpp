@@ -42,6 +42,8 @@ void create_instance(HostState& host, const InstanceConfig& config, cad_library*
   instance.services = std::make_unique<ServiceContext>();
   instance.services->host = &host;
   instance.services->visible_instances = host.instances.size();
+  instance.services->instance_name = config.name;
+  instance.services->plugin_name = library->plugin->name;
   init_services_table(instance.services.get());
 
   char message[kCreateMessageCapacity] = {0};

@@ -9,10 +9,22 @@ namespace {
 
 HostState& host_of(void* host_ctx) { return *static_cast<ServiceContext*>(host_ctx)->host; }
 
+// The source of a line is the instance's config name, so two instances of one plugin can be told
+// apart; a source the plugin chose beyond its own name is kept in brackets.
+std::string log_source(const ServiceContext& ctx, const char* source) {
+  if (ctx.instance_name.empty()) return source != nullptr ? source : "?";
+  if (source == nullptr || source[0] == '\0' || ctx.instance_name == source || ctx.plugin_name == source) {
+    return ctx.instance_name;
+  }
+  return ctx.instance_name + " (" + source + ")";
+}
+
 void service_log(void* host_ctx, cad_log_level_t level, const char* source, const char* message) {
   if (host_ctx == nullptr) return;
   try {
-    host_of(host_ctx).logger->log(level, source, message);
+    HostLogger& logger = *host_of(host_ctx).logger;
+    if (level < logger.level()) return;
+    logger.log(level, log_source(*static_cast<ServiceContext*>(host_ctx), source).c_str(), message);
   } catch (...) {
     // Logging must never take a plugin down; a lost line is the lesser evil.
   }

@@ -23,6 +23,8 @@ struct HostState;
 struct ServiceContext {
   HostState* host = nullptr;
   size_t visible_instances = std::numeric_limits<size_t>::max();
+  std::string instance_name;  // "" for the host-wide table; else log lines carry it as their source
+  std::string plugin_name;
   cad_host_services_v1_t table{};
 };
 

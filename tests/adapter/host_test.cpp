@@ -122,7 +122,7 @@ TEST(Host, LogLevelFromConfigAndEnvironment) {
     ::unsetenv("CAD_LOG_LEVEL");
     ASSERT_EQ(r.status, CAD_STATUS_OK) << r.error;
     EXPECT_EQ(cad_host_log_level(r.host), CAD_LOG_DEBUG);
-    EXPECT_TRUE(log.contains("2|test_attention|create A")) << "plugins log through the services";
+    EXPECT_TRUE(log.contains("2|a|create A")) << "plugins log through the services, as their instance";
     EXPECT_TRUE(log.contains("1|cad|created instance 'a' of plugin test_attention"));
     cad_host_destroy(r.host);
   }
@@ -155,7 +155,11 @@ TEST(Host, MemoryService) {
 #ifndef CAD_TEST_WITH_CUDA
   EXPECT_EQ(cuda, CAD_STATUS_UNSUPPORTED) << "a CPU build refuses CUDA memory";
 #else
-  if (cuda == CAD_STATUS_OK) s->free(s->host_ctx, {CAD_DEVICE_CUDA, 0}, gpu, nullptr);
+  EXPECT_NE(cuda, CAD_STATUS_UNSUPPORTED) << "a CUDA build serves CUDA memory (DEVICE_ERROR without a GPU)";
+  if (cuda == CAD_STATUS_OK) {
+    EXPECT_NE(gpu, nullptr);
+    s->free(s->host_ctx, {CAD_DEVICE_CUDA, 0}, gpu, nullptr);
+  }
 #endif
   int not_ours = 0;
   s->free(s->host_ctx, {CAD_DEVICE_CPU, 0}, &not_ours, nullptr);  // logged, ignored, no crash
