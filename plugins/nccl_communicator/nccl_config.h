@@ -1,0 +1,27 @@
+// nccl_config.h -- the "nccl" plugin's JSON config.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "plugin_support.h"
+
+namespace cad::nccl_comm {
+
+struct NcclConfig {
+  int device = -1;                    // -1: the local rank (OMPI_COMM_WORLD_LOCAL_RANK, LOCAL_RANK) or 0
+  std::string bootstrap = "auto";     // "auto" | "host" | "mpi"
+  int64_t timeout_ms = 60000;         // per operation, counted from the moment it is enqueued
+  uint64_t chunk_bytes = 1ull << 30;  // largest single ncclSend/ncclRecv; larger messages are split
+  // all_to_all_v first all-gathers every rank's counts and refuses mismatches on every rank alike.
+  // Off by default: it waits for the stream (the call then no longer only enqueues).
+  bool verify_counts = false;
+};
+
+NcclConfig read_config(const char* config_json, const plugin::Logger& logger);
+
+// The CUDA device this rank uses: config "device", else the local rank from the launcher's
+// environment (OMPI_COMM_WORLD_LOCAL_RANK, then LOCAL_RANK), else 0.
+int choose_device(const NcclConfig& config);
+
+}  // namespace cad::nccl_comm

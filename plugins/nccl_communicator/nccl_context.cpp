@@ -1,0 +1,51 @@
+// nccl_context.cpp -- creating and destroying one "nccl" communicator instance.
+#include "nccl_context.h"
+
+#include "nccl_errors.h"
+
+namespace cad::nccl_comm {
+
+using plugin::fail;
+using plugin::format;
+
+NcclContext::NcclContext(const cad_host_services_v1_t* services, const char* config_json)
+    : logger_(services, "nccl"), config_(read_config(config_json, logger_)) {
+  device_ = choose_device(config_);
+  int device_count = 0;
+  check_cuda(cudaGetDeviceCount(&device_count), "create: cudaGetDeviceCount");
+  if (device_ >= device_count) {
+    fail(CAD_STATUS_INVALID_CONFIG, format("plugin 'nccl' config: device %d does not exist (%d CUDA device(s) "
+                                           "visible); set key 'device' or the launcher's local rank",
+                                           device_, device_count));
+  }
+  const Bootstrap boot = bootstrap(config_, services, logger_);
+  rank_ = boot.rank;
+  world_size_ = boot.world_size;
+  {
+    DeviceScope scope(device_);
+    check_cuda(cudaMalloc(&barrier_word_, sizeof(int32_t)), "create: cudaMalloc of the barrier word");
+    if (config_.verify_counts) {
+      const size_t words = 2 * static_cast<size_t>(world_size_) * (static_cast<size_t>(world_size_) + 1);
+      const cudaError_t allocated = cudaMalloc(&count_table_, words * sizeof(uint64_t));
+      if (allocated != cudaSuccess) cudaFree(barrier_word_);
+      check_cuda(allocated, "create: cudaMalloc of the count table");
+    }
+  }
+  try {
+    comm_ = std::make_unique<GuardedComm>(device_, rank_, world_size_, boot.id, config_.timeout_ms, logger_);
+  } catch (...) {
+    cudaFree(barrier_word_);
+    cudaFree(count_table_);
+    throw;
+  }
+  logger_.debug(format("rank %d of %d on CUDA device %d (bootstrap: %s)", rank_, world_size_, device_,
+                       boot.method.c_str()));
+}
+
+NcclContext::~NcclContext() {
+  comm_.reset();  // joins the watchdog, then finalises or aborts the NCCL communicator
+  cudaFree(barrier_word_);
+  cudaFree(count_table_);
+}
+
+}  // namespace cad::nccl_comm

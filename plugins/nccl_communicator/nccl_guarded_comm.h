@@ -1,0 +1,73 @@
+// nccl_guarded_comm.h -- an NCCL communicator that cannot hang its host.
+//
+// The communicator is non-blocking (ncclConfig_t.blocking = 0), so every NCCL call returns at once
+// and ncclCommAbort can never deadlock against a call in progress. A caller's enqueue is polled to
+// host-side completion against the deadline; then an event recorded after it on the caller's stream
+// is handed to a watchdog thread owned by this object (joined in the destructor). The watchdog
+// polls the events of enqueued operations and ncclCommGetAsyncError; when an operation is still not
+// complete `timeout_ms` after it was enqueued, or NCCL reports an asynchronous error, it aborts the
+// communicator (ncclCommAbort makes NCCL's kernels return, so the caller's stream drains) and records
+// the failure, which every later call reports (CAD_STATUS_TIMEOUT naming the operation, or
+// CAD_STATUS_COMMUNICATION with NCCL's text).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "plugin_support.h"
+
+namespace cad::nccl_comm {
+
+class GuardedComm {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Creates the communicator (collective over the `world_size` ranks sharing `id`) on `device`.
+  GuardedComm(int device, int rank, int world_size, const ncclUniqueId& id, int64_t timeout_ms,
+              const plugin::Logger& logger);
+  ~GuardedComm();
+  GuardedComm(const GuardedComm&) = delete;
+  GuardedComm& operator=(const GuardedComm&) = delete;
+
+  // Runs `enqueue` (the NCCL calls of one operation, inside ncclGroupStart/End) on the live
+  // communicator and hands the operation to the watchdog. Throws the recorded failure if the
+  // communicator was aborted, or a new one if the enqueue fails or outlives the deadline.
+  void launch(const char* operation, cudaStream_t stream, const std::function<ncclResult_t(ncclComm_t)>& enqueue);
+
+  // Throws the recorded failure, if any.
+  void check_usable();
+
+ private:
+  void wait_host_side(const char* operation, Clock::time_point deadline);  // with mutex_ held
+  void abort_locked(cad_status_t status, const std::string& reason);
+  void watch();
+
+  int device_;
+  int64_t timeout_ms_;
+  const plugin::Logger& logger_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  ncclComm_t comm_ = nullptr;  // null once aborted or destroyed
+  cad_status_t failure_status_ = CAD_STATUS_OK;
+  std::string failure_;
+  struct Pending {
+    cudaEvent_t event;
+    std::string operation;
+    Clock::time_point deadline;
+  };
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> spare_events_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace cad::nccl_comm
