@@ -39,19 +39,19 @@ fi
 PLUGIN="$BUILD/lib/cad/plugins/cad_nccl.so"
 
 step "conformance: mpirun -np $NGPU cad conformance cad_nccl.so"
-timeout 240 "${MPIRUN[@]}" "$BUILD/bin/cad" conformance "$PLUGIN" --verbose > "$OUT/conformance.log" 2>&1 || failed=1
+timeout 120 "${MPIRUN[@]}" "$BUILD/bin/cad" conformance "$PLUGIN" --verbose > "$OUT/conformance.log" 2>&1 || failed=1
 step "conformance again with the opt-in byte-count check (config verify_counts)"
-timeout 120 "${MPIRUN[@]}" "$BUILD/bin/cad" conformance "$PLUGIN" --quick --verbose --config '{"verify_counts": true}' \
+timeout 60 "${MPIRUN[@]}" "$BUILD/bin/cad" conformance "$PLUGIN" --quick --verbose --config '{"verify_counts": true}' \
   > "$OUT/conformance_verify.log" 2>&1 || failed=1
 for f in conformance conformance_verify; do
   echo "-- $f"; grep -E "^(FAIL|conformance:)|rank_skips|mismatched|large" "$OUT/$f.log" | sort | uniq -c
 done
 
 step "bandwidth: ours (all_to_all_v through the plugin ABI)"
-timeout 200 "${MPIRUN[@]}" "$BUILD/bin/bench_nccl_all_to_all" "$PLUGIN" --csv "$OUT/ours.csv" 2>&1 | tee "$OUT/bench.log" || failed=1
+timeout 90 "${MPIRUN[@]}" "$BUILD/bin/bench_nccl_all_to_all" "$PLUGIN" --csv "$OUT/ours.csv" 2>&1 | tee "$OUT/bench.log" || failed=1
 
 step "bandwidth: torch.distributed.all_to_all_single (NCCL backend)"
-timeout 200 python3 bench/nccl/torch_all_to_all.py --gpus "$NGPU" --csv "$OUT/torch.csv" 2>&1 | tee -a "$OUT/bench.log" || failed=1
+timeout 120 python3 bench/nccl/torch_all_to_all.py --gpus "$NGPU" --csv "$OUT/torch.csv" 2>&1 | tee -a "$OUT/bench.log" || failed=1
 
 step "table"
 python3 bench/nccl/compare.py "$OUT/ours.csv" "$OUT/torch.csv" 2>&1 | tee "$OUT/table.md" || failed=1
