@@ -67,6 +67,27 @@ TEST(Host, FindInstanceByNameAndKind) {
   cad_host_destroy(r.host);
 }
 
+TEST(Host, LookupChecksTheKind) {
+  const std::string balancer = "{\"name\": \"bal\", \"plugin\": \"" + cad::test::fixture_dir() + "/cad_test_balancer.so\"}";
+  auto r = make_host("{\"instances\": [" + balancer + ", " + instance("a") + "]}");
+  ASSERT_EQ(r.status, CAD_STATUS_OK) << r.error;
+  const void* table = nullptr;
+  void* ctx = nullptr;
+  ASSERT_EQ(cad_host_find_instance(r.host, "bal", CAD_PLUGIN_KIND_BALANCER, &table, &ctx), CAD_STATUS_OK);
+  const auto* balancer_table = static_cast<const cad_balancer_v1_t*>(table);
+  EXPECT_EQ(balancer_table->plan(ctx, nullptr, nullptr), CAD_STATUS_UNSUPPORTED);
+  EXPECT_STREQ(balancer_table->last_error(ctx), "test_balancer plans nothing");
+  EXPECT_EQ(cad_host_find_instance(r.host, "bal", CAD_PLUGIN_KIND_ATTENTION, &table, &ctx), CAD_STATUS_NOT_FOUND);
+  cad_host_destroy(r.host);
+  // An instance that needs an attention instance is not satisfied by a balancer of that name.
+  auto wrong_kind = make_host("{\"instances\": [" + balancer + ", " + instance("a", "{\"needs\": \"bal\"}") + "]}");
+  EXPECT_EQ(wrong_kind.status, CAD_STATUS_NOT_FOUND);
+  // "attention" must name an attention instance.
+  auto bad = make_host("{\"instances\": [" + balancer + "], \"attention\": \"bal\"}");
+  EXPECT_EQ(bad.status, CAD_STATUS_INVALID_CONFIG);
+  EXPECT_EQ(bad.error, "bad.json: attention: instance 'bal' is a balancer, expected an attention instance");
+}
+
 TEST(Host, NoAttentionKeyMeansNotFound) {
   auto r = make_host("{\"instances\": [" + instance("a") + "]}");
   ASSERT_EQ(r.status, CAD_STATUS_OK) << r.error;
