@@ -21,7 +21,9 @@ const char* kUsage =
     "                [--noncausal] [--path DIRS]\n\n"
     "Loads the stack of FILE (default configs/reference.json), draws a random batch of a few documents\n"
     "of random lengths summing to N tokens, and runs forward and backward through the config's\n"
-    "attention instance (fp32, CPU). Prints sizes, timings and checksums.\n\n"
+    "attention instance (fp32, CPU). Prints sizes, timings and checksums. Under mpirun with a\n"
+    "distributed stack (configs/cad_cpu.json) each rank holds a slice of the batch's tokens, and the\n"
+    "checksums (sums over all ranks) match a one-process run up to rounding.\n\n"
     "  --tokens N     tokens in the batch (default 1024)\n"
     "  --heads H      query heads (default 8)\n"
     "  --kv-heads H   key/value heads, dividing --heads (default 2)\n"
@@ -69,14 +71,75 @@ struct Tensor {
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     for (float& x : data) x = uniform(rng);
   }
-  double sum() const {
+  // Sum of |x| over finite entries: a checksum that, unlike a plain sum, does not cancel (the columns
+  // of dK sum to zero analytically).
+  double abs_sum() const {
     double s = 0;
     for (float x : data) {
-      if (std::isfinite(x)) s += x;
+      if (std::isfinite(x)) s += std::fabs(x);
     }
     return s;
   }
 };
+
+// Draws a [rows, ...] tensor of uniform(-1, 1) values from `rng` and keeps rows [lo, hi): every rank
+// draws the whole tensor, so all ranks agree on the global batch.
+Tensor random_rows(const std::vector<int64_t>& shape, int64_t lo, int64_t hi, std::mt19937_64& rng) {
+  Tensor global(shape);
+  global.randomize(rng);
+  std::vector<int64_t> local_shape = shape;
+  local_shape[0] = hi - lo;
+  Tensor local(local_shape);
+  const size_t row = global.data.size() / static_cast<size_t>(shape[0]);
+  std::copy(global.data.begin() + static_cast<std::ptrdiff_t>(row * static_cast<size_t>(lo)),
+            global.data.begin() + static_cast<std::ptrdiff_t>(row * static_cast<size_t>(hi)), local.data.begin());
+  return local;
+}
+
+// The stack's first communicator instance, if any: which slice of the batch this process holds.
+struct Communicator {
+  const cad_communicator_v1_t* table = nullptr;
+  void* instance = nullptr;
+  int32_t rank = 0;
+  int32_t world_size = 1;
+
+  // Element-wise sum of the first `summed` values over ranks, maximum of the rest.
+  std::vector<double> combine(const std::vector<double>& mine, size_t summed) const {
+    if (table == nullptr || world_size == 1) return mine;
+    std::vector<double> all(mine.size() * static_cast<size_t>(world_size));
+    const cad_status_t status =
+        table->all_gather(instance, mine.data(), mine.size() * sizeof(double), all.data(), nullptr);
+    if (status != CAD_STATUS_OK) throw cad::Error(status, std::string("all_gather: ") + table->last_error(instance));
+    std::vector<double> out(mine.size(), 0.0);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      out[i] = i < summed ? 0.0 : all[i];
+      for (int32_t r = 0; r < world_size; ++r) {
+        const double x = all[static_cast<size_t>(r) * mine.size() + i];
+        out[i] = i < summed ? out[i] + x : std::max(out[i], x);
+      }
+    }
+    return out;
+  }
+};
+
+Communicator find_communicator(const cad::Host& host) {
+  Communicator comm;
+  const int64_t count = cad_host_num_instances(host.get());
+  for (int64_t i = 0; i < count && comm.table == nullptr; ++i) {
+    cad_host_instance_info_v1_t info{};
+    info.struct_size = sizeof info;
+    if (cad_host_instance_info(host.get(), i, &info) != CAD_STATUS_OK) continue;
+    if (info.plugin->kind != CAD_PLUGIN_KIND_COMMUNICATOR) continue;
+    const auto* table = static_cast<const cad_communicator_v1_t*>(info.table);
+    if (table->get_rank(info.instance, &comm.rank) != CAD_STATUS_OK ||
+        table->get_world_size(info.instance, &comm.world_size) != CAD_STATUS_OK || comm.world_size < 1) {
+      throw cad::Error(CAD_STATUS_INTERNAL, std::string("communicator '") + info.name + "' reports no rank");
+    }
+    comm.table = table;
+    comm.instance = info.instance;
+  }
+  return comm;
+}
 
 // Document lengths: 1 to 8 documents, cut at random points, summing to `tokens`.
 std::vector<int64_t> draw_documents(int64_t tokens, std::mt19937_64& rng) {
@@ -147,6 +210,15 @@ int run_demo(int argc, char** argv) {
     return 1;
   }
 
+  // With a communicator in the stack (e.g. `mpirun -np 2 cad demo --config configs/cad_cpu.json`),
+  // every rank draws the same global batch and keeps a contiguous slice of its tokens: the pieces a
+  // distributed backend balances. A local backend runs the whole batch on every rank.
+  const bool takes_pieces = (caps.flags & CAD_ATTENTION_CAP_PIECES) != 0;
+  const Communicator comm = find_communicator(host);
+  const int64_t lo = takes_pieces ? tokens * comm.rank / comm.world_size : 0;
+  const int64_t hi = takes_pieces ? tokens * (comm.rank + 1) / comm.world_size : tokens;
+  const int64_t local = hi - lo;
+
   std::mt19937_64 rng(static_cast<uint64_t>(seed));
   const std::vector<int64_t> lengths = draw_documents(tokens, rng);
   std::vector<cad_segment_v1_t> segments;
@@ -156,25 +228,23 @@ int run_demo(int argc, char** argv) {
   for (size_t i = 0; i < lengths.size(); ++i) {
     const int64_t l = lengths[i];
     segments.push_back({offset, l, offset, l});
-    pieces.push_back({static_cast<int64_t>(i), l, 0, l});
+    const int64_t begin = std::max(offset, lo), end = std::min(offset + l, hi);
+    if (begin < end) pieces.push_back({static_cast<int64_t>(i), l, begin - offset, end - begin});
     score_entries += causal ? 0.5 * static_cast<double>(l) * static_cast<double>(l + 1) : static_cast<double>(l) * l;
     offset += l;
   }
 
-  Tensor q({tokens, heads, head_dim}), k({tokens, kv_heads, head_dim}), v({tokens, kv_heads, head_dim});
-  Tensor d_o({tokens, heads, head_dim});
-  q.randomize(rng);
-  k.randomize(rng);
-  v.randomize(rng);
-  d_o.randomize(rng);
-  Tensor o({tokens, heads, head_dim}), lse({heads, tokens});
-  Tensor d_q({tokens, heads, head_dim}), d_k({tokens, kv_heads, head_dim}), d_v({tokens, kv_heads, head_dim});
+  Tensor q = random_rows({tokens, heads, head_dim}, lo, hi, rng);
+  Tensor k = random_rows({tokens, kv_heads, head_dim}, lo, hi, rng);
+  Tensor v = random_rows({tokens, kv_heads, head_dim}, lo, hi, rng);
+  Tensor d_o = random_rows({tokens, heads, head_dim}, lo, hi, rng);
+  Tensor o({local, heads, head_dim}), lse({heads, local});
+  Tensor d_q({local, heads, head_dim}), d_k({local, kv_heads, head_dim}), d_v({local, kv_heads, head_dim});
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
 
   cad_attention_forward_args_v1_t fwd{};
   fwd.struct_size = sizeof fwd;
   // A distributed backend takes this process's tokens as pieces of documents; a local one, segments.
-  const bool takes_pieces = (caps.flags & CAD_ATTENTION_CAP_PIECES) != 0;
   if (takes_pieces) {
     fwd.pieces = pieces.data();
     fwd.num_pieces = static_cast<int64_t>(pieces.size());
@@ -214,6 +284,12 @@ int run_demo(int argc, char** argv) {
   require(attention->backward(instance, &bwd), attention, instance, "backward");
   const double backward_ms = milliseconds_since(start);
 
+  // Sums over every rank's tokens, and the slowest rank's times: with a distributed backend they
+  // match a one-process run of the same batch up to rounding.
+  std::vector<double> totals = {o.abs_sum(), lse.abs_sum(), d_q.abs_sum(), d_k.abs_sum(), d_v.abs_sum(), forward_ms,
+                                backward_ms};
+  totals = comm.combine(totals, 5);
+  if (comm.rank != 0) return 0;
   // Forward: QK^T and PV, 2 FLOPs per multiply-add each: 4 * D * Hq per score entry.
   const double forward_flops = 4.0 * static_cast<double>(head_dim * heads) * score_entries;
   std::string doc_list;
@@ -223,10 +299,15 @@ int run_demo(int argc, char** argv) {
               doc_list.c_str(), causal ? "causal" : "non-causal");
   std::printf("shape      Hq=%lld Hkv=%lld D=%lld fp32, softmax scale %.4g\n", static_cast<long long>(heads),
               static_cast<long long>(kv_heads), static_cast<long long>(head_dim), static_cast<double>(scale));
-  std::printf("forward    %10.3f ms  %8.2f GFLOP/s\n", forward_ms, forward_flops / (forward_ms * 1e6));
-  std::printf("backward   %10.3f ms\n", backward_ms);
-  std::printf("checksum   O %.6e  LSE %.6e  dQ %.6e  dK %.6e  dV %.6e\n", o.sum(), lse.sum(), d_q.sum(), d_k.sum(),
-              d_v.sum());
+  if (comm.world_size > 1) {
+    std::printf("ranks      %d (%s), %lld tokens on rank 0\n", comm.world_size,
+                takes_pieces ? "tokens split across ranks" : "each runs the whole batch", static_cast<long long>(local));
+  }
+  std::printf("forward    %10.3f ms  %8.2f GFLOP/s%s\n", totals[5], forward_flops / (totals[5] * 1e6),
+              comm.world_size > 1 ? " (slowest rank)" : "");
+  std::printf("backward   %10.3f ms\n", totals[6]);
+  std::printf("sum |x|    O %.6e  LSE %.6e  dQ %.6e  dK %.6e  dV %.6e\n", totals[0], totals[1], totals[2], totals[3],
+              totals[4]);
   return 0;
 }
 

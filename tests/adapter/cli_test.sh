@@ -53,7 +53,7 @@ expect 0 "$CAD" check-config "$OUT/fixture.json" --path "$FIXTURE_DIR" && contai
 
 # demo through the fixture (O = Q, so it runs anywhere).
 expect 0 "$CAD" demo --config "$OUT/fixture.json" --path "$FIXTURE_DIR" --tokens 300 --heads 4 --kv-heads 2 --head-dim 16 &&
-  contains "300 tokens"
+  contains "300 tokens" && contains "sum |x|"
 
 if [ "$failures" -ne 0 ]; then echo "$failures check(s) failed"; exit 1; fi
 echo "all cad CLI checks passed"
