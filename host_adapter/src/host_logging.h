@@ -30,7 +30,7 @@ class HostLogger {
   cad_log_level_t level() const { return level_; }
   // Thread-safe; drops messages below level().
   void log(cad_log_level_t level, const char* source, const char* message);
-  void log(cad_log_level_t level, const std::string& message) { log(level, "cad", message.c_str()); }
+  void log(cad_log_level_t level, const std::string& message) { log(level, "host", message.c_str()); }
 
  private:
   cad_log_level_t level_;

@@ -88,8 +88,8 @@ TEST(Config, UnknownKeysWarnAndAreIgnored) {
                                 "/cad_test_attention.so\", \"extra\": true}]}",
                                 &log);
   ASSERT_EQ(result.status, CAD_STATUS_OK) << result.error;
-  EXPECT_TRUE(log.contains("3|cad|bad.json: unknown key 'colour' ignored"));
-  EXPECT_TRUE(log.contains("3|cad|bad.json: instances[0]: unknown key 'extra' ignored"));
+  EXPECT_TRUE(log.contains("3|host|bad.json: unknown key 'colour' ignored"));
+  EXPECT_TRUE(log.contains("3|host|bad.json: instances[0]: unknown key 'extra' ignored"));
   cad_host_destroy(result.host);
 }
 

@@ -144,7 +144,7 @@ TEST(Host, LogLevelFromConfigAndEnvironment) {
     ASSERT_EQ(r.status, CAD_STATUS_OK) << r.error;
     EXPECT_EQ(cad_host_log_level(r.host), CAD_LOG_DEBUG);
     EXPECT_TRUE(log.contains("2|a|create A")) << "plugins log through the services, as their instance";
-    EXPECT_TRUE(log.contains("1|cad|created instance 'a' of plugin test_attention"));
+    EXPECT_TRUE(log.contains("1|host|created instance 'a' of plugin test_attention"));
     cad_host_destroy(r.host);
   }
   {
@@ -194,7 +194,7 @@ TEST(Host, LeakedPluginMemoryIsReportedAndFreed) {
                      &log);
   ASSERT_EQ(r.status, CAD_STATUS_OK) << r.error;
   cad_host_destroy(r.host);
-  EXPECT_TRUE(log.contains("3|cad|1 allocation(s) of 4096 bytes were not freed by the plugins; freed now"));
+  EXPECT_TRUE(log.contains("3|host|1 allocation(s) of 4096 bytes were not freed by the plugins; freed now"));
 }
 
 cad_status_t fake_all_gather(void* user, const void* send, size_t bytes, void* recv) {

@@ -50,7 +50,7 @@ typedef struct cad_host cad_host_t;
 /* Out-of-band all-gather for bootstrapping communicators (see cad_host_services_v1_t). */
 typedef cad_status_t (*cad_bootstrap_all_gather_fn)(void* user, const void* send, size_t bytes, void* recv);
 
-/* Receives every log line of the host and its plugins (source: "cad" for the host itself, else the
+/* Receives every log line of the host and its plugins (source: "host" for the host itself, else the
  * instance name) instead of stderr. Called from any thread, one call at a time. */
 typedef void (*cad_host_log_fn)(void* user, cad_log_level_t level, const char* source, const char* message);
 
