@@ -54,8 +54,8 @@ int main(int argc, char** argv) {
   const auto lengths = cad::workload::load_lengths(dist);
   const auto cost = cad::balancer_test::cost_params(min_shard);
   const auto model = cad::plan::model_params(cost);
-  std::printf("%-14s %6s %8s %5s %9s %9s %12s %10s\n", "balancer", "ranks", "context", "seed", "before", "after",
-              "bytes_GiB", "plan_ms");
+  std::printf("%-14s %6s %8s %5s %9s %9s %12s %10s %10s %10s\n", "balancer", "ranks", "context", "seed", "before",
+              "after", "bytes_GiB", "q_rows", "kv_tokens", "plan_ms");
   for (const auto& path : plugins) {
     std::string name = path.substr(path.find_last_of('/') + 1);
     name = name.substr(4, name.size() - 7);  // cad_<name>.so
@@ -80,8 +80,9 @@ int main(int argc, char** argv) {
           const auto st = cad::plan::evaluate_plan(batch, static_cast<int32_t>(r), res.tasks.data(),
                                                    static_cast<int64_t>(res.tasks.size()), model);
           const double before = cad::plan::imbalance_of(cad::plan::colocated_cost(batch, true));
-          std::printf("%-14s %6lld %8lld %5d %9.3f %9.3f %12.3f %10.2f\n", name.c_str(), (long long)r,
-                      (long long)ctx, seed, before, st.imbalance, st.total_bytes / 1073741824.0, best_ms);
+          std::printf("%-14s %6lld %8lld %5d %9.3f %9.3f %12.3f %10lld %10lld %10.2f\n", name.c_str(), (long long)r,
+                      (long long)ctx, seed, before, st.imbalance, st.total_bytes / 1073741824.0,
+                      (long long)st.q_rows_moved, (long long)st.kv_tokens_moved, best_ms);
         }
       }
     }

@@ -40,18 +40,28 @@ struct PrefixAware {
       : tolerance(config.get_double("tolerance", 0.02, 0.0, 10.0)),
         min_shard_override(config.get_int("min_shard_tokens", 0, 0, int64_t{1} << 40)) {}
 
-  // Where to cut range [b, e) so that the tail [a, e) moves: returns a, or -1 if no valid shard.
-  // `need` is what the sender must shed, `room` what the receiver can take.
-  static int64_t cut(const Problem& p, const Range& r, int64_t need, int64_t room, int64_t min_shard) {
+  // A shard [begin, end) of a range, or invalid (begin >= end).
+  struct Shard {
+    int64_t begin = 0;
+    int64_t end = 0;
+  };
+
+  // The shard of range r that ends at `e` and moves about min(need, room) score entries: `need` is
+  // what the sender must shed, `room` what the receiver can take. Shards and the pieces they leave
+  // behind on either side are at least min_shard tokens unless the range itself is shorter.
+  static Shard shard_ending_at(const Problem& p, const Range& r, int64_t e, int64_t need, int64_t room,
+                               int64_t min_shard) {
     const auto& doc = p.docs[static_cast<size_t>(r.doc)];
-    const int64_t b = r.begin, e = r.end;
+    const int64_t b = r.begin;
+    e = std::min(std::max(e, std::min(r.end, b + min_shard)), r.end);
+    if (e < r.end && r.end - e < min_shard) e = r.end;  // no sliver above the shard
     auto cost = [&](int64_t a) { return p.cost(a, e, doc); };
     const int64_t target = std::min(need, room);
     int64_t a;
     if (cost(b) <= target) {
-      a = b;  // the whole range fits and is needed
+      a = b;  // all of [b, e) fits and is needed
     } else if (need <= room) {
-      // The smallest tail that sheds `need`: the largest a with cost(a) >= need (cost falls as a grows).
+      // The smallest shard that sheds `need`: the largest a with cost(a) >= need (cost falls as a grows).
       int64_t lo = b, hi = e - 1;
       while (lo < hi) {
         const int64_t mid = lo + (hi - lo + 1) / 2;
@@ -60,7 +70,7 @@ struct PrefixAware {
       a = lo;
       if (cost(a) > room) ++a;  // one row too many for the receiver: shed a little less
     } else {
-      // The largest tail the receiver can take: the smallest a with cost(a) <= room.
+      // The largest shard the receiver can take: the smallest a with cost(a) <= room.
       int64_t lo = b, hi = e;
       while (lo < hi) {
         const int64_t mid = lo + (hi - lo) / 2;
@@ -68,19 +78,43 @@ struct PrefixAware {
       }
       a = lo;
     }
-    if (e - a < min_shard) a = std::max(b, e - min_shard);           // shard at least the minimum
-    if (a > b && a - b < min_shard) {                                 // remainder at least the minimum
+    if (e - a < min_shard) a = std::max(b, e - min_shard);  // shard at least the minimum
+    if (a > b && a - b < min_shard) {                        // no sliver below the shard
       if (cost(b) <= room || e - (b + min_shard) < min_shard) a = b;
       else a = b + min_shard;
     }
-    return a < e ? a : -1;
+    return {a, e};
+  }
+
+  // Where a shard of range r for `dst` may best end: the range's top (most work per query row); the
+  // end that balances query-row bytes against KV-prefix bytes (rows ~ target/e, prefix ~ e beyond what
+  // dst already has); and the lowest end that still carries the whole target.
+  static void shard_ends(const Problem& p, const Range& r, const Ledger& ledger, int32_t dst, int64_t target,
+                         std::vector<int64_t>& ends) {
+    ends.clear();
+    ends.push_back(r.end);
+    if (!p.model.causal) return;  // every shard needs the whole document: the top is as good as any
+    const double rows_vs_kv = static_cast<double>(p.model.q_round_trip_bytes()) /
+                              static_cast<double>(p.model.kv_token_bytes());
+    const int64_t have = ledger.kv_prefix(r.doc, dst);
+    const int64_t balanced = std::max<int64_t>(have, std::llround(std::sqrt(static_cast<double>(target) * rows_vs_kv)));
+    if (balanced > r.begin && balanced < r.end) ends.push_back(balanced);
+    const auto& doc = p.docs[static_cast<size_t>(r.doc)];
+    if (p.cost(r.begin, r.end, doc) > target) {
+      int64_t lo = r.begin + 1, hi = r.end;  // smallest e with cost(begin, e) >= target
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (p.cost(r.begin, mid, doc) >= target) hi = mid; else lo = mid + 1;
+      }
+      if (lo < r.end) ends.push_back(lo);
+    }
   }
 
   struct Candidate {
     bool valid = false;
     size_t range = 0;
     int32_t receiver = -1;
-    int64_t cut = 0;
+    Shard shard;
     int64_t cost = 0;
     double bytes_per_entry = 0;
   };
@@ -118,6 +152,7 @@ struct PrefixAware {
     });
 
     std::vector<int32_t> receivers;
+    std::vector<int64_t> ends;
     for (int32_t src : senders) {
       auto& on_src = ranges[static_cast<size_t>(src)];
       for (int64_t guard = 4 * static_cast<int64_t>(on_src.size()) + 64; ledger.load(src) > bound && guard > 0;
@@ -139,28 +174,31 @@ struct PrefixAware {
             if (s != src && room(s) > 0) receivers.push_back(s);
           }
           for (int32_t dst : receivers) {
-            const int64_t a = cut(p, r, need, room(dst), min_shard);
-            if (a < 0) continue;
-            const int64_t c = p.cost(a, r.end, p.docs[static_cast<size_t>(r.doc)]);
-            if (c <= 0) continue;
-            const Ledger::Delta delta = ledger.delta(r.doc, a, r.end, dst);
-            if (!ledger.fits_memory(dst, delta.memory)) {
-              if (!memory_blocked || delta.memory < memory_wanted) {
-                memory_wanted = delta.memory;
-                memory_server = dst;
+            shard_ends(p, r, ledger, dst, std::min(need, room(dst)), ends);
+            for (int64_t e : ends) {
+              const Shard sh = shard_ending_at(p, r, e, need, room(dst), min_shard);
+              if (sh.begin >= sh.end) continue;
+              const int64_t c = p.cost(sh.begin, sh.end, p.docs[static_cast<size_t>(r.doc)]);
+              if (c <= 0) continue;
+              const Ledger::Delta delta = ledger.delta(r.doc, sh.begin, sh.end, dst);
+              if (!ledger.fits_memory(dst, delta.memory)) {
+                if (!memory_blocked || delta.memory < memory_wanted) {
+                  memory_wanted = delta.memory;
+                  memory_server = dst;
+                }
+                memory_blocked = true;
+                continue;
               }
-              memory_blocked = true;
-              continue;
-            }
-            const Candidate cand{true, i, dst, a, c, static_cast<double>(delta.bytes) / static_cast<double>(c)};
-            if (c <= room(dst)) {
-              if (!best.valid || better(cand, best)) best = cand;
-            } else {
-              // Over the receiver's room (a minimum-size shard): only if it lowers the larger load.
-              const int64_t worst = std::max(ledger.load(src) - c, ledger.load(dst) + c);
-              if (worst < fallback_max) {
-                fallback_max = worst;
-                fallback = cand;
+              const Candidate cand{true, i, dst, sh, c, static_cast<double>(delta.bytes) / static_cast<double>(c)};
+              if (c <= room(dst)) {
+                if (!best.valid || better(cand, best)) best = cand;
+              } else {
+                // Over the receiver's room (a minimum-size shard): only if it lowers the larger load.
+                const int64_t worst = std::max(ledger.load(src) - c, ledger.load(dst) + c);
+                if (worst < fallback_max) {
+                  fallback_max = worst;
+                  fallback = cand;
+                }
               }
             }
           }
@@ -191,11 +229,12 @@ struct PrefixAware {
     return tasks;
   }
 
-  // Fewer bytes per entry first; exact ties broken by receiver, then range order (deterministic).
+  // Fewer bytes per entry first; exact ties broken by receiver, range order, then the higher shard.
   static bool better(const Candidate& a, const Candidate& b) {
     if (a.bytes_per_entry != b.bytes_per_entry) return a.bytes_per_entry < b.bytes_per_entry;
     if (a.receiver != b.receiver) return a.receiver < b.receiver;
-    return a.range < b.range;
+    if (a.range != b.range) return a.range < b.range;
+    return a.shard.end > b.shard.end;
   }
 
   template <class Room>
@@ -203,17 +242,18 @@ struct PrefixAware {
                     Ledger& ledger, Tasks& tasks, std::set<std::pair<int64_t, int32_t>>& by_room,
                     std::vector<std::vector<int32_t>>& doc_servers, const Room& room) {
     auto& on_src = ranges[static_cast<size_t>(src)];
-    Range& r = on_src[c.range];
-    const int32_t doc = r.doc;
+    const Range r = on_src[c.range];
     by_room.erase({-room(c.receiver), c.receiver});
     by_room.erase({-room(src), src});
-    ledger.commit(doc, c.cut, r.end, src, c.receiver);
-    tasks.push_back(make_task(p.docs[static_cast<size_t>(doc)].id, c.cut, r.end, c.receiver));
-    r.end = c.cut;
-    if (r.end == r.begin) on_src.erase(on_src.begin() + static_cast<std::ptrdiff_t>(c.range));
+    ledger.commit(r.doc, c.shard.begin, c.shard.end, src, c.receiver);
+    tasks.push_back(make_task(p.docs[static_cast<size_t>(r.doc)].id, c.shard.begin, c.shard.end, c.receiver));
+    // What stays local: the part below the shard in place, the part above it appended.
+    on_src[c.range].end = c.shard.begin;
+    if (c.shard.end < r.end) on_src.push_back({r.doc, c.shard.end, r.end});
+    if (c.shard.begin == r.begin) on_src.erase(on_src.begin() + static_cast<std::ptrdiff_t>(c.range));
     if (room(c.receiver) > 0) by_room.insert({-room(c.receiver), c.receiver});
     if (room(src) > 0) by_room.insert({-room(src), src});
-    auto& holders = doc_servers[static_cast<size_t>(doc)];
+    auto& holders = doc_servers[static_cast<size_t>(r.doc)];
     if (std::find(holders.begin(), holders.end(), c.receiver) == holders.end()) holders.push_back(c.receiver);
   }
 };

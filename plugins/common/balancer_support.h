@@ -86,6 +86,11 @@ class Ledger {
   // Apply that move: the cost leaves `from` and arrives at `to`.
   void commit(int32_t doc, int64_t q_begin, int64_t q_end, int32_t from, int32_t to);
 
+  // The KV prefix of docs[doc] that `server` already holds or receives: [0, returned end).
+  int64_t kv_prefix(int32_t doc, int32_t server) const {
+    auto it = kv_end_.find({doc, server});
+    return it == kv_end_.end() ? 0 : it->second;
+  }
   int64_t load(int32_t server) const { return load_[static_cast<size_t>(server)]; }
   int64_t memory(int32_t server) const { return memory_[static_cast<size_t>(server)]; }
   const std::vector<int64_t>& loads() const { return load_; }

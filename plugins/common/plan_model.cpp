@@ -131,6 +131,7 @@ PlanStats evaluate_plan(const RankPieces& ranks, int32_t num_servers, const cad_
       for (auto h = lo; h != hi; ++h) {
         const int64_t rows = std::min(t.q_end, h->offset + h->len) - std::max(t.q_begin, h->offset);
         if (rows <= 0 || h->rank == server) continue;
+        st.q_rows_moved += rows;
         move(h->rank, server, rows * params.q_row_bytes());
         move(server, h->rank, rows * (params.o_row_bytes() + params.lse_row_bytes()));
         st.memory_received[static_cast<size_t>(server)] += rows * params.q_memory_bytes();
@@ -140,6 +141,7 @@ PlanStats evaluate_plan(const RankPieces& ranks, int32_t num_servers, const cad_
     for (auto h = lo; h != hi; ++h) {
       const int64_t tokens = std::min(kv_end, h->offset + h->len) - h->offset;
       if (tokens <= 0 || h->rank == server) continue;
+      st.kv_tokens_moved += tokens;
       move(h->rank, server, tokens * params.kv_token_bytes());
       st.memory_received[static_cast<size_t>(server)] += tokens * params.kv_token_bytes();
     }

@@ -57,6 +57,8 @@ struct PlanStats {
   std::vector<int64_t> memory_received;  // per server: foreign Q/K/V/O bytes it holds (memory cap)
   std::vector<int64_t> link_bytes;       // [src * num_nodes + dst]
   int64_t total_bytes = 0;               // sum over links
+  int64_t q_rows_moved = 0;              // query rows computed away from their owner
+  int64_t kv_tokens_moved = 0;           // KV tokens shipped (each once per server and document)
   int64_t total_cost = 0;
   double max_cost = 0, mean_cost = 0;
   double imbalance = 1.0;                // max / mean server cost (1 when there is no work)
