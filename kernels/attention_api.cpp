@@ -128,8 +128,12 @@ cudaError_t attention_backward(const BackwardPlan& plan, const void* q, const vo
   CAD_CUDA_TRY(detail::launch_bwd_preprocess(static_cast<const __nv_bfloat16*>(o), p.d_o, delta, pr.tq, pr.hq,
                                              pr.head_dim, stream));
   const int n = static_cast<int>(plan.items.size());
-  CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_bwd<64>(p, n, stream)
-                                 : detail::launch_attention_bwd<128>(p, n, stream));
+  if (pr.hopper && pr.head_dim == 128) {
+    CAD_CUDA_TRY(detail::launch_attention_bwd_sm90(p, n, stream));
+  } else {
+    CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_bwd<64>(p, n, stream)
+                                   : detail::launch_attention_bwd<128>(p, n, stream));
+  }
   CAD_CUDA_TRY(detail::launch_f32_to_bf16(p.dq_acc, static_cast<__nv_bfloat16*>(d_q), static_cast<int64_t>(q_elems), stream));
   if (!plan.kv_exclusive) {
     CAD_CUDA_TRY(detail::launch_f32_to_bf16(p.dk_acc, p.d_k, static_cast<int64_t>(kv_elems), stream));

@@ -14,11 +14,8 @@
 
 #include "attention_internal.h"
 #include "mma_utils.cuh"
+#include "sm90_tiles.cuh"
 #include "wgmma_ops.cuh"
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define CAD_SM90_KERNEL_BODY 1
-#endif
 
 namespace cad::kernels::detail {
 
@@ -29,29 +26,6 @@ struct Fwd90Traits {
   static constexpr int kThreads = 256;
   static constexpr int kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * 2 + 1024;  // + alignment slack
 };
-
-// Element offset of (row, col) in a tile of ROWS rows stored as D/64 atoms of [ROWS][64], each
-// 128-byte row's 16-byte chunks XOR-swizzled by row % 8 (wgmma's SW128 layout; atoms 1024-aligned).
-template <int ROWS>
-__device__ __forceinline__ int atom_swizzled(int row, int col) {
-  return (col >> 6) * (ROWS * 64) + row * 64 + ((((col & 63) >> 3) ^ (row & 7)) << 3) + (col & 7);
-}
-
-template <int ROWS, int COLS, int THREADS>
-__device__ __forceinline__ void load_tile_atoms_async(__nv_bfloat16* smem, const __nv_bfloat16* src, int64_t stride,
-                                                      int valid_rows, int tid) {
-  constexpr int kChunksPerRow = COLS / 8;
-  constexpr int kChunks = ROWS * kChunksPerRow;
-  static_assert(kChunks % THREADS == 0, "tile must split evenly over the block");
-#pragma unroll
-  for (int i = 0; i < kChunks / THREADS; ++i) {
-    const int chunk = tid + i * THREADS;
-    const int row = chunk / kChunksPerRow;
-    const int col = (chunk % kChunksPerRow) * 8;
-    const bool valid = row < valid_rows;
-    cp_async_16(smem + atom_swizzled<ROWS>(row, col), valid ? src + row * stride + col : src, valid);
-  }
-}
 
 template <int D>
 __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm90_kernel(FwdParams p) {

@@ -57,6 +57,8 @@ template <int D>
 cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStream_t stream);
 template <int D>
 bool attention_fwd_sm90_loaded();
+// Hopper backward, head dim 128 only.
+cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, cudaStream_t stream);
 template <int D>
 cudaError_t launch_attention_bwd(const BwdParams& p, int num_items, cudaStream_t stream);
 

@@ -82,12 +82,12 @@ def main():
     ref16 = cudnn.get(16384)
     lines = [f"GPU: {gpu}; torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; Hq=32, Hkv=8, D=128, bf16",
              "",
-             "| case | ours fwd TFLOP/s | ours bwd TFLOP/s | cuDNN fwd TFLOP/s | cuDNN bwd TFLOP/s | fwd ratio | bwd ratio | ours fwd, mma.sync kernel |",
+             "| case | ours fwd TFLOP/s | ours bwd TFLOP/s | cuDNN fwd TFLOP/s | cuDNN bwd TFLOP/s | fwd ratio | bwd ratio | ours fwd/bwd, mma.sync kernels |",
              "|---|---|---|---|---|---|---|---|"]
     for row in ours:
         name = row["case"]
         of, ob = float(row["fwd_tflops"]), float(row["bwd_tflops"])
-        op = float(row.get("fwd_portable_tflops", 0) or 0)
+        op = f'{float(row.get("fwd_portable_tflops", 0) or 0):.0f} / {float(row.get("bwd_portable_tflops", 0) or 0):.0f}'
         ref, label = None, ""
         if name.startswith("dense_causal_"):
             n = int(name.split("_")[-1].rstrip("k")) * 1024
@@ -98,9 +98,9 @@ def main():
             cf, cb = ref[0], ref[1]
             fr = f"{of / cf:.2f}{label}"
             br = f"{ob / cb:.2f}{label}" if ob > 0 else "-"
-            lines.append(f"| {name} | {of:.0f} | {ob:.0f} | {cf:.0f} | {cb:.0f} | {fr} | {br} | {op:.0f} |")
+            lines.append(f"| {name} | {of:.0f} | {ob:.0f} | {cf:.0f} | {cb:.0f} | {fr} | {br} | {op} |")
         else:
-            lines.append(f"| {name} | {of:.0f} | {ob:.0f} | - | - | - | - | {op:.0f} |")
+            lines.append(f"| {name} | {of:.0f} | {ob:.0f} | - | - | - | - | {op} |")
     notes = ", ".join(f"{n // 1024}K: {v[2]}" for n, v in cudnn.items())
     lines += ["", f"cuDNN K/V heads: {notes}"]
     text = "\n".join(lines)

@@ -131,6 +131,7 @@ void run_case(const Case& c, int hq, int hkv, int d, int num_sms, cudaStream_t s
   const auto pplan = cad::kernels::make_forward_plan(portable, c.segments.data(), int64_t(c.segments.size()),
                                                      c.split_kv ? num_sms : 1);
   const auto bplan = cad::kernels::make_backward_plan(pr, c.segments.data(), int64_t(c.segments.size()));
+  const auto pbplan = cad::kernels::make_backward_plan(portable, c.segments.data(), int64_t(c.segments.size()));
   void* ws = nullptr;
   CHECK(cudaMalloc(&ws, std::max<size_t>(
                             std::max(std::max(fplan.workspace_bytes, pplan.workspace_bytes), bplan.workspace_bytes), 256)));
@@ -143,15 +144,19 @@ void run_case(const Case& c, int hq, int hkv, int d, int num_sms, cudaStream_t s
       [&] { CHECK(cad::kernels::attention_forward(pplan, q, k, v, o, lse, ws, stream)); }, reps, stream);
   // The backward below reads the default forward's O/LSE.
   CHECK(cad::kernels::attention_forward(fplan, q, k, v, o, lse, ws, stream));
-  double bwd_ms = 0;
+  double bwd_ms = 0, portable_bwd_ms = 0;
   if (c.backward) {
     bwd_ms = median_ms(
         [&] { CHECK(cad::kernels::attention_backward(bplan, q, k, v, o, lse, d_o, dq, dk, dv, ws, stream)); }, reps,
         stream);
+    portable_bwd_ms = median_ms(
+        [&] { CHECK(cad::kernels::attention_backward(pbplan, q, k, v, o, lse, d_o, dq, dk, dv, ws, stream)); }, reps,
+        stream);
   }
   CHECK(cudaStreamSynchronize(stream));
-  std::printf("%s,%.4f,%.4f,%.1f,%.1f,%.1f,%zu,%zu,%d\n", c.name.c_str(), fwd_ms, bwd_ms, total / fwd_ms / 1e9,
-              c.backward ? 2.5 * total / bwd_ms / 1e9 : 0.0, total / portable_ms / 1e9, fplan.items.size(),
+  std::printf("%s,%.4f,%.4f,%.1f,%.1f,%.1f,%.1f,%zu,%zu,%d\n", c.name.c_str(), fwd_ms, bwd_ms, total / fwd_ms / 1e9,
+              c.backward ? 2.5 * total / bwd_ms / 1e9 : 0.0, total / portable_ms / 1e9,
+              c.backward ? 2.5 * total / portable_bwd_ms / 1e9 : 0.0, fplan.items.size(),
               fplan.combines.size(), bplan.kv_exclusive ? 1 : 0);
   std::fflush(stdout);
   for (void* p : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(d_o), static_cast<void*>(dq),
@@ -221,7 +226,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::printf("case,fwd_ms,bwd_ms,fwd_tflops,bwd_tflops,fwd_portable_tflops,fwd_items,fwd_split_tiles,bwd_kv_exclusive\n");
+  std::printf("case,fwd_ms,bwd_ms,fwd_tflops,bwd_tflops,fwd_portable_tflops,bwd_portable_tflops,fwd_items,fwd_split_tiles,bwd_kv_exclusive\n");
   std::fprintf(stderr, "forward kernel: %s\n", cad::kernels::hopper_kernels_available() ? "wgmma (sm_90a)" : "mma.sync");
   for (const Case& c : all_cases(pretrain)) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;

@@ -1,0 +1,8 @@
+// bwd_sm90_hd128.cu -- the Hopper (wgmma) backward kernel, head dim 128; a stub in non-sm_90a passes.
+#include "attention_bwd_sm90.cuh"
+
+namespace cad::kernels::detail {
+cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, cudaStream_t stream) {
+  return launch_attention_bwd_sm90_impl(p, num_items, stream);
+}
+}  // namespace cad::kernels::detail
