@@ -2,6 +2,7 @@
 // CUDA buffers, driven through the plugin ABI alone. Run one process per GPU:
 //
 //   mpirun -np 4 build/bin/bench_nccl_all_to_all build/lib/cad/plugins/cad_nccl.so [--csv out.csv]
+//                [--config JSON] [--label NAME]
 //
 // For each total size S per rank (1 MiB .. 1 GiB) every rank sends S/world bytes to every rank
 // (itself included), as torch.distributed.all_to_all_single does with equal splits. Timing: after a
@@ -35,13 +36,14 @@ bool cuda_ok(cudaError_t e, const char* what) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s PLUGIN.so [--csv FILE] [--config JSON]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s PLUGIN.so [--csv FILE] [--config JSON] [--label NAME]\n", argv[0]);
     return 2;
   }
-  std::string csv_path, config = "{}";
+  std::string csv_path, config = "{}", label = "ours";
   for (int i = 2; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--csv") == 0) csv_path = argv[i + 1];
     if (std::strcmp(argv[i], "--config") == 0) config = argv[i + 1];
+    if (std::strcmp(argv[i], "--label") == 0) label = argv[i + 1];
   }
   void* handle = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
@@ -113,10 +115,10 @@ int main(int argc, char** argv) {
     const double algbw = static_cast<double>(bytes) / seconds / 1e9;
     const double busbw = algbw * (world - 1) / world;
     if (rank == 0) {
-      std::printf("%-6s %14llu %12.1f %12.2f %12.2f\n", "ours", static_cast<unsigned long long>(bytes), seconds * 1e6,
+      std::printf("%-6s %14llu %12.1f %12.2f %12.2f\n", label.c_str(), static_cast<unsigned long long>(bytes), seconds * 1e6,
                   algbw, busbw);
       if (csv != nullptr) {
-        std::fprintf(csv, "ours,%d,%llu,%.9f,%.3f,%.3f\n", world, static_cast<unsigned long long>(bytes), seconds,
+        std::fprintf(csv, "%s,%d,%llu,%.9f,%.3f,%.3f\n", label.c_str(), world, static_cast<unsigned long long>(bytes), seconds,
                      algbw, busbw);
       }
     }

@@ -1,7 +1,8 @@
-"""compare.py -- joins the CSVs of bench_all_to_all.cpp ("ours") and torch_all_to_all.py ("torch")
-into a markdown table with the ratio ours/torch of bus bandwidth.
+"""compare.py -- joins the CSVs of torch_all_to_all.py (the anchor) and of one or more runs of
+bench_all_to_all.cpp (labelled by their "impl" column) into one markdown table: time, algorithm
+bandwidth and bus bandwidth of each, and each run's bus-bandwidth ratio to torch.
 
-    python3 bench/nccl/compare.py ours.csv torch.csv > table.md
+    python3 bench/nccl/compare.py torch.csv ours.csv [ours_blocking.csv ...] > table.md
 """
 import csv
 import sys
@@ -9,24 +10,35 @@ import sys
 
 def load(path):
     with open(path) as f:
-        return {int(r["bytes_per_rank"]): r for r in csv.DictReader(f)}
+        rows = list(csv.DictReader(f))
+    return (rows[0]["impl"] if rows else path), {int(r["bytes_per_rank"]): r for r in rows}
 
 
 def human(n):
     return f"{n >> 30} GiB" if n >= 1 << 30 else f"{n >> 20} MiB"
 
 
+def cells(row):
+    return f"{float(row['seconds']) * 1e6:.1f} | {float(row['algbw_GBps']):.1f} | {float(row['busbw_GBps']):.1f}"
+
+
 def main():
-    ours, torch = load(sys.argv[1]), load(sys.argv[2])
-    print("| bytes per rank | ours time (us) | ours algbw (GB/s) | ours busbw (GB/s) | torch time (us) "
-          "| torch algbw (GB/s) | torch busbw (GB/s) | ours / torch |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for size in sorted(set(ours) & set(torch)):
-        o, t = ours[size], torch[size]
-        ratio = float(o["busbw_GBps"]) / float(t["busbw_GBps"])
-        print(f"| {human(size)} | {float(o['seconds']) * 1e6:.1f} | {float(o['algbw_GBps']):.1f} | "
-              f"{float(o['busbw_GBps']):.1f} | {float(t['seconds']) * 1e6:.1f} | {float(t['algbw_GBps']):.1f} | "
-              f"{float(t['busbw_GBps']):.1f} | {ratio:.3f} |")
+    anchor_name, anchor = load(sys.argv[1])
+    runs = [load(p) for p in sys.argv[2:]]
+    header = f"| bytes per rank | {anchor_name} time (us) | algbw (GB/s) | busbw (GB/s) |"
+    for name, _ in runs:
+        header += f" {name} time (us) | algbw (GB/s) | busbw (GB/s) | {name} / {anchor_name} |"
+    print(header)
+    print("|" + " ---: |" * (4 + 4 * len(runs)))
+    for size in sorted(anchor):
+        line = f"| {human(size)} | {cells(anchor[size])} |"
+        for _, rows in runs:
+            if size in rows:
+                ratio = float(rows[size]["busbw_GBps"]) / float(anchor[size]["busbw_GBps"])
+                line += f" {cells(rows[size])} | {ratio:.3f} |"
+            else:
+                line += " - | - | - | - |"
+        print(line)
 
 
 if __name__ == "__main__":

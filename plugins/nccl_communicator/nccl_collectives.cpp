@@ -1,6 +1,6 @@
 // nccl_collectives.cpp -- all_to_all_v as grouped ncclSend/ncclRecv (bytes as ncclUint8, messages
 // split into chunk_bytes pieces, which NCCL keeps in order per peer), all_gather as ncclAllGather,
-// barrier as a one-word ncclAllReduce. The message to self is a device-to-device copy on the stream.
+// barrier as a one-word ncclAllReduce.
 #include "nccl_collectives.h"
 
 #include <algorithm>
@@ -83,9 +83,10 @@ void all_to_all_v(NcclContext& ctx, const void* send, const uint64_t* send_count
   const char* send_bytes = static_cast<const char*>(send);
   char* recv_bytes = static_cast<char*>(recv);
   const uint64_t chunk = ctx.config().chunk_bytes;
+  // Self included: NCCL copies the message to self inside the same kernel as the others, so it
+  // overlaps with them (a separate cudaMemcpyAsync after the group would serialise behind it).
   ctx.comm().launch("all_to_all_v", stream, [&](ncclComm_t comm) -> ncclResult_t {
     for (int p = 0; p < world; ++p) {
-      if (p == me) continue;
       for (uint64_t done = 0; done < send_counts[p]; done += chunk) {
         const size_t n = static_cast<size_t>(std::min(chunk, send_counts[p] - done));
         const ncclResult_t r = ncclSend(send_bytes + send_displs[p] + done, n, ncclUint8, p, comm, stream);
@@ -99,12 +100,6 @@ void all_to_all_v(NcclContext& ctx, const void* send, const uint64_t* send_count
     }
     return ncclSuccess;
   });
-  // The local part: a copy on the same stream (after the group in stream order; it touches disjoint memory).
-  if (send_counts[me] > 0) {
-    check_cuda(cudaMemcpyAsync(recv_bytes + recv_displs[me], send_bytes + send_displs[me], send_counts[me],
-                               cudaMemcpyDeviceToDevice, stream),
-               "all_to_all_v: cudaMemcpyAsync of the message to self");
-  }
 }
 
 void all_gather(NcclContext& ctx, const void* send, uint64_t bytes, void* recv, cudaStream_t stream) {

@@ -15,6 +15,7 @@ NcclConfig read_config(const char* config_json, const plugin::Logger& logger) {
   config.chunk_bytes =
       static_cast<uint64_t>(reader.get_int("chunk_bytes", static_cast<int64_t>(config.chunk_bytes), 1, INT64_MAX));
   config.verify_counts = reader.get_bool("verify_counts", config.verify_counts);
+  config.blocking_comm = reader.get_bool("blocking_comm", config.blocking_comm);
   reader.finish(logger);
   return config;
 }

@@ -32,7 +32,8 @@ NcclContext::NcclContext(const cad_host_services_v1_t* services, const char* con
     }
   }
   try {
-    comm_ = std::make_unique<GuardedComm>(device_, rank_, world_size_, boot.id, config_.timeout_ms, logger_);
+    comm_ = std::make_unique<GuardedComm>(device_, rank_, world_size_, boot.id, config_.timeout_ms,
+                                          config_.blocking_comm, logger_);
   } catch (...) {
     cudaFree(barrier_word_);
     cudaFree(count_table_);

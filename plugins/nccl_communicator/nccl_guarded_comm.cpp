@@ -9,11 +9,11 @@ using plugin::fail;
 using plugin::format;
 
 GuardedComm::GuardedComm(int device, int rank, int world_size, const ncclUniqueId& id, int64_t timeout_ms,
-                         const plugin::Logger& logger)
+                         bool blocking, const plugin::Logger& logger)
     : device_(device), timeout_ms_(timeout_ms), logger_(logger) {
   DeviceScope scope(device_);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // so that a stuck peer can never block a call, and abort cannot deadlock
+  config.blocking = blocking ? 1 : 0;  // 0: a stuck peer can never block a call, and abort cannot deadlock
   ncclComm_t comm = nullptr;
   const ncclResult_t result = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
   if (result != ncclSuccess && result != ncclInProgress) {

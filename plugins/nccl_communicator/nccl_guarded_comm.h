@@ -1,6 +1,6 @@
 // nccl_guarded_comm.h -- an NCCL communicator that cannot hang its host.
 //
-// The communicator is non-blocking (ncclConfig_t.blocking = 0), so every NCCL call returns at once
+// The communicator is non-blocking (ncclConfig_t.blocking = 0) unless asked otherwise, so every NCCL call returns at once
 // and ncclCommAbort can never deadlock against a call in progress. A caller's enqueue is polled to
 // host-side completion against the deadline; then an event recorded after it on the caller's stream
 // is handed to a watchdog thread owned by this object (joined in the destructor). The watchdog
@@ -32,7 +32,8 @@ class GuardedComm {
   using Clock = std::chrono::steady_clock;
 
   // Creates the communicator (collective over the `world_size` ranks sharing `id`) on `device`.
-  GuardedComm(int device, int rank, int world_size, const ncclUniqueId& id, int64_t timeout_ms,
+  // `blocking` makes it a blocking NCCL communicator (see NcclConfig::blocking_comm).
+  GuardedComm(int device, int rank, int world_size, const ncclUniqueId& id, int64_t timeout_ms, bool blocking,
               const plugin::Logger& logger);
   ~GuardedComm();
   GuardedComm(const GuardedComm&) = delete;

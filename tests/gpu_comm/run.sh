@@ -40,19 +40,23 @@ PLUGIN="$BUILD/lib/cad/plugins/cad_nccl.so"
 
 step "conformance: mpirun -np $NGPU cad conformance cad_nccl.so"
 timeout 120 "${MPIRUN[@]}" "$BUILD/bin/cad" conformance "$PLUGIN" --verbose > "$OUT/conformance.log" 2>&1 || failed=1
-step "conformance again with the opt-in byte-count check (config verify_counts)"
-timeout 60 "${MPIRUN[@]}" "$BUILD/bin/cad" conformance "$PLUGIN" --quick --verbose --config '{"verify_counts": true}' \
-  > "$OUT/conformance_verify.log" 2>&1 || failed=1
-for f in conformance conformance_verify; do
-  echo "-- $f"; grep -E "^(FAIL|conformance:)|rank_skips|mismatched|large" "$OUT/$f.log" | sort | uniq -c
-done
+step "conformance again with the opt-in byte-count check (config verify_counts), appended to conformance.log"
+{ echo "===== --quick --config '{\"verify_counts\": true}'";
+  timeout 60 "${MPIRUN[@]}" "$BUILD/bin/cad" conformance "$PLUGIN" --quick --verbose --config '{"verify_counts": true}'; } \
+  > "$OUT/conformance_verify.tmp" 2>&1 || failed=1
+echo "-- default config"; grep -E "^(FAIL|SKIP|conformance:)|rank_skips|mismatched|large" "$OUT/conformance.log" | sort | uniq -c
+echo "-- verify_counts"; grep -E "^(FAIL|SKIP|conformance:)|rank_skips|mismatched" "$OUT/conformance_verify.tmp" | sort | uniq -c
+cat "$OUT/conformance_verify.tmp" >> "$OUT/conformance.log" && rm -f "$OUT/conformance_verify.tmp"
 
-step "bandwidth: ours (all_to_all_v through the plugin ABI)"
+step "bandwidth: ours (all_to_all_v through the plugin ABI; default non-blocking NCCL communicator)"
 timeout 90 "${MPIRUN[@]}" "$BUILD/bin/bench_nccl_all_to_all" "$PLUGIN" --csv "$OUT/ours.csv" 2>&1 | tee "$OUT/bench.log" || failed=1
+step "bandwidth: ours with config blocking_comm (a blocking NCCL communicator)"
+timeout 90 "${MPIRUN[@]}" "$BUILD/bin/bench_nccl_all_to_all" "$PLUGIN" --csv "$OUT/ours_blocking.csv" \
+  --config '{"blocking_comm": true}' --label ours_blocking 2>&1 | tee -a "$OUT/bench.log" || failed=1
 
 step "bandwidth: torch.distributed.all_to_all_single (NCCL backend)"
 timeout 120 python3 bench/nccl/torch_all_to_all.py --gpus "$NGPU" --csv "$OUT/torch.csv" 2>&1 | tee -a "$OUT/bench.log" || failed=1
 
 step "table"
-python3 bench/nccl/compare.py "$OUT/ours.csv" "$OUT/torch.csv" 2>&1 | tee "$OUT/table.md" || failed=1
+python3 bench/nccl/compare.py "$OUT/torch.csv" "$OUT/ours.csv" "$OUT/ours_blocking.csv" 2>&1 | tee "$OUT/table.md" || failed=1
 exit $failed
