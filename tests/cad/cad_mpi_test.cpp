@@ -237,7 +237,7 @@ BatchSpec spec_for(uint64_t seed) {
   BatchSpec spec;
   spec.seed = seed;
   spec.world = g_world;
-  spec.tokens_per_rank = g_world >= 8 ? 64 : 120;  // 8 ranks share 2 cores in CI: keep it small
+  spec.tokens_per_rank = g_world >= 8 ? 48 : 80;  // up to 8 ranks share 2 cores in CI: keep it small
   return spec;
 }
 
@@ -470,6 +470,7 @@ int main(int argc, char** argv) {
     options.search_path = CAD_TEST_PLUGIN_DIR;
     cad::Host host(options);
     g_host = &host;
+
     rc = RUN_ALL_TESTS();
     g_host = nullptr;
   } catch (const cad::Error& e) {
