@@ -320,6 +320,74 @@ TEST(CadMpi, KeepModeRefusesBackwardOfAnotherBatch) {
 }
 
 namespace {
+// A bf16 copy of an fp32 tensor, with its own descriptor.
+struct Bf16Tensor {
+  std::vector<int64_t> shape;
+  std::vector<uint16_t> data;
+  cad_tensor_v1_t view{};
+
+  explicit Bf16Tensor(const Tensor& t) : shape(t.shape) {
+    for (float x : t.data) data.push_back(cad_test::to_bf16(x));
+  }
+  cad_tensor_v1_t* desc() {
+    view = cad_tensor_v1_t{data.data(), {CAD_DEVICE_CPU, 0}, static_cast<int32_t>(shape.size()),
+                           {CAD_DTYPE_CODE_BFLOAT, 16, 1}, shape.data(), nullptr, 0};
+    return &view;
+  }
+  std::vector<float> floats() const {
+    std::vector<float> out;
+    for (uint16_t x : data) out.push_back(cad_test::from_bf16(x));
+    return out;
+  }
+};
+}  // namespace
+
+TEST(CadMpi, Bf16MatchesTheFp32ReferenceWithinOnePercent) {
+  GlobalBatch b = cad_test::make_batch(spec_for(14));
+  for (auto* t : {&b.q, &b.k, &b.v, &b.d_o}) {  // the oracle sees exactly the bf16 inputs
+    for (float& x : *t) x = cad_test::from_bf16(cad_test::to_bf16(x));
+  }
+  LocalCall call(b, true);
+  const Outputs want = local_slice(b, oracle(b, true, call.scale));
+  Bf16Tensor q(call.q), k(call.k), v(call.v), d_o(call.d_o), o(call.o), d_q(call.d_q), d_k(call.d_k), d_v(call.d_v);
+  const Attention a = cad_instance(balancers().back(), false);  // resend mode: bf16 Q/K/V/O travel twice
+
+  cad_attention_forward_args_v1_t fwd{};
+  fwd.struct_size = sizeof(fwd);
+  fwd.pieces = call.pieces.data();
+  fwd.num_pieces = static_cast<int64_t>(call.pieces.size());
+  fwd.softmax_scale = call.scale;
+  fwd.causal = 1;
+  fwd.q = q.desc();
+  fwd.k = k.desc();
+  fwd.v = v.desc();
+  fwd.o = o.desc();
+  fwd.lse = call.lse.desc();
+  ASSERT_EQ(a.table->forward(a.ctx, &fwd), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  cad_attention_backward_args_v1_t bwd{};
+  bwd.struct_size = sizeof(bwd);
+  bwd.pieces = fwd.pieces;
+  bwd.num_pieces = fwd.num_pieces;
+  bwd.softmax_scale = call.scale;
+  bwd.causal = 1;
+  bwd.q = q.desc();
+  bwd.k = k.desc();
+  bwd.v = v.desc();
+  bwd.o = o.desc();
+  bwd.lse = call.lse.desc();
+  bwd.d_o = d_o.desc();
+  bwd.d_q = d_q.desc();
+  bwd.d_k = d_k.desc();
+  bwd.d_v = d_v.desc();
+  ASSERT_EQ(a.table->backward(a.ctx, &bwd), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  expect_close(o.floats(), want.o, "o (bf16)", 1e-2);
+  expect_close(call.lse.data, want.lse, "lse (bf16 inputs)", 1e-2);
+  expect_close(d_q.floats(), want.d_q, "d_q (bf16)", 1e-2);
+  expect_close(d_k.floats(), want.d_k, "d_k (bf16)", 1e-2);
+  expect_close(d_v.floats(), want.d_v, "d_v (bf16)", 1e-2);
+}
+
+namespace {
 struct BadCase {
   const char* name;
   const char* expected;  // a part of the message every rank must get

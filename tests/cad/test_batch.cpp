@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 
@@ -109,6 +110,20 @@ std::vector<float> take_columns(const std::vector<float>& global, int64_t heads,
     for (size_t c = 0; c < cols.size(); ++c) out[static_cast<size_t>(h) * cols.size() + c] = global[static_cast<size_t>(h * total + cols[c])];
   }
   return out;
+}
+
+uint16_t to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // finite inputs only (the tests' values are in [-1, 1])
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float from_bf16(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float x;
+  std::memcpy(&x, &wide, 4);
+  return x;
 }
 
 double relative_error(const std::vector<float>& a, const std::vector<float>& b) {

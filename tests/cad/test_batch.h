@@ -46,6 +46,10 @@ std::vector<float> take_rows(const std::vector<float>& global, int64_t width, co
 std::vector<float> take_columns(const std::vector<float>& global, int64_t heads, int64_t total,
                                 const std::vector<int64_t>& cols);
 
+// bf16 (round to nearest even) <-> fp32, for the bf16 tests.
+uint16_t to_bf16(float x);
+float from_bf16(uint16_t bits);
+
 // max|a - b| / max(max|b|, tiny): the relative error the project uses for fp32 comparisons.
 double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 
