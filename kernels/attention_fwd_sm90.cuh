@@ -65,7 +65,11 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
   float o_acc[D / 2];  // wgmma m64nD accumulator: [n8 block][4]
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};
+  // With a positive scale the running max is kept on raw scores and the scale folds into the
+  // exponent's FMA (one instruction less per score); otherwise scores are scaled first.
+  const bool fold_scale = p.scale_log2 > 0.f;
+  const float scale_eff = fold_scale ? p.scale_log2 : 1.f;
+  float row_max[2] = {-INFINITY, -INFINITY};  // in the units of the (raw or pre-scaled) scores
   float row_sum[2] = {0.f, 0.f};
   const int row0 = item.q_index + warp * 16 + g;
   const int warp_first_row = item.q_index + warp * 16;
@@ -108,7 +112,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
     for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = s[nt * 4 + e] * p.scale_log2;
+        float x = fold_scale ? s[nt * 4 + e] : s[nt * 4 + e] * p.scale_log2;
         if (need_mask) {
           const int col = key0 + nt * 8 + 2 * t + (e & 1);
           const int row = row0 + (e >> 1) * 8;
@@ -124,14 +128,14 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
       for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
       mx = warp_quad_max(mx);
       const float m_new = fmaxf(row_max[r], mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = fast_exp2(row_max[r] - m_use);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new * scale_eff;  // in base-2 units
+      const float alpha = fast_exp2(fmaf(row_max[r], scale_eff, -m_use));
       row_max[r] = m_new;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) {
-        s[nt * 4 + 2 * r] = fast_exp2(s[nt * 4 + 2 * r] - m_use);
-        s[nt * 4 + 2 * r + 1] = fast_exp2(s[nt * 4 + 2 * r + 1] - m_use);
+        s[nt * 4 + 2 * r] = fast_exp2(fmaf(s[nt * 4 + 2 * r], scale_eff, -m_use));
+        s[nt * 4 + 2 * r + 1] = fast_exp2(fmaf(s[nt * 4 + 2 * r + 1], scale_eff, -m_use));
         sum += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
       }
       row_sum[r] = row_sum[r] * alpha + sum;
@@ -173,7 +177,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
   for (int r = 0; r < 2; ++r) {
     const float total = warp_quad_sum(row_sum[r]);
     const float inv = total > 0.f ? 1.f / total : 0.f;
-    const float lse = total > 0.f ? row_max[r] * kLn2 + logf(total) : -INFINITY;
+    const float lse = total > 0.f ? row_max[r] * scale_eff * kLn2 + logf(total) : -INFINITY;
     const int local_row = warp * 16 + g + r * 8;
     if (local_row >= item.q_rows) continue;
     if (item.partial_slot < 0) {
