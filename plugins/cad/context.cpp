@@ -103,9 +103,12 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   accepts.dtype_mask = server.caps.dtype_mask & (CAD_ATTENTION_DTYPE_FP32 | CAD_ATTENTION_DTYPE_BF16);
   accepts.flags = server.caps.flags;
   accepts.max_head_dim = server.caps.max_head_dim;
-  logger.info(format("rank %d of %d: communicator '%s', balancer '%s', server backend '%s', keep_forward_tensors %s",
-                     comm->rank(), comm->world(), config.communicator.c_str(), config.balancer.c_str(),
-                     config.server_backend.c_str(), config.keep_forward_tensors ? "true" : "false"));
+  // One line per job is enough at info level; the other ranks say it at debug level.
+  const std::string summary =
+      format("rank %d of %d: communicator '%s', balancer '%s', server backend '%s', keep_forward_tensors %s",
+             comm->rank(), comm->world(), config.communicator.c_str(), config.balancer.c_str(),
+             config.server_backend.c_str(), config.keep_forward_tensors ? "true" : "false");
+  logger.log(comm->rank() == 0 ? CAD_LOG_INFO : CAD_LOG_DEBUG, summary);
 }
 
 cad_attention_capabilities_v1_t cad_capabilities(const CadContext& ctx) {
