@@ -111,8 +111,7 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
   std::vector<std::byte> server_d_q = rows_buffer(batch.q_rows, q_bytes);
   std::vector<std::byte> server_d_k = rows_buffer(batch.kv_rows, kv_bytes);
   std::vector<std::byte> server_d_v = rows_buffer(batch.kv_rows, kv_bytes);
-  Stopwatch compute;
-  run_on_server(ctx, "server backend backward", [&]() -> cad_status_t {
+  run_on_server(ctx, "server backend backward", stats, [&]() -> cad_status_t {
     if (batch.q_rows == 0) return CAD_STATUS_OK;
     // The server backend only reads its inputs; the descriptors are non-const by type only.
     auto mut = [](const std::vector<std::byte>& b) { return const_cast<std::byte*>(b.data()); };
@@ -142,7 +141,6 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
     server_args.d_v = d_v.get();
     return ctx.server.table->backward(ctx.server.instance, &server_args);
   });
-  stats.compute_ms = compute.lap_ms();
 
   // 3. dQ to the query owners (each row from exactly one server); dK/dV partial sums to the key/value
   // owners, added up in server order so that the result does not depend on arrival order.

@@ -1,6 +1,8 @@
 // data_path.cpp -- see data_path.h.
 #include "data_path.h"
 
+#include <ctime>
+
 namespace cad::cad_plugin {
 
 TensorView::TensorView(void* data, std::vector<int64_t> shape, bool bf16) : shape_(std::move(shape)) {
@@ -11,6 +13,19 @@ TensorView::TensorView(void* data, std::vector<int64_t> shape, bool bf16) : shap
   tensor_.shape = shape_.data();
   tensor_.strides = nullptr;
   tensor_.byte_offset = 0;
+}
+
+double CpuStopwatch::now_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
+double CpuStopwatch::lap_ms() {
+  const double now = now_ms();
+  const double ms = now - start_ms_;
+  start_ms_ = now;
+  return ms;
 }
 
 Part rows(RunSet runs, void* data, int64_t row_bytes) {

@@ -43,6 +43,17 @@ class Stopwatch {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
+// CPU time of the whole process (all its threads): what a CPU server backend spends, independent of
+// how many other processes share the cores.
+class CpuStopwatch {
+ public:
+  double lap_ms();
+
+ private:
+  double start_ms_ = now_ms();
+  static double now_ms();
+};
+
 // One exchange between owners and servers; adds its times and bytes (to and from other ranks) to
 // `stats`.
 void exchange(Comm& comm, const Layout& layout, Direction direction, const std::vector<Part>& send,
@@ -54,10 +65,14 @@ Part lse_columns(void* data, int64_t heads, int64_t rows);
 
 // Runs `call` (a server backend forward/backward) and then agrees across ranks on its outcome, so
 // that a failing server makes every rank fail (naming that rank) instead of leaving peers waiting.
+// The call's time goes to stats.compute_ms / compute_cpu_ms, the agreement's (waiting for the slowest
+// server) to stats.wait_ms.
 template <class Call>
-void run_on_server(CadContext& ctx, const char* what, Call&& call) {
+void run_on_server(CadContext& ctx, const char* what, CallStats& stats, Call&& call) {
   cad_status_t status = CAD_STATUS_OK;
   std::string message;
+  Stopwatch wall;
+  CpuStopwatch cpu;
   try {
     status = call();
     if (status != CAD_STATUS_OK) {
@@ -70,7 +85,10 @@ void run_on_server(CadContext& ctx, const char* what, Call&& call) {
     status = CAD_STATUS_OUT_OF_MEMORY;
     message = "out of memory";
   }
+  stats.compute_ms += wall.lap_ms();
+  stats.compute_cpu_ms += cpu.lap_ms();
   agree(*ctx.comm, status, message, what);
+  stats.wait_ms += wall.lap_ms();
 }
 
 // Byte vectors sized for server-batch tensors.

@@ -48,8 +48,7 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
   // 2. The server batch: one varlen call; segments of one document share its KV prefix.
   server.o = rows_buffer(batch.q_rows, q_bytes);
   server.lse.assign(static_cast<size_t>(batch.q_rows * shape.num_q_heads), 0.0f);
-  Stopwatch compute;
-  run_on_server(ctx, "server backend forward", [&]() -> cad_status_t {
+  run_on_server(ctx, "server backend forward", stats, [&]() -> cad_status_t {
     if (batch.q_rows == 0) return CAD_STATUS_OK;  // nothing to serve
     TensorView q(server.q.data(), {batch.q_rows, shape.num_q_heads, shape.head_dim}, shape.bf16);
     TensorView k(server.k.data(), {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16);
@@ -69,7 +68,6 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
     server_args.lse = lse.get();
     return ctx.server.table->forward(ctx.server.instance, &server_args);
   });
-  stats.compute_ms = compute.lap_ms();
 
   // 3. O and LSE back to the owners. The plan covers every token exactly once, so every row of the
   // host's O and every column of its LSE is written.

@@ -63,6 +63,8 @@ nlohmann::json call_json(const CallStats& c) {
           {"pack_ms", c.pack_ms},
           {"exchange_ms", c.exchange_ms},
           {"compute_ms", c.compute_ms},
+          {"compute_cpu_ms", c.compute_cpu_ms},
+          {"wait_ms", c.wait_ms},
           {"unpack_ms", c.unpack_ms},
           {"total_ms", c.total_ms},
           {"bytes_sent", c.bytes_sent},
@@ -85,9 +87,9 @@ std::string stats_json(const Stats& stats) {
 }
 
 std::string stats_line(const char* phase, const CallStats& c, int32_t rank) {
-  return plugin::format("%s rank %d: plan %.3f ms, pack %.3f ms, exchange %.3f ms, compute %.3f ms, unpack %.3f ms, "
+  return plugin::format("%s rank %d: plan %.3f ms, pack %.3f ms, exchange %.3f ms, compute %.3f ms, wait %.3f ms, unpack %.3f ms, "
                         "total %.3f ms; sent %llu B, received %llu B; server cost max/mean %.3f",
-                        phase, rank, c.plan_ms, c.pack_ms, c.exchange_ms, c.compute_ms, c.unpack_ms, c.total_ms,
+                        phase, rank, c.plan_ms, c.pack_ms, c.exchange_ms, c.compute_ms, c.wait_ms, c.unpack_ms, c.total_ms,
                         static_cast<unsigned long long>(c.bytes_sent), static_cast<unsigned long long>(c.bytes_received),
                         c.imbalance);
 }

@@ -25,6 +25,8 @@ struct CallStats {
   bool valid = false;
   bool replanned = false;  // backward: false when it reused the last forward's plan
   double plan_ms = 0.0, pack_ms = 0.0, exchange_ms = 0.0, compute_ms = 0.0, unpack_ms = 0.0, total_ms = 0.0;
+  double compute_cpu_ms = 0.0;  // process CPU time of the server backend call
+  double wait_ms = 0.0;         // after computing, waiting for every server to finish (imbalance shows here)
   std::vector<ServerWork> servers;
   uint64_t bytes_sent = 0, bytes_received = 0;  // this rank, all exchanges of the call
   std::vector<uint64_t> bytes_sent_by_rank, bytes_received_by_rank;
