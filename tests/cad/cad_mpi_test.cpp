@@ -506,6 +506,85 @@ TEST(CadMpi, StatsCountTheWorkAndTheBytes) {
 }
 
 namespace {
+// Builds a stack whose CAD instance has `cad_config`; returns the host's error (status + message).
+std::pair<cad_status_t, std::string> create_stack(const nlohmann::json& cad_config) {
+  nlohmann::json instances = nlohmann::json::array();
+  instances.push_back({{"name", "comm"}, {"plugin", "mpi"}, {"config", nlohmann::json::object()}});
+  instances.push_back({{"name", "server"}, {"plugin", "reference"}, {"config", nlohmann::json::object()}});
+  instances.push_back({{"name", "bal"}, {"plugin", balancers().front()}, {"config", nlohmann::json::object()}});
+  instances.push_back({{"name", "cad"}, {"plugin", "cad"}, {"config", cad_config}});
+  const std::string config = nlohmann::json{{"log_level", "error"}, {"instances", instances}}.dump();
+  cad_host_options_v1_t options{};
+  options.struct_size = sizeof(options);
+  options.config_json = config.c_str();
+  options.search_path = CAD_TEST_PLUGIN_DIR;
+  try {
+    cad::Host host(options);
+    return {CAD_STATUS_OK, ""};
+  } catch (const cad::Error& e) {
+    return {e.status(), e.what()};
+  }
+}
+}  // namespace
+
+TEST(CadMpi, CreateNamesTheMissingInstanceOrBadKey) {
+  const nlohmann::json good = {{"communicator", "comm"}, {"balancer", "bal"}, {"server_backend", "server"}};
+  EXPECT_EQ(create_stack(good).first, CAD_STATUS_OK) << create_stack(good).second;
+  {
+    nlohmann::json c = good;
+    c["balancer"] = "nope";
+    const auto [status, message] = create_stack(c);
+    EXPECT_EQ(status, CAD_STATUS_NOT_FOUND) << message;
+    EXPECT_NE(message.find("no balancer instance named 'nope'"), std::string::npos) << message;
+  }
+  {
+    nlohmann::json c = good;
+    c["server_backend"] = "comm";  // exists, but is a communicator, not an attention backend
+    const auto [status, message] = create_stack(c);
+    EXPECT_EQ(status, CAD_STATUS_NOT_FOUND) << message;
+    EXPECT_NE(message.find("no attention instance named 'comm'"), std::string::npos) << message;
+  }
+  {
+    nlohmann::json c = good;
+    c.erase("communicator");
+    const auto [status, message] = create_stack(c);
+    EXPECT_EQ(status, CAD_STATUS_INVALID_CONFIG) << message;
+    EXPECT_NE(message.find("key 'communicator' is missing"), std::string::npos) << message;
+  }
+  {
+    nlohmann::json c = good;
+    c["min_shard_tokens"] = -1;
+    const auto [status, message] = create_stack(c);
+    EXPECT_EQ(status, CAD_STATUS_INVALID_CONFIG) << message;
+    EXPECT_NE(message.find("key 'min_shard_tokens'"), std::string::npos) << message;
+  }
+  {
+    nlohmann::json c = good;
+    c["keep_forward_tensors"] = "yes";
+    const auto [status, message] = create_stack(c);
+    EXPECT_EQ(status, CAD_STATUS_INVALID_CONFIG) << message;
+    EXPECT_NE(message.find("key 'keep_forward_tensors'"), std::string::npos) << message;
+  }
+}
+
+TEST(CadMpi, CapabilitiesAreTheServerBackendsPlusPieces) {
+  const Attention a = cad_instance(balancers().front(), true);
+  const auto server = g_host->find<cad_attention_v1_t>("server", CAD_PLUGIN_KIND_ATTENTION);
+  cad_attention_capabilities_v1_t mine{}, theirs{};
+  mine.struct_size = theirs.struct_size = sizeof(mine);
+  ASSERT_EQ(a.table->get_capabilities(a.ctx, &mine), CAD_STATUS_OK);
+  ASSERT_EQ(server.first->get_capabilities(server.second, &theirs), CAD_STATUS_OK);
+  EXPECT_TRUE(mine.flags & CAD_ATTENTION_CAP_PIECES);
+  EXPECT_FALSE(mine.flags & CAD_ATTENTION_CAP_SHARED_KV);  // CAD takes pieces, not segments
+  const uint32_t passed_on = CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL | CAD_ATTENTION_CAP_GQA |
+                             CAD_ATTENTION_CAP_BACKWARD;
+  EXPECT_EQ(mine.flags & passed_on, theirs.flags & passed_on);
+  EXPECT_EQ(mine.dtype_mask, theirs.dtype_mask);
+  EXPECT_EQ(mine.device_type, theirs.device_type);
+  EXPECT_EQ(mine.max_head_dim, theirs.max_head_dim);
+}
+
+namespace {
 // Ranks other than 0 print only their failures, prefixed with the rank.
 class FailurePrinter : public ::testing::EmptyTestEventListener {
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
