@@ -62,6 +62,14 @@ std::string stack_config() {
                              {"min_shard_tokens", 8}}}});
     }
   }
+  // A server may receive at most 1 byte: any plan that moves data is refused by the balancer.
+  instances.push_back({{"name", "cad_capped"},
+                       {"plugin", "cad"},
+                       {"config",
+                        {{"communicator", "comm"},
+                         {"balancer", "bal_" + balancers().back()},
+                         {"server_backend", "server"},
+                         {"memory_cap_bytes", 1}}}});
   return nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
 }
 
@@ -503,6 +511,48 @@ TEST(CadMpi, StatsCountTheWorkAndTheBytes) {
     EXPECT_EQ(sent, 0u);
   }
   EXPECT_FALSE(stats.contains("backward"));
+}
+
+TEST(CadMpi, ResultsAreBitwiseReproducibleAndIndependentOfKeepMode) {
+  // dK/dV sum the servers' partial results in server order, so repeating a step, or re-sending the
+  // forward tensors instead of keeping them, gives identical bits.
+  const GlobalBatch b = cad_test::make_batch(spec_for(15));
+  std::vector<std::vector<float>> runs;
+  for (bool keep : {true, true, false}) {
+    LocalCall call(b, true);
+    const Attention a = cad_instance(balancers().back(), keep);
+    ASSERT_EQ(call.forward(a), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+    ASSERT_EQ(call.backward(a), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+    std::vector<float> all = call.o.data;
+    for (const auto* t : {&call.lse.data, &call.d_q.data, &call.d_k.data, &call.d_v.data}) {
+      all.insert(all.end(), t->begin(), t->end());
+    }
+    runs.push_back(all);
+  }
+  EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float))) << "rank " << g_rank;
+  EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[2].data(), runs[0].size() * sizeof(float))) << "rank " << g_rank;
+}
+
+TEST(CadMpi, MemoryCapRefusalReachesEveryRank) {
+  const GlobalBatch b = cad_test::make_batch(spec_for(16));
+  std::map<int64_t, std::set<size_t>> ranks_of;  // does some document live on two ranks?
+  for (size_t r = 0; r < b.pieces.size(); ++r) {
+    for (const auto& p : b.pieces[r]) ranks_of[p.doc_id].insert(r);
+  }
+  bool moves_data = false;
+  for (const auto& entry : ranks_of) moves_data = moves_data || entry.second.size() > 1;
+  const auto capped = g_host->find<cad_attention_v1_t>("cad_capped", CAD_PLUGIN_KIND_ATTENTION);
+  const Attention a{capped.first, capped.second};
+  LocalCall call(b, true);
+  const cad_status_t status = call.forward(a);
+  const std::string message = a.table->last_error(a.ctx);
+  // A host-split document needs another rank's K/V on some server, which the cap forbids; without
+  // one, balancing may still want to move work (refused) or not (accepted).
+  if (moves_data || status != CAD_STATUS_OK) {
+    EXPECT_EQ(status, CAD_STATUS_UNSUPPORTED) << message;
+    EXPECT_NE(message.find("memory_cap_bytes"), std::string::npos) << message;
+  }
+  EXPECT_TRUE(same_on_every_rank(std::to_string(status) + " " + message)) << "rank " << g_rank << ": " << message;
 }
 
 namespace {
