@@ -38,8 +38,13 @@ class HostMemory : public Memory {
     return p;
   }
   void release(void* ptr) override { std::free(ptr); }
-  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  // Empty tensors come with a NULL host vector: memcpy must not see it, even for 0 bytes.
+  void upload(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
   void synchronize() override {}
 };
 
