@@ -69,7 +69,7 @@ log "tests (normal build)"
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 300
 if [ "${CAD_SKIP_ASAN:-0}" != 1 ]; then
   build build-asan -DCAD_ENABLE_CUDA=OFF -DCAD_SANITIZE=address,undefined
-  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_odr_violation=0"
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_odr_violation=0:fast_unwind_on_malloc=0"
   export LSAN_OPTIONS="suppressions=$PWD/.ci/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   log "tests (AddressSanitizer + UndefinedBehaviorSanitizer build)"
