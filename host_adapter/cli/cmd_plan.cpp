@@ -4,6 +4,8 @@
 // server before and after, max/mean imbalance, bytes moved (total, per server, per link) and plan time.
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>

@@ -13,6 +13,8 @@
 // minimum-size shard sheds again in the next round.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <set>
 
 #include "balancer_support.h"

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
 
 #include "balancer_harness.h"
 #include "plugin_paths.h"
