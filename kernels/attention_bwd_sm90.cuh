@@ -185,19 +185,14 @@ __global__ void __launch_bounds__(Bwd90Traits::kThreads, 1) attention_bwd_sm90_k
     fence_registers(dq);
     fence_registers(dk);
     fence_registers(dv);
-    // One 16-byte atomic per 4 columns: lanes t and t^1 trade pairs so that the even lane holds
-    // row g, columns 2t..2t+3, and the odd lane row g+8, columns 2(t-1)..2(t-1)+3.
-    const bool odd = (t & 1) != 0;
-    const int q = q0 + (warp % 4) * 16 + g + (odd ? 8 : 0);
-    float* dst = p.dq_acc + (item.q_row + q) * q_stride + h * D + wg * 64 + 2 * (t & ~1);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const float a0 = dq[nt * 4 + 0] * p.scale, a1 = dq[nt * 4 + 1] * p.scale;  // row g
-      const float b0 = dq[nt * 4 + 2] * p.scale, b1 = dq[nt * 4 + 3] * p.scale;  // row g + 8
-      const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
-      const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
-      if (q < item.q_len) {
-        atomicAdd(reinterpret_cast<float4*>(dst + nt * 8), odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1));
+    for (int r = 0; r < 2; ++r) {
+      const int q = q0 + (warp % 4) * 16 + g + r * 8;
+      if (q >= item.q_len) continue;
+      float* dst = p.dq_acc + (item.q_row + q) * q_stride + h * D + wg * 64 + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        atomic_add_pair(dst + nt * 8, dq[nt * 4 + 2 * r] * p.scale, dq[nt * 4 + 2 * r + 1] * p.scale);
       }
     }
   }
