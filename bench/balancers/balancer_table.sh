@@ -9,7 +9,7 @@
 #                                                           as good), with the bytes saved
 set -euo pipefail
 cad=${1:-build/bin/cad}
-dist=${2:-/work/shared/data/doclen_pretrain.json}
+dist=${2:-$(cd "$(dirname "$0")/../.." && pwd)/../shared/data/doclen_pretrain.json}
 mode=${3:-defaults}
 
 # Prints "name before after GiB plan_ms" for each balancer row of a `cad plan` text report.

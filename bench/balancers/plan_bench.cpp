@@ -30,7 +30,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dist = "/work/shared/data/doclen_pretrain.json";
+  std::string dist = "../shared/data/doclen_pretrain.json";  // the shared folder beside the checkout
   std::vector<int64_t> ranks_list = {4, 8, 32, 64}, contexts = {65536, 131072, 262144, 524288};
   int seeds = 1, repeat = 1;
   int64_t min_shard = 128;
