@@ -529,8 +529,11 @@ TEST(CadMpi, ResultsAreBitwiseReproducibleAndIndependentOfKeepMode) {
     }
     runs.push_back(all);
   }
-  EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float))) << "rank " << g_rank;
-  EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[2].data(), runs[0].size() * sizeof(float))) << "rank " << g_rank;
+  const auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+  };
+  EXPECT_TRUE(same_bits(runs[0], runs[1])) << "rank " << g_rank << ": a repeated step differs";
+  EXPECT_TRUE(same_bits(runs[0], runs[2])) << "rank " << g_rank << ": keep and resend modes differ";
 }
 
 TEST(CadMpi, MemoryCapRefusalReachesEveryRank) {
