@@ -1,0 +1,161 @@
+// plan_test.cpp -- the host-side work lists of the CUDA kernels (kernels/attention_plan.cpp), checked on
+// the CPU: every query row of every segment is computed exactly once with exactly the keys it may see,
+// KV splits partition the range, backward tiles cover every read key once per segment, shared KV is
+// detected, and the workspace regions do not overlap. Needs no GPU (runs in CI where CUDA is enabled).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "cad_kernels.h"
+
+namespace cad::kernels {
+namespace {
+
+std::vector<Segment> random_segments(std::mt19937_64& rng, bool causal, int64_t* tq, int64_t* tk, bool share) {
+  std::vector<Segment> segs;
+  *tq = *tk = 0;
+  std::uniform_int_distribution<int64_t> len(1, 3000), gap(0, 40);
+  for (int i = 0; i < 20; ++i) {
+    *tq += gap(rng);
+    const int64_t q = len(rng);
+    int64_t kv = causal ? q + len(rng) : len(rng);
+    int64_t kv_offset = *tk + gap(rng);
+    if (share && i % 3 == 1) {  // a second task of the previous document: a prefix of its KV
+      kv_offset = segs.back().kv_offset;
+      kv = std::max(q, segs.back().kv_len / 2);
+    } else {
+      *tk = kv_offset + kv;
+    }
+    segs.push_back({*tq, q, kv_offset, kv});
+    *tq += q;
+  }
+  *tq += 7;
+  *tk += 5;
+  return segs;
+}
+
+class PlanTest : public ::testing::TestWithParam<std::tuple<bool, bool, int, bool>> {};
+
+TEST_P(PlanTest, ForwardCoversEveryQueryOnceWithItsKeys) {
+  const auto [causal, hopper, num_sms, share] = GetParam();
+  std::mt19937_64 rng(causal * 7 + hopper * 3 + num_sms + share);
+  AttentionProblem pr;
+  pr.hq = 8;
+  pr.hkv = 2;
+  pr.head_dim = 128;
+  pr.causal = causal;
+  pr.hopper = hopper;
+  const std::vector<Segment> segs = random_segments(rng, causal, &pr.tq, &pr.tk, share);
+  const ForwardPlan plan = make_forward_plan(pr, segs.data(), int64_t(segs.size()), num_sms);
+  EXPECT_EQ(plan.block_m, hopper ? kFwdBlockM90 : kFwdBlockM);
+
+  // Keys seen per query row: [kv_begin, kv_end) pieces collected from every item.
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> seen;
+  std::vector<int> slot_used(static_cast<size_t>(plan.num_slots), 0);
+  for (const FwdItem& it : plan.items) {
+    ASSERT_GT(it.q_rows, 0);
+    ASSERT_LE(it.q_rows, plan.block_m);
+    if (it.partial_slot >= 0) slot_used.at(static_cast<size_t>(it.partial_slot))++;
+    for (int r = 0; r < it.q_rows; ++r) seen[it.q_row + r].push_back({it.kv_begin, it.kv_end});
+  }
+  for (int used : slot_used) EXPECT_EQ(used, 1);
+  int64_t covered = 0;
+  for (const Segment& s : segs) {
+    for (int64_t i = 0; i < s.q_len; ++i) {
+      auto ranges = seen[s.q_offset + i];
+      std::sort(ranges.begin(), ranges.end());
+      // The ranges must tile [0, end) without overlap, end >= the last key this query may see.
+      int64_t at = 0;
+      for (auto [b, e] : ranges) {
+        ASSERT_EQ(b, at) << "query " << i << " of segment at " << s.q_offset;
+        at = e;
+      }
+      const int64_t must_see = causal ? i + s.kv_len - s.q_len + 1 : s.kv_len;
+      EXPECT_GE(at, must_see);
+      EXPECT_LE(at, s.kv_len);
+      ++covered;
+    }
+  }
+  int64_t uncovered = 0;
+  for (const RowRange& r : plan.uncovered) uncovered += r.end - r.begin;
+  EXPECT_EQ(covered + uncovered, pr.tq);
+  // Splits happen only when the GPU would otherwise be short of work, and every split tile is merged.
+  int64_t split_items = 0;
+  for (const FwdItem& it : plan.items) split_items += it.partial_slot >= 0;
+  int64_t merged = 0;
+  for (const CombineItem& c : plan.combines) merged += c.num_slots;
+  EXPECT_EQ(split_items, merged);
+  // Workspace regions in order, aligned, inside the buffer.
+  const std::vector<size_t> offsets = {plan.items_offset, plan.combines_offset, plan.uncovered_offset,
+                                       plan.partial_o_offset, plan.partial_lse_offset, plan.workspace_bytes};
+  EXPECT_TRUE(std::is_sorted(offsets.begin(), offsets.end()));
+  for (size_t o : offsets) EXPECT_EQ(o % 256, 0u);
+  EXPECT_GE(plan.combines_offset - plan.items_offset, plan.items.size() * sizeof(FwdItem));
+}
+
+TEST_P(PlanTest, BackwardTilesEveryReadKeyOncePerSegment) {
+  const auto [causal, hopper, num_sms, share] = GetParam();
+  (void)num_sms;
+  std::mt19937_64 rng(causal * 5 + hopper + share * 11);
+  AttentionProblem pr;
+  pr.hq = 4;
+  pr.hkv = 4;
+  pr.head_dim = hopper ? 128 : 64;
+  pr.causal = causal;
+  pr.hopper = hopper;
+  const std::vector<Segment> segs = random_segments(rng, causal, &pr.tq, &pr.tk, share);
+  const BackwardPlan plan = make_backward_plan(pr, segs.data(), int64_t(segs.size()));
+  EXPECT_EQ(plan.kv_exclusive, !share);
+  std::map<std::pair<int64_t, int64_t>, int64_t> keys;  // (kv_row of segment, q_row) -> keys covered
+  for (const BwdItem& it : plan.items) {
+    ASSERT_GT(it.kv_rows, 0);
+    ASSERT_LE(it.kv_rows, bwd_block_n(pr.head_dim));
+    ASSERT_GE(it.q_begin, 0);
+    ASSERT_LE(it.q_begin, it.q_len);
+    if (causal) {  // the query before q_begin sees none of the tile's keys; q_begin sees its first key
+      if (it.q_begin > 0) {
+        EXPECT_LT(it.q_begin - 1 + it.causal_offset, it.kv_begin);
+      }
+      if (it.q_begin < it.q_len) {
+        EXPECT_LE(it.kv_begin, it.q_begin + it.causal_offset);
+      }
+    } else {
+      EXPECT_EQ(it.q_begin, 0);
+    }
+    keys[{it.kv_row, it.q_row}] += it.kv_rows;
+  }
+  for (const Segment& s : segs) EXPECT_EQ((keys[{s.kv_offset, s.q_offset}]), s.kv_len);
+  if (plan.kv_exclusive) {
+    int64_t unread = 0, read = 0;
+    for (const RowRange& r : plan.unread_kv) unread += r.end - r.begin;
+    for (const Segment& s : segs) read += s.kv_len;
+    EXPECT_EQ(unread + read, pr.tk);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CudaPlan, PlanTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Values(1, 132),
+                                            ::testing::Bool()));
+
+TEST(CudaPlanEmpty, EmptyBatchLeavesEveryRowUncovered) {
+  AttentionProblem pr;
+  pr.tq = 100;
+  pr.tk = 50;
+  pr.hq = pr.hkv = 2;
+  pr.head_dim = 64;
+  const ForwardPlan f = make_forward_plan(pr, nullptr, 0, 132);
+  EXPECT_TRUE(f.items.empty());
+  ASSERT_EQ(f.uncovered.size(), 1u);
+  EXPECT_EQ(f.uncovered[0].begin, 0);
+  EXPECT_EQ(f.uncovered[0].end, 100);
+  const BackwardPlan b = make_backward_plan(pr, nullptr, 0);
+  EXPECT_TRUE(b.items.empty());
+  ASSERT_EQ(b.unread_kv.size(), 1u);
+  EXPECT_EQ(b.unread_kv[0].end, 50);
+}
+
+}  // namespace
+}  // namespace cad::kernels
