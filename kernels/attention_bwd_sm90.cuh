@@ -85,15 +85,16 @@ __global__ void __launch_bounds__(Bwd90Traits::kThreads, 1) attention_bwd_sm90_k
 
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it & 1;
+    cp_async_wait<0>();  // step it (the only copy in flight) has landed
+    fence_proxy_async_smem();
+    // Step it is visible to every warp, and both warpgroups have waited for all their wgmma of step
+    // it-1 (the dV/dK products of one warpgroup may still run when the other passes the dS barrier),
+    // so only now may buffer buf^1 be refilled.
+    __syncthreads();
     if (it + 1 < n_iter) {
       issue(it + 1, buf ^ 1);
       cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
-    fence_proxy_async_smem();
-    __syncthreads();
     const int h = kv_head * p.group + it / n_qt;
     const int q0 = item.q_begin + (it % n_qt) * BM;
     const uint32_t q_buf = q_addr + buf * BM * D * 2, do_buf = do_addr + buf * BM * D * 2;

@@ -75,18 +75,18 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
   const int warp_first_row = item.q_index + warp * 16;
 
   for (int j = 0; j < n_blocks; ++j) {
+    cp_async_wait<0>();        // tile j (the only copy in flight) has landed
+    fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    // One barrier per tile: tile j is visible to every warp, and every warpgroup has finished tile j-1,
+    // so its buffer can take tile j+1 while tile j is computed.
+    __syncthreads();
     if (j + 1 < n_blocks) {
       const int next = (j + 1) & 1;
       const int64_t off = static_cast<int64_t>(j + 1) * BN * kv_stride;
       load_tile_atoms_async<BN, D, NT>(sK + next * BN * D, gK + off, kv_stride, n_keys - (j + 1) * BN, tid);
       load_tile_atoms_async<BN, D, NT>(sV + next * BN * D, gV + off, kv_stride, n_keys - (j + 1) * BN, tid);
       cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
-    fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    __syncthreads();
     const uint32_t k_buf = k_addr + (j & 1) * BN * D * 2, v_buf = v_addr + (j & 1) * BN * D * 2;
 
     // S = Q K^T: this warpgroup's 64 rows x BN keys.
@@ -169,7 +169,6 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
     wgmma_commit();
     wgmma_wait_all();
     fence_registers(o_acc);
-    __syncthreads();  // every warp is done with buffer j&1 before iteration j+1 refills it
   }
   if (n_blocks == 0) cp_async_wait<0>();
 
