@@ -2,6 +2,7 @@
 #include "data_path.h"
 
 #include <ctime>
+#include <memory>
 
 namespace cad::cad_plugin {
 
@@ -52,13 +53,16 @@ void exchange(Comm& comm, const Layout& layout, Direction direction, const std::
               const std::vector<Part>& recv, CallStats& stats) {
   const int32_t me = comm.rank();
   const Transfer transfer = plan_transfer(layout, me, direction, send, recv);
-  std::vector<std::byte> send_buffer(transfer.send_bytes), recv_buffer(transfer.recv_bytes);
+  // Staging buffers, left uninitialised: pack writes every byte that is sent, the transfer every byte
+  // that is unpacked.
+  const std::unique_ptr<std::byte[]> send_buffer(new std::byte[transfer.send_bytes]);
+  const std::unique_ptr<std::byte[]> recv_buffer(new std::byte[transfer.recv_bytes]);
   Stopwatch watch;
-  pack(layout, me, direction, send, transfer, send_buffer.data());
+  pack(layout, me, direction, send, transfer, send_buffer.get());
   stats.pack_ms += watch.lap_ms();
-  comm.all_to_all_v(send_buffer.data(), transfer, recv_buffer.data());
+  comm.all_to_all_v(send_buffer.get(), transfer, recv_buffer.get());
   stats.exchange_ms += watch.lap_ms();
-  unpack(layout, me, direction, recv, transfer, recv_buffer.data());
+  unpack(layout, me, direction, recv, transfer, recv_buffer.get());
   stats.unpack_ms += watch.lap_ms();
   const size_t self = static_cast<size_t>(me);
   stats.bytes_sent += transfer.send_bytes - transfer.send_counts[self];
