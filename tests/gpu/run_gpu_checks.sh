@@ -37,7 +37,8 @@ note "build rc=$build_rc (cad tool rc=$cad_rc) in $(( $(date +%s) - start )) s"
 if [ "$build_rc" != 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
 
 # ---- correctness ------------------------------------------------------------------------------------
-"$BUILD/bin/cad_gpu_tests" --gtest_brief=0 > "$OUT/gpu_tests.log" 2>&1
+# Timeouts: a hung kernel must not eat the whole lease.
+timeout 300 "$BUILD/bin/cad_gpu_tests" --gtest_brief=0 > "$OUT/gpu_tests.log" 2>&1
 tests_rc=$?
 note "gpu tests rc=$tests_rc: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.log" | tr '\n' ' ')"
 grep -E '^\[  FAILED  \]|Failure|Expected|Which is' "$OUT/gpu_tests.log" | head -30 | tee -a "$SUMMARY"
@@ -47,7 +48,7 @@ grep -E '^\[(tiny|shared_kv|long_kv)' "$OUT/gpu_tests.log" | sort -t' ' -k1,1 | 
   END { printf "worst relative errors over all cases: O %s LSE %s dQ %s dK %s dV %s\n", o, l, q, k, v }' | tee -a "$SUMMARY"
 
 if [ "$cad_rc" = 0 ] && [ -x "$BUILD/bin/cad" ]; then
-  "$BUILD/bin/cad" conformance "$BUILD/lib/cad/plugins/cad_cuda.so" > "$OUT/conformance.log" 2>&1
+  timeout 300 "$BUILD/bin/cad" conformance "$BUILD/lib/cad/plugins/cad_cuda.so" > "$OUT/conformance.log" 2>&1
   note "conformance rc=$?: $(tail -1 "$OUT/conformance.log")"
 else
   note "conformance: cad tool not built (see build.log)"
@@ -56,14 +57,14 @@ fi
 if [ "$RUN_SANITIZER" = 1 ]; then
   small='Gpu/AttentionVsReference.MatchesReference/tiny_d64_causal_h8x2*:Gpu/AttentionVsReference.MatchesReference/shared_kv_d128_full_h4x4*:Gpu/AttentionVsReference.MatchesReference/long_kv_d64_causal_h8x2*:GpuPack.*'
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 17 "$BUILD/bin/cad_gpu_tests" --gtest_filter="$small" \
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 17 "$BUILD/bin/cad_gpu_tests" --gtest_filter="$small" \
       > "$OUT/sanitizer_$tool.log" 2>&1
     note "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
   done
 fi
 
 if [ "$RUN_BENCH" = 1 ]; then
-  bash bench/kernels/run_bench.sh "$BUILD" "$OUT" > "$OUT/bench.log" 2>&1
+  timeout 400 bash bench/kernels/run_bench.sh "$BUILD" "$OUT" > "$OUT/bench.log" 2>&1
   note "bench rc=$?"
   cat "$OUT/kernel_table.md" 2>/dev/null || tail -20 "$OUT/bench.log"
 fi
