@@ -1,9 +1,9 @@
 #!/bin/sh
-# cli_test.sh CAD CONFIG_DIR FIXTURE_DIR BROKEN_DIR -- the `cad` command end to end: --help of every
-# subcommand, usage errors, `cad plugins`, `cad check-config` on every configs/*.json, and `cad demo`
-# on the test fixture plugin.
+# cli_test.sh CAD CONFIG_DIR FIXTURE_DIR BROKEN_DIR [SANITIZE] -- the `cad` command end to end: --help
+# of every subcommand, usage errors, `cad plugins`, `cad check-config` on every configs/*.json, and
+# `cad demo` on the test fixture plugin.
 set -u
-CAD=$1 CONFIG_DIR=$2 FIXTURE_DIR=$3 BROKEN_DIR=$4
+CAD=$1 CONFIG_DIR=$2 FIXTURE_DIR=$3 BROKEN_DIR=$4 SANITIZE=${5:-}
 OUT=$(mktemp -d) || exit 1
 trap 'rm -rf "$OUT"' EXIT
 failures=0
@@ -44,7 +44,14 @@ expect 0 "$CAD" plugins
 
 # check-config on every shipped config, then on a broken stack.
 for config in "$CONFIG_DIR"/*.json; do
-  expect 0 "$CAD" check-config "$config" && contains ": OK, "
+  if [ -n "$SANITIZE" ] && grep -q '"plugin": *"mpi"' "$config"; then
+    # OpenMPI keeps allocations until exit by design; `cad` loads libmpi only through the plugin, so
+    # after the host unloads it LeakSanitizer sees them as "<unknown module>" and no suppression by
+    # library name can match. Our own leaks are checked by every other run here and by test_adapter.
+    expect 0 env ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$CAD" check-config "$config" && contains ": OK, "
+  else
+    expect 0 "$CAD" check-config "$config" && contains ": OK, "
+  fi
 done
 printf '{"instances": [{"name": "x", "plugin": "%s/cad_create_fails.so"}]}\n' "$BROKEN_DIR" >"$OUT/broken.json"
 expect 1 "$CAD" check-config "$OUT/broken.json" && contains "create failed: broken on purpose"
