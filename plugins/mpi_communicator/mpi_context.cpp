@@ -94,8 +94,11 @@ void MpiContext::create_communicator() {
 
 MpiContext::~MpiContext() {
   // MPI_Comm_free only marks the communicator for release; it does not wait for peers, so it is safe
-  // after a timeout too.
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  // after a timeout too. (After MPI_Finalize -- an instance outliving the plugin's unload -- no MPI
+  // call is allowed any more.)
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
   unregister_instance();
 }
 
