@@ -73,24 +73,6 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
   float row_sum[2] = {0.f, 0.f};
   const int row0 = item.q_index + warp * 16 + g;
   const int warp_first_row = item.q_index + warp * 16;
-  // Ping-pong: the two warpgroups take turns issuing their products (S0, S1, PV0, PV1 per tile), so that
-  // one warpgroup's softmax runs while the other's product occupies the tensor cores. Turn of
-  // warpgroup w = named barrier 1 + w, completed by w's sync plus the other warpgroup's arrive.
-  const auto wait_my_turn = [warpgroup] {
-    if (warpgroup == 0) {
-      named_barrier_sync<1, NT>();
-    } else {
-      named_barrier_sync<2, NT>();
-    }
-  };
-  const auto pass_turn = [warpgroup] {
-    if (warpgroup == 0) {
-      named_barrier_arrive<2, NT>();
-    } else {
-      named_barrier_arrive<1, NT>();
-    }
-  };
-  if (warpgroup == 1 && n_blocks > 0) pass_turn();  // warpgroup 0 goes first
 
   for (int j = 0; j < n_blocks; ++j) {
     cp_async_wait<0>();        // tile j (the only copy in flight) has landed
@@ -111,7 +93,6 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
     float s[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
-    wait_my_turn();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -121,7 +102,6 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
       wgmma_m64n64k16_ss(s, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    pass_turn();
     wgmma_wait_all();
     fence_registers(s);
 
@@ -175,7 +155,6 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
       pa[kk][2] = pack_bf16(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
       pa[kk][3] = pack_bf16(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
     }
-    wait_my_turn();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
@@ -188,8 +167,6 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
       }
     }
     wgmma_commit();
-    // Warpgroup 1's last turn is handed to nobody: every sync has then met its arrive.
-    if (warpgroup == 0 || j + 1 < n_blocks) pass_turn();
     wgmma_wait_all();
     fence_registers(o_acc);
   }

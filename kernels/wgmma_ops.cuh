@@ -24,18 +24,6 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 // Makes this thread's generic-proxy shared-memory writes (cp.async, st.shared) visible to wgmma.
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// Named barriers (ids 1..15; 0 is __syncthreads): sync waits until `threads` threads have arrived,
-// arrive counts this warp without waiting. Used to hand the tensor cores from one warpgroup to the other.
-// Ids are immediates so that the compiler reserves only the barriers used.
-template <int ID, int THREADS>
-__device__ __forceinline__ void named_barrier_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
-}
-template <int ID, int THREADS>
-__device__ __forceinline__ void named_barrier_arrive() {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
-}
-
 // Keeps the compiler from moving accumulator reads/writes across an asynchronous wgmma.
 template <int N>
 __device__ __forceinline__ void fence_registers(float (&d)[N]) {
