@@ -71,14 +71,18 @@ typedef struct cad_host_options_v1 {
   void* log_user;
 } cad_host_options_v1_t;
 
-/* Validate the config, load every plugin it names and create every instance in order (an instance may
- * look up only instances listed before it). On failure nothing stays loaded. */
+/* Validate the config, load every plugin it names (each file once) and create every instance in order.
+ * Each instance gets its own services table: its lookup_plugin sees only instances listed before it,
+ * its log lines carry its instance name, and its allocations are tracked (a plugin's leak is logged
+ * and freed at cad_host_destroy). On failure the instances created so far are destroyed in reverse
+ * order, nothing stays loaded, and `error` names the config, the instance and the plugin file. */
 cad_status_t cad_host_create(const cad_host_options_v1_t* options, cad_host_t** out, char* error,
                              size_t error_capacity);
 /* Destroys instances in reverse creation order, then unloads the plugins. NULL is a no-op. */
 void cad_host_destroy(cad_host_t* host);
 
-/* The services table the host lends its plugins (valid until cad_host_destroy). */
+/* A host-wide services table (valid until cad_host_destroy), for the host application's own use: its
+ * lookup_plugin sees every instance. CUDA allocations return UNSUPPORTED in a build without CUDA. */
 const cad_host_services_v1_t* cad_host_services(cad_host_t* host);
 
 /* Find a created instance by name and kind; *out_table is the kind's table. */
