@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "adapter_test_support.h"
 #include "cad_host.hpp"
@@ -185,6 +187,33 @@ TEST(Host, MemoryService) {
   int not_ours = 0;
   s->free(s->host_ctx, {CAD_DEVICE_CPU, 0}, &not_ours, nullptr);  // logged, ignored, no crash
   cad_host_destroy(r.host);
+}
+
+TEST(Host, ServicesAreThreadSafe) {
+  LogCapture log;
+  auto r = make_host("{\"log_level\": \"debug\", \"instances\": [" + instance("a") + "]}", &log);
+  ASSERT_EQ(r.status, CAD_STATUS_OK) << r.error;
+  const cad_host_services_v1_t* s = cad_host_services(r.host);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([s, t] {
+      for (int i = 0; i < 200; ++i) {
+        void* p = nullptr;
+        if (s->allocate(s->host_ctx, {CAD_DEVICE_CPU, 0}, static_cast<size_t>(64 + i), nullptr, &p) == CAD_STATUS_OK) {
+          static_cast<char*>(p)[0] = static_cast<char>(i);
+          s->free(s->host_ctx, {CAD_DEVICE_CPU, 0}, p, nullptr);
+        }
+        const void* table = nullptr;
+        void* ctx = nullptr;
+        s->lookup_plugin(s->host_ctx, "a", CAD_PLUGIN_KIND_ATTENTION, &table, &ctx);
+        if (i % 50 == 0) s->log(s->host_ctx, CAD_LOG_DEBUG, "thread", ("tick " + std::to_string(t)).c_str());
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  cad_host_destroy(r.host);
+  EXPECT_EQ(log.index_of("were not freed"), -1) << "every block was freed";
+  for (int t = 0; t < 4; ++t) EXPECT_TRUE(log.contains("1|thread|tick " + std::to_string(t)));
 }
 
 TEST(Host, LeakedPluginMemoryIsReportedAndFreed) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 #include <string>
+#include <thread>
 
 #include "adapter_test_support.h"
 #include "cad_host.hpp"
@@ -125,6 +126,28 @@ TEST(Loader, RepeatedOpenCloseOfGoodAndBrokenPlugins) {
     cad_library_close(library);
     EXPECT_NE(cad_library_open(broken_plugin("table_major2").c_str(), nullptr, &library, nullptr, 0), CAD_STATUS_OK);
   }
+}
+
+TEST(Loader, ConcurrentOpenAndCloseFromSeveralThreads) {
+  std::vector<std::thread> threads;
+  std::vector<int> failures(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([t, &failures] {
+      for (int i = 0; i < 25; ++i) {
+        cad_library_t* library = nullptr;
+        if (cad_library_open(cad::test::fixture_plugin().c_str(), nullptr, &library, nullptr, 0) != CAD_STATUS_OK ||
+            std::string(cad_library_plugin(library)->name) != "test_attention") {
+          ++failures[t];
+        }
+        cad_library_close(library);
+        if (cad_library_open(broken_plugin("no_entry").c_str(), nullptr, &library, nullptr, 0) == CAD_STATUS_OK) {
+          ++failures[t];
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int f : failures) EXPECT_EQ(f, 0);
 }
 
 TEST(Loader, NullArgumentsAreRefused) {
