@@ -30,8 +30,12 @@ if [ -n "$plugin" ]; then
 else
   name=$FALLBACK
 fi
-# Nothing from the build tree may help: no plugin path from the environment.
-env -u CAD_PLUGIN_PATH "$WORK/consumer/cad_consumer" "$name"
+# Nothing from the build tree may help: no plugin path from the environment, and a plugin loaded by
+# name must come from the prefix (found next to the installed libcad_host.so).
+env -u CAD_PLUGIN_PATH "$WORK/consumer/cad_consumer" "$name" | tee "$WORK/consumer.out"
+if [ -n "$plugin" ]; then
+  grep -q "from $(cd "$PREFIX" && pwd -P)/" "$WORK/consumer.out" || { echo "FAIL: $name not loaded from the prefix"; exit 1; }
+fi
 # The installed `cad` runs from the prefix too.
 env -u CAD_PLUGIN_PATH "$PREFIX/bin/cad" plugins >/dev/null
 rm -rf "$WORK"
