@@ -1,12 +1,11 @@
 // attention_bwd_sm90.cuh -- the Hopper (sm_90a) backward kernel for head dim 128: the work items and
 // math of attention_bwd.cuh with all five matrix products on wgmma.
 //
-// One block = one warpgroup = 64 keys of one work item x one KV head, two blocks per SM (independent
-// blocks overlap each other's elementwise work with their matrix products); the warpgroup keeps the
-// keys' dK/dV (64 x 128 fp32 each) in registers. Per step of 64 queries:
+// One block = two warpgroups = 128 keys of one work item x one KV head; each warpgroup owns 64 keys
+// and keeps their dK/dV (64 x 128 fp32 each) in registers. Per step of 64 queries:
 //   S^T = K Q^T, dP^T = V dO^T          (shared x shared)
 //   dV += P^T dO, dK += dS^T Q          (P^T / dS^T from registers, dO / Q transposed from shared)
-//   dQ = dS K                           (dS^T through shared memory)
+//   dQ = dS K                           (dS^T through shared memory; warpgroup w: columns 64w..64w+63)
 // dQ goes into the fp32 accumulator with vector atomics, as in the portable kernel.
 #pragma once
 
@@ -23,15 +22,15 @@ namespace cad::kernels::detail {
 
 struct Bwd90Traits {
   static constexpr int kD = 128;
-  static constexpr int kBlockN = kBwdBlockN90;  // keys per block: one warpgroup
+  static constexpr int kBlockN = 128;  // keys per block: 2 warpgroups x 64
   static constexpr int kBlockM = 64;   // queries per step
-  static constexpr int kThreads = 128;
+  static constexpr int kThreads = 256;
   static constexpr int kSmemBytes = (2 * kBlockN * kD + 4 * kBlockM * kD + kBlockN * kBlockM) * 2 +
                                     4 * kBlockM * 4 + 1024;
 };
-static_assert(Bwd90Traits::kBlockN == 64, "one warpgroup of 64 keys");
+static_assert(Bwd90Traits::kBlockN == bwd_block_n(128), "the plan's key tiles must match the kernel's");
 
-__global__ void __launch_bounds__(Bwd90Traits::kThreads, 2) attention_bwd_sm90_kernel(BwdParams p) {
+__global__ void __launch_bounds__(Bwd90Traits::kThreads, 1) attention_bwd_sm90_kernel(BwdParams p) {
 #ifdef CAD_SM90_KERNEL_BODY
   using T = Bwd90Traits;
   constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN, NT = T::kThreads;
@@ -50,6 +49,7 @@ __global__ void __launch_bounds__(Bwd90Traits::kThreads, 2) attention_bwd_sm90_k
   const BwdItem item = p.items[blockIdx.x];
   const int kv_head = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wg = warp / 4;
   const int g = lane / 4, t = lane % 4;
 
   const int64_t q_stride = static_cast<int64_t>(p.hq) * D;
@@ -108,14 +108,14 @@ __global__ void __launch_bounds__(Bwd90Traits::kThreads, 2) attention_bwd_sm90_k
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t a_off = (kk >> 2) * BN * 128 + (kk & 3) * 32;
+      const uint32_t a_off = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
       const uint32_t b_off = (kk >> 2) * BM * 128 + (kk & 3) * 32;
       wgmma_m64n64k16_ss(st, smem_desc_sw128(k_addr + a_off, 0, 1024), smem_desc_sw128(q_buf + b_off, 0, 1024),
                          kk > 0 ? 1 : 0);
     }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t a_off = (kk >> 2) * BN * 128 + (kk & 3) * 32;
+      const uint32_t a_off = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
       const uint32_t b_off = (kk >> 2) * BM * 128 + (kk & 3) * 32;
       wgmma_m64n64k16_ss(dpt, smem_desc_sw128(v_addr + a_off, 0, 1024), smem_desc_sw128(do_buf + b_off, 0, 1024),
                          kk > 0 ? 1 : 0);
@@ -172,36 +172,30 @@ __global__ void __launch_bounds__(Bwd90Traits::kThreads, 2) attention_bwd_sm90_k
     fence_proxy_async_smem();  // dS^T was written with ordinary stores; wgmma reads it next
     __syncthreads();
 
-    // dQ[BM x 128] = dS K: A = dS (queries contiguous in sdS), B = K (head-dim contiguous). Two halves of
-    // 64 columns (one K atom each) keep the accumulator at 32 registers.
+    // dQ[BM x 128] = dS K: A = dS (queries contiguous in sdS), B = K (head-dim contiguous).
+    float dq[32];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float dq[32];
+    for (int i = 0; i < 32; ++i) dq[i] = 0.f;
 #pragma unroll
-      for (int i = 0; i < 32; ++i) dq[i] = 0.f;
-      wgmma_fence();
-#pragma unroll
-      for (int kn = 0; kn < BN / 16; ++kn) {
-        wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(ds_addr + kn * 16 * 128, BN * 128, 1024),
-                              smem_desc_sw128(k_addr + half * BN * 128 + kn * 16 * 128, BN * 128, 1024),
-                              kn > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      wgmma_wait_all();
-      fence_registers(dq);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int q = q0 + warp * 16 + g + r * 8;
-        if (q >= item.q_len) continue;
-        float* dst = p.dq_acc + (item.q_row + q) * q_stride + h * D + half * 64 + 2 * t;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          atomic_add_pair(dst + nt * 8, dq[nt * 4 + 2 * r] * p.scale, dq[nt * 4 + 2 * r + 1] * p.scale);
-        }
-      }
+    for (int kn = 0; kn < BN / 16; ++kn) {
+      wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(ds_addr + kn * 16 * 128, BN * 128, 1024),
+                            smem_desc_sw128(k_addr + wg * BN * 128 + kn * 16 * 128, BN * 128, 1024), kn > 0 ? 1 : 0);
     }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_registers(dq);
     fence_registers(dk);
     fence_registers(dv);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q = q0 + (warp % 4) * 16 + g + r * 8;
+      if (q >= item.q_len) continue;
+      float* dst = p.dq_acc + (item.q_row + q) * q_stride + h * D + wg * 64 + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        atomic_add_pair(dst + nt * 8, dq[nt * 4 + 2 * r] * p.scale, dq[nt * 4 + 2 * r + 1] * p.scale);
+      }
+    }
   }
   if (n_iter == 0) cp_async_wait<0>();
 

@@ -103,15 +103,13 @@ cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void
 
 // ---- backward --------------------------------------------------------------------------------------
 
-// Keys per backward work item of the portable kernel: 16 per warp, 4 warps at D=64 and 8 at D=128
-// (twice the keys per dQ atomic where registers allow only 32 queries per step).
+// Keys per backward work item: 16 per warp, 4 warps at D=64 and 8 at D=128 (twice the keys per
+// dQ atomic, the backward's bottleneck, where registers allow only 32 queries per step).
 constexpr int bwd_warps(int head_dim) { return head_dim == 128 ? 8 : 4; }
 constexpr int bwd_block_n(int head_dim) { return 16 * bwd_warps(head_dim); }
-// The Hopper backward (D=128): one warpgroup of 64 keys per block, two blocks per SM.
-constexpr int kBwdBlockN90 = 64;
 
 // One backward work item (per KV head): keys [kv_begin, kv_begin + kv_rows) of one segment (kv_rows <=
-// bwd_block_n(problem)) against all
+// bwd_block_n(D)) against all
 // queries of that segment that see them, for every query head of the KV head's group.
 struct BwdItem {
   int64_t q_row;          // absolute row in Q of the segment's first query
@@ -134,11 +132,6 @@ struct BackwardPlan {
   size_t items_offset = 0, delta_offset = 0, dq_acc_offset = 0, dk_acc_offset = 0, dv_acc_offset = 0,
          workspace_bytes = 0;
 };
-
-// Keys per backward work item for this problem (the kernel that will run it).
-inline int bwd_block_n(const AttentionProblem& p) {
-  return p.hopper && p.head_dim == 128 ? kBwdBlockN90 : bwd_block_n(p.head_dim);
-}
 
 BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments);
 

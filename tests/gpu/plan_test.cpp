@@ -112,7 +112,7 @@ TEST_P(PlanTest, BackwardTilesEveryReadKeyOncePerSegment) {
   std::map<std::pair<int64_t, int64_t>, int64_t> keys;  // (kv_row of segment, q_row) -> keys covered
   for (const BwdItem& it : plan.items) {
     ASSERT_GT(it.kv_rows, 0);
-    ASSERT_LE(it.kv_rows, bwd_block_n(pr));
+    ASSERT_LE(it.kv_rows, bwd_block_n(pr.head_dim));
     ASSERT_GE(it.q_begin, 0);
     ASSERT_LE(it.q_begin, it.q_len);
     if (causal) {  // the query before q_begin sees none of the tile's keys; q_begin sees its first key
