@@ -38,7 +38,10 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
   __nv_bfloat16* sK = sQ + BM * D;      // 2 buffers of BN x D
   __nv_bfloat16* sV = sK + 2 * BN * D;  // 2 buffers of BN x D
-  const uint32_t q_addr = smem_addr(sQ), k_addr = smem_addr(sK), v_addr = smem_addr(sV);
+  // Shared addresses and wgmma descriptors are re-derived from this one register in every tile (see
+  // launder()) instead of being hoisted out of the loop: registers are what two blocks per SM lack.
+  uint32_t smem_base = smem_addr(sQ);
+  constexpr uint32_t kQBytes = BM * D * 2, kTileBytes = BN * D * 2;
 
   const FwdItem item = p.items[blockIdx.x];
   const int head = blockIdx.y;
@@ -71,52 +74,62 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
   const float scale_eff = fold_scale ? p.scale_log2 : 1.f;
   float row_max[2] = {-INFINITY, -INFINITY};  // in the units of the (raw or pre-scaled) scores
   float row_sum[2] = {0.f, 0.f};
-  const int row0 = item.q_index + warp * 16 + g;
-  const int warp_first_row = item.q_index + warp * 16;
-
-  for (int j = 0; j < n_blocks; ++j) {
-    cp_async_wait<0>();        // tile j (the only copy in flight) has landed
-    fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    // One barrier per tile: tile j is visible to every warp, and every warpgroup has finished tile j-1,
-    // so its buffer can take tile j+1 while tile j is computed.
-    __syncthreads();
-    if (j + 1 < n_blocks) {
-      const int next = (j + 1) & 1;
-      const int64_t off = static_cast<int64_t>(j + 1) * BN * kv_stride;
-      load_tile_atoms_async<BN, D, NT>(sK + next * BN * D, gK + off, kv_stride, n_keys - (j + 1) * BN, tid);
-      load_tile_atoms_async<BN, D, NT>(sV + next * BN * D, gV + off, kv_stride, n_keys - (j + 1) * BN, tid);
-      cp_async_commit();
-    }
-    const uint32_t k_buf = k_addr + (j & 1) * BN * D * 2, v_buf = v_addr + (j & 1) * BN * D * 2;
-
-    // S = Q K^T: this warpgroup's 64 rows x BN keys.
-    float s[BN / 2];
+  // Masks, in keys relative to kv_begin: row r of this thread sees key c iff c <= key_limit[r], and
+  // tiles j >= mask_from hold a key that some row of this warp must not see.
+  int key_limit[2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
-    wgmma_fence();
+  for (int r = 0; r < 2; ++r) {
+    const int row = item.q_index + warp * 16 + g + r * 8;
+    key_limit[r] = p.causal ? min(n_keys - 1, row + item.causal_offset - item.kv_begin) : n_keys - 1;
+  }
+  const int warp_limit =
+      p.causal ? min(n_keys - 1, item.q_index + warp * 16 + item.causal_offset - item.kv_begin) : n_keys - 1;
+  const int mask_from = warp_limit + 1 <= 0 ? 0 : (warp_limit + 1) / BN;
+
+  // S = Q K^T for one KV tile (this warpgroup's 64 rows x BN keys), issued as one wgmma group; the
+  // caller waits for it.
+  auto issue_qk = [&](float(&s)[BN / 2], int buf) {
+    const uint32_t q_addr = smem_base + warpgroup * 64 * 128;
+    const uint32_t k_buf = smem_base + kQBytes + buf * kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t col_bytes = (kk & 3) * 32;
-      const uint64_t da = smem_desc_sw128(q_addr + (kk >> 2) * BM * 128 + warpgroup * 64 * 128 + col_bytes, 0, 1024);
+      const uint64_t da = smem_desc_sw128(q_addr + (kk >> 2) * BM * 128 + col_bytes, 0, 1024);
       const uint64_t db = smem_desc_sw128(k_buf + (kk >> 2) * BN * 128 + col_bytes, 0, 1024);
-      wgmma_m64n64k16_ss(s, da, db, kk > 0 ? 1 : 0);
+      if (kk == 0) {
+        wgmma_m64n64k16_ss_first(s, da, db);
+      } else {
+        wgmma_m64n64k16_ss(s, da, db, 1);
+      }
     }
     wgmma_commit();
-    wgmma_wait_all();
-    fence_registers(s);
-
-    const int key0 = item.kv_begin + j * BN;
-    const bool need_mask =
-        key0 + BN > item.kv_end || (p.causal && key0 + BN - 1 > warp_first_row + item.causal_offset);
+  };
+  // O += P V: P from registers (16 keys per step), V transposed from shared memory; one wgmma group.
+  auto issue_pv = [&](const uint32_t(&pa)[BN / 16][4], int buf) {
+    const uint32_t v_buf = smem_base + kQBytes + 2 * kTileBytes + buf * kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      // 16 keys = two 8-row groups (stride 1024 B); the next 64 head-dim columns are one atom (BN rows) on.
+      const uint64_t db = smem_desc_sw128(v_buf + kk * 16 * 128, BN * 128, 1024);
+      if constexpr (D == 128) {
+        wgmma_m64n128k16_rs_tb(o_acc, pa[kk], db, 1);
+      } else {
+        wgmma_m64n64k16_rs_tb(o_acc, pa[kk], db, 1);
+      }
+    }
+    wgmma_commit();
+  };
+  // Online softmax of tile j's scores in place (mask, running max/sum, exp2); returns in alpha the
+  // factor by which each of this thread's two O rows must be rescaled (rescale_o applies it).
+  auto softmax_tile = [&](float(&s)[BN / 2], int j, float(&alpha)[2]) {
+    const bool need_mask = j >= mask_from;
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = fold_scale ? s[nt * 4 + e] : s[nt * 4 + e] * p.scale_log2;
         if (need_mask) {
-          const int col = key0 + nt * 8 + 2 * t + (e & 1);
-          const int row = row0 + (e >> 1) * 8;
-          if (col >= item.kv_end || (p.causal && col > row + item.causal_offset)) x = -INFINITY;
+          if (j * BN + nt * 8 + 2 * t + (e & 1) > key_limit[e >> 1]) x = -INFINITY;
         }
         s[nt * 4 + e] = x;
       }
@@ -129,7 +142,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
       mx = warp_quad_max(mx);
       const float m_new = fmaxf(row_max[r], mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new * scale_eff;  // in base-2 units
-      const float alpha = fast_exp2(fmaf(row_max[r], scale_eff, -m_use));
+      alpha[r] = fast_exp2(fmaf(row_max[r], scale_eff, -m_use));
       row_max[r] = m_new;
       float sum = 0.f;
 #pragma unroll
@@ -138,16 +151,20 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
         s[nt * 4 + 2 * r + 1] = fast_exp2(fmaf(s[nt * 4 + 2 * r + 1], scale_eff, -m_use));
         sum += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
       }
-      row_sum[r] = row_sum[r] * alpha + sum;
+      row_sum[r] = row_sum[r] * alpha[r] + sum;
+    }
+  };
+  auto rescale_o = [&](const float(&alpha)[2]) {
 #pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        o_acc[dn * 4 + 2 * r] *= alpha;
-        o_acc[dn * 4 + 2 * r + 1] *= alpha;
+    for (int dn = 0; dn < D / 8; ++dn) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        o_acc[dn * 4 + 2 * r] *= alpha[r];
+        o_acc[dn * 4 + 2 * r + 1] *= alpha[r];
       }
     }
-
-    // O += P V: P from registers (16 keys per step), V transposed from shared memory.
-    uint32_t pa[BN / 16][4];
+  };
+  auto pack_p = [&](const float(&s)[BN / 2], uint32_t(&pa)[BN / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       pa[kk][0] = pack_bf16(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
@@ -155,18 +172,39 @@ __global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm9
       pa[kk][2] = pack_bf16(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
       pa[kk][3] = pack_bf16(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
     }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      // 16 keys = two 8-row groups (stride 1024 B); the next 64 head-dim columns are one atom (BN rows) on.
-      const uint64_t db = smem_desc_sw128(v_buf + kk * 16 * 128, BN * 128, 1024);
-      if constexpr (D == 128) {
-        wgmma_m64n128k16_rs_tb(o_acc, pa[kk], db, 1);
-      } else {
-        wgmma_m64n64k16_rs_tb(o_acc, pa[kk], db, 1);
-      }
+  };
+  auto load_kv = [&](__nv_bfloat16* dst, const __nv_bfloat16* src, int tile) {
+    load_tile_atoms_async<BN, D, NT>(dst + (tile & 1) * BN * D, src + static_cast<int64_t>(tile) * BN * kv_stride,
+                                     kv_stride, n_keys - tile * BN, tid);
+  };
+
+  // Per tile: barrier -> refill the other K/V buffers -> S gemm -> wait -> softmax -> P V gemm -> wait.
+  // (Overlapping the softmax with the P V product inside the warpgroup, and issuing the S gemm before
+  // the refill, both measured slower: docs/kernels.md, Performance.)
+  for (int j = 0; j < n_blocks; ++j) {
+    cp_async_wait<0>();        // tile j (the only copy in flight) has landed
+    launder(smem_base);
+    fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    // One barrier per tile: tile j is visible to every warp, and every warpgroup has finished tile j-1,
+    // so its buffer can take tile j+1 while tile j is computed.
+    __syncthreads();
+    if (j + 1 < n_blocks) {
+      load_kv(sK, gK, j + 1);
+      load_kv(sV, gV, j + 1);
+      cp_async_commit();
     }
-    wgmma_commit();
+    float s[BN / 2];
+    wgmma_fence();
+    issue_qk(s, j & 1);
+    wgmma_wait_all();
+    fence_registers(s);
+    float alpha[2];
+    softmax_tile(s, j, alpha);
+    rescale_o(alpha);
+    uint32_t pa[BN / 16][4];
+    pack_p(s, pa);
+    wgmma_fence();
+    issue_pv(pa, j & 1);
     wgmma_wait_all();
     fence_registers(o_acc);
   }
