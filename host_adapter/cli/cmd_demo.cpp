@@ -3,6 +3,7 @@
 // each balancer, prints per-rank cost, bytes and times, and exits non-zero unless every balancer gives
 // the same results (demo_cad.h). With a local stack (configs/reference.json) it runs a random varlen
 // batch through the attention instance (demo_local.h).
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <string>
