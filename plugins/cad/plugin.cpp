@@ -57,16 +57,9 @@ cad_status_t cad_get_stats_json(void* ctx, char* buffer, size_t capacity, size_t
   if (ctx == nullptr) return null_ctx();
   CadContext& c = *as_ctx(ctx);
   return plugin::guarded(c, [&] {
-    if (needed == nullptr) plugin::fail(CAD_STATUS_INVALID_ARGUMENT, "get_stats_json: needed is NULL");
     c.stats.rank = c.comm->rank();
     c.stats.world = c.comm->world();
-    const std::string json = cad::cad_plugin::stats_json(c.stats);
-    *needed = json.size() + 1;
-    if (buffer == nullptr || capacity < json.size() + 1) {
-      plugin::fail(CAD_STATUS_INVALID_ARGUMENT,
-                   plugin::format("get_stats_json: buffer holds %zu bytes, the stats need %zu", capacity, *needed));
-    }
-    std::memcpy(buffer, json.c_str(), json.size() + 1);
+    plugin::write_json_result(cad::cad_plugin::stats_json(c.stats), buffer, capacity, needed);
   });
 }
 

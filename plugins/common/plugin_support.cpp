@@ -38,6 +38,17 @@ void copy_message(const std::string& message, char* buffer, size_t capacity) {
   buffer[n] = '\0';
 }
 
+void write_json_result(const std::string& json, char* buffer, size_t capacity, size_t* needed) {
+  if (needed == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "get_stats_json: needed is NULL");
+  if (buffer == nullptr && capacity > 0) fail(CAD_STATUS_INVALID_ARGUMENT, "get_stats_json: buffer is NULL");
+  *needed = json.size() + 1;
+  if (capacity < json.size() + 1) {
+    fail(CAD_STATUS_INVALID_ARGUMENT,
+         format("get_stats_json: buffer has %zu bytes, the statistics need %zu", capacity, json.size() + 1));
+  }
+  copy_message(json, buffer, capacity);
+}
+
 cad_status_t check_services(const cad_host_services_v1_t* services, std::string* message) {
   if (services == nullptr) {
     *message = "create: services is NULL (the host must lend a cad_host_services_v1_t)";

@@ -124,6 +124,11 @@ cad_status_t create_context(const cad_host_services_v1_t* services, const char* 
   return status;
 }
 
+// Implements the get_stats_json contract for an already rendered JSON text: checks the pointers, stores
+// the size needed (including the NUL) in *needed, and copies the text, or fails with
+// CAD_STATUS_INVALID_ARGUMENT when it does not fit `capacity`.
+void write_json_result(const std::string& json, char* buffer, size_t capacity, size_t* needed);
+
 // Reads a plugin's JSON config. Every getter records the key as known; finish() warns about the
 // rest. Errors throw Failure(CAD_STATUS_INVALID_CONFIG) naming `source` ("plugin 'mpi' config")
 // and the key, with the expected type or range.

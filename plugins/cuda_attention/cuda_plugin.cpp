@@ -197,8 +197,6 @@ cad_status_t get_stats_json(void* ctx, char* buffer, size_t capacity, size_t* ne
   if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
   CudaContext& self = *as_context(ctx);
   return cad::plugin::guarded(self.error, [&] {
-    if (needed == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "get_stats_json: needed is NULL");
-    if (buffer == nullptr && capacity > 0) fail(CAD_STATUS_INVALID_ARGUMENT, "get_stats_json: buffer is NULL");
     nlohmann::json j;
     j["device"] = self.device;
     j["device_name"] = self.device_name;
@@ -208,13 +206,7 @@ cad_status_t get_stats_json(void* ctx, char* buffer, size_t capacity, size_t* ne
     j["kv_split_tiles"] = self.last_splits;
     j["workspace_bytes"] = self.last_workspace_bytes;
     j["kv_exclusive"] = self.last_kv_exclusive;
-    const std::string json = j.dump();
-    *needed = json.size() + 1;
-    if (capacity < json.size() + 1) {
-      fail(CAD_STATUS_INVALID_ARGUMENT,
-           format("get_stats_json: buffer has %zu bytes, the statistics need %zu", capacity, json.size() + 1));
-    }
-    cad::plugin::copy_message(json, buffer, capacity);
+    cad::plugin::write_json_result(j.dump(), buffer, capacity, needed);
   });
 }
 

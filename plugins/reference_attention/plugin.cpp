@@ -244,15 +244,8 @@ cad_status_t get_stats_json(void* ctx, char* buffer, size_t capacity, size_t* ne
   if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
   ReferenceContext& self = *as_context(ctx);
   return cad::plugin::guarded(self.error, [&] {
-    if (needed == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "get_stats_json: needed is NULL");
-    if (buffer == nullptr && capacity > 0) fail(CAD_STATUS_INVALID_ARGUMENT, "get_stats_json: buffer is NULL");
     const std::string json = format("{\"forward_ms\": %.6f, \"backward_ms\": %.6f}", self.forward_ms, self.backward_ms);
-    *needed = json.size() + 1;
-    if (capacity < json.size() + 1) {
-      fail(CAD_STATUS_INVALID_ARGUMENT,
-           format("get_stats_json: buffer has %zu bytes, the statistics need %zu", capacity, json.size() + 1));
-    }
-    cad::plugin::copy_message(json, buffer, capacity);
+    cad::plugin::write_json_result(json, buffer, capacity, needed);
   });
 }
 
