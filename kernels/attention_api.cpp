@@ -57,6 +57,7 @@ cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void
   p.partial_lse = reinterpret_cast<float*>(ws + plan.partial_lse_offset);
   p.items = reinterpret_cast<const FwdItem*>(ws + plan.items_offset);
   p.tq = pr.tq;
+  p.tk = pr.tk;
   p.hq = pr.hq;
   p.group = pr.hq / pr.hkv;
   p.scale_log2 = pr.softmax_scale * detail::kLog2e;
@@ -128,8 +129,9 @@ cudaError_t attention_backward(const BackwardPlan& plan, const void* q, const vo
   CAD_CUDA_TRY(detail::launch_bwd_preprocess(static_cast<const __nv_bfloat16*>(o), p.d_o, delta, pr.tq, pr.hq,
                                              pr.head_dim, stream));
   const int n = static_cast<int>(plan.items.size());
-  if (pr.hopper && pr.head_dim == 128) {
-    CAD_CUDA_TRY(detail::launch_attention_bwd_sm90(p, n, stream));
+  if (pr.hopper) {
+    CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_bwd_sm90<64>(p, n, stream)
+                                   : detail::launch_attention_bwd_sm90<128>(p, n, stream));
   } else {
     CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_bwd<64>(p, n, stream)
                                    : detail::launch_attention_bwd<128>(p, n, stream));

@@ -1,19 +1,26 @@
-// attention_fwd_sm90.cuh -- the Hopper (sm_90a) forward kernel: the same work items and online
-// softmax as attention_fwd.cuh, with the two matrix products on wgmma instead of mma.sync.
+// attention_fwd_sm90.cuh -- the Hopper (sm_90a) forward kernel: the same work items and online softmax
+// as attention_fwd.cuh, organised the way Hopper wants it (warp specialisation, as in FlashAttention-3).
 //
-// One block = two warpgroups = kFwdBlockM90 (128) queries of one work item x one query head. Q and
-// double-buffered K/V tiles sit in shared memory in wgmma's 128-byte-swizzled layout (atoms of 64
-// head-dim columns); S = Q K^T reads both operands from shared memory, O += P V takes P straight from
-// the score registers and V as a transposed (N-contiguous) operand. Compiled to a stub everywhere but
-// sm_90a; the launcher only picks it where the sm_90a binary is loaded.
+// One persistent block per SM walks (work item, query head) units. Three warpgroups:
+//  - a producer (one thread issues everything) that loads Q and a ring of K/V tiles with TMA, each stage
+//    guarded by a pair of mbarriers (full: bytes landed; empty: both consumers done with it);
+//  - two consumers of 64 queries each. Per KV tile j a consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}
+//    as two wgmma groups, then computes the softmax of S_j while the PV product runs. The two consumers
+//    take turns to issue (named barriers), so one's softmax overlaps the other's products.
+// Register budget: setmaxnreg moves registers from the producer to the consumers (S 64 + O 64 + P 32 live).
+// Tiles sit in shared memory in wgmma's 128-byte-swizzled layout (atoms of 64 head-dim columns), which is
+// what TMA writes with 128-byte swizzle. Compiled to a stub everywhere but sm_90a; the launcher only picks
+// it where the sm_90a binary is loaded.
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "attention_internal.h"
 #include "mma_utils.cuh"
+#include "sm90_async.cuh"
 #include "sm90_tiles.cuh"
 #include "wgmma_ops.cuh"
 
@@ -21,221 +28,304 @@ namespace cad::kernels::detail {
 
 template <int D>
 struct Fwd90Traits {
-  static constexpr int kBlockM = kFwdBlockM90;  // 2 warpgroups x 64 rows
-  static constexpr int kBlockN = 64;
-  static constexpr int kThreads = 256;
-  static constexpr int kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * 2 + 1024;  // + alignment slack
+  static constexpr int kBlockM = kFwdBlockM90;  // 2 consumer warpgroups x 64 queries
+  static constexpr int kBlockN = 128;           // keys per K/V tile
+  static constexpr int kStages = D == 64 ? 4 : 2;
+  static constexpr int kThreads = 384;          // producer warpgroup + 2 consumer warpgroups
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 = 384*168
+  static constexpr uint32_t kQBytes = kBlockM * D * 2, kTileBytes = kBlockN * D * 2;
+  static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kTileBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + (2 + 4 * kStages) * 8 + 1024;  // + alignment slack
 };
 
+// Named barriers of the consumers: 1 + w = "consumer w may issue its products", 3 + w = warpgroup w only.
+constexpr int kTurnBarrier = 1, kWarpgroupBarrier = 3;
+
 template <int D>
-__global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 2) attention_fwd_sm90_kernel(FwdParams p) {
+__global__ void __launch_bounds__(Fwd90Traits<D>::kThreads, 1)
+    attention_fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                              const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                              int num_units) {
 #ifdef CAD_SM90_KERNEL_BODY
   using T = Fwd90Traits<D>;
-  constexpr int BM = T::kBlockM, BN = T::kBlockN, NT = T::kThreads;
+  constexpr int BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
   extern __shared__ unsigned char smem_raw[];
   // Swizzle atoms must start 1024-byte aligned.
   const uint32_t raw_addr = smem_addr(smem_raw);
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
-  __nv_bfloat16* sK = sQ + BM * D;      // 2 buffers of BN x D
-  __nv_bfloat16* sV = sK + 2 * BN * D;  // 2 buffers of BN x D
-  // Shared addresses and wgmma descriptors are re-derived from this one register in every tile (see
-  // launder()) instead of being hoisted out of the loop: registers are what two blocks per SM lack.
-  uint32_t smem_base = smem_addr(sQ);
-  constexpr uint32_t kQBytes = BM * D * 2, kTileBytes = BN * D * 2;
+  const uint32_t sQ = raw_addr + ((1024 - (raw_addr & 1023)) & 1023);
+  const uint32_t sK = sQ + T::kQBytes, sV = sK + S * T::kTileBytes, bars = sQ + T::kBarrierOffset;
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  auto k_full = [&](int s) { return bars + 16 + 8 * s; };
+  auto k_empty = [&](int s) { return bars + 16 + 8 * (S + s); };
+  auto v_full = [&](int s) { return bars + 16 + 8 * (2 * S + s); };
+  auto v_empty = [&](int s) { return bars + 16 + 8 * (3 * S + s); };
+  constexpr uint32_t kConsumerWarps = 8;
 
-  const FwdItem item = p.items[blockIdx.x];
-  const int head = blockIdx.y;
-  const int kv_head = head / p.group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int warpgroup = warp / 4;
-  const int g = lane / 4, t = lane % 4;
-
-  const int64_t q_stride = static_cast<int64_t>(p.hq) * D;
-  const int64_t kv_stride = static_cast<int64_t>(p.hq / p.group) * D;
-  const __nv_bfloat16* gQ = p.q + item.q_row * q_stride + head * D;
-  const __nv_bfloat16* gK = p.k + (item.kv_row + item.kv_begin) * kv_stride + kv_head * D;
-  const __nv_bfloat16* gV = p.v + (item.kv_row + item.kv_begin) * kv_stride + kv_head * D;
-  const int n_keys = item.kv_end - item.kv_begin;
-  const int n_blocks = n_keys > 0 ? (n_keys + BN - 1) / BN : 0;
-
-  load_tile_atoms_async<BM, D, NT>(sQ, gQ, q_stride, item.q_rows, tid);
-  if (n_blocks > 0) {
-    load_tile_atoms_async<BN, D, NT>(sK, gK, kv_stride, n_keys, tid);
-    load_tile_atoms_async<BN, D, NT>(sV, gV, kv_stride, n_keys, tid);
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, kConsumerWarps);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(k_empty(s), kConsumerWarps);
+      mbar_init(v_full(s), 1);
+      mbar_init(v_empty(s), kConsumerWarps);
+    }
+    mbar_fence_init();
   }
-  cp_async_commit();
+  __syncthreads();
 
-  float o_acc[D / 2];  // wgmma m64nD accumulator: [n8 block][4]
+  if (warp < 4) {
+    // ---- producer ----------------------------------------------------------------------------------
+    registers_release<T::kProducerRegs>();
+    if (warp != 0 || lane != 0) return;
+    tma_prefetch_descriptor(&tm_q);
+    tma_prefetch_descriptor(&tm_k);
+    tma_prefetch_descriptor(&tm_v);
+    int tiles_issued = 0, units_done = 0;
+    for (int u = blockIdx.x; u < num_units; u += gridDim.x, ++units_done) {
+      const FwdItem item = p.items[u / p.hq];
+      const int head = u % p.hq, kv_head = head / p.group;
+      mbar_wait(q_empty, (units_done & 1) ^ 1);
+      mbar_arrive_expect_tx(q_full, T::kQBytes);
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
-  // With a positive scale the running max is kept on raw scores and the scale folds into the
-  // exponent's FMA (one instruction less per score); otherwise scores are scaled first.
+      for (int a = 0; a < D / 64; ++a) tma_load_3d(sQ + a * BM * 128, &tm_q, a * 64, head, int(item.q_row), q_full);
+      const int n_keys = item.kv_end - item.kv_begin;
+      const int n_tiles = n_keys > 0 ? (n_keys + BN - 1) / BN : 0;
+      const int row0 = int(item.kv_row + item.kv_begin);
+      for (int j = 0; j < n_tiles; ++j, ++tiles_issued) {
+        const int s = tiles_issued % S;
+        const uint32_t parity = ((tiles_issued / S) & 1) ^ 1;
+        mbar_wait(k_empty(s), parity);
+        mbar_arrive_expect_tx(k_full(s), T::kTileBytes);
+#pragma unroll
+        for (int a = 0; a < D / 64; ++a)
+          tma_load_3d(sK + s * T::kTileBytes + a * BN * 128, &tm_k, a * 64, kv_head, row0 + j * BN, k_full(s));
+        mbar_wait(v_empty(s), parity);
+        mbar_arrive_expect_tx(v_full(s), T::kTileBytes);
+#pragma unroll
+        for (int a = 0; a < D / 64; ++a)
+          tma_load_3d(sV + s * T::kTileBytes + a * BN * 128, &tm_v, a * 64, kv_head, row0 + j * BN, v_full(s));
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ---------------------------------------------------------------------------------------
+  registers_claim<T::kConsumerRegs>();
+  const int cw = warp / 4 - 1;  // consumer warpgroup: queries 64*cw .. 64*cw + 63 of the tile
+  const int wtid = tid - 128 - cw * 128;
+  const int g = lane / 4, t = lane % 4;
+  const int warp_row0 = cw * 64 + (warp % 4) * 16;  // this warp's first query in the tile
+  const int64_t q_stride = static_cast<int64_t>(p.hq) * D;
   const bool fold_scale = p.scale_log2 > 0.f;
   const float scale_eff = fold_scale ? p.scale_log2 : 1.f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // in the units of the (raw or pre-scaled) scores
-  float row_sum[2] = {0.f, 0.f};
-  // Masks, in keys relative to kv_begin: row r of this thread sees key c iff c <= key_limit[r], and
-  // tiles j >= mask_from hold a key that some row of this warp must not see.
-  int key_limit[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = item.q_index + warp * 16 + g + r * 8;
-    key_limit[r] = p.causal ? min(n_keys - 1, row + item.causal_offset - item.kv_begin) : n_keys - 1;
-  }
-  const int warp_limit =
-      p.causal ? min(n_keys - 1, item.q_index + warp * 16 + item.causal_offset - item.kv_begin) : n_keys - 1;
-  const int mask_from = warp_limit + 1 <= 0 ? 0 : (warp_limit + 1) / BN;
+  // Releases a stage (or Q) once every lane of this warp is done with it.
+  auto release = [&](uint32_t bar) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+  };
 
-  // S = Q K^T for one KV tile (this warpgroup's 64 rows x BN keys), issued as one wgmma group; the
-  // caller waits for it.
-  auto issue_qk = [&](float(&s)[BN / 2], int buf) {
-    const uint32_t q_addr = smem_base + warpgroup * 64 * 128;
-    const uint32_t k_buf = smem_base + kQBytes + buf * kTileBytes;
+  // S = Q K^T for one K stage (this warpgroup's 64 queries x BN keys), one wgmma group.
+  auto issue_qk = [&](float(&s)[BN / 2], int stage) {
+    const uint32_t q_addr = sQ + cw * 64 * 128;
+    const uint32_t k_addr = sK + stage * T::kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t col_bytes = (kk & 3) * 32;
       const uint64_t da = smem_desc_sw128(q_addr + (kk >> 2) * BM * 128 + col_bytes, 0, 1024);
-      const uint64_t db = smem_desc_sw128(k_buf + (kk >> 2) * BN * 128 + col_bytes, 0, 1024);
+      const uint64_t db = smem_desc_sw128(k_addr + (kk >> 2) * BN * 128 + col_bytes, 0, 1024);
       if (kk == 0) {
-        wgmma_m64n64k16_ss_first(s, da, db);
+        wgmma_m64n128k16_ss_first(s, da, db);
       } else {
-        wgmma_m64n64k16_ss(s, da, db, 1);
+        wgmma_m64n128k16_ss(s, da, db, 1);
       }
     }
     wgmma_commit();
   };
-  // O += P V: P from registers (16 keys per step), V transposed from shared memory; one wgmma group.
-  auto issue_pv = [&](const uint32_t(&pa)[BN / 16][4], int buf) {
-    const uint32_t v_buf = smem_base + kQBytes + 2 * kTileBytes + buf * kTileBytes;
+  // O += P V for one V stage: P from registers (16 keys per step), V as the transposed operand; one group.
+  auto issue_pv = [&](float(&o)[D / 2], const uint32_t(&pa)[BN / 16][4], int stage) {
+    const uint32_t v_addr = sV + stage * T::kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       // 16 keys = two 8-row groups (stride 1024 B); the next 64 head-dim columns are one atom (BN rows) on.
-      const uint64_t db = smem_desc_sw128(v_buf + kk * 16 * 128, BN * 128, 1024);
+      const uint64_t db = smem_desc_sw128(v_addr + kk * 16 * 128, BN * 128, 1024);
       if constexpr (D == 128) {
-        wgmma_m64n128k16_rs_tb(o_acc, pa[kk], db, 1);
+        wgmma_m64n128k16_rs_tb(o, pa[kk], db, 1);
       } else {
-        wgmma_m64n64k16_rs_tb(o_acc, pa[kk], db, 1);
+        wgmma_m64n64k16_rs_tb(o, pa[kk], db, 1);
       }
     }
     wgmma_commit();
   };
-  // Online softmax of tile j's scores in place (mask, running max/sum, exp2); returns in alpha the
-  // factor by which each of this thread's two O rows must be rescaled (rescale_o applies it).
-  auto softmax_tile = [&](float(&s)[BN / 2], int j, float(&alpha)[2]) {
-    const bool need_mask = j >= mask_from;
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = fold_scale ? s[nt * 4 + e] : s[nt * 4 + e] * p.scale_log2;
-        if (need_mask) {
-          if (j * BN + nt * 8 + 2 * t + (e & 1) > key_limit[e >> 1]) x = -INFINITY;
-        }
-        s[nt * 4 + e] = x;
-      }
-    }
+
+  if (cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // consumer 0 takes the first turn
+  int tiles_used = 0, units_done = 0;
+  for (int u = blockIdx.x; u < num_units; u += gridDim.x, ++units_done) {
+    const FwdItem item = p.items[u / p.hq];
+    const int head = u % p.hq;
+    const int n_keys = item.kv_end - item.kv_begin;
+    const int n_tiles = n_keys > 0 ? (n_keys + BN - 1) / BN : 0;
+    // Masks, in keys relative to kv_begin: row r of this thread sees key c iff c <= key_limit[r], and tiles
+    // j >= mask_from hold a key that some row of this warp must not see (or lie past the segment's end).
+    int key_limit[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
+      const int row = item.q_index + warp_row0 + g + r * 8;
+      key_limit[r] = p.causal ? min(n_keys - 1, row + item.causal_offset - item.kv_begin) : n_keys - 1;
+    }
+    const int warp_limit =
+        p.causal ? min(n_keys - 1, item.q_index + warp_row0 + item.causal_offset - item.kv_begin) : n_keys - 1;
+    const int mask_from = warp_limit + 1 <= 0 ? 0 : (warp_limit + 1) / BN;
+
+    float o_acc[D / 2];
 #pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
-      mx = warp_quad_max(mx);
-      const float m_new = fmaxf(row_max[r], mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new * scale_eff;  // in base-2 units
-      alpha[r] = fast_exp2(fmaf(row_max[r], scale_eff, -m_use));
-      row_max[r] = m_new;
-      float sum = 0.f;
+    for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY};  // in the units of the (raw or pre-scaled) scores
+    float row_sum[2] = {0.f, 0.f};
+
+    // Online softmax of tile j's scores in place; alpha = factor by which this thread's O rows must shrink.
+    auto softmax_tile = [&](float(&s)[BN / 2], int j, float(&alpha)[2]) {
+      const bool need_mask = j >= mask_from;
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) {
-        s[nt * 4 + 2 * r] = fast_exp2(fmaf(s[nt * 4 + 2 * r], scale_eff, -m_use));
-        s[nt * 4 + 2 * r + 1] = fast_exp2(fmaf(s[nt * 4 + 2 * r + 1], scale_eff, -m_use));
-        sum += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha[r] + sum;
-    }
-  };
-  auto rescale_o = [&](const float(&alpha)[2]) {
 #pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
+        for (int e = 0; e < 4; ++e) {
+          float x = fold_scale ? s[nt * 4 + e] : s[nt * 4 + e] * p.scale_log2;
+          if (need_mask && j * BN + nt * 8 + 2 * t + (e & 1) > key_limit[e >> 1]) x = -INFINITY;
+          s[nt * 4 + e] = x;
+        }
+      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        o_acc[dn * 4 + 2 * r] *= alpha[r];
-        o_acc[dn * 4 + 2 * r + 1] *= alpha[r];
-      }
-    }
-  };
-  auto pack_p = [&](const float(&s)[BN / 2], uint32_t(&pa)[BN / 16][4]) {
+        float mx = -INFINITY;
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = pack_bf16(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
-      pa[kk][1] = pack_bf16(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
-      pa[kk][2] = pack_bf16(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
-      pa[kk][3] = pack_bf16(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
-    }
-  };
-  auto load_kv = [&](__nv_bfloat16* dst, const __nv_bfloat16* src, int tile) {
-    load_tile_atoms_async<BN, D, NT>(dst + (tile & 1) * BN * D, src + static_cast<int64_t>(tile) * BN * kv_stride,
-                                     kv_stride, n_keys - tile * BN, tid);
-  };
+        for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
+        mx = warp_quad_max(mx);
+        const float m_new = fmaxf(row_max[r], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new * scale_eff;  // in base-2 units
+        alpha[r] = fast_exp2(fmaf(row_max[r], scale_eff, -m_use));
+        row_max[r] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+          s[nt * 4 + 2 * r] = fast_exp2(fmaf(s[nt * 4 + 2 * r], scale_eff, -m_use));
+          s[nt * 4 + 2 * r + 1] = fast_exp2(fmaf(s[nt * 4 + 2 * r + 1], scale_eff, -m_use));
+          sum += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
+        }
+        row_sum[r] = row_sum[r] * alpha[r] + sum;
+      }
+    };
+    auto pack_p = [&](const float(&s)[BN / 2], uint32_t(&pa)[BN / 16][4]) {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = pack_bf16(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+        pa[kk][1] = pack_bf16(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+        pa[kk][2] = pack_bf16(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+        pa[kk][3] = pack_bf16(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+      }
+    };
 
-  // Per tile: barrier -> refill the other K/V buffers -> S gemm -> wait -> softmax -> P V gemm -> wait.
-  // (Overlapping the softmax with the P V product inside the warpgroup, and issuing the S gemm before
-  // the refill, both measured slower: docs/kernels.md, Performance.)
-  for (int j = 0; j < n_blocks; ++j) {
-    cp_async_wait<0>();        // tile j (the only copy in flight) has landed
-    launder(smem_base);
-    fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    // One barrier per tile: tile j is visible to every warp, and every warpgroup has finished tile j-1,
-    // so its buffer can take tile j+1 while tile j is computed.
-    __syncthreads();
-    if (j + 1 < n_blocks) {
-      load_kv(sK, gK, j + 1);
-      load_kv(sV, gV, j + 1);
-      cp_async_commit();
+    mbar_wait(q_full, units_done & 1);
+    if (n_tiles > 0) {
+      float s[BN / 2];
+      uint32_t pa[BN / 16][4];
+      float alpha[2];
+      // Tile 0: S only (there is no P yet).
+      int stage = tiles_used % S;
+      mbar_wait(k_full(stage), (tiles_used / S) & 1);
+      named_barrier_sync(kTurnBarrier + cw, 256);
+      wgmma_fence();
+      issue_qk(s, stage);
+      named_barrier_arrive(kTurnBarrier + (1 - cw), 256);
+      wgmma_wait<0>();
+      fence_registers(s);
+      release(k_empty(stage));
+      softmax_tile(s, 0, alpha);
+      pack_p(s, pa);
+      // Tile j: S_j and O += P_{j-1} V_{j-1} in flight together; softmax of S_j under the PV product.
+      for (int j = 1; j < n_tiles; ++j) {
+        const int prev = stage, prev_parity = ((tiles_used + j - 1) / S) & 1;
+        stage = (tiles_used + j) % S;
+        mbar_wait(k_full(stage), ((tiles_used + j) / S) & 1);
+        mbar_wait(v_full(prev), prev_parity);
+        named_barrier_sync(kTurnBarrier + cw, 256);
+        wgmma_fence();
+        issue_qk(s, stage);
+        issue_pv(o_acc, pa, prev);
+        named_barrier_arrive(kTurnBarrier + (1 - cw), 256);
+        wgmma_wait<1>();
+        fence_registers(s);
+        release(k_empty(stage));
+        softmax_tile(s, j, alpha);
+        wgmma_wait<0>();
+        fence_registers(o_acc);
+        release(v_empty(prev));
+#pragma unroll
+        for (int dn = 0; dn < D / 8; ++dn) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            o_acc[dn * 4 + 2 * r] *= alpha[r];
+            o_acc[dn * 4 + 2 * r + 1] *= alpha[r];
+          }
+        }
+        pack_p(s, pa);
+      }
+      // Last PV product. Key rows past the segment's end in the last tile were loaded from whatever follows
+      // in memory; P is 0 there, but 0 * (Inf or NaN) is not, so they are zeroed first.
+      const int last = (tiles_used + n_tiles - 1);
+      mbar_wait(v_full(stage), (last / S) & 1);
+      const int valid_rows = n_keys - (n_tiles - 1) * BN;
+      if (valid_rows < BN) {
+        const uint32_t v_addr = sV + stage * T::kTileBytes;
+        const int chunks = (BN - valid_rows) * (D / 8);  // 16-byte chunks (a row = D/64 atoms of 128 B)
+        for (int c = wtid; c < chunks; c += 128) {
+          const int row = valid_rows + c / (D / 8), col_chunk = c % (D / 8);
+          const uint32_t addr = v_addr + (col_chunk / 8) * BN * 128 + row * 128 + (col_chunk % 8) * 16;
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+        }
+        fence_proxy_async_smem();
+        named_barrier_sync(kWarpgroupBarrier + cw, 128);
+      }
+      wgmma_fence();
+      issue_pv(o_acc, pa, stage);
+      wgmma_wait<0>();
+      fence_registers(o_acc);
+      release(v_empty(stage));
+      tiles_used += n_tiles;
     }
-    float s[BN / 2];
-    wgmma_fence();
-    issue_qk(s, j & 1);
-    wgmma_wait_all();
-    fence_registers(s);
-    float alpha[2];
-    softmax_tile(s, j, alpha);
-    rescale_o(alpha);
-    uint32_t pa[BN / 16][4];
-    pack_p(s, pa);
-    wgmma_fence();
-    issue_pv(pa, j & 1);
-    wgmma_wait_all();
-    fence_registers(o_acc);
-  }
-  if (n_blocks == 0) cp_async_wait<0>();
+    release(q_empty);
 
+    // ---- epilogue: normalise and write O and LSE (or the partial pair of a split-KV item) ----------------
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float total = warp_quad_sum(row_sum[r]);
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    const float lse = total > 0.f ? row_max[r] * scale_eff * kLn2 + logf(total) : -INFINITY;
-    const int local_row = warp * 16 + g + r * 8;
-    if (local_row >= item.q_rows) continue;
-    if (item.partial_slot < 0) {
-      __nv_bfloat16* out = p.o + (item.q_row + local_row) * q_stride + head * D;
+    for (int r = 0; r < 2; ++r) {
+      const float total = warp_quad_sum(row_sum[r]);
+      const float inv = total > 0.f ? 1.f / total : 0.f;
+      const float lse = total > 0.f ? row_max[r] * scale_eff * kLn2 + logf(total) : -INFINITY;
+      const int local_row = warp_row0 + g + r * 8;
+      if (local_row >= item.q_rows) continue;
+      if (item.partial_slot < 0) {
+        __nv_bfloat16* out = p.o + (item.q_row + local_row) * q_stride + head * D;
 #pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        *reinterpret_cast<uint32_t*>(out + dn * 8 + 2 * t) =
-            pack_bf16(o_acc[dn * 4 + 2 * r] * inv, o_acc[dn * 4 + 2 * r + 1] * inv);
+        for (int dn = 0; dn < D / 8; ++dn) {
+          *reinterpret_cast<uint32_t*>(out + dn * 8 + 2 * t) =
+              pack_bf16(o_acc[dn * 4 + 2 * r] * inv, o_acc[dn * 4 + 2 * r + 1] * inv);
+        }
+        if (t == 0) p.lse[static_cast<int64_t>(head) * p.tq + item.q_row + local_row] = lse;
+      } else {
+        const int64_t base = (static_cast<int64_t>(item.partial_slot) * p.hq + head) * BM + local_row;
+        float* out = p.partial_o + base * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; ++dn) {
+          *reinterpret_cast<float2*>(out + dn * 8 + 2 * t) =
+              make_float2(o_acc[dn * 4 + 2 * r] * inv, o_acc[dn * 4 + 2 * r + 1] * inv);
+        }
+        if (t == 0) p.partial_lse[base] = lse;
       }
-      if (t == 0) p.lse[static_cast<int64_t>(head) * p.tq + item.q_row + local_row] = lse;
-    } else {
-      const int64_t base = (static_cast<int64_t>(item.partial_slot) * p.hq + head) * BM + local_row;
-      float* out = p.partial_o + base * D;
-#pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        *reinterpret_cast<float2*>(out + dn * 8 + 2 * t) =
-            make_float2(o_acc[dn * 4 + 2 * r] * inv, o_acc[dn * 4 + 2 * r + 1] * inv);
-      }
-      if (t == 0) p.partial_lse[base] = lse;
     }
   }
+  // Consumer 1 arrived once more on consumer 0's turn barrier than consumer 0 waited (the first turn).
+  if (cw == 0) named_barrier_sync(kTurnBarrier + 0, 256);
 #endif
 }
 
@@ -243,10 +333,22 @@ template <int D>
 cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStream_t stream) {
   using T = Fwd90Traits<D>;
   if (num_items == 0 || p.hq == 0) return cudaSuccess;
-  cudaError_t err = cudaFuncSetAttribute(attention_fwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         T::kSmemBytes);
+  CUtensorMap tm_q, tm_k, tm_v;
+  const int hkv = p.hq / p.group;
+  cudaError_t err = encode_rows_tensor_map(&tm_q, p.q, p.tq, p.hq, D, T::kBlockM);
+  if (err == cudaSuccess) err = encode_rows_tensor_map(&tm_k, p.k, p.tk, hkv, D, T::kBlockN);
+  if (err == cudaSuccess) err = encode_rows_tensor_map(&tm_v, p.v, p.tk, hkv, D, T::kBlockN);
   if (err != cudaSuccess) return err;
-  attention_fwd_sm90_kernel<D><<<dim3(num_items, p.hq), T::kThreads, T::kSmemBytes, stream>>>(p);
+  err = cudaFuncSetAttribute(attention_fwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  int device = 0, sms = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int64_t units = static_cast<int64_t>(num_items) * p.hq;
+  if (units > INT32_MAX) return cudaErrorInvalidValue;
+  const int grid = static_cast<int>(std::min<int64_t>(units, sms));
+  attention_fwd_sm90_kernel<D><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, tm_q, tm_k, tm_v, static_cast<int>(units));
   return cudaGetLastError();
 }
 

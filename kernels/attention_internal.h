@@ -22,6 +22,7 @@ struct FwdParams {
   float* partial_lse;  // [slots, hq, block_m]
   const FwdItem* items;
   int64_t tq;
+  int64_t tk;  // rows of K/V
   int hq;
   int group;  // hq / hkv
   float scale_log2;
@@ -57,7 +58,7 @@ template <int D>
 cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStream_t stream);
 template <int D>
 bool attention_fwd_sm90_loaded();
-// Hopper backward, head dim 128 only.
+template <int D>
 cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, cudaStream_t stream);
 template <int D>
 cudaError_t launch_attention_bwd(const BwdParams& p, int num_items, cudaStream_t stream);

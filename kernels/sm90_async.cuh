@@ -1,0 +1,84 @@
+// sm90_async.cuh -- Hopper (sm_90a) asynchronous-copy and synchronisation primitives for warp-specialised
+// kernels, as inline PTX: mbarriers (transaction-counted stage barriers), TMA tile loads
+// (cp.async.bulk.tensor), named barriers and register reallocation (setmaxnreg). Device functions are
+// only called from sm_90a kernel bodies; the host helper encodes the TMA descriptors.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is fetched from the driver at run time)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cad::kernels::detail {
+
+// ---- mbarriers ---------------------------------------------------------------------------------------
+// A 64-bit barrier in shared memory with an arrival count and a transaction (byte) count. A phase
+// completes when `count` threads have arrived and every byte announced with expect_tx has landed; its
+// parity (0, 1, 0, ...) is what waiters test.
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes initialised barriers visible to the async proxy (TMA) before anyone uses them.
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// Arrives once and announces `bytes` of TMA traffic that must land before the phase completes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Blocks until the phase with the given parity has completed. Waiting for parity 1 on a fresh barrier
+// returns at once (the phase "before" the first one counts as complete): producers rely on that to
+// find every stage empty at the start.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_AGAIN:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_AGAIN;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// ---- TMA -----------------------------------------------------------------------------------------------
+// Loads one box of a 3-D tensor map (coordinates innermost first, in elements) into shared memory and
+// counts its bytes on `bar`. Out-of-bounds elements are filled with zeros.
+__device__ __forceinline__ void tma_load_3d(uint32_t smem_dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          smem_dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---- named barriers and registers ------------------------------------------------------------------------
+// Barrier `id` (1..15; 0 is __syncthreads) completes when `threads` threads have reached it by sync or arrive.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Moves registers between the warpgroups of a block: producers give theirs up, consumers take them.
+template <int REGS>
+__device__ __forceinline__ void registers_release() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void registers_claim() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+// ---- host: TMA descriptors -------------------------------------------------------------------------------
+// Describes rows of a [tokens, heads, head_dim] bf16 tensor for TMA: box = `box_rows` tokens x one head x
+// 64 head-dim columns (one 128-byte swizzle atom), 128-byte swizzle -- the layout wgmma reads.
+cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, int64_t tokens, int heads, int head_dim,
+                                   int box_rows);
+
+}  // namespace cad::kernels::detail
