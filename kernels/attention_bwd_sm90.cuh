@@ -1,8 +1,9 @@
-// attention_bwd_sm90.cuh -- the Hopper (sm_90a) backward kernel for head dim 128: the work items and
-// math of attention_bwd.cuh with all five matrix products on wgmma.
+// attention_bwd_sm90.cuh -- the Hopper (sm_90a) backward kernel for head dims 64 and 128: the work items
+// and math of attention_bwd.cuh with all five matrix products on wgmma.
 //
-// One block = two warpgroups = 128 keys of one work item x one KV head; each warpgroup owns 64 keys
-// and keeps their dK/dV (64 x 128 fp32 each) in registers. Per step of 64 queries:
+// One block = bwd_block_n(D) keys of one work item x one KV head: two warpgroups (128 keys) at D=128,
+// one warpgroup (64 keys, several blocks per SM) at D=64. Each warpgroup owns 64 keys and keeps their
+// dK/dV (64 x D fp32 each) in registers. Per step of 64 queries:
 //   S^T = K Q^T, dP^T = V dO^T          (shared x shared)
 //   dV += P^T dO, dK += dS^T Q          (P^T / dS^T from registers, dO / Q transposed from shared)
 //   dQ = dS K                           (dS^T through shared memory; warpgroup w: columns 64w..64w+63)
@@ -20,20 +21,41 @@
 
 namespace cad::kernels::detail {
 
+template <int D>
 struct Bwd90Traits {
-  static constexpr int kD = 128;
-  static constexpr int kBlockN = 128;  // keys per block: 2 warpgroups x 64
-  static constexpr int kBlockM = 64;   // queries per step
-  static constexpr int kThreads = 256;
+  static_assert(D == 64 || D == 128, "head dims 64 and 128");
+  static constexpr int kD = D;
+  static constexpr int kWarpgroups = D == 128 ? 2 : 1;
+  static constexpr int kBlockN = 64 * kWarpgroups;  // keys per block: 64 per warpgroup
+  static constexpr int kBlockM = 64;                // queries per step
+  static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kSmemBytes = (2 * kBlockN * kD + 4 * kBlockM * kD + kBlockN * kBlockM) * 2 +
                                     4 * kBlockM * 4 + 1024;
+  // Blocks per SM: one at D=128 (255 registers per thread); three at D=64 (58 KiB of shared memory
+  // each, at most 168 registers per thread).
+  static constexpr int kMinBlocks = D == 128 ? 1 : 3;
 };
-static_assert(Bwd90Traits::kBlockN == bwd_block_n(128), "the plan's key tiles must match the kernel's");
+static_assert(Bwd90Traits<128>::kBlockN == bwd_block_n(128), "the plan's key tiles must match the kernel's");
+static_assert(Bwd90Traits<64>::kBlockN == bwd_block_n(64), "the plan's key tiles must match the kernel's");
+static_assert(Bwd90Traits<64>::kMinBlocks * (Bwd90Traits<64>::kSmemBytes + 1024) <= 228 * 1024,
+              "D=64: the blocks per SM promised to the compiler must fit in shared memory");
 
-__global__ void __launch_bounds__(Bwd90Traits::kThreads, 1) attention_bwd_sm90_kernel(BwdParams p) {
+// dV/dK += A (16 queries from registers) x B (16 x D, stored N-contiguous in shared memory).
+template <int D>
+__device__ __forceinline__ void wgmma_rs_tb_d(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (D == 128) {
+    wgmma_m64n128k16_rs_tb(d, a, desc_b, 1);
+  } else {
+    wgmma_m64n64k16_rs_tb(d, a, desc_b, 1);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(Bwd90Traits<D>::kThreads, Bwd90Traits<D>::kMinBlocks)
+    attention_bwd_sm90_kernel(BwdParams p) {
 #ifdef CAD_SM90_KERNEL_BODY
-  using T = Bwd90Traits;
-  constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN, NT = T::kThreads;
+  using T = Bwd90Traits<D>;
+  constexpr int BM = T::kBlockM, BN = T::kBlockN, NT = T::kThreads;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
@@ -162,17 +184,18 @@ __global__ void __launch_bounds__(Bwd90Traits::kThreads, 1) attention_bwd_sm90_k
     wgmma_fence();
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq) {
-      wgmma_m64n128k16_rs_tb(dv, ap[kq], smem_desc_sw128(do_buf + kq * 16 * 128, BM * 128, 1024), 1);
+      wgmma_rs_tb_d<D>(dv, ap[kq], smem_desc_sw128(do_buf + kq * 16 * 128, BM * 128, 1024));
     }
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq) {
-      wgmma_m64n128k16_rs_tb(dk, as[kq], smem_desc_sw128(q_buf + kq * 16 * 128, BM * 128, 1024), 1);
+      wgmma_rs_tb_d<D>(dk, as[kq], smem_desc_sw128(q_buf + kq * 16 * 128, BM * 128, 1024));
     }
     wgmma_commit();
     fence_proxy_async_smem();  // dS^T was written with ordinary stores; wgmma reads it next
     __syncthreads();
 
-    // dQ[BM x 128] = dS K: A = dS (queries contiguous in sdS), B = K (head-dim contiguous).
+    // dQ[BM x D] = dS K, 64 columns per warpgroup: A = dS (queries contiguous in sdS), B = K (head-dim
+    // contiguous; warpgroup wg reads K's atom wg).
     float dq[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) dq[i] = 0.f;
@@ -220,13 +243,14 @@ __global__ void __launch_bounds__(Bwd90Traits::kThreads, 1) attention_bwd_sm90_k
 #endif
 }
 
-inline cudaError_t launch_attention_bwd_sm90_impl(const BwdParams& p, int num_items, cudaStream_t stream) {
-  using T = Bwd90Traits;
+template <int D>
+cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, cudaStream_t stream) {
+  using T = Bwd90Traits<D>;
   if (num_items == 0 || p.hq == 0) return cudaSuccess;
-  cudaError_t err =
-      cudaFuncSetAttribute(attention_bwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  cudaError_t err = cudaFuncSetAttribute(attention_bwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         T::kSmemBytes);
   if (err != cudaSuccess) return err;
-  attention_bwd_sm90_kernel<<<dim3(num_items, p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p);
+  attention_bwd_sm90_kernel<D><<<dim3(num_items, p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -2,7 +2,5 @@
 #include "attention_bwd_sm90.cuh"
 
 namespace cad::kernels::detail {
-cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, cudaStream_t stream) {
-  return launch_attention_bwd_sm90_impl(p, num_items, stream);
-}
+template cudaError_t launch_attention_bwd_sm90<128>(const BwdParams& p, int num_items, cudaStream_t stream);
 }  // namespace cad::kernels::detail

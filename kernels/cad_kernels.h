@@ -32,7 +32,7 @@ struct AttentionProblem {
   int head_dim = 0;  // 64 or 128
   float softmax_scale = 0.f;
   bool causal = false;
-  // Use the Hopper (sm_90a, wgmma) kernels: forward at D=64/128, backward at D=128; only where
+  // Use the Hopper (sm_90a, wgmma) kernels: forward and backward at D=64/128; only where
   // hopper_kernels_available() says so.
   bool hopper = false;
 };

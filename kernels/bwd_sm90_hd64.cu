@@ -1,0 +1,6 @@
+// bwd_sm90_hd64.cu -- the Hopper (wgmma) backward kernel, head dim 64; a stub in non-sm_90a passes.
+#include "attention_bwd_sm90.cuh"
+
+namespace cad::kernels::detail {
+template cudaError_t launch_attention_bwd_sm90<64>(const BwdParams& p, int num_items, cudaStream_t stream);
+}  // namespace cad::kernels::detail
