@@ -121,8 +121,8 @@ double lse_error(const std::vector<float>& got, const std::vector<float>& want) 
   return worst;
 }
 
-// The last parameter picks the forward kernel: true = the default (wgmma on Hopper), false = the
-// portable mma.sync kernel forced through the config.
+// The last parameter picks the kernels, forward and backward, at both head dims: true = the default
+// (wgmma on Hopper), false = the portable mma.sync kernels forced through the config.
 class AttentionVsReference
     : public ::testing::TestWithParam<std::tuple<Kind, int, bool, std::pair<int, int>, bool>> {};
 
