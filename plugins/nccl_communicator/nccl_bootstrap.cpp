@@ -1,8 +1,11 @@
 // nccl_bootstrap.cpp -- see nccl_bootstrap.h.
 #include "nccl_bootstrap.h"
 
+#include <dlfcn.h>
+
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #ifdef CAD_NCCL_WITH_MPI
@@ -24,6 +27,21 @@ bool host_can_bootstrap(const cad_host_services_v1_t* services) {
          services->bootstrap_rank >= 0 && services->bootstrap_rank < services->bootstrap_world_size;
 }
 
+// NCCL cannot be unloaded once it has started threads: ncclGetUniqueId leaves a bootstrap root thread
+// that waits until every rank has connected. A host unloads this plugin (and with it libnccl) after a
+// failed create -- e.g. when its bootstrap_all_gather failed after rank 0 made the id -- and that
+// thread then runs in unmapped code: the process segfaults moments later. So before the first NCCL
+// call, the libnccl we are linked to is made RTLD_NODELETE: it stays loaded until the process exits.
+void pin_nccl_library() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&ncclGetUniqueId), &info) != 0 && info.dli_fname != nullptr) {
+      dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);  // never closed, on purpose
+    }
+  });
+}
+
 bool launched_by_mpi() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
     if (std::getenv(name) != nullptr) return true;
@@ -38,20 +56,47 @@ void new_unique_id(ncclUniqueId* id) {
   }
 }
 
-// Rank 0 makes the id; everyone else contributes zeros; all take rank 0's block.
+bool all_zero(const ncclUniqueId& id) {
+  static const ncclUniqueId zero{};
+  return std::memcmp(&id, &zero, sizeof id) == 0;
+}
+
+// Rank 0 makes the id; everyone else contributes zeros; all take rank 0's block. Rank 0 joins the
+// all-gather even when ncclGetUniqueId fails (with zeros), so that the other ranks are not left
+// waiting in the host's collective: they see the all-zero block and fail too.
 Bootstrap through_host(const cad_host_services_v1_t* services) {
   Bootstrap b;
   b.method = "host";
   b.rank = services->bootstrap_rank;
   b.world_size = services->bootstrap_world_size;
   ncclUniqueId mine{};
-  if (b.rank == 0) new_unique_id(&mine);
-  std::vector<ncclUniqueId> all(static_cast<size_t>(b.world_size));
+  std::string id_error;
+  if (b.rank == 0) {
+    const ncclResult_t made = ncclGetUniqueId(&mine);
+    if (made != ncclSuccess) {
+      mine = ncclUniqueId{};
+      const char* detail = ncclGetLastError(nullptr);
+      id_error = ncclGetErrorString(made);
+      if (detail != nullptr && detail[0] != '\0') id_error += std::string(" (") + detail + ")";
+    }
+  }
+  std::vector<ncclUniqueId> all(static_cast<size_t>(b.world_size));  // zeros, unless the host fills them
   const cad_status_t status = services->bootstrap_all_gather(services->host_ctx, &mine, sizeof(mine), all.data());
+  if (!id_error.empty()) {
+    fail(CAD_STATUS_COMMUNICATION, format("bootstrap (host): rank 0 of %d: ncclGetUniqueId failed: %s (the other "
+                                          "ranks were sent zeros and fail too)", b.world_size, id_error.c_str()));
+  }
   if (status != CAD_STATUS_OK) {
-    fail(CAD_STATUS_COMMUNICATION, format("bootstrap: the host's bootstrap_all_gather failed with status %d", status));
+    fail(CAD_STATUS_COMMUNICATION, format("bootstrap (host): the host's bootstrap_all_gather failed with status %d "
+                                          "(rank %d of %d)", status, b.rank, b.world_size));
   }
   b.id = all[0];
+  if (all_zero(b.id)) {
+    fail(CAD_STATUS_COMMUNICATION, format("bootstrap (host): rank %d of %d received no NCCL unique id from rank 0 "
+                                          "(its block is all zeros): rank 0 could not make one (see its error), or "
+                                          "the host's bootstrap_all_gather returned OK without filling recv",
+                                          b.rank, b.world_size));
+  }
   return b;
 }
 
@@ -87,24 +132,31 @@ Bootstrap through_mpi(const NcclConfig& config, const plugin::Logger& logger) {
 
 }  // namespace
 
-Bootstrap bootstrap(const NcclConfig& config, const cad_host_services_v1_t* services, const plugin::Logger& logger) {
+std::string choose_bootstrap(const NcclConfig& config, const cad_host_services_v1_t* services) {
   std::string method = config.bootstrap;
   if (method == "auto") method = host_can_bootstrap(services) ? "host" : launched_by_mpi() ? "mpi" : "single";
-  if (method == "host") {
-    if (!host_can_bootstrap(services)) {
-      fail(CAD_STATUS_INVALID_CONFIG, "plugin 'nccl' config: key 'bootstrap' is \"host\" but the host lends no "
-                                      "bootstrap_all_gather (or no valid bootstrap_rank/bootstrap_world_size)");
-    }
-    return through_host(services);
+  if (method == "host" && !host_can_bootstrap(services)) {
+    fail(CAD_STATUS_INVALID_CONFIG, "plugin 'nccl' config: key 'bootstrap' is \"host\" but the host lends no "
+                                    "bootstrap_all_gather (or no valid bootstrap_rank/bootstrap_world_size)");
   }
+#ifndef CAD_NCCL_WITH_MPI
   if (method == "mpi") {
-#ifdef CAD_NCCL_WITH_MPI
-    return through_mpi(config, logger);
-#else
     fail(CAD_STATUS_UNSUPPORTED, "plugin 'nccl' config: key 'bootstrap' is \"mpi\" but this build has no MPI "
                                  "(CAD_ENABLE_MPI=OFF)");
-#endif
   }
+#endif
+  return method;
+}
+
+Bootstrap bootstrap(const std::string& method, const NcclConfig& config, const cad_host_services_v1_t* services,
+                    const plugin::Logger& logger) {
+  pin_nccl_library();
+  if (method == "host") return through_host(services);
+#ifdef CAD_NCCL_WITH_MPI
+  if (method == "mpi") return through_mpi(config, logger);
+#else
+  (void)config;
+#endif
   Bootstrap b;
   b.method = "single rank";
   new_unique_id(&b.id);

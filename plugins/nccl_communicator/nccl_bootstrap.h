@@ -23,7 +23,17 @@ struct Bootstrap {
   std::string method;  // "host", "mpi" or "single rank", for messages
 };
 
-// Collective over the ranks that will form the communicator. Throws Failure naming the method.
-Bootstrap bootstrap(const NcclConfig& config, const cad_host_services_v1_t* services, const plugin::Logger& logger);
+// The method `config` selects with these services: "host", "mpi" or "single". Local (no CUDA, no
+// communication), so that a config that cannot work here is refused before anything else is touched:
+// INVALID_CONFIG for "host" without a usable bootstrap_all_gather, UNSUPPORTED for "mpi" in a build
+// without MPI.
+std::string choose_bootstrap(const NcclConfig& config, const cad_host_services_v1_t* services);
+
+// Collective over the ranks that will form the communicator, by `method` (from choose_bootstrap).
+// Throws Failure naming the method. Through "host", every rank joins the all-gather exactly once,
+// even rank 0 when it cannot make the NCCL unique id (it then sends zeros, which every rank refuses),
+// so that no rank is left waiting in the host's all-gather for a rank that already gave up.
+Bootstrap bootstrap(const std::string& method, const NcclConfig& config, const cad_host_services_v1_t* services,
+                    const plugin::Logger& logger);
 
 }  // namespace cad::nccl_comm

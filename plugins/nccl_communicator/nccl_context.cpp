@@ -10,6 +10,8 @@ using plugin::format;
 
 NcclContext::NcclContext(const cad_host_services_v1_t* services, const char* config_json)
     : logger_(services, "nccl"), config_(read_config(config_json, logger_)) {
+  // Config problems first (no CUDA, no communication), so they are reported as such everywhere.
+  const std::string method = choose_bootstrap(config_, services);
   device_ = choose_device(config_);
   int device_count = 0;
   check_cuda(cudaGetDeviceCount(&device_count), "create: cudaGetDeviceCount");
@@ -18,7 +20,7 @@ NcclContext::NcclContext(const cad_host_services_v1_t* services, const char* con
                                            "visible); set key 'device' or the launcher's local rank",
                                            device_, device_count));
   }
-  const Bootstrap boot = bootstrap(config_, services, logger_);
+  const Bootstrap boot = bootstrap(method, config_, services, logger_);
   rank_ = boot.rank;
   world_size_ = boot.world_size;
   {
