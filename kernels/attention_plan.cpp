@@ -3,6 +3,8 @@
 // the rows no segment covers, and the workspace layout. Pure C++: no CUDA call here.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <vector>
 
 #include "cad_kernels.h"
@@ -12,7 +14,7 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr int kFwdBlocksPerSm = 2;     // what the forward kernel's registers and shared memory allow at D=128
-constexpr int64_t kMinSplitBlocks = 8; // a KV split shorter than 8 tiles (512 keys) costs more to merge than it saves
+constexpr int64_t kMinSplitKeys = 512;  // a KV split shorter than this costs more to merge than it saves
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -29,6 +31,68 @@ std::vector<RowRange> gaps(std::vector<RowRange> ranges, int64_t total) {
   }
   if (covered_to < total) out.push_back({covered_to, total});
   return out;
+}
+
+
+// Cost units of the schedule simulation: one key tile of one item. A work unit also pays a fixed
+// prologue/epilogue, and a split piece writes fp32 partials that a merge pass reads back.
+constexpr int64_t kUnitOverheadTiles = 1;
+constexpr int64_t kSplitOverheadTiles = 2;
+constexpr int64_t kMaxSimulatedUnits = int64_t{1} << 20;  // beyond this there is parallelism to spare
+
+// Finishing time of the busiest of `slots` workers when the units (each item once per head, heaviest
+// first) are dealt out in rounds that alternate direction -- how the persistent Hopper kernel walks
+// them, and close to how the hardware hands out the portable kernel's blocks.
+int64_t simulated_makespan(const std::vector<int64_t>& costs_desc, int64_t heads, int64_t slots) {
+  std::vector<int64_t> load(static_cast<size_t>(slots), 0);
+  int64_t u = 0;
+  for (int64_t cost : costs_desc) {
+    for (int64_t h = 0; h < heads; ++h, ++u) {
+      const int64_t round = u / slots, pos = u % slots;
+      load[static_cast<size_t>(round & 1 ? slots - 1 - pos : pos)] += cost;
+    }
+  }
+  return *std::max_element(load.begin(), load.end());
+}
+
+// The KV chunk (in key tiles) that gives the shortest simulated schedule; "no split" when nothing beats it.
+int64_t choose_kv_chunk(const std::vector<FwdItem>& tiles, int64_t block_n, int64_t heads, int64_t slots) {
+  std::vector<int64_t> tile_counts;
+  int64_t longest = 0;
+  for (const FwdItem& it : tiles) {
+    tile_counts.push_back(std::max<int64_t>(1, ceil_div(it.kv_end - it.kv_begin, block_n)));
+    longest = std::max(longest, tile_counts.back());
+  }
+  const int64_t no_split = std::numeric_limits<int64_t>::max();
+  if (tiles.empty() || static_cast<int64_t>(tiles.size()) * heads > kMaxSimulatedUnits) return no_split;
+  const int64_t min_chunk = ceil_div(kMinSplitKeys, block_n);
+  auto makespan_for = [&](int64_t chunk) {
+    std::vector<int64_t> costs;
+    for (int64_t n : tile_counts) {
+      if (n <= chunk) {
+        costs.push_back(n + kUnitOverheadTiles);
+        continue;
+      }
+      const int64_t splits = ceil_div(n, chunk), per_split = ceil_div(n, splits);
+      for (int64_t b = 0; b < n; b += per_split) {
+        costs.push_back(std::min(per_split, n - b) + kUnitOverheadTiles + kSplitOverheadTiles);
+      }
+    }
+    if (static_cast<int64_t>(costs.size()) * heads > kMaxSimulatedUnits) return no_split;
+    std::sort(costs.begin(), costs.end(), std::greater<>());
+    return simulated_makespan(costs, heads, slots);
+  };
+  int64_t best_chunk = no_split, best = makespan_for(no_split);
+  for (int64_t chunk = longest / 2; chunk >= min_chunk; chunk /= 2) {
+    const int64_t m = makespan_for(chunk);
+    if (m == no_split) break;  // too many pieces to simulate: finer chunks only get worse
+    // Prefer fewer splits unless the schedule gets clearly (2%) shorter.
+    if (best == no_split || m * 50 < best * 49) {
+      best = m;
+      best_chunk = chunk;
+    }
+  }
+  return best_chunk;
 }
 
 }  // namespace
@@ -66,15 +130,15 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
   }
   plan.uncovered = gaps(q_ranges, problem.tq);
 
-  // Split long KV ranges into chunks of at most `chunk` key tiles, sized so that no item holds more
-  // than an eighth of one slot's fair share: short queries against long KV (CAD's shards) then fill
-  // every SM, and items of very different KV lengths still finish together.
-  const auto blocks_of = [](const FwdItem& it) { return std::max<int64_t>(1, ceil_div(it.kv_end - it.kv_begin, kFwdBlockN)); };
-  int64_t total_blocks = 0;
-  for (const FwdItem& it : tiles) total_blocks += blocks_of(it);
-  const int64_t slots = std::max(1, num_sms) * static_cast<int64_t>(kFwdBlocksPerSm);
+  // Split long KV ranges into chunks of at most `chunk` key tiles when that shortens the schedule: with
+  // short queries against long KV (CAD's shards) there are too few, too uneven items to keep every SM
+  // busy to the end. Each candidate is priced by simulating the kernel's schedule; splitting costs a
+  // partial write and a merge, so it is only chosen where it pays.
+  const int64_t block_n = fwd_block_n(problem);
   const int64_t heads = std::max(1, problem.hq);
-  const int64_t chunk = std::max(kMinSplitBlocks, ceil_div(total_blocks * heads, 8 * slots));
+  const int64_t slots = std::max(1, num_sms) * static_cast<int64_t>(problem.hopper ? 1 : kFwdBlocksPerSm);
+  const int64_t chunk = choose_kv_chunk(tiles, block_n, heads, slots);
+  const auto blocks_of = [&](const FwdItem& it) { return std::max<int64_t>(1, ceil_div(it.kv_end - it.kv_begin, block_n)); };
   for (const FwdItem& tile : tiles) {
     const int64_t nb = blocks_of(tile);
     if (nb <= chunk) {
@@ -90,8 +154,8 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
     int32_t n = 0;
     for (int64_t b = 0; b < nb; b += per_split) {
       FwdItem part = tile;
-      part.kv_begin = static_cast<int32_t>(b * kFwdBlockN);
-      part.kv_end = static_cast<int32_t>(std::min<int64_t>(tile.kv_end, (b + per_split) * kFwdBlockN));
+      part.kv_begin = static_cast<int32_t>(b * block_n);
+      part.kv_end = static_cast<int32_t>(std::min<int64_t>(tile.kv_end, (b + per_split) * block_n));
       part.partial_slot = plan.num_slots++;
       plan.items.push_back(part);
       ++n;

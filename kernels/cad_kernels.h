@@ -76,8 +76,10 @@ struct RowRange {
 
 constexpr int kFwdBlockM = 64;     // queries per forward work item (portable mma.sync kernel)
 constexpr int kFwdBlockM90 = 128;  // queries per forward work item (Hopper wgmma kernel)
-constexpr int kFwdBlockN = 64;
+constexpr int kFwdBlockN = 64;     // keys per K/V tile (portable kernel)
+constexpr int kFwdBlockN90 = 128;  // keys per K/V tile (Hopper kernel)
 inline int fwd_block_m(const AttentionProblem& p) { return p.hopper ? kFwdBlockM90 : kFwdBlockM; }
+inline int fwd_block_n(const AttentionProblem& p) { return p.hopper ? kFwdBlockN90 : kFwdBlockN; }
 
 struct ForwardPlan {
   AttentionProblem problem;

@@ -140,6 +140,44 @@ INSTANTIATE_TEST_SUITE_P(CudaPlan, PlanTest,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Values(1, 132),
                                             ::testing::Bool()));
 
+// The KV split is a scheduling decision: a dense causal batch has plenty of evenly sized work and is
+// left whole; a few short query shards against long KV are split, on the kernel's key tiles.
+TEST(CudaPlanSplit, DenseBatchStaysWholeAndShortShardsSplitOnKeyTiles) {
+  for (const bool hopper : {true, false}) {
+    AttentionProblem pr;
+    pr.hq = 32;
+    pr.hkv = 8;
+    pr.head_dim = 128;
+    pr.causal = true;
+    pr.hopper = hopper;
+    for (const int64_t n : {4096, 16384, 65536}) {  // 64K: too many candidate pieces to simulate
+      pr.tq = pr.tk = n;
+      const Segment dense{0, n, 0, n};
+      const ForwardPlan whole = make_forward_plan(pr, &dense, 1, 132);
+      EXPECT_TRUE(whole.combines.empty()) << "hopper=" << hopper << " n=" << n;
+      ASSERT_EQ(whole.items.size(), static_cast<size_t>(n / whole.block_m));
+      EXPECT_EQ(whole.items.front().kv_end, n) << "heaviest first";
+    }
+
+    std::vector<Segment> shards;
+    pr.tq = pr.tk = 0;
+    for (int i = 0; i < 2; ++i) {  // 2 shards x 32 heads: fewer work units than SMs unless split
+      shards.push_back({pr.tq, 128, pr.tk, 131072});
+      pr.tq += 128;
+      pr.tk += 131072;
+    }
+    const ForwardPlan split = make_forward_plan(pr, shards.data(), static_cast<int64_t>(shards.size()), 132);
+    EXPECT_FALSE(split.combines.empty()) << "hopper=" << hopper;
+    const int block_n = fwd_block_n(pr);
+    for (const FwdItem& it : split.items) {
+      EXPECT_EQ(it.kv_begin % block_n, 0) << "hopper=" << hopper;
+      if (it.partial_slot >= 0) {
+        EXPECT_GE(it.kv_end - it.kv_begin, 512) << "hopper=" << hopper;
+      }
+    }
+  }
+}
+
 TEST(CudaPlanEmpty, EmptyBatchLeavesEveryRowUncovered) {
   AttentionProblem pr;
   pr.tq = 100;
