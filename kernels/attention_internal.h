@@ -28,6 +28,7 @@ struct FwdParams {
   float scale_log2;
   int causal;
   int block_m;  // queries per work item: the kernel's tile height
+  int kv_head_bands;  // Hopper forward: walk units in bands of items by KV head (set by its launcher)
 };
 
 struct BwdParams {
