@@ -11,11 +11,15 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cudaTypedefs.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <type_traits>
 
 #include "attention_internal.h"
 #include "mma_utils.cuh"
+#include "sm90_async.cuh"
 #include "sm90_tiles.cuh"
 #include "wgmma_ops.cuh"
 
@@ -243,10 +247,452 @@ __global__ void __launch_bounds__(Bwd90Traits<D>::kThreads, Bwd90Traits<D>::kMin
 #endif
 }
 
+// ---- head dim 128: warp-specialised backward (FlashAttention-3's structure) -----------------------------
+//
+// One block = 128 keys of one work item x one KV head, 384 threads, one block per SM:
+//  - warpgroup 0 gives its registers up (setmaxnreg) and hosts two helper warps:
+//      warp 0 ("producer"): per step, TMA loads of the Q and dO tiles (64 queries, 128-byte swizzle) into a
+//      ring of kStages stages, and LSE/Delta of those queries into shared memory (plain loads by its 32
+//      lanes); each stage has a full mbarrier (bytes + 32 lanes) and an empty one (the 8 consumer warps);
+//      warp 1 ("dQ writer"): adds each step's dQ tile (fp32, in shared memory) to the global accumulator
+//      with TMA reductions (cp.reduce.async.bulk.tensor add), instead of per-thread atomics;
+//  - warpgroups 1 and 2 (consumers, 240 registers) own 64 keys each, keep their dK/dV in registers, and per
+//    step compute S^T, dP^T, P^T, dS^T, dV += P^T dO, dK += dS^T Q and half of dQ = dS K (the 64 head-dim
+//    columns 64w..64w+63 over all 128 keys). The two consumers meet once per step (dS^T complete, named
+//    barrier); dS^T and dQ are double-buffered in shared memory, so nobody else waits for anybody.
+// K and V are loaded once per block by the consumers (cp.async, rows past the tile's keys zero-filled). Rows
+// of Q/dO past the segment's end (a partial last query tile) come from whatever follows in memory and are
+// zeroed in shared memory before use, so that 0 * (garbage) cannot reach dK/dV; their dQ rows are then
+// exactly 0 and the reduction adds nothing to the rows it touches past the segment.
+struct BwdWsTraits {
+  static constexpr int kD = 128, kBlockM = 64, kBlockN = 128, kStages = 2, kThreads = 384;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128*24 + 256*240 <= 64K
+  static constexpr uint32_t kKVBytes = kBlockN * kD * 2;          // K (and V): 32 KiB
+  static constexpr uint32_t kQBytes = kBlockM * kD * 2;           // one Q (or dO) stage: 16 KiB
+  static constexpr uint32_t kDSBytes = kBlockN * kBlockM * 2;     // one dS^T buffer: 16 KiB
+  static constexpr uint32_t kDQBytes = kBlockM * kD * 4;          // one dQ buffer (fp32): 32 KiB
+  static constexpr uint32_t kKOff = 0, kVOff = kKVBytes, kQOff = 2 * kKVBytes;
+  static constexpr uint32_t kDOOff = kQOff + kStages * kQBytes;
+  static constexpr uint32_t kDSOff = kDOOff + kStages * kQBytes;
+  static constexpr uint32_t kDQOff = kDSOff + 2 * kDSBytes;
+  static constexpr uint32_t kLseOff = kDQOff + 2 * kDQBytes;
+  static constexpr uint32_t kDeltaOff = kLseOff + kStages * kBlockM * 4;
+  static constexpr uint32_t kBarOff = kDeltaOff + kStages * kBlockM * 4;
+  static constexpr int kSmemBytes = kBarOff + (2 * kStages + 2) * 8 + 1024;  // + alignment slack
+};
+static_assert(BwdWsTraits::kBlockN == bwd_block_n(128), "the plan's key tiles must match the kernel's");
+static_assert(BwdWsTraits::kSmemBytes <= 227 * 1024, "shared memory per block");
+
+// Named barriers: dS^T of the step complete (both consumers); Q/dO rows zeroed or K/V loaded (both
+// consumers); dQ buffer b filled (consumers arrive, dQ writer waits) and emptied (the other way round).
+constexpr int kBwdBarDS = 1, kBwdBarConsumers = 2, kBwdBarDQFull = 3, kBwdBarDQEmpty = 5;
+constexpr int kBwdDQBarThreads = 256 + 32;
+
+// TMA reduction: adds one box of shared memory (the tensor map's layout) into global memory.
+__device__ __forceinline__ void bwd_tma_reduce_add_3d(uint32_t smem_src, const CUtensorMap* map, int c0, int c1,
+                                                      int c2) {
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void bwd_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bwd_bulk_wait_read_all() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bwd_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// A template (on D = 128 only) so that it is compiled in the one TU that launches it.
+template <int DIM>
+__global__ void __launch_bounds__(BwdWsTraits::kThreads, 1)
+    attention_bwd_sm90_ws_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                                 const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_dq) {
+#ifdef CAD_SM90_KERNEL_BODY
+  static_assert(DIM == BwdWsTraits::kD, "head dim 128 only");
+  using T = BwdWsTraits;
+  constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024 - (raw_addr & 1023)) & 1023;
+  unsigned char* base = smem_raw + pad;
+  const uint32_t s_base = raw_addr + pad;
+  const uint32_t k_addr = s_base + T::kKOff, q_addr = s_base + T::kQOff, do_addr = s_base + T::kDOOff,
+                 v_addr = s_base + T::kVOff, ds_addr = s_base + T::kDSOff, dq_addr = s_base + T::kDQOff;
+  float* sLse = reinterpret_cast<float*>(base + T::kLseOff);  // S x BM, base-2 units
+  float* sDelta = reinterpret_cast<float*>(base + T::kDeltaOff);
+  const uint32_t bars = s_base + T::kBarOff;
+  auto full_bar = [&](int s) { return bars + 8 * s; };
+  auto empty_bar = [&](int s) { return bars + 8 * (S + s); };
+  auto ds_bar = [&](int b) { return bars + 8 * (2 * S + b); };  // dS^T buffer b written by all 8 warps
+
+  const BwdItem item = p.items[blockIdx.x];
+  const int kv_head = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int q_span = item.q_len - item.q_begin;
+  const int n_qt = q_span > 0 ? (q_span + BM - 1) / BM : 0;
+  const int n_iter = n_qt * p.group;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full_bar(s), 33);  // the producer's expect_tx arrival + its 32 lanes after LSE/Delta
+      mbar_init(empty_bar(s), 8);  // the 8 consumer warps
+    }
+    mbar_init(ds_bar(0), 8);
+    mbar_init(ds_bar(1), 8);
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    registers_release<T::kProducerRegs>();
+    if (warp == 0) {
+      // ---- producer ----
+      if (lane == 0) {
+        tma_prefetch_descriptor(&tm_q);
+        tma_prefetch_descriptor(&tm_do);
+      }
+      for (int it = 0; it < n_iter; ++it) {
+        const int s = it % S;
+        mbar_wait(empty_bar(s), ((it / S) & 1) ^ 1);
+        const int h = kv_head * p.group + it / n_qt;
+        const int q0 = item.q_begin + (it % n_qt) * BM;
+        const int row = static_cast<int>(item.q_row) + q0;
+        if (lane == 0) {
+          mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes);
+#pragma unroll
+          for (int a = 0; a < D / 64; ++a) {
+            tma_load_3d(q_addr + s * T::kQBytes + a * BM * 128, &tm_q, a * 64, h, row, full_bar(s));
+            tma_load_3d(do_addr + s * T::kQBytes + a * BM * 128, &tm_do, a * 64, h, row, full_bar(s));
+          }
+        }
+#pragma unroll
+        for (int r = lane; r < BM; r += 32) {
+          const bool valid = q0 + r < item.q_len;
+          const int64_t idx = static_cast<int64_t>(h) * p.tq + item.q_row + q0 + r;
+          sLse[s * BM + r] = valid ? p.lse[idx] * kLog2e : 0.f;
+          sDelta[s * BM + r] = valid ? p.delta[idx] : 0.f;
+        }
+        mbar_arrive(full_bar(s));
+      }
+    } else if (warp == 1) {
+      // ---- dQ writer ----
+      if (lane == 0) tma_prefetch_descriptor(&tm_dq);
+      for (int it = 0; it < n_iter; ++it) {
+        const int b = it & 1;
+        named_barrier_sync(kBwdBarDQFull + b, kBwdDQBarThreads);
+        if (lane == 0) {
+          const int h = kv_head * p.group + it / n_qt;
+          const int q0 = item.q_begin + (it % n_qt) * BM;
+          const int row = static_cast<int>(item.q_row) + q0;
+#pragma unroll
+          for (int c = 0; c < D / 32; ++c) {
+            bwd_tma_reduce_add_3d(dq_addr + b * T::kDQBytes + c * (BM * 128), &tm_dq, c * 32, h, row);
+          }
+          bwd_bulk_commit();
+          bwd_bulk_wait_read_all();
+        }
+        __syncwarp();
+        // Buffer b is used again at step it + 2 (arrive only when someone will wait for it).
+        if (it + 2 < n_iter) named_barrier_arrive(kBwdBarDQEmpty + b, kBwdDQBarThreads);
+      }
+      if (lane == 0) bwd_bulk_wait_all();
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  // Per step j a consumer issues dQ(j-1) (once both warpgroups' dS^T(j-1) are in shared memory) and S(j),
+  // dP(j) as one burst, stores dQ(j-1) while S/dP run, computes P and dS(j), then issues dV/dK(j). No
+  // consumer waits for the other except for its dS^T of the step before, so the two may drift apart by up
+  // to about half a step and overlap one's elementwise work with the other's products.
+  registers_claim<T::kConsumerRegs>();
+  const int ctid = tid - 128;   // 0..255
+  const int wg = ctid / 128;    // this warpgroup's keys: 64*wg .. 64*wg + 63 of the tile
+  const int cwarp = ctid / 32;  // 0..7
+  const int g = lane / 4, t = lane % 4;
+  const int key_local = cwarp * 16 + g;  // this thread's keys: key_local and key_local + 8
+
+  const int64_t kv_stride = static_cast<int64_t>(p.hq / p.group) * D;
+  const int64_t key_row0 = item.kv_row + item.kv_begin;
+  load_tile_atoms_async<BN, D, 256>(reinterpret_cast<__nv_bfloat16*>(base + T::kKOff),
+                                    p.k + key_row0 * kv_stride + kv_head * D, kv_stride, item.kv_rows, ctid);
+  load_tile_atoms_async<BN, D, 256>(reinterpret_cast<__nv_bfloat16*>(base + T::kVOff),
+                                    p.v + key_row0 * kv_stride + kv_head * D, kv_stride, item.kv_rows, ctid);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async_smem();
+  named_barrier_sync(kBwdBarConsumers, 256);
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  // This warp's keys (16 of them) need no mask in a step whose first query sees them all (causal) and
+  // whose queries all lie inside the segment.
+  const int warp_key_last = item.kv_begin + cwarp * 16 + 15;
+  const bool warp_keys_full = cwarp * 16 + 15 < item.kv_rows;
+
+  // dQ(j) = dS(j) K, 64 columns per warpgroup: A = dS (queries contiguous in sdS), B = K (head-dim
+  // contiguous; warpgroup wg reads K's atom wg). One wgmma group.
+  auto issue_dq = [&](float(&dq)[32], int j) {
+    const uint32_t ds_buf = ds_addr + (j & 1) * T::kDSBytes;
+#pragma unroll
+    for (int kn = 0; kn < BN / 16; ++kn) {
+      wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(ds_buf + kn * 16 * 128, BN * 128, 1024),
+                            smem_desc_sw128(k_addr + wg * BN * 128 + kn * 16 * 128, BN * 128, 1024), kn > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+  // dQ(j) (scaled) into shared buffer j&1: 4 boxes of 64 rows x 32 fp32 columns, 128-byte swizzle (TMA's
+  // layout); then the dQ writer adds it to global memory.
+  auto store_dq = [&](const float(&dq)[32], int j) {
+    const int b = j & 1;
+    if (j >= 2) named_barrier_sync(kBwdBarDQEmpty + b, kBwdDQBarThreads);
+    const uint32_t dq_buf = dq_addr + b * T::kDQBytes;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = (cwarp % 4) * 16 + g + r * 8;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int box = 2 * wg + nt / 4, unit = (nt % 4) * 2 + t / 2;
+        const uint32_t addr = dq_buf + box * (BM * 128) + row * 128 + ((unit ^ (row & 7)) << 4) + (t & 1) * 8;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[nt * 4 + 2 * r] * p.scale),
+                     "f"(dq[nt * 4 + 2 * r + 1] * p.scale)
+                     : "memory");
+      }
+    }
+    fence_proxy_async_smem();
+    named_barrier_arrive(kBwdBarDQFull + b, kBwdDQBarThreads);
+  };
+
+  // Step `it`; kPrev: there is a dQ(it-1) to issue and store (a compile-time flag, so that the compiler
+  // sees one straight pipeline of wgmma groups per instance).
+  auto step = [&](const int it, auto has_prev) {
+    constexpr bool kPrev = decltype(has_prev)::value;
+    const int s = it % S, b = it & 1;
+    const int q0 = item.q_begin + (it % n_qt) * BM;
+    const uint32_t q_buf = q_addr + s * T::kQBytes, do_buf = do_addr + s * T::kQBytes;
+    const float* lse_tile = sLse + s * BM;
+    const float* delta_tile = sDelta + s * BM;
+    float dq[32];
+    if constexpr (kPrev) {
+      mbar_wait(ds_bar(b ^ 1), ((it - 1) >> 1) & 1);  // both warpgroups' dS^T(it-1)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+      wgmma_fence();
+      issue_dq(dq, it - 1);
+    }
+    mbar_wait(full_bar(s), (it / S) & 1);
+    const int valid_q = item.q_len - q0;
+    if (valid_q < BM) {
+      // Rows valid_q.. of Q and dO: 16-byte chunks, 8 per 128-byte atom row, 2 atoms per tile, 2 tiles.
+      const int chunks = (BM - valid_q) * 32;
+      for (int c = ctid; c < chunks; c += 256) {
+        const int row = valid_q + c / 32, rest = c % 32;
+        const uint32_t addr = ((rest >> 4) ? do_buf : q_buf) + ((rest >> 3) & 1) * BM * 128 + row * 128 + (rest & 7) * 16;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+      }
+      fence_proxy_async_smem();
+      named_barrier_sync(kBwdBarConsumers, 256);
+    }
+
+    // S^T = K Q^T (one group, in flight with dQ(it-1)), then dQ(it-1) to shared memory, then dP^T = V dO^T
+    // (in flight during the softmax): this warpgroup's 64 keys x BM queries. (dQ, S and dP together in
+    // registers next to dK/dV would not fit.)
+    float st[BM / 2], dpt[BM / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t a_off = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
+      const uint32_t b_off = (kk >> 2) * BM * 128 + (kk & 3) * 32;
+      if (kk == 0) {
+        wgmma_m64n64k16_ss_first(st, smem_desc_sw128(k_addr + a_off, 0, 1024), smem_desc_sw128(q_buf + b_off, 0, 1024));
+      } else {
+        wgmma_m64n64k16_ss(st, smem_desc_sw128(k_addr + a_off, 0, 1024), smem_desc_sw128(q_buf + b_off, 0, 1024), 1);
+      }
+    }
+    wgmma_commit();
+    if constexpr (kPrev) {
+      wgmma_wait<1>();
+      fence_registers(dq);
+      store_dq(dq, it - 1);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t a_off = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
+      const uint32_t b_off = (kk >> 2) * BM * 128 + (kk & 3) * 32;
+      if (kk == 0) {
+        wgmma_m64n64k16_ss_first(dpt, smem_desc_sw128(v_addr + a_off, 0, 1024),
+                                 smem_desc_sw128(do_buf + b_off, 0, 1024));
+      } else {
+        wgmma_m64n64k16_ss(dpt, smem_desc_sw128(v_addr + a_off, 0, 1024), smem_desc_sw128(do_buf + b_off, 0, 1024),
+                           1);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_registers(st);
+
+    // P^T (0 outside the segment and above the causal diagonal), while dP^T is still in flight.
+    const bool need_mask =
+        !warp_keys_full || valid_q < BM || (p.causal && warp_key_last > q0 + item.causal_offset);
+    if (need_mask) {
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_local + (e >> 1) * 8;
+          const int ql = nt * 8 + 2 * t + (e & 1);
+          const int q = q0 + ql;
+          const bool valid = key < item.kv_rows && q < item.q_len &&
+                             (!p.causal || item.kv_begin + key <= q + item.causal_offset);
+          st[nt * 4 + e] = valid ? fast_exp2(st[nt * 4 + e] * p.scale_log2 - lse_tile[ql]) : 0.f;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; ++nt) {
+        const float2 l = *reinterpret_cast<const float2*>(lse_tile + nt * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          st[nt * 4 + e] = fast_exp2(st[nt * 4 + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
+        }
+      }
+    }
+    wgmma_wait<0>();
+    fence_registers(dpt);
+    // dS^T = P^T (dP^T - Delta).
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt) {
+      const float2 dl = *reinterpret_cast<const float2*>(delta_tile + nt * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        dpt[nt * 4 + e] = st[nt * 4 + e] * (dpt[nt * 4 + e] - ((e & 1) ? dl.y : dl.x));
+      }
+    }
+    __nv_bfloat16* sdS = reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes);
+    uint32_t ap[BM / 16][4], as[BM / 16][4];
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      ap[kq][0] = pack_bf16(st[(2 * kq) * 4 + 0], st[(2 * kq) * 4 + 1]);
+      ap[kq][1] = pack_bf16(st[(2 * kq) * 4 + 2], st[(2 * kq) * 4 + 3]);
+      ap[kq][2] = pack_bf16(st[(2 * kq + 1) * 4 + 0], st[(2 * kq + 1) * 4 + 1]);
+      ap[kq][3] = pack_bf16(st[(2 * kq + 1) * 4 + 2], st[(2 * kq + 1) * 4 + 3]);
+      as[kq][0] = pack_bf16(dpt[(2 * kq) * 4 + 0], dpt[(2 * kq) * 4 + 1]);
+      as[kq][1] = pack_bf16(dpt[(2 * kq) * 4 + 2], dpt[(2 * kq) * 4 + 3]);
+      as[kq][2] = pack_bf16(dpt[(2 * kq + 1) * 4 + 0], dpt[(2 * kq + 1) * 4 + 1]);
+      as[kq][3] = pack_bf16(dpt[(2 * kq + 1) * 4 + 2], dpt[(2 * kq + 1) * 4 + 3]);
+      // dS^T to shared memory, keys x queries, for dQ.
+      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 2 * t)) = as[kq][0];
+      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 2 * t)) = as[kq][1];
+      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 8 + 2 * t)) = as[kq][2];
+      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 8 + 2 * t)) = as[kq][3];
+    }
+    fence_proxy_async_smem();  // dS^T was written with ordinary stores; wgmma reads it
+    __syncwarp();
+    if (lane == 0) mbar_arrive(ds_bar(b));
+
+    // dV += P^T dO and dK += dS^T Q (16 queries per step; dO / Q read transposed).
+    wgmma_fence();
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      wgmma_m64n128k16_rs_tb(dv, ap[kq], smem_desc_sw128(do_buf + kq * 16 * 128, BM * 128, 1024), 1);
+    }
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      wgmma_m64n128k16_rs_tb(dk, as[kq], smem_desc_sw128(q_buf + kq * 16 * 128, BM * 128, 1024), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(dk);
+    fence_registers(dv);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar(s));  // Q, dO, LSE, Delta of stage s are no longer needed
+  };
+  if (n_iter > 0) step(0, std::false_type{});
+  for (int it = 1; it < n_iter; ++it) step(it, std::true_type{});
+  if (n_iter > 0) {
+    float dq[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+    mbar_wait(ds_bar((n_iter - 1) & 1), ((n_iter - 1) >> 1) & 1);
+    wgmma_fence();
+    issue_dq(dq, n_iter - 1);
+    wgmma_wait<0>();
+    fence_registers(dq);
+    store_dq(dq, n_iter - 1);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_local + r * 8;
+    if (key >= item.kv_rows) continue;
+    const int64_t offset = (key_row0 + key) * kv_stride + kv_head * D + 2 * t;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      const float k0 = dk[dn * 4 + 2 * r] * p.scale, k1 = dk[dn * 4 + 2 * r + 1] * p.scale;
+      const float v0 = dv[dn * 4 + 2 * r], v1 = dv[dn * 4 + 2 * r + 1];
+      if (p.kv_exclusive) {
+        *reinterpret_cast<uint32_t*>(p.d_k + offset + dn * 8) = pack_bf16(k0, k1);
+        *reinterpret_cast<uint32_t*>(p.d_v + offset + dn * 8) = pack_bf16(v0, v1);
+      } else {
+        atomic_add_pair(p.dk_acc + offset + dn * 8, k0, k1);
+        atomic_add_pair(p.dv_acc + offset + dn * 8, v0, v1);
+      }
+    }
+  }
+#endif
+}
+
+// The fp32 dQ accumulator [tokens, heads, 128] for TMA reductions: boxes of 64 tokens x one head x 32
+// columns (128 bytes, 128-byte swizzle).
+inline cudaError_t encode_bwd_dq_tensor_map(CUtensorMap* map, float* base, int64_t tokens, int heads) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  if ((reinterpret_cast<uintptr_t>(base) & 15) != 0) return cudaErrorMisalignedAddress;
+  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(tokens > 0 ? tokens : 1)};
+  const cuuint64_t strides[2] = {128 * 4, static_cast<cuuint64_t>(128) * heads * 4};
+  const cuuint32_t box[3] = {32, 1, static_cast<cuuint32_t>(BwdWsTraits::kBlockM)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <int DIM>
+cudaError_t launch_attention_bwd_sm90_ws(const BwdParams& p, int num_items, cudaStream_t stream) {
+  using T = BwdWsTraits;
+  CUtensorMap tm_q, tm_do, tm_dq;
+  cudaError_t err = encode_rows_tensor_map(&tm_q, p.q, p.tq, p.hq, T::kD, T::kBlockM);
+  if (err == cudaSuccess) err = encode_rows_tensor_map(&tm_do, p.d_o, p.tq, p.hq, T::kD, T::kBlockM);
+  if (err == cudaSuccess) err = encode_bwd_dq_tensor_map(&tm_dq, p.dq_acc, p.tq, p.hq);
+  if (err != cudaSuccess) return err;
+  err = cudaFuncSetAttribute(attention_bwd_sm90_ws_kernel<DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  attention_bwd_sm90_ws_kernel<DIM><<<dim3(num_items, p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p, tm_q, tm_do,
+                                                                                                    tm_dq);
+  return cudaGetLastError();
+}
+
 template <int D>
 cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, cudaStream_t stream) {
   using T = Bwd90Traits<D>;
   if (num_items == 0 || p.hq == 0) return cudaSuccess;
+  if constexpr (D == 128) {
+    const char* dev_old = std::getenv("CAD_DEV_BWD_OLD");  // DEV ONLY: A/B against the previous kernel
+    if (dev_old == nullptr || dev_old[0] != '1') return launch_attention_bwd_sm90_ws<D>(p, num_items, stream);
+  }
   cudaError_t err = cudaFuncSetAttribute(attention_bwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          T::kSmemBytes);
   if (err != cudaSuccess) return err;
