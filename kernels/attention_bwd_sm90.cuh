@@ -54,9 +54,28 @@ __device__ __forceinline__ void wgmma_rs_tb_d(float (&d)[D / 2], const uint32_t 
   }
 }
 
+// Block -> (work item, KV head). The hardware starts blocks in index order; with heads_inner the KV heads
+// of one item are neighbours, so the items' heaviest-first order holds across all heads (with the items
+// outermost, each head's light tail items would start before the next head's heavy ones: at dense causal 4K
+// the last SM then finishes after 1.6x the mean work).
+struct BwdUnit {
+  int item, kv_head;
+};
+__device__ __forceinline__ BwdUnit bwd_unit(const BwdParams& p, int num_items, int heads_inner) {
+  const int hkv = p.hq / p.group;
+  if (heads_inner) return {static_cast<int>(blockIdx.x) / hkv, static_cast<int>(blockIdx.x) % hkv};
+  return {static_cast<int>(blockIdx.x) % num_items, static_cast<int>(blockIdx.x) / num_items};
+}
+// DEV ONLY: CAD_DEV_BWD_ORDER=0/1 forces the order for A/B runs (else the caller's choice).
+inline int bwd_heads_inner(bool heads_inner) {
+  const char* e = std::getenv("CAD_DEV_BWD_ORDER");
+  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] - '0';
+  return heads_inner ? 1 : 0;
+}
+
 template <int D>
 __global__ void __launch_bounds__(Bwd90Traits<D>::kThreads, Bwd90Traits<D>::kMinBlocks)
-    attention_bwd_sm90_kernel(BwdParams p) {
+    attention_bwd_sm90_kernel(BwdParams p, int num_items, int heads_inner) {
 #ifdef CAD_SM90_KERNEL_BODY
   using T = Bwd90Traits<D>;
   constexpr int BM = T::kBlockM, BN = T::kBlockN, NT = T::kThreads;
@@ -72,8 +91,9 @@ __global__ void __launch_bounds__(Bwd90Traits<D>::kThreads, Bwd90Traits<D>::kMin
   const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV), q_addr = smem_addr(sQ), do_addr = smem_addr(sdO),
                  ds_addr = smem_addr(sdS);
 
-  const BwdItem item = p.items[blockIdx.x];
-  const int kv_head = blockIdx.y;
+  const BwdUnit unit = bwd_unit(p, num_items, heads_inner);
+  const BwdItem item = p.items[unit.item];
+  const int kv_head = unit.kv_head;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wg = warp / 4;
   const int g = lane / 4, t = lane % 4;
@@ -264,8 +284,11 @@ __global__ void __launch_bounds__(Bwd90Traits<D>::kThreads, Bwd90Traits<D>::kMin
 // of Q/dO past the segment's end (a partial last query tile) come from whatever follows in memory and are
 // zeroed in shared memory before use, so that 0 * (garbage) cannot reach dK/dV; their dQ rows are then
 // exactly 0 and the reduction adds nothing to the rows it touches past the segment.
+template <int STAGES = 2>
 struct BwdWsTraits {
-  static constexpr int kD = 128, kBlockM = 64, kBlockN = 128, kStages = 2, kThreads = 384;
+  static constexpr int kD = 128, kBlockM = 64, kBlockN = 128, kStages = STAGES, kThreads = 384;
+  // dQ buffers in shared memory: two with two Q/dO stages, one with three (shared memory is full).
+  static constexpr int kDQBuffers = STAGES == 2 ? 2 : 1;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128*24 + 256*240 <= 64K
   static constexpr uint32_t kKVBytes = kBlockN * kD * 2;          // K (and V): 32 KiB
   static constexpr uint32_t kQBytes = kBlockM * kD * 2;           // one Q (or dO) stage: 16 KiB
@@ -275,13 +298,14 @@ struct BwdWsTraits {
   static constexpr uint32_t kDOOff = kQOff + kStages * kQBytes;
   static constexpr uint32_t kDSOff = kDOOff + kStages * kQBytes;
   static constexpr uint32_t kDQOff = kDSOff + 2 * kDSBytes;
-  static constexpr uint32_t kLseOff = kDQOff + 2 * kDQBytes;
+  static constexpr uint32_t kLseOff = kDQOff + kDQBuffers * kDQBytes;
   static constexpr uint32_t kDeltaOff = kLseOff + kStages * kBlockM * 4;
   static constexpr uint32_t kBarOff = kDeltaOff + kStages * kBlockM * 4;
   static constexpr int kSmemBytes = kBarOff + (2 * kStages + 2) * 8 + 1024;  // + alignment slack
 };
-static_assert(BwdWsTraits::kBlockN == bwd_block_n(128), "the plan's key tiles must match the kernel's");
-static_assert(BwdWsTraits::kSmemBytes <= 227 * 1024, "shared memory per block");
+static_assert(BwdWsTraits<>::kBlockN == bwd_block_n(128), "the plan's key tiles must match the kernel's");
+static_assert(BwdWsTraits<2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<3>::kSmemBytes <= 227 * 1024,
+              "shared memory per block");
 
 // Named barriers: dS^T of the step complete (both consumers); Q/dO rows zeroed or K/V loaded (both
 // consumers); dQ buffer b filled (consumers arrive, dQ writer waits) and emptied (the other way round).
@@ -303,14 +327,15 @@ __device__ __forceinline__ void bwd_bulk_wait_read_all() {
 __device__ __forceinline__ void bwd_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // A template (on D = 128 only) so that it is compiled in the one TU that launches it.
-template <int DIM>
-__global__ void __launch_bounds__(BwdWsTraits::kThreads, 1)
+template <int DIM, int STAGES>
+__global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
     attention_bwd_sm90_ws_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
-                                 const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_dq) {
+                                 const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_dq,
+                                 int num_items, int heads_inner) {
 #ifdef CAD_SM90_KERNEL_BODY
-  static_assert(DIM == BwdWsTraits::kD, "head dim 128 only");
-  using T = BwdWsTraits;
-  constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
+  using T = BwdWsTraits<STAGES>;
+  static_assert(DIM == T::kD, "head dim 128 only");
+  constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages, NB = T::kDQBuffers;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t pad = (1024 - (raw_addr & 1023)) & 1023;
@@ -325,8 +350,9 @@ __global__ void __launch_bounds__(BwdWsTraits::kThreads, 1)
   auto empty_bar = [&](int s) { return bars + 8 * (S + s); };
   auto ds_bar = [&](int b) { return bars + 8 * (2 * S + b); };  // dS^T buffer b written by all 8 warps
 
-  const BwdItem item = p.items[blockIdx.x];
-  const int kv_head = blockIdx.y;
+  const BwdUnit unit = bwd_unit(p, num_items, heads_inner);
+  const BwdItem item = p.items[unit.item];
+  const int kv_head = unit.kv_head;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q_span = item.q_len - item.q_begin;
   const int n_qt = q_span > 0 ? (q_span + BM - 1) / BM : 0;
@@ -378,7 +404,7 @@ __global__ void __launch_bounds__(BwdWsTraits::kThreads, 1)
       // ---- dQ writer ----
       if (lane == 0) tma_prefetch_descriptor(&tm_dq);
       for (int it = 0; it < n_iter; ++it) {
-        const int b = it & 1;
+        const int b = it % NB;
         named_barrier_sync(kBwdBarDQFull + b, kBwdDQBarThreads);
         if (lane == 0) {
           const int h = kv_head * p.group + it / n_qt;
@@ -392,8 +418,8 @@ __global__ void __launch_bounds__(BwdWsTraits::kThreads, 1)
           bwd_bulk_wait_read_all();
         }
         __syncwarp();
-        // Buffer b is used again at step it + 2 (arrive only when someone will wait for it).
-        if (it + 2 < n_iter) named_barrier_arrive(kBwdBarDQEmpty + b, kBwdDQBarThreads);
+        // Buffer b is used again at step it + NB (arrive only when someone will wait for it).
+        if (it + NB < n_iter) named_barrier_arrive(kBwdBarDQEmpty + b, kBwdDQBarThreads);
       }
       if (lane == 0) bwd_bulk_wait_all();
     }
@@ -445,8 +471,8 @@ __global__ void __launch_bounds__(BwdWsTraits::kThreads, 1)
   // dQ(j) (scaled) into shared buffer j&1: 4 boxes of 64 rows x 32 fp32 columns, 128-byte swizzle (TMA's
   // layout); then the dQ writer adds it to global memory.
   auto store_dq = [&](const float(&dq)[32], int j) {
-    const int b = j & 1;
-    if (j >= 2) named_barrier_sync(kBwdBarDQEmpty + b, kBwdDQBarThreads);
+    const int b = j % NB;
+    if (j >= NB) named_barrier_sync(kBwdBarDQEmpty + b, kBwdDQBarThreads);
     const uint32_t dq_buf = dq_addr + b * T::kDQBytes;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -620,6 +646,8 @@ __global__ void __launch_bounds__(BwdWsTraits::kThreads, 1)
     issue_dq(dq, n_iter - 1);
     wgmma_wait<0>();
     fence_registers(dq);
+    fence_registers(dk);
+    fence_registers(dv);
     store_dq(dq, n_iter - 1);
   }
 
@@ -662,7 +690,7 @@ inline cudaError_t encode_bwd_dq_tensor_map(CUtensorMap* map, float* base, int64
   if ((reinterpret_cast<uintptr_t>(base) & 15) != 0) return cudaErrorMisalignedAddress;
   const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(tokens > 0 ? tokens : 1)};
   const cuuint64_t strides[2] = {128 * 4, static_cast<cuuint64_t>(128) * heads * 4};
-  const cuuint32_t box[3] = {32, 1, static_cast<cuuint32_t>(BwdWsTraits::kBlockM)};
+  const cuuint32_t box[3] = {32, 1, static_cast<cuuint32_t>(BwdWsTraits<>::kBlockM)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, element_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -670,33 +698,35 @@ inline cudaError_t encode_bwd_dq_tensor_map(CUtensorMap* map, float* base, int64
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int DIM>
-cudaError_t launch_attention_bwd_sm90_ws(const BwdParams& p, int num_items, cudaStream_t stream) {
-  using T = BwdWsTraits;
+template <int DIM, int STAGES>
+cudaError_t launch_attention_bwd_sm90_ws(const BwdParams& p, int num_items, bool heads_inner, cudaStream_t stream) {
+  using T = BwdWsTraits<STAGES>;
   CUtensorMap tm_q, tm_do, tm_dq;
   cudaError_t err = encode_rows_tensor_map(&tm_q, p.q, p.tq, p.hq, T::kD, T::kBlockM);
   if (err == cudaSuccess) err = encode_rows_tensor_map(&tm_do, p.d_o, p.tq, p.hq, T::kD, T::kBlockM);
   if (err == cudaSuccess) err = encode_bwd_dq_tensor_map(&tm_dq, p.dq_acc, p.tq, p.hq);
   if (err != cudaSuccess) return err;
-  err = cudaFuncSetAttribute(attention_bwd_sm90_ws_kernel<DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  err = cudaFuncSetAttribute(attention_bwd_sm90_ws_kernel<DIM, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (err != cudaSuccess) return err;
-  attention_bwd_sm90_ws_kernel<DIM><<<dim3(num_items, p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p, tm_q, tm_do,
-                                                                                                    tm_dq);
+  attention_bwd_sm90_ws_kernel<DIM, STAGES><<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(
+      p, tm_q, tm_do, tm_dq, num_items, bwd_heads_inner(heads_inner));
   return cudaGetLastError();
 }
 
 template <int D>
-cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, cudaStream_t stream) {
+cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool heads_inner, cudaStream_t stream) {
   using T = Bwd90Traits<D>;
   if (num_items == 0 || p.hq == 0) return cudaSuccess;
   if constexpr (D == 128) {
-    const char* dev_old = std::getenv("CAD_DEV_BWD_OLD");  // DEV ONLY: A/B against the previous kernel
-    if (dev_old == nullptr || dev_old[0] != '1') return launch_attention_bwd_sm90_ws<D>(p, num_items, stream);
+    // DEV ONLY: CAD_DEV_BWD_VARIANT=0 runs the previous (non-specialised) kernel, for A/B runs.
+    const char* dev = std::getenv("CAD_DEV_BWD_VARIANT");
+    if (dev == nullptr || dev[0] != '0') return launch_attention_bwd_sm90_ws<D, 2>(p, num_items, heads_inner, stream);
   }
   cudaError_t err = cudaFuncSetAttribute(attention_bwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          T::kSmemBytes);
   if (err != cudaSuccess) return err;
-  attention_bwd_sm90_kernel<D><<<dim3(num_items, p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p);
+  attention_bwd_sm90_kernel<D><<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p, num_items,
+                                                                                                     bwd_heads_inner(heads_inner));
   return cudaGetLastError();
 }
 

@@ -59,8 +59,9 @@ template <int D>
 cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStream_t stream);
 template <int D>
 bool attention_fwd_sm90_loaded();
+// heads_inner: block b runs item b / hkv and KV head b % hkv (else item b % num_items, head b / num_items).
 template <int D>
-cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, cudaStream_t stream);
+cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool heads_inner, cudaStream_t stream);
 template <int D>
 cudaError_t launch_attention_bwd(const BwdParams& p, int num_items, cudaStream_t stream);
 

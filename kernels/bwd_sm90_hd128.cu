@@ -2,5 +2,6 @@
 #include "attention_bwd_sm90.cuh"
 
 namespace cad::kernels::detail {
-template cudaError_t launch_attention_bwd_sm90<128>(const BwdParams& p, int num_items, cudaStream_t stream);
+template cudaError_t launch_attention_bwd_sm90<128>(const BwdParams& p, int num_items, bool heads_inner,
+                                                    cudaStream_t stream);
 }  // namespace cad::kernels::detail
