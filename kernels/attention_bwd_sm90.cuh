@@ -1,13 +1,16 @@
-// attention_bwd_sm90.cuh -- the Hopper (sm_90a) backward kernel for head dims 64 and 128: the work items
-// and math of attention_bwd.cuh with all five matrix products on wgmma.
+// attention_bwd_sm90.cuh -- the Hopper (sm_90a) backward kernels for head dims 64 and 128: the work items
+// and math of attention_bwd.cuh with all five matrix products on wgmma. Two kernels:
+//  - attention_bwd_sm90_kernel (D=64; at D=128 only as the DEV A/B baseline, CAD_DEV_BWD_VARIANT=0): every
+//    thread does math, loads with cp.async, block barriers per step, dQ through fp32 atomics;
+//  - attention_bwd_sm90_ws_kernel (D=128, further down): warp-specialised like FlashAttention-3 (TMA producer
+//    warp, mbarrier stages, dQ through shared memory and TMA reductions).
 //
-// One block = bwd_block_n(D) keys of one work item x one KV head: two warpgroups (128 keys) at D=128,
-// one warpgroup (64 keys, several blocks per SM) at D=64. Each warpgroup owns 64 keys and keeps their
+// One block = bwd_block_n(D) keys of one work item x one KV head: two math warpgroups (128 keys) at D=128,
+// one warpgroup (64 keys, several blocks per SM) at D=64. Each math warpgroup owns 64 keys and keeps their
 // dK/dV (64 x D fp32 each) in registers. Per step of 64 queries:
 //   S^T = K Q^T, dP^T = V dO^T          (shared x shared)
 //   dV += P^T dO, dK += dS^T Q          (P^T / dS^T from registers, dO / Q transposed from shared)
 //   dQ = dS K                           (dS^T through shared memory; warpgroup w: columns 64w..64w+63)
-// dQ goes into the fp32 accumulator with vector atomics, as in the portable kernel.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -278,12 +281,14 @@ __global__ void __launch_bounds__(Bwd90Traits<D>::kThreads, Bwd90Traits<D>::kMin
 //      with TMA reductions (cp.reduce.async.bulk.tensor add), instead of per-thread atomics;
 //  - warpgroups 1 and 2 (consumers, 240 registers) own 64 keys each, keep their dK/dV in registers, and per
 //    step compute S^T, dP^T, P^T, dS^T, dV += P^T dO, dK += dS^T Q and half of dQ = dS K (the 64 head-dim
-//    columns 64w..64w+63 over all 128 keys). The two consumers meet once per step (dS^T complete, named
-//    barrier); dS^T and dQ are double-buffered in shared memory, so nobody else waits for anybody.
+//    columns 64w..64w+63 over all 128 keys). The consumers only wait for each other's dS^T of the step
+//    before (an mbarrier per dS^T buffer, see the consumer loop), and dS^T and dQ are double-buffered in
+//    shared memory, so the two drift out of phase and one's elementwise work overlaps the other's products.
 // K and V are loaded once per block by the consumers (cp.async, rows past the tile's keys zero-filled). Rows
 // of Q/dO past the segment's end (a partial last query tile) come from whatever follows in memory and are
 // zeroed in shared memory before use, so that 0 * (garbage) cannot reach dK/dV; their dQ rows are then
 // exactly 0 and the reduction adds nothing to the rows it touches past the segment.
+// STAGES = Q/dO stages; 3 (with one dQ buffer, to fit) measured 0-1% slower than 2 on H200.
 template <int STAGES = 2>
 struct BwdWsTraits {
   static constexpr int kD = 128, kBlockM = 64, kBlockN = 128, kStages = STAGES, kThreads = 384;
@@ -307,9 +312,9 @@ static_assert(BwdWsTraits<>::kBlockN == bwd_block_n(128), "the plan's key tiles 
 static_assert(BwdWsTraits<2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<3>::kSmemBytes <= 227 * 1024,
               "shared memory per block");
 
-// Named barriers: dS^T of the step complete (both consumers); Q/dO rows zeroed or K/V loaded (both
-// consumers); dQ buffer b filled (consumers arrive, dQ writer waits) and emptied (the other way round).
-constexpr int kBwdBarDS = 1, kBwdBarConsumers = 2, kBwdBarDQFull = 3, kBwdBarDQEmpty = 5;
+// Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
+// dQ writer waits) and emptied (the other way round).
+constexpr int kBwdBarConsumers = 2, kBwdBarDQFull = 3, kBwdBarDQEmpty = 5;
 constexpr int kBwdDQBarThreads = 256 + 32;
 
 // TMA reduction: adds one box of shared memory (the tensor map's layout) into global memory.
