@@ -1,7 +1,7 @@
 // attention_bwd_sm90.cuh -- the Hopper (sm_90a) backward kernels for head dims 64 and 128: the work items
 // and math of attention_bwd.cuh with all five matrix products on wgmma. Two kernels:
-//  - attention_bwd_sm90_kernel (D=64; at D=128 only as the DEV A/B baseline, CAD_DEV_BWD_VARIANT=0): every
-//    thread does math, loads with cp.async, block barriers per step, dQ through fp32 atomics;
+//  - attention_bwd_sm90_kernel (D=64): every thread does math, loads with cp.async, block barriers per step,
+//    dQ through fp32 atomics;
 //  - attention_bwd_sm90_ws_kernel (D=128, further down): warp-specialised like FlashAttention-3 (TMA producer
 //    warp, mbarrier stages, dQ through shared memory and TMA reductions).
 //
@@ -17,7 +17,6 @@
 #include <cudaTypedefs.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <type_traits>
 
 #include "attention_internal.h"
@@ -69,13 +68,6 @@ __device__ __forceinline__ BwdUnit bwd_unit(const BwdParams& p, int num_items, i
   if (heads_inner) return {static_cast<int>(blockIdx.x) / hkv, static_cast<int>(blockIdx.x) % hkv};
   return {static_cast<int>(blockIdx.x) % num_items, static_cast<int>(blockIdx.x) / num_items};
 }
-// DEV ONLY: CAD_DEV_BWD_ORDER=0/1 forces the order for A/B runs (else the caller's choice).
-inline int bwd_heads_inner(bool heads_inner) {
-  const char* e = std::getenv("CAD_DEV_BWD_ORDER");
-  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] - '0';
-  return heads_inner ? 1 : 0;
-}
-
 template <int D>
 __global__ void __launch_bounds__(Bwd90Traits<D>::kThreads, Bwd90Traits<D>::kMinBlocks)
     attention_bwd_sm90_kernel(BwdParams p, int num_items, int heads_inner) {
@@ -714,7 +706,7 @@ cudaError_t launch_attention_bwd_sm90_ws(const BwdParams& p, int num_items, bool
   err = cudaFuncSetAttribute(attention_bwd_sm90_ws_kernel<DIM, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (err != cudaSuccess) return err;
   attention_bwd_sm90_ws_kernel<DIM, STAGES><<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(
-      p, tm_q, tm_do, tm_dq, num_items, bwd_heads_inner(heads_inner));
+      p, tm_q, tm_do, tm_dq, num_items, heads_inner ? 1 : 0);
   return cudaGetLastError();
 }
 
@@ -723,16 +715,15 @@ cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool he
   using T = Bwd90Traits<D>;
   if (num_items == 0 || p.hq == 0) return cudaSuccess;
   if constexpr (D == 128) {
-    // DEV ONLY: CAD_DEV_BWD_VARIANT=0 runs the previous (non-specialised) kernel, for A/B runs.
-    const char* dev = std::getenv("CAD_DEV_BWD_VARIANT");
-    if (dev == nullptr || dev[0] != '0') return launch_attention_bwd_sm90_ws<D, 2>(p, num_items, heads_inner, stream);
+    return launch_attention_bwd_sm90_ws<D, 2>(p, num_items, heads_inner, stream);
+  } else {
+    cudaError_t err = cudaFuncSetAttribute(attention_bwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           T::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    attention_bwd_sm90_kernel<D><<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(
+        p, num_items, heads_inner ? 1 : 0);
+    return cudaGetLastError();
   }
-  cudaError_t err = cudaFuncSetAttribute(attention_bwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         T::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  attention_bwd_sm90_kernel<D><<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p, num_items,
-                                                                                                     bwd_heads_inner(heads_inner));
-  return cudaGetLastError();
 }
 
 }  // namespace cad::kernels::detail
