@@ -110,14 +110,19 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads) attention_fwd_kernel(F
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * p.scale_log2;
-        if (need_mask) {
+      for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale_log2;
+    }
+    // One warp-uniform branch around the whole mask: a test per score costs a branch or a select each on
+    // every tile, masked or not (see attention_fwd_sm90.cuh).
+    if (need_mask) {
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
           const int col = key0 + nt * 8 + 2 * t + (e & 1);
           const int row = row0 + (e >> 1) * 8;
-          if (col >= item.kv_end || (p.causal && col > row + item.causal_offset)) x = -INFINITY;
+          if (col >= item.kv_end || (p.causal && col > row + item.causal_offset)) s[nt][e] = -INFINITY;
         }
-        s[nt][e] = x;
       }
     }
 
