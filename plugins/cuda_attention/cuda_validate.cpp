@@ -24,7 +24,7 @@ std::string shape_text(const cad_tensor_v1_t* t) {
 }
 
 // check_tensor() on a CUDA tensor of the instance's device, then the exact shape `want`, whose origin
-// (`source`) the message names. cp.async moves 16 bytes at a time: the data must be 16-byte aligned.
+// (`source`) the message names. TMA and cp.async move 16-byte chunks: the data must be 16-byte aligned.
 void check_exact(const cad_tensor_v1_t* t, const char* name, const std::vector<int64_t>& want,
                  const std::vector<const char*>& dims, DType dtype, const char* source, int device_id) {
   plugin::check_tensor(t, {name, CAD_DEVICE_CUDA, std::vector<int64_t>(want.size(), -1), dims, {DType::F32, DType::BF16}});

@@ -110,6 +110,16 @@ TEST_F(CudaRefusals, CpuTensorIsRefused) {
   EXPECT_TRUE(p.output_untouched());
 }
 
+TEST_F(CudaRefusals, MisalignedTensorIsRefused) {
+  // TMA and cp.async read 16-byte chunks: a view starting 2 bytes into a buffer is refused, not misread.
+  SmallProblem p;
+  p.tv.t.byte_offset = 2;  // the buffer has room to spare behind the view
+  EXPECT_EQ(forward(p), CAD_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(gpu.last_error().find("tensor 'v'"), std::string::npos) << gpu.last_error();
+  EXPECT_NE(gpu.last_error().find("16-byte aligned"), std::string::npos) << gpu.last_error();
+  EXPECT_TRUE(p.output_untouched());
+}
+
 TEST_F(CudaRefusals, SegmentOutOfRangeIsRefused) {
   SmallProblem p;
   p.segments[1].kv_len = 1000;
