@@ -38,7 +38,7 @@ std::vector<RowRange> gaps(std::vector<RowRange> ranges, int64_t total) {
 // prologue/epilogue, and a split piece writes fp32 partials that a merge pass reads back.
 constexpr int64_t kUnitOverheadTiles = 1;
 constexpr int64_t kSplitOverheadTiles = 2;
-constexpr int64_t kMaxSimulatedUnits = int64_t{1} << 20;  // beyond this there is parallelism to spare
+constexpr int64_t kMaxSimulatedUnits = int64_t{1} << 18;  // beyond this there is parallelism to spare
 
 // Finishing time of the busiest of `slots` workers when the units (each item once per head, heaviest
 // first) are dealt out in rounds that alternate direction -- how the persistent Hopper kernel walks
@@ -83,6 +83,12 @@ int64_t choose_kv_chunk(const std::vector<FwdItem>& tiles, int64_t block_n, int6
     return simulated_makespan(costs, heads, slots);
   };
   int64_t best_chunk = no_split, best = makespan_for(no_split);
+  // Splitting only adds work, so no schedule beats total / slots: when the whole batch is already within 2%
+  // of that, stop here (large batches; this keeps planning a dense 64K batch well under a millisecond).
+  int64_t total = 0;
+  for (int64_t n : tile_counts) total += (n + kUnitOverheadTiles) * heads;
+  const int64_t bound = ceil_div(total, slots);
+  if (best * 49 <= bound * 50) return no_split;
   for (int64_t chunk = longest / 2; chunk >= min_chunk; chunk /= 2) {
     const int64_t m = makespan_for(chunk);
     if (m == no_split) break;  // too many pieces to simulate: finer chunks only get worse
