@@ -210,14 +210,8 @@ __global__ void __launch_bounds__(Bwd90Traits<D>::kThreads, Bwd90Traits<D>::kMin
     uint32_t ap[BM / 16][4], as[BM / 16][4];
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq) {
-      ap[kq][0] = pack_bf16(st[(2 * kq) * 4 + 0], st[(2 * kq) * 4 + 1]);
-      ap[kq][1] = pack_bf16(st[(2 * kq) * 4 + 2], st[(2 * kq) * 4 + 3]);
-      ap[kq][2] = pack_bf16(st[(2 * kq + 1) * 4 + 0], st[(2 * kq + 1) * 4 + 1]);
-      ap[kq][3] = pack_bf16(st[(2 * kq + 1) * 4 + 2], st[(2 * kq + 1) * 4 + 3]);
-      as[kq][0] = pack_bf16(dpt[(2 * kq) * 4 + 0], dpt[(2 * kq) * 4 + 1]);
-      as[kq][1] = pack_bf16(dpt[(2 * kq) * 4 + 2], dpt[(2 * kq) * 4 + 3]);
-      as[kq][2] = pack_bf16(dpt[(2 * kq + 1) * 4 + 0], dpt[(2 * kq + 1) * 4 + 1]);
-      as[kq][3] = pack_bf16(dpt[(2 * kq + 1) * 4 + 2], dpt[(2 * kq + 1) * 4 + 3]);
+      accumulator_to_a_fragment(st, kq, ap[kq]);
+      accumulator_to_a_fragment(dpt, kq, as[kq]);
       // dS^T to shared memory, keys x queries, for dQ below.
       *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 2 * t)) = as[kq][0];
       *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 2 * t)) = as[kq][1];
@@ -606,14 +600,8 @@ __global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
     uint32_t ap[BM / 16][4], as[BM / 16][4];
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq) {
-      ap[kq][0] = pack_bf16(st[(2 * kq) * 4 + 0], st[(2 * kq) * 4 + 1]);
-      ap[kq][1] = pack_bf16(st[(2 * kq) * 4 + 2], st[(2 * kq) * 4 + 3]);
-      ap[kq][2] = pack_bf16(st[(2 * kq + 1) * 4 + 0], st[(2 * kq + 1) * 4 + 1]);
-      ap[kq][3] = pack_bf16(st[(2 * kq + 1) * 4 + 2], st[(2 * kq + 1) * 4 + 3]);
-      as[kq][0] = pack_bf16(dpt[(2 * kq) * 4 + 0], dpt[(2 * kq) * 4 + 1]);
-      as[kq][1] = pack_bf16(dpt[(2 * kq) * 4 + 2], dpt[(2 * kq) * 4 + 3]);
-      as[kq][2] = pack_bf16(dpt[(2 * kq + 1) * 4 + 0], dpt[(2 * kq + 1) * 4 + 1]);
-      as[kq][3] = pack_bf16(dpt[(2 * kq + 1) * 4 + 2], dpt[(2 * kq + 1) * 4 + 3]);
+      accumulator_to_a_fragment(st, kq, ap[kq]);
+      accumulator_to_a_fragment(dpt, kq, as[kq]);
       // dS^T to shared memory, keys x queries, for dQ.
       *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 2 * t)) = as[kq][0];
       *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 2 * t)) = as[kq][1];

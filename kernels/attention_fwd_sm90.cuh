@@ -252,15 +252,6 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
         row_sum[r] = row_sum[r] * alpha[r] + sum;
       }
     };
-    auto pack_p = [&](const float(&s)[BN / 2], uint32_t(&pa)[BN / 16][4]) {
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        pa[kk][0] = pack_bf16(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
-        pa[kk][1] = pack_bf16(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
-        pa[kk][2] = pack_bf16(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
-        pa[kk][3] = pack_bf16(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
-      }
-    };
 
     auto rescale_o = [&](const float(&alpha)[2]) {
 #pragma unroll
@@ -289,7 +280,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
       fence_registers(s);
       release(k_empty(stage));
       softmax_tile(s, 0, alpha);
-      pack_p(s, pa);
+      accumulator_to_a_fragments(s, pa);
       // Tile j: S_j and O += P_{j-1} V_{j-1} in flight together; softmax of S_j under the PV product.
       for (int j = 1; j < n_tiles; ++j) {
         const int prev = stage, prev_parity = ((tiles_used + j - 1) / S) & 1;
@@ -309,7 +300,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
         fence_registers(o_acc);
         release(v_empty(prev));
         rescale_o(alpha);
-        pack_p(s, pa);
+        accumulator_to_a_fragments(s, pa);
       }
       // Last PV product. Key rows past the segment's end in the last tile were loaded from whatever follows
       // in memory; P is 0 there, but 0 * (Inf or NaN) is not, so they are zeroed first.

@@ -5,7 +5,26 @@
 
 #include <cstdint>
 
+#include "mma_utils.cuh"
+
 namespace cad::kernels::detail {
+
+// A wgmma accumulator (m64nN, fp32: per n8 block, rows g and g+8 of this thread's warp) repacked as bf16
+// A-operand fragments for a following register-sourced wgmma: K-step kk takes n8 blocks 2kk and 2kk+1.
+// This is how P (forward), P^T and dS^T (backward) feed the next product without going through memory.
+// accumulator_to_a_fragment packs one K-step (16 accumulator columns), accumulator_to_a_fragments all of them.
+template <int N>
+__device__ __forceinline__ void accumulator_to_a_fragment(const float (&acc)[N], int kk, uint32_t (&frag)[4]) {
+  frag[0] = pack_bf16(acc[(2 * kk) * 4 + 0], acc[(2 * kk) * 4 + 1]);
+  frag[1] = pack_bf16(acc[(2 * kk) * 4 + 2], acc[(2 * kk) * 4 + 3]);
+  frag[2] = pack_bf16(acc[(2 * kk + 1) * 4 + 0], acc[(2 * kk + 1) * 4 + 1]);
+  frag[3] = pack_bf16(acc[(2 * kk + 1) * 4 + 2], acc[(2 * kk + 1) * 4 + 3]);
+}
+template <int KSTEPS>
+__device__ __forceinline__ void accumulator_to_a_fragments(const float (&acc)[KSTEPS * 8], uint32_t (&frag)[KSTEPS][4]) {
+#pragma unroll
+  for (int kk = 0; kk < KSTEPS; ++kk) accumulator_to_a_fragment(acc, kk, frag[kk]);
+}
 
 // Shared-memory matrix descriptor with 128-byte swizzle. Addresses and offsets in bytes; the swizzle
 // atom (8 rows of 128 bytes) must start 1024-byte aligned.
