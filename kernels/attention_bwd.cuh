@@ -244,8 +244,7 @@ template <int D>
 cudaError_t launch_attention_bwd(const BwdParams& p, int num_items, cudaStream_t stream) {
   using T = BwdTraits<D>;
   if (num_items == 0 || p.hq == 0) return cudaSuccess;
-  cudaError_t err = cudaFuncSetAttribute(attention_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         T::kSmemBytes);
+  cudaError_t err = set_max_dynamic_smem_once<attention_bwd_kernel<D>>(T::kSmemBytes);
   if (err != cudaSuccess) return err;
   attention_bwd_kernel<D><<<dim3(num_items, p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

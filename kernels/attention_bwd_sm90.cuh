@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cuda_bf16.h>
-#include <cudaTypedefs.h>
 
 #include <cmath>
 #include <type_traits>
@@ -652,27 +651,8 @@ __global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
 // The fp32 dQ accumulator [tokens, heads, 128] for TMA reductions: boxes of 64 tokens x one head x 32
 // columns (128 bytes, 128-byte swizzle).
 inline cudaError_t encode_bwd_dq_tensor_map(CUtensorMap* map, float* base, int64_t tokens, int heads) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (encode == nullptr) return cudaErrorNotSupported;
-  if ((reinterpret_cast<uintptr_t>(base) & 15) != 0) return cudaErrorMisalignedAddress;
-  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(tokens > 0 ? tokens : 1)};
-  const cuuint64_t strides[2] = {128 * 4, static_cast<cuuint64_t>(128) * heads * 4};
-  const cuuint32_t box[3] = {32, 1, static_cast<cuuint32_t>(BwdWsTraits<>::kBlockM)};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  return encode_rows_tensor_map(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, tokens, heads, 128, 32,
+                                BwdWsTraits<>::kBlockM);
 }
 
 template <int DIM, int STAGES>
@@ -683,7 +663,7 @@ cudaError_t launch_attention_bwd_sm90_ws(const BwdParams& p, int num_items, bool
   if (err == cudaSuccess) err = encode_rows_tensor_map(&tm_do, p.d_o, p.tq, p.hq, T::kD, T::kBlockM);
   if (err == cudaSuccess) err = encode_bwd_dq_tensor_map(&tm_dq, p.dq_acc, p.tq, p.hq);
   if (err != cudaSuccess) return err;
-  err = cudaFuncSetAttribute(attention_bwd_sm90_ws_kernel<DIM, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  err = set_max_dynamic_smem_once<attention_bwd_sm90_ws_kernel<DIM, STAGES>>(T::kSmemBytes);
   if (err != cudaSuccess) return err;
   attention_bwd_sm90_ws_kernel<DIM, STAGES><<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(
       p, tm_q, tm_do, tm_dq, num_items, heads_inner ? 1 : 0);
@@ -697,8 +677,7 @@ cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool he
   if constexpr (D == 128) {
     return launch_attention_bwd_sm90_ws<D, 2>(p, num_items, heads_inner, stream);
   } else {
-    cudaError_t err = cudaFuncSetAttribute(attention_bwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           T::kSmemBytes);
+    cudaError_t err = set_max_dynamic_smem_once<attention_bwd_sm90_kernel<D>>(T::kSmemBytes);
     if (err != cudaSuccess) return err;
     attention_bwd_sm90_kernel<D><<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(
         p, num_items, heads_inner ? 1 : 0);

@@ -205,8 +205,7 @@ template <int D>
 cudaError_t launch_attention_fwd(const FwdParams& p, int num_items, cudaStream_t stream) {
   using T = FwdTraits<D>;
   if (num_items == 0 || p.hq == 0) return cudaSuccess;
-  cudaError_t err = cudaFuncSetAttribute(attention_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         T::kSmemBytes);
+  cudaError_t err = set_max_dynamic_smem_once<attention_fwd_kernel<D>>(T::kSmemBytes);
   if (err != cudaSuccess) return err;
   attention_fwd_kernel<D><<<dim3(num_items, p.hq), T::kThreads, T::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

@@ -16,7 +16,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 
 #include "attention_internal.h"
@@ -374,15 +373,8 @@ cudaError_t launch_attention_fwd_sm90_stages(const FwdParams& p, int num_items, 
   err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  // The shared-memory opt-in is per device; set it once (it costs host time on every launch otherwise).
-  static std::atomic<uint64_t> opted_in{0};
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit == 0 || (opted_in.load(std::memory_order_acquire) & bit) == 0) {
-    err = cudaFuncSetAttribute(attention_fwd_sm90_kernel<D, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               T::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    opted_in.fetch_or(bit, std::memory_order_release);
-  }
+  err = set_max_dynamic_smem_once<attention_fwd_sm90_kernel<D, STAGES>>(T::kSmemBytes);
+  if (err != cudaSuccess) return err;
   const int64_t units = static_cast<int64_t>(num_items) * p.hq;
   if (units > INT32_MAX / 2) return cudaErrorInvalidValue;
   const int grid = static_cast<int>(std::min<int64_t>(units, sms));

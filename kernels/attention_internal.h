@@ -5,6 +5,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "cad_kernels.h"
 
 namespace cad::kernels::detail {
@@ -52,6 +55,23 @@ struct BwdParams {
   int causal;
   int kv_exclusive;
 };
+
+// Raises `Kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device and
+// kernel: cudaFuncSetAttribute costs host time on every launch otherwise, and launches sit on the
+// critical path of short attention calls. (A cudaDeviceReset drops the setting; this cache then goes stale, so
+// a host that resets the device must do so in a fresh process.)
+template <auto Kernel>
+cudaError_t set_max_dynamic_smem_once(int bytes) {
+  static std::atomic<uint64_t> done{0};  // bit d: done on device d (devices >= 64: every time)
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) done.fetch_or(bit, std::memory_order_release);
+  return err;
+}
 
 template <int D>
 cudaError_t launch_attention_fwd(const FwdParams& p, int num_items, cudaStream_t stream);

@@ -76,9 +76,15 @@ __device__ __forceinline__ void registers_claim() {
 }
 
 // ---- host: TMA descriptors -------------------------------------------------------------------------------
-// Describes rows of a [tokens, heads, head_dim] bf16 tensor for TMA: box = `box_rows` tokens x one head x
-// 64 head-dim columns (one 128-byte swizzle atom), 128-byte swizzle -- the layout wgmma reads.
-cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, int64_t tokens, int heads, int head_dim,
-                                   int box_rows);
+// Describes rows of a [tokens, heads, head_dim] tensor for TMA: box = `box_rows` tokens x one head x
+// `box_cols` columns (box_cols x element_bytes = 128: one swizzle atom), 128-byte swizzle -- the layout wgmma
+// reads and the backward's dQ reductions write from.
+cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, int element_bytes,
+                                   int64_t tokens, int heads, int head_dim, int box_cols, int box_rows);
+// The bf16 Q/K/V/dO case: 64 head-dim columns per box.
+inline cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, int64_t tokens, int heads, int head_dim,
+                                          int box_rows) {
+  return encode_rows_tensor_map(map, base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, tokens, heads, head_dim, 64, box_rows);
+}
 
 }  // namespace cad::kernels::detail

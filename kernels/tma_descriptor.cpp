@@ -29,8 +29,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 }  // namespace
 
-cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, int64_t tokens, int heads, int head_dim,
-                                   int box_rows) {
+cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, int element_bytes,
+                                   int64_t tokens, int heads, int head_dim, int box_cols, int box_rows) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   // TMA needs a 16-byte aligned base and at least one row; an empty tensor is never read, so any valid
@@ -38,13 +38,13 @@ cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, int64_t t
   if ((reinterpret_cast<uintptr_t>(base) & 15) != 0) return cudaErrorMisalignedAddress;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(tokens > 0 ? tokens : 1)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_dim) * 2,  // bytes between heads
-                                 static_cast<cuuint64_t>(head_dim) * heads * 2};  // bytes between tokens
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(head_dim) * element_bytes;
+  const cuuint64_t strides[2] = {row_bytes, row_bytes * heads};  // bytes between heads, between tokens
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_cols), 1, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box,
-                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode(map, dtype, 3, const_cast<void*>(base), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
