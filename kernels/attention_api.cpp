@@ -90,12 +90,21 @@ bool hopper_kernels_available() {
   return major == 9 && minor == 0 && detail::attention_fwd_sm90_loaded<64>() && detail::attention_fwd_sm90_loaded<128>();
 }
 
+cudaError_t upload_forward_tables(const ForwardPlan& plan, void* workspace, cudaStream_t stream) {
+  return upload_tables(plan, static_cast<char*>(workspace), stream);
+}
+
 cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
                               float* lse, void* workspace, cudaStream_t stream) {
+  CAD_CUDA_TRY(upload_forward_tables(plan, workspace, stream));
+  return attention_forward_resident(plan, q, k, v, o, lse, workspace, stream);
+}
+
+cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
+                                       float* lse, void* workspace, cudaStream_t stream) {
   const AttentionProblem& pr = plan.problem;
   if (!head_dim_supported(pr.head_dim) || pr.hkv <= 0 || pr.hq % pr.hkv != 0) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(workspace);
-  CAD_CUDA_TRY(upload_tables(plan, ws, stream));
 
   detail::FwdParams p{};
   p.q = static_cast<const __nv_bfloat16*>(q);
@@ -130,13 +139,23 @@ cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void
                                     static_cast<int>(plan.combines.size()), pr.head_dim, stream);
 }
 
+cudaError_t upload_backward_tables(const BackwardPlan& plan, void* workspace, cudaStream_t stream) {
+  return upload(plan.items, static_cast<char*>(workspace), plan.items_offset, stream);
+}
+
 cudaError_t attention_backward(const BackwardPlan& plan, const void* q, const void* k, const void* v, const void* o,
                                const float* lse, const void* d_o, void* d_q, void* d_k, void* d_v,
                                void* workspace, cudaStream_t stream) {
+  CAD_CUDA_TRY(upload_backward_tables(plan, workspace, stream));
+  return attention_backward_resident(plan, q, k, v, o, lse, d_o, d_q, d_k, d_v, workspace, stream);
+}
+
+cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q, const void* k, const void* v,
+                                        const void* o, const float* lse, const void* d_o, void* d_q, void* d_k,
+                                        void* d_v, void* workspace, cudaStream_t stream) {
   const AttentionProblem& pr = plan.problem;
   if (!head_dim_supported(pr.head_dim) || pr.hkv <= 0 || pr.hq % pr.hkv != 0) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(workspace);
-  CAD_CUDA_TRY(upload(plan.items, ws, plan.items_offset, stream));
   const size_t q_elems = static_cast<size_t>(pr.tq) * pr.hq * pr.head_dim;
   const size_t kv_elems = static_cast<size_t>(pr.tk) * pr.hkv * pr.head_dim;
   const size_t kv_row_bytes = static_cast<size_t>(pr.hkv) * pr.head_dim * sizeof(__nv_bfloat16);

@@ -103,6 +103,13 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
 cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
                               float* lse, void* workspace, cudaStream_t stream);
 
+// For a plan reused by many calls (a CAD plan, a captured CUDA graph): upload the tables once with
+// upload_forward_tables, then run attention_forward_resident, which enqueues kernels only (no copy from
+// host memory, so it is CUDA-graph capturable).
+cudaError_t upload_forward_tables(const ForwardPlan& plan, void* workspace, cudaStream_t stream);
+cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
+                                       float* lse, void* workspace, cudaStream_t stream);
+
 // ---- backward --------------------------------------------------------------------------------------
 
 // Keys per backward work item: 16 per warp, 4 warps at D=64 and 8 at D=128 (twice the keys per
@@ -140,6 +147,10 @@ BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* 
 cudaError_t attention_backward(const BackwardPlan& plan, const void* q, const void* k, const void* v, const void* o,
                                const float* lse, const void* d_o, void* d_q, void* d_k, void* d_v,
                                void* workspace, cudaStream_t stream);
+cudaError_t upload_backward_tables(const BackwardPlan& plan, void* workspace, cudaStream_t stream);
+cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q, const void* k, const void* v,
+                                        const void* o, const float* lse, const void* d_o, void* d_q, void* d_k,
+                                        void* d_v, void* workspace, cudaStream_t stream);
 
 // ---- CAD pack/unpack and partial-gradient reduction ------------------------------------------------
 
@@ -161,5 +172,21 @@ cudaError_t sum_partials_bf16(const void* partials, int num_partials, int64_t pa
                               void* out, bool accumulate, cudaStream_t stream);
 cudaError_t sum_partials_f32(const float* partials, int num_partials, int64_t partial_stride, int64_t numel,
                              float* out, bool accumulate, cudaStream_t stream);
+
+// Per-head fp32 rows with arbitrary strides (CAD moves LSE [H, T] as wire rows [T, H]): for every copy,
+// dst[(dst_row + i) * dst_row_stride + h * dst_head_stride] = src[(src_row + i) * src_row_stride +
+// h * src_head_stride] for i < num_rows, h < heads. Strides in elements; `copies` in DEVICE memory.
+cudaError_t copy_strided_rows_f32(const float* src, int64_t src_row_stride, int64_t src_head_stride, float* dst,
+                                  int64_t dst_row_stride, int64_t dst_head_stride, int64_t heads,
+                                  const RowCopy* copies, int64_t num_copies, cudaStream_t stream);
+
+// acc[dst rows] += src[src rows] (fp32 accumulator; src bf16 when src_bf16, else fp32), `row_elems`
+// elements per row. Rows must be distinct in dst within one call: CAD calls it once per peer, in peer
+// order, so partial gradients are summed in a fixed order (bitwise reproducible).
+cudaError_t add_row_ranges_f32(const void* src, bool src_bf16, float* acc, int64_t row_elems, const RowCopy* copies,
+                               int64_t num_copies, cudaStream_t stream);
+
+// out[i] = acc[i] as bf16 (out_bf16) or fp32, for i < numel.
+cudaError_t store_f32(const float* acc, void* out, bool out_bf16, int64_t numel, cudaStream_t stream);
 
 }  // namespace cad::kernels

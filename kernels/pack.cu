@@ -52,6 +52,45 @@ __global__ void sum_partials_kernel(const T* partials, int num_partials, int64_t
   }
 }
 
+// One block row per copy range would leave SMs idle on few long ranges: instead every block walks every
+// range (as copy_row_ranges_kernel) and the (row, head) elements of a range are spread over the grid.
+__global__ void copy_strided_rows_kernel(const float* src, int64_t src_rs, int64_t src_hs, float* dst, int64_t dst_rs,
+                                         int64_t dst_hs, int64_t heads, const RowCopy* copies, int64_t num_copies) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t c = 0; c < num_copies; ++c) {
+    const RowCopy rc = copies[c];
+    const int64_t n = rc.num_rows * heads;
+    // Consecutive threads take consecutive rows of one head: reads and writes of the [H, T] side coalesce.
+    for (int64_t i = first; i < n; i += stride) {
+      const int64_t h = i / rc.num_rows, r = i % rc.num_rows;
+      dst[(rc.dst_row + r) * dst_rs + h * dst_hs] = src[(rc.src_row + r) * src_rs + h * src_hs];
+    }
+  }
+}
+
+template <class In>
+__global__ void add_row_ranges_kernel(const In* src, float* acc, int64_t row_elems, const RowCopy* copies,
+                                      int64_t num_copies) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t c = 0; c < num_copies; ++c) {
+    const RowCopy rc = copies[c];
+    const In* s = src + rc.src_row * row_elems;
+    float* d = acc + rc.dst_row * row_elems;
+    const int64_t n = rc.num_rows * row_elems;
+    for (int64_t i = first; i < n; i += stride) d[i] += to_float(s[i]);
+  }
+}
+
+template <class Out>
+__global__ void store_f32_kernel(const float* acc, Out* out, int64_t numel) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = from_float<Out>(acc[i]);
+  }
+}
+
 int grid_size(int64_t work, int threads) {
   int device = 0, sms = 132;
   if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -83,6 +122,45 @@ cudaError_t copy_row_ranges(const void* src, void* dst, int64_t row_bytes, const
   } else {
     copy_row_ranges_kernel<uint8_t><<<grid_size(1 << 20, kThreads), kThreads, 0, stream>>>(s, d, row_bytes, copies,
                                                                                             num_copies);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t copy_strided_rows_f32(const float* src, int64_t src_row_stride, int64_t src_head_stride, float* dst,
+                                  int64_t dst_row_stride, int64_t dst_head_stride, int64_t heads,
+                                  const RowCopy* copies, int64_t num_copies, cudaStream_t stream) {
+  if (num_copies == 0 || heads == 0) return cudaSuccess;
+  if (src == nullptr || dst == nullptr || copies == nullptr || num_copies < 0 || heads < 0) return cudaErrorInvalidValue;
+  copy_strided_rows_kernel<<<grid_size(1 << 18, 256), 256, 0, stream>>>(src, src_row_stride, src_head_stride, dst,
+                                                                         dst_row_stride, dst_head_stride, heads, copies,
+                                                                         num_copies);
+  return cudaGetLastError();
+}
+
+cudaError_t add_row_ranges_f32(const void* src, bool src_bf16, float* acc, int64_t row_elems, const RowCopy* copies,
+                               int64_t num_copies, cudaStream_t stream) {
+  if (num_copies == 0 || row_elems == 0) return cudaSuccess;
+  if (src == nullptr || acc == nullptr || copies == nullptr || num_copies < 0 || row_elems < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (src_bf16) {
+    add_row_ranges_kernel<__nv_bfloat16><<<grid_size(1 << 20, 256), 256, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(src), acc, row_elems, copies, num_copies);
+  } else {
+    add_row_ranges_kernel<float><<<grid_size(1 << 20, 256), 256, 0, stream>>>(static_cast<const float*>(src), acc,
+                                                                              row_elems, copies, num_copies);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t store_f32(const float* acc, void* out, bool out_bf16, int64_t numel, cudaStream_t stream) {
+  if (numel == 0) return cudaSuccess;
+  if (acc == nullptr || out == nullptr || numel < 0) return cudaErrorInvalidValue;
+  if (out_bf16) {
+    store_f32_kernel<__nv_bfloat16><<<grid_size(numel, 256), 256, 0, stream>>>(acc, static_cast<__nv_bfloat16*>(out),
+                                                                              numel);
+  } else {
+    store_f32_kernel<float><<<grid_size(numel, 256), 256, 0, stream>>>(acc, static_cast<float*>(out), numel);
   }
   return cudaGetLastError();
 }

@@ -52,14 +52,25 @@ CAD_FROZEN(cad_host_services_v1_t, bootstrap_all_gather, 64);
 CAD_FROZEN(cad_host_services_v1_t, bootstrap_world_size, 76);
 
 CAD_FROZEN_SIZE(cad_attention_capabilities_v1_t, 32);
-CAD_FROZEN_SIZE(cad_attention_forward_args_v1_t, 96);
+CAD_FROZEN_SIZE(cad_attention_forward_args_v1_t, 112); /* v1.0: 96 */
+CAD_FROZEN(cad_attention_forward_args_v1_t, plan, CAD_ATTENTION_FORWARD_ARGS_V1_0_SIZE);
+CAD_FROZEN(cad_attention_forward_args_v1_t, saved, 104);
 CAD_FROZEN(cad_attention_forward_args_v1_t, softmax_scale, 40);
 CAD_FROZEN(cad_attention_forward_args_v1_t, stream, 48);
 CAD_FROZEN(cad_attention_forward_args_v1_t, lse, 88);
-CAD_FROZEN_SIZE(cad_attention_backward_args_v1_t, 128);
+CAD_FROZEN_SIZE(cad_attention_backward_args_v1_t, 144); /* v1.0: 128 */
+CAD_FROZEN(cad_attention_backward_args_v1_t, plan, CAD_ATTENTION_BACKWARD_ARGS_V1_0_SIZE);
+CAD_FROZEN(cad_attention_backward_args_v1_t, saved, 136);
+CAD_FROZEN_SIZE(cad_attention_plan_args_v1_t, 96);
+CAD_FROZEN(cad_attention_plan_args_v1_t, num_q_rows, 40);
+CAD_FROZEN(cad_attention_plan_args_v1_t, dtype, 68);
+CAD_FROZEN(cad_attention_plan_args_v1_t, device, 76);
+CAD_FROZEN(cad_attention_plan_args_v1_t, stream, 88);
 CAD_FROZEN(cad_attention_backward_args_v1_t, d_o, 96);
 CAD_FROZEN(cad_attention_backward_args_v1_t, d_v, 120);
-CAD_FROZEN_SIZE(cad_attention_v1_t, 64);
+CAD_FROZEN_SIZE(cad_attention_v1_t, 88); /* v1.0: 64 */
+CAD_FROZEN(cad_attention_v1_t, make_plan, CAD_ATTENTION_V1_0_TABLE_SIZE);
+CAD_FROZEN(cad_attention_v1_t, release_saved, 80);
 CAD_FROZEN(cad_attention_v1_t, forward, 40);
 CAD_FROZEN(cad_attention_v1_t, get_stats_json, 56);
 

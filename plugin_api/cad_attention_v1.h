@@ -22,6 +22,18 @@
  * caller synchronises. A CPU backend returns when results are written.
  *
  * Threading: calls on one context must not overlap; different contexts are independent.
+ *
+ * ABI v1.1 (appended at the end of the structs below; a v1.0 host or plugin simply lacks them, which
+ * `struct_size` tells):
+ *  - Plans. `make_plan` turns what a batch looks like (a local backend's segment table, or a distributed
+ *    backend's pieces) into an opaque plan handle, once: every forward and backward given that handle
+ *    reuses the work lists, device index tables and buffers it holds, and a distributed backend does no
+ *    host-side communication and no host synchronisation inside the call (CUDA-graph capturable when its
+ *    communicator is). A trainer makes one plan per micro-batch and passes it to every layer.
+ *  - Saved state. A forward given `saved != NULL` returns in *saved a handle to what its backward needs
+ *    (e.g. a CAD server's copy of Q/K/V/O/LSE); the caller keeps it, as autograd keeps a context, passes
+ *    it to that forward's backward and then releases it with `release_saved`. So any number of forwards
+ *    may be in flight. *saved may be set to NULL (nothing kept); backward then needs none.
  */
 #ifndef CAD_ATTENTION_V1_H
 #define CAD_ATTENTION_V1_H
@@ -31,6 +43,15 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Sizes of the structs as ABI v1.0 defined them: a v1.1 callee accepts these (and reads no v1.1 field). */
+#define CAD_ATTENTION_V1_0_TABLE_SIZE 64
+#define CAD_ATTENTION_FORWARD_ARGS_V1_0_SIZE 96
+#define CAD_ATTENTION_BACKWARD_ARGS_V1_0_SIZE 128
+
+/* Is the slot `member` of a struct the caller declared as `struct_size` bytes present? */
+#define CAD_HAS_FIELD(type, ptr, member) \
+  ((ptr)->struct_size >= offsetof(type, member) + sizeof(((type*)0)->member))
 
 /* What an instance accepts. Bits of `dtype_mask`: */
 enum { CAD_ATTENTION_DTYPE_FP32 = 1u << 0, CAD_ATTENTION_DTYPE_BF16 = 1u << 1 };
@@ -69,6 +90,11 @@ typedef struct cad_attention_forward_args_v1 {
   const cad_tensor_v1_t* v;         /* [Tk, Hkv, D]                                                   */
   cad_tensor_v1_t* o;               /* out: [Tq, Hq, D], same dtype as q                             */
   cad_tensor_v1_t* lse;             /* out: [Hq, Tq], fp32                                           */
+  /* ---- ABI v1.1 ---- */
+  void* plan;   /* a handle from make_plan, or NULL (then segments/pieces describe the batch). With a
+                 * plan, segments/pieces may be NULL; when given they must equal the plan's.            */
+  void** saved; /* NULL, or where the forward stores the handle its backward needs (see release_saved).
+                 * Written only on success.                                                             */
 } cad_attention_forward_args_v1_t;
 
 /* Arguments of one backward call: the forward's inputs and outputs plus dO; writes dQ, dK, dV. */
@@ -90,7 +116,30 @@ typedef struct cad_attention_backward_args_v1 {
   cad_tensor_v1_t* d_q;       /* out: [Tq, Hq, D]                                                   */
   cad_tensor_v1_t* d_k;       /* out: [Tk, Hkv, D]                                                  */
   cad_tensor_v1_t* d_v;       /* out: [Tk, Hkv, D]                                                  */
+  /* ---- ABI v1.1 ---- */
+  void* plan;  /* the plan the forward ran with, or NULL                                              */
+  void* saved; /* the handle that forward stored in *saved, or NULL (the backward then gets Q/K/V/O/LSE
+                * from the tensors above). Borrowed: the caller still releases it.                       */
 } cad_attention_backward_args_v1_t;
+
+/* What make_plan plans for (ABI v1.1). The tensors of every call made with the plan must have these
+ * shapes and dtype; softmax_scale is per call. All pointers are borrowed for the make_plan call. */
+typedef struct cad_attention_plan_args_v1 {
+  size_t struct_size;
+  const cad_segment_v1_t* segments; /* local backends: the batch's segment table                      */
+  int64_t num_segments;
+  const cad_piece_v1_t* pieces;     /* distributed backends: this rank's pieces, in token order        */
+  int64_t num_pieces;
+  int64_t num_q_rows;               /* local backends: Tq and Tk. Distributed: ignored (the pieces' sum) */
+  int64_t num_kv_rows;
+  int32_t num_q_heads;              /* Hq, Hkv, D of every call                                       */
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  cad_dtype_v1_t dtype;             /* of Q/K/V/O and the gradients                                   */
+  int32_t causal;
+  cad_device_v1_t device;           /* where the calls' tensors live                                  */
+  void* stream;                     /* device tables are uploaded on it; calls must be ordered after it */
+} cad_attention_plan_args_v1_t;
 
 typedef struct cad_attention_v1 {
   size_t struct_size; /* sizeof(cad_attention_v1_t) as the plugin was built; the host reads no slot past it */
@@ -121,6 +170,21 @@ typedef struct cad_attention_v1 {
    * the full length including the NUL into *needed; returns CAD_STATUS_INVALID_ARGUMENT if it did
    * not fit (call again with a larger buffer). */
   cad_status_t (*get_stats_json)(void* ctx, char* buffer, size_t capacity, size_t* needed);
+
+  /* ---- ABI v1.1: optional (may be NULL, or beyond a v1.0 plugin's struct_size) ---- */
+
+  /* Make a plan (see the top of this file). On success *out_plan is owned by the caller until
+   * release_plan. A distributed backend's make_plan is collective: every rank calls it, in the same
+   * order relative to its other collective calls, and every rank fails alike (naming the rank at
+   * fault). Calls that use one plan must be ordered (one stream, or streams the caller orders): the
+   * plan's buffers are reused by each of them. */
+  cad_status_t (*make_plan)(void* ctx, const cad_attention_plan_args_v1_t* args, void** out_plan);
+  /* Release a plan once every call that used it has been enqueued; device memory goes back in stream
+   * order on the plan's stream. NULL is a no-op. Not collective. */
+  void (*release_plan)(void* ctx, void* plan);
+  /* Release a forward's saved state (after its backward was enqueued, or if none will come), in stream
+   * order on that forward's stream. NULL is a no-op. */
+  void (*release_saved)(void* ctx, void* saved);
 } cad_attention_v1_t;
 
 #ifdef __cplusplus

@@ -37,7 +37,10 @@ struct Context {
 struct Shape { int64_t tq, tk, h, d; };
 template <class Args>
 Shape check_args(const Args* a) {
-  if (a == nullptr || a->struct_size < sizeof(Args)) fail(CAD_STATUS_INVALID_ARGUMENT, "args is NULL or too small");
+  // A v1.0 caller's args are smaller than ours: accept them, and read no field past struct_size.
+  const size_t v1_0 = sizeof(Args) == sizeof(cad_attention_forward_args_v1_t) ? CAD_ATTENTION_FORWARD_ARGS_V1_0_SIZE
+                                                                              : CAD_ATTENTION_BACKWARD_ARGS_V1_0_SIZE;
+  if (a == nullptr || a->struct_size < v1_0) fail(CAD_STATUS_INVALID_ARGUMENT, "args is NULL or too small");
   if (a->stream != nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "stream must be NULL for a CPU backend");
   if (a->num_pieces != 0) fail(CAD_STATUS_UNSUPPORTED, "this backend takes segments, not pieces");
   if (a->q != nullptr && a->q->dtype.code != CAD_DTYPE_CODE_FLOAT) fail(CAD_STATUS_UNSUPPORTED, "tensor 'q': only fp32 is supported");
@@ -169,7 +172,8 @@ const char* last_error(void* ctx) { return ctx ? static_cast<Context*>(ctx)->err
 
 // Rule 1: static tables, valid as long as the library is loaded. get_stats_json is optional: NULL.
 const cad_attention_v1_t kTable = {sizeof(cad_attention_v1_t), create, destroy, last_error, get_capabilities,
-                                   forward, backward, nullptr};
+                                   forward, backward, nullptr,
+                                   nullptr, nullptr, nullptr};  // ABI v1.1 plans are optional: not offered
 const cad_plugin_v1_t kPlugin = {sizeof(cad_plugin_v1_t), CAD_ABI_VERSION_MAJOR, CAD_ABI_VERSION_MINOR,
                                  CAD_PLUGIN_KIND_ATTENTION, "example_minimal", "1.0.0",
                                  "minimal example attention backend (CPU, fp32, no GQA)", &kTable, nullptr, nullptr};

@@ -57,7 +57,7 @@ bool check_table(const cad_plugin_v1_t* plugin, Report& report) {
     case CAD_PLUGIN_KIND_ATTENTION: {
       const cad_attention_v1_t* t = plugin->attention;
       have = t->struct_size;
-      need = sizeof(cad_attention_v1_t);
+      need = CAD_ATTENTION_V1_0_TABLE_SIZE;  // the v1.1 plan slots are optional
       functions = have >= need && t->create && t->destroy && t->last_error && t->get_capabilities && t->forward &&
                   t->backward;  // get_stats_json is optional
       break;

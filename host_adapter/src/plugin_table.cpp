@@ -57,7 +57,7 @@ void check_plugin_table(const cad_plugin_v1_t* plugin) {
     case CAD_PLUGIN_KIND_ATTENTION: {
       const cad_attention_v1_t* t = plugin->attention;
       if (t == nullptr) bad_table("kind is attention but the attention table is NULL");
-      require_size(t->struct_size, sizeof(cad_attention_v1_t), "attention table");
+      require_size(t->struct_size, CAD_ATTENTION_V1_0_TABLE_SIZE, "attention table");  // v1.1 slots are optional
       require_function(as_pointer(t->create), "attention", "create");
       require_function(as_pointer(t->destroy), "attention", "destroy");
       require_function(as_pointer(t->last_error), "attention", "last_error");

@@ -1,9 +1,11 @@
 // backward.cpp -- one CAD backward: dO (and, unless the servers kept them, Q/K/V/O/LSE) to the
 // servers, the server batch's backward, dQ back to the query owners and partial dK/dV back to the
-// key/value owners, which sum every server's contribution in server order.
+// key/value owners, which sum every server's contribution in server order (CPU here; CUDA in
+// device_path.cpp).
 #include <cstring>
 
 #include "data_path.h"
+#include "device_path.h"
 
 namespace cad::cad_plugin {
 
@@ -15,15 +17,16 @@ namespace {
 
 bool same_shape(const CallShape& a, const CallShape& b) {
   return a.tokens == b.tokens && a.num_q_heads == b.num_q_heads && a.num_kv_heads == b.num_kv_heads &&
-         a.head_dim == b.head_dim && a.bf16 == b.bf16 && a.causal == b.causal &&
-         std::memcmp(&a.softmax_scale, &b.softmax_scale, sizeof(float)) == 0;
+         a.head_dim == b.head_dim && a.bf16 == b.bf16 && a.causal == b.causal && a.device_type == b.device_type &&
+         a.device_id == b.device_id;
 }
 
+// v1.0-style calls: does this backward follow the instance's last forward (same pieces and shape)?
 bool matches(const LastForward* last, const CallShape& shape, const cad_piece_v1_t* pieces, int64_t num_pieces) {
-  if (last == nullptr || !same_shape(last->step.shape, shape)) return false;
-  if (static_cast<int64_t>(last->local_pieces.size()) != num_pieces) return false;
-  return num_pieces == 0 ||
-         std::memcmp(last->local_pieces.data(), pieces, static_cast<size_t>(num_pieces) * sizeof(cad_piece_v1_t)) == 0;
+  if (last == nullptr || !same_shape(last->plan->step.shape, shape)) return false;
+  const std::vector<cad_piece_v1_t>& mine = last->plan->local_pieces;
+  if (static_cast<int64_t>(mine.size()) != num_pieces) return false;
+  return num_pieces == 0 || std::memcmp(mine.data(), pieces, static_cast<size_t>(num_pieces) * sizeof(cad_piece_v1_t)) == 0;
 }
 
 // fp32 sums of dK/dV -> the host's tensor in its dtype.
@@ -46,39 +49,10 @@ Part accumulate(std::vector<float>& sums, const CallShape& shape) {
   return part;
 }
 
-}  // namespace
-
-void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args) {
-  Stopwatch total;
+void cpu_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const cad_attention_backward_args_v1_t* args,
+                  const Saved* saved, CallStats& stats) {
   Comm& comm = *ctx.comm;
-  LocalCall local;
-  try {
-    local.shape = check_backward_args(args, ctx.accepts);
-    local.num_pieces = args->num_pieces;
-    local.matches_last_forward = matches(ctx.last_forward.get(), local.shape, args->pieces, args->num_pieces);
-  } catch (const plugin::Failure& f) {
-    local.status = f.status();
-    local.message = f.what();
-  }
-  ctx.stats.backward = CallStats{};
-  const AgreedCall call = agree_on_call(comm, local, "backward");
-  const bool reuse = call.first_rank_not_matching < 0;
-  if (ctx.config.keep_forward_tensors && !reuse) {
-    fail(CAD_STATUS_INVALID_ARGUMENT,
-         format("backward: rank %d's pieces or shapes differ from its last forward (or it ran none); with "
-                "keep_forward_tensors true the servers hold only the last forward's Q/K/V/O/LSE, so backward must "
-                "follow that forward with the same pieces and tensors on every rank",
-                call.first_rank_not_matching));
-  }
-  CallStats stats;
-  Step fresh;
-  if (!reuse) {
-    fresh = prepare_step(comm, ctx.balancer, call, args->pieces, ctx.config.knobs);
-    stats.plan_ms = fresh.plan_ms;
-    stats.replanned = true;
-  }
-  const Step& step = reuse ? ctx.last_forward->step : fresh;
-  const CallShape& shape = step.shape;
+  const Step& step = plan.step;
   const ServerBatch& batch = step.layout.servers[static_cast<size_t>(comm.rank())];
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes();
   const int64_t hq = shape.num_q_heads;
@@ -86,8 +60,8 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
   // 1. dO to the servers, plus everything else when the servers did not keep the forward's tensors.
   std::vector<std::byte> server_d_o = rows_buffer(batch.q_rows, q_bytes);
   KeptBatch resent;
-  const bool kept = ctx.config.keep_forward_tensors && ctx.last_forward->has_kept_batch;
-  const KeptBatch& in = kept ? ctx.last_forward->kept : resent;
+  const bool kept = saved != nullptr;
+  const KeptBatch& in = kept ? saved->host : resent;
   if (kept) {
     exchange(comm, step.layout, Direction::ToServers, {rows(RunSet::Q, tensor_data(args->d_o), q_bytes)},
              {rows(RunSet::Q, server_d_o.data(), q_bytes)}, stats);
@@ -126,8 +100,8 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
     TensorView d_v(server_d_v.data(), {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16);
     cad_attention_backward_args_v1_t server_args{};
     server_args.struct_size = sizeof(server_args);
-    server_args.segments = batch.segments.data();
-    server_args.num_segments = static_cast<int64_t>(batch.segments.size());
+    server_args.segments = plan.server_plan != nullptr ? nullptr : batch.segments.data();
+    server_args.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
     server_args.softmax_scale = shape.softmax_scale;
     server_args.causal = shape.causal ? 1 : 0;
     server_args.q = q.get();
@@ -139,6 +113,7 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
     server_args.d_q = d_q.get();
     server_args.d_k = d_k.get();
     server_args.d_v = d_v.get();
+    server_args.plan = plan.server_plan;
     return ctx.server.table->backward(ctx.server.instance, &server_args);
   });
 
@@ -153,9 +128,75 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
            stats);
   store_sums(sum_k, shape, tensor_data(args->d_k));
   store_sums(sum_v, shape, tensor_data(args->d_v));
+}
 
-  describe_step(step.tables, step.tasks, step.layout, shape, stats);
-  gather_bytes(comm, stats);
+}  // namespace
+
+void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args) {
+  Stopwatch total;
+  Comm& comm = *ctx.comm;
+  const bool v11 = args != nullptr && CAD_HAS_FIELD(cad_attention_backward_args_v1_t, args, saved);
+  CadPlan* given = v11 ? static_cast<CadPlan*>(args->plan) : nullptr;
+  Saved* saved = v11 ? static_cast<Saved*>(args->saved) : nullptr;
+  ctx.stats.backward = CallStats{};
+
+  LocalCall local;
+  try {
+    local.shape = check_backward_args(args, ctx.accepts, given != nullptr ? given->step.shape.tokens : -1);
+    local.num_pieces = args->num_pieces;
+    if (given != nullptr) check_call_matches_plan(*given, local.shape, args->pieces, args->num_pieces, "backward");
+    if (saved != nullptr && given != nullptr && saved->plan_serial != given->serial) {
+      fail(CAD_STATUS_INVALID_ARGUMENT, format("backward: the saved state comes from a forward with plan #%llu, this "
+                                               "call has plan #%llu", static_cast<unsigned long long>(saved->plan_serial),
+                                               static_cast<unsigned long long>(given->serial)));
+    }
+    if (given != nullptr && saved == nullptr && ctx.config.keep_forward_tensors) {
+      fail(CAD_STATUS_INVALID_ARGUMENT, "backward: keep_forward_tensors is true but the call has no saved state: pass "
+                                        "the handle its forward stored in `saved` (or set keep_forward_tensors false)");
+    }
+    local.matches_last_forward = matches(ctx.last_forward.get(), local.shape, args->pieces, args->num_pieces);
+  } catch (const plugin::Failure& f) {
+    local.status = f.status();
+    local.message = f.what();
+  }
+
+  CallStats stats;
+  PlanPtr one_shot(nullptr, PlanDeleter{&ctx});
+  CadPlan* plan = given;
+  if (given != nullptr) {
+    agree_on_plan_call(ctx, local, "backward", [&] {
+      device_backward(ctx, *given, given->step.shape, args, nullptr, stats, /*drain=*/true);
+    });
+  } else {
+    const AgreedCall call = agree_on_call(comm, local, "backward");
+    const bool reuse = saved == nullptr && call.first_rank_not_matching < 0;
+    if (saved == nullptr && ctx.config.keep_forward_tensors && !reuse) {
+      fail(CAD_STATUS_INVALID_ARGUMENT,
+           format("backward: rank %d's pieces or shapes differ from its last forward (or it ran none); with "
+                  "keep_forward_tensors true the servers hold only the last forward's Q/K/V/O/LSE, so backward must "
+                  "follow that forward with the same pieces and tensors on every rank",
+                  call.first_rank_not_matching));
+    }
+    if (reuse) {
+      plan = ctx.last_forward->plan.get();
+      if (saved == nullptr) saved = ctx.last_forward->saved.get();
+    } else {
+      one_shot = make_cad_plan(ctx, call, local.num_pieces, args->pieces, args->stream);
+      plan = one_shot.get();
+    }
+  }
+  stats = plan->model;
+  stats.replanned = one_shot != nullptr;
+  if (!stats.replanned) stats.plan_ms = 0.0;
+  CallShape shape = plan->step.shape;
+  shape.softmax_scale = local.shape.softmax_scale;
+  if (plan->device) {
+    stats.workspace_bytes = device_plan_bytes(*plan->device);
+    device_backward(ctx, *plan, shape, args, saved, stats);
+  } else {
+    cpu_backward(ctx, *plan, shape, args, saved, stats);
+  }
+  if (given == nullptr && plan->device == nullptr) gather_bytes(comm, stats);
   stats.total_ms = total.lap_ms();
   stats.valid = true;
   ctx.stats.backward = stats;

@@ -43,9 +43,9 @@ void Comm::all_gather(const void* send, uint64_t bytes, void* recv) {
   if (status != CAD_STATUS_OK) failed("all_gather", status);
 }
 
-void Comm::all_to_all_v(const std::byte* send, const Transfer& t, std::byte* recv) {
+void Comm::all_to_all_v(const std::byte* send, const Transfer& t, std::byte* recv, void* stream) {
   const cad_status_t status = table_->all_to_all_v(instance_, send, t.send_counts.data(), t.send_displs.data(), recv,
-                                                   t.recv_counts.data(), t.recv_displs.data(), nullptr);
+                                                   t.recv_counts.data(), t.recv_displs.data(), stream);
   if (status != CAD_STATUS_OK) failed("all_to_all_v", status);
 }
 

@@ -23,7 +23,8 @@ class Comm {
 
   // Every rank contributes `bytes` bytes; recv gets world * bytes, by rank.
   void all_gather(const void* send, uint64_t bytes, void* recv);
-  void all_to_all_v(const std::byte* send, const Transfer& transfer, std::byte* recv);
+  // `stream`: NULL for a CPU communicator; the stream to enqueue on for a device one.
+  void all_to_all_v(const std::byte* send, const Transfer& transfer, std::byte* recv, void* stream = nullptr);
 
   // All ranks' copies of a trivially copyable value, by rank.
   template <class T>

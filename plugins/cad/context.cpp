@@ -1,6 +1,8 @@
 // context.cpp -- see context.h.
 #include "context.h"
 
+#include "device_path.h"
+
 #include <limits>
 
 namespace cad::cad_plugin {
@@ -63,10 +65,6 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   const auto* comm_table = static_cast<const cad_communicator_v1_t*>(
       lookup(services, config.communicator, CAD_PLUGIN_KIND_COMMUNICATOR, &instance));
   comm = std::make_unique<Comm>(comm_table, instance, config.communicator);
-  if (comm->device().device_type != CAD_DEVICE_CPU) {
-    fail(CAD_STATUS_UNSUPPORTED, format("plugin 'cad': communicator instance '%s' moves device memory; this build of "
-                                        "CAD has only the CPU data path", config.communicator.c_str()));
-  }
 
   balancer.table = static_cast<const cad_balancer_v1_t*>(
       lookup(services, config.balancer, CAD_PLUGIN_KIND_BALANCER, &balancer.instance));
@@ -96,32 +94,48 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
     fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
                                      "' does not support segments that share K/V, which server batches use");
   }
-  if (server.caps.device_type != CAD_DEVICE_CPU) {
-    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
-                                     "' runs on a device; this build of CAD has only the CPU data path");
+  // Where the data path runs follows the server backend: CPU tensors with a CPU backend; CUDA tensors
+  // with a CUDA backend, over a CUDA communicator (NCCL) or staged through pinned host memory over a
+  // CPU one (MPI).
+  const cad_device_type_t comm_device = comm->device().device_type;
+  if (server.caps.device_type == CAD_DEVICE_CUDA) {
+    if (!device_path_available()) {
+      fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
+                                       "' runs on CUDA, but this build of CAD has no CUDA data path (CAD_ENABLE_CUDA=OFF)");
+    }
+    host_staged = comm_device == CAD_DEVICE_CPU;
+  } else if (server.caps.device_type != CAD_DEVICE_CPU) {
+    fail(CAD_STATUS_UNSUPPORTED, format("plugin 'cad': server backend instance '%s' runs on device type %d; CAD moves "
+                                        "CPU and CUDA tensors", server.name.c_str(), server.caps.device_type));
+  } else if (comm_device != CAD_DEVICE_CPU) {
+    fail(CAD_STATUS_UNSUPPORTED, format("plugin 'cad': communicator instance '%s' moves device memory but server backend "
+                                        "instance '%s' runs on the CPU; pair a CPU backend with a CPU communicator (mpi)",
+                                        config.communicator.c_str(), server.name.c_str()));
   }
+  accepts.device_type = server.caps.device_type;
   accepts.dtype_mask = server.caps.dtype_mask & (CAD_ATTENTION_DTYPE_FP32 | CAD_ATTENTION_DTYPE_BF16);
   accepts.flags = server.caps.flags;
   accepts.max_head_dim = server.caps.max_head_dim;
   // One line per job is enough at info level; the other ranks say it at debug level.
   const std::string summary =
-      format("rank %d of %d: communicator '%s', balancer '%s', server backend '%s', keep_forward_tensors %s",
+      format("rank %d of %d: communicator '%s', balancer '%s', server backend '%s', keep_forward_tensors %s, %s data path",
              comm->rank(), comm->world(), config.communicator.c_str(), config.balancer.c_str(),
-             config.server_backend.c_str(), config.keep_forward_tensors ? "true" : "false");
+             config.server_backend.c_str(), config.keep_forward_tensors ? "true" : "false",
+             accepts.device_type == CAD_DEVICE_CPU ? "CPU" : (host_staged ? "CUDA (host-staged)" : "CUDA"));
   logger.log(comm->rank() == 0 ? CAD_LOG_INFO : CAD_LOG_DEBUG, summary);
 }
 
 cad_attention_capabilities_v1_t cad_capabilities(const CadContext& ctx) {
   cad_attention_capabilities_v1_t caps{};
   caps.struct_size = sizeof(caps);
-  caps.device_type = CAD_DEVICE_CPU;
+  caps.device_type = ctx.accepts.device_type;
   caps.dtype_mask = ctx.accepts.dtype_mask;
   caps.flags = CAD_ATTENTION_CAP_PIECES |
                (ctx.server.caps.flags & (CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL |
                                          CAD_ATTENTION_CAP_GQA | CAD_ATTENTION_CAP_BACKWARD));
   caps.head_dim_mask = ctx.server.caps.head_dim_mask;
   caps.max_head_dim = ctx.server.caps.max_head_dim;
-  caps.min_compute_capability = 0;
+  caps.min_compute_capability = ctx.server.caps.min_compute_capability;
   return caps;
 }
 

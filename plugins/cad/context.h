@@ -9,6 +9,7 @@
 
 #include "cad_plugin_v1.h"
 #include "comm.h"
+#include "plan.h"
 #include "plugin_support.h"
 #include "stats.h"
 #include "step.h"
@@ -29,20 +30,42 @@ struct ServerBackend {
   void* instance = nullptr;
   std::string name;
   cad_attention_capabilities_v1_t caps{};
+  // ABI v1.1 plans: the backend's work lists made once per CAD plan (graph-capturable calls).
+  bool has_plans() const {
+    return CAD_HAS_FIELD(cad_attention_v1_t, table, release_saved) && table->make_plan != nullptr &&
+           table->release_plan != nullptr;
+  }
 };
 
-// The server batch of the last forward, kept for backward when keep_forward_tensors is true.
+// A CPU server batch kept from a forward for its backward (keep_forward_tensors).
 struct KeptBatch {
   std::vector<std::byte> q, k, v, o;
   std::vector<float> lse;
 };
 
-// The last forward, as backward needs to recognise and reuse it.
+struct DeviceSaved;  // device_path.h
+struct DeviceSavedDeleter {
+  CadContext* ctx = nullptr;
+  void operator()(DeviceSaved* saved) const;
+};
+
+// What one forward leaves for its backward: the handle behind the ABI's `saved` (v1.1), or the
+// instance's last forward for v1.0 hosts.
+struct Saved {
+  uint64_t plan_serial = 0;  // the plan the forward ran with
+  KeptBatch host;            // CPU data path
+  std::unique_ptr<DeviceSaved, DeviceSavedDeleter> device;  // CUDA data path
+};
+
+// The last forward of a v1.0-style call (no plan, no saved slot), for its backward to recognise.
 struct LastForward {
-  Step step;
-  std::vector<cad_piece_v1_t> local_pieces;
-  bool has_kept_batch = false;
-  KeptBatch kept;
+  PlanPtr plan;                  // the forward's one-shot plan
+  std::unique_ptr<Saved> saved;  // NULL unless keep_forward_tensors
+};
+
+struct DeviceRuntime;  // device_path.h: the communication stream and its events
+struct DeviceRuntimeDeleter {
+  void operator()(DeviceRuntime* runtime) const;
 };
 
 struct CadContext : plugin::ErrorState {
@@ -56,6 +79,9 @@ struct CadContext : plugin::ErrorState {
   Accepts accepts;  // what the server backend takes, hence what CAD takes
   std::unique_ptr<LastForward> last_forward;
   Stats stats;
+  uint64_t plans_made = 0;
+  bool host_staged = false;  // CUDA tensors over a communicator on host memory (MPI): staged via pinned buffers
+  std::unique_ptr<DeviceRuntime, DeviceRuntimeDeleter> device;  // created with the first CUDA plan
 };
 
 // The capabilities CAD reports: the server backend's, restricted to what the CPU data path moves.

@@ -6,9 +6,10 @@
 
 namespace cad::cad_plugin {
 
-TensorView::TensorView(void* data, std::vector<int64_t> shape, bool bf16) : shape_(std::move(shape)) {
+TensorView::TensorView(void* data, std::vector<int64_t> shape, bool bf16, cad_device_v1_t device)
+    : shape_(std::move(shape)) {
   tensor_.data = data;
-  tensor_.device = cad_device_v1_t{CAD_DEVICE_CPU, 0};
+  tensor_.device = device;
   tensor_.ndim = static_cast<int32_t>(shape_.size());
   tensor_.dtype = bf16 ? cad_dtype_v1_t{CAD_DTYPE_CODE_BFLOAT, 16, 1} : cad_dtype_v1_t{CAD_DTYPE_CODE_FLOAT, 32, 1};
   tensor_.shape = shape_.data();

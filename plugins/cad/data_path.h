@@ -20,9 +20,12 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
 // points at its own shape array.
 class TensorView {
  public:
-  TensorView(void* data, std::vector<int64_t> shape, bool bf16);
+  TensorView(void* data, std::vector<int64_t> shape, bool bf16, cad_device_v1_t device = {CAD_DEVICE_CPU, 0});
   TensorView(const TensorView&) = delete;
   TensorView& operator=(const TensorView&) = delete;
+  TensorView(TensorView&& other) noexcept : shape_(std::move(other.shape_)), tensor_(other.tensor_) {
+    tensor_.shape = shape_.data();
+  }
   cad_tensor_v1_t* get() { return &tensor_; }
 
  private:

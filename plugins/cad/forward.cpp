@@ -1,37 +1,18 @@
-// forward.cpp -- one CAD forward: agree, plan, dispatch Q/K/V to the servers, run the server batch,
-// bring O and LSE back into the host's token order.
+// forward.cpp -- one CAD forward: find or make the plan, dispatch Q/K/V to the servers, run the server
+// batch, bring O and LSE back into the host's token order (CPU here; CUDA in device_path.cpp).
 #include "data_path.h"
+#include "device_path.h"
 
 namespace cad::cad_plugin {
 
 using plugin::tensor_data;
 
-void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
-  Stopwatch total;
+void cpu_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const cad_attention_forward_args_v1_t* args,
+                 Saved* keep, CallStats& stats) {
   Comm& comm = *ctx.comm;
-  LocalCall local;
-  try {
-    local.shape = check_forward_args(args, ctx.accepts);
-    local.num_pieces = args->num_pieces;
-  } catch (const plugin::Failure& f) {
-    local.status = f.status();
-    local.message = f.what();
-  }
-  // A forward starts a new step: what the previous one kept is stale from here on.
-  ctx.last_forward.reset();
-  ctx.stats.forward = CallStats{};
-  ctx.stats.backward = CallStats{};
-
-  const AgreedCall call = agree_on_call(comm, local, "forward");
-  auto last = std::make_unique<LastForward>();
-  last->step = prepare_step(comm, ctx.balancer, call, args->pieces, ctx.config.knobs);
-  const Step& step = last->step;
-  const CallShape& shape = step.shape;
+  const Step& step = plan.step;
   const ServerBatch& batch = step.layout.servers[static_cast<size_t>(comm.rank())];
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes();
-  CallStats stats;
-  stats.replanned = true;
-  stats.plan_ms = step.plan_ms;
 
   // 1. Q/K/V of the owners -> server batch.
   KeptBatch server;
@@ -57,8 +38,8 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
     TensorView lse(server.lse.data(), {shape.num_q_heads, batch.q_rows}, false);
     cad_attention_forward_args_v1_t server_args{};
     server_args.struct_size = sizeof(server_args);
-    server_args.segments = batch.segments.data();
-    server_args.num_segments = static_cast<int64_t>(batch.segments.size());
+    server_args.segments = plan.server_plan != nullptr ? nullptr : batch.segments.data();
+    server_args.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
     server_args.softmax_scale = shape.softmax_scale;
     server_args.causal = shape.causal ? 1 : 0;
     server_args.q = q.get();
@@ -66,6 +47,7 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
     server_args.v = v.get();
     server_args.o = o.get();
     server_args.lse = lse.get();
+    server_args.plan = plan.server_plan;
     return ctx.server.table->forward(ctx.server.instance, &server_args);
   });
 
@@ -76,20 +58,75 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
            {rows(RunSet::Q, tensor_data(args->o), q_bytes),
             lse_columns(tensor_data(args->lse), shape.num_q_heads, shape.tokens)},
            stats);
+  if (keep != nullptr) keep->host = std::move(server);
+}
 
-  describe_step(step.tables, step.tasks, step.layout, shape, stats);
-  gather_bytes(comm, stats);
+void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
+  Stopwatch total;
+  const bool v11 = args != nullptr && CAD_HAS_FIELD(cad_attention_forward_args_v1_t, args, saved);
+  CadPlan* given = v11 ? static_cast<CadPlan*>(args->plan) : nullptr;
+  void** saved_slot = v11 ? args->saved : nullptr;
+  // A forward starts a new step: the statistics of the previous backward no longer describe it.
+  ctx.stats.forward = CallStats{};
+  ctx.stats.backward = CallStats{};
+
+  LocalCall local;
+  try {
+    local.shape = check_forward_args(args, ctx.accepts, given != nullptr ? given->step.shape.tokens : -1);
+    local.num_pieces = args->num_pieces;
+    if (given != nullptr) check_call_matches_plan(*given, local.shape, args->pieces, args->num_pieces, "forward");
+  } catch (const plugin::Failure& f) {
+    local.status = f.status();
+    local.message = f.what();
+  }
+
+  PlanPtr one_shot(nullptr, PlanDeleter{&ctx});
+  CadPlan* plan = given;
+  CallStats stats;
+  if (given == nullptr) {
+    // No plan: this call plans for itself (collective: also agrees on every rank's arguments). A v1.0-style
+    // forward starts a new step: what the previous one kept is stale from here on.
+    if (saved_slot == nullptr) ctx.last_forward.reset();
+    one_shot = make_cad_plan(ctx, local, args->pieces, args->stream, "forward");
+    plan = one_shot.get();
+    stats = plan->model;
+    stats.replanned = true;
+  } else {
+    agree_on_plan_call(ctx, local, "forward", [&] {
+      device_forward(ctx, *given, given->step.shape, args, nullptr, stats, /*drain=*/true);
+    });
+    stats = plan->model;
+    stats.plan_ms = 0.0;
+  }
+  CallShape shape = plan->step.shape;
+  shape.softmax_scale = local.shape.softmax_scale;
+
+  // Keep the server batch for backward: into the caller's `saved` handle, or (v1.0-style calls) the
+  // instance's last forward.
+  const bool keep = ctx.config.keep_forward_tensors && (saved_slot != nullptr || given == nullptr);
+  std::unique_ptr<Saved> saved = keep ? std::make_unique<Saved>() : nullptr;
+  if (saved) saved->plan_serial = plan->serial;
+  if (plan->device) {
+    stats.workspace_bytes = device_plan_bytes(*plan->device);
+    device_forward(ctx, *plan, shape, args, saved.get(), stats);
+  } else {
+    cpu_forward(ctx, *plan, shape, args, saved.get(), stats);
+  }
+  // The per-rank byte table costs a collective: only where this call communicates on the host anyway.
+  if (given == nullptr && plan->device == nullptr) gather_bytes(*ctx.comm, stats);
   stats.total_ms = total.lap_ms();
   stats.valid = true;
   ctx.stats.forward = stats;
-  if (ctx.logger.enabled(CAD_LOG_DEBUG)) ctx.logger.debug(stats_line("forward", stats, comm.rank()));
+  if (ctx.logger.enabled(CAD_LOG_DEBUG)) ctx.logger.debug(stats_line("forward", stats, ctx.comm->rank()));
 
-  if (args->num_pieces > 0) last->local_pieces.assign(args->pieces, args->pieces + args->num_pieces);
-  if (ctx.config.keep_forward_tensors) {
-    last->kept = std::move(server);
-    last->has_kept_batch = true;
+  if (saved_slot != nullptr) {
+    *saved_slot = saved.release();
+  } else if (given == nullptr) {
+    auto last = std::make_unique<LastForward>();
+    last->plan = std::move(one_shot);
+    last->saved = std::move(saved);
+    ctx.last_forward = std::move(last);
   }
-  ctx.last_forward = std::move(last);
 }
 
 }  // namespace cad::cad_plugin

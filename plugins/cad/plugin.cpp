@@ -63,9 +63,36 @@ cad_status_t cad_get_stats_json(void* ctx, char* buffer, size_t capacity, size_t
   });
 }
 
+cad_status_t cad_make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, void** out_plan) {
+  if (ctx == nullptr) return null_ctx();
+  CadContext& c = *as_ctx(ctx);
+  return plugin::guarded(c, [&] {
+    cad::cad_plugin::LocalCall local;
+    try {
+      if (out_plan == nullptr) plugin::fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: out_plan is NULL");
+      local.shape = cad::cad_plugin::check_plan_args(args, c.accepts);
+      local.num_pieces = args->num_pieces;
+    } catch (const plugin::Failure& f) {
+      local.status = f.status();
+      local.message = f.what();
+    }
+    // Collective: every rank reaches the same verdict (a rank whose arguments are bad fails them all).
+    cad::cad_plugin::PlanPtr plan = cad::cad_plugin::make_cad_plan(c, local, args != nullptr ? args->pieces : nullptr,
+                                                                   args != nullptr ? args->stream : nullptr, "make_plan");
+    *out_plan = plan.release();
+  });
+}
+
+void cad_release_plan(void* ctx, void* plan) {
+  if (ctx == nullptr || plan == nullptr) return;
+  cad::cad_plugin::PlanDeleter{as_ctx(ctx)}(static_cast<cad::cad_plugin::CadPlan*>(plan));
+}
+
+void cad_release_saved(void*, void* saved) { delete static_cast<cad::cad_plugin::Saved*>(saved); }
+
 const cad_attention_v1_t kAttentionTable = {
-    sizeof(cad_attention_v1_t), cad_create,  cad_destroy,  cad_last_error, cad_get_capabilities,
-    cad_forward,                cad_backward, cad_get_stats_json,
+    sizeof(cad_attention_v1_t), cad_create,       cad_destroy,      cad_last_error, cad_get_capabilities, cad_forward,
+    cad_backward,               cad_get_stats_json, cad_make_plan, cad_release_plan, cad_release_saved,
 };
 
 const cad_plugin_v1_t kPlugin = {

@@ -74,6 +74,8 @@ nlohmann::json call_json(const CallStats& c) {
           {"model_forward_bytes_sent_by_rank", c.model_forward_bytes_sent},
           {"model_forward_bytes_received_by_rank", c.model_forward_bytes_received},
           {"imbalance", c.imbalance},
+          {"workspace_bytes", c.workspace_bytes},
+          {"saved_bytes", c.saved_bytes},
           {"servers", servers}};
 }
 

@@ -154,7 +154,7 @@ AgreedCall agree_on_call(Comm& comm, const LocalCall& local, const char* what) {
 }
 
 Step prepare_step(Comm& comm, const BalancerRef& balancer, const AgreedCall& call, const cad_piece_v1_t* pieces,
-                  const PlanKnobs& knobs) {
+                  const PlanKnobs& knobs, const std::function<void(Step&)>& finish) {
   Step step;
   step.shape = call.shape;
   step.tables = gather_piece_tables(comm, pieces, call.num_pieces);
@@ -167,6 +167,8 @@ Step prepare_step(Comm& comm, const BalancerRef& balancer, const AgreedCall& cal
     step.tasks = run_balancer(balancer, step.tables, step.shape, knobs);
     check_plan(step.tables, step.tasks, comm.world(), balancer.name);
     step.layout = build_layout(step.tables, step.tasks, step.shape.causal);
+    step.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (finish) finish(step);
   } catch (const plugin::Failure& f) {
     status = f.status();
     message = f.what();
@@ -174,7 +176,6 @@ Step prepare_step(Comm& comm, const BalancerRef& balancer, const AgreedCall& cal
     status = CAD_STATUS_OUT_OF_MEMORY;
     message = "out of memory while planning";
   }
-  step.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   // The balancer is deterministic, so it fails everywhere or nowhere; this agreement is insurance
   // against a rank-local failure (memory) turning into a hang at the next collective.
   agree(comm, status, message, "planning");

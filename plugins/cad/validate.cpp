@@ -48,9 +48,8 @@ void check_rows(const cad_tensor_v1_t* t, const char* name, int64_t tokens, cons
 }
 
 // q, k, v against the pieces and each other; fills the shape.
-CallShape check_qkv(const cad_tensor_v1_t* q, const cad_tensor_v1_t* k, const cad_tensor_v1_t* v, int64_t tokens,
-                    int32_t causal, float softmax_scale, void* stream, const Accepts& accepts) {
-  if (stream != nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "stream must be NULL: CAD's data path is on the CPU");
+// The causal flag against what the server backend supports.
+void check_causal(int32_t causal, const Accepts& accepts) {
   if (causal != 0 && causal != 1) fail(CAD_STATUS_INVALID_ARGUMENT, format("causal is %d, expected 0 or 1", causal));
   if (causal == 1 && !(accepts.flags & CAD_ATTENTION_CAP_CAUSAL)) {
     fail(CAD_STATUS_UNSUPPORTED, "causal attention: the server backend does not support it");
@@ -58,15 +57,10 @@ CallShape check_qkv(const cad_tensor_v1_t* q, const cad_tensor_v1_t* k, const ca
   if (causal == 0 && !(accepts.flags & CAD_ATTENTION_CAP_NONCAUSAL)) {
     fail(CAD_STATUS_UNSUPPORTED, "non-causal attention: the server backend does not support it");
   }
-  const std::vector<DType> dtypes = accepted_dtypes(accepts);
-  plugin::check_tensor(q, {"q", CAD_DEVICE_CPU, {-1, -1, -1}, {"Tq", "Hq", "D"}, dtypes});
-  check_rows(q, "q", tokens, "Tq");
-  const DType dtype = plugin::dtype_is(q->dtype, DType::BF16) ? DType::BF16 : DType::F32;
-  const int64_t hq = q->shape[1], d = q->shape[2];
-  plugin::check_tensor(k, {"k", CAD_DEVICE_CPU, {-1, -1, d}, {"Tk", "Hkv", "D"}, {dtype}});
-  check_rows(k, "k", tokens, "Tk");
-  const int64_t hkv = k->shape[1];
-  plugin::check_tensor(v, {"v", CAD_DEVICE_CPU, {tokens, hkv, d}, {"Tk", "Hkv", "D"}, {dtype}});
+}
+
+// Heads and head dim against each other and the server backend.
+void check_heads(int64_t hq, int64_t hkv, int64_t d, const Accepts& accepts) {
   if (hq < 1 || hkv < 1 || d < 1) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("heads and head dim must be >= 1: Hq=%lld, Hkv=%lld, D=%lld", ll(hq),
                                              ll(hkv), ll(d)));
@@ -82,6 +76,33 @@ CallShape check_qkv(const cad_tensor_v1_t* q, const cad_tensor_v1_t* k, const ca
     fail(CAD_STATUS_UNSUPPORTED, format("head dim %lld: the server backend supports at most %d", ll(d),
                                         accepts.max_head_dim));
   }
+}
+
+CallShape check_qkv(const cad_tensor_v1_t* q, const cad_tensor_v1_t* k, const cad_tensor_v1_t* v, int64_t tokens,
+                    int32_t causal, float softmax_scale, void* stream, const Accepts& accepts) {
+  if (stream != nullptr && accepts.device_type == CAD_DEVICE_CPU) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, "stream must be NULL: the server backend, and so CAD's data path, is on the CPU");
+  }
+  check_causal(causal, accepts);
+  const std::vector<DType> dtypes = accepted_dtypes(accepts);
+  const cad_device_type_t dev = accepts.device_type;
+  plugin::check_tensor(q, {"q", dev, {-1, -1, -1}, {"Tq", "Hq", "D"}, dtypes});
+  check_rows(q, "q", tokens, "Tq");
+  const DType dtype = plugin::dtype_is(q->dtype, DType::BF16) ? DType::BF16 : DType::F32;
+  const int64_t hq = q->shape[1], d = q->shape[2];
+  plugin::check_tensor(k, {"k", dev, {-1, -1, d}, {"Tk", "Hkv", "D"}, {dtype}});
+  check_rows(k, "k", tokens, "Tk");
+  const int64_t hkv = k->shape[1];
+  plugin::check_tensor(v, {"v", dev, {tokens, hkv, d}, {"Tk", "Hkv", "D"}, {dtype}});
+  check_heads(hq, hkv, d, accepts);
+  if (dev == CAD_DEVICE_CUDA) {
+    for (const cad_tensor_v1_t* t : {k, v}) {
+      if (t->device.device_id != q->device.device_id) {
+        fail(CAD_STATUS_INVALID_ARGUMENT, format("tensor '%s' is on CUDA device %d but tensor 'q' on device %d",
+                                                 t == k ? "k" : "v", t->device.device_id, q->device.device_id));
+      }
+    }
+  }
   if (!(softmax_scale > 0.0f) || softmax_scale > 1e30f) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("softmax_scale is %g, expected a finite value > 0", softmax_scale));
   }
@@ -93,33 +114,48 @@ CallShape check_qkv(const cad_tensor_v1_t* q, const cad_tensor_v1_t* k, const ca
   shape.bf16 = dtype == DType::BF16;
   shape.causal = causal == 1;
   shape.softmax_scale = softmax_scale;
+  shape.device_type = dev;
+  shape.device_id = dev == CAD_DEVICE_CUDA ? q->device.device_id : 0;
   return shape;
 }
 
 plugin::TensorSpec q_like(const char* name, const CallShape& s) {
-  return {name, CAD_DEVICE_CPU, {s.tokens, s.num_q_heads, s.head_dim}, {"Tq", "Hq", "D"},
+  return {name, s.device_type, {s.tokens, s.num_q_heads, s.head_dim}, {"Tq", "Hq", "D"},
           {s.bf16 ? DType::BF16 : DType::F32}};
 }
 plugin::TensorSpec kv_like(const char* name, const CallShape& s) {
-  return {name, CAD_DEVICE_CPU, {s.tokens, s.num_kv_heads, s.head_dim}, {"Tk", "Hkv", "D"},
+  return {name, s.device_type, {s.tokens, s.num_kv_heads, s.head_dim}, {"Tk", "Hkv", "D"},
           {s.bf16 ? DType::BF16 : DType::F32}};
 }
 plugin::TensorSpec lse_spec(const CallShape& s) {
-  return {"lse", CAD_DEVICE_CPU, {s.num_q_heads, s.tokens}, {"Hq", "Tq"}, {DType::F32}};
+  return {"lse", s.device_type, {s.num_q_heads, s.tokens}, {"Hq", "Tq"}, {DType::F32}};
 }
 
 }  // namespace
 
-CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const Accepts& accepts) {
+// The local token count: the pieces', or with a plan the plan's (pieces, if given, are compared with
+// the plan's by the caller).
+int64_t call_tokens(const cad_piece_v1_t* pieces, int64_t num_pieces, int64_t plan_tokens) {
+  const int64_t tokens = count_tokens(pieces, num_pieces);
+  if (plan_tokens < 0) return tokens;
+  if (num_pieces > 0 && tokens != plan_tokens) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("the call's pieces hold %lld tokens but its plan was made for %lld "
+                                             "(a plan from another micro-batch?)", ll(tokens), ll(plan_tokens)));
+  }
+  return plan_tokens;
+}
+
+CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const Accepts& accepts,
+                             int64_t plan_tokens) {
   if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "forward: args is NULL");
-  if (args->struct_size < sizeof(cad_attention_forward_args_v1_t)) {
+  if (args->struct_size < plugin::abi_v1_0_size(args)) {
     fail(CAD_STATUS_ABI_MISMATCH, format("forward: args.struct_size is %zu, expected >= %zu", args->struct_size,
-                                         sizeof(cad_attention_forward_args_v1_t)));
+                                         plugin::abi_v1_0_size(args)));
   }
   if (args->num_segments != 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, "forward: CAD takes pieces, not segments (num_segments must be 0)");
   }
-  const int64_t tokens = count_tokens(args->pieces, args->num_pieces);
+  const int64_t tokens = call_tokens(args->pieces, args->num_pieces, plan_tokens);
   const CallShape shape =
       check_qkv(args->q, args->k, args->v, tokens, args->causal, args->softmax_scale, args->stream, accepts);
   plugin::check_tensor(args->o, q_like("o", shape));
@@ -127,11 +163,12 @@ CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const 
   return shape;
 }
 
-CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, const Accepts& accepts) {
+CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, const Accepts& accepts,
+                              int64_t plan_tokens) {
   if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "backward: args is NULL");
-  if (args->struct_size < sizeof(cad_attention_backward_args_v1_t)) {
+  if (args->struct_size < plugin::abi_v1_0_size(args)) {
     fail(CAD_STATUS_ABI_MISMATCH, format("backward: args.struct_size is %zu, expected >= %zu", args->struct_size,
-                                         sizeof(cad_attention_backward_args_v1_t)));
+                                         plugin::abi_v1_0_size(args)));
   }
   if (!(accepts.flags & CAD_ATTENTION_CAP_BACKWARD)) {
     fail(CAD_STATUS_UNSUPPORTED, "backward: the server backend does not support it");
@@ -139,7 +176,7 @@ CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, cons
   if (args->num_segments != 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, "backward: CAD takes pieces, not segments (num_segments must be 0)");
   }
-  const int64_t tokens = count_tokens(args->pieces, args->num_pieces);
+  const int64_t tokens = call_tokens(args->pieces, args->num_pieces, plan_tokens);
   const CallShape shape =
       check_qkv(args->q, args->k, args->v, tokens, args->causal, args->softmax_scale, args->stream, accepts);
   plugin::check_tensor(args->o, q_like("o", shape));
@@ -148,6 +185,43 @@ CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, cons
   plugin::check_tensor(args->d_q, q_like("d_q", shape));
   plugin::check_tensor(args->d_k, kv_like("d_k", shape));
   plugin::check_tensor(args->d_v, kv_like("d_v", shape));
+  return shape;
+}
+
+CallShape check_plan_args(const cad_attention_plan_args_v1_t* args, const Accepts& accepts) {
+  if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: args is NULL");
+  if (args->struct_size < sizeof(cad_attention_plan_args_v1_t)) {
+    fail(CAD_STATUS_ABI_MISMATCH, format("make_plan: args.struct_size is %zu, expected >= %zu", args->struct_size,
+                                         sizeof(cad_attention_plan_args_v1_t)));
+  }
+  if (args->num_segments != 0) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: CAD takes pieces, not segments (num_segments must be 0)");
+  }
+  if (args->device.device_type != accepts.device_type) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("make_plan: device type %d, but the server backend's tensors live on "
+                                             "device type %d", args->device.device_type, accepts.device_type));
+  }
+  if (args->stream != nullptr && accepts.device_type == CAD_DEVICE_CPU) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: stream must be NULL for a CPU data path");
+  }
+  check_causal(args->causal, accepts);
+  const std::vector<DType> dtypes = accepted_dtypes(accepts);
+  bool dtype_ok = false;
+  for (DType d : dtypes) dtype_ok = dtype_ok || plugin::dtype_is(args->dtype, d);
+  if (!dtype_ok) {
+    fail(CAD_STATUS_UNSUPPORTED, format("make_plan: dtype %s is not supported by the server backend",
+                                        plugin::dtype_name(args->dtype)));
+  }
+  check_heads(args->num_q_heads, args->num_kv_heads, args->head_dim, accepts);
+  CallShape shape;
+  shape.tokens = count_tokens(args->pieces, args->num_pieces);
+  shape.num_q_heads = args->num_q_heads;
+  shape.num_kv_heads = args->num_kv_heads;
+  shape.head_dim = args->head_dim;
+  shape.bf16 = plugin::dtype_is(args->dtype, DType::BF16);
+  shape.causal = args->causal == 1;
+  shape.device_type = args->device.device_type;
+  shape.device_id = args->device.device_id;
   return shape;
 }
 

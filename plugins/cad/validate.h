@@ -25,6 +25,8 @@ struct CallShape {
   bool bf16 = false;  // else fp32
   bool causal = true;
   float softmax_scale = 0.0f;
+  cad_device_type_t device_type = CAD_DEVICE_CPU;  // of every tensor of the call
+  int32_t device_id = 0;
 
   int64_t element_bytes() const { return bf16 ? 2 : 4; }
   int64_t q_row_bytes() const { return int64_t{num_q_heads} * head_dim * element_bytes(); }
@@ -33,15 +35,22 @@ struct CallShape {
 
 // What the server backend (and so CAD) accepts; taken from its capabilities at create.
 struct Accepts {
+  cad_device_type_t device_type = CAD_DEVICE_CPU;  // where the server backend, and so CAD's tensors, live
   uint32_t dtype_mask = 0;
   uint32_t flags = 0;
   int32_t max_head_dim = 0;
 };
 
 // Local checks of a forward / backward call. Return the call's shape; throw INVALID_ARGUMENT or
-// UNSUPPORTED naming the argument.
-CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const Accepts& accepts);
-CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, const Accepts& accepts);
+// UNSUPPORTED naming the argument. `plan_tokens` is the plan's token count when the call has a plan
+// (its pieces may then be omitted), else -1.
+CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const Accepts& accepts,
+                             int64_t plan_tokens = -1);
+CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, const Accepts& accepts,
+                              int64_t plan_tokens = -1);
+
+// make_plan's arguments: the shape every call made with the plan will have (softmax_scale 0).
+CallShape check_plan_args(const cad_attention_plan_args_v1_t* args, const Accepts& accepts);
 
 // The pieces of every rank must tile each document [0, doc_len) exactly once, with one doc_len per
 // document and lengths >= 1. Throws INVALID_ARGUMENT naming the rank, piece and document.

@@ -20,6 +20,10 @@
 
 namespace cad::plugin {
 
+// The smallest args struct a callee accepts: its ABI v1.0 size (v1.1 fields are read only when present).
+constexpr size_t abi_v1_0_size(const cad_attention_forward_args_v1_t*) { return CAD_ATTENTION_FORWARD_ARGS_V1_0_SIZE; }
+constexpr size_t abi_v1_0_size(const cad_attention_backward_args_v1_t*) { return CAD_ATTENTION_BACKWARD_ARGS_V1_0_SIZE; }
+
 // A failure with the status it maps to. Thrown inside a plugin, caught by guarded() at the boundary.
 class Failure : public std::exception {
  public:

@@ -4,6 +4,9 @@
 // caller's stream; nothing here synchronises the device.
 #include <cuda_runtime.h>
 
+#include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "cad_kernels.h"
@@ -149,11 +152,110 @@ cad_status_t get_capabilities(void* ctx, cad_attention_capabilities_v1_t* out) {
   });
 }
 
+// A plan (ABI v1.1): the work lists of one segment table, their device tables uploaded once into
+// workspaces the plan keeps, so that a call made with it only enqueues kernels (graph capturable).
+struct CudaPlan {
+  cad::kernels::ForwardPlan forward;
+  cad::kernels::BackwardPlan backward;
+  std::vector<cad_segment_v1_t> segments;
+  void* forward_ws = nullptr;
+  void* backward_ws = nullptr;
+  void* stream = nullptr;  // the stream the workspaces were allocated on (and go back on)
+};
+
+void free_plan(CudaContext& self, CudaPlan* plan) {
+  if (plan == nullptr) return;
+  const cad_device_v1_t dev{CAD_DEVICE_CUDA, self.device};
+  if (plan->forward_ws != nullptr) self.services->free(self.services->host_ctx, dev, plan->forward_ws, plan->stream);
+  if (plan->backward_ws != nullptr) self.services->free(self.services->host_ctx, dev, plan->backward_ws, plan->stream);
+  delete plan;
+}
+
+void* allocate_for_plan(CudaContext& self, size_t bytes, void* stream, const char* what) {
+  void* ptr = nullptr;
+  if (bytes == 0) return nullptr;
+  const cad_status_t st = self.services->allocate(self.services->host_ctx, {CAD_DEVICE_CUDA, self.device}, bytes, stream, &ptr);
+  if (st != CAD_STATUS_OK || ptr == nullptr) {
+    fail(CAD_STATUS_OUT_OF_MEMORY, format("cuda backend: make_plan: the host could not allocate the %s workspace of %zu bytes",
+                                          what, bytes));
+  }
+  return ptr;
+}
+
+cad_status_t make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, void** out_plan) {
+  if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
+  CudaContext& self = *as_context(ctx);
+  return cad::plugin::guarded(self.error, [&] {
+    if (args == nullptr || out_plan == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: args or out_plan is NULL");
+    if (args->struct_size < sizeof(cad_attention_plan_args_v1_t)) {
+      fail(CAD_STATUS_ABI_MISMATCH, format("make_plan: args.struct_size is %zu, expected >= %zu", args->struct_size,
+                                           sizeof(cad_attention_plan_args_v1_t)));
+    }
+    const cad::kernels::AttentionProblem pr = cad::cuda_backend::check_plan(args, self.device);
+    auto plan = std::unique_ptr<CudaPlan, std::function<void(CudaPlan*)>>(
+        new CudaPlan, [&self](CudaPlan* p) { free_plan(self, p); });
+    cad::kernels::AttentionProblem problem = pr;
+    problem.hopper = self.hopper;
+    plan->segments.assign(args->segments, args->segments + args->num_segments);
+    plan->forward = cad::kernels::make_forward_plan(problem, as_segments(args->segments), args->num_segments, self.num_sms);
+    plan->backward = cad::kernels::make_backward_plan(problem, as_segments(args->segments), args->num_segments);
+    plan->stream = args->stream;
+    DeviceScope scope(self.device);
+    plan->forward_ws = allocate_for_plan(self, plan->forward.workspace_bytes, args->stream, "forward");
+    plan->backward_ws = allocate_for_plan(self, plan->backward.workspace_bytes, args->stream, "backward");
+    const cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
+    check_cuda(cad::kernels::upload_forward_tables(plan->forward, plan->forward_ws, stream), "make_plan: forward tables");
+    check_cuda(cad::kernels::upload_backward_tables(plan->backward, plan->backward_ws, stream), "make_plan: backward tables");
+    *out_plan = plan.release();
+  });
+}
+
+void release_plan(void* ctx, void* plan) {
+  if (ctx == nullptr || plan == nullptr) return;
+  free_plan(*as_context(ctx), static_cast<CudaPlan*>(plan));
+}
+
+void release_saved(void*, void*) {}  // forward never saves anything: its backward reads the caller's tensors
+
+// A call given a plan must describe the batch the plan was made for.
+template <class Args>
+CudaPlan* plan_of(const Args* args, const cad::kernels::AttentionProblem& pr, const char* call) {
+  if (!CAD_HAS_FIELD(Args, args, plan) || args->plan == nullptr) return nullptr;
+  auto* plan = static_cast<CudaPlan*>(args->plan);
+  const cad::kernels::AttentionProblem& p = plan->forward.problem;
+  if (p.tq != pr.tq || p.tk != pr.tk || p.hq != pr.hq || p.hkv != pr.hkv || p.head_dim != pr.head_dim ||
+      p.causal != pr.causal) {
+    fail(CAD_STATUS_INVALID_ARGUMENT,
+         format("%s: the tensors (Tq=%lld, Tk=%lld, Hq=%d, Hkv=%d, D=%d, causal=%d) do not match the plan's (Tq=%lld, "
+                "Tk=%lld, Hq=%d, Hkv=%d, D=%d, causal=%d)", call, static_cast<long long>(pr.tq),
+                static_cast<long long>(pr.tk), pr.hq, pr.hkv, pr.head_dim, pr.causal ? 1 : 0,
+                static_cast<long long>(p.tq), static_cast<long long>(p.tk), p.hq, p.hkv, p.head_dim, p.causal ? 1 : 0));
+  }
+  if (args->num_segments != 0 &&
+      (args->num_segments != static_cast<int64_t>(plan->segments.size()) ||
+       std::memcmp(args->segments, plan->segments.data(), plan->segments.size() * sizeof(cad_segment_v1_t)) != 0)) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: the segment table differs from the plan's", call));
+  }
+  return plan;
+}
+
 cad_status_t forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
   if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
   CudaContext& self = *as_context(ctx);
   return cad::plugin::guarded(self.error, [&] {
     cad::kernels::AttentionProblem pr = cad::cuda_backend::check_forward(args, self.device);
+    if (CudaPlan* plan = plan_of(args, pr, "forward")) {
+      plan->forward.problem.softmax_scale = args->softmax_scale;
+      DeviceScope scope(self.device);
+      check_cuda(cad::kernels::attention_forward_resident(
+                     plan->forward, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
+                     cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
+                     static_cast<float*>(cad::plugin::tensor_data(args->lse)), plan->forward_ws,
+                     static_cast<cudaStream_t>(args->stream)),
+                 "forward launch");
+      if (CAD_HAS_FIELD(cad_attention_forward_args_v1_t, args, saved) && args->saved != nullptr) *args->saved = nullptr;
+      return;
+    }
     pr.hopper = self.hopper;
     const cad::kernels::ForwardPlan plan =
         cad::kernels::make_forward_plan(pr, as_segments(args->segments), args->num_segments, self.num_sms);
@@ -175,6 +277,19 @@ cad_status_t backward(void* ctx, const cad_attention_backward_args_v1_t* args) {
   CudaContext& self = *as_context(ctx);
   return cad::plugin::guarded(self.error, [&] {
     const cad::kernels::AttentionProblem pr = cad::cuda_backend::check_backward(args, self.device);
+    if (CudaPlan* resident = plan_of(args, pr, "backward")) {
+      resident->backward.problem.softmax_scale = args->softmax_scale;
+      DeviceScope scope(self.device);
+      check_cuda(cad::kernels::attention_backward_resident(
+                     resident->backward, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
+                     cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
+                     static_cast<const float*>(cad::plugin::tensor_data(args->lse)),
+                     cad::plugin::tensor_data(args->d_o), cad::plugin::tensor_data(args->d_q),
+                     cad::plugin::tensor_data(args->d_k), cad::plugin::tensor_data(args->d_v), resident->backward_ws,
+                     static_cast<cudaStream_t>(args->stream)),
+                 "backward launch");
+      return;
+    }
     const cad::kernels::BackwardPlan plan =
         cad::kernels::make_backward_plan(pr, as_segments(args->segments), args->num_segments);
     DeviceScope scope(self.device);
@@ -211,7 +326,8 @@ cad_status_t get_stats_json(void* ctx, char* buffer, size_t capacity, size_t* ne
 }
 
 const cad_attention_v1_t kAttentionTable = {
-    sizeof(cad_attention_v1_t), create, destroy, last_error, get_capabilities, forward, backward, get_stats_json,
+    sizeof(cad_attention_v1_t), create,      destroy,      last_error,    get_capabilities, forward,
+    backward,                   get_stats_json, make_plan, release_plan, release_saved,
 };
 
 const cad_plugin_v1_t kPlugin = {

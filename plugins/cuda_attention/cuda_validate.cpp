@@ -52,9 +52,9 @@ void check_exact(const cad_tensor_v1_t* t, const char* name, const std::vector<i
 template <class Args>
 kernels::AttentionProblem check_common(const Args* args, const char* call, int device_id) {
   if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: args is NULL", call));
-  if (args->struct_size < sizeof(Args)) {
+  if (args->struct_size < plugin::abi_v1_0_size(args)) {
     fail(CAD_STATUS_ABI_MISMATCH, format("%s: args.struct_size is %zu, ABI v1.0 needs at least %zu", call,
-                                         args->struct_size, sizeof(Args)));
+                                         args->struct_size, plugin::abi_v1_0_size(args)));
   }
   if (args->causal != 0 && args->causal != 1) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: causal must be 0 or 1, got %d", call, args->causal));
@@ -137,6 +137,50 @@ kernels::AttentionProblem check_backward(const cad_attention_backward_args_v1_t*
   check_query_shaped(args->d_q, "d_q", pr, device_id);
   check_kv_shaped(args->d_k, "d_k", pr, device_id);
   check_kv_shaped(args->d_v, "d_v", pr, device_id);
+  return pr;
+}
+
+kernels::AttentionProblem check_plan(const cad_attention_plan_args_v1_t* args, int device_id) {
+  if (args->device.device_type != CAD_DEVICE_CUDA || args->device.device_id != device_id) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("make_plan: device (type %d, id %d) is not this instance's CUDA device %d",
+                                             args->device.device_type, args->device.device_id, device_id));
+  }
+  if (!plugin::dtype_is(args->dtype, DType::BF16)) {
+    fail(CAD_STATUS_UNSUPPORTED, format("make_plan: dtype %s not supported; use bf16", plugin::dtype_name(args->dtype)));
+  }
+  if (args->head_dim != 64 && args->head_dim != 128) {
+    fail(CAD_STATUS_UNSUPPORTED, format("make_plan: head dim %d not supported; supported: 64, 128", args->head_dim));
+  }
+  if (args->num_q_heads < 1 || args->num_q_heads > 65535 || args->num_kv_heads < 1 ||
+      args->num_q_heads % args->num_kv_heads != 0) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("make_plan: Hq=%d, Hkv=%d: need 1 <= Hq <= 65535 and Hq %% Hkv == 0",
+                                             args->num_q_heads, args->num_kv_heads));
+  }
+  if (args->causal != 0 && args->causal != 1) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("make_plan: causal must be 0 or 1, got %d", args->causal));
+  }
+  if (args->num_pieces != 0 || args->pieces != nullptr) {
+    fail(CAD_STATUS_UNSUPPORTED, "make_plan: the cuda backend takes segments, not pieces");
+  }
+  if (args->num_q_rows < 0 || args->num_kv_rows < 0) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: num_q_rows and num_kv_rows must be >= 0");
+  }
+  plugin::check_segments(args->segments, args->num_segments, args->num_q_rows, args->num_kv_rows, args->causal == 1);
+  constexpr int64_t kMaxLen = std::numeric_limits<int32_t>::max() / 2;
+  for (int64_t i = 0; i < args->num_segments; ++i) {
+    if (args->segments[i].q_len > kMaxLen || args->segments[i].kv_len > kMaxLen) {
+      fail(CAD_STATUS_UNSUPPORTED, format("make_plan: segment %lld: q_len/kv_len above %lld tokens are not supported",
+                                          static_cast<long long>(i), static_cast<long long>(kMaxLen)));
+    }
+  }
+  kernels::AttentionProblem pr;
+  pr.tq = args->num_q_rows;
+  pr.tk = args->num_kv_rows;
+  pr.hq = args->num_q_heads;
+  pr.hkv = args->num_kv_heads;
+  pr.head_dim = args->head_dim;
+  pr.causal = args->causal == 1;
+  pr.softmax_scale = 1.0f;  // per call
   return pr;
 }
 

@@ -77,9 +77,9 @@ struct Inputs {
 template <class Args>
 Inputs check_common(const Args* args, const char* call) {
   if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: args is NULL", call));
-  if (args->struct_size < sizeof(Args)) {
+  if (args->struct_size < cad::plugin::abi_v1_0_size(args)) {
     fail(CAD_STATUS_ABI_MISMATCH, format("%s: args.struct_size is %zu, ABI v1.0 needs at least %zu", call,
-                                         args->struct_size, sizeof(Args)));
+                                         args->struct_size, cad::plugin::abi_v1_0_size(args)));
   }
   if (args->stream != nullptr) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: stream must be NULL (the reference backend runs on the CPU)", call));
@@ -251,6 +251,7 @@ cad_status_t get_stats_json(void* ctx, char* buffer, size_t capacity, size_t* ne
 
 const cad_attention_v1_t kAttentionTable = {
     sizeof(cad_attention_v1_t), create, destroy, last_error, get_capabilities, forward, backward, get_stats_json,
+    nullptr, nullptr, nullptr,  // no plans: the CPU oracle has no work lists worth keeping
 };
 
 const cad_plugin_v1_t kPlugin = {

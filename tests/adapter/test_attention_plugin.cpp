@@ -111,8 +111,9 @@ cad_status_t backward(void* ctx, const cad_attention_backward_args_v1_t* a) {
   });
 }
 
-const cad_attention_v1_t kAttention = {sizeof(cad_attention_v1_t), create, destroy, last_error, get_capabilities,
-                                       forward, backward, nullptr};
+// Built as a v1.0 plugin (the table ends before the v1.1 plan slots): the host must still take it.
+const cad_attention_v1_t kAttention = {CAD_ATTENTION_V1_0_TABLE_SIZE, create, destroy, last_error, get_capabilities,
+                                       forward, backward, nullptr, nullptr, nullptr, nullptr};
 const cad_plugin_v1_t kPlugin = {sizeof(cad_plugin_v1_t), CAD_ABI_VERSION_MAJOR, CAD_ABI_VERSION_MINOR,
                                  CAD_PLUGIN_KIND_ATTENTION, "test_attention", "0.0-test",
                                  "test fixture of the host adapter tests (O = Q)", &kAttention, nullptr, nullptr};

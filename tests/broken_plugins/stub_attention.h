@@ -41,7 +41,7 @@ static inline cad_status_t stub_backward(void* ctx, const cad_attention_backward
 #define STUB_ATTENTION_TABLE(create_fn, forward_fn)                                                     \
   {                                                                                                      \
     sizeof(cad_attention_v1_t), create_fn, stub_destroy, stub_last_error, stub_get_capabilities, forward_fn, \
-        stub_backward, NULL                                                                              \
+        stub_backward, NULL, NULL, NULL, NULL                                                            \
   }
 
 #define STUB_PLUGIN_TABLE(struct_size, abi_major, name, attention_table)                                \

@@ -235,7 +235,7 @@ TEST_F(ReferenceRefusal, PiecesAreUnsupported) {
 }
 
 TEST_F(ReferenceRefusal, ArgsTooSmallOrNull) {
-  fwd.struct_size = sizeof(fwd) - 8;
+  fwd.struct_size = CAD_ATTENTION_FORWARD_ARGS_V1_0_SIZE - 8;  // smaller than even ABI v1.0 allows
   expect_forward_refused(CAD_STATUS_ABI_MISMATCH, "struct_size");
   EXPECT_EQ(api->forward(instance.ctx(), nullptr), CAD_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(api->backward(instance.ctx(), nullptr), CAD_STATUS_INVALID_ARGUMENT);

@@ -1,0 +1,532 @@
+// device_path.cpp -- see device_path.h. Built only with CUDA (device_path_none.cpp otherwise).
+#include "device_path.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "cad_kernels.h"
+#include "data_path.h"
+
+namespace cad::cad_plugin {
+
+using kernels::RowCopy;
+using plugin::fail;
+using plugin::format;
+
+namespace {
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail(CAD_STATUS_DEVICE_ERROR, format("cad: %s failed: %s (%s)", what, cudaGetErrorName(err), cudaGetErrorString(err)));
+  }
+}
+
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// Device memory from the host's allocate service, handed back in stream order on `stream`.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+DeviceBuffer allocate(CadContext& ctx, int device, size_t bytes, void* stream, const char* what) {
+  DeviceBuffer b;
+  if (bytes == 0) return b;
+  const cad_host_services_v1_t* s = ctx.logger.services();
+  if (s->allocate(s->host_ctx, {CAD_DEVICE_CUDA, device}, bytes, stream, &b.ptr) != CAD_STATUS_OK || b.ptr == nullptr) {
+    fail(CAD_STATUS_OUT_OF_MEMORY, format("cad: the host could not allocate %zu bytes of device memory for %s", bytes, what));
+  }
+  b.bytes = bytes;
+  return b;
+}
+
+void release(CadContext& ctx, int device, DeviceBuffer& b, void* stream) {
+  if (b.ptr == nullptr) return;
+  const cad_host_services_v1_t* s = ctx.logger.services();
+  s->free(s->host_ctx, {CAD_DEVICE_CUDA, device}, b.ptr, stream);
+  b.ptr = nullptr;
+}
+
+// One index table: row-range copies between a tensor and the wire (rows grouped by peer, in rank order).
+struct Table {
+  int64_t offset = 0;  // first entry in the plan's device table array
+  int64_t count = 0;
+  bool identity = true;  // every copy maps a row onto itself: the tensor is the wire buffer
+  std::vector<int64_t> peer_first;  // per peer: first entry (size world + 1)
+};
+
+enum TableId { OwnerQ, OwnerKv, ServerQ, ServerKv, kNumTables };
+
+}  // namespace
+
+struct DeviceRuntime {
+  int device = -1;
+  cudaStream_t comm_stream = nullptr;
+  cudaEvent_t ready = nullptr, done = nullptr;
+  ~DeviceRuntime() {
+    if (ready != nullptr) cudaEventDestroy(ready);
+    if (done != nullptr) cudaEventDestroy(done);
+    if (comm_stream != nullptr) cudaStreamDestroy(comm_stream);
+  }
+};
+
+void DeviceRuntimeDeleter::operator()(DeviceRuntime* runtime) const { delete runtime; }
+
+struct DevicePlan {
+  int device = 0;
+  void* stream = nullptr;  // the allocation stream (resources go back on it)
+  // Per table, two directions of the same pairs: "to_wire" (tensor row -> wire row) and "from_wire".
+  Table tables[kNumTables];
+  DeviceBuffer to_wire, from_wire;  // RowCopy arrays, one per direction, tables at their offsets
+  // Rows on the wire per peer: owner side (to / from each server) and server side (from / to each owner).
+  std::vector<int64_t> owner_q_rows, owner_kv_rows, server_q_rows, server_kv_rows;
+  DeviceBuffer send, recv;             // wire staging, sized for the largest exchange
+  void* pinned_send = nullptr;         // host-staged mode only
+  void* pinned_recv = nullptr;
+  size_t wire_bytes = 0;
+  // Server batch scratch (backward outputs always; forward tensors too when nothing is kept).
+  DeviceBuffer q, k, v, o, lse, d_o, d_q, d_k, d_v;
+  DeviceBuffer acc_k, acc_v;  // owner-side fp32 sums of partial dK/dV
+  int64_t bytes = 0;
+};
+
+struct DeviceSaved {
+  int device = 0;
+  void* stream = nullptr;  // the stream of the last call that used it
+  DeviceBuffer q, k, v, o, lse;
+};
+
+void DeviceSavedDeleter::operator()(DeviceSaved* saved) const {
+  if (saved == nullptr) return;
+  for (DeviceBuffer* b : {&saved->q, &saved->k, &saved->v, &saved->o, &saved->lse}) {
+    release(*ctx, saved->device, *b, saved->stream);
+  }
+  delete saved;
+}
+
+bool device_path_available() { return true; }
+
+int64_t device_plan_bytes(const DevicePlan& plan) { return plan.bytes; }
+
+namespace {
+
+// Builds one table (both directions) from the routes of every peer. `owner_side`: this rank is the owner
+// (tensor rows are RowRun::src_row) or the server (RowRun::dst_row).
+Table build_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs, std::vector<RowCopy>& to_wire,
+                  std::vector<RowCopy>& from_wire, std::vector<int64_t>& rows_per_peer) {
+  Table t;
+  t.offset = static_cast<int64_t>(to_wire.size());
+  rows_per_peer.assign(static_cast<size_t>(layout.world), 0);
+  int64_t wire = 0;
+  for (int32_t peer = 0; peer < layout.world; ++peer) {
+    t.peer_first.push_back(static_cast<int64_t>(to_wire.size()) - t.offset);
+    const Route& route = owner_side ? layout.route(me, peer) : layout.route(peer, me);
+    for (const RowRun& run : q_runs ? route.q : route.kv) {
+      const int64_t row = owner_side ? run.src_row : run.dst_row;
+      to_wire.push_back(RowCopy{row, wire, run.count});
+      from_wire.push_back(RowCopy{wire, row, run.count});
+      t.identity = t.identity && row == wire;
+      wire += run.count;
+    }
+    rows_per_peer[static_cast<size_t>(peer)] = q_runs ? route.q_rows : route.kv_rows;
+  }
+  t.peer_first.push_back(static_cast<int64_t>(to_wire.size()) - t.offset);
+  t.count = static_cast<int64_t>(to_wire.size()) - t.offset;
+  return t;
+}
+
+DeviceRuntime& runtime(CadContext& ctx, int device) {
+  if (ctx.device && ctx.device->device == device) return *ctx.device;
+  if (ctx.device) fail(CAD_STATUS_INVALID_ARGUMENT, format("cad: this instance runs on CUDA device %d, not %d",
+                                                           ctx.device->device, device));
+  auto rt = std::unique_ptr<DeviceRuntime, DeviceRuntimeDeleter>(new DeviceRuntime);
+  rt->device = device;
+  check_cuda(cudaStreamCreateWithFlags(&rt->comm_stream, cudaStreamNonBlocking), "creating the communication stream");
+  check_cuda(cudaEventCreateWithFlags(&rt->ready, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventCreateWithFlags(&rt->done, cudaEventDisableTiming), "cudaEventCreate");
+  ctx.device = std::move(rt);
+  return *ctx.device;
+}
+
+}  // namespace
+
+DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
+  const int device = step.shape.device_id;
+  DeviceScope scope(device);
+  runtime(ctx, device);
+  std::unique_ptr<DevicePlan, DevicePlanDeleter> plan(new DevicePlan, DevicePlanDeleter{&ctx});
+  plan->device = device;
+  plan->stream = stream;
+  const Layout& layout = step.layout;
+  const int32_t me = ctx.comm->rank();
+  std::vector<RowCopy> to_wire, from_wire;
+  plan->tables[OwnerQ] = build_table(layout, me, true, true, to_wire, from_wire, plan->owner_q_rows);
+  plan->tables[OwnerKv] = build_table(layout, me, true, false, to_wire, from_wire, plan->owner_kv_rows);
+  plan->tables[ServerQ] = build_table(layout, me, false, true, to_wire, from_wire, plan->server_q_rows);
+  plan->tables[ServerKv] = build_table(layout, me, false, false, to_wire, from_wire, plan->server_kv_rows);
+  const size_t table_bytes = to_wire.size() * sizeof(RowCopy);
+  plan->to_wire = allocate(ctx, device, table_bytes, stream, "the plan's index tables");
+  plan->from_wire = allocate(ctx, device, table_bytes, stream, "the plan's index tables");
+  if (table_bytes > 0) {
+    check_cuda(cudaMemcpyAsync(plan->to_wire.ptr, to_wire.data(), table_bytes, cudaMemcpyHostToDevice,
+                               static_cast<cudaStream_t>(stream)), "uploading the plan's index tables");
+    check_cuda(cudaMemcpyAsync(plan->from_wire.ptr, from_wire.data(), table_bytes, cudaMemcpyHostToDevice,
+                               static_cast<cudaStream_t>(stream)), "uploading the plan's index tables");
+  }
+
+  const CallShape& s = step.shape;
+  const ServerBatch& batch = layout.servers[static_cast<size_t>(me)];
+  auto sum = [](const std::vector<int64_t>& v) { int64_t n = 0; for (int64_t x : v) n += x; return n; };
+  const int64_t q_wire = std::max(sum(plan->owner_q_rows), sum(plan->server_q_rows));
+  const int64_t kv_wire = std::max(sum(plan->owner_kv_rows), sum(plan->server_kv_rows));
+  plan->wire_bytes = static_cast<size_t>(std::max(q_wire * s.q_row_bytes(), kv_wire * s.kv_row_bytes()));
+  plan->send = allocate(ctx, device, plan->wire_bytes, stream, "the send buffer");
+  plan->recv = allocate(ctx, device, plan->wire_bytes, stream, "the receive buffer");
+  if (ctx.host_staged && plan->wire_bytes > 0) {
+    check_cuda(cudaHostAlloc(&plan->pinned_send, plan->wire_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
+    check_cuda(cudaHostAlloc(&plan->pinned_recv, plan->wire_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
+  }
+  const size_t q_bytes = static_cast<size_t>(batch.q_rows * s.q_row_bytes());
+  const size_t kv_bytes = static_cast<size_t>(batch.kv_rows * s.kv_row_bytes());
+  const size_t lse_bytes = static_cast<size_t>(batch.q_rows) * static_cast<size_t>(s.num_q_heads) * sizeof(float);
+  if (!ctx.config.keep_forward_tensors) {
+    plan->q = allocate(ctx, device, q_bytes, stream, "the server batch (Q)");
+    plan->k = allocate(ctx, device, kv_bytes, stream, "the server batch (K)");
+    plan->v = allocate(ctx, device, kv_bytes, stream, "the server batch (V)");
+    plan->o = allocate(ctx, device, q_bytes, stream, "the server batch (O)");
+    plan->lse = allocate(ctx, device, lse_bytes, stream, "the server batch (LSE)");
+  }
+  plan->d_o = allocate(ctx, device, q_bytes, stream, "the server batch (dO)");
+  plan->d_q = allocate(ctx, device, q_bytes, stream, "the server batch (dQ)");
+  plan->d_k = allocate(ctx, device, kv_bytes, stream, "the server batch (dK)");
+  plan->d_v = allocate(ctx, device, kv_bytes, stream, "the server batch (dV)");
+  const size_t acc_bytes = static_cast<size_t>(s.tokens) * static_cast<size_t>(s.num_kv_heads) *
+                           static_cast<size_t>(s.head_dim) * sizeof(float);
+  plan->acc_k = allocate(ctx, device, acc_bytes, stream, "the dK accumulator");
+  plan->acc_v = allocate(ctx, device, acc_bytes, stream, "the dV accumulator");
+  for (const DeviceBuffer* b : {&plan->to_wire, &plan->from_wire, &plan->send, &plan->recv, &plan->q, &plan->k,
+                                &plan->v, &plan->o, &plan->lse, &plan->d_o, &plan->d_q, &plan->d_k, &plan->d_v,
+                                &plan->acc_k, &plan->acc_v}) {
+    plan->bytes += static_cast<int64_t>(b->bytes);
+  }
+  // make_plan synchronises once: the plan's memory and tables are then usable on any stream.
+  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "waiting for the plan's uploads");
+  return plan.release();
+}
+
+void release_device_plan(CadContext& ctx, DevicePlan* plan) {
+  if (plan == nullptr) return;
+  for (DeviceBuffer* b : {&plan->to_wire, &plan->from_wire, &plan->send, &plan->recv, &plan->q, &plan->k, &plan->v,
+                          &plan->o, &plan->lse, &plan->d_o, &plan->d_q, &plan->d_k, &plan->d_v, &plan->acc_k,
+                          &plan->acc_v}) {
+    release(ctx, plan->device, *b, plan->stream);
+  }
+  // Pinned staging is only used inside host-synchronised exchanges: nothing can still read it.
+  if (plan->pinned_send != nullptr) cudaFreeHost(plan->pinned_send);
+  if (plan->pinned_recv != nullptr) cudaFreeHost(plan->pinned_recv);
+  delete plan;
+}
+
+namespace {
+
+// One call's view of the plan: the exchange primitives over its tables and buffers.
+class Mover {
+ public:
+  Mover(CadContext& ctx, DevicePlan& plan, cudaStream_t stream, bool drain, CallStats& stats)
+      : ctx_(ctx), plan_(plan), stream_(stream), drain_(drain), stats_(stats), rt_(*ctx.device) {}
+
+  // Rows of one tensor, owners -> servers (src: an owner tensor, dst: a server batch tensor) or back.
+  void rows(Direction direction, RunSet set, const void* src, void* dst, int64_t row_bytes) {
+    const bool q = set == RunSet::Q;
+    const bool to_servers = direction == Direction::ToServers;
+    const Table& send_table = plan_.tables[to_servers ? (q ? OwnerQ : OwnerKv) : (q ? ServerQ : ServerKv)];
+    const Table& recv_table = plan_.tables[to_servers ? (q ? ServerQ : ServerKv) : (q ? OwnerQ : OwnerKv)];
+    const bool send_in_place = send_table.identity && !drain_;
+    const bool recv_in_place = recv_table.identity && !drain_;
+    std::byte* send = send_in_place ? static_cast<std::byte*>(const_cast<void*>(src)) : buffer(plan_.send);
+    std::byte* recv = recv_in_place ? static_cast<std::byte*>(dst) : buffer(plan_.recv);
+    if (!send_in_place && !drain_) {
+      check_cuda(kernels::copy_row_ranges(src, send, row_bytes, to_wire(send_table), send_table.count, stream_),
+                 "pack (gather kernel)");
+    }
+    exchange(send, recv, direction, set, row_bytes);
+    if (!recv_in_place && !drain_) {
+      check_cuda(kernels::copy_row_ranges(recv, dst, row_bytes, from_wire(recv_table), recv_table.count, stream_),
+                 "unpack (scatter kernel)");
+    }
+  }
+
+  // LSE [Hq, rows] of the server batch -> the owners' LSE [Hq, tokens] (always through the wire buffers).
+  void lse_to_owners(const float* server_lse, int64_t server_rows, float* owner_lse, int64_t owner_rows, int64_t heads) {
+    const Table& st = plan_.tables[ServerQ];
+    const Table& ot = plan_.tables[OwnerQ];
+    float* send = reinterpret_cast<float*>(plan_.send.ptr);
+    float* recv = reinterpret_cast<float*>(plan_.recv.ptr);
+    if (!drain_) {
+      check_cuda(kernels::copy_strided_rows_f32(server_lse, 1, server_rows, send, heads, 1, heads, to_wire(st), st.count,
+                                                stream_), "pack LSE");
+    }
+    exchange(reinterpret_cast<std::byte*>(send), reinterpret_cast<std::byte*>(recv), Direction::ToOwners, RunSet::Q,
+             heads * static_cast<int64_t>(sizeof(float)));
+    if (!drain_) {
+      check_cuda(kernels::copy_strided_rows_f32(recv, heads, 1, owner_lse, 1, owner_rows, heads, from_wire(ot), ot.count,
+                                                stream_), "unpack LSE");
+    }
+  }
+
+  // The owners' LSE -> the server batch's (re-send mode).
+  void lse_to_servers(const float* owner_lse, int64_t owner_rows, float* server_lse, int64_t server_rows, int64_t heads) {
+    const Table& ot = plan_.tables[OwnerQ];
+    const Table& st = plan_.tables[ServerQ];
+    float* send = reinterpret_cast<float*>(plan_.send.ptr);
+    float* recv = reinterpret_cast<float*>(plan_.recv.ptr);
+    if (!drain_) {
+      check_cuda(kernels::copy_strided_rows_f32(owner_lse, 1, owner_rows, send, heads, 1, heads, to_wire(ot), ot.count,
+                                                stream_), "pack LSE");
+    }
+    exchange(reinterpret_cast<std::byte*>(send), reinterpret_cast<std::byte*>(recv), Direction::ToServers, RunSet::Q,
+             heads * static_cast<int64_t>(sizeof(float)));
+    if (!drain_) {
+      check_cuda(kernels::copy_strided_rows_f32(recv, heads, 1, server_lse, 1, server_rows, heads, from_wire(st), st.count,
+                                                stream_), "unpack LSE");
+    }
+  }
+
+  // Partial dK or dV of the server batch -> the key/value owners, summed there in rank order into `out`.
+  void kv_sums_to_owners(const void* server_partial, float* acc, void* out, const CallShape& s) {
+    const Table& st = plan_.tables[ServerKv];
+    const Table& ot = plan_.tables[OwnerKv];
+    const int64_t row_bytes = s.kv_row_bytes();
+    const bool send_in_place = st.identity && !drain_;
+    std::byte* send = send_in_place ? static_cast<std::byte*>(const_cast<void*>(server_partial)) : buffer(plan_.send);
+    if (!send_in_place && !drain_) {
+      check_cuda(kernels::copy_row_ranges(server_partial, send, row_bytes, to_wire(st), st.count, stream_), "pack dK/dV");
+    }
+    std::byte* recv = buffer(plan_.recv);
+    exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes);
+    if (drain_) return;
+    const int64_t row_elems = int64_t{s.num_kv_heads} * s.head_dim;
+    check_cuda(cudaMemsetAsync(acc, 0, static_cast<size_t>(s.tokens * row_elems) * sizeof(float), stream_), "zero dK/dV sums");
+    for (size_t peer = 0; peer + 1 < ot.peer_first.size(); ++peer) {
+      const int64_t first = ot.peer_first[peer], n = ot.peer_first[peer + 1] - first;
+      check_cuda(kernels::add_row_ranges_f32(recv, s.bf16, acc, row_elems, from_wire(ot) + first, n, stream_),
+                 "add partial dK/dV");
+    }
+    check_cuda(kernels::store_f32(acc, out, s.bf16, s.tokens * row_elems, stream_), "store dK/dV");
+  }
+
+ private:
+  static std::byte* buffer(const DeviceBuffer& b) { return static_cast<std::byte*>(b.ptr); }
+  const RowCopy* to_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.to_wire.ptr) + t.offset; }
+  const RowCopy* from_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.from_wire.ptr) + t.offset; }
+
+  // One all_to_all_v of `row_bytes`-byte rows between owners and servers.
+  void exchange(const std::byte* send, std::byte* recv, Direction direction, RunSet set, int64_t row_bytes) {
+    const bool q = set == RunSet::Q;
+    const bool to_servers = direction == Direction::ToServers;
+    const std::vector<int64_t>& out = to_servers ? (q ? plan_.owner_q_rows : plan_.owner_kv_rows)
+                                                 : (q ? plan_.server_q_rows : plan_.server_kv_rows);
+    const std::vector<int64_t>& in = to_servers ? (q ? plan_.server_q_rows : plan_.server_kv_rows)
+                                                : (q ? plan_.owner_q_rows : plan_.owner_kv_rows);
+    Transfer t;
+    const size_t world = out.size();
+    t.send_counts.resize(world);
+    t.send_displs.resize(world);
+    t.recv_counts.resize(world);
+    t.recv_displs.resize(world);
+    for (size_t p = 0; p < world; ++p) {
+      t.send_counts[p] = static_cast<uint64_t>(out[p] * row_bytes);
+      t.recv_counts[p] = static_cast<uint64_t>(in[p] * row_bytes);
+      t.send_displs[p] = t.send_bytes;
+      t.recv_displs[p] = t.recv_bytes;
+      t.send_bytes += t.send_counts[p];
+      t.recv_bytes += t.recv_counts[p];
+    }
+    const size_t me = static_cast<size_t>(ctx_.comm->rank());
+    stats_.bytes_sent += t.send_bytes - t.send_counts[me];
+    stats_.bytes_received += t.recv_bytes - t.recv_counts[me];
+    if (ctx_.host_staged) {
+      // Through pinned host memory: the MPI communicator reads and writes host buffers.
+      if (t.send_bytes > 0) {
+        check_cuda(cudaMemcpyAsync(plan_.pinned_send, send, t.send_bytes, cudaMemcpyDeviceToHost, stream_), "staging D2H");
+      }
+      check_cuda(cudaStreamSynchronize(stream_), "waiting for the staged send buffer");
+      ctx_.comm->all_to_all_v(static_cast<const std::byte*>(plan_.pinned_send), t,
+                              static_cast<std::byte*>(plan_.pinned_recv));
+      if (t.recv_bytes > 0) {
+        check_cuda(cudaMemcpyAsync(recv, plan_.pinned_recv, t.recv_bytes, cudaMemcpyHostToDevice, stream_), "staging H2D");
+      }
+      return;
+    }
+    // On the communication stream, joined to the caller's with events.
+    check_cuda(cudaEventRecord(rt_.ready, stream_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(rt_.comm_stream, rt_.ready, 0), "cudaStreamWaitEvent");
+    ctx_.comm->all_to_all_v(send, t, recv, rt_.comm_stream);
+    check_cuda(cudaEventRecord(rt_.done, rt_.comm_stream), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, rt_.done, 0), "cudaStreamWaitEvent");
+  }
+
+  CadContext& ctx_;
+  DevicePlan& plan_;
+  cudaStream_t stream_;
+  bool drain_;
+  CallStats& stats_;
+  DeviceRuntime& rt_;
+};
+
+// A device tensor descriptor over CAD's own buffers.
+TensorView view(void* data, std::vector<int64_t> shape, bool bf16, int device) {
+  return TensorView(data, std::move(shape), bf16, cad_device_v1_t{CAD_DEVICE_CUDA, device});
+}
+
+void server_failed(CadContext& ctx, const char* what) {
+  const char* message = ctx.server.table->last_error(ctx.server.instance);
+  fail(CAD_STATUS_DEVICE_ERROR, format("server backend instance '%s': %s failed: %s", ctx.server.name.c_str(), what,
+                                       message != nullptr ? message : "(no message)"));
+}
+
+void* data(const cad_tensor_v1_t* t) { return plugin::tensor_data(t); }
+
+}  // namespace
+
+void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const cad_attention_forward_args_v1_t* args,
+                    Saved* keep, CallStats& stats, bool drain) {
+  DevicePlan& dp = *plan.device;
+  DeviceScope scope(dp.device);
+  // A drained call may have no valid args at all.
+  void* const call_stream = args != nullptr ? args->stream : nullptr;
+  const cudaStream_t stream = static_cast<cudaStream_t>(call_stream);
+  const int32_t me = ctx.comm->rank();
+  const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(me)];
+  const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes(), hq = shape.num_q_heads;
+
+  // The server batch: in the saved state (kept for backward) or in the plan's scratch.
+  void *q = dp.q.ptr, *k = dp.k.ptr, *v = dp.v.ptr, *o = dp.o.ptr, *lse = dp.lse.ptr;
+  if (keep != nullptr && !drain) {
+    keep->device.reset(new DeviceSaved);
+    keep->device.get_deleter().ctx = &ctx;
+    DeviceSaved& s = *keep->device;
+    s.device = dp.device;
+    s.stream = call_stream;
+    s.q = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * q_bytes), args->stream, "the kept server Q");
+    s.k = allocate(ctx, dp.device, static_cast<size_t>(batch.kv_rows * kv_bytes), args->stream, "the kept server K");
+    s.v = allocate(ctx, dp.device, static_cast<size_t>(batch.kv_rows * kv_bytes), args->stream, "the kept server V");
+    s.o = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * q_bytes), args->stream, "the kept server O");
+    s.lse = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * hq) * sizeof(float), args->stream,
+                     "the kept server LSE");
+    q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
+    stats.saved_bytes = static_cast<int64_t>(s.q.bytes + s.k.bytes + s.v.bytes + s.o.bytes + s.lse.bytes);
+  }
+  Mover move(ctx, dp, stream, drain, stats);
+  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
+  move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
+  move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
+
+  if (batch.q_rows > 0 && !drain) {
+    TensorView tq = view(q, {batch.q_rows, hq, shape.head_dim}, shape.bf16, dp.device);
+    TensorView tk = view(k, {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16, dp.device);
+    TensorView tv = view(v, {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16, dp.device);
+    TensorView to = view(o, {batch.q_rows, hq, shape.head_dim}, shape.bf16, dp.device);
+    TensorView tl = view(lse, {hq, batch.q_rows}, false, dp.device);
+    cad_attention_forward_args_v1_t a{};
+    a.struct_size = sizeof(a);
+    a.segments = plan.server_plan != nullptr ? nullptr : batch.segments.data();
+    a.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
+    a.softmax_scale = shape.softmax_scale;
+    a.causal = shape.causal ? 1 : 0;
+    a.stream = args->stream;
+    a.q = tq.get(), a.k = tk.get(), a.v = tv.get(), a.o = to.get(), a.lse = tl.get();
+    a.plan = plan.server_plan;
+    // A v1.0 backend reads only its own struct size, which the ABI lets us pass as ours.
+    if (ctx.server.table->forward(ctx.server.instance, &a) != CAD_STATUS_OK) {
+      // Peers wait for this rank's results: finish the collectives (drained) before reporting.
+      CallStats ignored;
+      Mover(ctx, dp, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
+      Mover(ctx, dp, stream, true, ignored).lse_to_owners(nullptr, 0, nullptr, 0, hq);
+      server_failed(ctx, "forward");
+    }
+  }
+  move.rows(Direction::ToOwners, RunSet::Q, o, drain ? nullptr : data(args->o), q_bytes);
+  move.lse_to_owners(static_cast<float*>(lse), batch.q_rows, drain ? nullptr : static_cast<float*>(data(args->lse)),
+                     shape.tokens, hq);
+}
+
+void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
+                     const cad_attention_backward_args_v1_t* args, Saved* saved, CallStats& stats, bool drain) {
+  DevicePlan& dp = *plan.device;
+  DeviceScope scope(dp.device);
+  // A drained call may have no valid args at all.
+  void* const call_stream = args != nullptr ? args->stream : nullptr;
+  const cudaStream_t stream = static_cast<cudaStream_t>(call_stream);
+  const int32_t me = ctx.comm->rank();
+  const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(me)];
+  const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes(), hq = shape.num_q_heads;
+  Mover move(ctx, dp, stream, drain, stats);
+
+  void *q = dp.q.ptr, *k = dp.k.ptr, *v = dp.v.ptr, *o = dp.o.ptr, *lse = dp.lse.ptr;
+  const bool kept = saved != nullptr && saved->device != nullptr;
+  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), dp.d_o.ptr, q_bytes);
+  if (kept) {
+    DeviceSaved& s = *saved->device;
+    q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
+    s.stream = call_stream;  // released after this backward, in its stream order
+  } else {
+    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
+    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes);
+    move.lse_to_servers(drain ? nullptr : static_cast<const float*>(data(args->lse)), shape.tokens,
+                        static_cast<float*>(lse), batch.q_rows, hq);
+    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
+    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
+  }
+
+  bool failed = false;
+  if (batch.q_rows > 0 && !drain) {
+    const int64_t d = shape.head_dim, hkv = shape.num_kv_heads;
+    TensorView tq = view(q, {batch.q_rows, hq, d}, shape.bf16, dp.device);
+    TensorView tk = view(k, {batch.kv_rows, hkv, d}, shape.bf16, dp.device);
+    TensorView tv = view(v, {batch.kv_rows, hkv, d}, shape.bf16, dp.device);
+    TensorView to = view(o, {batch.q_rows, hq, d}, shape.bf16, dp.device);
+    TensorView tl = view(lse, {hq, batch.q_rows}, false, dp.device);
+    TensorView tdo = view(dp.d_o.ptr, {batch.q_rows, hq, d}, shape.bf16, dp.device);
+    TensorView tdq = view(dp.d_q.ptr, {batch.q_rows, hq, d}, shape.bf16, dp.device);
+    TensorView tdk = view(dp.d_k.ptr, {batch.kv_rows, hkv, d}, shape.bf16, dp.device);
+    TensorView tdv = view(dp.d_v.ptr, {batch.kv_rows, hkv, d}, shape.bf16, dp.device);
+    cad_attention_backward_args_v1_t a{};
+    a.struct_size = sizeof(a);
+    a.segments = plan.server_plan != nullptr ? nullptr : batch.segments.data();
+    a.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
+    a.softmax_scale = shape.softmax_scale;
+    a.causal = shape.causal ? 1 : 0;
+    a.stream = args->stream;
+    a.q = tq.get(), a.k = tk.get(), a.v = tv.get(), a.o = to.get(), a.lse = tl.get();
+    a.d_o = tdo.get(), a.d_q = tdq.get(), a.d_k = tdk.get(), a.d_v = tdv.get();
+    a.plan = plan.server_plan;
+    failed = ctx.server.table->backward(ctx.server.instance, &a) != CAD_STATUS_OK;
+  }
+  const bool skip = drain || failed;
+  Mover back(ctx, dp, stream, skip, stats);
+  back.rows(Direction::ToOwners, RunSet::Q, dp.d_q.ptr, skip ? nullptr : data(args->d_q), q_bytes);
+  back.kv_sums_to_owners(dp.d_k.ptr, static_cast<float*>(dp.acc_k.ptr), skip ? nullptr : data(args->d_k), shape);
+  back.kv_sums_to_owners(dp.d_v.ptr, static_cast<float*>(dp.acc_v.ptr), skip ? nullptr : data(args->d_v), shape);
+  if (failed) server_failed(ctx, "backward");
+}
+
+}  // namespace cad::cad_plugin

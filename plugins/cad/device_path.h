@@ -1,0 +1,45 @@
+// device_path.h -- CAD's CUDA data path (DESIGN.md steps 3-5 on the GPU).
+//
+// Every exchange moves ONE tensor with one all_to_all_v, so that each side can use its tensor in place
+// when the rows already sit in wire order:
+//   owner tensor --gather--> send buffer --all_to_all_v--> receive buffer --scatter--> server batch tensor
+// and back. Gathers and scatters are row-range copy kernels over index tables built once per plan and kept
+// in device memory. A side whose table is the identity (wire row == tensor row: the server batch is laid
+// out in owner order, see layout.h, so this is the common case for the servers) skips its copy and the
+// collective reads or writes the tensor itself. LSE ([Hq, T] fp32) moves as wire rows [T, Hq] through a
+// strided copy. Partial dK/dV coming back to a key/value owner are added into an fp32 accumulator one
+// peer after another, in rank order, so results are bitwise reproducible.
+//
+// The collectives run on the instance's communication stream, joined to the caller's stream with events
+// (NCCL), or are staged through pinned host buffers when the communicator works on host memory (MPI),
+// which synchronises the caller's stream at each exchange. With a plan and NCCL nothing here synchronises
+// the host: a forward and backward can be captured into a CUDA graph.
+#pragma once
+
+#include <cstdint>
+
+#include "context.h"
+
+namespace cad::cad_plugin {
+
+// False in builds without CUDA (CAD_ENABLE_CUDA=OFF).
+bool device_path_available();
+
+// Device resources of a plan: index tables, staging and scratch buffers. Rank-local; throws on failure
+// (make_cad_plan agrees on the outcome). Synchronises `stream` once, so that the plan may then be used on
+// any stream.
+DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream);
+void release_device_plan(CadContext& ctx, DevicePlan* plan);
+int64_t device_plan_bytes(const DevicePlan& plan);
+
+// One forward / backward on CUDA tensors (already checked against the plan). `keep` (forward): where
+// the server batch's Q/K/V/O/LSE go for the backward, or NULL (they stay in the plan's scratch).
+// `saved` (backward): that state, or NULL (the owners re-send Q/K/V/O/LSE).
+// `drain`: this rank's call is invalid (`args` tensors must not be touched): run the same collectives
+// on scratch buffers so that no peer waits forever, compute nothing.
+void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const cad_attention_forward_args_v1_t* args,
+                    Saved* keep, CallStats& stats, bool drain = false);
+void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
+                     const cad_attention_backward_args_v1_t* args, Saved* saved, CallStats& stats, bool drain = false);
+
+}  // namespace cad::cad_plugin

@@ -1,0 +1,122 @@
+// plan.cpp -- see plan.h.
+#include "plan.h"
+
+#include <cstring>
+
+#include "context.h"
+#include "device_path.h"
+#include "plugin_support.h"
+
+namespace cad::cad_plugin {
+
+using plugin::fail;
+using plugin::format;
+
+void DevicePlanDeleter::operator()(DevicePlan* plan) const { release_device_plan(*ctx, plan); }
+
+void PlanDeleter::operator()(CadPlan* plan) const {
+  if (plan == nullptr) return;
+  if (plan->server_plan != nullptr && ctx->server.has_plans()) {
+    ctx->server.table->release_plan(ctx->server.instance, plan->server_plan);
+  }
+  delete plan;  // the device plan goes back through its own deleter
+}
+
+namespace {
+
+// The server backend's plan of this rank's batch, where the backend makes plans and the batch is not
+// empty (an empty batch never calls the backend).
+void* make_server_plan(CadContext& ctx, const Step& step, void* stream) {
+  const ServerBatch& batch = step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
+  if (!ctx.server.has_plans() || batch.q_rows == 0) return nullptr;
+  const CallShape& s = step.shape;
+  cad_attention_plan_args_v1_t args{};
+  args.struct_size = sizeof(args);
+  args.segments = batch.segments.data();
+  args.num_segments = static_cast<int64_t>(batch.segments.size());
+  args.num_q_rows = batch.q_rows;
+  args.num_kv_rows = batch.kv_rows;
+  args.num_q_heads = s.num_q_heads;
+  args.num_kv_heads = s.num_kv_heads;
+  args.head_dim = s.head_dim;
+  args.dtype = s.bf16 ? cad_dtype_v1_t{CAD_DTYPE_CODE_BFLOAT, 16, 1} : cad_dtype_v1_t{CAD_DTYPE_CODE_FLOAT, 32, 1};
+  args.causal = s.causal ? 1 : 0;
+  args.device = cad_device_v1_t{s.device_type, s.device_id};
+  args.stream = stream;
+  void* plan = nullptr;
+  if (ctx.server.table->make_plan(ctx.server.instance, &args, &plan) != CAD_STATUS_OK) {
+    const char* message = ctx.server.table->last_error(ctx.server.instance);
+    fail(CAD_STATUS_INTERNAL, "server backend instance '" + ctx.server.name +
+                                  "': make_plan of this rank's batch failed: " + (message ? message : "(no message)"));
+  }
+  return plan;
+}
+
+bool same_pieces(const std::vector<cad_piece_v1_t>& mine, const cad_piece_v1_t* pieces, int64_t num_pieces) {
+  return static_cast<int64_t>(mine.size()) == num_pieces &&
+         (num_pieces == 0 || std::memcmp(mine.data(), pieces, mine.size() * sizeof(cad_piece_v1_t)) == 0);
+}
+
+}  // namespace
+
+PlanPtr make_cad_plan(CadContext& ctx, const LocalCall& local, const cad_piece_v1_t* pieces, void* stream,
+                      const char* what) {
+  const AgreedCall call = agree_on_call(*ctx.comm, local, what);
+  return make_cad_plan(ctx, call, local.num_pieces, pieces, stream);
+}
+
+void agree_on_plan_call(CadContext& ctx, const LocalCall& local, const char* what, const std::function<void()>& drain) {
+  const bool host_side = ctx.accepts.device_type == CAD_DEVICE_CPU || ctx.host_staged;
+  if (host_side) {
+    agree(*ctx.comm, local.status, local.message, what);
+    return;
+  }
+  if (local.status == CAD_STATUS_OK) return;
+  try {
+    drain();
+  } catch (const plugin::Failure&) {
+    // the call's own failure is the one to report
+  }
+  fail(local.status, format("%s on rank %d: %s", what, ctx.comm->rank(), local.message.c_str()));
+}
+
+PlanPtr make_cad_plan(CadContext& ctx, const AgreedCall& call, int64_t num_local_pieces, const cad_piece_v1_t* pieces,
+                      void* stream) {
+  Comm& comm = *ctx.comm;
+  PlanPtr plan(new CadPlan, PlanDeleter{&ctx});
+  plan->serial = ++ctx.plans_made;
+  plan->device = std::unique_ptr<DevicePlan, DevicePlanDeleter>(nullptr, DevicePlanDeleter{&ctx});
+  plan->step = prepare_step(comm, ctx.balancer, call, pieces, ctx.config.knobs, [&](Step& step) {
+    plan->server_plan = make_server_plan(ctx, step, stream);
+    if (step.shape.device_type == CAD_DEVICE_CUDA) {
+      plan->device.reset(make_device_plan(ctx, step, stream));
+    }
+  });
+  if (num_local_pieces > 0) plan->local_pieces.assign(pieces, pieces + num_local_pieces);
+  describe_step(plan->step.tables, plan->step.tasks, plan->step.layout, plan->step.shape, plan->model);
+  plan->model.plan_ms = plan->step.plan_ms;
+  return plan;
+}
+
+void check_call_matches_plan(const CadPlan& plan, const CallShape& call, const cad_piece_v1_t* pieces,
+                             int64_t num_pieces, const char* what) {
+  const CallShape& p = plan.step.shape;
+  if (call.tokens != p.tokens || call.num_q_heads != p.num_q_heads || call.num_kv_heads != p.num_kv_heads ||
+      call.head_dim != p.head_dim || call.bf16 != p.bf16 || call.causal != p.causal ||
+      call.device_type != p.device_type || call.device_id != p.device_id) {
+    fail(CAD_STATUS_INVALID_ARGUMENT,
+         format("%s: the call (T=%lld, Hq=%d, Hkv=%d, D=%d, %s, causal=%d, device %d:%d) does not match plan #%llu "
+                "(T=%lld, Hq=%d, Hkv=%d, D=%d, %s, causal=%d, device %d:%d): a plan from another micro-batch?",
+                what, static_cast<long long>(call.tokens), call.num_q_heads, call.num_kv_heads, call.head_dim,
+                call.bf16 ? "bf16" : "fp32", call.causal ? 1 : 0, call.device_type, call.device_id,
+                static_cast<unsigned long long>(plan.serial), static_cast<long long>(p.tokens), p.num_q_heads,
+                p.num_kv_heads, p.head_dim, p.bf16 ? "bf16" : "fp32", p.causal ? 1 : 0, p.device_type, p.device_id));
+  }
+  if (num_pieces > 0 && !same_pieces(plan.local_pieces, pieces, num_pieces)) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: the call's pieces differ from those plan #%llu was made for (a plan "
+                                             "from another micro-batch?)",
+                                             what, static_cast<unsigned long long>(plan.serial)));
+  }
+}
+
+}  // namespace cad::cad_plugin

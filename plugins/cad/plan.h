@@ -1,0 +1,62 @@
+// plan.h -- a CAD plan: one micro-batch's agreed piece tables, the balancer's tasks and the dispatch
+// layout, plus what the data path needs to run them again and again without talking to other ranks
+// (the server backend's own plan of this rank's batch; on CUDA the device index tables and buffers).
+// Made once per micro-batch (collective), used by every layer's forward and backward, released by
+// the host. A call without a plan makes a one-shot plan the same way.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "stats.h"
+#include "step.h"
+
+namespace cad::cad_plugin {
+
+struct CadContext;
+struct DevicePlan;  // device_path.h: CUDA tables and buffers
+
+struct DevicePlanDeleter {
+  CadContext* ctx = nullptr;
+  void operator()(DevicePlan* plan) const;
+};
+
+struct CadPlan {
+  Step step;                                 // shape (softmax_scale unset: it is per call), tables, layout
+  std::vector<cad_piece_v1_t> local_pieces;  // to recognise a call's pieces as the plan's
+  void* server_plan = nullptr;               // the server backend's plan of this rank's batch, if it makes plans
+  std::unique_ptr<DevicePlan, DevicePlanDeleter> device;  // CUDA data path only
+  CallStats model;                           // servers' work and the cost model's bytes, computed once
+  uint64_t serial = 0;                       // per instance, for messages
+};
+
+struct PlanDeleter {
+  CadContext* ctx = nullptr;
+  void operator()(CadPlan* plan) const;
+};
+using PlanPtr = std::unique_ptr<CadPlan, PlanDeleter>;
+
+// Collective: agrees on every rank's call (`local` holds its checks' verdict), gathers the piece tables,
+// plans, lays out, prepares the server backend and device resources, and agrees on the outcome, so that
+// every rank gets a plan or every rank fails with the same message. `stream`: where device tables are
+// uploaded (CUDA).
+PlanPtr make_cad_plan(CadContext& ctx, const LocalCall& local, const cad_piece_v1_t* pieces, void* stream,
+                      const char* what);
+// The same after agree_on_call (the caller agreed already).
+PlanPtr make_cad_plan(CadContext& ctx, const AgreedCall& call, int64_t num_local_pieces, const cad_piece_v1_t* pieces,
+                      void* stream);
+
+// A call made with a plan: every rank learns whether every rank's call is valid. On host-side data paths
+// (CPU, host-staged) with one small all_gather (every rank throws the lowest failing rank's message). On
+// NCCL, where a call must not synchronise the host, a rank whose call is invalid runs its collectives on
+// scratch buffers (`drain`, so no peer waits forever) and throws its own message; its peers' outputs of
+// that call are then undefined.
+void agree_on_plan_call(CadContext& ctx, const LocalCall& local, const char* what, const std::function<void()>& drain);
+
+// Throws INVALID_ARGUMENT when a call's shape or pieces do not match the plan (naming what differs).
+void check_call_matches_plan(const CadPlan& plan, const CallShape& call, const cad_piece_v1_t* pieces,
+                             int64_t num_pieces, const char* what);
+
+}  // namespace cad::cad_plugin
