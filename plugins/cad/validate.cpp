@@ -39,11 +39,16 @@ std::vector<DType> accepted_dtypes(const Accepts& accepts) {
   return dtypes;
 }
 
+// Where the call's token count comes from, for messages: its pieces, or its plan.
+thread_local bool g_tokens_from_plan = false;
+
 void check_rows(const cad_tensor_v1_t* t, const char* name, int64_t tokens, const char* what) {
   if (t->shape[0] != tokens) {
     fail(CAD_STATUS_INVALID_ARGUMENT,
-         format("tensor '%s' has %lld rows (%s) but the local pieces hold %lld tokens", name, ll(t->shape[0]),
-                what, ll(tokens)));
+         format(g_tokens_from_plan ? "tensor '%s' has %lld rows (%s) but its plan was made for %lld tokens (a plan "
+                                     "from another micro-batch?)"
+                                   : "tensor '%s' has %lld rows (%s) but the local pieces hold %lld tokens",
+                name, ll(t->shape[0]), what, ll(tokens)));
   }
 }
 
@@ -137,6 +142,7 @@ plugin::TensorSpec lse_spec(const CallShape& s) {
 // the plan's by the caller).
 int64_t call_tokens(const cad_piece_v1_t* pieces, int64_t num_pieces, int64_t plan_tokens) {
   const int64_t tokens = count_tokens(pieces, num_pieces);
+  g_tokens_from_plan = plan_tokens >= 0;
   if (plan_tokens < 0) return tokens;
   if (num_pieces > 0 && tokens != plan_tokens) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("the call's pieces hold %lld tokens but its plan was made for %lld "

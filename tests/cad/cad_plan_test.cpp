@@ -1,0 +1,145 @@
+// cad_plan_test.cpp -- ABI v1.1 plans through the CAD plugin under mpirun (part of test_cad_mpi): one
+// plan per micro-batch serving several layers, any number of forwards in flight (each backward gets its
+// own forward's saved state), and calls that do not belong to their plan refused on every rank.
+#include "cad_mpi_harness.h"
+
+using namespace cad_mpi_test;
+
+namespace {
+
+// Layer l of a fake model: the batch's inputs scaled, so every layer computes something different.
+GlobalBatch layer_inputs(const GlobalBatch& base, int layer) {
+  GlobalBatch b = base;
+  const float s = 1.0f + 0.25f * static_cast<float>(layer);
+  for (auto* t : {&b.q, &b.k, &b.v, &b.d_o}) {
+    for (float& x : *t) x *= s;
+  }
+  return b;
+}
+
+struct PlanGuard {
+  Attention a;
+  void* plan = nullptr;
+  ~PlanGuard() { a.table->release_plan(a.ctx, plan); }
+};
+
+}  // namespace
+
+TEST(CadPlan, OnePlanServesEveryLayerWithForwardsInFlight) {
+  constexpr int kLayers = 3;
+  uint64_t seed = 300;
+  for (const std::string& balancer : balancers()) {
+    for (bool keep : {true, false}) {
+      for (bool causal : {true, false}) {
+        SCOPED_TRACE(balancer + (keep ? " keep" : " resend") + (causal ? " causal" : " non-causal"));
+        const GlobalBatch base = cad_test::make_batch(spec_for(++seed));
+        const Attention a = cad_instance(balancer, keep);
+        std::vector<GlobalBatch> batches;
+        std::vector<LocalCall> calls;
+        for (int l = 0; l < kLayers; ++l) batches.push_back(layer_inputs(base, l));
+        for (int l = 0; l < kLayers; ++l) calls.emplace_back(batches[static_cast<size_t>(l)], causal);
+        PlanGuard guard{a};
+        ASSERT_EQ(make_plan(a, calls[0], base.hq, base.hkv, base.d, &guard.plan), CAD_STATUS_OK)
+            << a.table->last_error(a.ctx);
+        // Every layer's forward first (as a trainer's forward pass), then the backwards in reverse order.
+        std::vector<void*> saved(kLayers, nullptr);
+        for (int l = 0; l < kLayers; ++l) {
+          ASSERT_EQ(calls[static_cast<size_t>(l)].forward(a, guard.plan, &saved[static_cast<size_t>(l)], l == 0),
+                    CAD_STATUS_OK) << a.table->last_error(a.ctx);
+          EXPECT_EQ(saved[static_cast<size_t>(l)] != nullptr, keep) << "a saved handle exactly in keep mode";
+        }
+        for (int l = kLayers - 1; l >= 0; --l) {
+          LocalCall& call = calls[static_cast<size_t>(l)];
+          ASSERT_EQ(call.backward(a, guard.plan, saved[static_cast<size_t>(l)], false), CAD_STATUS_OK)
+              << a.table->last_error(a.ctx);
+          a.table->release_saved(a.ctx, saved[static_cast<size_t>(l)]);
+          const Outputs want = local_slice(batches[static_cast<size_t>(l)],
+                                           oracle(batches[static_cast<size_t>(l)], causal, call.scale));
+          SCOPED_TRACE("layer " + std::to_string(l));
+          expect_close(call.o.data, want.o, "o");
+          expect_close(call.lse.data, want.lse, "lse");
+          expect_close(call.d_q.data, want.d_q, "d_q");
+          expect_close(call.d_k.data, want.d_k, "d_k");
+          expect_close(call.d_v.data, want.d_v, "d_v");
+        }
+      }
+    }
+  }
+}
+
+TEST(CadPlan, CallsWithAPlanDoNotReplanOrGatherBytes) {
+  const GlobalBatch b = cad_test::make_batch(spec_for(320));
+  const Attention a = cad_instance(balancers().back(), false);
+  LocalCall call(b, true);
+  PlanGuard guard{a};
+  ASSERT_EQ(make_plan(a, call, b.hq, b.hkv, b.d, &guard.plan), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  ASSERT_EQ(call.forward(a, guard.plan), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  std::vector<char> buffer(1 << 20);
+  size_t needed = 0;
+  ASSERT_EQ(a.table->get_stats_json(a.ctx, buffer.data(), buffer.size(), &needed), CAD_STATUS_OK);
+  const auto stats = nlohmann::json::parse(buffer.data());
+  EXPECT_FALSE(stats.at("forward").at("replanned").get<bool>());
+  EXPECT_EQ(stats.at("forward").at("plan_ms").get<double>(), 0.0);
+  EXPECT_TRUE(stats.at("forward").at("bytes_sent_by_rank").empty()) << "no per-rank byte gather per call";
+  EXPECT_EQ(stats.at("forward").at("servers").size(), static_cast<size_t>(g_world));
+}
+
+TEST(CadPlan, APlanFromAnotherMicroBatchIsRefusedOnEveryRank) {
+  const Attention a = cad_instance(balancers().front(), false);
+  const GlobalBatch first = cad_test::make_batch(spec_for(330));
+  BatchSpec other = spec_for(331);
+  other.tokens_per_rank += 3;  // another micro-batch: other documents, other token counts
+  const GlobalBatch second = cad_test::make_batch(other);
+  LocalCall f(first, true), s(second, true);
+  PlanGuard guard{a};
+  ASSERT_EQ(make_plan(a, f, first.hq, first.hkv, first.d, &guard.plan), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  const cad_status_t status = s.forward(a, guard.plan);
+  const std::string message = a.table->last_error(a.ctx);
+  EXPECT_EQ(status, CAD_STATUS_INVALID_ARGUMENT) << message;
+  EXPECT_NE(message.find("another micro-batch"), std::string::npos) << message;
+  EXPECT_NE(message.find("forward on rank"), std::string::npos) << "names the rank: " << message;
+  EXPECT_TRUE(same_on_every_rank(message)) << "rank " << g_rank << ": " << message;
+  for (float x : s.o.data) {
+    if (x != 7.0f) {
+      ADD_FAILURE() << "rank " << g_rank << " wrote O although the call failed";
+      break;
+    }
+  }
+  // The plan still works for its own batch afterwards.
+  EXPECT_EQ(f.forward(a, guard.plan), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+}
+
+TEST(CadPlan, KeepModeBackwardWithoutSavedStateIsRefused) {
+  const Attention a = cad_instance(balancers().front(), true);
+  const GlobalBatch b = cad_test::make_batch(spec_for(340));
+  LocalCall call(b, true);
+  PlanGuard guard{a};
+  ASSERT_EQ(make_plan(a, call, b.hq, b.hkv, b.d, &guard.plan), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  void* saved = nullptr;
+  ASSERT_EQ(call.forward(a, guard.plan, &saved), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  const cad_status_t status = call.backward(a, guard.plan, nullptr);
+  const std::string message = a.table->last_error(a.ctx);
+  EXPECT_EQ(status, CAD_STATUS_INVALID_ARGUMENT) << message;
+  EXPECT_NE(message.find("saved"), std::string::npos) << message;
+  EXPECT_TRUE(same_on_every_rank(message)) << message;
+  a.table->release_saved(a.ctx, saved);
+}
+
+TEST(CadPlan, MakePlanWithInconsistentPiecesFailsOnEveryRank) {
+  // Rank 0 claims one token too many of its first document: the tables overlap or leave a gap.
+  const GlobalBatch b = cad_test::make_batch(spec_for(350));
+  const Attention a = cad_instance(balancers().front(), false);
+  LocalCall call(b, true);
+  if (g_rank == 0 && !call.pieces.empty()) call.pieces[0].doc_len += 1;
+  void* plan = nullptr;
+  const cad_status_t status = make_plan(a, call, b.hq, b.hkv, b.d, &plan);
+  const std::string message = a.table->last_error(a.ctx);
+  const bool rank0_has_pieces = !b.pieces[0].empty();
+  if (rank0_has_pieces) {
+    EXPECT_EQ(status, CAD_STATUS_INVALID_ARGUMENT) << message;
+    EXPECT_EQ(plan, nullptr);
+    EXPECT_NE(message.find("document"), std::string::npos) << message;
+    EXPECT_TRUE(same_on_every_rank(message)) << message;
+  }
+  a.table->release_plan(a.ctx, plan);
+}
