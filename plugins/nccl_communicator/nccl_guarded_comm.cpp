@@ -122,6 +122,16 @@ void GuardedComm::launch(const char* operation, cudaStream_t stream,
   }
   wait_host_side(operation, deadline);
 
+  // Under CUDA-graph capture the operation only becomes a graph node: nothing runs now, and an event
+  // recorded into the capture cannot be polled. The watchdog guards the eager calls; a replayed graph's
+  // collectives are the graph owner's to wait for.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    cudaGetLastError();
+    capture = cudaStreamCaptureStatusNone;
+  }
+  if (capture != cudaStreamCaptureStatusNone) return;
+
   cudaEvent_t event = nullptr;
   if (!spare_events_.empty()) {
     event = spare_events_.back();
