@@ -4,10 +4,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "cad_kernels.h"
 #include "data_path.h"
+#include "wire_tables.h"
 
 namespace cad::cad_plugin {
 
@@ -65,12 +67,12 @@ void release(CadContext& ctx, int device, DeviceBuffer& b, void* stream) {
   b.ptr = nullptr;
 }
 
-// One index table: row-range copies between a tensor and the wire (rows grouped by peer, in rank order).
+// One index table (wire_tables.h) in the plan's device arrays.
 struct Table {
-  int64_t offset = 0;  // first entry in the plan's device table array
+  int64_t offset = 0;  // first entry in the plan's device table arrays
   int64_t count = 0;
-  bool identity = true;  // every copy maps a row onto itself: the tensor is the wire buffer
-  std::vector<int64_t> peer_first;  // per peer: first entry (size world + 1)
+  bool identity = true;
+  std::vector<int64_t> peer_first;  // per peer: first entry, relative to offset (world + 1 entries)
 };
 
 enum TableId { OwnerQ, OwnerKv, ServerQ, ServerKv, kNumTables };
@@ -128,28 +130,20 @@ int64_t device_plan_bytes(const DevicePlan& plan) { return plan.bytes; }
 
 namespace {
 
-// Builds one table (both directions) from the routes of every peer. `owner_side`: this rank is the owner
-// (tensor rows are RowRun::src_row) or the server (RowRun::dst_row).
-Table build_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs, std::vector<RowCopy>& to_wire,
-                  std::vector<RowCopy>& from_wire, std::vector<int64_t>& rows_per_peer) {
+static_assert(sizeof(WireCopy) == sizeof(RowCopy) && offsetof(WireCopy, num_rows) == offsetof(RowCopy, num_rows),
+              "the wire tables are uploaded as the kernels' RowCopy arrays");
+
+// Appends one wire table to the plan's host arrays; returns where it lies.
+Table append_table(const WireTable& w, std::vector<RowCopy>& to_wire, std::vector<RowCopy>& from_wire,
+                   std::vector<int64_t>& rows_per_peer) {
   Table t;
   t.offset = static_cast<int64_t>(to_wire.size());
-  rows_per_peer.assign(static_cast<size_t>(layout.world), 0);
-  int64_t wire = 0;
-  for (int32_t peer = 0; peer < layout.world; ++peer) {
-    t.peer_first.push_back(static_cast<int64_t>(to_wire.size()) - t.offset);
-    const Route& route = owner_side ? layout.route(me, peer) : layout.route(peer, me);
-    for (const RowRun& run : q_runs ? route.q : route.kv) {
-      const int64_t row = owner_side ? run.src_row : run.dst_row;
-      to_wire.push_back(RowCopy{row, wire, run.count});
-      from_wire.push_back(RowCopy{wire, row, run.count});
-      t.identity = t.identity && row == wire;
-      wire += run.count;
-    }
-    rows_per_peer[static_cast<size_t>(peer)] = q_runs ? route.q_rows : route.kv_rows;
-  }
-  t.peer_first.push_back(static_cast<int64_t>(to_wire.size()) - t.offset);
-  t.count = static_cast<int64_t>(to_wire.size()) - t.offset;
+  t.count = static_cast<int64_t>(w.to_wire.size());
+  t.identity = w.identity;
+  t.peer_first = w.peer_first;
+  for (const WireCopy& c : w.to_wire) to_wire.push_back(RowCopy{c.src_row, c.dst_row, c.num_rows});
+  for (const WireCopy& c : w.from_wire) from_wire.push_back(RowCopy{c.src_row, c.dst_row, c.num_rows});
+  rows_per_peer = w.rows_per_peer;
   return t;
 }
 
@@ -178,10 +172,11 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   const Layout& layout = step.layout;
   const int32_t me = ctx.comm->rank();
   std::vector<RowCopy> to_wire, from_wire;
-  plan->tables[OwnerQ] = build_table(layout, me, true, true, to_wire, from_wire, plan->owner_q_rows);
-  plan->tables[OwnerKv] = build_table(layout, me, true, false, to_wire, from_wire, plan->owner_kv_rows);
-  plan->tables[ServerQ] = build_table(layout, me, false, true, to_wire, from_wire, plan->server_q_rows);
-  plan->tables[ServerKv] = build_table(layout, me, false, false, to_wire, from_wire, plan->server_kv_rows);
+  plan->tables[OwnerQ] = append_table(build_wire_table(layout, me, true, true), to_wire, from_wire, plan->owner_q_rows);
+  plan->tables[OwnerKv] = append_table(build_wire_table(layout, me, true, false), to_wire, from_wire, plan->owner_kv_rows);
+  plan->tables[ServerQ] = append_table(build_wire_table(layout, me, false, true), to_wire, from_wire, plan->server_q_rows);
+  plan->tables[ServerKv] = append_table(build_wire_table(layout, me, false, false), to_wire, from_wire,
+                                        plan->server_kv_rows);
   const size_t table_bytes = to_wire.size() * sizeof(RowCopy);
   plan->to_wire = allocate(ctx, device, table_bytes, stream, "the plan's index tables");
   plan->from_wire = allocate(ctx, device, table_bytes, stream, "the plan's index tables");
@@ -192,21 +187,17 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
                                static_cast<cudaStream_t>(stream)), "uploading the plan's index tables");
   }
 
-  const CallShape& s = step.shape;
-  const ServerBatch& batch = layout.servers[static_cast<size_t>(me)];
-  auto sum = [](const std::vector<int64_t>& v) { int64_t n = 0; for (int64_t x : v) n += x; return n; };
-  const int64_t q_wire = std::max(sum(plan->owner_q_rows), sum(plan->server_q_rows));
-  const int64_t kv_wire = std::max(sum(plan->owner_kv_rows), sum(plan->server_kv_rows));
-  plan->wire_bytes = static_cast<size_t>(std::max(q_wire * s.q_row_bytes(), kv_wire * s.kv_row_bytes()));
+  const WorkspaceSizes sizes = workspace_sizes(layout, me, step.shape, ctx.config.keep_forward_tensors,
+                                               static_cast<int64_t>(to_wire.size()));
+  plan->wire_bytes = static_cast<size_t>(sizes.wire);
   plan->send = allocate(ctx, device, plan->wire_bytes, stream, "the send buffer");
   plan->recv = allocate(ctx, device, plan->wire_bytes, stream, "the receive buffer");
   if (ctx.host_staged && plan->wire_bytes > 0) {
     check_cuda(cudaHostAlloc(&plan->pinned_send, plan->wire_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
     check_cuda(cudaHostAlloc(&plan->pinned_recv, plan->wire_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
   }
-  const size_t q_bytes = static_cast<size_t>(batch.q_rows * s.q_row_bytes());
-  const size_t kv_bytes = static_cast<size_t>(batch.kv_rows * s.kv_row_bytes());
-  const size_t lse_bytes = static_cast<size_t>(batch.q_rows) * static_cast<size_t>(s.num_q_heads) * sizeof(float);
+  const size_t q_bytes = static_cast<size_t>(sizes.server_q), kv_bytes = static_cast<size_t>(sizes.server_kv);
+  const size_t lse_bytes = static_cast<size_t>(sizes.server_lse);
   if (!ctx.config.keep_forward_tensors) {
     plan->q = allocate(ctx, device, q_bytes, stream, "the server batch (Q)");
     plan->k = allocate(ctx, device, kv_bytes, stream, "the server batch (K)");
@@ -218,8 +209,7 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   plan->d_q = allocate(ctx, device, q_bytes, stream, "the server batch (dQ)");
   plan->d_k = allocate(ctx, device, kv_bytes, stream, "the server batch (dK)");
   plan->d_v = allocate(ctx, device, kv_bytes, stream, "the server batch (dV)");
-  const size_t acc_bytes = static_cast<size_t>(s.tokens) * static_cast<size_t>(s.num_kv_heads) *
-                           static_cast<size_t>(s.head_dim) * sizeof(float);
+  const size_t acc_bytes = static_cast<size_t>(sizes.accumulator);
   plan->acc_k = allocate(ctx, device, acc_bytes, stream, "the dK accumulator");
   plan->acc_v = allocate(ctx, device, acc_bytes, stream, "the dV accumulator");
   for (const DeviceBuffer* b : {&plan->to_wire, &plan->from_wire, &plan->send, &plan->recv, &plan->q, &plan->k,

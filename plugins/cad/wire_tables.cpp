@@ -1,0 +1,65 @@
+// wire_tables.cpp -- see wire_tables.h.
+#include "wire_tables.h"
+
+#include <algorithm>
+
+namespace cad::cad_plugin {
+
+int64_t WireTable::rows() const {
+  int64_t n = 0;
+  for (int64_t r : rows_per_peer) n += r;
+  return n;
+}
+
+WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs) {
+  WireTable t;
+  t.rows_per_peer.assign(static_cast<size_t>(layout.world), 0);
+  int64_t wire = 0;
+  for (int32_t peer = 0; peer < layout.world; ++peer) {
+    t.peer_first.push_back(static_cast<int64_t>(t.to_wire.size()));
+    const Route& route = owner_side ? layout.route(me, peer) : layout.route(peer, me);
+    for (const RowRun& run : q_runs ? route.q : route.kv) {
+      const int64_t row = owner_side ? run.src_row : run.dst_row;
+      t.to_wire.push_back(WireCopy{row, wire, run.count});
+      t.from_wire.push_back(WireCopy{wire, row, run.count});
+      t.identity = t.identity && row == wire;
+      wire += run.count;
+    }
+    t.rows_per_peer[static_cast<size_t>(peer)] = q_runs ? route.q_rows : route.kv_rows;
+  }
+  t.peer_first.push_back(static_cast<int64_t>(t.to_wire.size()));
+  return t;
+}
+
+int64_t WorkspaceSizes::plan_total() const {
+  int64_t total = 2 * tables + 2 * wire + 2 * server_q + 2 * server_kv + 2 * accumulator;  // dO dQ, dK dV
+  if (!keep_forward_tensors) total += 2 * server_q + 2 * server_kv + server_lse;  // Q O, K V, LSE
+  return total;
+}
+
+int64_t WorkspaceSizes::saved_per_forward() const {
+  return keep_forward_tensors ? 2 * server_q + 2 * server_kv + server_lse : 0;
+}
+
+WorkspaceSizes workspace_sizes(const Layout& layout, int32_t me, const CallShape& s, bool keep_forward_tensors,
+                               int64_t table_entries) {
+  const ServerBatch& batch = layout.servers[static_cast<size_t>(me)];
+  int64_t owner_q = 0, owner_kv = 0, server_q = 0, server_kv = 0;
+  for (int32_t peer = 0; peer < layout.world; ++peer) {
+    owner_q += layout.route(me, peer).q_rows;
+    owner_kv += layout.route(me, peer).kv_rows;
+    server_q += layout.route(peer, me).q_rows;
+    server_kv += layout.route(peer, me).kv_rows;
+  }
+  WorkspaceSizes w;
+  w.tables = table_entries * static_cast<int64_t>(sizeof(WireCopy));
+  w.wire = std::max(std::max(owner_q, server_q) * s.q_row_bytes(), std::max(owner_kv, server_kv) * s.kv_row_bytes());
+  w.server_q = batch.q_rows * s.q_row_bytes();
+  w.server_kv = batch.kv_rows * s.kv_row_bytes();
+  w.server_lse = batch.q_rows * int64_t{s.num_q_heads} * 4;
+  w.accumulator = s.tokens * int64_t{s.num_kv_heads} * s.head_dim * 4;
+  w.keep_forward_tensors = keep_forward_tensors;
+  return w;
+}
+
+}  // namespace cad::cad_plugin

@@ -1,0 +1,54 @@
+// wire_tables.h -- which rows of a tensor go on the wire, in which order, for one rank of a layout
+// (pure data, no CUDA): the index tables the CUDA data path uploads once per plan, and the buffer sizes
+// it allocates. Shared with the benchmarks, which time the same copies.
+//
+// The wire order of one exchange: the rows for (or from) peer 0, then peer 1, ...; inside a peer, the
+// route's runs in order. A table maps tensor rows to wire rows ("to_wire": gather before sending) and
+// back ("from_wire": scatter after receiving).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "layout.h"
+#include "validate.h"
+
+namespace cad::cad_plugin {
+
+// One row-range copy; the layout of cad::kernels::RowCopy.
+struct WireCopy {
+  int64_t src_row;
+  int64_t dst_row;
+  int64_t num_rows;
+};
+
+struct WireTable {
+  std::vector<WireCopy> to_wire, from_wire;
+  std::vector<int64_t> peer_first;     // per peer: its first copy (world + 1 entries)
+  std::vector<int64_t> rows_per_peer;  // rows exchanged with each peer
+  bool identity = true;                // every copy maps a row onto itself: the tensor is the wire buffer
+  int64_t rows() const;
+};
+
+// `owner_side`: this rank's tensor rows are its own tokens (RowRun::src_row) or its server batch's
+// rows (RowRun::dst_row). `q_runs`: query rows (Q, O, LSE, dO, dQ) or key/value rows (K, V, dK, dV).
+WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs);
+
+// Device memory the CUDA data path holds per plan on one rank, buffer by buffer (bytes).
+struct WorkspaceSizes {
+  int64_t tables = 0;        // the index tables, both directions
+  int64_t wire = 0;          // one of the send / receive staging buffers
+  int64_t server_q = 0;      // one Q-shaped server buffer (Q, O, dO, dQ)
+  int64_t server_kv = 0;     // one K-shaped server buffer (K, V, dK, dV)
+  int64_t server_lse = 0;
+  int64_t accumulator = 0;   // one of the owner's fp32 dK / dV sums
+  bool keep_forward_tensors = true;
+  // The plan's total: staging x2, dO/dQ/dK/dV, accumulators x2, and Q/K/V/O/LSE unless they are kept
+  // per forward (keep mode: then `saved_per_forward` each forward until its backward).
+  int64_t plan_total() const;
+  int64_t saved_per_forward() const;
+};
+WorkspaceSizes workspace_sizes(const Layout& layout, int32_t me, const CallShape& shape, bool keep_forward_tensors,
+                               int64_t table_entries);
+
+}  // namespace cad::cad_plugin
