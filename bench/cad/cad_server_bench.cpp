@@ -1,0 +1,429 @@
+// cad_server_bench.cpp -- CAD's server batches measured on one GPU (a benchmark, not a test).
+//
+// For Pretrain-recipe batches (DistCA recipe over a document-length file) of R ranks x T tokens, every
+// balancer plans; then each rank's server batch (the layout CAD itself builds) runs on the one GPU, one
+// after another -- an honest measure of what that rank's GPU would do -- through the cuda backend with a
+// resident plan, forward and backward, timed with CUDA events (median of --reps). The same rank's pack
+// and unpack copies (the wire tables the CUDA data path uses, wire_tables.h) are timed the same way, so
+// their share of attention time is measured, not modelled. Workspace bytes per rank come from the data
+// path's own sizing; host plan time (balancer + layout + wire tables) is measured for --plan-ranks.
+//
+//   cad_server_bench --dist ../shared/data/doclen_pretrain.json --ranks 4,8 --context 65536,131072
+//       [--balancer colocated,per_doc_cp,distca,prefix_aware] [--heads 32] [--kv-heads 8] [--head-dim 128]
+//       [--reps 3] [--seed 1] [--plan-ranks 4,64,512] [--plan-context 131072] [--json FILE]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "batch_recipe.h"
+#include "cad/cad_host.hpp"
+#include "cad_kernels.h"
+#include "doc_lengths.h"
+#include "layout.h"
+#include "plan_model.h"
+#include "validate.h"
+#include "wire_tables.h"
+
+namespace {
+
+namespace cp = cad::cad_plugin;
+using cad::kernels::RowCopy;
+
+[[noreturn]] void die(const std::string& message) {
+  std::fprintf(stderr, "cad_server_bench: %s\n", message.c_str());
+  std::exit(2);
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+std::vector<int64_t> int_list(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(std::stoll(item));
+  return out;
+}
+std::vector<std::string> str_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+  return out;
+}
+
+struct Options {
+  std::string dist = "../shared/data/doclen_pretrain.json";
+  std::vector<int64_t> ranks = {4, 8}, contexts = {65536, 131072}, plan_ranks = {4, 64, 512};
+  int64_t plan_context = 131072;
+  std::vector<std::string> balancers = {"colocated", "per_doc_cp", "distca", "prefix_aware"};
+  int hq = 32, hkv = 8, d = 128, reps = 3;
+  uint64_t seed = 1;
+  std::string json;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("usage: cad_server_bench [--dist FILE] [--ranks 4,8] [--context 65536,131072] [--balancer a,b]\n"
+                  "       [--heads 32] [--kv-heads 8] [--head-dim 128] [--reps 3] [--seed 1]\n"
+                  "       [--plan-ranks 4,64,512] [--plan-context 131072] [--json FILE]\n"
+                  "Measures every rank's CAD server batch (forward, backward, pack+unpack) on this GPU, one after\n"
+                  "another, per balancer; and the host time to make a plan.\n");
+      std::exit(0);
+    }
+    if (i + 1 >= argc) die("option " + a + " needs a value");
+    const std::string v = argv[++i];
+    if (a == "--dist") o.dist = v;
+    else if (a == "--ranks") o.ranks = int_list(v);
+    else if (a == "--context") o.contexts = int_list(v);
+    else if (a == "--plan-ranks") o.plan_ranks = int_list(v);
+    else if (a == "--plan-context") o.plan_context = std::stoll(v);
+    else if (a == "--balancer") o.balancers = str_list(v);
+    else if (a == "--heads") o.hq = std::stoi(v);
+    else if (a == "--kv-heads") o.hkv = std::stoi(v);
+    else if (a == "--head-dim") o.d = std::stoi(v);
+    else if (a == "--reps") o.reps = std::stoi(v);
+    else if (a == "--seed") o.seed = std::stoull(v);
+    else if (a == "--json") o.json = v;
+    else die("unknown option " + a + " (see --help)");
+  }
+  return o;
+}
+
+struct Plan {
+  std::vector<cad_task_v1_t> tasks;
+  cp::Layout layout;
+  double plan_ms = 0;  // balancer + layout + this rank's wire tables, on the host
+};
+
+Plan make_plan(const cad::Host& host, const std::string& balancer, const cad::workload::RankPieces& ranks,
+               const cp::CallShape& shape) {
+  const auto [table, ctx] = host.find<cad_balancer_v1_t>(balancer, CAD_PLUGIN_KIND_BALANCER);
+  std::vector<cad_rank_pieces_v1_t> views;
+  for (const auto& r : ranks) views.push_back({r.data(), static_cast<int64_t>(r.size())});
+  cad_cost_params_v1_t cost{};
+  cost.struct_size = sizeof cost;
+  cost.num_q_heads = shape.num_q_heads;
+  cost.num_kv_heads = shape.num_kv_heads;
+  cost.head_dim = shape.head_dim;
+  cost.bytes_per_element = 2;
+  cost.causal = 1;
+  cad_balance_input_v1_t input{};
+  input.struct_size = sizeof input;
+  input.ranks = views.data();
+  input.num_ranks = static_cast<int32_t>(views.size());
+  input.num_servers = input.num_ranks;
+  input.cost = &cost;
+  Plan p;
+  const auto start = std::chrono::steady_clock::now();
+  cad_plan_v1_t* plan = nullptr;
+  if (table->plan(ctx, &input, &plan) != CAD_STATUS_OK) die(balancer + ": " + table->last_error(ctx));
+  p.tasks.assign(plan->tasks, plan->tasks + plan->num_tasks);
+  table->release_plan(ctx, plan);
+  p.layout = cp::build_layout(ranks, p.tasks, true);
+  for (bool owner : {true, false}) {
+    for (bool q : {true, false}) (void)cp::build_wire_table(p.layout, 0, owner, q);
+  }
+  p.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return p;
+}
+
+// Device memory for one server batch and one rank's exchanges, grown as needed and reused.
+struct Buffers {
+  std::map<std::string, std::pair<void*, size_t>> blocks;
+  void* get(const std::string& name, size_t bytes) {
+    auto& b = blocks[name];
+    if (b.second < bytes) {
+      if (b.first) cudaFree(b.first);
+      check(cudaMalloc(&b.first, std::max<size_t>(bytes, 256)), "cudaMalloc");
+      // Finite values everywhere (bf16 0x3c3c ~ 0.0115; fp32 LSE ~ 0.011): the kernels' speed does not
+      // depend on the values, and no NaN or Inf can slow a path down.
+      check(cudaMemset(b.first, 0x3c, std::max<size_t>(bytes, 256)), "fill");
+      b.second = std::max<size_t>(bytes, 256);
+    }
+    return b.first;
+  }
+  ~Buffers() {
+    for (auto& [n, b] : blocks) cudaFree(b.first);
+  }
+};
+
+cad_tensor_v1_t tensor(void* data, std::vector<int64_t>& shape, bool bf16) {
+  return cad_tensor_v1_t{data, {CAD_DEVICE_CUDA, 0}, static_cast<int32_t>(shape.size()),
+                         bf16 ? cad_dtype_v1_t{CAD_DTYPE_CODE_BFLOAT, 16, 1} : cad_dtype_v1_t{CAD_DTYPE_CODE_FLOAT, 32, 1},
+                         shape.data(), nullptr, 0};
+}
+
+// Median over reps of the GPU time of `body`.
+template <class Body>
+double time_ms(int reps, Body&& body) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  body();  // warm-up
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a);
+    body();
+    cudaEventRecord(b);
+    check(cudaEventSynchronize(b), "timing");
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+struct RankResult {
+  double fwd_ms = 0, bwd_ms = 0, pack_fwd_ms = 0, pack_bwd_ms = 0;
+  int64_t workspace_bytes = 0, saved_bytes = 0, q_rows = 0, kv_rows = 0, segments = 0;
+};
+
+// Uploads a wire table's copies (both directions) and returns device pointers.
+struct DeviceTable {
+  RowCopy* to = nullptr;
+  RowCopy* from = nullptr;
+  int64_t n = 0;
+  bool identity = true;
+  std::vector<int64_t> peer_first;
+  explicit DeviceTable(const cp::WireTable& t) : n(static_cast<int64_t>(t.to_wire.size())), identity(t.identity),
+                                                  peer_first(t.peer_first) {
+    const size_t bytes = std::max<size_t>(1, t.to_wire.size()) * sizeof(RowCopy);
+    check(cudaMalloc(&to, bytes), "cudaMalloc");
+    check(cudaMalloc(&from, bytes), "cudaMalloc");
+    if (n > 0) {
+      check(cudaMemcpy(to, t.to_wire.data(), t.to_wire.size() * sizeof(RowCopy), cudaMemcpyHostToDevice), "table");
+      check(cudaMemcpy(from, t.from_wire.data(), t.from_wire.size() * sizeof(RowCopy), cudaMemcpyHostToDevice), "table");
+    }
+  }
+  ~DeviceTable() { cudaFree(to); cudaFree(from); }
+};
+
+// The copies the CUDA data path makes on rank `me` in one forward (fwd) or one backward (keep mode).
+double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShape& s, Buffers& buf, int reps,
+                        bool backward) {
+  const DeviceTable oq(cp::build_wire_table(layout, me, true, true)), okv(cp::build_wire_table(layout, me, true, false));
+  const DeviceTable sq(cp::build_wire_table(layout, me, false, true)), skv(cp::build_wire_table(layout, me, false, false));
+  const int64_t qb = s.q_row_bytes(), kvb = s.kv_row_bytes(), hq = s.num_q_heads;
+  const cp::ServerBatch& batch = layout.servers[static_cast<size_t>(me)];
+  const int64_t tokens = s.tokens;
+  const size_t wire = static_cast<size_t>(cp::workspace_sizes(layout, me, s, true, 0).wire);
+  void* owner_q = buf.get("owner_q", static_cast<size_t>(tokens * qb));
+  void* owner_kv = buf.get("owner_kv", static_cast<size_t>(tokens * kvb));
+  float* owner_lse = static_cast<float*>(buf.get("owner_lse", static_cast<size_t>(tokens * hq * 4)));
+  void* server_q = buf.get("q", static_cast<size_t>(batch.q_rows * qb));
+  void* server_kv = buf.get("k", static_cast<size_t>(batch.kv_rows * kvb));
+  float* server_lse = static_cast<float*>(buf.get("lse", static_cast<size_t>(batch.q_rows * hq * 4)));
+  void* send = buf.get("send", wire);
+  void* recv = buf.get("recv", wire);
+  float* acc = static_cast<float*>(buf.get("acc", static_cast<size_t>(tokens * kvb * 2)));
+  auto gather = [&](const DeviceTable& t, const void* src, int64_t rb) {
+    check(cad::kernels::copy_row_ranges(src, send, rb, t.to, t.n, nullptr), "gather");
+  };
+  auto scatter = [&](const DeviceTable& t, void* dst, int64_t rb) {
+    check(cad::kernels::copy_row_ranges(recv, dst, rb, t.from, t.n, nullptr), "scatter");
+  };
+  return time_ms(reps, [&] {
+    if (!backward) {
+      gather(oq, owner_q, qb);                                   // Q out
+      gather(okv, owner_kv, kvb), gather(okv, owner_kv, kvb);    // K, V out
+      if (!sq.identity) scatter(sq, server_q, qb);               // into the server batch (unless in place)
+      if (!skv.identity) scatter(skv, server_kv, kvb), scatter(skv, server_kv, kvb);
+      if (!sq.identity) gather(sq, server_q, qb);                // O back
+      cad::kernels::copy_strided_rows_f32(server_lse, 1, batch.q_rows, static_cast<float*>(send), hq, 1, hq, sq.to,
+                                          sq.n, nullptr);        // LSE back
+      scatter(oq, owner_q, qb);                                  // O into the host's order
+      cad::kernels::copy_strided_rows_f32(static_cast<float*>(recv), hq, 1, owner_lse, 1, tokens, hq, oq.from, oq.n,
+                                          nullptr);
+    } else {
+      gather(oq, owner_q, qb);                                   // dO out
+      if (!sq.identity) scatter(sq, server_q, qb);
+      if (!sq.identity) gather(sq, server_q, qb);                // dQ back
+      scatter(oq, owner_q, qb);
+      for (int part = 0; part < 2; ++part) {                     // dK, dV back and summed per peer
+        if (!skv.identity) gather(skv, server_kv, kvb);
+        cudaMemsetAsync(acc, 0, static_cast<size_t>(tokens * kvb * 2), nullptr);
+        for (size_t p = 0; p + 1 < okv.peer_first.size(); ++p) {
+          cad::kernels::add_row_ranges_f32(recv, true, acc, kvb / 2, okv.from + okv.peer_first[p],
+                                           okv.peer_first[p + 1] - okv.peer_first[p], nullptr);
+        }
+        cad::kernels::store_f32(acc, owner_kv, true, tokens * (kvb / 2), nullptr);
+      }
+    }
+  });
+}
+
+RankResult measure_rank(const cad::Host& host, const cp::Layout& layout, int32_t me, const cp::CallShape& shape,
+                        Buffers& buf, int reps) {
+  const auto [api, ctx] = host.find<cad_attention_v1_t>("cuda", CAD_PLUGIN_KIND_ATTENTION);
+  const cp::ServerBatch& batch = layout.servers[static_cast<size_t>(me)];
+  RankResult r;
+  r.q_rows = batch.q_rows;
+  r.kv_rows = batch.kv_rows;
+  r.segments = static_cast<int64_t>(batch.segments.size());
+  const cp::WorkspaceSizes w = cp::workspace_sizes(layout, me, shape, true, 0);
+  r.workspace_bytes = w.plan_total();
+  r.saved_bytes = w.saved_per_forward();
+  r.pack_fwd_ms = time_pack_unpack(layout, me, shape, buf, reps, false);
+  r.pack_bwd_ms = time_pack_unpack(layout, me, shape, buf, reps, true);
+  if (batch.q_rows == 0) return r;
+  const int64_t qb = shape.q_row_bytes(), kvb = shape.kv_row_bytes();
+  std::vector<int64_t> qs{batch.q_rows, shape.num_q_heads, shape.head_dim}, ks{batch.kv_rows, shape.num_kv_heads,
+                                                                               shape.head_dim};
+  std::vector<int64_t> ls{shape.num_q_heads, batch.q_rows};
+  cad_tensor_v1_t q = tensor(buf.get("q", static_cast<size_t>(batch.q_rows * qb)), qs, true);
+  cad_tensor_v1_t k = tensor(buf.get("k", static_cast<size_t>(batch.kv_rows * kvb)), ks, true);
+  cad_tensor_v1_t v = tensor(buf.get("v", static_cast<size_t>(batch.kv_rows * kvb)), ks, true);
+  cad_tensor_v1_t o = tensor(buf.get("o", static_cast<size_t>(batch.q_rows * qb)), qs, true);
+  cad_tensor_v1_t lse = tensor(buf.get("lse", static_cast<size_t>(batch.q_rows * shape.num_q_heads * 4)), ls, false);
+  cad_tensor_v1_t d_o = tensor(buf.get("d_o", static_cast<size_t>(batch.q_rows * qb)), qs, true);
+  cad_tensor_v1_t d_q = tensor(buf.get("d_q", static_cast<size_t>(batch.q_rows * qb)), qs, true);
+  cad_tensor_v1_t d_k = tensor(buf.get("d_k", static_cast<size_t>(batch.kv_rows * kvb)), ks, true);
+  cad_tensor_v1_t d_v = tensor(buf.get("d_v", static_cast<size_t>(batch.kv_rows * kvb)), ks, true);
+  cad_attention_plan_args_v1_t pa{};
+  pa.struct_size = sizeof pa;
+  pa.segments = batch.segments.data();
+  pa.num_segments = static_cast<int64_t>(batch.segments.size());
+  pa.num_q_rows = batch.q_rows;
+  pa.num_kv_rows = batch.kv_rows;
+  pa.num_q_heads = shape.num_q_heads;
+  pa.num_kv_heads = shape.num_kv_heads;
+  pa.head_dim = shape.head_dim;
+  pa.dtype = {CAD_DTYPE_CODE_BFLOAT, 16, 1};
+  pa.causal = 1;
+  pa.device = {CAD_DEVICE_CUDA, 0};
+  void* plan = nullptr;
+  if (api->make_plan(ctx, &pa, &plan) != CAD_STATUS_OK) die(std::string("cuda make_plan: ") + api->last_error(ctx));
+  cad_attention_forward_args_v1_t fa{};
+  fa.struct_size = sizeof fa;
+  fa.softmax_scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  fa.causal = 1;
+  fa.q = &q, fa.k = &k, fa.v = &v, fa.o = &o, fa.lse = &lse;
+  fa.plan = plan;
+  cad_attention_backward_args_v1_t ba{};
+  ba.struct_size = sizeof ba;
+  ba.softmax_scale = fa.softmax_scale;
+  ba.causal = 1;
+  ba.q = &q, ba.k = &k, ba.v = &v, ba.o = &o, ba.lse = &lse, ba.d_o = &d_o, ba.d_q = &d_q, ba.d_k = &d_k, ba.d_v = &d_v;
+  ba.plan = plan;
+  r.fwd_ms = time_ms(reps, [&] {
+    if (api->forward(ctx, &fa) != CAD_STATUS_OK) die(std::string("forward: ") + api->last_error(ctx));
+  });
+  r.bwd_ms = time_ms(reps, [&] {
+    if (api->backward(ctx, &ba) != CAD_STATUS_OK) die(std::string("backward: ") + api->last_error(ctx));
+  });
+  api->release_plan(ctx, plan);
+  return r;
+}
+
+double max_over_mean(const std::vector<double>& v) {
+  double mx = 0, sum = 0;
+  for (double x : v) mx = std::max(mx, x), sum += x;
+  return sum > 0 ? mx / (sum / static_cast<double>(v.size())) : 1.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = parse(argc, argv);
+  const std::vector<int64_t> lengths = cad::workload::load_lengths(opt.dist);
+  nlohmann::json instances = nlohmann::json::array();
+  for (const std::string& b : opt.balancers) instances.push_back({{"name", b}, {"plugin", b}, {"config", nlohmann::json::object()}});
+  instances.push_back({{"name", "cuda"}, {"plugin", "cuda"}, {"config", nlohmann::json::object()}});
+  const std::string config = nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
+  cad_host_options_v1_t options{};
+  options.struct_size = sizeof options;
+  options.config_json = config.c_str();
+  cad::Host host(options);
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  nlohmann::json out = {{"gpu", prop.name}, {"heads", opt.hq}, {"kv_heads", opt.hkv}, {"head_dim", opt.d},
+                        {"reps", opt.reps}, {"seed", opt.seed}, {"cases", nlohmann::json::array()}};
+  Buffers buf;
+  std::printf("GPU: %s; Hq=%d Hkv=%d D=%d bf16 causal; times: median of %d\n", prop.name, opt.hq, opt.hkv, opt.d, opt.reps);
+  std::printf("| ranks x tokens | balancer | model max/mean | fwd max/mean | bwd max/mean | fwd ms per rank | bwd ms per rank | "
+              "pack+unpack / attention | workspace GiB (max rank) | saved GiB per fwd (max) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int64_t ranks : opt.ranks) {
+    for (int64_t context : opt.contexts) {
+      const auto pieces = cad::workload::sample_batch(lengths, context, static_cast<int32_t>(ranks), opt.seed);
+      cp::CallShape shape;
+      shape.num_q_heads = opt.hq, shape.num_kv_heads = opt.hkv, shape.head_dim = opt.d, shape.bf16 = true;
+      shape.causal = true, shape.device_type = CAD_DEVICE_CUDA;
+      for (const std::string& balancer : opt.balancers) {
+        const Plan plan = make_plan(host, balancer, pieces, shape);
+        cad::plan::ModelParams mp;
+        mp.num_q_heads = opt.hq, mp.num_kv_heads = opt.hkv, mp.head_dim = opt.d;
+        const auto model = cad::plan::evaluate_plan(pieces, static_cast<int32_t>(ranks), plan.tasks.data(),
+                                                    static_cast<int64_t>(plan.tasks.size()), mp);
+        std::vector<double> fwd, bwd;
+        double pack = 0, attention = 0;
+        int64_t workspace = 0, saved = 0;
+        nlohmann::json per_rank = nlohmann::json::array();
+        std::string fwd_list, bwd_list;
+        for (int32_t r = 0; r < ranks; ++r) {
+          shape.tokens = 0;
+          for (const auto& p : pieces[static_cast<size_t>(r)]) shape.tokens += p.len;
+          const RankResult rr = measure_rank(host, plan.layout, r, shape, buf, opt.reps);
+          fwd.push_back(rr.fwd_ms);
+          bwd.push_back(rr.bwd_ms);
+          pack = std::max(pack, (rr.pack_fwd_ms + rr.pack_bwd_ms) / std::max(1e-9, rr.fwd_ms + rr.bwd_ms));
+          attention += rr.fwd_ms + rr.bwd_ms;
+          workspace = std::max(workspace, rr.workspace_bytes);
+          saved = std::max(saved, rr.saved_bytes);
+          char item[64];
+          std::snprintf(item, sizeof item, "%s%.2f", r ? " / " : "", rr.fwd_ms);
+          fwd_list += item;
+          std::snprintf(item, sizeof item, "%s%.2f", r ? " / " : "", rr.bwd_ms);
+          bwd_list += item;
+          per_rank.push_back({{"rank", r}, {"forward_ms", rr.fwd_ms}, {"backward_ms", rr.bwd_ms},
+                              {"pack_unpack_forward_ms", rr.pack_fwd_ms}, {"pack_unpack_backward_ms", rr.pack_bwd_ms},
+                              {"q_rows", rr.q_rows}, {"kv_rows", rr.kv_rows}, {"segments", rr.segments},
+                              {"workspace_bytes", rr.workspace_bytes}, {"saved_bytes_per_forward", rr.saved_bytes},
+                              {"model_score_entries", model.cost[static_cast<size_t>(r)]}});
+        }
+        std::printf("| %lld x %lldK | %s | %.3f | %.3f | %.3f | %s | %s | %.2f%% (max rank) | %.2f | %.2f |\n",
+                    static_cast<long long>(ranks), static_cast<long long>(context / 1024), balancer.c_str(),
+                    model.imbalance, max_over_mean(fwd), max_over_mean(bwd), fwd_list.c_str(), bwd_list.c_str(),
+                    100.0 * pack, static_cast<double>(workspace) / (1 << 30), static_cast<double>(saved) / (1 << 30));
+        std::fflush(stdout);
+        out["cases"].push_back({{"ranks", ranks}, {"context", context}, {"balancer", balancer},
+                                {"model_imbalance", model.imbalance}, {"forward_imbalance", max_over_mean(fwd)},
+                                {"backward_imbalance", max_over_mean(bwd)}, {"max_pack_unpack_share", pack},
+                                {"bytes_moved_forward", model.total_bytes}, {"plan_ms_host", plan.plan_ms},
+                                {"ranks_detail", per_rank}});
+      }
+    }
+  }
+  // Host time to make a plan at scale (no GPU): balancer + layout + one rank's wire tables, one core.
+  std::printf("\n| ranks x tokens | balancer | host plan ms (balancer + layout + wire tables) |\n|---|---|---|\n");
+  out["plan_time"] = nlohmann::json::array();
+  for (int64_t ranks : opt.plan_ranks) {
+    const auto pieces = cad::workload::sample_batch(lengths, opt.plan_context, static_cast<int32_t>(ranks), opt.seed);
+    cp::CallShape shape;
+    shape.num_q_heads = opt.hq, shape.num_kv_heads = opt.hkv, shape.head_dim = opt.d, shape.bf16 = true;
+    for (const std::string& balancer : opt.balancers) {
+      double best = 1e300;
+      for (int i = 0; i < 3; ++i) best = std::min(best, make_plan(host, balancer, pieces, shape).plan_ms);
+      std::printf("| %lld x %lldK | %s | %.2f |\n", static_cast<long long>(ranks),
+                  static_cast<long long>(opt.plan_context / 1024), balancer.c_str(), best);
+      out["plan_time"].push_back({{"ranks", ranks}, {"context", opt.plan_context}, {"balancer", balancer}, {"ms", best}});
+    }
+  }
+  if (!opt.json.empty()) std::ofstream(opt.json) << out.dump(1) << "\n";
+  return 0;
+}
