@@ -199,10 +199,10 @@ struct DeviceTable {
   RowCopy* to = nullptr;
   RowCopy* from = nullptr;
   int64_t n = 0;
-  bool identity = true;
+  bool identity = true, exclusive = false;
   std::vector<int64_t> peer_first;
   explicit DeviceTable(const cp::WireTable& t) : n(static_cast<int64_t>(t.to_wire.size())), identity(t.identity),
-                                                  peer_first(t.peer_first) {
+                                                  exclusive(t.exclusive), peer_first(t.peer_first) {
     const size_t bytes = std::max<size_t>(1, t.to_wire.size()) * sizeof(RowCopy);
     check(cudaMalloc(&to, bytes), "cudaMalloc");
     check(cudaMalloc(&from, bytes), "cudaMalloc");
@@ -214,10 +214,13 @@ struct DeviceTable {
   ~DeviceTable() { cudaFree(to); cudaFree(from); }
 };
 
-// The copies the CUDA data path makes on rank `me` in one forward (fwd) or one backward (keep mode).
+// The copies the CUDA data path (device_path.cpp, Mover) makes on rank `me` in one forward or one
+// backward (keep mode), with the same skips: a side whose table is the identity moves nothing, and dK/dV
+// rows that come back from one server each are moved, not summed.
 double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShape& s, Buffers& buf, int reps,
                         bool backward) {
-  const DeviceTable oq(cp::build_wire_table(layout, me, true, true)), okv(cp::build_wire_table(layout, me, true, false));
+  const DeviceTable oq(cp::build_wire_table(layout, me, true, true)),
+      okv(cp::build_wire_table(layout, me, true, false, s.tokens));
   const DeviceTable sq(cp::build_wire_table(layout, me, false, true)), skv(cp::build_wire_table(layout, me, false, false));
   const int64_t qb = s.q_row_bytes(), kvb = s.kv_row_bytes(), hq = s.num_q_heads;
   const cp::ServerBatch& batch = layout.servers[static_cast<size_t>(me)];
@@ -233,18 +236,18 @@ double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShap
   void* recv = buf.get("recv", wire);
   float* acc = static_cast<float*>(buf.get("acc", static_cast<size_t>(tokens * kvb * 2)));
   auto gather = [&](const DeviceTable& t, const void* src, int64_t rb) {
-    check(cad::kernels::copy_row_ranges(src, send, rb, t.to, t.n, nullptr), "gather");
+    if (!t.identity) check(cad::kernels::copy_row_ranges(src, send, rb, t.to, t.n, nullptr), "gather");
   };
   auto scatter = [&](const DeviceTable& t, void* dst, int64_t rb) {
-    check(cad::kernels::copy_row_ranges(recv, dst, rb, t.from, t.n, nullptr), "scatter");
+    if (!t.identity) check(cad::kernels::copy_row_ranges(recv, dst, rb, t.from, t.n, nullptr), "scatter");
   };
   return time_ms(reps, [&] {
     if (!backward) {
       gather(oq, owner_q, qb);                                   // Q out
       gather(okv, owner_kv, kvb), gather(okv, owner_kv, kvb);    // K, V out
-      if (!sq.identity) scatter(sq, server_q, qb);               // into the server batch (unless in place)
-      if (!skv.identity) scatter(skv, server_kv, kvb), scatter(skv, server_kv, kvb);
-      if (!sq.identity) gather(sq, server_q, qb);                // O back
+      scatter(sq, server_q, qb);                                 // into the server batch (unless in place)
+      scatter(skv, server_kv, kvb), scatter(skv, server_kv, kvb);
+      gather(sq, server_q, qb);                                  // O back
       cad::kernels::copy_strided_rows_f32(server_lse, 1, batch.q_rows, static_cast<float*>(send), hq, 1, hq, sq.to,
                                           sq.n, nullptr);        // LSE back
       scatter(oq, owner_q, qb);                                  // O into the host's order
@@ -252,11 +255,15 @@ double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShap
                                           nullptr);
     } else {
       gather(oq, owner_q, qb);                                   // dO out
-      if (!sq.identity) scatter(sq, server_q, qb);
-      if (!sq.identity) gather(sq, server_q, qb);                // dQ back
+      scatter(sq, server_q, qb);
+      gather(sq, server_q, qb);                                  // dQ back
       scatter(oq, owner_q, qb);
       for (int part = 0; part < 2; ++part) {                     // dK, dV back and summed per peer
-        if (!skv.identity) gather(skv, server_kv, kvb);
+        gather(skv, server_kv, kvb);
+        if (okv.exclusive) {
+          scatter(okv, owner_kv, kvb);
+          continue;
+        }
         cudaMemsetAsync(acc, 0, static_cast<size_t>(tokens * kvb * 2), nullptr);
         for (size_t p = 0; p + 1 < okv.peer_first.size(); ++p) {
           cad::kernels::add_row_ranges_f32(recv, true, acc, kvb / 2, okv.from + okv.peer_first[p],

@@ -72,6 +72,7 @@ struct Table {
   int64_t offset = 0;  // first entry in the plan's device table arrays
   int64_t count = 0;
   bool identity = true;
+  bool exclusive = false;           // owner KV: dK/dV rows come back from one server each (no sum)
   std::vector<int64_t> peer_first;  // per peer: first entry, relative to offset (world + 1 entries)
 };
 
@@ -140,6 +141,7 @@ Table append_table(const WireTable& w, std::vector<RowCopy>& to_wire, std::vecto
   t.offset = static_cast<int64_t>(to_wire.size());
   t.count = static_cast<int64_t>(w.to_wire.size());
   t.identity = w.identity;
+  t.exclusive = w.exclusive;
   t.peer_first = w.peer_first;
   for (const WireCopy& c : w.to_wire) to_wire.push_back(RowCopy{c.src_row, c.dst_row, c.num_rows});
   for (const WireCopy& c : w.from_wire) from_wire.push_back(RowCopy{c.src_row, c.dst_row, c.num_rows});
@@ -173,7 +175,8 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   const int32_t me = ctx.comm->rank();
   std::vector<RowCopy> to_wire, from_wire;
   plan->tables[OwnerQ] = append_table(build_wire_table(layout, me, true, true), to_wire, from_wire, plan->owner_q_rows);
-  plan->tables[OwnerKv] = append_table(build_wire_table(layout, me, true, false), to_wire, from_wire, plan->owner_kv_rows);
+  plan->tables[OwnerKv] = append_table(build_wire_table(layout, me, true, false, step.shape.tokens), to_wire, from_wire,
+                                       plan->owner_kv_rows);
   plan->tables[ServerQ] = append_table(build_wire_table(layout, me, false, true), to_wire, from_wire, plan->server_q_rows);
   plan->tables[ServerKv] = append_table(build_wire_table(layout, me, false, false), to_wire, from_wire,
                                         plan->server_kv_rows);
@@ -301,9 +304,14 @@ class Mover {
   }
 
   // Partial dK or dV of the server batch -> the key/value owners, summed there in rank order into `out`.
+  // Where every owner row comes back from one server only, it is a plain move (no fp32 sum).
   void kv_sums_to_owners(const void* server_partial, float* acc, void* out, const CallShape& s) {
     const Table& st = plan_.tables[ServerKv];
     const Table& ot = plan_.tables[OwnerKv];
+    if (ot.exclusive) {
+      rows(Direction::ToOwners, RunSet::KV, server_partial, out, s.kv_row_bytes());
+      return;
+    }
     const int64_t row_bytes = s.kv_row_bytes();
     const bool send_in_place = st.identity && !drain_;
     std::byte* send = send_in_place ? static_cast<std::byte*>(const_cast<void*>(server_partial)) : buffer(plan_.send);

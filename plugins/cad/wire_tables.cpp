@@ -11,7 +11,7 @@ int64_t WireTable::rows() const {
   return n;
 }
 
-WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs) {
+WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs, int64_t tokens) {
   WireTable t;
   t.rows_per_peer.assign(static_cast<size_t>(layout.world), 0);
   int64_t wire = 0;
@@ -28,6 +28,15 @@ WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bo
     t.rows_per_peer[static_cast<size_t>(peer)] = q_runs ? route.q_rows : route.kv_rows;
   }
   t.peer_first.push_back(static_cast<int64_t>(t.to_wire.size()));
+  if (owner_side && tokens >= 0) {
+    std::vector<uint8_t> seen(static_cast<size_t>(tokens), 0);
+    bool once = true;
+    for (const WireCopy& c : t.to_wire) {
+      for (int64_t r = c.src_row; r < c.src_row + c.num_rows && once; ++r) once = r < tokens && seen[static_cast<size_t>(r)]++ == 0;
+    }
+    for (uint8_t s : seen) once = once && s == 1;
+    t.exclusive = once;
+  }
   return t;
 }
 

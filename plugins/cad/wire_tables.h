@@ -27,12 +27,16 @@ struct WireTable {
   std::vector<int64_t> peer_first;     // per peer: its first copy (world + 1 entries)
   std::vector<int64_t> rows_per_peer;  // rows exchanged with each peer
   bool identity = true;                // every copy maps a row onto itself: the tensor is the wire buffer
+  // Owner side of key/value rows: every row of the owner's `tokens` comes back from exactly one server, so
+  // partial dK/dV need no sum (a scatter, or nothing when `identity`, replaces the fp32 accumulation).
+  bool exclusive = false;
   int64_t rows() const;
 };
 
 // `owner_side`: this rank's tensor rows are its own tokens (RowRun::src_row) or its server batch's
 // rows (RowRun::dst_row). `q_runs`: query rows (Q, O, LSE, dO, dQ) or key/value rows (K, V, dK, dV).
-WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs);
+// `tokens`: the owner's row count (owner side: decides `exclusive`).
+WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs, int64_t tokens = -1);
 
 // Device memory the CUDA data path holds per plan on one rank, buffer by buffer (bytes).
 struct WorkspaceSizes {

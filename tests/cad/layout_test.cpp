@@ -356,3 +356,15 @@ TEST(WireTables, ServerBatchIsInWireOrderForSequentialPacking) {
     EXPECT_TRUE(cp::build_wire_table(layout, me, false, false).identity) << "server " << me << " KV";
   }
 }
+
+TEST(WireTables, KeyValueRowsAreExclusiveUnlessAPrefixIsShared) {
+  // Each document on its owner: every key/value row comes back from one server.
+  const cp::PieceTables tables = {{{0, 5, 0, 5}}, {{1, 4, 0, 4}}};
+  const cp::Layout own = cp::build_layout(tables, {{0, 0, 5, 0, 0}, {1, 0, 4, 1, 0}}, true);
+  EXPECT_TRUE(cp::build_wire_table(own, 0, true, false, 5).exclusive);
+  EXPECT_TRUE(cp::build_wire_table(own, 1, true, false, 4).exclusive);
+  // Document 0's tail queries on server 1 need its whole prefix: rows [0, 3) come back from both servers.
+  const cp::Layout split = cp::build_layout(tables, {{0, 0, 3, 0, 0}, {0, 3, 5, 1, 0}, {1, 0, 4, 1, 0}}, true);
+  EXPECT_FALSE(cp::build_wire_table(split, 0, true, false, 5).exclusive);
+  EXPECT_TRUE(cp::build_wire_table(split, 1, true, false, 4).exclusive);
+}

@@ -49,7 +49,9 @@ if command -v compute-sanitizer > /dev/null; then
     # Host-staged with one rank: NCCL's own start-up probes would show up as API errors.
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 17 "$BIN" \
       --gtest_filter='CadGpu.BitwiseReproducible:CadGpu.BadCalls*' > "$OUT/sanitizer_$tool.log" 2>&1
-    record "compute-sanitizer $tool (host-staged np=1) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)" $?
+    rc=$?
+    record "compute-sanitizer $tool (host-staged np=1) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)" $rc
+    grep -E -A4 'Race reported|Invalid|Error:' "$OUT/sanitizer_$tool.log" | head -24 | tee -a "$SUMMARY"
   done
 fi
 
