@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <map>
 
+#include "plan_model.h"
+
 namespace cad::cad_plugin {
 namespace {
 
@@ -91,7 +93,7 @@ Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>&
     // One shared copy of the KV prefix that the longest task of this document needs.
     int64_t kv_need = 0;
     for (size_t t = first; t < end; ++t) {
-      if (tasks[t].q_end > tasks[t].q_begin) kv_need = std::max(kv_need, causal ? tasks[t].q_end : doc.doc_len);
+      kv_need = std::max(kv_need, plan::task_kv_end(tasks[t].q_begin, tasks[t].q_end, doc.doc_len, causal));
     }
     const int64_t kv_base = batch.kv_rows;
     for (const PieceRef& piece : doc.pieces) {

@@ -126,7 +126,7 @@ PlanStats evaluate_plan(const RankPieces& ranks, int32_t num_servers, const cad_
     for (; j < order.size() && tasks[order[j]].server == server && tasks[order[j]].doc_id == first.doc_id; ++j) {
       const cad_task_v1_t& t = tasks[order[j]];
       st.cost[static_cast<size_t>(server)] += task_cost(t.q_begin, t.q_end, doc_len, params.causal);
-      kv_end = std::max(kv_end, params.causal ? t.q_end : doc_len);
+      kv_end = std::max(kv_end, task_kv_end(t.q_begin, t.q_end, doc_len, params.causal));
       // Q rows held elsewhere: out as Q, back as O + LSE.
       for (auto h = lo; h != hi; ++h) {
         const int64_t rows = std::min(t.q_end, h->offset + h->len) - std::max(t.q_begin, h->offset);

@@ -43,6 +43,15 @@ ModelParams model_params(const cad_cost_params_v1_t& cost);
 
 // Score entries of queries [q_begin, q_end) of a document of length doc_len.
 int64_t task_cost(int64_t q_begin, int64_t q_end, int64_t doc_len, bool causal);
+// THE KV-prefix rule (the only copy: the cost model below and CAD's dispatch layout both call it). A server
+// holds ONE copy of a document's keys/values for all of its tasks of that document: the prefix
+// [0, max over those tasks of task_kv_end). A task reads [0, q_end) causal, the whole document otherwise;
+// an empty task reads nothing.
+inline int64_t task_kv_end(int64_t q_begin, int64_t q_end, int64_t doc_len, bool causal) {
+  if (q_end <= q_begin) return 0;
+  return causal ? q_end : doc_len;
+}
+
 // Forward FLOPs of `entries` score entries.
 double entries_to_flops(int64_t entries, const ModelParams& params);
 
