@@ -145,6 +145,7 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
     local.shape = check_backward_args(args, ctx.accepts, given != nullptr ? given->step.shape.tokens : -1);
     local.num_pieces = args->num_pieces;
     if (given != nullptr) check_call_matches_plan(*given, local.shape, args->pieces, args->num_pieces, "backward");
+    if (local.shape.device_type == CAD_DEVICE_CUDA) check_call_stream(args->stream, local.shape.device_id, "backward");
     if (saved != nullptr && given != nullptr && saved->plan_serial != given->serial) {
       fail(CAD_STATUS_INVALID_ARGUMENT, format("backward: the saved state comes from a forward with plan #%llu, this "
                                                "call has plan #%llu", static_cast<unsigned long long>(saved->plan_serial),

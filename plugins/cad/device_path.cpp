@@ -127,6 +127,20 @@ void DeviceSavedDeleter::operator()(DeviceSaved* saved) const {
 
 bool device_path_available() { return true; }
 
+void check_call_stream(void* stream, int device_id, const char* what) {
+  int device = -1;
+  const cudaError_t err = stream != nullptr ? cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device)
+                                            : cudaGetDevice(&device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: stream: not a usable CUDA stream (%s)", what, cudaGetErrorString(err)));
+  }
+  if (device != device_id) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: stream: it belongs to CUDA device %d but the tensors are on device %d",
+                                             what, device, device_id));
+  }
+}
+
 int64_t device_plan_bytes(const DevicePlan& plan) { return plan.bytes; }
 
 namespace {

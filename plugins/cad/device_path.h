@@ -25,6 +25,10 @@ namespace cad::cad_plugin {
 // False in builds without CUDA (CAD_ENABLE_CUDA=OFF).
 bool device_path_available();
 
+// A call's stream must belong to its tensors' device (the NULL stream is the current device's: that
+// device must be the tensors'). Throws INVALID_ARGUMENT naming both devices.
+void check_call_stream(void* stream, int device_id, const char* what);
+
 // Device resources of a plan: index tables, staging and scratch buffers. Rank-local; throws on failure
 // (make_cad_plan agrees on the outcome). Synchronises `stream` once, so that the plan may then be used on
 // any stream.

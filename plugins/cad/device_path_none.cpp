@@ -5,6 +5,7 @@
 namespace cad::cad_plugin {
 
 bool device_path_available() { return false; }
+void check_call_stream(void*, int, const char*) {}
 
 struct DevicePlan {};
 struct DeviceSaved {};

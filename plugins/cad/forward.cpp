@@ -75,6 +75,7 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
     local.shape = check_forward_args(args, ctx.accepts, given != nullptr ? given->step.shape.tokens : -1);
     local.num_pieces = args->num_pieces;
     if (given != nullptr) check_call_matches_plan(*given, local.shape, args->pieces, args->num_pieces, "forward");
+    if (local.shape.device_type == CAD_DEVICE_CUDA) check_call_stream(args->stream, local.shape.device_id, "forward");
   } catch (const plugin::Failure& f) {
     local.status = f.status();
     local.message = f.what();

@@ -421,6 +421,21 @@ TEST(CadGpu, BadCallsAreRefusedOnEveryRank) {
     const cad_status_t st = api.table->forward(api.ctx, &a);
     expect_refused(api, st, api.error(), "'q'");
   }
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  if (devices > 1) {  // a stream of another GPU (only where there is one)
+    Call call(b, true);
+    cudaStream_t other = nullptr;
+    cudaSetDevice(1);
+    check(cudaStreamCreate(&other), "cudaStreamCreate");
+    cudaSetDevice(0);
+    if (g_rank == 0) call.stream = other;
+    const cad_status_t st = call.forward(api);
+    expect_refused(api, st, api.error(), "stream");
+    cudaStreamDestroy(other);
+  } else if (g_rank == 0) {
+    std::printf("[cad_gpu] wrong-stream refusal not exercised: one GPU\n");
+  }
   void* plan = nullptr;
   Call call(b, true);
   ASSERT_EQ(make_plan(api, call, &plan), CAD_STATUS_OK) << api.error();
