@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "checked_math.h"
+#include "json_guard.h"
 
 namespace cad::plugin {
 
@@ -77,9 +78,9 @@ ConfigReader::ConfigReader(const char* config_json, std::string source) : source
     return;
   }
   try {
-    json_ = nlohmann::json::parse(config_json);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail(CAD_STATUS_INVALID_CONFIG, source_ + ": not valid JSON: " + e.what());
+    json_ = json_guard::parse(config_json, source_);  // depth-limited; errors name the key path
+  } catch (const json_guard::JsonInputError& e) {
+    fail(CAD_STATUS_INVALID_CONFIG, e.what());
   }
   if (!json_.is_object()) fail(CAD_STATUS_INVALID_CONFIG, source_ + ": expected a JSON object");
 }
