@@ -122,7 +122,16 @@ Outcome run_balancer(const std::string& name, const std::string& config, const c
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     out.plan_ms = std::min(out.plan_ms, ms);
     if (out.status != CAD_STATUS_OK) {
-      out.error = table->last_error(ctx);
+      out.error = cad::last_error_of(table, ctx);
+      break;
+    }
+    // Never trust a plugin's OK: no plan, or a task array that does not match its count, is its bug.
+    if (plan == nullptr || plan->num_tasks < 0 || (plan->num_tasks > 0 && plan->tasks == nullptr)) {
+      out.status = CAD_STATUS_INTERNAL;
+      out.error = "plugin " + library.path() + ": plan returned OK but " +
+                  (plan == nullptr ? std::string("no plan") : "a plan with " + std::to_string(plan->num_tasks) + " tasks at " +
+                                                               (plan->tasks ? "a non-NULL" : "a NULL") + " array");
+      if (plan != nullptr) table->release_plan(ctx, plan);
       break;
     }
     out.tasks.assign(plan->tasks, plan->tasks + plan->num_tasks);
