@@ -6,7 +6,8 @@
 #   bash .ci/quickstart.sh test   # set up, build twice (normal; AddressSanitizer+UBSan) and run all tests
 #
 # Environment: CAD_JOBS (parallel build jobs, default: nproc), CAD_ENABLE_CUDA (ON/OFF, default: ON when
-# nvcc is found), CAD_SKIP_APT=1 (do not touch apt), CAD_SKIP_ASAN=1 (test: normal build only).
+# nvcc is found), CAD_SKIP_APT=1 (do not touch apt), CAD_SKIP_ASAN=1 (test: normal build only),
+# CAD_SKIP_FUZZ=1 (test: no fuzzing), CAD_FUZZ_SECONDS (test: seconds per fuzz target, default 35).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +15,7 @@ mode="${1:-}"
 case "$mode" in
   demo|test) ;;
   -h|--help|"")
-    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
     [ -n "$mode" ] && exit 0 || exit 2 ;;
   *) echo "quickstart.sh: unknown mode '$mode' (expected 'demo' or 'test')" >&2; exit 2 ;;
 esac
@@ -23,7 +24,7 @@ log() { printf '\n== %s [%s]\n' "$*" "$(date +%H:%M:%S)"; }
 
 # ---- 1. packages ----------------------------------------------------------------------------------------
 packages=(build-essential cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libltdl-dev
-          nlohmann-json3-dev libspdlog-dev libgtest-dev gnuplot-nox binutils)
+          nlohmann-json3-dev libspdlog-dev libgtest-dev gnuplot-nox binutils clang-14 libclang-rt-14-dev)
 if [ "${CAD_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${packages[@]}"; do
@@ -77,4 +78,16 @@ if [ "${CAD_SKIP_ASAN:-0}" != 1 ]; then
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   log "tests (AddressSanitizer + UndefinedBehaviorSanitizer build)"
   ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 600
+fi
+if [ "${CAD_SKIP_FUZZ:-0}" != 1 ]; then
+  # libFuzzer targets (tests/fuzz) built with clang under ASan+UBSan, each run for a bounded time from
+  # the committed seeds; a crash or broken invariant fails CI and prints its reproducer.
+  log "configure build-fuzz (clang-14, CAD_FUZZ=ON)"
+  cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+    -DCAD_ENABLE_CUDA=OFF -DCAD_FUZZ=ON -DCMAKE_BUILD_TYPE= "-DCMAKE_C_FLAGS=-O1 -g1" "-DCMAKE_CXX_FLAGS=-O1 -g1"
+  log "build the fuzz targets with $jobs jobs"
+  cmake --build build-fuzz -j "$jobs" --target fuzzers
+  log "fuzzing (${CAD_FUZZ_SECONDS:-35} s per target)"
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:detect_odr_violation=0"
+  tests/fuzz/run_fuzzers.sh build-fuzz "${CAD_FUZZ_SECONDS:-35}"
 fi

@@ -2,6 +2,7 @@
 // itself to (see command.h) and runs it.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -32,9 +33,28 @@ void print_usage(std::FILE* out) {
   for (const auto& c : commands) std::fprintf(out, "  %-*s  %s\n", static_cast<int>(width), c.name, c.summary);
 }
 
+// A plugin that calls exit() (in a static initialiser, an entry or any ABI function) would end a
+// command with its status -- exit(0) made `cad check-config` and `cad conformance` report success with
+// no output. Until the command has returned, an exit() is reported and turned into status 3.
+const char* g_running_command = nullptr;
+
+void report_exit_inside_command() {
+  if (g_running_command == nullptr) return;
+  std::fprintf(stderr, "cad %s: the process was ended by a call to exit() before the command finished (a plugin "
+                       "called exit() while loading or in an ABI function); failing with status 3\n",
+               g_running_command);
+  std::fflush(stderr);
+  _Exit(3);
+}
+
 }  // namespace
 
+namespace cad::cli {
+void forget_running_command() { g_running_command = nullptr; }
+}  // namespace cad::cli
+
 int main(int argc, char** argv) {
+  std::atexit(report_exit_inside_command);
   if (argc < 2) {
     print_usage(stderr);
     return 2;
@@ -46,15 +66,24 @@ int main(int argc, char** argv) {
   }
   for (const auto& command : cad::cli::registry()) {
     if (name != command.name) continue;
+    int status = 1;
+    g_running_command = command.name;
     try {
-      return command.run(argc - 1, argv + 1);
+      status = command.run(argc - 1, argv + 1);
     } catch (const cad::cli::UsageError& e) {
       std::fprintf(stderr, "cad %s: %s (see cad %s --help)\n", command.name, e.what(), command.name);
-      return 2;
+      status = 2;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "cad %s: %s\n", command.name, e.what());
-      return 1;
+      status = 1;
+    } catch (...) {
+      // Only a plugin throws something that is not a std::exception through its C ABI.
+      std::fprintf(stderr, "cad %s: a plugin let a non-standard C++ exception escape through its C ABI\n",
+                   command.name);
+      status = 1;
     }
+    g_running_command = nullptr;
+    return status;
   }
   std::fprintf(stderr, "cad: unknown command '%s'\n\n", name.c_str());
   print_usage(stderr);

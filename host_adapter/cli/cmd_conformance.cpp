@@ -2,6 +2,7 @@
 // the conformance kit on it (the shared table checks, then the runner of the plugin's kind).
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "cad_host.h"
 #include "cli_args.h"
 #include "command.h"
+#include "plugin_probe.h"
 #include "conformance.h"
 
 namespace {
@@ -21,7 +23,10 @@ const char* kUsage =
     "and destroy with good and bad configs, error buffers and last_error; then, per kind, attention\n"
     "numerics against the kit's fp64 oracle plus refusals and argument errors, balancer plan validity\n"
     "and determinism plus refusals, or the communicator's collectives (run those under mpirun).\n"
-    "Prints one line per failed or skipped check and a summary; exits 0 only if no check failed.\n\n"
+    "Prints one line per failed or skipped check and a summary; exits 0 only if no check failed, 4 if\n"
+    "the plugin cannot be tested on this machine (its create reports no usable device, e.g. the cuda\n"
+    "backend without a GPU). The plugin is first loaded in a child process: one that crashes, hangs or\n"
+    "exits while loading is reported as broken (exit 1).\n\n"
     "  --config JSON     config for create (default {}); its keys also drive the wrong-type checks\n"
     "  --seed N          seed of the random batches (default 1234)\n"
     "  --quick           fewer random cases (for sanitizer builds)\n"
@@ -144,6 +149,35 @@ void print_report(const cad::conformance::Report& report, bool verbose) {
   std::printf("\n");
 }
 
+// Distinct from 1 (failures): the plugin needs a device this machine lacks, so nothing was checked.
+constexpr int kExitCannotTestHere = 4;
+
+// Empty, or why an attention plugin cannot run here: its create with the run's config reports
+// CAD_STATUS_DEVICE_ERROR (the cuda backend on a machine without a CUDA device). Other outcomes are
+// left to the kit, which checks and reports them.
+std::string device_missing(const cad_plugin_v1_t* plugin, const cad::conformance::Options& options) {
+  if (plugin->kind != CAD_PLUGIN_KIND_ATTENTION || plugin->attention == nullptr ||
+      plugin->attention->create == nullptr || plugin->attention->destroy == nullptr) {
+    return "";
+  }
+  cad::conformance::TestServices services;
+  services.add_instances(options.instances);
+  char message[1024] = {0};
+  void* ctx = nullptr;
+  cad_status_t status = CAD_STATUS_OK;
+  try {
+    status = plugin->attention->create(services.table(), options.config_json.c_str(), &ctx, message, sizeof message);
+  } catch (...) {
+    return "";  // the kit meets the same exception and reports it, naming the plugin
+  }
+  message[sizeof message - 1] = '\0';
+  if (status == CAD_STATUS_OK) {
+    if (ctx != nullptr) plugin->attention->destroy(ctx);
+    return "";
+  }
+  return status == CAD_STATUS_DEVICE_ERROR ? std::string("no usable device (create: ") + message + ")" : "";
+}
+
 int run_conformance(int argc, char** argv) {
   const cad::cli::Args args(argc, argv, {"--config", "--seed", "--instances"}, {"--quick", "--verbose"});
   if (args.help()) {
@@ -159,6 +193,13 @@ int run_conformance(int argc, char** argv) {
   options.quick = args.has("--quick");
   options.verbose = args.has("--verbose");
 
+  // Load it in a child process first: a plugin that crashes, hangs or exits while loading is reported
+  // as broken instead of ending this process (an exit(0) there was a silent false success).
+  const cad::cli::ProbeResult probe = cad::cli::probe_plugin(options.plugin_path);
+  if (!probe.error.empty()) {
+    std::printf("%s\nconformance: the plugin cannot be loaded\n", probe.error.c_str());
+    return 1;
+  }
   char message[2048] = {0};
   cad_library_t* library = nullptr;
   if (cad_library_open(options.plugin_path.c_str(), nullptr, &library, message, sizeof(message)) != CAD_STATUS_OK) {
@@ -178,13 +219,26 @@ int run_conformance(int argc, char** argv) {
     }
   }
 
+  if (const std::string why = device_missing(plugin, options); !why.empty()) {
+    std::printf("plugin %s cannot be tested here: %s\nconformance: not run (exit status %d)\n",
+                options.plugin_path.c_str(), why.c_str(), kExitCannotTestHere);
+    return kExitCannotTestHere;
+  }
+
   cad::conformance::Report report;
-  if (cad::conformance::check_plugin_table(plugin, options, report)) {
-    switch (plugin->kind) {
-      case CAD_PLUGIN_KIND_ATTENTION: cad::conformance::run_attention_conformance(plugin, options, report); break;
-      case CAD_PLUGIN_KIND_COMMUNICATOR: cad::conformance::run_communicator_conformance(plugin, options, report); break;
-      case CAD_PLUGIN_KIND_BALANCER: cad::conformance::run_balancer_conformance(plugin, options, report); break;
+  try {
+    if (cad::conformance::check_plugin_table(plugin, options, report)) {
+      switch (plugin->kind) {
+        case CAD_PLUGIN_KIND_ATTENTION: cad::conformance::run_attention_conformance(plugin, options, report); break;
+        case CAD_PLUGIN_KIND_COMMUNICATOR: cad::conformance::run_communicator_conformance(plugin, options, report); break;
+        case CAD_PLUGIN_KIND_BALANCER: cad::conformance::run_balancer_conformance(plugin, options, report); break;
+      }
     }
+  } catch (const std::exception& e) {
+    throw std::runtime_error("plugin " + options.plugin_path + ": an exception escaped through its C ABI: " + e.what());
+  } catch (...) {
+    throw std::runtime_error("plugin " + options.plugin_path +
+                             ": a non-standard C++ exception escaped through its C ABI (no check can continue)");
   }
   if (options.verbose) {
     std::printf("plugin %s (%s, %s)\n", options.plugin_path.c_str(), plugin->name ? plugin->name : "?",

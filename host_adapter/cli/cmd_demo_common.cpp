@@ -43,7 +43,7 @@ std::vector<double> Communicator::all_gather(const std::vector<double>& mine) co
   const cad_status_t status =
       table->all_gather(instance, mine.data(), mine.size() * sizeof(double), all.data(), nullptr);
   if (status != CAD_STATUS_OK) {
-    throw cad::Error(status, std::string("communicator all_gather failed: ") + table->last_error(instance));
+    throw cad::Error(status, std::string("communicator all_gather failed: ") + cad::last_error_of(table, instance));
   }
   return all;
 }
@@ -52,7 +52,7 @@ void Communicator::barrier() const {
   if (table == nullptr || world_size == 1) return;
   const cad_status_t status = table->barrier(instance, nullptr);
   if (status != CAD_STATUS_OK) {
-    throw cad::Error(status, std::string("communicator barrier failed: ") + table->last_error(instance));
+    throw cad::Error(status, std::string("communicator barrier failed: ") + cad::last_error_of(table, instance));
   }
 }
 
@@ -91,7 +91,7 @@ Communicator communicator_named(const cad::Host& host, const std::string& name) 
 
 void require(cad_status_t status, const cad_attention_v1_t* table, void* instance, const std::string& what) {
   if (status != CAD_STATUS_OK) {
-    throw cad::Error(status, what + " failed [" + cad_status_name(status) + "]: " + table->last_error(instance));
+    throw cad::Error(status, what + " failed [" + cad_status_name(status) + "]: " + cad::last_error_of(table, instance));
   }
 }
 

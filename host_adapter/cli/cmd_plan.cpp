@@ -19,6 +19,7 @@
 #include "cli_args.h"
 #include "command.h"
 #include "doc_lengths.h"
+#include "plan_limits.h"
 #include "plan_model.h"
 
 namespace {
@@ -38,8 +39,9 @@ const char* kUsage =
     "                    by context/65536, pack into R buffers of --context tokens\n"
     "  --lengths FILE    the documents of ONE batch, packed in order into R buffers of --context tokens\n"
     "                    (default: the total divided by R, rounded up)\n"
-    "  --context N       tokens per rank (required with --dist)\n"
-    "  --ranks R         ranks = servers\n"
+    "  --context N       tokens per rank (required with --dist; at most 2^40). Batches whose attention\n"
+    "                    cost or bytes do not fit the model's int64 counters are refused\n"
+    "  --ranks R         ranks = servers (at most 8192)\n"
     "  --seed S          sampling seed (default 1)\n"
     "  --balancer NAME   a balancer plugin name or path, or 'all' = colocated, per_doc_cp, distca,\n"
     "                    prefix_aware (default all)\n"
@@ -54,6 +56,9 @@ const char* kUsage =
     "  --json            machine-readable output\n"
     "  --plot OUT.png    draw per-server load before/after and bytes per link (needs gnuplot)\n"
     "  --path DIRS       directories searched for plugins first (colon-separated)\n";
+
+constexpr int64_t kMaxContext = int64_t{1} << 40;
+constexpr int64_t kMaxRanks = 8192;
 
 const std::vector<std::string> kAllBalancers = {"colocated", "per_doc_cp", "distca", "prefix_aware"};
 
@@ -117,7 +122,16 @@ Outcome run_balancer(const std::string& name, const std::string& config, const c
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     out.plan_ms = std::min(out.plan_ms, ms);
     if (out.status != CAD_STATUS_OK) {
-      out.error = table->last_error(ctx);
+      out.error = cad::last_error_of(table, ctx);
+      break;
+    }
+    // Never trust a plugin's OK: no plan, or a task array that does not match its count, is its bug.
+    if (plan == nullptr || plan->num_tasks < 0 || (plan->num_tasks > 0 && plan->tasks == nullptr)) {
+      out.status = CAD_STATUS_INTERNAL;
+      out.error = "plugin " + library.path() + ": plan returned OK but " +
+                  (plan == nullptr ? std::string("no plan") : "a plan with " + std::to_string(plan->num_tasks) + " tasks at " +
+                                                               (plan->tasks ? "a non-NULL" : "a NULL") + " array");
+      if (plan != nullptr) table->release_plan(ctx, plan);
       break;
     }
     out.tasks.assign(plan->tasks, plan->tasks + plan->num_tasks);
@@ -276,7 +290,8 @@ int run_plan(int argc, char** argv) {
   if (sampled == args.has("--lengths")) throw UsageError("give exactly one of --dist and --lengths");
   if (!args.has("--ranks")) throw UsageError("--ranks is required");
   if (sampled && !args.has("--context")) throw UsageError("--context is required with --dist");
-  const int32_t ranks = static_cast<int32_t>(args.get_int("--ranks", 1, 1, 1 << 20));
+  // The report keeps a ranks x ranks matrix of link bytes per balancer: 8192 ranks is 512 MiB each.
+  const int32_t ranks = static_cast<int32_t>(args.get_int("--ranks", 1, 1, kMaxRanks));
   const int64_t seed = args.get_int("--seed", 1, 0, INT64_MAX);
   const int64_t heads = args.get_int("--heads", 32, 1, 4096);
   const int64_t kv_heads = args.get_int("--kv-heads", std::min<int64_t>(8, heads), 1, heads);
@@ -302,12 +317,15 @@ int run_plan(int argc, char** argv) {
   if (lengths.empty()) throw std::runtime_error(file + ": no document lengths");
   int64_t context;
   if (sampled) {
-    context = args.get_int("--context", 0, 1, int64_t{1} << 40);
+    context = args.get_int("--context", 0, 1, kMaxContext);
     pieces = cad::workload::sample_batch(lengths, context, ranks, static_cast<uint64_t>(seed));
   } else {
-    int64_t total = 0;
-    for (int64_t l : lengths) total += l;
-    context = args.get_int("--context", (total + ranks - 1) / ranks, 1, int64_t{1} << 40);
+    int64_t total = 0;  // each length <= 2^40 (doc_lengths.h); the sum may still overflow
+    for (int64_t l : lengths) {
+      if (__builtin_add_overflow(total, l, &total)) throw UsageError(file + ": the lengths add up to more than 2^63-1 tokens");
+    }
+    const int64_t share = total / ranks + (total % ranks != 0 ? 1 : 0);
+    context = args.get_int("--context", std::min(share, kMaxContext), 1, kMaxContext);
     pieces = cad::workload::pack(lengths, context, ranks);
   }
   int64_t tokens = 0, piece_count = 0, docs = 0;
@@ -321,6 +339,9 @@ int run_plan(int argc, char** argv) {
   batch = {{"source", file}, {"sampled", sampled}, {"ranks", ranks}, {"context", context}, {"tokens", tokens},
            {"documents", docs}, {"pieces", piece_count}, {"causal", cost.causal == 1}};
   if (sampled) batch["seed"] = seed;
+  // Refuse, with the reason, a batch whose costs or bytes would wrap the model's int64 counters.
+  const std::string overflow = cad::plan::model_overflow(pieces, ranks, model);
+  if (!overflow.empty()) throw std::runtime_error(file + ": " + overflow);
   const std::vector<int64_t> before = cad::plan::colocated_cost(pieces, cost.causal == 1);
 
   // The balancers.

@@ -9,6 +9,7 @@
 #include "cad_host.h"
 #include "cli_args.h"
 #include "command.h"
+#include "plugin_probe.h"
 
 namespace {
 
@@ -16,34 +17,21 @@ const char* kUsage =
     "usage: cad plugins [--path DIRS] [--json]\n\n"
     "Lists every plugin file (cad_*.so) found in DIRS (colon-separated), $CAD_PLUGIN_PATH and the\n"
     "build/install plugin directories: kind, name, plugin ABI version, plugin version, description\n"
-    "and path. Files that cannot be loaded are listed with the reason.\n\n"
+    "and path. Files that cannot be loaded are listed with the reason. Each file is opened in a child\n"
+    "process first, so a plugin that crashes, hangs (10 s), calls exit() or throws while loading is\n"
+    "listed as broken with the signal, exit status or timeout.\n\n"
     "  --path DIRS  directories searched first\n"
     "  --json       one JSON array instead of a table\n";
 
-struct Entry {
+// What the probe (a child process) saw: a hostile plugin cannot crash or hang this listing.
+struct Entry : cad::cli::ProbeResult {
   std::string path;
-  std::string error;  // empty if the plugin loaded
-  std::string kind, name, abi, version, description;
 };
-
-std::string or_empty(const char* s) { return s != nullptr ? s : ""; }
 
 Entry describe(const std::string& path) {
   Entry entry;
+  static_cast<cad::cli::ProbeResult&>(entry) = cad::cli::probe_plugin(path);
   entry.path = path;
-  char error[2048] = {0};
-  cad_library_t* library = nullptr;
-  if (cad_library_open(path.c_str(), nullptr, &library, error, sizeof error) != CAD_STATUS_OK) {
-    entry.error = error;
-    return entry;
-  }
-  const cad_plugin_v1_t* plugin = cad_library_plugin(library);
-  entry.kind = cad_plugin_kind_name(plugin->kind);
-  entry.name = or_empty(plugin->name);
-  entry.abi = std::to_string(plugin->abi_major) + "." + std::to_string(plugin->abi_minor);
-  entry.version = or_empty(plugin->version);
-  entry.description = or_empty(plugin->description);
-  cad_library_close(library);
   return entry;
 }
 
@@ -69,7 +57,8 @@ void print_json(const std::vector<Entry>& entries) {
                      {"version", e.version}, {"description", e.description}});
     }
   }
-  std::printf("%s\n", out.dump(2).c_str());
+  // Plugin text need not be UTF-8: replace invalid bytes rather than fail the whole listing.
+  std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
 int run_plugins(int argc, char** argv) {

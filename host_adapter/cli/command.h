@@ -19,6 +19,10 @@ struct Command {
 // All registered commands, sorted by name.
 std::vector<Command>& registry();
 
+// main() turns an exit() called while a command runs (by a plugin) into status 3 with a message. A
+// child process that must exit() with its own status (the plugin probe) calls this first.
+void forget_running_command();
+
 struct Registrar {
   explicit Registrar(const Command& command) { registry().push_back(command); }
 };

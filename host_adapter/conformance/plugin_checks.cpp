@@ -130,11 +130,14 @@ void check_error_buffers(const Lifecycle& life, const TestServices& services, Re
   unsigned char buffer[16];
   std::memset(buffer, kCanary, sizeof(buffer));
   void* ctx = kUntouchedCtx;
+  cad_status_t status = CAD_STATUS_INTERNAL;
   // A plugin that accepts "not json" already failed config.not_json; keep its contexts from leaking.
+  // Only a create that returned OK made a context: after a failed one, whatever it left in *out_ctx
+  // is not a context (destroying it would crash the kit; error_buffer.null reports the write).
   const auto forget = [&] {
-    if (ctx != kUntouchedCtx && ctx != nullptr) life.destroy(ctx);
+    if (status == CAD_STATUS_OK && ctx != kUntouchedCtx && ctx != nullptr) life.destroy(ctx);
   };
-  life.create(services.table(), "not json", &ctx, reinterpret_cast<char*>(buffer), 1);
+  status = life.create(services.table(), "not json", &ctx, reinterpret_cast<char*>(buffer), 1);
   forget();
   bool intact = buffer[0] == '\0';
   for (size_t i = 1; i < sizeof(buffer); ++i) intact = intact && buffer[i] == kCanary;
@@ -143,14 +146,14 @@ void check_error_buffers(const Lifecycle& life, const TestServices& services, Re
 
   std::memset(buffer, kCanary, sizeof(buffer));
   ctx = kUntouchedCtx;
-  life.create(services.table(), "not json", &ctx, reinterpret_cast<char*>(buffer), 0);
+  status = life.create(services.table(), "not json", &ctx, reinterpret_cast<char*>(buffer), 0);
   forget();
   intact = true;
   for (size_t i = 0; i < sizeof(buffer); ++i) intact = intact && buffer[i] == kCanary;
   report.expect(intact, "error_buffer.capacity_0", "with error_capacity 0 the plugin wrote into the buffer");
 
   ctx = kUntouchedCtx;
-  life.create(services.table(), "not json", &ctx, nullptr, 0);  // must not crash
+  status = life.create(services.table(), "not json", &ctx, nullptr, 0);  // must not crash
   report.expect(ctx == kUntouchedCtx, "error_buffer.null", "a failed create modified *out_ctx");
   forget();
 }

@@ -1,6 +1,7 @@
 // test_services.cpp -- the host services a conformance run lends the plugin under test: stderr
 // logging, allocation with leak accounting, and a registry of helper instances for lookup_plugin.
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -61,6 +62,8 @@ cad_status_t allocate(void* host_ctx, cad_device_v1_t device, size_t bytes, void
   }
   void* ptr = nullptr;
   if (device.device_type == CAD_DEVICE_CPU) {
+    // Rounding SIZE_MAX up wraps to 0, and aligned_alloc(0) returned a 0-byte block with OK.
+    if (bytes > SIZE_MAX - kAlignment) return CAD_STATUS_OUT_OF_MEMORY;
     const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
     ptr = std::aligned_alloc(kAlignment, rounded);
     if (ptr == nullptr) return CAD_STATUS_OUT_OF_MEMORY;

@@ -48,8 +48,14 @@ void create_instance(HostState& host, const InstanceConfig& config, cad_library*
 
   char message[kCreateMessageCapacity] = {0};
   void* context = nullptr;
-  const cad_status_t status = instance.functions.create(&instance.services->table, config.config_json.c_str(),
-                                                        &context, message, sizeof message);
+  cad_status_t status = CAD_STATUS_INTERNAL;
+  try {
+    status = instance.functions.create(&instance.services->table, config.config_json.c_str(), &context, message,
+                                       sizeof message);
+  } catch (...) {
+    // An exception must never cross the ABI; the plugin's state is unknown, its context is not used.
+    raise(CAD_STATUS_INTERNAL, "plugin " + library->path + ": create let an exception escape through the C ABI");
+  }
   message[sizeof message - 1] = '\0';  // in case the plugin forgot the terminator
   if (status != CAD_STATUS_OK) {
     raise(status, "plugin " + library->path + ": create failed: " + (message[0] != '\0' ? message : "(no message)"));
@@ -95,7 +101,13 @@ void tear_down(HostState& host) noexcept {
       host.instances.pop_back();
     }
     host.logger->log(CAD_LOG_DEBUG, "destroying instance '" + instance.name + "'");
-    instance.functions.destroy(instance.context);
+    try {
+      instance.functions.destroy(instance.context);
+    } catch (...) {
+      // Teardown is noexcept (it also runs while a failure unwinds): report and go on with the rest.
+      host.logger->log(CAD_LOG_ERROR, "plugin " + instance.library->path + ": destroy of instance '" + instance.name +
+                                          "' let an exception escape through the C ABI; continuing the teardown");
+    }
   }
   size_t bytes = 0;
   const size_t blocks = host.memory.release_all(&bytes);

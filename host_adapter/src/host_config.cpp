@@ -10,6 +10,7 @@
 
 #include "cad_host.h"
 #include "host_error.h"
+#include "json_guard.h"
 #include "search_path.h"
 
 namespace fs = std::filesystem;
@@ -63,9 +64,9 @@ HostConfig parse_host_config(const std::string& text, const std::string& source,
   const Validator check(source);
   json root;
   try {
-    root = json::parse(text);
-  } catch (const json::parse_error& e) {
-    raise(CAD_STATUS_INVALID_CONFIG, source + ": not valid JSON: " + e.what());
+    root = json_guard::parse(text, source);  // depth-limited; errors name the key path
+  } catch (const json_guard::JsonInputError& e) {
+    raise(CAD_STATUS_INVALID_CONFIG, e.what());
   }
   if (!root.is_object()) check.bad("(top level)", "a JSON object", root);
   check.warn_unknown(root, {"log_level", "plugin_path", "instances", "attention"}, "", &config.warnings);

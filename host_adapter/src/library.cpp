@@ -100,7 +100,14 @@ std::string inspect_loaded(lt_dlhandle handle, const std::string& path, const ca
            (owner.empty() ? "an unknown object" : owner) + ", not in the plugin itself";
   }
   const auto entry_fn = reinterpret_cast<cad_plugin_entry_v1_fn>(entry);
-  const cad_plugin_v1_t* plugin = entry_fn();
+  const cad_plugin_v1_t* plugin = nullptr;
+  try {
+    plugin = entry_fn();
+  } catch (const std::exception& e) {
+    return std::string("the entry function let an exception escape through the C ABI: ") + e.what();
+  } catch (...) {
+    return "the entry function let a non-standard exception escape through the C ABI";
+  }
   try {
     check_plugin_table(plugin);
   } catch (const HostError& e) {

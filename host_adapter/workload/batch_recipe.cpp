@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <stdexcept>
 
 namespace cad::workload {
@@ -79,13 +81,32 @@ RankPieces pack(const std::vector<int64_t>& docs, int64_t context, int32_t ranks
 
 RankPieces sample_batch(const std::vector<int64_t>& lengths, int64_t context, int32_t ranks, uint64_t seed) {
   if (lengths.empty()) throw std::invalid_argument("sample_batch: no document lengths");
+  if (context < 1 || context > (int64_t{1} << 40) || ranks < 1) {
+    throw std::invalid_argument("sample_batch: context must be in [1, 2^40] tokens and ranks >= 1");
+  }
+  // Each pass lists at most 2 documents per full 64K chunk plus one remainder per length; refuse,
+  // before allocating, a stream longer than kMaxRecipeDocuments (lengths are > 0).
+  int64_t per_pass = 0;
+  for (int64_t len : lengths) {
+    per_pass += 2 * (len / kRecipeSplitTokens) + 1;
+    if (len < 1 || per_pass > kMaxRecipeDocuments) {
+      throw std::invalid_argument("sample_batch: the recipe would cut these lengths into more than " +
+                                  std::to_string(kMaxRecipeDocuments) + " documents; use shorter documents");
+    }
+  }
   std::vector<int64_t> docs = recipe_documents(lengths, context, seed);
+  // Saturated: a scaled length is at most `context` <= 2^40, so the sum stays below 2^62 + 2^40.
   int64_t total = 0;
-  for (int64_t d : docs) total += d;
+  for (int64_t d : docs) total = std::min<int64_t>(total + d, int64_t{1} << 62);
   for (uint64_t pass = 1; total < context * ranks && pass < 1024; ++pass) {
+    if (static_cast<int64_t>(docs.size()) > kMaxRecipeDocuments - per_pass) {
+      throw std::invalid_argument("sample_batch: filling " + std::to_string(ranks) + " ranks x " +
+                                  std::to_string(context) + " tokens needs more than " +
+                                  std::to_string(kMaxRecipeDocuments) + " recipe documents");
+    }
     for (int64_t d : recipe_documents(lengths, context, seed + pass)) {
       docs.push_back(d);
-      total += d;
+      total = std::min<int64_t>(total + d, int64_t{1} << 62);
     }
   }
   return pack(docs, context, ranks);

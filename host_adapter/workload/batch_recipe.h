@@ -19,6 +19,7 @@ namespace cad::workload {
 using RankPieces = std::vector<std::vector<cad_piece_v1_t>>;
 
 constexpr int64_t kRecipeSplitTokens = 65536;
+constexpr int64_t kMaxRecipeDocuments = int64_t{1} << 24;  // 128 MiB of lengths
 
 // Steps 1 and 2: the recipe's document stream (scaled lengths, shuffled). Lengths scale with rounding
 // to the nearest token, at least 1.
@@ -31,7 +32,9 @@ std::vector<int64_t> recipe_documents(const std::vector<int64_t>& lengths, int64
 RankPieces pack(const std::vector<int64_t>& docs, int64_t context, int32_t ranks);
 
 // One sampled batch: recipe_documents + pack. The stream is repeated (with seeds seed+1, ...) if
-// one pass does not fill ranks * context tokens.
+// one pass does not fill ranks * context tokens. Throws std::invalid_argument, before allocating, when
+// the recipe would list more than kMaxRecipeDocuments documents (a 1e15-token length is cut into
+// 3e10 chunks of 64K), or context is outside [1, 2^40].
 RankPieces sample_batch(const std::vector<int64_t>& lengths, int64_t context, int32_t ranks, uint64_t seed);
 
 // Per-rank causal score entries (sum over pieces of q*kv - q*(q-1)/2), for checking the recipe.

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_guard.h"
+
 namespace cad::workload {
 
 namespace {
@@ -27,18 +29,24 @@ std::string trim(const std::string& s) {
 std::vector<int64_t> parse_lengths_json(const std::string& text, const std::string& source) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw LengthsError(source + ": not valid JSON: " + e.what());
+    // A flat list: anything nested inside it is an error anyway, so depth 2 is enough to name it.
+    j = json_guard::parse(text, source, 2);
+  } catch (const json_guard::JsonInputError& e) {
+    throw LengthsError(e.what());
   }
   if (!j.is_array()) throw LengthsError(source + ": expected a JSON list of document lengths");
   std::vector<int64_t> out;
   out.reserve(j.size());
   for (size_t i = 0; i < j.size(); ++i) {
     const auto& v = j[i];
-    if (!v.is_number_integer() || v.get<int64_t>() < 1) {
-      throw LengthsError(source + ": entry [" + std::to_string(i) + "] is " + v.dump() +
-                         ", expected an integer >= 1");
+    // get<int64_t> of an unsigned above INT64_MAX would wrap: test the sign-independent range first.
+    const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(kMaxDocumentTokens)
+                                                 : v.is_number_integer() && v.get<int64_t>() <= kMaxDocumentTokens;
+    if (!in_range || v.get<int64_t>() < 1) {
+      std::string shown = v.dump();
+      if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+      throw LengthsError(source + ": entry [" + std::to_string(i) + "] is " + shown + ", expected an integer in [1, " +
+                         std::to_string(kMaxDocumentTokens) + "]");
     }
     out.push_back(v.get<int64_t>());
   }
@@ -64,8 +72,9 @@ std::vector<int64_t> parse_lengths_csv(const std::string& text, const std::strin
       if (out.empty() && number == 1) continue;  // a header line
       ok = false;
     }
-    if (!ok || value < 1) {
-      throw LengthsError(source + ":" + std::to_string(number) + ": '" + field + "' is not an integer >= 1");
+    if (!ok || value < 1 || value > kMaxDocumentTokens) {
+      throw LengthsError(source + ":" + std::to_string(number) + ": '" + field + "' is not an integer in [1, " +
+                         std::to_string(kMaxDocumentTokens) + "]");
     }
     out.push_back(value);
   }

@@ -15,8 +15,12 @@ class LengthsError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The longest document a file may list: 2^40 tokens, the largest context `cad plan` takes. Longer ones
+// are refused naming the entry; so are lists nested deeper than a flat list allows (no crash).
+constexpr int64_t kMaxDocumentTokens = int64_t{1} << 40;
+
 // Chooses the format by extension: ".json" is a JSON list, anything else one length per line.
-// Every length must be an integer >= 1.
+// Every length must be an integer in [1, kMaxDocumentTokens].
 std::vector<int64_t> load_lengths(const std::string& path);
 
 // The same, from text already in memory; `source` names it in errors.

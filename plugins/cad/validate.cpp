@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 
+#include "checked_math.h"
 #include "plugin_support.h"
 
 namespace cad::cad_plugin {
@@ -27,7 +28,10 @@ int64_t count_tokens(const cad_piece_v1_t* pieces, int64_t num_pieces) {
       fail(CAD_STATUS_INVALID_ARGUMENT, format("piece %lld (doc %lld) has negative len %lld", ll(i),
                                                ll(pieces[i].doc_id), ll(pieces[i].len)));
     }
-    tokens += pieces[i].len;
+    if (!checked::add(tokens, pieces[i].len, &tokens)) {
+      fail(CAD_STATUS_INVALID_ARGUMENT, format("pieces 0..%lld hold more than 2^63-1 tokens (piece %lld has len %lld)",
+                                               ll(i), ll(i), ll(pieces[i].len)));
+    }
   }
   return tokens;
 }
@@ -241,7 +245,7 @@ void check_piece_tables(const PieceTables& tables) {
   for (size_t rank = 0; rank < tables.size(); ++rank) {
     for (size_t i = 0; i < tables[rank].size(); ++i) {
       const cad_piece_v1_t& p = tables[rank][i];
-      if (p.len < 1 || p.doc_len < 1 || p.offset_in_doc < 0 || p.offset_in_doc > p.doc_len - p.len) {
+      if (p.len < 1 || !checked::range_within(p.offset_in_doc, p.len, p.doc_len)) {
         fail(CAD_STATUS_INVALID_ARGUMENT,
              format("rank %zu piece %zu (doc %lld): offset_in_doc %lld, len %lld do not fit in doc_len %lld "
                     "(need len >= 1 and 0 <= offset, offset + len <= doc_len)",
@@ -305,7 +309,7 @@ void check_plan(const PieceTables& tables, const std::vector<cad_task_v1_t>& tas
     if (doc == doc_len.end()) {
       fail(CAD_STATUS_INTERNAL, who + format("task %zu names document %lld, which no rank holds", i, ll(t.doc_id)));
     }
-    if (t.q_begin < 0 || t.q_end < t.q_begin || t.q_end > doc->second) {
+    if (t.q_begin < 0 || t.q_end < t.q_begin || t.q_end > doc->second) {  // no arithmetic: cannot overflow
       fail(CAD_STATUS_INTERNAL, who + format("task %zu: queries [%lld, %lld) of document %lld (doc_len %lld)", i,
                                              ll(t.q_begin), ll(t.q_end), ll(t.doc_id), ll(doc->second)));
     }

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <new>
 
+#include "plan_limits.h"
+
 namespace cad::balancer {
 
 using plugin::fail;
@@ -59,9 +61,9 @@ void check_piece(const Located& p) {
   const std::string at = format("plan: rank %d piece %lld (document %lld)", p.rank, ll(p.index), ll(x.doc_id));
   if (x.len < 1) fail(CAD_STATUS_INVALID_ARGUMENT, at + format(": len = %lld, expected >= 1", ll(x.len)));
   if (x.doc_len < 1) fail(CAD_STATUS_INVALID_ARGUMENT, at + format(": doc_len = %lld, expected >= 1", ll(x.doc_len)));
-  if (x.offset_in_doc < 0 || x.offset_in_doc > x.doc_len - x.len) {
-    fail(CAD_STATUS_INVALID_ARGUMENT, at + format(": tokens [%lld, %lld) lie outside the document [0, %lld)",
-                                                  ll(x.offset_in_doc), ll(x.offset_in_doc + x.len), ll(x.doc_len)));
+  if (x.offset_in_doc < 0 || x.offset_in_doc > x.doc_len - x.len) {  // len, doc_len >= 1: no overflow
+    fail(CAD_STATUS_INVALID_ARGUMENT, at + format(": offset_in_doc = %lld, len = %lld lie outside the document "
+                                                  "[0, %lld)", ll(x.offset_in_doc), ll(x.len), ll(x.doc_len)));
   }
 }
 
@@ -159,6 +161,8 @@ Problem read_input(const cad_balance_input_v1_t* input) {
     }
   }
   problem.docs = build_docs(all);
+  const std::string overflow = plan::model_overflow(problem.ranks, problem.num_servers, problem.model);
+  if (!overflow.empty()) fail(CAD_STATUS_UNSUPPORTED, "plan: " + overflow);
   return problem;
 }
 

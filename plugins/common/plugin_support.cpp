@@ -6,6 +6,9 @@
 #include <cstring>
 #include <numeric>
 
+#include "checked_math.h"
+#include "json_guard.h"
+
 namespace cad::plugin {
 
 std::string format(const char* fmt, ...) {
@@ -75,9 +78,9 @@ ConfigReader::ConfigReader(const char* config_json, std::string source) : source
     return;
   }
   try {
-    json_ = nlohmann::json::parse(config_json);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail(CAD_STATUS_INVALID_CONFIG, source_ + ": not valid JSON: " + e.what());
+    json_ = json_guard::parse(config_json, source_);  // depth-limited; errors name the key path
+  } catch (const json_guard::JsonInputError& e) {
+    fail(CAD_STATUS_INVALID_CONFIG, e.what());
   }
   if (!json_.is_object()) fail(CAD_STATUS_INVALID_CONFIG, source_ + ": expected a JSON object");
 }
@@ -168,9 +171,9 @@ bool dtype_is(const cad_dtype_v1_t& d, DType want) {
 }
 
 int64_t tensor_numel(const cad_tensor_v1_t* t) {
-  int64_t n = 1;
-  for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
-  return n;
+  // Only called on tensors check_tensor() accepted, whose size in bytes fits in int64.
+  int64_t n = 0;
+  return checked::product_bytes(t->shape, t->ndim, 1, &n) ? n : -1;
 }
 
 static const char* device_name(cad_device_type_t type) {
@@ -214,8 +217,23 @@ void check_tensor(const cad_tensor_v1_t* t, const TensorSpec& spec) {
   if (!dtype_ok) {
     fail(CAD_STATUS_INVALID_ARGUMENT, name + ": expected dtype " + accepted + ", got " + dtype_name(t->dtype));
   }
+  // Shape times element size, and data + byte_offset + that size, must be representable: a shape
+  // whose byte count wraps would make every later bound check meaningless.
+  int64_t bytes = 0;
+  if (!checked::product_bytes(t->shape, want_rank, t->dtype.bits / 8, &bytes)) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, name + ": shape " + shape_string(t) + " of " + dtype_name(t->dtype) +
+                                          " holds more bytes than a 64-bit size can count");
+  }
+  const uint64_t start = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t->data));
+  if (!checked::range_representable(start, t->byte_offset) ||
+      !checked::range_representable(start + t->byte_offset, static_cast<uint64_t>(bytes))) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: data + byte_offset (%llu) + %lld bytes runs past the end of the "
+                                             "address space", name.c_str(),
+                                             static_cast<unsigned long long>(t->byte_offset),
+                                             static_cast<long long>(bytes)));
+  }
   if (t->strides != nullptr) {
-    int64_t expect = 1;
+    int64_t expect = 1;  // cannot overflow: the product of the non-zero extents fits (checked above)
     for (int i = want_rank - 1; i >= 0; --i) {
       if (t->shape[i] != 1 && t->strides[i] != expect) {
         fail(CAD_STATUS_INVALID_ARGUMENT, name + ": expected compact row-major strides (shape " +
@@ -224,7 +242,28 @@ void check_tensor(const cad_tensor_v1_t* t, const TensorSpec& spec) {
       expect *= t->shape[i];
     }
   }
-  if (t->data == nullptr && tensor_numel(t) > 0) fail(CAD_STATUS_INVALID_ARGUMENT, name + ": data is NULL");
+  if (t->data == nullptr && bytes > 0) fail(CAD_STATUS_INVALID_ARGUMENT, name + ": data is NULL");
+}
+
+void check_byte_layout(const char* side, const void* buffer, const uint64_t* counts, const uint64_t* displs,
+                       int world) {
+  if (counts == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, format("all_to_all_v: %s_counts is NULL", side));
+  if (displs == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, format("all_to_all_v: %s_displs is NULL", side));
+  const uint64_t base = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(buffer));
+  for (int p = 0; p < world; ++p) {
+    if (counts[p] == 0) continue;  // nothing is read or written: the displacement is never used
+    if (buffer == nullptr) {
+      fail(CAD_STATUS_INVALID_ARGUMENT, format("all_to_all_v: %s is NULL but %s_counts[%d] is %llu", side, side, p,
+                                               static_cast<unsigned long long>(counts[p])));
+    }
+    if (!checked::range_representable(displs[p], counts[p]) ||
+        !checked::range_representable(base, displs[p] + counts[p])) {
+      fail(CAD_STATUS_INVALID_ARGUMENT,
+           format("all_to_all_v: %s_displs[%d] (%llu) + %s_counts[%d] (%llu) runs past the end of the address space",
+                  side, p, static_cast<unsigned long long>(displs[p]), side, p,
+                  static_cast<unsigned long long>(counts[p])));
+    }
+  }
 }
 
 void check_segments(const cad_segment_v1_t* segments, int64_t num_segments, int64_t tq, int64_t tk,
@@ -236,8 +275,7 @@ void check_segments(const cad_segment_v1_t* segments, int64_t num_segments, int6
   for (int64_t i = 0; i < num_segments; ++i) {
     const cad_segment_v1_t& s = segments[i];
     const auto ll = [](int64_t x) { return static_cast<long long>(x); };
-    if (s.q_offset < 0 || s.q_len < 0 || s.kv_offset < 0 || s.kv_len < 0 || s.q_offset + s.q_len > tq ||
-        s.kv_offset + s.kv_len > tk) {
+    if (!checked::range_within(s.q_offset, s.q_len, tq) || !checked::range_within(s.kv_offset, s.kv_len, tk)) {
       fail(CAD_STATUS_INVALID_ARGUMENT,
            format("segment %lld (q_offset %lld, q_len %lld, kv_offset %lld, kv_len %lld) is outside "
                   "Tq=%lld / Tk=%lld",

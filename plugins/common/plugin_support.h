@@ -183,6 +183,12 @@ inline void* tensor_data(const cad_tensor_v1_t* t) {
 }
 int64_t tensor_numel(const cad_tensor_v1_t* t);
 
+// Checks one side of all_to_all_v: counts and displs non-NULL, buffer non-NULL where a count is
+// non-zero, and buffer + displs[p] + counts[p] representable for every peer p (no wrap-around of the
+// address). Throws INVALID_ARGUMENT naming `side` ("send"/"recv") and the peer.
+void check_byte_layout(const char* side, const void* buffer, const uint64_t* counts, const uint64_t* displs,
+                       int world);
+
 // Validate a segment table against Tq and Tk: non-negative lengths, in-bounds ranges, queries of
 // different segments disjoint, q_len <= kv_len when causal. Throws INVALID_ARGUMENT naming the segment.
 void check_segments(const cad_segment_v1_t* segments, int64_t num_segments, int64_t tq, int64_t tk,

@@ -27,23 +27,6 @@ struct Verdict {
   int64_t expected = 0;
 };
 
-// Checks one side's count/displacement arrays and the buffer they index.
-void check_layout(const char* operation, const char* side, const void* buffer, const uint64_t* counts,
-                  const uint64_t* displs, int world) {
-  if (counts == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: %s_counts is NULL", operation, side));
-  if (displs == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: %s_displs is NULL", operation, side));
-  for (int p = 0; p < world; ++p) {
-    if (counts[p] > UINT64_MAX - displs[p]) {
-      fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: %s_displs[%d] + %s_counts[%d] overflows", operation, side, p,
-                                               side, p));
-    }
-    if (counts[p] > 0 && buffer == nullptr) {
-      fail(CAD_STATUS_INVALID_ARGUMENT,
-           format("%s: %s is NULL but %s_counts[%d] is %llu", operation, side, side, p,
-                  static_cast<unsigned long long>(counts[p])));
-    }
-  }
-}
 
 // Runs `body`; a timeout or MPI error leaves the group in an unknown state, so the instance is
 // marked unusable before the failure goes on to the ABI boundary.
@@ -118,8 +101,8 @@ std::vector<Verdict> agree_on_counts(MpiContext& ctx, const uint64_t* send_count
 void all_to_all_v(MpiContext& ctx, const void* send, const uint64_t* send_counts, const uint64_t* send_displs,
                   void* recv, const uint64_t* recv_counts, const uint64_t* recv_displs) {
   const int world = ctx.world_size(), me = ctx.rank();
-  check_layout("all_to_all_v", "send", send, send_counts, send_displs, world);
-  check_layout("all_to_all_v", "recv", recv, recv_counts, recv_displs, world);
+  plugin::check_byte_layout("send", send, send_counts, send_displs, world);
+  plugin::check_byte_layout("recv", recv, recv_counts, recv_displs, world);
   if (send_counts[me] != recv_counts[me] && !ctx.config().verify_counts) {
     fail(CAD_STATUS_INVALID_ARGUMENT,
          format("all_to_all_v: send_counts[%d] (%llu) must equal recv_counts[%d] (%llu) for the message to self", me,

@@ -2,6 +2,8 @@
 #include "mpi_context.h"
 
 #include <algorithm>
+#include <memory>
+#include <thread>
 
 #include "mpi_requests.h"
 #include "mpi_runtime.h"
@@ -17,14 +19,14 @@ static void check_mpi(int rc, const char* what) {
 
 MpiContext::MpiContext(const cad_host_services_v1_t* services, const char* config_json)
     : logger_(services, "mpi"), config_(read_config(config_json, logger_)) {
-  ensure_mpi_initialised(logger_);
+  ensure_mpi_initialised(logger_, config_.timeout_ms);
   try {
     create_communicator();
   } catch (...) {
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
     throw;
   }
-  register_instance();  // last: only fully created instances are counted
+  register_instance(config_.timeout_ms);  // last: only fully created instances are counted
 }
 
 void MpiContext::create_communicator() {
@@ -34,21 +36,29 @@ void MpiContext::create_communicator() {
 
   // Our own duplicate, so that our messages never mix with the host's and errors return to us
   // instead of aborting the job. MPI_Comm_idup lets a rank that never joins time out here too.
-  MPI_Comm dup = MPI_COMM_NULL;
+  // MPI writes the new communicator into *dup when the request completes, possibly after we gave up:
+  // it lives on the heap so that the runtime can keep it (and the request) after a timeout.
+  auto dup = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, &dup, &request), "MPI_Comm_idup(MPI_COMM_WORLD)");
+  check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, dup.get(), &request), "MPI_Comm_idup(MPI_COMM_WORLD)");
   const Deadline deadline = Deadline::after_ms(config_.timeout_ms);
   for (int done = 0; !done;) {
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Comm_idup(MPI_COMM_WORLD)");
-    if (!done && Clock::now() >= deadline.at) {
-      // The request cannot be cancelled (it is a collective); leave it to MPI_Finalize.
-      MPI_Request_free(&request);
-      fail(CAD_STATUS_TIMEOUT, format("create: duplicating MPI_COMM_WORLD timed out after %lld ms (is every one "
-                                      "of the %d ranks creating this communicator?)",
-                                      static_cast<long long>(config_.timeout_ms), world_size));
+    if (done) break;
+    if (Clock::now() >= deadline.at) {
+      // A collective's request can be neither cancelled nor freed (MPI_Request_free aborted the job
+      // with MPI_ERR_REQUEST): the runtime keeps it until the guarded finalisation.
+      adopt_pending_dup(request, dup.release(), config_.timeout_ms);
+      const std::string message =
+          format("create: rank %d: duplicating MPI_COMM_WORLD (MPI_Comm_idup) timed out after %lld ms; is every one "
+                 "of the %d ranks creating this communicator?", world_rank,
+                 static_cast<long long>(config_.timeout_ms), world_size);
+      logger_.log(CAD_LOG_ERROR, message);
+      fail(CAD_STATUS_TIMEOUT, message);
     }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));  // let peers of an oversubscribed node run
   }
-  comm_ = dup;
+  comm_ = *dup;
   check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
 
   if (config_.use_split) {
@@ -105,6 +115,11 @@ MpiContext::~MpiContext() {
 int MpiContext::next_tag_base() {
   const uint64_t slots = static_cast<uint64_t>(tag_limit_ / kTagsPerCall);
   return static_cast<int>((calls_++ % slots) * kTagsPerCall);
+}
+
+void MpiContext::mark_broken(const std::string& reason) {
+  if (broken_reason_.empty()) logger_.log(CAD_LOG_ERROR, format("rank %d of %d: %s", rank_, world_size_, reason.c_str()));
+  broken_reason_ = reason;
 }
 
 void MpiContext::check_usable() const {

@@ -49,7 +49,10 @@ class MpiContext {
   // Throws Failure(COMMUNICATION) if an earlier timeout or MPI error left the instance unusable.
   void check_usable() const;
   // Records that the instance is unusable (the in-flight state of the group is unknown).
-  void mark_broken(const std::string& reason) { broken_reason_ = reason; }
+  // After a timeout or MPI error: the instance refuses further calls, and the reason is logged at
+  // once (with this rank), before the host unwinds and tears down -- so that it is seen even if the
+  // teardown of a job with a stalled peer never finishes.
+  void mark_broken(const std::string& reason);
 
  private:
   void create_communicator();

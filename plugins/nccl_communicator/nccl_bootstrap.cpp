@@ -102,7 +102,7 @@ Bootstrap through_host(const cad_host_services_v1_t* services) {
 
 #ifdef CAD_NCCL_WITH_MPI
 Bootstrap through_mpi(const NcclConfig& config, const plugin::Logger& logger) {
-  mpi_comm::ensure_mpi_initialised(logger);
+  mpi_comm::ensure_mpi_initialised(logger, config.timeout_ms);
   Bootstrap b;
   b.method = "mpi";
   // Our own duplicate, so that the broadcast never meets the host's messages on MPI_COMM_WORLD.

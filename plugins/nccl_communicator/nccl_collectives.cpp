@@ -15,20 +15,6 @@ using plugin::format;
 
 namespace {
 
-void check_layout(const char* side, const void* buffer, const uint64_t* counts, const uint64_t* displs, int world) {
-  if (counts == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, format("all_to_all_v: %s_counts is NULL", side));
-  if (displs == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, format("all_to_all_v: %s_displs is NULL", side));
-  for (int p = 0; p < world; ++p) {
-    if (counts[p] > UINT64_MAX - displs[p]) {
-      fail(CAD_STATUS_INVALID_ARGUMENT, format("all_to_all_v: %s_displs[%d] + %s_counts[%d] overflows", side, p, side, p));
-    }
-    if (counts[p] > 0 && buffer == nullptr) {
-      fail(CAD_STATUS_INVALID_ARGUMENT, format("all_to_all_v: %s is NULL but %s_counts[%d] is %llu", side, side, p,
-                                               static_cast<unsigned long long>(counts[p])));
-    }
-  }
-}
-
 // verify_counts: every rank all-gathers (send_counts, recv_counts), so every rank sees every pair
 // and refuses a mismatch with the same message. Waits for the stream; a peer that never joins is
 // caught by the watchdog, whose abort lets the wait return.
@@ -71,8 +57,8 @@ void verify_counts(NcclContext& ctx, const uint64_t* send_counts, const uint64_t
 void all_to_all_v(NcclContext& ctx, const void* send, const uint64_t* send_counts, const uint64_t* send_displs,
                   void* recv, const uint64_t* recv_counts, const uint64_t* recv_displs, cudaStream_t stream) {
   const int world = ctx.world_size(), me = ctx.rank();
-  check_layout("send", send, send_counts, send_displs, world);
-  check_layout("recv", recv, recv_counts, recv_displs, world);
+  plugin::check_byte_layout("send", send, send_counts, send_displs, world);
+  plugin::check_byte_layout("recv", recv, recv_counts, recv_displs, world);
   ctx.comm().check_usable();
   if (ctx.config().verify_counts) verify_counts(ctx, send_counts, recv_counts, stream);
   if (send_counts[me] != recv_counts[me]) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <map>
 
 #include "balancer_harness.h"
@@ -125,6 +126,26 @@ TEST_P(BalancerContract, RefusesPiecesThatDoNotTileTheirDocument) {
   expect_refused(balancer_, {{}, {{4, 5, 2, 4}}}, {"rank 1 piece 0", "document 4", "outside"});
   // A missing tail.
   expect_refused(balancer_, {{{3, 10, 0, 9}}}, {"[9, 10)", "document 3"});
+}
+
+// Issue 10: a piece whose offset + len wraps int64 must be refused without computing the sum, and a
+// batch whose cost does not fit the int64 model (one causal document of 2^40 tokens costs ~2^79 score
+// entries) is refused as UNSUPPORTED naming the model, instead of planning on wrapped, negative costs.
+TEST_P(BalancerContract, RefusesWhatTheInt64ModelCannotRepresent) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  expect_refused(balancer_, {{{3, kMax, kMax - 1, 2}}}, {"rank 0 piece 0", "outside"});
+  const int64_t huge = int64_t{1} << 40;
+  const RankPieces big = {{{1, huge, 0, huge / 2}}, {{1, huge, huge / 2, huge / 2}}};
+  const PlanResult r = balancer_.plan(big, 2, cost_params());
+  EXPECT_EQ(r.status, CAD_STATUS_UNSUPPORTED) << r.error;
+  EXPECT_NE(r.error.find("int64"), std::string::npos) << r.error;
+  EXPECT_TRUE(r.tasks.empty());
+  // The largest document the model takes is planned normally.
+  const int64_t fits = int64_t{1} << 31;
+  const RankPieces ok = {{{1, fits, 0, fits / 2}}, {{1, fits, fits / 2, fits / 2}}};
+  const PlanResult planned = balancer_.plan(ok, 2, cost_params());
+  ASSERT_EQ(planned.status, CAD_STATUS_OK) << planned.error;
+  for (const auto& t : planned.tasks) EXPECT_LT(t.q_begin, t.q_end);
 }
 
 TEST_P(BalancerContract, RefusesBadArgumentsAndLeavesTheOutputAlone) {

@@ -368,3 +368,19 @@ TEST(WireTables, KeyValueRowsAreExclusiveUnlessAPrefixIsShared) {
   EXPECT_FALSE(cp::build_wire_table(split, 0, true, false, 5).exclusive);
   EXPECT_TRUE(cp::build_wire_table(split, 1, true, false, 4).exclusive);
 }
+// Issue 10: the local token count is a sum of piece lengths; two pieces whose lengths add past
+// INT64_MAX are refused (the unchecked sum was undefined behaviour and wrapped negative).
+TEST(Validate, PieceLengthsWhoseSumOverflowsAreRefused) {
+  const cad_piece_v1_t pieces[] = {{1, INT64_MAX, 0, INT64_MAX}, {2, 2, 0, 2}};
+  cad_attention_forward_args_v1_t args{};
+  args.struct_size = sizeof args;
+  args.pieces = pieces;
+  args.num_pieces = 2;
+  try {
+    cp::check_forward_args(&args, cp::Accepts{});
+    FAIL() << "pieces holding more than 2^63-1 tokens were accepted";
+  } catch (const cad::plugin::Failure& f) {
+    EXPECT_EQ(f.status(), CAD_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(f.what()).find("2^63-1 tokens (piece 1"), std::string::npos) << f.what();
+  }
+}

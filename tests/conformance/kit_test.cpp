@@ -191,6 +191,12 @@ TEST(TestServices, CountsOutstandingBytesAndRefusesCudaWithoutCuda) {
   void* zero = &a;
   EXPECT_EQ(s->allocate(s->host_ctx, {CAD_DEVICE_CPU, 0}, 0, nullptr, &zero), CAD_STATUS_OK);
   EXPECT_EQ(zero, nullptr);
+  // Rounding SIZE_MAX up to the alignment wrapped to 0: OK with a 0-byte block (issue 10).
+  void* huge = nullptr;
+  EXPECT_EQ(s->allocate(s->host_ctx, {CAD_DEVICE_CPU, 0}, SIZE_MAX, nullptr, &huge), CAD_STATUS_OUT_OF_MEMORY);
+  EXPECT_EQ(huge, nullptr);
+  EXPECT_EQ(s->allocate(s->host_ctx, {CAD_DEVICE_CPU, 0}, SIZE_MAX - 100, nullptr, &huge), CAD_STATUS_OUT_OF_MEMORY);
+  EXPECT_EQ(services.outstanding_bytes(), 0);
 #ifndef CAD_KIT_WITH_CUDA
   void* device = nullptr;
   EXPECT_EQ(s->allocate(s->host_ctx, {CAD_DEVICE_CUDA, 0}, 64, nullptr, &device), CAD_STATUS_UNSUPPORTED);

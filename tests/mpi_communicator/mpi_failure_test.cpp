@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -109,6 +110,26 @@ TEST(MpiFailures, MismatchedCountsAreRefusedOnEveryRank) {
                                        recv_counts.data(), displs.data(), nullptr),
             CAD_STATUS_OK)
       << comm.last_error();
+}
+
+// Issue 10: a create whose MPI_Comm_idup times out (timeout_ms 1 on a loaded machine) used to free the
+// pending request, and OpenMPI aborted the whole job with MPI_ERR_REQUEST. Now it returns TIMEOUT
+// naming the call, the request is kept until the guarded finalisation, and the job goes on: the next
+// create works, and the process still exits with MPI finalised (mpirun fails the test otherwise).
+TEST(MpiFailures, CreateTimingOutInCommIdupLeavesTheJobUsable) {
+  int timeouts = 0;
+  for (int round = 0; round < 5; ++round) {
+    Comm quick(table(), R"({"timeout_ms": 1})");
+    if (quick.create_status() == CAD_STATUS_OK) continue;
+    ++timeouts;
+    EXPECT_EQ(quick.create_status(), CAD_STATUS_TIMEOUT) << quick.create_error();
+    EXPECT_NE(quick.create_error().find("MPI_Comm_idup"), std::string::npos) << quick.create_error();
+  }
+  std::printf("create with timeout_ms 1 timed out in %d of 5 rounds on this rank\n", timeouts);
+  Comm comm(table(), R"({"timeout_ms": 20000})");
+  ASSERT_EQ(comm.create_status(), CAD_STATUS_OK) << comm.create_error();
+  EXPECT_EQ(comm.barrier(), CAD_STATUS_OK) << comm.last_error();
+  EXPECT_EQ(anchor().barrier(), CAD_STATUS_OK) << anchor().last_error();
 }
 
 }  // namespace

@@ -110,6 +110,16 @@ TEST(MpiPlugin, ArgumentErrorsNameTheArgumentAndKeepTheInstanceUsable) {
                                     nullptr),
             CAD_STATUS_INVALID_ARGUMENT);
   EXPECT_NE(c.last_error().find("send is NULL"), std::string::npos) << c.last_error();
+  // A displacement that wraps the buffer's address around the end of the address space (the old
+  // check only asked whether displ + count overflows, not buffer + displ + count): refused, nothing written.
+  std::vector<char> buffer(static_cast<size_t>(c.world()), 'x');
+  std::vector<uint64_t> wrap(static_cast<size_t>(c.world()), 0);
+  wrap[static_cast<size_t>(c.rank())] = UINT64_MAX - 4;
+  EXPECT_EQ(c.table()->all_to_all_v(c.ctx(), buffer.data(), ones.data(), zeros.data(), buffer.data(), ones.data(),
+                                    wrap.data(), nullptr),
+            CAD_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(c.last_error().find("recv_displs[" + std::to_string(c.rank()) + "]"), std::string::npos) << c.last_error();
+  EXPECT_EQ(std::string(buffer.begin(), buffer.end()), std::string(buffer.size(), 'x'));
   EXPECT_EQ(c.table()->get_rank(c.ctx(), nullptr), CAD_STATUS_INVALID_ARGUMENT);
   // None of these reached the wire, so the group is still in step.
   EXPECT_EQ(c.barrier(), CAD_STATUS_OK) << c.last_error();

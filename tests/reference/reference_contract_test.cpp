@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "plugin_under_test.h"
 
@@ -191,6 +192,48 @@ TEST_F(ReferenceRefusal, SegmentOutOfBounds) {
   fwd.segments = segments;
   fwd.num_segments = 2;
   expect_forward_refused(CAD_STATUS_INVALID_ARGUMENT, "segment 1");
+}
+
+// Range checks must not overflow: offset + len computed in int64 wraps for these, and the unchecked
+// sum passed the bound check (issue 10: OK after writing before O, a hang, INTERNAL after writing).
+TEST_F(ReferenceRefusal, SegmentOffsetPlusLengthOverflowsInQ) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const cad_segment_v1_t segments[] = {{kMax - 1, 2, 0, 8}};
+  fwd.segments = segments;
+  fwd.causal = 0;
+  expect_forward_refused(CAD_STATUS_INVALID_ARGUMENT, "segment 0");
+  bwd.segments = segments;
+  bwd.causal = 0;
+  expect_backward_refused(CAD_STATUS_INVALID_ARGUMENT, "segment 0");
+}
+
+TEST_F(ReferenceRefusal, SegmentLengthsNearInt64Max) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const cad_segment_v1_t huge_q[] = {{4, kMax, 0, 8}};
+  fwd.segments = huge_q;
+  expect_forward_refused(CAD_STATUS_INVALID_ARGUMENT, "segment 0");
+  const cad_segment_v1_t huge_kv[] = {{0, 4, 4, kMax}};
+  fwd.segments = huge_kv;
+  expect_forward_refused(CAD_STATUS_INVALID_ARGUMENT, "segment 0");
+  const cad_segment_v1_t negative_offset[] = {{-kMax, kMax, 0, 8}};
+  fwd.segments = negative_offset;
+  expect_forward_refused(CAD_STATUS_INVALID_ARGUMENT, "segment 0");
+}
+
+// A shape whose byte count does not fit in 64 bits describes no real buffer, even if the segments
+// only touch its first rows: refused before anything is read or written.
+TEST_F(ReferenceRefusal, ShapeTimesElementSizeOverflows) {
+  constexpr int64_t kRows = int64_t{1} << 60;  // x 4 heads x 16 x 4 bytes = 2^68 bytes
+  for (const cad_tensor_v1_t* x : std::vector<const cad_tensor_v1_t*>{fwd.q, fwd.k, fwd.v, fwd.o}) {
+    const_cast<cad_tensor_v1_t*>(x)->shape[0] = kRows;
+  }
+  const_cast<cad_tensor_v1_t*>(fwd.lse)->shape[1] = kRows;
+  expect_forward_refused(CAD_STATUS_INVALID_ARGUMENT, "64-bit");
+}
+
+TEST_F(ReferenceRefusal, ByteOffsetWrapsTheAddressSpace) {
+  const_cast<cad_tensor_v1_t*>(fwd.o)->byte_offset = std::numeric_limits<uint64_t>::max() - 8;
+  expect_forward_refused(CAD_STATUS_INVALID_ARGUMENT, "'o'");
 }
 
 TEST_F(ReferenceRefusal, CausalSegmentWithMoreQueriesThanKeys) {

@@ -6,6 +6,34 @@
  * `error` (capacity `error_capacity`, may be 0/NULL) on failure and leaves its outputs untouched.
  * Threading: a cad_library_t / cad_host_t may be used from one thread at a time; the services table a
  * host lends its plugins is thread-safe.
+ *
+ * Misuse -- what is checked (returns INVALID_ARGUMENT, or is a no-op, with no crash) and what is
+ * undefined behaviour (not checked: checking would cost every call, or cannot be done at all):
+ *   cad_library_open        checked: NULL name_or_path/out; missing, non-ELF, truncated files; wrong
+ *                           ABI, malformed tables; an entry function that throws. Undefined: a plugin
+ *                           whose static initialiser crashes, hangs or calls exit() takes the calling
+ *                           process with it (load it in a child first, as `cad plugins` does).
+ *   cad_library_plugin/_path  checked: NULL library (NULL / ""). Undefined: a closed library.
+ *   cad_library_close       checked: NULL (no-op). Undefined: closing twice; using the plugin's tables
+ *                           or any instance of it afterwards.
+ *   cad_list_plugin_files   checked: NULL out_paths. cad_string_free: NULL is a no-op; other pointers
+ *                           than the ones it returned are undefined.
+ *   cad_host_create         checked: NULL options/out, a short options.struct_size, every config error
+ *                           (named by file and key path, nesting limited, huge numbers), a plugin's
+ *                           create that fails, throws or returns OK without a context. Undefined: the
+ *                           same as cad_library_open for hostile plugins.
+ *   cad_host_destroy        checked: NULL (no-op); an instance's destroy that throws is logged with the
+ *                           plugin file and instance name, and teardown goes on. Undefined: destroying
+ *                           twice; using the host, its services tables, or any instance table/context
+ *                           obtained from it afterwards -- including plugins that kept the services
+ *                           pointer and call it later (e.g. from a thread they did not join).
+ *   cad_host_services       checked: NULL host (NULL). The table is valid until cad_host_destroy.
+ *   cad_host_find_instance / cad_host_attention / cad_host_instance_info
+ *                           checked: NULL host, name, outputs; unknown names; wrong kinds; index out of
+ *                           range. Undefined: a host already destroyed.
+ *   cad_host_num_instances / cad_host_log_level   checked: NULL host (0 / info).
+ *   Calls into plugin tables obtained here are the plugin's contract (plugin_api/); the host does not
+ *   wrap them. The `cad` tools never trust their returns (NULL last_error, OK without a result).
  */
 #ifndef CAD_HOST_H
 #define CAD_HOST_H

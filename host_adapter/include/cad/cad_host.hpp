@@ -26,6 +26,21 @@ inline void check(cad_status_t status, const char* error) {
 }
 }  // namespace detail
 
+// The message of an instance's last failure, never trusting the plugin: a NULL last_error function or
+// return, or an exception escaping it, becomes a sentence saying so (a NULL return crashed `cad plan`
+// and `cad demo`). `Table` is any kind table (they all have last_error).
+template <class Table>
+std::string last_error_of(const Table* table, void* instance) noexcept {
+  try {
+    if (table == nullptr || table->last_error == nullptr) return "(the plugin has no last_error function)";
+    const char* message = table->last_error(instance);
+    if (message == nullptr) return "(the plugin's last_error returned NULL)";
+    return message;
+  } catch (...) {
+    return "(the plugin's last_error threw an exception)";
+  }
+}
+
 // One loaded plugin shared object.
 class Library {
  public:

@@ -1,0 +1,48 @@
+#!/bin/sh
+# hostile_input_test.sh CAD -- inputs that used to crash, hang or report garbage (issue 10) are refused
+# with a message naming the file and the key or entry: `cad plan` on lengths, contexts and rank counts
+# the int64 cost model cannot represent (they printed negative costs or allocated until bad_alloc), a
+# 200K-deep --dist file and a 100K-deep stack config (stack overflow), a number literal beyond a double
+# (reported as INTERNAL with no file or key).
+set -u
+CAD=$1
+OUT=$(mktemp -d) || exit 1
+trap 'rm -rf "$OUT"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+expect() {
+  want=$1; shift
+  timeout 60 "$@" >"$OUT/out" 2>&1
+  got=$?
+  if [ "$got" -ne "$want" ]; then fail "'$*' exited $got, expected $want:"; head -c 2000 "$OUT/out" | sed 's/^/    /'; return 1; fi
+  return 0
+}
+contains() { grep -qF -- "$1" "$OUT/out" || { fail "output lacks '$1':"; head -c 2000 "$OUT/out" | sed 's/^/    /'; }; }
+lacks() { ! grep -qF -- "$1" "$OUT/out" || { fail "output has '$1':"; head -c 2000 "$OUT/out" | sed 's/^/    /'; }; }
+deep() { n=$1; awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "["; for (i = 0; i < n; i++) printf "]"; }'; }
+
+# cad plan: what the model cannot represent is refused before anything big is allocated.
+echo '[1000000000000000]' >"$OUT/huge_doc.json"
+expect 1 "$CAD" plan --dist "$OUT/huge_doc.json" --context 65536 --ranks 4 && contains "huge_doc.json: entry [0] is 1000000000000000"
+echo '[100000, 2000]' >"$OUT/ok.json"
+expect 1 "$CAD" plan --dist "$OUT/ok.json" --context 1099511627776 --ranks 4 && contains "does not fit the cost model's int64"
+lacks "0.125"
+printf 'length\n1000000000000\n' >"$OUT/trillion.csv"
+expect 1 "$CAD" plan --lengths "$OUT/trillion.csv" --ranks 2 && contains "does not fit the cost model's int64"
+expect 2 "$CAD" plan --dist "$OUT/ok.json" --context 65536 --ranks 100000 && contains "--ranks: expected an integer in [1, 8192]"
+deep 200000 >"$OUT/deep.json"
+expect 1 "$CAD" plan --dist "$OUT/deep.json" --context 65536 --ranks 4 && contains "deep.json: nested more than"
+# The largest values that fit still plan: 2^40 context on one rank with 2^20-token documents.
+echo '[1048576]' >"$OUT/mega.json"
+expect 0 "$CAD" plan --lengths "$OUT/mega.json" --ranks 1 --balancer colocated && contains "colocated"
+
+# Configs: nesting limited with the key path named, number literals beyond a double named by key.
+{ printf '{"instances": [{"name": "r", "plugin": "reference", "config": {"x": '; deep 100000; printf '}}]}\n'; } >"$OUT/deep_config.json"
+expect 1 "$CAD" check-config "$OUT/deep_config.json" && contains "deep_config.json: nested more than 64 levels deep (at instances[0].config.x[0]"
+printf '{"instances": [{"name": "r", "plugin": "reference", "config": {"threads": 1e400}}]}\n' >"$OUT/huge_number.json"
+expect 1 "$CAD" check-config "$OUT/huge_number.json" && contains "huge_number.json: not valid JSON"
+contains "(at instances[0].config.threads)"
+contains "[INVALID_CONFIG]"
+
+[ "$failures" -eq 0 ] && echo "all hostile-input checks passed"
+[ "$failures" -eq 0 ]
