@@ -49,7 +49,8 @@ RankTime rank_time(const RankWork& work, const ModelShape& shape, const Layout& 
   t.comm = layers * 2 * comm;
   t.tp_comm = layers * 2 * tp_comm;
   t.total = layers * (fwd + bwd + 2 * tp_comm) + head;
-  t.comm_exposed = t.total - t.linear - t.attention - t.tp_comm;
+  // What ping-pong could not hide (all of it without ping-pong); clamped against rounding.
+  t.comm_exposed = std::max(0.0, t.total - t.linear - t.attention - t.tp_comm);
   return t;
 }
 
