@@ -8,6 +8,19 @@
 
 namespace cad::simulate {
 
+cad::plan::RankPieces documents_per_rank(const cad::plan::RankPieces& batch) {
+  cad::plan::RankPieces out = batch;
+  int64_t next_id = 0;
+  for (auto& rank : out) {
+    for (auto& p : rank) {
+      p.doc_id = next_id++;
+      p.doc_len = p.len;
+      p.offset_in_doc = 0;
+    }
+  }
+  return out;
+}
+
 cad::plan::RankPieces group_pieces(const cad::plan::RankPieces& all, int64_t begin, int64_t end) {
   cad::plan::RankPieces group(all.begin() + begin, all.begin() + end);
   // The token range [lo, hi) of each document inside the group; pieces of one document are contiguous.

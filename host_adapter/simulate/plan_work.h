@@ -18,6 +18,8 @@
 
 namespace cad::simulate {
 
+cad::plan::RankPieces documents_per_rank(const cad::plan::RankPieces& batch);
+
 cad::plan::RankPieces group_pieces(const cad::plan::RankPieces& all, int64_t begin, int64_t end);
 
 // Rank s holds exactly the query ranges of the tasks on server s. `pieces` gives the documents' lengths.

@@ -78,7 +78,8 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
         s.balancers.size(), std::vector<std::vector<std::vector<double>>>(2));
     for (int64_t m = 0; m < s.microbatches; ++m) {
       const uint64_t seed = s.seed + static_cast<uint64_t>(step * s.microbatches + m);
-      const cad::plan::RankPieces batch = cad::workload::sample_batch(s.lengths, s.context, static_cast<int32_t>(dp), seed);
+      const cad::plan::RankPieces batch = documents_per_rank(
+          cad::workload::sample_batch(s.lengths, s.context, static_cast<int32_t>(dp), seed));
       for (size_t bi = 0; bi < s.balancers.size(); ++bi) {
         const BalancerSpec& spec = s.balancers[bi];
         BalancerResult& res = results[bi];

@@ -1,6 +1,8 @@
 // simulation.h -- the whole `cad simulate` run: sample batches with the DistCA recipe, plan each with
 // every balancer plugin (in its balancing groups), price every rank with the step model, and collect
-// step times with and without ping-pong.
+// step times with and without ping-pong. A document the packing cuts at a buffer's end goes on as a new
+// document in the next buffer (plan_work.h: documents_per_rank), for every balancer alike: all of them
+// then compute the same attention FLOPs and differ only in where.
 #pragma once
 
 #include <cstdint>
