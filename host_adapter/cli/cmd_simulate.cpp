@@ -57,6 +57,7 @@ const char* kUsage =
     "                      configs/calibration/h200_system.json)\n"
     "  --attention-tflops F,B   fixed forward/backward attention rates instead of the table\n"
     "  --net-gbps X        network per GPU in Gb/s (overrides the system file's, e.g. 400)\n"
+    "  --gemm-tflops X     GEMM rate of the linear layers (overrides the system file's)\n"
     "output:\n"
     "  --pingpong on|off|both   which modes to print (default both; --json always has both)\n"
     "  --json              machine-readable output (what bench/simulate/plot_simulate.py reads)\n"
@@ -128,7 +129,7 @@ int run_simulate(int argc, char** argv) {
       argc, argv,
       {"--model", "--layers", "--hidden", "--heads", "--kv-heads", "--head-dim", "--mlp", "--vocab", "--gpus",
        "--gpus-per-node", "--tp", "--pp", "--dist", "--context", "--steps", "--seed", "--microbatches", "--balancers",
-       "--cp-size", "--cad-size", "--min-shard", "--path", "--rates", "--system", "--attention-tflops", "--net-gbps",
+       "--cp-size", "--cad-size", "--min-shard", "--path", "--rates", "--system", "--attention-tflops", "--net-gbps", "--gemm-tflops",
        "--pingpong"},
       {"--json", "--quiet"});
   if (args.help()) {
@@ -195,6 +196,10 @@ int run_simulate(int argc, char** argv) {
   if (args.has("--net-gbps")) {
     cal.net_GBps_per_gpu = parse_double("--net-gbps", args.get("--net-gbps", "")) / 8;
     cal.net_source = "--net-gbps " + args.get("--net-gbps", "") + " (efficiency and latency from " + cal.path + ")";
+  }
+  if (args.has("--gemm-tflops")) {
+    cal.gemm_tflops = parse_double("--gemm-tflops", args.get("--gemm-tflops", ""));
+    cal.gemm_source = "--gemm-tflops " + args.get("--gemm-tflops", "");
   }
   std::unique_ptr<sim::AttentionRates> rates;
   if (args.has("--attention-tflops")) {
