@@ -35,7 +35,7 @@ def by_name(result):
 
 
 def table(results):
-    lines = ["| model | GPUs | tokens/GPU | colocated imbalance | per_doc_cp imbalance | step colocated (s) | "
+    lines = ["| model | GPUs | tokens per DP rank | colocated imbalance | per_doc_cp imbalance | step colocated (s) | "
              "distca vs colocated | prefix_aware vs colocated | distca vs per_doc_cp | prefix_aware vs per_doc_cp | "
              "prefix_aware, no ping-pong, vs per_doc_cp |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
