@@ -3,7 +3,6 @@
 // balancer plugins on them through the ABI, and reports what plan_model says about each plan: cost per
 // server before and after, max/mean imbalance, bytes moved (total, per server, per link) and plan time.
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -14,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "balancer_runner.h"
 #include "batch_recipe.h"
-#include "cad_host.hpp"
 #include "cli_args.h"
 #include "command.h"
 #include "doc_lengths.h"
@@ -57,22 +56,6 @@ const char* kUsage =
 
 const std::vector<std::string> kAllBalancers = {"colocated", "per_doc_cp", "distca", "prefix_aware"};
 
-// The host services `cad plan` lends the balancers: logging of warnings and errors to stderr only.
-void log_to_stderr(void*, cad_log_level_t level, const char* source, const char* message) {
-  std::fprintf(stderr, "[%s] %s: %s\n", level >= CAD_LOG_ERROR ? "error" : "warn", source, message);
-}
-
-cad_host_services_v1_t make_services() {
-  cad_host_services_v1_t s{};
-  s.struct_size = sizeof s;
-  s.abi_major = CAD_ABI_VERSION_MAJOR;
-  s.abi_minor = CAD_ABI_VERSION_MINOR;
-  s.log_level = CAD_LOG_WARN;
-  s.log = &log_to_stderr;
-  s.bootstrap_rank = -1;
-  return s;
-}
-
 struct Outcome {
   std::string name;
   cad_status_t status = CAD_STATUS_OK;
@@ -83,49 +66,25 @@ struct Outcome {
 };
 
 // Loads one balancer plugin, creates an instance with `config`, plans `repeat` times (fastest counts).
-Outcome run_balancer(const std::string& name, const std::string& config, const char* search_path,
+Outcome run_balancer(const std::string& name, const std::string& config, const std::string& search_path,
                      const cad::plan::RankPieces& ranks, const cad_cost_params_v1_t& cost,
                      const cad::plan::ModelParams& model, int repeat) {
+  cad::simulate::BalancerRunner runner(name, config, search_path);
   Outcome out;
-  cad::Library library(name, search_path);
-  const cad_plugin_v1_t& plugin = library.plugin();
-  out.name = plugin.name;
-  if (plugin.kind != CAD_PLUGIN_KIND_BALANCER || plugin.balancer == nullptr) {
-    throw std::runtime_error(library.path() + " is not a balancer plugin");
-  }
-  const cad_balancer_v1_t* table = plugin.balancer;
-  static const cad_host_services_v1_t services = make_services();
-  void* ctx = nullptr;
-  char message[2048] = {0};
-  const cad_status_t created = table->create(&services, config.c_str(), &ctx, message, sizeof message);
-  if (created != CAD_STATUS_OK) {
-    throw std::runtime_error("balancer '" + out.name + "': create failed: " + message);
-  }
-  std::vector<cad_rank_pieces_v1_t> views;
-  for (const auto& r : ranks) views.push_back({r.data(), static_cast<int64_t>(r.size())});
-  cad_balance_input_v1_t input{};
-  input.struct_size = sizeof input;
-  input.ranks = views.data();
-  input.num_ranks = static_cast<int32_t>(views.size());
-  input.num_servers = input.num_ranks;
-  input.cost = &cost;
+  out.name = runner.name();
   out.plan_ms = 1e300;
   for (int i = 0; i < repeat; ++i) {
-    cad_plan_v1_t* plan = nullptr;
-    const auto start = std::chrono::steady_clock::now();
-    out.status = table->plan(ctx, &input, &plan);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    out.plan_ms = std::min(out.plan_ms, ms);
-    if (out.status != CAD_STATUS_OK) {
-      out.error = table->last_error(ctx);
+    cad::simulate::BalancerRunner::Attempt a = runner.try_plan(ranks, cost);
+    out.plan_ms = std::min(out.plan_ms, a.plan_ms);
+    out.status = a.status;
+    if (a.status != CAD_STATUS_OK) {
+      out.error = a.error;
       break;
     }
-    out.tasks.assign(plan->tasks, plan->tasks + plan->num_tasks);
-    table->release_plan(ctx, plan);
+    out.tasks = std::move(a.tasks);
   }
-  table->destroy(ctx);
   if (out.status == CAD_STATUS_OK) {
-    out.stats = cad::plan::evaluate_plan(ranks, input.num_servers, out.tasks.data(),
+    out.stats = cad::plan::evaluate_plan(ranks, static_cast<int32_t>(ranks.size()), out.tasks.data(),
                                          static_cast<int64_t>(out.tasks.size()), model);
   }
   return out;
@@ -341,8 +300,7 @@ int run_plan(int argc, char** argv) {
       c["tolerance"] = value;
       config = c.dump();
     }
-    outcomes.push_back(run_balancer(name, config, search.empty() ? nullptr : search.c_str(), pieces, cost, model,
-                                    repeat));
+    outcomes.push_back(run_balancer(name, config, search, pieces, cost, model, repeat));
   }
 
   if (args.has("--json")) {

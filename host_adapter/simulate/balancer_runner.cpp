@@ -1,6 +1,7 @@
 // balancer_runner.cpp -- a balancer plugin behind a small C++ object.
 #include "balancer_runner.h"
 
+#include <chrono>
 #include <cstdio>
 #include <stdexcept>
 
@@ -47,7 +48,8 @@ BalancerRunner::~BalancerRunner() {
   if (ctx_ != nullptr) table_->destroy(ctx_);
 }
 
-std::vector<cad_task_v1_t> BalancerRunner::plan(const cad::plan::RankPieces& ranks, const cad_cost_params_v1_t& cost) {
+BalancerRunner::Attempt BalancerRunner::try_plan(const cad::plan::RankPieces& ranks,
+                                                 const cad_cost_params_v1_t& cost) {
   std::vector<cad_rank_pieces_v1_t> views;
   views.reserve(ranks.size());
   for (const auto& r : ranks) views.push_back({r.data(), static_cast<int64_t>(r.size())});
@@ -57,15 +59,26 @@ std::vector<cad_task_v1_t> BalancerRunner::plan(const cad::plan::RankPieces& ran
   input.num_ranks = static_cast<int32_t>(views.size());
   input.num_servers = input.num_ranks;
   input.cost = &cost;
+  Attempt out;
   cad_plan_v1_t* plan = nullptr;
-  const cad_status_t status = table_->plan(ctx_, &input, &plan);
-  if (status != CAD_STATUS_OK) {
-    throw std::runtime_error("balancer '" + name_ + "': plan failed (" + cad_status_name(status) +
-                             "): " + table_->last_error(ctx_));
+  const auto start = std::chrono::steady_clock::now();
+  out.status = table_->plan(ctx_, &input, &plan);
+  out.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (out.status != CAD_STATUS_OK) {
+    out.error = table_->last_error(ctx_);
+    return out;
   }
-  std::vector<cad_task_v1_t> tasks(plan->tasks, plan->tasks + plan->num_tasks);
+  out.tasks.assign(plan->tasks, plan->tasks + plan->num_tasks);
   table_->release_plan(ctx_, plan);
-  return tasks;
+  return out;
+}
+
+std::vector<cad_task_v1_t> BalancerRunner::plan(const cad::plan::RankPieces& ranks, const cad_cost_params_v1_t& cost) {
+  Attempt a = try_plan(ranks, cost);
+  if (a.status != CAD_STATUS_OK) {
+    throw std::runtime_error("balancer '" + name_ + "': plan failed (" + cad_status_name(a.status) + "): " + a.error);
+  }
+  return std::move(a.tasks);
 }
 
 }  // namespace cad::simulate

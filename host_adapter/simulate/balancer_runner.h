@@ -1,8 +1,9 @@
 // balancer_runner.h -- one balancer plugin, loaded and created once, planning many batches through the
-// ABI (as `cad plan` and CAD itself call it), so the simulator prices the plans the plugins really make.
+// ABI (as CAD itself calls it): `cad plan` inspects its plans, and the simulator prices them.
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cad_balancer_v1.h"
@@ -22,7 +23,15 @@ class BalancerRunner {
 
   // The plugin's own name (e.g. "prefix_aware").
   const std::string& name() const { return name_; }
-  // Plans `ranks` on as many servers; throws std::runtime_error with the status and the plugin's message.
+  struct Attempt {
+    cad_status_t status = CAD_STATUS_OK;
+    std::string error;                 // the plugin's message when status is not OK
+    std::vector<cad_task_v1_t> tasks;  // the plan when status is OK
+    double plan_ms = 0;                // the plugin's plan call alone
+  };
+  // Plans `ranks` on as many servers; a plugin's refusal comes back in the result.
+  Attempt try_plan(const cad::plan::RankPieces& ranks, const cad_cost_params_v1_t& cost);
+  // The same; throws std::runtime_error with the status and the plugin's message.
   std::vector<cad_task_v1_t> plan(const cad::plan::RankPieces& ranks, const cad_cost_params_v1_t& cost);
 
  private:
