@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "calibration_fixture.h"
 #include "comm_model.h"
 #include "layout.h"
 #include "model_shape.h"
@@ -20,20 +21,9 @@ namespace {
 // layers 2, hidden 4, heads 2, kv 1, D 2, mlp 8, vocab 10.
 sim::ModelShape tiny() { return {"tiny", 2, 4, 2, 1, 2, 8, 10}; }
 
-// NVLink curve (1e6 B, 10 GB/s), (1e8 B, 100 GB/s); network 50 GB/s x 0.8, 20 us; GEMM 1 TFLOP/s; no
-// element-wise work unless a test sets it.
-sim::SystemCalibration calibration() {
-  sim::SystemCalibration c;
-  c.gpu = "test";
-  c.gemm_tflops = 1;
-  c.hbm_GBps = 1;
-  c.elementwise_bytes_per_token_layer_per_hidden = 0;
-  c.a2a_intra = {{1e6, 10}, {1e8, 100}};
-  c.net_GBps_per_gpu = 50;
-  c.net_efficiency = 0.8;
-  c.net_latency_us = 20;
-  return c;
-}
+// NVLink curve (1e6 B, 10 GB/s), (1e8 B, 100 GB/s); GEMM 1 TFLOP/s; no element-wise work unless a test
+// sets it.
+sim::SystemCalibration calibration() { return sim::testing::calibration(1, 1, 0, {{1e6, 10}, {1e8, 100}}); }
 
 // A rate that depends on the shard's shape, to see that each shard is looked up on its own.
 class QRates final : public sim::AttentionRates {

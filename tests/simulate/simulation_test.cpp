@@ -8,6 +8,7 @@
 #include <string>
 
 #include "batch_recipe.h"
+#include "calibration_fixture.h"
 #include "plan_work.h"
 #include "simulation.h"
 
@@ -15,18 +16,7 @@ namespace sim = cad::simulate;
 
 namespace {
 
-sim::SystemCalibration calibration() {
-  sim::SystemCalibration c;
-  c.gpu = "test";
-  c.gemm_tflops = 500;
-  c.hbm_GBps = 4000;
-  c.elementwise_bytes_per_token_layer_per_hidden = 48;
-  c.a2a_intra = {{1e6, 10}, {1e9, 300}};
-  c.net_GBps_per_gpu = 50;
-  c.net_efficiency = 0.8;
-  c.net_latency_us = 20;
-  return c;
-}
+sim::SystemCalibration calibration() { return sim::testing::calibration(500, 4000, 48, {{1e6, 10}, {1e9, 300}}); }
 
 sim::Scenario scenario(int64_t gpus) {
   sim::Scenario s;
