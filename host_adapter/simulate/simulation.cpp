@@ -24,7 +24,7 @@ void add(RankTime& into, const RankTime& t, double weight) {
   into.total += weight * t.total;
 }
 
-void validate(const Scenario& s, const AttentionRates& rates) {
+void check_scenario(const Scenario& s, const AttentionRates& rates) {
   validate(s.shape);
   validate(s.layout, s.shape);
   if (s.context < 1) throw std::invalid_argument("--context must be >= 1");
@@ -45,7 +45,7 @@ void validate(const Scenario& s, const AttentionRates& rates) {
 }  // namespace
 
 std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration& cal, const AttentionRates& rates) {
-  validate(s, rates);
+  check_scenario(s, rates);
   const int64_t dp = s.layout.dp();
 
   cad_cost_params_v1_t cost{};
