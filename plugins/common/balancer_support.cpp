@@ -182,6 +182,26 @@ std::vector<std::vector<Range>> colocated_ranges(const Problem& problem) {
   return ranges;
 }
 
+std::shared_ptr<const plan::RateTable> read_rate_table_key(plugin::ConfigReader& config, const std::string& key) {
+  const std::string path = config.get_string(key, "");
+  if (path.empty()) return nullptr;
+  try {
+    return std::make_shared<const plan::RateTable>(plan::load_rate_table(path));
+  } catch (const std::invalid_argument& e) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, "config key '" + key + "': " + e.what());
+  }
+}
+
+void use_rate_table(Problem& problem, const std::shared_ptr<const plan::RateTable>& table) {
+  if (table == nullptr) return;
+  if (table->head_dim != problem.model.head_dim) {
+    fail(CAD_STATUS_INVALID_ARGUMENT,
+         format("plan: the rate table %s holds rates measured at head_dim %d, but cost->head_dim = %d",
+                table->path.c_str(), table->head_dim, problem.model.head_dim));
+  }
+  problem.rates = table.get();
+}
+
 // ---- Ledger -------------------------------------------------------------------------------------
 
 Ledger::Ledger(const Problem& problem)

@@ -97,6 +97,11 @@ double RateTable::shard_seconds(int64_t q, int64_t kv, double fwd_flops) const {
   return fwd_flops / (fwd_tflops(q, kv) * 1e12) + backward_flop_ratio * fwd_flops / (bwd_tflops(q, kv) * 1e12);
 }
 
+double RateTable::relative_time(int64_t q, int64_t kv) const {
+  const double dense = 1.0 / dense_fwd.tflops + backward_flop_ratio / dense_bwd.tflops;
+  return (1.0 / fwd_tflops(q, kv) + backward_flop_ratio / bwd_tflops(q, kv)) / dense;
+}
+
 RateTable parse_rate_table(const std::string& json_text, const std::string& name) {
   json doc;
   try {
