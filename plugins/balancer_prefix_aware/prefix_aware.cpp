@@ -50,12 +50,10 @@ constexpr double kSameBytes = 0.01;    // bytes per unit of work this close coun
 // One plan computation: the state of the greedy and its steps.
 class Shedding {
  public:
-  Shedding(const Problem& p, int64_t bound, int64_t min_shard, bool fair_memory, const cad::plugin::Logger& log)
-      : p_(p), bound_(bound), min_shard_(min_shard), fair_memory_(fair_memory), log_(log), ledger_(p), ranges_(cad::balancer::colocated_ranges(p)),
-        doc_servers_(p.docs.size()) {
-    for (int32_t s = 0; s < p_.num_servers; ++s) {
-      if (room(s) > 0) by_room_.insert({-room(s), s});
-    }
+  Shedding(const Problem& p, double tolerance, int64_t min_shard, bool fair_memory, const cad::plugin::Logger& log)
+      : p_(p), tolerance_(tolerance), min_shard_(min_shard), fair_memory_(fair_memory), log_(log), ledger_(p),
+        ranges_(cad::balancer::colocated_ranges(p)), doc_servers_(p.docs.size()) {
+    raise_bound();
     for (size_t d = 0; d < p_.docs.size(); ++d) {
       for (const auto& span : p_.docs[d].spans) doc_servers_[d].push_back(span.rank);
     }
@@ -79,6 +77,7 @@ class Shedding {
     int64_t excess_before = INT64_MAX;
     std::vector<int32_t> senders;
     for (int round = 0; round < kMaxRounds; ++round) {
+      if (p_.rates != nullptr) raise_bound();  // cuts added time: the mean grew
       senders.clear();
       int64_t excess = 0;
       for (int32_t s = 0; s < p_.num_servers; ++s) {
@@ -117,6 +116,19 @@ class Shedding {
   };
 
   int64_t room(int32_t s) const { return bound_ - ledger_.load(s); }
+
+  // The bound U = max(ceil(mean), floor(mean * (1 + tolerance))) of the current loads (raised, never
+  // lowered: in time units every cut adds a little), and the receivers ordered by room under it.
+  void raise_bound() {
+    const int64_t sum = std::accumulate(ledger_.loads().begin(), ledger_.loads().end(), int64_t{0});
+    const double mean = static_cast<double>(sum) / p_.num_servers;
+    bound_ = std::max({bound_, static_cast<int64_t>(std::ceil(mean)),
+                       static_cast<int64_t>(std::floor(mean * (1 + tolerance_)))});
+    by_room_.clear();
+    for (int32_t s = 0; s < p_.num_servers; ++s) {
+      if (room(s) > 0) by_room_.insert({-room(s), s});
+    }
+  }
   int64_t headroom(int32_t s) const { return p_.memory_cap - ledger_.memory(s); }
 
   // Fewer bytes per entry first; with a rate table, moves within kSameBytes of each other prefer the
@@ -256,7 +268,8 @@ class Shedding {
   }
 
   const Problem& p_;
-  const int64_t bound_;
+  const double tolerance_;
+  int64_t bound_ = 0;
   const int64_t min_shard_;
   const bool fair_memory_;  // first pass under a cap: fair_share()
   const cad::plugin::Logger& log_;
@@ -292,16 +305,13 @@ struct PrefixAware {
     for (const auto& doc : p.docs)
       for (const auto& span : doc.spans) sum += p.cost(span.begin, span.end, doc);
     if (sum == 0) return cad::balancer::colocated_tasks(p);
-    const double mean = static_cast<double>(sum) / p.num_servers;
-    const int64_t bound =
-        std::max(static_cast<int64_t>(std::ceil(mean)), static_cast<int64_t>(std::floor(mean * (1 + tolerance))));
     const int64_t min_shard = min_shard_override > 0 ? min_shard_override : p.min_shard;
-    Shedding plain(p, bound, min_shard, false, log);
+    Shedding plain(p, tolerance, min_shard, false, log);
     Tasks tasks = plain.run();
     if (plain.worst_stuck() < 0) return tasks;
     // The cap stopped a sender: plan again sharing each receiver's memory in proportion to its room,
     // and keep the better balanced of the two (fewer bytes when equal, as the first pass has).
-    Shedding fair(p, bound, min_shard, true, log);
+    Shedding fair(p, tolerance, min_shard, true, log);
     Tasks fair_tasks = fair.run();
     if (fair.max_load() < plain.max_load()) {
       fair.warn_memory_bound();

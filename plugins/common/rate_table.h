@@ -58,6 +58,7 @@ struct RateTable {
   Rate dense_fwd, dense_bwd;
   std::vector<int64_t> q_lens, kv_lens;
   std::vector<Rate> fwd, bwd;  // [qi * kv_lens.size() + ki]
+  std::vector<double> log_q_lens, log_kv_lens;  // filled by the reader (lookups are hot in balancers)
 
   // Interpolated rate, TFLOP/s, of a shard with q queries whose KV length is kv.
   double fwd_tflops(int64_t q, int64_t kv) const;
