@@ -34,7 +34,7 @@ const char* kUsage =
     "                [--balancer NAME|all] [--tolerance T] [--config JSON] [--heads H] [--kv-heads H]\n"
     "                [--head-dim D] [--bytes-per-element B] [--min-shard N] [--memory-cap BYTES]\n"
     "                [--noncausal] [--repeat N] [--per-server] [--json] [--plot OUT.png] [--path DIRS]\n"
-    "                [--rate-table FILE [--balance-time]]\n\n"
+    "                [--rate-table FILE [--balance-time]] [--tasks]\n\n"
     "Runs balancer plugins on one step's piece tables and prints, per balancer, the attention cost per\n"
     "server before (colocated) and after, max/mean imbalance, forward bytes moved and the plan time.\n\n"
     "  --dist FILE       document lengths (JSON list or CSV) to sample from with DistCA's recipe: cut at\n"
@@ -56,6 +56,8 @@ const char* kUsage =
     "  --repeat N        plan N times and report the fastest (default 1)\n"
     "  --per-server      print the per-server table even for many ranks (default: up to 16 ranks)\n"
     "  --json            machine-readable output\n"
+    "  --tasks           with --json: also every rank's pieces [doc, doc_len, offset, len] and every plan's\n"
+    "                    tasks [doc, q_begin, q_end, server] (to replay the server batches elsewhere)\n"
     "  --plot OUT.png    draw per-server load before/after and bytes per link (needs gnuplot)\n"
     "  --path DIRS       directories searched for plugins first (colon-separated)\n"
     "  --rate-table FILE measured kernel rates (configs/calibration/h200.json): also report each plan's\n"
@@ -191,9 +193,19 @@ void print_text(const std::string& batch, const std::vector<int64_t>& before, co
 }
 
 nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& before,
-                       const std::vector<Outcome>& outcomes, const TimeReport& time) {
+                       const std::vector<Outcome>& outcomes, const TimeReport& time,
+                       const cad::plan::RankPieces* pieces) {
   nlohmann::json out;
   out["batch"] = batch;
+  if (pieces != nullptr) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& r : *pieces) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& p : r) list.push_back({p.doc_id, p.doc_len, p.offset_in_doc, p.len});
+      ranks.push_back(list);
+    }
+    out["pieces"] = ranks;
+  }
   out["cost_before"] = before;
   out["imbalance_before"] = cad::plan::imbalance_of(before);
   if (time.table != nullptr) {
@@ -228,6 +240,11 @@ nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& 
       }
       b["link_bytes"] = links;
       b["tasks"] = o.tasks.size();
+      if (pieces != nullptr) {
+        nlohmann::json list = nlohmann::json::array();
+        for (const auto& t : o.tasks) list.push_back({t.doc_id, t.q_begin, t.q_end, t.server});
+        b["task_list"] = list;
+      }
     }
     b["plan_ms"] = o.plan_ms;
     out["balancers"].push_back(b);
@@ -303,7 +320,7 @@ int run_plan(int argc, char** argv) {
                             {"--dist", "--lengths", "--context", "--ranks", "--seed", "--balancer", "--tolerance",
                              "--config", "--heads", "--kv-heads", "--head-dim", "--bytes-per-element", "--min-shard",
                              "--memory-cap", "--repeat", "--plot", "--path", "--rate-table"},
-                            {"--noncausal", "--json", "--per-server", "--balance-time"});
+                            {"--noncausal", "--json", "--per-server", "--balance-time", "--tasks"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -364,6 +381,7 @@ int run_plan(int argc, char** argv) {
   std::unique_ptr<cad::plan::RateTable> rates;
   TimeReport time;
   if (args.has("--balance-time") && !args.has("--rate-table")) throw UsageError("--balance-time needs --rate-table");
+  if (args.has("--tasks") && !args.has("--json")) throw UsageError("--tasks needs --json");
   if (args.has("--rate-table")) {
     rates = std::make_unique<cad::plan::RateTable>(cad::plan::load_rate_table(args.get("--rate-table", "")));
     std::vector<cad_task_v1_t> colocated;
@@ -405,7 +423,7 @@ int run_plan(int argc, char** argv) {
   }
 
   if (args.has("--json")) {
-    std::printf("%s\n", to_json(batch, before, outcomes, time).dump(2).c_str());
+    std::printf("%s\n", to_json(batch, before, outcomes, time, args.has("--tasks") ? &pieces : nullptr).dump(2).c_str());
   } else {
     char line[512];
     std::snprintf(line, sizeof line,
