@@ -170,48 +170,66 @@ class Shedding {
   Candidate pick(int32_t src, bool wide, bool& memory_blocked) {
     const auto& on_src = ranges_[static_cast<size_t>(src)];
     const int64_t need = ledger_.load(src) - bound_;
-    Candidate best, fallback;
-    int64_t fallback_max = ledger_.load(src);
+    Choice choice{Candidate{}, Candidate{}, ledger_.load(src)};
     for (size_t i = 0; i < on_src.size(); ++i) {
       const Range& r = on_src[i];
       receivers(src, r, wide);
       for (int32_t dst : receivers_) {
-        const int64_t target = std::min(need, room(dst));
-        cad::prefix_aware::shard_ends(p_, r, ledger_, dst, target, ends_);
-        if (wide) {
-          const int64_t e = cad::prefix_aware::highest_end_fitting(r, ledger_, dst, headroom(dst), min_shard_);
-          if (e > r.begin) ends_.push_back(e);
+        // Under a cap, skip a receiver that cannot hold even the cheapest shortest shard of r.
+        if (wide && !ledger_.fits_memory(dst, ledger_.delta(r.doc, r.begin, std::min(r.end, r.begin + min_shard_), dst).memory)) {
+          memory_blocked = true;
+          continue;
         }
-        for (int64_t e : ends_) {
-          Shard sh = cad::prefix_aware::shard_ending_at(p_, r, e, need, room(dst), min_shard_);
-          if (sh.begin >= sh.end) continue;
-          Ledger::Delta delta = ledger_.delta(r.doc, sh.begin, sh.end, dst);
-          if (!ledger_.fits_memory(dst, delta.memory) || (fair_memory_ && !wide && !fair_share(dst, delta.memory, sh, r))) {
-            memory_blocked = true;
-            if (!wide) continue;
-            sh = cad::prefix_aware::shrink_to_memory(r, ledger_, dst, sh, headroom(dst), min_shard_);
-            if (sh.begin >= sh.end) continue;
-            delta = ledger_.delta(r.doc, sh.begin, sh.end, dst);
-            if (!ledger_.fits_memory(dst, delta.memory)) continue;
-          }
-          const int64_t c = p_.cost(sh.begin, sh.end, p_.docs[static_cast<size_t>(r.doc)]);
-          if (c <= 0) continue;
-          const Candidate cand{true, i, dst, sh, c, static_cast<double>(delta.bytes) / static_cast<double>(c),
-                               static_cast<double>(cut_overhead(r, sh)) / static_cast<double>(c)};
-          if (c <= room(dst)) {
-            if (!best.valid || better(cand, best)) best = cand;
-          } else {
-            const int64_t worst = std::max(ledger_.load(src) - c, ledger_.load(dst) + c);
-            if (worst < fallback_max) {
-              fallback_max = worst;
-              fallback = cand;
-            }
-          }
+        cad::prefix_aware::shard_ends(p_, r, ledger_, dst, std::min(need, room(dst)), ends_);
+        bool any = false;
+        for (int64_t e : ends_) any |= consider(src, i, dst, e, need, wide, memory_blocked, choice);
+        if (wide && !any) {  // none of those ends fits: the highest end whose shortest shard does
+          const int64_t e = cad::prefix_aware::highest_end_fitting(r, ledger_, dst, headroom(dst), min_shard_);
+          if (e > r.begin) consider(src, i, dst, e, need, wide, memory_blocked, choice);
         }
       }
     }
-    return best.valid ? best : fallback;
+    return choice.best.valid ? choice.best : choice.fallback;
   }
+
+  // The best move so far, and the best minimum-size shard that overflows its receiver's room.
+  struct Choice {
+    Candidate best, fallback;
+    int64_t fallback_max;  // the larger of the two loads after the fallback move
+  };
+
+  // Scores the shard of range i ending at e for receiver dst into `choice`; true if it made a
+  // candidate. A shard over the receiver's memory is skipped, or in the wide pass cut to fit.
+  bool consider(int32_t src, size_t i, int32_t dst, int64_t e, int64_t need, bool wide, bool& memory_blocked,
+                Choice& choice) {
+    const Range& r = ranges_[static_cast<size_t>(src)][i];
+    Shard sh = cad::prefix_aware::shard_ending_at(p_, r, e, need, room(dst), min_shard_);
+    if (sh.begin >= sh.end) return false;
+    Ledger::Delta delta = ledger_.delta(r.doc, sh.begin, sh.end, dst);
+    if (!ledger_.fits_memory(dst, delta.memory) || (fair_memory_ && !wide && !fair_share(dst, delta.memory, sh, r))) {
+      memory_blocked = true;
+      if (!wide) return false;
+      sh = cad::prefix_aware::shrink_to_memory(r, ledger_, dst, sh, headroom(dst), min_shard_);
+      if (sh.begin >= sh.end) return false;
+      delta = ledger_.delta(r.doc, sh.begin, sh.end, dst);
+      if (!ledger_.fits_memory(dst, delta.memory)) return false;
+    }
+    const int64_t c = p_.cost(sh.begin, sh.end, p_.docs[static_cast<size_t>(r.doc)]);
+    if (c <= 0) return false;
+    const Candidate cand{true, i, dst, sh, c, static_cast<double>(delta.bytes) / static_cast<double>(c),
+                         static_cast<double>(cut_overhead(r, sh)) / static_cast<double>(c)};
+    if (c <= room(dst)) {
+      if (!choice.best.valid || better(cand, choice.best)) choice.best = cand;
+    } else {
+      const int64_t worst = std::max(ledger_.load(src) - c, ledger_.load(dst) + c);
+      if (worst < choice.fallback_max) {
+        choice.fallback_max = worst;
+        choice.fallback = cand;
+      }
+    }
+    return true;
+  }
+
 
   // Under a cap, the first pass lets a shard use at most the receiver's memory headroom in proportion
   // to the share of its room the shard fills, so that a few long-prefix shards with little work do not
@@ -224,7 +242,8 @@ class Shedding {
   }
 
   // Receivers for range r: the few with the most room and the servers already holding part of the
-  // document or its prefix; `wide`: every server with room.
+  // document or its prefix; `wide` (under a cap, when those could not take a shard): every server
+  // with room (fewer, chosen by free memory, balanced much worse under tight caps at 512 servers).
   void receivers(int32_t src, const Range& r, bool wide) {
     receivers_.clear();
     int n = 0;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -101,7 +102,7 @@ class Ledger {
 
   // The KV prefix of docs[doc] that `server` already holds or receives: [0, returned end).
   int64_t kv_prefix(int32_t doc, int32_t server) const {
-    auto it = kv_end_.find({doc, server});
+    auto it = kv_end_.find(key(doc, server));
     return it == kv_end_.end() ? 0 : it->second;
   }
   int64_t load(int32_t server) const { return load_[static_cast<size_t>(server)]; }
@@ -119,7 +120,12 @@ class Ledger {
   const Problem& problem_;
   std::vector<int64_t> load_;
   std::vector<int64_t> memory_;
-  std::map<std::pair<int32_t, int32_t>, int64_t> kv_end_;  // (doc, server) -> KV prefix already there
+  // (doc, server) -> KV prefix already there. A hash map: delta() looks it up for every candidate
+  // (the hottest call under a memory cap); nothing iterates it in an order that matters.
+  static uint64_t key(int32_t doc, int32_t server) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(doc)) << 32) | static_cast<uint32_t>(server);
+  }
+  std::unordered_map<uint64_t, int64_t> kv_end_;
 };
 
 // Sorts tasks by (server, doc_id, q_begin) and merges tasks of one document that touch on one server.
