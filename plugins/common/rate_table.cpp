@@ -66,35 +66,56 @@ std::vector<int64_t> read_axis(const json& doc, const char* key, const std::stri
   return axis;
 }
 
-// Where x falls on a log-scaled axis: cell index i and weight t of axis[i + 1] (clamped to the ends).
-std::pair<size_t, double> locate(const std::vector<int64_t>& axis, int64_t x) {
+// Where x falls on a log-scaled axis (logs precomputed): cell index i and weight t of axis[i + 1]
+// (clamped to the ends).
+std::pair<size_t, double> locate(const std::vector<int64_t>& axis, const std::vector<double>& log_axis, int64_t x) {
   if (axis.size() == 1 || x <= axis.front()) return {0, 0.0};
   if (x >= axis.back()) return {axis.size() - 2, 1.0};
   const size_t hi = static_cast<size_t>(std::upper_bound(axis.begin(), axis.end(), x) - axis.begin());
   const size_t lo = hi - 1;
-  const double t = (std::log(static_cast<double>(x)) - std::log(static_cast<double>(axis[lo]))) /
-                   (std::log(static_cast<double>(axis[hi])) - std::log(static_cast<double>(axis[lo])));
-  return {lo, t};
+  return {lo, (std::log(static_cast<double>(x)) - log_axis[lo]) / (log_axis[hi] - log_axis[lo])};
 }
 
-double interpolate(const RateTable& t, const std::vector<Rate>& rates, int64_t q, int64_t kv) {
-  const auto [qi, tq] = locate(t.q_lens, q);
-  const auto [ki, tk] = locate(t.kv_lens, kv);
+// The four grid cells around (q, kv) and the weights of the upper ones.
+struct Cell {
+  size_t c00, c01, c10, c11;
+  double tq, tk;
+};
+
+Cell cell_at(const RateTable& t, int64_t q, int64_t kv) {
+  const auto [qi, tq] = locate(t.q_lens, t.log_q_lens, q);
+  const auto [ki, tk] = locate(t.kv_lens, t.log_kv_lens, kv);
   const size_t nk = t.kv_lens.size();
   const size_t qi1 = std::min(qi + 1, t.q_lens.size() - 1);
   const size_t ki1 = std::min(ki + 1, nk - 1);
-  const double r00 = rates[qi * nk + ki].tflops, r01 = rates[qi * nk + ki1].tflops;
-  const double r10 = rates[qi1 * nk + ki].tflops, r11 = rates[qi1 * nk + ki1].tflops;
-  return (1 - tq) * ((1 - tk) * r00 + tk * r01) + tq * ((1 - tk) * r10 + tk * r11);
+  return {qi * nk + ki, qi * nk + ki1, qi1 * nk + ki, qi1 * nk + ki1, tq, tk};
+}
+
+// Bilinear interpolation of the rates at a cell.
+double mix(const Cell& c, const std::vector<Rate>& r) {
+  return (1 - c.tq) * ((1 - c.tk) * r[c.c00].tflops + c.tk * r[c.c01].tflops) +
+         c.tq * ((1 - c.tk) * r[c.c10].tflops + c.tk * r[c.c11].tflops);
+}
+
+std::vector<double> logs_of(const std::vector<int64_t>& axis) {
+  std::vector<double> out;
+  for (int64_t x : axis) out.push_back(std::log(static_cast<double>(x)));
+  return out;
 }
 
 }  // namespace
 
-double RateTable::fwd_tflops(int64_t q, int64_t kv) const { return interpolate(*this, fwd, q, kv); }
-double RateTable::bwd_tflops(int64_t q, int64_t kv) const { return interpolate(*this, bwd, q, kv); }
+double RateTable::fwd_tflops(int64_t q, int64_t kv) const { return mix(cell_at(*this, q, kv), fwd); }
+double RateTable::bwd_tflops(int64_t q, int64_t kv) const { return mix(cell_at(*this, q, kv), bwd); }
 
 double RateTable::shard_seconds(int64_t q, int64_t kv, double fwd_flops) const {
   return fwd_flops / (fwd_tflops(q, kv) * 1e12) + backward_flop_ratio * fwd_flops / (bwd_tflops(q, kv) * 1e12);
+}
+
+double RateTable::relative_time(int64_t q, int64_t kv) const {
+  const double dense = 1.0 / dense_fwd.tflops + backward_flop_ratio / dense_bwd.tflops;
+  const Cell c = cell_at(*this, q, kv);
+  return (1.0 / mix(c, fwd) + backward_flop_ratio / mix(c, bwd)) / dense;
 }
 
 RateTable parse_rate_table(const std::string& json_text, const std::string& name) {
@@ -115,6 +136,8 @@ RateTable parse_rate_table(const std::string& json_text, const std::string& name
   t.dense_bwd = read_rate(dense, "bwd", name, "dense");
   t.q_lens = read_axis(doc, "q_lens", name);
   t.kv_lens = read_axis(doc, "kv_lens", name);
+  t.log_q_lens = logs_of(t.q_lens);
+  t.log_kv_lens = logs_of(t.kv_lens);
 
   const json& grid = member(doc, "grid", name, "");
   if (!grid.is_array()) bad(name, "grid", "must be an array of {q, kv, fwd, bwd} entries");

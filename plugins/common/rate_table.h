@@ -58,12 +58,16 @@ struct RateTable {
   Rate dense_fwd, dense_bwd;
   std::vector<int64_t> q_lens, kv_lens;
   std::vector<Rate> fwd, bwd;  // [qi * kv_lens.size() + ki]
+  std::vector<double> log_q_lens, log_kv_lens;  // filled by the reader (lookups are hot in balancers)
 
   // Interpolated rate, TFLOP/s, of a shard with q queries whose KV length is kv.
   double fwd_tflops(int64_t q, int64_t kv) const;
   double bwd_tflops(int64_t q, int64_t kv) const;
   // Predicted forward + backward seconds of a shard of that shape whose forward costs fwd_flops.
   double shard_seconds(int64_t q, int64_t kv, double fwd_flops) const;
+  // Forward + backward time per FLOP of that shape over the same for the dense entry: 1 = as fast as
+  // dense causal attention, 1.2 = 20% slower. What a balancer weighs score entries with.
+  double relative_time(int64_t q, int64_t kv) const;
 };
 
 // Reads and validates a rate table; throws std::invalid_argument naming `path` and the bad key.
