@@ -50,6 +50,8 @@ const char* kUsage =
     "                      0 = all); its plan is also its token layout, so only K/V moves\n"
     "  --cad-size N        ranks per group of every other balancer (default 0 = all ranks)\n"
     "  --min-shard N       shortest efficient shard, tokens (default 128)\n"
+    "  --balance-time      give prefix_aware the rate table (its \"rate_table\" key): it then balances\n"
+    "                      predicted attention time instead of FLOPs\n"
     "  --path DIRS         directories searched for plugins first (colon-separated)\n"
     "calibration:\n"
     "  --rates FILE        attention-kernel rate table (default configs/calibration/h200.json)\n"
@@ -131,7 +133,7 @@ int run_simulate(int argc, char** argv) {
        "--gpus-per-node", "--tp", "--pp", "--dist", "--context", "--steps", "--seed", "--microbatches", "--balancers",
        "--cp-size", "--cad-size", "--min-shard", "--path", "--rates", "--system", "--attention-tflops", "--net-gbps", "--gemm-tflops",
        "--pingpong"},
-      {"--json", "--quiet"});
+      {"--json", "--quiet", "--balance-time"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -176,6 +178,10 @@ int run_simulate(int argc, char** argv) {
 
   const int64_t cp_size = args.get_int("--cp-size", s.layout.gpus_per_node / s.layout.tp, 0, big);
   const int64_t cad_size = args.get_int("--cad-size", 0, 0, big);
+  const std::string rates_path = args.get("--rates", default_calibration("h200.json"));
+  if (args.has("--balance-time") && args.has("--attention-tflops")) {
+    throw UsageError("--balance-time needs the rate table; it cannot go with --attention-tflops");
+  }
   const std::vector<std::string> names =
       args.has("--balancers") ? split(args.get("--balancers", ""), ',') : kDefaultBalancers;
   if (names.empty()) throw UsageError("--balancers names no balancer");
@@ -185,6 +191,9 @@ int run_simulate(int argc, char** argv) {
     const bool cp = std::filesystem::path(n).stem().string().find("per_doc_cp") != std::string::npos;
     b.group_size = n == "colocated" ? 1 : cp ? cp_size : cad_size;
     b.plan_is_layout = cp;
+    if (args.has("--balance-time") && std::filesystem::path(n).stem().string().find("prefix_aware") != std::string::npos) {
+      b.config = nlohmann::json{{"rate_table", rates_path}}.dump();
+    }
     s.balancers.push_back(b);
   }
   const std::string pingpong = args.get("--pingpong", "both");
@@ -207,7 +216,7 @@ int run_simulate(int argc, char** argv) {
     if (fb.size() != 2) throw UsageError("--attention-tflops: expected FWD,BWD, e.g. 650,470");
     rates = sim::constant_rates(parse_double("--attention-tflops", fb[0]), parse_double("--attention-tflops", fb[1]), 2.5);
   } else {
-    rates = sim::load_attention_rates(args.get("--rates", default_calibration("h200.json")));
+    rates = sim::load_attention_rates(rates_path);
   }
 
   const bool json = args.has("--json");
@@ -231,7 +240,8 @@ int run_simulate(int argc, char** argv) {
     out["layout"] = {{"gpus", s.layout.gpus}, {"gpus_per_node", s.layout.gpus_per_node}, {"tp", s.layout.tp},
                      {"pp", s.layout.pp},     {"dp", s.layout.dp()}};
     out["workload"] = {{"dist", dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
-                       {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens}};
+                       {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens},
+                       {"balance_time", args.has("--balance-time")}};
     out["calibration"] = {{"rates", rates->describe()},
                           {"system", cal.path},
                           {"gemm_tflops", cal.gemm_tflops},
