@@ -35,15 +35,16 @@ def by_name(result):
 
 
 def table(results):
-    lines = ["| model | GPUs | tokens per DP rank | colocated imbalance | per_doc_cp imbalance | step colocated (s) | "
+    lines = ["| model | GPUs | tokens per DP rank | imbalance: colocated / per_doc_cp / distca / prefix_aware | step colocated (s) | "
              "distca vs colocated | prefix_aware vs colocated | distca vs per_doc_cp | prefix_aware vs per_doc_cp | "
              "prefix_aware, no ping-pong, vs per_doc_cp |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         b = by_name(r)
-        lines.append("| %s | %d | %dK | %.2f | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+        lines.append("| %s | %d | %dK | %.2f / %.2f / %.2f / %.2f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
             r["model"]["name"], r["layout"]["gpus"], r["workload"]["context"] // 1024,
             b["colocated"]["attention_imbalance"], b["per_doc_cp"]["attention_imbalance"],
+            b["distca"]["attention_imbalance"], b["prefix_aware"]["attention_imbalance"],
             b["colocated"]["on"]["mean_step_seconds"],
             b["distca"]["on"]["speedup_vs_colocated"], b["prefix_aware"]["on"]["speedup_vs_colocated"],
             b["distca"]["on"]["speedup_vs_per_doc_cp"], b["prefix_aware"]["on"]["speedup_vs_per_doc_cp"],
