@@ -3,24 +3,26 @@
 // balancer plugins on them through the ABI, and reports what plan_model says about each plan: cost per
 // server before and after, max/mean imbalance, bytes moved (total, per server, per link) and plan time.
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "balancer_runner.h"
 #include "batch_recipe.h"
-#include "cad_host.hpp"
 #include "cli_args.h"
 #include "command.h"
 #include "doc_lengths.h"
 #include "plan_limits.h"
 #include "plan_model.h"
+#include "plan_time.h"
+#include "rate_table.h"
 
 namespace {
 
@@ -31,7 +33,8 @@ const char* kUsage =
     "       cad plan --lengths FILE --ranks R [--context N]             (one given batch)\n"
     "                [--balancer NAME|all] [--tolerance T] [--config JSON] [--heads H] [--kv-heads H]\n"
     "                [--head-dim D] [--bytes-per-element B] [--min-shard N] [--memory-cap BYTES]\n"
-    "                [--noncausal] [--repeat N] [--per-server] [--json] [--plot OUT.png] [--path DIRS]\n\n"
+    "                [--noncausal] [--repeat N] [--per-server] [--json] [--plot OUT.png] [--path DIRS]\n"
+    "                [--rate-table FILE [--balance-time]] [--tasks]\n\n"
     "Runs balancer plugins on one step's piece tables and prints, per balancer, the attention cost per\n"
     "server before (colocated) and after, max/mean imbalance, forward bytes moved and the plan time.\n\n"
     "  --dist FILE       document lengths (JSON list or CSV) to sample from with DistCA's recipe: cut at\n"
@@ -54,29 +57,19 @@ const char* kUsage =
     "  --repeat N        plan N times and report the fastest (default 1)\n"
     "  --per-server      print the per-server table even for many ranks (default: up to 16 ranks)\n"
     "  --json            machine-readable output\n"
+    "  --tasks           with --json: also every rank's pieces [doc, doc_len, offset, len] and every plan's\n"
+    "                    tasks [doc, q_begin, q_end, server] (to replay the server batches elsewhere)\n"
     "  --plot OUT.png    draw per-server load before/after and bytes per link (needs gnuplot)\n"
-    "  --path DIRS       directories searched for plugins first (colon-separated)\n";
+    "  --path DIRS       directories searched for plugins first (colon-separated)\n"
+    "  --rate-table FILE measured kernel rates (configs/calibration/h200.json): also report each plan's\n"
+    "                    predicted attention time per server (forward + backward) and its max/mean\n"
+    "  --balance-time    hand FILE to prefix_aware as its \"rate_table\" config key, so that it balances\n"
+    "                    predicted time instead of FLOPs\n";
 
 constexpr int64_t kMaxContext = int64_t{1} << 40;
 constexpr int64_t kMaxRanks = 8192;
 
 const std::vector<std::string> kAllBalancers = {"colocated", "per_doc_cp", "distca", "prefix_aware"};
-
-// The host services `cad plan` lends the balancers: logging of warnings and errors to stderr only.
-void log_to_stderr(void*, cad_log_level_t level, const char* source, const char* message) {
-  std::fprintf(stderr, "[%s] %s: %s\n", level >= CAD_LOG_ERROR ? "error" : "warn", source, message);
-}
-
-cad_host_services_v1_t make_services() {
-  cad_host_services_v1_t s{};
-  s.struct_size = sizeof s;
-  s.abi_major = CAD_ABI_VERSION_MAJOR;
-  s.abi_minor = CAD_ABI_VERSION_MINOR;
-  s.log_level = CAD_LOG_WARN;
-  s.log = &log_to_stderr;
-  s.bootstrap_rank = -1;
-  return s;
-}
 
 struct Outcome {
   std::string name;
@@ -84,63 +77,41 @@ struct Outcome {
   std::string error;
   std::vector<cad_task_v1_t> tasks;
   cad::plan::PlanStats stats;
+  std::vector<double> seconds;  // predicted per server (with --rate-table)
   double plan_ms = 0;
 };
 
+// What `cad plan` reports in predicted time (with --rate-table): per server, before and after.
+struct TimeReport {
+  const cad::plan::RateTable* table = nullptr;
+  std::vector<double> before;
+};
+
 // Loads one balancer plugin, creates an instance with `config`, plans `repeat` times (fastest counts).
-Outcome run_balancer(const std::string& name, const std::string& config, const char* search_path,
+Outcome run_balancer(const std::string& name, const std::string& config, const std::string& search_path,
                      const cad::plan::RankPieces& ranks, const cad_cost_params_v1_t& cost,
-                     const cad::plan::ModelParams& model, int repeat) {
+                     const cad::plan::ModelParams& model, int repeat, const cad::plan::RateTable* rates) {
+  cad::simulate::BalancerRunner runner(name, config, search_path);
   Outcome out;
-  cad::Library library(name, search_path);
-  const cad_plugin_v1_t& plugin = library.plugin();
-  out.name = plugin.name;
-  if (plugin.kind != CAD_PLUGIN_KIND_BALANCER || plugin.balancer == nullptr) {
-    throw std::runtime_error(library.path() + " is not a balancer plugin");
-  }
-  const cad_balancer_v1_t* table = plugin.balancer;
-  static const cad_host_services_v1_t services = make_services();
-  void* ctx = nullptr;
-  char message[2048] = {0};
-  const cad_status_t created = table->create(&services, config.c_str(), &ctx, message, sizeof message);
-  if (created != CAD_STATUS_OK) {
-    throw std::runtime_error("balancer '" + out.name + "': create failed: " + message);
-  }
-  std::vector<cad_rank_pieces_v1_t> views;
-  for (const auto& r : ranks) views.push_back({r.data(), static_cast<int64_t>(r.size())});
-  cad_balance_input_v1_t input{};
-  input.struct_size = sizeof input;
-  input.ranks = views.data();
-  input.num_ranks = static_cast<int32_t>(views.size());
-  input.num_servers = input.num_ranks;
-  input.cost = &cost;
+  out.name = runner.name();
   out.plan_ms = 1e300;
   for (int i = 0; i < repeat; ++i) {
-    cad_plan_v1_t* plan = nullptr;
-    const auto start = std::chrono::steady_clock::now();
-    out.status = table->plan(ctx, &input, &plan);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    out.plan_ms = std::min(out.plan_ms, ms);
-    if (out.status != CAD_STATUS_OK) {
-      out.error = cad::last_error_of(table, ctx);
+    cad::simulate::BalancerRunner::Attempt a = runner.try_plan(ranks, cost);
+    out.plan_ms = std::min(out.plan_ms, a.plan_ms);
+    out.status = a.status;
+    if (a.status != CAD_STATUS_OK) {
+      out.error = a.error;
       break;
     }
-    // Never trust a plugin's OK: no plan, or a task array that does not match its count, is its bug.
-    if (plan == nullptr || plan->num_tasks < 0 || (plan->num_tasks > 0 && plan->tasks == nullptr)) {
-      out.status = CAD_STATUS_INTERNAL;
-      out.error = "plugin " + library.path() + ": plan returned OK but " +
-                  (plan == nullptr ? std::string("no plan") : "a plan with " + std::to_string(plan->num_tasks) + " tasks at " +
-                                                               (plan->tasks ? "a non-NULL" : "a NULL") + " array");
-      if (plan != nullptr) table->release_plan(ctx, plan);
-      break;
-    }
-    out.tasks.assign(plan->tasks, plan->tasks + plan->num_tasks);
-    table->release_plan(ctx, plan);
+    out.tasks = std::move(a.tasks);
   }
-  table->destroy(ctx);
   if (out.status == CAD_STATUS_OK) {
-    out.stats = cad::plan::evaluate_plan(ranks, input.num_servers, out.tasks.data(),
+    out.stats = cad::plan::evaluate_plan(ranks, static_cast<int32_t>(ranks.size()), out.tasks.data(),
                                          static_cast<int64_t>(out.tasks.size()), model);
+    if (rates != nullptr) {
+      out.seconds = cad::plan::server_seconds(ranks, static_cast<int32_t>(ranks.size()), out.tasks.data(),
+                                              static_cast<int64_t>(out.tasks.size()), model, *rates);
+    }
   }
   return out;
 }
@@ -148,19 +119,28 @@ Outcome run_balancer(const std::string& name, const std::string& config, const c
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
 void print_text(const std::string& batch, const std::vector<int64_t>& before, const std::vector<Outcome>& outcomes,
-                bool per_server) {
+                const TimeReport& time, bool per_server) {
   std::printf("%s\n", batch.c_str());
-  std::printf("colocated (before): max/mean attention cost %.3f\n\n", cad::plan::imbalance_of(before));
-  std::printf("%-14s %9s %9s %12s %14s %8s %10s\n", "balancer", "before", "after", "bytes_GiB", "max_recv_GiB", "tasks",
-              "plan_ms");
+  std::printf("colocated (before): max/mean attention cost %.3f", cad::plan::imbalance_of(before));
+  if (time.table != nullptr) {
+    std::printf(", predicted time %.3f (rates: %s, %s)", cad::plan::imbalance_of(time.before), time.table->path.c_str(),
+                time.table->gpu.c_str());
+  }
+  // "before"/"after": max/mean of FLOPs; "time_before"/"time_after": of predicted time (--rate-table).
+  std::printf("\n\n%-14s %9s %9s", "balancer", "before", "after");
+  if (time.table != nullptr) std::printf(" %11s %10s", "time_before", "time_after");
+  std::printf(" %12s %14s %8s %10s\n", "bytes_GiB", "max_recv_GiB", "tasks", "plan_ms");
   for (const auto& o : outcomes) {
     if (o.status != CAD_STATUS_OK) {
       std::printf("%-14s error (%s): %s\n", o.name.c_str(), cad_status_name(o.status), o.error.c_str());
       continue;
     }
     const int64_t max_recv = *std::max_element(o.stats.bytes_received.begin(), o.stats.bytes_received.end());
-    std::printf("%-14s %9.3f %9.3f %12.3f %14.3f %8zu %10.3f\n", o.name.c_str(), cad::plan::imbalance_of(before),
-                o.stats.imbalance, gib(o.stats.total_bytes), gib(max_recv), o.tasks.size(), o.plan_ms);
+    std::printf("%-14s %9.3f %9.3f", o.name.c_str(), cad::plan::imbalance_of(before), o.stats.imbalance);
+    if (time.table != nullptr) {
+      std::printf(" %11.3f %10.3f", cad::plan::imbalance_of(time.before), cad::plan::imbalance_of(o.seconds));
+    }
+    std::printf(" %12.3f %14.3f %8zu %10.3f\n", gib(o.stats.total_bytes), gib(max_recv), o.tasks.size(), o.plan_ms);
   }
   if (!per_server) return;
   std::printf("\nattention cost per server (score entries / 1e9), before and after:\n%-8s %10s", "server", "before");
@@ -177,11 +157,26 @@ void print_text(const std::string& batch, const std::vector<int64_t>& before, co
 }
 
 nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& before,
-                       const std::vector<Outcome>& outcomes) {
+                       const std::vector<Outcome>& outcomes, const TimeReport& time,
+                       const cad::plan::RankPieces* pieces) {
   nlohmann::json out;
   out["batch"] = batch;
+  if (pieces != nullptr) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& r : *pieces) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& p : r) list.push_back({p.doc_id, p.doc_len, p.offset_in_doc, p.len});
+      ranks.push_back(list);
+    }
+    out["pieces"] = ranks;
+  }
   out["cost_before"] = before;
   out["imbalance_before"] = cad::plan::imbalance_of(before);
+  if (time.table != nullptr) {
+    out["rate_table"] = time.table->path;
+    out["seconds_before"] = time.before;
+    out["time_imbalance_before"] = cad::plan::imbalance_of(time.before);
+  }
   out["balancers"] = nlohmann::json::array();
   for (const auto& o : outcomes) {
     nlohmann::json b;
@@ -193,6 +188,10 @@ nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& 
       b["imbalance"] = o.stats.imbalance;
       b["cost"] = o.stats.cost;
       b["flops"] = o.stats.flops;
+      if (time.table != nullptr) {
+        b["seconds"] = o.seconds;
+        b["time_imbalance"] = cad::plan::imbalance_of(o.seconds);
+      }
       b["bytes_total"] = o.stats.total_bytes;
       b["bytes_sent"] = o.stats.bytes_sent;
       b["bytes_received"] = o.stats.bytes_received;
@@ -205,6 +204,11 @@ nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& 
       }
       b["link_bytes"] = links;
       b["tasks"] = o.tasks.size();
+      if (pieces != nullptr) {
+        nlohmann::json list = nlohmann::json::array();
+        for (const auto& t : o.tasks) list.push_back({t.doc_id, t.q_begin, t.q_end, t.server});
+        b["task_list"] = list;
+      }
     }
     b["plan_ms"] = o.plan_ms;
     out["balancers"].push_back(b);
@@ -279,8 +283,8 @@ int run_plan(int argc, char** argv) {
   const cad::cli::Args args(argc, argv,
                             {"--dist", "--lengths", "--context", "--ranks", "--seed", "--balancer", "--tolerance",
                              "--config", "--heads", "--kv-heads", "--head-dim", "--bytes-per-element", "--min-shard",
-                             "--memory-cap", "--repeat", "--plot", "--path"},
-                            {"--noncausal", "--json", "--per-server"});
+                             "--memory-cap", "--repeat", "--plot", "--path", "--rate-table"},
+                            {"--noncausal", "--json", "--per-server", "--balance-time", "--tasks"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -344,6 +348,24 @@ int run_plan(int argc, char** argv) {
   if (!overflow.empty()) throw std::runtime_error(file + ": " + overflow);
   const std::vector<int64_t> before = cad::plan::colocated_cost(pieces, cost.causal == 1);
 
+  // Predicted time (--rate-table): the colocated plan's, per server, for "time_before".
+  std::unique_ptr<cad::plan::RateTable> rates;
+  TimeReport time;
+  if (args.has("--balance-time") && !args.has("--rate-table")) throw UsageError("--balance-time needs --rate-table");
+  if (args.has("--tasks") && !args.has("--json")) throw UsageError("--tasks needs --json");
+  if (args.has("--rate-table")) {
+    rates = std::make_unique<cad::plan::RateTable>(cad::plan::load_rate_table(args.get("--rate-table", "")));
+    std::vector<cad_task_v1_t> colocated;
+    for (int32_t r = 0; r < ranks; ++r) {
+      for (const auto& p : pieces[static_cast<size_t>(r)]) {
+        colocated.push_back({p.doc_id, p.offset_in_doc, p.offset_in_doc + p.len, r, 0});
+      }
+    }
+    time.table = rates.get();
+    time.before = cad::plan::server_seconds(pieces, ranks, colocated.data(), static_cast<int64_t>(colocated.size()),
+                                            model, *rates);
+  }
+
   // The balancers.
   const std::string which = args.get("--balancer", "all");
   const std::vector<std::string> names = which == "all" ? kAllBalancers : std::vector<std::string>{which};
@@ -352,22 +374,26 @@ int run_plan(int argc, char** argv) {
   std::vector<Outcome> outcomes;
   for (const auto& name : names) {
     std::string config = args.get("--config", "{}");
-    if (args.has("--tolerance") && (name == "distca" || name == "prefix_aware")) {
+    const bool set_tolerance = args.has("--tolerance") && (name == "distca" || name == "prefix_aware");
+    const bool set_rates = args.has("--balance-time") && name == "prefix_aware";
+    if (set_tolerance || set_rates) {
       nlohmann::json c = nlohmann::json::parse(config, nullptr, false);
       if (c.is_discarded() || !c.is_object()) throw UsageError("--config is not a JSON object");
-      const std::string t = args.get("--tolerance", "");
-      char* end = nullptr;
-      const double value = std::strtod(t.c_str(), &end);
-      if (end == t.c_str() || *end != '\0') throw UsageError("--tolerance: expected a number, got '" + t + "'");
-      c["tolerance"] = value;
+      if (set_tolerance) {
+        const std::string t = args.get("--tolerance", "");
+        char* end = nullptr;
+        const double value = std::strtod(t.c_str(), &end);
+        if (end == t.c_str() || *end != '\0') throw UsageError("--tolerance: expected a number, got '" + t + "'");
+        c["tolerance"] = value;
+      }
+      if (set_rates) c["rate_table"] = args.get("--rate-table", "");
       config = c.dump();
     }
-    outcomes.push_back(run_balancer(name, config, search.empty() ? nullptr : search.c_str(), pieces, cost, model,
-                                    repeat));
+    outcomes.push_back(run_balancer(name, config, search, pieces, cost, model, repeat, rates.get()));
   }
 
   if (args.has("--json")) {
-    std::printf("%s\n", to_json(batch, before, outcomes).dump(2).c_str());
+    std::printf("%s\n", to_json(batch, before, outcomes, time, args.has("--tasks") ? &pieces : nullptr).dump(2).c_str());
   } else {
     char line[512];
     std::snprintf(line, sizeof line,
@@ -377,7 +403,7 @@ int run_plan(int argc, char** argv) {
                   static_cast<long long>(context), static_cast<long long>(docs),
                   static_cast<long long>(piece_count), cost.causal ? "causal" : "non-causal", cost.num_q_heads,
                   cost.num_kv_heads, cost.head_dim, static_cast<long long>(cost.min_shard_tokens));
-    print_text(line, before, outcomes, args.has("--per-server") || ranks <= 16);
+    print_text(line, before, outcomes, time, args.has("--per-server") || ranks <= 16);
   }
   if (args.has("--plot")) plot(args.get("--plot", ""), before, outcomes);
   for (const auto& o : outcomes)

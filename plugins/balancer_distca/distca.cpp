@@ -1,117 +1,204 @@
-// distca.cpp -- the "distca" balancer: the greedy scheduler of DistCA (arXiv 2510.18121), as a baseline.
+// distca.cpp -- the "distca" balancer: DistCA's planner (arXiv 2510.18121; hao-ai-lab/DistCA,
+// distca/planner/planner.py, Planner.plan_items and Item.split_item), as the baseline prefix_aware is
+// measured against. Written from reading that code; where ours differs, docs/balancers.md says why.
 //
-// Start colocated. Repeatedly take the most loaded server (surplus over the mean) and the least loaded
-// one (deficit); among the work ranges on the surplus server pick the move with the most FLOPs per
-// byte, where the amount moved is min(surplus, deficit) and a range is split as a head/tail pair: k
-// queries from its head and k from its tail, so that every moved query pair costs exactly
-// begin + end + 1 score entries (doc_len + 1 for a whole document). Bytes are estimated the way the
-// paper's scheduler does: the moved Q rows plus the whole KV prefix the tail needs, with no credit for
-// prefixes the destination already has. Stop when every server is within `tolerance` of the mean.
-#include <cmath>
+// Every piece a rank holds is an item. Servers below the mean are recipients, served largest deficit
+// first; each takes work until its deficit is at most tolerance x mean. For each move, every item on
+// any server above the mean (a donor) is a candidate, priced as DistCA prices it: the amount it could
+// move, f = min(donor surplus, recipient need, item work), and bytes per unit of work
+// (f / pair_cost query rows + the document's whole KV, doc_len + 1 tokens) / f, with Q and KV
+// element counts as DistCA counts them (no O/LSE, no credit for KV already there); the cheapest
+// wins, ties to the earlier item. An item whose work is at most f moves whole. Otherwise
+// k = floor(f / pair_cost) query pairs move, cut next to the middle of the item: the first cut takes
+// rows [m - k, m + k) around the middle m, later cuts the k rows on either side of the hole left by
+// the earlier ones, so every pair costs the same (hole_begin + hole_end + 1 score entries; doc_len + 1
+// for a whole even-length document) and the recipient needs the KV prefix only up to the hole's top.
+// If k is 0 the recipient is done (DistCA stops there too). Moved rows are never moved again.
+//
+// Beyond DistCA: shards and the parts left are at least min_shard_tokens (k is lowered to keep them,
+// or the move is dropped: with min_shard_tokens = 1 the rows are DistCA's), and a candidate that would
+// put its recipient over memory_cap_bytes is skipped.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "balancer_support.h"
 
 namespace {
 
 using cad::balancer::Ledger;
-using cad::balancer::Problem;
-using cad::balancer::Range;
-using cad::balancer::Tasks;
 using cad::balancer::make_task;
+using cad::balancer::Problem;
+using cad::balancer::Tasks;
+
+// One piece of one document on its owner, and the middle rows already moved away: the item still
+// computes [begin, hole_begin) and [hole_end, end) on `server`.
+struct Item {
+  int32_t doc = 0;
+  int32_t server = 0;
+  int64_t begin = 0, end = 0;
+  int64_t hole_begin = 0, hole_end = 0;
+  int64_t work = 0;  // score entries left
+};
+
+// The rows a move takes: whole (the item changes server) or k pairs next to the hole.
+struct Cut {
+  bool whole = false;
+  int64_t k = 0;
+  int64_t work = 0;
+};
 
 struct DistCa {
   static constexpr const char* kName = "distca";
-  static constexpr const char* kDescription = "DistCA's greedy: head/tail pairs from surplus to deficit servers, "
-                                              "most FLOPs per byte first";
+  static constexpr const char* kDescription =
+      "DistCA's planner: recipients filled to tolerance x mean, cheapest bytes per FLOP first, pairs cut next to "
+      "the middle of a piece";
   double tolerance;
 
   explicit DistCa(cad::plugin::ConfigReader& config) : tolerance(config.get_double("tolerance", 0.1, 0.0, 10.0)) {}
 
-  // One candidate move: k head/tail pairs of a range (or the whole range when k == 0).
-  struct Move {
-    size_t range = 0;
-    int64_t k = 0;
-    int64_t cost = 0;
-    double flops_per_byte = -1;
-  };
+  static int64_t work_of(const Problem& p, const Item& it) {
+    const auto& doc = p.docs[static_cast<size_t>(it.doc)];
+    return p.cost(it.begin, it.hole_begin, doc) + p.cost(it.hole_end, it.end, doc);
+  }
 
-  Move size_move(const Problem& p, const Range& r, double want) const {
-    const auto& doc = p.docs[static_cast<size_t>(r.doc)];
-    const int64_t len = r.end - r.begin;
-    const int64_t whole = p.cost(r.begin, r.end, doc);
-    const int64_t pair_cost = p.model.causal ? r.begin + r.end + 1 : 2 * doc.len;
-    Move m;
-    if (want >= static_cast<double>(whole) || len < 2) {
-      m.cost = whole;
-    } else {
-      m.k = std::max<int64_t>(1, std::llround(want / static_cast<double>(pair_cost)));
-      m.k = std::max(m.k, p.min_shard);                       // shards at or above the kernel's minimum
-      if (len - 2 * m.k < p.min_shard) m.k = 0;               // a remainder too small: move it all
-      m.cost = m.k == 0 ? whole : m.k * pair_cost;
+  // The cost of one moved query pair (a row below the hole and one above it).
+  static int64_t pair_cost(const Problem& p, const Item& it) {
+    return p.model.causal ? it.hole_begin + it.hole_end + 1 : 2 * p.docs[static_cast<size_t>(it.doc)].len;
+  }
+
+  // DistCA's Item.get_priority: estimated elements moved per unit of work (lower is better).
+  static double priority(const Problem& p, const Item& it, double f) {
+    const auto& m = p.model;
+    const double hidden = static_cast<double>(m.num_q_heads) * m.head_dim;
+    const double kv = 2.0 * static_cast<double>(p.docs[static_cast<size_t>(it.doc)].len + 1) * m.num_kv_heads * m.head_dim;
+    const double pairs = f / static_cast<double>(pair_cost(p, it));
+    return (pairs * hidden + kv) / f;
+  }
+
+  // DistCA's Item.split_item, with our minimum shard size: what moving `f` units of `it` takes.
+  static Cut cut(const Problem& p, const Item& it, double f) {
+    Cut c;
+    if (f >= static_cast<double>(it.work)) return {true, 0, it.work};
+    const int64_t pair = pair_cost(p, it);
+    int64_t k = static_cast<int64_t>(f / static_cast<double>(pair));
+    k = std::min({k, it.hole_begin - it.begin, it.end - it.hole_end});
+    const int64_t below = it.hole_begin - it.begin, above = it.end - it.hole_end;
+    auto sliver = [&](int64_t left) { return left > 0 && left < p.min_shard; };
+    while (k > 0 && (sliver(below - k) || sliver(above - k))) {
+      k = std::min(sliver(below - k) ? below - p.min_shard : k, sliver(above - k) ? above - p.min_shard : k);
     }
-    const int64_t rows = m.k == 0 ? len : 2 * m.k;
-    const int64_t kv = p.model.causal ? r.end : doc.len;
-    const double bytes = static_cast<double>(rows * p.model.q_round_trip_bytes() + kv * p.model.kv_token_bytes());
-    m.flops_per_byte = static_cast<double>(m.cost) / bytes;
-    return m;
+    const bool first = it.hole_begin == it.hole_end;  // the first cut moves one shard of 2k rows
+    if (k <= 0 || (first ? 2 * k : k) < p.min_shard) return c;
+    c.k = k;
+    c.work = p.model.causal ? k * pair : 0;
+    if (!p.model.causal) {
+      const auto& doc = p.docs[static_cast<size_t>(it.doc)];
+      c.work = p.cost(it.hole_begin - k, it.hole_begin, doc) + p.cost(it.hole_end, it.hole_end + k, doc);
+    }
+    return c;
+  }
+
+  // Foreign Q/K/V/O bytes the recipient would hold in addition (the higher part's delta covers the KV
+  // prefix of both; the lower part adds its query rows).
+  static int64_t memory_of(const Problem& p, const Ledger& ledger, const Item& it, const Cut& c, int32_t dst) {
+    int64_t lo_b, lo_e, hi_b, hi_e;
+    if (c.whole) {
+      lo_b = it.begin, lo_e = it.hole_begin, hi_b = it.hole_end, hi_e = it.end;
+    } else {
+      lo_b = it.hole_begin - c.k, lo_e = it.hole_begin, hi_b = it.hole_end, hi_e = it.hole_end + c.k;
+    }
+    if (hi_e <= hi_b) return ledger.delta(it.doc, lo_b, lo_e, dst).memory;
+    return ledger.delta(it.doc, hi_b, hi_e, dst).memory + (lo_e - lo_b) * p.model.q_memory_bytes();
+  }
+
+  static void move(const Problem& p, Ledger& ledger, Tasks& tasks, int64_t b, int64_t e, const Item& it, int32_t dst) {
+    if (b >= e) return;
+    ledger.commit(it.doc, b, e, it.server, dst);
+    tasks.push_back(make_task(p.docs[static_cast<size_t>(it.doc)].id, b, e, dst));
   }
 
   Tasks plan(const Problem& p, const cad::plugin::Logger& log) const {
     Ledger ledger(p);
-    auto ranges = cad::balancer::colocated_ranges(p);
-    Tasks tasks;
+    // Items in the host's order: by rank, then the rank's own piece order (DistCA's batch order).
+    std::vector<Item> items;
+    for (int32_t r = 0; r < p.num_ranks; ++r) {
+      for (const auto& piece : p.ranks[static_cast<size_t>(r)]) {
+        Item it;
+        const auto found = std::lower_bound(p.docs.begin(), p.docs.end(), piece.doc_id,
+                                            [](const cad::balancer::Doc& d, int64_t id) { return d.id < id; });
+        it.doc = static_cast<int32_t>(found - p.docs.begin());
+        it.server = r;
+        it.begin = piece.offset_in_doc;
+        it.end = piece.offset_in_doc + piece.len;
+        it.hole_begin = it.hole_end = it.begin + (piece.len + 1) / 2;  // the head keeps the larger half
+        it.work = work_of(p, it);
+        items.push_back(it);
+      }
+    }
     int64_t total = 0;
     for (int64_t l : ledger.loads()) total += l;
     const double mean = static_cast<double>(total) / p.num_servers;
-    const double high = mean * (1 + tolerance);
-    const double low = mean * (1 - tolerance);
-    int64_t max_steps = 64 * int64_t{p.num_servers} + 4 * static_cast<int64_t>(p.docs.size()) + 64;
+    const double threshold = mean * tolerance;
+    std::vector<double> surplus(static_cast<size_t>(p.num_servers));
+    std::vector<int32_t> recipients;
+    for (int32_t s = 0; s < p.num_servers; ++s) {
+      surplus[static_cast<size_t>(s)] = static_cast<double>(ledger.load(s)) - mean;
+      if (surplus[static_cast<size_t>(s)] < 0) recipients.push_back(s);
+    }
+    std::stable_sort(recipients.begin(), recipients.end(),
+                     [&](int32_t a, int32_t b) { return surplus[static_cast<size_t>(a)] < surplus[static_cast<size_t>(b)]; });
 
-    while (total > 0 && max_steps-- > 0) {
-      int32_t src = 0, dst = 0;
-      for (int32_t s = 1; s < p.num_servers; ++s) {
-        if (ledger.load(s) > ledger.load(src)) src = s;
-        if (ledger.load(s) < ledger.load(dst)) dst = s;
+    Tasks tasks;
+    for (int32_t dst : recipients) {
+      double needed = -surplus[static_cast<size_t>(dst)];
+      while (needed > threshold) {
+        // The cheapest movable item on any donor; the earlier item wins ties (DistCA's stable sort).
+        size_t best = items.size();
+        double best_priority = 0;
+        Cut best_cut;
+        for (size_t i = 0; i < items.size(); ++i) {
+          const Item& it = items[i];
+          const double donor = surplus[static_cast<size_t>(it.server)];
+          if (donor <= 0 || it.work <= 0) continue;
+          const double f = std::min({donor, needed, static_cast<double>(it.work)});
+          const double prio = priority(p, it, f);
+          if (best < items.size() && prio >= best_priority) continue;
+          const Cut c = cut(p, it, f);
+          if (p.memory_cap != 0 && (c.whole || c.k > 0) && !ledger.fits_memory(dst, memory_of(p, ledger, it, c, dst))) {
+            continue;  // not DistCA: it has no memory model
+          }
+          best = i;
+          best_priority = prio;
+          best_cut = c;
+        }
+        if (best == items.size() || (!best_cut.whole && best_cut.k == 0)) break;  // nothing (more) moves here
+        Item& it = items[best];
+        const int32_t donor = it.server;
+        if (best_cut.whole) {
+          move(p, ledger, tasks, it.begin, it.hole_begin, it, dst);
+          move(p, ledger, tasks, it.hole_end, it.end, it, dst);
+          it.begin = it.hole_begin = it.hole_end = it.end;  // nothing left to move from it
+        } else {
+          move(p, ledger, tasks, it.hole_begin - best_cut.k, it.hole_begin, it, dst);
+          move(p, ledger, tasks, it.hole_end, it.hole_end + best_cut.k, it, dst);
+          it.hole_begin -= best_cut.k;
+          it.hole_end += best_cut.k;
+        }
+        it.work = work_of(p, it);
+        surplus[static_cast<size_t>(donor)] -= static_cast<double>(best_cut.work);
+        surplus[static_cast<size_t>(dst)] += static_cast<double>(best_cut.work);
+        needed -= static_cast<double>(best_cut.work);
       }
-      const double surplus = static_cast<double>(ledger.load(src)) - mean;
-      const double deficit = mean - static_cast<double>(ledger.load(dst));
-      if ((ledger.load(src) <= high && ledger.load(dst) >= low) || surplus <= 0 || deficit <= 0) break;
-
-      auto& on_src = ranges[static_cast<size_t>(src)];
-      Move best;
-      for (size_t i = 0; i < on_src.size(); ++i) {
-        Move m = size_move(p, on_src[i], std::min(surplus, deficit));
-        m.range = i;
-        const Range& r = on_src[i];
-        const int64_t tail_begin = m.k == 0 ? r.begin : r.end - m.k;
-        int64_t memory = ledger.delta(r.doc, tail_begin, r.end, dst).memory;
-        if (m.k != 0) memory += m.k * p.model.q_memory_bytes();
-        if (!ledger.fits_memory(dst, memory)) continue;
-        if (m.flops_per_byte > best.flops_per_byte) best = m;
-      }
-      if (best.flops_per_byte < 0) {
-        log.debug(cad::plugin::format("no movable work on server %d fits server %d; stopping", src, dst));
-        break;
-      }
-      Range& r = on_src[best.range];
-      const int64_t doc_id = p.docs[static_cast<size_t>(r.doc)].id;
-      if (best.k == 0) {
-        ledger.commit(r.doc, r.begin, r.end, src, dst);
-        tasks.push_back(make_task(doc_id, r.begin, r.end, dst));
-        on_src.erase(on_src.begin() + static_cast<std::ptrdiff_t>(best.range));
-      } else {
-        ledger.commit(r.doc, r.end - best.k, r.end, src, dst);
-        ledger.commit(r.doc, r.begin, r.begin + best.k, src, dst);
-        tasks.push_back(make_task(doc_id, r.end - best.k, r.end, dst));
-        tasks.push_back(make_task(doc_id, r.begin, r.begin + best.k, dst));
-        r.begin += best.k;
-        r.end -= best.k;
+      if (needed > threshold) {
+        log.debug(cad::plugin::format("server %d stays %.0f score entries below the mean", dst, needed));
       }
     }
-    for (int32_t s = 0; s < p.num_servers; ++s) {
-      for (const Range& r : ranges[static_cast<size_t>(s)]) {
-        tasks.push_back(make_task(p.docs[static_cast<size_t>(r.doc)].id, r.begin, r.end, s));
-      }
+    for (const Item& it : items) {
+      const int64_t id = p.docs[static_cast<size_t>(it.doc)].id;
+      if (it.begin < it.hole_begin) tasks.push_back(make_task(id, it.begin, it.hole_begin, it.server));
+      if (it.hole_end < it.end) tasks.push_back(make_task(id, it.hole_end, it.end, it.server));
     }
     return tasks;
   }

@@ -8,13 +8,26 @@
 // server and document). High shards carry the most work per query row; lower ones need a shorter KV
 // prefix; shard_choice.h weighs the two. Receivers considered are the few with the most room plus
 // those that already hold part of the document or its prefix. Shards and the pieces they leave are at
-// least min_shard_tokens unless the range itself is shorter. A memory cap is respected exactly; if no
-// receiver can take any shard under it, the call fails with UNSUPPORTED. A receiver pushed over U by a
+// least min_shard_tokens unless the range itself is shorter. A receiver pushed over U by a
 // minimum-size shard sheds again in the next round.
+//
+// Time, not FLOPs (config "rate_table"): with a measured kernel-rate table every cost is in dense-rate
+// score entries (plan_time.h), so equal loads are equal predicted time; cutting a range then costs a
+// little extra time (its parts run slower than the whole), which the sender's load is charged with,
+// and among moves within 1% of the best bytes per unit of work the one that adds the least time wins.
+//
+// Memory cap: a move is taken only if the receiver stays under the cap. When no considered receiver
+// can take a shard, every server with room is tried, with shards cut to fit its memory headroom (lower
+// ends need shorter KV prefixes, fewer rows fewer Q/O bytes). A sender nothing fits keeps its excess
+// (balance degrades, a warning says so) and the others go on: whenever the colocated plan fits the cap
+// a plan is returned. If the colocated plan itself exceeds it (documents the host split across ranks
+// need KV from other ranks), the call fails UNSUPPORTED naming the server and why.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <numeric>
 #include <set>
 
 #include "balancer_support.h"
@@ -32,25 +45,39 @@ using cad::prefix_aware::Shard;
 
 constexpr int kRoomiestReceivers = 4;  // receivers with the most room considered at every step
 constexpr int kMaxRounds = 8;          // rounds of shedding (a round ends when every sender has tried)
+constexpr double kSameBytes = 0.01;    // bytes per unit of work this close count as equal (time mode)
 
 // One plan computation: the state of the greedy and its steps.
 class Shedding {
  public:
-  Shedding(const Problem& p, int64_t bound, int64_t min_shard, const cad::plugin::Logger& log)
-      : p_(p), bound_(bound), min_shard_(min_shard), log_(log), ledger_(p), ranges_(cad::balancer::colocated_ranges(p)),
-        doc_servers_(p.docs.size()) {
-    for (int32_t s = 0; s < p_.num_servers; ++s) {
-      if (room(s) > 0) by_room_.insert({-room(s), s});
-    }
+  Shedding(const Problem& p, double tolerance, int64_t min_shard, bool fair_memory, const cad::plugin::Logger& log)
+      : p_(p), tolerance_(tolerance), min_shard_(min_shard), fair_memory_(fair_memory), log_(log), ledger_(p),
+        ranges_(cad::balancer::colocated_ranges(p)), doc_servers_(p.docs.size()) {
+    raise_bound();
     for (size_t d = 0; d < p_.docs.size(); ++d) {
       for (const auto& span : p_.docs[d].spans) doc_servers_[d].push_back(span.rank);
     }
+  }
+
+  // After run(): the largest load, and the server the memory cap kept furthest above the bound (-1: none).
+  int64_t max_load() const { return *std::max_element(ledger_.loads().begin(), ledger_.loads().end()); }
+  int32_t worst_stuck() const { return worst_stuck_; }
+  // Warns that the cap cost balance (call on the plan that is returned).
+  void warn_memory_bound() const {
+    if (worst_stuck_ < 0) return;
+    log_.warn(format("memory_cap_bytes = %lld keeps server %d %.1f%% above the balance bound (max/mean %.3f): no "
+                     "more of its work fits any receiver's memory; the plan fits the cap",
+                     static_cast<long long>(p_.memory_cap), worst_stuck_,
+                     100.0 * static_cast<double>(ledger_.load(worst_stuck_) - bound_) / static_cast<double>(bound_),
+                     static_cast<double>(max_load()) * p_.num_servers /
+                         static_cast<double>(std::accumulate(ledger_.loads().begin(), ledger_.loads().end(), int64_t{0}))));
   }
 
   Tasks run() {
     int64_t excess_before = INT64_MAX;
     std::vector<int32_t> senders;
     for (int round = 0; round < kMaxRounds; ++round) {
+      if (p_.rates != nullptr) raise_bound();  // cuts added time: the mean grew
       senders.clear();
       int64_t excess = 0;
       for (int32_t s = 0; s < p_.num_servers; ++s) {
@@ -65,6 +92,9 @@ class Shedding {
         return ledger_.load(a) != ledger_.load(b) ? ledger_.load(a) > ledger_.load(b) : a < b;
       });
       for (int32_t src : senders) shed(src);
+    }
+    for (int32_t s : memory_stuck_) {
+      if (ledger_.load(s) > bound_ && (worst_stuck_ < 0 || ledger_.load(s) > ledger_.load(worst_stuck_))) worst_stuck_ = s;
     }
     for (int32_t s = 0; s < p_.num_servers; ++s) {
       for (const Range& r : ranges_[static_cast<size_t>(s)]) {
@@ -82,19 +112,32 @@ class Shedding {
     Shard shard;
     int64_t cost = 0;
     double bytes_per_entry = 0;
-  };
-
-  // What stopped a sender when nothing could move: the cheapest shard the memory cap refused.
-  struct MemoryBlock {
-    bool blocked = false;
-    int64_t bytes = 0;
-    int32_t server = -1;
+    double overhead = 0;  // time the cut adds (shard + what stays - the range before) per unit moved
   };
 
   int64_t room(int32_t s) const { return bound_ - ledger_.load(s); }
 
-  // Fewer bytes per entry first; exact ties broken by receiver, range order, then the higher shard.
-  static bool better(const Candidate& a, const Candidate& b) {
+  // The bound U = max(ceil(mean), floor(mean * (1 + tolerance))) of the current loads (raised, never
+  // lowered: in time units every cut adds a little), and the receivers ordered by room under it.
+  void raise_bound() {
+    const int64_t sum = std::accumulate(ledger_.loads().begin(), ledger_.loads().end(), int64_t{0});
+    const double mean = static_cast<double>(sum) / p_.num_servers;
+    bound_ = std::max({bound_, static_cast<int64_t>(std::ceil(mean)),
+                       static_cast<int64_t>(std::floor(mean * (1 + tolerance_)))});
+    by_room_.clear();
+    for (int32_t s = 0; s < p_.num_servers; ++s) {
+      if (room(s) > 0) by_room_.insert({-room(s), s});
+    }
+  }
+  int64_t headroom(int32_t s) const { return p_.memory_cap - ledger_.memory(s); }
+
+  // Fewer bytes per entry first; with a rate table, moves within kSameBytes of each other prefer the
+  // one adding the least time; exact ties broken by receiver, range order, then the higher shard.
+  bool better(const Candidate& a, const Candidate& b) const {
+    if (p_.rates != nullptr && a.overhead != b.overhead &&
+        std::abs(a.bytes_per_entry - b.bytes_per_entry) <= kSameBytes * std::max(a.bytes_per_entry, b.bytes_per_entry)) {
+      return a.overhead < b.overhead;
+    }
     if (a.bytes_per_entry != b.bytes_per_entry) return a.bytes_per_entry < b.bytes_per_entry;
     if (a.receiver != b.receiver) return a.receiver < b.receiver;
     if (a.range != b.range) return a.range < b.range;
@@ -106,75 +149,123 @@ class Shedding {
     auto& on_src = ranges_[static_cast<size_t>(src)];
     for (int64_t guard = 4 * static_cast<int64_t>(on_src.size()) + 64; ledger_.load(src) > bound_ && guard > 0;
          --guard) {
-      MemoryBlock memory;
-      const Candidate best = pick(src, memory);
+      bool memory_blocked = false;
+      Candidate best = pick(src, false, memory_blocked);
+      if (!best.valid && memory_blocked) best = pick(src, true, memory_blocked);  // every receiver, fitted shards
       if (best.valid) {
         apply(src, best);
         continue;
       }
-      const int64_t need = ledger_.load(src) - bound_;
-      if (memory.blocked) {
-        cad::plugin::fail(CAD_STATUS_UNSUPPORTED,
-                          format("plan: server %d must shed %lld score entries, but the smallest shard it could "
-                                 "move needs %lld more bytes on server %d (which holds %lld), over "
-                                 "memory_cap_bytes = %lld",
-                                 src, static_cast<long long>(need), static_cast<long long>(memory.bytes), memory.server,
-                                 static_cast<long long>(ledger_.memory(memory.server)),
-                                 static_cast<long long>(p_.memory_cap)));
-      }
-      log_.debug(format("server %d keeps %lld score entries over the bound: no shard fits", src,
-                        static_cast<long long>(need)));
+      if (memory_blocked) memory_stuck_.insert(src);
+      log_.debug(format("server %d keeps %lld over the bound: no shard fits%s", src,
+                        static_cast<long long>(ledger_.load(src) - bound_), memory_blocked ? " (memory cap)" : ""));
       return;
     }
   }
 
   // The best move off `src`: among (range) x (receiver) x (shard end), the fewest bytes per score
   // entry that fits the receiver's room; else (minimum-size shards) the one that most lowers the
-  // larger of the two loads; else invalid.
-  Candidate pick(int32_t src, MemoryBlock& memory) {
+  // larger of the two loads; else invalid. `wide`: every server with room is a receiver and shards are
+  // cut to fit its memory headroom. Sets memory_blocked if the cap refused some shard.
+  Candidate pick(int32_t src, bool wide, bool& memory_blocked) {
     const auto& on_src = ranges_[static_cast<size_t>(src)];
     const int64_t need = ledger_.load(src) - bound_;
-    Candidate best, fallback;
-    int64_t fallback_max = ledger_.load(src);
+    Choice choice{Candidate{}, Candidate{}, ledger_.load(src)};
     for (size_t i = 0; i < on_src.size(); ++i) {
       const Range& r = on_src[i];
-      receivers_.clear();
-      int n = 0;
-      for (auto it = by_room_.begin(); it != by_room_.end() && n < kRoomiestReceivers; ++it) {
-        if (it->second != src) {
-          receivers_.push_back(it->second);
-          ++n;
-        }
-      }
-      for (int32_t s : doc_servers_[static_cast<size_t>(r.doc)]) {
-        if (s != src && room(s) > 0) receivers_.push_back(s);
-      }
+      receivers(src, r, wide);
       for (int32_t dst : receivers_) {
+        // Under a cap, skip a receiver that cannot hold even the cheapest shortest shard of r.
+        if (wide && !ledger_.fits_memory(dst, ledger_.delta(r.doc, r.begin, std::min(r.end, r.begin + min_shard_), dst).memory)) {
+          memory_blocked = true;
+          continue;
+        }
         cad::prefix_aware::shard_ends(p_, r, ledger_, dst, std::min(need, room(dst)), ends_);
-        for (int64_t e : ends_) {
-          const Shard sh = cad::prefix_aware::shard_ending_at(p_, r, e, need, room(dst), min_shard_);
-          if (sh.begin >= sh.end) continue;
-          const int64_t c = p_.cost(sh.begin, sh.end, p_.docs[static_cast<size_t>(r.doc)]);
-          if (c <= 0) continue;
-          const Ledger::Delta delta = ledger_.delta(r.doc, sh.begin, sh.end, dst);
-          if (!ledger_.fits_memory(dst, delta.memory)) {
-            if (!memory.blocked || delta.memory < memory.bytes) memory = {true, delta.memory, dst};
-            continue;
-          }
-          const Candidate cand{true, i, dst, sh, c, static_cast<double>(delta.bytes) / static_cast<double>(c)};
-          if (c <= room(dst)) {
-            if (!best.valid || better(cand, best)) best = cand;
-          } else {
-            const int64_t worst = std::max(ledger_.load(src) - c, ledger_.load(dst) + c);
-            if (worst < fallback_max) {
-              fallback_max = worst;
-              fallback = cand;
-            }
-          }
+        bool any = false;
+        for (int64_t e : ends_) any |= consider(src, i, dst, e, need, wide, memory_blocked, choice);
+        if (wide && !any) {  // none of those ends fits: the highest end whose shortest shard does
+          const int64_t e = cad::prefix_aware::highest_end_fitting(r, ledger_, dst, headroom(dst), min_shard_);
+          if (e > r.begin) consider(src, i, dst, e, need, wide, memory_blocked, choice);
         }
       }
     }
-    return best.valid ? best : fallback;
+    return choice.best.valid ? choice.best : choice.fallback;
+  }
+
+  // The best move so far, and the best minimum-size shard that overflows its receiver's room.
+  struct Choice {
+    Candidate best, fallback;
+    int64_t fallback_max;  // the larger of the two loads after the fallback move
+  };
+
+  // Scores the shard of range i ending at e for receiver dst into `choice`; true if it made a
+  // candidate. A shard over the receiver's memory is skipped, or in the wide pass cut to fit.
+  bool consider(int32_t src, size_t i, int32_t dst, int64_t e, int64_t need, bool wide, bool& memory_blocked,
+                Choice& choice) {
+    const Range& r = ranges_[static_cast<size_t>(src)][i];
+    Shard sh = cad::prefix_aware::shard_ending_at(p_, r, e, need, room(dst), min_shard_);
+    if (sh.begin >= sh.end) return false;
+    Ledger::Delta delta = ledger_.delta(r.doc, sh.begin, sh.end, dst);
+    if (!ledger_.fits_memory(dst, delta.memory) || (fair_memory_ && !wide && !fair_share(dst, delta.memory, sh, r))) {
+      memory_blocked = true;
+      if (!wide) return false;
+      sh = cad::prefix_aware::shrink_to_memory(r, ledger_, dst, sh, headroom(dst), min_shard_);
+      if (sh.begin >= sh.end) return false;
+      delta = ledger_.delta(r.doc, sh.begin, sh.end, dst);
+      if (!ledger_.fits_memory(dst, delta.memory)) return false;
+    }
+    const int64_t c = p_.cost(sh.begin, sh.end, p_.docs[static_cast<size_t>(r.doc)]);
+    if (c <= 0) return false;
+    const Candidate cand{true, i, dst, sh, c, static_cast<double>(delta.bytes) / static_cast<double>(c),
+                         static_cast<double>(cut_overhead(r, sh)) / static_cast<double>(c)};
+    if (c <= room(dst)) {
+      if (!choice.best.valid || better(cand, choice.best)) choice.best = cand;
+    } else {
+      const int64_t worst = std::max(ledger_.load(src) - c, ledger_.load(dst) + c);
+      if (worst < choice.fallback_max) {
+        choice.fallback_max = worst;
+        choice.fallback = cand;
+      }
+    }
+    return true;
+  }
+
+
+  // Under a cap, the first pass lets a shard use at most the receiver's memory headroom in proportion
+  // to the share of its room the shard fills, so that a few long-prefix shards with little work do not
+  // exhaust a receiver's memory that later senders need (the wide pass drops this rule).
+  bool fair_share(int32_t dst, int64_t memory, const Shard& sh, const Range& r) const {
+    if (room(dst) <= 0) return true;
+    const double c = static_cast<double>(p_.cost(sh.begin, sh.end, p_.docs[static_cast<size_t>(r.doc)]));
+    const double share = std::min(1.0, c / static_cast<double>(room(dst)));
+    return static_cast<double>(memory) <= share * static_cast<double>(headroom(dst));
+  }
+
+  // Receivers for range r: the few with the most room and the servers already holding part of the
+  // document or its prefix; `wide` (under a cap, when those could not take a shard): every server
+  // with room (fewer, chosen by free memory, balanced much worse under tight caps at 512 servers).
+  void receivers(int32_t src, const Range& r, bool wide) {
+    receivers_.clear();
+    int n = 0;
+    for (auto it = by_room_.begin(); it != by_room_.end() && (wide || n < kRoomiestReceivers); ++it) {
+      if (it->second != src) {
+        receivers_.push_back(it->second);
+        ++n;
+      }
+    }
+    if (wide) return;
+    for (int32_t s : doc_servers_[static_cast<size_t>(r.doc)]) {
+      if (s != src && room(s) > 0) receivers_.push_back(s);
+    }
+  }
+
+  // Extra cost of cutting shard sh out of range r: what the shard and the parts left cost minus what
+  // the range cost (0 for FLOPs, which add up; > 0 in time, as smaller pieces run slower).
+  int64_t cut_overhead(const Range& r, const Shard& sh) const {
+    if (p_.rates == nullptr) return 0;
+    const auto& doc = p_.docs[static_cast<size_t>(r.doc)];
+    return p_.cost(r.begin, sh.begin, doc) + p_.cost(sh.begin, sh.end, doc) + p_.cost(sh.end, r.end, doc) -
+           p_.cost(r.begin, r.end, doc);
   }
 
   void apply(int32_t src, const Candidate& c) {
@@ -183,6 +274,7 @@ class Shedding {
     by_room_.erase({-room(c.receiver), c.receiver});
     by_room_.erase({-room(src), src});
     ledger_.commit(r.doc, c.shard.begin, c.shard.end, src, c.receiver);
+    ledger_.adjust_load(src, cut_overhead(r, c.shard));  // the parts left run slower than the whole (time)
     tasks_.push_back(make_task(p_.docs[static_cast<size_t>(r.doc)].id, c.shard.begin, c.shard.end, c.receiver));
     // What stays local: the part below the shard in place, the part above it appended.
     on_src[c.range].end = c.shard.begin;
@@ -195,13 +287,17 @@ class Shedding {
   }
 
   const Problem& p_;
-  const int64_t bound_;
+  const double tolerance_;
+  int64_t bound_ = 0;
   const int64_t min_shard_;
+  const bool fair_memory_;  // first pass under a cap: fair_share()
   const cad::plugin::Logger& log_;
   Ledger ledger_;
   std::vector<std::vector<Range>> ranges_;          // per server: query ranges it still computes itself
   std::vector<std::vector<int32_t>> doc_servers_;   // per document: servers holding tokens or its prefix
   std::set<std::pair<int64_t, int32_t>> by_room_;   // (-room, server) for servers below the bound
+  std::set<int32_t> memory_stuck_;                  // senders the memory cap kept above the bound
+  int32_t worst_stuck_ = -1;
   Tasks tasks_;                                     // the shards moved so far
   std::vector<int32_t> receivers_;                  // scratch
   std::vector<int64_t> ends_;                       // scratch
@@ -213,20 +309,51 @@ struct PrefixAware {
       "moves shards above mean*(1+tolerance), fewest bytes per FLOP, KV prefixes deduplicated per server";
   double tolerance;
   int64_t min_shard_override;  // 0: use the cost params' min_shard_tokens
+  std::shared_ptr<const cad::plan::RateTable> rates;  // "rate_table": balance predicted time
 
   explicit PrefixAware(cad::plugin::ConfigReader& config)
       : tolerance(config.get_double("tolerance", 0.02, 0.0, 10.0)),
-        min_shard_override(config.get_int("min_shard_tokens", 0, 0, int64_t{1} << 40)) {}
+        min_shard_override(config.get_int("min_shard_tokens", 0, 0, int64_t{1} << 40)),
+        rates(cad::balancer::read_rate_table_key(config, "rate_table")) {}
+
+  void prepare(Problem& p) const { cad::balancer::use_rate_table(p, rates); }
 
   Tasks plan(const Problem& p, const cad::plugin::Logger& log) const {
-    const std::vector<int64_t> loads = cad::plan::colocated_cost(p.ranks, p.model.causal);
+    check_colocated_fits(p);
     int64_t sum = 0;
-    for (int64_t l : loads) sum += l;
+    for (const auto& doc : p.docs)
+      for (const auto& span : doc.spans) sum += p.cost(span.begin, span.end, doc);
     if (sum == 0) return cad::balancer::colocated_tasks(p);
-    const double mean = static_cast<double>(sum) / p.num_servers;
-    const int64_t bound =
-        std::max(static_cast<int64_t>(std::ceil(mean)), static_cast<int64_t>(std::floor(mean * (1 + tolerance))));
-    return Shedding(p, bound, min_shard_override > 0 ? min_shard_override : p.min_shard, log).run();
+    const int64_t min_shard = min_shard_override > 0 ? min_shard_override : p.min_shard;
+    Shedding plain(p, tolerance, min_shard, false, log);
+    Tasks tasks = plain.run();
+    if (plain.worst_stuck() < 0) return tasks;
+    // The cap stopped a sender: plan again sharing each receiver's memory in proportion to its room,
+    // and keep the better balanced of the two (fewer bytes when equal, as the first pass has).
+    Shedding fair(p, tolerance, min_shard, true, log);
+    Tasks fair_tasks = fair.run();
+    if (fair.max_load() < plain.max_load()) {
+      fair.warn_memory_bound();
+      return fair_tasks;
+    }
+    plain.warn_memory_bound();
+    return tasks;
+  }
+
+  // Every plan this balancer builds keeps each owner's KV prefixes, so the colocated plan's memory is
+  // a floor: if it exceeds the cap, say so instead of planning.
+  static void check_colocated_fits(const Problem& p) {
+    if (p.memory_cap == 0) return;
+    const Ledger start(p);
+    for (int32_t s = 0; s < p.num_servers; ++s) {
+      if (start.memory(s) > p.memory_cap) {
+        cad::plugin::fail(CAD_STATUS_UNSUPPORTED,
+                          format("plan: no plan fits memory_cap_bytes = %lld: server %d already needs %lld bytes of "
+                                 "KV from other ranks with every piece on its owner (documents the host split "
+                                 "across ranks need their earlier tokens' KV), and prefix_aware only adds to that",
+                                 static_cast<long long>(p.memory_cap), s, static_cast<long long>(start.memory(s))));
+      }
+    }
   }
 };
 

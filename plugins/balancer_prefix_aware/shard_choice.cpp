@@ -69,4 +69,37 @@ void shard_ends(const Problem& p, const Range& r, const cad::balancer::Ledger& l
   }
 }
 
+int64_t highest_end_fitting(const Range& r, const cad::balancer::Ledger& ledger, int32_t dst,
+                            int64_t headroom, int64_t min_shard) {
+  const int64_t shortest = std::min(min_shard, r.end - r.begin);
+  auto fits = [&](int64_t e) { return ledger.delta(r.doc, e - shortest, e, dst).memory <= headroom; };
+  // The KV prefix grows with e, so the memory of a fixed-size shard does too: binary search.
+  int64_t lo = r.begin + shortest, hi = r.end;
+  if (!fits(lo)) return r.begin;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+Shard shrink_to_memory(const Range& r, const cad::balancer::Ledger& ledger, int32_t dst, Shard sh,
+                       int64_t headroom, int64_t min_shard) {
+  const int64_t e = sh.end;
+  const int64_t shortest = std::min(min_shard, e - r.begin);
+  auto fits = [&](int64_t a) { return ledger.delta(r.doc, a, e, dst).memory <= headroom; };
+  int64_t lo = sh.begin, hi = e - shortest;  // the smallest start in [lo, hi] that fits (memory falls as a rises)
+  if (hi < lo || !fits(hi)) return {};
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (fits(mid)) hi = mid;
+    else lo = mid + 1;
+  }
+  int64_t a = lo;
+  if (a > r.begin && a - r.begin < min_shard) a = r.begin + min_shard;  // no sliver below the shard
+  if (e - a < shortest) return {};
+  return {a, e};
+}
+
 }  // namespace cad::prefix_aware

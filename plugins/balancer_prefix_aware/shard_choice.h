@@ -30,4 +30,15 @@ Shard shard_ending_at(const cad::balancer::Problem& p, const cad::balancer::Rang
 void shard_ends(const cad::balancer::Problem& p, const cad::balancer::Range& r, const cad::balancer::Ledger& ledger,
                 int32_t dst, int64_t target, std::vector<int64_t>& ends);
 
+// Under a memory cap: the highest end e of range r such that a shortest shard ending there (min_shard
+// rows, or the whole range) fits the `headroom` bytes dst has left (a lower end needs a shorter KV
+// prefix). r.begin when none fits.
+int64_t highest_end_fitting(const cad::balancer::Range& r, const cad::balancer::Ledger& ledger, int32_t dst,
+                            int64_t headroom, int64_t min_shard);
+
+// Shard sh of range r with its start raised (fewer rows, less Q/O memory) until it fits dst's memory
+// cap; it keeps its end and the minimum sizes of shard_ending_at. Invalid (begin >= end) if nothing fits.
+Shard shrink_to_memory(const cad::balancer::Range& r, const cad::balancer::Ledger& ledger, int32_t dst, Shard sh,
+                       int64_t headroom, int64_t min_shard);
+
 }  // namespace cad::prefix_aware

@@ -186,6 +186,26 @@ std::vector<std::vector<Range>> colocated_ranges(const Problem& problem) {
   return ranges;
 }
 
+std::shared_ptr<const plan::RateTable> read_rate_table_key(plugin::ConfigReader& config, const std::string& key) {
+  const std::string path = config.get_string(key, "");
+  if (path.empty()) return nullptr;
+  try {
+    return std::make_shared<const plan::RateTable>(plan::load_rate_table(path));
+  } catch (const std::invalid_argument& e) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, "config key '" + key + "': " + e.what());
+  }
+}
+
+void use_rate_table(Problem& problem, const std::shared_ptr<const plan::RateTable>& table) {
+  if (table == nullptr) return;
+  if (table->head_dim != problem.model.head_dim) {
+    fail(CAD_STATUS_INVALID_ARGUMENT,
+         format("plan: the rate table %s holds rates measured at head_dim %d, but cost->head_dim = %d",
+                table->path.c_str(), table->head_dim, problem.model.head_dim));
+  }
+  problem.rates = table.get();
+}
+
 // ---- Ledger -------------------------------------------------------------------------------------
 
 Ledger::Ledger(const Problem& problem)
@@ -196,15 +216,16 @@ Ledger::Ledger(const Problem& problem)
     const Doc& doc = problem.docs[static_cast<size_t>(d)];
     for (const Span& s : doc.spans) {
       load_[static_cast<size_t>(s.rank)] += problem.cost(s.begin, s.end, doc);
-      int64_t& end = kv_end_[{d, s.rank}];
+      int64_t& end = kv_end_[key(d, s.rank)];
       end = std::max(end, kv_needed_end(d, s.end));
     }
   }
   // A rank holding a later piece of a host-split document already needs the earlier tokens' KV.
-  for (const auto& [key, end] : kv_end_) {
-    const Doc& doc = problem.docs[static_cast<size_t>(key.first)];
-    memory_[static_cast<size_t>(key.second)] +=
-        foreign_tokens(doc, 0, end, key.second) * problem.model.kv_token_bytes();
+  for (const auto& [k, end] : kv_end_) {  // a sum per server: the visiting order does not matter
+    const auto d = static_cast<int32_t>(k >> 32);
+    const auto server = static_cast<int32_t>(k & 0xffffffffu);
+    memory_[static_cast<size_t>(server)] +=
+        foreign_tokens(problem.docs[static_cast<size_t>(d)], 0, end, server) * problem.model.kv_token_bytes();
   }
 }
 
@@ -228,7 +249,7 @@ Ledger::Delta Ledger::delta(int32_t doc, int64_t q_begin, int64_t q_end, int32_t
   const int64_t rows = foreign_tokens(d, q_begin, q_end, server);
   out.bytes += rows * m.q_round_trip_bytes();
   out.memory += rows * m.q_memory_bytes();
-  auto it = kv_end_.find({doc, server});
+  auto it = kv_end_.find(key(doc, server));
   const int64_t have = it == kv_end_.end() ? 0 : it->second;
   const int64_t need = kv_needed_end(doc, q_end);
   if (need > have) {
@@ -245,7 +266,7 @@ void Ledger::commit(int32_t doc, int64_t q_begin, int64_t q_end, int32_t from, i
   load_[static_cast<size_t>(from)] -= c;
   load_[static_cast<size_t>(to)] += c;
   memory_[static_cast<size_t>(to)] += d.memory;
-  int64_t& end = kv_end_[{doc, to}];
+  int64_t& end = kv_end_[key(doc, to)];
   end = std::max(end, kv_needed_end(doc, q_end));
 }
 

@@ -6,11 +6,15 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "plan_model.h"
+#include "plan_time.h"
 #include "plugin_support.h"
 
 namespace cad::balancer {
@@ -42,11 +46,21 @@ struct Problem {
   int64_t memory_cap = 0;  // 0 = no cap
   RankPieces ranks;
   std::vector<Doc> docs;   // sorted by id
+  // Set by an algorithm that balances predicted time (its prepare()): cost() is then in dense-rate
+  // score entries (plan_time.h), which are not additive: a range cut in two costs more than it did.
+  const plan::RateTable* rates = nullptr;
 
   int64_t cost(int64_t q_begin, int64_t q_end, const Doc& doc) const {
+    if (rates != nullptr) return plan::time_weighted_cost(q_begin, q_end, doc.len, model.causal, *rates);
     return plan::task_cost(q_begin, q_end, doc.len, model.causal);
   }
 };
+
+// Reads the optional config key `key` (a rate-table path, configs/calibration/*.json) at create time;
+// null when absent. Fails INVALID_ARGUMENT naming the key and the file's problem.
+std::shared_ptr<const plan::RateTable> read_rate_table_key(plugin::ConfigReader& config, const std::string& key);
+// Attaches `table` to the problem, after checking it was measured at the problem's head dim.
+void use_rate_table(Problem& problem, const std::shared_ptr<const plan::RateTable>& table);
 
 // Validates the ABI input (struct sizes, cost params, every piece: len >= 1, inside its document, one
 // agreed doc_len per document, the pieces of a document tiling [0, doc_len) exactly once) and copies
@@ -88,12 +102,14 @@ class Ledger {
 
   // The KV prefix of docs[doc] that `server` already holds or receives: [0, returned end).
   int64_t kv_prefix(int32_t doc, int32_t server) const {
-    auto it = kv_end_.find({doc, server});
+    auto it = kv_end_.find(key(doc, server));
     return it == kv_end_.end() ? 0 : it->second;
   }
   int64_t load(int32_t server) const { return load_[static_cast<size_t>(server)]; }
   int64_t memory(int32_t server) const { return memory_[static_cast<size_t>(server)]; }
   const std::vector<int64_t>& loads() const { return load_; }
+  // Corrects a server's load by `delta` (time-weighted costs: what cutting a range costs on top).
+  void adjust_load(int32_t server, int64_t delta) { load_[static_cast<size_t>(server)] += delta; }
   bool fits_memory(int32_t server, int64_t extra) const {
     return problem_.memory_cap == 0 || memory(server) + extra <= problem_.memory_cap;
   }
@@ -104,7 +120,12 @@ class Ledger {
   const Problem& problem_;
   std::vector<int64_t> load_;
   std::vector<int64_t> memory_;
-  std::map<std::pair<int32_t, int32_t>, int64_t> kv_end_;  // (doc, server) -> KV prefix already there
+  // (doc, server) -> KV prefix already there. A hash map: delta() looks it up for every candidate
+  // (the hottest call under a memory cap); nothing iterates it in an order that matters.
+  static uint64_t key(int32_t doc, int32_t server) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(doc)) << 32) | static_cast<uint32_t>(server);
+  }
+  std::unordered_map<uint64_t, int64_t> kv_end_;
 };
 
 // Sorts tasks by (server, doc_id, q_begin) and merges tasks of one document that touch on one server.
@@ -123,6 +144,14 @@ void free_plan(cad_plan_v1_t* plan);
 //   static constexpr const char* kName, kDescription;
 //   explicit Algo(plugin::ConfigReader& config);            // reads its keys
 //   Tasks plan(const Problem& problem, const plugin::Logger& log) const;  // any task order
+// and optionally
+//   void prepare(Problem& problem) const;  // e.g. attach a rate table before planning
+template <class Algo, class = void>
+struct HasPrepare : std::false_type {};
+template <class Algo>
+struct HasPrepare<Algo, std::void_t<decltype(std::declval<const Algo&>().prepare(std::declval<Problem&>()))>>
+    : std::true_type {};
+
 template <class Algo>
 struct Context {
   plugin::ErrorState error;
@@ -147,7 +176,8 @@ cad_status_t run_plan(void* ctx, const cad_balance_input_v1_t* input, cad_plan_v
   auto* c = static_cast<Context<Algo>*>(ctx);
   return plugin::guarded(c->error, [&] {
     if (out_plan == nullptr) plugin::fail(CAD_STATUS_INVALID_ARGUMENT, "plan: out_plan is NULL");
-    const Problem problem = read_input(input);
+    Problem problem = read_input(input);
+    if constexpr (HasPrepare<Algo>::value) c->algo.prepare(problem);
     Tasks tasks = c->algo.plan(problem, c->logger);
     normalize(tasks);
     check_partition(problem, tasks);

@@ -1,0 +1,307 @@
+// cmd_simulate.cpp -- `cad simulate`: predicted step time of CAD and its baselines for a model shape
+// and parallel layout at any number of GPUs, from measured parts (attention-kernel rate table, NCCL
+// all_to_all_v curve) and stated assumptions (GEMM rate, network), with the real balancer plugins'
+// plans on batches sampled with DistCA's recipe. The model is host_adapter/simulate/.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_args.h"
+#include "command.h"
+#include "doc_lengths.h"
+#include "simulation.h"
+
+namespace {
+
+using cad::cli::UsageError;
+namespace sim = cad::simulate;
+
+const char* kUsage =
+    "usage: cad simulate --gpus N --dist FILE --context TOKENS [--model llama-8b|34b] [options]\n\n"
+    "Predicts one training step's time for each balancer (colocated = plain data parallelism, per_doc_cp =\n"
+    "per-document context parallelism, distca, prefix_aware) with and without ping-pong, and the speedup\n"
+    "over colocated and per_doc_cp. Batches are sampled from FILE with DistCA's recipe and planned by the\n"
+    "balancer plugins themselves; time comes from the calibration files (docs/simulate.md).\n\n"
+    "model:\n"
+    "  --model NAME        preset shape: llama-8b (default) or 34b\n"
+    "  --layers N --hidden N --heads N --kv-heads N --head-dim N --mlp N --vocab N   override the preset\n"
+    "layout:\n"
+    "  --gpus N            GPUs in all (required)\n"
+    "  --gpus-per-node N   (default 8)\n"
+    "  --tp N              tensor-parallel size, inside a node (default 1): divides linear work and heads\n"
+    "  --pp N              pipeline stages (default 1): divides layers, adds the 1F1B fill/drain\n"
+    "                      data-parallel ranks = gpus / (tp * pp)\n"
+    "workload:\n"
+    "  --dist FILE         document lengths (JSON list or CSV), e.g. ../shared/data/doclen_pretrain.json\n"
+    "  --context N         tokens per data-parallel rank and micro-batch (= per GPU when tp = 1)\n"
+    "  --steps N           sampled steps (default 1); --seed S (default 1)\n"
+    "  --microbatches N    micro-batches per step (default 1; 2 x pp with --pp)\n"
+    "balancers:\n"
+    "  --balancers LIST    comma-separated plugin names or paths (default colocated,per_doc_cp,distca,\n"
+    "                      prefix_aware); the first two, when present, are the speedup baselines\n"
+    "  --cp-size N         data-parallel ranks per per_doc_cp group (default: one node's, gpus-per-node/tp;\n"
+    "                      0 = all); its plan is also its token layout, so only K/V moves\n"
+    "  --cad-size N        ranks per group of every other balancer (default 0 = all ranks)\n"
+    "  --min-shard N       shortest efficient shard, tokens (default 128)\n"
+    "  --balance-time      give prefix_aware the rate table (its \"rate_table\" key): it then balances\n"
+    "                      predicted attention time instead of FLOPs\n"
+    "  --path DIRS         directories searched for plugins first (colon-separated)\n"
+    "calibration:\n"
+    "  --rates FILE        attention-kernel rate table (default configs/calibration/h200.json)\n"
+    "  --system FILE       GEMM, element-wise, all_to_all curve, network (default\n"
+    "                      configs/calibration/h200_system.json)\n"
+    "  --attention-tflops F,B   fixed forward/backward attention rates instead of the table\n"
+    "  --net-gbps X        network per GPU in Gb/s (overrides the system file's, e.g. 400)\n"
+    "  --gemm-tflops X     GEMM rate of the linear layers (overrides the system file's)\n"
+    "output:\n"
+    "  --pingpong on|off|both   which modes to print (default both; --json always has both)\n"
+    "  --json              machine-readable output (what bench/simulate/plot_simulate.py reads)\n"
+    "  --quiet             no progress lines on stderr (printed for 128 data-parallel ranks and more)\n";
+
+const std::vector<std::string> kDefaultBalancers = {"colocated", "per_doc_cp", "distca", "prefix_aware"};
+
+std::string default_calibration(const std::string& file) {
+  std::vector<std::string> candidates;
+#ifdef CAD_SOURCE_CONFIG_DIR
+  candidates.push_back(std::string(CAD_SOURCE_CONFIG_DIR) + "/calibration/" + file);
+#endif
+#ifdef CAD_INSTALL_CONFIG_DIR
+  candidates.push_back(std::string(CAD_INSTALL_CONFIG_DIR) + "/calibration/" + file);
+#endif
+  for (const auto& c : candidates) {
+    if (std::filesystem::exists(c)) return c;
+  }
+  return candidates.empty() ? "calibration/" + file : candidates.front();
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, sep)) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+double parse_double(const std::string& option, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(v > 0)) {
+    throw UsageError(option + ": expected a number > 0, got '" + text + "'");
+  }
+  return v;
+}
+
+nlohmann::json rank_time_json(const sim::RankTime& t) {
+  return {{"linear_s", t.linear},       {"attention_s", t.attention}, {"comm_s", t.comm},
+          {"comm_exposed_s", t.comm_exposed}, {"tp_comm_s", t.tp_comm}, {"total_s", t.total}};
+}
+
+nlohmann::json mode_json(const sim::ModeResult& m) {
+  return {{"pingpong", m.pingpong},
+          {"step_seconds", m.step_seconds},
+          {"mean_step_seconds", m.mean_step_seconds},
+          {"slowest_rank", rank_time_json(m.slowest)},
+          {"mean_rank", rank_time_json(m.mean)}};
+}
+
+const sim::BalancerResult* find(const std::vector<sim::BalancerResult>& results, const std::string& name) {
+  for (const auto& r : results)
+    if (r.name == name) return &r;
+  return nullptr;
+}
+
+double speedup(const sim::BalancerResult* base, const sim::BalancerResult& r, bool pingpong) {
+  if (base == nullptr) return 0;
+  const sim::ModeResult& b = pingpong ? base->on : base->off;
+  const sim::ModeResult& m = pingpong ? r.on : r.off;
+  return m.mean_step_seconds > 0 ? b.mean_step_seconds / m.mean_step_seconds : 0;
+}
+
+int run_simulate(int argc, char** argv) {
+  const cad::cli::Args args(
+      argc, argv,
+      {"--model", "--layers", "--hidden", "--heads", "--kv-heads", "--head-dim", "--mlp", "--vocab", "--gpus",
+       "--gpus-per-node", "--tp", "--pp", "--dist", "--context", "--steps", "--seed", "--microbatches", "--balancers",
+       "--cp-size", "--cad-size", "--min-shard", "--path", "--rates", "--system", "--attention-tflops", "--net-gbps", "--gemm-tflops",
+       "--pingpong"},
+      {"--json", "--quiet", "--balance-time"});
+  if (args.help()) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!args.positional().empty()) throw UsageError("unexpected argument '" + args.positional()[0] + "'");
+  for (const char* required : {"--gpus", "--dist", "--context"}) {
+    if (!args.has(required)) throw UsageError(std::string(required) + " is required (see --help)");
+  }
+  const int64_t big = int64_t{1} << 40;
+
+  sim::Scenario s;
+  try {
+    s.shape = sim::model_preset(args.get("--model", "llama-8b"));
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--model: ") + e.what());
+  }
+  s.shape.layers = args.get_int("--layers", s.shape.layers, 1, big);
+  s.shape.hidden = args.get_int("--hidden", s.shape.hidden, 1, big);
+  s.shape.heads = args.get_int("--heads", s.shape.heads, 1, big);
+  s.shape.kv_heads = args.get_int("--kv-heads", s.shape.kv_heads, 1, big);
+  s.shape.head_dim = args.get_int("--head-dim", s.shape.head_dim, 1, big);
+  s.shape.mlp = args.get_int("--mlp", s.shape.mlp, 1, big);
+  s.shape.vocab = args.get_int("--vocab", s.shape.vocab, 0, big);
+  s.layout.gpus = args.get_int("--gpus", 0, 1, big);
+  s.layout.gpus_per_node = args.get_int("--gpus-per-node", 8, 1, big);
+  s.layout.tp = args.get_int("--tp", 1, 1, big);
+  s.layout.pp = args.get_int("--pp", 1, 1, big);
+  try {
+    sim::validate(s.shape);
+    sim::validate(s.layout, s.shape);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  s.context = args.get_int("--context", 0, 1, big);
+  s.steps = args.get_int("--steps", 1, 1, 1 << 20);
+  s.seed = static_cast<uint64_t>(args.get_int("--seed", 1, 0, INT64_MAX));
+  s.microbatches = args.get_int("--microbatches", s.layout.pp > 1 ? 2 * s.layout.pp : 1, 1, 1 << 20);
+  s.min_shard_tokens = args.get_int("--min-shard", 128, 0, big);
+  s.search_path = args.get("--path", "");
+  const std::string dist = args.get("--dist", "");
+  s.lengths = cad::workload::load_lengths(dist);
+
+  const int64_t cp_size = args.get_int("--cp-size", s.layout.gpus_per_node / s.layout.tp, 0, big);
+  const int64_t cad_size = args.get_int("--cad-size", 0, 0, big);
+  const std::string rates_path = args.get("--rates", default_calibration("h200.json"));
+  if (args.has("--balance-time") && args.has("--attention-tflops")) {
+    throw UsageError("--balance-time needs the rate table; it cannot go with --attention-tflops");
+  }
+  const std::vector<std::string> names =
+      args.has("--balancers") ? split(args.get("--balancers", ""), ',') : kDefaultBalancers;
+  if (names.empty()) throw UsageError("--balancers names no balancer");
+  for (const auto& n : names) {
+    sim::BalancerSpec b;
+    b.name = n;
+    const bool cp = std::filesystem::path(n).stem().string().find("per_doc_cp") != std::string::npos;
+    b.group_size = n == "colocated" ? 1 : cp ? cp_size : cad_size;
+    b.plan_is_layout = cp;
+    if (args.has("--balance-time") && std::filesystem::path(n).stem().string().find("prefix_aware") != std::string::npos) {
+      b.config = nlohmann::json{{"rate_table", rates_path}}.dump();
+    }
+    s.balancers.push_back(b);
+  }
+  const std::string pingpong = args.get("--pingpong", "both");
+  if (pingpong != "on" && pingpong != "off" && pingpong != "both") {
+    throw UsageError("--pingpong: expected on, off or both, got '" + pingpong + "'");
+  }
+
+  sim::SystemCalibration cal = sim::load_system_calibration(args.get("--system", default_calibration("h200_system.json")));
+  if (args.has("--net-gbps")) {
+    cal.net_GBps_per_gpu = parse_double("--net-gbps", args.get("--net-gbps", "")) / 8;
+    cal.net_source = "--net-gbps " + args.get("--net-gbps", "") + " (efficiency and latency from " + cal.path + ")";
+  }
+  if (args.has("--gemm-tflops")) {
+    cal.gemm_tflops = parse_double("--gemm-tflops", args.get("--gemm-tflops", ""));
+    cal.gemm_source = "--gemm-tflops " + args.get("--gemm-tflops", "");
+  }
+  std::unique_ptr<sim::AttentionRates> rates;
+  if (args.has("--attention-tflops")) {
+    const std::vector<std::string> fb = split(args.get("--attention-tflops", ""), ',');
+    if (fb.size() != 2) throw UsageError("--attention-tflops: expected FWD,BWD, e.g. 650,470");
+    rates = sim::constant_rates(parse_double("--attention-tflops", fb[0]), parse_double("--attention-tflops", fb[1]), 2.5);
+  } else {
+    rates = sim::load_attention_rates(rates_path);
+  }
+
+  const bool json = args.has("--json");
+  const auto start = std::chrono::steady_clock::now();
+  if (!args.has("--quiet") && s.layout.dp() >= 128) {
+    s.progress = [start](const std::string& line) {
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "[%6.1f s] %s\n", t, line.c_str());
+    };
+  }
+  const std::vector<sim::BalancerResult> results = sim::simulate(s, cal, *rates);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const sim::BalancerResult* colocated = find(results, "colocated");
+  const sim::BalancerResult* per_doc_cp = find(results, "per_doc_cp");
+
+  if (json) {
+    nlohmann::json out;
+    out["model"] = {{"name", s.shape.name},       {"layers", s.shape.layers},   {"hidden", s.shape.hidden},
+                    {"heads", s.shape.heads},     {"kv_heads", s.shape.kv_heads}, {"head_dim", s.shape.head_dim},
+                    {"mlp", s.shape.mlp},         {"vocab", s.shape.vocab}};
+    out["layout"] = {{"gpus", s.layout.gpus}, {"gpus_per_node", s.layout.gpus_per_node}, {"tp", s.layout.tp},
+                     {"pp", s.layout.pp},     {"dp", s.layout.dp()}};
+    out["workload"] = {{"dist", dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
+                       {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens},
+                       {"balance_time", args.has("--balance-time")}};
+    out["calibration"] = {{"rates", rates->describe()},
+                          {"system", cal.path},
+                          {"gemm_tflops", cal.gemm_tflops},
+                          {"net_GBps_per_gpu", cal.net_GBps_per_gpu},
+                          {"net_efficiency", cal.net_efficiency}};
+    out["balancers"] = nlohmann::json::array();
+    for (const auto& r : results) {
+      nlohmann::json b = {{"name", r.name},
+                          {"group_size", r.group_size},
+                          {"attention_imbalance", r.attention_imbalance},
+                          {"bytes_per_layer", r.bytes_per_layer},
+                          {"plan_ms", r.plan_ms},
+                          {"off", mode_json(r.off)},
+                          {"on", mode_json(r.on)}};
+      for (const bool pp : {false, true}) {
+        const std::string mode = pp ? "on" : "off";
+        if (colocated != nullptr) b[mode]["speedup_vs_colocated"] = speedup(colocated, r, pp);
+        if (per_doc_cp != nullptr) b[mode]["speedup_vs_per_doc_cp"] = speedup(per_doc_cp, r, pp);
+      }
+      out["balancers"].push_back(b);
+    }
+    out["wall_seconds"] = wall;
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+
+  std::printf("cad simulate: %s (L=%lld H=%lld Hq=%lld Hkv=%lld D=%lld mlp=%lld) on %lld GPUs (%lld per node), "
+              "tp=%lld pp=%lld dp=%lld\n",
+              s.shape.name.c_str(), static_cast<long long>(s.shape.layers), static_cast<long long>(s.shape.hidden),
+              static_cast<long long>(s.shape.heads), static_cast<long long>(s.shape.kv_heads),
+              static_cast<long long>(s.shape.head_dim), static_cast<long long>(s.shape.mlp),
+              static_cast<long long>(s.layout.gpus), static_cast<long long>(s.layout.gpus_per_node),
+              static_cast<long long>(s.layout.tp), static_cast<long long>(s.layout.pp),
+              static_cast<long long>(s.layout.dp()));
+  std::printf("workload: %s, %lld tokens per data-parallel rank, %lld step(s) x %lld micro-batch(es), seed %llu\n",
+              dist.c_str(), static_cast<long long>(s.context), static_cast<long long>(s.steps),
+              static_cast<long long>(s.microbatches), static_cast<unsigned long long>(s.seed));
+  std::printf("attention rates: %s\nsystem: %s (GEMM %.0f TFLOP/s, network %.1f GB/s per GPU x %.2f)\n\n",
+              rates->describe().c_str(), cal.path.c_str(), cal.gemm_tflops, cal.net_GBps_per_gpu, cal.net_efficiency);
+  for (const bool pp : {false, true}) {
+    if ((pp && pingpong == "off") || (!pp && pingpong == "on")) continue;
+    std::printf("ping-pong %s\n", pp ? "on" : "off");
+    std::printf("%-14s %6s %9s %10s %9s %9s %9s %9s %9s %8s %8s\n", "balancer", "group", "attn_imb", "GiB/layer",
+                "step_s", "linear_s", "attn_s", "comm_s", "exposed_s", "vs_coloc", "vs_cp");
+    for (const auto& r : results) {
+      const sim::ModeResult& m = pp ? r.on : r.off;
+      std::printf("%-14s %6lld %9.3f %10.3f %9.3f %9.3f %9.3f %9.3f %9.3f %8.3f %8.3f\n", r.name.c_str(),
+                  static_cast<long long>(r.group_size), r.attention_imbalance,
+                  r.bytes_per_layer / (1024.0 * 1024.0 * 1024.0), m.mean_step_seconds, m.slowest.linear,
+                  m.slowest.attention, m.slowest.comm, m.slowest.comm_exposed, speedup(colocated, r, pp),
+                  speedup(per_doc_cp, r, pp));
+    }
+    std::printf("\n");
+  }
+  std::printf("(linear/attn/comm/exposed: the slowest rank of each micro-batch, seconds per micro-batch; "
+              "simulated in %.2f s)\n", wall);
+  return 0;
+}
+
+}  // namespace
+
+CAD_REGISTER_COMMAND(simulate, "simulate",
+                     "predicted step time of CAD and its baselines at 8-1024+ GPUs from measured parts", run_simulate);

@@ -1,0 +1,146 @@
+// simulation.cpp -- the `cad simulate` driver (see simulation.h).
+#include "simulation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <numeric>
+#include <stdexcept>
+
+#include "balancer_runner.h"
+#include "batch_recipe.h"
+#include "plan_work.h"
+
+namespace cad::simulate {
+
+namespace {
+
+void add(RankTime& into, const RankTime& t, double weight) {
+  into.linear += weight * t.linear;
+  into.attention += weight * t.attention;
+  into.comm += weight * t.comm;
+  into.comm_exposed += weight * t.comm_exposed;
+  into.tp_comm += weight * t.tp_comm;
+  into.total += weight * t.total;
+}
+
+void check_scenario(const Scenario& s, const AttentionRates& rates) {
+  validate(s.shape);
+  validate(s.layout, s.shape);
+  if (s.context < 1) throw std::invalid_argument("--context must be >= 1");
+  if (s.lengths.empty()) throw std::invalid_argument("the document-length list is empty");
+  if (s.balancers.empty()) throw std::invalid_argument("--balancers names no balancer");
+  if (s.steps < 1) throw std::invalid_argument("--steps must be >= 1");
+  if (s.microbatches < 1) throw std::invalid_argument("--microbatches must be >= 1");
+  if (rates.head_dim() != 0 && rates.head_dim() != s.shape.head_dim) {
+    throw std::invalid_argument("the attention rate table (" + rates.describe() + ") holds for head_dim " +
+                                std::to_string(rates.head_dim()) + ", the model has head_dim " +
+                                std::to_string(s.shape.head_dim));
+  }
+  for (const auto& b : s.balancers) {
+    if (b.group_size < 0) throw std::invalid_argument("balancer '" + b.name + "': group size must be >= 0");
+  }
+}
+
+}  // namespace
+
+std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration& cal, const AttentionRates& rates) {
+  check_scenario(s, rates);
+  const int64_t dp = s.layout.dp();
+
+  cad_cost_params_v1_t cost{};
+  cost.struct_size = sizeof cost;
+  cost.num_q_heads = static_cast<int32_t>(heads_per_gpu(s.layout, s.shape));
+  cost.num_kv_heads = static_cast<int32_t>(kv_heads_per_gpu(s.layout, s.shape));
+  cost.head_dim = static_cast<int32_t>(s.shape.head_dim);
+  cost.bytes_per_element = 2;
+  cost.causal = 1;
+  cost.min_shard_tokens = s.min_shard_tokens;
+  const cad::plan::ModelParams params = cad::plan::model_params(cost);
+
+  std::vector<std::unique_ptr<BalancerRunner>> runners;
+  std::vector<BalancerResult> results;
+  for (const auto& b : s.balancers) {
+    runners.push_back(std::make_unique<BalancerRunner>(b.name, b.config, s.search_path));
+    BalancerResult r;
+    r.name = runners.back()->name();
+    r.group_size = b.group_size == 0 ? dp : std::min(b.group_size, dp);
+    r.off.pingpong = false;
+    r.on.pingpong = true;
+    results.push_back(r);
+  }
+
+  const int64_t batches = s.steps * s.microbatches;
+  const double weight = 1.0 / static_cast<double>(batches);
+  // times[balancer][mode][microbatch of this step][rank]
+  for (int64_t step = 0; step < s.steps; ++step) {
+    std::vector<std::vector<std::vector<std::vector<double>>>> times(
+        s.balancers.size(), std::vector<std::vector<std::vector<double>>>(2));
+    for (int64_t m = 0; m < s.microbatches; ++m) {
+      const uint64_t seed = s.seed + static_cast<uint64_t>(step * s.microbatches + m);
+      const cad::plan::RankPieces batch = documents_per_rank(
+          cad::workload::sample_batch(s.lengths, s.context, static_cast<int32_t>(dp), seed));
+      for (size_t bi = 0; bi < s.balancers.size(); ++bi) {
+        const BalancerSpec& spec = s.balancers[bi];
+        BalancerResult& res = results[bi];
+        if (s.progress) {
+          s.progress("step " + std::to_string(step + 1) + "/" + std::to_string(s.steps) + ", micro-batch " +
+                     std::to_string(m + 1) + "/" + std::to_string(s.microbatches) + ": " + res.name + " on " +
+                     std::to_string(dp) + " ranks in groups of " + std::to_string(res.group_size));
+        }
+        std::vector<RankWork> work;
+        work.reserve(static_cast<size_t>(dp));
+        double bytes = 0, plan_ms = 0;
+        for (int64_t begin = 0; begin < dp; begin += res.group_size) {
+          const int64_t end = std::min(dp, begin + res.group_size);
+          cad::plan::RankPieces pieces = group_pieces(batch, begin, end);
+          const auto start = std::chrono::steady_clock::now();
+          std::vector<cad_task_v1_t> tasks = runners[bi]->plan(pieces, cost);
+          plan_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+          if (spec.plan_is_layout) pieces = context_parallel_layout(pieces, tasks, static_cast<int32_t>(end - begin));
+          double group_bytes = 0;
+          std::vector<RankWork> w = rank_work(pieces, tasks, params, s.layout, begin, rates, &group_bytes);
+          bytes += group_bytes;
+          work.insert(work.end(), w.begin(), w.end());
+        }
+        res.plan_ms += weight * plan_ms;
+        res.bytes_per_layer += weight * bytes;
+        double max_attn = 0, sum_attn = 0;
+        for (const RankWork& w : work) {
+          const double a = w.attention.fwd + w.attention.bwd;
+          max_attn = std::max(max_attn, a);
+          sum_attn += a;
+        }
+        res.attention_imbalance += weight * (sum_attn > 0 ? max_attn * static_cast<double>(dp) / sum_attn : 1.0);
+        for (int mode = 0; mode < 2; ++mode) {
+          ModeResult& mr = mode == 0 ? res.off : res.on;
+          std::vector<double> t(static_cast<size_t>(dp));
+          size_t slowest = 0;
+          for (size_t r = 0; r < work.size(); ++r) {
+            const RankTime rt = rank_time(work[r], s.shape, s.layout, cal, mode == 1);
+            t[r] = rt.total;
+            if (rt.total > t[slowest]) slowest = r;
+            add(mr.mean, rt, weight / static_cast<double>(dp));
+          }
+          add(mr.slowest, rank_time(work[slowest], s.shape, s.layout, cal, mode == 1), weight);
+          times[bi][static_cast<size_t>(mode)].push_back(std::move(t));
+        }
+      }
+    }
+    for (size_t bi = 0; bi < s.balancers.size(); ++bi) {
+      for (int mode = 0; mode < 2; ++mode) {
+        ModeResult& mr = mode == 0 ? results[bi].off : results[bi].on;
+        mr.step_seconds.push_back(step_seconds(times[bi][static_cast<size_t>(mode)], results[bi].group_size, s.layout.pp));
+      }
+    }
+  }
+  for (auto& r : results) {
+    for (ModeResult* mr : {&r.off, &r.on}) {
+      mr->mean_step_seconds = std::accumulate(mr->step_seconds.begin(), mr->step_seconds.end(), 0.0) /
+                              static_cast<double>(mr->step_seconds.size());
+    }
+  }
+  return results;
+}
+
+}  // namespace cad::simulate

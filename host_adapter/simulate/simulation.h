@@ -1,0 +1,70 @@
+// simulation.h -- the whole `cad simulate` run: sample batches with the DistCA recipe, plan each with
+// every balancer plugin (in its balancing groups), price every rank with the step model, and collect
+// step times with and without ping-pong. A document the packing cuts at a buffer's end goes on as a new
+// document in the next buffer (plan_work.h: documents_per_rank), for every balancer alike: all of them
+// then compute the same attention FLOPs and differ only in where.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "attention_rates.h"
+#include "layout.h"
+#include "model_shape.h"
+#include "step_model.h"
+#include "system_calibration.h"
+
+namespace cad::simulate {
+
+struct BalancerSpec {
+  std::string name;           // plugin name or path
+  std::string config = "{}";  // its JSON config
+  // Data-parallel ranks that plan (and exchange work) together; 0 = all of them. Groups are
+  // [g*size, (g+1)*size).
+  int64_t group_size = 0;
+  // The balancer's plan is also the token layout (per-document context parallelism): ranks then hold
+  // their own chunks and only K/V moves.
+  bool plan_is_layout = false;
+};
+
+struct Scenario {
+  ModelShape shape;
+  Layout layout;
+  std::vector<int64_t> lengths;  // the document-length distribution
+  int64_t context = 0;           // tokens per data-parallel rank and micro-batch
+  std::vector<BalancerSpec> balancers;
+  std::string search_path;
+  uint64_t seed = 1;
+  int64_t steps = 1;         // sampled steps
+  int64_t microbatches = 1;  // per step (pipeline parallelism wants several)
+  int64_t min_shard_tokens = 128;
+  // Called with a line of progress (e.g. "step 2/4: prefix_aware") on long runs; may be empty.
+  std::function<void(const std::string&)> progress;
+};
+
+// Averages over all micro-batches of all steps, for one balancer and one ping-pong mode.
+struct ModeResult {
+  bool pingpong = false;
+  std::vector<double> step_seconds;  // per sampled step
+  double mean_step_seconds = 0;
+  RankTime slowest;  // the slowest rank of each micro-batch, averaged
+  RankTime mean;     // the mean over ranks, averaged
+};
+
+struct BalancerResult {
+  std::string name;
+  int64_t group_size = 0;
+  double attention_imbalance = 0;  // max / mean attention seconds over ranks, averaged over micro-batches
+  double bytes_per_layer = 0;      // forward all_to_all_v bytes of one layer, all ranks, mean per micro-batch
+  double plan_ms = 0;              // mean planning time per micro-batch (all groups)
+  ModeResult off, on;              // without / with ping-pong
+};
+
+// Validates the scenario (throws std::invalid_argument naming the option), runs it, returns one result
+// per balancer in the given order.
+std::vector<BalancerResult> simulate(const Scenario& scenario, const SystemCalibration& calibration,
+                                     const AttentionRates& rates);
+
+}  // namespace cad::simulate

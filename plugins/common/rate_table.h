@@ -1,0 +1,78 @@
+// rate_table.h -- measured attention-kernel rates of one GPU kind, shared by the balancers (to predict
+// a shard's time) and the simulator (to predict a server's time). Plain data + a reader: no plugin
+// state, no logging. Errors are std::invalid_argument whose message names the file and the key.
+//
+// Why: the kernels' rate depends on the shard's shape (a 128-query shard on a long KV prefix runs its
+// backward well below the dense rate; a ragged buffer of short documents runs below it too), so equal
+// FLOPs are not equal time. A shard of q queries whose last query sees kv keys (causal: kv = q_end;
+// non-causal: kv = doc_len) is looked up at (q, kv).
+//
+// JSON schema (one file per GPU kind, e.g. configs/calibration/h200.json; unknown keys are ignored,
+// every key below is required unless marked optional):
+//   {
+//     "gpu": "NVIDIA H200",                       // free text
+//     "head_dim": 128,                            // the rates hold for this head dim only
+//     "num_q_heads": 32, "num_kv_heads": 8,       // optional, informative (the measured shape)
+//     "dtype": "bf16",                            // optional, informative
+//     "backward_flop_ratio": 2.5,                 // backward FLOPs = ratio x forward FLOPs
+//     "dense": {                                  // dense causal attention, one document of `len`
+//       "len": 16384,                             //   tokens (q = kv = len): the reference rate
+//       "fwd": {"tflops": 701, "source": "..."},
+//       "bwd": {"tflops": 480, "source": "..."}
+//     },
+//     "q_lens":  [128, 1024, ...],                // grid axes: strictly increasing, >= 1
+//     "kv_lens": [1024, 4096, ...],
+//     "grid": [                                   // exactly one entry per (q_len, kv_len) pair
+//       {"q": 128, "kv": 1024,
+//        "fwd": {"tflops": 562, "source": "..."},
+//        "bwd": {"tflops": 379, "source": "..."}},
+//       ...
+//     ]
+//   }
+// Every rate is {"tflops": > 0, "source": non-empty string}: the command or document it comes from,
+// or "assumed: <why>" / "unreachable: <why>" for entries nobody measured. Cells with q > kv cannot
+// occur for a causal shard (kv >= q) but bilinear interpolation near the diagonal reads them, so the
+// grid must still be complete (fill them with the q = kv rate and say so in the source).
+//
+// Lookup: bilinear interpolation of the rate in (log q, log kv); q and kv outside the grid are clamped
+// to its edges (the nearest measured shape, not an extrapolation).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cad::plan {
+
+struct Rate {
+  double tflops = 0;
+  std::string source;
+};
+
+struct RateTable {
+  std::string path;  // where it was read from (for messages); "" if parsed from text
+  std::string gpu;
+  int32_t head_dim = 0;
+  double backward_flop_ratio = 2.5;
+  int64_t dense_len = 0;
+  Rate dense_fwd, dense_bwd;
+  std::vector<int64_t> q_lens, kv_lens;
+  std::vector<Rate> fwd, bwd;  // [qi * kv_lens.size() + ki]
+  std::vector<double> log_q_lens, log_kv_lens;  // filled by the reader (lookups are hot in balancers)
+
+  // Interpolated rate, TFLOP/s, of a shard with q queries whose KV length is kv.
+  double fwd_tflops(int64_t q, int64_t kv) const;
+  double bwd_tflops(int64_t q, int64_t kv) const;
+  // Predicted forward + backward seconds of a shard of that shape whose forward costs fwd_flops.
+  double shard_seconds(int64_t q, int64_t kv, double fwd_flops) const;
+  // Forward + backward time per FLOP of that shape over the same for the dense entry: 1 = as fast as
+  // dense causal attention, 1.2 = 20% slower. What a balancer weighs score entries with.
+  double relative_time(int64_t q, int64_t kv) const;
+};
+
+// Reads and validates a rate table; throws std::invalid_argument naming `path` and the bad key.
+RateTable load_rate_table(const std::string& path);
+// The same from JSON text; `name` stands for the file in messages.
+RateTable parse_rate_table(const std::string& json_text, const std::string& name);
+
+}  // namespace cad::plan
