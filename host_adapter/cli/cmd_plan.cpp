@@ -393,7 +393,8 @@ int run_plan(int argc, char** argv) {
   }
 
   if (args.has("--json")) {
-    std::printf("%s\n", to_json(batch, before, outcomes, time, args.has("--tasks") ? &pieces : nullptr).dump(2).c_str());
+    const nlohmann::json out = to_json(batch, before, outcomes, time, args.has("--tasks") ? &pieces : nullptr);
+    std::printf("%s\n", out.dump(2).c_str());
   } else {
     char line[512];
     std::snprintf(line, sizeof line,

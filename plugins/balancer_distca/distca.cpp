@@ -72,7 +72,8 @@ struct DistCa {
   static double priority(const Problem& p, const Item& it, double f) {
     const auto& m = p.model;
     const double hidden = static_cast<double>(m.num_q_heads) * m.head_dim;
-    const double kv = 2.0 * static_cast<double>(p.docs[static_cast<size_t>(it.doc)].len + 1) * m.num_kv_heads * m.head_dim;
+    const double kv_tokens = static_cast<double>(p.docs[static_cast<size_t>(it.doc)].len + 1);
+    const double kv = 2.0 * kv_tokens * m.num_kv_heads * m.head_dim;
     const double pairs = f / static_cast<double>(pair_cost(p, it));
     return (pairs * hidden + kv) / f;
   }
@@ -147,8 +148,9 @@ struct DistCa {
       surplus[static_cast<size_t>(s)] = static_cast<double>(ledger.load(s)) - mean;
       if (surplus[static_cast<size_t>(s)] < 0) recipients.push_back(s);
     }
-    std::stable_sort(recipients.begin(), recipients.end(),
-                     [&](int32_t a, int32_t b) { return surplus[static_cast<size_t>(a)] < surplus[static_cast<size_t>(b)]; });
+    std::stable_sort(recipients.begin(), recipients.end(), [&](int32_t a, int32_t b) {
+      return surplus[static_cast<size_t>(a)] < surplus[static_cast<size_t>(b)];
+    });
 
     Tasks tasks;
     for (int32_t dst : recipients) {

@@ -65,12 +65,12 @@ class Shedding {
   // Warns that the cap cost balance (call on the plan that is returned).
   void warn_memory_bound() const {
     if (worst_stuck_ < 0) return;
+    const int64_t total = std::accumulate(ledger_.loads().begin(), ledger_.loads().end(), int64_t{0});
     log_.warn(format("memory_cap_bytes = %lld keeps server %d %.1f%% above the balance bound (max/mean %.3f): no "
                      "more of its work fits any receiver's memory; the plan fits the cap",
                      static_cast<long long>(p_.memory_cap), worst_stuck_,
                      100.0 * static_cast<double>(ledger_.load(worst_stuck_) - bound_) / static_cast<double>(bound_),
-                     static_cast<double>(max_load()) * p_.num_servers /
-                         static_cast<double>(std::accumulate(ledger_.loads().begin(), ledger_.loads().end(), int64_t{0}))));
+                     static_cast<double>(max_load()) * p_.num_servers / static_cast<double>(total)));
   }
 
   Tasks run() {
@@ -94,7 +94,8 @@ class Shedding {
       for (int32_t src : senders) shed(src);
     }
     for (int32_t s : memory_stuck_) {
-      if (ledger_.load(s) > bound_ && (worst_stuck_ < 0 || ledger_.load(s) > ledger_.load(worst_stuck_))) worst_stuck_ = s;
+      if (ledger_.load(s) <= bound_) continue;
+      if (worst_stuck_ < 0 || ledger_.load(s) > ledger_.load(worst_stuck_)) worst_stuck_ = s;
     }
     for (int32_t s = 0; s < p_.num_servers; ++s) {
       for (const Range& r : ranges_[static_cast<size_t>(s)]) {
@@ -134,8 +135,8 @@ class Shedding {
   // Fewer bytes per entry first; with a rate table, moves within kSameBytes of each other prefer the
   // one adding the least time; exact ties broken by receiver, range order, then the higher shard.
   bool better(const Candidate& a, const Candidate& b) const {
-    if (p_.rates != nullptr && a.overhead != b.overhead &&
-        std::abs(a.bytes_per_entry - b.bytes_per_entry) <= kSameBytes * std::max(a.bytes_per_entry, b.bytes_per_entry)) {
+    const double close = kSameBytes * std::max(a.bytes_per_entry, b.bytes_per_entry);
+    if (p_.rates != nullptr && a.overhead != b.overhead && std::abs(a.bytes_per_entry - b.bytes_per_entry) <= close) {
       return a.overhead < b.overhead;
     }
     if (a.bytes_per_entry != b.bytes_per_entry) return a.bytes_per_entry < b.bytes_per_entry;
@@ -176,7 +177,8 @@ class Shedding {
       receivers(src, r, wide);
       for (int32_t dst : receivers_) {
         // Under a cap, skip a receiver that cannot hold even the cheapest shortest shard of r.
-        if (wide && !ledger_.fits_memory(dst, ledger_.delta(r.doc, r.begin, std::min(r.end, r.begin + min_shard_), dst).memory)) {
+        const int64_t shortest_end = std::min(r.end, r.begin + min_shard_);
+        if (wide && !ledger_.fits_memory(dst, ledger_.delta(r.doc, r.begin, shortest_end, dst).memory)) {
           memory_blocked = true;
           continue;
         }
