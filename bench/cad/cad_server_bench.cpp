@@ -69,6 +69,7 @@ struct Options {
   int hq = 32, hkv = 8, d = 128, reps = 3;
   uint64_t seed = 1;
   std::string json;
+  std::string rate_table;  // adds "prefix_aware_time": prefix_aware balancing predicted time with this table
 };
 
 Options parse(int argc, char** argv) {
@@ -78,7 +79,7 @@ Options parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf("usage: cad_server_bench [--dist FILE] [--ranks 4,8] [--context 65536,131072] [--balancer a,b]\n"
                   "       [--heads 32] [--kv-heads 8] [--head-dim 128] [--reps 3] [--seed 1]\n"
-                  "       [--plan-ranks 4,64,512] [--plan-context 131072] [--json FILE]\n"
+                  "       [--plan-ranks 4,64,512] [--plan-context 131072] [--json FILE] [--rate-table FILE]\n"
                   "Measures every rank's CAD server batch (forward, backward, pack+unpack) on this GPU, one after\n"
                   "another, per balancer; and the host time to make a plan.\n");
       std::exit(0);
@@ -97,6 +98,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--reps") o.reps = std::stoi(v);
     else if (a == "--seed") o.seed = std::stoull(v);
     else if (a == "--json") o.json = v;
+    else if (a == "--rate-table") o.rate_table = v;
     else die("unknown option " + a + " (see --help)");
   }
   return o;
@@ -347,10 +349,15 @@ double max_over_mean(const std::vector<double>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options opt = parse(argc, argv);
+  Options opt = parse(argc, argv);
   const std::vector<int64_t> lengths = cad::workload::load_lengths(opt.dist);
   nlohmann::json instances = nlohmann::json::array();
   for (const std::string& b : opt.balancers) instances.push_back({{"name", b}, {"plugin", b}, {"config", nlohmann::json::object()}});
+  if (!opt.rate_table.empty()) {
+    instances.push_back({{"name", "prefix_aware_time"}, {"plugin", "prefix_aware"},
+                         {"config", {{"rate_table", opt.rate_table}}}});
+    opt.balancers.push_back("prefix_aware_time");
+  }
   instances.push_back({{"name", "cuda"}, {"plugin", "cuda"}, {"config", nlohmann::json::object()}});
   const std::string config = nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
   cad_host_options_v1_t options{};

@@ -15,9 +15,9 @@ cmake --build "$BUILD" -j "$(nproc)" --target cad_server_bench ping_pong_bench >
 {
   echo "## CAD server batches ($(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
   echo '```'
-  echo "$BUILD/bin/cad_server_bench --dist $DIST --ranks 4,8 --context 65536,131072 --reps 3 --json cad_bench.json"
+  echo "$BUILD/bin/cad_server_bench --dist $DIST --ranks 4,8 --context 65536,131072 --reps 3 --json cad_bench.json --rate-table configs/calibration/h200.json"
   echo '```'
-  timeout 420 "$BUILD/bin/cad_server_bench" --dist "$DIST" --ranks 4,8 --context 65536,131072 --reps 3 \
+  timeout 420 "$BUILD/bin/cad_server_bench" --dist "$DIST" --ranks 4,8 --context 65536,131072 --reps 3 --rate-table configs/calibration/h200.json \
     --json "$OUT/cad_bench.json"
   echo "exit $?"
   echo
