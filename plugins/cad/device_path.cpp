@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cad_kernels.h"
+#include "device_scope.h"
 #include "data_path.h"
 #include "wire_tables.h"
 
@@ -26,21 +27,13 @@ void check_cuda(cudaError_t err, const char* what) {
   }
 }
 
+// Makes `device` current for the scope of one call (kernels/device_scope.h); a failure to switch throws.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() {
-    int now = previous_;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
+  explicit DeviceScope(int device) : scope_(device) { check_cuda(scope_.error(), "selecting the CUDA device"); }
 
  private:
-  int previous_ = 0;
+  cad::kernels::DeviceScope scope_;
 };
 
 // Device memory from the host's allocate service, handed back in stream order on `stream`.
@@ -281,38 +274,23 @@ class Mover {
     }
   }
 
-  // LSE [Hq, rows] of the server batch -> the owners' LSE [Hq, tokens] (always through the wire buffers).
-  void lse_to_owners(const float* server_lse, int64_t server_rows, float* owner_lse, int64_t owner_rows, int64_t heads) {
-    const Table& st = plan_.tables[ServerQ];
-    const Table& ot = plan_.tables[OwnerQ];
+  // LSE ([Hq, rows] fp32, a column per row) of the sending side -> the receiving side's, as wire rows
+  // [rows, Hq] (always through the wire buffers): server -> owners after the forward, owners -> server when
+  // re-sending for the backward.
+  void lse(Direction direction, const float* src, int64_t src_rows, float* dst, int64_t dst_rows, int64_t heads) {
+    const bool to_servers = direction == Direction::ToServers;
+    const Table& from = plan_.tables[to_servers ? OwnerQ : ServerQ];
+    const Table& to = plan_.tables[to_servers ? ServerQ : OwnerQ];
     float* send = reinterpret_cast<float*>(plan_.send.ptr);
     float* recv = reinterpret_cast<float*>(plan_.recv.ptr);
     if (!drain_) {
-      check_cuda(kernels::copy_strided_rows_f32(server_lse, 1, server_rows, send, heads, 1, heads, to_wire(st), st.count,
+      check_cuda(kernels::copy_strided_rows_f32(src, 1, src_rows, send, heads, 1, heads, to_wire(from), from.count,
                                                 stream_), "pack LSE");
     }
-    exchange(reinterpret_cast<std::byte*>(send), reinterpret_cast<std::byte*>(recv), Direction::ToOwners, RunSet::Q,
+    exchange(reinterpret_cast<std::byte*>(send), reinterpret_cast<std::byte*>(recv), direction, RunSet::Q,
              heads * static_cast<int64_t>(sizeof(float)));
     if (!drain_) {
-      check_cuda(kernels::copy_strided_rows_f32(recv, heads, 1, owner_lse, 1, owner_rows, heads, from_wire(ot), ot.count,
-                                                stream_), "unpack LSE");
-    }
-  }
-
-  // The owners' LSE -> the server batch's (re-send mode).
-  void lse_to_servers(const float* owner_lse, int64_t owner_rows, float* server_lse, int64_t server_rows, int64_t heads) {
-    const Table& ot = plan_.tables[OwnerQ];
-    const Table& st = plan_.tables[ServerQ];
-    float* send = reinterpret_cast<float*>(plan_.send.ptr);
-    float* recv = reinterpret_cast<float*>(plan_.recv.ptr);
-    if (!drain_) {
-      check_cuda(kernels::copy_strided_rows_f32(owner_lse, 1, owner_rows, send, heads, 1, heads, to_wire(ot), ot.count,
-                                                stream_), "pack LSE");
-    }
-    exchange(reinterpret_cast<std::byte*>(send), reinterpret_cast<std::byte*>(recv), Direction::ToServers, RunSet::Q,
-             heads * static_cast<int64_t>(sizeof(float)));
-    if (!drain_) {
-      check_cuda(kernels::copy_strided_rows_f32(recv, heads, 1, server_lse, 1, server_rows, heads, from_wire(st), st.count,
+      check_cuda(kernels::copy_strided_rows_f32(recv, heads, 1, dst, 1, dst_rows, heads, from_wire(to), to.count,
                                                 stream_), "unpack LSE");
     }
   }
@@ -472,13 +450,13 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
       // Peers wait for this rank's results: finish the collectives (drained) before reporting.
       CallStats ignored;
       Mover(ctx, dp, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
-      Mover(ctx, dp, stream, true, ignored).lse_to_owners(nullptr, 0, nullptr, 0, hq);
+      Mover(ctx, dp, stream, true, ignored).lse(Direction::ToOwners, nullptr, 0, nullptr, 0, hq);
       server_failed(ctx, "forward");
     }
   }
   move.rows(Direction::ToOwners, RunSet::Q, o, drain ? nullptr : data(args->o), q_bytes);
-  move.lse_to_owners(static_cast<float*>(lse), batch.q_rows, drain ? nullptr : static_cast<float*>(data(args->lse)),
-                     shape.tokens, hq);
+  move.lse(Direction::ToOwners, static_cast<float*>(lse), batch.q_rows,
+           drain ? nullptr : static_cast<float*>(data(args->lse)), shape.tokens, hq);
 }
 
 void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
@@ -503,8 +481,8 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   } else {
     move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
     move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes);
-    move.lse_to_servers(drain ? nullptr : static_cast<const float*>(data(args->lse)), shape.tokens,
-                        static_cast<float*>(lse), batch.q_rows, hq);
+    move.lse(Direction::ToServers, drain ? nullptr : static_cast<const float*>(data(args->lse)), shape.tokens,
+             static_cast<float*>(lse), batch.q_rows, hq);
     move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
     move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
   }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cad_kernels.h"
+#include "device_scope.h"
 #include "cad_plugin_v1.h"
 #include "cuda_validate.h"
 #include "plugin_support.h"
@@ -29,22 +30,13 @@ void check_cuda(cudaError_t err, const char* what) {
   }
 }
 
-// Makes `device` current for the scope of one call and restores the caller's device after it.
+// Makes `device` current for the scope of one call (kernels/device_scope.h); a failure to switch throws.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() {
-    int now = previous_;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
+  explicit DeviceScope(int device) : scope_(device) { check_cuda(scope_.error(), "selecting the CUDA device"); }
 
  private:
-  int previous_ = 0;
+  cad::kernels::DeviceScope scope_;
 };
 
 struct CudaContext {
