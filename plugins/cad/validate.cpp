@@ -43,16 +43,19 @@ std::vector<DType> accepted_dtypes(const Accepts& accepts) {
   return dtypes;
 }
 
-// Where the call's token count comes from, for messages: its pieces, or its plan.
-thread_local bool g_tokens_from_plan = false;
+// The call's token count, and where it comes from (its pieces, or its plan), for messages.
+struct Tokens {
+  int64_t count;
+  bool from_plan;
+};
 
-void check_rows(const cad_tensor_v1_t* t, const char* name, int64_t tokens, const char* what) {
-  if (t->shape[0] != tokens) {
+void check_rows(const cad_tensor_v1_t* t, const char* name, Tokens tokens, const char* what) {
+  if (t->shape[0] != tokens.count) {
     fail(CAD_STATUS_INVALID_ARGUMENT,
-         format(g_tokens_from_plan ? "tensor '%s' has %lld rows (%s) but its plan was made for %lld tokens (a plan "
+         format(tokens.from_plan ? "tensor '%s' has %lld rows (%s) but its plan was made for %lld tokens (a plan "
                                      "from another micro-batch?)"
                                    : "tensor '%s' has %lld rows (%s) but the local pieces hold %lld tokens",
-                name, ll(t->shape[0]), what, ll(tokens)));
+                name, ll(t->shape[0]), what, ll(tokens.count)));
   }
 }
 
@@ -87,7 +90,7 @@ void check_heads(int64_t hq, int64_t hkv, int64_t d, const Accepts& accepts) {
   }
 }
 
-CallShape check_qkv(const cad_tensor_v1_t* q, const cad_tensor_v1_t* k, const cad_tensor_v1_t* v, int64_t tokens,
+CallShape check_qkv(const cad_tensor_v1_t* q, const cad_tensor_v1_t* k, const cad_tensor_v1_t* v, Tokens call_tokens,
                     int32_t causal, float softmax_scale, void* stream, const Accepts& accepts) {
   if (stream != nullptr && accepts.device_type == CAD_DEVICE_CPU) {
     fail(CAD_STATUS_INVALID_ARGUMENT, "stream must be NULL: the server backend, and so CAD's data path, is on the CPU");
@@ -96,11 +99,12 @@ CallShape check_qkv(const cad_tensor_v1_t* q, const cad_tensor_v1_t* k, const ca
   const std::vector<DType> dtypes = accepted_dtypes(accepts);
   const cad_device_type_t dev = accepts.device_type;
   plugin::check_tensor(q, {"q", dev, {-1, -1, -1}, {"Tq", "Hq", "D"}, dtypes});
-  check_rows(q, "q", tokens, "Tq");
+  const int64_t tokens = call_tokens.count;
+  check_rows(q, "q", call_tokens, "Tq");
   const DType dtype = plugin::dtype_is(q->dtype, DType::BF16) ? DType::BF16 : DType::F32;
   const int64_t hq = q->shape[1], d = q->shape[2];
   plugin::check_tensor(k, {"k", dev, {-1, -1, d}, {"Tk", "Hkv", "D"}, {dtype}});
-  check_rows(k, "k", tokens, "Tk");
+  check_rows(k, "k", call_tokens, "Tk");
   const int64_t hkv = k->shape[1];
   plugin::check_tensor(v, {"v", dev, {tokens, hkv, d}, {"Tk", "Hkv", "D"}, {dtype}});
   check_heads(hq, hkv, d, accepts);
@@ -146,7 +150,6 @@ plugin::TensorSpec lse_spec(const CallShape& s) {
 // the plan's by the caller).
 int64_t call_tokens(const cad_piece_v1_t* pieces, int64_t num_pieces, int64_t plan_tokens) {
   const int64_t tokens = count_tokens(pieces, num_pieces);
-  g_tokens_from_plan = plan_tokens >= 0;
   if (plan_tokens < 0) return tokens;
   if (num_pieces > 0 && tokens != plan_tokens) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("the call's pieces hold %lld tokens but its plan was made for %lld "
@@ -167,7 +170,8 @@ CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const 
   }
   const int64_t tokens = call_tokens(args->pieces, args->num_pieces, plan_tokens);
   const CallShape shape =
-      check_qkv(args->q, args->k, args->v, tokens, args->causal, args->softmax_scale, args->stream, accepts);
+      check_qkv(args->q, args->k, args->v, Tokens{tokens, plan_tokens >= 0}, args->causal, args->softmax_scale,
+                args->stream, accepts);
   plugin::check_tensor(args->o, q_like("o", shape));
   plugin::check_tensor(args->lse, lse_spec(shape));
   return shape;
@@ -188,7 +192,8 @@ CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, cons
   }
   const int64_t tokens = call_tokens(args->pieces, args->num_pieces, plan_tokens);
   const CallShape shape =
-      check_qkv(args->q, args->k, args->v, tokens, args->causal, args->softmax_scale, args->stream, accepts);
+      check_qkv(args->q, args->k, args->v, Tokens{tokens, plan_tokens >= 0}, args->causal, args->softmax_scale,
+                args->stream, accepts);
   plugin::check_tensor(args->o, q_like("o", shape));
   plugin::check_tensor(args->lse, lse_spec(shape));
   plugin::check_tensor(args->d_o, q_like("d_o", shape));
