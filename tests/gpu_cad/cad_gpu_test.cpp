@@ -11,11 +11,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "cad/cad_host.hpp"
 #include "reference_math.h"
@@ -27,7 +30,10 @@ using cad_test::GlobalBatch;
 namespace {
 
 int g_rank = 0, g_world = 1;
+int g_device = 0;  // rank % visible GPUs: one GPU per rank where there are enough, else shared
 bool g_nccl = false;
+int64_t g_timeout_ms = 60000;
+std::string g_fault;  // CAD_TEST_FAULT: "skip" (rank 1 skips a forward) or "kill" (rank 1 exits mid-step)
 cad::Host* g_host = nullptr;
 
 std::vector<std::string> balancers() {
@@ -42,11 +48,12 @@ std::string cad_name(const std::string& balancer, bool keep) { return "cad_" + b
 std::string stack_config() {
   nlohmann::json instances = nlohmann::json::array();
   if (g_nccl) {
-    instances.push_back({{"name", "comm"}, {"plugin", "nccl"}, {"config", {{"timeout_ms", 60000}, {"bootstrap", "mpi"}}}});
+    instances.push_back({{"name", "comm"}, {"plugin", "nccl"},
+                         {"config", {{"timeout_ms", g_timeout_ms}, {"bootstrap", "mpi"}, {"device", g_device}}}});
   } else {
-    instances.push_back({{"name", "comm"}, {"plugin", "mpi"}, {"config", {{"timeout_ms", 60000}}}});
+    instances.push_back({{"name", "comm"}, {"plugin", "mpi"}, {"config", {{"timeout_ms", g_timeout_ms}}}});
   }
-  instances.push_back({{"name", "server"}, {"plugin", "cuda"}, {"config", nlohmann::json::object()}});
+  instances.push_back({{"name", "server"}, {"plugin", "cuda"}, {"config", {{"device", g_device}}}});
   for (const std::string& b : balancers()) {
     instances.push_back({{"name", "bal_" + b}, {"plugin", b}, {"config", nlohmann::json::object()}});
     for (bool keep : {true, false}) {
@@ -90,7 +97,7 @@ struct DeviceTensor {
   int64_t numel() const { int64_t n = 1; for (int64_t d : shape) n *= d; return n; }
   size_t bytes() const { return static_cast<size_t>(numel()) * (bf16 ? 2 : 4); }
   cad_tensor_v1_t* desc() {
-    view = cad_tensor_v1_t{ptr, {CAD_DEVICE_CUDA, 0}, static_cast<int32_t>(shape.size()),
+    view = cad_tensor_v1_t{ptr, {CAD_DEVICE_CUDA, g_device}, static_cast<int32_t>(shape.size()),
                            bf16 ? cad_dtype_v1_t{CAD_DTYPE_CODE_BFLOAT, 16, 1} : cad_dtype_v1_t{CAD_DTYPE_CODE_FLOAT, 32, 1},
                            shape.data(), nullptr, 0};
     return &view;
@@ -201,7 +208,7 @@ cad_status_t make_plan(const Api& api, const Call& call, void** plan) {
   a.head_dim = static_cast<int32_t>(call.d);
   a.dtype = {CAD_DTYPE_CODE_BFLOAT, 16, 1};
   a.causal = call.causal ? 1 : 0;
-  a.device = {CAD_DEVICE_CUDA, 0};
+  a.device = {CAD_DEVICE_CUDA, g_device};
   a.stream = call.stream;
   return api.table->make_plan(api.ctx, &a, plan);
 }
@@ -426,9 +433,9 @@ TEST(CadGpu, BadCallsAreRefusedOnEveryRank) {
   if (devices > 1) {  // a stream of another GPU (only where there is one)
     Call call(b, true);
     cudaStream_t other = nullptr;
-    cudaSetDevice(1);
+    cudaSetDevice((g_device + 1) % devices);
     check(cudaStreamCreate(&other), "cudaStreamCreate");
-    cudaSetDevice(0);
+    cudaSetDevice(g_device);
     if (g_rank == 0) call.stream = other;
     const cad_status_t st = call.forward(api);
     expect_refused(api, st, api.error(), "stream");
@@ -464,6 +471,44 @@ TEST(CadGpu, BadCallsAreRefusedOnEveryRank) {
   }
 }
 
+// Faults (CAD_TEST_FAULT set; tests/multi_gpu/run.sh and tests/gpu_cad/run.sh run them in their own jobs):
+// rank 1 skips a call or dies mid-step; every other rank must get an error naming the operation within
+// the communicator's timeout (3 s here) plus a margin, and exit -- never hang.
+TEST(CadGpuFault, SurvivorsFailInBoundedTime) {
+  if (g_fault.empty()) GTEST_SKIP() << "set CAD_TEST_FAULT=skip or kill";
+  if (g_world < 2) GTEST_SKIP() << "needs 2 ranks or more";
+  const GlobalBatch b = rounded(cad_test::make_batch(spec(900, 64)));
+  const Api api = instance(cad_name(balancers().back(), false));
+  Call call(b, true);
+  void* plan = nullptr;
+  ASSERT_EQ(make_plan(api, call, &plan), CAD_STATUS_OK) << api.error();
+  ASSERT_EQ(call.forward(api, plan), CAD_STATUS_OK) << api.error();  // one good step first
+  check(cudaDeviceSynchronize(), "sync");
+  if (g_rank == 1) {
+    if (g_fault == "kill") std::_Exit(9);  // dies mid-step, MPI and NCCL state left as they are
+    std::fprintf(stderr, "[rank 1] skipping the forward on purpose\n");
+    std::fflush(stderr);
+    // Skipped the call; stays alive well past the peers' timeout (they must not wait for it), then leaves.
+    std::this_thread::sleep_for(std::chrono::milliseconds(g_timeout_ms + 8000));
+    std::_Exit(0);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  cad_status_t status = call.forward(api, plan);
+  if (status == CAD_STATUS_OK) {
+    // NCCL: enqueued; the watchdog aborts the communicator at the deadline and the stream drains.
+    cudaDeviceSynchronize();
+    status = call.forward(api, plan);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "[rank %d] after rank 1's fault ('%s'): status %s in %.1f s: %s\n", g_rank, g_fault.c_str(),
+               cad_status_name(status), s, api.error().c_str());
+  EXPECT_NE(status, CAD_STATUS_OK);
+  EXPECT_LT(s, g_timeout_ms / 1000.0 + 10.0) << "bounded by the timeout";
+  std::fflush(stdout);
+  // The job cannot finish collectively any more: leave with a failure status (as a trainer would).
+  std::_Exit(status == CAD_STATUS_OK ? 1 : 3);
+}
+
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -471,7 +516,14 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   for (int i = 1; i < argc; ++i) g_nccl = g_nccl || std::strcmp(argv[i], "--nccl") == 0;
   ::testing::InitGoogleTest(&argc, argv);
-  cudaSetDevice(0);
+  int devices = 1;
+  cudaGetDeviceCount(&devices);
+  g_device = g_rank % std::max(devices, 1);
+  cudaSetDevice(g_device);
+  if (const char* fault = std::getenv("CAD_TEST_FAULT")) {
+    g_fault = fault;
+    g_timeout_ms = 3000;  // the fault tests wait for this
+  }
   int rc = 1;
   try {
     const std::string config = stack_config();

@@ -44,6 +44,19 @@ done
 timeout 300 "${MPIRUN[@]}" -np 1 "$BIN" --nccl > "$OUT/cad_nccl.log" 2>&1
 record "cad nccl np=1 (graph replay included)" $? "$OUT/cad_nccl.log"
 
+# Faults (host-staged, 2 processes on the GPU): rank 1 skips a forward (the other must time out after 3 s
+# and exit with an error) or dies mid-step (the launcher ends the job). Bounded: a hang hits `timeout`.
+for fault in skip kill; do
+  start=$(date +%s)
+  CAD_TEST_FAULT=$fault timeout 90 "${MPIRUN[@]}" -x CAD_TEST_FAULT -np 2 "$BIN" --gtest_filter='CadGpuFault.*' \
+    > "$OUT/cad_fault_$fault.log" 2>&1
+  rc=$?
+  took=$(( $(date +%s) - start ))
+  # Expected: a non-zero exit that is not the timeout's (124), within the bound.
+  ok=1; { [ "$rc" != 0 ] && [ "$rc" != 124 ]; } && ok=0
+  record "fault '$fault' on rank 1 (host-staged np=2): job exit $rc after ${took} s; $(grep -m1 "after rank 1's fault" "$OUT/cad_fault_$fault.log" | cut -c1-160)" $ok
+done
+
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
     # Host-staged with one rank: NCCL's own start-up probes would show up as API errors.
