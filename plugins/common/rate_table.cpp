@@ -46,7 +46,7 @@ std::string text(const json& v, const std::string& name, const std::string& key)
 
 Rate read_rate(const json& obj, const char* key, const std::string& name, const std::string& where) {
   const std::string full = where + "." + key;
-  const json& r = member(obj, key, name, where);
+  const json r = member(obj, key, name, where);
   if (!r.is_object()) bad(name, full, "must be an object {\"tflops\": ..., \"source\": ...}");
   Rate rate;
   rate.tflops = positive_number(member(r, "tflops", name, full), name, full + ".tflops");
@@ -55,7 +55,7 @@ Rate read_rate(const json& obj, const char* key, const std::string& name, const 
 }
 
 std::vector<int64_t> read_axis(const json& doc, const char* key, const std::string& name) {
-  const json& a = member(doc, key, name, "");
+  const json a = member(doc, key, name, "");  // a copy: gcc 13 flags a reference bound through a temporary argument
   if (!a.is_array() || a.empty()) bad(name, key, "must be a non-empty array of integers");
   std::vector<int64_t> axis;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -130,7 +130,7 @@ RateTable parse_rate_table(const std::string& json_text, const std::string& name
   t.gpu = text(member(doc, "gpu", name, ""), name, "gpu");
   t.head_dim = static_cast<int32_t>(positive_integer(member(doc, "head_dim", name, ""), name, "head_dim"));
   t.backward_flop_ratio = positive_number(member(doc, "backward_flop_ratio", name, ""), name, "backward_flop_ratio");
-  const json& dense = member(doc, "dense", name, "");
+  const json dense = member(doc, "dense", name, "");
   t.dense_len = positive_integer(member(dense, "len", name, "dense"), name, "dense.len");
   t.dense_fwd = read_rate(dense, "fwd", name, "dense");
   t.dense_bwd = read_rate(dense, "bwd", name, "dense");
@@ -139,7 +139,7 @@ RateTable parse_rate_table(const std::string& json_text, const std::string& name
   t.log_q_lens = logs_of(t.q_lens);
   t.log_kv_lens = logs_of(t.kv_lens);
 
-  const json& grid = member(doc, "grid", name, "");
+  const json grid = member(doc, "grid", name, "");
   if (!grid.is_array()) bad(name, "grid", "must be an array of {q, kv, fwd, bwd} entries");
   const size_t nq = t.q_lens.size(), nk = t.kv_lens.size();
   std::map<std::pair<int64_t, int64_t>, size_t> seen;  // (q, kv) -> entry index
