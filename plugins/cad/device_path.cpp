@@ -121,6 +121,14 @@ void DeviceSavedDeleter::operator()(DeviceSaved* saved) const {
 bool device_path_available() { return true; }
 
 void check_call_stream(void* stream, int device_id, const char* what) {
+  // A stream being captured into a graph cannot be asked for its device; it was checked when the eager
+  // calls ran (a capture replays what an eager call does).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (stream != nullptr && cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture) == cudaSuccess &&
+      capture != cudaStreamCaptureStatusNone) {
+    return;
+  }
+  cudaGetLastError();
   int device = -1;
   const cudaError_t err = stream != nullptr ? cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device)
                                             : cudaGetDevice(&device);
