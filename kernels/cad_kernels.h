@@ -186,6 +186,11 @@ cudaError_t copy_strided_rows_f32(const float* src, int64_t src_row_stride, int6
 cudaError_t add_row_ranges_f32(const void* src, bool src_bf16, float* acc, int64_t row_elems, const RowCopy* copies,
                                int64_t num_copies, cudaStream_t stream);
 
+// out[dst rows] = acc[src rows] as bf16 (out_bf16) or fp32, `row_elems` elements per row (the shared rows'
+// sums of partial dK/dV going to their place in the owner's tensor).
+cudaError_t store_row_ranges_f32(const float* acc, void* out, bool out_bf16, int64_t row_elems, const RowCopy* copies,
+                                 int64_t num_copies, cudaStream_t stream);
+
 // out[i] = acc[i] as bf16 (out_bf16) or fp32, for i < numel.
 cudaError_t store_f32(const float* acc, void* out, bool out_bf16, int64_t numel, cudaStream_t stream);
 

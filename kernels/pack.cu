@@ -84,6 +84,20 @@ __global__ void add_row_ranges_kernel(const In* src, float* acc, int64_t row_ele
 }
 
 template <class Out>
+__global__ void store_row_ranges_kernel(const float* acc, Out* out, int64_t row_elems, const RowCopy* copies,
+                                        int64_t num_copies) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t c = 0; c < num_copies; ++c) {
+    const RowCopy rc = copies[c];
+    const float* s = acc + rc.src_row * row_elems;
+    Out* d = out + rc.dst_row * row_elems;
+    const int64_t n = rc.num_rows * row_elems;
+    for (int64_t i = first; i < n; i += stride) d[i] = from_float<Out>(s[i]);
+  }
+}
+
+template <class Out>
 __global__ void store_f32_kernel(const float* acc, Out* out, int64_t numel) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -149,6 +163,22 @@ cudaError_t add_row_ranges_f32(const void* src, bool src_bf16, float* acc, int64
   } else {
     add_row_ranges_kernel<float><<<grid_size(1 << 20, 256), 256, 0, stream>>>(static_cast<const float*>(src), acc,
                                                                               row_elems, copies, num_copies);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t store_row_ranges_f32(const float* acc, void* out, bool out_bf16, int64_t row_elems, const RowCopy* copies,
+                                 int64_t num_copies, cudaStream_t stream) {
+  if (num_copies == 0 || row_elems == 0) return cudaSuccess;
+  if (acc == nullptr || out == nullptr || copies == nullptr || num_copies < 0 || row_elems < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (out_bf16) {
+    store_row_ranges_kernel<__nv_bfloat16><<<grid_size(1 << 20, 256), 256, 0, stream>>>(
+        acc, static_cast<__nv_bfloat16*>(out), row_elems, copies, num_copies);
+  } else {
+    store_row_ranges_kernel<float><<<grid_size(1 << 20, 256), 256, 0, stream>>>(acc, static_cast<float*>(out), row_elems,
+                                                                                copies, num_copies);
   }
   return cudaGetLastError();
 }

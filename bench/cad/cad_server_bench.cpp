@@ -216,6 +216,16 @@ struct DeviceTable {
   ~DeviceTable() { cudaFree(to); cudaFree(from); }
 };
 
+// A plain copy list as a DeviceTable (the dK/dV return lists), with optional per-peer starts.
+cp::WireTable list_table(const std::vector<cp::WireCopy>& copies, const std::vector<int64_t>& peer_first) {
+  cp::WireTable t;
+  t.to_wire = copies;
+  t.from_wire = copies;
+  t.peer_first = peer_first;
+  t.identity = false;
+  return t;
+}
+
 // The copies the CUDA data path (device_path.cpp, Mover) makes on rank `me` in one forward or one
 // backward (keep mode), with the same skips: a side whose table is the identity moves nothing, and dK/dV
 // rows that come back from one server each are moved, not summed.
@@ -227,7 +237,11 @@ double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShap
   const int64_t qb = s.q_row_bytes(), kvb = s.kv_row_bytes(), hq = s.num_q_heads;
   const cp::ServerBatch& batch = layout.servers[static_cast<size_t>(me)];
   const int64_t tokens = s.tokens;
-  const size_t wire = static_cast<size_t>(cp::workspace_sizes(layout, me, s, true, 0).wire);
+  const cp::WireTable okv_host = cp::build_wire_table(layout, me, true, false, s.tokens);
+  const size_t wire = static_cast<size_t>(cp::workspace_sizes(layout, me, s, true, 0, okv_host.shared_rows).wire);
+  // The owner's dK/dV return lists (moved rows, fp32 adds per peer, stores of the sums).
+  const DeviceTable single(list_table(okv_host.single, {})), adds(list_table(okv_host.shared_adds, okv_host.shared_peer_first)),
+      store(list_table(okv_host.shared_store, {}));
   void* owner_q = buf.get("owner_q", static_cast<size_t>(tokens * qb));
   void* owner_kv = buf.get("owner_kv", static_cast<size_t>(tokens * kvb));
   float* owner_lse = static_cast<float*>(buf.get("owner_lse", static_cast<size_t>(tokens * hq * 4)));
@@ -236,7 +250,7 @@ double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShap
   float* server_lse = static_cast<float*>(buf.get("lse", static_cast<size_t>(batch.q_rows * hq * 4)));
   void* send = buf.get("send", wire);
   void* recv = buf.get("recv", wire);
-  float* acc = static_cast<float*>(buf.get("acc", static_cast<size_t>(tokens * kvb * 2)));
+  float* acc = static_cast<float*>(buf.get("acc", static_cast<size_t>(std::max<int64_t>(1, okv_host.shared_rows) * kvb * 2)));
   auto gather = [&](const DeviceTable& t, const void* src, int64_t rb) {
     if (!t.identity) check(cad::kernels::copy_row_ranges(src, send, rb, t.to, t.n, nullptr), "gather");
   };
@@ -266,12 +280,13 @@ double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShap
           scatter(okv, owner_kv, kvb);
           continue;
         }
-        cudaMemsetAsync(acc, 0, static_cast<size_t>(tokens * kvb * 2), nullptr);
-        for (size_t p = 0; p + 1 < okv.peer_first.size(); ++p) {
-          cad::kernels::add_row_ranges_f32(recv, true, acc, kvb / 2, okv.from + okv.peer_first[p],
-                                           okv.peer_first[p + 1] - okv.peer_first[p], nullptr);
+        cad::kernels::copy_row_ranges(recv, owner_kv, kvb, single.to, single.n, nullptr);
+        cudaMemsetAsync(acc, 0, static_cast<size_t>(okv_host.shared_rows * kvb * 2), nullptr);
+        for (size_t p = 0; p + 1 < adds.peer_first.size(); ++p) {
+          cad::kernels::add_row_ranges_f32(recv, true, acc, kvb / 2, adds.to + adds.peer_first[p],
+                                           adds.peer_first[p + 1] - adds.peer_first[p], nullptr);
         }
-        cad::kernels::store_f32(acc, owner_kv, true, tokens * (kvb / 2), nullptr);
+        cad::kernels::store_row_ranges_f32(acc, owner_kv, true, kvb / 2, store.to, store.n, nullptr);
       }
     }
   });
@@ -285,7 +300,8 @@ RankResult measure_rank(const cad::Host& host, const cp::Layout& layout, int32_t
   r.q_rows = batch.q_rows;
   r.kv_rows = batch.kv_rows;
   r.segments = static_cast<int64_t>(batch.segments.size());
-  const cp::WorkspaceSizes w = cp::workspace_sizes(layout, me, shape, true, 0);
+  const cp::WorkspaceSizes w = cp::workspace_sizes(layout, me, shape, true, 0,
+                                                   cp::build_wire_table(layout, me, true, false, shape.tokens).shared_rows);
   r.workspace_bytes = w.plan_total();
   r.saved_bytes = w.saved_per_forward();
   r.pack_fwd_ms = time_pack_unpack(layout, me, shape, buf, reps, false);

@@ -69,7 +69,11 @@ struct Table {
   std::vector<int64_t> peer_first;  // per peer: first entry, relative to offset (world + 1 entries)
 };
 
-enum TableId { OwnerQ, OwnerKv, ServerQ, ServerKv, kNumTables };
+enum TableId {
+  OwnerQ, OwnerKv, ServerQ, ServerKv,
+  OwnerKvSingle, OwnerKvAdds, OwnerKvStore,  // owner-side dK/dV: moved, added in fp32, stored (wire_tables.h)
+  kNumTables
+};
 
 }  // namespace
 
@@ -100,7 +104,8 @@ struct DevicePlan {
   size_t wire_bytes = 0;
   // Server batch scratch (backward outputs always; forward tensors too when nothing is kept).
   DeviceBuffer q, k, v, o, lse, d_o, d_q, d_k, d_v;
-  DeviceBuffer acc_k, acc_v;  // owner-side fp32 sums of partial dK/dV
+  DeviceBuffer acc_k, acc_v;  // owner-side fp32 sums of partial dK/dV, for its shared rows only
+  int64_t shared_kv_rows = 0;
   int64_t bytes = 0;
 };
 
@@ -190,8 +195,25 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   const int32_t me = ctx.comm->rank();
   std::vector<RowCopy> to_wire, from_wire;
   plan->tables[OwnerQ] = append_table(build_wire_table(layout, me, true, true), to_wire, from_wire, plan->owner_q_rows);
-  plan->tables[OwnerKv] = append_table(build_wire_table(layout, me, true, false, step.shape.tokens), to_wire, from_wire,
-                                       plan->owner_kv_rows);
+  const WireTable owner_kv = build_wire_table(layout, me, true, false, step.shape.tokens);
+  plan->tables[OwnerKv] = append_table(owner_kv, to_wire, from_wire, plan->owner_kv_rows);
+  // The dK/dV return lists go into both arrays at the same offsets (only one direction is used).
+  auto append_list = [&](const std::vector<WireCopy>& copies, const std::vector<int64_t>& peer_first) {
+    Table t;
+    t.offset = static_cast<int64_t>(to_wire.size());
+    t.count = static_cast<int64_t>(copies.size());
+    t.identity = false;
+    t.peer_first = peer_first;
+    for (const WireCopy& c : copies) {
+      to_wire.push_back(RowCopy{c.src_row, c.dst_row, c.num_rows});
+      from_wire.push_back(RowCopy{c.src_row, c.dst_row, c.num_rows});
+    }
+    return t;
+  };
+  plan->tables[OwnerKvSingle] = append_list(owner_kv.single, {});
+  plan->tables[OwnerKvAdds] = append_list(owner_kv.shared_adds, owner_kv.shared_peer_first);
+  plan->tables[OwnerKvStore] = append_list(owner_kv.shared_store, {});
+  plan->shared_kv_rows = owner_kv.shared_rows;
   plan->tables[ServerQ] = append_table(build_wire_table(layout, me, false, true), to_wire, from_wire, plan->server_q_rows);
   plan->tables[ServerKv] = append_table(build_wire_table(layout, me, false, false), to_wire, from_wire,
                                         plan->server_kv_rows);
@@ -206,7 +228,7 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   }
 
   const WorkspaceSizes sizes = workspace_sizes(layout, me, step.shape, ctx.config.keep_forward_tensors,
-                                               static_cast<int64_t>(to_wire.size()));
+                                               static_cast<int64_t>(to_wire.size()), owner_kv.shared_rows);
   plan->wire_bytes = static_cast<size_t>(sizes.wire);
   plan->send = allocate(ctx, device, plan->wire_bytes, stream, "the send buffer");
   plan->recv = allocate(ctx, device, plan->wire_bytes, stream, "the receive buffer");
@@ -303,8 +325,8 @@ class Mover {
     }
   }
 
-  // Partial dK or dV of the server batch -> the key/value owners, summed there in rank order into `out`.
-  // Where every owner row comes back from one server only, it is a plain move (no fp32 sum).
+  // Partial dK or dV of the server batch -> the key/value owners. A row read by one server is moved; a
+  // row read by several is summed in fp32, peer after peer in rank order (bitwise reproducible).
   void kv_sums_to_owners(const void* server_partial, float* acc, void* out, const CallShape& s) {
     const Table& st = plan_.tables[ServerKv];
     const Table& ot = plan_.tables[OwnerKv];
@@ -321,14 +343,20 @@ class Mover {
     std::byte* recv = buffer(plan_.recv);
     exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes);
     if (drain_) return;
+    const Table& single = plan_.tables[OwnerKvSingle];
+    const Table& adds = plan_.tables[OwnerKvAdds];
+    const Table& store = plan_.tables[OwnerKvStore];
+    check_cuda(kernels::copy_row_ranges(recv, out, row_bytes, to_wire(single), single.count, stream_), "move dK/dV");
     const int64_t row_elems = int64_t{s.num_kv_heads} * s.head_dim;
-    check_cuda(cudaMemsetAsync(acc, 0, static_cast<size_t>(s.tokens * row_elems) * sizeof(float), stream_), "zero dK/dV sums");
-    for (size_t peer = 0; peer + 1 < ot.peer_first.size(); ++peer) {
-      const int64_t first = ot.peer_first[peer], n = ot.peer_first[peer + 1] - first;
-      check_cuda(kernels::add_row_ranges_f32(recv, s.bf16, acc, row_elems, from_wire(ot) + first, n, stream_),
+    check_cuda(cudaMemsetAsync(acc, 0, static_cast<size_t>(plan_.shared_kv_rows * row_elems) * sizeof(float), stream_),
+               "zero dK/dV sums");
+    for (size_t peer = 0; peer + 1 < adds.peer_first.size(); ++peer) {
+      const int64_t first = adds.peer_first[peer], n = adds.peer_first[peer + 1] - first;
+      check_cuda(kernels::add_row_ranges_f32(recv, s.bf16, acc, row_elems, to_wire(adds) + first, n, stream_),
                  "add partial dK/dV");
     }
-    check_cuda(kernels::store_f32(acc, out, s.bf16, s.tokens * row_elems, stream_), "store dK/dV");
+    check_cuda(kernels::store_row_ranges_f32(acc, out, s.bf16, row_elems, to_wire(store), store.count, stream_),
+               "store dK/dV");
   }
 
  private:

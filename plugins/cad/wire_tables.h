@@ -27,9 +27,15 @@ struct WireTable {
   std::vector<int64_t> peer_first;     // per peer: its first copy (world + 1 entries)
   std::vector<int64_t> rows_per_peer;  // rows exchanged with each peer
   bool identity = true;                // every copy maps a row onto itself: the tensor is the wire buffer
-  // Owner side of key/value rows: every row of the owner's `tokens` comes back from exactly one server, so
-  // partial dK/dV need no sum (a scatter, or nothing when `identity`, replaces the fp32 accumulation).
+  // Owner side of key/value rows (built when `tokens` is given): partial dK/dV come back from every server
+  // that read the row. Rows read by one server only are moved (`single`: wire row -> owner row); rows read
+  // by several are added in fp32, peer after peer (`shared_adds`: wire row -> accumulator row, peer p's
+  // copies at [shared_peer_first[p], shared_peer_first[p+1])), then stored (`shared_store`: accumulator row
+  // -> owner row). `exclusive`: no row is shared.
   bool exclusive = false;
+  std::vector<WireCopy> single, shared_adds, shared_store;
+  std::vector<int64_t> shared_peer_first;
+  int64_t shared_rows = 0;
   int64_t rows() const;
 };
 
@@ -45,7 +51,7 @@ struct WorkspaceSizes {
   int64_t server_q = 0;      // one Q-shaped server buffer (Q, O, dO, dQ)
   int64_t server_kv = 0;     // one K-shaped server buffer (K, V, dK, dV)
   int64_t server_lse = 0;
-  int64_t accumulator = 0;   // one of the owner's fp32 dK / dV sums
+  int64_t accumulator = 0;   // one of the owner's fp32 dK / dV sums (its shared rows only)
   bool keep_forward_tensors = true;
   // The plan's total: staging x2, dO/dQ/dK/dV, accumulators x2, and Q/K/V/O/LSE unless they are kept
   // per forward (keep mode: then `saved_per_forward` each forward until its backward).
@@ -53,6 +59,6 @@ struct WorkspaceSizes {
   int64_t saved_per_forward() const;
 };
 WorkspaceSizes workspace_sizes(const Layout& layout, int32_t me, const CallShape& shape, bool keep_forward_tensors,
-                               int64_t table_entries);
+                               int64_t table_entries, int64_t shared_kv_rows);
 
 }  // namespace cad::cad_plugin

@@ -384,3 +384,38 @@ TEST(Validate, PieceLengthsWhoseSumOverflowsAreRefused) {
     EXPECT_NE(std::string(f.what()).find("2^63-1 tokens (piece 1"), std::string::npos) << f.what();
   }
 }
+
+TEST(WireTables, EveryKeyValueRowIsMovedOnceOrSummedOverItsReaders) {
+  for (uint64_t seed = 30; seed <= 45; ++seed) {
+    BatchSpec spec;
+    spec.seed = seed;
+    spec.world = 1 + static_cast<int32_t>(seed % 4);
+    const GlobalBatch b = cad_test::make_batch(spec);
+    const cp::Layout layout = cp::build_layout(b.pieces, random_plan(b, seed), true);
+    for (int32_t me = 0; me < b.world; ++me) {
+      const int64_t tokens = static_cast<int64_t>(b.global_rows(me).size());
+      const cp::WireTable t = cp::build_wire_table(layout, me, true, false, tokens);
+      std::vector<int> readers(static_cast<size_t>(tokens), 0), moved(static_cast<size_t>(tokens), 0),
+          stored(static_cast<size_t>(tokens), 0), adds(static_cast<size_t>(t.shared_rows), 0);
+      for (const auto& c : t.to_wire) for (int64_t r = 0; r < c.num_rows; ++r) ++readers[static_cast<size_t>(c.src_row + r)];
+      for (const auto& c : t.single) for (int64_t r = 0; r < c.num_rows; ++r) ++moved[static_cast<size_t>(c.dst_row + r)];
+      for (const auto& c : t.shared_store) for (int64_t r = 0; r < c.num_rows; ++r) ++stored[static_cast<size_t>(c.dst_row + r)];
+      for (const auto& c : t.shared_adds) for (int64_t r = 0; r < c.num_rows; ++r) ++adds[static_cast<size_t>(c.dst_row + r)];
+      ASSERT_EQ(t.shared_peer_first.size(), static_cast<size_t>(b.world) + 1);
+      for (int64_t row = 0; row < tokens; ++row) {
+        const int n = readers[static_cast<size_t>(row)];
+        EXPECT_GE(n, 1) << "causal: every key is read at least by its own query";
+        EXPECT_EQ(moved[static_cast<size_t>(row)], n == 1 ? 1 : 0) << "row " << row;
+        EXPECT_EQ(stored[static_cast<size_t>(row)], n > 1 ? 1 : 0) << "row " << row;
+      }
+      int64_t shared_readers = 0;
+      for (int64_t row = 0; row < tokens; ++row) {
+        if (readers[static_cast<size_t>(row)] > 1) shared_readers += readers[static_cast<size_t>(row)];
+      }
+      int64_t total_adds = 0;
+      for (int a : adds) total_adds += a;
+      EXPECT_EQ(total_adds, shared_readers) << "each shared row gets one add per server that read it";
+      EXPECT_EQ(t.exclusive, t.shared_rows == 0);
+    }
+  }
+}
