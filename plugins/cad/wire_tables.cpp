@@ -7,9 +7,11 @@ namespace cad::cad_plugin {
 
 namespace {
 
-// Appends rows [first, first + n) of a copy, merging with the previous copy where both ends continue it.
-void append(std::vector<WireCopy>& copies, int64_t src, int64_t dst, int64_t n) {
-  if (!copies.empty() && copies.back().src_row + copies.back().num_rows == src &&
+// Appends a copy of n rows, merging it into the previous copy where both ends continue it -- but never into
+// a copy before index `floor` (the per-peer add lists must not mix peers: one peer's copies run in one
+// launch, and two peers adding to the same row in one launch would race).
+void append(std::vector<WireCopy>& copies, int64_t src, int64_t dst, int64_t n, size_t floor = 0) {
+  if (copies.size() > floor && copies.back().src_row + copies.back().num_rows == src &&
       copies.back().dst_row + copies.back().num_rows == dst) {
     copies.back().num_rows += n;
   } else {
@@ -35,6 +37,7 @@ void split_by_readers(WireTable& t, int64_t tokens) {
   const size_t peers = t.peer_first.size() - 1;
   for (size_t p = 0; p < peers; ++p) {
     t.shared_peer_first.push_back(static_cast<int64_t>(t.shared_adds.size()));
+    const size_t peer_floor = t.shared_adds.size();
     for (int64_t i = t.peer_first[p]; i < t.peer_first[p + 1]; ++i) {
       const WireCopy& c = t.from_wire[static_cast<size_t>(i)];  // wire row -> owner row
       for (int64_t k = 0; k < c.num_rows; ++k) {
@@ -43,7 +46,7 @@ void split_by_readers(WireTable& t, int64_t tokens) {
         if (a < 0) {
           append(t.single, wire, owner, 1);
         } else {
-          append(t.shared_adds, wire, a, 1);
+          append(t.shared_adds, wire, a, 1, peer_floor);
         }
       }
     }

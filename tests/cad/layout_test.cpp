@@ -419,3 +419,26 @@ TEST(WireTables, EveryKeyValueRowIsMovedOnceOrSummedOverItsReaders) {
     }
   }
 }
+
+TEST(WireTables, OnePeersAddsNeverTouchARowTwice) {
+  // The adds of one peer run in one kernel launch: a row appearing twice in them would race.
+  for (uint64_t seed = 50; seed <= 70; ++seed) {
+    BatchSpec spec;
+    spec.seed = seed;
+    spec.world = 2 + static_cast<int32_t>(seed % 4);
+    const GlobalBatch b = cad_test::make_batch(spec);
+    const cp::Layout layout = cp::build_layout(b.pieces, random_plan(b, seed), true);
+    for (int32_t me = 0; me < b.world; ++me) {
+      const cp::WireTable t = cp::build_wire_table(layout, me, true, false, static_cast<int64_t>(b.global_rows(me).size()));
+      for (size_t p = 0; p + 1 < t.shared_peer_first.size(); ++p) {
+        std::set<int64_t> rows;
+        for (int64_t i = t.shared_peer_first[p]; i < t.shared_peer_first[p + 1]; ++i) {
+          const cp::WireCopy& c = t.shared_adds[static_cast<size_t>(i)];
+          for (int64_t r = c.dst_row; r < c.dst_row + c.num_rows; ++r) {
+            EXPECT_TRUE(rows.insert(r).second) << "peer " << p << " adds to accumulator row " << r << " twice";
+          }
+        }
+      }
+    }
+  }
+}
