@@ -203,7 +203,8 @@ struct DeviceTable {
   int64_t n = 0;
   bool identity = true, exclusive = false;
   std::vector<int64_t> peer_first;
-  explicit DeviceTable(const cp::WireTable& t) : n(static_cast<int64_t>(t.to_wire.size())), identity(t.identity),
+  // As the NCCL data path: a side whose rows form one range per peer is read/written in place.
+  explicit DeviceTable(const cp::WireTable& t) : n(static_cast<int64_t>(t.to_wire.size())), identity(t.direct),
                                                   exclusive(t.exclusive), peer_first(t.peer_first) {
     const size_t bytes = std::max<size_t>(1, t.to_wire.size()) * sizeof(RowCopy);
     check(cudaMalloc(&to, bytes), "cudaMalloc");
@@ -227,8 +228,9 @@ cp::WireTable list_table(const std::vector<cp::WireCopy>& copies, const std::vec
 }
 
 // The copies the CUDA data path (device_path.cpp, Mover) makes on rank `me` in one forward or one
-// backward (keep mode), with the same skips: a side whose table is the identity moves nothing, and dK/dV
-// rows that come back from one server each are moved, not summed.
+// backward (keep mode) over NCCL, with the same skips: a side whose rows form one range per peer moves
+// nothing (the collective reads or writes the tensor), and dK/dV rows that come back from one server each
+// are moved, not summed.
 double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShape& s, Buffers& buf, int reps,
                         bool backward) {
   const DeviceTable oq(cp::build_wire_table(layout, me, true, true)),

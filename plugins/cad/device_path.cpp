@@ -65,6 +65,8 @@ struct Table {
   int64_t offset = 0;  // first entry in the plan's device table arrays
   int64_t count = 0;
   bool identity = true;
+  bool direct = false;              // one contiguous tensor range per peer (wire_tables.h)
+  std::vector<int64_t> peer_row;    // its first row, per peer
   bool exclusive = false;           // owner KV: dK/dV rows come back from one server each (no sum)
   std::vector<int64_t> peer_first;  // per peer: first entry, relative to offset (world + 1 entries)
 };
@@ -161,6 +163,8 @@ Table append_table(const WireTable& w, std::vector<RowCopy>& to_wire, std::vecto
   t.offset = static_cast<int64_t>(to_wire.size());
   t.count = static_cast<int64_t>(w.to_wire.size());
   t.identity = w.identity;
+  t.direct = w.direct;
+  t.peer_row = w.peer_row;
   t.exclusive = w.exclusive;
   t.peer_first = w.peer_first;
   for (const WireCopy& c : w.to_wire) to_wire.push_back(RowCopy{c.src_row, c.dst_row, c.num_rows});
@@ -289,15 +293,16 @@ class Mover {
     const bool to_servers = direction == Direction::ToServers;
     const Table& send_table = plan_.tables[to_servers ? (q ? OwnerQ : OwnerKv) : (q ? ServerQ : ServerKv)];
     const Table& recv_table = plan_.tables[to_servers ? (q ? ServerQ : ServerKv) : (q ? OwnerQ : OwnerKv)];
-    const bool send_in_place = send_table.identity && !drain_;
-    const bool recv_in_place = recv_table.identity && !drain_;
+    const bool send_in_place = in_place(send_table);
+    const bool recv_in_place = in_place(recv_table);
     std::byte* send = send_in_place ? static_cast<std::byte*>(const_cast<void*>(src)) : buffer(plan_.send);
     std::byte* recv = recv_in_place ? static_cast<std::byte*>(dst) : buffer(plan_.recv);
     if (!send_in_place && !drain_) {
       check_cuda(kernels::copy_row_ranges(src, send, row_bytes, to_wire(send_table), send_table.count, stream_),
                  "pack (gather kernel)");
     }
-    exchange(send, recv, direction, set, row_bytes);
+    exchange(send, recv, direction, set, row_bytes, send_in_place ? &send_table.peer_row : nullptr,
+             recv_in_place ? &recv_table.peer_row : nullptr);
     if (!recv_in_place && !drain_) {
       check_cuda(kernels::copy_row_ranges(recv, dst, row_bytes, from_wire(recv_table), recv_table.count, stream_),
                  "unpack (scatter kernel)");
@@ -335,13 +340,13 @@ class Mover {
       return;
     }
     const int64_t row_bytes = s.kv_row_bytes();
-    const bool send_in_place = st.identity && !drain_;
+    const bool send_in_place = in_place(st);
     std::byte* send = send_in_place ? static_cast<std::byte*>(const_cast<void*>(server_partial)) : buffer(plan_.send);
     if (!send_in_place && !drain_) {
       check_cuda(kernels::copy_row_ranges(server_partial, send, row_bytes, to_wire(st), st.count, stream_), "pack dK/dV");
     }
     std::byte* recv = buffer(plan_.recv);
-    exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes);
+    exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes, send_in_place ? &st.peer_row : nullptr, nullptr);
     if (drain_) return;
     const Table& single = plan_.tables[OwnerKvSingle];
     const Table& adds = plan_.tables[OwnerKvAdds];
@@ -364,8 +369,14 @@ class Mover {
   const RowCopy* to_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.to_wire.ptr) + t.offset; }
   const RowCopy* from_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.from_wire.ptr) + t.offset; }
 
-  // One all_to_all_v of `row_bytes`-byte rows between owners and servers.
-  void exchange(const std::byte* send, std::byte* recv, Direction direction, RunSet set, int64_t row_bytes) {
+  // Can the collective use the tensor itself on this side? NCCL reads and writes per-peer ranges anywhere
+  // (direct); a staged exchange copies one contiguous block, so there only the identity qualifies.
+  bool in_place(const Table& t) const { return !drain_ && (ctx_.host_staged ? t.identity : t.direct); }
+
+  // One all_to_all_v of `row_bytes`-byte rows between owners and servers. `send_rows` / `recv_rows`: where
+  // each peer's rows start in the buffer (in place), else the wire order's cumulative offsets.
+  void exchange(const std::byte* send, std::byte* recv, Direction direction, RunSet set, int64_t row_bytes,
+                const std::vector<int64_t>* send_rows = nullptr, const std::vector<int64_t>* recv_rows = nullptr) {
     const bool q = set == RunSet::Q;
     const bool to_servers = direction == Direction::ToServers;
     const std::vector<int64_t>& out = to_servers ? (q ? plan_.owner_q_rows : plan_.owner_kv_rows)
@@ -381,8 +392,8 @@ class Mover {
     for (size_t p = 0; p < world; ++p) {
       t.send_counts[p] = static_cast<uint64_t>(out[p] * row_bytes);
       t.recv_counts[p] = static_cast<uint64_t>(in[p] * row_bytes);
-      t.send_displs[p] = t.send_bytes;
-      t.recv_displs[p] = t.recv_bytes;
+      t.send_displs[p] = send_rows != nullptr ? static_cast<uint64_t>((*send_rows)[p] * row_bytes) : t.send_bytes;
+      t.recv_displs[p] = recv_rows != nullptr ? static_cast<uint64_t>((*recv_rows)[p] * row_bytes) : t.recv_bytes;
       t.send_bytes += t.send_counts[p];
       t.recv_bytes += t.recv_counts[p];
     }

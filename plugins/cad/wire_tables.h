@@ -27,6 +27,11 @@ struct WireTable {
   std::vector<int64_t> peer_first;     // per peer: its first copy (world + 1 entries)
   std::vector<int64_t> rows_per_peer;  // rows exchanged with each peer
   bool identity = true;                // every copy maps a row onto itself: the tensor is the wire buffer
+  // Each peer's rows are ONE contiguous range of the tensor (starting at peer_row[p]): the collective can
+  // read or write the tensor itself with per-peer displacements, no copy. Identity is the special case
+  // where those ranges also follow each other in peer order (what a contiguous staging copy needs).
+  bool direct = true;
+  std::vector<int64_t> peer_row;
   // Owner side of key/value rows (built when `tokens` is given): partial dK/dV come back from every server
   // that read the row. Rows read by one server only are moved (`single`: wire row -> owner row); rows read
   // by several are added in fp32, peer after peer (`shared_adds`: wire row -> accumulator row, peer p's

@@ -442,3 +442,38 @@ TEST(WireTables, OnePeersAddsNeverTouchARowTwice) {
     }
   }
 }
+
+TEST(WireTables, DirectWhenEveryPeerIsOneRangeAndIdentityImpliesDirect) {
+  // Document 0 (len 8) on rank 0; its prefix [0, 8) is read by server 1 (queries [4, 8)) and server 0.
+  const cp::PieceTables tables = {{{0, 8, 0, 8}}, {{1, 4, 0, 4}}};
+  const cp::Layout layout = cp::build_layout(tables, {{0, 0, 4, 0, 0}, {0, 4, 8, 1, 0}, {1, 0, 4, 1, 0}}, true);
+  const cp::WireTable kv = cp::build_wire_table(layout, 0, true, false, 8);
+  EXPECT_TRUE(kv.direct) << "each server reads one prefix range";
+  EXPECT_FALSE(kv.identity) << "the ranges overlap: no contiguous wire order";
+  ASSERT_EQ(kv.peer_row.size(), 2u);
+  EXPECT_EQ(kv.peer_row[0], 0);
+  EXPECT_EQ(kv.peer_row[1], 0);
+  for (uint64_t seed = 80; seed <= 90; ++seed) {
+    BatchSpec spec;
+    spec.seed = seed;
+    spec.world = 3;
+    const GlobalBatch b = cad_test::make_batch(spec);
+    const cp::Layout l = cp::build_layout(b.pieces, random_plan(b, seed), true);
+    for (int32_t me = 0; me < 3; ++me) {
+      for (bool owner : {true, false}) {
+        for (bool q : {true, false}) {
+          const cp::WireTable t = cp::build_wire_table(l, me, owner, q);
+          EXPECT_TRUE(!t.identity || t.direct) << "identity implies direct";
+          if (!t.direct) continue;
+          for (size_t p = 0; p + 1 < t.peer_first.size(); ++p) {  // one range per peer, starting at peer_row
+            int64_t next = t.peer_row[p];
+            for (int64_t i = t.peer_first[p]; i < t.peer_first[p + 1]; ++i) {
+              EXPECT_EQ(t.to_wire[static_cast<size_t>(i)].src_row, next);
+              next += t.to_wire[static_cast<size_t>(i)].num_rows;
+            }
+          }
+        }
+      }
+    }
+  }
+}
