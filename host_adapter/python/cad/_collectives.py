@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from . import _abi
+from ._errors import CadError
 
 
 def _view(address, nbytes):
@@ -39,8 +40,13 @@ class Collectives:
             self.world = dist.get_world_size(group)
             ranks = None if group is None else dist.get_process_group_ranks(group)
             # Collective over the default group: every rank creates the cad host at the same point.
-            self.group = dist.new_group(ranks=ranks, backend="gloo",
-                                        timeout=datetime.timedelta(milliseconds=timeout_ms))
+            try:
+                self.group = dist.new_group(ranks=ranks, backend="gloo",
+                                            timeout=datetime.timedelta(milliseconds=timeout_ms))
+            except Exception as exc:  # noqa: BLE001
+                raise CadError(f"cad: rank {self.rank} of {self.world}: creating the gloo group for CAD's "
+                               f"collectives failed (every rank of the group makes its CAD stack at its first "
+                               f"plan): {type(exc).__name__}: {exc}", "TIMEOUT") from exc
         else:
             self.rank, self.world, self.group = 0, 1, None
         self.last_exception = None

@@ -74,7 +74,8 @@ class Host:
         exc = self.collectives.last_exception if self.collectives is not None else None
         if exc is not None:
             self.collectives.last_exception = None
-            message += f" [torch.distributed: {type(exc).__name__}: {exc}]"
+            if str(exc) not in message:  # the plugin usually carries it already (the callback's error text)
+                message += f" [torch.distributed: {type(exc).__name__}: {exc}]"
         return message
 
     def check(self, status, what):

@@ -1,0 +1,110 @@
+"""cad.varlen_attn through CAD (plans) on 2 and 3 CPU processes under a gloo group ("host" communicator:
+torch.distributed lent through the ABI), against torch sdpa per document; bad input fails on every rank."""
+import pytest
+import torch
+
+import harness
+from reference import random_batch, sdpa_varlen
+
+# Per rank: very unequal documents, so the balancer moves work between ranks.
+LENGTHS = [[40, 3, 1], [5, 6, 7, 8], [1, 29]]
+
+
+def _check_rank(rank, world, causal, hq, hkv, balancer, keep):
+    import cad
+    cad.init(balancer=balancer, keep_forward_tensors=keep, timeout_ms=20000)
+    q, k, v, cu = random_batch(LENGTHS[rank], hq, hkv, 16, seed=rank)
+    d_o = torch.randn(q.shape, generator=torch.Generator().manual_seed(100 + rank))
+    plan = cad.plan(cu, causal=causal)
+    results = []
+    for fn in (lambda q, k, v: cad.varlen_attn(q, k, v, cu, plan=plan, causal=causal),
+               lambda q, k, v: sdpa_varlen(q, k, v, cu, causal)):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = fn(*leaves)
+        o.backward(d_o)
+        results.append([o.detach()] + [t.grad for t in leaves])
+    for name, a, b in zip(("o", "dq", "dk", "dv"), *results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5, msg=lambda m: f"rank {rank} {name}: {m}")
+    stats = plan.stats
+    assert stats is not None and len(stats["servers"]) == world and stats["imbalance"] >= 1.0
+    if balancer == "prefix_aware" and world > 1:
+        # the colocated cost of these ranks is far from even; the balanced plan is near 1
+        assert stats["imbalance"] < 1.5, stats
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("causal", [True, False])
+def test_cad_matches_sdpa(world, causal):
+    harness.run(world, _check_rank, causal, 4, 2, "prefix_aware", True)
+
+
+def test_cad_resend_mode_and_other_balancer():
+    harness.run(2, _check_rank, True, 2, 2, "distca", False)
+
+
+def _one_plan_many_layers(rank, world):
+    import cad
+    q, k, v, cu = random_batch(LENGTHS[rank], 2, 1, 16, seed=rank)
+    plan = cad.plan(cu)
+    layers = [[t.detach().clone().requires_grad_() for t in (q, k, v)] for _ in range(3)]
+    outs = [cad.varlen_attn(*l, cu, plan=plan) for l in layers]  # three forwards in flight on one plan
+    for o in reversed(outs):
+        o.sum().backward()
+    want = sdpa_varlen(q, k, v, cu, True)
+    for o in outs:
+        torch.testing.assert_close(o, want, rtol=1e-5, atol=2e-5)
+
+
+def test_one_plan_serves_every_layer():
+    harness.run(2, _one_plan_many_layers)
+
+
+def _bad_input(rank, world, kind):
+    import cad
+    q, k, v, cu = random_batch(LENGTHS[rank], 2, 2, 16, seed=rank)
+    plan = cad.plan(cu)
+    cad.varlen_attn(q, k, v, cu, plan=plan)  # a good call first: the plan is made on every rank
+    if rank == 1:  # one rank goes wrong; every rank must raise
+        if kind == "dtype":
+            q, k, v = q.double(), k.double(), v.double()
+        elif kind == "layout":
+            q = q.transpose(1, 2).contiguous().transpose(1, 2)
+        elif kind == "cu_seqlens":
+            cu = cu.clone()
+            cu[-1] -= 1
+        elif kind == "other_plan":
+            plan = cad.plan_pieces([(1 << 40, len(q), 0, len(q))])
+            plan.make(2, 2, 16, torch.float32, "cpu")
+    elif kind == "other_plan":
+        other = cad.plan(cu)  # the other ranks make a plan too (make_plan is collective)
+        other.make(2, 2, 16, torch.float32, "cpu")
+    with pytest.raises(cad.CadError) as info:
+        cad.varlen_attn(q, k, v, cu, plan=plan)
+    message = str(info.value)
+    assert "rank 1" in message, message
+    print(f"rank {rank}: {message}")
+
+
+@pytest.mark.parametrize("kind", ["dtype", "layout", "cu_seqlens", "other_plan"])
+def test_bad_input_fails_on_every_rank(kind):
+    harness.run(2, _bad_input, kind, timeout_s=90)
+
+
+def _peer_missing(rank, world):
+    import time
+    import cad
+    cad.init(timeout_ms=3000)
+    q, k, v, cu = random_batch(LENGTHS[rank], 2, 2, 16, seed=rank)
+    plan = cad.plan(cu, num_heads=2, num_kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu")
+    if rank == 0:
+        start = time.monotonic()
+        with pytest.raises(cad.CadError, match="TIMEOUT") as info:
+            cad.varlen_attn(q, k, v, cu, plan=plan)
+        assert time.monotonic() - start < 30
+        print(info.value)
+    else:
+        time.sleep(8)  # never joins: rank 0 must time out, not hang
+
+
+def test_missing_peer_times_out():
+    harness.run(2, _peer_missing, timeout_s=60)
