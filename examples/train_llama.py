@@ -135,13 +135,21 @@ def _cpu_group():
     return _GROUP["g"]
 
 
-def average_gradients(model, world):
+def average_gradients(model, world, backend):
     if world == 1:
         return
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad /= world
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    on_host = backend == "gloo" and flat.is_cuda
+    buffer = flat.cpu() if on_host else flat
+    dist.all_reduce(buffer)
+    buffer /= world
+    if on_host:
+        flat.copy_(buffer)
+    at = 0
+    for g in grads:
+        g.copy_(flat[at:at + g.numel()].view_as(g))
+        at += g.numel()
 
 
 def train(args):
@@ -149,12 +157,16 @@ def train(args):
     import cad.hf
 
     distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+    # NCCL for the gradients only where CAD uses NCCL too (one process per GPU); processes sharing a GPU
+    # (communicator host or mpi) average their gradients over gloo.
+    backend = "nccl" if args.device == "cuda" and args.communicator in (None, "nccl") else "gloo"
     if distributed:
-        dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+        dist.init_process_group(backend)
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
-    device = torch.device(args.device, int(os.environ.get("LOCAL_RANK", 0))) if args.device == "cuda" else \
-        torch.device("cpu")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
@@ -174,7 +186,7 @@ def train(args):
         cad.attention_time(reset=True)
         loss = model(**inputs).loss
         loss.backward()
-        average_gradients(model, world)
+        average_gradients(model, world, backend)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
