@@ -117,3 +117,28 @@ def _peer_missing(rank, world):
 
 def test_missing_peer_times_out():
     harness.run(2, _peer_missing, timeout_s=60)
+
+
+def _ping_pong(rank, world):
+    import cad
+    nanos = [random_batch(LENGTHS[rank][:1] + [3], 2, 1, 16, seed=10 * rank + i) for i in (0, 1)]
+    plans = [cad.plan(cu) for _, _, _, cu in nanos]
+    layers = 3
+
+    def stage(state, i):  # one "layer": attention of nano-batch i through its own plan, then a residual
+        _, k, v, cu = nanos[i]
+        return state + cad.varlen_attn(state, k, v, cu, plan=plans[i])
+
+    states = [q.clone().requires_grad_() for q, _, _, _ in nanos]
+    out = cad.ping_pong([stage] * layers, states)
+    (out[0].sum() + out[1].sum()).backward()
+    for i, (q, k, v, cu) in enumerate(nanos):
+        want = q
+        for _ in range(layers):
+            want = want + sdpa_varlen(want, k, v, cu, True)
+        torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
+        assert states[i].grad is not None and torch.isfinite(states[i].grad).all()
+
+
+def test_ping_pong_two_nano_batches_with_their_own_plans():
+    harness.run(2, _ping_pong)
