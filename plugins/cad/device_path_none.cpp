@@ -10,7 +10,6 @@ struct DevicePlan {};
 struct DeviceSaved {};
 struct DeviceRuntime {};
 
-void DevicePlanDeleter::operator()(DevicePlan* plan) const { delete plan; }
 void DeviceSavedDeleter::operator()(DeviceSaved* saved) const { delete saved; }
 void DeviceRuntimeDeleter::operator()(DeviceRuntime* runtime) const { delete runtime; }
 

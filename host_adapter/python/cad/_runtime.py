@@ -96,31 +96,36 @@ def _key(device):
     return device
 
 
-def runtime(device):
-    """The CAD stack for `device`, made on first use (collective over the group: every rank gets here)."""
+def _cached(table, device, make):
+    """table[device], made by make(device) on first use."""
     device = _key(device)
     with _lock:
-        rt = _runtimes.get(device)
-        if rt is None:
-            config = _settings["config"] or stack_config(device)
-            collectives = Collectives(_settings["group"], int(_settings["timeout_ms"]))
-            rt = Host(config, config.get("attention", "cad"), collectives)
-            _runtimes[device] = rt
-        return rt
+        host = table.get(device)
+        if host is None:
+            host = table[device] = make(device)
+        return host
+
+
+def _make_cad_stack(device):
+    config = _settings["config"] or stack_config(device)
+    collectives = Collectives(_settings["group"], int(_settings["timeout_ms"]))
+    return Host(config, config.get("attention", "cad"), collectives)
+
+
+def _make_local_backend(device):
+    plugin = "cuda" if device.type == "cuda" else "reference"
+    return Host({"log_level": _settings["log_level"], "instances": [{"name": "local", "plugin": plugin, "config": {}}],
+                 "attention": "local"}, "local")
+
+
+def runtime(device):
+    """The CAD stack for `device`, made on first use (collective over the group: every rank gets here)."""
+    return _cached(_runtimes, device, _make_cad_stack)
 
 
 def local_backend(device):
     """A plain varlen attention backend for `device` ("reference" on CPU, "cuda" on GPU); no communication."""
-    device = _key(device)
-    with _lock:
-        backend = _locals.get(device)
-        if backend is None:
-            plugin = "cuda" if device.type == "cuda" else "reference"
-            backend = Host({"log_level": _settings["log_level"],
-                            "instances": [{"name": "local", "plugin": plugin, "config": {}}],
-                            "attention": "local"}, "local")
-            _locals[device] = backend
-        return backend
+    return _cached(_locals, device, _make_local_backend)
 
 
 def shutdown():
