@@ -32,6 +32,7 @@ class Host:
     def __init__(self, config, attention, collectives=None, search_path=None):
         self.config = config
         self.collectives = collectives
+        self.releases = []
         self._lib = lib()
         self._handle = C.c_void_p()
         text = json.dumps(config).encode()
@@ -62,9 +63,16 @@ class Host:
         self.name = attention
 
     def close(self):
-        if self._handle:
+        if getattr(self, "_handle", None):
+            # Plans and saved states still held by Python objects go back before their instance does.
+            for release in list(self.releases):
+                release()
             self._lib.cad_host_destroy(self._handle)
             self._handle = None
+
+    def owns(self, finalizer):
+        """Run this weakref.finalize (a plan's or a saved state's release) at close() if it has not run."""
+        self.releases = [f for f in self.releases if f.alive] + [finalizer]
 
     def __del__(self):
         self.close()

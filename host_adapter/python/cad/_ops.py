@@ -90,7 +90,7 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: O
         k_id = next(_keys)
         _saved[k_id] = (host, slot.value)
         key[0] = k_id
-        weakref.finalize(key, _release_saved, k_id)  # a forward whose backward never comes
+        host.owns(weakref.finalize(key, _release_saved, k_id))  # a forward whose backward never comes
     if plan is not None:
         plan._record_stats()
     return o, lse, key

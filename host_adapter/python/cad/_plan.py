@@ -77,6 +77,7 @@ class Plan:
         self._host = host
         self.shape = shape
         self._finalizer = weakref.finalize(self, host.release_plan, self.handle)
+        host.owns(self._finalizer)
 
     def release(self):
         """Give the plugin's plan back (not collective). The Plan cannot be used afterwards."""
