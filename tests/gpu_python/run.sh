@@ -2,7 +2,8 @@
 # run.sh -- the Python package on ONE GPU (not run by CI):
 #   1. build (CUDA, sm_90a) libcad_host and the plugins in $BUILD (default build-gpu);
 #   2. tests/gpu_python/test_gpu.py: bf16 local vs sdpa, CAD with 2 and 3 processes sharing the GPU over the
-#      "host" communicator (host-staged), CAD over NCCL with one rank, torch.compile, bad input;
+#      "host" communicator (host-staged), CAD over NCCL with one rank, torch.compile, bad input; then CAD
+#      host-staged over the "mpi" communicator (mpirun -np 2 and 3, tests/python/mpi_check.py on the GPU);
 #   3. the CPU suites of tests/python against the same build (CAD on CPU, Llama cad == local);
 #   4. examples/train_llama.py for 20 steps on the GPU: one rank over NCCL (cad and local), and 2 ranks sharing
 #      the GPU over the host communicator.
@@ -45,6 +46,12 @@ timeout 900 python3 -m pytest -q -s -p no:cacheprovider tests/gpu_python/test_gp
 record "gpu: bf16 local, CAD host-staged 2/3 processes on one GPU, CAD nccl 1 rank, compile, bad input" $? \
   "$OUT/pytest_gpu.log"
 grep -E "max error|imbalance" "$OUT/pytest_gpu.log" | sort -u | head -40 >> "$SUMMARY"
+for n in 2 3; do  # processes sharing the GPU, host-staged over the mpi communicator (no torch.distributed)
+  CAD_TEST_DEVICE=cuda timeout 300 mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np "$n" \
+    -x CAD_TEST_DEVICE -x CAD_HOST_LIBRARY -x PYTHONPATH -x CAD_PLUGIN_PATH python3 tests/python/mpi_check.py \
+    > "$OUT/mpi_np$n.log" 2>&1
+  record "gpu: CAD host-staged over mpi, $n processes on one GPU, bf16 vs sdpa" $? "$OUT/mpi_np$n.log"
+done
 timeout 900 python3 -m pytest -q -p no:cacheprovider tests/python > "$OUT/pytest_cpu.log" 2>&1
 record "cpu suites (tests/python)" $? "$OUT/pytest_cpu.log"
 

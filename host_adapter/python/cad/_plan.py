@@ -1,6 +1,7 @@
 """cad.plan: one micro-batch's CAD plan, made once (collectively) and used by every layer's forward and backward."""
 import ctypes as C
 import itertools
+import os
 import weakref
 
 import torch
@@ -119,10 +120,15 @@ def lookup(plan_id):
 
 
 def _rank():
+    """This process's rank in the group CAD spans: torch.distributed's, else the MPI launcher's (communicator
+    "mpi" under mpirun without torch.distributed), else 0."""
     from ._runtime import _settings
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(_settings["group"])
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
     return 0
 
 
