@@ -68,3 +68,21 @@ def test_bad_input_raises_cad_error(bad, expected):
     q, k, v, cu = random_batch([5, 7], 2, 2, 16)
     with pytest.raises(cad.CadError, match=expected):
         cad.varlen_attn(*bad(q, k, v, cu))
+
+
+def test_torch_compile_with_a_new_plan_per_micro_batch():
+    # One process: CAD over the "host" communicator with a world of one. A plan per micro-batch must not
+    # recompile every time (the plan id turns symbolic after the first change), and autograd runs through it.
+    import torch._dynamo.utils as dynamo_utils
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, cu, plan: cad.varlen_attn(q, k, v, cu, plan=plan) * 2,
+                             backend="aot_eager")
+    for i in range(4):
+        q, k, v, cu = random_batch([5 + i, 7], 2, 2, 16, seed=i)
+        q.requires_grad_()
+        o = compiled(q, k, v, cu, cad.plan(cu))
+        o.sum().backward()
+        torch.testing.assert_close(o, sdpa_varlen(q, k, v, cu, True) * 2, rtol=1e-5, atol=2e-5)
+        assert q.grad is not None
+    assert dynamo_utils.counters["stats"]["unique_graphs"] <= 2

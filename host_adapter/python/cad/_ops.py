@@ -140,7 +140,9 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, o, lse, key)
     ctx.cu_seqlens = cu_seqlens
     ctx.plan_id, ctx.causal, ctx.softmax_scale = plan_id, causal, softmax_scale
-    ctx.plan = _plan._plans.get(plan_id)  # keeps the plan alive until the backward ran
+    # Keeps the plan alive until the backward ran. Under torch.compile plan_id may be symbolic (a new plan per
+    # micro-batch does not recompile); the compiled graph then holds no reference, the caller's plan does.
+    ctx.plan = _plan._plans.get(plan_id) if isinstance(plan_id, int) else None
     ctx.mark_non_differentiable(lse, key)
 
 
