@@ -76,6 +76,7 @@ def test_torch_compile_with_a_new_plan_per_micro_batch():
     import torch._dynamo.utils as dynamo_utils
 
     torch._dynamo.reset()
+    dynamo_utils.counters.clear()
     compiled = torch.compile(lambda q, k, v, cu, plan: cad.varlen_attn(q, k, v, cu, plan=plan) * 2,
                              backend="aot_eager")
     for i in range(4):

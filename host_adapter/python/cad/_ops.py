@@ -18,12 +18,15 @@ from ._errors import CadError
 from ._tensors import Described, current_stream
 
 _keys = itertools.count(1)
-_saved = {}  # key -> (host, handle): what a forward kept for its backward
+# key -> (host, saved handle or None, plan): what a CAD forward leaves for its backward. The key tensor is
+# saved by autograd, so the plan lives until the backward ran (or the graph was dropped), also when a compiled
+# graph holds the plan only as its id.
+_saved = {}
 
 
 def _release_saved(key):
     entry = _saved.pop(key, None)
-    if entry is not None:
+    if entry is not None and entry[1]:
         entry[0].release_saved(entry[1])
 
 
@@ -86,12 +89,11 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: O
         args.saved = C.pointer(slot)
     with _runtime.timed(q.device):
         host.forward(args)
-    if slot.value:
-        k_id = next(_keys)
-        _saved[k_id] = (host, slot.value)
-        key[0] = k_id
-        host.owns(weakref.finalize(key, _release_saved, k_id))  # a forward whose backward never comes
     if plan is not None:
+        k_id = next(_keys)
+        _saved[k_id] = (host, slot.value, plan)
+        key[0] = k_id
+        host.owns(weakref.finalize(key, _release_saved, k_id))  # also for a forward whose backward never comes
         plan._record_stats()
     return o, lse, key
 
@@ -139,10 +141,9 @@ def _setup_context(ctx, inputs, output):
     o, lse, key = output
     ctx.save_for_backward(q, k, v, o, lse, key)
     ctx.cu_seqlens = cu_seqlens
+    # Under torch.compile plan_id may be symbolic (a new plan per micro-batch does not recompile); the plan is
+    # kept alive through the saved key (see _saved).
     ctx.plan_id, ctx.causal, ctx.softmax_scale = plan_id, causal, softmax_scale
-    # Keeps the plan alive until the backward ran. Under torch.compile plan_id may be symbolic (a new plan per
-    # micro-batch does not recompile); the compiled graph then holds no reference, the caller's plan does.
-    ctx.plan = _plan._plans.get(plan_id) if isinstance(plan_id, int) else None
     ctx.mark_non_differentiable(lse, key)
 
 
