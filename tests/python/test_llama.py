@@ -66,3 +66,25 @@ def test_llama_cad_equals_local_two_steps():
 
 def test_cad_local_equals_sdpa():
     _local_matches_sdpa(0, 1)
+
+
+def test_cu_seq_lens_kwargs_equal_position_ids():
+    # The documents may come as flash-attention kwargs instead of position_ids restarts: same loss.
+    import cad.hf
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cad.hf.register()
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="cad_local", dtype=torch.float32)
+    docs = [11, 4, 17]
+    ids = torch.randint(0, 97, (1, sum(docs)), generator=torch.Generator().manual_seed(5))
+    positions = torch.cat([torch.arange(n) for n in docs]).unsqueeze(0)
+    cu = torch.tensor([0, 11, 15, 32], dtype=torch.int32)
+    by_positions = model(input_ids=ids, position_ids=positions, labels=ids).loss
+    by_kwargs = model(input_ids=ids, position_ids=positions, labels=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                      max_length_q=17, max_length_k=17).loss
+    one_document = model(input_ids=ids, labels=ids).loss  # no restarts: one causal document
+    torch.testing.assert_close(by_kwargs, by_positions)
+    assert abs(one_document.item() - by_positions.item()) > 1e-4  # the document boundaries did matter
