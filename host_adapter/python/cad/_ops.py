@@ -59,7 +59,7 @@ def _describe_batch(args, plan, cu_seqlens, tokens):
     return _runtime.runtime
 
 
-def _call_plan(plan_id, q, k, causal):
+def _call_plan(plan_id, q, k):
     if plan_id < 0:
         return None
     plan = _plan.lookup(plan_id)
@@ -75,7 +75,7 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: O
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((num_heads, tokens), dtype=torch.float32, device=q.device)
     key = torch.zeros(1, dtype=torch.int64)
-    plan = _call_plan(plan_id, q, k, causal)
+    plan = _call_plan(plan_id, q, k)
     args = _abi.ForwardArgs()
     args.struct_size = C.sizeof(args)
     host = _describe_batch(args, plan, cu_seqlens, tokens)(q.device)
@@ -111,7 +111,7 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     d_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     d_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     d_v = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    plan = _call_plan(plan_id, q, k, causal)
+    plan = _call_plan(plan_id, q, k)
     args = _abi.BackwardArgs()
     args.struct_size = C.sizeof(args)
     host = _describe_batch(args, plan, cu_seqlens, q.shape[0])(q.device)
