@@ -38,6 +38,23 @@ if [ "${CAD_SKIP_APT:-0}" != 1 ]; then
   fi
 fi
 
+# ---- 1b. Python (test): torch, transformers and pytest for the package's tests -----------------------------
+# Installed into the python3 on PATH only when missing. PyPI's torch wheel is the one pip can reach here; the
+# tests use it on the CPU. CAD_SKIP_PYTHON=1 skips the Python package and its tests.
+python_ready=0
+if [ "$mode" = test ] && [ "${CAD_SKIP_PYTHON:-0}" != 1 ] && command -v python3 >/dev/null 2>&1; then
+  export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+  if ! python3 -c "import torch" 2>/dev/null; then
+    log "pip install torch"
+    python3 -m pip install -q torch
+  fi
+  if ! python3 -c "import transformers, pytest" 2>/dev/null; then
+    log "pip install transformers pytest"
+    python3 -m pip install -q transformers pytest
+  fi
+  python_ready=1
+fi
+
 # ---- 2. build -------------------------------------------------------------------------------------------
 jobs="${CAD_JOBS:-$(nproc)}"
 cuda="${CAD_ENABLE_CUDA:-}"
@@ -68,6 +85,14 @@ fi
 # sanitizer build keeps assertions (no NDEBUG) and uses -O1 with line tables only: readable reports at
 # a fraction of the compile time of full debug info.
 build build -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA="$cuda"
+if [ "$python_ready" = 1 ]; then
+  # The package as a user gets it (CPU build: its CUDA parts are the same sources as the build above),
+  # then checked from outside the source tree.
+  log "pip install . (the Python package cad)"
+  CMAKE_BUILD_PARALLEL_LEVEL="$jobs" python3 -m pip install -q . -C cmake.define.CAD_ENABLE_CUDA=OFF
+  repo="$PWD"
+  (cd / && python3 "$repo/tests/python/check_installed.py")
+fi
 log "tests (normal build)"
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 300
 if [ "${CAD_SKIP_ASAN:-0}" != 1 ]; then

@@ -42,7 +42,10 @@ CAD_FROZEN(cad_task_v1_t, server, 24);
 CAD_FROZEN_SIZE(cad_segment_v1_t, 32);
 CAD_FROZEN(cad_segment_v1_t, kv_len, 24);
 
-CAD_FROZEN_SIZE(cad_host_services_v1_t, 80);
+CAD_FROZEN_SIZE(cad_host_services_v1_t, 104); /* v1.0: 80 */
+CAD_FROZEN(cad_host_services_v1_t, host_all_to_all_v, CAD_HOST_SERVICES_V1_0_SIZE);
+CAD_FROZEN(cad_host_services_v1_t, host_all_gather, 88);
+CAD_FROZEN(cad_host_services_v1_t, host_barrier, 96);
 CAD_FROZEN(cad_host_services_v1_t, host_ctx, 16);
 CAD_FROZEN(cad_host_services_v1_t, log, 32);
 CAD_FROZEN(cad_host_services_v1_t, allocate, 40);

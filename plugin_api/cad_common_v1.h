@@ -163,7 +163,28 @@ typedef struct cad_host_services_v1 {
   cad_status_t (*bootstrap_all_gather)(void* host_ctx, const void* send, size_t bytes, void* recv);
   int32_t bootstrap_rank;       /* this process's rank for bootstrap_all_gather, or -1             */
   int32_t bootstrap_world_size; /* number of ranks for bootstrap_all_gather, or 0                  */
+
+  /* ---- ABI v1.1: optional host collectives (NULL, or beyond a v1.0 host's struct_size) ----
+   * The host's own collectives on CPU memory among the bootstrap_rank / bootstrap_world_size ranks
+   * (e.g. torch.distributed over gloo), for a communicator plugin that forwards to them (plugin "host"),
+   * so that CAD runs under a launcher without MPI. A host lends all three or none. Same semantics as
+   * the communicator calls of the same name (cad_communicator_v1.h: bytes, world_size entries per
+   * array, rank order); collective over every rank, blocking, CPU memory only, no stream. Each returns
+   * CAD_STATUS_TIMEOUT when the collective did not complete within `timeout_ms` (the host may apply a
+   * shorter deadline of its own), never hangs, and on failure writes a NUL-terminated message into
+   * `error` (capacity `error_capacity`). Called from the thread that called the plugin. */
+  cad_status_t (*host_all_to_all_v)(void* host_ctx, const void* send, const uint64_t* send_counts,
+                                    const uint64_t* send_displs, void* recv, const uint64_t* recv_counts,
+                                    const uint64_t* recv_displs, int64_t timeout_ms, char* error,
+                                    size_t error_capacity);
+  cad_status_t (*host_all_gather)(void* host_ctx, const void* send, uint64_t bytes, void* recv, int64_t timeout_ms,
+                                  char* error, size_t error_capacity);
+  cad_status_t (*host_barrier)(void* host_ctx, int64_t timeout_ms, char* error, size_t error_capacity);
 } cad_host_services_v1_t;
+
+/* The size of cad_host_services_v1_t as ABI v1.0 defined it: a v1.1 plugin accepts a v1.0 host's table
+ * (and reads no v1.1 field from it). */
+#define CAD_HOST_SERVICES_V1_0_SIZE 80
 
 #ifdef __cplusplus
 } /* extern "C" */

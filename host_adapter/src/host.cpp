@@ -149,6 +149,22 @@ extern "C" cad_status_t cad_host_create(const cad_host_options_v1_t* options, ca
     host->bootstrap_user = opts.bootstrap_user;
     host->bootstrap_rank = opts.bootstrap_rank;
     host->bootstrap_world_size = opts.bootstrap_world_size;
+    const int lent = (opts.host_all_to_all_v != nullptr) + (opts.host_all_gather != nullptr) + (opts.host_barrier != nullptr);
+    if (lent != 0 && lent != 3) {
+      raise(CAD_STATUS_INVALID_ARGUMENT, "cad_host_create: options lend " + std::to_string(lent) +
+                                             " of the 3 host collectives (host_all_to_all_v, host_all_gather, "
+                                             "host_barrier): lend all or none");
+    }
+    if (lent == 3 && (opts.bootstrap_world_size < 1 || opts.bootstrap_rank < 0 ||
+                      opts.bootstrap_rank >= opts.bootstrap_world_size)) {
+      raise(CAD_STATUS_INVALID_ARGUMENT, "cad_host_create: options lend host collectives but bootstrap_rank " +
+                                             std::to_string(opts.bootstrap_rank) + " of bootstrap_world_size " +
+                                             std::to_string(opts.bootstrap_world_size) + " is not a valid rank");
+    }
+    host->host_all_to_all_v = opts.host_all_to_all_v;
+    host->host_all_gather = opts.host_all_gather;
+    host->host_barrier = opts.host_barrier;
+    host->collectives_user = opts.collectives_user;
     host->services = std::make_unique<ServiceContext>();
     host->services->host = host.get();
     init_services_table(host->services.get());

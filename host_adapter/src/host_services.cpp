@@ -76,6 +76,29 @@ cad_status_t service_bootstrap(void* host_ctx, const void* send, size_t bytes, v
   return host.bootstrap_all_gather(host.bootstrap_user, send, bytes, recv);
 }
 
+// The lent collectives: forwarded as they are, with the host application's user pointer.
+cad_status_t service_all_to_all_v(void* host_ctx, const void* send, const uint64_t* send_counts,
+                                  const uint64_t* send_displs, void* recv, const uint64_t* recv_counts,
+                                  const uint64_t* recv_displs, int64_t timeout_ms, char* error, size_t error_capacity) {
+  if (host_ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
+  HostState& host = host_of(host_ctx);
+  return host.host_all_to_all_v(host.collectives_user, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                                timeout_ms, error, error_capacity);
+}
+
+cad_status_t service_all_gather(void* host_ctx, const void* send, uint64_t bytes, void* recv, int64_t timeout_ms,
+                                char* error, size_t error_capacity) {
+  if (host_ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
+  HostState& host = host_of(host_ctx);
+  return host.host_all_gather(host.collectives_user, send, bytes, recv, timeout_ms, error, error_capacity);
+}
+
+cad_status_t service_barrier(void* host_ctx, int64_t timeout_ms, char* error, size_t error_capacity) {
+  if (host_ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
+  HostState& host = host_of(host_ctx);
+  return host.host_barrier(host.collectives_user, timeout_ms, error, error_capacity);
+}
+
 }  // namespace
 
 void init_services_table(ServiceContext* ctx) {
@@ -95,6 +118,15 @@ void init_services_table(ServiceContext* ctx) {
   t.bootstrap_all_gather = host.bootstrap_all_gather != nullptr ? &service_bootstrap : nullptr;
   t.bootstrap_rank = host.bootstrap_all_gather != nullptr ? host.bootstrap_rank : -1;
   t.bootstrap_world_size = host.bootstrap_all_gather != nullptr ? host.bootstrap_world_size : 0;
+  // ABI v1.1: the host collectives, also only when lent (they share the bootstrap rank and world).
+  const bool collectives = host.host_all_to_all_v != nullptr;
+  t.host_all_to_all_v = collectives ? &service_all_to_all_v : nullptr;
+  t.host_all_gather = collectives ? &service_all_gather : nullptr;
+  t.host_barrier = collectives ? &service_barrier : nullptr;
+  if (collectives) {
+    t.bootstrap_rank = host.bootstrap_rank;
+    t.bootstrap_world_size = host.bootstrap_world_size;
+  }
 }
 
 cad_status_t find_instance(const HostState& host, size_t visible, const char* name, cad_plugin_kind_t kind,

@@ -43,6 +43,10 @@ struct HostState {
   void* bootstrap_user = nullptr;
   int32_t bootstrap_rank = -1;
   int32_t bootstrap_world_size = 0;
+  cad_host_all_to_all_v_fn host_all_to_all_v = nullptr;  // lent collectives (all or none)
+  cad_host_all_gather_fn host_all_gather = nullptr;
+  cad_host_barrier_fn host_barrier = nullptr;
+  void* collectives_user = nullptr;
 
   std::vector<LibraryPtr> libraries;  // one per distinct plugin file
   mutable std::mutex instances_mutex; // lookups may come from plugin threads while instances are added

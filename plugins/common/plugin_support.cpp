@@ -62,9 +62,10 @@ cad_status_t check_services(const cad_host_services_v1_t* services, std::string*
                       CAD_ABI_VERSION_MAJOR);
     return CAD_STATUS_ABI_MISMATCH;
   }
-  if (services->struct_size < sizeof(cad_host_services_v1_t)) {
-    *message = format("create: services table is %zu bytes, this plugin needs %zu (ABI v1.0)",
-                      services->struct_size, sizeof(cad_host_services_v1_t));
+  // A v1.0 host's table is enough: v1.1 services (the host collectives) are read only where present.
+  if (services->struct_size < CAD_HOST_SERVICES_V1_0_SIZE) {
+    *message = format("create: services table is %zu bytes, this plugin needs %d (ABI v1.0)",
+                      services->struct_size, CAD_HOST_SERVICES_V1_0_SIZE);
     return CAD_STATUS_ABI_MISMATCH;
   }
   return CAD_STATUS_OK;

@@ -78,6 +78,16 @@ typedef struct cad_host cad_host_t;
 /* Out-of-band all-gather for bootstrapping communicators (see cad_host_services_v1_t). */
 typedef cad_status_t (*cad_bootstrap_all_gather_fn)(void* user, const void* send, size_t bytes, void* recv);
 
+/* Host collectives lent to plugins as services->host_all_to_all_v / host_all_gather / host_barrier (ABI
+ * v1.1; see cad_common_v1.h): the same arguments, with `user` in place of the services' host_ctx. */
+typedef cad_status_t (*cad_host_all_to_all_v_fn)(void* user, const void* send, const uint64_t* send_counts,
+                                                 const uint64_t* send_displs, void* recv, const uint64_t* recv_counts,
+                                                 const uint64_t* recv_displs, int64_t timeout_ms, char* error,
+                                                 size_t error_capacity);
+typedef cad_status_t (*cad_host_all_gather_fn)(void* user, const void* send, uint64_t bytes, void* recv,
+                                               int64_t timeout_ms, char* error, size_t error_capacity);
+typedef cad_status_t (*cad_host_barrier_fn)(void* user, int64_t timeout_ms, char* error, size_t error_capacity);
+
 /* Receives every log line of the host and its plugins (source: "host" for the host itself, else the
  * instance name) instead of stderr. Called from any thread, one call at a time. */
 typedef void (*cad_host_log_fn)(void* user, cad_log_level_t level, const char* source, const char* message);
@@ -97,6 +107,13 @@ typedef struct cad_host_options_v1 {
   /* Appended after v1.0 of this header (read only if struct_size covers them): */
   cad_host_log_fn log_callback; /* NULL: log to stderr through spdlog                                 */
   void* log_user;
+  /* Appended with ABI v1.1: collectives on CPU memory among bootstrap_rank / bootstrap_world_size, lent
+   * to every plugin as services->host_* (the "host" communicator forwards to them). All three or none;
+   * they need bootstrap_world_size > 0. */
+  cad_host_all_to_all_v_fn host_all_to_all_v;
+  cad_host_all_gather_fn host_all_gather;
+  cad_host_barrier_fn host_barrier;
+  void* collectives_user;
 } cad_host_options_v1_t;
 
 /* Validate the config, load every plugin it names (each file once) and create every instance in order.

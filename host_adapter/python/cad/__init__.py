@@ -1,0 +1,19 @@
+"""cad: core attention disaggregation for PyTorch.
+
+    plan = cad.plan(cu_seqlens)                          # once per micro-batch, on every rank
+    o = cad.varlen_attn(q, k, v, cu_seqlens, plan=plan)  # in every layer: THD tensors, autograd, torch.compile
+
+`cad.varlen_attn(..., plan=None)` is plain local varlen attention on the same backends. `cad.init(...)` picks
+the balancer, communicator and other knobs; `cad.hf.register()` makes "cad" a transformers attention
+implementation. See the repository's README.
+"""
+from . import _runtime
+from ._errors import CadError
+from ._ops import varlen_attn
+from ._plan import Plan, plan, plan_pieces
+from ._runtime import attention_time, init, shutdown, stack_config, timing
+from .ping_pong import ping_pong
+
+__all__ = ["CadError", "Plan", "attention_time", "init", "ping_pong", "plan", "plan_pieces", "shutdown",
+           "stack_config", "timing", "varlen_attn"]
+__version__ = "0.1.0"

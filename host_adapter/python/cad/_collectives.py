@@ -1,0 +1,127 @@
+"""torch.distributed lent to libcad_host as ctypes callbacks: the bootstrap all-gather (how the NCCL plugin
+gets its unique id without MPI) and the host collectives on CPU memory (ABI v1.1: the "host" communicator
+forwards CAD's all_to_all_v / all_gather / barrier to them, so CAD on CPU runs under torchrun).
+
+The collectives run on a gloo group of their own, created with the communicator's timeout: a peer that never
+comes turns into a TIMEOUT status (and a CadError) instead of a hang. A Python exception never crosses into C:
+each callback catches it, writes its text into the caller's error buffer and returns a status.
+"""
+import ctypes as C
+import datetime
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from . import _abi
+from ._errors import CadError
+
+
+def _view(address, nbytes):
+    """A uint8 tensor over C memory (no copy); empty for 0 bytes."""
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer((C.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+
+
+def _failed(error, capacity, exc):
+    timed_out = "timed out" in str(exc).lower() or "timeout" in str(exc).lower()
+    _abi.write_message(error, capacity, f"{type(exc).__name__}: {exc}")
+    return _abi.TIMEOUT if timed_out else _abi.COMMUNICATION
+
+
+class Collectives:
+    """The callbacks for one cad host: rank/world of `group` (or a world of one without torch.distributed)."""
+
+    def __init__(self, group=None, timeout_ms=60000):
+        self.distributed = dist.is_available() and dist.is_initialized()
+        if self.distributed:
+            self.rank = dist.get_rank(group)
+            self.world = dist.get_world_size(group)
+            ranks = None if group is None else dist.get_process_group_ranks(group)
+            # Collective over the default group: every rank creates the cad host at the same point.
+            try:
+                self.group = dist.new_group(ranks=ranks, backend="gloo",
+                                            timeout=datetime.timedelta(milliseconds=timeout_ms))
+            except Exception as exc:  # noqa: BLE001
+                raise CadError(f"cad: rank {self.rank} of {self.world}: creating the gloo group for CAD's "
+                               f"collectives failed (every rank of the group makes its CAD stack at its first "
+                               f"plan): {type(exc).__name__}: {exc}", "TIMEOUT") from exc
+        else:
+            self.rank, self.world, self.group = 0, 1, None
+        self.last_exception = None
+        # Keep the ctypes function objects alive as long as the host may call them.
+        self.bootstrap_fn = _abi.BootstrapFn(self._bootstrap)
+        self.all_to_all_v_fn = _abi.AllToAllVFn(self._all_to_all_v)
+        self.all_gather_fn = _abi.AllGatherFn(self._all_gather)
+        self.barrier_fn = _abi.BarrierFn(self._barrier)
+
+    def lend(self, options):
+        """Fill the collective fields of a HostOptions."""
+        options.bootstrap_all_gather = self.bootstrap_fn
+        options.bootstrap_rank = self.rank
+        options.bootstrap_world_size = self.world
+        options.host_all_to_all_v = self.all_to_all_v_fn
+        options.host_all_gather = self.all_gather_fn
+        options.host_barrier = self.barrier_fn
+
+    # ---- the gathers -----------------------------------------------------------------------------------
+    def _gather(self, send, nbytes, recv):
+        out = _view(recv, nbytes * self.world)
+        if self.world == 1:
+            out.copy_(_view(send, nbytes))
+            return
+        if nbytes == 0:
+            dist.barrier(group=self.group)
+            return
+        dist.all_gather_into_tensor(out, _view(send, nbytes).clone(), group=self.group)
+
+    def _bootstrap(self, user, send, nbytes, recv):
+        try:
+            self._gather(send, nbytes, recv)
+            return _abi.OK
+        except Exception as exc:  # noqa: BLE001 -- nothing may cross into C
+            self.last_exception = exc
+            traceback.print_exc()
+            return _abi.COMMUNICATION
+
+    def _all_gather(self, user, send, nbytes, recv, timeout_ms, error, capacity):
+        try:
+            self._gather(send, nbytes, recv)
+            return _abi.OK
+        except Exception as exc:  # noqa: BLE001
+            self.last_exception = exc
+            return _failed(error, capacity, exc)
+
+    def _all_to_all_v(self, user, send, send_counts, send_displs, recv, recv_counts, recv_displs, timeout_ms, error,
+                      capacity):
+        try:
+            w = self.world
+            sc, sd = [send_counts[p] for p in range(w)], [send_displs[p] for p in range(w)]
+            rc, rd = [recv_counts[p] for p in range(w)], [recv_displs[p] for p in range(w)]
+            send_all = _view(send, max((d + c for d, c in zip(sd, sc)), default=0))
+            recv_all = _view(recv, max((d + c for d, c in zip(rd, rc)), default=0))
+            if w == 1:
+                recv_all[rd[0]:rd[0] + rc[0]].copy_(send_all[sd[0]:sd[0] + sc[0]])
+                return _abi.OK
+            # gloo takes one contiguous buffer per side, in rank order: pack / unpack around it.
+            packed = torch.cat([send_all[d:d + c] for d, c in zip(sd, sc)]) if sum(sc) else torch.empty(0, dtype=torch.uint8)
+            landed = torch.empty(sum(rc), dtype=torch.uint8)
+            dist.all_to_all_single(landed, packed, output_split_sizes=rc, input_split_sizes=sc, group=self.group)
+            at = 0
+            for d, c in zip(rd, rc):
+                recv_all[d:d + c].copy_(landed[at:at + c])
+                at += c
+            return _abi.OK
+        except Exception as exc:  # noqa: BLE001
+            self.last_exception = exc
+            return _failed(error, capacity, exc)
+
+    def _barrier(self, user, timeout_ms, error, capacity):
+        try:
+            if self.world > 1:
+                dist.barrier(group=self.group)
+            return _abi.OK
+        except Exception as exc:  # noqa: BLE001
+            self.last_exception = exc
+            return _failed(error, capacity, exc)

@@ -1,0 +1,129 @@
+"""One libcad_host stack (cad_host_create with a JSON config) and calls into its attention instance.
+
+Every call that fails raises CadError with the plugin's own message (its last_error), the ABI status name,
+and, when a lent collective failed, what torch.distributed said.
+"""
+import ctypes as C
+import json
+import sys
+
+from . import _abi
+from ._collectives import Collectives
+from ._errors import CadError
+from ._lib import lib, status_name
+
+_LEVELS = {0: "trace", 1: "debug", 2: "info", 3: "warn", 4: "error"}
+
+
+def _log_line(user, level, source, message):
+    try:
+        print(f"[cad {_LEVELS.get(level, level)}] {source.decode(errors='replace')}: "
+              f"{message.decode(errors='replace')}", file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 -- a lost log line is the lesser evil
+        pass
+
+
+_LOG_FN = _abi.LogFn(_log_line)
+
+
+class Host:
+    """A cad host made from `config` (a dict), with torch.distributed lent when `collectives` is given."""
+
+    def __init__(self, config, attention, collectives=None, search_path=None):
+        self.config = config
+        self.collectives = collectives
+        self.releases = []
+        self._lib = lib()
+        self._handle = C.c_void_p()
+        text = json.dumps(config).encode()
+        options = _abi.HostOptions()
+        options.struct_size = C.sizeof(options)
+        options.config_json = text
+        options.search_path = search_path.encode() if search_path else None
+        options.log_callback = _LOG_FN
+        if collectives is not None:
+            collectives.lend(options)
+        error = C.create_string_buffer(4096)
+        status = self._lib.cad_host_create(C.byref(options), C.byref(self._handle), error, len(error))
+        if status != _abi.OK:
+            self._handle = None
+            raise CadError(self._with_cause(f"cad: creating the plugin stack failed ({status_name(status)}): "
+                                            f"{error.value.decode(errors='replace')}"), status_name(status))
+        table, instance = C.c_void_p(), C.c_void_p()
+        status = self._lib.cad_host_find_instance(self._handle, attention.encode(), _abi.KIND_ATTENTION,
+                                                  C.byref(table), C.byref(instance))
+        if status != _abi.OK:
+            self.close()
+            raise CadError(f"cad: the config has no attention instance named '{attention}'", status_name(status))
+        self.table = C.cast(table, C.POINTER(_abi.AttentionTable)).contents
+        if self.table.struct_size < C.sizeof(_abi.AttentionTable):
+            self.close()
+            raise CadError(f"cad: attention instance '{attention}' predates ABI v1.1 (no plans); rebuild its plugin")
+        self.instance = instance
+        self.name = attention
+
+    def close(self):
+        if getattr(self, "_handle", None):
+            # Plans and saved states still held by Python objects go back before their instance does.
+            for release in list(self.releases):
+                release()
+            self._lib.cad_host_destroy(self._handle)
+            self._handle = None
+
+    def owns(self, finalizer):
+        """Run this weakref.finalize (a plan's or a saved state's release) at close() if it has not run."""
+        self.releases = [f for f in self.releases if f.alive] + [finalizer]
+
+    def __del__(self):
+        self.close()
+
+    # ---- calls ---------------------------------------------------------------------------------------
+    def _with_cause(self, message):
+        exc = self.collectives.last_exception if self.collectives is not None else None
+        if exc is not None:
+            self.collectives.last_exception = None
+            if str(exc) not in message:  # the plugin usually carries it already (the callback's error text)
+                message += f" [torch.distributed: {type(exc).__name__}: {exc}]"
+        return message
+
+    def check(self, status, what):
+        if status == _abi.OK:
+            return
+        detail = self.table.last_error(self.instance)
+        detail = detail.decode(errors="replace") if detail else "(no message)"
+        raise CadError(self._with_cause(f"cad {what} ({status_name(status)}): {detail}"), status_name(status))
+
+    def capabilities(self):
+        caps = _abi.Capabilities()
+        caps.struct_size = C.sizeof(caps)
+        self.check(self.table.get_capabilities(self.instance, C.byref(caps)), "get_capabilities")
+        return caps
+
+    def make_plan(self, args):
+        plan = C.c_void_p()
+        self.check(self.table.make_plan(self.instance, C.byref(args), C.byref(plan)), "make_plan")
+        return plan.value
+
+    def release_plan(self, plan):
+        if plan and self._handle:
+            self.table.release_plan(self.instance, C.c_void_p(plan))
+
+    def release_saved(self, saved):
+        if saved and self._handle:
+            self.table.release_saved(self.instance, C.c_void_p(saved))
+
+    def forward(self, args):
+        self.check(self.table.forward(self.instance, C.byref(args)), "forward")
+
+    def backward(self, args):
+        self.check(self.table.backward(self.instance, C.byref(args)), "backward")
+
+    def stats(self):
+        """The instance's get_stats_json as a dict ({} if it has none)."""
+        if not self.table.get_stats_json:
+            return {}
+        needed = C.c_size_t(0)
+        self.table.get_stats_json(self.instance, None, 0, C.byref(needed))
+        buffer = C.create_string_buffer(max(needed.value, 1))
+        self.check(self.table.get_stats_json(self.instance, buffer, len(buffer), C.byref(needed)), "get_stats_json")
+        return json.loads(buffer.value.decode() or "{}")

@@ -1,0 +1,155 @@
+"""cad.plan: one micro-batch's CAD plan, made once (collectively) and used by every layer's forward and backward."""
+import ctypes as C
+import itertools
+import os
+import weakref
+
+import torch
+
+from . import _abi, _runtime
+from ._errors import CadError
+from ._tensors import current_stream, device_of, dtype_of
+
+_serials = itertools.count(1)
+_plans = weakref.WeakValueDictionary()  # plan id -> Plan, how the custom op (ints only) reaches a plan
+
+
+def pieces_from_cu_seqlens(cu_seqlens, rank):
+    """This rank's documents as pieces: one whole document per cu_seqlens interval (empty ones dropped).
+    Document ids are unique across ranks without communication: rank << 32 | index."""
+    cu = cu_seqlens.detach().to("cpu", torch.int64).reshape(-1).tolist()
+    pieces = []
+    for i in range(len(cu) - 1):
+        length = cu[i + 1] - cu[i]
+        if length != 0:  # a negative length goes to the plugin, which names it on every rank
+            pieces.append((rank << 32 | i, length, 0, length))
+    return pieces
+
+
+def piece_array(pieces):
+    array = (_abi.Piece * max(len(pieces), 1))()
+    for i, p in enumerate(pieces):
+        array[i] = _abi.Piece(*p)
+    return array
+
+
+class Plan:
+    """What CAD needs to run one micro-batch again and again: made by `cad.plan(...)`.
+
+    The plugin's plan is made on the first call that needs it (collective: every rank of the group makes its
+    plan at the same layer), or at once when the shapes are given to cad.plan. `stats` gives the imbalance
+    (max/mean server cost), bytes and per-server cost, from the plan's first forward. Release with
+    `release()` or let it be collected.
+    """
+
+    def __init__(self, pieces, cu_seqlens=None, causal=True, device=None):
+        self.pieces = [tuple(int(x) for x in p) for p in pieces]
+        self.tokens = sum(p[3] for p in self.pieces)
+        self.cu_seqlens = cu_seqlens
+        self.causal = bool(causal)
+        self.device = None if device is None else torch.device(device)
+        self.id = next(_serials)
+        self.handle = None
+        self.shape = None
+        self._stats = None
+        self._host = None
+        self._array = piece_array(self.pieces)
+        _plans[self.id] = self
+
+    # ---- the plugin's plan ------------------------------------------------------------------------------
+    def make(self, num_heads, num_kv_heads, head_dim, dtype, device):
+        """Make the plugin's plan for these shapes (collective). Done once; later calls must match."""
+        device = torch.device(device)
+        shape = (int(num_heads), int(num_kv_heads), int(head_dim), dtype, device)
+        if self.handle is not None:
+            return
+        host = _runtime.runtime(device)
+        args = _abi.PlanArgs()
+        args.struct_size = C.sizeof(args)
+        args.pieces = self._array
+        args.num_pieces = len(self.pieces)
+        args.num_q_rows = args.num_kv_rows = self.tokens
+        args.num_q_heads, args.num_kv_heads, args.head_dim = shape[0], shape[1], shape[2]
+        args.dtype = dtype_of(dtype)
+        args.causal = 1 if self.causal else 0
+        args.device = device_of(device)
+        args.stream = current_stream(device)
+        self.handle = host.make_plan(args)
+        self._host = host
+        self.shape = shape
+        self._finalizer = weakref.finalize(self, host.release_plan, self.handle)
+        host.owns(self._finalizer)
+
+    def release(self):
+        """Give the plugin's plan back (not collective). The Plan cannot be used afterwards."""
+        if self.handle is not None:
+            self._finalizer()
+            self.handle = None
+        _plans.pop(self.id, None)
+
+    def pieces_for(self, cu_seqlens, rank):
+        """The pieces a call with `cu_seqlens` describes (the plan's own when it is the plan's tensor)."""
+        if cu_seqlens is self.cu_seqlens or cu_seqlens is None:
+            return self._array, len(self.pieces)
+        pieces = pieces_from_cu_seqlens(cu_seqlens, rank)
+        return piece_array(pieces), len(pieces)
+
+    @property
+    def stats(self):
+        """The plan's imbalance, bytes and per-server cost (dict), known after its first forward; None before."""
+        return self._stats
+
+    def _record_stats(self):
+        if self._stats is None and self._host is not None:
+            forward = self._host.stats().get("forward")
+            if forward:
+                keys = ("imbalance", "servers", "model_forward_bytes_sent_by_rank",
+                        "model_forward_bytes_received_by_rank", "workspace_bytes", "plan_ms")
+                self._stats = {k: forward[k] for k in keys if k in forward}
+                self._stats["rank"] = self._host.stats().get("rank")
+
+    def __repr__(self):
+        return f"cad.Plan(#{self.id}, {len(self.pieces)} pieces, {self.tokens} tokens, made={self.handle is not None})"
+
+
+def lookup(plan_id):
+    plan = _plans.get(plan_id)
+    if plan is None:
+        raise CadError(f"cad.varlen_attn: plan #{plan_id} was released or never existed")
+    return plan
+
+
+def _rank():
+    """This process's rank in the group CAD spans: torch.distributed's, else the MPI launcher's (communicator
+    "mpi" under mpirun without torch.distributed), else 0."""
+    from ._runtime import _settings
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(_settings["group"])
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def plan(cu_seqlens, *, causal=True, num_heads=None, num_kv_heads=None, head_dim=None, dtype=None, device=None):
+    """A plan for this rank's packed documents, `cu_seqlens` int32 [num_docs + 1] (as flash_attn's varlen
+    functions take). Once per micro-batch, on every rank of the group. With num_heads, num_kv_heads, head_dim,
+    dtype and device given the plugin's plan is made now (collective); otherwise by the first varlen_attn
+    call that uses it. The balancer and communicator are the stack's (cad.init)."""
+    p = Plan(pieces_from_cu_seqlens(cu_seqlens, _rank()), cu_seqlens=cu_seqlens, causal=causal, device=device)
+    if num_heads is not None:
+        if None in (num_kv_heads, head_dim, dtype, device):
+            raise CadError("cad.plan: give num_heads, num_kv_heads, head_dim, dtype and device together (or none)")
+        p.make(num_heads, num_kv_heads, head_dim, dtype, device)
+    return p
+
+
+def plan_pieces(pieces, *, causal=True, num_heads=None, num_kv_heads=None, head_dim=None, dtype=None, device=None):
+    """A plan from pieces (doc_id, doc_len, offset_in_doc, len), this rank's tokens in order, for documents cut
+    across ranks: doc_id must name the same document on every rank that holds a piece of it. varlen_attn calls
+    with such a plan take cu_seqlens=None."""
+    p = Plan(pieces, causal=causal, device=device)
+    if num_heads is not None:
+        p.make(num_heads, num_kv_heads, head_dim, dtype, device)
+    return p

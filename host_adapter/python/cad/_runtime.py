@@ -1,0 +1,174 @@
+"""The stacks the package runs on: one CAD stack per device (communicator, balancer, server backend, then
+"cad"), made collectively on first use, and one plain local backend per device for `plan=None` calls.
+
+`cad.init(...)` chooses how the CAD stack is built; without it the defaults below apply:
+  CPU:  communicator "host" (torch.distributed over gloo, lent through the ABI v1.1 host collectives; works
+        under torchrun) -- or "mpi" under mpirun --, server backend "reference";
+  CUDA: communicator "nccl", bootstrapped through torch.distributed (no MPI), server backend "cuda".
+"""
+import json
+import os
+import pathlib
+import threading
+import time
+
+import torch
+
+from ._collectives import Collectives
+from ._errors import CadError
+from ._host import Host
+
+_settings = {
+    "config": None,               # a user stack config (dict or path); overrides everything below
+    "communicator": None,         # "host", "mpi", "nccl" (default per device, see above)
+    "balancer": "prefix_aware",
+    "keep_forward_tensors": True,
+    "min_shard_tokens": 0,
+    "timeout_ms": 60000,
+    "group": None,                # torch.distributed group (None: the default group)
+    "log_level": "warn",
+}
+_runtimes = {}
+_locals = {}
+_lock = threading.Lock()
+
+
+def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors=True, min_shard_tokens=0,
+         timeout_ms=60000, group=None, log_level="warn"):
+    """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
+
+    config: a full stack config (dict, JSON file path) whose "attention" names the CAD instance; the other
+    arguments then do not apply. communicator: "host" (torch.distributed/gloo, CPU memory), "mpi" (under
+    mpirun) or "nccl" (CUDA; bootstrapped through torch.distributed). balancer: "colocated", "per_doc_cp",
+    "distca", "prefix_aware". keep_forward_tensors: servers keep Q/K/V/O/LSE for backward (False: re-sent).
+    timeout_ms: every collective's deadline. group: the torch.distributed group CAD spans.
+    """
+    if isinstance(config, (str, pathlib.Path)):
+        config = json.loads(pathlib.Path(config).read_text())
+    with _lock:
+        _settings.update(config=config, communicator=communicator, balancer=balancer,
+                         keep_forward_tensors=keep_forward_tensors, min_shard_tokens=min_shard_tokens,
+                         timeout_ms=timeout_ms, group=group, log_level=log_level)
+        for runtime in _runtimes.values():
+            runtime.close()
+        _runtimes.clear()
+
+
+def _default_communicator(device):
+    if device.type == "cuda":
+        return "nccl"
+    mpi_launched = "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
+    dist_up = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return "mpi" if mpi_launched and not dist_up else "host"
+
+
+def stack_config(device, settings=None):
+    """The generated CAD stack config for `device` (what cad.init's arguments mean)."""
+    s = dict(_settings if settings is None else settings)
+    comm = s["communicator"] or _default_communicator(device)
+    timeout = int(s["timeout_ms"])
+    if comm == "nccl":
+        comm_config = {"bootstrap": "host", "device": device.index if device.index is not None else
+                       torch.cuda.current_device(), "timeout_ms": timeout}
+    elif comm in ("host", "mpi"):
+        comm_config = {"timeout_ms": timeout}
+    else:
+        raise CadError(f"cad.init: communicator '{comm}' is not one of 'host', 'mpi', 'nccl'")
+    return {
+        "log_level": s["log_level"],
+        "instances": [
+            {"name": "comm", "plugin": comm, "config": comm_config},
+            {"name": "balancer", "plugin": s["balancer"], "config": {}},
+            {"name": "server", "plugin": "cuda" if device.type == "cuda" else "reference", "config": {}},
+            {"name": "cad", "plugin": "cad", "config": {
+                "communicator": "comm", "balancer": "balancer", "server_backend": "server",
+                "keep_forward_tensors": bool(s["keep_forward_tensors"]),
+                "min_shard_tokens": int(s["min_shard_tokens"])}},
+        ],
+        "attention": "cad",
+    }
+
+
+def _key(device):
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _cached(table, device, make):
+    """table[device], made by make(device) on first use."""
+    device = _key(device)
+    with _lock:
+        host = table.get(device)
+        if host is None:
+            host = table[device] = make(device)
+        return host
+
+
+def _make_cad_stack(device):
+    config = _settings["config"] or stack_config(device)
+    collectives = Collectives(_settings["group"], int(_settings["timeout_ms"]))
+    return Host(config, config.get("attention", "cad"), collectives)
+
+
+def _make_local_backend(device):
+    plugin = "cuda" if device.type == "cuda" else "reference"
+    return Host({"log_level": _settings["log_level"], "instances": [{"name": "local", "plugin": plugin, "config": {}}],
+                 "attention": "local"}, "local")
+
+
+def runtime(device):
+    """The CAD stack for `device`, made on first use (collective over the group: every rank gets here)."""
+    return _cached(_runtimes, device, _make_cad_stack)
+
+
+def local_backend(device):
+    """A plain varlen attention backend for `device` ("reference" on CPU, "cuda" on GPU); no communication."""
+    return _cached(_locals, device, _make_local_backend)
+
+
+def shutdown():
+    """Destroy every stack (also done at exit)."""
+    with _lock:
+        for rt in list(_runtimes.values()) + list(_locals.values()):
+            rt.close()
+        _runtimes.clear()
+        _locals.clear()
+
+
+# ---- attention time, as trainers report it -----------------------------------------------------------
+class _Timer:
+    seconds = 0.0
+    calls = 0
+    sync_cuda = False
+
+
+def attention_time(reset=True):
+    """Seconds spent in varlen_attn forward and backward calls (wall clock; with cad.timing(sync_cuda=True)
+    CUDA work is waited for, otherwise CUDA calls count only their enqueue) since the last reset."""
+    seconds = _Timer.seconds
+    if reset:
+        _Timer.seconds, _Timer.calls = 0.0, 0
+    return seconds
+
+
+def timing(sync_cuda=False):
+    _Timer.sync_cuda = sync_cuda
+
+
+class timed:
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        if _Timer.sync_cuda and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        if _Timer.sync_cuda and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        _Timer.seconds += time.perf_counter() - self.start
+        _Timer.calls += 1
+        return False

@@ -1,0 +1,57 @@
+"""Running a test body on N CPU processes under a gloo process group (torch.multiprocessing spawn), with a
+deadline: a rank that hangs fails the test instead of stalling CI."""
+import os
+import socket
+import traceback
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, body, args, errors):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    import datetime
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    try:
+        import cad
+        cad.init(timeout_ms=20000)
+        body(rank, world, *args)
+    except BaseException:  # noqa: BLE001 -- reported to the parent
+        errors.put((rank, traceback.format_exc()))
+        raise
+    finally:
+        import cad
+        cad.shutdown()
+        # Leave together: a rank whose peers already closed their gloo connections can abort in teardown.
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run(world, body, *args, timeout_s=120):
+    """Run body(rank, world, *args) on `world` processes; raise with every failing rank's traceback."""
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, body, args, errors)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    if hung:
+        raise AssertionError(f"ranks {hung} of {world} did not finish within {timeout_s} s")
+    if failures or any(p.exitcode != 0 for p in procs):
+        text = "\n".join(f"--- rank {r}:\n{tb}" for r, tb in sorted(failures))
+        raise AssertionError(f"{len(failures)} rank(s) failed (exit codes {[p.exitcode for p in procs]}):\n{text}")

@@ -1,0 +1,90 @@
+"""A transformers Llama model trained on packed batches: "cad" (CAD plans over 2 ranks) gives the same losses
+and gradients as "cad_local" (the same kernels, no distribution) for two optimizer steps."""
+import torch
+
+import harness
+
+DOCS = [[37, 5, 1, 21], [9, 60]]  # per rank; unequal attention work
+
+
+def _train(rank, implementation):
+    import cad.hf
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cad.hf.register()
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, dtype=torch.float32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    out = []
+    for step in range(2):
+        docs = DOCS[rank] if step == 0 else DOCS[rank][::-1]
+        ids = torch.randint(0, 97, (1, sum(docs)), generator=g)
+        positions = torch.cat([torch.arange(n) for n in docs]).unsqueeze(0)
+        loss = model(input_ids=ids, position_ids=positions, labels=ids).loss
+        loss.backward()
+        out.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        optimizer.step()
+        optimizer.zero_grad()
+    return out
+
+
+def _compare(rank, world):
+    local = _train(rank, "cad_local")
+    distributed = _train(rank, "cad")
+    for step, ((loss_a, grads_a), (loss_b, grads_b)) in enumerate(zip(local, distributed)):
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step} loss: {m}")
+        for name in grads_a:
+            torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6,
+                                       msg=lambda m: f"step {step} grad {name}: {m}")
+    import cad.hf
+    assert cad.hf.current_plan().stats["imbalance"] < 1.3
+
+
+def _local_matches_sdpa(rank, world):
+    # "cad_local" itself against transformers' own sdpa attention with the same packed batch.
+    import cad.hf
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cad.hf.register()
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    ids = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(3))
+    losses = []
+    for implementation in ("cad_local", "sdpa"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, dtype=torch.float32)
+        losses.append(model(input_ids=ids, labels=ids).loss)  # one document: plain causal attention
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+
+
+def test_llama_cad_equals_local_two_steps():
+    harness.run(2, _compare, timeout_s=150)
+
+
+def test_cad_local_equals_sdpa():
+    _local_matches_sdpa(0, 1)
+
+
+def test_cu_seq_lens_kwargs_equal_position_ids():
+    # The documents may come as flash-attention kwargs instead of position_ids restarts: same loss.
+    import cad.hf
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cad.hf.register()
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="cad_local", dtype=torch.float32)
+    docs = [11, 4, 17]
+    ids = torch.randint(0, 97, (1, sum(docs)), generator=torch.Generator().manual_seed(5))
+    positions = torch.cat([torch.arange(n) for n in docs]).unsqueeze(0)
+    cu = torch.tensor([0, 11, 15, 32], dtype=torch.int32)
+    by_positions = model(input_ids=ids, position_ids=positions, labels=ids).loss
+    by_kwargs = model(input_ids=ids, position_ids=positions, labels=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                      max_length_q=17, max_length_k=17).loss
+    one_document = model(input_ids=ids, labels=ids).loss  # no restarts: one causal document
+    torch.testing.assert_close(by_kwargs, by_positions)
+    assert abs(one_document.item() - by_positions.item()) > 1e-4  # the document boundaries did matter

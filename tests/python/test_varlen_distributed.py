@@ -1,0 +1,144 @@
+"""cad.varlen_attn through CAD (plans) on 2 and 3 CPU processes under a gloo group ("host" communicator:
+torch.distributed lent through the ABI), against torch sdpa per document; bad input fails on every rank."""
+import pytest
+import torch
+
+import harness
+from reference import random_batch, sdpa_varlen
+
+# Per rank: very unequal documents, so the balancer moves work between ranks.
+LENGTHS = [[40, 3, 1], [5, 6, 7, 8], [1, 29]]
+
+
+def _check_rank(rank, world, causal, hq, hkv, balancer, keep):
+    import cad
+    cad.init(balancer=balancer, keep_forward_tensors=keep, timeout_ms=20000)
+    q, k, v, cu = random_batch(LENGTHS[rank], hq, hkv, 16, seed=rank)
+    d_o = torch.randn(q.shape, generator=torch.Generator().manual_seed(100 + rank))
+    plan = cad.plan(cu, causal=causal)
+    results = []
+    for fn in (lambda q, k, v: cad.varlen_attn(q, k, v, cu, plan=plan, causal=causal),
+               lambda q, k, v: sdpa_varlen(q, k, v, cu, causal)):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = fn(*leaves)
+        o.backward(d_o)
+        results.append([o.detach()] + [t.grad for t in leaves])
+    for name, a, b in zip(("o", "dq", "dk", "dv"), *results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5, msg=lambda m: f"rank {rank} {name}: {m}")
+    stats = plan.stats
+    assert stats is not None and len(stats["servers"]) == world and stats["imbalance"] >= 1.0
+    if balancer == "prefix_aware" and world > 1:
+        # the colocated cost of these ranks is far from even; the balanced plan is near 1
+        assert stats["imbalance"] < 1.5, stats
+
+
+def _check_both_masks(rank, world, hq, hkv, balancer, keep):
+    for causal in (True, False):
+        _check_rank(rank, world, causal, hq, hkv, balancer, keep)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_cad_matches_sdpa(world):
+    harness.run(world, _check_both_masks, 4, 2, "prefix_aware", True)
+
+
+def test_cad_resend_mode_and_other_balancer():
+    harness.run(2, _check_rank, True, 2, 2, "distca", False)
+
+
+def _one_plan_many_layers(rank, world):
+    import cad
+    q, k, v, cu = random_batch(LENGTHS[rank], 2, 1, 16, seed=rank)
+    plan = cad.plan(cu)
+    layers = [[t.detach().clone().requires_grad_() for t in (q, k, v)] for _ in range(3)]
+    outs = [cad.varlen_attn(*l, cu, plan=plan) for l in layers]  # three forwards in flight on one plan
+    for o in reversed(outs):
+        o.sum().backward()
+    want = sdpa_varlen(q, k, v, cu, True)
+    for o in outs:
+        torch.testing.assert_close(o, want, rtol=1e-5, atol=2e-5)
+
+
+def test_one_plan_serves_every_layer():
+    harness.run(2, _one_plan_many_layers)
+
+
+def _bad_inputs(rank, world):
+    # After a refused call (agreed on every rank) the stack stays usable: one process pair serves all kinds.
+    for kind in ("dtype", "layout", "cu_seqlens", "other_plan"):
+        _bad_input(rank, world, kind)
+
+
+def _bad_input(rank, world, kind):
+    import cad
+    q, k, v, cu = random_batch(LENGTHS[rank], 2, 2, 16, seed=rank)
+    plan = cad.plan(cu)
+    cad.varlen_attn(q, k, v, cu, plan=plan)  # a good call first: the plan is made on every rank
+    if rank == 1:  # one rank goes wrong; every rank must raise
+        if kind == "dtype":
+            q, k, v = q.double(), k.double(), v.double()
+        elif kind == "layout":
+            q = q.transpose(1, 2).contiguous().transpose(1, 2)
+        elif kind == "cu_seqlens":
+            cu = cu.clone()
+            cu[-1] -= 1
+        elif kind == "other_plan":
+            plan = cad.plan_pieces([(1 << 40, len(q), 0, len(q))])
+            plan.make(2, 2, 16, torch.float32, "cpu")
+    elif kind == "other_plan":
+        other = cad.plan(cu)  # the other ranks make a plan too (make_plan is collective)
+        other.make(2, 2, 16, torch.float32, "cpu")
+    with pytest.raises(cad.CadError) as info:
+        cad.varlen_attn(q, k, v, cu, plan=plan)
+    message = str(info.value)
+    assert "rank 1" in message, f"{kind}: {message}"
+    print(f"rank {rank} {kind}: {message}")
+
+
+def test_bad_input_fails_on_every_rank():
+    harness.run(2, _bad_inputs, timeout_s=120)
+
+
+def _peer_missing(rank, world):
+    import time
+    import cad
+    cad.init(timeout_ms=3000)
+    q, k, v, cu = random_batch(LENGTHS[rank], 2, 2, 16, seed=rank)
+    plan = cad.plan(cu, num_heads=2, num_kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu")
+    if rank == 0:
+        start = time.monotonic()
+        with pytest.raises(cad.CadError, match="TIMEOUT") as info:
+            cad.varlen_attn(q, k, v, cu, plan=plan)
+        assert time.monotonic() - start < 30
+        print(info.value)
+    else:
+        time.sleep(8)  # never joins: rank 0 must time out, not hang
+
+
+def test_missing_peer_times_out():
+    harness.run(2, _peer_missing, timeout_s=60)
+
+
+def _ping_pong(rank, world):
+    import cad
+    nanos = [random_batch(LENGTHS[rank][:1] + [3], 2, 1, 16, seed=10 * rank + i) for i in (0, 1)]
+    plans = [cad.plan(cu) for _, _, _, cu in nanos]
+    layers = 3
+
+    def stage(state, i):  # one "layer": attention of nano-batch i through its own plan, then a residual
+        _, k, v, cu = nanos[i]
+        return state + cad.varlen_attn(state, k, v, cu, plan=plans[i])
+
+    states = [q.clone().requires_grad_() for q, _, _, _ in nanos]
+    out = cad.ping_pong([stage] * layers, states)
+    (out[0].sum() + out[1].sum()).backward()
+    for i, (q, k, v, cu) in enumerate(nanos):
+        want = q
+        for _ in range(layers):
+            want = want + sdpa_varlen(want, k, v, cu, True)
+        torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
+        assert states[i].grad is not None and torch.isfinite(states[i].grad).all()
+
+
+def test_ping_pong_two_nano_batches_with_their_own_plans():
+    harness.run(2, _ping_pong)
