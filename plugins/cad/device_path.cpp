@@ -369,9 +369,9 @@ class Mover {
   const RowCopy* to_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.to_wire.ptr) + t.offset; }
   const RowCopy* from_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.from_wire.ptr) + t.offset; }
 
-  // Can the collective use the tensor itself on this side? NCCL reads and writes per-peer ranges anywhere
-  // (direct); a staged exchange copies one contiguous block, so there only the identity qualifies.
-  bool in_place(const Table& t) const { return !drain_ && (ctx_.host_staged ? t.identity : t.direct); }
+  // Can the collective use the tensor itself on this side? Where each peer's rows are one range of it: NCCL
+  // reads and writes those ranges; a staged exchange copies them to and from its pinned buffers.
+  bool in_place(const Table& t) const { return !drain_ && t.direct; }
 
   // One all_to_all_v of `row_bytes`-byte rows between owners and servers. `send_rows` / `recv_rows`: where
   // each peer's rows start in the buffer (in place), else the wire order's cumulative offsets.
@@ -401,15 +401,26 @@ class Mover {
     stats_.bytes_sent += t.send_bytes - t.send_counts[me];
     stats_.bytes_received += t.recv_bytes - t.recv_counts[me];
     if (ctx_.host_staged) {
-      // Through pinned host memory: the MPI communicator reads and writes host buffers.
-      if (t.send_bytes > 0) {
-        check_cuda(cudaMemcpyAsync(plan_.pinned_send, send, t.send_bytes, cudaMemcpyDeviceToHost, stream_), "staging D2H");
+      // Through pinned host memory, where the MPI communicator reads and writes: each peer's bytes are copied
+      // from (to) where they lie on the device -- the same per-peer displacements NCCL would use -- into
+      // (from) consecutive staging ranges.
+      Transfer staged = t;
+      for (size_t p = 0, s = 0, r = 0; p < world; s += t.send_counts[p], r += t.recv_counts[p], ++p) {
+        staged.send_displs[p] = s;
+        staged.recv_displs[p] = r;
+        if (t.send_counts[p] > 0) {
+          check_cuda(cudaMemcpyAsync(static_cast<std::byte*>(plan_.pinned_send) + s, send + t.send_displs[p],
+                                     t.send_counts[p], cudaMemcpyDeviceToHost, stream_), "staging D2H");
+        }
       }
       check_cuda(cudaStreamSynchronize(stream_), "waiting for the staged send buffer");
-      ctx_.comm->all_to_all_v(static_cast<const std::byte*>(plan_.pinned_send), t,
+      ctx_.comm->all_to_all_v(static_cast<const std::byte*>(plan_.pinned_send), staged,
                               static_cast<std::byte*>(plan_.pinned_recv));
-      if (t.recv_bytes > 0) {
-        check_cuda(cudaMemcpyAsync(recv, plan_.pinned_recv, t.recv_bytes, cudaMemcpyHostToDevice, stream_), "staging H2D");
+      for (size_t p = 0; p < world; ++p) {
+        if (t.recv_counts[p] > 0) {
+          check_cuda(cudaMemcpyAsync(recv + t.recv_displs[p], static_cast<std::byte*>(plan_.pinned_recv) + staged.recv_displs[p],
+                                     t.recv_counts[p], cudaMemcpyHostToDevice, stream_), "staging H2D");
+        }
       }
       return;
     }
