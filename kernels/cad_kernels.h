@@ -180,18 +180,11 @@ cudaError_t copy_strided_rows_f32(const float* src, int64_t src_row_stride, int6
                                   int64_t dst_row_stride, int64_t dst_head_stride, int64_t heads,
                                   const RowCopy* copies, int64_t num_copies, cudaStream_t stream);
 
-// acc[dst rows] += src[src rows] (fp32 accumulator; src bf16 when src_bf16, else fp32), `row_elems`
-// elements per row. Rows must be distinct in dst within one call: CAD calls it once per peer, in peer
-// order, so partial gradients are summed in a fixed order (bitwise reproducible).
-cudaError_t add_row_ranges_f32(const void* src, bool src_bf16, float* acc, int64_t row_elems, const RowCopy* copies,
-                               int64_t num_copies, cudaStream_t stream);
-
-// out[dst rows] = acc[src rows] as bf16 (out_bf16) or fp32, `row_elems` elements per row (the shared rows'
-// sums of partial dK/dV going to their place in the owner's tensor).
-cudaError_t store_row_ranges_f32(const float* acc, void* out, bool out_bf16, int64_t row_elems, const RowCopy* copies,
-                                 int64_t num_copies, cudaStream_t stream);
-
-// out[i] = acc[i] as bf16 (out_bf16) or fp32, for i < numel.
-cudaError_t store_f32(const float* acc, void* out, bool out_bf16, int64_t numel, cudaStream_t stream);
+// For i < num_rows: out row owner_rows[i] = the fp32 sum, in index order, of the rows src_rows[j] of `src`
+// for j in [first[i], first[i+1]); stored as bf16 or fp32 (`bf16`, src and out alike). CAD's owners sum the
+// partial dK/dV of every server that read a key/value row this way: one pass, a fixed order (bitwise
+// reproducible), no accumulator in memory. The three index arrays are in DEVICE memory.
+cudaError_t sum_rows(const void* src, bool bf16, int64_t row_elems, const int64_t* first, const int64_t* src_rows,
+                     const int64_t* owner_rows, int64_t num_rows, void* out, cudaStream_t stream);
 
 }  // namespace cad::kernels

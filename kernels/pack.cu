@@ -69,39 +69,19 @@ __global__ void copy_strided_rows_kernel(const float* src, int64_t src_rs, int64
   }
 }
 
-template <class In>
-__global__ void add_row_ranges_kernel(const In* src, float* acc, int64_t row_elems, const RowCopy* copies,
-                                      int64_t num_copies) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t c = 0; c < num_copies; ++c) {
-    const RowCopy rc = copies[c];
-    const In* s = src + rc.src_row * row_elems;
-    float* d = acc + rc.dst_row * row_elems;
-    const int64_t n = rc.num_rows * row_elems;
-    for (int64_t i = first; i < n; i += stride) d[i] += to_float(s[i]);
-  }
-}
-
-template <class Out>
-__global__ void store_row_ranges_kernel(const float* acc, Out* out, int64_t row_elems, const RowCopy* copies,
-                                        int64_t num_copies) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t c = 0; c < num_copies; ++c) {
-    const RowCopy rc = copies[c];
-    const float* s = acc + rc.src_row * row_elems;
-    Out* d = out + rc.dst_row * row_elems;
-    const int64_t n = rc.num_rows * row_elems;
-    for (int64_t i = first; i < n; i += stride) d[i] = from_float<Out>(s[i]);
-  }
-}
-
-template <class Out>
-__global__ void store_f32_kernel(const float* acc, Out* out, int64_t numel) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = from_float<Out>(acc[i]);
+// A block per output row (grid-stride over rows), its threads over the row's elements: every contribution
+// row is read once, coalesced, and the sum is written once.
+template <class T>
+__global__ void sum_rows_kernel(const T* src, int64_t row_elems, const int64_t* first, const int64_t* src_rows,
+                                const int64_t* owner_rows, int64_t num_rows, T* out) {
+  for (int64_t r = blockIdx.x; r < num_rows; r += gridDim.x) {
+    const int64_t begin = first[r], end = first[r + 1];
+    T* d = out + owner_rows[r] * row_elems;
+    for (int64_t e = threadIdx.x; e < row_elems; e += blockDim.x) {
+      float acc = 0.f;
+      for (int64_t j = begin; j < end; ++j) acc += to_float(src[src_rows[j] * row_elems + e]);
+      d[e] = from_float<T>(acc);
+    }
   }
 }
 
@@ -151,46 +131,22 @@ cudaError_t copy_strided_rows_f32(const float* src, int64_t src_row_stride, int6
   return cudaGetLastError();
 }
 
-cudaError_t add_row_ranges_f32(const void* src, bool src_bf16, float* acc, int64_t row_elems, const RowCopy* copies,
-                               int64_t num_copies, cudaStream_t stream) {
-  if (num_copies == 0 || row_elems == 0) return cudaSuccess;
-  if (src == nullptr || acc == nullptr || copies == nullptr || num_copies < 0 || row_elems < 0) {
+cudaError_t sum_rows(const void* src, bool bf16, int64_t row_elems, const int64_t* first, const int64_t* src_rows,
+                     const int64_t* owner_rows, int64_t num_rows, void* out, cudaStream_t stream) {
+  if (num_rows == 0 || row_elems == 0) return cudaSuccess;
+  if (src == nullptr || out == nullptr || first == nullptr || src_rows == nullptr || owner_rows == nullptr ||
+      num_rows < 0 || row_elems < 0) {
     return cudaErrorInvalidValue;
   }
-  if (src_bf16) {
-    add_row_ranges_kernel<__nv_bfloat16><<<grid_size(1 << 20, 256), 256, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(src), acc, row_elems, copies, num_copies);
+  const int threads = row_elems >= 256 ? 256 : 128;
+  const int blocks = grid_size(num_rows * threads, threads);
+  if (bf16) {
+    sum_rows_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), row_elems,
+                                                                   first, src_rows, owner_rows, num_rows,
+                                                                   static_cast<__nv_bfloat16*>(out));
   } else {
-    add_row_ranges_kernel<float><<<grid_size(1 << 20, 256), 256, 0, stream>>>(static_cast<const float*>(src), acc,
-                                                                              row_elems, copies, num_copies);
-  }
-  return cudaGetLastError();
-}
-
-cudaError_t store_row_ranges_f32(const float* acc, void* out, bool out_bf16, int64_t row_elems, const RowCopy* copies,
-                                 int64_t num_copies, cudaStream_t stream) {
-  if (num_copies == 0 || row_elems == 0) return cudaSuccess;
-  if (acc == nullptr || out == nullptr || copies == nullptr || num_copies < 0 || row_elems < 0) {
-    return cudaErrorInvalidValue;
-  }
-  if (out_bf16) {
-    store_row_ranges_kernel<__nv_bfloat16><<<grid_size(1 << 20, 256), 256, 0, stream>>>(
-        acc, static_cast<__nv_bfloat16*>(out), row_elems, copies, num_copies);
-  } else {
-    store_row_ranges_kernel<float><<<grid_size(1 << 20, 256), 256, 0, stream>>>(acc, static_cast<float*>(out), row_elems,
-                                                                                copies, num_copies);
-  }
-  return cudaGetLastError();
-}
-
-cudaError_t store_f32(const float* acc, void* out, bool out_bf16, int64_t numel, cudaStream_t stream) {
-  if (numel == 0) return cudaSuccess;
-  if (acc == nullptr || out == nullptr || numel < 0) return cudaErrorInvalidValue;
-  if (out_bf16) {
-    store_f32_kernel<__nv_bfloat16><<<grid_size(numel, 256), 256, 0, stream>>>(acc, static_cast<__nv_bfloat16*>(out),
-                                                                              numel);
-  } else {
-    store_f32_kernel<float><<<grid_size(numel, 256), 256, 0, stream>>>(acc, static_cast<float*>(out), numel);
+    sum_rows_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<const float*>(src), row_elems, first, src_rows,
+                                                           owner_rows, num_rows, static_cast<float*>(out));
   }
   return cudaGetLastError();
 }

@@ -240,10 +240,15 @@ double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShap
   const cp::ServerBatch& batch = layout.servers[static_cast<size_t>(me)];
   const int64_t tokens = s.tokens;
   const cp::WireTable okv_host = cp::build_wire_table(layout, me, true, false, s.tokens);
-  const size_t wire = static_cast<size_t>(cp::workspace_sizes(layout, me, s, true, 0, okv_host.shared_rows).wire);
-  // The owner's dK/dV return lists (moved rows, fp32 adds per peer, stores of the sums).
-  const DeviceTable single(list_table(okv_host.single, {})), adds(list_table(okv_host.shared_adds, okv_host.shared_peer_first)),
-      store(list_table(okv_host.shared_store, {}));
+  const size_t wire = static_cast<size_t>(cp::workspace_sizes(layout, me, s, true, 0, 0).wire);
+  // The owner's dK/dV return: moved rows, and the shared rows' sum index (as the data path uploads it).
+  const DeviceTable single(list_table(okv_host.single, {}));
+  std::vector<int64_t> index = okv_host.shared_owner_rows;
+  index.insert(index.end(), okv_host.shared_first.begin(), okv_host.shared_first.end());
+  index.insert(index.end(), okv_host.shared_wire_rows.begin(), okv_host.shared_wire_rows.end());
+  int64_t* sum_index = static_cast<int64_t*>(buf.get("sum_index", index.size() * sizeof(int64_t)));
+  check(cudaMemcpy(sum_index, index.data(), index.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "sum index");
+  const int64_t shared = okv_host.shared_rows;
   void* owner_q = buf.get("owner_q", static_cast<size_t>(tokens * qb));
   void* owner_kv = buf.get("owner_kv", static_cast<size_t>(tokens * kvb));
   float* owner_lse = static_cast<float*>(buf.get("owner_lse", static_cast<size_t>(tokens * hq * 4)));
@@ -252,7 +257,6 @@ double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShap
   float* server_lse = static_cast<float*>(buf.get("lse", static_cast<size_t>(batch.q_rows * hq * 4)));
   void* send = buf.get("send", wire);
   void* recv = buf.get("recv", wire);
-  float* acc = static_cast<float*>(buf.get("acc", static_cast<size_t>(std::max<int64_t>(1, okv_host.shared_rows) * kvb * 2)));
   auto gather = [&](const DeviceTable& t, const void* src, int64_t rb) {
     if (!t.identity) check(cad::kernels::copy_row_ranges(src, send, rb, t.to, t.n, nullptr), "gather");
   };
@@ -283,12 +287,8 @@ double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShap
           continue;
         }
         cad::kernels::copy_row_ranges(recv, owner_kv, kvb, single.to, single.n, nullptr);
-        cudaMemsetAsync(acc, 0, static_cast<size_t>(okv_host.shared_rows * kvb * 2), nullptr);
-        for (size_t p = 0; p + 1 < adds.peer_first.size(); ++p) {
-          cad::kernels::add_row_ranges_f32(recv, true, acc, kvb / 2, adds.to + adds.peer_first[p],
-                                           adds.peer_first[p + 1] - adds.peer_first[p], nullptr);
-        }
-        cad::kernels::store_row_ranges_f32(acc, owner_kv, true, kvb / 2, store.to, store.n, nullptr);
+        cad::kernels::sum_rows(recv, true, kvb / 2, sum_index + shared, sum_index + 2 * shared + 1, sum_index, shared,
+                               owner_kv, nullptr);
       }
     }
   });
@@ -302,8 +302,10 @@ RankResult measure_rank(const cad::Host& host, const cp::Layout& layout, int32_t
   r.q_rows = batch.q_rows;
   r.kv_rows = batch.kv_rows;
   r.segments = static_cast<int64_t>(batch.segments.size());
-  const cp::WorkspaceSizes w = cp::workspace_sizes(layout, me, shape, true, 0,
-                                                   cp::build_wire_table(layout, me, true, false, shape.tokens).shared_rows);
+  const cp::WireTable okv = cp::build_wire_table(layout, me, true, false, shape.tokens);
+  const cp::WorkspaceSizes w = cp::workspace_sizes(
+      layout, me, shape, true, 0,
+      static_cast<int64_t>(okv.shared_owner_rows.size() + okv.shared_first.size() + okv.shared_wire_rows.size()));
   r.workspace_bytes = w.plan_total();
   r.saved_bytes = w.saved_per_forward();
   r.pack_fwd_ms = time_pack_unpack(layout, me, shape, buf, reps, false);

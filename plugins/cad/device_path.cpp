@@ -73,7 +73,7 @@ struct Table {
 
 enum TableId {
   OwnerQ, OwnerKv, ServerQ, ServerKv,
-  OwnerKvSingle, OwnerKvAdds, OwnerKvStore,  // owner-side dK/dV: moved, added in fp32, stored (wire_tables.h)
+  OwnerKvSingle,  // owner-side dK/dV rows read by one server: moved (the others are summed, wire_tables.h)
   kNumTables
 };
 
@@ -106,7 +106,7 @@ struct DevicePlan {
   size_t wire_bytes = 0;
   // Server batch scratch (backward outputs always; forward tensors too when nothing is kept).
   DeviceBuffer q, k, v, o, lse, d_o, d_q, d_k, d_v;
-  DeviceBuffer acc_k, acc_v;  // owner-side fp32 sums of partial dK/dV, for its shared rows only
+  DeviceBuffer sum_index;  // owner-side dK/dV rows read by several servers (wire_tables.h: shared_*)
   int64_t shared_kv_rows = 0;
   int64_t bytes = 0;
 };
@@ -215,9 +215,11 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
     return t;
   };
   plan->tables[OwnerKvSingle] = append_list(owner_kv.single, {});
-  plan->tables[OwnerKvAdds] = append_list(owner_kv.shared_adds, owner_kv.shared_peer_first);
-  plan->tables[OwnerKvStore] = append_list(owner_kv.shared_store, {});
   plan->shared_kv_rows = owner_kv.shared_rows;
+  // The shared rows' sum index, one array: owner rows [n], first contribution [n + 1], wire rows [m].
+  std::vector<int64_t> sum_index = owner_kv.shared_owner_rows;
+  sum_index.insert(sum_index.end(), owner_kv.shared_first.begin(), owner_kv.shared_first.end());
+  sum_index.insert(sum_index.end(), owner_kv.shared_wire_rows.begin(), owner_kv.shared_wire_rows.end());
   plan->tables[ServerQ] = append_table(build_wire_table(layout, me, false, true), to_wire, from_wire, plan->server_q_rows);
   plan->tables[ServerKv] = append_table(build_wire_table(layout, me, false, false), to_wire, from_wire,
                                         plan->server_kv_rows);
@@ -232,7 +234,8 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   }
 
   const WorkspaceSizes sizes = workspace_sizes(layout, me, step.shape, ctx.config.keep_forward_tensors,
-                                               static_cast<int64_t>(to_wire.size()), owner_kv.shared_rows);
+                                               static_cast<int64_t>(to_wire.size()),
+                                               static_cast<int64_t>(sum_index.size()));
   plan->wire_bytes = static_cast<size_t>(sizes.wire);
   plan->send = allocate(ctx, device, plan->wire_bytes, stream, "the send buffer");
   plan->recv = allocate(ctx, device, plan->wire_bytes, stream, "the receive buffer");
@@ -253,12 +256,14 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   plan->d_q = allocate(ctx, device, q_bytes, stream, "the server batch (dQ)");
   plan->d_k = allocate(ctx, device, kv_bytes, stream, "the server batch (dK)");
   plan->d_v = allocate(ctx, device, kv_bytes, stream, "the server batch (dV)");
-  const size_t acc_bytes = static_cast<size_t>(sizes.accumulator);
-  plan->acc_k = allocate(ctx, device, acc_bytes, stream, "the dK accumulator");
-  plan->acc_v = allocate(ctx, device, acc_bytes, stream, "the dV accumulator");
+  if (owner_kv.shared_rows > 0) {
+    plan->sum_index = allocate(ctx, device, static_cast<size_t>(sizes.sum_index), stream, "the dK/dV sum index");
+    check_cuda(cudaMemcpyAsync(plan->sum_index.ptr, sum_index.data(), static_cast<size_t>(sizes.sum_index),
+                               cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)), "uploading the sum index");
+  }
   for (const DeviceBuffer* b : {&plan->to_wire, &plan->from_wire, &plan->send, &plan->recv, &plan->q, &plan->k,
                                 &plan->v, &plan->o, &plan->lse, &plan->d_o, &plan->d_q, &plan->d_k, &plan->d_v,
-                                &plan->acc_k, &plan->acc_v}) {
+                                &plan->sum_index}) {
     plan->bytes += static_cast<int64_t>(b->bytes);
   }
   // make_plan synchronises once: the plan's memory and tables are then usable on any stream.
@@ -269,8 +274,8 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
 void release_device_plan(CadContext& ctx, DevicePlan* plan) {
   if (plan == nullptr) return;
   for (DeviceBuffer* b : {&plan->to_wire, &plan->from_wire, &plan->send, &plan->recv, &plan->q, &plan->k, &plan->v,
-                          &plan->o, &plan->lse, &plan->d_o, &plan->d_q, &plan->d_k, &plan->d_v, &plan->acc_k,
-                          &plan->acc_v}) {
+                          &plan->o, &plan->lse, &plan->d_o, &plan->d_q, &plan->d_k, &plan->d_v,
+                          &plan->sum_index}) {
     release(ctx, plan->device, *b, plan->stream);
   }
   // Pinned staging is only used inside host-synchronised exchanges: nothing can still read it.
@@ -332,7 +337,7 @@ class Mover {
 
   // Partial dK or dV of the server batch -> the key/value owners. A row read by one server is moved; a
   // row read by several is summed in fp32, peer after peer in rank order (bitwise reproducible).
-  void kv_sums_to_owners(const void* server_partial, float* acc, void* out, const CallShape& s) {
+  void kv_sums_to_owners(const void* server_partial, void* out, const CallShape& s) {
     const Table& st = plan_.tables[ServerKv];
     const Table& ot = plan_.tables[OwnerKv];
     if (ot.exclusive) {
@@ -349,19 +354,12 @@ class Mover {
     exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes, send_in_place ? &st.peer_row : nullptr, nullptr);
     if (drain_) return;
     const Table& single = plan_.tables[OwnerKvSingle];
-    const Table& adds = plan_.tables[OwnerKvAdds];
-    const Table& store = plan_.tables[OwnerKvStore];
     check_cuda(kernels::copy_row_ranges(recv, out, row_bytes, to_wire(single), single.count, stream_), "move dK/dV");
-    const int64_t row_elems = int64_t{s.num_kv_heads} * s.head_dim;
-    check_cuda(cudaMemsetAsync(acc, 0, static_cast<size_t>(plan_.shared_kv_rows * row_elems) * sizeof(float), stream_),
-               "zero dK/dV sums");
-    for (size_t peer = 0; peer + 1 < adds.peer_first.size(); ++peer) {
-      const int64_t first = adds.peer_first[peer], n = adds.peer_first[peer + 1] - first;
-      check_cuda(kernels::add_row_ranges_f32(recv, s.bf16, acc, row_elems, to_wire(adds) + first, n, stream_),
-                 "add partial dK/dV");
-    }
-    check_cuda(kernels::store_row_ranges_f32(acc, out, s.bf16, row_elems, to_wire(store), store.count, stream_),
-               "store dK/dV");
+    const int64_t n = plan_.shared_kv_rows;
+    const int64_t* index = static_cast<const int64_t*>(plan_.sum_index.ptr);
+    check_cuda(kernels::sum_rows(recv, s.bf16, int64_t{s.num_kv_heads} * s.head_dim, index + n, index + 2 * n + 1, index,
+                                 n, out, stream_),
+               "sum dK/dV");
   }
 
  private:
@@ -572,8 +570,8 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   const bool skip = drain || failed;
   Mover back(ctx, dp, stream, skip, stats);
   back.rows(Direction::ToOwners, RunSet::Q, dp.d_q.ptr, skip ? nullptr : data(args->d_q), q_bytes);
-  back.kv_sums_to_owners(dp.d_k.ptr, static_cast<float*>(dp.acc_k.ptr), skip ? nullptr : data(args->d_k), shape);
-  back.kv_sums_to_owners(dp.d_v.ptr, static_cast<float*>(dp.acc_v.ptr), skip ? nullptr : data(args->d_v), shape);
+  back.kv_sums_to_owners(dp.d_k.ptr, skip ? nullptr : data(args->d_k), shape);
+  back.kv_sums_to_owners(dp.d_v.ptr, skip ? nullptr : data(args->d_v), shape);
   if (failed) server_failed(ctx, "backward");
 }
 

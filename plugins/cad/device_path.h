@@ -1,14 +1,15 @@
 // device_path.h -- CAD's CUDA data path (DESIGN.md steps 3-5 on the GPU).
 //
 // Every exchange moves ONE tensor with one all_to_all_v, so that each side can use its tensor in place
-// when the rows already sit in wire order:
+// when each peer's rows are one range of it (then the collective reads or writes the tensor with per-peer
+// displacements; otherwise they go through a copy):
 //   owner tensor --gather--> send buffer --all_to_all_v--> receive buffer --scatter--> server batch tensor
 // and back. Gathers and scatters are row-range copy kernels over index tables built once per plan and kept
-// in device memory. A side whose table is the identity (wire row == tensor row: the server batch is laid
-// out in owner order, see layout.h, so this is the common case for the servers) skips its copy and the
-// collective reads or writes the tensor itself. LSE ([Hq, T] fp32) moves as wire rows [T, Hq] through a
-// strided copy. Partial dK/dV coming back to a key/value owner are added into an fp32 accumulator one
-// peer after another, in rank order, so results are bitwise reproducible.
+// in device memory (wire_tables.h). The server batch is laid out in owner order (layout.h), so the servers'
+// side is mostly in place; KV prefixes leave their owner in place (one range per server). LSE ([Hq, T] fp32)
+// moves as wire rows [T, Hq] through a strided copy. Partial dK/dV coming back to a key/value owner: a row
+// read by one server is moved; a row read by several is summed in fp32 over them in rank order, in one
+// pass (bitwise reproducible).
 //
 // The collectives run on the instance's communication stream, joined to the caller's stream with events
 // (NCCL), or are staged through pinned host buffers when the communicator works on host memory (MPI),

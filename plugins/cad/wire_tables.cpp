@@ -7,11 +7,9 @@ namespace cad::cad_plugin {
 
 namespace {
 
-// Appends a copy of n rows, merging it into the previous copy where both ends continue it -- but never into
-// a copy before index `floor` (the per-peer add lists must not mix peers: one peer's copies run in one
-// launch, and two peers adding to the same row in one launch would race).
-void append(std::vector<WireCopy>& copies, int64_t src, int64_t dst, int64_t n, size_t floor = 0) {
-  if (copies.size() > floor && copies.back().src_row + copies.back().num_rows == src &&
+// Appends a copy of n rows, merging it into the previous copy where both ends continue it.
+void append(std::vector<WireCopy>& copies, int64_t src, int64_t dst, int64_t n) {
+  if (!copies.empty() && copies.back().src_row + copies.back().num_rows == src &&
       copies.back().dst_row + copies.back().num_rows == dst) {
     copies.back().num_rows += n;
   } else {
@@ -27,31 +25,31 @@ void split_by_readers(WireTable& t, int64_t tokens) {
       if (r >= 0 && r < tokens) ++readers[static_cast<size_t>(r)];
     }
   }
-  std::vector<int64_t> acc(static_cast<size_t>(tokens), -1);  // accumulator row of each shared owner row
+  std::vector<int64_t> index(static_cast<size_t>(tokens), -1);  // each shared owner row's place
   for (int64_t r = 0; r < tokens; ++r) {
     if (readers[static_cast<size_t>(r)] > 1) {
-      append(t.shared_store, t.shared_rows, r, 1);
-      acc[static_cast<size_t>(r)] = t.shared_rows++;
+      index[static_cast<size_t>(r)] = t.shared_rows++;
+      t.shared_owner_rows.push_back(r);
     }
   }
-  const size_t peers = t.peer_first.size() - 1;
-  for (size_t p = 0; p < peers; ++p) {
-    t.shared_peer_first.push_back(static_cast<int64_t>(t.shared_adds.size()));
-    const size_t peer_floor = t.shared_adds.size();
-    for (int64_t i = t.peer_first[p]; i < t.peer_first[p + 1]; ++i) {
-      const WireCopy& c = t.from_wire[static_cast<size_t>(i)];  // wire row -> owner row
-      for (int64_t k = 0; k < c.num_rows; ++k) {
-        const int64_t owner = c.dst_row + k, wire = c.src_row + k;
-        const int64_t a = acc[static_cast<size_t>(owner)];
-        if (a < 0) {
-          append(t.single, wire, owner, 1);
-        } else {
-          append(t.shared_adds, wire, a, 1, peer_floor);
-        }
+  // Contributions per shared row, peer after peer (the wire is in peer order): a fixed summation order.
+  std::vector<std::vector<int64_t>> contributions(static_cast<size_t>(t.shared_rows));
+  for (const WireCopy& c : t.from_wire) {  // wire row -> owner row
+    for (int64_t k = 0; k < c.num_rows; ++k) {
+      const int64_t owner = c.dst_row + k, wire = c.src_row + k;
+      const int64_t i = index[static_cast<size_t>(owner)];
+      if (i < 0) {
+        append(t.single, wire, owner, 1);
+      } else {
+        contributions[static_cast<size_t>(i)].push_back(wire);
       }
     }
   }
-  t.shared_peer_first.push_back(static_cast<int64_t>(t.shared_adds.size()));
+  t.shared_first.push_back(0);
+  for (const auto& list : contributions) {
+    t.shared_wire_rows.insert(t.shared_wire_rows.end(), list.begin(), list.end());
+    t.shared_first.push_back(static_cast<int64_t>(t.shared_wire_rows.size()));
+  }
   t.exclusive = t.shared_rows == 0;
 }
 
@@ -90,7 +88,7 @@ WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bo
 }
 
 int64_t WorkspaceSizes::plan_total() const {
-  int64_t total = 2 * tables + 2 * wire + 2 * server_q + 2 * server_kv + 2 * accumulator;  // dO dQ, dK dV
+  int64_t total = 2 * tables + 2 * wire + 2 * server_q + 2 * server_kv + sum_index;  // dO dQ, dK dV
   if (!keep_forward_tensors) total += 2 * server_q + 2 * server_kv + server_lse;  // Q O, K V, LSE
   return total;
 }
@@ -100,7 +98,7 @@ int64_t WorkspaceSizes::saved_per_forward() const {
 }
 
 WorkspaceSizes workspace_sizes(const Layout& layout, int32_t me, const CallShape& s, bool keep_forward_tensors,
-                               int64_t table_entries, int64_t shared_kv_rows) {
+                               int64_t table_entries, int64_t sum_index_entries) {
   const ServerBatch& batch = layout.servers[static_cast<size_t>(me)];
   int64_t owner_q = 0, owner_kv = 0, server_q = 0, server_kv = 0;
   for (int32_t peer = 0; peer < layout.world; ++peer) {
@@ -115,7 +113,7 @@ WorkspaceSizes workspace_sizes(const Layout& layout, int32_t me, const CallShape
   w.server_q = batch.q_rows * s.q_row_bytes();
   w.server_kv = batch.kv_rows * s.kv_row_bytes();
   w.server_lse = batch.q_rows * int64_t{s.num_q_heads} * 4;
-  w.accumulator = shared_kv_rows * int64_t{s.num_kv_heads} * s.head_dim * 4;
+  w.sum_index = sum_index_entries * static_cast<int64_t>(sizeof(int64_t));
   w.keep_forward_tensors = keep_forward_tensors;
   return w;
 }

@@ -33,13 +33,13 @@ struct WireTable {
   bool direct = true;
   std::vector<int64_t> peer_row;
   // Owner side of key/value rows (built when `tokens` is given): partial dK/dV come back from every server
-  // that read the row. Rows read by one server only are moved (`single`: wire row -> owner row); rows read
-  // by several are added in fp32, peer after peer (`shared_adds`: wire row -> accumulator row, peer p's
-  // copies at [shared_peer_first[p], shared_peer_first[p+1])), then stored (`shared_store`: accumulator row
-  // -> owner row). `exclusive`: no row is shared.
+  // that read the row. Rows read by one server only are moved (`single`: wire row -> owner row). A row read
+  // by several ("shared", i-th of shared_rows) is the fp32 sum of its wire rows
+  // shared_wire_rows[shared_first[i] .. shared_first[i+1]), in peer order, stored at shared_owner_rows[i].
+  // `exclusive`: no row is shared.
   bool exclusive = false;
-  std::vector<WireCopy> single, shared_adds, shared_store;
-  std::vector<int64_t> shared_peer_first;
+  std::vector<WireCopy> single;
+  std::vector<int64_t> shared_owner_rows, shared_first, shared_wire_rows;
   int64_t shared_rows = 0;
   int64_t rows() const;
 };
@@ -56,14 +56,14 @@ struct WorkspaceSizes {
   int64_t server_q = 0;      // one Q-shaped server buffer (Q, O, dO, dQ)
   int64_t server_kv = 0;     // one K-shaped server buffer (K, V, dK, dV)
   int64_t server_lse = 0;
-  int64_t accumulator = 0;   // one of the owner's fp32 dK / dV sums (its shared rows only)
+  int64_t sum_index = 0;     // the shared dK/dV rows' index (owner rows, offsets, wire rows)
   bool keep_forward_tensors = true;
-  // The plan's total: staging x2, dO/dQ/dK/dV, accumulators x2, and Q/K/V/O/LSE unless they are kept
+  // The plan's total: staging x2, dO/dQ/dK/dV, the sum index, and Q/K/V/O/LSE unless they are kept
   // per forward (keep mode: then `saved_per_forward` each forward until its backward).
   int64_t plan_total() const;
   int64_t saved_per_forward() const;
 };
 WorkspaceSizes workspace_sizes(const Layout& layout, int32_t me, const CallShape& shape, bool keep_forward_tensors,
-                               int64_t table_entries, int64_t shared_kv_rows);
+                               int64_t table_entries, int64_t sum_index_entries);
 
 }  // namespace cad::cad_plugin

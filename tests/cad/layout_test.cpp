@@ -385,7 +385,7 @@ TEST(Validate, PieceLengthsWhoseSumOverflowsAreRefused) {
   }
 }
 
-TEST(WireTables, EveryKeyValueRowIsMovedOnceOrSummedOverItsReaders) {
+TEST(WireTables, EveryKeyValueRowIsMovedOnceOrSummedOverItsReadersInPeerOrder) {
   for (uint64_t seed = 30; seed <= 45; ++seed) {
     BatchSpec spec;
     spec.seed = seed;
@@ -395,50 +395,38 @@ TEST(WireTables, EveryKeyValueRowIsMovedOnceOrSummedOverItsReaders) {
     for (int32_t me = 0; me < b.world; ++me) {
       const int64_t tokens = static_cast<int64_t>(b.global_rows(me).size());
       const cp::WireTable t = cp::build_wire_table(layout, me, true, false, tokens);
+      // Which peer sent each wire row (the wire is peer after peer).
+      std::vector<int32_t> peer_of_wire;
+      for (size_t p = 0; p + 1 < t.peer_first.size(); ++p) {
+        for (int64_t i = t.peer_first[p]; i < t.peer_first[p + 1]; ++i) {
+          peer_of_wire.insert(peer_of_wire.end(), static_cast<size_t>(t.to_wire[static_cast<size_t>(i)].num_rows),
+                              static_cast<int32_t>(p));
+        }
+      }
       std::vector<int> readers(static_cast<size_t>(tokens), 0), moved(static_cast<size_t>(tokens), 0),
-          stored(static_cast<size_t>(tokens), 0), adds(static_cast<size_t>(t.shared_rows), 0);
+          summed(static_cast<size_t>(tokens), 0);
       for (const auto& c : t.to_wire) for (int64_t r = 0; r < c.num_rows; ++r) ++readers[static_cast<size_t>(c.src_row + r)];
       for (const auto& c : t.single) for (int64_t r = 0; r < c.num_rows; ++r) ++moved[static_cast<size_t>(c.dst_row + r)];
-      for (const auto& c : t.shared_store) for (int64_t r = 0; r < c.num_rows; ++r) ++stored[static_cast<size_t>(c.dst_row + r)];
-      for (const auto& c : t.shared_adds) for (int64_t r = 0; r < c.num_rows; ++r) ++adds[static_cast<size_t>(c.dst_row + r)];
-      ASSERT_EQ(t.shared_peer_first.size(), static_cast<size_t>(b.world) + 1);
+      ASSERT_EQ(t.shared_first.size(), static_cast<size_t>(t.shared_rows) + 1);
+      ASSERT_EQ(t.shared_owner_rows.size(), static_cast<size_t>(t.shared_rows));
+      for (int64_t i = 0; i < t.shared_rows; ++i) {
+        const int64_t owner = t.shared_owner_rows[static_cast<size_t>(i)];
+        ++summed[static_cast<size_t>(owner)];
+        const int64_t begin = t.shared_first[static_cast<size_t>(i)], end = t.shared_first[static_cast<size_t>(i) + 1];
+        EXPECT_EQ(end - begin, readers[static_cast<size_t>(owner)]) << "one contribution per server that read it";
+        for (int64_t j = begin + 1; j < end; ++j) {
+          EXPECT_LT(peer_of_wire[static_cast<size_t>(t.shared_wire_rows[static_cast<size_t>(j) - 1])],
+                    peer_of_wire[static_cast<size_t>(t.shared_wire_rows[static_cast<size_t>(j)])])
+              << "contributions in rank order: a fixed summation order";
+        }
+      }
       for (int64_t row = 0; row < tokens; ++row) {
         const int n = readers[static_cast<size_t>(row)];
         EXPECT_GE(n, 1) << "causal: every key is read at least by its own query";
         EXPECT_EQ(moved[static_cast<size_t>(row)], n == 1 ? 1 : 0) << "row " << row;
-        EXPECT_EQ(stored[static_cast<size_t>(row)], n > 1 ? 1 : 0) << "row " << row;
+        EXPECT_EQ(summed[static_cast<size_t>(row)], n > 1 ? 1 : 0) << "row " << row;
       }
-      int64_t shared_readers = 0;
-      for (int64_t row = 0; row < tokens; ++row) {
-        if (readers[static_cast<size_t>(row)] > 1) shared_readers += readers[static_cast<size_t>(row)];
-      }
-      int64_t total_adds = 0;
-      for (int a : adds) total_adds += a;
-      EXPECT_EQ(total_adds, shared_readers) << "each shared row gets one add per server that read it";
       EXPECT_EQ(t.exclusive, t.shared_rows == 0);
-    }
-  }
-}
-
-TEST(WireTables, OnePeersAddsNeverTouchARowTwice) {
-  // The adds of one peer run in one kernel launch: a row appearing twice in them would race.
-  for (uint64_t seed = 50; seed <= 70; ++seed) {
-    BatchSpec spec;
-    spec.seed = seed;
-    spec.world = 2 + static_cast<int32_t>(seed % 4);
-    const GlobalBatch b = cad_test::make_batch(spec);
-    const cp::Layout layout = cp::build_layout(b.pieces, random_plan(b, seed), true);
-    for (int32_t me = 0; me < b.world; ++me) {
-      const cp::WireTable t = cp::build_wire_table(layout, me, true, false, static_cast<int64_t>(b.global_rows(me).size()));
-      for (size_t p = 0; p + 1 < t.shared_peer_first.size(); ++p) {
-        std::set<int64_t> rows;
-        for (int64_t i = t.shared_peer_first[p]; i < t.shared_peer_first[p + 1]; ++i) {
-          const cp::WireCopy& c = t.shared_adds[static_cast<size_t>(i)];
-          for (int64_t r = c.dst_row; r < c.dst_row + c.num_rows; ++r) {
-            EXPECT_TRUE(rows.insert(r).second) << "peer " << p << " adds to accumulator row " << r << " twice";
-          }
-        }
-      }
     }
   }
 }
