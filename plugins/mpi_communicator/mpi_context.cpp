@@ -38,25 +38,28 @@ void MpiContext::create_communicator() {
   // instead of aborting the job. MPI_Comm_idup lets a rank that never joins time out here too.
   // MPI writes the new communicator into *dup when the request completes, possibly after we gave up:
   // it lives on the heap so that the runtime can keep it (and the request) after a timeout.
+  check_no_pending_dup();
   auto dup = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
   MPI_Request request = MPI_REQUEST_NULL;
   check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, dup.get(), &request), "MPI_Comm_idup(MPI_COMM_WORLD)");
   const Deadline deadline = Deadline::after_ms(config_.timeout_ms);
-  for (int done = 0; !done;) {
+  int done = 0;
+  for (int polls = 0;; ++polls) {
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Comm_idup(MPI_COMM_WORLD)");
-    if (done) break;
-    if (Clock::now() >= deadline.at) {
-      // A collective's request can be neither cancelled nor freed (MPI_Request_free aborted the job
-      // with MPI_ERR_REQUEST): the runtime keeps it until the guarded finalisation.
-      adopt_pending_dup(request, dup.release(), config_.timeout_ms);
-      const std::string message =
-          format("create: rank %d: duplicating MPI_COMM_WORLD (MPI_Comm_idup) timed out after %lld ms; is every one "
-                 "of the %d ranks creating this communicator?", world_rank,
-                 static_cast<long long>(config_.timeout_ms), world_size);
-      logger_.log(CAD_LOG_ERROR, message);
-      fail(CAD_STATUS_TIMEOUT, message);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));  // let peers of an oversubscribed node run
+    if (done || Clock::now() >= deadline.at) break;
+    if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(100));  // oversubscribed nodes
+    else std::this_thread::yield();
+  }
+  if (!done) {
+    // A collective's request can be neither cancelled nor freed (MPI_Request_free aborted the job with
+    // MPI_ERR_REQUEST): the runtime keeps it and completes it, or not, in the guarded finalisation.
+    adopt_pending_dup(request, dup.release(), config_.timeout_ms);
+    const std::string message =
+        format("create: rank %d: duplicating MPI_COMM_WORLD (MPI_Comm_idup) timed out after %lld ms; is every one "
+               "of the %d ranks creating this communicator?", world_rank,
+               static_cast<long long>(config_.timeout_ms), world_size);
+    logger_.log(CAD_LOG_ERROR, message);
+    fail(CAD_STATUS_TIMEOUT, message);
   }
   comm_ = *dup;
   check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");

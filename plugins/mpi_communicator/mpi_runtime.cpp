@@ -57,26 +57,19 @@ struct RuntimeState {
     MPI_Finalize();
   }
 
-  // The guard before MPI_Finalize (see mpi_runtime.h): a nonblocking barrier on MPI_COMM_WORLD plus
-  // the adopted MPI_Comm_idup requests, all bounded by the largest timeout of any instance.
-  bool every_rank_arrived() {
+  // Completes the adopted MPI_Comm_idup requests and `extra` (may be NULL) by `deadline`; on success
+  // frees the duplicated communicators and forgets the requests. Called with the mutex held, or at exit.
+  bool complete(MPI_Request* extra, Clock::time_point deadline) {
     std::vector<MPI_Request> requests;
     for (const PendingDup& p : pending_dups) requests.push_back(p.request);
-    MPI_Request barrier = MPI_REQUEST_NULL;
-    MPI_Ibarrier(MPI_COMM_WORLD, &barrier);
-    requests.push_back(barrier);
-    const int64_t wait_ms = std::max<int64_t>(guard_timeout_ms, 1000);
-    const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
+    if (extra != nullptr) requests.push_back(*extra);
     for (int done = 0;;) {
       MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
       if (done) break;
       if (Clock::now() >= deadline) {
-        int rank = -1;
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        std::fprintf(stderr, "cad 'mpi' plugin: rank %d: not every rank reached exit within %lld ms; leaving MPI "
-                             "unfinalised so that a stalled peer cannot block this process (the launcher ends "
-                             "the job)\n", rank, static_cast<long long>(wait_ms));
-        std::fflush(stderr);
+        // Testall may have completed (and nulled) some: keep the handles as they are now.
+        for (size_t i = 0; i < pending_dups.size(); ++i) pending_dups[i].request = requests[i];
+        if (extra != nullptr) *extra = requests.back();
         return false;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -86,6 +79,22 @@ struct RuntimeState {
     }
     pending_dups.clear();
     return true;
+  }
+
+  // The guard before MPI_Finalize (see mpi_runtime.h): a nonblocking barrier on MPI_COMM_WORLD plus
+  // the adopted MPI_Comm_idup requests, all bounded by the largest timeout of any instance.
+  bool every_rank_arrived() {
+    MPI_Request barrier = MPI_REQUEST_NULL;
+    MPI_Ibarrier(MPI_COMM_WORLD, &barrier);
+    const int64_t wait_ms = std::max<int64_t>(guard_timeout_ms, 1000);
+    if (complete(&barrier, Clock::now() + std::chrono::milliseconds(wait_ms))) return true;
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::fprintf(stderr, "cad 'mpi' plugin: rank %d: not every rank reached exit within %lld ms; leaving MPI "
+                         "unfinalised so that a stalled peer cannot block this process (the launcher ends the "
+                         "job)\n", rank, static_cast<long long>(wait_ms));
+    std::fflush(stderr);
+    return false;
   }
 };
 
@@ -183,6 +192,16 @@ void adopt_pending_dup(MPI_Request request, MPI_Comm* comm, int64_t timeout_ms) 
   std::lock_guard<std::mutex> lock(s.mutex);
   s.pending_dups.push_back(PendingDup{request, std::unique_ptr<MPI_Comm>(comm)});
   s.guard_timeout_ms = std::max(s.guard_timeout_ms, timeout_ms);
+}
+
+void check_no_pending_dup() {
+  RuntimeState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.pending_dups.empty()) return;
+  plugin::fail(CAD_STATUS_COMMUNICATION,
+               "create: an earlier create in this process timed out duplicating MPI_COMM_WORLD, and its "
+               "MPI_Comm_idup is still pending; the ranks may disagree on the order of their collectives, so no "
+               "further 'mpi' communicator can be created in this job (raise timeout_ms and restart it)");
 }
 
 }  // namespace cad::mpi_comm

@@ -46,4 +46,11 @@ void unregister_instance();
 // which completes and frees them if every rank got there, and otherwise leaves them alone.
 void adopt_pending_dup(MPI_Request request, MPI_Comm* comm, int64_t timeout_ms);
 
+// Throws Failure(CAD_STATUS_COMMUNICATION) if a create of this process timed out in MPI_Comm_idup
+// before. Its request is still pending, and OpenMPI does not reliably complete a later MPI_Comm_idup
+// while an earlier one is outstanding (seen: it completed on some ranks and never on others); and
+// whether the other ranks' creates timed out too is unknown, so the order of collectives on
+// MPI_COMM_WORLD can no longer be trusted. Every later create fails at once, with this reason.
+void check_no_pending_dup();
+
 }  // namespace cad::mpi_comm

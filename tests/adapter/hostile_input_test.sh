@@ -6,19 +6,7 @@
 # (reported as INTERNAL with no file or key).
 set -u
 CAD=$1
-OUT=$(mktemp -d) || exit 1
-trap 'rm -rf "$OUT"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() {
-  want=$1; shift
-  timeout 60 "$@" >"$OUT/out" 2>&1
-  got=$?
-  if [ "$got" -ne "$want" ]; then fail "'$*' exited $got, expected $want:"; head -c 2000 "$OUT/out" | sed 's/^/    /'; return 1; fi
-  return 0
-}
-contains() { grep -qF -- "$1" "$OUT/out" || { fail "output lacks '$1':"; head -c 2000 "$OUT/out" | sed 's/^/    /'; }; }
-lacks() { ! grep -qF -- "$1" "$OUT/out" || { fail "output has '$1':"; head -c 2000 "$OUT/out" | sed 's/^/    /'; }; }
+. "$(dirname "$0")/../expect.sh"
 deep() { n=$1; awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "["; for (i = 0; i < n; i++) printf "]"; }'; }
 
 # cad plan: what the model cannot represent is refused before anything big is allocated.
@@ -44,5 +32,4 @@ expect 1 "$CAD" check-config "$OUT/huge_number.json" && contains "huge_number.js
 contains "(at instances[0].config.threads)"
 contains "[INVALID_CONFIG]"
 
-[ "$failures" -eq 0 ] && echo "all hostile-input checks passed"
-[ "$failures" -eq 0 ]
+finish hostile-input
