@@ -4,6 +4,7 @@
 
 #include "context.h"
 #include "data_path.h"
+#include "device_path.h"
 
 namespace {
 
@@ -79,6 +80,10 @@ cad_status_t cad_make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, 
     // Collective: every rank reaches the same verdict (a rank whose arguments are bad fails them all).
     cad::cad_plugin::PlanPtr plan = cad::cad_plugin::make_cad_plan(c, local, args != nullptr ? args->pieces : nullptr,
                                                                    args != nullptr ? args->stream : nullptr, "make_plan");
+    // What the plan will do, readable at once (get_stats_json's "plan"), before any call uses it.
+    c.stats.plan = plan->model;
+    c.stats.plan.valid = true;
+    if (plan->device) c.stats.plan.workspace_bytes = cad::cad_plugin::device_plan_bytes(*plan->device);
     *out_plan = plan.release();
   });
 }

@@ -85,6 +85,7 @@ std::string stats_json(const Stats& stats) {
   nlohmann::json j = {{"rank", stats.rank}, {"world", stats.world}};
   if (stats.forward.valid) j["forward"] = call_json(stats.forward);
   if (stats.backward.valid) j["backward"] = call_json(stats.backward);
+  if (stats.plan.valid) j["plan"] = call_json(stats.plan);
   return j.dump();
 }
 

@@ -42,6 +42,7 @@ struct Stats {
   int32_t rank = 0;
   int32_t world = 1;
   CallStats forward, backward;
+  CallStats plan;  // the cost model's view of the last plan made with make_plan (no times but plan_ms)
 };
 
 // The work of every server (cost model over the step's plan) and the model's forward traffic.

@@ -73,9 +73,15 @@ TEST(CadPlan, CallsWithAPlanDoNotReplanOrGatherBytes) {
   LocalCall call(b, true);
   PlanGuard guard{a};
   ASSERT_EQ(make_plan(a, call, b.hq, b.hkv, b.d, &guard.plan), CAD_STATUS_OK) << a.table->last_error(a.ctx);
-  ASSERT_EQ(call.forward(a, guard.plan), CAD_STATUS_OK) << a.table->last_error(a.ctx);
   std::vector<char> buffer(1 << 20);
   size_t needed = 0;
+  // What the plan will do is reported as soon as it is made, before any call.
+  ASSERT_EQ(a.table->get_stats_json(a.ctx, buffer.data(), buffer.size(), &needed), CAD_STATUS_OK);
+  const auto planned = nlohmann::json::parse(buffer.data());
+  ASSERT_TRUE(planned.contains("plan")) << planned.dump();
+  EXPECT_EQ(planned.at("plan").at("servers").size(), static_cast<size_t>(g_world));
+  EXPECT_GE(planned.at("plan").at("imbalance").get<double>(), 1.0);
+  ASSERT_EQ(call.forward(a, guard.plan), CAD_STATUS_OK) << a.table->last_error(a.ctx);
   ASSERT_EQ(a.table->get_stats_json(a.ctx, buffer.data(), buffer.size(), &needed), CAD_STATUS_OK);
   const auto stats = nlohmann::json::parse(buffer.data());
   EXPECT_FALSE(stats.at("forward").at("replanned").get<bool>());

@@ -77,6 +77,7 @@ class Plan:
         self.handle = host.make_plan(args)
         self._host = host
         self.shape = shape
+        self._record_stats("plan")  # the plugin reports what a plan will do as soon as it is made
         self._finalizer = weakref.finalize(self, host.release_plan, self.handle)
         host.owns(self._finalizer)
 
@@ -96,12 +97,12 @@ class Plan:
 
     @property
     def stats(self):
-        """The plan's imbalance, bytes and per-server cost (dict), known after its first forward; None before."""
+        """The plan's imbalance, bytes and per-server cost (dict), known once the plan is made; None before."""
         return self._stats
 
-    def _record_stats(self):
+    def _record_stats(self, key="forward"):
         if self._stats is None and self._host is not None:
-            forward = self._host.stats().get("forward")
+            forward = self._host.stats().get(key)
             if forward:
                 keys = ("imbalance", "servers", "model_forward_bytes_sent_by_rank",
                         "model_forward_bytes_received_by_rank", "workspace_bytes", "plan_ms")
