@@ -87,3 +87,13 @@ def test_torch_compile_with_a_new_plan_per_micro_batch():
         torch.testing.assert_close(o, sdpa_varlen(q, k, v, cu, True) * 2, rtol=1e-5, atol=2e-5)
         assert q.grad is not None
     assert dynamo_utils.counters["stats"]["unique_graphs"] <= 2
+
+
+def test_cu_seqlens_changed_in_place_is_read_again():
+    # The local path keeps each cu_seqlens tensor's segment table (one read-back per tensor, not per layer);
+    # an in-place change to the tensor must not reuse the stale table.
+    q, k, v, cu = random_batch([6, 10], 2, 2, 16)
+    first = cad.varlen_attn(q, k, v, cu)
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, cu), first)
+    cu[1] = 9  # documents of 9 and 7 tokens now
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, cu), sdpa_varlen(q, k, v, cu, True), rtol=1e-5, atol=2e-5)

@@ -12,6 +12,7 @@ import weakref
 from typing import Optional
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _abi, _plan, _runtime
 from ._errors import CadError
@@ -30,11 +31,25 @@ def _release_saved(key):
         entry[0].release_saved(entry[1])
 
 
+# cu_seqlens tensor -> (its version, tokens, segment table, count): every layer of a step passes the same
+# tensor, and reading it back from the GPU each time would synchronise the host once per layer.
+_segment_tables = WeakIdKeyDictionary()  # by identity: tensors do not compare with ==
+
+
 def _segments(cu_seqlens, tokens):
     """The local backend's segment table: one causal/full segment per document. Checked here, since the local
     path has no peers to agree with."""
     if cu_seqlens is None:
         raise CadError("cad.varlen_attn: cu_seqlens is required without a plan")
+    cached = _segment_tables.get(cu_seqlens)
+    if cached is not None and cached[0] == cu_seqlens._version and cached[1] == tokens:
+        return cached[2], cached[3]
+    table, n = _segment_table(cu_seqlens, tokens)
+    _segment_tables[cu_seqlens] = (cu_seqlens._version, tokens, table, n)
+    return table, n
+
+
+def _segment_table(cu_seqlens, tokens):
     if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
         raise CadError(f"cad.varlen_attn: cu_seqlens must be a 1-D int32 tensor [num_docs + 1], got "
                        f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
