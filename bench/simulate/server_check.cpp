@@ -1,0 +1,195 @@
+// server_check.cpp -- how well `cad simulate`'s attention model predicts CAD's measured server batches.
+// bench/cad/cad_server_bench.cpp timed, on one H200, each rank's server batch (forward and backward) for
+// Pretrain-recipe batches of 4/8 ranks x 64K/128K tokens and every balancer
+// (docs/data/cad_server_bench_h200.json). This tool rebuilds the same batches (host_adapter/workload
+// sample_batch, same seed) and plans (the same balancer plugins, through the ABI, with the same cost
+// parameters and configs), checks that CAD's layout of each rank's server batch has the rows and segment
+// count the benchmark recorded, and prices every rank two ways:
+//  - "tasks": as the simulator does (plan_work.cpp rank_work: one shard per task, q = q_end - q_begin,
+//    kv = q_end);
+//  - "segments": the segments the GPU ran (plugins/cad/layout.h: a task held by several pieces is one
+//    segment per piece; K/V rows are shared per document, which changes no segment's FLOPs).
+// Both sum, per shard, FLOPs / the rate table's interpolated rate. Prints predicted/measured per rank
+// (min/median/max) and the predicted vs measured max/mean. A benchmark check, not a test.
+//
+// usage: cad_simulate_server_check [--bench FILE] [--rates FILE] [--dist FILE] [--path PLUGIN_DIRS]
+//                                  [--shards tasks|segments]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../../plugins/cad/layout.h"  // CAD's layout; the simulator has its own layout.h (the parallel layout)
+#include "attention_rates.h"
+#include "balancer_runner.h"
+#include "batch_recipe.h"
+#include "doc_lengths.h"
+#include "plan_work.h"
+#include "step_model.h"
+
+namespace {
+
+namespace sim = cad::simulate;
+
+struct Ratios {
+  double min = 0, median = 0, max = 0;
+};
+
+Ratios spread(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return {v.front(), n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.back()};
+}
+
+double max_over_mean(const std::vector<double>& v) {
+  double mx = 0, sum = 0;
+  for (double x : v) mx = std::max(mx, x), sum += x;
+  return mx / (sum / static_cast<double>(v.size()));
+}
+
+// The server batch's segments as shards: bottom-right causal, so the segment's queries see
+// kv_len - q_len + 1 .. kv_len keys.
+std::vector<sim::Shard> segment_shards(const cad::cad_plugin::ServerBatch& batch) {
+  std::vector<sim::Shard> out;
+  for (const cad_segment_v1_t& s : batch.segments) {
+    out.push_back({s.q_len, s.kv_len, s.q_len * s.kv_len - s.q_len * (s.q_len - 1) / 2});
+  }
+  return out;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string bench = "docs/data/cad_server_bench_h200.json", rates_path = "configs/calibration/h200.json",
+              dist = "/work/shared/data/doclen_pretrain.json", path, mode = "tasks";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: cad_simulate_server_check [--bench FILE] [--rates FILE] [--dist FILE] [--path PLUGIN_DIRS]\n"
+          "                                 [--shards tasks|segments]\n"
+          "Rebuilds the batches and plans of cad_server_bench's JSON (--bench, default %s), predicts each\n"
+          "rank's server forward/backward time with the simulator's attention model and the rate table\n"
+          "(--rates, default %s), and prints predicted/measured per case. --shards tasks prices the plan's\n"
+          "tasks as `cad simulate` does; segments prices CAD's layout segments the GPU ran.\n",
+          bench.c_str(), rates_path.c_str());
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "cad_simulate_server_check: option %s needs a value\n", a.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (a == "--bench") bench = v;
+    else if (a == "--rates") rates_path = v;
+    else if (a == "--dist") dist = v;
+    else if (a == "--path") path = v;
+    else if (a == "--shards" && (v == "tasks" || v == "segments")) mode = v;
+    else {
+      std::fprintf(stderr, "cad_simulate_server_check: unknown option or value %s %s (see --help)\n", a.c_str(),
+                   v.c_str());
+      return 2;
+    }
+  }
+  try {
+    const auto rates = sim::load_attention_rates(rates_path);
+    const nlohmann::json doc = nlohmann::json::parse(read_text(bench));
+    const std::vector<int64_t> lengths = cad::workload::load_lengths(dist);
+    cad::plan::ModelParams params;
+    params.num_q_heads = doc.at("heads").get<int>();
+    params.num_kv_heads = doc.at("kv_heads").get<int>();
+    params.head_dim = doc.at("head_dim").get<int>();
+    params.causal = true;
+    cad_cost_params_v1_t cost{};
+    cost.struct_size = sizeof cost;
+    cost.num_q_heads = params.num_q_heads;
+    cost.num_kv_heads = params.num_kv_heads;
+    cost.head_dim = params.head_dim;
+    cost.bytes_per_element = 2;
+    cost.causal = 1;
+    const auto seed = doc.at("seed").get<uint64_t>();
+
+    std::printf("shards priced: %s; rates: %s\n\n", mode.c_str(), rates->describe().c_str());
+    std::printf("| ranks x tokens | balancer | fwd pred/meas min / median / max | bwd pred/meas min / median / max | "
+                "fwd max/mean meas -> pred (error) | bwd max/mean meas -> pred (error) |\n");
+    std::printf("|---|---|---|---|---|---|\n");
+    std::vector<double> all_fwd, all_bwd;
+    for (const auto& c : doc.at("cases")) {
+      const auto ranks = c.at("ranks").get<int32_t>();
+      const auto context = c.at("context").get<int64_t>();
+      const auto name = c.at("balancer").get<std::string>();
+      // prefix_aware_time is prefix_aware balancing predicted time with the rate table (cad_server_bench).
+      const bool timed = name == "prefix_aware_time";
+      const std::string config = timed ? nlohmann::json{{"rate_table", rates_path}}.dump() : "{}";
+      sim::BalancerRunner runner(timed ? "prefix_aware" : name, config, path);
+      const auto pieces = cad::workload::sample_batch(lengths, context, ranks, seed);
+      const std::vector<cad_task_v1_t> tasks = runner.plan(pieces, cost);
+      const cad::cad_plugin::Layout layout = cad::cad_plugin::build_layout(pieces, tasks, true);
+      sim::Layout parallel;
+      parallel.gpus = ranks;
+      parallel.gpus_per_node = ranks;
+      const std::vector<sim::RankWork> work = sim::rank_work(pieces, tasks, params, parallel, 0, *rates, nullptr);
+
+      std::vector<double> meas_f, meas_b, pred_f, pred_b, ratio_f, ratio_b;
+      for (int32_t r = 0; r < ranks; ++r) {
+        const auto& m = c.at("ranks_detail").at(static_cast<size_t>(r));
+        const auto& batch = layout.servers[static_cast<size_t>(r)];
+        // The same server batch as the GPU ran, or the comparison means nothing.
+        if (m.at("q_rows").get<int64_t>() != batch.q_rows || m.at("kv_rows").get<int64_t>() != batch.kv_rows ||
+            m.at("segments").get<int64_t>() != static_cast<int64_t>(batch.segments.size())) {
+          throw std::runtime_error(bench + ": " + std::to_string(ranks) + " x " + std::to_string(context) + " " +
+                                   name + " rank " + std::to_string(r) +
+                                   ": the rebuilt server batch differs from the measured one (q_rows/kv_rows/segments)");
+        }
+        const sim::AttentionSeconds seg = sim::attention_seconds(segment_shards(batch), params.num_q_heads,
+                                                                 params.head_dim, *rates);
+        const sim::AttentionSeconds& task = work[static_cast<size_t>(r)].attention;
+        // Same FLOPs either way: a task split over pieces is split into segments, never changed.
+        if (std::abs(seg.fwd_flops - task.fwd_flops) > 1e-9 * task.fwd_flops) {
+          throw std::runtime_error(name + " rank " + std::to_string(r) + ": segment FLOPs differ from task FLOPs");
+        }
+        const sim::AttentionSeconds& p = mode == "tasks" ? task : seg;
+        meas_f.push_back(m.at("forward_ms").get<double>());
+        meas_b.push_back(m.at("backward_ms").get<double>());
+        pred_f.push_back(p.fwd * 1e3);
+        pred_b.push_back(p.bwd * 1e3);
+        ratio_f.push_back(pred_f.back() / meas_f.back());
+        ratio_b.push_back(pred_b.back() / meas_b.back());
+        all_fwd.push_back(ratio_f.back());
+        all_bwd.push_back(ratio_b.back());
+      }
+      const Ratios f = spread(ratio_f), b = spread(ratio_b);
+      const double mf = max_over_mean(meas_f), pf = max_over_mean(pred_f);
+      const double mb = max_over_mean(meas_b), pb = max_over_mean(pred_b);
+      std::printf("| %d x %lldK | %s | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f | %.3f -> %.3f (%+.1f%%) | "
+                  "%.3f -> %.3f (%+.1f%%) |\n",
+                  ranks, static_cast<long long>(context / 1024), name.c_str(), f.min, f.median, f.max, b.min,
+                  b.median, b.max, mf, pf, 100 * (pf / mf - 1), mb, pb, 100 * (pb / mb - 1));
+    }
+    const Ratios f = spread(all_fwd), b = spread(all_bwd);
+    auto within = [](const std::vector<double>& v) {
+      return std::count_if(v.begin(), v.end(), [](double x) { return std::abs(x - 1) <= 0.1; });
+    };
+    std::printf("\nall %zu rank batches: fwd pred/meas %.3f / %.3f / %.3f, bwd %.3f / %.3f / %.3f (min / median / max); "
+                "within 10%%: fwd %td, bwd %td\n",
+                all_fwd.size(), f.min, f.median, f.max, b.min, b.median, b.max, within(all_fwd), within(all_bwd));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cad_simulate_server_check: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
