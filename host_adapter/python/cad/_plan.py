@@ -38,7 +38,7 @@ class Plan:
 
     The plugin's plan is made on the first call that needs it (collective: every rank of the group makes its
     plan at the same layer), or at once when the shapes are given to cad.plan. `stats` gives the imbalance
-    (max/mean server cost), bytes and per-server cost, from the plan's first forward. Release with
+    (max/mean server cost), bytes and per-server cost, as soon as the plugin's plan is made. Release with
     `release()` or let it be collected.
     """
 
