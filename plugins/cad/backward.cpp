@@ -89,32 +89,10 @@ void cpu_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const 
     if (batch.q_rows == 0) return CAD_STATUS_OK;
     // The server backend only reads its inputs; the descriptors are non-const by type only.
     auto mut = [](const std::vector<std::byte>& b) { return const_cast<std::byte*>(b.data()); };
-    TensorView q(mut(in.q), {batch.q_rows, hq, shape.head_dim}, shape.bf16);
-    TensorView k(mut(in.k), {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16);
-    TensorView v(mut(in.v), {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16);
-    TensorView o(mut(in.o), {batch.q_rows, hq, shape.head_dim}, shape.bf16);
-    TensorView lse(const_cast<float*>(in.lse.data()), {hq, batch.q_rows}, false);
-    TensorView d_o(server_d_o.data(), {batch.q_rows, hq, shape.head_dim}, shape.bf16);
-    TensorView d_q(server_d_q.data(), {batch.q_rows, hq, shape.head_dim}, shape.bf16);
-    TensorView d_k(server_d_k.data(), {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16);
-    TensorView d_v(server_d_v.data(), {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16);
-    cad_attention_backward_args_v1_t server_args{};
-    server_args.struct_size = sizeof(server_args);
-    server_args.segments = plan.server_plan != nullptr ? nullptr : batch.segments.data();
-    server_args.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
-    server_args.softmax_scale = shape.softmax_scale;
-    server_args.causal = shape.causal ? 1 : 0;
-    server_args.q = q.get();
-    server_args.k = k.get();
-    server_args.v = v.get();
-    server_args.o = o.get();
-    server_args.lse = lse.get();
-    server_args.d_o = d_o.get();
-    server_args.d_q = d_q.get();
-    server_args.d_k = d_k.get();
-    server_args.d_v = d_v.get();
-    server_args.plan = plan.server_plan;
-    return ctx.server.table->backward(ctx.server.instance, &server_args);
+    ServerBatchTensors t;
+    t.q = mut(in.q), t.k = mut(in.k), t.v = mut(in.v), t.o = mut(in.o), t.lse = const_cast<float*>(in.lse.data());
+    t.d_o = server_d_o.data(), t.d_q = server_d_q.data(), t.d_k = server_d_k.data(), t.d_v = server_d_v.data();
+    return call_server_backward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CPU, 0}, nullptr);
   });
 
   // 3. dQ to the query owners (each row from exactly one server); dK/dV partial sums to the key/value

@@ -50,6 +50,58 @@ Part lse_columns(void* data, int64_t heads, int64_t rows) {
   return part;
 }
 
+namespace {
+
+// Descriptors of the server batch's tensors, and the batch description both calls share.
+struct ServerViews {
+  ServerViews(const ServerBatch& b, const CallShape& s, const ServerBatchTensors& t, cad_device_v1_t device)
+      : q(t.q, {b.q_rows, s.num_q_heads, s.head_dim}, s.bf16, device),
+        k(t.k, {b.kv_rows, s.num_kv_heads, s.head_dim}, s.bf16, device),
+        v(t.v, {b.kv_rows, s.num_kv_heads, s.head_dim}, s.bf16, device),
+        o(t.o, {b.q_rows, s.num_q_heads, s.head_dim}, s.bf16, device),
+        lse(t.lse, {s.num_q_heads, b.q_rows}, false, device),
+        d_o(t.d_o, {b.q_rows, s.num_q_heads, s.head_dim}, s.bf16, device),
+        d_q(t.d_q, {b.q_rows, s.num_q_heads, s.head_dim}, s.bf16, device),
+        d_k(t.d_k, {b.kv_rows, s.num_kv_heads, s.head_dim}, s.bf16, device),
+        d_v(t.d_v, {b.kv_rows, s.num_kv_heads, s.head_dim}, s.bf16, device) {}
+  TensorView q, k, v, o, lse, d_o, d_q, d_k, d_v;
+};
+
+template <class Args>
+void describe_server_batch(Args& a, const CadPlan& plan, const ServerBatch& batch, const CallShape& shape,
+                           void* stream) {
+  a.struct_size = sizeof(a);
+  a.segments = plan.server_plan != nullptr ? nullptr : batch.segments.data();
+  a.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
+  a.softmax_scale = shape.softmax_scale;
+  a.causal = shape.causal ? 1 : 0;
+  a.stream = stream;
+  a.plan = plan.server_plan;
+}
+
+}  // namespace
+
+cad_status_t call_server_forward(CadContext& ctx, const CadPlan& plan, const CallShape& shape,
+                                 const ServerBatchTensors& t, cad_device_v1_t device, void* stream) {
+  const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
+  ServerViews views(batch, shape, t, device);
+  cad_attention_forward_args_v1_t a{};
+  describe_server_batch(a, plan, batch, shape, stream);
+  a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
+  return ctx.server.table->forward(ctx.server.instance, &a);
+}
+
+cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, const CallShape& shape,
+                                  const ServerBatchTensors& t, cad_device_v1_t device, void* stream) {
+  const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
+  ServerViews views(batch, shape, t, device);
+  cad_attention_backward_args_v1_t a{};
+  describe_server_batch(a, plan, batch, shape, stream);
+  a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
+  a.d_o = views.d_o.get(), a.d_q = views.d_q.get(), a.d_k = views.d_k.get(), a.d_v = views.d_v.get();
+  return ctx.server.table->backward(ctx.server.instance, &a);
+}
+
 void exchange(Comm& comm, const Layout& layout, Direction direction, const std::vector<Part>& send,
               const std::vector<Part>& recv, CallStats& stats) {
   const int32_t me = comm.rank();

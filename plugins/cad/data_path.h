@@ -94,6 +94,22 @@ void run_on_server(CadContext& ctx, const char* what, CallStats& stats, Call&& c
   stats.wait_ms += wall.lap_ms();
 }
 
+// This rank's server batch, wherever it lives (CPU vectors or device buffers); the gradients are used by
+// the backward only.
+struct ServerBatchTensors {
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  float* lse = nullptr;
+  void *d_o = nullptr, *d_q = nullptr, *d_k = nullptr, *d_v = nullptr;
+};
+
+// One call of the server backend on this rank's batch of `plan`: with the backend's own plan of the batch
+// when it made one, else the batch's segment table. Returns the backend's status (its message is its
+// last_error). The CPU and the CUDA data paths both call the backend through these.
+cad_status_t call_server_forward(CadContext& ctx, const CadPlan& plan, const CallShape& shape,
+                                 const ServerBatchTensors& t, cad_device_v1_t device, void* stream);
+cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, const CallShape& shape,
+                                  const ServerBatchTensors& t, cad_device_v1_t device, void* stream);
+
 // Byte vectors sized for server-batch tensors.
 inline std::vector<std::byte> rows_buffer(int64_t rows, int64_t row_bytes) {
   return std::vector<std::byte>(static_cast<size_t>(rows * row_bytes));

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstring>
 
@@ -108,20 +109,31 @@ struct DevicePlan {
   DeviceBuffer q, k, v, o, lse, d_o, d_q, d_k, d_v;
   DeviceBuffer sum_index;  // owner-side dK/dV rows read by several servers (wire_tables.h: shared_*)
   int64_t shared_kv_rows = 0;
-  int64_t bytes = 0;
+
+  // Every device buffer the plan holds (allocated, counted and released through this one list).
+  std::array<DeviceBuffer*, 14> buffers() {
+    return {&to_wire, &from_wire, &send, &recv, &q, &k, &v, &o, &lse, &d_o, &d_q, &d_k, &d_v, &sum_index};
+  }
 };
 
 struct DeviceSaved {
   int device = 0;
   void* stream = nullptr;  // the stream of the last call that used it
   DeviceBuffer q, k, v, o, lse;
+  std::array<DeviceBuffer*, 5> buffers() { return {&q, &k, &v, &o, &lse}; }
 };
+
+// Bytes of device memory in a list of buffers.
+template <size_t N>
+int64_t total_bytes(const std::array<DeviceBuffer*, N>& buffers) {
+  int64_t bytes = 0;
+  for (const DeviceBuffer* b : buffers) bytes += static_cast<int64_t>(b->bytes);
+  return bytes;
+}
 
 void DeviceSavedDeleter::operator()(DeviceSaved* saved) const {
   if (saved == nullptr) return;
-  for (DeviceBuffer* b : {&saved->q, &saved->k, &saved->v, &saved->o, &saved->lse}) {
-    release(*ctx, saved->device, *b, saved->stream);
-  }
+  for (DeviceBuffer* b : saved->buffers()) release(*ctx, saved->device, *b, saved->stream);
   delete saved;
 }
 
@@ -149,7 +161,7 @@ void check_call_stream(void* stream, int device_id, const char* what) {
   }
 }
 
-int64_t device_plan_bytes(const DevicePlan& plan) { return plan.bytes; }
+int64_t device_plan_bytes(DevicePlan& plan) { return total_bytes(plan.buffers()); }
 
 namespace {
 
@@ -261,11 +273,6 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
     check_cuda(cudaMemcpyAsync(plan->sum_index.ptr, sum_index.data(), static_cast<size_t>(sizes.sum_index),
                                cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)), "uploading the sum index");
   }
-  for (const DeviceBuffer* b : {&plan->to_wire, &plan->from_wire, &plan->send, &plan->recv, &plan->q, &plan->k,
-                                &plan->v, &plan->o, &plan->lse, &plan->d_o, &plan->d_q, &plan->d_k, &plan->d_v,
-                                &plan->sum_index}) {
-    plan->bytes += static_cast<int64_t>(b->bytes);
-  }
   // make_plan synchronises once: the plan's memory and tables are then usable on any stream.
   check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "waiting for the plan's uploads");
   return plan.release();
@@ -273,11 +280,7 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
 
 void release_device_plan(CadContext& ctx, DevicePlan* plan) {
   if (plan == nullptr) return;
-  for (DeviceBuffer* b : {&plan->to_wire, &plan->from_wire, &plan->send, &plan->recv, &plan->q, &plan->k, &plan->v,
-                          &plan->o, &plan->lse, &plan->d_o, &plan->d_q, &plan->d_k, &plan->d_v,
-                          &plan->sum_index}) {
-    release(ctx, plan->device, *b, plan->stream);
-  }
+  for (DeviceBuffer* b : plan->buffers()) release(ctx, plan->device, *b, plan->stream);
   // Pinned staging is only used inside host-synchronised exchanges: nothing can still read it.
   if (plan->pinned_send != nullptr) cudaFreeHost(plan->pinned_send);
   if (plan->pinned_recv != nullptr) cudaFreeHost(plan->pinned_recv);
@@ -298,16 +301,11 @@ class Mover {
     const bool to_servers = direction == Direction::ToServers;
     const Table& send_table = plan_.tables[to_servers ? (q ? OwnerQ : OwnerKv) : (q ? ServerQ : ServerKv)];
     const Table& recv_table = plan_.tables[to_servers ? (q ? ServerQ : ServerKv) : (q ? OwnerQ : OwnerKv)];
-    const bool send_in_place = in_place(send_table);
+    const std::vector<int64_t>* send_rows = nullptr;
+    const std::byte* send = pack(send_table, src, row_bytes, &send_rows);
     const bool recv_in_place = in_place(recv_table);
-    std::byte* send = send_in_place ? static_cast<std::byte*>(const_cast<void*>(src)) : buffer(plan_.send);
     std::byte* recv = recv_in_place ? static_cast<std::byte*>(dst) : buffer(plan_.recv);
-    if (!send_in_place && !drain_) {
-      check_cuda(kernels::copy_row_ranges(src, send, row_bytes, to_wire(send_table), send_table.count, stream_),
-                 "pack (gather kernel)");
-    }
-    exchange(send, recv, direction, set, row_bytes, send_in_place ? &send_table.peer_row : nullptr,
-             recv_in_place ? &recv_table.peer_row : nullptr);
+    exchange(send, recv, direction, set, row_bytes, send_rows, recv_in_place ? &recv_table.peer_row : nullptr);
     if (!recv_in_place && !drain_) {
       check_cuda(kernels::copy_row_ranges(recv, dst, row_bytes, from_wire(recv_table), recv_table.count, stream_),
                  "unpack (scatter kernel)");
@@ -345,13 +343,10 @@ class Mover {
       return;
     }
     const int64_t row_bytes = s.kv_row_bytes();
-    const bool send_in_place = in_place(st);
-    std::byte* send = send_in_place ? static_cast<std::byte*>(const_cast<void*>(server_partial)) : buffer(plan_.send);
-    if (!send_in_place && !drain_) {
-      check_cuda(kernels::copy_row_ranges(server_partial, send, row_bytes, to_wire(st), st.count, stream_), "pack dK/dV");
-    }
+    const std::vector<int64_t>* send_rows = nullptr;
+    const std::byte* send = pack(st, server_partial, row_bytes, &send_rows);
     std::byte* recv = buffer(plan_.recv);
-    exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes, send_in_place ? &st.peer_row : nullptr, nullptr);
+    exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes, send_rows, nullptr);
     if (drain_) return;
     const Table& single = plan_.tables[OwnerKvSingle];
     check_cuda(kernels::copy_row_ranges(recv, out, row_bytes, to_wire(single), single.count, stream_), "move dK/dV");
@@ -366,6 +361,22 @@ class Mover {
   static std::byte* buffer(const DeviceBuffer& b) { return static_cast<std::byte*>(b.ptr); }
   const RowCopy* to_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.to_wire.ptr) + t.offset; }
   const RowCopy* from_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.from_wire.ptr) + t.offset; }
+
+  // Where the collective reads one tensor's rows for `table`: the tensor itself where it can (then
+  // *peer_rows = where each peer's range starts), else the send buffer, gathered into first.
+  const std::byte* pack(const Table& table, const void* src, int64_t row_bytes, const std::vector<int64_t>** peer_rows) {
+    if (in_place(table)) {
+      *peer_rows = &table.peer_row;
+      return static_cast<const std::byte*>(src);
+    }
+    *peer_rows = nullptr;
+    std::byte* send = buffer(plan_.send);
+    if (!drain_) {
+      check_cuda(kernels::copy_row_ranges(src, send, row_bytes, to_wire(table), table.count, stream_),
+                 "pack (gather kernel)");
+    }
+    return send;
+  }
 
   // Can the collective use the tensor itself on this side? Where each peer's rows are one range of it: NCCL
   // reads and writes those ranges; a staged exchange copies them to and from its pinned buffers.
@@ -438,11 +449,6 @@ class Mover {
   DeviceRuntime& rt_;
 };
 
-// A device tensor descriptor over CAD's own buffers.
-TensorView view(void* data, std::vector<int64_t> shape, bool bf16, int device) {
-  return TensorView(data, std::move(shape), bf16, cad_device_v1_t{CAD_DEVICE_CUDA, device});
-}
-
 void server_failed(CadContext& ctx, const char* what) {
   const char* message = ctx.server.table->last_error(ctx.server.instance);
   fail(CAD_STATUS_DEVICE_ERROR, format("server backend instance '%s': %s failed: %s", ctx.server.name.c_str(), what,
@@ -479,7 +485,7 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
     s.lse = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * hq) * sizeof(float), args->stream,
                      "the kept server LSE");
     q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
-    stats.saved_bytes = static_cast<int64_t>(s.q.bytes + s.k.bytes + s.v.bytes + s.o.bytes + s.lse.bytes);
+    stats.saved_bytes = total_bytes(s.buffers());
   }
   Mover move(ctx, dp, stream, drain, stats);
   move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
@@ -487,22 +493,10 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
   move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
 
   if (batch.q_rows > 0 && !drain) {
-    TensorView tq = view(q, {batch.q_rows, hq, shape.head_dim}, shape.bf16, dp.device);
-    TensorView tk = view(k, {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16, dp.device);
-    TensorView tv = view(v, {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16, dp.device);
-    TensorView to = view(o, {batch.q_rows, hq, shape.head_dim}, shape.bf16, dp.device);
-    TensorView tl = view(lse, {hq, batch.q_rows}, false, dp.device);
-    cad_attention_forward_args_v1_t a{};
-    a.struct_size = sizeof(a);
-    a.segments = plan.server_plan != nullptr ? nullptr : batch.segments.data();
-    a.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
-    a.softmax_scale = shape.softmax_scale;
-    a.causal = shape.causal ? 1 : 0;
-    a.stream = args->stream;
-    a.q = tq.get(), a.k = tk.get(), a.v = tv.get(), a.o = to.get(), a.lse = tl.get();
-    a.plan = plan.server_plan;
-    // A v1.0 backend reads only its own struct size, which the ABI lets us pass as ours.
-    if (ctx.server.table->forward(ctx.server.instance, &a) != CAD_STATUS_OK) {
+    ServerBatchTensors t;
+    t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
+    if (call_server_forward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device}, call_stream) !=
+        CAD_STATUS_OK) {
       // Peers wait for this rank's results: finish the collectives (drained) before reporting.
       CallStats ignored;
       Mover(ctx, dp, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
@@ -545,27 +539,11 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
 
   bool failed = false;
   if (batch.q_rows > 0 && !drain) {
-    const int64_t d = shape.head_dim, hkv = shape.num_kv_heads;
-    TensorView tq = view(q, {batch.q_rows, hq, d}, shape.bf16, dp.device);
-    TensorView tk = view(k, {batch.kv_rows, hkv, d}, shape.bf16, dp.device);
-    TensorView tv = view(v, {batch.kv_rows, hkv, d}, shape.bf16, dp.device);
-    TensorView to = view(o, {batch.q_rows, hq, d}, shape.bf16, dp.device);
-    TensorView tl = view(lse, {hq, batch.q_rows}, false, dp.device);
-    TensorView tdo = view(dp.d_o.ptr, {batch.q_rows, hq, d}, shape.bf16, dp.device);
-    TensorView tdq = view(dp.d_q.ptr, {batch.q_rows, hq, d}, shape.bf16, dp.device);
-    TensorView tdk = view(dp.d_k.ptr, {batch.kv_rows, hkv, d}, shape.bf16, dp.device);
-    TensorView tdv = view(dp.d_v.ptr, {batch.kv_rows, hkv, d}, shape.bf16, dp.device);
-    cad_attention_backward_args_v1_t a{};
-    a.struct_size = sizeof(a);
-    a.segments = plan.server_plan != nullptr ? nullptr : batch.segments.data();
-    a.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
-    a.softmax_scale = shape.softmax_scale;
-    a.causal = shape.causal ? 1 : 0;
-    a.stream = args->stream;
-    a.q = tq.get(), a.k = tk.get(), a.v = tv.get(), a.o = to.get(), a.lse = tl.get();
-    a.d_o = tdo.get(), a.d_q = tdq.get(), a.d_k = tdk.get(), a.d_v = tdv.get();
-    a.plan = plan.server_plan;
-    failed = ctx.server.table->backward(ctx.server.instance, &a) != CAD_STATUS_OK;
+    ServerBatchTensors t;
+    t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
+    t.d_o = dp.d_o.ptr, t.d_q = dp.d_q.ptr, t.d_k = dp.d_k.ptr, t.d_v = dp.d_v.ptr;
+    failed = call_server_backward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device}, call_stream) !=
+             CAD_STATUS_OK;
   }
   const bool skip = drain || failed;
   Mover back(ctx, dp, stream, skip, stats);

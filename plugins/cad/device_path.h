@@ -35,7 +35,7 @@ void check_call_stream(void* stream, int device_id, const char* what);
 // any stream.
 DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream);
 void release_device_plan(CadContext& ctx, DevicePlan* plan);
-int64_t device_plan_bytes(const DevicePlan& plan);
+int64_t device_plan_bytes(DevicePlan& plan);
 
 // One forward / backward on CUDA tensors (already checked against the plan). `keep` (forward): where
 // the server batch's Q/K/V/O/LSE go for the backward, or NULL (they stay in the plan's scratch).

@@ -18,7 +18,7 @@ DevicePlan* make_device_plan(CadContext&, const Step&, void*) {
   plugin::fail(CAD_STATUS_UNSUPPORTED, "cad: this build has no CUDA data path (CAD_ENABLE_CUDA=OFF)");
 }
 void release_device_plan(CadContext&, DevicePlan* plan) { delete plan; }
-int64_t device_plan_bytes(const DevicePlan&) { return 0; }
+int64_t device_plan_bytes(DevicePlan&) { return 0; }
 
 void device_forward(CadContext&, CadPlan&, const CallShape&, const cad_attention_forward_args_v1_t*, Saved*, CallStats&,
                     bool) {

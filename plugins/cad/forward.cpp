@@ -31,24 +31,10 @@ void cpu_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const c
   server.lse.assign(static_cast<size_t>(batch.q_rows * shape.num_q_heads), 0.0f);
   run_on_server(ctx, "server backend forward", stats, [&]() -> cad_status_t {
     if (batch.q_rows == 0) return CAD_STATUS_OK;  // nothing to serve
-    TensorView q(server.q.data(), {batch.q_rows, shape.num_q_heads, shape.head_dim}, shape.bf16);
-    TensorView k(server.k.data(), {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16);
-    TensorView v(server.v.data(), {batch.kv_rows, shape.num_kv_heads, shape.head_dim}, shape.bf16);
-    TensorView o(server.o.data(), {batch.q_rows, shape.num_q_heads, shape.head_dim}, shape.bf16);
-    TensorView lse(server.lse.data(), {shape.num_q_heads, batch.q_rows}, false);
-    cad_attention_forward_args_v1_t server_args{};
-    server_args.struct_size = sizeof(server_args);
-    server_args.segments = plan.server_plan != nullptr ? nullptr : batch.segments.data();
-    server_args.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
-    server_args.softmax_scale = shape.softmax_scale;
-    server_args.causal = shape.causal ? 1 : 0;
-    server_args.q = q.get();
-    server_args.k = k.get();
-    server_args.v = v.get();
-    server_args.o = o.get();
-    server_args.lse = lse.get();
-    server_args.plan = plan.server_plan;
-    return ctx.server.table->forward(ctx.server.instance, &server_args);
+    ServerBatchTensors t;
+    t.q = server.q.data(), t.k = server.k.data(), t.v = server.v.data(), t.o = server.o.data();
+    t.lse = server.lse.data();
+    return call_server_forward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CPU, 0}, nullptr);
   });
 
   // 3. O and LSE back to the owners. The plan covers every token exactly once, so every row of the
