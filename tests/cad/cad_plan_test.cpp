@@ -149,3 +149,41 @@ TEST(CadPlan, MakePlanWithInconsistentPiecesFailsOnEveryRank) {
   }
   a.table->release_plan(a.ctx, plan);
 }
+
+TEST(CadPlan, MakePlanRefusesBadArgumentsOnEveryRankNamingThem) {
+  const GlobalBatch b = cad_test::make_batch(spec_for(360));
+  const Attention a = cad_instance(balancers().front(), false);
+  LocalCall call(b, true);
+  struct Case {
+    const char* name;
+    std::function<void(cad_attention_plan_args_v1_t&)> edit;  // applied on the last rank only
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {"CUDA device on a CPU stack", [](auto& p) { p.device = {CAD_DEVICE_CUDA, 0}; }, "device type"},
+      {"Hq not a multiple of Hkv", [](auto& p) { p.num_kv_heads = 3; }, "not a multiple"},
+      {"a stream on the CPU path", [](auto& p) { p.stream = reinterpret_cast<void*>(0x1); }, "stream must be NULL"},
+      {"args too small", [](auto& p) { p.struct_size = 8; }, "struct_size"},
+  };
+  for (const Case& c : cases) {
+    cad_attention_plan_args_v1_t args{};
+    args.struct_size = sizeof(args);
+    args.pieces = call.pieces.data();
+    args.num_pieces = static_cast<int64_t>(call.pieces.size());
+    args.num_q_heads = static_cast<int32_t>(b.hq);
+    args.num_kv_heads = static_cast<int32_t>(b.hkv);
+    args.head_dim = static_cast<int32_t>(b.d);
+    args.dtype = {CAD_DTYPE_CODE_FLOAT, 32, 1};
+    args.causal = 1;
+    args.device = {CAD_DEVICE_CPU, 0};
+    if (g_rank == g_world - 1) c.edit(args);
+    void* plan = nullptr;
+    const cad_status_t status = a.table->make_plan(a.ctx, &args, &plan);
+    const std::string message = a.table->last_error(a.ctx);
+    EXPECT_NE(status, CAD_STATUS_OK) << c.name;
+    EXPECT_EQ(plan, nullptr) << c.name;
+    EXPECT_NE(message.find(c.expected), std::string::npos) << c.name << ": " << message;
+    EXPECT_NE(message.find("rank " + std::to_string(g_world - 1)), std::string::npos) << c.name << ": " << message;
+    EXPECT_TRUE(same_on_every_rank(message)) << c.name << ": rank " << g_rank << ": " << message;
+  }
+}
