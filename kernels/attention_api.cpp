@@ -202,8 +202,8 @@ cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q,
     int device = 0, sms = 0;
     CAD_CUDA_TRY(cudaGetDevice(&device));
     CAD_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    // Blocks per SM: 1 at D=128, 3 at D=64 (Bwd90Traits).
-    const bool heads_inner = bwd_heads_inner(plan, pr.hkv, p.group, sms * (pr.head_dim == 64 ? 3 : 1));
+    // One block per SM (attention_bwd_sm90.cuh).
+    const bool heads_inner = bwd_heads_inner(plan, pr.hkv, p.group, sms);
     CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_bwd_sm90<64>(p, n, heads_inner, stream)
                                    : detail::launch_attention_bwd_sm90<128>(p, n, heads_inner, stream));
   } else {

@@ -1,16 +1,16 @@
-// attention_bwd_sm90.cuh -- the Hopper (sm_90a) backward kernels for head dims 64 and 128: the work items
-// and math of attention_bwd.cuh with all five matrix products on wgmma. Two kernels:
-//  - attention_bwd_sm90_kernel (D=64): every thread does math, loads with cp.async, block barriers per step,
-//    dQ through fp32 atomics;
-//  - attention_bwd_sm90_ws_kernel (D=128, further down): warp-specialised like FlashAttention-3 (TMA producer
-//    warp, mbarrier stages, dQ through shared memory and TMA reductions).
+// attention_bwd_sm90.cuh -- the Hopper (sm_90a) backward kernel, head dims 64 and 128: the work items and
+// math of attention_bwd.cuh with all five matrix products on wgmma, warp-specialised like FlashAttention-3
+// (a TMA producer warp, mbarrier stages, dQ through shared memory and TMA reductions).
 //
-// One block = bwd_block_n(D) keys of one work item x one KV head: two math warpgroups (128 keys) at D=128,
-// one warpgroup (64 keys, several blocks per SM) at D=64. Each math warpgroup owns 64 keys and keeps their
-// dK/dV (64 x D fp32 each) in registers. Per step of 64 queries:
+// One block = 128 keys (kBwdBlockN90) of one work item x one KV head: two math warpgroups of 64 keys, each
+// keeping its dK/dV (64 x D fp32) in registers. Per step of 64 queries:
 //   S^T = K Q^T, dP^T = V dO^T          (shared x shared)
 //   dV += P^T dO, dK += dS^T Q          (P^T / dS^T from registers, dO / Q transposed from shared)
-//   dQ = dS K                           (dS^T through shared memory; warpgroup w: columns 64w..64w+63)
+//   dQ = dS K                           (dS^T through shared memory), 64 fp32 columns per warpgroup:
+//     D=128: warpgroup w computes columns 64w..64w+63 over all 128 keys (it reads the other's dS^T);
+//     D=64:  warpgroup w computes all 64 columns over its own 64 keys, and both partials are added to
+//            the accumulator (the reductions are atomic per element), so the warpgroups never wait for
+//            each other.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,25 +25,6 @@
 #include "wgmma_ops.cuh"
 
 namespace cad::kernels::detail {
-
-template <int D>
-struct Bwd90Traits {
-  static_assert(D == 64 || D == 128, "head dims 64 and 128");
-  static constexpr int kD = D;
-  static constexpr int kWarpgroups = D == 128 ? 2 : 1;
-  static constexpr int kBlockN = 64 * kWarpgroups;  // keys per block: 64 per warpgroup
-  static constexpr int kBlockM = 64;                // queries per step
-  static constexpr int kThreads = 128 * kWarpgroups;
-  static constexpr int kSmemBytes = (2 * kBlockN * kD + 4 * kBlockM * kD + kBlockN * kBlockM) * 2 +
-                                    4 * kBlockM * 4 + 1024;
-  // Blocks per SM: one at D=128 (255 registers per thread); three at D=64 (58 KiB of shared memory
-  // each, at most 168 registers per thread).
-  static constexpr int kMinBlocks = D == 128 ? 1 : 3;
-};
-static_assert(Bwd90Traits<128>::kBlockN == bwd_block_n(128), "the plan's key tiles must match the kernel's");
-static_assert(Bwd90Traits<64>::kBlockN == bwd_block_n(64), "the plan's key tiles must match the kernel's");
-static_assert(Bwd90Traits<64>::kMinBlocks * (Bwd90Traits<64>::kSmemBytes + 1024) <= 228 * 1024,
-              "D=64: the blocks per SM promised to the compiler must fit in shared memory");
 
 // dV/dK += A (16 queries from registers) x B (16 x D, stored N-contiguous in shared memory).
 template <int D>
@@ -68,7 +49,7 @@ __device__ __forceinline__ BwdUnit bwd_unit(const BwdParams& p, int num_items, i
   return {static_cast<int>(blockIdx.x) % num_items, static_cast<int>(blockIdx.x) / num_items};
 }
 // Writes this thread's dK (scaled) and dV rows of a key tile: directly in bf16 when every key row has one
-// writer (exclusive KV), else added to the fp32 accumulators. Both backward kernels end with it.
+// writer (exclusive KV), else added to the fp32 accumulators.
 template <int D>
 __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&dk)[D / 2], const float (&dv)[D / 2],
                                             int key_local, int t, int kv_rows, int64_t key_row0, int64_t kv_stride,
@@ -93,178 +74,7 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&dk
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(Bwd90Traits<D>::kThreads, Bwd90Traits<D>::kMinBlocks)
-    attention_bwd_sm90_kernel(BwdParams p, int num_items, int heads_inner) {
-#ifdef CAD_SM90_KERNEL_BODY
-  using T = Bwd90Traits<D>;
-  constexpr int BM = T::kBlockM, BN = T::kBlockN, NT = T::kThreads;
-  extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
-  __nv_bfloat16* sV = sK + BN * D;
-  __nv_bfloat16* sQ = sV + BN * D;        // 2 buffers of BM x D
-  __nv_bfloat16* sdO = sQ + 2 * BM * D;   // 2 buffers of BM x D
-  __nv_bfloat16* sdS = sdO + 2 * BM * D;  // dS^T: BN keys x BM queries (one 64-column atom)
-  float* sLse = reinterpret_cast<float*>(sdS + BN * BM);  // 2 x BM, base-2 units
-  float* sDelta = sLse + 2 * BM;
-  const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV), q_addr = smem_addr(sQ), do_addr = smem_addr(sdO),
-                 ds_addr = smem_addr(sdS);
-
-  const BwdUnit unit = bwd_unit(p, num_items, heads_inner);
-  const BwdItem item = p.items[unit.item];
-  const int kv_head = unit.kv_head;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int wg = warp / 4;
-  const int g = lane / 4, t = lane % 4;
-
-  const int64_t q_stride = static_cast<int64_t>(p.hq) * D;
-  const int64_t kv_stride = static_cast<int64_t>(p.hq / p.group) * D;
-  const int64_t key_row0 = item.kv_row + item.kv_begin;
-  load_tile_atoms_async<BN, D, NT>(sK, p.k + key_row0 * kv_stride + kv_head * D, kv_stride, item.kv_rows, tid);
-  load_tile_atoms_async<BN, D, NT>(sV, p.v + key_row0 * kv_stride + kv_head * D, kv_stride, item.kv_rows, tid);
-
-  const int q_span = item.q_len - item.q_begin;
-  const int n_qt = q_span > 0 ? (q_span + BM - 1) / BM : 0;
-  const int n_iter = n_qt * p.group;
-  auto issue = [&](int it, int buf) {
-    const int h = kv_head * p.group + it / n_qt;
-    const int q0 = item.q_begin + (it % n_qt) * BM;
-    const int64_t row = item.q_row + q0;
-    load_tile_atoms_async<BM, D, NT>(sQ + buf * BM * D, p.q + row * q_stride + h * D, q_stride, item.q_len - q0, tid);
-    load_tile_atoms_async<BM, D, NT>(sdO + buf * BM * D, p.d_o + row * q_stride + h * D, q_stride, item.q_len - q0,
-                                     tid);
-    if (tid < BM) {
-      const bool valid = q0 + tid < item.q_len;
-      const int64_t idx = static_cast<int64_t>(h) * p.tq + row + tid;
-      sLse[buf * BM + tid] = valid ? p.lse[idx] * kLog2e : 0.f;
-      sDelta[buf * BM + tid] = valid ? p.delta[idx] : 0.f;
-    }
-  };
-  if (n_iter > 0) issue(0, 0);
-  cp_async_commit();
-
-  float dk[D / 2], dv[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
-  const int key_local = warp * 16 + g;  // this thread's keys: key_local and key_local + 8
-
-  for (int it = 0; it < n_iter; ++it) {
-    const int buf = it & 1;
-    cp_async_wait<0>();  // step it (the only copy in flight) has landed
-    fence_proxy_async_smem();
-    // Step it is visible to every warp, and both warpgroups have waited for all their wgmma of step
-    // it-1 (the dV/dK products of one warpgroup may still run when the other passes the dS barrier),
-    // so only now may buffer buf^1 be refilled.
-    __syncthreads();
-    if (it + 1 < n_iter) {
-      issue(it + 1, buf ^ 1);
-      cp_async_commit();
-    }
-    const int h = kv_head * p.group + it / n_qt;
-    const int q0 = item.q_begin + (it % n_qt) * BM;
-    const uint32_t q_buf = q_addr + buf * BM * D * 2, do_buf = do_addr + buf * BM * D * 2;
-    const float* lse_tile = sLse + buf * BM;
-    const float* delta_tile = sDelta + buf * BM;
-
-    // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys x BM queries.
-    float st[BM / 2], dpt[BM / 2];
-#pragma unroll
-    for (int i = 0; i < BM / 2; ++i) st[i] = dpt[i] = 0.f;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t a_off = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
-      const uint32_t b_off = (kk >> 2) * BM * 128 + (kk & 3) * 32;
-      wgmma_m64n64k16_ss(st, smem_desc_sw128(k_addr + a_off, 0, 1024), smem_desc_sw128(q_buf + b_off, 0, 1024),
-                         kk > 0 ? 1 : 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t a_off = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
-      const uint32_t b_off = (kk >> 2) * BM * 128 + (kk & 3) * 32;
-      wgmma_m64n64k16_ss(dpt, smem_desc_sw128(v_addr + a_off, 0, 1024), smem_desc_sw128(do_buf + b_off, 0, 1024),
-                         kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait_all();
-    fence_registers(st);
-    fence_registers(dpt);
-
-    // P^T (0 outside the segment and above the causal diagonal) and dS^T = P^T (dP^T - Delta).
-#pragma unroll
-    for (int nt = 0; nt < BM / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key_local + (e >> 1) * 8;
-        const int ql = nt * 8 + 2 * t + (e & 1);
-        const int q = q0 + ql;
-        const bool valid = key < item.kv_rows && q < item.q_len &&
-                           (!p.causal || item.kv_begin + key <= q + item.causal_offset);
-        const float prob = valid ? fast_exp2(st[nt * 4 + e] * p.scale_log2 - lse_tile[ql]) : 0.f;
-        st[nt * 4 + e] = prob;
-        dpt[nt * 4 + e] = prob * (dpt[nt * 4 + e] - delta_tile[ql]);
-      }
-    }
-    uint32_t ap[BM / 16][4], as[BM / 16][4];
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      accumulator_to_a_fragment(st, kq, ap[kq]);
-      accumulator_to_a_fragment(dpt, kq, as[kq]);
-      // dS^T to shared memory, keys x queries, for dQ below.
-      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 2 * t)) = as[kq][0];
-      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 2 * t)) = as[kq][1];
-      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 8 + 2 * t)) = as[kq][2];
-      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 8 + 2 * t)) = as[kq][3];
-    }
-
-    // dV += P^T dO and dK += dS^T Q (16 queries per step; dO / Q read transposed).
-    wgmma_fence();
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      wgmma_rs_tb_d<D>(dv, ap[kq], smem_desc_sw128(do_buf + kq * 16 * 128, BM * 128, 1024));
-    }
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      wgmma_rs_tb_d<D>(dk, as[kq], smem_desc_sw128(q_buf + kq * 16 * 128, BM * 128, 1024));
-    }
-    wgmma_commit();
-    fence_proxy_async_smem();  // dS^T was written with ordinary stores; wgmma reads it next
-    __syncthreads();
-
-    // dQ[BM x D] = dS K, 64 columns per warpgroup: A = dS (queries contiguous in sdS), B = K (head-dim
-    // contiguous; warpgroup wg reads K's atom wg).
-    float dq[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) dq[i] = 0.f;
-#pragma unroll
-    for (int kn = 0; kn < BN / 16; ++kn) {
-      wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(ds_addr + kn * 16 * 128, BN * 128, 1024),
-                            smem_desc_sw128(k_addr + wg * BN * 128 + kn * 16 * 128, BN * 128, 1024), kn > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait_all();
-    fence_registers(dq);
-    fence_registers(dk);
-    fence_registers(dv);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int q = q0 + (warp % 4) * 16 + g + r * 8;
-      if (q >= item.q_len) continue;
-      float* dst = p.dq_acc + (item.q_row + q) * q_stride + h * D + wg * 64 + 2 * t;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        atomic_add_pair(dst + nt * 8, dq[nt * 4 + 2 * r] * p.scale, dq[nt * 4 + 2 * r + 1] * p.scale);
-      }
-    }
-  }
-  if (n_iter == 0) cp_async_wait<0>();
-
-  store_dk_dv<D>(p, dk, dv, key_local, t, item.kv_rows, key_row0, kv_stride, kv_head);
-#endif
-}
-
-// ---- head dim 128: warp-specialised backward (FlashAttention-3's structure) -----------------------------
+// ---- the warp-specialised backward (FlashAttention-3's structure) ----------------------------------------
 //
 // One block = 128 keys of one work item x one KV head, 384 threads, one block per SM:
 //  - warpgroup 0 gives its registers up (setmaxnreg) and hosts two helper warps:
@@ -274,25 +84,29 @@ __global__ void __launch_bounds__(Bwd90Traits<D>::kThreads, Bwd90Traits<D>::kMin
 //      warp 1 ("dQ writer"): adds each step's dQ tile (fp32, in shared memory) to the global accumulator
 //      with TMA reductions (cp.reduce.async.bulk.tensor add), instead of per-thread atomics;
 //  - warpgroups 1 and 2 (consumers, 240 registers) own 64 keys each, keep their dK/dV in registers, and per
-//    step compute S^T, dP^T, P^T, dS^T, dV += P^T dO, dK += dS^T Q and half of dQ = dS K (the 64 head-dim
-//    columns 64w..64w+63 over all 128 keys). The consumers only wait for each other's dS^T of the step
-//    before (an mbarrier per dS^T buffer, see the consumer loop), and dS^T and dQ are double-buffered in
-//    shared memory, so the two drift out of phase and one's elementwise work overlaps the other's products.
+//    step compute S^T, dP^T, P^T, dS^T, dV += P^T dO, dK += dS^T Q and 64 fp32 columns of dQ = dS K (see
+//    the top of the file). At D=128 the consumers wait for each other's dS^T of the step before (an
+//    mbarrier per dS^T buffer, see the consumer loop); at D=64 each waits only for its own four warps. dS^T
+//    and dQ are double-buffered in shared memory, so the two drift out of phase and one's elementwise work
+//    overlaps the other's products.
 // K and V are loaded once per block by the consumers (cp.async, rows past the tile's keys zero-filled). Rows
 // of Q/dO past the segment's end (a partial last query tile) come from whatever follows in memory and are
 // zeroed in shared memory before use, so that 0 * (garbage) cannot reach dK/dV; their dQ rows are then
 // exactly 0 and the reduction adds nothing to the rows it touches past the segment.
-// STAGES = Q/dO stages; 3 (with one dQ buffer, to fit) measured 0-1% slower than 2 on H200.
-template <int STAGES = 2>
+// STAGES = Q/dO stages; at D=128, 3 (with one dQ buffer, to fit) measured 0-1% slower than 2 on H200.
+template <int D, int STAGES>
 struct BwdWsTraits {
-  static constexpr int kD = 128, kBlockM = 64, kBlockN = 128, kStages = STAGES, kThreads = 384;
-  // dQ buffers in shared memory: two with two Q/dO stages, one with three (shared memory is full).
-  static constexpr int kDQBuffers = STAGES == 2 ? 2 : 1;
+  static_assert(D == 64 || D == 128, "head dims 64 and 128");
+  static constexpr int kD = D, kBlockM = 64, kBlockN = kBwdBlockN90, kStages = STAGES, kThreads = 384;
+  // dQ buffers in shared memory: two, or one where three Q/dO stages fill shared memory at D=128.
+  static constexpr int kDQBuffers = D == 128 && STAGES > 2 ? 1 : 2;
+  // At D=64 the two warpgroups' dS^T barriers are separate (each waits only for its own warps).
+  static constexpr int kDSBarriers = D == 64 ? 4 : 2;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128*24 + 256*240 <= 64K
   static constexpr uint32_t kKVBytes = kBlockN * kD * 2;          // K (and V): 32 KiB
   static constexpr uint32_t kQBytes = kBlockM * kD * 2;           // one Q (or dO) stage: 16 KiB
   static constexpr uint32_t kDSBytes = kBlockN * kBlockM * 2;     // one dS^T buffer: 16 KiB
-  static constexpr uint32_t kDQBytes = kBlockM * kD * 4;          // one dQ buffer (fp32): 32 KiB
+  static constexpr uint32_t kDQBytes = kBlockM * 128 * 4;         // one dQ buffer: 64 fp32 columns per warpgroup
   static constexpr uint32_t kKOff = 0, kVOff = kKVBytes, kQOff = 2 * kKVBytes;
   static constexpr uint32_t kDOOff = kQOff + kStages * kQBytes;
   static constexpr uint32_t kDSOff = kDOOff + kStages * kQBytes;
@@ -300,10 +114,10 @@ struct BwdWsTraits {
   static constexpr uint32_t kLseOff = kDQOff + kDQBuffers * kDQBytes;
   static constexpr uint32_t kDeltaOff = kLseOff + kStages * kBlockM * 4;
   static constexpr uint32_t kBarOff = kDeltaOff + kStages * kBlockM * 4;
-  static constexpr int kSmemBytes = kBarOff + (2 * kStages + 2) * 8 + 1024;  // + alignment slack
+  static constexpr int kSmemBytes = kBarOff + (2 * kStages + kDSBarriers) * 8 + 1024;  // + alignment slack
 };
-static_assert(BwdWsTraits<>::kBlockN == bwd_block_n(128), "the plan's key tiles must match the kernel's");
-static_assert(BwdWsTraits<2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<3>::kSmemBytes <= 227 * 1024,
+static_assert(BwdWsTraits<128, 2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<128, 3>::kSmemBytes <= 227 * 1024 &&
+                  BwdWsTraits<64, 4>::kSmemBytes <= 227 * 1024,
               "shared memory per block");
 
 // Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
@@ -325,15 +139,13 @@ __device__ __forceinline__ void bwd_bulk_wait_read_all() {
 }
 __device__ __forceinline__ void bwd_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
-// A template (on D = 128 only) so that it is compiled in the one TU that launches it.
 template <int DIM, int STAGES>
-__global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
+__global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     attention_bwd_sm90_ws_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                                  const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_dq,
                                  int num_items, int heads_inner) {
 #ifdef CAD_SM90_KERNEL_BODY
-  using T = BwdWsTraits<STAGES>;
-  static_assert(DIM == T::kD, "head dim 128 only");
+  using T = BwdWsTraits<DIM, STAGES>;
   constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages, NB = T::kDQBuffers;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
@@ -347,7 +159,8 @@ __global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
   const uint32_t bars = s_base + T::kBarOff;
   auto full_bar = [&](int s) { return bars + 8 * s; };
   auto empty_bar = [&](int s) { return bars + 8 * (S + s); };
-  auto ds_bar = [&](int b) { return bars + 8 * (2 * S + b); };  // dS^T buffer b written by all 8 warps
+  // dS^T buffer b written: by all 8 consumer warps (D=128), by warpgroup wg's four (D=64).
+  auto ds_bar = [&](int b, int wg) { return bars + 8 * (2 * S + (D == 64 ? 2 * b + wg : b)); };
 
   const BwdUnit unit = bwd_unit(p, num_items, heads_inner);
   const BwdItem item = p.items[unit.item];
@@ -362,8 +175,7 @@ __global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
       mbar_init(full_bar(s), 33);  // the producer's expect_tx arrival + its 32 lanes after LSE/Delta
       mbar_init(empty_bar(s), 8);  // the 8 consumer warps
     }
-    mbar_init(ds_bar(0), 8);
-    mbar_init(ds_bar(1), 8);
+    for (int b = 0; b < T::kDSBarriers; ++b) mbar_init(bars + 8 * (2 * S + b), D == 64 ? 4 : 8);
     mbar_fence_init();
   }
   __syncthreads();
@@ -409,9 +221,10 @@ __global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
           const int h = kv_head * p.group + it / n_qt;
           const int q0 = item.q_begin + (it % n_qt) * BM;
           const int row = static_cast<int>(item.q_row) + q0;
+          // Four boxes of 64 rows x 32 columns: at D=64, boxes 2 and 3 are the second warpgroup's partial.
 #pragma unroll
-          for (int c = 0; c < D / 32; ++c) {
-            bwd_tma_reduce_add_3d(dq_addr + b * T::kDQBytes + c * (BM * 128), &tm_dq, c * 32, h, row);
+          for (int c = 0; c < 4; ++c) {
+            bwd_tma_reduce_add_3d(dq_addr + b * T::kDQBytes + c * (BM * 128), &tm_dq, (c * 32) % D, h, row);
           }
           bwd_bulk_commit();
           bwd_bulk_wait_read_all();
@@ -457,13 +270,18 @@ __global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
   const bool warp_keys_full = cwarp * 16 + 15 < item.kv_rows;
 
   // dQ(j) = dS(j) K, 64 columns per warpgroup: A = dS (queries contiguous in sdS), B = K (head-dim
-  // contiguous; warpgroup wg reads K's atom wg). One wgmma group.
+  // contiguous). D=128: all 128 keys, K's atom wg (columns 64wg..); D=64: this warpgroup's 64 keys, K's only
+  // atom. One wgmma group.
+  constexpr int kDQKeySteps = D == 128 ? BN / 16 : 4;
+  const int dq_key_step0 = D == 128 ? 0 : 4 * wg;
+  const uint32_t dq_k_atom = D == 128 ? wg * BN * 128 : 0;
   auto issue_dq = [&](float(&dq)[32], int j) {
     const uint32_t ds_buf = ds_addr + (j & 1) * T::kDSBytes;
 #pragma unroll
-    for (int kn = 0; kn < BN / 16; ++kn) {
+    for (int i = 0; i < kDQKeySteps; ++i) {
+      const int kn = dq_key_step0 + i;
       wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(ds_buf + kn * 16 * 128, BN * 128, 1024),
-                            smem_desc_sw128(k_addr + wg * BN * 128 + kn * 16 * 128, BN * 128, 1024), kn > 0 ? 1 : 0);
+                            smem_desc_sw128(k_addr + dq_k_atom + kn * 16 * 128, BN * 128, 1024), i > 0 ? 1 : 0);
     }
     wgmma_commit();
   };
@@ -500,7 +318,7 @@ __global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
     const float* delta_tile = sDelta + s * BM;
     float dq[32];
     if constexpr (kPrev) {
-      mbar_wait(ds_bar(b ^ 1), ((it - 1) >> 1) & 1);  // both warpgroups' dS^T(it-1)
+      mbar_wait(ds_bar(b ^ 1, wg), ((it - 1) >> 1) & 1);  // dS^T(it-1): both warpgroups' (D=128), its own (64)
 #pragma unroll
       for (int i = 0; i < 32; ++i) dq[i] = 0.f;
       wgmma_fence();
@@ -509,11 +327,13 @@ __global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
     mbar_wait(full_bar(s), (it / S) & 1);
     const int valid_q = item.q_len - q0;
     if (valid_q < BM) {
-      // Rows valid_q.. of Q and dO: 16-byte chunks, 8 per 128-byte atom row, 2 atoms per tile, 2 tiles.
-      const int chunks = (BM - valid_q) * 32;
+      // Rows valid_q.. of Q and dO: 16-byte chunks, 8 per 128-byte atom row, D/64 atoms per tile, 2 tiles.
+      constexpr int kRowChunks = 2 * (D / 64) * 8, kTileShift = D == 128 ? 4 : 3;  // log2(kRowChunks / 2)
+      const int chunks = (BM - valid_q) * kRowChunks;
       for (int c = ctid; c < chunks; c += 256) {
-        const int row = valid_q + c / 32, rest = c % 32;
-        const uint32_t addr = ((rest >> 4) ? do_buf : q_buf) + ((rest >> 3) & 1) * BM * 128 + row * 128 + (rest & 7) * 16;
+        const int row = valid_q + c / kRowChunks, rest = c % kRowChunks;
+        const uint32_t addr = ((rest >> kTileShift) ? do_buf : q_buf) + ((rest >> 3) & (D / 64 - 1)) * BM * 128 +
+                              row * 128 + (rest & 7) * 16;
         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
       }
       fence_proxy_async_smem();
@@ -609,17 +429,17 @@ __global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
     }
     fence_proxy_async_smem();  // dS^T was written with ordinary stores; wgmma reads it
     __syncwarp();
-    if (lane == 0) mbar_arrive(ds_bar(b));
+    if (lane == 0) mbar_arrive(ds_bar(b, wg));
 
     // dV += P^T dO and dK += dS^T Q (16 queries per step; dO / Q read transposed).
     wgmma_fence();
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq) {
-      wgmma_m64n128k16_rs_tb(dv, ap[kq], smem_desc_sw128(do_buf + kq * 16 * 128, BM * 128, 1024), 1);
+      wgmma_rs_tb_d<D>(dv, ap[kq], smem_desc_sw128(do_buf + kq * 16 * 128, BM * 128, 1024));
     }
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq) {
-      wgmma_m64n128k16_rs_tb(dk, as[kq], smem_desc_sw128(q_buf + kq * 16 * 128, BM * 128, 1024), 1);
+      wgmma_rs_tb_d<D>(dk, as[kq], smem_desc_sw128(q_buf + kq * 16 * 128, BM * 128, 1024));
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -634,7 +454,7 @@ __global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
     float dq[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) dq[i] = 0.f;
-    mbar_wait(ds_bar((n_iter - 1) & 1), ((n_iter - 1) >> 1) & 1);
+    mbar_wait(ds_bar((n_iter - 1) & 1, wg), ((n_iter - 1) >> 1) & 1);
     wgmma_fence();
     issue_dq(dq, n_iter - 1);
     wgmma_wait<0>();
@@ -648,41 +468,36 @@ __global__ void __launch_bounds__(BwdWsTraits<STAGES>::kThreads, 1)
 #endif
 }
 
-// The fp32 dQ accumulator [tokens, heads, 128] for TMA reductions: boxes of 64 tokens x one head x 32
+// The fp32 dQ accumulator [tokens, heads, D] for TMA reductions: boxes of 64 tokens x one head x 32
 // columns (128 bytes, 128-byte swizzle).
-inline cudaError_t encode_bwd_dq_tensor_map(CUtensorMap* map, float* base, int64_t tokens, int heads) {
-  return encode_rows_tensor_map(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, tokens, heads, 128, 32,
-                                BwdWsTraits<>::kBlockM);
+template <int D>
+cudaError_t encode_bwd_dq_tensor_map(CUtensorMap* map, float* base, int64_t tokens, int heads) {
+  return encode_rows_tensor_map(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, tokens, heads, D, 32,
+                                BwdWsTraits<D, 2>::kBlockM);
 }
 
-template <int DIM, int STAGES>
-cudaError_t launch_attention_bwd_sm90_ws(const BwdParams& p, int num_items, bool heads_inner, cudaStream_t stream) {
-  using T = BwdWsTraits<STAGES>;
-  CUtensorMap tm_q, tm_do, tm_dq;
-  cudaError_t err = encode_rows_tensor_map(&tm_q, p.q, p.tq, p.hq, T::kD, T::kBlockM);
-  if (err == cudaSuccess) err = encode_rows_tensor_map(&tm_do, p.d_o, p.tq, p.hq, T::kD, T::kBlockM);
-  if (err == cudaSuccess) err = encode_bwd_dq_tensor_map(&tm_dq, p.dq_acc, p.tq, p.hq);
-  if (err != cudaSuccess) return err;
-  err = set_max_dynamic_smem_once<attention_bwd_sm90_ws_kernel<DIM, STAGES>>(T::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  attention_bwd_sm90_ws_kernel<DIM, STAGES><<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(
-      p, tm_q, tm_do, tm_dq, num_items, heads_inner ? 1 : 0);
-  return cudaGetLastError();
-}
+// Q/dO stages per head dim.
+#ifndef CAD_BWD64_STAGES
+#define CAD_BWD64_STAGES 2
+#endif
+template <int D>
+constexpr int kBwdStages = D == 128 ? 2 : CAD_BWD64_STAGES;
 
 template <int D>
 cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool heads_inner, cudaStream_t stream) {
-  using T = Bwd90Traits<D>;
+  using T = BwdWsTraits<D, kBwdStages<D>>;
   if (num_items == 0 || p.hq == 0) return cudaSuccess;
-  if constexpr (D == 128) {
-    return launch_attention_bwd_sm90_ws<D, 2>(p, num_items, heads_inner, stream);
-  } else {
-    cudaError_t err = set_max_dynamic_smem_once<attention_bwd_sm90_kernel<D>>(T::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    attention_bwd_sm90_kernel<D><<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(
-        p, num_items, heads_inner ? 1 : 0);
-    return cudaGetLastError();
-  }
+  CUtensorMap tm_q, tm_do, tm_dq;
+  cudaError_t err = encode_rows_tensor_map(&tm_q, p.q, p.tq, p.hq, D, T::kBlockM);
+  if (err == cudaSuccess) err = encode_rows_tensor_map(&tm_do, p.d_o, p.tq, p.hq, D, T::kBlockM);
+  if (err == cudaSuccess) err = encode_bwd_dq_tensor_map<D>(&tm_dq, p.dq_acc, p.tq, p.hq);
+  if (err != cudaSuccess) return err;
+  constexpr auto kernel = attention_bwd_sm90_ws_kernel<D, kBwdStages<D>>;
+  err = set_max_dynamic_smem_once<kernel>(T::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p, tm_q, tm_do, tm_dq, num_items,
+                                                                                  heads_inner ? 1 : 0);
+  return cudaGetLastError();
 }
 
 }  // namespace cad::kernels::detail

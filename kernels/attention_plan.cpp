@@ -198,7 +198,7 @@ BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* 
     if (s.kv_len <= 0) continue;
     kv_ranges.push_back({s.kv_offset, s.kv_offset + s.kv_len});
     const int64_t offset = problem.causal ? s.kv_len - s.q_len : 0;
-    const int64_t block_n = bwd_block_n(problem.head_dim);
+    const int64_t block_n = bwd_block_n(problem);
     for (int64_t k0 = 0; k0 < s.kv_len; k0 += block_n) {
       BwdItem item{};
       item.q_row = s.q_offset;

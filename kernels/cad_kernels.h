@@ -112,13 +112,16 @@ cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, c
 
 // ---- backward --------------------------------------------------------------------------------------
 
-// Keys per backward work item: 16 per warp, 4 warps at D=64 and 8 at D=128 (twice the keys per
-// dQ atomic, the backward's bottleneck, where registers allow only 32 queries per step).
+// Keys per backward work item. Portable kernel: 16 per warp, 4 warps at D=64 and 8 at D=128 (twice the
+// keys per dQ atomic, the backward's bottleneck, where registers allow only 32 queries per step). Hopper
+// kernel: 128 at both head dims (two math warpgroups of 64 keys).
 constexpr int bwd_warps(int head_dim) { return head_dim == 128 ? 8 : 4; }
 constexpr int bwd_block_n(int head_dim) { return 16 * bwd_warps(head_dim); }
+constexpr int kBwdBlockN90 = 128;
+inline int bwd_block_n(const AttentionProblem& p) { return p.hopper ? kBwdBlockN90 : bwd_block_n(p.head_dim); }
 
 // One backward work item (per KV head): keys [kv_begin, kv_begin + kv_rows) of one segment (kv_rows <=
-// bwd_block_n(D)) against all
+// bwd_block_n(problem)) against all
 // queries of that segment that see them, for every query head of the KV head's group.
 struct BwdItem {
   int64_t q_row;          // absolute row in Q of the segment's first query

@@ -112,7 +112,7 @@ TEST_P(PlanTest, BackwardTilesEveryReadKeyOncePerSegment) {
   std::map<std::pair<int64_t, int64_t>, int64_t> keys;  // (kv_row of segment, q_row) -> keys covered
   for (const BwdItem& it : plan.items) {
     ASSERT_GT(it.kv_rows, 0);
-    ASSERT_LE(it.kv_rows, bwd_block_n(pr.head_dim));
+    ASSERT_LE(it.kv_rows, bwd_block_n(pr));
     ASSERT_GE(it.q_begin, 0);
     ASSERT_LE(it.q_begin, it.q_len);
     if (causal) {  // the query before q_begin sees none of the tile's keys; q_begin sees its first key
@@ -173,6 +173,30 @@ TEST(CudaPlanSplit, DenseBatchStaysWholeAndShortShardsSplitOnKeyTiles) {
       EXPECT_EQ(it.kv_begin % block_n, 0) << "hopper=" << hopper;
       if (it.partial_slot >= 0) {
         EXPECT_GE(it.kv_end - it.kv_begin, 512) << "hopper=" << hopper;
+      }
+    }
+  }
+}
+
+// The backward's key tiles are the kernel's: 128 keys for the Hopper kernel at both head dims (two
+// warpgroups of 64), 16 per warp for the portable one (64 at D=64, 128 at D=128).
+TEST(CudaPlanBackwardTiles, KeyTilesFollowTheKernel) {
+  for (const bool hopper : {true, false}) {
+    for (const int d : {64, 128}) {
+      AttentionProblem pr;
+      pr.hq = 4;
+      pr.hkv = 2;
+      pr.head_dim = d;
+      pr.causal = true;
+      pr.hopper = hopper;
+      pr.tq = pr.tk = 1000;
+      const Segment seg{0, 1000, 0, 1000};
+      const BackwardPlan plan = make_backward_plan(pr, &seg, 1);
+      const int64_t tile = hopper ? 128 : (d == 128 ? 128 : 64);
+      ASSERT_EQ(static_cast<int64_t>(plan.items.size()), (1000 + tile - 1) / tile) << "hopper=" << hopper << " d=" << d;
+      for (const BwdItem& it : plan.items) {
+        EXPECT_EQ(it.kv_begin % tile, 0);
+        EXPECT_EQ(it.kv_rows, std::min<int64_t>(tile, 1000 - it.kv_begin));
       }
     }
   }
