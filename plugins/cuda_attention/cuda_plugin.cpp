@@ -106,6 +106,7 @@ struct CudaContext {
   // Statistics of the last successful call.
   size_t last_items = 0, last_splits = 0, last_workspace_bytes = 0;
   bool last_kv_exclusive = true;
+  bool last_backward_hopper = false;  // which kernels the last backward ran (with a plan or without)
 };
 
 CudaContext* as_context(void* ctx) { return static_cast<CudaContext*>(ctx); }
@@ -268,7 +269,7 @@ cad_status_t backward(void* ctx, const cad_attention_backward_args_v1_t* args) {
   if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
   CudaContext& self = *as_context(ctx);
   return cad::plugin::guarded(self.error, [&] {
-    const cad::kernels::AttentionProblem pr = cad::cuda_backend::check_backward(args, self.device);
+    cad::kernels::AttentionProblem pr = cad::cuda_backend::check_backward(args, self.device);
     if (CudaPlan* resident = plan_of(args, pr, "backward")) {
       resident->backward.problem.softmax_scale = args->softmax_scale;
       DeviceScope scope(self.device);
@@ -280,8 +281,10 @@ cad_status_t backward(void* ctx, const cad_attention_backward_args_v1_t* args) {
                      cad::plugin::tensor_data(args->d_k), cad::plugin::tensor_data(args->d_v), resident->backward_ws,
                      static_cast<cudaStream_t>(args->stream)),
                  "backward launch");
+      self.last_backward_hopper = resident->backward.problem.hopper;
       return;
     }
+    pr.hopper = self.hopper;  // the same kernels as the forward (and as a planned call)
     const cad::kernels::BackwardPlan plan =
         cad::kernels::make_backward_plan(pr, as_segments(args->segments), args->num_segments);
     DeviceScope scope(self.device);
@@ -297,6 +300,7 @@ cad_status_t backward(void* ctx, const cad_attention_backward_args_v1_t* args) {
     self.last_splits = 0;
     self.last_workspace_bytes = plan.workspace_bytes;
     self.last_kv_exclusive = plan.kv_exclusive;
+    self.last_backward_hopper = plan.problem.hopper;
   });
 }
 
@@ -309,6 +313,7 @@ cad_status_t get_stats_json(void* ctx, char* buffer, size_t capacity, size_t* ne
     j["device_name"] = self.device_name;
     j["compute_capability"] = self.compute_capability;
     j["forward_kernel"] = self.hopper ? "wgmma_sm90a" : "mma_sync";
+    j["backward_kernel"] = self.last_backward_hopper ? "wgmma_sm90a" : "mma_sync";
     j["work_items"] = self.last_items;
     j["kv_split_tiles"] = self.last_splits;
     j["workspace_bytes"] = self.last_workspace_bytes;

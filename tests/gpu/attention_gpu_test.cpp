@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cad_kernels.h"
 #include "gpu_harness.h"
 
 namespace cad::gpu_test {
@@ -193,6 +194,19 @@ TEST_P(AttentionVsReference, MatchesReference) {
     ba.d_k = &tdk.t;
     ba.d_v = &tdv.t;
     ASSERT_EQ(gpu.table()->backward(gpu.ctx(), &ba), CAD_STATUS_OK) << gpu.last_error();
+    {
+      // The backward runs the kernels the forward runs: the Hopper ones unless the config forbids them.
+      // (A call without a plan once fell back to the portable backward silently.)
+      char stats[1024];
+      size_t needed = 0;
+      ASSERT_EQ(gpu.table()->get_stats_json(gpu.ctx(), stats, sizeof stats, &needed), CAD_STATUS_OK);
+      const std::string json(stats);
+      const bool sm90 = json.find("\"forward_kernel\":\"wgmma_sm90a\"") != std::string::npos;
+      EXPECT_EQ(sm90, hopper && cad::kernels::hopper_kernels_available()) << json;
+      EXPECT_NE(json.find(sm90 ? "\"backward_kernel\":\"wgmma_sm90a\"" : "\"backward_kernel\":\"mma_sync\""),
+                std::string::npos)
+          << json;
+    }
     CAD_CHECK_CUDA(cudaStreamSynchronize(stream));
     CAD_CHECK_CUDA(cudaGetLastError());
     EXPECT_EQ(gpu.outstanding_device_bytes(), 0) << "workspace not handed back";
