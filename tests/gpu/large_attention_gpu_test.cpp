@@ -58,6 +58,8 @@ double attended_pairs(const Batch& b, bool causal) {
   return pairs;
 }
 
+AttentionShape shape(const Batch& b, const Heads& h) { return AttentionShape{b.tq, b.tk, h.hq, h.hkv, h.d}; }
+
 std::unique_ptr<DeviceBuffer> device_buffer(size_t bytes) { return std::make_unique<DeviceBuffer>(bytes); }
 
 class Stream {
@@ -75,66 +77,6 @@ class Stream {
   cudaStream_t stream_ = nullptr;
   bool ok_ = false;
 };
-
-// The nine tensors of one forward + backward, compact, all of one dtype except LSE (fp32).
-struct AttentionData {
-  void *q, *k, *v, *o, *d_o, *d_q, *d_k, *d_v;
-  float* lse;
-};
-
-// Forward, then backward on the forward's O and LSE, of an attention plugin through its ABI. Returns ""
-// or what failed; *forward_ms / *backward_ms: host time of each call until the stream is idle.
-std::string run_plugin(const AttentionPlugin& plugin, const Batch& b, const Heads& h, bool causal,
-                       cad_device_type_t device, cad_dtype_v1_t dtype, const AttentionData& x, cudaStream_t stream,
-                       double* forward_ms, double* backward_ms) {
-  Tensor tq(x.q, device, dtype, {b.tq, h.hq, h.d}), tk(x.k, device, dtype, {b.tk, h.hkv, h.d}),
-      tv(x.v, device, dtype, {b.tk, h.hkv, h.d}), to(x.o, device, dtype, {b.tq, h.hq, h.d}),
-      tl(x.lse, device, kF32, {h.hq, b.tq}), tdo(x.d_o, device, dtype, {b.tq, h.hq, h.d}),
-      tdq(x.d_q, device, dtype, {b.tq, h.hq, h.d}), tdk(x.d_k, device, dtype, {b.tk, h.hkv, h.d}),
-      tdv(x.d_v, device, dtype, {b.tk, h.hkv, h.d});
-  const float scale = 1.f / std::sqrt(static_cast<float>(h.d));
-  const auto idle = [&]() { return stream == nullptr ? cudaSuccess : cudaStreamSynchronize(stream); };
-  using Clock = std::chrono::steady_clock;
-
-  cad_attention_forward_args_v1_t fa{};
-  fa.struct_size = sizeof(fa);
-  fa.segments = b.segments.data();
-  fa.num_segments = static_cast<int64_t>(b.segments.size());
-  fa.softmax_scale = scale;
-  fa.causal = causal ? 1 : 0;
-  fa.stream = stream;
-  fa.q = &tq.t;
-  fa.k = &tk.t;
-  fa.v = &tv.t;
-  fa.o = &to.t;
-  fa.lse = &tl.t;
-  auto start = Clock::now();
-  if (plugin.table()->forward(plugin.ctx(), &fa) != CAD_STATUS_OK) return "forward: " + plugin.last_error();
-  if (const cudaError_t e = idle(); e != cudaSuccess) return std::string("forward: ") + cudaGetErrorString(e);
-  *forward_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-
-  cad_attention_backward_args_v1_t ba{};
-  ba.struct_size = sizeof(ba);
-  ba.segments = fa.segments;
-  ba.num_segments = fa.num_segments;
-  ba.softmax_scale = scale;
-  ba.causal = fa.causal;
-  ba.stream = stream;
-  ba.q = &tq.t;
-  ba.k = &tk.t;
-  ba.v = &tv.t;
-  ba.o = &to.t;
-  ba.lse = &tl.t;
-  ba.d_o = &tdo.t;
-  ba.d_q = &tdq.t;
-  ba.d_k = &tdk.t;
-  ba.d_v = &tdv.t;
-  start = Clock::now();
-  if (plugin.table()->backward(plugin.ctx(), &ba) != CAD_STATUS_OK) return "backward: " + plugin.last_error();
-  if (const cudaError_t e = idle(); e != cudaSuccess) return std::string("backward: ") + cudaGetErrorString(e);
-  *backward_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-  return "";
-}
 
 // The oracle's forward and backward on fp32 device tensors.
 cudaError_t run_reference(const Batch& b, const Heads& h, bool causal, const AttentionData& x, cudaStream_t stream) {
@@ -250,8 +192,7 @@ TEST_P(ReferenceVsCpu, MatchesCpuReference) {
     // CPU reference (fp32 on the host).
     std::vector<float> o(nq), lse(nl), dq(nq), dk(nk), dv(nk);
     const AttentionData host{q.data(), k.data(), v.data(), o.data(), d_o.data(), dq.data(), dk.data(), dv.data(), lse.data()};
-    double unused_ms;
-    ASSERT_EQ(run_plugin(cpu, b, h, causal, CAD_DEVICE_CPU, kF32, host, nullptr, &unused_ms, &unused_ms), "");
+    ASSERT_EQ(run_attention(cpu, b.segments, shape(b, h), causal, CAD_DEVICE_CPU, kF32, host, nullptr), "");
 
     // Everything to the device: the inputs for the oracle, the CPU's outputs to compare with.
     const std::vector<const std::vector<float>*> sources = {&q, &k, &v, &o, &d_o, &dq, &dk, &dv, &lse};
@@ -410,7 +351,8 @@ TEST_P(LargeAttention, MatchesFp32Reference) {
   CAD_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
 
   double forward_ms = 0, backward_ms = 0;
-  ASSERT_EQ(run_plugin(gpu, b, h, c.causal, CAD_DEVICE_CUDA, kBf16, backend, stream.get(), &forward_ms, &backward_ms), "");
+  ASSERT_EQ(run_attention(gpu, b.segments, shape(b, h), c.causal, CAD_DEVICE_CUDA, kBf16, backend, stream.get(), &forward_ms,
+                          &backward_ms), "");
   EXPECT_EQ(gpu.outstanding_device_bytes(), 0) << "workspace not handed back";
 
   // The oracle writes its outputs over the fp32 buffers of O, dQ, dK, dV, LSE (NaN first, so that a row

@@ -75,21 +75,22 @@ else
   note "conformance: cad tool not built (see build.log)"
 fi
 
+# compute-sanitizer memcheck and racecheck of $BUILD/bin/$1 on the gtest filter $2; logs
+# $OUT/sanitizer_$3<tool>.log; $4 is added to the summary lines.
+sanitize() {
+  for tool in memcheck racecheck; do
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 17 "$BUILD/bin/$1" --gtest_filter="$2" \
+      > "$OUT/sanitizer_$3$tool.log" 2>&1
+    note "compute-sanitizer $tool$4 rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$3$tool.log" | tail -1)"
+  done
+}
 if [ "$RUN_SANITIZER" = 1 ]; then
   small='Gpu/AttentionVsReference.MatchesReference/tiny_d64_causal_h8x2*:Gpu/AttentionVsReference.MatchesReference/shared_kv_d128_full_h4x4*:Gpu/AttentionVsReference.MatchesReference/long_kv_d64_causal_h8x2*:GpuPack.*'
-  for tool in memcheck racecheck; do
-    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 17 "$BUILD/bin/cad_gpu_tests" --gtest_filter="$small" \
-      > "$OUT/sanitizer_$tool.log" 2>&1
-    note "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
-  done
+  sanitize cad_gpu_tests "$small" "" ""
   # The fp32 oracle's kernels, on two of its small checks (both head dims, shared KV, gaps, GQA).
   if [ "$large_build_rc" = 0 ]; then
-    oracle='Gpu/ReferenceVsCpu.MatchesCpuReference/d64_full_h4x4:Gpu/ReferenceVsCpu.MatchesCpuReference/d128_causal_h8x2'
-    for tool in memcheck racecheck; do
-      timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 17 "$BUILD/bin/cad_gpu_large_tests" --gtest_filter="$oracle" \
-        > "$OUT/sanitizer_oracle_$tool.log" 2>&1
-      note "compute-sanitizer $tool (fp32 oracle) rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_oracle_$tool.log" | tail -1)"
-    done
+    sanitize cad_gpu_large_tests 'Gpu/ReferenceVsCpu.MatchesCpuReference/d64_full_h4x4:Gpu/ReferenceVsCpu.MatchesCpuReference/d128_causal_h8x2' \
+      oracle_ " (fp32 oracle)"
   fi
 fi
 
