@@ -8,8 +8,8 @@
 
 namespace cad::gpu_test {
 
-// n bf16 values (raw bits) uniform in [-amplitude, amplitude), from a hash of (seed, index): the same
-// seed gives the same tensor on every run and GPU.
+// n bf16 values (raw bits), uniform in [-amplitude, amplitude] (after rounding to bf16), from a hash of
+// (seed, index): the same seed gives the same tensor on every run and GPU.
 cudaError_t fill_random_bf16(uint16_t* out, int64_t n, uint64_t seed, float amplitude, cudaStream_t stream);
 // out[i] = in[i] as fp32 (exact).
 cudaError_t bf16_to_f32(const uint16_t* in, float* out, int64_t n, cudaStream_t stream);

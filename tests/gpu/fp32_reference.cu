@@ -467,8 +467,8 @@ std::vector<QueryTile> make_query_tiles(const ReferenceBatch& b) {
 }
 
 // Every key tile of K/V (including those no segment reads: their dK/dV rows become 0) with the list of
-// segments reading it; the most query rows to visit first.
-void make_key_tiles(const ReferenceBatch& b, std::vector<KeyTile>* tiles, std::vector<int32_t>* segment_index) {
+// segments reading it; the most query rows to visit first. False if the lists outgrow int32 offsets.
+bool make_key_tiles(const ReferenceBatch& b, std::vector<KeyTile>* tiles, std::vector<int32_t>* segment_index) {
   const int64_t num_tiles = (b.tk + kTile - 1) / kTile;
   std::vector<std::vector<int32_t>> readers(static_cast<size_t>(num_tiles));
   std::vector<int64_t> cost(static_cast<size_t>(num_tiles), 0);
@@ -492,7 +492,9 @@ void make_key_tiles(const ReferenceBatch& b, std::vector<KeyTile>* tiles, std::v
     tiles->push_back({static_cast<int32_t>(t), static_cast<int32_t>(segment_index->size()),
                       static_cast<int32_t>(list.size()), 0});
     segment_index->insert(segment_index->end(), list.begin(), list.end());
+    if (segment_index->size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) return false;
   }
+  return true;
 }
 
 template <int D>
@@ -584,7 +586,7 @@ cudaError_t reference_backward(const ReferenceBatch& b, const float* q, const fl
     const std::vector<QueryTile> query_tiles = make_query_tiles(b);
     std::vector<KeyTile> key_tiles;
     std::vector<int32_t> segment_index;
-    make_key_tiles(b, &key_tiles, &segment_index);
+    if (!make_key_tiles(b, &key_tiles, &segment_index)) return cudaErrorInvalidValue;
     REF_TRY(segments.upload(host_segments, stream));
     REF_TRY(query_table.upload(query_tiles, stream));
     REF_TRY(key_table.upload(key_tiles, stream));
