@@ -176,7 +176,7 @@ TEST_P(ReferenceVsCpu, MatchesCpuReference) {
   AttentionPlugin cpu(plugin_path("reference"));
   ASSERT_EQ(cpu.error(), "");
   Stream stream;
-  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE(stream.ok()) << "cudaStreamCreateWithFlags failed: no usable GPU?";
   for (uint64_t seed = 1; seed <= 3; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed * 7919 + static_cast<uint64_t>(d) + (causal ? 1 : 0) * 31 + static_cast<uint64_t>(h.hq));
@@ -322,7 +322,7 @@ TEST_P(LargeAttention, MatchesFp32Reference) {
   AttentionPlugin gpu(plugin_path("cuda"));
   ASSERT_EQ(gpu.error(), "");
   Stream stream;
-  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE(stream.ok()) << "cudaStreamCreateWithFlags failed: no usable GPU?";
 
   const int64_t nq = b.tq * h.hq * h.d, nk = b.tk * h.hkv * h.d, nl = b.tq * h.hq;
   const int64_t counts[9] = {nq, nk, nk, nq, nq, nq, nk, nk, nl};  // q k v o dO dQ dK dV LSE
