@@ -1,12 +1,13 @@
 // large_attention_gpu_test.cpp -- correctness of the cuda backend at benchmark scale (16K-64K-token dense
 // batches, split-KV shards on 32K-128K-key prefixes, CAD's shared-KV head+tail pair, a ragged Pretrain-like
 // buffer; head dims 64 and 128), against the GPU fp32 oracle of fp32_reference.h. The backend is driven
-// through its ABI (cad_cuda.so, default config: what users run), on bf16 inputs generated on the GPU, with
-// every output pre-filled with NaN. First, the oracle itself is checked against the CPU reference backend
-// (cad_reference.so) on small random batches, so that the large comparisons rest on a trusted oracle.
+// through its ABI (cad_cuda.so with its default config, what users run, then with the portable kernels), on
+// bf16 inputs generated on the GPU, with every output pre-filled with NaN. First, the oracle itself is
+// checked against the CPU reference backend (cad_reference.so) on small random batches, so that the large
+// comparisons rest on a trusted oracle.
 //
-// One line per case: "[large NAME d=D ...] O e LSE e dQ e dK e dV e ..." (errors: max abs error / max abs
-// reference; LSE: max |error| / max(1, |ref|)), the time of the backend and of the oracle.
+// One line per case and kernel set: "[large NAME d=D ... kernels=K] O e LSE e dQ e dK e dV e ..." (errors:
+// max abs error / max abs reference; LSE: max |error| / max(1, |ref|)), the time of the backend and oracle.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -319,8 +320,6 @@ TEST_P(LargeAttention, MatchesFp32Reference) {
   if (c.make == ragged_64k) {
     ASSERT_GE(b.segments.size(), 30u) << "the ragged buffer should hold 30+ documents";
   }
-  AttentionPlugin gpu(plugin_path("cuda"));
-  ASSERT_EQ(gpu.error(), "");
   Stream stream;
   ASSERT_TRUE(stream.ok()) << "cudaStreamCreateWithFlags failed: no usable GPU?";
 
@@ -338,6 +337,7 @@ TEST_P(LargeAttention, MatchesFp32Reference) {
                          t[5]->get(), t[6]->get(), t[7]->get(), static_cast<float*>(t[8]->get())};
   };
   const AttentionData backend = data(bf16), oracle = data(f32);
+  const int outputs[5] = {3, 5, 6, 7, 8};
 
   // Inputs: bf16 on the device, their exact fp32 copies for the oracle. Q spans [-2, 2) so that softmax
   // rows are not nearly uniform over tens of thousands of keys; K, V, dO span [-1, 1).
@@ -347,20 +347,14 @@ TEST_P(LargeAttention, MatchesFp32Reference) {
     CAD_CHECK_CUDA(fill_random_bf16(static_cast<uint16_t*>(bf16[i]->get()), counts[i], seed, i == 0 ? 2.f : 1.f, stream.get()));
     CAD_CHECK_CUDA(bf16_to_f32(static_cast<uint16_t*>(bf16[i]->get()), static_cast<float*>(f32[i]->get()), counts[i], stream.get()));
   }
-  for (int i : {3, 5, 6, 7, 8}) CAD_CHECK_CUDA(cudaMemsetAsync(bf16[i]->get(), 0xff, bf16[i]->bytes(), stream.get()));  // NaN
-  CAD_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
 
-  double forward_ms = 0, backward_ms = 0;
-  ASSERT_EQ(run_attention(gpu, b.segments, shape(b, h), c.causal, CAD_DEVICE_CUDA, kBf16, backend, stream.get(), &forward_ms,
-                          &backward_ms), "");
-  EXPECT_EQ(gpu.outstanding_device_bytes(), 0) << "workspace not handed back";
-
-  // The oracle writes its outputs over the fp32 buffers of O, dQ, dK, dV, LSE (NaN first, so that a row
-  // it missed shows).
-  for (int i : {3, 5, 6, 7, 8}) CAD_CHECK_CUDA(cudaMemsetAsync(f32[i]->get(), 0xff, f32[i]->bytes(), stream.get()));
+  // The oracle (its outputs pre-filled with NaN too, so that a row it missed shows).
+  for (int i : outputs) CAD_CHECK_CUDA(cudaMemsetAsync(f32[i]->get(), 0xff, f32[i]->bytes(), stream.get()));
   const auto oracle_start = std::chrono::steady_clock::now();
   CAD_CHECK_CUDA(run_reference(b, h, c.causal, oracle, stream.get()));
   const double oracle_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - oracle_start).count();
+  // Oracle FLOPs: forward 4 d per score entry, dQ 6 d, dK/dV 8 d (it recomputes P and dP in both).
+  const double oracle_flops = attended_pairs(b, c.causal) * h.hq * h.d * 18.0;
 
   std::vector<uint8_t> covered, read;
   row_masks(b, &covered, &read);
@@ -368,26 +362,40 @@ TEST_P(LargeAttention, MatchesFp32Reference) {
   ASSERT_TRUE(covered_d->get() && read_d->get());
   CAD_CHECK_CUDA(cudaMemcpy(covered_d->get(), covered.data(), covered.size(), cudaMemcpyHostToDevice));
   CAD_CHECK_CUDA(cudaMemcpy(read_d->get(), read.data(), read.size(), cudaMemcpyHostToDevice));
-  Errors e;
-  CAD_CHECK_CUDA(compare(b, h, backend, true, oracle, static_cast<const uint8_t*>(covered_d->get()),
-                         static_cast<const uint8_t*>(read_d->get()), stream.get(), &e));
-
-  // Oracle FLOPs: forward 4 d per score entry, dQ 6 d, dK/dV 8 d (it recomputes P and dP in both).
-  const double oracle_flops = attended_pairs(b, c.causal) * h.hq * h.d * 18.0;
   int64_t longest = 0;
   for (const cad_segment_v1_t& s : b.segments) longest = std::max(longest, s.kv_len);
-  std::printf("[large %s d=%d hq=%d hkv=%d] tq=%lld tk=%lld segs=%zu longest_kv=%lld  %s  bad %lld/%lld/%lld  "
-              "cuda fwd %.1f ms bwd %.1f ms  oracle %.2f s (%.1f TFLOP/s)  case %.1f s\n",
-              c.name, h.d, h.hq, h.hkv, static_cast<long long>(b.tq), static_cast<long long>(b.tk), b.segments.size(),
-              static_cast<long long>(longest), format_errors(e).c_str(),
-              static_cast<long long>(e.o.non_finite + e.lse.non_finite + e.dq.non_finite + e.dk.non_finite + e.dv.non_finite),
-              static_cast<long long>(e.o.wrong_exact + e.lse.wrong_exact + e.dq.wrong_exact + e.dk.wrong_exact + e.dv.wrong_exact),
-              static_cast<long long>(e.o.reference_bad + e.lse.reference_bad + e.dq.reference_bad + e.dk.reference_bad +
-                                     e.dv.reference_bad),
-              forward_ms, backward_ms, oracle_s, oracle_flops / oracle_s * 1e-12,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-  std::fflush(stdout);
-  expect_within(e, 1e-2, 1e-3);  // the limits of attention_gpu_test.cpp
+
+  // The backend with its default kernels (wgmma on Hopper) and with the portable mma.sync kernels (what
+  // A100-class GPUs run), against the one oracle result; outputs pre-filled with NaN before each.
+  const std::pair<const char*, const char*> kernel_sets[] = {{"default", "{}"}, {"portable", R"({"hopper_kernels": false})"}};
+  for (const auto& [label, config] : kernel_sets) {
+    SCOPED_TRACE(std::string("kernels: ") + label);
+    AttentionPlugin gpu(plugin_path("cuda"), config);
+    ASSERT_EQ(gpu.error(), "");
+    for (int i : outputs) CAD_CHECK_CUDA(cudaMemsetAsync(bf16[i]->get(), 0xff, bf16[i]->bytes(), stream.get()));
+    CAD_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
+    double forward_ms = 0, backward_ms = 0;
+    ASSERT_EQ(run_attention(gpu, b.segments, shape(b, h), c.causal, CAD_DEVICE_CUDA, kBf16, backend, stream.get(),
+                            &forward_ms, &backward_ms),
+              "");
+    EXPECT_EQ(gpu.outstanding_device_bytes(), 0) << "workspace not handed back";
+    Errors e;
+    CAD_CHECK_CUDA(compare(b, h, backend, true, oracle, static_cast<const uint8_t*>(covered_d->get()),
+                           static_cast<const uint8_t*>(read_d->get()), stream.get(), &e));
+    std::printf("[large %s d=%d hq=%d hkv=%d kernels=%s] tq=%lld tk=%lld segs=%zu longest_kv=%lld  %s  bad %lld/%lld/%lld  "
+                "cuda fwd %.1f ms bwd %.1f ms  oracle %.2f s (%.1f TFLOP/s)  case %.1f s\n",
+                c.name, h.d, h.hq, h.hkv, label, static_cast<long long>(b.tq), static_cast<long long>(b.tk),
+                b.segments.size(), static_cast<long long>(longest), format_errors(e).c_str(),
+                static_cast<long long>(e.o.non_finite + e.lse.non_finite + e.dq.non_finite + e.dk.non_finite + e.dv.non_finite),
+                static_cast<long long>(e.o.wrong_exact + e.lse.wrong_exact + e.dq.wrong_exact + e.dk.wrong_exact +
+                                       e.dv.wrong_exact),
+                static_cast<long long>(e.o.reference_bad + e.lse.reference_bad + e.dq.reference_bad + e.dk.reference_bad +
+                                       e.dv.reference_bad),
+                forward_ms, backward_ms, oracle_s, oracle_flops / oracle_s * 1e-12,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    std::fflush(stdout);
+    expect_within(e, 1e-2, 1e-3);  // the limits of attention_gpu_test.cpp
+  }
 }
 
 std::string large_case_name(const ::testing::TestParamInfo<LargeAttention::ParamType>& info) {
