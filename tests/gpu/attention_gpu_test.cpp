@@ -146,7 +146,6 @@ TEST_P(AttentionVsReference, MatchesReference) {
     std::vector<float> qf, kf, vf, dof;
     const auto q = random_bf16(nq, rng, &qf), k = random_bf16(nk, rng, &kf), v = random_bf16(nk, rng, &vf);
     const auto d_o = random_bf16(nq, rng, &dof);
-    const float scale = 1.f / std::sqrt(static_cast<float>(d));
 
     // ---- GPU: inputs in, outputs poisoned (0xff bytes = NaN) so that unwritten elements show.
     DeviceBuffer dq_in(nq * 2), dk_in(nk * 2), dv_in(nk * 2), ddo(nq * 2), dout(nq * 2), dlse(nl * 4);
@@ -158,42 +157,10 @@ TEST_P(AttentionVsReference, MatchesReference) {
     for (DeviceBuffer* out : {&dout, &dlse, &ddq, &ddk, &ddv}) cudaMemset(out->get(), 0xff, out->bytes());
     cudaStream_t stream;
     CAD_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-
-    Tensor tq(dq_in.get(), CAD_DEVICE_CUDA, kBf16, {b.tq, hq, d}), tk(dk_in.get(), CAD_DEVICE_CUDA, kBf16, {b.tk, hkv, d}),
-        tv(dv_in.get(), CAD_DEVICE_CUDA, kBf16, {b.tk, hkv, d}), to(dout.get(), CAD_DEVICE_CUDA, kBf16, {b.tq, hq, d}),
-        tl(dlse.get(), CAD_DEVICE_CUDA, kF32, {hq, b.tq}), tdo(ddo.get(), CAD_DEVICE_CUDA, kBf16, {b.tq, hq, d}),
-        tdq(ddq.get(), CAD_DEVICE_CUDA, kBf16, {b.tq, hq, d}), tdk(ddk.get(), CAD_DEVICE_CUDA, kBf16, {b.tk, hkv, d}),
-        tdv(ddv.get(), CAD_DEVICE_CUDA, kBf16, {b.tk, hkv, d});
-    cad_attention_forward_args_v1_t fa{};
-    fa.struct_size = sizeof(fa);
-    fa.segments = b.segments.data();
-    fa.num_segments = static_cast<int64_t>(b.segments.size());
-    fa.softmax_scale = scale;
-    fa.causal = causal ? 1 : 0;
-    fa.stream = stream;
-    fa.q = &tq.t;
-    fa.k = &tk.t;
-    fa.v = &tv.t;
-    fa.o = &to.t;
-    fa.lse = &tl.t;
-    ASSERT_EQ(gpu.table()->forward(gpu.ctx(), &fa), CAD_STATUS_OK) << gpu.last_error();
-    cad_attention_backward_args_v1_t ba{};
-    ba.struct_size = sizeof(ba);
-    ba.segments = fa.segments;
-    ba.num_segments = fa.num_segments;
-    ba.softmax_scale = scale;
-    ba.causal = fa.causal;
-    ba.stream = stream;
-    ba.q = &tq.t;
-    ba.k = &tk.t;
-    ba.v = &tv.t;
-    ba.o = &to.t;
-    ba.lse = &tl.t;
-    ba.d_o = &tdo.t;
-    ba.d_q = &tdq.t;
-    ba.d_k = &tdk.t;
-    ba.d_v = &tdv.t;
-    ASSERT_EQ(gpu.table()->backward(gpu.ctx(), &ba), CAD_STATUS_OK) << gpu.last_error();
+    const AttentionShape shape{b.tq, b.tk, hq, hkv, d};
+    const AttentionData on_gpu{dq_in.get(), dk_in.get(), dv_in.get(), dout.get(), ddo.get(),
+                               ddq.get(),   ddk.get(),   ddv.get(),   static_cast<float*>(dlse.get())};
+    ASSERT_EQ(run_attention(gpu, b.segments, shape, causal, CAD_DEVICE_CUDA, kBf16, on_gpu, stream), "");
     {
       // The backward runs the kernels the forward runs: the Hopper ones unless the config forbids them.
       // (A call without a plan once fell back to the portable backward silently.)
@@ -207,7 +174,6 @@ TEST_P(AttentionVsReference, MatchesReference) {
                 std::string::npos)
           << json;
     }
-    CAD_CHECK_CUDA(cudaStreamSynchronize(stream));
     CAD_CHECK_CUDA(cudaGetLastError());
     EXPECT_EQ(gpu.outstanding_device_bytes(), 0) << "workspace not handed back";
     const auto o_gpu = download_bf16(dout, nq), lse_gpu = download_f32(dlse, nl);
@@ -216,29 +182,9 @@ TEST_P(AttentionVsReference, MatchesReference) {
 
     // ---- CPU reference in fp32 on the same (bf16-rounded) values.
     std::vector<float> o_ref(nq), lse_ref(nl), dq_ref(nq), dk_ref(nk), dv_ref(nk);
-    Tensor rq(qf.data(), CAD_DEVICE_CPU, kF32, {b.tq, hq, d}), rk(kf.data(), CAD_DEVICE_CPU, kF32, {b.tk, hkv, d}),
-        rv(vf.data(), CAD_DEVICE_CPU, kF32, {b.tk, hkv, d}), ro(o_ref.data(), CAD_DEVICE_CPU, kF32, {b.tq, hq, d}),
-        rl(lse_ref.data(), CAD_DEVICE_CPU, kF32, {hq, b.tq}), rdo(dof.data(), CAD_DEVICE_CPU, kF32, {b.tq, hq, d}),
-        rdq(dq_ref.data(), CAD_DEVICE_CPU, kF32, {b.tq, hq, d}), rdk(dk_ref.data(), CAD_DEVICE_CPU, kF32, {b.tk, hkv, d}),
-        rdv(dv_ref.data(), CAD_DEVICE_CPU, kF32, {b.tk, hkv, d});
-    fa.stream = nullptr;
-    fa.q = &rq.t;
-    fa.k = &rk.t;
-    fa.v = &rv.t;
-    fa.o = &ro.t;
-    fa.lse = &rl.t;
-    ASSERT_EQ(ref.table()->forward(ref.ctx(), &fa), CAD_STATUS_OK) << ref.last_error();
-    ba.stream = nullptr;
-    ba.q = &rq.t;
-    ba.k = &rk.t;
-    ba.v = &rv.t;
-    ba.o = &ro.t;
-    ba.lse = &rl.t;
-    ba.d_o = &rdo.t;
-    ba.d_q = &rdq.t;
-    ba.d_k = &rdk.t;
-    ba.d_v = &rdv.t;
-    ASSERT_EQ(ref.table()->backward(ref.ctx(), &ba), CAD_STATUS_OK) << ref.last_error();
+    const AttentionData on_cpu{qf.data(), kf.data(), vf.data(), o_ref.data(), dof.data(),
+                               dq_ref.data(), dk_ref.data(), dv_ref.data(), lse_ref.data()};
+    ASSERT_EQ(run_attention(ref, b.segments, shape, causal, CAD_DEVICE_CPU, kF32, on_cpu, nullptr), "");
 
     const double e_o = max_relative_error(o_gpu, o_ref), e_lse = lse_error(lse_gpu, lse_ref);
     const double e_dq = max_relative_error(dq_gpu, dq_ref), e_dk = max_relative_error(dk_gpu, dk_ref);

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -131,6 +132,63 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
 }
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_ != nullptr) cudaFree(ptr_);
+}
+
+std::string run_attention(const AttentionPlugin& plugin, const std::vector<cad_segment_v1_t>& segments,
+                          const AttentionShape& s, bool causal, cad_device_type_t device, cad_dtype_v1_t dtype,
+                          const AttentionData& x, cudaStream_t stream, double* forward_ms, double* backward_ms) {
+  Tensor tq(x.q, device, dtype, {s.tq, s.hq, s.d}), tk(x.k, device, dtype, {s.tk, s.hkv, s.d}),
+      tv(x.v, device, dtype, {s.tk, s.hkv, s.d}), to(x.o, device, dtype, {s.tq, s.hq, s.d}),
+      tl(x.lse, device, kF32, {s.hq, s.tq}), tdo(x.d_o, device, dtype, {s.tq, s.hq, s.d}),
+      tdq(x.d_q, device, dtype, {s.tq, s.hq, s.d}), tdk(x.d_k, device, dtype, {s.tk, s.hkv, s.d}),
+      tdv(x.d_v, device, dtype, {s.tk, s.hkv, s.d});
+  const float scale = 1.f / std::sqrt(static_cast<float>(s.d));
+  using Clock = std::chrono::steady_clock;
+  // Runs one call, then waits for the stream; "" or what failed.
+  const auto timed = [&](const char* what, const auto& call, double* ms) -> std::string {
+    const auto start = Clock::now();
+    if (call() != CAD_STATUS_OK) return std::string(what) + ": " + plugin.last_error();
+    if (stream != nullptr) {
+      if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+        return std::string(what) + ": " + cudaGetErrorName(e) + " " + cudaGetErrorString(e);
+      }
+    }
+    if (ms != nullptr) *ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    return "";
+  };
+
+  cad_attention_forward_args_v1_t fa{};
+  fa.struct_size = sizeof(fa);
+  fa.segments = segments.data();
+  fa.num_segments = static_cast<int64_t>(segments.size());
+  fa.softmax_scale = scale;
+  fa.causal = causal ? 1 : 0;
+  fa.stream = stream;
+  fa.q = &tq.t;
+  fa.k = &tk.t;
+  fa.v = &tv.t;
+  fa.o = &to.t;
+  fa.lse = &tl.t;
+  std::string failure = timed("forward", [&] { return plugin.table()->forward(plugin.ctx(), &fa); }, forward_ms);
+  if (!failure.empty()) return failure;
+
+  cad_attention_backward_args_v1_t ba{};
+  ba.struct_size = sizeof(ba);
+  ba.segments = fa.segments;
+  ba.num_segments = fa.num_segments;
+  ba.softmax_scale = scale;
+  ba.causal = fa.causal;
+  ba.stream = stream;
+  ba.q = &tq.t;
+  ba.k = &tk.t;
+  ba.v = &tv.t;
+  ba.o = &to.t;
+  ba.lse = &tl.t;
+  ba.d_o = &tdo.t;
+  ba.d_q = &tdq.t;
+  ba.d_k = &tdk.t;
+  ba.d_v = &tdv.t;
+  return timed("backward", [&] { return plugin.table()->backward(plugin.ctx(), &ba); }, backward_ms);
 }
 
 uint16_t float_to_bf16(float x) {

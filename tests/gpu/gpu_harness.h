@@ -70,6 +70,26 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// The tensors of one forward + backward, compact, all of one dtype except LSE (fp32): Q, O, dO, dQ
+// [tq, hq, d]; K, V, dK, dV [tk, hkv, d]; LSE [hq, tq].
+struct AttentionData {
+  void *q, *k, *v, *o, *d_o, *d_q, *d_k, *d_v;
+  float* lse;
+};
+struct AttentionShape {
+  int64_t tq, tk;
+  int hq, hkv, d;
+};
+
+// Forward, then backward on the forward's O and LSE, of an attention plugin through its ABI, with
+// softmax scale 1/sqrt(d); `stream` is null for CPU tensors. Returns "" or what failed (the call and the
+// plugin's message). Each call is followed by a synchronisation of the stream; *forward_ms and
+// *backward_ms (when given) receive the host time of each call until then.
+std::string run_attention(const AttentionPlugin& plugin, const std::vector<cad_segment_v1_t>& segments,
+                          const AttentionShape& shape, bool causal, cad_device_type_t device, cad_dtype_v1_t dtype,
+                          const AttentionData& x, cudaStream_t stream, double* forward_ms = nullptr,
+                          double* backward_ms = nullptr);
+
 uint16_t float_to_bf16(float x);
 float bf16_to_float(uint16_t x);
 // Random bf16 values in [-1, 1); `as_float` receives the same values exactly.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # run_gpu_checks.sh -- on a GPU machine: build the project for Hopper, run the GPU test program, the
+# benchmark-scale correctness test (cad_gpu_large_tests, against an fp32 oracle on the GPU), the
 # conformance kit on cad_cuda.so (where the `cad` tool is buildable), compute-sanitizer memcheck and
 # racecheck on small cases, and (with --bench) the kernel benchmark against cuDNN.
 # Logs go to $OUT (default ./gpu-out); the last lines printed are a summary.
@@ -33,7 +34,8 @@ start=$(date +%s)
 } > "$OUT/build.log" 2>&1
 build_rc=$?
 cmake --build "$BUILD" -j"$(nproc)" --target cad >> "$OUT/build.log" 2>&1; cad_rc=$?
-note "build rc=$build_rc (cad tool rc=$cad_rc) in $(( $(date +%s) - start )) s"
+cmake --build "$BUILD" -j"$(nproc)" --target cad_gpu_large_tests >> "$OUT/build.log" 2>&1; large_build_rc=$?
+note "build rc=$build_rc (cad tool rc=$cad_rc, large tests rc=$large_build_rc) in $(( $(date +%s) - start )) s"
 if [ "$build_rc" != 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
 
 # ---- correctness ------------------------------------------------------------------------------------
@@ -42,10 +44,29 @@ timeout 300 "$BUILD/bin/cad_gpu_tests" --gtest_brief=0 > "$OUT/gpu_tests.log" 2>
 tests_rc=$?
 note "gpu tests rc=$tests_rc: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.log" | tr '\n' ' ')"
 grep -E '^\[  FAILED  \]|Failure|Expected|Which is' "$OUT/gpu_tests.log" | head -30 | tee -a "$SUMMARY"
-grep -E '^\[(tiny|shared_kv|long_kv)' "$OUT/gpu_tests.log" | sort -t' ' -k1,1 | awk '
-  { for (i = 1; i <= NF; i++) { if ($i == "O") o = ($(i+1) > o ? $(i+1) : o); if ($i == "dQ") q = ($(i+1) > q ? $(i+1) : q);
-      if ($i == "dK") k = ($(i+1) > k ? $(i+1) : k); if ($i == "dV") v = ($(i+1) > v ? $(i+1) : v); if ($i == "LSE") l = ($(i+1) > l ? $(i+1) : l) } }
-  END { printf "worst relative errors over all cases: O %s LSE %s dQ %s dK %s dV %s\n", o, l, q, k, v }' | tee -a "$SUMMARY"
+# The worst of the "O e LSE e dQ e dK e dV e" fields of the result lines matching $1 in log $2, after "$3"
+# (inf or nan anywhere shows as inf).
+worst_errors() {
+  grep -E "$1" "$2" | awk -v title="$3" '
+    function worse(cur, val) { if (val ~ /[iI][nN][fF]|[nN][aA][nN]/ || cur == "inf") return "inf"; return (cur == "" || val + 0 > cur + 0) ? val : cur }
+    { for (i = 1; i < NF; i++) if ($i == "O" || $i == "LSE" || $i == "dQ" || $i == "dK" || $i == "dV") w[$i] = worse(w[$i], $(i+1)); n++ }
+    END { printf "%s (%d cases): O %s LSE %s dQ %s dK %s dV %s\n", title, n, w["O"], w["LSE"], w["dQ"], w["dK"], w["dV"] }' | tee -a "$SUMMARY"
+}
+worst_errors '^\[(tiny|shared_kv|long_kv)' "$OUT/gpu_tests.log" "worst relative errors over all cases"
+
+# Benchmark scale (dense 16K/64K, split-KV shards, shared-KV head+tail, ragged 64K; d 64/128) against the
+# fp32 oracle that runs on the GPU, after the oracle's own check against cad_reference.so.
+if [ "$large_build_rc" = 0 ]; then
+  start=$(date +%s)
+  timeout 300 "$BUILD/bin/cad_gpu_large_tests" > "$OUT/gpu_large_tests.log" 2>&1
+  large_rc=$?
+  note "large tests rc=$large_rc in $(( $(date +%s) - start )) s: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_large_tests.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]|Failure|Expected|Which is|Value of' "$OUT/gpu_large_tests.log" | head -30 | tee -a "$SUMMARY"
+  worst_errors '^\[oracle ' "$OUT/gpu_large_tests.log" "fp32 GPU oracle vs cad_reference.so, worst"
+  worst_errors '^\[large ' "$OUT/gpu_large_tests.log" "benchmark scale vs the fp32 GPU oracle, worst"
+else
+  note "large tests: not built (see build.log)"
+fi
 
 if [ "$cad_rc" = 0 ] && [ -x "$BUILD/bin/cad" ]; then
   timeout 300 "$BUILD/bin/cad" conformance "$BUILD/lib/cad/plugins/cad_cuda.so" > "$OUT/conformance.log" 2>&1
@@ -54,13 +75,23 @@ else
   note "conformance: cad tool not built (see build.log)"
 fi
 
+# compute-sanitizer memcheck and racecheck of $BUILD/bin/$1 on the gtest filter $2; logs
+# $OUT/sanitizer_$3<tool>.log; $4 is added to the summary lines.
+sanitize() {
+  for tool in memcheck racecheck; do
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 17 "$BUILD/bin/$1" --gtest_filter="$2" \
+      > "$OUT/sanitizer_$3$tool.log" 2>&1
+    note "compute-sanitizer $tool$4 rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$3$tool.log" | tail -1)"
+  done
+}
 if [ "$RUN_SANITIZER" = 1 ]; then
   small='Gpu/AttentionVsReference.MatchesReference/tiny_d64_causal_h8x2*:Gpu/AttentionVsReference.MatchesReference/shared_kv_d128_full_h4x4*:Gpu/AttentionVsReference.MatchesReference/long_kv_d64_causal_h8x2*:GpuPack.*'
-  for tool in memcheck racecheck; do
-    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 17 "$BUILD/bin/cad_gpu_tests" --gtest_filter="$small" \
-      > "$OUT/sanitizer_$tool.log" 2>&1
-    note "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
-  done
+  sanitize cad_gpu_tests "$small" "" ""
+  # The fp32 oracle's kernels, on two of its small checks (both head dims, shared KV, gaps, GQA).
+  if [ "$large_build_rc" = 0 ]; then
+    sanitize cad_gpu_large_tests 'Gpu/ReferenceVsCpu.MatchesCpuReference/d64_full_h4x4:Gpu/ReferenceVsCpu.MatchesCpuReference/d128_causal_h8x2' \
+      oracle_ " (fp32 oracle)"
+  fi
 fi
 
 if [ "$RUN_BENCH" = 1 ]; then
