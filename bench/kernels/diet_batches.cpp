@@ -88,9 +88,9 @@ DietSet parse_diet_set(const std::string& spec) {
   else if (p == "heaviest") set.pick = Pick::kHeaviest;
   else if (p == "all") set.pick = Pick::kAll;
   else throw std::runtime_error(where + ": PICK must be extremes, lightest, median, heaviest or all, got '" + p + "'");
-  if (set.balancers.empty() || set.servers.empty() || set.tokens.empty()) {
-    throw std::runtime_error(where + ": every list needs at least one value");
-  }
+  if (set.balancers.empty()) throw std::runtime_error(where + ": no balancer named");
+  if (set.servers.empty()) throw std::runtime_error(where + ": no server count given");
+  if (set.tokens.empty()) throw std::runtime_error(where + ": no token count given");
   return set;
 }
 
