@@ -118,8 +118,9 @@ def run_rounds(batches, head_dims, rounds, timer, hq, reps, warmups, deadline_s=
                on_round=None, log=print):
     """Measures `rounds` rounds; returns a list of rounds, each {"round", "head_dims": {d: {...}}}.
     Before starting a round it stops when the deadline would pass (the longest round so far as the guess).
-    timer.cudnn_dense(n, d) -> (fwd_ms, bwd_ms, note); timer.ours(batch, d, warmups, reps) -> (fwd_ms,
-    bwd_ms), raising SkipCase for a case this device cannot run; timer.release() frees cached memory."""
+    timer.cudnn_dense(n, d) -> (fwd_ms, bwd_ms, note), a RuntimeError recorded as a failure (rates 0, no
+    ratio); timer.ours(batch, d, warmups, reps) -> (fwd_ms, bwd_ms), raising SkipCase for a case this device
+    cannot run (anything else ends the run); timer.release() frees cached memory."""
     start = clock()
     out, longest = [], 0.0
     for r in range(rounds):
@@ -131,7 +132,11 @@ def run_rounds(batches, head_dims, rounds, timer, hq, reps, warmups, deadline_s=
         for d in head_dims:
             res = {"cudnn_dense": {}, "ours_dense": {}, "diet": {}}
             for n in DENSE:
-                f, b, note = timer.cudnn_dense(n, d)
+                try:
+                    f, b, note = timer.cudnn_dense(n, d)
+                except RuntimeError as e:  # e.g. no cuDNN kernel for this shape: no ratio, the run goes on
+                    f, b, note = 0.0, 0.0, f"failed: {e}"
+                    log(f"cuDNN dense {n} at D={d}: {note}")
                 fl = dense_flops(n, d, hq)
                 res["cudnn_dense"][str(n)] = {"fwd_ms": f, "bwd_ms": b, "fwd_tflops": tflops(fl, f),
                                               "bwd_tflops": tflops(2.5 * fl, b), "note": note}
@@ -180,9 +185,12 @@ def summarize(batches, rounds):
             key = str(n)
             dense[key] = {}
             for direction in ("fwd", "bwd"):
-                ratios = [r["ours_dense"][key][f"{direction}_tflops"] / r["cudnn_dense"][key][f"{direction}_tflops"]
-                          for r in per if r["cudnn_dense"][key][f"{direction}_tflops"] > 0]
-                dense[key][direction] = {"per_round": ratios, "spread": spread(ratios)}
+                ok = [r for r in per if r["cudnn_dense"][key][f"{direction}_tflops"] > 0]
+                ours = [r["ours_dense"][key][f"{direction}_tflops"] for r in ok]
+                cudnn = [r["cudnn_dense"][key][f"{direction}_tflops"] for r in ok]
+                ratios = [o / c for o, c in zip(ours, cudnn)]
+                dense[key][direction] = {"per_round": ratios, "spread": spread(ratios),
+                                         "ours_tflops": spread(ours), "cudnn_tflops": spread(cudnn)}
         diet = {}
         skipped = sorted({name for r in per for name, m in r["diet"].items() if "skipped" in m})
         for direction in ("fwd", "bwd"):
@@ -247,14 +255,18 @@ def render_markdown(summary, meta):
     lines = ["; ".join(x for x in setup if x),
              f'Command: `{meta.get("command", "")}`', "",
              "Dense causal, ours / cuDNN in the same round:", "",
-             "| D | case | fwd per round | fwd min / median / max | bwd per round | bwd min / median / max |",
-             "|---|---|---|---|---|---|"]
+             "| D | case | fwd per round | fwd min / median / max | bwd per round | bwd min / median / max | "
+             "TFLOP/s ours / cuDNN, fwd and bwd (median of rounds) |",
+             "|---|---|---|---|---|---|---|"]
+
+    def rates(x):
+        return f'{x["ours_tflops"]["median"]:.0f} / {x["cudnn_tflops"]["median"]:.0f}' if x["ours_tflops"] else "-"
     for d, s in summary["head_dims"].items():
         for n in DENSE:
             f, b = s["dense"][str(n)]["fwd"], s["dense"][str(n)]["bwd"]
             lines.append(f'| {d} | {n // 1024}K | {" ".join(f"{x:.2f}" for x in f["per_round"])} | '
                          f'{_fmt_spread(f["spread"])} | {" ".join(f"{x:.2f}" for x in b["per_round"])} | '
-                         f'{_fmt_spread(b["spread"])} |')
+                         f'{_fmt_spread(b["spread"])} | {rates(f)}; {rates(b)} |')
     lines += ["", "CAD's diet: ours / cuDNN's dense 16K rate of the same round, min / median / max over the batches:", "",
               "| D | direction | cuDNN 16K TFLOP/s per round | per round | each batch's median over rounds |",
               "|---|---|---|---|---|"]

@@ -2,8 +2,11 @@
 """diet_bench.py's parsing, measurement loop, summary, targets and table, driven by a fake timer whose
 rates are known, so every ratio the summary reports can be checked exactly (no GPU, no torch).
 usage: test_diet_bench.py BENCH_KERNELS_DIR DIET_FILE"""
+import contextlib
+import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -26,6 +29,8 @@ class FakeTimer:
     def cudnn_dense(self, n, d):
         fwd, bwd = self.cudnn_per_round[self.cudnn_calls // self.per_round]
         self.cudnn_calls += 1
+        if fwd is None:
+            raise RuntimeError("no cuDNN engine")
         fl = diet_bench.dense_flops(n, d, HQ)
         self.calls.append(("cudnn", n, d))
         return fl / fwd / 1e9, 2.5 * fl / bwd / 1e9, "gqa"
@@ -161,6 +166,17 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(h["measured_batches"], len(BATCHES) - 1)
         self.assertAlmostEqual(h["diet"]["fwd"]["batches"]["min"], 480 / 600)
 
+    def test_a_failed_cudnn_round_gives_no_ratios_and_the_run_goes_on(self):
+        _, rounds, s = self.run_fake([(None, None), (600, 500)], head_dims=(128,))
+        self.assertEqual(len(rounds), 2)
+        self.assertEqual(rounds[0]["head_dims"]["128"]["cudnn_dense"]["16384"]["note"], "failed: no cuDNN engine")
+        fwd = s["head_dims"]["128"]["diet"]["fwd"]
+        self.assertIsNone(fwd["per_round"][0])
+        self.assertAlmostEqual(fwd["per_round"][1]["min"], 300 / 600)
+        self.assertAlmostEqual(fwd["per_batch_median"]["a"], 570 / 600)  # from round 2 alone
+        self.assertEqual(len(s["head_dims"]["128"]["dense"]["4096"]["fwd"]["per_round"]), 1)
+        diet_bench.render_markdown(s, {})
+
     def test_deadline_stops_before_a_round_that_would_pass_it(self):
         now = [0.0]
 
@@ -182,7 +198,8 @@ class SummaryTest(unittest.TestCase):
                                               "num_batches": len(BATCHES), "reps": 3, "warmups": 1,
                                               "command": "diet_bench.py"})
         self.assertIn("GPU: FakeGPU; Hq=32 Hkv=8", text)
-        self.assertIn("| 128 | 64K | 1.00 1.00 | 1.00 / 1.00 / 1.00 | 0.80 0.80 | 0.80 / 0.80 / 0.80 |", text)
+        self.assertIn("| 128 | 64K | 1.00 1.00 | 1.00 / 1.00 / 1.00 | 0.80 0.80 | 0.80 / 0.80 / 0.80 | "
+                      "600 / 600; 400 / 500 |", text)
         self.assertIn("| 64 | bwd | 500 500 | 0.50 / 0.85 / 1.00; 0.50 / 0.85 / 1.00 | 0.50 / 0.85 / 1.00 |", text)
         self.assertIn("| 64 | fwd | d | 0.50 | 1 | 8 | 8 | 8 / 8 |", text)
         met = sum(t["met"] for t in s["targets"])
@@ -195,6 +212,42 @@ class SummaryTest(unittest.TestCase):
         dense = sum(diet_bench.dense_flops(n, 128, HQ) * (2 + (5 if n >= 65536 else 10)) for n in diet_bench.DENSE)
         expected = 2 * (diet + 8 * dense) / 450e12
         self.assertAlmostEqual(diet_bench.estimate_seconds(one, [128], HQ, 2, 3, 1), expected)
+
+
+class MainTest(unittest.TestCase):
+    def test_main_writes_json_and_table(self):
+        class Timer(FakeTimer):
+            def __init__(self, lib, hq, hkv):
+                super().__init__([(600, 500)] * 2, {n: (500, 400) for n in ["dense_causal_4k", "dense_causal_16k",
+                                                                           "dense_causal_64k", "x", "y"]}, (), 1)
+                self.device = f"Fake ({lib})"
+
+            def software(self):
+                return "fake"
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        path = os.path.join(tmp, "d.txt")
+        with open(path, "w") as f:
+            f.write("# c\nx 7 12 2 0,3,0,5 3,4,5,7\ny 3 3 1 0,3,0,3\n")
+        saved, diet_bench.LibraryTimer = diet_bench.LibraryTimer, Timer
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                rc = diet_bench.main(["--lib", "lib.so", "--batches", path, "--rounds", "2", "--head-dims", "128",
+                                      "--filter", "x", "--json", os.path.join(tmp, "o.json"),
+                                      "--md", os.path.join(tmp, "o.md")])
+        finally:
+            diet_bench.LibraryTimer = saved
+        self.assertIn("1 diet batches, head dims [128], 2 rounds: about", printed.getvalue())
+        self.assertEqual(rc, 0)
+        with open(os.path.join(tmp, "o.json")) as f:
+            out = json.load(f)
+        self.assertEqual(len(out["rounds"]), 2)
+        self.assertEqual(list(out["rounds"][1]["head_dims"]["128"]["diet"]), ["x"])  # --filter
+        self.assertEqual(out["meta"]["gpu"], "Fake (lib.so)")
+        self.assertAlmostEqual(out["summary"]["head_dims"]["128"]["diet"]["bwd"]["batches"]["median"], 400 / 500)
+        with open(os.path.join(tmp, "o.md")) as f:
+            self.assertIn("| 128 | fwd | x | 0.83 | 2 | 4 | 7 | 7 / 12 |", f.read())
 
 
 if __name__ == "__main__":
