@@ -28,6 +28,23 @@ void set_error(char* error, size_t capacity, const std::string& message) {
   std::snprintf(error, capacity, "%s", message.c_str());
 }
 
+// Runs an entry point's body; any exception becomes a status and a message (none crosses the C ABI).
+template <class Body>
+int guarded(char* error, size_t capacity, Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    set_error(error, capacity, "out of host memory");
+    return kNoMemory;
+  } catch (const std::exception& ex) {
+    set_error(error, capacity, ex.what());
+    return kCudaError;
+  } catch (...) {
+    set_error(error, capacity, "unknown exception");
+    return kCudaError;
+  }
+}
+
 struct Stream {
   cudaStream_t s = nullptr;
   Stream() {
@@ -46,7 +63,7 @@ CAD_TIMER_EXPORT int cad_kernel_timer_version(void) { return 1; }
 // Device 0 as the kernels see it: name, SM count, whether the Hopper (wgmma) kernels run.
 CAD_TIMER_EXPORT int cad_kernel_timer_device(char* name, size_t name_capacity, int* num_sms, int* hopper, char* error,
                                              size_t error_capacity) {
-  try {
+  return guarded(error, error_capacity, [&] {
     cudaDeviceProp prop{};
     const cudaError_t e = cudaGetDeviceProperties(&prop, 0);
     if (e != cudaSuccess) {
@@ -57,13 +74,7 @@ CAD_TIMER_EXPORT int cad_kernel_timer_device(char* name, size_t name_capacity, i
     if (num_sms != nullptr) *num_sms = prop.multiProcessorCount;
     if (hopper != nullptr) *hopper = cad::kernels::hopper_kernels_available() ? 1 : 0;
     return kOk;
-  } catch (const std::exception& ex) {
-    set_error(error, error_capacity, ex.what());
-    return kCudaError;
-  } catch (...) {
-    set_error(error, error_capacity, "unknown exception");
-    return kCudaError;
-  }
+  });
 }
 
 // Times one case: `segments` holds num_segments x 4 int64 (q_offset, q_len, kv_offset, kv_len), rows of a
@@ -73,7 +84,7 @@ CAD_TIMER_EXPORT int cad_kernel_timer_device(char* name, size_t name_capacity, i
 CAD_TIMER_EXPORT int cad_kernel_time_case(const int64_t* segments, int64_t num_segments, int64_t tq, int64_t tk,
                                           int causal, int head_dim, int hq, int hkv, int warmups, int reps,
                                           int backward, double* out_ms, char* error, size_t error_capacity) {
-  try {
+  return guarded(error, error_capacity, [&] {
     if (out_ms == nullptr || num_segments < 0 || (num_segments > 0 && segments == nullptr)) {
       set_error(error, error_capacity, "out_ms is NULL, or num_segments < 0, or segments is NULL");
       return kInvalidArgument;
@@ -121,14 +132,5 @@ CAD_TIMER_EXPORT int cad_kernel_time_case(const int64_t* segments, int64_t num_s
     out_ms[0] = t.fwd_ms;
     out_ms[1] = t.bwd_ms;
     return kOk;
-  } catch (const std::bad_alloc&) {
-    set_error(error, error_capacity, "out of host memory");
-    return kNoMemory;
-  } catch (const std::exception& ex) {
-    set_error(error, error_capacity, ex.what());
-    return kCudaError;
-  } catch (...) {
-    set_error(error, error_capacity, "unknown exception");
-    return kCudaError;
-  }
+  });
 }

@@ -126,7 +126,8 @@ def run_rounds(batches, head_dims, rounds, timer, hq, reps, warmups, deadline_s=
     for r in range(rounds):
         now = clock()
         if deadline_s is not None and r > 0 and (now - start) + longest > deadline_s:
-            log(f"stopping after {r} rounds: another round (~{longest:.0f} s) would pass the {deadline_s:.0f} s deadline")
+            log(f"stopping after {r} rounds: another round (~{longest:.0f} s) would pass the "
+                f"{deadline_s:.0f} s deadline")
             break
         rnd = {"round": r + 1, "head_dims": {}}
         for d in head_dims:
@@ -248,7 +249,8 @@ def _fmt_spread(sp):
 
 
 def render_markdown(summary, meta):
-    setup = [f'GPU: {meta.get("gpu", "?")}', meta.get("software"), f'Hq={meta.get("hq")} Hkv={meta.get("hkv")} bf16 causal',
+    setup = [f'GPU: {meta.get("gpu", "?")}', meta.get("software"),
+             f'Hq={meta.get("hq")} Hkv={meta.get("hkv")} bf16 causal',
              f'{summary["rounds"]} round(s), each measuring cuDNN first',
              f'diet: {meta.get("batches_file")} ({meta.get("num_batches")} batches)',
              f'ours: warm-ups {meta.get("warmups")}, median of {meta.get("reps")} (dense: 2, median of 10, 5 at 64K)']
@@ -267,7 +269,8 @@ def render_markdown(summary, meta):
             lines.append(f'| {d} | {n // 1024}K | {" ".join(f"{x:.2f}" for x in f["per_round"])} | '
                          f'{_fmt_spread(f["spread"])} | {" ".join(f"{x:.2f}" for x in b["per_round"])} | '
                          f'{_fmt_spread(b["spread"])} | {rates(f)}; {rates(b)} |')
-    lines += ["", "CAD's diet: ours / cuDNN's dense 16K rate of the same round, min / median / max over the batches:", "",
+    lines += ["", "CAD's diet: ours / cuDNN's dense 16K rate of the same round, min / median / max over the batches:",
+              "",
               "| D | direction | cuDNN 16K TFLOP/s per round | per round | each batch's median over rounds |",
               "|---|---|---|---|---|"]
     for d, s in summary["head_dims"].items():
@@ -314,8 +317,8 @@ class LibraryTimer:
             raise RuntimeError(f"{lib_path}: timer version {self.lib.cad_kernel_timer_version()}, expected "
                                f"{self.VERSION} (rebuild it: run_diet.sh)")
         i64, i32 = ctypes.c_int64, ctypes.c_int
-        self.lib.cad_kernel_time_case.argtypes = [ctypes.POINTER(i64), i64, i64, i64, i32, i32, i32, i32, i32, i32,
-                                                  i32, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_size_t]
+        self.lib.cad_kernel_time_case.argtypes = [ctypes.POINTER(i64), i64, i64, i64, i32, i32, i32, i32, i32, i32, i32,
+                                                  ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_size_t]
         self.lib.cad_kernel_time_case.restype = i32
         name, err = ctypes.create_string_buffer(256), ctypes.create_string_buffer(1024)
         sms, hopper = ctypes.c_int(), ctypes.c_int()
@@ -374,7 +377,8 @@ def main(argv=None):
     timer = LibraryTimer(args.lib, args.hq, args.hkv)
     meta = {"gpu": timer.device, "software": timer.software(), "hq": args.hq, "hkv": args.hkv,
             "batches_file": os.path.relpath(args.batches), "num_batches": len(batches), "reps": args.reps,
-            "warmups": args.warmups, "estimate_s": est, "command": " ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:]))}
+            "warmups": args.warmups, "estimate_s": est,
+            "command": " ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:]))}
 
     def save(rounds):
         if args.json:

@@ -18,8 +18,8 @@ using cad::diet::GenerateOptions;
 // The default set: CAD's own balancer at every size, its lightest, median and heaviest server; at 256K
 // only the heaviest server of three sizes, and the other balancers' median server at 64K and 128K
 // (per_doc_cp up to 16 servers: its servers hold nearly every document's KV prefix, so at 32-64 servers a
-// batch's K/V with their gradients and fp32 accumulators take 26-104 GB at D=128). About 55 batches, 1.3e15 forward FLOPs at D=128:
-// three rounds at both head dims fit the few minutes run_diet.sh allows.
+// batch's K/V with their gradients and fp32 accumulators take 26-104 GB at D=128). 49 batches, 1.12e15
+// forward FLOPs at D=128: three rounds at both head dims fit the few minutes run_diet.sh allows.
 const std::vector<std::string> kDefaultSets = {
     "prefix_aware:4,8,16,32,64:64k,128k:extremes",
     "prefix_aware:4,16,64:256k:heaviest",

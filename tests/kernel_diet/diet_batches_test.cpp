@@ -30,6 +30,17 @@ GenerateOptions options(const std::vector<std::string>& sets, uint64_t seed = 1)
 
 std::vector<int64_t> small_lengths() { return cad::workload::load_lengths(CAD_SMALL_LENGTHS); }
 
+// The message of the std::runtime_error that `f` throws, or "accepted".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
 std::string text_of(const std::vector<DietBatch>& batches) {
   std::string out;
   for (const auto& b : batches) out += cad::diet::format_diet_line(b) + "\n";
@@ -152,14 +163,7 @@ TEST(DietBatches, SetSpecsParseAndRefuseNamingThePart) {
   EXPECT_EQ(s.servers, (std::vector<int32_t>{4, 8}));
   EXPECT_EQ(s.tokens, (std::vector<int64_t>{65536, 1000}));
   EXPECT_EQ(s.pick, Pick::kMedian);
-  auto refused = [](const std::string& spec) {
-    try {
-      cad::diet::parse_diet_set(spec);
-    } catch (const std::runtime_error& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
+  auto refused = [](const std::string& spec) { return error_of([&] { cad::diet::parse_diet_set(spec); }); };
   EXPECT_NE(refused("prefix_aware:4:64k").find("4 parts"), std::string::npos);
   EXPECT_NE(refused("prefix_aware:0:64k:all").find("servers: expected an integer in [1, 8192]"), std::string::npos);
   EXPECT_NE(refused("prefix_aware:4:64x:all").find("tokens"), std::string::npos);
@@ -175,14 +179,7 @@ TEST(DietBatches, TextRoundTripsAndBadLinesAreNamed) {
   EXPECT_EQ(line, "x_s2_t4k_median_r1 7 12 2 0,3,0,5 3,4,5,7");
   const DietBatch back = cad::diet::parse_diet_line(line, "f:1");
   EXPECT_EQ(cad::diet::format_diet_line(back), line);
-  auto error = [](const std::string& text) {
-    try {
-      cad::diet::parse_diet_line(text, "f.txt:9");
-    } catch (const std::runtime_error& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
+  auto error = [](const std::string& text) { return error_of([&] { cad::diet::parse_diet_line(text, "f.txt:9"); }); };
   EXPECT_NE(error("x 7 12").find("f.txt:9: expected NAME TQ TK NSEG"), std::string::npos);
   EXPECT_NE(error("x 7 12 3 0,3,0,5").find("f.txt:9 (x): NSEG says 3 segments, the line has 1"), std::string::npos);
   EXPECT_NE(error("x 7 12 1 0,3,0").find("segment 0: expected q_offset,q_len,kv_offset,kv_len"), std::string::npos);
@@ -192,12 +189,9 @@ TEST(DietBatches, TextRoundTripsAndBadLinesAreNamed) {
   const DietBatch outside{"y", 7, 12, {{0, 3, 0, 5}, {3, 5, 5, 7}}};
   EXPECT_THROW(cad::diet::check_diet_batch(outside), std::runtime_error);
   const DietBatch acausal{"z", 7, 12, {{0, 6, 0, 5}}};
-  try {
-    cad::diet::check_diet_batch(acausal);
-    ADD_FAILURE() << "accepted q_len > kv_len";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("z segment 0: expected q_len >= 1 and kv_len >= q_len"), std::string::npos);
-  }
+  EXPECT_NE(error_of([&] { cad::diet::check_diet_batch(acausal); })
+                .find("z segment 0: expected q_len >= 1 and kv_len >= q_len"),
+            std::string::npos);
 }
 
 TEST(DietBatches, FileReaderSkipsCommentsAndNamesTheLine) {
@@ -206,12 +200,8 @@ TEST(DietBatches, FileReaderSkipsCommentsAndNamesTheLine) {
     std::ofstream f(path);
     f << "# header\n\nx 7 12 2 0,3,0,5 3,4,5,7\n# note\ny 1 1 1 0,1,0,1\nz 1 1 1 0,1,0\n";
   }
-  try {
-    cad::diet::read_diet_file(path);
-    ADD_FAILURE() << "accepted a bad line";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find(path + ":6 (z) segment 0"), std::string::npos) << e.what();
-  }
+  const std::string message = error_of([&] { cad::diet::read_diet_file(path); });
+  EXPECT_NE(message.find(path + ":6 (z) segment 0"), std::string::npos) << message;
   {
     std::ofstream f(path);
     f << "# header\n\nx 7 12 2 0,3,0,5 3,4,5,7\n# note\ny 1 1 1 0,1,0,1\n";

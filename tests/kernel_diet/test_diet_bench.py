@@ -187,8 +187,8 @@ class SummaryTest(unittest.TestCase):
         rounds = diet_bench.run_rounds(BATCHES, [64], 5, t, HQ, 3, 1, deadline_s=60, clock=clock,
                                        log=lambda m: None)
         self.assertEqual(len(rounds), 1)
-        rounds = diet_bench.run_rounds(BATCHES, [64], 3, fake([(600, 500)] * 3, num_head_dims=1), HQ, 3, 1, deadline_s=None,
-                                       clock=clock, log=lambda m: None)
+        rounds = diet_bench.run_rounds(BATCHES, [64], 3, fake([(600, 500)] * 3, num_head_dims=1), HQ, 3, 1,
+                                       deadline_s=None, clock=clock, log=lambda m: None)
         self.assertEqual(len(rounds), 3)
 
     def test_table_and_json(self):
