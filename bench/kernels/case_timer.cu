@@ -159,14 +159,17 @@ double forward_flops(const TimedCase& c) {
   return total * c.hq;
 }
 
-size_t case_device_bytes(const TimedCase& c, const TimingOptions& options, int num_sms) {
-  validate(c, options);
-  return tensor_bytes(c) + Plans(c, options, num_sms).workspace;
-}
-
 CaseTiming time_case(const TimedCase& c, const TimingOptions& o, int num_sms, cudaStream_t stream) {
   validate(c, o);
   const Plans plans(c, o, num_sms);
+  // Refuse what cannot fit before allocating, leaving a margin for the allocator's granularity.
+  const size_t needed = tensor_bytes(c) + plans.workspace;
+  size_t free_bytes = 0, total_bytes = 0;
+  check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  if (needed + (size_t{256} << 20) > free_bytes) {
+    throw NotEnoughMemory("needs " + std::to_string(needed >> 20) + " MiB of device memory, " +
+                          std::to_string(free_bytes >> 20) + " MiB free");
+  }
   const size_t nq = size_t(c.tq) * c.hq * c.head_dim, nk = size_t(c.tk) * c.hkv * c.head_dim;
   const DeviceBuffer q(nq * 2, "q"), o_(nq * 2, "o"), d_o(nq * 2, "dO"), dq(nq * 2, "dQ");
   const DeviceBuffer k(nk * 2, "k"), v(nk * 2, "v"), dk(nk * 2, "dK"), dv(nk * 2, "dV");

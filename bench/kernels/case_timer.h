@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "cad_kernels.h"
@@ -42,11 +43,14 @@ struct CaseTiming {
 // backward counts 2.5x.
 double forward_flops(const TimedCase& c);
 
-// Device memory the case needs (tensors and the largest plan workspace), for a check before allocating.
-size_t case_device_bytes(const TimedCase& c, const TimingOptions& options, int num_sms);
+// The case needs more device memory (tensors and the largest plan workspace) than is free; nothing ran.
+struct NotEnoughMemory : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
-// Times the case on `stream` (device 0's current context). Throws std::runtime_error naming what failed
-// (a refused plan, cudaMalloc, a launch); frees its device memory on every path.
+// Times the case on `stream` (the current device). Throws std::invalid_argument for a malformed case
+// (segments outside the batch, heads, head dim), NotEnoughMemory before allocating what does not fit, and
+// std::runtime_error naming any other failure (cudaMalloc, a launch); frees its device memory on every path.
 CaseTiming time_case(const TimedCase& c, const TimingOptions& options, int num_sms, cudaStream_t stream);
 
 }  // namespace cad::bench

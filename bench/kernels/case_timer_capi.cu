@@ -108,29 +108,18 @@ CAD_TIMER_EXPORT int cad_kernel_time_case(const int64_t* segments, int64_t num_s
       set_error(error, error_capacity, "cudaDeviceGetAttribute(multiProcessorCount) failed");
       return kCudaError;
     }
-    size_t needed = 0;
+    const Stream stream;
     try {
-      needed = cad::bench::case_device_bytes(c, o, num_sms);
+      const cad::bench::CaseTiming t = cad::bench::time_case(c, o, num_sms, stream.s);
+      out_ms[0] = t.fwd_ms;
+      out_ms[1] = t.bwd_ms;
+      return kOk;
     } catch (const std::invalid_argument& ex) {
       set_error(error, error_capacity, ex.what());
       return kInvalidArgument;
-    }
-    size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
-      set_error(error, error_capacity, "cudaMemGetInfo failed");
-      return kCudaError;
-    }
-    // Leave a margin for the stream, events and the allocator's granularity.
-    if (needed + (size_t{256} << 20) > free_bytes) {
-      set_error(error, error_capacity,
-                "needs " + std::to_string(needed >> 20) + " MiB of device memory, " + std::to_string(free_bytes >> 20) +
-                    " MiB free");
+    } catch (const cad::bench::NotEnoughMemory& ex) {
+      set_error(error, error_capacity, ex.what());
       return kNoMemory;
     }
-    const Stream stream;
-    const cad::bench::CaseTiming t = cad::bench::time_case(c, o, num_sms, stream.s);
-    out_ms[0] = t.fwd_ms;
-    out_ms[1] = t.bwd_ms;
-    return kOk;
   });
 }
