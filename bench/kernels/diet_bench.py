@@ -67,6 +67,8 @@ def parse_batches(path):
                 segments = [tuple(int(x) for x in w.split(",")) for w in words[4:]]
             except ValueError as e:
                 raise DietFileError(f"{where} ({name}): expected integers: {e}") from None
+            if min(tq, tk, nseg) < 0:
+                raise DietFileError(f"{where} ({name}): TQ, TK and NSEG must be >= 0")
             if len(segments) != nseg:
                 raise DietFileError(f"{where} ({name}): NSEG says {nseg} segments, the line has {len(segments)}")
             for i, s in enumerate(segments):

@@ -94,6 +94,7 @@ class ParseTest(unittest.TestCase):
         cases = {"x 7 12\n": ":1: expected NAME TQ TK NSEG",
                  "# c\nx 7 12 2 0,3,0,5\n": ":2 (x): NSEG says 2 segments, the line has 1",
                  "x 7 12 1 0,3,0\n": ":1 (x) segment 0: expected q_offset",
+                 "x -7 12 0\n": ":1 (x): TQ, TK and NSEG must be >= 0",
                  "x 7 12 1 0,3,0,q\n": ":1 (x): expected integers",
                  "x 7 12 1 5,3,0,5\n": ":1 (x) segment 0: (5, 3, 0, 5) is not a causal segment",
                  "x 7 12 1 0,6,0,5\n": "(0, 6, 0, 5) is not a causal segment",
