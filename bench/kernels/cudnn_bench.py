@@ -30,16 +30,16 @@ def median_ms(fn, reps):
     return statistics.median(times)
 
 
-def causal_flops(n):
-    return 4.0 * D * (n * n - n * (n - 1) / 2) * HQ
+def causal_flops(n, d=D, hq=HQ):
+    return 4.0 * d * (n * n - n * (n - 1) / 2) * hq
 
 
-def cudnn_dense_causal(n):
-    """Returns (fwd_ms, bwd_ms, note)."""
+def cudnn_dense_causal(n, d=D, hq=HQ, hkv=HKV):
+    """Returns (fwd_ms, bwd_ms, note). diet_bench.py calls it too (other head dims)."""
     def rand(h):
-        return (torch.rand(1, h, n, D, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_(True)
-    q, k, v = rand(HQ), rand(HKV), rand(HKV)
-    d_o = torch.rand(1, HQ, n, D, device="cuda", dtype=torch.bfloat16) * 2 - 1
+        return (torch.rand(1, h, n, d, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_(True)
+    q, k, v = rand(hq), rand(hkv), rand(hkv)
+    d_o = torch.rand(1, hq, n, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
     note = "gqa"
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         def fwd():
@@ -48,8 +48,8 @@ def cudnn_dense_causal(n):
             fwd()
         except RuntimeError:
             # cuDNN without native GQA here: expand K/V to every query head (same FLOPs).
-            ke = k.detach().repeat_interleave(HQ // HKV, dim=1).requires_grad_(True)
-            ve = v.detach().repeat_interleave(HQ // HKV, dim=1).requires_grad_(True)
+            ke = k.detach().repeat_interleave(hq // hkv, dim=1).requires_grad_(True)
+            ve = v.detach().repeat_interleave(hq // hkv, dim=1).requires_grad_(True)
             note = "kv expanded"
 
             def fwd():

@@ -9,6 +9,6 @@ ROOT=$(cd "$HERE/../.." && pwd)
 ARCH=${CAD_GPU_ARCH:-90a}
 mkdir -p "$OUT" "$BUILD/bin"
 nvcc -O3 -std=c++17 -gencode "arch=compute_${ARCH},code=sm_${ARCH}" -I "$ROOT/kernels" \
-  "$HERE/kernel_bench.cu" -L "$BUILD/lib" -lcad_kernels -o "$BUILD/bin/cad_kernel_bench"
+  "$HERE/kernel_bench.cu" "$HERE/case_timer.cu" -L "$BUILD/lib" -lcad_kernels -o "$BUILD/bin/cad_kernel_bench"
 "$BUILD/bin/cad_kernel_bench" "$HERE/pretrain_batches.txt" ${BENCH_FILTER:-} | tee "$BUILD/ours.csv"
 python3 "$HERE/cudnn_bench.py" --ours "$BUILD/ours.csv" --out "$OUT/kernel_table.md"
