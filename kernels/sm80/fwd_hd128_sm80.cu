@@ -1,6 +1,6 @@
 // fwd_hd128.cu -- the forward kernel for head dim 128 (one instantiation per translation unit keeps
 // CI's compile time and memory in check).
-#include "sm80/fwd_kernel.cuh"
+#include "sm80/fwd_launch.cuh"
 
 namespace cad::kernels::detail {
 template cudaError_t launch_attention_fwd<128>(const FwdParams& p, int num_items, cudaStream_t stream);
