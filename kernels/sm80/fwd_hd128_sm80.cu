@@ -1,4 +1,4 @@
-// fwd_hd128.cu -- the forward kernel for head dim 128 (one instantiation per translation unit keeps
+// sm80/fwd_hd128_sm80.cu -- the portable forward kernel for head dim 128 (one instantiation per translation unit keeps
 // CI's compile time and memory in check).
 #include "sm80/fwd_launch.cuh"
 

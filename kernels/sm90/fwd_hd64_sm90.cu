@@ -1,4 +1,4 @@
-// fwd_sm90_hd64.cu -- the Hopper (wgmma) forward kernel for head dim 64; a stub in non-sm_90a passes.
+// sm90/fwd_hd64_sm90.cu -- the Hopper (wgmma) forward kernel for head dim 64; a stub in non-sm_90a passes.
 #include "sm90/fwd_launch.cuh"
 
 namespace cad::kernels::detail {
