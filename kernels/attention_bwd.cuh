@@ -17,7 +17,7 @@
 #include <cmath>
 
 #include "attention_internal.h"
-#include "mma_utils.cuh"
+#include "common/tile_load.cuh"
 
 namespace cad::kernels::detail {
 

@@ -19,10 +19,10 @@
 #include <type_traits>
 
 #include "attention_internal.h"
-#include "mma_utils.cuh"
-#include "sm90_async.cuh"
-#include "sm90_tiles.cuh"
-#include "wgmma_ops.cuh"
+#include "common/mma_utils.cuh"
+#include "sm90/async.cuh"
+#include "sm90/tiles.cuh"
+#include "sm90/wgmma.cuh"
 
 namespace cad::kernels::detail {
 

@@ -1,11 +1,11 @@
-// tma_descriptor.cpp -- host side of sm90_async.cuh: TMA descriptors for [tokens, heads, head_dim] bf16
+// sm90/tma_descriptor.cpp -- host side of sm90/async.cuh: TMA descriptors for [tokens, heads, head_dim] bf16
 // tensors. The encoder lives in the driver (libcuda); it is looked up through the runtime once, so the
 // kernels library does not link libcuda directly.
 #include <cudaTypedefs.h>
 
 #include <mutex>
 
-#include "sm90_async.cuh"
+#include "sm90/async.cuh"
 
 namespace cad::kernels::detail {
 namespace {

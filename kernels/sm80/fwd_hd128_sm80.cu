@@ -1,6 +1,6 @@
-// fwd_hd128.cu -- the forward kernel for head dim 128 (one instantiation per translation unit keeps
+// sm80/fwd_hd128_sm80.cu -- the portable forward kernel for head dim 128 (one instantiation per translation unit keeps
 // CI's compile time and memory in check).
-#include "attention_fwd.cuh"
+#include "sm80/fwd_launch.cuh"
 
 namespace cad::kernels::detail {
 template cudaError_t launch_attention_fwd<128>(const FwdParams& p, int num_items, cudaStream_t stream);

@@ -1,5 +1,10 @@
-// attention_fwd.cuh -- the varlen attention forward kernel (FlashAttention-2 style) for one head
-// dim, included by exactly one translation unit per head dim (fwd_hd64.cu, fwd_hd128.cu).
+// sm80/fwd_kernel.cuh -- the portable varlen attention forward kernel (FlashAttention-2 style, sm_80 and
+// later) and its main loop: loads, S = Q K^T, scaling and masking of the scores, O += P V. Its other
+// concerns are files of their own:
+//   sm80/fwd_softmax.cuh   the online softmax of a tile (why the masking stays here: see that file)
+//   sm80/fwd_epilogue.cuh  O/LSE, or the split-KV partials
+//   sm80/fwd_launch.cuh    grid and launch (no scheduler: one block per work item and query head)
+// Tile loads (cp.async into the ldmatrix layout) are common/tile_load.cuh.
 //
 // One block = one work item (a tile of kFwdBlockM queries of one segment, one KV range) x one query
 // head. Four warps, each owning 16 query rows; K/V tiles of kFwdBlockN keys stream through shared
@@ -12,7 +17,9 @@
 #include <cmath>
 
 #include "attention_internal.h"
-#include "mma_utils.cuh"
+#include "common/tile_load.cuh"
+#include "sm80/fwd_epilogue.cuh"
+#include "sm80/fwd_softmax.cuh"
 
 namespace cad::kernels::detail {
 
@@ -113,7 +120,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads) attention_fwd_kernel(F
       for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale_log2;
     }
     // One warp-uniform branch around the whole mask: a test per score costs a branch or a select each on
-    // every tile, masked or not (see attention_fwd_sm90.cuh).
+    // every tile, masked or not (see sm90/fwd_softmax.cuh).
     if (need_mask) {
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) {
@@ -126,32 +133,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads) attention_fwd_kernel(F
       }
     }
 
-    // Online softmax: new running max, rescale what was accumulated, exponentiate.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      mx = warp_quad_max(mx);
-      const float m_new = fmaxf(row_max[r], mx);
-      // A row that has seen no key yet keeps max -inf; subtracting 0 keeps exp2 at 0, not NaN.
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = fast_exp2(row_max[r] - m_use);
-      row_max[r] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) {
-        s[nt][2 * r] = fast_exp2(s[nt][2 * r] - m_use);
-        s[nt][2 * r + 1] = fast_exp2(s[nt][2 * r + 1] - m_use);
-        sum += s[nt][2 * r] + s[nt][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha + sum;
-#pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        o_acc[dn][2 * r] *= alpha;
-        o_acc[dn][2 * r + 1] *= alpha;
-      }
-    }
+    fwd80_online_softmax<BN, D>(s, o_acc, row_max, row_sum);
 
     // O += P V, with P taken straight from the score registers (C layout == A layout in pairs).
 #pragma unroll
@@ -173,42 +155,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads) attention_fwd_kernel(F
   }
   if (n_blocks == 0) cp_async_wait<0>();
 
-  // Epilogue: normalise and write O (bf16) + LSE, or the fp32 partials of one KV split.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float total = warp_quad_sum(row_sum[r]);
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    const float lse = total > 0.f ? row_max[r] * kLn2 + logf(total) : -INFINITY;
-    const int local_row = warp * 16 + g + r * 8;
-    if (local_row >= item.q_rows) continue;
-    if (item.partial_slot < 0) {
-      __nv_bfloat16* out = p.o + (item.q_row + local_row) * q_stride + head * D;
-#pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        *reinterpret_cast<uint32_t*>(out + dn * 8 + 2 * t) =
-            pack_bf16(o_acc[dn][2 * r] * inv, o_acc[dn][2 * r + 1] * inv);
-      }
-      if (t == 0) p.lse[static_cast<int64_t>(head) * p.tq + item.q_row + local_row] = lse;
-    } else {
-      const int64_t base = (static_cast<int64_t>(item.partial_slot) * p.hq + head) * BM + local_row;
-      float* out = p.partial_o + base * D;
-#pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        *reinterpret_cast<float2*>(out + dn * 8 + 2 * t) = make_float2(o_acc[dn][2 * r] * inv, o_acc[dn][2 * r + 1] * inv);
-      }
-      if (t == 0) p.partial_lse[base] = lse;
-    }
-  }
-}
-
-template <int D>
-cudaError_t launch_attention_fwd(const FwdParams& p, int num_items, cudaStream_t stream) {
-  using T = FwdTraits<D>;
-  if (num_items == 0 || p.hq == 0) return cudaSuccess;
-  cudaError_t err = set_max_dynamic_smem_once<attention_fwd_kernel<D>>(T::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  attention_fwd_kernel<D><<<dim3(num_items, p.hq), T::kThreads, T::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  fwd80_epilogue<D, BM>(p, item, head, o_acc, row_max, row_sum, q_stride, warp, g, t);
 }
 
 }  // namespace cad::kernels::detail

@@ -1,7 +1,8 @@
-// mma_utils.cuh -- thin wrappers over the Ampere-and-later warp-level instructions the attention
-// kernels are built from: cp.async (global -> shared, 16 bytes, zero-fill for rows outside the
-// tensor), ldmatrix (shared -> mma fragments, plain and transposed), mma.sync m16n8k16 bf16 with
-// fp32 accumulators, and the XOR swizzle that keeps ldmatrix free of bank conflicts.
+// common/mma_utils.cuh -- thin wrappers over the Ampere-and-later warp-level instructions that every
+// attention kernel (sm80 and sm90, forward and backward) is built from: ldmatrix (shared -> mma
+// fragments, plain and transposed), mma.sync m16n8k16 bf16 with fp32 accumulators, bf16 packing, the
+// SFU exp2, quad (4-lane) reductions and the pair atomic. Loading tiles into shared memory is
+// common/tile_load.cuh; the Hopper-only instructions are in sm90/.
 //
 // Fragment layouts of mma.m16n8k16 (lane = 4*g + t):
 //   A (16x16, row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
@@ -16,18 +17,6 @@ namespace cad::kernels::detail {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy; when `valid` is false the destination is zero-filled and nothing is read.
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem_dst)), "l"(gmem_src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
@@ -54,34 +43,6 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// A tile of ROWS x COLS bf16 in shared memory, rows of COLS elements, with the 16-byte chunks of
-// each row XOR-swizzled by (row % 8): eight rows read at one column by ldmatrix hit eight different
-// bank groups. COLS must be a multiple of 64.
-template <int COLS>
-__device__ __forceinline__ int swizzled(int row, int col) {
-  static_assert(COLS % 64 == 0, "rows must hold a multiple of 8 chunks of 16 bytes");
-  return row * COLS + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
-}
-
-// Copies ROWS x COLS bf16 from global rows (row stride `stride` elements, first row `src`) into a
-// swizzled shared tile with all threads of the block; rows >= valid_rows are zero-filled.
-template <int ROWS, int COLS, int THREADS>
-__device__ __forceinline__ void load_tile_async(__nv_bfloat16* smem, const __nv_bfloat16* src, int64_t stride,
-                                                int valid_rows, int tid) {
-  constexpr int kChunksPerRow = COLS / 8;
-  constexpr int kChunks = ROWS * kChunksPerRow;
-  static_assert(kChunks % THREADS == 0, "tile must split evenly over the block");
-#pragma unroll
-  for (int i = 0; i < kChunks / THREADS; ++i) {
-    const int chunk = tid + i * THREADS;
-    const int row = chunk / kChunksPerRow;
-    const int col = (chunk % kChunksPerRow) * 8;
-    const bool valid = row < valid_rows;
-    const __nv_bfloat16* g = valid ? src + row * stride + col : src;
-    cp_async_16(smem + swizzled<COLS>(row, col), g, valid);
-  }
 }
 
 // 2^x through the SFU (ex2.approx: ~2 ulp, exp2(-inf) = +0), which the softmax needs by the billion.

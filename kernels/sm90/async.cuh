@@ -1,7 +1,9 @@
-// sm90_async.cuh -- Hopper (sm_90a) asynchronous-copy and synchronisation primitives for warp-specialised
-// kernels, as inline PTX: mbarriers (transaction-counted stage barriers), TMA tile loads
-// (cp.async.bulk.tensor), named barriers and register reallocation (setmaxnreg). Device functions are
-// only called from sm_90a kernel bodies; the host helper encodes the TMA descriptors.
+// sm90/async.cuh -- the async primitives of the Hopper (sm_90a) kernels, all in one place, as inline PTX:
+// mbarriers (transaction-counted stage barriers), TMA tile loads (cp.async.bulk.tensor), TMA reductions
+// and bulk-group waits (cp.reduce.async.bulk), the generic -> async proxy fence, named barriers and
+// register reallocation (setmaxnreg). Device functions are only called from sm_90a kernel bodies; the
+// host helper declared at the end (sm90/tma_descriptor.cpp) encodes the TMA descriptors. The wgmma
+// instructions and their fences are sm90/wgmma.cuh; the sm_80 cp.async copies are common/tile_load.cuh.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is fetched from the driver at run time)
@@ -56,6 +58,24 @@ __device__ __forceinline__ void tma_load_3d(uint32_t smem_dst, const CUtensorMap
 __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+
+// TMA reduction: adds one box of shared memory (the tensor map's layout) into global memory, in the
+// current bulk group.
+__device__ __forceinline__ void tma_reduce_add_3d(uint32_t smem_src, const CUtensorMap* map, int c0, int c1, int c2) {
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+// Bulk groups: close the group of bulk operations issued so far; wait until every group has finished
+// reading shared memory (the source may be overwritten), or has finished altogether.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Makes this thread's generic-proxy shared-memory writes (cp.async, st.shared) visible to the async
+// proxy (wgmma operands, TMA stores and reductions).
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // ---- named barriers and registers ------------------------------------------------------------------------
 // Barrier `id` (1..15; 0 is __syncthreads) completes when `threads` threads have reached it by sync or arrive.

@@ -1,0 +1,58 @@
+// sm90/fwd_scheduler.cuh -- which (work item, query head) units each persistent block of the Hopper
+// forward runs, and in what order: the grid (one block per SM, or fewer when there are fewer units),
+// the walk of each block over the units (rounds of alternating direction) and the optional bands by KV
+// head. The producer and both consumers of a block walk the same sequence, so they agree on every unit
+// without talking. The work items themselves (query tiles, KV splits, heaviest first) come from the
+// host plan (attention_plan.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "attention_internal.h"
+
+namespace cad::kernels::detail {
+
+// ---- host: the grid and the walk's mode --------------------------------------------------------------
+// Blocks of the persistent grid: one per SM, fewer when there are fewer units.
+inline int fwd90_grid(int64_t units, int sms) { return static_cast<int>(std::min<int64_t>(units, sms)); }
+
+// Bands of items by KV head pay where there are many items of similar size (long sequences, whose KV
+// does not fit in L2 at once: Pretrain 128K buffer +5%); with few items a band holds items of every
+// size and breaks the heaviest-first order that balances the blocks (dense 4K: 498 -> 300 TFLOP/s;
+// the CAD mixed-shard batch of 148 items: -3%).
+inline int fwd90_kv_head_bands(const FwdParams& p, int num_items, int grid) {
+  const int band_items = std::max(1, grid / p.group);
+  return (p.hq / p.group > 1 && num_items >= 8 * band_items) ? 1 : 0;
+}
+
+// ---- device: the walk ----------------------------------------------------------------------------------
+// Unit (work item x query head) number `round` of block `block`: rounds alternate direction, so that with
+// units sorted heaviest first every block gets a fair mix of heavy and light units.
+__device__ __forceinline__ int fwd_unit_of(int round, int block, int blocks) {
+  return round * blocks + ((round & 1) ? blocks - 1 - block : block);
+}
+
+// Work item and query head of unit u. Units go heaviest item first; within a band of items that one
+// wave of blocks covers, by KV head: the blocks running at the same time then share one KV head's keys
+// and values (which fit in L2) instead of streaming all KV heads at once.
+struct FwdUnit {
+  int item, head;
+};
+__device__ __forceinline__ FwdUnit fwd_unit_coords(int u, int num_items, int hq, int group, int blocks, bool by_kv_head) {
+  if (!by_kv_head) return {u / hq, u % hq};
+  const int band_items = max(1, blocks / group);
+  const int band = u / (band_items * hq), band_first = band * band_items;
+  const int items_here = min(band_items, num_items - band_first);
+  const int r = u - band * band_items * hq;
+  const int kv_head = r / (items_here * group), r2 = r % (items_here * group);
+  return {band_first + r2 / group, kv_head * group + r2 % group};
+}
+
+// Unit u's coordinates under this launch's walk (every role's loop:
+// `for (int u; (u = fwd_unit_of(round, blockIdx.x, gridDim.x)) < num_units; ++round)`).
+__device__ __forceinline__ FwdUnit fwd90_unit(const FwdParams& p, int u, int num_units) {
+  return fwd_unit_coords(u, num_units / p.hq, p.hq, p.group, gridDim.x, p.kv_head_bands != 0);
+}
+
+}  // namespace cad::kernels::detail

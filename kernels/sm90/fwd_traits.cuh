@@ -1,0 +1,51 @@
+// sm90/fwd_traits.cuh -- the Hopper forward's constants and shared-memory map: tile sizes, pipeline
+// depth, the producer/consumer register split, where Q, the K/V stages and their mbarriers sit in
+// shared memory, and the named-barrier ids of the two consumer warpgroups. Every other sm90/fwd_* file
+// works from these.
+#pragma once
+
+#include <cstdint>
+
+#include "attention_internal.h"
+
+namespace cad::kernels::detail {
+
+template <int D, int STAGES>
+struct Fwd90Traits {
+  static constexpr int kBlockM = kFwdBlockM90;  // 2 consumer warpgroups x 64 queries
+  static constexpr int kBlockN = kFwdBlockN90;  // keys per K/V tile (the plan splits KV on these)
+  static constexpr int kStages = STAGES;
+  static constexpr int kThreads = 384;          // producer warpgroup + 2 consumer warpgroups
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 = 384*168
+  static constexpr uint32_t kQBytes = kBlockM * D * 2, kTileBytes = kBlockN * D * 2;
+  static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kTileBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + (2 + 4 * kStages) * 8 + 1024;  // + alignment slack
+};
+
+// K/V stages in shared memory (head dim 128: 32 KiB of Q + 3 x 2 x 32 KiB = 224 KiB; 3 stages measured
+// 1-6% faster than 2 on long KV).
+template <int D>
+constexpr int kFwd90Stages = D == 64 ? 4 : 3;
+
+// Named barriers of the consumers: 1 + w = "consumer w may issue its products", 3 + w = warpgroup w only.
+constexpr int kTurnBarrier = 1, kWarpgroupBarrier = 3;
+
+// Shared-memory byte addresses of one block: Q (kBlockM rows), then kStages K tiles, then kStages V
+// tiles (each in wgmma's 128-byte-swizzled atoms of 64 head-dim columns, as TMA writes them), then the
+// mbarriers: Q full/empty and a full/empty pair per K and per V stage.
+template <typename T>
+struct Fwd90Smem {
+  uint32_t q, k, v, bars;
+  __device__ __forceinline__ explicit Fwd90Smem(uint32_t q_addr)
+      : q(q_addr), k(q_addr + T::kQBytes), v(k + T::kStages * T::kTileBytes), bars(q_addr + T::kBarrierOffset) {}
+  __device__ __forceinline__ uint32_t q_full() const { return bars; }
+  __device__ __forceinline__ uint32_t q_empty() const { return bars + 8; }
+  __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 16 + 8 * s; }
+  __device__ __forceinline__ uint32_t k_empty(int s) const { return bars + 16 + 8 * (T::kStages + s); }
+  __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 8 * (2 * T::kStages + s); }
+  __device__ __forceinline__ uint32_t v_empty(int s) const { return bars + 16 + 8 * (3 * T::kStages + s); }
+  __device__ __forceinline__ uint32_t k_tile(int s) const { return k + s * T::kTileBytes; }
+  __device__ __forceinline__ uint32_t v_tile(int s) const { return v + s * T::kTileBytes; }
+};
+
+}  // namespace cad::kernels::detail
