@@ -79,8 +79,12 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&dk
 // One block = 128 keys of one work item x one KV head, 384 threads, one block per SM:
 //  - warpgroup 0 gives its registers up (setmaxnreg) and hosts two helper warps:
 //      warp 0 ("producer"): per step, TMA loads of the Q and dO tiles (64 queries, 128-byte swizzle) into a
-//      ring of kStages stages; each stage has a full mbarrier (its bytes) and an empty one (the 8 consumer
-//      warps);
+//      ring of kStages stages, and LSE/Delta of those queries into shared memory (plain loads by its 32
+//      lanes); each stage has a full mbarrier (bytes + 32 lanes) and an "empty" named barrier (the consumers
+//      arrive when they are done with the stage, the producer syncs on it before refilling). A named
+//      barrier, not an mbarrier, because the LSE/Delta it recycles are written with ordinary stores and
+//      compute-sanitizer's racecheck follows bar.arrive/bar.sync but not mbarriers (it reported every
+//      reuse of those buffers as a hazard while empty was an mbarrier);
 //      warp 1 ("dQ writer"): adds each step's dQ tile (fp32, in shared memory) to the global accumulator
 //      with TMA reductions (cp.reduce.async.bulk.tensor add), instead of per-thread atomics;
 //  - warpgroups 1 and 2 (consumers, 240 registers) own 64 keys each, keep their dK/dV in registers, and per
@@ -89,11 +93,6 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&dk
 //    mbarrier per dS^T buffer, see the consumer loop); at D=64 each waits only for its own four warps. dS^T
 //    and dQ are double-buffered in shared memory, so the two drift out of phase and one's elementwise work
 //    overlaps the other's products.
-// Each consumer warp loads the LSE and Delta of the step's 64 queries itself (two rows per lane, issued
-// before the step's products so that the latency hides under them) and hands each thread the 16 it needs
-// with shuffles. (They used to be staged in shared memory by the producer: a buffer written with ordinary
-// stores and recycled across warps through mbarriers alone, which compute-sanitizer's racecheck cannot
-// follow -- it reported every reuse as a hazard. Per-thread global loads instead cost 20-25%.)
 // K and V are loaded once per block by the consumers (cp.async, rows past the tile's keys zero-filled). Rows
 // of Q/dO past the segment's end (a partial last query tile) come from whatever follows in memory and are
 // zeroed in shared memory before use, so that 0 * (garbage) cannot reach dK/dV; their dQ rows are then
@@ -116,8 +115,10 @@ struct BwdWsTraits {
   static constexpr uint32_t kDOOff = kQOff + kStages * kQBytes;
   static constexpr uint32_t kDSOff = kDOOff + kStages * kQBytes;
   static constexpr uint32_t kDQOff = kDSOff + 2 * kDSBytes;
-  static constexpr uint32_t kBarOff = kDQOff + kDQBuffers * kDQBytes;
-  static constexpr int kSmemBytes = kBarOff + (2 * kStages + kDSBarriers) * 8 + 1024;  // + alignment slack
+  static constexpr uint32_t kLseOff = kDQOff + kDQBuffers * kDQBytes;
+  static constexpr uint32_t kDeltaOff = kLseOff + kStages * kBlockM * 4;
+  static constexpr uint32_t kBarOff = kDeltaOff + kStages * kBlockM * 4;
+  static constexpr int kSmemBytes = kBarOff + (kStages + kDSBarriers) * 8 + 1024;  // + alignment slack
 };
 static_assert(BwdWsTraits<128, 2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<128, 3>::kSmemBytes <= 227 * 1024 &&
                   BwdWsTraits<64, 4>::kSmemBytes <= 227 * 1024,
@@ -125,7 +126,18 @@ static_assert(BwdWsTraits<128, 2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<128, 
 
 // Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
 // dQ writer waits) and emptied (the other way round).
-constexpr int kBwdBarConsumers = 2, kBwdBarDQFull = 3, kBwdBarDQEmpty = 5;
+// Q/dO stages per head dim.
+#ifndef CAD_BWD64_STAGES
+#define CAD_BWD64_STAGES 2
+#endif
+template <int D>
+constexpr int kBwdStages = D == 128 ? 2 : CAD_BWD64_STAGES;
+
+// Stage s emptied: the consumers arrive, the producer waits (kBwdBarStageEmpty + s, one id per stage).
+constexpr int kBwdBarConsumers = 2, kBwdBarDQFull = 3, kBwdBarDQEmpty = 5, kBwdBarStageEmpty = 7;
+constexpr int kBwdStageBarThreads = 256 + 32;
+static_assert(kBwdBarStageEmpty + kBwdStages<128> <= 16 && kBwdBarStageEmpty + kBwdStages<64> <= 16,
+              "named barrier ids: one per stage");
 constexpr int kBwdDQBarThreads = 256 + 32;
 
 // TMA reduction: adds one box of shared memory (the tensor map's layout) into global memory.
@@ -157,11 +169,12 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
   const uint32_t s_base = raw_addr + pad;
   const uint32_t k_addr = s_base + T::kKOff, q_addr = s_base + T::kQOff, do_addr = s_base + T::kDOOff,
                  v_addr = s_base + T::kVOff, ds_addr = s_base + T::kDSOff, dq_addr = s_base + T::kDQOff;
+  float* sLse = reinterpret_cast<float*>(base + T::kLseOff);  // S x BM, base-2 units
+  float* sDelta = reinterpret_cast<float*>(base + T::kDeltaOff);
   const uint32_t bars = s_base + T::kBarOff;
   auto full_bar = [&](int s) { return bars + 8 * s; };
-  auto empty_bar = [&](int s) { return bars + 8 * (S + s); };
   // dS^T buffer b written: by all 8 consumer warps (D=128), by warpgroup wg's four (D=64).
-  auto ds_bar = [&](int b, int wg) { return bars + 8 * (2 * S + (D == 64 ? 2 * b + wg : b)); };
+  auto ds_bar = [&](int b, int wg) { return bars + 8 * (S + (D == 64 ? 2 * b + wg : b)); };
 
   const BwdUnit unit = bwd_unit(p, num_items, heads_inner);
   const BwdItem item = p.items[unit.item];
@@ -173,10 +186,9 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full_bar(s), 1);   // the producer's expect_tx arrival
-      mbar_init(empty_bar(s), 8);  // the 8 consumer warps
+      mbar_init(full_bar(s), 33);  // the producer's expect_tx arrival + its 32 lanes after LSE/Delta
     }
-    for (int b = 0; b < T::kDSBarriers; ++b) mbar_init(bars + 8 * (2 * S + b), D == 64 ? 4 : 8);
+    for (int b = 0; b < T::kDSBarriers; ++b) mbar_init(bars + 8 * (S + b), D == 64 ? 4 : 8);
     mbar_fence_init();
   }
   __syncthreads();
@@ -191,7 +203,9 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
       }
       for (int it = 0; it < n_iter; ++it) {
         const int s = it % S;
-        mbar_wait(empty_bar(s), ((it / S) & 1) ^ 1);
+        // Step it - S's consumers are done with stage s (their arrivals for that step pair with this sync:
+        // neither side can reach the next use of the id before this one completes).
+        if (it >= S) named_barrier_sync(kBwdBarStageEmpty + s, kBwdStageBarThreads);
         const int h = kv_head * p.group + it / n_qt;
         const int q0 = item.q_begin + (it % n_qt) * BM;
         const int row = static_cast<int>(item.q_row) + q0;
@@ -203,6 +217,14 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
             tma_load_3d(do_addr + s * T::kQBytes + a * BM * 128, &tm_do, a * 64, h, row, full_bar(s));
           }
         }
+#pragma unroll
+        for (int r = lane; r < BM; r += 32) {
+          const bool valid = q0 + r < item.q_len;
+          const int64_t idx = static_cast<int64_t>(h) * p.tq + item.q_row + q0 + r;
+          sLse[s * BM + r] = valid ? p.lse[idx] * kLog2e : 0.f;
+          sDelta[s * BM + r] = valid ? p.delta[idx] : 0.f;
+        }
+        mbar_arrive(full_bar(s));
       }
     } else if (warp == 1) {
       // ---- dQ writer ----
@@ -307,23 +329,8 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     const int s = it % S, b = it & 1;
     const int q0 = item.q_begin + (it % n_qt) * BM;
     const uint32_t q_buf = q_addr + s * T::kQBytes, do_buf = do_addr + s * T::kQBytes;
-    // LSE (base 2) and Delta of the step's queries: lane l holds rows l and l + 32. Rows past the segment's
-    // end hold its last row's (finite; their P is 0).
-    float lse_rows[2], delta_rows[2];
-    {
-      const int64_t stats0 = static_cast<int64_t>(kv_head * p.group + it / n_qt) * p.tq + item.q_row + q0;
-      const int last_q = item.q_len - 1 - q0;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int64_t at = stats0 + min(lane + 32 * i, last_q);
-        lse_rows[i] = __ldg(p.lse + at) * kLog2e;
-        delta_rows[i] = __ldg(p.delta + at);
-      }
-    }
-    // Query ql = nt * 8 + 2t + e (e = 0, 1) of this thread's fragment, taken from the lane holding it.
-    auto row_value = [&](const float (&rows)[2], int nt, int e) {
-      return __shfl_sync(0xffffffffu, rows[nt >> 2], (nt & 3) * 8 + 2 * t + e);
-    };
+    const float* lse_tile = sLse + s * BM;
+    const float* delta_tile = sDelta + s * BM;
     float dq[32];
     if constexpr (kPrev) {
       mbar_wait(ds_bar(b ^ 1, wg), ((it - 1) >> 1) & 1);  // dS^T(it-1): both warpgroups' (D=128), its own (64)
@@ -392,7 +399,6 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     if (need_mask) {
 #pragma unroll
       for (int nt = 0; nt < BM / 8; ++nt) {
-        const float l0 = row_value(lse_rows, nt, 0), l1 = row_value(lse_rows, nt, 1);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = key_local + (e >> 1) * 8;
@@ -400,16 +406,16 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
           const int q = q0 + ql;
           const bool valid = key < item.kv_rows && q < item.q_len &&
                              (!p.causal || item.kv_begin + key <= q + item.causal_offset);
-          st[nt * 4 + e] = valid ? fast_exp2(st[nt * 4 + e] * p.scale_log2 - ((e & 1) ? l1 : l0)) : 0.f;
+          st[nt * 4 + e] = valid ? fast_exp2(st[nt * 4 + e] * p.scale_log2 - lse_tile[ql]) : 0.f;
         }
       }
     } else {
 #pragma unroll
       for (int nt = 0; nt < BM / 8; ++nt) {
-        const float l0 = row_value(lse_rows, nt, 0), l1 = row_value(lse_rows, nt, 1);
+        const float2 l = *reinterpret_cast<const float2*>(lse_tile + nt * 8 + 2 * t);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          st[nt * 4 + e] = fast_exp2(st[nt * 4 + e] * p.scale_log2 - ((e & 1) ? l1 : l0));
+          st[nt * 4 + e] = fast_exp2(st[nt * 4 + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
         }
       }
     }
@@ -418,10 +424,10 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     // dS^T = P^T (dP^T - Delta).
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt) {
-      const float d0 = row_value(delta_rows, nt, 0), d1 = row_value(delta_rows, nt, 1);
+      const float2 dl = *reinterpret_cast<const float2*>(delta_tile + nt * 8 + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        dpt[nt * 4 + e] = st[nt * 4 + e] * (dpt[nt * 4 + e] - ((e & 1) ? d1 : d0));
+        dpt[nt * 4 + e] = st[nt * 4 + e] * (dpt[nt * 4 + e] - ((e & 1) ? dl.y : dl.x));
       }
     }
     __nv_bfloat16* sdS = reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes);
@@ -455,7 +461,8 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     fence_registers(dk);
     fence_registers(dv);
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar(s));  // Q, dO, LSE, Delta of stage s are no longer needed
+    // Q, dO, LSE, Delta of stage s are no longer needed (arrive only where the producer will wait).
+    if (it + S < n_iter) named_barrier_arrive(kBwdBarStageEmpty + s, kBwdStageBarThreads);
   };
   if (n_iter > 0) step(0, std::false_type{});
   for (int it = 1; it < n_iter; ++it) step(it, std::true_type{});
@@ -485,12 +492,6 @@ cudaError_t encode_bwd_dq_tensor_map(CUtensorMap* map, float* base, int64_t toke
                                 BwdWsTraits<D, 2>::kBlockM);
 }
 
-// Q/dO stages per head dim.
-#ifndef CAD_BWD64_STAGES
-#define CAD_BWD64_STAGES 2
-#endif
-template <int D>
-constexpr int kBwdStages = D == 128 ? 2 : CAD_BWD64_STAGES;
 
 template <int D>
 cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool heads_inner, cudaStream_t stream) {
