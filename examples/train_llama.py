@@ -96,8 +96,9 @@ def build_model(args, device, dtype):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     cad.hf.register()
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 3,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
+    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden,
+                         intermediate_size=args.intermediate or args.hidden * 3, num_hidden_layers=args.layers,
+                         num_attention_heads=args.heads,
                          num_key_value_heads=args.kv_heads, max_position_embeddings=max(args.context, 2048),
                          attention_dropout=0.0)
     torch.manual_seed(args.seed)  # the same weights on every rank
@@ -212,6 +213,7 @@ def train(args):
         tail = history[1:] or history
         summary = {"attention": args.attention, "balancer": args.balancer if args.attention == "cad" else None,
                    "ranks": world, "context": args.context, "layers": args.layers, "steps": args.steps,
+                   "hidden": args.hidden, "intermediate": args.intermediate or args.hidden * 3,
                    "device": str(device), "dtype": args.dtype,
                    "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
                    "mean_tokens_per_s_after_step0": sum(r["tokens_per_s"] for r in tail) / len(tail),
@@ -234,6 +236,8 @@ def parse_args(argv=None):
     p.add_argument("--context", type=int, default=2048, help="tokens per rank and step")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--intermediate", type=int, default=0,
+                   help="MLP width (Llama's intermediate_size; Llama-3 8B: 14336); default 3 x --hidden")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--vocab", type=int, default=1024)
@@ -251,6 +255,8 @@ def parse_args(argv=None):
         args.dtype = "bf16" if args.device == "cuda" else "fp32"
     if args.hidden % args.heads or args.heads % args.kv_heads:
         p.error("--hidden must divide by --heads, and --heads by --kv-heads")
+    if args.intermediate < 0:
+        p.error(f"--intermediate must be positive (or 0 for 3 x --hidden), got {args.intermediate}")
     return args
 
 

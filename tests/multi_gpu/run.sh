@@ -7,7 +7,7 @@
 #   3. faults over NCCL: rank 1 skips a forward, or dies mid-step; every survivor must exit with an error
 #      within the timeout (3 s) plus a margin -- never hang;
 #   4. the end-to-end step: examples/train_llama.py under torchrun, Llama shape (hidden 4096, 32 heads, 8 KV
-#      heads; the trainer's MLP is 3 x hidden = 12288, not 14336), bf16, Pretrain batches of 64K/128K/256K
+#      heads, MLP 14336), bf16, Pretrain batches of 64K/128K/256K
 #      tokens per GPU, local attention vs per_doc_cp, distca and prefix_aware. Not yet: ping-pong inside the
 #      trainer (cad.ping_pong exists; the trainer does not split micro-batches), and the all_to_all_v
 #      bandwidth table (tests/gpu_comm/run.sh has it).
@@ -57,7 +57,7 @@ fi
 train() {  # train NAME ARGS...
   local name="$1"; shift
   timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" examples/train_llama.py \
-    --device cuda --hidden 4096 --heads 32 --kv-heads 8 --layers "${LAYERS:-4}" --steps "${STEPS:-6}" \
+    --device cuda --hidden 4096 --intermediate 14336 --heads 32 --kv-heads 8 --layers "${LAYERS:-4}" --steps "${STEPS:-6}" \
     --json-out "$OUT/train_$name.json" "$@" > "$OUT/train_$name.log" 2>&1
   record "train $name" $?
   grep -E "^summary" "$OUT/train_$name.log" | tail -1 | tee -a "$SUMMARY"

@@ -17,6 +17,7 @@ def _run(tmp_path, attention):
     out = tmp_path / f"{attention}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAINER),
            "--attention", attention, "--context", "512", "--layers", "2", "--steps", "2", "--hidden", "64",
+           "--intermediate", "96",
            "--data", str(DATA), "--timeout-ms", "60000", "--json-out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -33,6 +34,7 @@ def test_cad_and_local_losses_agree(tmp_path):
             assert abs(x - y) <= 1e-5 * abs(x), (a["losses"], b["losses"])
     # the recipe's buffers are unequal; CAD's plan is balanced
     assert cad["summary"]["mean_imbalance"] < 1.1 and cad["summary"]["balancer"] == "prefix_aware"
+    assert cad["summary"]["intermediate"] == 96 and local["summary"]["intermediate"] == 96
 
 
 def test_help():
