@@ -31,45 +31,17 @@
 #include "batch_recipe.h"
 #include "doc_lengths.h"
 #include "plan_work.h"
+#include "check_support.h"
 #include "step_model.h"
 
 namespace {
 
 namespace sim = cad::simulate;
-
-struct Ratios {
-  double min = 0, median = 0, max = 0;
-};
-
-Ratios spread(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return {v.front(), n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.back()};
-}
-
-double max_over_mean(const std::vector<double>& v) {
-  double mx = 0, sum = 0;
-  for (double x : v) mx = std::max(mx, x), sum += x;
-  return mx / (sum / static_cast<double>(v.size()));
-}
-
-// The server batch's segments as shards: bottom-right causal, so the segment's queries see
-// kv_len - q_len + 1 .. kv_len keys.
-std::vector<sim::Shard> segment_shards(const cad::cad_plugin::ServerBatch& batch) {
-  std::vector<sim::Shard> out;
-  for (const cad_segment_v1_t& s : batch.segments) {
-    out.push_back({s.q_len, s.kv_len, s.q_len * s.kv_len - s.q_len * (s.q_len - 1) / 2});
-  }
-  return out;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot open");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+namespace check = cad::simulate::check;
+using check::max_over_mean;
+using check::Ratios;
+using check::read_text;
+using check::spread;
 
 }  // namespace
 
@@ -155,7 +127,8 @@ int main(int argc, char** argv) {
                                    name + " rank " + std::to_string(r) +
                                    ": the rebuilt server batch differs from the measured one (q_rows/kv_rows/segments)");
         }
-        const sim::AttentionSeconds seg = sim::attention_seconds(segment_shards(batch), params.num_q_heads,
+        const sim::AttentionSeconds seg = sim::attention_seconds(check::segment_shards(batch.segments),
+                                                                 params.num_q_heads,
                                                                  params.head_dim, *rates);
         const sim::AttentionSeconds& task = work[static_cast<size_t>(r)].attention;
         // Same FLOPs either way: a task split over pieces is split into segments, never changed.
@@ -181,12 +154,10 @@ int main(int argc, char** argv) {
                   b.median, b.max, mf, pf, 100 * (pf / mf - 1), mb, pb, 100 * (pb / mb - 1));
     }
     const Ratios f = spread(all_fwd), b = spread(all_bwd);
-    auto within = [](const std::vector<double>& v) {
-      return std::count_if(v.begin(), v.end(), [](double x) { return std::abs(x - 1) <= 0.1; });
-    };
     std::printf("\nall %zu rank batches: fwd pred/meas %.3f / %.3f / %.3f, bwd %.3f / %.3f / %.3f (min / median / max); "
                 "within 10%%: fwd %td, bwd %td\n",
-                all_fwd.size(), f.min, f.median, f.max, b.min, b.median, b.max, within(all_fwd), within(all_bwd));
+                all_fwd.size(), f.min, f.median, f.max, b.min, b.median, b.max, check::within_10_percent(all_fwd),
+                check::within_10_percent(all_bwd));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cad_simulate_server_check: %s\n", e.what());
     return 1;
