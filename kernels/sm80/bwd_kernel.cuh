@@ -1,5 +1,9 @@
-// attention_bwd.cuh -- the varlen attention backward kernel (FlashAttention-2 style) for one head
-// dim, included by exactly one translation unit per head dim (bwd_hd64.cu, bwd_hd128.cu).
+// sm80/bwd_kernel.cuh -- the portable varlen attention backward kernel (FlashAttention-2 style, sm_80 and
+// later), its traits and main loop: loads, the S^T/dP^T products, P^T and dS^T, dV/dK, and the dQ product
+// with its atomics. Its other concerns are files of their own:
+//   sm80/bwd_launch.cuh    grid and launch (no scheduler: one block per work item and KV head)
+// Tile loads (cp.async into the ldmatrix layout) are common/tile_load.cuh. The Hopper backward
+// (sm90/bwd_kernel.cuh) runs the same work items with wgmma and warp specialisation.
 //
 // One block = one work item (a tile of bwd_block_n(D) keys of one segment) x one KV head. The K/V tile
 // stays in shared memory; the block walks every query head of the KV head's group and every query
@@ -15,8 +19,10 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "attention_internal.h"
+#include "common/mma_utils.cuh"
 #include "common/tile_load.cuh"
 
 namespace cad::kernels::detail {
@@ -238,16 +244,6 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) attention_bwd_kernel(B
       }
     }
   }
-}
-
-template <int D>
-cudaError_t launch_attention_bwd(const BwdParams& p, int num_items, cudaStream_t stream) {
-  using T = BwdTraits<D>;
-  if (num_items == 0 || p.hq == 0) return cudaSuccess;
-  cudaError_t err = set_max_dynamic_smem_once<attention_bwd_kernel<D>>(T::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  attention_bwd_kernel<D><<<dim3(num_items, p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
 }
 
 }  // namespace cad::kernels::detail

@@ -1,6 +1,14 @@
-// attention_bwd_sm90.cuh -- the Hopper (sm_90a) backward kernel, head dims 64 and 128: the work items and
-// math of attention_bwd.cuh with all five matrix products on wgmma, warp-specialised like FlashAttention-3
-// (a TMA producer warp, mbarrier stages, dQ through shared memory and TMA reductions).
+// sm90/bwd_kernel.cuh -- the Hopper (sm_90a) backward kernel, head dims 64 and 128: the work items and
+// math of the portable backward (sm80/bwd_kernel.cuh) with all five matrix products on wgmma,
+// warp-specialised like FlashAttention-3 (a TMA producer warp, mbarrier stages, dQ through shared memory and
+// TMA reductions). This file is the skeleton -- shared memory, barriers, the warp roles and the consumer's
+// step; the concerns it calls are files of their own:
+//   sm90/bwd_traits.cuh     tile sizes, stages, register split, shared-memory map, named-barrier ids
+//   sm90/bwd_scheduler.cuh  block -> (work item, KV head)
+//   sm90/bwd_mainloop.cuh   the dV/dK products' wgmma of either head dim
+//   sm90/bwd_epilogue.cuh   dK/dV at the end of the block
+//   sm90/bwd_launch.cuh     TMA descriptors, grid and launch
+// Compiled to a stub everywhere but sm_90a; the launcher only picks it where the sm_90a binary is loaded.
 //
 // One block = 128 keys (kBwdBlockN90) of one work item x one KV head: two math warpgroups of 64 keys, each
 // keeping its dK/dV (64 x D fp32) in registers. Per step of 64 queries:
@@ -11,72 +19,8 @@
 //     D=64:  warpgroup w computes all 64 columns over its own 64 keys, and both partials are added to
 //            the accumulator (the reductions are atomic per element), so the warpgroups never wait for
 //            each other.
-#pragma once
-
-#include <cuda_bf16.h>
-
-#include <cmath>
-#include <type_traits>
-
-#include "attention_internal.h"
-#include "common/mma_utils.cuh"
-#include "sm90/async.cuh"
-#include "sm90/tiles.cuh"
-#include "sm90/wgmma.cuh"
-
-namespace cad::kernels::detail {
-
-// dV/dK += A (16 queries from registers) x B (16 x D, stored N-contiguous in shared memory).
-template <int D>
-__device__ __forceinline__ void wgmma_rs_tb_d(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t desc_b) {
-  if constexpr (D == 128) {
-    wgmma_m64n128k16_rs_tb(d, a, desc_b, 1);
-  } else {
-    wgmma_m64n64k16_rs_tb(d, a, desc_b, 1);
-  }
-}
-
-// Block -> (work item, KV head). The hardware starts blocks in index order; with heads_inner the KV heads
-// of one item are neighbours, so the items' heaviest-first order holds across all heads (with the items
-// outermost, each head's light tail items would start before the next head's heavy ones: at dense causal 4K
-// the last SM then finishes after 1.6x the mean work).
-struct BwdUnit {
-  int item, kv_head;
-};
-__device__ __forceinline__ BwdUnit bwd_unit(const BwdParams& p, int num_items, int heads_inner) {
-  const int hkv = p.hq / p.group;
-  if (heads_inner) return {static_cast<int>(blockIdx.x) / hkv, static_cast<int>(blockIdx.x) % hkv};
-  return {static_cast<int>(blockIdx.x) % num_items, static_cast<int>(blockIdx.x) / num_items};
-}
-// Writes this thread's dK (scaled) and dV rows of a key tile: directly in bf16 when every key row has one
-// writer (exclusive KV), else added to the fp32 accumulators.
-template <int D>
-__device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&dk)[D / 2], const float (&dv)[D / 2],
-                                            int key_local, int t, int kv_rows, int64_t key_row0, int64_t kv_stride,
-                                            int kv_head) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = key_local + r * 8;
-    if (key >= kv_rows) continue;
-    const int64_t offset = (key_row0 + key) * kv_stride + kv_head * D + 2 * t;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      const float k0 = dk[dn * 4 + 2 * r] * p.scale, k1 = dk[dn * 4 + 2 * r + 1] * p.scale;
-      const float v0 = dv[dn * 4 + 2 * r], v1 = dv[dn * 4 + 2 * r + 1];
-      if (p.kv_exclusive) {
-        *reinterpret_cast<uint32_t*>(p.d_k + offset + dn * 8) = pack_bf16(k0, k1);
-        *reinterpret_cast<uint32_t*>(p.d_v + offset + dn * 8) = pack_bf16(v0, v1);
-      } else {
-        atomic_add_pair(p.dk_acc + offset + dn * 8, k0, k1);
-        atomic_add_pair(p.dv_acc + offset + dn * 8, v0, v1);
-      }
-    }
-  }
-}
-
-// ---- the warp-specialised backward (FlashAttention-3's structure) ----------------------------------------
 //
-// One block = 128 keys of one work item x one KV head, 384 threads, one block per SM:
+// The roles of the 384 threads of a block (one block per SM):
 //  - warpgroup 0 gives its registers up (setmaxnreg) and hosts two helper warps:
 //      warp 0 ("producer"): per step, TMA loads of the Q and dO tiles (64 queries, 128-byte swizzle) into a
 //      ring of kStages stages, and LSE/Delta of those queries into shared memory (plain loads by its 32
@@ -97,62 +41,26 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&dk
 // of Q/dO past the segment's end (a partial last query tile) come from whatever follows in memory and are
 // zeroed in shared memory before use, so that 0 * (garbage) cannot reach dK/dV; their dQ rows are then
 // exactly 0 and the reduction adds nothing to the rows it touches past the segment.
-// STAGES = Q/dO stages; at D=128, 3 (with one dQ buffer, to fit) measured 0-1% slower than 2 on H200.
-template <int D, int STAGES>
-struct BwdWsTraits {
-  static_assert(D == 64 || D == 128, "head dims 64 and 128");
-  static constexpr int kD = D, kBlockM = 64, kBlockN = kBwdBlockN90, kStages = STAGES, kThreads = 384;
-  // dQ buffers in shared memory: two, or one where three Q/dO stages fill shared memory at D=128.
-  static constexpr int kDQBuffers = D == 128 && STAGES > 2 ? 1 : 2;
-  // At D=64 the two warpgroups' dS^T barriers are separate (each waits only for its own warps).
-  static constexpr int kDSBarriers = D == 64 ? 4 : 2;
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128*24 + 256*240 <= 64K
-  static constexpr uint32_t kKVBytes = kBlockN * kD * 2;          // K (and V): 32 KiB
-  static constexpr uint32_t kQBytes = kBlockM * kD * 2;           // one Q (or dO) stage: 16 KiB
-  static constexpr uint32_t kDSBytes = kBlockN * kBlockM * 2;     // one dS^T buffer: 16 KiB
-  static constexpr uint32_t kDQBytes = kBlockM * 128 * 4;         // one dQ buffer: 64 fp32 columns per warpgroup
-  static constexpr uint32_t kKOff = 0, kVOff = kKVBytes, kQOff = 2 * kKVBytes;
-  static constexpr uint32_t kDOOff = kQOff + kStages * kQBytes;
-  static constexpr uint32_t kDSOff = kDOOff + kStages * kQBytes;
-  static constexpr uint32_t kDQOff = kDSOff + 2 * kDSBytes;
-  static constexpr uint32_t kLseOff = kDQOff + kDQBuffers * kDQBytes;
-  static constexpr uint32_t kDeltaOff = kLseOff + kStages * kBlockM * 4;
-  static constexpr uint32_t kBarOff = kDeltaOff + kStages * kBlockM * 4;
-  static constexpr int kSmemBytes = kBarOff + (kStages + kDSBarriers) * 8 + 1024;  // + alignment slack
-};
-static_assert(BwdWsTraits<128, 2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<128, 3>::kSmemBytes <= 227 * 1024 &&
-                  BwdWsTraits<64, 4>::kSmemBytes <= 227 * 1024,
-              "shared memory per block");
+#pragma once
 
-// Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
-// dQ writer waits) and emptied (the other way round).
-// Q/dO stages per head dim.
-#ifndef CAD_BWD64_STAGES
-#define CAD_BWD64_STAGES 2
-#endif
-template <int D>
-constexpr int kBwdStages = D == 128 ? 2 : CAD_BWD64_STAGES;
+#include <cuda_bf16.h>
 
-// Stage s emptied: the consumers arrive, the producer waits (kBwdBarStageEmpty + s, one id per stage).
-constexpr int kBwdBarConsumers = 2, kBwdBarDQFull = 3, kBwdBarDQEmpty = 5, kBwdBarStageEmpty = 7;
-constexpr int kBwdStageBarThreads = 256 + 32;
-static_assert(kBwdBarStageEmpty + kBwdStages<128> <= 16 && kBwdBarStageEmpty + kBwdStages<64> <= 16,
-              "named barrier ids: one per stage");
-constexpr int kBwdDQBarThreads = 256 + 32;
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
 
-// TMA reduction: adds one box of shared memory (the tensor map's layout) into global memory.
-__device__ __forceinline__ void bwd_tma_reduce_add_3d(uint32_t smem_src, const CUtensorMap* map, int c0, int c1,
-                                                      int c2) {
-  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(smem_src), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-__device__ __forceinline__ void bwd_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void bwd_bulk_wait_read_all() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void bwd_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+#include "attention_internal.h"
+#include "common/mma_utils.cuh"
+#include "sm90/arch.cuh"
+#include "sm90/async.cuh"
+#include "sm90/bwd_epilogue.cuh"
+#include "sm90/bwd_mainloop.cuh"
+#include "sm90/bwd_scheduler.cuh"
+#include "sm90/bwd_traits.cuh"
+#include "sm90/tiles.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace cad::kernels::detail {
 
 template <int DIM, int STAGES>
 __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
@@ -239,16 +147,16 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
           // Four boxes of 64 rows x 32 columns: at D=64, boxes 2 and 3 are the second warpgroup's partial.
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            bwd_tma_reduce_add_3d(dq_addr + b * T::kDQBytes + c * (BM * 128), &tm_dq, (c * 32) % D, h, row);
+            tma_reduce_add_3d(dq_addr + b * T::kDQBytes + c * (BM * 128), &tm_dq, (c * 32) % D, h, row);
           }
-          bwd_bulk_commit();
-          bwd_bulk_wait_read_all();
+          bulk_commit();
+          bulk_wait_read_all();
         }
         __syncwarp();
         // Buffer b is used again at step it + NB (arrive only when someone will wait for it).
         if (it + NB < n_iter) named_barrier_arrive(kBwdBarDQEmpty + b, kBwdDQBarThreads);
       }
-      if (lane == 0) bwd_bulk_wait_all();
+      if (lane == 0) bulk_wait_all();
     }
     return;
   }
@@ -482,32 +390,6 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
 
   store_dk_dv<D>(p, dk, dv, key_local, t, item.kv_rows, key_row0, kv_stride, kv_head);
 #endif
-}
-
-// The fp32 dQ accumulator [tokens, heads, D] for TMA reductions: boxes of 64 tokens x one head x 32
-// columns (128 bytes, 128-byte swizzle).
-template <int D>
-cudaError_t encode_bwd_dq_tensor_map(CUtensorMap* map, float* base, int64_t tokens, int heads) {
-  return encode_rows_tensor_map(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, tokens, heads, D, 32,
-                                BwdWsTraits<D, 2>::kBlockM);
-}
-
-
-template <int D>
-cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool heads_inner, cudaStream_t stream) {
-  using T = BwdWsTraits<D, kBwdStages<D>>;
-  if (num_items == 0 || p.hq == 0) return cudaSuccess;
-  CUtensorMap tm_q, tm_do, tm_dq;
-  cudaError_t err = encode_rows_tensor_map(&tm_q, p.q, p.tq, p.hq, D, T::kBlockM);
-  if (err == cudaSuccess) err = encode_rows_tensor_map(&tm_do, p.d_o, p.tq, p.hq, D, T::kBlockM);
-  if (err == cudaSuccess) err = encode_bwd_dq_tensor_map<D>(&tm_dq, p.dq_acc, p.tq, p.hq);
-  if (err != cudaSuccess) return err;
-  constexpr auto kernel = attention_bwd_sm90_ws_kernel<D, kBwdStages<D>>;
-  err = set_max_dynamic_smem_once<kernel>(T::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p, tm_q, tm_do, tm_dq, num_items,
-                                                                                  heads_inner ? 1 : 0);
-  return cudaGetLastError();
 }
 
 }  // namespace cad::kernels::detail
