@@ -5,8 +5,9 @@
 // step; the concerns it calls are files of their own:
 //   sm90/bwd_traits.cuh     tile sizes, stages, register split, shared-memory map, named-barrier ids
 //   sm90/bwd_scheduler.cuh  block -> (work item, KV head)
-//   sm90/bwd_mainloop.cuh   the dV/dK products' wgmma of either head dim
-//   sm90/bwd_epilogue.cuh   dK/dV at the end of the block
+//   sm90/bwd_mainloop.cuh   producer (TMA loads of Q/dO, LSE/Delta) and the consumer's wgmma products
+//   sm90/bwd_softmax.cuh    P^T (masked or not) and dS^T
+//   sm90/bwd_epilogue.cuh   dQ (shared buffers, the dQ writer's TMA reductions) and dK/dV
 //   sm90/bwd_launch.cuh     TMA descriptors, grid and launch
 // Compiled to a stub everywhere but sm_90a; the launcher only picks it where the sm_90a binary is loaded.
 //
@@ -56,6 +57,7 @@
 #include "sm90/bwd_epilogue.cuh"
 #include "sm90/bwd_mainloop.cuh"
 #include "sm90/bwd_scheduler.cuh"
+#include "sm90/bwd_softmax.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/tiles.cuh"
 #include "sm90/wgmma.cuh"
@@ -69,7 +71,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
                                  int num_items, int heads_inner) {
 #ifdef CAD_SM90_KERNEL_BODY
   using T = BwdWsTraits<DIM, STAGES>;
-  constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages, NB = T::kDQBuffers;
+  constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t pad = (1024 - (raw_addr & 1023)) & 1023;
@@ -104,59 +106,9 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
   if (warp < 4) {
     registers_release<T::kProducerRegs>();
     if (warp == 0) {
-      // ---- producer ----
-      if (lane == 0) {
-        tma_prefetch_descriptor(&tm_q);
-        tma_prefetch_descriptor(&tm_do);
-      }
-      for (int it = 0; it < n_iter; ++it) {
-        const int s = it % S;
-        // Step it - S's consumers are done with stage s (their arrivals for that step pair with this sync:
-        // neither side can reach the next use of the id before this one completes).
-        if (it >= S) named_barrier_sync(kBwdBarStageEmpty + s, kBwdStageBarThreads);
-        const int h = kv_head * p.group + it / n_qt;
-        const int q0 = item.q_begin + (it % n_qt) * BM;
-        const int row = static_cast<int>(item.q_row) + q0;
-        if (lane == 0) {
-          mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes);
-#pragma unroll
-          for (int a = 0; a < D / 64; ++a) {
-            tma_load_3d(q_addr + s * T::kQBytes + a * BM * 128, &tm_q, a * 64, h, row, full_bar(s));
-            tma_load_3d(do_addr + s * T::kQBytes + a * BM * 128, &tm_do, a * 64, h, row, full_bar(s));
-          }
-        }
-#pragma unroll
-        for (int r = lane; r < BM; r += 32) {
-          const bool valid = q0 + r < item.q_len;
-          const int64_t idx = static_cast<int64_t>(h) * p.tq + item.q_row + q0 + r;
-          sLse[s * BM + r] = valid ? p.lse[idx] * kLog2e : 0.f;
-          sDelta[s * BM + r] = valid ? p.delta[idx] : 0.f;
-        }
-        mbar_arrive(full_bar(s));
-      }
+      bwd90_producer<T>(p, item, kv_head, &tm_q, &tm_do, q_addr, do_addr, bars, sLse, sDelta, n_qt, n_iter, lane);
     } else if (warp == 1) {
-      // ---- dQ writer ----
-      if (lane == 0) tma_prefetch_descriptor(&tm_dq);
-      for (int it = 0; it < n_iter; ++it) {
-        const int b = it % NB;
-        named_barrier_sync(kBwdBarDQFull + b, kBwdDQBarThreads);
-        if (lane == 0) {
-          const int h = kv_head * p.group + it / n_qt;
-          const int q0 = item.q_begin + (it % n_qt) * BM;
-          const int row = static_cast<int>(item.q_row) + q0;
-          // Four boxes of 64 rows x 32 columns: at D=64, boxes 2 and 3 are the second warpgroup's partial.
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            tma_reduce_add_3d(dq_addr + b * T::kDQBytes + c * (BM * 128), &tm_dq, (c * 32) % D, h, row);
-          }
-          bulk_commit();
-          bulk_wait_read_all();
-        }
-        __syncwarp();
-        // Buffer b is used again at step it + NB (arrive only when someone will wait for it).
-        if (it + NB < n_iter) named_barrier_arrive(kBwdBarDQEmpty + b, kBwdDQBarThreads);
-      }
-      if (lane == 0) bulk_wait_all();
+      bwd90_dq_writer<T>(p, item, kv_head, &tm_dq, dq_addr, n_qt, n_iter, lane);
     }
     return;
   }
@@ -192,43 +144,9 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
   const int warp_key_last = item.kv_begin + cwarp * 16 + 15;
   const bool warp_keys_full = cwarp * 16 + 15 < item.kv_rows;
 
-  // dQ(j) = dS(j) K, 64 columns per warpgroup: A = dS (queries contiguous in sdS), B = K (head-dim
-  // contiguous). D=128: all 128 keys, K's atom wg (columns 64wg..); D=64: this warpgroup's 64 keys, K's only
-  // atom. One wgmma group.
-  constexpr int kDQKeySteps = D == 128 ? BN / 16 : 4;
+  // dQ(j) = dS(j) K: this warpgroup's first key step and K atom (see bwd90_issue_dq).
   const int dq_key_step0 = D == 128 ? 0 : 4 * wg;
   const uint32_t dq_k_atom = D == 128 ? wg * BN * 128 : 0;
-  auto issue_dq = [&](float(&dq)[32], int j) {
-    const uint32_t ds_buf = ds_addr + (j & 1) * T::kDSBytes;
-#pragma unroll
-    for (int i = 0; i < kDQKeySteps; ++i) {
-      const int kn = dq_key_step0 + i;
-      wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(ds_buf + kn * 16 * 128, BN * 128, 1024),
-                            smem_desc_sw128(k_addr + dq_k_atom + kn * 16 * 128, BN * 128, 1024), i > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-  };
-  // dQ(j) (scaled) into shared buffer j&1: 4 boxes of 64 rows x 32 fp32 columns, 128-byte swizzle (TMA's
-  // layout); then the dQ writer adds it to global memory.
-  auto store_dq = [&](const float(&dq)[32], int j) {
-    const int b = j % NB;
-    if (j >= NB) named_barrier_sync(kBwdBarDQEmpty + b, kBwdDQBarThreads);
-    const uint32_t dq_buf = dq_addr + b * T::kDQBytes;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = (cwarp % 4) * 16 + g + r * 8;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int box = 2 * wg + nt / 4, unit = (nt % 4) * 2 + t / 2;
-        const uint32_t addr = dq_buf + box * (BM * 128) + row * 128 + ((unit ^ (row & 7)) << 4) + (t & 1) * 8;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[nt * 4 + 2 * r] * p.scale),
-                     "f"(dq[nt * 4 + 2 * r + 1] * p.scale)
-                     : "memory");
-      }
-    }
-    fence_proxy_async_smem();
-    named_barrier_arrive(kBwdBarDQFull + b, kBwdDQBarThreads);
-  };
 
   // Step `it`; kPrev: there is a dQ(it-1) to issue and store (a compile-time flag, so that the compiler
   // sees one straight pipeline of wgmma groups per instance).
@@ -245,21 +163,12 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 32; ++i) dq[i] = 0.f;
       wgmma_fence();
-      issue_dq(dq, it - 1);
+      bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_key_step0, it - 1);
     }
     mbar_wait(full_bar(s), (it / S) & 1);
     const int valid_q = item.q_len - q0;
     if (valid_q < BM) {
-      // Rows valid_q.. of Q and dO: 16-byte chunks, 8 per 128-byte atom row, D/64 atoms per tile, 2 tiles.
-      constexpr int kRowChunks = 2 * (D / 64) * 8, kTileShift = D == 128 ? 4 : 3;  // log2(kRowChunks / 2)
-      const int chunks = (BM - valid_q) * kRowChunks;
-      for (int c = ctid; c < chunks; c += 256) {
-        const int row = valid_q + c / kRowChunks, rest = c % kRowChunks;
-        const uint32_t addr = ((rest >> kTileShift) ? do_buf : q_buf) + ((rest >> 3) & (D / 64 - 1)) * BM * 128 +
-                              row * 128 + (rest & 7) * 16;
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
-      }
-      fence_proxy_async_smem();
+      bwd90_zero_rows_past_end<T>(q_buf, do_buf, valid_q, ctid);
       named_barrier_sync(kBwdBarConsumers, 256);
     }
 
@@ -267,37 +176,13 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     // (in flight during the softmax): this warpgroup's 64 keys x BM queries. (dQ, S and dP together in
     // registers next to dK/dV would not fit.)
     float st[BM / 2], dpt[BM / 2];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t a_off = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
-      const uint32_t b_off = (kk >> 2) * BM * 128 + (kk & 3) * 32;
-      if (kk == 0) {
-        wgmma_m64n64k16_ss_first(st, smem_desc_sw128(k_addr + a_off, 0, 1024), smem_desc_sw128(q_buf + b_off, 0, 1024));
-      } else {
-        wgmma_m64n64k16_ss(st, smem_desc_sw128(k_addr + a_off, 0, 1024), smem_desc_sw128(q_buf + b_off, 0, 1024), 1);
-      }
-    }
-    wgmma_commit();
+    bwd90_issue_keys_x_queries<T>(st, k_addr, q_buf, wg);
     if constexpr (kPrev) {
       wgmma_wait<1>();
       fence_registers(dq);
-      store_dq(dq, it - 1);
+      bwd90_store_dq<T>(p, dq, dq_addr, it - 1, cwarp, wg, g, t);
     }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t a_off = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
-      const uint32_t b_off = (kk >> 2) * BM * 128 + (kk & 3) * 32;
-      if (kk == 0) {
-        wgmma_m64n64k16_ss_first(dpt, smem_desc_sw128(v_addr + a_off, 0, 1024),
-                                 smem_desc_sw128(do_buf + b_off, 0, 1024));
-      } else {
-        wgmma_m64n64k16_ss(dpt, smem_desc_sw128(v_addr + a_off, 0, 1024), smem_desc_sw128(do_buf + b_off, 0, 1024),
-                           1);
-      }
-    }
-    wgmma_commit();
+    bwd90_issue_keys_x_queries<T>(dpt, v_addr, do_buf, wg);
     wgmma_wait<1>();
     fence_registers(st);
 
@@ -305,66 +190,22 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     const bool need_mask =
         !warp_keys_full || valid_q < BM || (p.causal && warp_key_last > q0 + item.causal_offset);
     if (need_mask) {
-#pragma unroll
-      for (int nt = 0; nt < BM / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key_local + (e >> 1) * 8;
-          const int ql = nt * 8 + 2 * t + (e & 1);
-          const int q = q0 + ql;
-          const bool valid = key < item.kv_rows && q < item.q_len &&
-                             (!p.causal || item.kv_begin + key <= q + item.causal_offset);
-          st[nt * 4 + e] = valid ? fast_exp2(st[nt * 4 + e] * p.scale_log2 - lse_tile[ql]) : 0.f;
-        }
-      }
+      bwd90_probabilities_masked<BM>(st, p, item, key_local, t, q0, lse_tile);
     } else {
-#pragma unroll
-      for (int nt = 0; nt < BM / 8; ++nt) {
-        const float2 l = *reinterpret_cast<const float2*>(lse_tile + nt * 8 + 2 * t);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          st[nt * 4 + e] = fast_exp2(st[nt * 4 + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
-        }
-      }
+      bwd90_probabilities_plain<BM>(st, p, t, lse_tile);
     }
     wgmma_wait<0>();
     fence_registers(dpt);
-    // dS^T = P^T (dP^T - Delta).
-#pragma unroll
-    for (int nt = 0; nt < BM / 8; ++nt) {
-      const float2 dl = *reinterpret_cast<const float2*>(delta_tile + nt * 8 + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        dpt[nt * 4 + e] = st[nt * 4 + e] * (dpt[nt * 4 + e] - ((e & 1) ? dl.y : dl.x));
-      }
-    }
-    __nv_bfloat16* sdS = reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes);
+    // dS^T = P^T (dP^T - Delta); P^T and dS^T as A fragments, dS^T also to shared memory for dQ.
+    bwd90_ds<BM>(dpt, st, delta_tile, t);
     uint32_t ap[BM / 16][4], as[BM / 16][4];
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      accumulator_to_a_fragment(st, kq, ap[kq]);
-      accumulator_to_a_fragment(dpt, kq, as[kq]);
-      // dS^T to shared memory, keys x queries, for dQ.
-      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 2 * t)) = as[kq][0];
-      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 2 * t)) = as[kq][1];
-      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 8 + 2 * t)) = as[kq][2];
-      *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 8 + 2 * t)) = as[kq][3];
-    }
-    fence_proxy_async_smem();  // dS^T was written with ordinary stores; wgmma reads it
+    bwd90_fragments_and_ds<T>(st, dpt, ap, as,
+                              reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes), key_local, t);
     __syncwarp();
     if (lane == 0) mbar_arrive(ds_bar(b, wg));
 
-    // dV += P^T dO and dK += dS^T Q (16 queries per step; dO / Q read transposed).
-    wgmma_fence();
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      wgmma_rs_tb_d<D>(dv, ap[kq], smem_desc_sw128(do_buf + kq * 16 * 128, BM * 128, 1024));
-    }
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      wgmma_rs_tb_d<D>(dk, as[kq], smem_desc_sw128(q_buf + kq * 16 * 128, BM * 128, 1024));
-    }
-    wgmma_commit();
+    // dV += P^T dO and dK += dS^T Q.
+    bwd90_issue_dv_dk<T>(dv, dk, ap, as, do_buf, q_buf);
     wgmma_wait<0>();
     fence_registers(dk);
     fence_registers(dv);
@@ -380,12 +221,12 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     for (int i = 0; i < 32; ++i) dq[i] = 0.f;
     mbar_wait(ds_bar((n_iter - 1) & 1, wg), ((n_iter - 1) >> 1) & 1);
     wgmma_fence();
-    issue_dq(dq, n_iter - 1);
+    bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_key_step0, n_iter - 1);
     wgmma_wait<0>();
     fence_registers(dq);
     fence_registers(dk);
     fence_registers(dv);
-    store_dq(dq, n_iter - 1);
+    bwd90_store_dq<T>(p, dq, dq_addr, n_iter - 1, cwarp, wg, g, t);
   }
 
   store_dk_dv<D>(p, dk, dv, key_local, t, item.kv_rows, key_row0, kv_stride, kv_head);
