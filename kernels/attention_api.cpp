@@ -39,7 +39,7 @@ cudaError_t upload_tables(const ForwardPlan& plan, char* workspace, cudaStream_t
   return cudaMemcpyAsync(workspace + plan.items_offset, image.data(), image.size(), cudaMemcpyHostToDevice, stream);
 }
 
-// Start order of the Hopper backward's blocks (attention_bwd_sm90.cuh, bwd_unit). The hardware starts
+// Start order of the Hopper backward's blocks (sm90/bwd_scheduler.cuh, bwd_unit). The hardware starts
 // blocks in index order, each SM taking the next one as it frees up, and the plan lists the items heaviest
 // first. With the KV heads outermost, one head's light items start before the next head's heavy ones (dense
 // causal 4K: the last SM ends after 1.6x the mean work); with the heads innermost the heaviest-first order
@@ -202,7 +202,7 @@ cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q,
     int device = 0, sms = 0;
     CAD_CUDA_TRY(cudaGetDevice(&device));
     CAD_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    // One block per SM (attention_bwd_sm90.cuh).
+    // One block per SM (sm90/bwd_kernel.cuh).
     const bool heads_inner = bwd_heads_inner(plan, pr.hkv, p.group, sms);
     CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_bwd_sm90<64>(p, n, heads_inner, stream)
                                    : detail::launch_attention_bwd_sm90<128>(p, n, heads_inner, stream));

@@ -1,5 +1,11 @@
-// attention_bwd.cuh -- the varlen attention backward kernel (FlashAttention-2 style) for one head
-// dim, included by exactly one translation unit per head dim (bwd_hd64.cu, bwd_hd128.cu).
+// sm80/bwd_kernel.cuh -- the portable varlen attention backward kernel (FlashAttention-2 style, sm_80 and
+// later), its traits and main loop: loads, the S^T/dP^T products, dV/dK += P^T dO / dS^T Q, dS^T through
+// shared memory and dQ = dS K. Its other concerns are files of their own:
+//   sm80/bwd_softmax.cuh   P^T (masked) and dS^T
+//   sm80/bwd_epilogue.cuh  dQ atomics per step, dK/dV at the end
+//   sm80/bwd_launch.cuh    grid and launch (no scheduler: one block per work item and KV head)
+// Tile loads (cp.async into the ldmatrix layout) are common/tile_load.cuh. The Hopper backward
+// (sm90/bwd_kernel.cuh) runs the same work items with wgmma and warp specialisation.
 //
 // One block = one work item (a tile of bwd_block_n(D) keys of one segment) x one KV head. The K/V tile
 // stays in shared memory; the block walks every query head of the KV head's group and every query
@@ -15,9 +21,13 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "attention_internal.h"
+#include "common/mma_utils.cuh"
 #include "common/tile_load.cuh"
+#include "sm80/bwd_epilogue.cuh"
+#include "sm80/bwd_softmax.cuh"
 
 namespace cad::kernels::detail {
 
@@ -130,20 +140,7 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) attention_bwd_kernel(B
     }
 
     // P^T (masked to 0 outside the segment and above the causal diagonal), then dS^T in dpt.
-#pragma unroll
-    for (int nt = 0; nt < BM / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key_local + (e >> 1) * 8;
-        const int ql = nt * 8 + 2 * t + (e & 1);
-        const int q = q0 + ql;
-        const bool valid = key < item.kv_rows && q < item.q_len &&
-                           (!p.causal || item.kv_begin + key <= q + item.causal_offset);
-        const float prob = valid ? fast_exp2(st[nt][e] * p.scale_log2 - lse_tile[ql]) : 0.f;
-        st[nt][e] = prob;
-        dpt[nt][e] = prob * (dpt[nt][e] - delta_tile[ql]);
-      }
-    }
+    bwd80_probabilities_and_ds<BM>(st, dpt, p, item, key_local, t, q0, lse_tile, delta_tile);
 
     // dV += P^T dO and dK += dS^T Q (A operands straight from registers).
 #pragma unroll
@@ -203,51 +200,11 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) attention_bwd_kernel(B
         }
       }
     }
-#pragma unroll
-    for (int mm = 0; mm < BM / 16; ++mm) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int q = q0 + mm * 16 + g + r * 8;
-        if (q >= item.q_len) continue;
-        float* dst = p.dq_acc + (item.q_row + q) * q_stride + h * D + warp * kWarpCols + 2 * t;
-#pragma unroll
-        for (int dn = 0; dn < kWarpCols / 8; ++dn) {
-          atomic_add_pair(dst + dn * 8, dq[mm][dn][2 * r] * p.scale, dq[mm][dn][2 * r + 1] * p.scale);
-        }
-      }
-    }
+    bwd80_add_dq<D, BM, kWarpCols>(p, item, dq, q0, h, q_stride, warp * kWarpCols, g, t);
   }
   if (n_iter == 0) cp_async_wait<0>();
 
-  // dK = scale * dS^T Q, dV = P^T dO for this warp's keys.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = key_local + r * 8;
-    if (key >= item.kv_rows) continue;
-    const int64_t offset = (key_row0 + key) * kv_stride + kv_head * D + 2 * t;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      const float k0 = dk[dn][2 * r] * p.scale, k1 = dk[dn][2 * r + 1] * p.scale;
-      const float v0 = dv[dn][2 * r], v1 = dv[dn][2 * r + 1];
-      if (p.kv_exclusive) {
-        *reinterpret_cast<uint32_t*>(p.d_k + offset + dn * 8) = pack_bf16(k0, k1);
-        *reinterpret_cast<uint32_t*>(p.d_v + offset + dn * 8) = pack_bf16(v0, v1);
-      } else {
-        atomic_add_pair(p.dk_acc + offset + dn * 8, k0, k1);
-        atomic_add_pair(p.dv_acc + offset + dn * 8, v0, v1);
-      }
-    }
-  }
-}
-
-template <int D>
-cudaError_t launch_attention_bwd(const BwdParams& p, int num_items, cudaStream_t stream) {
-  using T = BwdTraits<D>;
-  if (num_items == 0 || p.hq == 0) return cudaSuccess;
-  cudaError_t err = set_max_dynamic_smem_once<attention_bwd_kernel<D>>(T::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  attention_bwd_kernel<D><<<dim3(num_items, p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  bwd80_store_dk_dv<D>(p, dk, dv, key_local, t, item.kv_rows, key_row0, kv_stride, kv_head);
 }
 
 }  // namespace cad::kernels::detail

@@ -1,0 +1,103 @@
+// sm90/bwd_epilogue.cuh -- the outputs of the Hopper backward:
+//  - dQ, every step: each consumer warpgroup writes its 64 fp32 columns of dQ(j) (scaled) into shared
+//    buffer j % kDQBuffers in TMA's layout, and the dQ writer warp adds the buffer to the global fp32
+//    accumulator with TMA reductions (cp.reduce.async.bulk.tensor add) instead of per-thread atomics; the
+//    two sides hand the buffer back and forth through named barriers (full: consumers arrive, writer
+//    waits; empty: the other way round);
+//  - dK and dV of the block's keys at its end, per consumer thread from its wgmma accumulators.
+#pragma once
+
+#include <cstdint>
+
+#include "attention_internal.h"
+#include "common/mma_utils.cuh"
+#include "sm90/async.cuh"
+#include "sm90/bwd_traits.cuh"
+
+namespace cad::kernels::detail {
+
+// ---- dQ ------------------------------------------------------------------------------------------------
+// The dQ writer warp: per step, once buffer b is full, four boxes of 64 rows x 32 columns added into the
+// accumulator (at D=64, boxes 2 and 3 are the second warpgroup's partial of the same columns).
+template <typename T>
+__device__ __forceinline__ void bwd90_dq_writer(const BwdParams& p, const BwdItem& item, int kv_head,
+                                                const CUtensorMap* tm_dq, uint32_t dq_addr, int n_qt, int n_iter,
+                                                int lane) {
+  constexpr int D = T::kD, BM = T::kBlockM, NB = T::kDQBuffers;
+  if (lane == 0) tma_prefetch_descriptor(tm_dq);
+  for (int it = 0; it < n_iter; ++it) {
+    const int b = it % NB;
+    named_barrier_sync(kBwdBarDQFull + b, kBwdDQBarThreads);
+    if (lane == 0) {
+      const int h = kv_head * p.group + it / n_qt;
+      const int q0 = item.q_begin + (it % n_qt) * BM;
+      const int row = static_cast<int>(item.q_row) + q0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        tma_reduce_add_3d(dq_addr + b * T::kDQBytes + c * (BM * 128), tm_dq, (c * 32) % D, h, row);
+      }
+      bulk_commit();
+      bulk_wait_read_all();
+    }
+    __syncwarp();
+    // Buffer b is used again at step it + NB (arrive only when someone will wait for it).
+    if (it + NB < n_iter) named_barrier_arrive(kBwdBarDQEmpty + b, kBwdDQBarThreads);
+  }
+  if (lane == 0) bulk_wait_all();
+}
+
+// A consumer thread's part of dQ(j) (scaled) into shared buffer j % kDQBuffers: 4 boxes of 64 rows x 32
+// fp32 columns, 128-byte swizzle (TMA's layout), boxes 2wg and 2wg + 1 from warpgroup wg; then the buffer
+// is handed to the dQ writer. cwarp = consumer warp 0..7, g = lane / 4, t = lane % 4.
+template <typename T>
+__device__ __forceinline__ void bwd90_store_dq(const BwdParams& p, const float (&dq)[32], uint32_t dq_addr, int j,
+                                               int cwarp, int wg, int g, int t) {
+  constexpr int BM = T::kBlockM, NB = T::kDQBuffers;
+  const int b = j % NB;
+  if (j >= NB) named_barrier_sync(kBwdBarDQEmpty + b, kBwdDQBarThreads);
+  const uint32_t dq_buf = dq_addr + b * T::kDQBytes;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = (cwarp % 4) * 16 + g + r * 8;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int box = 2 * wg + nt / 4, unit = (nt % 4) * 2 + t / 2;
+      const uint32_t addr = dq_buf + box * (BM * 128) + row * 128 + ((unit ^ (row & 7)) << 4) + (t & 1) * 8;
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[nt * 4 + 2 * r] * p.scale),
+                   "f"(dq[nt * 4 + 2 * r + 1] * p.scale)
+                   : "memory");
+    }
+  }
+  fence_proxy_async_smem();
+  named_barrier_arrive(kBwdBarDQFull + b, kBwdDQBarThreads);
+}
+
+// ---- dK, dV --------------------------------------------------------------------------------------------
+
+// Writes this thread's dK (scaled) and dV rows of a key tile: directly in bf16 when every key row has one
+// writer (exclusive KV), else added to the fp32 accumulators.
+template <int D>
+__device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&dk)[D / 2], const float (&dv)[D / 2],
+                                            int key_local, int t, int kv_rows, int64_t key_row0, int64_t kv_stride,
+                                            int kv_head) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_local + r * 8;
+    if (key >= kv_rows) continue;
+    const int64_t offset = (key_row0 + key) * kv_stride + kv_head * D + 2 * t;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      const float k0 = dk[dn * 4 + 2 * r] * p.scale, k1 = dk[dn * 4 + 2 * r + 1] * p.scale;
+      const float v0 = dv[dn * 4 + 2 * r], v1 = dv[dn * 4 + 2 * r + 1];
+      if (p.kv_exclusive) {
+        *reinterpret_cast<uint32_t*>(p.d_k + offset + dn * 8) = pack_bf16(k0, k1);
+        *reinterpret_cast<uint32_t*>(p.d_v + offset + dn * 8) = pack_bf16(v0, v1);
+      } else {
+        atomic_add_pair(p.dk_acc + offset + dn * 8, k0, k1);
+        atomic_add_pair(p.dv_acc + offset + dn * 8, v0, v1);
+      }
+    }
+  }
+}
+
+}  // namespace cad::kernels::detail

@@ -1,0 +1,236 @@
+// sm90/bwd_kernel.cuh -- the Hopper (sm_90a) backward kernel, head dims 64 and 128: the work items and
+// math of the portable backward (sm80/bwd_kernel.cuh) with all five matrix products on wgmma,
+// warp-specialised like FlashAttention-3 (a TMA producer warp, mbarrier stages, dQ through shared memory and
+// TMA reductions). This file is the skeleton -- shared memory, barriers, the warp roles and the consumer's
+// step; the concerns it calls are files of their own:
+//   sm90/bwd_traits.cuh     tile sizes, stages, register split, shared-memory map, named-barrier ids
+//   sm90/bwd_scheduler.cuh  block -> (work item, KV head)
+//   sm90/bwd_mainloop.cuh   producer (TMA loads of Q/dO, LSE/Delta) and the consumer's wgmma products
+//   sm90/bwd_softmax.cuh    P^T (masked or not) and dS^T
+//   sm90/bwd_epilogue.cuh   dQ (shared buffers, the dQ writer's TMA reductions) and dK/dV
+//   sm90/bwd_launch.cuh     TMA descriptors, grid and launch
+// Compiled to a stub everywhere but sm_90a; the launcher only picks it where the sm_90a binary is loaded.
+//
+// One block = 128 keys (kBwdBlockN90) of one work item x one KV head: two math warpgroups of 64 keys, each
+// keeping its dK/dV (64 x D fp32) in registers. Per step of 64 queries:
+//   S^T = K Q^T, dP^T = V dO^T          (shared x shared)
+//   dV += P^T dO, dK += dS^T Q          (P^T / dS^T from registers, dO / Q transposed from shared)
+//   dQ = dS K                           (dS^T through shared memory), 64 fp32 columns per warpgroup:
+//     D=128: warpgroup w computes columns 64w..64w+63 over all 128 keys (it reads the other's dS^T);
+//     D=64:  warpgroup w computes all 64 columns over its own 64 keys, and both partials are added to
+//            the accumulator (the reductions are atomic per element), so the warpgroups never wait for
+//            each other.
+//
+// The roles of the 384 threads of a block (one block per SM):
+//  - warpgroup 0 gives its registers up (setmaxnreg) and hosts two helper warps:
+//      warp 0 ("producer"): per step, TMA loads of the Q and dO tiles (64 queries, 128-byte swizzle) into a
+//      ring of kStages stages, and LSE/Delta of those queries into shared memory (plain loads by its 32
+//      lanes); each stage has a full mbarrier (bytes + 32 lanes) and an "empty" named barrier (the consumers
+//      arrive when they are done with the stage, the producer syncs on it before refilling). A named
+//      barrier, not an mbarrier, because the LSE/Delta it recycles are written with ordinary stores and
+//      compute-sanitizer's racecheck follows bar.arrive/bar.sync but not mbarriers (it reported every
+//      reuse of those buffers as a hazard while empty was an mbarrier);
+//      warp 1 ("dQ writer"): adds each step's dQ tile (fp32, in shared memory) to the global accumulator
+//      with TMA reductions (cp.reduce.async.bulk.tensor add), instead of per-thread atomics;
+//  - warpgroups 1 and 2 (consumers, 240 registers) own 64 keys each, keep their dK/dV in registers, and per
+//    step compute S^T, dP^T, P^T, dS^T, dV += P^T dO, dK += dS^T Q and 64 fp32 columns of dQ = dS K (see
+//    the top of the file). At D=128 the consumers wait for each other's dS^T of the step before (an
+//    mbarrier per dS^T buffer, see the consumer loop); at D=64 each waits only for its own four warps. dS^T
+//    and dQ are double-buffered in shared memory, so the two drift out of phase and one's elementwise work
+//    overlaps the other's products.
+// K and V are loaded once per block by the consumers (cp.async, rows past the tile's keys zero-filled). Rows
+// of Q/dO past the segment's end (a partial last query tile) come from whatever follows in memory and are
+// zeroed in shared memory before use, so that 0 * (garbage) cannot reach dK/dV; their dQ rows are then
+// exactly 0 and the reduction adds nothing to the rows it touches past the segment.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "attention_internal.h"
+#include "common/mma_utils.cuh"
+#include "sm90/arch.cuh"
+#include "sm90/async.cuh"
+#include "sm90/bwd_epilogue.cuh"
+#include "sm90/bwd_mainloop.cuh"
+#include "sm90/bwd_scheduler.cuh"
+#include "sm90/bwd_softmax.cuh"
+#include "sm90/bwd_traits.cuh"
+#include "sm90/tiles.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace cad::kernels::detail {
+
+template <int DIM, int STAGES>
+__global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
+    attention_bwd_sm90_ws_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                                 const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_dq,
+                                 int num_items, int heads_inner) {
+#ifdef CAD_SM90_KERNEL_BODY
+  using T = BwdWsTraits<DIM, STAGES>;
+  constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024 - (raw_addr & 1023)) & 1023;
+  unsigned char* base = smem_raw + pad;
+  const uint32_t s_base = raw_addr + pad;
+  const uint32_t k_addr = s_base + T::kKOff, q_addr = s_base + T::kQOff, do_addr = s_base + T::kDOOff,
+                 v_addr = s_base + T::kVOff, ds_addr = s_base + T::kDSOff, dq_addr = s_base + T::kDQOff;
+  float* sLse = reinterpret_cast<float*>(base + T::kLseOff);  // S x BM, base-2 units
+  float* sDelta = reinterpret_cast<float*>(base + T::kDeltaOff);
+  const uint32_t bars = s_base + T::kBarOff;
+  auto full_bar = [&](int s) { return bars + 8 * s; };
+  // dS^T buffer b written: by all 8 consumer warps (D=128), by warpgroup wg's four (D=64).
+  auto ds_bar = [&](int b, int wg) { return bars + 8 * (S + (D == 64 ? 2 * b + wg : b)); };
+
+  const BwdUnit unit = bwd_unit(p, num_items, heads_inner);
+  const BwdItem item = p.items[unit.item];
+  const int kv_head = unit.kv_head;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int q_span = item.q_len - item.q_begin;
+  const int n_qt = q_span > 0 ? (q_span + BM - 1) / BM : 0;
+  const int n_iter = n_qt * p.group;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full_bar(s), 33);  // the producer's expect_tx arrival + its 32 lanes after LSE/Delta
+    }
+    for (int b = 0; b < T::kDSBarriers; ++b) mbar_init(bars + 8 * (S + b), D == 64 ? 4 : 8);
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    registers_release<T::kProducerRegs>();
+    if (warp == 0) {
+      bwd90_producer<T>(p, item, kv_head, &tm_q, &tm_do, q_addr, do_addr, bars, sLse, sDelta, n_qt, n_iter, lane);
+    } else if (warp == 1) {
+      bwd90_dq_writer<T>(p, item, kv_head, &tm_dq, dq_addr, n_qt, n_iter, lane);
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  // Per step j a consumer issues dQ(j-1) (once both warpgroups' dS^T(j-1) are in shared memory) and S(j),
+  // dP(j) as one burst, stores dQ(j-1) while S/dP run, computes P and dS(j), then issues dV/dK(j). No
+  // consumer waits for the other except for its dS^T of the step before, so the two may drift apart by up
+  // to about half a step and overlap one's elementwise work with the other's products.
+  registers_claim<T::kConsumerRegs>();
+  const int ctid = tid - 128;   // 0..255
+  const int wg = ctid / 128;    // this warpgroup's keys: 64*wg .. 64*wg + 63 of the tile
+  const int cwarp = ctid / 32;  // 0..7
+  const int g = lane / 4, t = lane % 4;
+  const int key_local = cwarp * 16 + g;  // this thread's keys: key_local and key_local + 8
+
+  const int64_t kv_stride = static_cast<int64_t>(p.hq / p.group) * D;
+  const int64_t key_row0 = item.kv_row + item.kv_begin;
+  load_tile_atoms_async<BN, D, 256>(reinterpret_cast<__nv_bfloat16*>(base + T::kKOff),
+                                    p.k + key_row0 * kv_stride + kv_head * D, kv_stride, item.kv_rows, ctid);
+  load_tile_atoms_async<BN, D, 256>(reinterpret_cast<__nv_bfloat16*>(base + T::kVOff),
+                                    p.v + key_row0 * kv_stride + kv_head * D, kv_stride, item.kv_rows, ctid);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async_smem();
+  named_barrier_sync(kBwdBarConsumers, 256);
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  // This warp's keys (16 of them) need no mask in a step whose first query sees them all (causal) and
+  // whose queries all lie inside the segment.
+  const int warp_key_last = item.kv_begin + cwarp * 16 + 15;
+  const bool warp_keys_full = cwarp * 16 + 15 < item.kv_rows;
+
+  // dQ(j) = dS(j) K: this warpgroup's first key step and K atom (see bwd90_issue_dq).
+  const int dq_key_step0 = D == 128 ? 0 : 4 * wg;
+  const uint32_t dq_k_atom = D == 128 ? wg * BN * 128 : 0;
+
+  // Step `it`; kPrev: there is a dQ(it-1) to issue and store (a compile-time flag, so that the compiler
+  // sees one straight pipeline of wgmma groups per instance).
+  auto step = [&](const int it, auto has_prev) {
+    constexpr bool kPrev = decltype(has_prev)::value;
+    const int s = it % S, b = it & 1;
+    const int q0 = item.q_begin + (it % n_qt) * BM;
+    const uint32_t q_buf = q_addr + s * T::kQBytes, do_buf = do_addr + s * T::kQBytes;
+    const float* lse_tile = sLse + s * BM;
+    const float* delta_tile = sDelta + s * BM;
+    float dq[32];
+    if constexpr (kPrev) {
+      mbar_wait(ds_bar(b ^ 1, wg), ((it - 1) >> 1) & 1);  // dS^T(it-1): both warpgroups' (D=128), its own (64)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+      wgmma_fence();
+      bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_key_step0, it - 1);
+    }
+    mbar_wait(full_bar(s), (it / S) & 1);
+    const int valid_q = item.q_len - q0;
+    if (valid_q < BM) {
+      bwd90_zero_rows_past_end<T>(q_buf, do_buf, valid_q, ctid);
+      named_barrier_sync(kBwdBarConsumers, 256);
+    }
+
+    // S^T = K Q^T (one group, in flight with dQ(it-1)), then dQ(it-1) to shared memory, then dP^T = V dO^T
+    // (in flight during the softmax): this warpgroup's 64 keys x BM queries. (dQ, S and dP together in
+    // registers next to dK/dV would not fit.)
+    float st[BM / 2], dpt[BM / 2];
+    bwd90_issue_keys_x_queries<T>(st, k_addr, q_buf, wg);
+    if constexpr (kPrev) {
+      wgmma_wait<1>();
+      fence_registers(dq);
+      bwd90_store_dq<T>(p, dq, dq_addr, it - 1, cwarp, wg, g, t);
+    }
+    bwd90_issue_keys_x_queries<T>(dpt, v_addr, do_buf, wg);
+    wgmma_wait<1>();
+    fence_registers(st);
+
+    // P^T (0 outside the segment and above the causal diagonal), while dP^T is still in flight.
+    const bool need_mask =
+        !warp_keys_full || valid_q < BM || (p.causal && warp_key_last > q0 + item.causal_offset);
+    if (need_mask) {
+      bwd90_probabilities_masked<BM>(st, p, item, key_local, t, q0, lse_tile);
+    } else {
+      bwd90_probabilities_plain<BM>(st, p, t, lse_tile);
+    }
+    wgmma_wait<0>();
+    fence_registers(dpt);
+    // dS^T = P^T (dP^T - Delta); P^T and dS^T as A fragments, dS^T also to shared memory for dQ.
+    bwd90_ds<BM>(dpt, st, delta_tile, t);
+    uint32_t ap[BM / 16][4], as[BM / 16][4];
+    bwd90_fragments_and_ds<T>(st, dpt, ap, as,
+                              reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes), key_local, t);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(ds_bar(b, wg));
+
+    // dV += P^T dO and dK += dS^T Q.
+    bwd90_issue_dv_dk<T>(dv, dk, ap, as, do_buf, q_buf);
+    wgmma_wait<0>();
+    fence_registers(dk);
+    fence_registers(dv);
+    __syncwarp();
+    // Q, dO, LSE, Delta of stage s are no longer needed (arrive only where the producer will wait).
+    if (it + S < n_iter) named_barrier_arrive(kBwdBarStageEmpty + s, kBwdStageBarThreads);
+  };
+  if (n_iter > 0) step(0, std::false_type{});
+  for (int it = 1; it < n_iter; ++it) step(it, std::true_type{});
+  if (n_iter > 0) {
+    float dq[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+    mbar_wait(ds_bar((n_iter - 1) & 1, wg), ((n_iter - 1) >> 1) & 1);
+    wgmma_fence();
+    bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_key_step0, n_iter - 1);
+    wgmma_wait<0>();
+    fence_registers(dq);
+    fence_registers(dk);
+    fence_registers(dv);
+    bwd90_store_dq<T>(p, dq, dq_addr, n_iter - 1, cwarp, wg, g, t);
+  }
+
+  store_dk_dv<D>(p, dk, dv, key_local, t, item.kv_rows, key_row0, kv_stride, kv_head);
+#endif
+}
+
+}  // namespace cad::kernels::detail

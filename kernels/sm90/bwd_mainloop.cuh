@@ -1,0 +1,173 @@
+// sm90/bwd_mainloop.cuh -- the Hopper backward's pipeline, both sides of it:
+//  - producer (one warp): per step (query head, 64-query tile), TMA loads of Q and dO into a ring of
+//    kStages stages and the LSE/Delta of those queries into shared memory; each stage has a full mbarrier
+//    (bytes + 32 lanes) and an "empty" named barrier (sm90/bwd_traits.cuh's ids);
+//  - consumer (one warpgroup of 64 keys): the step's matrix products on wgmma -- S^T = K Q^T and
+//    dP^T = V dO^T (shared x shared), dV += P^T dO and dK += dS^T Q (A from registers), dQ = dS K (dS^T
+//    through shared memory) -- and the shared-memory work around them: zeroing Q/dO rows past the segment,
+//    writing dS^T in wgmma's layout.
+// The elementwise work between the products is sm90/bwd_softmax.cuh; dQ's way out and dK/dV are
+// sm90/bwd_epilogue.cuh. Shared-memory addresses are byte addresses of the block's map (bwd_traits).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "attention_internal.h"
+#include "sm90/async.cuh"
+#include "sm90/bwd_traits.cuh"
+#include "sm90/tiles.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace cad::kernels::detail {
+
+// ---- producer ------------------------------------------------------------------------------------------
+// Every step of the block: stage s = it % kStages, refilled once the consumers of step it - kStages are
+// done with it. full_bar(s) = bars + 8 s.
+template <typename T>
+__device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem& item, int kv_head,
+                                               const CUtensorMap* tm_q, const CUtensorMap* tm_do, uint32_t q_addr,
+                                               uint32_t do_addr, uint32_t bars, float* sLse, float* sDelta, int n_qt,
+                                               int n_iter, int lane) {
+  constexpr int D = T::kD, BM = T::kBlockM, S = T::kStages;
+  auto full_bar = [&](int s) { return bars + 8 * s; };
+  if (lane == 0) {
+    tma_prefetch_descriptor(tm_q);
+    tma_prefetch_descriptor(tm_do);
+  }
+  for (int it = 0; it < n_iter; ++it) {
+    const int s = it % S;
+    // Step it - S's consumers are done with stage s (their arrivals for that step pair with this sync:
+    // neither side can reach the next use of the id before this one completes).
+    if (it >= S) named_barrier_sync(kBwdBarStageEmpty + s, kBwdStageBarThreads);
+    const int h = kv_head * p.group + it / n_qt;
+    const int q0 = item.q_begin + (it % n_qt) * BM;
+    const int row = static_cast<int>(item.q_row) + q0;
+    if (lane == 0) {
+      mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes);
+#pragma unroll
+      for (int a = 0; a < D / 64; ++a) {
+        tma_load_3d(q_addr + s * T::kQBytes + a * BM * 128, tm_q, a * 64, h, row, full_bar(s));
+        tma_load_3d(do_addr + s * T::kQBytes + a * BM * 128, tm_do, a * 64, h, row, full_bar(s));
+      }
+    }
+#pragma unroll
+    for (int r = lane; r < BM; r += 32) {
+      const bool valid = q0 + r < item.q_len;
+      const int64_t idx = static_cast<int64_t>(h) * p.tq + item.q_row + q0 + r;
+      sLse[s * BM + r] = valid ? p.lse[idx] * kLog2e : 0.f;
+      sDelta[s * BM + r] = valid ? p.delta[idx] : 0.f;
+    }
+    mbar_arrive(full_bar(s));
+  }
+}
+
+// ---- consumer ------------------------------------------------------------------------------------------
+// Rows valid_q.. of the stage's Q and dO tiles set to 0 (a partial last query tile: TMA brought whatever
+// follows in memory, and 0 * garbage must not reach dK/dV). 16-byte chunks, 8 per 128-byte atom row, D/64
+// atoms per tile, 2 tiles; ctid = 0..255 over both consumer warpgroups. The caller syncs the consumers.
+template <typename T>
+__device__ __forceinline__ void bwd90_zero_rows_past_end(uint32_t q_buf, uint32_t do_buf, int valid_q, int ctid) {
+  constexpr int D = T::kD, BM = T::kBlockM;
+  constexpr int kRowChunks = 2 * (D / 64) * 8, kTileShift = D == 128 ? 4 : 3;  // log2(kRowChunks / 2)
+  const int chunks = (BM - valid_q) * kRowChunks;
+  for (int c = ctid; c < chunks; c += 256) {
+    const int row = valid_q + c / kRowChunks, rest = c % kRowChunks;
+    const uint32_t addr = ((rest >> kTileShift) ? do_buf : q_buf) + ((rest >> 3) & (D / 64 - 1)) * BM * 128 +
+                          row * 128 + (rest & 7) * 16;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+  }
+  fence_proxy_async_smem();
+}
+
+// acc = A B^T as one wgmma group (fence, products, commit; the caller waits): A = this warpgroup's 64
+// rows of the K (or V) tile at a_addr, B = the stage's Q (or dO) tile -- S^T = K Q^T, dP^T = V dO^T.
+template <typename T>
+__device__ __forceinline__ void bwd90_issue_keys_x_queries(float (&acc)[T::kBlockM / 2], uint32_t a_addr,
+                                                           uint32_t b_buf, int wg) {
+  constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t a_off = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
+    const uint32_t b_off = (kk >> 2) * BM * 128 + (kk & 3) * 32;
+    if (kk == 0) {
+      wgmma_m64n64k16_ss_first(acc, smem_desc_sw128(a_addr + a_off, 0, 1024), smem_desc_sw128(b_buf + b_off, 0, 1024));
+    } else {
+      wgmma_m64n64k16_ss(acc, smem_desc_sw128(a_addr + a_off, 0, 1024), smem_desc_sw128(b_buf + b_off, 0, 1024), 1);
+    }
+  }
+  wgmma_commit();
+}
+
+// P^T and dS^T (accumulators) -> bf16 A fragments of 16 queries each (ap, as); dS^T also to shared memory
+// (sdS: keys x queries, wgmma's swizzled atoms) for the dQ product, made visible to the async proxy.
+template <typename T>
+__device__ __forceinline__ void bwd90_fragments_and_ds(const float (&st)[T::kBlockM / 2],
+                                                       const float (&dpt)[T::kBlockM / 2],
+                                                       uint32_t (&ap)[T::kBlockM / 16][4],
+                                                       uint32_t (&as)[T::kBlockM / 16][4], __nv_bfloat16* sdS,
+                                                       int key_local, int t) {
+  constexpr int BM = T::kBlockM, BN = T::kBlockN;
+#pragma unroll
+  for (int kq = 0; kq < BM / 16; ++kq) {
+    accumulator_to_a_fragment(st, kq, ap[kq]);
+    accumulator_to_a_fragment(dpt, kq, as[kq]);
+    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 2 * t)) = as[kq][0];
+    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 2 * t)) = as[kq][1];
+    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 8 + 2 * t)) = as[kq][2];
+    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 8 + 2 * t)) = as[kq][3];
+  }
+  fence_proxy_async_smem();  // dS^T was written with ordinary stores; wgmma reads it
+}
+
+// dV/dK += A (16 queries from registers) x B (16 x D, stored N-contiguous in shared memory).
+template <int D>
+__device__ __forceinline__ void wgmma_rs_tb_d(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (D == 128) {
+    wgmma_m64n128k16_rs_tb(d, a, desc_b, 1);
+  } else {
+    wgmma_m64n64k16_rs_tb(d, a, desc_b, 1);
+  }
+}
+
+// dV += P^T dO and dK += dS^T Q as one wgmma group (16 queries per product; dO / Q read transposed).
+template <typename T>
+__device__ __forceinline__ void bwd90_issue_dv_dk(float (&dv)[T::kD / 2], float (&dk)[T::kD / 2],
+                                                  const uint32_t (&ap)[T::kBlockM / 16][4],
+                                                  const uint32_t (&as)[T::kBlockM / 16][4], uint32_t do_buf,
+                                                  uint32_t q_buf) {
+  constexpr int D = T::kD, BM = T::kBlockM;
+  wgmma_fence();
+#pragma unroll
+  for (int kq = 0; kq < BM / 16; ++kq) {
+    wgmma_rs_tb_d<D>(dv, ap[kq], smem_desc_sw128(do_buf + kq * 16 * 128, BM * 128, 1024));
+  }
+#pragma unroll
+  for (int kq = 0; kq < BM / 16; ++kq) {
+    wgmma_rs_tb_d<D>(dk, as[kq], smem_desc_sw128(q_buf + kq * 16 * 128, BM * 128, 1024));
+  }
+  wgmma_commit();
+}
+
+// dQ(j) = dS(j) K, 64 columns per warpgroup, as one wgmma group: A = dS (queries contiguous in dS^T
+// buffer j & 1), B = K (head-dim contiguous). D=128: all 128 keys, K's atom wg (dq_k_atom = wg * BN * 128:
+// columns 64wg..; dq_key_step0 = 0); D=64: this warpgroup's 64 keys (dq_key_step0 = 4 wg), K's only atom.
+// The two offsets come from the caller, once per block (computed here per call, the SASS changed).
+template <typename T>
+__device__ __forceinline__ void bwd90_issue_dq(float (&dq)[32], uint32_t ds_addr, uint32_t k_addr, uint32_t dq_k_atom,
+                                               int dq_key_step0, int j) {
+  constexpr int D = T::kD, BN = T::kBlockN;
+  constexpr int kDQKeySteps = D == 128 ? BN / 16 : 4;
+  const uint32_t ds_buf = ds_addr + (j & 1) * T::kDSBytes;
+#pragma unroll
+  for (int i = 0; i < kDQKeySteps; ++i) {
+    const int kn = dq_key_step0 + i;
+    wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(ds_buf + kn * 16 * 128, BN * 128, 1024),
+                          smem_desc_sw128(k_addr + dq_k_atom + kn * 16 * 128, BN * 128, 1024), i > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+}  // namespace cad::kernels::detail

@@ -1,0 +1,61 @@
+// sm90/bwd_softmax.cuh -- the elementwise part of the Hopper backward's consumer step, per thread: its two
+// keys (key_local, key_local + 8) against the step's 64 queries, in wgmma accumulators (per n8 block nt:
+// keys g, g + 8 x queries 2t, 2t + 1). P^T = exp2(S^T scale_log2 - LSE), 0 outside the segment and above
+// the causal diagonal (bottom-right aligned per segment); dS^T = P^T (dP^T - Delta). LSE (base 2) and
+// Delta of the step's queries come from the producer, through shared memory.
+#pragma once
+
+#include "attention_internal.h"
+#include "common/mma_utils.cuh"
+
+namespace cad::kernels::detail {
+
+// S^T -> P^T in place where the step needs the mask (some key of this warp past the tile's keys, some
+// query past the segment, or the causal diagonal crossing the warp's keys), and without it (LSE read two at
+// a time). Two functions and the choice between them left to the caller: one function taking the choice
+// as a flag compiled to different SASS, and this split had to leave the generated code unchanged.
+template <int BM>
+__device__ __forceinline__ void bwd90_probabilities_masked(float (&st)[BM / 2], const BwdParams& p,
+                                                           const BwdItem& item, int key_local, int t, int q0,
+                                                           const float* lse_tile) {
+#pragma unroll
+  for (int nt = 0; nt < BM / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key_local + (e >> 1) * 8;
+      const int ql = nt * 8 + 2 * t + (e & 1);
+      const int q = q0 + ql;
+      const bool valid = key < item.kv_rows && q < item.q_len &&
+                         (!p.causal || item.kv_begin + key <= q + item.causal_offset);
+      st[nt * 4 + e] = valid ? fast_exp2(st[nt * 4 + e] * p.scale_log2 - lse_tile[ql]) : 0.f;
+    }
+  }
+}
+template <int BM>
+__device__ __forceinline__ void bwd90_probabilities_plain(float (&st)[BM / 2], const BwdParams& p, int t,
+                                                          const float* lse_tile) {
+#pragma unroll
+  for (int nt = 0; nt < BM / 8; ++nt) {
+    const float2 l = *reinterpret_cast<const float2*>(lse_tile + nt * 8 + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      st[nt * 4 + e] = fast_exp2(st[nt * 4 + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
+    }
+  }
+}
+
+// dP^T -> dS^T = P^T (dP^T - Delta) in place.
+template <int BM>
+__device__ __forceinline__ void bwd90_ds(float (&dpt)[BM / 2], const float (&pt)[BM / 2], const float* delta_tile,
+                                         int t) {
+#pragma unroll
+  for (int nt = 0; nt < BM / 8; ++nt) {
+    const float2 dl = *reinterpret_cast<const float2*>(delta_tile + nt * 8 + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      dpt[nt * 4 + e] = pt[nt * 4 + e] * (dpt[nt * 4 + e] - ((e & 1) ? dl.y : dl.x));
+    }
+  }
+}
+
+}  // namespace cad::kernels::detail
