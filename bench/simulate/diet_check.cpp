@@ -70,6 +70,9 @@ int main(int argc, char** argv) {
     if (rates->head_dim() <= 0) throw std::runtime_error(rates_path + ": the table names no head dim");
     const std::string d = std::to_string(rates->head_dim());
     const nlohmann::json doc = nlohmann::json::parse(check::read_text(times));
+    if (!doc.is_object() || !doc.contains("meta") || !doc.contains("rounds")) {
+      throw std::runtime_error(times + ": not a diet_bench.py result (expected the keys 'meta' and 'rounds')");
+    }
     const int64_t hq = doc.at("meta").at("hq").get<int64_t>();
     const std::vector<cad::diet::DietBatch> batches = cad::diet::read_diet_file(diet);
 
