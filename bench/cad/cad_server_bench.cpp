@@ -324,18 +324,7 @@ RankResult measure_rank(const cad::Host& host, const cp::Layout& layout, int32_t
   cad_tensor_v1_t d_q = tensor(buf.get("d_q", static_cast<size_t>(batch.q_rows * qb)), qs, true);
   cad_tensor_v1_t d_k = tensor(buf.get("d_k", static_cast<size_t>(batch.kv_rows * kvb)), ks, true);
   cad_tensor_v1_t d_v = tensor(buf.get("d_v", static_cast<size_t>(batch.kv_rows * kvb)), ks, true);
-  cad_attention_plan_args_v1_t pa{};
-  pa.struct_size = sizeof pa;
-  pa.segments = batch.segments.data();
-  pa.num_segments = static_cast<int64_t>(batch.segments.size());
-  pa.num_q_rows = batch.q_rows;
-  pa.num_kv_rows = batch.kv_rows;
-  pa.num_q_heads = shape.num_q_heads;
-  pa.num_kv_heads = shape.num_kv_heads;
-  pa.head_dim = shape.head_dim;
-  pa.dtype = {CAD_DTYPE_CODE_BFLOAT, 16, 1};
-  pa.causal = 1;
-  pa.device = {CAD_DEVICE_CUDA, 0};
+  const cad_attention_plan_args_v1_t pa = cp::server_plan_args(batch, shape, nullptr);  // shape: bf16, causal, CUDA 0
   void* plan = nullptr;
   if (api->make_plan(ctx, &pa, &plan) != CAD_STATUS_OK) die(std::string("cuda make_plan: ") + api->last_error(ctx));
   cad_attention_forward_args_v1_t fa{};

@@ -29,20 +29,7 @@ namespace {
 void* make_server_plan(CadContext& ctx, const Step& step, void* stream) {
   const ServerBatch& batch = step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
   if (!ctx.server.has_plans() || batch.q_rows == 0) return nullptr;
-  const CallShape& s = step.shape;
-  cad_attention_plan_args_v1_t args{};
-  args.struct_size = sizeof(args);
-  args.segments = batch.segments.data();
-  args.num_segments = static_cast<int64_t>(batch.segments.size());
-  args.num_q_rows = batch.q_rows;
-  args.num_kv_rows = batch.kv_rows;
-  args.num_q_heads = s.num_q_heads;
-  args.num_kv_heads = s.num_kv_heads;
-  args.head_dim = s.head_dim;
-  args.dtype = s.bf16 ? cad_dtype_v1_t{CAD_DTYPE_CODE_BFLOAT, 16, 1} : cad_dtype_v1_t{CAD_DTYPE_CODE_FLOAT, 32, 1};
-  args.causal = s.causal ? 1 : 0;
-  args.device = cad_device_v1_t{s.device_type, s.device_id};
-  args.stream = stream;
+  const cad_attention_plan_args_v1_t args = server_plan_args(batch, step.shape, stream);
   void* plan = nullptr;
   if (ctx.server.table->make_plan(ctx.server.instance, &args, &plan) != CAD_STATUS_OK) {
     const char* message = ctx.server.table->last_error(ctx.server.instance);

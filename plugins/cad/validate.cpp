@@ -340,4 +340,21 @@ void check_plan(const PieceTables& tables, const std::vector<cad_task_v1_t>& tas
   }
 }
 
+cad_attention_plan_args_v1_t server_plan_args(const ServerBatch& batch, const CallShape& shape, void* stream) {
+  cad_attention_plan_args_v1_t args{};
+  args.struct_size = sizeof(args);
+  args.segments = batch.segments.data();
+  args.num_segments = static_cast<int64_t>(batch.segments.size());
+  args.num_q_rows = batch.q_rows;
+  args.num_kv_rows = batch.kv_rows;
+  args.num_q_heads = shape.num_q_heads;
+  args.num_kv_heads = shape.num_kv_heads;
+  args.head_dim = shape.head_dim;
+  args.dtype = shape.bf16 ? cad_dtype_v1_t{CAD_DTYPE_CODE_BFLOAT, 16, 1} : cad_dtype_v1_t{CAD_DTYPE_CODE_FLOAT, 32, 1};
+  args.causal = shape.causal ? 1 : 0;
+  args.device = cad_device_v1_t{shape.device_type, shape.device_id};
+  args.stream = stream;
+  return args;
+}
+
 }  // namespace cad::cad_plugin

@@ -52,6 +52,10 @@ CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, cons
 // make_plan's arguments: the shape every call made with the plan will have (softmax_scale 0).
 CallShape check_plan_args(const cad_attention_plan_args_v1_t* args, const Accepts& accepts);
 
+// The other way round: the server backend's make_plan args of a server batch of calls of `shape` (segments
+// point into `batch`, which must outlive the args).
+cad_attention_plan_args_v1_t server_plan_args(const ServerBatch& batch, const CallShape& shape, void* stream);
+
 // The pieces of every rank must tile each document [0, doc_len) exactly once, with one doc_len per
 // document and lengths >= 1. Throws INVALID_ARGUMENT naming the rank, piece and document.
 void check_piece_tables(const PieceTables& tables);

@@ -465,3 +465,40 @@ TEST(WireTables, DirectWhenEveryPeerIsOneRangeAndIdentityImpliesDirect) {
     }
   }
 }
+
+// The server backend's make_plan args of a server batch: the batch's table and the calls' shape, unchanged.
+TEST(ServerPlanArgs, DescribeTheBatchAndTheShape) {
+  cad::cad_plugin::ServerBatch batch;
+  batch.q_rows = 7;
+  batch.kv_rows = 11;
+  batch.segments = {{0, 3, 0, 5}, {3, 4, 5, 6}};
+  cad::cad_plugin::CallShape shape;
+  shape.num_q_heads = 8;
+  shape.num_kv_heads = 2;
+  shape.head_dim = 64;
+  shape.bf16 = true;
+  shape.causal = false;
+  shape.device_type = CAD_DEVICE_CUDA;
+  shape.device_id = 3;
+  int stream_marker = 0;
+  const cad_attention_plan_args_v1_t a = cad::cad_plugin::server_plan_args(batch, shape, &stream_marker);
+  EXPECT_EQ(a.struct_size, sizeof(a));
+  EXPECT_EQ(a.segments, batch.segments.data());
+  EXPECT_EQ(a.num_segments, 2);
+  EXPECT_EQ(a.num_q_rows, 7);
+  EXPECT_EQ(a.num_kv_rows, 11);
+  EXPECT_EQ(a.num_q_heads, 8);
+  EXPECT_EQ(a.num_kv_heads, 2);
+  EXPECT_EQ(a.head_dim, 64);
+  EXPECT_EQ(a.causal, 0);
+  EXPECT_TRUE(cad::plugin::dtype_is(a.dtype, cad::plugin::DType::BF16));
+  EXPECT_EQ(a.device.device_type, CAD_DEVICE_CUDA);
+  EXPECT_EQ(a.device.device_id, 3);
+  EXPECT_EQ(a.stream, &stream_marker);
+  EXPECT_EQ(a.num_pieces, 0);
+  shape.bf16 = false;
+  shape.causal = true;
+  const cad_attention_plan_args_v1_t b = cad::cad_plugin::server_plan_args(batch, shape, nullptr);
+  EXPECT_TRUE(cad::plugin::dtype_is(b.dtype, cad::plugin::DType::F32));
+  EXPECT_EQ(b.causal, 1);
+}
