@@ -40,3 +40,9 @@ def test_cad_and_local_losses_agree(tmp_path):
 def test_help():
     done = subprocess.run([sys.executable, str(TRAINER), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--attention" in done.stdout and "--balancer" in done.stdout
+
+
+def test_negative_mlp_width_is_refused():
+    done = subprocess.run([sys.executable, str(TRAINER), "--intermediate", "-1"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "--intermediate must be positive" in done.stderr and "got -1" in done.stderr
