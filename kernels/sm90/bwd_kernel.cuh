@@ -65,7 +65,9 @@
 namespace cad::kernels::detail {
 
 template <int DIM, int STAGES>
-__global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
+// Launched as clusters of one block: the producer's st.async (sm90/async.cuh) is a shared::cluster
+// operation, and without a cluster launch the GPU refuses it (illegal instruction).
+__global__ void __cluster_dims__(1, 1, 1) __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     attention_bwd_sm90_ws_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                                  const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_dq,
                                  int num_items, int heads_inner) {
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full_bar(s), 33);  // the producer's expect_tx arrival + its 32 lanes after LSE/Delta
+      mbar_init(full_bar(s), 1);  // the producer's expect_tx arrival; Q, dO, LSE and Delta count as bytes
     }
     for (int b = 0; b < T::kDSBarriers; ++b) mbar_init(bars + 8 * (S + b), D == 64 ? 4 : 8);
     mbar_fence_init();
@@ -106,7 +108,8 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
   if (warp < 4) {
     registers_release<T::kProducerRegs>();
     if (warp == 0) {
-      bwd90_producer<T>(p, item, kv_head, &tm_q, &tm_do, q_addr, do_addr, bars, sLse, sDelta, n_qt, n_iter, lane);
+      bwd90_producer<T>(p, item, kv_head, &tm_q, &tm_do, q_addr, do_addr, bars, s_base + T::kLseOff,
+                        s_base + T::kDeltaOff, n_qt, n_iter, lane);
     } else if (warp == 1) {
       bwd90_dq_writer<T>(p, item, kv_head, &tm_dq, dq_addr, n_qt, n_iter, lane);
     }

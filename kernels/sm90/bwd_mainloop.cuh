@@ -1,7 +1,7 @@
 // sm90/bwd_mainloop.cuh -- the Hopper backward's pipeline, both sides of it:
 //  - producer (one warp): per step (query head, 64-query tile), TMA loads of Q and dO into a ring of
-//    kStages stages and the LSE/Delta of those queries into shared memory; each stage has a full mbarrier
-//    (bytes + 32 lanes) and an "empty" named barrier (sm90/bwd_traits.cuh's ids);
+//    kStages stages and the LSE/Delta of those queries into shared memory (st.async); each stage has a full
+//    mbarrier (one arrival + the bytes of all four) and an "empty" named barrier (sm90/bwd_traits.cuh's ids);
 //  - consumer (one warpgroup of 64 keys): the step's matrix products on wgmma -- S^T = K Q^T and
 //    dP^T = V dO^T (shared x shared), dV += P^T dO and dK += dS^T Q (A from registers), dQ = dS K (dS^T
 //    through shared memory) -- and the shared-memory work around them: zeroing Q/dO rows past the segment,
@@ -28,7 +28,7 @@ namespace cad::kernels::detail {
 template <typename T>
 __device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem& item, int kv_head,
                                                const CUtensorMap* tm_q, const CUtensorMap* tm_do, uint32_t q_addr,
-                                               uint32_t do_addr, uint32_t bars, float* sLse, float* sDelta, int n_qt,
+                                               uint32_t do_addr, uint32_t bars, uint32_t lse_addr, uint32_t delta_addr, int n_qt,
                                                int n_iter, int lane) {
   constexpr int D = T::kD, BM = T::kBlockM, S = T::kStages;
   auto full_bar = [&](int s) { return bars + 8 * s; };
@@ -45,21 +45,25 @@ __device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem
     const int q0 = item.q_begin + (it % n_qt) * BM;
     const int row = static_cast<int>(item.q_row) + q0;
     if (lane == 0) {
-      mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes);
+      // Q and dO tiles by TMA, the stats by the lanes' st.async below: all of them counted in bytes.
+      mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes + 2 * BM * static_cast<uint32_t>(sizeof(float)));
 #pragma unroll
       for (int a = 0; a < D / 64; ++a) {
         tma_load_3d(q_addr + s * T::kQBytes + a * BM * 128, tm_q, a * 64, h, row, full_bar(s));
         tma_load_3d(do_addr + s * T::kQBytes + a * BM * 128, tm_do, a * 64, h, row, full_bar(s));
       }
     }
+    __syncwarp();  // lane 0's expect_tx is announced before any lane's bytes can complete on the barrier
+    // Rows past the segment get 0 (their Q/dO rows are zeroed too; a stale LSE there could be inf/NaN).
+    static_assert(BM % 64 == 0, "two rows per lane per pass");
 #pragma unroll
-    for (int r = lane; r < BM; r += 32) {
-      const bool valid = q0 + r < item.q_len;
+    for (int r = 2 * lane; r < BM; r += 64) {
       const int64_t idx = static_cast<int64_t>(h) * p.tq + item.q_row + q0 + r;
-      sLse[s * BM + r] = valid ? p.lse[idx] * kLog2e : 0.f;
-      sDelta[s * BM + r] = valid ? p.delta[idx] : 0.f;
+      const bool v0 = q0 + r < item.q_len, v1 = q0 + r + 1 < item.q_len;
+      st_async_v2_f32(lse_addr + (s * BM + r) * 4, v0 ? p.lse[idx] * kLog2e : 0.f, v1 ? p.lse[idx + 1] * kLog2e : 0.f,
+                      full_bar(s));
+      st_async_v2_f32(delta_addr + (s * BM + r) * 4, v0 ? p.delta[idx] : 0.f, v1 ? p.delta[idx + 1] : 0.f, full_bar(s));
     }
-    mbar_arrive(full_bar(s));
   }
 }
 
