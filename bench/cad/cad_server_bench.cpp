@@ -10,7 +10,12 @@
 //
 //   cad_server_bench --dist ../shared/data/doclen_pretrain.json --ranks 4,8 --context 65536,131072
 //       [--balancer colocated,per_doc_cp,distca,prefix_aware] [--heads 32] [--kv-heads 8] [--head-dim 128]
-//       [--reps 3] [--seed 1] [--plan-ranks 4,64,512] [--plan-context 131072] [--json FILE]
+//       [--reps 3] [--seeds 1] [--plan-ranks 4,64,512] [--plan-context 131072] [--json FILE]
+//       [--rate-table FILE] [--lengths FILE]
+// With --rate-table, prefix_aware also runs balancing predicted time ("prefix_aware_time") and every plan's
+// predicted max/mean server time is printed beside the measured one: the check that balancing time with
+// the table lowers the measured imbalance (issue 14). --lengths replaces the sampled batches with one given
+// batch (documents packed in order into the ranks, as `cad plan --lengths` does).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +36,8 @@
 #include "doc_lengths.h"
 #include "layout.h"
 #include "plan_model.h"
+#include "plan_time.h"
+#include "rate_table.h"
 #include "validate.h"
 #include "wire_tables.h"
 
@@ -67,7 +74,8 @@ struct Options {
   int64_t plan_context = 131072;
   std::vector<std::string> balancers = {"colocated", "per_doc_cp", "distca", "prefix_aware"};
   int hq = 32, hkv = 8, d = 128, reps = 3;
-  uint64_t seed = 1;
+  std::vector<int64_t> seeds = {1};
+  std::string lengths;  // one given batch instead of --dist's sampled ones
   std::string json;
   std::string rate_table;  // adds "prefix_aware_time": prefix_aware balancing predicted time with this table
 };
@@ -78,8 +86,10 @@ Options parse(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf("usage: cad_server_bench [--dist FILE] [--ranks 4,8] [--context 65536,131072] [--balancer a,b]\n"
-                  "       [--heads 32] [--kv-heads 8] [--head-dim 128] [--reps 3] [--seed 1]\n"
+                  "       [--heads 32] [--kv-heads 8] [--head-dim 128] [--reps 3] [--seeds 1,2,...]\n"
                   "       [--plan-ranks 4,64,512] [--plan-context 131072] [--json FILE] [--rate-table FILE]\n"
+                  "       [--lengths FILE]   (one batch: these document lengths packed into each --ranks x --context)\n"
+                  "       --plan-ranks '' skips the host plan-time table\n"
                   "Measures every rank's CAD server batch (forward, backward, pack+unpack) on this GPU, one after\n"
                   "another, per balancer; and the host time to make a plan.\n");
       std::exit(0);
@@ -96,7 +106,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--kv-heads") o.hkv = std::stoi(v);
     else if (a == "--head-dim") o.d = std::stoi(v);
     else if (a == "--reps") o.reps = std::stoi(v);
-    else if (a == "--seed") o.seed = std::stoull(v);
+    else if (a == "--seed" || a == "--seeds") o.seeds = int_list(v);
+    else if (a == "--lengths") o.lengths = v;
     else if (a == "--json") o.json = v;
     else if (a == "--rate-table") o.rate_table = v;
     else die("unknown option " + a + " (see --help)");
@@ -359,7 +370,12 @@ double max_over_mean(const std::vector<double>& v) {
 
 int main(int argc, char** argv) {
   Options opt = parse(argc, argv);
-  const std::vector<int64_t> lengths = cad::workload::load_lengths(opt.dist);
+  const bool given_batch = !opt.lengths.empty();
+  const std::vector<int64_t> lengths = cad::workload::load_lengths(given_batch ? opt.lengths : opt.dist);
+  if (opt.seeds.empty()) die("--seeds: give at least one seed");
+  // Loaded here as well as by the balancer instance: a bad file stops the bench before any GPU work.
+  cad::plan::RateTable rates;
+  if (!opt.rate_table.empty()) rates = cad::plan::load_rate_table(opt.rate_table);
   nlohmann::json instances = nlohmann::json::array();
   for (const std::string& b : opt.balancers) instances.push_back({{"name", b}, {"plugin", b}, {"config", nlohmann::json::object()}});
   if (!opt.rate_table.empty()) {
@@ -376,59 +392,78 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   nlohmann::json out = {{"gpu", prop.name}, {"heads", opt.hq}, {"kv_heads", opt.hkv}, {"head_dim", opt.d},
-                        {"reps", opt.reps}, {"seed", opt.seed}, {"cases", nlohmann::json::array()}};
+                        {"reps", opt.reps}, {"seeds", opt.seeds}, {"rate_table", opt.rate_table},
+                        {"batch", given_batch ? "lengths " + opt.lengths : "sampled from " + opt.dist},
+                        {"cases", nlohmann::json::array()}};
   Buffers buf;
   std::printf("GPU: %s; Hq=%d Hkv=%d D=%d bf16 causal; times: median of %d\n", prop.name, opt.hq, opt.hkv, opt.d, opt.reps);
-  std::printf("| ranks x tokens | balancer | model max/mean | fwd max/mean | bwd max/mean | fwd ms per rank | bwd ms per rank | "
-              "pack+unpack / attention | workspace GiB (max rank) | saved GiB per fwd (max) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| ranks x tokens | seed | balancer | model max/mean (FLOPs) | predicted time max/mean | fwd max/mean | "
+              "bwd max/mean | fwd+bwd max/mean | fwd ms per rank | bwd ms per rank | pack+unpack / attention | "
+              "workspace GiB (max rank) | saved GiB per fwd (max) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int64_t ranks : opt.ranks) {
     for (int64_t context : opt.contexts) {
-      const auto pieces = cad::workload::sample_batch(lengths, context, static_cast<int32_t>(ranks), opt.seed);
-      cp::CallShape shape;
-      shape.num_q_heads = opt.hq, shape.num_kv_heads = opt.hkv, shape.head_dim = opt.d, shape.bf16 = true;
-      shape.causal = true, shape.device_type = CAD_DEVICE_CUDA;
-      for (const std::string& balancer : opt.balancers) {
-        const Plan plan = make_plan(host, balancer, pieces, shape);
-        cad::plan::ModelParams mp;
-        mp.num_q_heads = opt.hq, mp.num_kv_heads = opt.hkv, mp.head_dim = opt.d;
-        const auto model = cad::plan::evaluate_plan(pieces, static_cast<int32_t>(ranks), plan.tasks.data(),
-                                                    static_cast<int64_t>(plan.tasks.size()), mp);
-        std::vector<double> fwd, bwd;
-        double pack = 0, attention = 0;
-        int64_t workspace = 0, saved = 0;
-        nlohmann::json per_rank = nlohmann::json::array();
-        std::string fwd_list, bwd_list;
-        for (int32_t r = 0; r < ranks; ++r) {
-          shape.tokens = 0;
-          for (const auto& p : pieces[static_cast<size_t>(r)]) shape.tokens += p.len;
-          const RankResult rr = measure_rank(host, plan.layout, r, shape, buf, opt.reps);
-          fwd.push_back(rr.fwd_ms);
-          bwd.push_back(rr.bwd_ms);
-          pack = std::max(pack, (rr.pack_fwd_ms + rr.pack_bwd_ms) / std::max(1e-9, rr.fwd_ms + rr.bwd_ms));
-          attention += rr.fwd_ms + rr.bwd_ms;
-          workspace = std::max(workspace, rr.workspace_bytes);
-          saved = std::max(saved, rr.saved_bytes);
-          char item[64];
-          std::snprintf(item, sizeof item, "%s%.2f", r ? " / " : "", rr.fwd_ms);
-          fwd_list += item;
-          std::snprintf(item, sizeof item, "%s%.2f", r ? " / " : "", rr.bwd_ms);
-          bwd_list += item;
-          per_rank.push_back({{"rank", r}, {"forward_ms", rr.fwd_ms}, {"backward_ms", rr.bwd_ms},
-                              {"pack_unpack_forward_ms", rr.pack_fwd_ms}, {"pack_unpack_backward_ms", rr.pack_bwd_ms},
-                              {"q_rows", rr.q_rows}, {"kv_rows", rr.kv_rows}, {"segments", rr.segments},
-                              {"workspace_bytes", rr.workspace_bytes}, {"saved_bytes_per_forward", rr.saved_bytes},
-                              {"model_score_entries", model.cost[static_cast<size_t>(r)]}});
+      for (int64_t seed : given_batch ? std::vector<int64_t>{0} : opt.seeds) {
+        const auto pieces = given_batch
+                                ? cad::workload::pack(lengths, context, static_cast<int32_t>(ranks))
+                                : cad::workload::sample_batch(lengths, context, static_cast<int32_t>(ranks),
+                                                              static_cast<uint64_t>(seed));
+        cp::CallShape shape;
+        shape.num_q_heads = opt.hq, shape.num_kv_heads = opt.hkv, shape.head_dim = opt.d, shape.bf16 = true;
+        shape.causal = true, shape.device_type = CAD_DEVICE_CUDA;
+        for (const std::string& balancer : opt.balancers) {
+          const Plan plan = make_plan(host, balancer, pieces, shape);
+          cad::plan::ModelParams mp;
+          mp.num_q_heads = opt.hq, mp.num_kv_heads = opt.hkv, mp.head_dim = opt.d;
+          const auto model = cad::plan::evaluate_plan(pieces, static_cast<int32_t>(ranks), plan.tasks.data(),
+                                                      static_cast<int64_t>(plan.tasks.size()), mp);
+          double predicted = 0;  // max/mean of the rate table's predicted fwd+bwd seconds per server
+          if (!opt.rate_table.empty()) {
+            predicted = cad::plan::imbalance_of(cad::plan::server_seconds(
+                pieces, static_cast<int32_t>(ranks), plan.tasks.data(), static_cast<int64_t>(plan.tasks.size()), mp, rates));
+          }
+          std::vector<double> fwd, bwd, total;
+          double pack = 0, attention = 0;
+          int64_t workspace = 0, saved = 0;
+          nlohmann::json per_rank = nlohmann::json::array();
+          std::string fwd_list, bwd_list;
+          for (int32_t r = 0; r < ranks; ++r) {
+            shape.tokens = 0;
+            for (const auto& p : pieces[static_cast<size_t>(r)]) shape.tokens += p.len;
+            const RankResult rr = measure_rank(host, plan.layout, r, shape, buf, opt.reps);
+            fwd.push_back(rr.fwd_ms);
+            bwd.push_back(rr.bwd_ms);
+            total.push_back(rr.fwd_ms + rr.bwd_ms);
+            pack = std::max(pack, (rr.pack_fwd_ms + rr.pack_bwd_ms) / std::max(1e-9, rr.fwd_ms + rr.bwd_ms));
+            attention += rr.fwd_ms + rr.bwd_ms;
+            workspace = std::max(workspace, rr.workspace_bytes);
+            saved = std::max(saved, rr.saved_bytes);
+            char item[64];
+            std::snprintf(item, sizeof item, "%s%.2f", r ? " / " : "", rr.fwd_ms);
+            fwd_list += item;
+            std::snprintf(item, sizeof item, "%s%.2f", r ? " / " : "", rr.bwd_ms);
+            bwd_list += item;
+            per_rank.push_back({{"rank", r}, {"forward_ms", rr.fwd_ms}, {"backward_ms", rr.bwd_ms},
+                                {"pack_unpack_forward_ms", rr.pack_fwd_ms}, {"pack_unpack_backward_ms", rr.pack_bwd_ms},
+                                {"q_rows", rr.q_rows}, {"kv_rows", rr.kv_rows}, {"segments", rr.segments},
+                                {"workspace_bytes", rr.workspace_bytes}, {"saved_bytes_per_forward", rr.saved_bytes},
+                                {"model_score_entries", model.cost[static_cast<size_t>(r)]}});
+          }
+          char predicted_text[32] = "-";
+          if (!opt.rate_table.empty()) std::snprintf(predicted_text, sizeof predicted_text, "%.3f", predicted);
+          std::printf("| %lld x %lldK | %s | %s | %.3f | %s | %.3f | %.3f | %.3f | %s | %s | %.2f%% (max rank) | %.2f | %.2f |\n",
+                      static_cast<long long>(ranks), static_cast<long long>(context / 1024),
+                      given_batch ? "-" : std::to_string(seed).c_str(), balancer.c_str(), model.imbalance,
+                      predicted_text,
+                      max_over_mean(fwd), max_over_mean(bwd), max_over_mean(total), fwd_list.c_str(), bwd_list.c_str(),
+                      100.0 * pack, static_cast<double>(workspace) / (1 << 30), static_cast<double>(saved) / (1 << 30));
+          std::fflush(stdout);
+          out["cases"].push_back({{"ranks", ranks}, {"context", context}, {"seed", seed}, {"balancer", balancer},
+                                  {"model_imbalance", model.imbalance}, {"predicted_time_imbalance", predicted},
+                                  {"forward_imbalance", max_over_mean(fwd)}, {"backward_imbalance", max_over_mean(bwd)},
+                                  {"total_imbalance", max_over_mean(total)}, {"max_pack_unpack_share", pack},
+                                  {"bytes_moved_forward", model.total_bytes}, {"plan_ms_host", plan.plan_ms},
+                                  {"ranks_detail", per_rank}});
         }
-        std::printf("| %lld x %lldK | %s | %.3f | %.3f | %.3f | %s | %s | %.2f%% (max rank) | %.2f | %.2f |\n",
-                    static_cast<long long>(ranks), static_cast<long long>(context / 1024), balancer.c_str(),
-                    model.imbalance, max_over_mean(fwd), max_over_mean(bwd), fwd_list.c_str(), bwd_list.c_str(),
-                    100.0 * pack, static_cast<double>(workspace) / (1 << 30), static_cast<double>(saved) / (1 << 30));
-        std::fflush(stdout);
-        out["cases"].push_back({{"ranks", ranks}, {"context", context}, {"balancer", balancer},
-                                {"model_imbalance", model.imbalance}, {"forward_imbalance", max_over_mean(fwd)},
-                                {"backward_imbalance", max_over_mean(bwd)}, {"max_pack_unpack_share", pack},
-                                {"bytes_moved_forward", model.total_bytes}, {"plan_ms_host", plan.plan_ms},
-                                {"ranks_detail", per_rank}});
       }
     }
   }
@@ -436,7 +471,9 @@ int main(int argc, char** argv) {
   std::printf("\n| ranks x tokens | balancer | host plan ms (balancer + layout + wire tables) |\n|---|---|---|\n");
   out["plan_time"] = nlohmann::json::array();
   for (int64_t ranks : opt.plan_ranks) {
-    const auto pieces = cad::workload::sample_batch(lengths, opt.plan_context, static_cast<int32_t>(ranks), opt.seed);
+    const auto pieces = given_batch ? cad::workload::pack(lengths, opt.plan_context, static_cast<int32_t>(ranks))
+                                    : cad::workload::sample_batch(lengths, opt.plan_context, static_cast<int32_t>(ranks),
+                                                                  static_cast<uint64_t>(opt.seeds.front()));
     cp::CallShape shape;
     shape.num_q_heads = opt.hq, shape.num_kv_heads = opt.hkv, shape.head_dim = opt.d, shape.bf16 = true;
     for (const std::string& balancer : opt.balancers) {
