@@ -167,7 +167,9 @@ cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q,
   p.d_o = static_cast<const __nv_bfloat16*>(d_o);
   p.lse = lse;
   float* delta = reinterpret_cast<float*>(ws + plan.delta_offset);
+  float* lse_log2 = reinterpret_cast<float*>(ws + plan.lse_log2_offset);
   p.delta = delta;
+  p.lse_log2 = lse_log2;
   p.dq_acc = reinterpret_cast<float*>(ws + plan.dq_acc_offset);
   p.dk_acc = plan.kv_exclusive ? nullptr : reinterpret_cast<float*>(ws + plan.dk_acc_offset);
   p.dv_acc = plan.kv_exclusive ? nullptr : reinterpret_cast<float*>(ws + plan.dv_acc_offset);
@@ -195,7 +197,7 @@ cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q,
     CAD_CUDA_TRY(cudaMemsetAsync(p.dk_acc, 0, kv_elems * sizeof(float), stream));
     CAD_CUDA_TRY(cudaMemsetAsync(p.dv_acc, 0, kv_elems * sizeof(float), stream));
   }
-  CAD_CUDA_TRY(detail::launch_bwd_preprocess(static_cast<const __nv_bfloat16*>(o), p.d_o, delta, pr.tq, pr.hq,
+  CAD_CUDA_TRY(detail::launch_bwd_preprocess(static_cast<const __nv_bfloat16*>(o), p.d_o, lse, delta, lse_log2, pr.tq, pr.hq,
                                              pr.head_dim, stream));
   const int n = static_cast<int>(plan.items.size());
   if (pr.hopper) {

@@ -63,9 +63,11 @@ __global__ void fill_uncovered_kernel(const RowRange* ranges, __nv_bfloat16* o, 
   }
 }
 
-// Delta[h, row] = sum_d dO[row, h, d] * O[row, h, d]; one warp per (row, head).
-__global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat16* d_o, float* delta, int64_t tq,
-                                      int hq, int head_dim) {
+// Delta[h, row] = sum_d dO[row, h, d] * O[row, h, d]; one warp per (row, head). The same pass copies the
+// row's LSE in base-2 units beside it: the sm_90a backward loads both per query tile by TMA (16-byte
+// aligned workspace, any start row), which the caller's LSE tensor need not allow.
+__global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat16* d_o, const float* lse, float* delta,
+                                      float* lse_log2, int64_t tq, int hq, int head_dim) {
   const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (pair >= tq * hq) return;
@@ -79,7 +81,11 @@ __global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat1
     acc += __bfloat162float(a.x) * __bfloat162float(b.x) + __bfloat162float(a.y) * __bfloat162float(b.y);
   }
   for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-  if (lane == 0) delta[static_cast<int64_t>(h) * tq + row] = acc;
+  if (lane == 0) {
+    const int64_t at = static_cast<int64_t>(h) * tq + row;
+    delta[at] = acc;
+    lse_log2[at] = lse[at] * kLog2e;
+  }
 }
 
 __global__ void f32_to_bf16_kernel(const float4* src, __nv_bfloat162* dst, int64_t n4) {
@@ -112,12 +118,13 @@ cudaError_t launch_fill_uncovered(const RowRange* ranges, int num_ranges, __nv_b
   return cudaGetLastError();
 }
 
-cudaError_t launch_bwd_preprocess(const __nv_bfloat16* o, const __nv_bfloat16* d_o, float* delta, int64_t tq, int hq,
-                                  int head_dim, cudaStream_t stream) {
+cudaError_t launch_bwd_preprocess(const __nv_bfloat16* o, const __nv_bfloat16* d_o, const float* lse, float* delta,
+                                  float* lse_log2, int64_t tq, int hq, int head_dim, cudaStream_t stream) {
   const int64_t threads = tq * hq * 32;
   if (threads == 0) return cudaSuccess;
   const int64_t blocks = (threads + 255) / 256;
-  bwd_preprocess_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(o, d_o, delta, tq, hq, head_dim);
+  bwd_preprocess_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(o, d_o, lse, delta, lse_log2, tq, hq,
+                                                                           head_dim);
   return cudaGetLastError();
 }
 

@@ -232,6 +232,8 @@ BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* 
   at = align_up(at + plan.items.size() * sizeof(BwdItem));
   plan.delta_offset = at;
   at = align_up(at + static_cast<size_t>(problem.tq) * problem.hq * sizeof(float));
+  plan.lse_log2_offset = at;
+  at = align_up(at + static_cast<size_t>(problem.tq) * problem.hq * sizeof(float));
   plan.dq_acc_offset = at;
   at = align_up(at + static_cast<size_t>(problem.tq) * problem.hq * d * sizeof(float));
   if (!plan.kv_exclusive) {

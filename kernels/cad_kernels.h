@@ -141,8 +141,8 @@ struct BackwardPlan {
   // item, which writes dK/dV directly; otherwise items add into fp32 accumulators.
   bool kv_exclusive = true;
   std::vector<RowRange> unread_kv;     // rows of K/V no segment reads (kv_exclusive only)
-  size_t items_offset = 0, delta_offset = 0, dq_acc_offset = 0, dk_acc_offset = 0, dv_acc_offset = 0,
-         workspace_bytes = 0;
+  size_t items_offset = 0, delta_offset = 0, lse_log2_offset = 0, dq_acc_offset = 0, dk_acc_offset = 0,
+         dv_acc_offset = 0, workspace_bytes = 0;
 };
 
 BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments);

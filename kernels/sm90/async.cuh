@@ -44,18 +44,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
-// Stores two floats into this CTA's shared memory through the async proxy and counts their 8 bytes on
-// `bar` (an mbarrier of this CTA) when they land, as a TMA load would. Why not a plain st.shared plus an
-// arrival: the data then reaches the waiting threads the same way TMA data does (complete_tx), so the
-// hand-over needs no thread arrivals and compute-sanitizer's racecheck, which does not model an
-// mbarrier's release/acquire between threads, sees no thread-to-thread shared-memory traffic to flag.
-// A shared::cta address is a valid shared::cluster address of the executing CTA. `smem` 8-byte aligned.
-__device__ __forceinline__ void st_async_v2_f32(uint32_t smem, float a, float b, uint32_t bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n" ::"r"(smem),
-               "f"(a), "f"(b), "r"(bar)
-               : "memory");
-}
-
 // ---- TMA -----------------------------------------------------------------------------------------------
 // Loads one box of a 3-D tensor map (coordinates innermost first, in elements) into shared memory and
 // counts its bytes on `bar`. Out-of-bounds elements are filled with zeros.
@@ -65,6 +53,15 @@ __device__ __forceinline__ void tma_load_3d(uint32_t smem_dst, const CUtensorMap
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
           smem_dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// Loads one box of a vector's tensor map (encode_vector_tensor_map: a plain fp32 vector, any element may
+// start the box) into shared memory and counts its bytes on `bar`. Out-of-bounds elements are filled with zeros.
+__device__ __forceinline__ void tma_load_vector(uint32_t smem_dst, const CUtensorMap* map, int c0, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(0), "r"(bar)
       : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
@@ -118,5 +115,8 @@ inline cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, in
                                           int box_rows) {
   return encode_rows_tensor_map(map, base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, tokens, heads, head_dim, 64, box_rows);
 }
+// Describes a plain fp32 vector of `elements` for TMA: box = `box` consecutive elements, no swizzle (the
+// backward's per-query LSE and Delta). The base must be 16-byte aligned.
+cudaError_t encode_vector_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box);
 
 }  // namespace cad::kernels::detail

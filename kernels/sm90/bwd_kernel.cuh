@@ -65,11 +65,10 @@
 namespace cad::kernels::detail {
 
 template <int DIM, int STAGES>
-// Launched as clusters of one block: the producer's st.async (sm90/async.cuh) is a shared::cluster
-// operation, and without a cluster launch the GPU refuses it (illegal instruction).
-__global__ void __cluster_dims__(1, 1, 1) __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
+__global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     attention_bwd_sm90_ws_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                                  const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_dq,
+                                 const __grid_constant__ CUtensorMap tm_lse, const __grid_constant__ CUtensorMap tm_delta,
                                  int num_items, int heads_inner) {
 #ifdef CAD_SM90_KERNEL_BODY
   using T = BwdWsTraits<DIM, STAGES>;
@@ -98,7 +97,7 @@ __global__ void __cluster_dims__(1, 1, 1) __launch_bounds__(BwdWsTraits<DIM, STA
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full_bar(s), 1);  // the producer's expect_tx arrival; Q, dO, LSE and Delta count as bytes
+      mbar_init(full_bar(s), 1);  // the producer's expect_tx arrival; Q, dO, LSE and Delta come by TMA
     }
     for (int b = 0; b < T::kDSBarriers; ++b) mbar_init(bars + 8 * (S + b), D == 64 ? 4 : 8);
     mbar_fence_init();
@@ -108,8 +107,8 @@ __global__ void __cluster_dims__(1, 1, 1) __launch_bounds__(BwdWsTraits<DIM, STA
   if (warp < 4) {
     registers_release<T::kProducerRegs>();
     if (warp == 0) {
-      bwd90_producer<T>(p, item, kv_head, &tm_q, &tm_do, q_addr, do_addr, bars, s_base + T::kLseOff,
-                        s_base + T::kDeltaOff, n_qt, n_iter, lane);
+      bwd90_producer<T>(p, item, kv_head, &tm_q, &tm_do, &tm_lse, &tm_delta, q_addr, do_addr, bars,
+                        s_base + T::kLseOff, s_base + T::kDeltaOff, n_qt, n_iter, lane);
     } else if (warp == 1) {
       bwd90_dq_writer<T>(p, item, kv_head, &tm_dq, dq_addr, n_qt, n_iter, lane);
     }
@@ -171,7 +170,7 @@ __global__ void __cluster_dims__(1, 1, 1) __launch_bounds__(BwdWsTraits<DIM, STA
     mbar_wait(full_bar(s), (it / S) & 1);
     const int valid_q = item.q_len - q0;
     if (valid_q < BM) {
-      bwd90_zero_rows_past_end<T>(q_buf, do_buf, valid_q, ctid);
+      bwd90_zero_rows_past_end<T>(q_buf, do_buf, sLse + s * BM, sDelta + s * BM, valid_q, ctid);
       named_barrier_sync(kBwdBarConsumers, 256);
     }
 

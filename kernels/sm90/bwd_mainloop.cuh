@@ -1,6 +1,6 @@
 // sm90/bwd_mainloop.cuh -- the Hopper backward's pipeline, both sides of it:
 //  - producer (one warp): per step (query head, 64-query tile), TMA loads of Q and dO into a ring of
-//    kStages stages and the LSE/Delta of those queries into shared memory (st.async); each stage has a full
+//    kStages stages, and by TMA as well the LSE (base 2) and Delta of those queries; each stage has a full
 //    mbarrier (one arrival + the bytes of all four) and an "empty" named barrier (sm90/bwd_traits.cuh's ids);
 //  - consumer (one warpgroup of 64 keys): the step's matrix products on wgmma -- S^T = K Q^T and
 //    dP^T = V dO^T (shared x shared), dV += P^T dO and dK += dS^T Q (A from registers), dQ = dS K (dS^T
@@ -27,14 +27,18 @@ namespace cad::kernels::detail {
 // done with it. full_bar(s) = bars + 8 s.
 template <typename T>
 __device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem& item, int kv_head,
-                                               const CUtensorMap* tm_q, const CUtensorMap* tm_do, uint32_t q_addr,
-                                               uint32_t do_addr, uint32_t bars, uint32_t lse_addr, uint32_t delta_addr, int n_qt,
-                                               int n_iter, int lane) {
+                                               const CUtensorMap* tm_q, const CUtensorMap* tm_do,
+                                               const CUtensorMap* tm_lse, const CUtensorMap* tm_delta, uint32_t q_addr,
+                                               uint32_t do_addr, uint32_t bars, uint32_t lse_addr, uint32_t delta_addr,
+                                               int n_qt, int n_iter, int lane) {
   constexpr int D = T::kD, BM = T::kBlockM, S = T::kStages;
+  constexpr uint32_t kStatBytes = BM * sizeof(float);
   auto full_bar = [&](int s) { return bars + 8 * s; };
   if (lane == 0) {
     tma_prefetch_descriptor(tm_q);
     tma_prefetch_descriptor(tm_do);
+    tma_prefetch_descriptor(tm_lse);
+    tma_prefetch_descriptor(tm_delta);
   }
   for (int it = 0; it < n_iter; ++it) {
     const int s = it % S;
@@ -45,35 +49,32 @@ __device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem
     const int q0 = item.q_begin + (it % n_qt) * BM;
     const int row = static_cast<int>(item.q_row) + q0;
     if (lane == 0) {
-      // Q and dO tiles by TMA, the stats by the lanes' st.async below: all of them counted in bytes.
-      mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes + 2 * BM * static_cast<uint32_t>(sizeof(float)));
+      // Everything a step reads comes by TMA, so the stage's full barrier hands it over the way racecheck
+      // follows (a thread's st.shared handed over through an mbarrier, as before, it reports as a hazard).
+      // Rows past the segment bring other rows' values: the consumers zero them (bwd90_zero_rows_past_end).
+      mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes + 2 * kStatBytes);
 #pragma unroll
       for (int a = 0; a < D / 64; ++a) {
         tma_load_3d(q_addr + s * T::kQBytes + a * BM * 128, tm_q, a * 64, h, row, full_bar(s));
         tma_load_3d(do_addr + s * T::kQBytes + a * BM * 128, tm_do, a * 64, h, row, full_bar(s));
       }
-    }
-    __syncwarp();  // lane 0's expect_tx is announced before any lane's bytes can complete on the barrier
-    // Rows past the segment get 0 (their Q/dO rows are zeroed too; a stale LSE there could be inf/NaN).
-    static_assert(BM % 64 == 0, "two rows per lane per pass");
-#pragma unroll
-    for (int r = 2 * lane; r < BM; r += 64) {
-      const int64_t idx = static_cast<int64_t>(h) * p.tq + item.q_row + q0 + r;
-      const bool v0 = q0 + r < item.q_len, v1 = q0 + r + 1 < item.q_len;
-      st_async_v2_f32(lse_addr + (s * BM + r) * 4, v0 ? p.lse[idx] * kLog2e : 0.f, v1 ? p.lse[idx + 1] * kLog2e : 0.f,
-                      full_bar(s));
-      st_async_v2_f32(delta_addr + (s * BM + r) * 4, v0 ? p.delta[idx] : 0.f, v1 ? p.delta[idx + 1] : 0.f, full_bar(s));
+      const int stat = static_cast<int>(static_cast<int64_t>(h) * p.tq + row);  // [hq, tq]; tq * hq < 2^31 (plan)
+      tma_load_vector(lse_addr + s * kStatBytes, tm_lse, stat, full_bar(s));
+      tma_load_vector(delta_addr + s * kStatBytes, tm_delta, stat, full_bar(s));
     }
   }
 }
 
 // ---- consumer ------------------------------------------------------------------------------------------
-// Rows valid_q.. of the stage's Q and dO tiles set to 0 (a partial last query tile: TMA brought whatever
-// follows in memory, and 0 * garbage must not reach dK/dV). 16-byte chunks, 8 per 128-byte atom row, D/64
-// atoms per tile, 2 tiles; ctid = 0..255 over both consumer warpgroups. The caller syncs the consumers.
+// Rows valid_q.. of the stage's Q and dO tiles and of its LSE and Delta set to 0 (a partial last query
+// tile: TMA brought whatever follows in memory -- the next segment's rows -- and 0 * garbage must not reach
+// dK/dV, nor a NaN there spread into this segment). 16-byte chunks, 8 per 128-byte atom row, D/64 atoms per
+// tile, 2 tiles; ctid = 0..255 over both consumer warpgroups. The caller syncs the consumers.
 template <typename T>
-__device__ __forceinline__ void bwd90_zero_rows_past_end(uint32_t q_buf, uint32_t do_buf, int valid_q, int ctid) {
+__device__ __forceinline__ void bwd90_zero_rows_past_end(uint32_t q_buf, uint32_t do_buf, float* lse, float* delta,
+                                                         int valid_q, int ctid) {
   constexpr int D = T::kD, BM = T::kBlockM;
+  if (ctid >= valid_q && ctid < BM) lse[ctid] = delta[ctid] = 0.f;
   constexpr int kRowChunks = 2 * (D / 64) * 8, kTileShift = D == 128 ? 4 : 3;  // log2(kRowChunks / 2)
   const int chunks = (BM - valid_q) * kRowChunks;
   for (int c = ctid; c < chunks; c += 256) {
