@@ -28,14 +28,18 @@ class TimeCostMemo {
 
   int64_t cost(int64_t q_begin, int64_t q_end, int64_t doc_len) {
     if (q_begin >= q_end) return 0;
+    if (causal_) doc_len = 0;  // a causal shard's cost does not depend on it: equal ranges of other documents hit
     Slot& s = slots_[slot_of(q_begin, q_end, doc_len)];
     if (s.q_begin != q_begin || s.q_end != q_end || s.doc_len != doc_len) {
-      s = {q_begin, q_end, doc_len, time_weighted_cost(q_begin, q_end, doc_len, causal_, table_)};
+      s = {q_begin, q_end, doc_len, compute(q_begin, q_end, doc_len)};
     }
     return s.cost;
   }
 
  private:
+  // time_weighted_cost, bit for bit, reusing the KV axis lookup of the previous call when its KV
+  // length is the same (a search over shard starts keeps the end, so the KV length, fixed).
+  int64_t compute(int64_t q_begin, int64_t q_end, int64_t doc_len);
   static constexpr size_t kSlotBits = 12;
   static constexpr size_t kSlots = size_t{1} << kSlotBits;
   struct Slot {
@@ -52,7 +56,12 @@ class TimeCostMemo {
   const RateTable& table_;
   const bool causal_;
   std::vector<Slot> slots_;
+  int64_t last_kv_ = -1;               // KV length of the last computed cost
+  RateTable::AxisPoint last_kv_point_;  // and where it falls on the table's KV axis
 };
+
+// What time_weighted_cost rounds: `entries` score entries at relative time `relative` (rate_table.h).
+int64_t weighted_entries(int64_t entries, double relative);
 
 // Predicted forward + backward seconds of one task.
 double task_seconds(int64_t q_begin, int64_t q_end, int64_t doc_len, const ModelParams& params,
