@@ -58,7 +58,7 @@ double reference_relative_time(const RateTable& t, int64_t q, int64_t kv) {
 std::string rate(double tflops) { return R"({"tflops": )" + std::to_string(tflops) + R"(, "source": "test"})"; }
 
 // A table with one q line (every q clamps to it) and uneven kv lines.
-RateTable one_q_line_table() {
+std::string one_q_line_json() {
   std::string grid;
   const std::vector<int> kvs = {100, 3000, 70000};
   for (size_t i = 0; i < kvs.size(); ++i) {
@@ -66,13 +66,15 @@ RateTable one_q_line_table() {
             rate(300 + 100.0 * static_cast<double>(i)) + R"(, "bwd": )" + rate(150 + 90.0 * static_cast<double>(i)) +
             "}";
   }
-  return cad::plan::parse_rate_table(R"({"gpu": "test", "head_dim": 128, "backward_flop_ratio": 2.5,
+  return R"({"gpu": "test", "head_dim": 128, "backward_flop_ratio": 2.5,
     "dense": {"len": 8192, "fwd": )" + rate(600) + R"(, "bwd": )" + rate(400) + R"(},
-    "q_lens": [512], "kv_lens": [100, 3000, 70000], "grid": [)" + grid + "]}",
-                                     "one_q_line.json");
+    "q_lens": [512], "kv_lens": [100, 3000, 70000], "grid": [)" + grid + "]}";
 }
 
-// Lengths worth checking on an axis: every grid line, one either side, the clamped ends, and 0/1.
+RateTable one_q_line_table() { return cad::plan::parse_rate_table(one_q_line_json(), "one_q_line.json"); }
+
+// Lengths worth checking on an axis: every grid line and one either side, 1 and 2, and far past the
+// last line (clamped).
 std::vector<int64_t> edge_values(const std::vector<int64_t>& axis) {
   std::vector<int64_t> v = {1, 2, axis.back() * 3, axis.back() * 1000};
   for (int64_t x : axis) v.insert(v.end(), {x - 1, x, x + 1});
@@ -199,18 +201,7 @@ TEST(TimeCostFast, PretrainPlansEqualThoseComputedWithoutTheMemo) {
 
 TEST(TimeCostFast, SyntheticPlansEqualThoseComputedWithoutTheMemo) {
   const std::string one_line = ::testing::TempDir() + "one_q_line_rates.json";
-  {
-    // The same table as one_q_line_table(), as a file for the plugin's config.
-    const RateTable t = one_q_line_table();
-    std::string grid;
-    for (size_t k = 0; k < t.kv_lens.size(); ++k) {
-      grid += std::string(k ? ", " : "") + R"({"q": 512, "kv": )" + std::to_string(t.kv_lens[k]) + R"(, "fwd": )" +
-              rate(t.fwd[k].tflops) + R"(, "bwd": )" + rate(t.bwd[k].tflops) + "}";
-    }
-    std::ofstream(one_line) << R"({"gpu": "test", "head_dim": 128, "backward_flop_ratio": 2.5,
-      "dense": {"len": 8192, "fwd": )" + rate(600) + R"(, "bwd": )" + rate(400) + R"(},
-      "q_lens": [512], "kv_lens": [100, 3000, 70000], "grid": [)" + grid + "]}";
-  }
+  std::ofstream(one_line) << one_q_line_json();
   for (uint64_t seed : {1u, 2u, 3u}) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     LayoutOptions o;
