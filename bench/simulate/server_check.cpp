@@ -93,7 +93,13 @@ int main(int argc, char** argv) {
     cost.head_dim = params.head_dim;
     cost.bytes_per_element = 2;
     cost.causal = 1;
-    const auto seed = doc.at("seed").get<uint64_t>();
+    // Older files have one top-level "seed"; cad_server_bench now records each case's seed, and with
+    // --lengths one given batch ("batch": "lengths FILE", packed in order into the ranks).
+    const uint64_t file_seed = doc.contains("seed") ? doc.at("seed").get<uint64_t>() : 0;
+    const std::string batch_text = doc.value("batch", std::string());
+    const bool given_batch = batch_text.rfind("lengths ", 0) == 0;
+    const std::vector<int64_t> given = given_batch ? cad::workload::load_lengths(batch_text.substr(8))
+                                                   : std::vector<int64_t>();
 
     std::printf("shards priced: %s; rates: %s\n\n", mode.c_str(), rates->describe().c_str());
     std::printf("| ranks x tokens | balancer | fwd pred/meas min / median / max | bwd pred/meas min / median / max | "
@@ -108,7 +114,9 @@ int main(int argc, char** argv) {
       const bool timed = name == "prefix_aware_time";
       const std::string config = timed ? nlohmann::json{{"rate_table", rates_path}}.dump() : "{}";
       sim::BalancerRunner runner(timed ? "prefix_aware" : name, config, path);
-      const auto pieces = cad::workload::sample_batch(lengths, context, ranks, seed);
+      const uint64_t seed = c.contains("seed") ? c.at("seed").get<uint64_t>() : file_seed;
+      const auto pieces = given_batch ? cad::workload::pack(given, context, ranks)
+                                      : cad::workload::sample_batch(lengths, context, ranks, seed);
       const std::vector<cad_task_v1_t> tasks = runner.plan(pieces, cost);
       const cad::cad_plugin::Layout layout = cad::cad_plugin::build_layout(pieces, tasks, true);
       sim::Layout parallel;
@@ -148,9 +156,10 @@ int main(int argc, char** argv) {
       const Ratios f = spread(ratio_f), b = spread(ratio_b);
       const double mf = max_over_mean(meas_f), pf = max_over_mean(pred_f);
       const double mb = max_over_mean(meas_b), pb = max_over_mean(pred_b);
-      std::printf("| %d x %lldK | %s | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f | %.3f -> %.3f (%+.1f%%) | "
+      std::printf("| %d x %lldK%s | %s | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f | %.3f -> %.3f (%+.1f%%) | "
                   "%.3f -> %.3f (%+.1f%%) |\n",
-                  ranks, static_cast<long long>(context / 1024), name.c_str(), f.min, f.median, f.max, b.min,
+                  ranks, static_cast<long long>(context / 1024),
+                  given_batch ? " (given)" : (" seed " + std::to_string(seed)).c_str(), name.c_str(), f.min, f.median, f.max, b.min,
                   b.median, b.max, mf, pf, 100 * (pf / mf - 1), mb, pb, 100 * (pb / mb - 1));
     }
     const Ratios f = spread(all_fwd), b = spread(all_bwd);

@@ -15,6 +15,9 @@
 // score entries (plan_time.h), so equal loads are equal predicted time; cutting a range then costs a
 // little extra time (its parts run slower than the whole), which the sender's load is charged with,
 // and among moves within 1% of the best bytes per unit of work the one that adds the least time wins.
+// The greedy's binary searches ask for the same shard's time-weighted cost about five times each,
+// so a plan call keeps a memo of them (plan_time.h, TimeCostMemo); "cost_memo": false (for tests)
+// computes every cost afresh, which must give the same plan.
 //
 // Memory cap: a move is taken only if the receiver stays under the cap. When no considered receiver
 // can take a shard, every server with room is tried, with shards cut to fit its memory headroom (lower
@@ -312,13 +315,15 @@ struct PrefixAware {
   double tolerance;
   int64_t min_shard_override;  // 0: use the cost params' min_shard_tokens
   std::shared_ptr<const cad::plan::RateTable> rates;  // "rate_table": balance predicted time
+  bool cost_memo;  // "cost_memo" (default true): memoise time-weighted costs; false only to test that
 
   explicit PrefixAware(cad::plugin::ConfigReader& config)
       : tolerance(config.get_double("tolerance", 0.02, 0.0, 10.0)),
         min_shard_override(config.get_int("min_shard_tokens", 0, 0, int64_t{1} << 40)),
-        rates(cad::balancer::read_rate_table_key(config, "rate_table")) {}
+        rates(cad::balancer::read_rate_table_key(config, "rate_table")),
+        cost_memo(config.get_bool("cost_memo", true)) {}
 
-  void prepare(Problem& p) const { cad::balancer::use_rate_table(p, rates); }
+  void prepare(Problem& p) const { cad::balancer::use_rate_table(p, rates, cost_memo); }
 
   Tasks plan(const Problem& p, const cad::plugin::Logger& log) const {
     check_colocated_fits(p);

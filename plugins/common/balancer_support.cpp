@@ -196,7 +196,7 @@ std::shared_ptr<const plan::RateTable> read_rate_table_key(plugin::ConfigReader&
   }
 }
 
-void use_rate_table(Problem& problem, const std::shared_ptr<const plan::RateTable>& table) {
+void use_rate_table(Problem& problem, const std::shared_ptr<const plan::RateTable>& table, bool memo) {
   if (table == nullptr) return;
   if (table->head_dim != problem.model.head_dim) {
     fail(CAD_STATUS_INVALID_ARGUMENT,
@@ -204,6 +204,7 @@ void use_rate_table(Problem& problem, const std::shared_ptr<const plan::RateTabl
                 table->path.c_str(), table->head_dim, problem.model.head_dim));
   }
   problem.rates = table.get();
+  if (memo) problem.time_costs = std::make_shared<plan::TimeCostMemo>(*table, problem.model.causal);
 }
 
 // ---- Ledger -------------------------------------------------------------------------------------

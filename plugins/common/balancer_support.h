@@ -49,9 +49,17 @@ struct Problem {
   // Set by an algorithm that balances predicted time (its prepare()): cost() is then in dense-rate
   // score entries (plan_time.h), which are not additive: a range cut in two costs more than it did.
   const plan::RateTable* rates = nullptr;
+  // With `rates`: remembers the costs already computed in this plan call (use_rate_table makes it; a
+  // pure function's memo, so cost() stays const). Null: every cost is computed afresh.
+  std::shared_ptr<plan::TimeCostMemo> time_costs;
 
-  int64_t cost(int64_t q_begin, int64_t q_end, const Doc& doc) const {
-    if (rates != nullptr) return plan::time_weighted_cost(q_begin, q_end, doc.len, model.causal, *rates);
+  // Forced inline: with the memo's lookup in it, the compiler stopped inlining it into the greedy's
+  // binary searches, which cost the FLOP mode a few percent.
+  [[gnu::always_inline]] int64_t cost(int64_t q_begin, int64_t q_end, const Doc& doc) const {
+    if (rates != nullptr) {
+      if (time_costs != nullptr) return time_costs->cost(q_begin, q_end, doc.len);
+      return plan::time_weighted_cost(q_begin, q_end, doc.len, model.causal, *rates);
+    }
     return plan::task_cost(q_begin, q_end, doc.len, model.causal);
   }
 };
@@ -59,8 +67,9 @@ struct Problem {
 // Reads the optional config key `key` (a rate-table path, configs/calibration/*.json) at create time;
 // null when absent. Fails INVALID_ARGUMENT naming the key and the file's problem.
 std::shared_ptr<const plan::RateTable> read_rate_table_key(plugin::ConfigReader& config, const std::string& key);
-// Attaches `table` to the problem, after checking it was measured at the problem's head dim.
-void use_rate_table(Problem& problem, const std::shared_ptr<const plan::RateTable>& table);
+// Attaches `table` to the problem, after checking it was measured at the problem's head dim, with a
+// memo of the costs unless `memo` is false (tests compare plans made both ways: they must be equal).
+void use_rate_table(Problem& problem, const std::shared_ptr<const plan::RateTable>& table, bool memo = true);
 
 // Validates the ABI input (struct sizes, cost params, every piece: len >= 1, inside its document, one
 // agreed doc_len per document, the pieces of a document tiling [0, doc_len) exactly once) and copies

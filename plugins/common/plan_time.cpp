@@ -14,7 +14,22 @@ int64_t time_weighted_cost(int64_t q_begin, int64_t q_end, int64_t doc_len, bool
   const int64_t entries = task_cost(q_begin, q_end, doc_len, causal);
   if (entries == 0) return 0;
   const int64_t kv = causal ? q_end : doc_len;
-  return std::llround(static_cast<double>(entries) * table.relative_time(q_end - q_begin, kv));
+  return weighted_entries(entries, table.relative_time(q_end - q_begin, kv));
+}
+
+int64_t weighted_entries(int64_t entries, double relative) {
+  return std::llround(static_cast<double>(entries) * relative);
+}
+
+int64_t TimeCostMemo::compute(int64_t q_begin, int64_t q_end, int64_t doc_len) {
+  const int64_t entries = task_cost(q_begin, q_end, doc_len, causal_);
+  if (entries == 0) return 0;
+  const int64_t kv = causal_ ? q_end : doc_len;
+  if (kv != last_kv_) {
+    last_kv_ = kv;
+    last_kv_point_ = table_.locate_kv(kv);
+  }
+  return weighted_entries(entries, table_.relative_time_at(table_.locate_q(q_end - q_begin), last_kv_point_));
 }
 
 double task_seconds(int64_t q_begin, int64_t q_end, int64_t doc_len, const ModelParams& params,

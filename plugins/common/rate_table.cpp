@@ -68,7 +68,7 @@ std::vector<int64_t> read_axis(const json& doc, const char* key, const std::stri
 
 // Where x falls on a log-scaled axis (logs precomputed): cell index i and weight t of axis[i + 1]
 // (clamped to the ends).
-std::pair<size_t, double> locate(const std::vector<int64_t>& axis, const std::vector<double>& log_axis, int64_t x) {
+RateTable::AxisPoint locate(const std::vector<int64_t>& axis, const std::vector<double>& log_axis, int64_t x) {
   if (axis.size() == 1 || x <= axis.front()) return {0, 0.0};
   if (x >= axis.back()) return {axis.size() - 2, 1.0};
   const size_t hi = static_cast<size_t>(std::upper_bound(axis.begin(), axis.end(), x) - axis.begin());
@@ -82,14 +82,14 @@ struct Cell {
   double tq, tk;
 };
 
-Cell cell_at(const RateTable& t, int64_t q, int64_t kv) {
-  const auto [qi, tq] = locate(t.q_lens, t.log_q_lens, q);
-  const auto [ki, tk] = locate(t.kv_lens, t.log_kv_lens, kv);
+Cell cell_of(const RateTable& t, RateTable::AxisPoint q, RateTable::AxisPoint kv) {
   const size_t nk = t.kv_lens.size();
-  const size_t qi1 = std::min(qi + 1, t.q_lens.size() - 1);
-  const size_t ki1 = std::min(ki + 1, nk - 1);
-  return {qi * nk + ki, qi * nk + ki1, qi1 * nk + ki, qi1 * nk + ki1, tq, tk};
+  const size_t qi1 = std::min(q.index + 1, t.q_lens.size() - 1);
+  const size_t ki1 = std::min(kv.index + 1, nk - 1);
+  return {q.index * nk + kv.index, q.index * nk + ki1, qi1 * nk + kv.index, qi1 * nk + ki1, q.weight, kv.weight};
 }
+
+Cell cell_at(const RateTable& t, int64_t q, int64_t kv) { return cell_of(t, t.locate_q(q), t.locate_kv(kv)); }
 
 // Bilinear interpolation of the rates at a cell.
 double mix(const Cell& c, const std::vector<Rate>& r) {
@@ -112,11 +112,15 @@ double RateTable::shard_seconds(int64_t q, int64_t kv, double fwd_flops) const {
   return fwd_flops / (fwd_tflops(q, kv) * 1e12) + backward_flop_ratio * fwd_flops / (bwd_tflops(q, kv) * 1e12);
 }
 
-double RateTable::relative_time(int64_t q, int64_t kv) const {
-  const double dense = 1.0 / dense_fwd.tflops + backward_flop_ratio / dense_bwd.tflops;
-  const Cell c = cell_at(*this, q, kv);
-  return (1.0 / mix(c, fwd) + backward_flop_ratio / mix(c, bwd)) / dense;
+RateTable::AxisPoint RateTable::locate_q(int64_t q) const { return locate(q_lens, log_q_lens, q); }
+RateTable::AxisPoint RateTable::locate_kv(int64_t kv) const { return locate(kv_lens, log_kv_lens, kv); }
+
+double RateTable::relative_time_at(AxisPoint q, AxisPoint kv) const {
+  const Cell c = cell_of(*this, q, kv);
+  return (1.0 / mix(c, fwd) + backward_flop_ratio / mix(c, bwd)) / dense_time;
 }
+
+double RateTable::relative_time(int64_t q, int64_t kv) const { return relative_time_at(locate_q(q), locate_kv(kv)); }
 
 RateTable parse_rate_table(const std::string& json_text, const std::string& name) {
   json doc;
@@ -134,6 +138,7 @@ RateTable parse_rate_table(const std::string& json_text, const std::string& name
   t.dense_len = positive_integer(member(dense, "len", name, "dense"), name, "dense.len");
   t.dense_fwd = read_rate(dense, "fwd", name, "dense");
   t.dense_bwd = read_rate(dense, "bwd", name, "dense");
+  t.dense_time = 1.0 / t.dense_fwd.tflops + t.backward_flop_ratio / t.dense_bwd.tflops;
   t.q_lens = read_axis(doc, "q_lens", name);
   t.kv_lens = read_axis(doc, "kv_lens", name);
   t.log_q_lens = logs_of(t.q_lens);

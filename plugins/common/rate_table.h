@@ -59,6 +59,7 @@ struct RateTable {
   std::vector<int64_t> q_lens, kv_lens;
   std::vector<Rate> fwd, bwd;  // [qi * kv_lens.size() + ki]
   std::vector<double> log_q_lens, log_kv_lens;  // filled by the reader (lookups are hot in balancers)
+  double dense_time = 0;  // filled by the reader: 1 / dense_fwd + backward_flop_ratio / dense_bwd
 
   // Interpolated rate, TFLOP/s, of a shard with q queries whose KV length is kv.
   double fwd_tflops(int64_t q, int64_t kv) const;
@@ -68,6 +69,17 @@ struct RateTable {
   // Forward + backward time per FLOP of that shape over the same for the dense entry: 1 = as fast as
   // dense causal attention, 1.2 = 20% slower. What a balancer weighs score entries with.
   double relative_time(int64_t q, int64_t kv) const;
+
+  // The same in two steps, for a caller that looks up many q at one kv (a binary search over shard
+  // starts): where q and kv fall on their axes (the log and the search), then the interpolation.
+  // relative_time_at(locate_q(q), locate_kv(kv)) is relative_time(q, kv), bit for bit.
+  struct AxisPoint {
+    size_t index = 0;    // the cell's lower grid line
+    double weight = 0;   // weight of the line above it (0 = on or below the lower edge)
+  };
+  AxisPoint locate_q(int64_t q) const;
+  AxisPoint locate_kv(int64_t kv) const;
+  double relative_time_at(AxisPoint q, AxisPoint kv) const;
 };
 
 // Reads and validates a rate table; throws std::invalid_argument naming `path` and the bad key.
