@@ -13,6 +13,9 @@ namespace cad::kernels {
 namespace {
 
 constexpr size_t kAlign = 256;
+// Bytes after each backward statistic ([hq, tq] fp32) that a copy may read past its last value: the sm_90a
+// backward reads kStatLoad = BM + 4 floats from a 16-byte boundary (BM = 64: 272 bytes; sm90/bwd_traits.cuh).
+constexpr size_t kStatPadBytes = 1024;
 constexpr int kFwdBlocksPerSm = 2;     // what the forward kernel's registers and shared memory allow at D=128
 constexpr int64_t kMinSplitKeys = 512;  // a KV split shorter than this costs more to merge than it saves
 
@@ -230,10 +233,14 @@ BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* 
   size_t at = 0;
   plan.items_offset = at;
   at = align_up(at + plan.items.size() * sizeof(BwdItem));
+  // Delta and LSE (base 2), [hq, tq] each. The sm_90a backward loads each step's values from the 16-byte
+  // boundary before its first row, BM + 4 floats: the padding keeps the last step's load inside the region
+  // (its tensor map ends at the next multiple of 4 values; TMA fills what lies past that with zeros).
+  const size_t stat_bytes = static_cast<size_t>(problem.tq) * problem.hq * sizeof(float) + kStatPadBytes;
   plan.delta_offset = at;
-  at = align_up(at + static_cast<size_t>(problem.tq) * problem.hq * sizeof(float));
+  at = align_up(at + stat_bytes);
   plan.lse_log2_offset = at;
-  at = align_up(at + static_cast<size_t>(problem.tq) * problem.hq * sizeof(float));
+  at = align_up(at + stat_bytes);
   plan.dq_acc_offset = at;
   at = align_up(at + static_cast<size_t>(problem.tq) * problem.hq * d * sizeof(float));
   if (!plan.kv_exclusive) {

@@ -55,13 +55,12 @@ __device__ __forceinline__ void tma_load_3d(uint32_t smem_dst, const CUtensorMap
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
-// Loads one box of a vector's tensor map (encode_vector_tensor_map: a plain fp32 vector, any element may
-// start the box) into shared memory and counts its bytes on `bar`. Out-of-bounds elements are filled with zeros.
-__device__ __forceinline__ void tma_load_vector(uint32_t smem_dst, const CUtensorMap* map, int c0, uint32_t bar) {
+// Loads one box of a 2-D tensor map into shared memory and counts its bytes on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t smem_dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
           smem_dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(0), "r"(bar)
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
@@ -115,8 +114,11 @@ inline cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, in
                                           int box_rows) {
   return encode_rows_tensor_map(map, base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, tokens, heads, head_dim, 64, box_rows);
 }
-// Describes a plain fp32 vector of `elements` for TMA: box = `box` consecutive elements, no swizzle (the
-// backward's per-query LSE and Delta). The base must be 16-byte aligned.
-cudaError_t encode_vector_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box);
+
+// Describes an fp32 vector as rows of 4 values (16 bytes) for TMA: box = `box_quads` rows, i.e. 4 x box_quads
+// consecutive values starting at a multiple of 4 (a box's first value must be 16-byte aligned). The
+// backward's per-query LSE and Delta; the base must be 16-byte aligned and readable up to the next multiple
+// of 4 values.
+cudaError_t encode_quads_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box_quads);
 
 }  // namespace cad::kernels::detail

@@ -157,8 +157,11 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     const int s = it % S, b = it & 1;
     const int q0 = item.q_begin + (it % n_qt) * BM;
     const uint32_t q_buf = q_addr + s * T::kQBytes, do_buf = do_addr + s * T::kQBytes;
-    const float* lse_tile = sLse + s * BM;
-    const float* delta_tile = sDelta + s * BM;
+    // The stage holds the statistics from the 16-byte boundary at or before this tile's first row.
+    const int h = kv_head * p.group + it / n_qt;
+    const int shift = bwd90_stat_shift(p, item, h, q0);
+    const float* lse_tile = sLse + s * (T::kStatBytes / 4) + shift;
+    const float* delta_tile = sDelta + s * (T::kStatBytes / 4) + shift;
     float dq[32];
     if constexpr (kPrev) {
       mbar_wait(ds_bar(b ^ 1, wg), ((it - 1) >> 1) & 1);  // dS^T(it-1): both warpgroups' (D=128), its own (64)
@@ -170,7 +173,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     mbar_wait(full_bar(s), (it / S) & 1);
     const int valid_q = item.q_len - q0;
     if (valid_q < BM) {
-      bwd90_zero_rows_past_end<T>(q_buf, do_buf, sLse + s * BM, sDelta + s * BM, valid_q, ctid);
+      bwd90_zero_rows_past_end<T>(q_buf, do_buf, valid_q, ctid);
       named_barrier_sync(kBwdBarConsumers, 256);
     }
 
@@ -199,7 +202,11 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     wgmma_wait<0>();
     fence_registers(dpt);
     // dS^T = P^T (dP^T - Delta); P^T and dS^T as A fragments, dS^T also to shared memory for dQ.
-    bwd90_ds<BM>(dpt, st, delta_tile, t);
+    if (valid_q < BM) {
+      bwd90_ds<BM, true>(dpt, st, delta_tile, t, valid_q);
+    } else {
+      bwd90_ds<BM, false>(dpt, st, delta_tile, t, valid_q);
+    }
     uint32_t ap[BM / 16][4], as[BM / 16][4];
     bwd90_fragments_and_ds<T>(st, dpt, ap, as,
                               reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes), key_local, t);

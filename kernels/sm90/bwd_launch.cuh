@@ -31,16 +31,17 @@ cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool he
   cudaError_t err = encode_rows_tensor_map(&tm_q, p.q, p.tq, p.hq, D, T::kBlockM);
   if (err == cudaSuccess) err = encode_rows_tensor_map(&tm_do, p.d_o, p.tq, p.hq, D, T::kBlockM);
   if (err == cudaSuccess) err = encode_bwd_dq_tensor_map<D>(&tm_dq, p.dq_acc, p.tq, p.hq);
-  const int64_t stat_elements = p.tq * p.hq;  // [hq, tq] each; the kernel's TMA coordinate is an int
-  if (stat_elements > INT32_MAX) return cudaErrorInvalidValue;
-  if (err == cudaSuccess) err = encode_vector_tensor_map(&tm_lse, p.lse_log2, stat_elements, T::kBlockM);
-  if (err == cudaSuccess) err = encode_vector_tensor_map(&tm_delta, p.delta, stat_elements, T::kBlockM);
+  // LSE (base 2) and Delta, [hq, tq] each in the workspace; the kernel's row coordinate is an int.
+  const int64_t stat_elements = p.tq * p.hq;
+  if (stat_elements / 4 >= INT32_MAX) return cudaErrorInvalidValue;
+  if (err == cudaSuccess) err = encode_quads_tensor_map(&tm_lse, p.lse_log2, stat_elements, T::kStatLoad / 4);
+  if (err == cudaSuccess) err = encode_quads_tensor_map(&tm_delta, p.delta, stat_elements, T::kStatLoad / 4);
   if (err != cudaSuccess) return err;
   constexpr auto kernel = attention_bwd_sm90_ws_kernel<D, kBwdStages<D>>;
   err = set_max_dynamic_smem_once<kernel>(T::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p, tm_q, tm_do, tm_dq, tm_lse, tm_delta,
-                                                                                  num_items, heads_inner ? 1 : 0);
+  kernel<<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p, tm_q, tm_do, tm_dq, tm_lse, tm_delta, num_items,
+                                                                                   heads_inner ? 1 : 0);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,6 @@
 // sm90/bwd_mainloop.cuh -- the Hopper backward's pipeline, both sides of it:
 //  - producer (one warp): per step (query head, 64-query tile), TMA loads of Q and dO into a ring of
-//    kStages stages, and by TMA as well the LSE (base 2) and Delta of those queries; each stage has a full
+//    kStages stages, and by bulk copies the LSE (base 2) and Delta of those queries; each stage has a full
 //    mbarrier (one arrival + the bytes of all four) and an "empty" named barrier (sm90/bwd_traits.cuh's ids);
 //  - consumer (one warpgroup of 64 keys): the step's matrix products on wgmma -- S^T = K Q^T and
 //    dP^T = V dO^T (shared x shared), dV += P^T dO and dK += dS^T Q (A from registers), dQ = dS K (dS^T
@@ -25,6 +25,15 @@ namespace cad::kernels::detail {
 // ---- producer ------------------------------------------------------------------------------------------
 // Every step of the block: stage s = it % kStages, refilled once the consumers of step it - kStages are
 // done with it. full_bar(s) = bars + 8 s.
+// First float of step (h, q0)'s statistics in the [hq, tq] arrays, and its offset from the 16-byte
+// boundary the stage's copy starts at (both sides compute it the same way).
+__device__ __forceinline__ int64_t bwd90_stat_index(const BwdParams& p, const BwdItem& item, int h, int q0) {
+  return static_cast<int64_t>(h) * p.tq + item.q_row + q0;
+}
+__device__ __forceinline__ int bwd90_stat_shift(const BwdParams& p, const BwdItem& item, int h, int q0) {
+  return static_cast<int>(bwd90_stat_index(p, item, h, q0) & 3);
+}
+
 template <typename T>
 __device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem& item, int kv_head,
                                                const CUtensorMap* tm_q, const CUtensorMap* tm_do,
@@ -32,7 +41,6 @@ __device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem
                                                uint32_t do_addr, uint32_t bars, uint32_t lse_addr, uint32_t delta_addr,
                                                int n_qt, int n_iter, int lane) {
   constexpr int D = T::kD, BM = T::kBlockM, S = T::kStages;
-  constexpr uint32_t kStatBytes = BM * sizeof(float);
   auto full_bar = [&](int s) { return bars + 8 * s; };
   if (lane == 0) {
     tma_prefetch_descriptor(tm_q);
@@ -49,32 +57,35 @@ __device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem
     const int q0 = item.q_begin + (it % n_qt) * BM;
     const int row = static_cast<int>(item.q_row) + q0;
     if (lane == 0) {
-      // Everything a step reads comes by TMA, so the stage's full barrier hands it over the way racecheck
-      // follows (a thread's st.shared handed over through an mbarrier, as before, it reports as a hazard).
-      // Rows past the segment bring other rows' values: the consumers zero them (bwd90_zero_rows_past_end).
-      mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes + 2 * kStatBytes);
+      // Everything a step reads comes by TMA, so the stage's full barrier hands it over the way
+      // compute-sanitizer's racecheck follows (it reports a thread's st.shared, or a plain bulk copy, handed
+      // over through an mbarrier as a hazard). Rows past the segment bring other rows' values: the
+      // consumers zero those Q/dO rows and mask those statistics. The statistics come from the workspace copies the
+      // preprocess wrote, as rows of 4 floats (a TMA box starts 16-byte aligned), from the boundary at or
+      // before the tile's first row.
+      mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes + 2 * T::kStatLoadBytes);
 #pragma unroll
       for (int a = 0; a < D / 64; ++a) {
         tma_load_3d(q_addr + s * T::kQBytes + a * BM * 128, tm_q, a * 64, h, row, full_bar(s));
         tma_load_3d(do_addr + s * T::kQBytes + a * BM * 128, tm_do, a * 64, h, row, full_bar(s));
       }
-      const int stat = static_cast<int>(static_cast<int64_t>(h) * p.tq + row);  // [hq, tq]; tq * hq < 2^31 (plan)
-      tma_load_vector(lse_addr + s * kStatBytes, tm_lse, stat, full_bar(s));
-      tma_load_vector(delta_addr + s * kStatBytes, tm_delta, stat, full_bar(s));
+      const int quad = static_cast<int>(bwd90_stat_index(p, item, h, q0) >> 2);
+      tma_load_2d(lse_addr + s * T::kStatBytes, tm_lse, 0, quad, full_bar(s));
+      tma_load_2d(delta_addr + s * T::kStatBytes, tm_delta, 0, quad, full_bar(s));
     }
   }
 }
 
 // ---- consumer ------------------------------------------------------------------------------------------
-// Rows valid_q.. of the stage's Q and dO tiles and of its LSE and Delta set to 0 (a partial last query
-// tile: TMA brought whatever follows in memory -- the next segment's rows -- and 0 * garbage must not reach
-// dK/dV, nor a NaN there spread into this segment). 16-byte chunks, 8 per 128-byte atom row, D/64 atoms per
-// tile, 2 tiles; ctid = 0..255 over both consumer warpgroups. The caller syncs the consumers.
+// Rows valid_q.. of the stage's Q and dO tiles set to 0 (a partial last query tile: TMA brought whatever
+// follows in memory, and 0 * garbage must not reach dK/dV). Their LSE and Delta are not touched here (a
+// consumer's store there would meet the other warpgroup's reads of the stage's previous use, ordered only
+// through the mbarriers): the softmax masks them (P = 0, Delta taken as 0). 16-byte chunks, 8 per 128-byte
+// atom row, D/64 atoms per tile, 2 tiles; ctid = 0..255 over both consumer warpgroups. The caller syncs the
+// consumers.
 template <typename T>
-__device__ __forceinline__ void bwd90_zero_rows_past_end(uint32_t q_buf, uint32_t do_buf, float* lse, float* delta,
-                                                         int valid_q, int ctid) {
+__device__ __forceinline__ void bwd90_zero_rows_past_end(uint32_t q_buf, uint32_t do_buf, int valid_q, int ctid) {
   constexpr int D = T::kD, BM = T::kBlockM;
-  if (ctid >= valid_q && ctid < BM) lse[ctid] = delta[ctid] = 0.f;
   constexpr int kRowChunks = 2 * (D / 64) * 8, kTileShift = D == 128 ? 4 : 3;  // log2(kRowChunks / 2)
   const int chunks = (BM - valid_q) * kRowChunks;
   for (int c = ctid; c < chunks; c += 256) {

@@ -36,7 +36,7 @@ __device__ __forceinline__ void bwd90_probabilities_plain(float (&st)[BM / 2], c
                                                           const float* lse_tile) {
 #pragma unroll
   for (int nt = 0; nt < BM / 8; ++nt) {
-    const float2 l = *reinterpret_cast<const float2*>(lse_tile + nt * 8 + 2 * t);
+    const float2 l = make_float2(lse_tile[nt * 8 + 2 * t], lse_tile[nt * 8 + 2 * t + 1]);  // any 4-byte alignment
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       st[nt * 4 + e] = fast_exp2(st[nt * 4 + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
@@ -44,13 +44,21 @@ __device__ __forceinline__ void bwd90_probabilities_plain(float (&st)[BM / 2], c
   }
 }
 
-// dP^T -> dS^T = P^T (dP^T - Delta) in place.
-template <int BM>
+// dP^T -> dS^T = P^T (dP^T - Delta) in place. Queries valid_q.. lie past the segment: their P^T is 0, and
+// their Delta (another segment's, or whatever follows the workspace's last value) is taken as 0 so that
+// no NaN or Inf there can turn 0 into NaN.
+// kPartial: the step may hold such queries (a compile-time flag, so that full steps pay nothing for it).
+template <int BM, bool kPartial>
 __device__ __forceinline__ void bwd90_ds(float (&dpt)[BM / 2], const float (&pt)[BM / 2], const float* delta_tile,
-                                         int t) {
+                                         int t, int valid_q) {
 #pragma unroll
   for (int nt = 0; nt < BM / 8; ++nt) {
-    const float2 dl = *reinterpret_cast<const float2*>(delta_tile + nt * 8 + 2 * t);
+    const int q = nt * 8 + 2 * t;
+    float2 dl = make_float2(delta_tile[q], delta_tile[q + 1]);  // any 4-byte alignment
+    if (kPartial) {
+      dl.x = q < valid_q ? dl.x : 0.f;
+      dl.y = q + 1 < valid_q ? dl.y : 0.f;
+    }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       dpt[nt * 4 + e] = pt[nt * 4 + e] * (dpt[nt * 4 + e] - ((e & 1) ? dl.y : dl.x));

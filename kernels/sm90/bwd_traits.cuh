@@ -31,12 +31,18 @@ struct BwdWsTraits {
   static constexpr uint32_t kDSOff = kDOOff + kStages * kQBytes;
   static constexpr uint32_t kDQOff = kDSOff + 2 * kDSBytes;
   static constexpr uint32_t kLseOff = kDQOff + kDQBuffers * kDQBytes;
-  static constexpr uint32_t kDeltaOff = kLseOff + kStages * kBlockM * 4;
-  static constexpr uint32_t kBarOff = kDeltaOff + kStages * kBlockM * 4;
+  // Per stage, LSE and Delta of the step's BM queries from the 16-byte boundary at or before the first
+  // (kStatLoad floats: a TMA box starts 16-byte aligned, the tile may start at any row), each stage's copy
+  // 128-byte aligned in shared memory as TMA requires.
+  static constexpr int kStatLoad = kBlockM + 4;
+  static constexpr uint32_t kStatLoadBytes = kStatLoad * 4;
+  static constexpr uint32_t kStatBytes = (kStatLoadBytes + 127) / 128 * 128;
+  static constexpr uint32_t kDeltaOff = kLseOff + kStages * kStatBytes;
+  static constexpr uint32_t kBarOff = kDeltaOff + kStages * kStatBytes;
   static constexpr int kSmemBytes = kBarOff + (kStages + kDSBarriers) * 8 + 1024;  // + alignment slack
 };
-static_assert(BwdWsTraits<128, 2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<128, 3>::kSmemBytes <= 227 * 1024 &&
-                  BwdWsTraits<64, 4>::kSmemBytes <= 227 * 1024,
+// (Three Q/dO stages at D=128 no longer fit beside the statistics' aligned stages.)
+static_assert(BwdWsTraits<128, 2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<64, 4>::kSmemBytes <= 227 * 1024,
               "shared memory per block");
 
 // Q/dO stages per head dim.
