@@ -46,42 +46,15 @@ using check::spread;
 
 constexpr int64_t kH200Sms = 132;  // the benchmark's GPU: the forward schedule deals units to this many blocks
 
-// Share of the forward FLOPs in segments of at most `max_q` queries, and the largest segment's share.
-double flop_share(const std::vector<sim::Shard>& shards, int64_t max_q) {
-  double in = 0, all = 0;
-  for (const sim::Shard& s : shards) {
-    all += static_cast<double>(s.entries);
-    if (s.q <= max_q) in += static_cast<double>(s.entries);
-  }
-  return all > 0 ? in / all : 0;
-}
-
-double largest_share(const std::vector<sim::Shard>& shards) {
-  double top = 0, all = 0;
-  for (const sim::Shard& s : shards) {
-    all += static_cast<double>(s.entries);
-    top = std::max(top, static_cast<double>(s.entries));
-  }
-  return all > 0 ? top / all : 0;
-}
-
 // One row of --per-rank: what was measured and predicted, and what the server batch is made of.
 std::string rank_row(const std::string& label, int32_t rank, double meas_f, double meas_b, double pred_f,
-                    double pred_b, const cad::cad_plugin::ServerBatch& batch, int64_t heads, int64_t group, int64_t head_dim) {
-  const std::vector<sim::Shard> shards = check::segment_shards(batch.segments);
-  const check::TileFeatures t = check::tile_features(batch.segments, heads, group, kH200Sms);
-  char row[512];
-  std::snprintf(row, sizeof row, "| %s | %d | %.3f | %.3f | %.3f | %.3f | %lld | %lld | %lld | %.2f | %.3f | %.3f | %.3f | %lld | %lld | "
-              "%lld | %lld | %lld | %lld | %lld | %.0f | %lld | %lld |\n",
-              label.c_str(), rank, meas_f, meas_b, pred_f, pred_b, static_cast<long long>(t.segments),
-              static_cast<long long>(batch.q_rows), static_cast<long long>(batch.kv_rows),
-              4.0 * static_cast<double>(head_dim * heads) * t.fwd_flops_per_head * 1e-9, flop_share(shards, 128),
-              flop_share(shards, 1024), largest_share(shards), static_cast<long long>(t.q_tiles),
-              static_cast<long long>(t.fwd_full), static_cast<long long>(t.fwd_partial),
-              static_cast<long long>(t.bwd_k_tiles), static_cast<long long>(t.bwd_full),
-              static_cast<long long>(t.bwd_partial), static_cast<long long>(t.fwd_makespan), t.fwd_mean_load,
-              static_cast<long long>(t.fwd_splits), static_cast<long long>(t.fwd_kv_stream_tiles));
-  return row;
+                     double pred_b, const cad::cad_plugin::ServerBatch& batch, int64_t heads, int64_t group,
+                     int64_t head_dim) {
+  char row[160];
+  std::snprintf(row, sizeof row, "| %s | %d | %.3f | %.3f | %.3f | %.3f | ", label.c_str(), rank, meas_f, meas_b,
+                pred_f, pred_b);
+  return row + check::feature_cells(batch.segments, batch.q_rows, batch.kv_rows, heads, group, head_dim, kH200Sms) +
+         "\n";
 }
 
 }  // namespace
@@ -224,11 +197,9 @@ int main(int argc, char** argv) {
                 all_fwd.size(), f.min, f.median, f.max, b.min, b.median, b.max, check::within_10_percent(all_fwd),
                 check::within_10_percent(all_bwd));
     if (per_rank) {
-      std::printf("\n| case | rank | fwd meas ms | bwd meas ms | fwd pred ms | bwd pred ms | segments | q rows | kv rows | "
-                  "fwd GFLOP | share q<=128 | share q<=1024 | largest share | q tiles | fwd full pairs | "
-                  "fwd partial pairs | bwd k tiles | bwd full pairs | bwd partial pairs | fwd schedule makespan | "
-                  "fwd schedule mean | fwd split tiles | fwd KV stream tiles |\n");
-      std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n%s", rank_rows.c_str());
+      std::printf("\n| case | rank | fwd meas ms | bwd meas ms | fwd pred ms | bwd pred ms | %s |\n"
+                  "|---|---|---|---|---|---|%s\n%s",
+                  check::kFeatureHeader, check::feature_rule().c_str(), rank_rows.c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cad_simulate_server_check: %s\n", e.what());

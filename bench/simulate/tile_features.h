@@ -8,6 +8,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 #include <cstdint>
 #include <functional>
 #include <utility>
@@ -200,6 +202,46 @@ inline TileFeatures tile_features(const std::vector<cad_segment_v1_t>& segments,
   f.fwd_splits = sched.splits;
   f.fwd_kv_stream_tiles = sched.kv_stream_tiles;
   return f;
+}
+
+// The feature columns of one batch as markdown table cells (no leading or trailing bar), in the order of
+// kFeatureHeader: what --per-rank / --per-batch print for bench/simulate/fit_rank_model.py.
+constexpr const char* kFeatureHeader =
+    "segments | q rows | kv rows | fwd GFLOP | share q<=128 | share q<=1024 | largest share | q tiles | "
+    "fwd full pairs | fwd partial pairs | bwd k tiles | bwd full pairs | bwd partial pairs | "
+    "fwd schedule makespan | fwd schedule mean | fwd split tiles | fwd KV stream tiles";
+
+inline std::string feature_rule() {
+  std::string rule;
+  for (const char* c = kFeatureHeader; *c; ++c)
+    if (*c == '|') rule += "---|";
+  return rule + "---|";
+}
+
+inline std::string feature_cells(const std::vector<cad_segment_v1_t>& segments, int64_t q_rows, int64_t kv_rows,
+                                 int64_t heads, int64_t group, int64_t head_dim, int64_t sms) {
+  const TileFeatures t = tile_features(segments, heads, group, sms);
+  double all = 0, upto128 = 0, upto1024 = 0, top = 0;  // forward entries: all, by segment q_len, largest
+  for (const cad_segment_v1_t& s : segments) {
+    const double e = static_cast<double>(s.q_len * s.kv_len - s.q_len * (s.q_len - 1) / 2);
+    all += e;
+    if (s.q_len <= 128) upto128 += e;
+    if (s.q_len <= 1024) upto1024 += e;
+    top = std::max(top, e);
+  }
+  const double share = all > 0 ? 1 / all : 0;
+  char row[400];
+  std::snprintf(row, sizeof row,
+                "%lld | %lld | %lld | %.2f | %.3f | %.3f | %.3f | %lld | %lld | %lld | %lld | %lld | %lld | %lld | "
+                "%.0f | %lld | %lld |",
+                static_cast<long long>(t.segments), static_cast<long long>(q_rows), static_cast<long long>(kv_rows),
+                4.0 * static_cast<double>(head_dim * heads) * t.fwd_flops_per_head * 1e-9, upto128 * share,
+                upto1024 * share, top * share, static_cast<long long>(t.q_tiles), static_cast<long long>(t.fwd_full),
+                static_cast<long long>(t.fwd_partial), static_cast<long long>(t.bwd_k_tiles),
+                static_cast<long long>(t.bwd_full), static_cast<long long>(t.bwd_partial),
+                static_cast<long long>(t.fwd_makespan), t.fwd_mean_load, static_cast<long long>(t.fwd_splits),
+                static_cast<long long>(t.fwd_kv_stream_tiles));
+  return row;
 }
 
 }  // namespace cad::simulate::check
