@@ -29,7 +29,7 @@ def read_rows(path):
         except ValueError:
             continue  # a header row
         label = cells[0]
-        if "_r" in label and "x" not in label.split()[0]:  # a diet batch name: the whole file is one case
+        if " " not in label:  # a diet batch's name (server_check's labels have spaces): the file is one case
             label = "diet"
         rows.append((label, dict(zip(COLS, values))))
     if not rows:
@@ -66,6 +66,7 @@ def main():
     train = [row for f in a.train for row in read_rows(f)]
     # Held out: the train files' rows are only used to fit; a test file's rows never are.
     sets = [("train", train)] + [(f, read_rows(f)) for f in a.test]
+    fitted = {}
     for d, name in (("f", "forward"), ("b", "backward")):
         print(f"## {name}\n")
         print("| model | rows | coefficients | pred/meas min / median / max | within case min / max (sd) |")
@@ -82,12 +83,29 @@ def main():
                 print(f"| {model} | {set_name} | {' '.join(f'{c:.3g}' for c in coef)} | {ratio.min():.3f} / "
                       f"{np.median(ratio):.3f} / {ratio.max():.3f} | {within.min():.3f} / {within.max():.3f} "
                       f"({within.std():.3f}) |")
-                if a.cases:
-                    for lab in dict.fromkeys(labels):
-                        m = np.array([x == lab for x in labels])
-                        mm, pp = meas[m], pred[m]
-                        print(f"|  | {lab} | | max/mean meas {mm.max() / mm.mean():.3f} pred {pp.max() / pp.mean():.3f} | |")
+            fitted[(model, d)] = coef
         print()
+    if a.cases:
+        # Forward + backward per rank, the sum the balancer balances: measured vs each model's max/mean.
+        names = list(MODELS)
+        print("| rows | case | measured fwd+bwd max/mean | " + " | ".join(names) + " |")
+        print("|---|---|---|" + "---|" * len(names))
+        errors = {m: [] for m in names}
+        for set_name, rows in sets[1:]:
+            labels = [lab for lab, _ in rows]
+            for lab in dict.fromkeys(labels):
+                if lab == "diet":
+                    continue  # batches of different runs and sizes: their max/mean means nothing
+                sel = [r for l, r in rows if l == lab]
+                meas = np.array([r["meas_f"] + r["meas_b"] for r in sel])
+                cells = []
+                for model in names:
+                    pred = sum(np.array([MODELS[model][d](r) for r in sel]) @ fitted[(model, d)] for d in "fb")
+                    cells.append(f"{pred.max() / pred.mean():.3f}")
+                    errors[model].append(pred.max() / pred.mean() - meas.max() / meas.mean())
+                print(f"| {set_name} | {lab} | {meas.max() / meas.mean():.3f} | " + " | ".join(cells) + " |")
+        print("| held out | mean / max abs error of max/mean | | " +
+              " | ".join(f"{np.mean(np.abs(e)):.3f} / {np.max(np.abs(e)):.3f}" for e in errors.values()) + " |")
 
 
 if __name__ == "__main__":
