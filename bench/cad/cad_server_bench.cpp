@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -78,6 +79,7 @@ struct Options {
   std::string lengths;  // one given batch instead of --dist's sampled ones
   std::string json;
   std::string rate_table;  // adds "prefix_aware_time": prefix_aware balancing predicted time with this table
+  std::string fill = "random";  // what new device memory holds: random | constant (see Fill)
 };
 
 Options parse(int argc, char** argv) {
@@ -89,6 +91,8 @@ Options parse(int argc, char** argv) {
                   "       [--heads 32] [--kv-heads 8] [--head-dim 128] [--reps 3] [--seeds 1,2,...]\n"
                   "       [--plan-ranks 4,64,512] [--plan-context 131072] [--json FILE] [--rate-table FILE]\n"
                   "       [--lengths FILE]   (one batch: these document lengths packed into each --ranks x --context)\n"
+                  "       [--fill random|constant]   (Q/K/V/dO values: random bf16 in [-1, 1) as the rate table's\n"
+                  "                                   cells, or every byte 0x3c as before 2026-11-25; default random)\n"
                   "       --plan-ranks '' skips the host plan-time table\n"
                   "Measures every rank's CAD server batch (forward, backward, pack+unpack) on this GPU, one after\n"
                   "another, per balancer; and the host time to make a plan.\n");
@@ -110,7 +114,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--lengths") o.lengths = v;
     else if (a == "--json") o.json = v;
     else if (a == "--rate-table") o.rate_table = v;
-    else die("unknown option " + a + " (see --help)");
+    else if (a == "--fill" && (v == "random" || v == "constant")) o.fill = v;
+    else die("unknown option or value " + a + " " + v + " (see --help)");
   }
   return o;
 }
@@ -153,17 +158,58 @@ Plan make_plan(const cad::Host& host, const std::string& balancer, const cad::wo
   return p;
 }
 
+// What new device memory is filled with (--fill). "random": bf16 values uniform in [-1, 1), as
+// bench/kernels/case_timer.cu fills its batches, so that these times and the rate table's cells are taken
+// under the same conditions. "constant": every byte 0x3c (bf16 0x3c3c ~ 0.0115), what this benchmark used
+// before 2026-11-25: the same batch ran 10-15% faster than with random data (docs/simulate.md), most
+// likely because the tensor cores draw less power on constant operands and the GPU keeps higher clocks.
+// Either way every value is finite (an fp32 buffer reads the pattern's bf16 pairs as fp32 of magnitude
+// < 1), so no NaN or Inf can slow a path down.
+enum class Fill { kRandom, kConstant };
+
+// 8 MiB of random bf16 values on the device, made once; buffers are filled by copying it over them.
+const void* random_pattern(size_t* bytes) {
+  static void* device = nullptr;
+  constexpr size_t kBytes = size_t{8} << 20;
+  if (!device) {
+    std::vector<uint16_t> host(kBytes / 2);
+    uint32_t x = 0x9e3779b9u;  // fixed seed: every run times the same values
+    for (uint16_t& h : host) {
+      x ^= x << 13, x ^= x >> 17, x ^= x << 5;  // xorshift32
+      const float f = static_cast<float>(x) / 4294967296.f * 2.f - 1.f;
+      uint32_t bits = 0;
+      std::memcpy(&bits, &f, sizeof bits);
+      h = static_cast<uint16_t>(bits >> 16);  // bf16: the float's top half (truncated)
+    }
+    check(cudaMalloc(&device, kBytes), "cudaMalloc (fill pattern)");
+    check(cudaMemcpy(device, host.data(), kBytes, cudaMemcpyHostToDevice), "fill pattern");
+  }
+  *bytes = kBytes;
+  return device;
+}
+
+void fill(void* p, size_t bytes, Fill how) {
+  if (how == Fill::kConstant) {
+    check(cudaMemset(p, 0x3c, bytes), "fill");
+    return;
+  }
+  size_t n = 0;
+  const void* pattern = random_pattern(&n);
+  for (size_t at = 0; at < bytes; at += n) {
+    check(cudaMemcpy(static_cast<char*>(p) + at, pattern, std::min(n, bytes - at), cudaMemcpyDeviceToDevice), "fill");
+  }
+}
+
 // Device memory for one server batch and one rank's exchanges, grown as needed and reused.
 struct Buffers {
+  Fill how = Fill::kRandom;
   std::map<std::string, std::pair<void*, size_t>> blocks;
   void* get(const std::string& name, size_t bytes) {
     auto& b = blocks[name];
     if (b.second < bytes) {
       if (b.first) cudaFree(b.first);
       check(cudaMalloc(&b.first, std::max<size_t>(bytes, 256)), "cudaMalloc");
-      // Finite values everywhere (bf16 0x3c3c ~ 0.0115; fp32 LSE ~ 0.011): the kernels' speed does not
-      // depend on the values, and no NaN or Inf can slow a path down.
-      check(cudaMemset(b.first, 0x3c, std::max<size_t>(bytes, 256)), "fill");
+      fill(b.first, std::max<size_t>(bytes, 256), how);
       b.second = std::max<size_t>(bytes, 256);
     }
     return b.first;
@@ -392,11 +438,13 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   nlohmann::json out = {{"gpu", prop.name}, {"heads", opt.hq}, {"kv_heads", opt.hkv}, {"head_dim", opt.d},
-                        {"reps", opt.reps}, {"seeds", opt.seeds}, {"rate_table", opt.rate_table},
+                        {"reps", opt.reps}, {"seeds", opt.seeds}, {"rate_table", opt.rate_table}, {"fill", opt.fill},
                         {"batch", given_batch ? "lengths " + opt.lengths : "sampled from " + opt.dist},
                         {"cases", nlohmann::json::array()}};
   Buffers buf;
-  std::printf("GPU: %s; Hq=%d Hkv=%d D=%d bf16 causal; times: median of %d\n", prop.name, opt.hq, opt.hkv, opt.d, opt.reps);
+  buf.how = opt.fill == "constant" ? Fill::kConstant : Fill::kRandom;
+  std::printf("GPU: %s; Hq=%d Hkv=%d D=%d bf16 causal, %s data; times: median of %d\n", prop.name, opt.hq, opt.hkv,
+              opt.d, opt.fill.c_str(), opt.reps);
   std::printf("| ranks x tokens | seed | balancer | model max/mean (FLOPs) | predicted time max/mean | fwd max/mean | "
               "bwd max/mean | fwd+bwd max/mean | fwd ms per rank | bwd ms per rank | pack+unpack / attention | "
               "workspace GiB (max rank) | saved GiB per fwd (max) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

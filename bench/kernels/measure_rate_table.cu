@@ -33,7 +33,8 @@ const char* const kUsage =
     "Times the project's attention kernels (forward and backward) on the current GPU for every (q, kv) cell of\n"
     "a grid and writes the kernel-rate table (plugins/common/rate_table.h's schema) to FILE. Each cell is one\n"
     "batch of n identical causal shards, each the last q queries of its own document of kv tokens; n gives\n"
-    "the batch about --target-gflop of forward work within the row caps. Cells with q > kv cannot occur for\n"
+    "the batch about --target-gflop of forward work and at least --min-units forward units within the row\n"
+    "caps. Cells with q > kv cannot occur for\n"
     "a causal shard: they copy the (kv, kv) shape, which is timed for them. FILE is written only when every\n"
     "shape was measured.\n"
     "options:\n"
@@ -43,6 +44,8 @@ const char* const kUsage =
     "  --hq N, --hkv N        query / KV heads (default 32, 8)\n"
     "  --head-dim N           64 or 128 (default 128)\n"
     "  --target-gflop X       forward GFLOP per timed batch (default 400)\n"
+    "  --min-units N          at least N forward units (128-query tiles x Hq) per batch (default 1056 = 8\n"
+    "                         waves of 132 SMs; 0 = off)\n"
     "  --max-q-rows N         cap on n*q (default 131072)\n"
     "  --max-kv-rows N        cap on n*kv (default 1048576)\n"
     "  --dense-len N          the dense entry: causal documents of N tokens (default 16384)\n"
@@ -131,6 +134,8 @@ bool parse_args(int argc, char** argv, Options& o) {
       o.spec.head_dim = static_cast<int32_t>(integer_flag(flag, v, 1));
     } else if (flag == "--target-gflop") {
       o.spec.target_gflop = number_flag(flag, v);
+    } else if (flag == "--min-units") {
+      o.spec.min_units = integer_flag(flag, v, 0);
     } else if (flag == "--max-q-rows") {
       o.spec.max_q_rows = integer_flag(flag, v, 1);
     } else if (flag == "--max-kv-rows") {

@@ -14,6 +14,8 @@ namespace cad::rates {
 
 namespace {
 
+constexpr int64_t kFwdTileRows = 128;  // queries per forward work unit of the Hopper kernel (kFwdBlockM90)
+
 void check_axis(const std::vector<int64_t>& axis, const char* name) {
   if (axis.empty()) throw std::invalid_argument(std::string(name) + ": needs at least one length");
   for (size_t i = 0; i < axis.size(); ++i) {
@@ -76,6 +78,7 @@ void validate(const GridSpec& spec) {
     throw std::invalid_argument("max_q_rows and max_kv_rows must be >= 1, got " + std::to_string(spec.max_q_rows) +
                                 " and " + std::to_string(spec.max_kv_rows));
   }
+  if (spec.min_units < 0) throw std::invalid_argument("min_units must be >= 0, got " + std::to_string(spec.min_units));
   if (spec.dense_len < 1) throw std::invalid_argument("dense_len must be >= 1, got " + std::to_string(spec.dense_len));
 }
 
@@ -95,6 +98,8 @@ int64_t shards_for(const Shape& s, const GridSpec& spec) {
   const double per_shard = shard_forward_flops(s, spec);
   const double wanted = std::ceil(spec.target_gflop * 1e9 / per_shard);
   int64_t n = wanted < 1 ? 1 : static_cast<int64_t>(std::min(wanted, 1e15));
+  const int64_t units_per_shard = (s.q + kFwdTileRows - 1) / kFwdTileRows * spec.hq;
+  n = std::max(n, (spec.min_units + units_per_shard - 1) / units_per_shard);
   n = std::min({n, spec.max_q_rows / s.q, spec.max_kv_rows / s.kv});
   return std::max<int64_t>(n, 1);
 }
@@ -189,7 +194,8 @@ std::string table_json(const GridSpec& spec, const std::map<Shape, Measurement>&
       (info.source_tag.empty() ? std::string() : " (" + info.source_tag + ")") + ": `" + info.command +
       "`. Each (q, kv) is one batch of n identical causal shards, each the last q queries of its own document of "
       "kv tokens (bottom-right causal), n = ceil(" + short_number(spec.target_gflop) +
-      " GFLOP / shard forward FLOPs) capped by " + std::to_string(spec.max_q_rows) + " query rows and " +
+      " GFLOP / shard forward FLOPs), and at least " + std::to_string(spec.min_units) +
+      " forward units (128-query tiles x heads) in all, capped by " + std::to_string(spec.max_q_rows) + " query rows and " +
       std::to_string(spec.max_kv_rows) + " key rows (at least 1); median of " + std::to_string(info.reps) +
       " calls after " + std::to_string(info.warmups) +
       " warm-ups. FLOPs: causal forward 4*D*Hq*(q*kv - q(q-1)/2), backward 2.5x. Cells with q > kv "

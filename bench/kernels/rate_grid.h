@@ -37,6 +37,11 @@ struct GridSpec {
   // stay under ~15 GiB. A single shard (n = 1) is timed even if it exceeds a cap.
   int64_t max_q_rows = 131072;
   int64_t max_kv_rows = 1048576;
+  // Forward work units (128-query tiles x query heads) one timed batch should hold, so that the GPU is
+  // full until near the end, as it is when the shape shares a server batch with others. 1056 = 8 waves of
+  // 132 SMs. Without it a long shape was timed as one shard: (2048, 131072) is 16 x 32 = 512 units, 3.9
+  // waves, and its cell (585 TFLOP/s forward) sat below both neighbours (651, 600). 0 turns it off.
+  int64_t min_units = 1056;
   int64_t dense_len = 16384;  // the table's dense entry: causal documents of this length (q = kv)
 };
 
@@ -54,8 +59,8 @@ std::string to_string(const Shape& s);  // "(q, kv)"
 // Forward FLOPs of one shard of that shape (plan_model's task_cost and entries_to_flops).
 double shard_forward_flops(const Shape& s, const GridSpec& spec);
 
-// n = max(1, ceil(target / shard FLOPs)), lowered so that n*q <= max_q_rows and n*kv <= max_kv_rows,
-// but never below 1.
+// n = max(1, ceil(target / shard FLOPs), ceil(min_units / (ceil(q / 128) * hq))), lowered so that
+// n*q <= max_q_rows and n*kv <= max_kv_rows, but never below 1.
 int64_t shards_for(const Shape& s, const GridSpec& spec);
 
 // n shards of the shape: shard i has queries [i*q, (i+1)*q) and its own keys [i*kv, (i+1)*kv).

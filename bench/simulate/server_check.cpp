@@ -13,7 +13,7 @@
 // (min/median/max) and the predicted vs measured max/mean. A benchmark check, not a test.
 //
 // usage: cad_simulate_server_check [--bench FILE] [--rates FILE] [--dist FILE] [--path PLUGIN_DIRS]
-//                                  [--shards tasks|segments]
+//                                  [--shards tasks|segments] [--per-rank]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -33,6 +33,7 @@
 #include "plan_work.h"
 #include "check_support.h"
 #include "step_model.h"
+#include "tile_features.h"
 
 namespace {
 
@@ -43,23 +44,44 @@ using check::Ratios;
 using check::read_text;
 using check::spread;
 
+constexpr int64_t kH200Sms = 132;  // the benchmark's GPU: the forward schedule deals units to this many blocks
+
+// One row of --per-rank: what was measured and predicted, and what the server batch is made of.
+std::string rank_row(const std::string& label, int32_t rank, double meas_f, double meas_b, double pred_f,
+                     double pred_b, const cad::cad_plugin::ServerBatch& batch, int64_t heads, int64_t group,
+                     int64_t head_dim) {
+  char row[160];
+  std::snprintf(row, sizeof row, "| %s | %d | %.3f | %.3f | %.3f | %.3f | ", label.c_str(), rank, meas_f, meas_b,
+                pred_f, pred_b);
+  return row + check::feature_cells(batch.segments, batch.q_rows, batch.kv_rows, heads, group, head_dim, kH200Sms) +
+         "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string bench = "docs/data/cad_server_bench_h200.json", rates_path = "configs/calibration/h200.json",
               dist = "/work/shared/data/doclen_pretrain.json", path, mode = "tasks";
+  bool per_rank = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: cad_simulate_server_check [--bench FILE] [--rates FILE] [--dist FILE] [--path PLUGIN_DIRS]\n"
-          "                                 [--shards tasks|segments]\n"
+          "                                 [--shards tasks|segments] [--per-rank]\n"
           "Rebuilds the batches and plans of cad_server_bench's JSON (--bench, default %s), predicts each\n"
           "rank's server forward/backward time with the simulator's attention model and the rate table\n"
           "(--rates, default %s), and prints predicted/measured per case. --shards tasks prices the plan's\n"
-          "tasks as `cad simulate` does; segments prices CAD's layout segments the GPU ran.\n",
+          "tasks as `cad simulate` does; segments prices CAD's layout segments the GPU ran. --per-rank adds,\n"
+          "after the summary, one row per rank: measured and predicted ms and the server batch's features\n"
+          "(segments, rows, forward GFLOPs, FLOP shares of segments with q <= 128 / <= 1024 and of the largest,\n"
+          "128-query tiles, forward full/partial tile pairs, backward key tiles and full/partial pairs).\n",
           bench.c_str(), rates_path.c_str());
       return 0;
+    }
+    if (a == "--per-rank") {
+      per_rank = true;
+      continue;
     }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "cad_simulate_server_check: option %s needs a value\n", a.c_str());
@@ -106,6 +128,7 @@ int main(int argc, char** argv) {
                 "fwd max/mean meas -> pred (error) | bwd max/mean meas -> pred (error) |\n");
     std::printf("|---|---|---|---|---|---|\n");
     std::vector<double> all_fwd, all_bwd;
+    std::string rank_rows;  // --per-rank: printed after the summary table
     for (const auto& c : doc.at("cases")) {
       const auto ranks = c.at("ranks").get<int32_t>();
       const auto context = c.at("context").get<int64_t>();
@@ -152,6 +175,12 @@ int main(int argc, char** argv) {
         ratio_b.push_back(pred_b.back() / meas_b.back());
         all_fwd.push_back(ratio_f.back());
         all_bwd.push_back(ratio_b.back());
+        if (per_rank) {
+          const std::string label = std::to_string(ranks) + "x" + std::to_string(context / 1024) + "K " +
+                                    (given_batch ? std::string("given") : "seed " + std::to_string(seed)) + " " + name;
+          rank_rows += rank_row(label, r, meas_f.back(), meas_b.back(), pred_f.back(), pred_b.back(), batch,
+                                params.num_q_heads, params.num_q_heads / params.num_kv_heads, params.head_dim);
+        }
       }
       const Ratios f = spread(ratio_f), b = spread(ratio_b);
       const double mf = max_over_mean(meas_f), pf = max_over_mean(pred_f);
@@ -167,6 +196,11 @@ int main(int argc, char** argv) {
                 "within 10%%: fwd %td, bwd %td\n",
                 all_fwd.size(), f.min, f.median, f.max, b.min, b.median, b.max, check::within_10_percent(all_fwd),
                 check::within_10_percent(all_bwd));
+    if (per_rank) {
+      std::printf("\n| case | rank | fwd meas ms | bwd meas ms | fwd pred ms | bwd pred ms | %s |\n"
+                  "|---|---|---|---|---|---|%s\n%s",
+                  check::kFeatureHeader, check::feature_rule().c_str(), rank_rows.c_str());
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cad_simulate_server_check: %s\n", e.what());
     return 1;

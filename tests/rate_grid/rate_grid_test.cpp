@@ -83,14 +83,17 @@ TEST(RateGrid, ShardCountMeetsTheTargetWithinTheCaps) {
     const int64_t n = cad::rates::shards_for(s, spec);
     const double shard = cad::rates::shard_forward_flops(s, spec);
     ASSERT_GE(n, 1);
+    const int64_t units = (s.q + 127) / 128 * spec.hq;  // forward units of one shard
     if (n > 1) {
       EXPECT_LE(n * s.q, spec.max_q_rows);
       EXPECT_LE(n * s.kv, spec.max_kv_rows);
-      EXPECT_LT((n - 1) * shard, target);  // no more shards than the target needs
+      // No more shards than the target or the unit floor needs.
+      EXPECT_TRUE((n - 1) * shard < target || (n - 1) * units < spec.min_units);
     }
     const bool capped = (n + 1) * s.q > spec.max_q_rows || (n + 1) * s.kv > spec.max_kv_rows;
     if (!capped) {
       EXPECT_GE(n * shard, target);
+      EXPECT_GE(n * units, spec.min_units);
     }
   }
   // By hand: (32, 256) has 32*256 - 32*31/2 = 7696 entries = 126091264 FLOPs per shard;
@@ -98,8 +101,17 @@ TEST(RateGrid, ShardCountMeetsTheTargetWithinTheCaps) {
   EXPECT_EQ(cad::rates::shards_for({32, 256}, spec), 3173);
   // (256, 256) would need 5797 shards; the 131072 query rows allow 512.
   EXPECT_EQ(cad::rates::shards_for({256, 256}, spec), 512);
-  // (128, 131072): 274.7 GFLOP per shard, 2 wanted (ceil of 1.46); the key rows would allow 8.
-  EXPECT_EQ(cad::rates::shards_for({128, 131072}, spec), 2);
+  // (128, 131072): 274.7 GFLOP per shard, 2 wanted (ceil of 1.46); one shard is 1 x 32 forward units, so
+  // 1056 units want 33; the key rows allow 8.
+  EXPECT_EQ(cad::rates::shards_for({128, 131072}, spec), 8);
+  // (2048, 131072): 4.3 TFLOP, 1 by FLOPs; 16 x 32 = 512 units, so 3 (1536 units); allowed 8.
+  EXPECT_EQ(cad::rates::shards_for({2048, 131072}, spec), 3);
+  // (8192, 65536): 64 x 32 = 2048 units, already 1.9x the floor: one shard.
+  EXPECT_EQ(cad::rates::shards_for({8192, 65536}, spec), 1);
+  GridSpec no_floor = spec;
+  no_floor.min_units = 0;  // FLOPs alone, as before the floor
+  EXPECT_EQ(cad::rates::shards_for({128, 131072}, no_floor), 2);
+  EXPECT_EQ(cad::rates::shards_for({2048, 131072}, no_floor), 1);
   GridSpec tight = spec;
   tight.max_kv_rows = 100000;  // 97 shards of 1024 keys
   EXPECT_EQ(cad::rates::shards_for({128, 1024}, tight), 97);
@@ -107,7 +119,10 @@ TEST(RateGrid, ShardCountMeetsTheTargetWithinTheCaps) {
   EXPECT_EQ(cad::rates::shards_for({128, 1024}, tight), 1);
   GridSpec big = spec;
   big.target_gflop = 1e-3;  // less than one shard's work: one shard
+  big.min_units = 0;
   EXPECT_EQ(cad::rates::shards_for({32, 256}, big), 1);
+  big.min_units = 64;  // 32 units per shard of 32 queries: two shards
+  EXPECT_EQ(cad::rates::shards_for({32, 256}, big), 2);
 }
 
 TEST(RateGrid, ShapesToTimeCoverTheGridAndTheDiagonal) {
@@ -292,6 +307,9 @@ TEST(RateGrid, ValidatesTheSpec) {
   EXPECT_THROW(cad::rates::validate(spec), std::invalid_argument);
   spec = GridSpec{};
   spec.target_gflop = 0;
+  EXPECT_THROW(cad::rates::validate(spec), std::invalid_argument);
+  spec = GridSpec{};
+  spec.min_units = -1;
   EXPECT_THROW(cad::rates::validate(spec), std::invalid_argument);
   spec = GridSpec{};
   spec.kv_lens = {};
