@@ -33,8 +33,13 @@ case "$MODE" in
   exit-before-create)
     # Either the others' bounded MPI_Init ends them, or mpirun sees first that rank 1 exited without
     # initialising MPI while the others did, and ends the job naming it; both name the missing rank.
+    # A third outcome, seen once under load (CI, 2026-11-25): mpirun ended the job non-zero at about
+    # the 2 s mark, before rank 0's own timer printed anything, and printed nothing itself. The job still
+    # ended bounded and non-zero (checked above); there is no message of ours to check.
     if grep -qF "due to process rank 1" "$OUT"; then
       contains "exiting improperly"
+    elif [ ! -s "$OUT" ]; then
+      echo "note: mpirun ended the job silently (status $status) before rank 0's timeout reported"
     else
       contains "rank 0: create failed"
       contains "MPI_Init did not complete within 2000 ms"
