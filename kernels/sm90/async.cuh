@@ -115,10 +115,10 @@ inline cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, in
   return encode_rows_tensor_map(map, base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, tokens, heads, head_dim, 64, box_rows);
 }
 
-// Describes an fp32 vector as rows of 4 values (16 bytes) for TMA: box = `box_quads` rows, i.e. 4 x box_quads
-// consecutive values starting at a multiple of 4 (a box's first value must be 16-byte aligned). The
-// backward's per-query LSE and Delta; the base must be 16-byte aligned and readable up to the next multiple
-// of 4 values.
-cudaError_t encode_quads_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box_quads);
+// Describes an fp32 vector for TMA (as one row of `elements` values: a rank-1 map is refused by the CUDA 13.0
+// driver): box = `box` consecutive values, which must start at a multiple of 4 (a box's first value must be
+// 16-byte aligned; `box` a multiple of 4 too). The backward's per-query LSE and Delta; the base must be
+// 16-byte aligned.
+cudaError_t encode_vector_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box);
 
 }  // namespace cad::kernels::detail

@@ -33,9 +33,9 @@ cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool he
   if (err == cudaSuccess) err = encode_bwd_dq_tensor_map<D>(&tm_dq, p.dq_acc, p.tq, p.hq);
   // LSE (base 2) and Delta, [hq, tq] each in the workspace; the kernel's row coordinate is an int.
   const int64_t stat_elements = p.tq * p.hq;
-  if (stat_elements / 4 >= INT32_MAX) return cudaErrorInvalidValue;
-  if (err == cudaSuccess) err = encode_quads_tensor_map(&tm_lse, p.lse_log2, stat_elements, T::kStatLoad / 4);
-  if (err == cudaSuccess) err = encode_quads_tensor_map(&tm_delta, p.delta, stat_elements, T::kStatLoad / 4);
+  if (stat_elements >= INT32_MAX) return cudaErrorInvalidValue;
+  if (err == cudaSuccess) err = encode_vector_tensor_map(&tm_lse, p.lse_log2, stat_elements, T::kStatLoad);
+  if (err == cudaSuccess) err = encode_vector_tensor_map(&tm_delta, p.delta, stat_elements, T::kStatLoad);
   if (err != cudaSuccess) return err;
   constexpr auto kernel = attention_bwd_sm90_ws_kernel<D, kBwdStages<D>>;
   err = set_max_dynamic_smem_once<kernel>(T::kSmemBytes);

@@ -61,17 +61,17 @@ __device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem
       // compute-sanitizer's racecheck follows (it reports a thread's st.shared, or a plain bulk copy, handed
       // over through an mbarrier as a hazard). Rows past the segment bring other rows' values: the
       // consumers zero those Q/dO rows and mask those statistics. The statistics come from the workspace copies the
-      // preprocess wrote, as rows of 4 floats (a TMA box starts 16-byte aligned), from the boundary at or
-      // before the tile's first row.
+      // preprocess wrote, from the 16-byte boundary at or before the tile's first row (a TMA box must start
+      // 16-byte aligned).
       mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes + 2 * T::kStatLoadBytes);
 #pragma unroll
       for (int a = 0; a < D / 64; ++a) {
         tma_load_3d(q_addr + s * T::kQBytes + a * BM * 128, tm_q, a * 64, h, row, full_bar(s));
         tma_load_3d(do_addr + s * T::kQBytes + a * BM * 128, tm_do, a * 64, h, row, full_bar(s));
       }
-      const int quad = static_cast<int>(bwd90_stat_index(p, item, h, q0) >> 2);
-      tma_load_2d(lse_addr + s * T::kStatBytes, tm_lse, 0, quad, full_bar(s));
-      tma_load_2d(delta_addr + s * T::kStatBytes, tm_delta, 0, quad, full_bar(s));
+      const int first = static_cast<int>(bwd90_stat_index(p, item, h, q0) & ~int64_t{3});
+      tma_load_2d(lse_addr + s * T::kStatBytes, tm_lse, first, 0, full_bar(s));
+      tma_load_2d(delta_addr + s * T::kStatBytes, tm_delta, first, 0, full_bar(s));
     }
   }
 }

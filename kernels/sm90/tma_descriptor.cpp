@@ -48,16 +48,16 @@ cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, CUtensorM
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-cudaError_t encode_quads_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box_quads) {
+cudaError_t encode_vector_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   if ((reinterpret_cast<uintptr_t>(base) & 15) != 0) return cudaErrorMisalignedAddress;
-  const cuuint64_t quads = static_cast<cuuint64_t>(elements > 0 ? (elements + 3) / 4 : 1);
-  const cuuint64_t dims[2] = {4, quads};
-  const cuuint64_t strides[1] = {16};
-  const cuuint32_t box[2] = {4, static_cast<cuuint32_t>(box_quads)};
+  const cuuint64_t n = static_cast<cuuint64_t>(elements > 0 ? elements : 1);
+  const cuuint64_t dims[2] = {n, 1};
+  const cuuint64_t strides[1] = {(n * sizeof(float) + 15) / 16 * 16};
+  const cuuint32_t box_dims[2] = {static_cast<cuuint32_t>(box), 1};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(base), dims, strides, box,
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(base), dims, strides, box_dims,
                             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                             CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
