@@ -227,15 +227,15 @@ def nano_forward(model, inputs, nanos, attention, dtype):
     inner, config = model.model, model.config
     device = inputs["input_ids"].device
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cus = [torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device) for docs in nanos]
+    # Collective: every rank makes nano-batch 0's plan, then nano-batch 1's, before enqueueing any compute (a
+    # plan reads its cu_seqlens back to the host once; layers pass the same tensor, so nothing else is read).
+    plans = [cad.plan(cu, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
+                      head_dim=head_dim, dtype=dtype, device=device) if attention == "cad" else None for cu in cus]
     states, extras, labels, at = [], [], [], 0
-    for docs in nanos:
+    for docs, cu, plan in zip(nanos, cus, plans):
         tokens = slice(at, at + sum(docs))
         at += sum(docs)
-        cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
-        plan = None
-        if attention == "cad":  # collective: every rank makes nano-batch 0's plan, then nano-batch 1's
-            plan = cad.plan(cu, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
-                            head_dim=head_dim, dtype=dtype, device=device)
         positions = inputs["position_ids"][:, tokens]
         hidden = inner.embed_tokens(inputs["input_ids"][:, tokens])
         states.append(hidden)
@@ -255,26 +255,30 @@ def nano_forward(model, inputs, nanos, attention, dtype):
     else:
         for run in stages:
             states[0] = run(states[0], 0)
-    predicted = sum(int((y[:, 1:] != -100).sum()) for y in labels)
+    predicted = sum((y[:, 1:] != -100).sum() for y in labels)  # a tensor: reading it back would sync CUDA
     loss = 0
     for hidden, y in zip(states, labels):
         logits = model.lm_head(inner.norm(hidden)).float()
         targets = torch.nn.functional.pad(y, (0, 1), value=-100)[:, 1:]  # token t predicts token t + 1
         loss = loss + torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                                         ignore_index=-100, reduction="sum") / predicted
-    return loss, [e["cad_plan"] for e in extras]
+    return loss, plans
 
 
 def plan_summary(plans):
-    """Imbalance (max/mean forward FLOPs over servers) and forward bytes sent per rank of the step's plans
-    together (their servers' work adds up), and each plan's own imbalance."""
+    """The step's plans together: imbalance and forward bytes sent per rank, and each plan's own imbalance.
+    One plan: the plugin's imbalance. Two: max/mean over servers of both plans' forward FLOPs added up (a
+    server runs both nano-batches' work in the step)."""
     stats = [p.stats for p in plans if p is not None and p.stats]
     if not stats:
         return None
-    flops = [sum(s["servers"][i]["forward_flops"] for s in stats) for i in range(len(stats[0]["servers"]))]
+    imbalance = stats[0]["imbalance"]
+    if len(stats) > 1:
+        flops = [sum(s["servers"][i]["forward_flops"] for s in stats) for i in range(len(stats[0]["servers"]))]
+        imbalance = max(flops) / (sum(flops) / len(flops)) if sum(flops) else 1.0
     sent = [sum(col) for col in zip(*(s["model_forward_bytes_sent_by_rank"] for s in stats))]
-    return {"imbalance": max(flops) / (sum(flops) / len(flops)) if sum(flops) else 1.0,
-            "nano_imbalance": [s["imbalance"] for s in stats], "forward_bytes_sent_by_rank": sent}
+    return {"imbalance": imbalance, "nano_imbalance": [s["imbalance"] for s in stats],
+            "forward_bytes_sent_by_rank": sent}
 
 
 def train(args):

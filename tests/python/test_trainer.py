@@ -45,6 +45,7 @@ def test_cad_and_local_losses_agree(tmp_path):
 def test_help():
     done = subprocess.run([sys.executable, str(TRAINER), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--attention" in done.stdout and "--balancer" in done.stdout
+    assert "--ping-pong" in done.stdout and "nearest half" in done.stdout
 
 
 def test_negative_mlp_width_is_refused():
@@ -104,13 +105,18 @@ def test_ping_pong_trains_the_same(tmp_path, attention, balancer, seed):
     assert not any(r["ping_pong"] for r in plain["steps"])
     summary = pp["summary"]
     assert summary["ping_pong"] is True and plain["summary"]["ping_pong"] is False
+    if attention == "cad" and balancer == "prefix_aware":
+        assert summary["mean_imbalance"] < 1.1  # each plan balances its nano-batch
     assert summary["ping_pong_steps"] == 3 - len(unsplit) and summary["attention_timing"] == "synchronized"
     for record in pp["steps"]:
         nanos = record["nano_tokens"]  # per rank: both nano-batches hold tokens and add up to the buffer
         assert len(nanos) == 2 and all(sum(n) == 512 and min(n) > 0 for n in nanos)
         assert all(len(n) == (2 if record["ping_pong"] else 1) for n in nanos)
-        if attention == "cad":
+        if attention == "cad":  # both plans' work added up per server: between 1 and the worse plan's
             assert len(record["nano_imbalance"]) == len(nanos[0])
+            assert 1 <= record["imbalance"] <= max(record["nano_imbalance"]) + 1e-12
+        if balancer == "colocated":  # every rank serves its own documents: the colocated cost of the buffers
+            assert record["imbalance"] == pytest.approx(record["colocated_imbalance"], rel=1e-12)
     lines = [line for line in out.splitlines() if line.startswith("step ")]
     assert [("ping-pong" in line and "off" not in line) for line in lines if "loss" in line] == \
         [r["ping_pong"] for r in pp["steps"]]
