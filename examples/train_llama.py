@@ -11,6 +11,15 @@ chunks twice), 90% of the rest kept, shuffled, scaled by context/64K, packed int
 per rank (a document cut by a buffer end continues as its own document on the next rank). Each rank's buffer is
 one packed sequence (position_ids restart per document); gradients are averaged over the ranks (data parallel).
 Per step: loss, tokens/s, every rank's attention time, the attention imbalance; then a summary.
+
+--ping-pong splits every rank's buffer into two nano-batches at the document boundary nearest half its tokens
+(whole documents only: a piece of a document cut across ranks is one document of its rank and stays whole in
+its nano-batch). Each nano-batch has its own CAD plan (two per step, made at the step's start on every rank)
+and the decoder layers run through cad.ping_pong, one stage per layer, so that on CUDA one nano-batch's
+attention exchange overlaps the other's compute. The loss is the token-weighted mean over both nano-batches:
+the same loss and gradients as without --ping-pong, up to rounding. A step in which some rank holds fewer than
+2 documents cannot be split; that step runs as one nano-batch (one plan, layers in order), says so, and its
+record has "ping_pong": false. Every rank knows every rank's documents, so all agree without communicating.
 """
 import argparse
 import json
@@ -103,6 +112,9 @@ def build_model(args, device, dtype):
                          attention_dropout=0.0)
     torch.manual_seed(args.seed)  # the same weights on every rank
     implementation = "cad" if args.attention == "cad" else "cad_local"
+    if args.ping_pong:  # attention per nano-batch, with the plan and documents nano_forward hands each layer
+        register_nano_attention()
+        implementation = NANO_ATTENTION
     model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, dtype=dtype)
     return model.to(device)
 
@@ -137,9 +149,11 @@ def _cpu_group():
 
 
 def average_gradients(model, world, backend):
-    if world == 1:
-        return
+    """Average the gradients over the ranks; returns their L2 norm afterwards (a 0-d tensor, not yet read back
+    so that a CUDA step is not synchronised here)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if world == 1:
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
     flat = torch.cat([g.reshape(-1) for g in grads])
     on_host = backend == "gloo" and flat.is_cuda
     buffer = flat.cpu() if on_host else flat
@@ -151,6 +165,120 @@ def average_gradients(model, world, backend):
     for g in grads:
         g.copy_(flat[at:at + g.numel()].view_as(g))
         at += g.numel()
+    return torch.linalg.vector_norm(flat.float())
+
+
+# ---- ping-pong: two nano-batches per rank ---------------------------------------------------------------
+NANO_ATTENTION = "train_llama_nano"  # the attention implementation of --ping-pong models (registered below)
+
+
+def split_point(doc_lengths):
+    """Where a rank's documents split into two nano-batches: k with doc_lengths[:k] | doc_lengths[k:], the
+    document boundary nearest half the tokens (the first one on a tie); None with fewer than 2 documents."""
+    if len(doc_lengths) < 2:
+        return None
+    half, prefix, best = sum(doc_lengths) / 2, 0, None
+    for k in range(1, len(doc_lengths)):
+        prefix += doc_lengths[k - 1]
+        if best is None or abs(prefix - half) < best[1]:
+            best = (k, abs(prefix - half))
+    return best[0]
+
+
+def nano_batches(docs_by_rank, ping_pong):
+    """Per rank, its nano-batches (lists of document lengths): two with ping-pong where every rank can be split,
+    else one (the whole buffer). Every rank computes this from the same batch, so all agree."""
+    cuts = [split_point(docs) for docs in docs_by_rank] if ping_pong else [None]
+    if None in cuts:
+        return [[docs] for docs in docs_by_rank]
+    return [[docs[:k], docs[k:]] for docs, k in zip(docs_by_rank, cuts)]
+
+
+def _nano_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, cad_cu_seqlens=None,
+                    cad_plan=None, **kwargs):
+    """Attention of one nano-batch: its documents (cad_cu_seqlens) through its plan (None: local attention).
+    The nano-batch's tensors come in as transformers passes them, [1, heads, tokens, head_dim]."""
+    import cad
+    if dropout:
+        raise ValueError("train_llama --ping-pong: attention dropout is not supported")
+    _, heads, tokens, dim = query.shape
+    q, k, v = (t.transpose(1, 2).reshape(tokens, t.shape[1], dim).contiguous() for t in (query, key, value))
+    out = cad.varlen_attn(q, k, v, cad_cu_seqlens, plan=cad_plan, causal=True, softmax_scale=scaling)
+    return out.reshape(1, tokens, heads, dim), None
+
+
+def register_nano_attention():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register(NANO_ATTENTION, _nano_attention)
+    AttentionMaskInterface.register(NANO_ATTENTION, flash_attention_mask)  # documents come from cu_seqlens
+
+
+def nano_forward(model, inputs, nanos, attention, dtype):
+    """The loss of this rank's micro-batch run as its nano-batches (one or two), and their plans.
+
+    Each nano-batch is embedded on its own, the decoder layers run through cad.ping_pong (two nano-batches) or
+    in order (one), and each nano-batch's summed token losses are divided by the micro-batch's count of
+    predicted tokens: their sum is the token-weighted mean, what model(**inputs).loss computes in one piece.
+    A nano-batch's last token predicts nothing, as a document's last token does (its next label is the next
+    document's first token, which is -100)."""
+    import cad
+    inner, config = model.model, model.config
+    device = inputs["input_ids"].device
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cus = [torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device) for docs in nanos]
+    # Collective: every rank makes nano-batch 0's plan, then nano-batch 1's, before enqueueing any compute (a
+    # plan reads its cu_seqlens back to the host once; layers pass the same tensor, so nothing else is read).
+    plans = [cad.plan(cu, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
+                      head_dim=head_dim, dtype=dtype, device=device) if attention == "cad" else None for cu in cus]
+    states, extras, labels, at = [], [], [], 0
+    for docs, cu, plan in zip(nanos, cus, plans):
+        tokens = slice(at, at + sum(docs))
+        at += sum(docs)
+        positions = inputs["position_ids"][:, tokens]
+        hidden = inner.embed_tokens(inputs["input_ids"][:, tokens])
+        states.append(hidden)
+        extras.append(dict(position_ids=positions, position_embeddings=inner.rotary_emb(hidden, positions),
+                           cad_cu_seqlens=cu, cad_plan=plan))
+        labels.append(inputs["labels"][:, tokens])
+
+    def stage(layer):
+        def run(hidden, i):
+            out = layer(hidden, attention_mask=None, **extras[i])
+            return out[0] if isinstance(out, tuple) else out  # transformers < 4.54 returns a tuple
+        return run
+
+    stages = [stage(layer) for layer in inner.layers[:config.num_hidden_layers]]
+    if len(states) == 2:
+        states = cad.ping_pong(stages, states)
+    else:
+        for run in stages:
+            states[0] = run(states[0], 0)
+    predicted = sum((y[:, 1:] != -100).sum() for y in labels)  # a tensor: reading it back would sync CUDA
+    loss = 0
+    for hidden, y in zip(states, labels):
+        logits = model.lm_head(inner.norm(hidden)).float()
+        targets = torch.nn.functional.pad(y, (0, 1), value=-100)[:, 1:]  # token t predicts token t + 1
+        loss = loss + torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                                        ignore_index=-100, reduction="sum") / predicted
+    return loss, plans
+
+
+def plan_summary(plans):
+    """The step's plans together: imbalance and forward bytes sent per rank, and each plan's own imbalance.
+    One plan: the plugin's imbalance. Two: max/mean over servers of both plans' forward FLOPs added up (a
+    server runs both nano-batches' work in the step)."""
+    stats = [p.stats for p in plans if p is not None and p.stats]
+    if not stats:
+        return None
+    imbalance = stats[0]["imbalance"]
+    if len(stats) > 1:
+        flops = [sum(s["servers"][i]["forward_flops"] for s in stats) for i in range(len(stats[0]["servers"]))]
+        imbalance = max(flops) / (sum(flops) / len(flops)) if sum(flops) else 1.0
+    sent = [sum(col) for col in zip(*(s["model_forward_bytes_sent_by_rank"] for s in stats))]
+    return {"imbalance": imbalance, "nano_imbalance": [s["imbalance"] for s in stats],
+            "forward_bytes_sent_by_rank": sent}
 
 
 def train(args):
@@ -172,49 +300,69 @@ def train(args):
         torch.cuda.set_device(device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms)
-    cad.timing(sync_cuda=True)
+    # Attention times wait for the GPU around every call, except with ping-pong on CUDA, where waiting would
+    # serialise the two nano-batches' streams: there they count only the enqueue (recorded in the summary).
+    synced_timing = not (args.ping_pong and device.type == "cuda")
+    cad.timing(sync_cuda=synced_timing)
     lengths = json.loads(pathlib.Path(args.data).read_text())
     model = build_model(args, device, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     history = []
     for step in range(args.steps):
         batch = sample_batch(lengths, args.context, world, args.seed + 1000 * step)
-        mine = batch[rank] or [args.context]
+        docs_by_rank = [docs or [args.context] for docs in batch]
+        mine = docs_by_rank[rank]
+        nanos = nano_batches(docs_by_rank, args.ping_pong)
+        split = len(nanos[rank]) == 2
+        if args.ping_pong and not split and rank == 0:
+            print(f"step {step}: ping-pong off for this step: rank(s) "
+                  f"{[r for r, d in enumerate(docs_by_rank) if len(d) < 2]} hold one document, which cannot be "
+                  f"split into two nano-batches; the step runs as one nano-batch", flush=True)
         inputs = make_inputs(mine, args.vocab, args.seed * 7919 + 31 * step + rank, device)
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
         cad.attention_time(reset=True)
-        loss = model(**inputs).loss
+        if args.ping_pong:
+            loss, plans = nano_forward(model, inputs, nanos[rank], args.attention, dtype)
+        else:
+            loss = model(**inputs).loss
+            plans = [cad.hf.current_plan()] if args.attention == "cad" else []
         loss.backward()
-        average_gradients(model, world, backend)
+        grad_norm = average_gradients(model, world, backend)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         attention = cad.attention_time(reset=True)
-        plan = cad.hf.current_plan() if args.attention == "cad" else None
-        stats = plan.stats if plan is not None else None
+        stats = plan_summary(plans)
         gathered = all_gather_floats([loss.item(), seconds, attention, float(sum(mine))], world)
-        costs = [causal_cost(b) for b in batch]
+        costs = [causal_cost(b) for b in docs_by_rank]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
         record = {"step": step, "loss": sum(g[0] for g in gathered) / world,
-                  "losses": [g[0] for g in gathered],
+                  "losses": [g[0] for g in gathered], "grad_norm": grad_norm.item(),
                   "tokens_per_s": sum(g[3] for g in gathered) / max(g[1] for g in gathered),
-                  "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated}
+                  "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
+                  "ping_pong": split, "nano_tokens": [[sum(d) for d in n] for n in nanos]}
+        if stats:
+            record["nano_imbalance"] = stats["nano_imbalance"]
+            record["forward_bytes_sent_by_rank"] = stats["forward_bytes_sent_by_rank"]
         history.append(record)
         if rank == 0:
+            mode = "  ping-pong" if split else ""
             print(f"step {step:3d}  loss {record['loss']:.5f}  {record['tokens_per_s']:9.0f} tok/s  attention s/rank "
                   f"[{', '.join(f'{a:.3f}' for a in record['attention_s'])}]  imbalance {imbalance:.3f} "
-                  f"(colocated {colocated:.3f})", flush=True)
+                  f"(colocated {colocated:.3f}){mode}", flush=True)
     if rank == 0:
         tail = history[1:] or history
         summary = {"attention": args.attention, "balancer": args.balancer if args.attention == "cad" else None,
                    "ranks": world, "context": args.context, "layers": args.layers, "steps": args.steps,
                    "hidden": args.hidden, "intermediate": args.intermediate or args.hidden * 3,
-                   "device": str(device), "dtype": args.dtype,
+                   "device": str(device), "dtype": args.dtype, "ping_pong": args.ping_pong,
+                   "ping_pong_steps": sum(r["ping_pong"] for r in history),
+                   "attention_timing": "synchronized" if synced_timing else "enqueue only (ping-pong on CUDA)",
                    "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
                    "mean_tokens_per_s_after_step0": sum(r["tokens_per_s"] for r in tail) / len(tail),
                    "mean_max_attention_s": sum(max(r["attention_s"]) for r in tail) / len(tail),
@@ -249,6 +397,12 @@ def parse_args(argv=None):
     p.add_argument("--timeout-ms", type=int, default=120000)
     p.add_argument("--data", default=os.environ.get("CAD_DATA", str(REPO.parent / "shared" / "data" /
                                                                     "doclen_pretrain.json")))
+    p.add_argument("--ping-pong", action="store_true",
+                   help="split every rank's buffer into two nano-batches at the document boundary nearest half "
+                        "its tokens (whole documents; a document cut across ranks counts as one document of "
+                        "each rank and stays whole in its nano-batch), one plan each, decoder layers through "
+                        "cad.ping_pong; same loss and gradients as without. A step where a rank holds one "
+                        "document runs unsplit, with a note (its record says \"ping_pong\": false)")
     p.add_argument("--json-out", default=None, help="write every step's record and the summary here (rank 0)")
     args = p.parse_args(argv)
     if args.dtype is None:

@@ -8,9 +8,10 @@
 #      within the timeout (3 s) plus a margin -- never hang;
 #   4. the end-to-end step: examples/train_llama.py under torchrun, Llama shape (hidden 4096, 32 heads, 8 KV
 #      heads, MLP 14336), bf16, Pretrain batches of 64K/128K/256K
-#      tokens per GPU, local attention vs per_doc_cp, distca and prefix_aware. Not yet: ping-pong inside the
-#      trainer (cad.ping_pong exists; the trainer does not split micro-batches), and the all_to_all_v
-#      bandwidth table (tests/gpu_comm/run.sh has it).
+#      tokens per GPU, local attention vs per_doc_cp, distca and prefix_aware, and distca and prefix_aware
+#      again with --ping-pong (two nano-batches per GPU, a plan each, layers through cad.ping_pong; with
+#      ping-pong the per-rank attention times count only the enqueue, so those runs give step times). Not yet:
+#      the all_to_all_v bandwidth table (tests/gpu_comm/run.sh has it).
 # Usage: NGPU=4 bash tests/multi_gpu/run.sh  (NGPU=1 is the dry run on one GPU). Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -68,6 +69,9 @@ for ctx in ${CONTEXTS:-65536 131072 262144}; do
   train "local_${ctx}" --attention local --context "$ctx"
   for balancer in per_doc_cp distca prefix_aware; do
     train "${balancer}_${ctx}" --attention cad --balancer "$balancer" --context "$ctx"
+  done
+  for balancer in distca prefix_aware; do
+    train "${balancer}_pingpong_${ctx}" --attention cad --balancer "$balancer" --context "$ctx" --ping-pong
   done
 done
 echo "---- summary ----"

@@ -1,5 +1,7 @@
 """examples/train_llama.py under torchrun (2 CPU ranks, gloo): CAD and local attention give the same losses
-step by step, and the trainer reports what it promises (--help too)."""
+step by step, --ping-pong gives the same losses and gradients as one nano-batch, and the trainer reports what
+it promises (--help too)."""
+import importlib.util
 import json
 import os
 import pathlib
@@ -13,21 +15,35 @@ TRAINER = REPO / "examples" / "train_llama.py"
 DATA = pathlib.Path(os.environ.get("CAD_DATA", REPO.parent / "shared" / "data" / "doclen_pretrain.json"))
 
 
-def _run(tmp_path, attention):
-    out = tmp_path / f"{attention}.json"
+_RUNS = {}  # (attention, extra, steps) -> (JSON, stdout): the runs several tests compare with (each ~6 s)
+
+
+def _run(tmp_path, attention, *extra, steps=3):
+    """The trainer's JSON (summary and steps) and its stdout; a run with the same arguments is done once."""
+    key = (attention, extra, steps)
+    if key not in _RUNS:
+        _RUNS[key] = _train(tmp_path, attention, *extra, steps=steps)
+    return _RUNS[key]
+
+
+def _train(tmp_path, attention, *extra, steps):
+    out = tmp_path / f"{attention}{''.join(extra)}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAINER),
-           "--attention", attention, "--context", "512", "--layers", "2", "--steps", "2", "--hidden", "64",
+           "--attention", attention, "--context", "512", "--layers", "2", "--steps", str(steps), "--hidden", "64",
            "--intermediate", "96",
-           "--data", str(DATA), "--timeout-ms", "60000", "--json-out", str(out)]
+           "--data", str(DATA), "--timeout-ms", "60000", "--json-out", str(out), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "summary " in done.stdout and done.stdout.count("\nstep ") + done.stdout.startswith("step ") == 2
-    return json.loads(out.read_text())
+    assert "summary " in done.stdout and done.stdout.count("\nstep ") + done.stdout.startswith("step ") >= steps
+    result = json.loads(out.read_text())
+    assert len(result["steps"]) == steps
+    return result, done.stdout
 
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
 def test_cad_and_local_losses_agree(tmp_path):
-    local, cad = _run(tmp_path, "local"), _run(tmp_path, "cad")
+    args = ("--balancer", "prefix_aware", "--seed", "1")  # as test_ping_pong_trains_the_same's first case
+    (local, _), (cad, _) = _run(tmp_path, "local", *args), _run(tmp_path, "cad", *args)
     for a, b in zip(local["steps"], cad["steps"]):
         assert len(a["losses"]) == 2 and len(a["attention_s"]) == 2
         for x, y in zip(a["losses"], b["losses"]):
@@ -40,9 +56,79 @@ def test_cad_and_local_losses_agree(tmp_path):
 def test_help():
     done = subprocess.run([sys.executable, str(TRAINER), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--attention" in done.stdout and "--balancer" in done.stdout
+    assert "--ping-pong" in done.stdout and "nearest half" in done.stdout
 
 
 def test_negative_mlp_width_is_refused():
     done = subprocess.run([sys.executable, str(TRAINER), "--intermediate", "-1"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "--intermediate must be positive" in done.stderr and "got -1" in done.stderr
+
+
+# ---- --ping-pong ---------------------------------------------------------------------------------------------
+def _trainer_module():
+    spec = importlib.util.spec_from_file_location("train_llama", TRAINER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_split_at_the_document_boundary_nearest_half():
+    t = _trainer_module()
+    assert t.split_point([100, 10, 10, 100]) == 2             # 110 | 110
+    assert t.split_point([300, 10, 200]) == 1                 # 300 | 210 is nearer half (255) than 310 | 200
+    assert t.split_point([10, 20, 30, 300]) == 3              # the long last document alone
+    assert t.split_point([5, 5]) == 1 and t.split_point([7]) is None and t.split_point([]) is None
+    assert t.split_point([4, 2, 4]) == 1                      # 4 | 6 and 6 | 4 tie: the first boundary
+    assert t.nano_batches([[3, 4, 5], [1, 9]], True) == [[[3, 4], [5]], [[1], [9]]]
+    # one rank with one document: nobody splits (the plans are collective), the buffers stay whole
+    assert t.nano_batches([[3, 4, 5], [12]], True) == [[[3, 4, 5]], [[12]]]
+    assert t.nano_batches([[3, 4, 5], [1, 9]], False) == [[[3, 4, 5]], [[1, 9]]]
+
+
+# fp32 on CPU: with and without ping-pong the same per-token terms are summed, in another order (two partial
+# sums of the cross-entropy, linear layers over half-length inputs, other CAD plans), so each loss and gradient
+# norm may differ by a few units in the last place (fp32 eps 1.2e-7; seen: 0 or 1 ulp, <= 7e-8 relative).
+# 1e-6 is ~8 eps: a wrong weighting or a document cut between nano-batches moves them far more.
+PING_PONG_RTOL = 1e-6
+
+
+def _assert_same_training(plain, pp):
+    for a, b in zip(plain["steps"], pp["steps"]):
+        assert a["step"] == b["step"]
+        for x, y in zip(a["losses"], b["losses"]):
+            assert abs(x - y) <= PING_PONG_RTOL * abs(x), (a["step"], a["losses"], b["losses"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= PING_PONG_RTOL * a["grad_norm"], (a, b)
+
+
+@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
+@pytest.mark.parametrize("attention,balancer,seed", [("cad", "prefix_aware", "1"), ("cad", "colocated", "43"),
+                                                     ("local", "prefix_aware", "1")])
+def test_ping_pong_trains_the_same(tmp_path, attention, balancer, seed):
+    """Seed 43's step 1 has a rank with one document (the recipe cut a long one to the buffer's length): that
+    step runs unsplit, with a note; steps 0 and 2 are split. Seed 1's steps are all split."""
+    args = ("--balancer", balancer, "--seed", seed)
+    (plain, _), (pp, out) = _run(tmp_path, attention, *args), _run(tmp_path, attention, *args, "--ping-pong")
+    _assert_same_training(plain, pp)
+    unsplit = [1] if seed == "43" else []
+    assert [r["step"] for r in pp["steps"] if not r["ping_pong"]] == unsplit
+    assert not any(r["ping_pong"] for r in plain["steps"])
+    summary = pp["summary"]
+    assert summary["ping_pong"] is True and plain["summary"]["ping_pong"] is False
+    if attention == "cad" and balancer == "prefix_aware":
+        assert summary["mean_imbalance"] < 1.1  # each plan balances its nano-batch
+    assert summary["ping_pong_steps"] == 3 - len(unsplit) and summary["attention_timing"] == "synchronized"
+    for record in pp["steps"]:
+        nanos = record["nano_tokens"]  # per rank: both nano-batches hold tokens and add up to the buffer
+        assert len(nanos) == 2 and all(sum(n) == 512 and min(n) > 0 for n in nanos)
+        assert all(len(n) == (2 if record["ping_pong"] else 1) for n in nanos)
+        if attention == "cad":  # both plans' work added up per server: between 1 and the worse plan's
+            assert len(record["nano_imbalance"]) == len(nanos[0])
+            assert 1 <= record["imbalance"] <= max(record["nano_imbalance"]) + 1e-12
+        if balancer == "colocated":  # every rank serves its own documents: the colocated cost of the buffers
+            assert record["imbalance"] == pytest.approx(record["colocated_imbalance"], rel=1e-12)
+    lines = [line for line in out.splitlines() if line.startswith("step ")]
+    assert [("ping-pong" in line and "off" not in line) for line in lines if "loss" in line] == \
+        [r["ping_pong"] for r in pp["steps"]]
+    if unsplit:
+        assert any("ping-pong off for this step: rank(s) [0] hold one document" in line for line in lines), out
