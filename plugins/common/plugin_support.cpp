@@ -233,7 +233,11 @@ void check_tensor(const cad_tensor_v1_t* t, const TensorSpec& spec) {
                                              static_cast<unsigned long long>(t->byte_offset),
                                              static_cast<long long>(bytes)));
   }
-  if (t->strides != nullptr) {
+  // A tensor with no elements addresses no memory, so its strides say nothing: PyTorch gives an empty
+  // [4, 0] tensor strides (1, 1), which the rule below would refuse (a rank with no tokens, issue 16).
+  bool empty = false;
+  for (int i = 0; i < want_rank; ++i) empty = empty || t->shape[i] == 0;
+  if (t->strides != nullptr && !empty) {
     int64_t expect = 1;  // cannot overflow: the product of the non-zero extents fits (checked above)
     for (int i = want_rank - 1; i >= 0; --i) {
       if (t->shape[i] != 1 && t->strides[i] != expect) {

@@ -142,3 +142,31 @@ def _ping_pong(rank, world):
 
 def test_ping_pong_two_nano_batches_with_their_own_plans():
     harness.run(2, _ping_pong)
+
+
+def _empty_rank(rank, world):
+    # Rank 1 holds no tokens this step (e.g. an empty nano-batch): its tensors are [0, H, D] and [H, 0],
+    # the latter with PyTorch's strides (1, 1); CAD must plan and run around it, and rank 0's result must
+    # equal sdpa's.
+    import cad
+    cad.init(balancer="prefix_aware", timeout_ms=20000)
+    lengths = [[40, 3, 1], []][rank]
+    q, k, v, cu = random_batch(lengths, 2, 1, 16, seed=rank)
+    plan = cad.plan(cu)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o = cad.varlen_attn(*leaves, cu, plan=plan)
+    o.sum().backward()
+    assert o.shape == q.shape
+    if rank == 0:
+        want = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        ref = sdpa_varlen(*want, cu, True)
+        ref.sum().backward()
+        torch.testing.assert_close(o, ref, rtol=1e-5, atol=2e-5)
+        for a, b in zip(leaves, want):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=2e-5)
+    else:
+        assert all(t.grad is not None and t.grad.numel() == 0 for t in leaves)
+
+
+def test_a_rank_without_tokens():
+    harness.run(2, _empty_rank)
