@@ -31,8 +31,8 @@
 //     "backward_tiles": {                         // optional: the backward priced by tile pairs
 //       "block_m": 64, "block_n": 128,            //   query step and key tile of the kernel (block_n
 //                                                 //   a multiple of block_m)
-//       "full_pair_us": 0.09,                     //   microseconds per full / partial pair, ONE query
-//       "partial_pair_us": 0.22,                  //   head (tile_pairs.h says exactly what a pair is)
+//       "full_pair_us": 0.0215,                   //   microseconds per full / partial pair, ONE query
+//       "partial_pair_us": 0.0648,                //   head (tile_pairs.h says exactly what a pair is)
 //       "source": "..."                           //   the fit's command and data
 //     }
 //   }
