@@ -9,7 +9,8 @@
 //    kv = q_end);
 //  - "segments": the segments the GPU ran (plugins/cad/layout.h: a task held by several pieces is one
 //    segment per piece; K/V rows are shared per document, which changes no segment's FLOPs).
-// Both sum, per shard, FLOPs / the rate table's interpolated rate. Prints predicted/measured per rank
+// Both sum, per shard, FLOPs / the rate table's interpolated rate (the backward by tile pairs when the
+// table has "backward_tiles": RateTable::bwd_seconds). Prints predicted/measured per rank
 // (min/median/max) and the predicted vs measured max/mean. A benchmark check, not a test.
 //
 // usage: cad_simulate_server_check [--bench FILE] [--rates FILE] [--dist FILE] [--path PLUGIN_DIRS]

@@ -208,17 +208,22 @@ TEST(TimeCostFast, PretrainPlansEqualThoseComputedWithoutTheMemo) {
   expect_same_plans(kH200, cad::workload::sample_batch(lengths, 65536, 16, 6), 16, cost_params(128, 0, false));
 }
 
+// 12 ranks (3 empty) holding 80 documents of up to 200K tokens.
+RankPieces synthetic_layout(uint64_t seed) {
+  LayoutOptions o;
+  o.ranks = 12;
+  o.docs = 80;
+  o.max_doc_len = 200000;
+  o.empty_ranks = 3;
+  return random_layout(seed, o);
+}
+
 TEST(TimeCostFast, SyntheticPlansEqualThoseComputedWithoutTheMemo) {
   const std::string one_line = ::testing::TempDir() + "one_q_line_rates.json";
   std::ofstream(one_line) << one_q_line_json();
   for (uint64_t seed : {1u, 2u, 3u}) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    LayoutOptions o;
-    o.ranks = 12;
-    o.docs = 80;
-    o.max_doc_len = 200000;
-    o.empty_ranks = 3;
-    const RankPieces layout = random_layout(seed, o);
+    const RankPieces layout = synthetic_layout(seed);
     expect_same_plans(kH200, layout, 12, cost_params(64));
     expect_same_plans(one_line, layout, 14, cost_params(32));  // two servers beyond the ranks
   }
@@ -229,12 +234,7 @@ TEST(TimeCostFast, SyntheticPlansEqualThoseComputedWithoutTheMemo) {
 TEST(TimeCostFast, BackwardTilesPlansAreDeterministicAndEqualWithoutTheMemo) {
   for (uint64_t seed : {1u, 3u}) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    LayoutOptions o;
-    o.ranks = 12;
-    o.docs = 80;
-    o.max_doc_len = 200000;
-    o.empty_ranks = 3;
-    const RankPieces layout = random_layout(seed, o);
+    const RankPieces layout = synthetic_layout(seed);
     expect_same_plans(kPairs, layout, 12, cost_params(64));
     expect_same_plans(kPairs, layout, 12, cost_params(64, 0, false));  // non-causal
     LoadedBalancer pairs(plugin_path("prefix_aware"), R"({"rate_table": ")" + kPairs + R"("})");
