@@ -9,9 +9,22 @@ case's median ("within case": what matters for balance, a uniform bias does not)
 and per case the measured vs predicted max/mean. A diet file (one batch per row, a different timing
 protocol) counts as one case. A benchmark analysis, not a test.
 
+With --write-table IN OUT it also writes a copy of rate table IN with the "backward_tiles" key
+(plugins/common/rate_table.h) set from the backward "full + partial pairs" fit on the --train rows:
+microseconds per full / partial (128-key tile, 64-query step) pair of ONE query head (the rows count
+pairs per head; --heads is the query heads the benchmark ran, 32 for cad_server_bench's files).
+
+With --evaluate FILE [FILE...] (no fit) it prints, per case of those per-rank files, what the C++
+prediction printed in them (the fwd / bwd pred ms columns: the table given to the check, with or
+without "backward_tiles") says: backward pred/meas within the case (min / max, sd) and the measured vs
+predicted forward + backward max/mean.
+
 usage: fit_rank_model.py --train FILE [FILE...] --test FILE [FILE...] [--cases]
+                         [--write-table IN OUT --heads N --source TEXT]
+       fit_rank_model.py --evaluate FILE [FILE...]
 """
 import argparse
+import json
 import numpy as np
 
 COLS = ("meas_f meas_b pred_f pred_b seg q_rows kv_rows gflop share128 share1024 largest q_tiles f_full f_part "
@@ -57,12 +70,63 @@ def stats(labels, meas, pred):
     return ratio, within
 
 
+def write_table(src, dst, coef_ms, heads, source):
+    """Copy of rate table `src` with "backward_tiles" from the backward pairs fit (ms per per-head pair
+    summed over a batch, all `heads` query heads run): us per pair of one query head."""
+    if coef_ms[0] <= 0 or coef_ms[1] <= 0:
+        raise SystemExit(f"the backward pairs fit gave a coefficient <= 0 ({coef_ms}); not writing {dst}")
+    table = json.load(open(src))
+    table["backward_tiles"] = {
+        "block_m": 64, "block_n": 128,
+        "full_pair_us": round(float(coef_ms[0]) * 1e3 / heads, 6),
+        "partial_pair_us": round(float(coef_ms[1]) * 1e3 / heads, 6),
+        "source": source,
+    }
+    with open(dst, "w") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+    print(f"wrote {dst}: backward_tiles {table['backward_tiles']}")
+
+
+def evaluate(files):
+    """Per case of per-rank files: the printed C++ prediction against the measurement."""
+    print("| file | case | bwd pred/meas within case min / max (sd) | fwd+bwd max/mean measured | predicted | error |")
+    print("|---|---|---|---|---|---|")
+    for path in files:
+        rows = read_rows(path)
+        labels = [lab for lab, _ in rows]
+        sds, errs = [], []
+        for lab in dict.fromkeys(labels):
+            sel = [r for l, r in rows if l == lab]
+            rb = np.array([r["pred_b"] / r["meas_b"] for r in sel])
+            w = rb / np.median(rb)
+            meas = np.array([r["meas_f"] + r["meas_b"] for r in sel])
+            pred = np.array([r["pred_f"] + r["pred_b"] for r in sel])
+            mm, pm = meas.max() / meas.mean(), pred.max() / pred.mean()
+            sds.append(w.std())
+            errs.append(pm - mm)
+            print(f"| {path} | {lab} | {w.min():.3f} / {w.max():.3f} ({w.std():.4f}) | {mm:.3f} | {pm:.3f} | "
+                  f"{pm - mm:+.3f} |")
+        print(f"| {path} | all cases: mean sd / mean abs error / max abs error | {np.mean(sds):.4f} | | | "
+              f"{np.mean(np.abs(errs)):.3f} / {np.max(np.abs(errs)):.3f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--train", nargs="+", required=True)
+    ap.add_argument("--train", nargs="+")
     ap.add_argument("--test", nargs="+", default=[])
     ap.add_argument("--cases", action="store_true", help="print measured vs predicted max/mean per case")
+    ap.add_argument("--write-table", nargs=2, metavar=("IN", "OUT"),
+                    help="write a copy of rate table IN with backward_tiles from the fit to OUT")
+    ap.add_argument("--heads", type=int, default=32, help="query heads the benchmark ran (default 32)")
+    ap.add_argument("--source", default="", help="the backward_tiles source text (default: the command line)")
+    ap.add_argument("--evaluate", nargs="+", help="per-rank files: print their C++ prediction per case")
     a = ap.parse_args()
+    if a.evaluate:
+        evaluate(a.evaluate)
+        return
+    if not a.train:
+        ap.error("--train is required (or --evaluate)")
     train = [row for f in a.train for row in read_rows(f)]
     # Held out: the train files' rows are only used to fit; a test file's rows never are.
     sets = [("train", train)] + [(f, read_rows(f)) for f in a.test]
@@ -85,6 +149,10 @@ def main():
                       f"({within.std():.3f}) |")
             fitted[(model, d)] = coef
         print()
+    if a.write_table:
+        import sys
+        source = a.source or "fit: bench/simulate/fit_rank_model.py " + " ".join(sys.argv[1:])
+        write_table(a.write_table[0], a.write_table[1], fitted[("full + partial pairs", "b")], a.heads, source)
     if a.cases:
         # Forward + backward per rank, the sum the balancer balances: measured vs each model's max/mean.
         names = list(MODELS)

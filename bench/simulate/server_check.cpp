@@ -9,11 +9,12 @@
 //    kv = q_end);
 //  - "segments": the segments the GPU ran (plugins/cad/layout.h: a task held by several pieces is one
 //    segment per piece; K/V rows are shared per document, which changes no segment's FLOPs).
-// Both sum, per shard, FLOPs / the rate table's interpolated rate. Prints predicted/measured per rank
+// Both sum, per shard, FLOPs / the rate table's interpolated rate (the backward by tile pairs when the
+// table has "backward_tiles": RateTable::bwd_seconds). Prints predicted/measured per rank
 // (min/median/max) and the predicted vs measured max/mean. A benchmark check, not a test.
 //
 // usage: cad_simulate_server_check [--bench FILE] [--rates FILE] [--dist FILE] [--path PLUGIN_DIRS]
-//                                  [--shards tasks|segments] [--per-rank]
+//                                  [--shards tasks|segments] [--per-rank] [--plan-rates FILE]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -61,21 +62,23 @@ std::string rank_row(const std::string& label, int32_t rank, double meas_f, doub
 
 int main(int argc, char** argv) {
   std::string bench = "docs/data/cad_server_bench_h200.json", rates_path = "configs/calibration/h200.json",
-              dist = "/work/shared/data/doclen_pretrain.json", path, mode = "tasks";
+              dist = "/work/shared/data/doclen_pretrain.json", path, mode = "tasks", plan_rates;
   bool per_rank = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: cad_simulate_server_check [--bench FILE] [--rates FILE] [--dist FILE] [--path PLUGIN_DIRS]\n"
-          "                                 [--shards tasks|segments] [--per-rank]\n"
+          "                                 [--shards tasks|segments] [--per-rank] [--plan-rates FILE]\n"
           "Rebuilds the batches and plans of cad_server_bench's JSON (--bench, default %s), predicts each\n"
           "rank's server forward/backward time with the simulator's attention model and the rate table\n"
           "(--rates, default %s), and prints predicted/measured per case. --shards tasks prices the plan's\n"
           "tasks as `cad simulate` does; segments prices CAD's layout segments the GPU ran. --per-rank adds,\n"
           "after the summary, one row per rank: measured and predicted ms and the server batch's features\n"
           "(segments, rows, forward GFLOPs, FLOP shares of segments with q <= 128 / <= 1024 and of the largest,\n"
-          "128-query tiles, forward full/partial tile pairs, backward key tiles and full/partial pairs).\n",
+          "128-query tiles, forward full/partial tile pairs, backward key tiles and full/partial pairs).\n"
+          "--plan-rates: the table prefix_aware_time cases were PLANNED with (default: --rates), so that a\n"
+          "new table (e.g. one with \"backward_tiles\") can price the plans the GPU ran with an older one.\n",
           bench.c_str(), rates_path.c_str());
       return 0;
     }
@@ -90,6 +93,7 @@ int main(int argc, char** argv) {
     const std::string v = argv[++i];
     if (a == "--bench") bench = v;
     else if (a == "--rates") rates_path = v;
+    else if (a == "--plan-rates") plan_rates = v;
     else if (a == "--dist") dist = v;
     else if (a == "--path") path = v;
     else if (a == "--shards" && (v == "tasks" || v == "segments")) mode = v;
@@ -99,6 +103,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (plan_rates.empty()) plan_rates = rates_path;
   try {
     const auto rates = sim::load_attention_rates(rates_path);
     const nlohmann::json doc = nlohmann::json::parse(read_text(bench));
@@ -135,7 +140,7 @@ int main(int argc, char** argv) {
       const auto name = c.at("balancer").get<std::string>();
       // prefix_aware_time is prefix_aware balancing predicted time with the rate table (cad_server_bench).
       const bool timed = name == "prefix_aware_time";
-      const std::string config = timed ? nlohmann::json{{"rate_table", rates_path}}.dump() : "{}";
+      const std::string config = timed ? nlohmann::json{{"rate_table", plan_rates}}.dump() : "{}";
       sim::BalancerRunner runner(timed ? "prefix_aware" : name, config, path);
       const uint64_t seed = c.contains("seed") ? c.at("seed").get<uint64_t>() : file_seed;
       const auto pieces = given_batch ? cad::workload::pack(given, context, ranks)

@@ -5,6 +5,8 @@
 // the sm90 kernels': forward 128 queries x 128 keys, backward 128 keys x 64 queries (kernels/cad_kernels.h,
 // kernels/sm90/bwd_traits.cuh); the walk follows kernels/attention_plan.cpp's work lists (per head;
 // multiply by the head count for the grid's units). Causal, bottom-right aligned segments only.
+// The backward counts equal plugins/common/tile_pairs.h's closed form (what the rate table's "backward_tiles"
+// prices; test TileFeatures.BackwardPairsEqualTheClosedForm).
 #pragma once
 
 #include <algorithm>

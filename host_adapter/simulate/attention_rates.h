@@ -17,6 +17,13 @@ class AttentionRates {
   virtual double bwd_tflops(int64_t q, int64_t kv) const = 0;
   // Backward FLOPs = ratio x forward FLOPs (2.5 for FlashAttention-style backward).
   virtual double backward_flop_ratio() const = 0;
+  // Backward seconds of that shard, whose forward costs fwd_flops over `q_heads` query heads. Default:
+  // the FLOP rule, fwd_flops x ratio / the bwd rate. The measured table overrides it with its own rule
+  // (RateTable::bwd_seconds: the tile-pair formula when the table has "backward_tiles").
+  virtual double bwd_seconds(int64_t q, int64_t kv, bool causal, double fwd_flops, int64_t q_heads) const {
+    (void)causal, (void)q_heads;
+    return backward_flop_ratio() * fwd_flops / (bwd_tflops(q, kv) * 1e12);
+  }
   // The head dim the rates hold for; 0 = any.
   virtual int64_t head_dim() const = 0;
   // One line for reports: where the rates come from.

@@ -85,6 +85,7 @@ std::vector<RankWork> rank_work(const cad::plan::RankPieces& pieces, const std::
     s.q = t.q_end - t.q_begin;
     s.kv = params.causal ? t.q_end : len;
     s.entries = cad::plan::task_cost(t.q_begin, t.q_end, len, params.causal);
+    s.causal = params.causal;
     shards[static_cast<size_t>(t.server)].push_back(s);
   }
   const size_t nodes = static_cast<size_t>(stats.num_nodes);

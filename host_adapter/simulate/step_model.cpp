@@ -15,7 +15,7 @@ AttentionSeconds attention_seconds(const std::vector<Shard>& shards, int64_t hea
     const double fwd = flops_per_entry * static_cast<double>(s.entries);
     out.fwd_flops += fwd;
     out.fwd += fwd / (rates.fwd_tflops(s.q, s.kv) * 1e12);
-    out.bwd += fwd * rates.backward_flop_ratio() / (rates.bwd_tflops(s.q, s.kv) * 1e12);
+    out.bwd += rates.bwd_seconds(s.q, s.kv, s.causal, fwd, heads_per_gpu);
   }
   return out;
 }

@@ -31,15 +31,16 @@
 namespace cad::simulate {
 
 // One attention shard as a server computes it: q queries whose last one sees kv keys, `entries` score
-// entries (causal: q*kv - q*(q-1)/2).
+// entries (causal: q*kv - q*(q-1)/2; non-causal: q*kv, every query sees every key).
 struct Shard {
   int64_t q = 0;
   int64_t kv = 0;
   int64_t entries = 0;
+  bool causal = true;  // the backward's tile pairs depend on it (rate_table.h "backward_tiles")
 };
 
 // Forward and backward seconds of one layer's shards on one GPU (heads_per_gpu query heads of
-// head_dim), each shard at the table's rate for its shape.
+// head_dim), each shard at the table's rate for its shape (the backward by AttentionRates::bwd_seconds).
 struct AttentionSeconds {
   double fwd = 0, bwd = 0, fwd_flops = 0;
 };

@@ -13,12 +13,8 @@ namespace cad::plan {
 int64_t time_weighted_cost(int64_t q_begin, int64_t q_end, int64_t doc_len, bool causal, const RateTable& table) {
   const int64_t entries = task_cost(q_begin, q_end, doc_len, causal);
   if (entries == 0) return 0;
-  const int64_t kv = causal ? q_end : doc_len;
-  return weighted_entries(entries, table.relative_time(q_end - q_begin, kv));
-}
-
-int64_t weighted_entries(int64_t entries, double relative) {
-  return std::llround(static_cast<double>(entries) * relative);
+  const int64_t kv = causal ? q_end : doc_len, q = q_end - q_begin;
+  return std::llround(table.weighted_entries_at(entries, q, kv, causal, table.locate_q(q), table.locate_kv(kv)));
 }
 
 int64_t TimeCostMemo::compute(int64_t q_begin, int64_t q_end, int64_t doc_len) {
@@ -29,7 +25,8 @@ int64_t TimeCostMemo::compute(int64_t q_begin, int64_t q_end, int64_t doc_len) {
     last_kv_ = kv;
     last_kv_point_ = table_.locate_kv(kv);
   }
-  return weighted_entries(entries, table_.relative_time_at(table_.locate_q(q_end - q_begin), last_kv_point_));
+  const int64_t q = q_end - q_begin;
+  return std::llround(table_.weighted_entries_at(entries, q, kv, causal_, table_.locate_q(q), last_kv_point_));
 }
 
 double task_seconds(int64_t q_begin, int64_t q_end, int64_t doc_len, const ModelParams& params,
@@ -37,7 +34,7 @@ double task_seconds(int64_t q_begin, int64_t q_end, int64_t doc_len, const Model
   const int64_t entries = task_cost(q_begin, q_end, doc_len, params.causal);
   if (entries == 0) return 0;
   const int64_t kv = params.causal ? q_end : doc_len;
-  return table.shard_seconds(q_end - q_begin, kv, entries_to_flops(entries, params));
+  return table.shard_seconds(q_end - q_begin, kv, params.causal, entries_to_flops(entries, params), params.num_q_heads);
 }
 
 std::vector<double> server_seconds(const RankPieces& ranks, int32_t num_servers, const cad_task_v1_t* tasks,

@@ -1,7 +1,8 @@
 // plan_time.h -- predicted attention time of a plan from a measured kernel-rate table (rate_table.h):
 // the time-based counterpart of plan_model.h's score entries. A task of q queries whose last query sees
-// kv keys runs at the table's (q, kv) rate; a server's time is the sum over its tasks (forward +
-// backward). The per-task rate ignores how the kernel fuses a server's tasks into one batch: a
+// kv keys runs at the table's (q, kv) rate -- its backward, when the table has "backward_tiles", at the
+// tile-pair formula instead (rate_table.h, tile_pairs.h); a server's time is the sum over its tasks
+// (forward + backward). The per-task rate ignores how the kernel fuses a server's tasks into one batch: a
 // planning model, not a simulator.
 #pragma once
 
@@ -14,7 +15,9 @@
 namespace cad::plan {
 
 // Score entries weighted by the time they take at their shape, in units of dense-rate entries:
-// entries * table.relative_time(q, kv), rounded. Equal weighted costs = equal predicted time.
+// entries * table.relative_time(q, kv), rounded (RateTable::weighted_entries_at, which with
+// "backward_tiles" prices the backward by the task's tile pairs). Equal weighted costs = equal
+// predicted time.
 int64_t time_weighted_cost(int64_t q_begin, int64_t q_end, int64_t doc_len, bool causal, const RateTable& table);
 
 // time_weighted_cost with a memo, for a balancer that asks for the same shard's cost many times in one
@@ -28,7 +31,9 @@ class TimeCostMemo {
 
   int64_t cost(int64_t q_begin, int64_t q_end, int64_t doc_len) {
     if (q_begin >= q_end) return 0;
-    if (causal_) doc_len = 0;  // a causal shard's cost does not depend on it: equal ranges of other documents hit
+    // A causal shard's cost does not depend on doc_len (its rate and its tile pairs are functions of
+    // q = q_end - q_begin and kv = q_end): equal ranges of other documents hit.
+    if (causal_) doc_len = 0;
     Slot& s = slots_[slot_of(q_begin, q_end, doc_len)];
     if (s.q_begin != q_begin || s.q_end != q_end || s.doc_len != doc_len) {
       s = {q_begin, q_end, doc_len, compute(q_begin, q_end, doc_len)};
@@ -59,9 +64,6 @@ class TimeCostMemo {
   int64_t last_kv_ = -1;               // KV length of the last computed cost
   RateTable::AxisPoint last_kv_point_;  // and where it falls on the table's KV axis
 };
-
-// What time_weighted_cost rounds: `entries` score entries at relative time `relative` (rate_table.h).
-int64_t weighted_entries(int64_t entries, double relative);
 
 // Predicted forward + backward seconds of one task.
 double task_seconds(int64_t q_begin, int64_t q_end, int64_t doc_len, const ModelParams& params,

@@ -1,6 +1,8 @@
 // rate_table.cpp -- see rate_table.h.
 #include "rate_table.h"
 
+#include "tile_pairs.h"
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -103,13 +105,53 @@ std::vector<double> logs_of(const std::vector<int64_t>& axis) {
   return out;
 }
 
+// The optional "backward_tiles" key; also fills dense_entries_per_us (needs head_dim and dense_time).
+void read_backward_tiles(const json& v, const std::string& name, RateTable& t) {
+  const std::string key = "backward_tiles";
+  if (!v.is_object()) {
+    bad(name, key, "must be an object {\"block_m\", \"block_n\", \"full_pair_us\", \"partial_pair_us\", \"source\"}");
+  }
+  BackwardTiles& b = t.backward_tiles;
+  b.block_m = positive_integer(member(v, "block_m", name, key), name, key + ".block_m");
+  b.block_n = positive_integer(member(v, "block_n", name, key), name, key + ".block_n");
+  if (b.block_n % b.block_m != 0) {
+    bad(name, key + ".block_n", "= " + std::to_string(b.block_n) + " must be a multiple of block_m = " +
+                                    std::to_string(b.block_m) + " (the closed-form pair count assumes it)");
+  }
+  b.full_pair_us = positive_number(member(v, "full_pair_us", name, key), name, key + ".full_pair_us");
+  b.partial_pair_us = positive_number(member(v, "partial_pair_us", name, key), name, key + ".partial_pair_us");
+  b.source = text(member(v, "source", name, key), name, key + ".source");
+  t.has_backward_tiles = true;
+  // One head's score entry at the dense rate takes 4 * head_dim FLOPs x dense_time (s per TFLOP) x 1e-12.
+  t.dense_entries_per_us = 1e-6 / (4.0 * static_cast<double>(t.head_dim) * t.dense_time * 1e-12);
+}
+
 }  // namespace
 
 double RateTable::fwd_tflops(int64_t q, int64_t kv) const { return mix(cell_at(*this, q, kv), fwd); }
 double RateTable::bwd_tflops(int64_t q, int64_t kv) const { return mix(cell_at(*this, q, kv), bwd); }
 
-double RateTable::shard_seconds(int64_t q, int64_t kv, double fwd_flops) const {
-  return fwd_flops / (fwd_tflops(q, kv) * 1e12) + backward_flop_ratio * fwd_flops / (bwd_tflops(q, kv) * 1e12);
+double RateTable::bwd_seconds(int64_t q, int64_t kv, bool causal, double fwd_flops, int64_t q_heads) const {
+  if (!has_backward_tiles) return backward_flop_ratio * fwd_flops / (bwd_tflops(q, kv) * 1e12);
+  const BackwardTiles& b = backward_tiles;
+  const TilePairs p = backward_tile_pairs(q, kv, causal, b.block_m, b.block_n);
+  return static_cast<double>(q_heads) *
+         (b.full_pair_us * static_cast<double>(p.full) + b.partial_pair_us * static_cast<double>(p.partial)) * 1e-6;
+}
+
+double RateTable::shard_seconds(int64_t q, int64_t kv, bool causal, double fwd_flops, int64_t q_heads) const {
+  return fwd_flops / (fwd_tflops(q, kv) * 1e12) + bwd_seconds(q, kv, causal, fwd_flops, q_heads);
+}
+
+double RateTable::weighted_entries_at(int64_t entries, int64_t q, int64_t kv, bool causal, AxisPoint q_at,
+                                      AxisPoint kv_at) const {
+  if (!has_backward_tiles) return static_cast<double>(entries) * relative_time_at(q_at, kv_at);
+  const BackwardTiles& b = backward_tiles;
+  const TilePairs p = backward_tile_pairs(q, kv, causal, b.block_m, b.block_n);
+  const double pair_us =
+      b.full_pair_us * static_cast<double>(p.full) + b.partial_pair_us * static_cast<double>(p.partial);
+  const double fwd_relative = 1.0 / mix(cell_of(*this, q_at, kv_at), fwd) / dense_time;
+  return static_cast<double>(entries) * fwd_relative + pair_us * dense_entries_per_us;
 }
 
 RateTable::AxisPoint RateTable::locate_q(int64_t q) const { return locate(q_lens, log_q_lens, q); }
@@ -174,6 +216,7 @@ RateTable parse_rate_table(const std::string& json_text, const std::string& name
       }
     }
   }
+  if (doc.contains("backward_tiles")) read_backward_tiles(doc.at("backward_tiles"), name, t);
   return t;
 }
 

@@ -27,7 +27,14 @@
 //        "fwd": {"tflops": 562, "source": "..."},
 //        "bwd": {"tflops": 379, "source": "..."}},
 //       ...
-//     ]
+//     ],
+//     "backward_tiles": {                         // optional: the backward priced by tile pairs
+//       "block_m": 64, "block_n": 128,            //   query step and key tile of the kernel (block_n
+//                                                 //   a multiple of block_m)
+//       "full_pair_us": 0.0215,                   //   microseconds per full / partial pair, ONE query
+//       "partial_pair_us": 0.0648,                //   head (tile_pairs.h says exactly what a pair is)
+//       "source": "..."                           //   the fit's command and data
+//     }
 //   }
 // Every rate is {"tflops": > 0, "source": non-empty string}: the command or document it comes from,
 // or "assumed: <why>" / "unreachable: <why>" for entries nobody measured. Cells with q > kv cannot
@@ -36,6 +43,12 @@
 //
 // Lookup: bilinear interpolation of the rate in (log q, log kv); q and kv outside the grid are clamped
 // to its edges (the nearest measured shape, not an extrapolation).
+//
+// With "backward_tiles" a shard's BACKWARD time is full_pair_us x full pairs + partial_pair_us x partial
+// pairs (per query head, times the query heads), not its FLOPs over the grid's bwd rate: the backward's
+// per-server time follows the causal diagonal's cut pairs, which a rate by (q, kv) cannot see (docs/
+// simulate.md, issue 14). The forward keeps the grid. The grid's bwd rates stay required (the dense
+// reference and a reader without the key use them).
 #pragma once
 
 #include <cstdint>
@@ -46,6 +59,13 @@ namespace cad::plan {
 
 struct Rate {
   double tflops = 0;
+  std::string source;
+};
+
+// The optional "backward_tiles" key (see the schema above).
+struct BackwardTiles {
+  int64_t block_m = 0, block_n = 0;
+  double full_pair_us = 0, partial_pair_us = 0;
   std::string source;
 };
 
@@ -60,12 +80,20 @@ struct RateTable {
   std::vector<Rate> fwd, bwd;  // [qi * kv_lens.size() + ki]
   std::vector<double> log_q_lens, log_kv_lens;  // filled by the reader (lookups are hot in balancers)
   double dense_time = 0;  // filled by the reader: 1 / dense_fwd + backward_flop_ratio / dense_bwd
+  bool has_backward_tiles = false;
+  BackwardTiles backward_tiles;  // valid when has_backward_tiles
+  double dense_entries_per_us = 0;  // filled by the reader: dense-rate score entries (one head) per microsecond
 
   // Interpolated rate, TFLOP/s, of a shard with q queries whose KV length is kv.
   double fwd_tflops(int64_t q, int64_t kv) const;
   double bwd_tflops(int64_t q, int64_t kv) const;
-  // Predicted forward + backward seconds of a shard of that shape whose forward costs fwd_flops.
-  double shard_seconds(int64_t q, int64_t kv, double fwd_flops) const;
+  // Predicted backward seconds of a shard of that shape whose forward costs fwd_flops, run for
+  // `q_heads` query heads: the tile-pair formula with backward_tiles, else fwd_flops x
+  // backward_flop_ratio / the bwd rate. THE backward rule (the balancers' cost, `cad plan` and the
+  // simulator all come here).
+  double bwd_seconds(int64_t q, int64_t kv, bool causal, double fwd_flops, int64_t q_heads) const;
+  // Predicted forward + backward seconds of that shard (forward: fwd_flops / the fwd rate).
+  double shard_seconds(int64_t q, int64_t kv, bool causal, double fwd_flops, int64_t q_heads) const;
   // Forward + backward time per FLOP of that shape over the same for the dense entry: 1 = as fast as
   // dense causal attention, 1.2 = 20% slower. What a balancer weighs score entries with.
   double relative_time(int64_t q, int64_t kv) const;
@@ -80,6 +108,14 @@ struct RateTable {
   AxisPoint locate_q(int64_t q) const;
   AxisPoint locate_kv(int64_t kv) const;
   double relative_time_at(AxisPoint q, AxisPoint kv) const;
+
+  // What a balancer weighs a shard of `entries` score entries with, in dense-rate score entries (the
+  // unit of relative_time: entries x relative_time(q, kv) without backward_tiles, exactly that
+  // expression). With backward_tiles: entries x the forward's share of relative_time plus the tile
+  // pairs' microseconds in dense entries of one head (the head count cancels: both sides are per head).
+  // q_at / kv_at must be locate_q(q) / locate_kv(kv).
+  double weighted_entries_at(int64_t entries, int64_t q, int64_t kv, bool causal, AxisPoint q_at,
+                             AxisPoint kv_at) const;
 };
 
 // Reads and validates a rate table; throws std::invalid_argument naming `path` and the bad key.

@@ -54,7 +54,7 @@ TEST(RateTable, ShardSecondsByHand) {
   const RateTable t = parse_rate_table(small_table(), "small.json");
   // At (1000, 1000): forward 250 TFLOP/s, backward 125 TFLOP/s. 1e15 forward FLOPs take 4 s forward,
   // and the backward's 2.5e15 FLOPs take 20 s.
-  EXPECT_NEAR(t.shard_seconds(1000, 1000, 1e15), 4.0 + 20.0, 1e-9);
+  EXPECT_NEAR(t.shard_seconds(1000, 1000, true, 1e15, 32), 4.0 + 20.0, 1e-9);
   // Relative to the dense entry (400 / 200): (1/250 + 2.5/125) / (1/400 + 2.5/200) = 0.024 / 0.015.
   EXPECT_NEAR(t.relative_time(1000, 1000), 1.6, 1e-12);
   EXPECT_NEAR(t.relative_time(10000, 10000), 1.0, 1e-12);

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "balancer_harness.h"
@@ -27,6 +28,8 @@ using namespace cad::balancer_test;
 using cad::plan::RateTable;
 
 const std::string kH200 = std::string(CAD_SOURCE_DIR) + "/configs/calibration/h200.json";
+// A table with "backward_tiles" (the backward priced by tile pairs, rate_table.h).
+const std::string kPairs = std::string(CAD_SOURCE_DIR) + "/docs/data/rate_table_h200_units_pairs.json";
 
 // rate_table.h's lookup, written out plainly: bilinear interpolation of each rate in (log q, log kv)
 // between the grid lines around the point, q and kv clamped to the grid's edges; the relative time
@@ -111,11 +114,15 @@ TEST(TimeCostFast, SplitLookupMatchesAPlainReferenceOnTheGridEdgesAndClamped) {
 }
 
 // Costs of random ranges, over ten times as many as the memo's slots, asked in random order with repeats: every answer is time_weighted_cost's (a stale or colliding slot would show) and within
-// rounding of the plain reference.
+// rounding of the plain reference (the grid-only table; with "backward_tiles" the memo's key must still
+// determine the cost: the pairs depend on q, kv and causal only).
 TEST(TimeCostFast, MemoReturnsTheDirectCostUnderCollisions) {
-  const RateTable t = cad::plan::load_rate_table(kH200);
-  for (bool causal : {true, false}) {
-    SCOPED_TRACE(causal ? "causal" : "non-causal");
+  for (const auto& [path, causal] : {std::pair{kH200, true}, std::pair{kH200, false}, std::pair{kPairs, true},
+                                     std::pair{kPairs, false}}) {
+  const RateTable t = cad::plan::load_rate_table(path);
+  ASSERT_EQ(t.has_backward_tiles, path == kPairs);
+  {
+    SCOPED_TRACE(path + (causal ? " causal" : " non-causal"));
     cad::plan::TimeCostMemo memo(t, causal);
     std::mt19937_64 rng(causal ? 17 : 18);
     struct Key {
@@ -141,14 +148,16 @@ TEST(TimeCostFast, MemoReturnsTheDirectCostUnderCollisions) {
       const int64_t got = memo.cost(k.b, k.e, k.len);
       ASSERT_EQ(got, cad::plan::time_weighted_cost(k.b, k.e, k.len, causal, t))
           << "[" << k.b << ", " << k.e << ") of " << k.len;
+      nonzero += got > 0;
+      if (t.has_backward_tiles) continue;
       const int64_t entries = cad::plan::task_cost(k.b, k.e, k.len, causal);
       const double ref = static_cast<double>(entries) *
                          reference_relative_time(t, k.e - k.b, causal ? k.e : k.len);
       ASSERT_LE(std::abs(static_cast<double>(got) - ref), 0.5 + 1e-12 * ref) << "[" << k.b << ", " << k.e << ")";
-      nonzero += got > 0;
     }
     EXPECT_GT(nonzero, 390000);
     EXPECT_EQ(memo.cost(5, 5, 10), 0);
+  }
   }
 }
 
@@ -199,20 +208,56 @@ TEST(TimeCostFast, PretrainPlansEqualThoseComputedWithoutTheMemo) {
   expect_same_plans(kH200, cad::workload::sample_batch(lengths, 65536, 16, 6), 16, cost_params(128, 0, false));
 }
 
+// 12 ranks (3 empty) holding 80 documents of up to 200K tokens.
+RankPieces synthetic_layout(uint64_t seed) {
+  LayoutOptions o;
+  o.ranks = 12;
+  o.docs = 80;
+  o.max_doc_len = 200000;
+  o.empty_ranks = 3;
+  return random_layout(seed, o);
+}
+
 TEST(TimeCostFast, SyntheticPlansEqualThoseComputedWithoutTheMemo) {
   const std::string one_line = ::testing::TempDir() + "one_q_line_rates.json";
   std::ofstream(one_line) << one_q_line_json();
   for (uint64_t seed : {1u, 2u, 3u}) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    LayoutOptions o;
-    o.ranks = 12;
-    o.docs = 80;
-    o.max_doc_len = 200000;
-    o.empty_ranks = 3;
-    const RankPieces layout = random_layout(seed, o);
+    const RankPieces layout = synthetic_layout(seed);
     expect_same_plans(kH200, layout, 12, cost_params(64));
     expect_same_plans(one_line, layout, 14, cost_params(32));  // two servers beyond the ranks
   }
+}
+
+// With "backward_tiles": time-balanced plans are the same with and without the memo, the same when
+// planned again, and not the grid-only table's plans (the key changes what is balanced).
+TEST(TimeCostFast, BackwardTilesPlansAreDeterministicAndEqualWithoutTheMemo) {
+  for (uint64_t seed : {1u, 3u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const RankPieces layout = synthetic_layout(seed);
+    expect_same_plans(kPairs, layout, 12, cost_params(64));
+    expect_same_plans(kPairs, layout, 12, cost_params(64, 0, false));  // non-causal
+    LoadedBalancer pairs(plugin_path("prefix_aware"), R"({"rate_table": ")" + kPairs + R"("})");
+    LoadedBalancer grid(plugin_path("prefix_aware"),
+                        R"({"rate_table": ")" + std::string(CAD_SOURCE_DIR) +
+                            R"(/docs/data/rate_table_h200_units.json"})");
+    const PlanResult a = pairs.plan(layout, 12, cost_params(64)), b = pairs.plan(layout, 12, cost_params(64));
+    const PlanResult c = grid.plan(layout, 12, cost_params(64));
+    ASSERT_EQ(a.status, CAD_STATUS_OK) << a.error;
+    ASSERT_EQ(c.status, CAD_STATUS_OK) << c.error;
+    const auto same = [](const PlanResult& x, const PlanResult& y) {
+      return x.tasks.size() == y.tasks.size() &&
+             std::equal(x.tasks.begin(), x.tasks.end(), y.tasks.begin(), [](const cad_task_v1_t& p, const cad_task_v1_t& q) {
+               return p.doc_id == q.doc_id && p.q_begin == q.q_begin && p.q_end == q.q_end && p.server == q.server;
+             });
+    };
+    EXPECT_TRUE(same(a, b)) << "planning the same batch twice gave different plans";
+    EXPECT_FALSE(same(a, c)) << "the backward_tiles key changed no task: the test would not see it ignored";
+  }
+  if (!std::filesystem::exists(CAD_PRETRAIN_LENGTHS)) GTEST_SKIP() << CAD_PRETRAIN_LENGTHS << " not found";
+  const auto lengths = cad::workload::load_lengths(CAD_PRETRAIN_LENGTHS);
+  expect_same_plans(kPairs, cad::workload::sample_batch(lengths, 131072, 64, 1), 64, cost_params(128));
+  expect_same_plans(kPairs, cad::workload::sample_batch(lengths, 65536, 8, 4), 8, cost_params(128));
 }
 
 }  // namespace

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 
+#include "attention_rates.h"
 #include "calibration_fixture.h"
 #include "comm_model.h"
 #include "layout.h"
@@ -118,6 +120,26 @@ TEST(SimulateModel, AttentionSecondsPerShard) {
   EXPECT_DOUBLE_EQ(a.fwd_flops, 1600);
   EXPECT_NEAR(a.fwd, 640 / 4e12 + 960 / 2e12, 1e-24);
   EXPECT_NEAR(a.bwd, 1600 / 4e12 + 2400 / 8e12, 1e-24);
+}
+
+// A measured table with "backward_tiles": the simulator prices a shard's backward by its tile pairs
+// (plugins/common/tile_pairs.h), per query head, and its forward by the grid.
+TEST(SimulateModel, AttentionSecondsBackwardByTilePairs) {
+  const std::string path = ::testing::TempDir() + "pairs_rates.json";
+  const std::string r = R"({"tflops": 100, "source": "t"})";
+  std::ofstream(path) << R"({"gpu": "t", "head_dim": 8, "backward_flop_ratio": 2.5,
+    "dense": {"len": 64, "fwd": )" << r << R"(, "bwd": )" << r << R"(}, "q_lens": [64], "kv_lens": [64],
+    "grid": [{"q": 64, "kv": 64, "fwd": )" << r << R"(, "bwd": )" << r << R"(}],
+    "backward_tiles": {"block_m": 64, "block_n": 128, "full_pair_us": 1, "partial_pair_us": 3, "source": "t"}})";
+  const auto rates = sim::load_attention_rates(path);
+  // Causal tail shard q 256 on kv 512: 10 full + 4 partial pairs = 22 us per head; 2 heads. Non-causal
+  // 200 x 300: 6 full + 6 partial = 24 us per head.
+  sim::Shard tail{256, 512, 256 * 512 - 256 * 255 / 2};
+  sim::Shard full{200, 300, 200 * 300};
+  full.causal = false;
+  const sim::AttentionSeconds a = sim::attention_seconds({tail, full}, 2, 8, *rates);
+  EXPECT_NEAR(a.bwd, 2 * (22 + 24) * 1e-6, 1e-15);
+  EXPECT_NEAR(a.fwd, a.fwd_flops / 100e12, 1e-18);
 }
 
 TEST(SimulateModel, RankTimeByHand) {
