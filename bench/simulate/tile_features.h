@@ -5,8 +5,8 @@
 // the sm90 kernels': forward 128 queries x 128 keys, backward 128 keys x 64 queries (kernels/cad_kernels.h,
 // kernels/sm90/bwd_traits.cuh); the walk follows kernels/attention_plan.cpp's work lists (per head;
 // multiply by the head count for the grid's units). Causal, bottom-right aligned segments only.
-// The backward counts equal plugins/common/tile_pairs.h's closed form (what the rate table's "backward_tiles"
-// prices; test TileFeatures.BackwardPairsEqualTheClosedForm).
+// The backward's pairs are plugins/common/tile_pairs.h's closed form, the one the rate table's
+// "backward_tiles" prices.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cad_common_v1.h"
+#include "tile_pairs.h"
 
 namespace cad::simulate::check {
 
@@ -182,21 +183,10 @@ inline TileFeatures tile_features(const std::vector<cad_segment_v1_t>& segments,
       f.fwd_full += full;
       f.fwd_partial += tiles - full;
     }
-    for (int64_t k0 = 0; k0 < s.kv_len; k0 += kBwdN) {
-      const int64_t keys = std::min(kBwdN, s.kv_len - k0);
-      const int64_t first = std::clamp<int64_t>(k0 - offset, 0, s.q_len);  // first query that sees key k0
-      const int64_t blocks = ceil_div64(s.q_len - first, kBwdM);
-      // Block j (queries first + 64j ..) is full when its first query sees the tile's last key.
-      const int64_t last_key = k0 + keys - 1;
-      const int64_t cut = std::max<int64_t>(0, last_key - offset - first);  // queries before full visibility
-      int64_t partial = std::min(blocks, ceil_div64(cut, kBwdM));
-      if (keys < kBwdN) partial = blocks;  // a short last key tile leaves every block partly empty
-      const int64_t tail = (s.q_len - first) % kBwdM;
-      const int64_t full = blocks - partial - (tail != 0 && partial < blocks ? 1 : 0);
-      ++f.bwd_k_tiles;
-      f.bwd_full += full;
-      f.bwd_partial += blocks - full;
-    }
+    const cad::plan::TilePairs pairs = cad::plan::backward_tile_pairs(s.q_len, s.kv_len, true, kBwdM, kBwdN);
+    f.bwd_k_tiles += ceil_div64(s.kv_len, kBwdN);
+    f.bwd_full += pairs.full;
+    f.bwd_partial += pairs.partial;
   }
   const FwdSchedule sched = fwd_schedule(key_tiles, item_segment, heads, group, sms);
   f.fwd_makespan = sched.makespan;

@@ -65,6 +65,14 @@ TEST(TilePairs, HandCheckedShards) {
 }
 
 TEST(TilePairs, ClosedFormEqualsThePerPairWalk) {
+  // The kernel's tiles around its edges: q and kv at, one below and one above multiples of 64 and 128.
+  for (int64_t q : {1, 63, 64, 65, 128, 200, 1000, 4097}) {
+    for (int64_t extra : {0, 1, 72, 127, 128, 129, 5000}) {
+      const TilePairs got = backward_tile_pairs(q, q + extra, true, 64, 128);
+      const TilePairs want = walk_pairs(q, q + extra, true, 64, 128);
+      EXPECT_TRUE(got.full == want.full && got.partial == want.partial) << "q " << q << " kv " << q + extra;
+    }
+  }
   std::mt19937_64 rng(7);
   for (int i = 0; i < 20000; ++i) {
     const int64_t q = 1 + static_cast<int64_t>(rng() % 1500);

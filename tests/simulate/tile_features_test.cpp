@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "tile_features.h"
-#include "tile_pairs.h"
 
 namespace {
 
@@ -62,22 +61,6 @@ TEST(TileFeatures, SegmentsAddUp) {
   EXPECT_EQ(ab.q_tiles, a.q_tiles + b.q_tiles);
   EXPECT_EQ(ab.fwd_full + ab.fwd_partial, a.fwd_full + a.fwd_partial + b.fwd_full + b.fwd_partial);
   EXPECT_EQ(ab.bwd_full + ab.bwd_partial, a.bwd_full + a.bwd_partial + b.bwd_full + b.bwd_partial);
-}
-
-// The check's per-tile walk (what fit_rank_model.py fits backward_tiles on) and the closed form the
-// balancers and the simulator price with (plugins/common/tile_pairs.h) count the same pairs.
-TEST(TileFeatures, BackwardPairsEqualTheClosedForm) {
-  for (int64_t q : {1, 63, 64, 65, 128, 200, 1000, 4097}) {
-    for (int64_t extra : {0, 1, 72, 127, 128, 129, 5000}) {
-      cad_segment_v1_t s{};
-      s.q_len = q;
-      s.kv_len = q + extra;
-      const TileFeatures f = tile_features({s}, 1, 1, 1);
-      const cad::plan::TilePairs p = cad::plan::backward_tile_pairs(q, q + extra, true, 64, 128);
-      EXPECT_EQ(f.bwd_full, p.full) << "q " << q << " kv " << q + extra;
-      EXPECT_EQ(f.bwd_partial, p.partial) << "q " << q << " kv " << q + extra;
-    }
-  }
 }
 
 TEST(FwdSchedule, DealsUnitsHeaviestFirst) {
