@@ -126,6 +126,12 @@ void read_backward_tiles(const json& v, const std::string& name, RateTable& t) {
   t.dense_entries_per_us = 1e-6 / (4.0 * static_cast<double>(t.head_dim) * t.dense_time * 1e-12);
 }
 
+// Microseconds of one query head's backward over a shard's tile pairs ("backward_tiles").
+double backward_pair_us(const BackwardTiles& b, int64_t q, int64_t kv, bool causal) {
+  const TilePairs p = backward_tile_pairs(q, kv, causal, b.block_m, b.block_n);
+  return b.full_pair_us * static_cast<double>(p.full) + b.partial_pair_us * static_cast<double>(p.partial);
+}
+
 }  // namespace
 
 double RateTable::fwd_tflops(int64_t q, int64_t kv) const { return mix(cell_at(*this, q, kv), fwd); }
@@ -133,10 +139,7 @@ double RateTable::bwd_tflops(int64_t q, int64_t kv) const { return mix(cell_at(*
 
 double RateTable::bwd_seconds(int64_t q, int64_t kv, bool causal, double fwd_flops, int64_t q_heads) const {
   if (!has_backward_tiles) return backward_flop_ratio * fwd_flops / (bwd_tflops(q, kv) * 1e12);
-  const BackwardTiles& b = backward_tiles;
-  const TilePairs p = backward_tile_pairs(q, kv, causal, b.block_m, b.block_n);
-  return static_cast<double>(q_heads) *
-         (b.full_pair_us * static_cast<double>(p.full) + b.partial_pair_us * static_cast<double>(p.partial)) * 1e-6;
+  return static_cast<double>(q_heads) * backward_pair_us(backward_tiles, q, kv, causal) * 1e-6;
 }
 
 double RateTable::shard_seconds(int64_t q, int64_t kv, bool causal, double fwd_flops, int64_t q_heads) const {
@@ -146,10 +149,7 @@ double RateTable::shard_seconds(int64_t q, int64_t kv, bool causal, double fwd_f
 double RateTable::weighted_entries_at(int64_t entries, int64_t q, int64_t kv, bool causal, AxisPoint q_at,
                                       AxisPoint kv_at) const {
   if (!has_backward_tiles) return static_cast<double>(entries) * relative_time_at(q_at, kv_at);
-  const BackwardTiles& b = backward_tiles;
-  const TilePairs p = backward_tile_pairs(q, kv, causal, b.block_m, b.block_n);
-  const double pair_us =
-      b.full_pair_us * static_cast<double>(p.full) + b.partial_pair_us * static_cast<double>(p.partial);
+  const double pair_us = backward_pair_us(backward_tiles, q, kv, causal);
   const double fwd_relative = 1.0 / mix(cell_of(*this, q_at, kv_at), fwd) / dense_time;
   return static_cast<double>(entries) * fwd_relative + pair_us * dense_entries_per_us;
 }
