@@ -419,6 +419,12 @@ int main(int argc, char** argv) {
   const bool given_batch = !opt.lengths.empty();
   const std::vector<int64_t> lengths = cad::workload::load_lengths(given_batch ? opt.lengths : opt.dist);
   if (opt.seeds.empty()) die("--seeds: give at least one seed");
+  // One batch of `ranks` x `context` tokens: the given lengths packed in order, or sampled (DistCA recipe).
+  const auto batch_of = [&](int64_t context, int64_t ranks, int64_t seed) {
+    return given_batch ? cad::workload::pack(lengths, context, static_cast<int32_t>(ranks))
+                       : cad::workload::sample_batch(lengths, context, static_cast<int32_t>(ranks),
+                                                     static_cast<uint64_t>(seed));
+  };
   // Loaded here as well as by the balancer instance: a bad file stops the bench before any GPU work.
   cad::plan::RateTable rates;
   if (!opt.rate_table.empty()) rates = cad::plan::load_rate_table(opt.rate_table);
@@ -451,10 +457,7 @@ int main(int argc, char** argv) {
   for (int64_t ranks : opt.ranks) {
     for (int64_t context : opt.contexts) {
       for (int64_t seed : given_batch ? std::vector<int64_t>{0} : opt.seeds) {
-        const auto pieces = given_batch
-                                ? cad::workload::pack(lengths, context, static_cast<int32_t>(ranks))
-                                : cad::workload::sample_batch(lengths, context, static_cast<int32_t>(ranks),
-                                                              static_cast<uint64_t>(seed));
+        const auto pieces = batch_of(context, ranks, seed);
         cp::CallShape shape;
         shape.num_q_heads = opt.hq, shape.num_kv_heads = opt.hkv, shape.head_dim = opt.d, shape.bf16 = true;
         shape.causal = true, shape.device_type = CAD_DEVICE_CUDA;
@@ -519,9 +522,7 @@ int main(int argc, char** argv) {
   std::printf("\n| ranks x tokens | balancer | host plan ms (balancer + layout + wire tables) |\n|---|---|---|\n");
   out["plan_time"] = nlohmann::json::array();
   for (int64_t ranks : opt.plan_ranks) {
-    const auto pieces = given_batch ? cad::workload::pack(lengths, opt.plan_context, static_cast<int32_t>(ranks))
-                                    : cad::workload::sample_batch(lengths, opt.plan_context, static_cast<int32_t>(ranks),
-                                                                  static_cast<uint64_t>(opt.seeds.front()));
+    const auto pieces = batch_of(opt.plan_context, ranks, opt.seeds.front());
     cp::CallShape shape;
     shape.num_q_heads = opt.hq, shape.num_kv_heads = opt.hkv, shape.head_dim = opt.d, shape.bf16 = true;
     for (const std::string& balancer : opt.balancers) {
