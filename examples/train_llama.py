@@ -112,9 +112,6 @@ def build_model(args, device, dtype):
                          attention_dropout=0.0)
     torch.manual_seed(args.seed)  # the same weights on every rank
     implementation = "cad" if args.attention == "cad" else "cad_local"
-    if args.ping_pong:  # attention per nano-batch, with the plan and documents nano_forward hands each layer
-        register_nano_attention()
-        implementation = NANO_ATTENTION
     model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, dtype=dtype)
     return model.to(device)
 
@@ -169,9 +166,6 @@ def average_gradients(model, world, backend):
 
 
 # ---- ping-pong: two nano-batches per rank ---------------------------------------------------------------
-NANO_ATTENTION = "train_llama_nano"  # the attention implementation of --ping-pong models (registered below)
-
-
 def split_point(doc_lengths):
     """Where a rank's documents split into two nano-batches: k with doc_lengths[:k] | doc_lengths[k:], the
     document boundary nearest half the tokens (the first one on a tie); None with fewer than 2 documents."""
@@ -192,27 +186,6 @@ def nano_batches(docs_by_rank, ping_pong):
     if None in cuts:
         return [[docs] for docs in docs_by_rank]
     return [[docs[:k], docs[k:]] for docs, k in zip(docs_by_rank, cuts)]
-
-
-def _nano_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, cad_cu_seqlens=None,
-                    cad_plan=None, **kwargs):
-    """Attention of one nano-batch: its documents (cad_cu_seqlens) through its plan (None: local attention).
-    The nano-batch's tensors come in as transformers passes them, [1, heads, tokens, head_dim]."""
-    import cad
-    if dropout:
-        raise ValueError("train_llama --ping-pong: attention dropout is not supported")
-    _, heads, tokens, dim = query.shape
-    q, k, v = (t.transpose(1, 2).reshape(tokens, t.shape[1], dim).contiguous() for t in (query, key, value))
-    out = cad.varlen_attn(q, k, v, cad_cu_seqlens, plan=cad_plan, causal=True, softmax_scale=scaling)
-    return out.reshape(1, tokens, heads, dim), None
-
-
-def register_nano_attention():
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-
-    AttentionInterface.register(NANO_ATTENTION, _nano_attention)
-    AttentionMaskInterface.register(NANO_ATTENTION, flash_attention_mask)  # documents come from cu_seqlens
 
 
 def nano_forward(model, inputs, nanos, attention, dtype):

@@ -88,3 +88,26 @@ def test_cu_seq_lens_kwargs_equal_position_ids():
     one_document = model(input_ids=ids, labels=ids).loss  # no restarts: one causal document
     torch.testing.assert_close(by_kwargs, by_positions)
     assert abs(one_document.item() - by_positions.item()) > 1e-4  # the document boundaries did matter
+
+
+def test_documents_and_plan_passed_by_the_caller():
+    # A forward run in pieces (ping-pong's nano-batches) hands each attention call its own documents and plan
+    # (cad_cu_seqlens, cad_plan): they are used as given, not derived from position_ids.
+    import types
+
+    import pytest
+
+    import cad
+    import cad.hf
+    from reference import random_batch, sdpa_varlen
+
+    q, k, v, cu = random_batch([7, 3, 12], 4, 2, 16, seed=3)
+    as_hf = [t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)]  # [1, heads, tokens, dim], as transformers passes
+    module = types.SimpleNamespace(is_causal=True, layer_idx=0)
+    out, _ = cad.hf.cad_local_attention(module, *as_hf, None, cad_cu_seqlens=cu, scaling=0.25,
+                                        position_ids=torch.arange(22).unsqueeze(0))  # one document if derived
+    torch.testing.assert_close(out.reshape(q.shape), sdpa_varlen(q, k, v, cu, True, scale=0.25))
+    with pytest.raises(cad.CadError, match="cad_plan was passed without the cad_cu_seqlens"):
+        cad.hf.cad_local_attention(module, *as_hf, None, cad_plan=object())
+    with pytest.raises(cad.CadError, match="cad_cu_seqlens was passed without its cad_plan"):
+        cad.hf.cad_attention(module, *as_hf, None, cad_cu_seqlens=cu)

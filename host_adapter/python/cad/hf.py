@@ -8,6 +8,11 @@ Packed batches: the documents come from the `cu_seq_lens_q` keyword that transfo
 functions (as flash_attention_2 receives it), or else from `position_ids` restarting at 0 at every document;
 with neither, every row of the batch is one document. A plan is made at the model's first attention layer
 (layer_idx 0) of every forward, on every rank (collective), and serves every layer's forward and backward.
+
+A caller that runs a forward in pieces (e.g. two nano-batches through cad.ping_pong, each with its own plan)
+passes each call's documents and plan itself, as layer keywords that transformers forwards to the attention
+function: `cad_cu_seqlens` (int32 [documents + 1]) and, for "cad", `cad_plan` (made by cad.plan on every
+rank). Neither is then derived nor remembered.
 """
 import torch
 
@@ -45,19 +50,26 @@ def _documents(module, query, kwargs):
 
 
 def _attention(module, query, key, value, attention_mask, *, distributed, dropout=0.0, scaling=None,
-               is_causal=None, **kwargs):
+               is_causal=None, cad_cu_seqlens=None, cad_plan=None, **kwargs):
     if dropout:
         raise CadError("cad attention: attention dropout is not supported (set attention_dropout=0)")
     if kwargs.get("output_attentions"):
         raise CadError("cad attention: output_attentions is not supported")
+    if cad_plan is not None and cad_cu_seqlens is None:
+        raise CadError("cad attention: cad_plan was passed without the cad_cu_seqlens it was made for")
+    if distributed and cad_cu_seqlens is not None and cad_plan is None:
+        raise CadError("cad attention: cad_cu_seqlens was passed without its cad_plan (a plan is collective: "
+                       "make it with cad.plan on every rank before the forward)")
     batch, heads, seq, dim = query.shape
-    cu = _documents(module, query, kwargs)
+    cu = _documents(module, query, kwargs) if cad_cu_seqlens is None else cad_cu_seqlens
     causal = module.is_causal if is_causal is None else is_causal
     q = query.transpose(1, 2).reshape(batch * seq, heads, dim).contiguous()
     k = key.transpose(1, 2).reshape(batch * seq, key.shape[1], dim).contiguous()
     v = value.transpose(1, 2).reshape(batch * seq, value.shape[1], dim).contiguous()
     plan = None
-    if distributed:
+    if distributed and cad_plan is not None:
+        plan = cad_plan
+    elif distributed:
         if _state["plan"] is None:
             _state["plan"] = make_plan(cu, causal=causal)
         plan = _state["plan"]
