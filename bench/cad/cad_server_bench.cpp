@@ -82,6 +82,8 @@ struct Options {
   std::string fill = "random";  // what new device memory holds: random | constant (see Fill)
 };
 
+void parse_option(Options& o, const std::string& a, const std::string& v);
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -100,24 +102,38 @@ Options parse(int argc, char** argv) {
     }
     if (i + 1 >= argc) die("option " + a + " needs a value");
     const std::string v = argv[++i];
-    if (a == "--dist") o.dist = v;
-    else if (a == "--ranks") o.ranks = int_list(v);
-    else if (a == "--context") o.contexts = int_list(v);
-    else if (a == "--plan-ranks") o.plan_ranks = int_list(v);
-    else if (a == "--plan-context") o.plan_context = std::stoll(v);
-    else if (a == "--balancer") o.balancers = str_list(v);
-    else if (a == "--heads") o.hq = std::stoi(v);
-    else if (a == "--kv-heads") o.hkv = std::stoi(v);
-    else if (a == "--head-dim") o.d = std::stoi(v);
-    else if (a == "--reps") o.reps = std::stoi(v);
-    else if (a == "--seed" || a == "--seeds") o.seeds = int_list(v);
-    else if (a == "--lengths") o.lengths = v;
-    else if (a == "--json") o.json = v;
-    else if (a == "--rate-table") o.rate_table = v;
-    else if (a == "--fill" && (v == "random" || v == "constant")) o.fill = v;
-    else die("unknown option or value " + a + " " + v + " (see --help)");
+    try {
+      parse_option(o, a, v);
+    } catch (const std::logic_error&) {  // std::stoll / std::stoi: not a number, or out of range
+      die("option " + a + ": '" + v + "' is not a number (or a comma-separated list of numbers)");
+    }
+  }
+  if (o.reps < 1) die("--reps must be at least 1");
+  for (const auto* list : {&o.ranks, &o.contexts}) {
+    for (int64_t x : *list) {
+      if (x < 1) die("--ranks and --context take positive numbers, got " + std::to_string(x));
+    }
   }
   return o;
+}
+
+void parse_option(Options& o, const std::string& a, const std::string& v) {
+  if (a == "--dist") o.dist = v;
+  else if (a == "--ranks") o.ranks = int_list(v);
+  else if (a == "--context") o.contexts = int_list(v);
+  else if (a == "--plan-ranks") o.plan_ranks = int_list(v);
+  else if (a == "--plan-context") o.plan_context = std::stoll(v);
+  else if (a == "--balancer") o.balancers = str_list(v);
+  else if (a == "--heads") o.hq = std::stoi(v);
+  else if (a == "--kv-heads") o.hkv = std::stoi(v);
+  else if (a == "--head-dim") o.d = std::stoi(v);
+  else if (a == "--reps") o.reps = std::stoi(v);
+  else if (a == "--seed" || a == "--seeds") o.seeds = int_list(v);
+  else if (a == "--lengths") o.lengths = v;
+  else if (a == "--json") o.json = v;
+  else if (a == "--rate-table") o.rate_table = v;
+  else if (a == "--fill" && (v == "random" || v == "constant")) o.fill = v;
+  else die("unknown option or value " + a + " " + v + " (see --help)");
 }
 
 struct Plan {
