@@ -154,6 +154,11 @@ double RateTable::weighted_entries_at(int64_t entries, int64_t q, int64_t kv, bo
   return static_cast<double>(entries) * fwd_relative + pair_us * dense_entries_per_us;
 }
 
+int64_t RateTable::shortest_priced_shard() const {
+  const int64_t grid = q_lens.empty() ? 1 : q_lens.front();
+  return has_backward_tiles ? std::max(grid, backward_tiles.block_m) : grid;
+}
+
 RateTable::AxisPoint RateTable::locate_q(int64_t q) const { return locate(q_lens, log_q_lens, q); }
 RateTable::AxisPoint RateTable::locate_kv(int64_t kv) const { return locate(kv_lens, log_kv_lens, kv); }
 

@@ -94,6 +94,11 @@ struct RateTable {
   double bwd_seconds(int64_t q, int64_t kv, bool causal, double fwd_flops, int64_t q_heads) const;
   // Predicted forward + backward seconds of that shard (forward: fwd_flops / the fwd rate).
   double shard_seconds(int64_t q, int64_t kv, bool causal, double fwd_flops, int64_t q_heads) const;
+  // The shortest shard (queries) this table prices from its own measurements: its smallest query length,
+  // and with backward_tiles at least one backward query tile (block_m). Shorter shards are priced by
+  // clamping to the grid's edge and pay a whole tile of pairs per key tile, so a balancer that cuts them
+  // trades real balance for the cut's added time (prefix_aware in time mode cuts no shorter).
+  int64_t shortest_priced_shard() const;
   // Forward + backward time per FLOP of that shape over the same for the dense entry: 1 = as fast as
   // dense causal attention, 1.2 = 20% slower. What a balancer weighs score entries with.
   double relative_time(int64_t q, int64_t kv) const;

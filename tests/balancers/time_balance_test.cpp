@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <tuple>
 #include <string>
 
 #include "balancer_harness.h"
+#include "batch_recipe.h"
+#include "doc_lengths.h"
 #include "plan_time.h"
 #include "plugin_paths.h"
 
@@ -90,6 +93,49 @@ TEST(TimeBalance, PrefixAwareEqualisesPredictedTimeNotFlops) {
     EXPECT_LE(time_t, 1.035);          // time balancing balances predicted time ...
     EXPECT_LT(time_max, 0.97 * flop_max);  // ... so the slowest server finishes sooner ...
     EXPECT_GT(time_f, flop_f + 0.03);  // ... at the price of FLOP balance
+  }
+}
+
+// The measured H200 table with the backward by tile pairs, Pretrain 8 x 64K batches, min_shard_tokens 0 (the
+// Python runtime's default): time balancing must beat FLOP balancing in its own predicted time. Before the
+// time mode's shortest shard (RateTable::shortest_priced_shard), it cut slivers that each added whole tiles
+// of partial pairs, stalled, and returned 1.060 on seeds 3 and 4 against 1.025-1.035 for FLOP balancing.
+TEST(TimeBalance, PairsTablePlansBeatFlopPlansInPredictedTimeWithoutAMinimumShard) {
+  if (!std::filesystem::exists(CAD_PRETRAIN_LENGTHS)) GTEST_SKIP() << CAD_PRETRAIN_LENGTHS << " not found";
+  const std::string path = std::string(CAD_SOURCE_DIR) + "/docs/data/rate_table_h200_units_pairs.json";
+  const cad::plan::RateTable t = cad::plan::load_rate_table(path);
+  ASSERT_TRUE(t.has_backward_tiles);
+  EXPECT_EQ(t.shortest_priced_shard(), std::max(t.q_lens.front(), t.backward_tiles.block_m));
+  LoadedBalancer flops(plugin_path("prefix_aware"));
+  LoadedBalancer time(plugin_path("prefix_aware"), R"({"rate_table": ")" + path + R"("})");
+  ASSERT_EQ(time.create_status(), CAD_STATUS_OK) << time.create_error();
+  const auto lengths = cad::workload::load_lengths(CAD_PRETRAIN_LENGTHS);
+  const auto cost = cost_params(0);
+  const auto m = cad::plan::model_params(cost);
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const RankPieces ranks = cad::workload::sample_batch(lengths, 65536, 8, seed);
+    auto predicted = [&](const PlanResult& p) {
+      EXPECT_EQ(p.status, CAD_STATUS_OK) << p.error;
+      return cad::plan::imbalance_of(
+          cad::plan::server_seconds(ranks, 8, p.tasks.data(), static_cast<int64_t>(p.tasks.size()), m, t));
+    };
+    const PlanResult by_time = time.plan(ranks, 8, cost);
+    const double flop_plan = predicted(flops.plan(ranks, 8, cost)), time_plan = predicted(by_time);
+    EXPECT_LE(time_plan, flop_plan);
+    EXPECT_LE(time_plan, 1.025);
+    // No cut shorter than the table prices: a task shorter than that is a whole piece of its owner.
+    for (const cad_task_v1_t& task : by_time.tasks) {
+      if (task.q_end - task.q_begin >= t.shortest_priced_shard()) continue;
+      bool whole_piece = false;
+      for (const auto& rank : ranks) {
+        for (const auto& piece : rank) {
+          whole_piece = whole_piece || (piece.doc_id == task.doc_id && piece.offset_in_doc == task.q_begin &&
+                                        piece.offset_in_doc + piece.len == task.q_end);
+        }
+      }
+      EXPECT_TRUE(whole_piece) << "doc " << task.doc_id << " [" << task.q_begin << ", " << task.q_end << ")";
+    }
   }
 }
 
