@@ -42,6 +42,19 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); std::exit(2); }
       return argv[++i];
     };
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: cad_plan_bench [--dist FILE] [--ranks 4,8,32,64] [--context 65536,...] [--seeds N] [--repeat N]\n"
+          "                      [--min-shard N] [--config-<name> JSON] PLUGIN.so...\n"
+          "Plans sampled Pretrain-recipe batches with each balancer plugin through the ABI and prints the\n"
+          "imbalance before/after, the bytes moved and the plan time (best of --repeat). A benchmark, not a test.\n");
+      return 0;
+    }
+    if (a.rfind("--", 0) == 0 && a != "--dist" && a != "--ranks" && a != "--context" && a != "--seeds" &&
+        a != "--repeat" && a != "--min-shard" && a.rfind("--config-", 0) != 0) {
+      std::fprintf(stderr, "cad_plan_bench: unknown option %s (see --help)\n", a.c_str());
+      return 2;
+    }
     if (a == "--dist") dist = next();
     else if (a == "--ranks") ranks_list = parse_list(next());
     else if (a == "--context") contexts = parse_list(next());
