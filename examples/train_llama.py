@@ -317,6 +317,7 @@ def train(args):
         record = {"step": step, "loss": sum(g[0] for g in gathered) / world,
                   "losses": [g[0] for g in gathered], "grad_norm": grad_norm.item(),
                   "tokens_per_s": sum(g[3] for g in gathered) / max(g[1] for g in gathered),
+                  "step_s": [g[1] for g in gathered],
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
                   "ping_pong": split, "nano_tokens": [[sum(d) for d in n] for n in nanos]}
         if stats:
@@ -338,6 +339,7 @@ def train(args):
                    "attention_timing": "synchronized" if synced_timing else "enqueue only (ping-pong on CUDA)",
                    "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
                    "mean_tokens_per_s_after_step0": sum(r["tokens_per_s"] for r in tail) / len(tail),
+                   "mean_step_s_after_step0": sum(max(r["step_s"]) for r in tail) / len(tail),
                    "mean_max_attention_s": sum(max(r["attention_s"]) for r in tail) / len(tail),
                    "mean_imbalance": sum(r["imbalance"] for r in tail) / len(tail)}
         print("summary " + json.dumps(summary), flush=True)

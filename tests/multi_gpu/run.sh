@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # run.sh -- CAD across several GPUs of one host over NCCL (issue 16; needs nvidia-h200-x2 or -x4, not run by CI):
-#   1. build (CUDA, sm_90a) the plugins, the GPU tests and the benchmarks;
+#   1. build (CUDA, sm_90a) the plugins, the GPU tests and the benchmarks (SKIP_BUILD=1 reuses $BUILD);
 #   2. correctness: mpirun -np NGPU cad_gpu_cad_tests --nccl (one process per GPU: every balancer, bf16, GQA,
 #      odd lengths, documents cut across ranks, keep/re-send, planned/one-shot, the CUDA-graph replay,
 #      bad calls, a stream of another GPU);
 #   3. faults over NCCL: rank 1 skips a forward, or dies mid-step; every survivor must exit with an error
 #      within the timeout (3 s) plus a margin -- never hang;
 #   4. the end-to-end step: examples/train_llama.py under torchrun, Llama shape (hidden 4096, 32 heads, 8 KV
-#      heads, MLP 14336), bf16, Pretrain batches of 64K/128K/256K
-#      tokens per GPU, local attention vs per_doc_cp, distca and prefix_aware, and distca and prefix_aware
-#      again with --ping-pong (two nano-batches per GPU, a plan each, layers through cad.ping_pong; with
-#      ping-pong the per-rank attention times count only the enqueue, so those runs give step times). Not yet:
-#      the all_to_all_v bandwidth table (tests/gpu_comm/run.sh has it).
-# Usage: NGPU=4 bash tests/multi_gpu/run.sh  (NGPU=1 is the dry run on one GPU). Logs under $OUT.
+#      heads, MLP 14336), bf16, Pretrain batches of 64K/128K/256K tokens per GPU, local attention vs
+#      per_doc_cp, distca and prefix_aware, and distca and prefix_aware again with --ping-pong (two
+#      nano-batches per GPU, a plan each, layers through cad.ping_pong; with ping-pong the per-rank attention
+#      times count only the enqueue, so those runs give step times). Layers: LAYER_TOKENS / context (default
+#      256K token-layers: 4 layers at 64K, 2 at 128K, 1 at 256K), so that every context's activations take the
+#      same memory (about 55 GB without recomputation) and fit an 80 GB H100; the table (table.py) comes last;
+#   5. all_to_all_v bandwidth: ours through the plugin ABI against torch.distributed.all_to_all_single
+#      (bench/nccl, the same steps as tests/gpu_comm/run.sh), 1 MiB .. 1 GiB per rank.
+# Usage: NGPU=4 bash tests/multi_gpu/run.sh  (NGPU=1 is the dry run on one GPU). Logs under $OUT; with
+# TAR=FILE everything under $OUT is also packed into FILE after every step (what the device tool brings back:
+# at most 8 files), so that a run cut short still returns what it finished.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/multi_gpu_out}"
@@ -21,17 +26,19 @@ NGPU="${NGPU:-$(nvidia-smi -L | wc -l)}"
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
-export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN=(mpirun --allow-run-as-root -np "$NGPU" --mca btl self,vader -x NCCL_NVLS_ENABLE)
 export CAD_DATA="${CAD_DATA:-$PWD/../shared/data/doclen_pretrain.json}"
 [ -f "$CAD_DATA" ] || CAD_DATA="$PWD/.bench_data/doclen_pretrain.json"
 failed=0
+pack() { if [ -n "${TAR:-}" ]; then tar -czf "$TAR.tmp" -C "$OUT" . && mv -f "$TAR.tmp" "$TAR"; fi; }
 record() {  # record NAME STATUS
-  echo "$1: $([ "$2" = 0 ] && echo passed || echo "FAILED (exit $2)")" | tee -a "$SUMMARY"
+  echo "$1: $([ "$2" = 0 ] && echo passed || echo "FAILED (exit $2)") [$(date +%H:%M:%S)]" | tee -a "$SUMMARY"
   [ "$2" = 0 ] || failed=1
+  pack
 }
 nvidia-smi -L | tee -a "$SUMMARY"
-{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
+[ "${SKIP_BUILD:-0}" = 1 ] || { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
   cmake --build "$BUILD" -j "$(nproc)" --target cad_gpu_cad_tests cad_plugin_cad cad_plugin_cuda cad_plugin_mpi \
     cad_plugin_nccl cad_plugin_host cad_plugin_reference cad_plugin_colocated cad_plugin_per_doc_cp cad_plugin_distca \
     cad_plugin_prefix_aware cad bench_nccl_all_to_all; } > "$OUT/build.log" 2>&1
@@ -58,7 +65,7 @@ fi
 train() {  # train NAME ARGS...
   local name="$1"; shift
   timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" examples/train_llama.py \
-    --device cuda --hidden 4096 --intermediate 14336 --heads 32 --kv-heads 8 --layers "${LAYERS:-4}" --steps "${STEPS:-6}" \
+    --device cuda --hidden 4096 --intermediate 14336 --heads 32 --kv-heads 8 --steps "${STEPS:-5}" \
     --json-out "$OUT/train_$name.json" "$@" > "$OUT/train_$name.log" 2>&1
   record "train $name" $?
   grep -E "^summary" "$OUT/train_$name.log" | tail -1 | tee -a "$SUMMARY"
@@ -66,14 +73,29 @@ train() {  # train NAME ARGS...
 export CAD_PLUGIN_PATH="$PWD/$BUILD/lib/cad/plugins" CAD_HOST_LIBRARY="$PWD/$BUILD/lib/libcad_host.so"
 export PYTHONPATH="$PWD/host_adapter/python"
 for ctx in ${CONTEXTS:-65536 131072 262144}; do
-  train "local_${ctx}" --attention local --context "$ctx"
+  layers=$(( ${LAYER_TOKENS:-262144} / ctx )); [ "$layers" -ge 1 ] || layers=1
+  train "local_${ctx}" --attention local --context "$ctx" --layers "$layers"
   for balancer in per_doc_cp distca prefix_aware; do
-    train "${balancer}_${ctx}" --attention cad --balancer "$balancer" --context "$ctx"
+    train "${balancer}_${ctx}" --attention cad --balancer "$balancer" --context "$ctx" --layers "$layers"
   done
-  for balancer in distca prefix_aware; do
-    train "${balancer}_pingpong_${ctx}" --attention cad --balancer "$balancer" --context "$ctx" --ping-pong
+  for balancer in prefix_aware distca; do
+    train "${balancer}_pingpong_${ctx}" --attention cad --balancer "$balancer" --context "$ctx" --layers "$layers" \
+      --ping-pong
   done
+  python3 tests/multi_gpu/table.py "$OUT" > "$OUT/table.md" 2>&1; pack
 done
+cat "$OUT/table.md"
+
+if [ "$NGPU" -ge 2 ]; then  # the wire: ours against torch's all-to-all, same bytes (bench/nccl)
+  timeout 120 "${MPIRUN[@]}" "$BUILD/bin/bench_nccl_all_to_all" "$BUILD/lib/cad/plugins/cad_nccl.so" \
+    --csv "$OUT/a2a_ours.csv" > "$OUT/a2a.log" 2>&1
+  record "all_to_all_v bandwidth: ours" $?
+  timeout 180 python3 bench/nccl/torch_all_to_all.py --gpus "$NGPU" --csv "$OUT/a2a_torch.csv" >> "$OUT/a2a.log" 2>&1
+  record "all_to_all bandwidth: torch" $?
+  python3 bench/nccl/compare.py "$OUT/a2a_torch.csv" "$OUT/a2a_ours.csv" > "$OUT/a2a_table.md" 2>&1
+  record "all-to-all table" $?
+  cat "$OUT/a2a_table.md"
+fi
 echo "---- summary ----"
 cat "$SUMMARY"
 exit $failed
