@@ -110,9 +110,10 @@ def build_model(args, device, dtype):
                          num_attention_heads=args.heads,
                          num_key_value_heads=args.kv_heads, max_position_embeddings=max(args.context, 2048),
                          attention_dropout=0.0)
-    torch.manual_seed(args.seed)  # the same weights on every rank
+    torch.manual_seed(args.seed)  # the same weights on every rank (every GPU's generator is seeded alike)
     implementation = "cad" if args.attention == "cad" else "cad_local"
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, dtype=dtype)
+    with device:  # initialised where it runs: a CPU init of billions of weights took most of a GPU run's start
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, dtype=dtype)
     return model.to(device)
 
 

@@ -23,6 +23,7 @@ Comm::Comm(const cad_communicator_v1_t* table, void* instance, std::string name)
     fail(CAD_STATUS_COMMUNICATION, format("communicator instance '%s': rank %d of world %d is not valid",
                                           name_.c_str(), rank_, world_));
   }
+  device_ = device();
 }
 
 cad_device_v1_t Comm::device() const {
@@ -39,7 +40,16 @@ void Comm::failed(const char* operation, cad_status_t status) const {
 }
 
 void Comm::all_gather(const void* send, uint64_t bytes, void* recv) {
-  const cad_status_t status = table_->all_gather(instance_, send, bytes, recv, nullptr);
+  if (device_.device_type == CAD_DEVICE_CPU) {
+    raw_all_gather(send, bytes, recv, nullptr);
+    return;
+  }
+  if (!staging_) staging_.reset(make_host_gather_staging(device_.device_id));
+  staged_all_gather(*staging_, *this, send, bytes, recv);
+}
+
+void Comm::raw_all_gather(const void* send, uint64_t bytes, void* recv, void* stream) {
+  const cad_status_t status = table_->all_gather(instance_, send, bytes, recv, stream);
   if (status != CAD_STATUS_OK) failed("all_gather", status);
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,13 @@
 #include "exchange.h"
 
 namespace cad::cad_plugin {
+
+// Host memory through a communicator whose buffers live on a GPU (get_device: CUDA, e.g. NCCL): a device
+// buffer and a private stream on that GPU (device_path.cpp; device_path_none.cpp refuses it).
+struct HostGatherStaging;
+struct HostGatherStagingDeleter {
+  void operator()(HostGatherStaging* staging) const;
+};
 
 class Comm {
  public:
@@ -21,8 +29,12 @@ class Comm {
   const std::string& name() const { return name_; }
   cad_device_v1_t device() const;
 
-  // Every rank contributes `bytes` bytes; recv gets world * bytes, by rank.
+  // Every rank contributes `bytes` bytes of HOST memory; recv (host) gets world * bytes, by rank; returns
+  // when recv is filled. A communicator on device memory (NCCL) reads and writes only its device's memory,
+  // so there the bytes go through a device buffer (staged_all_gather); on a CPU communicator directly.
   void all_gather(const void* send, uint64_t bytes, void* recv);
+  // The communicator's own all_gather: buffers where get_device says, enqueued on `stream`.
+  void raw_all_gather(const void* send, uint64_t bytes, void* recv, void* stream);
   // `stream`: NULL for a CPU communicator; the stream to enqueue on for a device one.
   void all_to_all_v(const std::byte* send, const Transfer& transfer, std::byte* recv, void* stream = nullptr);
 
@@ -42,7 +54,16 @@ class Comm {
   std::string name_;
   int32_t rank_ = 0;
   int32_t world_ = 1;
+  cad_device_v1_t device_{CAD_DEVICE_CPU, 0};
+  std::unique_ptr<HostGatherStaging, HostGatherStagingDeleter> staging_;  // made at the first staged gather
 };
+
+// all_gather of host bytes through `staging`'s device buffer: copy in, comm.raw_all_gather on the private
+// stream, copy out, wait. The wait is bounded by the communicator's own timeout (its watchdog aborts a
+// collective a peer never joins); a zero-byte call afterwards lets the communicator report that abort, so
+// that no rank reads a buffer an aborted collective left half written.
+HostGatherStaging* make_host_gather_staging(int device);
+void staged_all_gather(HostGatherStaging& staging, Comm& comm, const void* send, uint64_t bytes, void* recv);
 
 // Collective agreement on an outcome. Every rank passes its own status and message; if any rank
 // failed, EVERY rank throws the failure of the lowest failing rank, with the same status and the

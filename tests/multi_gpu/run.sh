@@ -75,7 +75,7 @@ export PYTHONPATH="$PWD/host_adapter/python"
 for ctx in ${CONTEXTS:-65536 131072 262144}; do
   layers=$(( ${LAYER_TOKENS:-262144} / ctx )); [ "$layers" -ge 1 ] || layers=1
   train "local_${ctx}" --attention local --context "$ctx" --layers "$layers"
-  for balancer in per_doc_cp distca prefix_aware; do
+  for balancer in prefix_aware per_doc_cp distca; do
     train "${balancer}_${ctx}" --attention cad --balancer "$balancer" --context "$ctx" --layers "$layers"
   done
   for balancer in prefix_aware distca; do
