@@ -2,8 +2,6 @@
 // CUDA server backend before anything here could be reached.
 #include "device_path.h"
 
-#include "comm.h"
-
 namespace cad::cad_plugin {
 
 bool device_path_available() { return false; }
@@ -15,14 +13,6 @@ struct DeviceRuntime {};
 
 void DeviceSavedDeleter::operator()(DeviceSaved* saved) const { delete saved; }
 void DeviceRuntimeDeleter::operator()(DeviceRuntime* runtime) const { delete runtime; }
-
-struct HostGatherStaging {};
-void HostGatherStagingDeleter::operator()(HostGatherStaging* staging) const { delete staging; }
-HostGatherStaging* make_host_gather_staging(int) {
-  plugin::fail(CAD_STATUS_UNSUPPORTED, "cad: the communicator moves device memory, but this build has no CUDA "
-                                       "(CAD_ENABLE_CUDA=OFF)");
-}
-void staged_all_gather(HostGatherStaging&, Comm&, const void*, uint64_t, void*) {}
 
 DevicePlan* make_device_plan(CadContext&, const Step&, void*) {
   plugin::fail(CAD_STATUS_UNSUPPORTED, "cad: this build has no CUDA data path (CAD_ENABLE_CUDA=OFF)");

@@ -41,10 +41,12 @@ nvidia-smi -L | tee -a "$SUMMARY"
 [ "${SKIP_BUILD:-0}" = 1 ] || { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
   cmake --build "$BUILD" -j "$(nproc)" --target cad_gpu_cad_tests cad_plugin_cad cad_plugin_cuda cad_plugin_mpi \
     cad_plugin_nccl cad_plugin_host cad_plugin_reference cad_plugin_colocated cad_plugin_per_doc_cp cad_plugin_distca \
-    cad_plugin_prefix_aware cad bench_nccl_all_to_all; } > "$OUT/build.log" 2>&1
+    cad_plugin_prefix_aware cad bench_nccl_all_to_all test_cad_comm; } > "$OUT/build.log" 2>&1
 record "build" $? || true
 [ "$failed" = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
 
+timeout 60 "$BUILD/bin/test_cad_comm" > "$OUT/cad_comm.log" 2>&1
+record "CAD's host all_gather staged through the GPU (fake communicator)" $?
 timeout 600 "${MPIRUN[@]}" "$BUILD/bin/cad_gpu_cad_tests" --nccl > "$OUT/cad_nccl.log" 2>&1
 record "CAD over NCCL on $NGPU GPUs (one process per GPU)" $?
 grep -E "worst relative|FAILED|Failure" "$OUT/cad_nccl.log" | head -20 | tee -a "$SUMMARY"
