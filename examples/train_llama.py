@@ -252,7 +252,7 @@ def plan_summary(plans):
         imbalance = max(flops) / (sum(flops) / len(flops)) if sum(flops) else 1.0
     sent = [sum(col) for col in zip(*(s["model_forward_bytes_sent_by_rank"] for s in stats))]
     return {"imbalance": imbalance, "nano_imbalance": [s["imbalance"] for s in stats],
-            "forward_bytes_sent_by_rank": sent}
+            "forward_bytes_sent_by_rank": sent, "plan_ms": sum(s.get("plan_ms", 0.0) for s in stats)}
 
 
 def train(args):
@@ -295,6 +295,7 @@ def train(args):
         inputs = make_inputs(mine, args.vocab, args.seed * 7919 + 31 * step + rank, device)
         if device.type == "cuda":
             torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         cad.attention_time(reset=True)
         if args.ping_pong:
@@ -311,7 +312,14 @@ def train(args):
         seconds = time.perf_counter() - start
         attention = cad.attention_time(reset=True)
         stats = plan_summary(plans)
-        gathered = all_gather_floats([loss.item(), seconds, attention, float(sum(mine))], world)
+        # The step's plans go back now: kept until the next step's were made, they doubled the plans' device
+        # memory (server-batch scratch and wire buffers) at every step's start.
+        for p in plans:
+            if p is not None:
+                p.release()
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+        plan_ms = stats["plan_ms"] if stats else 0.0
+        gathered = all_gather_floats([loss.item(), seconds, attention, float(sum(mine)), peak, plan_ms], world)
         costs = [causal_cost(b) for b in docs_by_rank]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
@@ -319,6 +327,7 @@ def train(args):
                   "losses": [g[0] for g in gathered], "grad_norm": grad_norm.item(),
                   "tokens_per_s": sum(g[3] for g in gathered) / max(g[1] for g in gathered),
                   "step_s": [g[1] for g in gathered],
+                  "peak_memory_gib": [g[4] for g in gathered], "plan_ms": [g[5] for g in gathered],
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
                   "ping_pong": split, "nano_tokens": [[sum(d) for d in n] for n in nanos]}
         if stats:

@@ -16,6 +16,8 @@ Every number is a mean over the steps from --steps-from on (step 0 warms up). Pe
 - bytes: what the plan sends per layer in the forward (Q, K/V prefixes; the backward sends about as much
   again), summed over ranks, in MiB;
 - ping-pong saved: the same balancer's step time without ping-pong minus with it.
+- peak GiB: the largest rank's torch.cuda.max_memory_allocated over the step; plan ms: the largest rank's host
+  time to make the step's plan(s) (plan stats' plan_ms; outside the timed attention calls). Older runs lack both.
 Losses are compared with the local run's: the same batches and weights must give the same losses up to bf16
 rounding, which the last column shows (max relative difference over the steps).
 """
@@ -79,6 +81,8 @@ def rows_for(context, runs, first):
             plain = runs.get((context, name[: -len("_pingpong")]))
             if plain:
                 saved = f"{(mean(step_time(s) for s in plain['steps'][first:]) - t) * 1e3:.0f}"
+        peak = mean(max(s["peak_memory_gib"]) for s in steps) if all("peak_memory_gib" in s for s in steps) else None
+        plan_ms = mean(max(s["plan_ms"]) for s in steps) if all("plan_ms" in s for s in steps) else None
         loss_diff = max(abs(a["loss"] - b["loss"]) / abs(b["loss"])
                         for a, b in zip(run["steps"], local["steps"]))
         lines.append(
@@ -86,7 +90,8 @@ def rows_for(context, runs, first):
             f"{speedup:.3f} | {ideal:.3f} | {speedup / ideal:.2f} | "
             f"{(t_per_doc / t if t_per_doc else float('nan')):.3f} | "
             f"{('-' if measured is None else f'{measured:.2f}')} | {planned:.3f} | {mib:.0f} | {saved or '-'} | "
-            f"{loss_diff:.1e} |")
+            f"{loss_diff:.1e} | {'-' if peak is None else f'{peak:.1f}'} | "
+            f"{'-' if plan_ms is None or name == 'local' else f'{plan_ms:.0f}'} |")
     return lines
 
 
@@ -100,8 +105,9 @@ def main():
         sys.exit(f"table.py: no train_<config>_<context>.json in {args.out}")
     print("| tokens/GPU | config | layers | step (ms) | tokens/s (K) | speedup vs local | ideal speedup | "
           "share of ideal | vs per_doc_cp | attention max/mean (measured) | plan imbalance | "
-          "fwd MiB/layer (all ranks) | ping-pong saved (ms) | loss rel. diff vs local |")
-    print("|" + " ---: |" * 14)
+          "fwd MiB/layer (all ranks) | ping-pong saved (ms) | loss rel. diff vs local | peak GiB (max rank) | "
+          "plan ms (max rank) |")
+    print("|" + " ---: |" * 16)
     for context in sorted({c for c, _ in runs}):
         print("\n".join(rows_for(context, runs, args.steps_from)))
 
