@@ -356,7 +356,11 @@ TEST(CadGpu, BitwiseReproducible) {
 }
 
 // With a plan and NCCL, a layer's forward and backward are only enqueued: capture them into a CUDA graph,
-// replay it, and get the eager results bit for bit.
+// replay it, and get the eager results bit for bit -- except dQ: the sm_90a backward adds every key tile's dQ
+// into an fp32 accumulator with TMA reductions, in the order the tiles finish, so dQ is equal up to that
+// order's rounding (at most one bf16 step of each element; BitwiseReproducible leaves it out too). On 4 GPUs
+// one rank's replayed dQ was not bitwise equal (2026-11-26; the size of the difference was not printed then:
+// this check bounds it).
 TEST(CadGpu, GraphReplayGivesTheEagerResults) {
   if (!g_nccl) GTEST_SKIP() << "host-staged exchanges synchronise the stream: graphs need the nccl communicator";
   for (bool keep : {true, false}) {
@@ -391,7 +395,7 @@ TEST(CadGpu, GraphReplayGivesTheEagerResults) {
     const Results replayed = call.results();
     EXPECT_EQ(replayed.o, eager.o);
     EXPECT_EQ(replayed.lse, eager.lse);
-    EXPECT_EQ(replayed.d_q, eager.d_q);
+    EXPECT_LE(cad_test::relative_error(replayed.d_q, eager.d_q), 1.0 / 128) << "rank " << g_rank;
     EXPECT_EQ(replayed.d_k, eager.d_k);
     EXPECT_EQ(replayed.d_v, eager.d_v);
     cudaGraphExecDestroy(exec);
