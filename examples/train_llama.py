@@ -255,6 +255,42 @@ def plan_summary(plans):
             "forward_bytes_sent_by_rank": sent, "plan_ms": sum(s.get("plan_ms", 0.0) for s in stats)}
 
 
+# ---- --profile-step: where one step's GPU time goes, by kernel family ----------------------------------
+KERNEL_FAMILIES = (  # first match wins; names as the CUDA profiler reports them
+    ("attention", ("attention_fwd", "attention_bwd", "bwd_preprocess", "fwd_combine", "flash", "fmha", "cudnn")),
+    ("cad data path", ("copy_row_ranges", "copy_strided_rows", "sum_rows", "sum_partials", "fill_uncovered",
+                       "f32_to_bf16")),
+    ("nccl", ("nccl",)),
+    ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "sm90_", "sm80_")),
+)
+
+
+def kernel_family(name):
+    lowered = name.lower()
+    for family, needles in KERNEL_FAMILIES:
+        if any(n in lowered for n in needles):
+            return family
+    return "other"
+
+
+def profile_summary(profiler, top=25):
+    """GPU time of the profiled step by kernel family and the `top` kernels (ms), from torch.profiler's events.
+    The sum is kernel time, not wall time: kernels on different streams (communication, ping-pong) overlap."""
+    kernels = {}
+    for event in profiler.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time_total > 0:
+            entry = kernels.setdefault(event.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.device_time_total / 1e3
+    families = {}
+    for name, (_, ms) in kernels.items():
+        families[kernel_family(name)] = families.get(kernel_family(name), 0.0) + ms
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"families_ms": families,
+            "kernels": [{"name": n[:160], "calls": c, "ms": round(ms, 3), "family": kernel_family(n)}
+                        for n, (c, ms) in ranked]}
+
+
 def train(args):
     import cad
     import cad.hf
@@ -296,6 +332,13 @@ def train(args):
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
+        profiler = None
+        if step == args.profile_step:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            profiler = torch.profiler.profile(activities=activities)
+            profiler.__enter__()
         start = time.perf_counter()
         cad.attention_time(reset=True)
         if args.ping_pong:
@@ -311,6 +354,17 @@ def train(args):
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         attention = cad.attention_time(reset=True)
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+            profile = profile_summary(profiler)
+            profile.update(rank=rank, step=step, step_s=seconds, note="timed with the profiler on: slower than the "
+                           "other steps; compare families and kernels, not this step's time")
+            if args.json_out:
+                out = pathlib.Path(args.json_out)
+                out.with_name(f"{out.stem}_profile_rank{rank}.json").write_text(json.dumps(profile, indent=1))
+            if rank == 0:
+                print("profile of step %d on rank 0 (kernel ms by family): %s" % (
+                    step, json.dumps({k: round(v, 1) for k, v in profile["families_ms"].items()})), flush=True)
         stats = plan_summary(plans)
         # The step's plans go back now: kept until the next step's were made, they doubled the plans' device
         # memory (server-batch scratch and wire buffers) at every step's start.
@@ -329,7 +383,8 @@ def train(args):
                   "step_s": [g[1] for g in gathered],
                   "peak_memory_gib": [g[4] for g in gathered], "plan_ms": [g[5] for g in gathered],
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
-                  "ping_pong": split, "nano_tokens": [[sum(d) for d in n] for n in nanos]}
+                  "ping_pong": split, "nano_tokens": [[sum(d) for d in n] for n in nanos],
+                  "profiled": profiler is not None}
         if stats:
             record["nano_imbalance"] = stats["nano_imbalance"]
             record["forward_bytes_sent_by_rank"] = stats["forward_bytes_sent_by_rank"]
@@ -340,7 +395,7 @@ def train(args):
                   f"[{', '.join(f'{a:.3f}' for a in record['attention_s'])}]  imbalance {imbalance:.3f} "
                   f"(colocated {colocated:.3f}){mode}", flush=True)
     if rank == 0:
-        tail = history[1:] or history
+        tail = [r for r in history[1:] if not r["profiled"]] or history  # step 0 warms up; profiling slows
         summary = {"attention": args.attention, "balancer": args.balancer if args.attention == "cad" else None,
                    "ranks": world, "context": args.context, "layers": args.layers, "steps": args.steps,
                    "hidden": args.hidden, "intermediate": args.intermediate or args.hidden * 3,
@@ -389,6 +444,10 @@ def parse_args(argv=None):
                         "cad.ping_pong; same loss and gradients as without. A step where a rank holds one "
                         "document runs unsplit, with a note (its record says \"ping_pong\": false)")
     p.add_argument("--json-out", default=None, help="write every step's record and the summary here (rank 0)")
+    p.add_argument("--profile-step", type=int, default=-1,
+                   help="run this step under torch.profiler and write, per rank, its GPU kernel time by family "
+                        "(attention, cad data path, nccl, gemm, other) and its top kernels to "
+                        "<json-out stem>_profile_rank<R>.json (default -1: no profiling)")
     args = p.parse_args(argv)
     if args.dtype is None:
         args.dtype = "bf16" if args.device == "cuda" else "fp32"

@@ -132,3 +132,40 @@ def test_ping_pong_trains_the_same(tmp_path, attention, balancer, seed):
         [r["ping_pong"] for r in pp["steps"]]
     if unsplit:
         assert any("ping-pong off for this step: rank(s) [0] hold one document" in line for line in lines), out
+
+
+# ---- what every step records, and --profile-step -------------------------------------------------------------
+def test_kernel_families():
+    t = _trainer_module()
+    assert t.kernel_family("void cad::kernels::detail::attention_bwd_sm90_ws_kernel<128, 2>(BwdParams)") == "attention"
+    assert t.kernel_family("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
+    assert t.kernel_family("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == "nccl"
+    assert t.kernel_family("void cad::kernels::copy_row_ranges_kernel(RowCopy const*, long)") == "cad data path"
+    assert t.kernel_family("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "gemm"
+    assert t.kernel_family("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT") == "gemm"
+    assert t.kernel_family("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"
+
+
+@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
+def test_profiled_step_is_recorded_apart(tmp_path):
+    """--profile-step 1: every rank writes its profile of step 1; that step is marked and left out of the
+    summary's means; profiling changes no loss. Every record has each rank's step time, peak memory (0 on CPU)
+    and plan time (CAD's plan is made in every step)."""
+    args = ("--balancer", "prefix_aware", "--seed", "1")
+    plain, _ = _run(tmp_path, "cad", *args)
+    profiled, out = _run(tmp_path, "cad", *args, "--profile-step", "1")
+    assert [r["profiled"] for r in profiled["steps"]] == [False, True, False]
+    for a, b in zip(plain["steps"], profiled["steps"]):
+        assert a["losses"] == pytest.approx(b["losses"], rel=1e-6)
+    summary = profiled["summary"]
+    assert summary["mean_step_s_after_step0"] == pytest.approx(max(profiled["steps"][2]["step_s"]), rel=1e-12)
+    for record in profiled["steps"]:
+        assert len(record["step_s"]) == 2 and all(s > 0 for s in record["step_s"])
+        assert record["peak_memory_gib"] == [0.0, 0.0]
+        assert len(record["plan_ms"]) == 2 and all(ms > 0 for ms in record["plan_ms"]), record["plan_ms"]
+    json_out = next(tmp_path.glob("cad*--profile-step1.json"))
+    for rank in (0, 1):
+        profile = json.loads(json_out.with_name(f"{json_out.stem}_profile_rank{rank}.json").read_text())
+        assert profile["rank"] == rank and profile["step"] == 1 and profile["step_s"] > 0
+        assert isinstance(profile["families_ms"], dict) and isinstance(profile["kernels"], list)
+    assert "profile of step 1 on rank 0" in out
