@@ -107,4 +107,31 @@ void barrier(NcclContext& ctx, cudaStream_t stream) {
   });
 }
 
+void connect_peers(NcclContext& ctx) {
+  const int world = ctx.world_size();
+  if (world < 2) return;
+  DeviceScope scope(ctx.device());
+  cudaStream_t stream = nullptr;
+  char* bytes = nullptr;  // world bytes to send, then world to receive
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "connect_peers: cudaStreamCreate");
+  const cudaError_t allocated = cudaMalloc(&bytes, 2 * static_cast<size_t>(world));
+  if (allocated != cudaSuccess) cudaStreamDestroy(stream);
+  check_cuda(allocated, "connect_peers: cudaMalloc");
+  try {
+    std::vector<uint64_t> counts(static_cast<size_t>(world), 1), displs(static_cast<size_t>(world));
+    for (int p = 0; p < world; ++p) displs[static_cast<size_t>(p)] = static_cast<uint64_t>(p);
+    check_cuda(cudaMemsetAsync(bytes, 0, 2 * static_cast<size_t>(world), stream), "connect_peers: cudaMemsetAsync");
+    all_to_all_v(ctx, bytes, counts.data(), displs.data(), bytes + world, counts.data(), displs.data(), stream);
+    const cudaError_t synced = cudaStreamSynchronize(stream);
+    ctx.comm().check_usable();  // the watchdog's timeout or an NCCL error comes first
+    check_cuda(synced, "connect_peers: waiting for the exchange");
+  } catch (...) {
+    cudaFree(bytes);
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  cudaFree(bytes);
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace cad::nccl_comm

@@ -16,6 +16,7 @@ NcclConfig read_config(const char* config_json, const plugin::Logger& logger) {
       static_cast<uint64_t>(reader.get_int("chunk_bytes", static_cast<int64_t>(config.chunk_bytes), 1, INT64_MAX));
   config.verify_counts = reader.get_bool("verify_counts", config.verify_counts);
   config.blocking_comm = reader.get_bool("blocking_comm", config.blocking_comm);
+  config.connect_peers = reader.get_bool("connect_peers", config.connect_peers);
   reader.finish(logger);
   return config;
 }

@@ -20,6 +20,11 @@ struct NcclConfig {
   // but a call whose enqueue waits for a peer that never comes (first use of a connection) blocks
   // the host with no deadline, and create has no deadline. Off by default.
   bool blocking_comm = false;
+  // Create exchanges one byte with every peer (a grouped send/recv, waited for), so that NCCL sets up every
+  // pair's connection then. NCCL connects send/recv peers on first use, which costs a few hundred ms per new
+  // set of pairs, and CAD's plans change their pairs from step to step (docs/nccl.md: what that looked like
+  // on 4 H200s). Off: connections stay lazy (less memory at large scale for pairs that never talk).
+  bool connect_peers = true;
 };
 
 NcclConfig read_config(const char* config_json, const plugin::Logger& logger);

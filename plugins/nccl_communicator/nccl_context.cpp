@@ -1,6 +1,7 @@
 // nccl_context.cpp -- creating and destroying one "nccl" communicator instance.
 #include "nccl_context.h"
 
+#include "nccl_collectives.h"
 #include "nccl_errors.h"
 
 namespace cad::nccl_comm {
@@ -41,8 +42,18 @@ NcclContext::NcclContext(const cad_host_services_v1_t* services, const char* con
     cudaFree(count_table_);
     throw;
   }
-  logger_.debug(format("rank %d of %d on CUDA device %d (bootstrap: %s)", rank_, world_size_, device_,
-                       boot.method.c_str()));
+  if (config_.connect_peers) {
+    try {
+      connect_peers(*this);
+    } catch (...) {
+      comm_.reset();
+      cudaFree(barrier_word_);
+      cudaFree(count_table_);
+      throw;
+    }
+  }
+  logger_.debug(format("rank %d of %d on CUDA device %d (bootstrap: %s%s)", rank_, world_size_, device_,
+                       boot.method.c_str(), config_.connect_peers ? ", every peer connected" : ""));
 }
 
 NcclContext::~NcclContext() {
