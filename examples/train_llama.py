@@ -291,9 +291,26 @@ def profile_summary(profiler, top=25):
                         for n, (c, ms) in ranked]}
 
 
+def configurations(args):
+    """What to train, as (name, args): the one configuration of --attention/--balancer/--ping-pong, or each of
+    --configs with --json-out's {config} filled in by its name."""
+    if not args.configs:
+        return [(None, args)]
+    runs = []
+    for name in args.configs.split(","):
+        run = argparse.Namespace(**vars(args))
+        balancer, _, mode = name.partition("+")
+        run.attention = "local" if balancer == "local" else "cad"
+        run.balancer = args.balancer if balancer == "local" else balancer
+        run.ping_pong = mode == "pp"
+        label = balancer + ("_pingpong" if run.ping_pong else "")
+        run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
+        runs.append((label, run))
+    return runs
+
+
 def train(args):
     import cad
-    import cad.hf
 
     distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
     # NCCL for the gradients only where CAD uses NCCL too (one process per GPU); processes sharing a GPU
@@ -308,13 +325,32 @@ def train(args):
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    lengths = json.loads(pathlib.Path(args.data).read_text())
+    for label, run in configurations(args):
+        if label is not None and rank == 0:
+            print(f"==== configuration {label}", flush=True)
+        train_one(run, rank, world, device, backend, lengths)
+        if device.type == "cuda":  # the next configuration starts from the same empty allocator
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    cad.shutdown()
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def train_one(args, rank, world, device, backend, lengths):
+    """One configuration: a fresh model (the same weights every time), optimizer and CAD stack; its steps; its
+    summary and --json-out."""
+    import cad
+    import cad.hf
+
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms)
     # Attention times wait for the GPU around every call, except with ping-pong on CUDA, where waiting would
     # serialise the two nano-batches' streams: there they count only the enqueue (recorded in the summary).
     synced_timing = not (args.ping_pong and device.type == "cuda")
     cad.timing(sync_cuda=synced_timing)
-    lengths = json.loads(pathlib.Path(args.data).read_text())
     model = build_model(args, device, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     history = []
@@ -410,10 +446,6 @@ def train(args):
         print("summary " + json.dumps(summary), flush=True)
         if args.json_out:
             pathlib.Path(args.json_out).write_text(json.dumps({"summary": summary, "steps": history}, indent=1))
-    cad.shutdown()
-    if distributed:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def parse_args(argv=None):
@@ -443,7 +475,14 @@ def parse_args(argv=None):
                         "each rank and stays whole in its nano-batch), one plan each, decoder layers through "
                         "cad.ping_pong; same loss and gradients as without. A step where a rank holds one "
                         "document runs unsplit, with a note (its record says \"ping_pong\": false)")
-    p.add_argument("--json-out", default=None, help="write every step's record and the summary here (rank 0)")
+    p.add_argument("--json-out", default=None, help="write every step's record and the summary here (rank 0); "
+                   "with --configs it must contain {config}, replaced by each configuration's name")
+    p.add_argument("--configs", default=None,
+                   help="train several configurations one after another in this process (one start-up): a comma "
+                        "list of 'local' (local attention) or a balancer name (CAD), each optionally with '+pp' "
+                        "(--ping-pong), e.g. local,prefix_aware,distca+pp. Each starts from the same "
+                        "weights; its JSON is --json-out with {config} = local or the balancer, "
+                        "+ '_pingpong' with ping-pong. Overrides --attention, --balancer, --ping-pong")
     p.add_argument("--profile-step", type=int, default=-1,
                    help="run this step under torch.profiler and write, per rank, its GPU kernel time by family "
                         "(attention, cad data path, nccl, gemm, other) and its top kernels to "
@@ -455,6 +494,13 @@ def parse_args(argv=None):
         p.error("--hidden must divide by --heads, and --heads by --kv-heads")
     if args.intermediate < 0:
         p.error(f"--intermediate must be positive (or 0 for 3 x --hidden), got {args.intermediate}")
+    if args.configs is not None:
+        names = args.configs.split(",")
+        bad = [n for n in names if not n.partition("+")[0] or n.partition("+")[2] not in ("", "pp")]
+        if bad:
+            p.error(f"--configs: {bad[0]!r} is not 'local' or a balancer name, optionally with '+pp'")
+        if args.json_out and "{config}" not in args.json_out:
+            p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     return args
 
 

@@ -6,7 +6,7 @@
 #      bad calls, a stream of another GPU);
 #   3. faults over NCCL: rank 1 skips a forward, or dies mid-step; every survivor must exit with an error
 #      within the timeout (3 s) plus a margin -- never hang;
-#   4. the end-to-end step: examples/train_llama.py under torchrun, Llama shape (hidden 4096, 32 heads, 8 KV
+#   4. the end-to-end step: examples/train_llama.py --configs under torchrun (one process per context), Llama shape (hidden 4096, 32 heads, 8 KV
 #      heads, MLP 14336), bf16, Pretrain batches of 64K/128K/256K tokens per GPU, local attention vs
 #      per_doc_cp, distca and prefix_aware, and distca and prefix_aware again with --ping-pong (two
 #      nano-batches per GPU, a plan each, layers through cad.ping_pong; with ping-pong the per-rank attention
@@ -65,27 +65,33 @@ if [ "$NGPU" -ge 2 ]; then
   done
 fi
 
-# The end-to-end step. Layers enough to time a step well but to fit 8 ranks' memory at 256K.
-train() {  # train NAME ARGS...
-  local name="$1"; shift
-  timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" examples/train_llama.py \
+# The end-to-end step. Per context one torchrun trains every configuration in turn (--configs: one start-up of
+# about 25 s instead of six); a configuration whose JSON is missing afterwards (the process died, e.g. out of
+# memory) is run again alone, so one failure costs only itself. Its log says which.
+CONFIGS="${CONFIGS:-local,prefix_aware,per_doc_cp,distca,prefix_aware+pp,distca+pp}"
+trainer() {  # trainer LOG ARGS...
+  local log="$1"; shift
+  timeout 1500 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" examples/train_llama.py \
     --device cuda --hidden 4096 --intermediate 14336 --heads 32 --kv-heads 8 --steps "${STEPS:-6}" \
-    --profile-step "${PROFILE_STEP:-2}" \
-    --json-out "$OUT/train_$name.json" "$@" > "$OUT/train_$name.log" 2>&1
-  record "train $name" $?
-  grep -E "^summary" "$OUT/train_$name.log" | tail -1 | tee -a "$SUMMARY"
+    --profile-step "${PROFILE_STEP:-2}" "$@" > "$log" 2>&1
 }
 export CAD_PLUGIN_PATH="$PWD/$BUILD/lib/cad/plugins" CAD_HOST_LIBRARY="$PWD/$BUILD/lib/libcad_host.so"
 export PYTHONPATH="$PWD/host_adapter/python"
 for ctx in ${CONTEXTS:-65536 131072 262144}; do
   layers=$(( ${LAYER_TOKENS:-262144} / ctx )); [ "$layers" -ge 1 ] || layers=1
-  train "local_${ctx}" --attention local --context "$ctx" --layers "$layers"
-  for balancer in prefix_aware per_doc_cp distca; do
-    train "${balancer}_${ctx}" --attention cad --balancer "$balancer" --context "$ctx" --layers "$layers"
-  done
-  for balancer in prefix_aware distca; do
-    train "${balancer}_pingpong_${ctx}" --attention cad --balancer "$balancer" --context "$ctx" --layers "$layers" \
-      --ping-pong
+  trainer "$OUT/train_all_${ctx}.log" --configs "$CONFIGS" --context "$ctx" --layers "$layers" \
+    --json-out "$OUT/train_{config}_${ctx}.json"
+  record "train $CONFIGS at $ctx tokens/GPU (one process)" $?
+  for config in ${CONFIGS//,/ }; do
+    name="${config/+pp/_pingpong}"
+    if [ -f "$OUT/train_${name}_${ctx}.json" ]; then
+      python3 -c "import json,sys; print('summary', json.dumps(json.load(open(sys.argv[1]))['summary']))" \
+        "$OUT/train_${name}_${ctx}.json" | tee -a "$SUMMARY"
+    else
+      trainer "$OUT/train_${name}_${ctx}.log" --configs "$config" --context "$ctx" --layers "$layers" \
+        --json-out "$OUT/train_{config}_${ctx}.json"
+      record "train $name at $ctx alone (missing after the shared run)" $?
+    fi
   done
   python3 tests/multi_gpu/table.py "$OUT" > "$OUT/table.md" 2>&1; pack
 done

@@ -169,3 +169,38 @@ def test_profiled_step_is_recorded_apart(tmp_path):
         assert profile["rank"] == rank and profile["step"] == 1 and profile["step_s"] > 0
         assert isinstance(profile["families_ms"], dict) and isinstance(profile["kernels"], list)
     assert "profile of step 1 on rank 0" in out
+
+
+@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
+def test_configs_in_one_process_train_as_separate_runs(tmp_path):
+    """--configs local,prefix_aware,prefix_aware+pp: one process trains the three configurations in turn, each
+    from the same weights with its own CAD stack, and writes the JSON a separate run of each writes."""
+    args = ("--balancer", "prefix_aware", "--seed", "1")
+    separate = {"local": _run(tmp_path, "local", *args)[0], "prefix_aware": _run(tmp_path, "cad", *args)[0],
+                "prefix_aware_pingpong": _run(tmp_path, "cad", *args, "--ping-pong")[0]}
+    out = tmp_path / "sweep_{config}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAINER),
+           "--configs", "local,prefix_aware,prefix_aware+pp", "--context", "512", "--layers", "2", "--steps", "3",
+           "--hidden", "64", "--intermediate", "96", "--seed", "1", "--data", str(DATA), "--timeout-ms", "60000",
+           "--json-out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("==== configuration ") == 3
+    for label, alone in separate.items():
+        swept = json.loads((tmp_path / f"sweep_{label}.json").read_text())
+        for key in ("attention", "balancer", "ping_pong", "layers", "context"):
+            assert swept["summary"][key] == alone["summary"][key], (label, key)
+        for a, b in zip(alone["steps"], swept["steps"]):
+            assert a["losses"] == pytest.approx(b["losses"], rel=1e-6), (label, a["step"])
+            assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6), (label, a["step"])
+
+
+def test_configs_are_checked():
+    for configs, message in (("local,bogus+x", "'bogus+x' is not"), ("+pp", "'+pp' is not"),
+                             ("local,,prefix_aware", "'' is not")):
+        done = subprocess.run([sys.executable, str(TRAINER), "--configs", configs], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2 and message in done.stderr, (configs, done.stderr)
+    done = subprocess.run([sys.executable, str(TRAINER), "--configs", "local", "--json-out", "x.json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "must contain {config}" in done.stderr
