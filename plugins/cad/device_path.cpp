@@ -9,8 +9,9 @@
 #include <cstring>
 
 #include "cad_kernels.h"
-#include "device_scope.h"
+#include "cuda_check.h"
 #include "data_path.h"
+#include "device_scope.h"
 #include "wire_tables.h"
 
 namespace cad::cad_plugin {
@@ -20,13 +21,6 @@ using plugin::fail;
 using plugin::format;
 
 namespace {
-
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    fail(CAD_STATUS_DEVICE_ERROR, format("cad: %s failed: %s (%s)", what, cudaGetErrorName(err), cudaGetErrorString(err)));
-  }
-}
 
 // Makes `device` current for the scope of one call (kernels/device_scope.h); a failure to switch throws.
 class DeviceScope {

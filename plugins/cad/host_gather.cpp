@@ -8,24 +8,12 @@
 #include <memory>
 
 #include "comm.h"
+#include "cuda_check.h"
 #include "device_scope.h"
-#include "plugin_support.h"
 
 namespace cad::cad_plugin {
 
-using plugin::fail;
 using plugin::format;
-
-namespace {
-
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    fail(CAD_STATUS_DEVICE_ERROR, format("cad: %s failed: %s (%s)", what, cudaGetErrorName(err), cudaGetErrorString(err)));
-  }
-}
-
-}  // namespace
 
 struct HostGatherStaging {
   int device = 0;
