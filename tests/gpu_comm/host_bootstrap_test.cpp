@@ -17,6 +17,7 @@
 //   refusals (no GPU needed; all that --refusals-only runs, as the CPU ctest does):
 //     no_callback    "bootstrap": "host", no callback lent        -> INVALID_CONFIG naming bootstrap_all_gather
 //     bad_rank       callback lent, rank 2 of world 2             -> INVALID_CONFIG, callback never called
+//     bad_connect_peers  "connect_peers": "yes"                    -> INVALID_CONFIG naming the key
 //   failures (one GPU):
 //     callback_error the callback returns COMMUNICATION           -> create fails COMMUNICATION naming the
 //                                                                    bootstrap and the callback
@@ -572,6 +573,23 @@ int phase_bad_rank(const Options& o) {
   return ok ? kPass : kFail;
 }
 
+// connect_peers (create's one-byte exchange with every peer) is a boolean; a string is refused naming the key,
+// before CUDA or the callback are touched.
+int phase_bad_connect_peers(const Options& o) {
+  Checks c("bad_connect_peers");
+  RankSpec spec;
+  spec.plugin = o.plugin;
+  spec.comm_config = R"({"bootstrap": "host", "device": 0, "connect_peers": "yes"})";
+  spec.world = 2;
+  spec.member.x = new_exchange(2);
+  spec.member.rank = 0;
+  LogSink sink;
+  const Created h = create_host(spec, &sink);
+  bool ok = expect_refusal(c, h, CAD_STATUS_INVALID_CONFIG, {"connect_peers"});
+  ok &= c.check(spec.member.x->calls[0].load() == 0, "the callback was not called (%u calls)", spec.member.x->calls[0].load());
+  return ok ? kPass : kFail;
+}
+
 int phase_callback_error(const Options& o) {
   Checks c("callback_error");
   RankSpec spec;
@@ -858,6 +876,7 @@ int main(int argc, char** argv) {
   Tally tally;
   run_phase(tally, o, "no_callback", 30, [&] { return phase_no_callback(o); });
   run_phase(tally, o, "bad_rank", 30, [&] { return phase_bad_rank(o); });
+  run_phase(tally, o, "bad_connect_peers", 30, [&] { return phase_bad_connect_peers(o); });
   if (!o.refusals_only) {
     std::string why;
     const int devices = count_devices(&why);
