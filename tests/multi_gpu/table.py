@@ -19,6 +19,8 @@ trainer's --profile-step. Per step:
 - ping-pong saved: the same balancer's step time without ping-pong minus with it.
 - peak GiB: the largest rank's torch.cuda.max_memory_allocated over the step; plan ms: the largest rank's host
   time to make the step's plan(s) (plan stats' plan_ms; outside the timed attention calls). Older runs lack both.
+With --profile-step files beside them (train_<config>_<context>_profile_rank<R>.json), a second table gives the
+profiled step's GPU kernel time by family, the largest rank's.
 Losses are compared with the local run's: the same batches and weights must give the same losses up to bf16
 rounding, which the last column shows (max relative difference over the steps).
 """
@@ -101,6 +103,22 @@ def rows_for(context, runs, first):
     return lines
 
 
+FAMILIES = ("attention", "cad data path", "nccl", "gemm", "other")
+
+
+def profile_rows(out, runs):
+    """Per (context, configuration) with profiles (--profile-step): the largest rank's kernel ms per family."""
+    lines = []
+    for context, name in sorted(runs, key=lambda k: (k[0], ORDER.index(k[1]) if k[1] in ORDER else len(ORDER))):
+        files = sorted(pathlib.Path(out).glob(f"train_{name}_{context}_profile_rank*.json"))
+        if not files:
+            continue
+        profiles = [json.loads(f.read_text()) for f in files]
+        cells = " | ".join(f"{max(p['families_ms'].get(f, 0.0) for p in profiles):.0f}" for f in FAMILIES)
+        lines.append(f"| {context // 1024}K | {name} | {profiles[0]['step']} | {len(profiles)} | {cells} |")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="the folder holding train_<config>_<context>.json")
@@ -116,6 +134,12 @@ def main():
     print("|" + " ---: |" * 16)
     for context in sorted({c for c, _ in runs}):
         print("\n".join(rows_for(context, runs, args.steps_from)))
+    profiled = profile_rows(args.out, runs)
+    if profiled:
+        print("\nGPU kernel time of the profiled step, largest rank, ms (kernels on different streams overlap):\n")
+        print("| tokens/GPU | config | step | ranks | " + " | ".join(FAMILIES) + " |")
+        print("|" + " ---: |" * (4 + len(FAMILIES)))
+        print("\n".join(profiled))
 
 
 if __name__ == "__main__":

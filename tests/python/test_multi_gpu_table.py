@@ -1,0 +1,72 @@
+"""tests/multi_gpu/table.py on hand-made trainer records: the numbers docs/multi_gpu.md quotes (speedup, ideal
+speedup from the local run's measured parts, share of ideal, ratio to per_doc_cp, ping-pong saving, loss
+agreement), the profiled step left out, and the profile table."""
+import json
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TABLE = REPO / "tests" / "multi_gpu" / "table.py"
+
+
+def record(step, step_s, attention_s, loss=7.0, profiled=False, sent=None):
+    r = {"step": step, "loss": loss, "losses": [loss] * len(step_s), "tokens_per_s": 1000.0 / max(step_s),
+         "step_s": step_s, "attention_s": attention_s, "imbalance": 1.5, "profiled": profiled,
+         "peak_memory_gib": [10.0, 12.5], "plan_ms": [3.0, 4.0]}
+    if sent is not None:
+        r["forward_bytes_sent_by_rank"] = sent
+    return r
+
+
+def write(tmp, name, steps, layers=4, timing="synchronized"):
+    run = {"summary": {"layers": layers, "attention_timing": timing}, "steps": steps}
+    (tmp / f"train_{name}_65536.json").write_text(json.dumps(run))
+
+
+def table(tmp):
+    done = subprocess.run([sys.executable, str(TABLE), str(tmp)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = {}
+    for line in done.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) > 2 and cells[0] == "64K":
+            rows[cells[1]] = cells
+    return rows, done.stdout
+
+
+def test_ideal_speedup_share_and_ratios(tmp_path):
+    # local: two ranks; steps 1-2 counted (step 0 warms up, step 3 profiled). Step 1: 2.0 s, attention 1.0 / 0.2
+    # -> ideal 2.0 - 1.0 + 0.6 = 1.6; step 2: 3.0 s, attention 1.5 / 0.5 -> ideal 2.5. Means: 2.5 s, ideal 2.05.
+    write(tmp_path, "local", [record(0, [9.0, 9.0], [5.0, 5.0]), record(1, [2.0, 1.9], [1.0, 0.2]),
+                              record(2, [3.0, 2.8], [1.5, 0.5]), record(3, [99.0, 99.0], [50.0, 50.0], profiled=True)])
+    write(tmp_path, "per_doc_cp", [record(i, [t, t], [0.5, 0.5], sent=[2**20, 2**20])
+                                   for i, t in enumerate([9.0, 2.5, 2.5, 2.5])])
+    write(tmp_path, "prefix_aware", [record(i, [t, t], [0.5, 0.5], loss=7.0 * (1 + 1e-3), sent=[2**21, 2**21])
+                                     for i, t in enumerate([9.0, 2.0, 2.0, 2.0])])
+    write(tmp_path, "prefix_aware_pingpong", [record(i, [t, t], [0.1, 0.1], sent=[2**21, 2**21])
+                                              for i, t in enumerate([9.0, 1.8, 1.8, 1.8])],
+          timing="enqueue only (ping-pong on CUDA)")
+    rows, _ = table(tmp_path)
+    local, per_doc, ours, pp = rows["local"], rows["per_doc_cp"], rows["prefix_aware"], rows["prefix_aware_pingpong"]
+    # columns: context, config, layers, step ms, tokens/s K, speedup, ideal, share, vs per_doc_cp, measured
+    # max/mean, plan imbalance, fwd MiB, ping-pong saved, loss diff, peak GiB, plan ms
+    assert local[3] == "2500" and local[5] == "1.000"
+    assert local[6] == "1.220"                                   # 2.5 / 2.05
+    assert ours[3] == "2000" and ours[5] == "1.250" and ours[6] == "1.220" and ours[7] == "1.02"
+    assert ours[8] == "1.250"                                    # per_doc_cp 2.5 s / 2.0 s
+    assert per_doc[5] == "1.000" and per_doc[8] == "1.000"
+    assert local[9] == "1.58"                                    # mean of 1.0/0.6 and 1.5/1.0
+    assert ours[11] == "4" and per_doc[11] == "2"                # MiB per layer over all ranks
+    assert pp[9] == "-" and pp[12] == "200"                      # enqueue-only timing; 2.0 - 1.8 s saved
+    assert ours[13] == "1.0e-03" and local[13] == "0.0e+00"
+    assert ours[14] == "12.5" and ours[15] == "4" and local[15] == "-"
+
+
+def test_profile_table(tmp_path):
+    write(tmp_path, "local", [record(i, [1.0, 1.0], [0.2, 0.1]) for i in range(3)])
+    for rank, ms in ((0, 10.0), (1, 30.0)):
+        (tmp_path / f"train_local_65536_profile_rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "step": 2, "families_ms": {"attention": ms, "gemm": 2 * ms}, "kernels": []}))
+    _, out = table(tmp_path)
+    assert "| 64K | local | 2 | 2 | 30 | 0 | 0 | 60 | 0 |" in out, out
