@@ -504,6 +504,25 @@ def parse_args(argv=None):
     return args
 
 
-if __name__ == "__main__":
-    train(parse_args())
+def main():
+    args = parse_args()
+    try:
+        train(args)
+    except BaseException:
+        if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) <= 1:
+            raise
+        # A failed rank leaves at once, skipping the interpreter's teardown: that teardown destroys the NCCL
+        # communicators, which waits for peers still inside a collective, so the launcher saw the rank alive
+        # until every peer's timeout had passed (120 s on 4 GPUs, 2026-11-26). Exiting now lets torchrun end
+        # the peers right away.
+        import traceback
+        traceback.print_exc()
+        sys.stderr.write(f"train_llama: rank {os.environ.get('RANK', '?')} failed; exiting without teardown\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -204,3 +204,17 @@ def test_configs_are_checked():
     done = subprocess.run([sys.executable, str(TRAINER), "--configs", "local", "--json-out", "x.json"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "must contain {config}" in done.stderr
+
+
+@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
+def test_a_failed_rank_exits_at_once_with_its_traceback(tmp_path):
+    """Under torchrun a rank whose training raises prints the traceback and leaves without the interpreter's
+    teardown (which waits on NCCL peers); here every rank fails at its first plan (no such balancer plugin)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAINER),
+           "--attention", "cad", "--balancer", "no_such_balancer", "--context", "512", "--layers", "1", "--steps", "2",
+           "--hidden", "64", "--intermediate", "96", "--data", str(DATA), "--timeout-ms", "60000"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    assert "no_such_balancer" in done.stderr, done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"train_llama: rank {rank} failed; exiting without teardown" in done.stderr, done.stderr[-3000:]
