@@ -511,10 +511,10 @@ def main():
     except BaseException:
         if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) <= 1:
             raise
-        # A failed rank leaves at once, skipping the interpreter's teardown: that teardown destroys the NCCL
-        # communicators, which waits for peers still inside a collective, so the launcher saw the rank alive
-        # until every peer's timeout had passed (120 s on 4 GPUs, 2026-11-26). Exiting now lets torchrun end
-        # the peers right away.
+        # A failed rank leaves at once, skipping the interpreter's teardown. On 4 GPUs (2026-11-26) a rank out
+        # of memory stayed alive until every peer's 120 s timeout had passed, most likely in that teardown
+        # (destroying NCCL communicators whose peers are still inside a collective). Exiting now lets torchrun
+        # end the peers right away.
         import traceback
         traceback.print_exc()
         sys.stderr.write(f"train_llama: rank {os.environ.get('RANK', '?')} failed; exiting without teardown\n")
