@@ -472,12 +472,26 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
     DeviceSaved& s = *keep->device;
     s.device = dp.device;
     s.stream = call_stream;
-    s.q = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * q_bytes), args->stream, "the kept server Q");
-    s.k = allocate(ctx, dp.device, static_cast<size_t>(batch.kv_rows * kv_bytes), args->stream, "the kept server K");
-    s.v = allocate(ctx, dp.device, static_cast<size_t>(batch.kv_rows * kv_bytes), args->stream, "the kept server V");
-    s.o = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * q_bytes), args->stream, "the kept server O");
-    s.lse = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * hq) * sizeof(float), args->stream,
-                     "the kept server LSE");
+    try {
+      s.q = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * q_bytes), args->stream, "the kept server Q");
+      s.k = allocate(ctx, dp.device, static_cast<size_t>(batch.kv_rows * kv_bytes), args->stream, "the kept server K");
+      s.v = allocate(ctx, dp.device, static_cast<size_t>(batch.kv_rows * kv_bytes), args->stream, "the kept server V");
+      s.o = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * q_bytes), args->stream, "the kept server O");
+      s.lse = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * hq) * sizeof(float), args->stream,
+                       "the kept server LSE");
+    } catch (const plugin::Failure&) {
+      // Out of memory before any exchange: the peers wait for this rank's part of them. Run the call drained
+      // (the same collectives on the plan's wire buffers, nothing computed), then report. Without it the
+      // peers waited for the communicator's timeout (a trainer on 4 GPUs, 2026-11-26).
+      keep->device.reset();
+      try {
+        CallStats ignored;
+        device_forward(ctx, plan, shape, args, nullptr, ignored, /*drain=*/true);
+      } catch (const plugin::Failure&) {
+        // The allocation's failure is the one to report; a broken exchange shows on the peers too.
+      }
+      throw;
+    }
     q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
     stats.saved_bytes = total_bytes(s.buffers());
   }
