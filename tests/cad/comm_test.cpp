@@ -31,7 +31,7 @@ struct Fake {
   int zero_byte_calls = 0;
   bool saw_device_pointers = true;  // every non-empty call's buffers were device memory (CUDA fake)
   bool saw_stream = true;           // every call on the CUDA fake came with a stream
-  const void* last_send = nullptr;
+  const void* last_send = nullptr;  // of the last call that moved bytes
   cad_status_t fail_zero_byte = CAD_STATUS_OK;  // what the zero-byte check returns (an aborted communicator)
   std::string error;
 };
@@ -63,12 +63,12 @@ bool is_device_memory(const void* p) {
 cad_status_t all_gather(void* ctx, const void* send, uint64_t bytes, void* recv, void* stream) {
   Fake& f = *static_cast<Fake*>(ctx);
   ++f.calls;
-  f.last_send = send;
   if (bytes == 0) {
     ++f.zero_byte_calls;
     if (f.fail_zero_byte != CAD_STATUS_OK) f.error = "the collective was aborted after its timeout";
     return f.fail_zero_byte;
   }
+  f.last_send = send;
   if (f.device_type == CAD_DEVICE_CPU) {
     std::memcpy(recv, send, bytes);
     std::memset(static_cast<unsigned char*>(recv) + bytes, kPeerByte, bytes);
