@@ -354,7 +354,13 @@ def train_one(args, rank, world, device, backend, lengths):
     model = build_model(args, device, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     history = []
-    for step in range(args.steps):
+    # --profile-step N: after the timed steps, step N's batch once more under the profiler (the timed steps
+    # stay unprofiled, so every configuration's means cover the same batches).
+    schedule = [(step, False) for step in range(args.steps)]
+    if args.profile_step >= 0:
+        schedule.append((args.profile_step, True))
+    profiled_record = None
+    for step, profiling in schedule:
         batch = sample_batch(lengths, args.context, world, args.seed + 1000 * step)
         docs_by_rank = [docs or [args.context] for docs in batch]
         mine = docs_by_rank[rank]
@@ -369,7 +375,7 @@ def train_one(args, rank, world, device, backend, lengths):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
         profiler = None
-        if step == args.profile_step:
+        if profiling:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if device.type == "cuda":
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -424,14 +430,17 @@ def train_one(args, rank, world, device, backend, lengths):
         if stats:
             record["nano_imbalance"] = stats["nano_imbalance"]
             record["forward_bytes_sent_by_rank"] = stats["forward_bytes_sent_by_rank"]
-        history.append(record)
+        if profiling:
+            profiled_record = record
+        else:
+            history.append(record)
         if rank == 0:
-            mode = "  ping-pong" if split else ""
+            mode = ("  ping-pong" if split else "") + ("  (profiled again)" if profiling else "")
             print(f"step {step:3d}  loss {record['loss']:.5f}  {record['tokens_per_s']:9.0f} tok/s  attention s/rank "
                   f"[{', '.join(f'{a:.3f}' for a in record['attention_s'])}]  imbalance {imbalance:.3f} "
                   f"(colocated {colocated:.3f}){mode}", flush=True)
     if rank == 0:
-        tail = [r for r in history[1:] if not r["profiled"]] or history  # step 0 warms up; profiling slows
+        tail = history[1:] or history  # step 0 warms up
         summary = {"attention": args.attention, "balancer": args.balancer if args.attention == "cad" else None,
                    "ranks": world, "context": args.context, "layers": args.layers, "steps": args.steps,
                    "hidden": args.hidden, "intermediate": args.intermediate or args.hidden * 3,
@@ -445,7 +454,10 @@ def train_one(args, rank, world, device, backend, lengths):
                    "mean_imbalance": sum(r["imbalance"] for r in tail) / len(tail)}
         print("summary " + json.dumps(summary), flush=True)
         if args.json_out:
-            pathlib.Path(args.json_out).write_text(json.dumps({"summary": summary, "steps": history}, indent=1))
+            result = {"summary": summary, "steps": history}
+            if profiled_record is not None:
+                result["profiled_step"] = profiled_record
+            pathlib.Path(args.json_out).write_text(json.dumps(result, indent=1))
 
 
 def parse_args(argv=None):
@@ -484,9 +496,10 @@ def parse_args(argv=None):
                         "weights; its JSON is --json-out with {config} = local or the balancer, "
                         "+ '_pingpong' with ping-pong. Overrides --attention, --balancer, --ping-pong")
     p.add_argument("--profile-step", type=int, default=-1,
-                   help="run this step under torch.profiler and write, per rank, its GPU kernel time by family "
-                        "(attention, cad data path, nccl, gemm, other) and its top kernels to "
-                        "<json-out stem>_profile_rank<R>.json (default -1: no profiling)")
+                   help="after the timed steps, run this step's batch once more under torch.profiler and write, "
+                        "per rank, its GPU kernel time by family (attention, cad data path, nccl, gemm, other) and "
+                        "its top kernels to <json-out stem>_profile_rank<R>.json; its record is the JSON's "
+                        "\"profiled_step\", outside \"steps\" (default -1: no profiling)")
     args = p.parse_args(argv)
     if args.dtype is None:
         args.dtype = "bf16" if args.device == "cuda" else "fp32"
@@ -494,6 +507,8 @@ def parse_args(argv=None):
         p.error("--hidden must divide by --heads, and --heads by --kv-heads")
     if args.intermediate < 0:
         p.error(f"--intermediate must be positive (or 0 for 3 x --hidden), got {args.intermediate}")
+    if args.profile_step >= args.steps:
+        p.error(f"--profile-step must name one of the {args.steps} steps (0..{args.steps - 1}), got {args.profile_step}")
     if args.configs is not None:
         names = args.configs.split(",")
         bad = [n for n in names if not n.partition("+")[0] or n.partition("+")[2] not in ("", "pp")]

@@ -13,8 +13,8 @@
 #      times count only the enqueue, so those runs give step times). Layers: LAYER_TOKENS / context (default
 #      256K token-layers: 4 layers at 64K, 2 at 128K, 1 at 256K), so that every context's activations take the
 #      same memory (about 55 GB without recomputation) and fit an 80 GB H100; the table (table.py) comes last.
-#      Step PROFILE_STEP (default 2 of STEPS=6) runs under torch.profiler: per rank, GPU kernel time by family
-#      (attention, cad data path, nccl, gemm) in train_<name>_profile_rank<R>.json, left out of the means;
+#      After the STEPS=6 timed steps, step PROFILE_STEP's batch (default 3) runs again under torch.profiler: per
+#      rank, GPU kernel time by family (attention, cad data path, nccl, gemm) in train_<name>_profile_rank<R>.json;
 #   5. all_to_all_v bandwidth: ours through the plugin ABI against torch.distributed.all_to_all_single
 #      (bench/nccl, the same steps as tests/gpu_comm/run.sh), 1 MiB .. 1 GiB per rank.
 # Usage: NGPU=4 bash tests/multi_gpu/run.sh  (NGPU=1 is the dry run on one GPU). Logs under $OUT; with
@@ -73,7 +73,7 @@ trainer() {  # trainer LOG ARGS...
   local log="$1"; shift
   timeout 1500 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" examples/train_llama.py \
     --device cuda --hidden 4096 --intermediate 14336 --heads 32 --kv-heads 8 --steps "${STEPS:-6}" \
-    --profile-step "${PROFILE_STEP:-2}" "$@" > "$log" 2>&1
+    --profile-step "${PROFILE_STEP:-3}" "$@" > "$log" 2>&1
 }
 export CAD_PLUGIN_PATH="$PWD/$BUILD/lib/cad/plugins" CAD_HOST_LIBRARY="$PWD/$BUILD/lib/libcad_host.so"
 export PYTHONPATH="$PWD/host_adapter/python"

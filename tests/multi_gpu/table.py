@@ -4,8 +4,8 @@ trainer's --json-out files (train_<config>_<context>.json), as markdown.
 
     python3 tests/multi_gpu/table.py OUT_DIR [--steps-from 1]
 
-Every number is a mean over the steps from --steps-from on (step 0 warms up), leaving out a step run under the
-trainer's --profile-step. Per step:
+Every number is a mean over the steps from --steps-from on (step 0 warms up); the trainer's --profile-step run
+is outside "steps" (older files marked a profiled step inside them, which is left out). Per step:
 - step time: the slowest rank's wall time of forward + backward + gradient all-reduce + optimizer step;
 - the ideal step (from the `local` run of the same context, whose per-rank attention times are synchronised):
   the slowest rank's step with its attention time replaced by the mean rank's, i.e. attention perfectly

@@ -148,18 +148,23 @@ def test_kernel_families():
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
 def test_profiled_step_is_recorded_apart(tmp_path):
-    """--profile-step 1: every rank writes its profile of step 1; that step is marked and left out of the
-    summary's means; profiling changes no loss. Every record has each rank's step time, peak memory (0 on CPU)
-    and plan time (CAD's plan is made in every step)."""
+    """--profile-step 1: after the 3 timed steps, step 1's batch runs once more under the profiler; every rank
+    writes its profile, the JSON keeps that run as "profiled_step" outside "steps", and the timed steps (and so
+    the summary) are those of a run without profiling. Every record has each rank's step time, peak memory (0 on
+    CPU) and plan time (CAD's plan is made in every step)."""
     args = ("--balancer", "prefix_aware", "--seed", "1")
     plain, _ = _run(tmp_path, "cad", *args)
     profiled, out = _run(tmp_path, "cad", *args, "--profile-step", "1")
-    assert [r["profiled"] for r in profiled["steps"]] == [False, True, False]
+    assert [r["profiled"] for r in profiled["steps"]] == [False, False, False]
+    extra = profiled["profiled_step"]
+    assert extra["step"] == 1 and extra["profiled"] is True
+    assert extra["nano_tokens"] == profiled["steps"][1]["nano_tokens"]  # the same batch
     for a, b in zip(plain["steps"], profiled["steps"]):
         assert a["losses"] == pytest.approx(b["losses"], rel=1e-6)
     summary = profiled["summary"]
-    assert summary["mean_step_s_after_step0"] == pytest.approx(max(profiled["steps"][2]["step_s"]), rel=1e-12)
-    for record in profiled["steps"]:
+    timed = [max(r["step_s"]) for r in profiled["steps"][1:]]
+    assert summary["mean_step_s_after_step0"] == pytest.approx(sum(timed) / len(timed), rel=1e-12)
+    for record in profiled["steps"] + [extra]:
         assert len(record["step_s"]) == 2 and all(s > 0 for s in record["step_s"])
         assert record["peak_memory_gib"] == [0.0, 0.0]
         assert len(record["plan_ms"]) == 2 and all(ms > 0 for ms in record["plan_ms"]), record["plan_ms"]
@@ -196,6 +201,9 @@ def test_configs_in_one_process_train_as_separate_runs(tmp_path):
 
 
 def test_configs_are_checked():
+    done = subprocess.run([sys.executable, str(TRAINER), "--steps", "3", "--profile-step", "3"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "--profile-step must name one of the 3 steps (0..2), got 3" in done.stderr
     for configs, message in (("local,bogus+x", "'bogus+x' is not"), ("+pp", "'+pp' is not"),
                              ("local,,prefix_aware", "'' is not")):
         done = subprocess.run([sys.executable, str(TRAINER), "--configs", configs], capture_output=True, text=True,
