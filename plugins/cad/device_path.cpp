@@ -11,7 +11,6 @@
 #include "cad_kernels.h"
 #include "cuda_check.h"
 #include "data_path.h"
-#include "device_scope.h"
 #include "wire_tables.h"
 
 namespace cad::cad_plugin {
@@ -21,15 +20,6 @@ using plugin::fail;
 using plugin::format;
 
 namespace {
-
-// Makes `device` current for the scope of one call (kernels/device_scope.h); a failure to switch throws.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) : scope_(device) { check_cuda(scope_.error(), "selecting the CUDA device"); }
-
- private:
-  cad::kernels::DeviceScope scope_;
-};
 
 // Device memory from the host's allocate service, handed back in stream order on `stream`.
 struct DeviceBuffer {

@@ -9,11 +9,8 @@
 
 #include "comm.h"
 #include "cuda_check.h"
-#include "device_scope.h"
 
 namespace cad::cad_plugin {
-
-using plugin::format;
 
 struct HostGatherStaging {
   int device = 0;
@@ -30,8 +27,7 @@ struct HostGatherStaging {
 void HostGatherStagingDeleter::operator()(HostGatherStaging* staging) const { delete staging; }
 
 HostGatherStaging* make_host_gather_staging(int device) {
-  cad::kernels::DeviceScope scope(device);
-  check_cuda(scope.error(), format("selecting CUDA device %d for the communicator's all_gather", device).c_str());
+  DeviceScope scope(device);
   auto staging = std::make_unique<HostGatherStaging>();
   staging->device = device;
   check_cuda(cudaStreamCreateWithFlags(&staging->stream, cudaStreamNonBlocking), "creating the all_gather stream");
@@ -43,8 +39,7 @@ void staged_all_gather(HostGatherStaging& staging, Comm& comm, const void* send,
     comm.raw_all_gather(nullptr, 0, nullptr, staging.stream);
     return;
   }
-  cad::kernels::DeviceScope scope(staging.device);
-  check_cuda(scope.error(), "selecting the communicator's CUDA device");
+  DeviceScope scope(staging.device);
   const size_t world = static_cast<size_t>(comm.world());
   const size_t needed = bytes * (world + 1);  // world blocks received, then this rank's block to send
   if (needed > staging.capacity) {
