@@ -23,13 +23,7 @@ Comm::Comm(const cad_communicator_v1_t* table, void* instance, std::string name)
     fail(CAD_STATUS_COMMUNICATION, format("communicator instance '%s': rank %d of world %d is not valid",
                                           name_.c_str(), rank_, world_));
   }
-  device_ = device();
-}
-
-cad_device_v1_t Comm::device() const {
-  cad_device_v1_t device{CAD_DEVICE_CPU, 0};
-  if (table_->get_device(instance_, &device) != CAD_STATUS_OK) failed("get_device", CAD_STATUS_COMMUNICATION);
-  return device;
+  if (table_->get_device(instance_, &device_) != CAD_STATUS_OK) failed("get_device", CAD_STATUS_COMMUNICATION);
 }
 
 void Comm::failed(const char* operation, cad_status_t status) const {

@@ -14,7 +14,7 @@
 namespace cad::cad_plugin {
 
 // Host memory through a communicator whose buffers live on a GPU (get_device: CUDA, e.g. NCCL): a device
-// buffer and a private stream on that GPU (device_path.cpp; device_path_none.cpp refuses it).
+// buffer and a private stream on that GPU (host_gather.cpp; host_gather_none.cpp refuses it).
 struct HostGatherStaging;
 struct HostGatherStagingDeleter {
   void operator()(HostGatherStaging* staging) const;
@@ -27,7 +27,7 @@ class Comm {
   int32_t rank() const { return rank_; }
   int32_t world() const { return world_; }
   const std::string& name() const { return name_; }
-  cad_device_v1_t device() const;
+  cad_device_v1_t device() const { return device_; }  // where its buffers live (asked once, at construction)
 
   // Every rank contributes `bytes` bytes of HOST memory; recv (host) gets world * bytes, by rank; returns
   // when recv is filled. A communicator on device memory (NCCL) reads and writes only its device's memory,
