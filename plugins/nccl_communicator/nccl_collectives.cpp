@@ -111,27 +111,24 @@ void connect_peers(NcclContext& ctx) {
   const int world = ctx.world_size();
   if (world < 2) return;
   DeviceScope scope(ctx.device());
-  cudaStream_t stream = nullptr;
-  char* bytes = nullptr;  // world bytes to send, then world to receive
-  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "connect_peers: cudaStreamCreate");
-  const cudaError_t allocated = cudaMalloc(&bytes, 2 * static_cast<size_t>(world));
-  if (allocated != cudaSuccess) cudaStreamDestroy(stream);
-  check_cuda(allocated, "connect_peers: cudaMalloc");
-  try {
-    std::vector<uint64_t> counts(static_cast<size_t>(world), 1), displs(static_cast<size_t>(world));
-    for (int p = 0; p < world; ++p) displs[static_cast<size_t>(p)] = static_cast<uint64_t>(p);
-    check_cuda(cudaMemsetAsync(bytes, 0, 2 * static_cast<size_t>(world), stream), "connect_peers: cudaMemsetAsync");
-    all_to_all_v(ctx, bytes, counts.data(), displs.data(), bytes + world, counts.data(), displs.data(), stream);
-    const cudaError_t synced = cudaStreamSynchronize(stream);
-    ctx.comm().check_usable();  // the watchdog's timeout or an NCCL error comes first
-    check_cuda(synced, "connect_peers: waiting for the exchange");
-  } catch (...) {
-    cudaFree(bytes);
-    cudaStreamDestroy(stream);
-    throw;
-  }
-  cudaFree(bytes);
-  cudaStreamDestroy(stream);
+  struct Resources {  // released on every way out
+    cudaStream_t stream = nullptr;
+    char* bytes = nullptr;  // world bytes to send, then world to receive
+    ~Resources() {
+      if (bytes != nullptr) cudaFree(bytes);
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }
+  } r;
+  const size_t w = static_cast<size_t>(world);
+  check_cuda(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking), "connect_peers: cudaStreamCreate");
+  check_cuda(cudaMalloc(&r.bytes, 2 * w), "connect_peers: cudaMalloc");
+  std::vector<uint64_t> counts(w, 1), displs(w);
+  for (size_t p = 0; p < w; ++p) displs[p] = p;
+  check_cuda(cudaMemsetAsync(r.bytes, 0, 2 * w, r.stream), "connect_peers: cudaMemsetAsync");
+  all_to_all_v(ctx, r.bytes, counts.data(), displs.data(), r.bytes + w, counts.data(), displs.data(), r.stream);
+  const cudaError_t synced = cudaStreamSynchronize(r.stream);
+  ctx.comm().check_usable();  // the watchdog's timeout or an NCCL error comes first
+  check_cuda(synced, "connect_peers: waiting for the exchange");
 }
 
 }  // namespace cad::nccl_comm

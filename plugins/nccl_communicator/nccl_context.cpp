@@ -37,20 +37,12 @@ NcclContext::NcclContext(const cad_host_services_v1_t* services, const char* con
   try {
     comm_ = std::make_unique<GuardedComm>(device_, rank_, world_size_, boot.id, config_.timeout_ms,
                                           config_.blocking_comm, logger_);
+    if (config_.connect_peers) connect_peers(*this);
   } catch (...) {
+    comm_.reset();
     cudaFree(barrier_word_);
     cudaFree(count_table_);
     throw;
-  }
-  if (config_.connect_peers) {
-    try {
-      connect_peers(*this);
-    } catch (...) {
-      comm_.reset();
-      cudaFree(barrier_word_);
-      cudaFree(count_table_);
-      throw;
-    }
   }
   logger_.debug(format("rank %d of %d on CUDA device %d (bootstrap: %s%s)", rank_, world_size_, device_,
                        boot.method.c_str(), config_.connect_peers ? ", every peer connected" : ""));
