@@ -284,7 +284,8 @@ def profile_summary(profiler, top=25):
             entry[1] += event.device_time_total / 1e3
     families = {}
     for name, (_, ms) in kernels.items():
-        families[kernel_family(name)] = families.get(kernel_family(name), 0.0) + ms
+        family = kernel_family(name)
+        families[family] = families.get(family, 0.0) + ms
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
     return {"families_ms": families,
             "kernels": [{"name": n[:160], "calls": c, "ms": round(ms, 3), "family": kernel_family(n)}
@@ -309,10 +310,15 @@ def configurations(args):
     return runs
 
 
+def launched_distributed():
+    """Started by torchrun (or another launcher) with more than one rank."""
+    return "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+
+
 def train(args):
     import cad
 
-    distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+    distributed = launched_distributed()
     # NCCL for the gradients only where CAD uses NCCL too (one process per GPU); processes sharing a GPU
     # (communicator host or mpi) average their gradients over gloo.
     backend = "nccl" if args.device == "cuda" and args.communicator in (None, "nccl") else "gloo"
@@ -426,7 +432,7 @@ def train_one(args, rank, world, device, backend, lengths):
                   "peak_memory_gib": [g[4] for g in gathered], "plan_ms": [g[5] for g in gathered],
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
                   "ping_pong": split, "nano_tokens": [[sum(d) for d in n] for n in nanos],
-                  "profiled": profiler is not None}
+                  "profiled": profiling}
         if stats:
             record["nano_imbalance"] = stats["nano_imbalance"]
             record["forward_bytes_sent_by_rank"] = stats["forward_bytes_sent_by_rank"]
@@ -524,7 +530,7 @@ def main():
     try:
         train(args)
     except BaseException:
-        if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) <= 1:
+        if not launched_distributed():
             raise
         # A failed rank leaves at once, skipping the interpreter's teardown. On 4 GPUs (2026-11-26) a rank out
         # of memory stayed alive until every peer's 120 s timeout had passed, most likely in that teardown
