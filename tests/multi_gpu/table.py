@@ -5,7 +5,7 @@ trainer's --json-out files (train_<config>_<context>.json), as markdown.
     python3 tests/multi_gpu/table.py OUT_DIR [--steps-from 1]
 
 Every number is a mean over the steps from --steps-from on (step 0 warms up); the trainer's --profile-step run
-is outside "steps" (older files marked a profiled step inside them, which is left out). Per step:
+is kept outside "steps" ("profiled_step") and so counts in none. Per step:
 - step time: the slowest rank's wall time of forward + backward + gradient all-reduce + optimizer step;
 - the ideal step (from the `local` run of the same context, whose per-rank attention times are synchronised):
   the slowest rank's step with its attention time replaced by the mean rank's, i.e. attention perfectly
@@ -51,11 +51,6 @@ def mean(xs):
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def counted(run, first):
-    """The steps a mean counts: from `first` on, without a step run under the profiler (--profile-step)."""
-    return [s for s in run["steps"][first:] if not s.get("profiled")]
-
-
 def step_time(step):
     return max(step["step_s"])
 
@@ -64,18 +59,18 @@ def rows_for(context, runs, first):
     local = runs.get((context, "local"))
     if local is None:
         return [f"| {context // 1024}K | (no local run: no baseline) |"]
-    steps_local = counted(local, first)
+    steps_local = local["steps"][first:]
     t_local = mean(step_time(s) for s in steps_local)
     t_ideal = mean(step_time(s) - max(s["attention_s"]) + mean(s["attention_s"]) for s in steps_local)
     ideal = t_local / t_ideal
     per_doc = runs.get((context, "per_doc_cp"))
-    t_per_doc = mean(step_time(s) for s in counted(per_doc, first)) if per_doc else None
+    t_per_doc = mean(step_time(s) for s in per_doc["steps"][first:]) if per_doc else None
     lines = []
     for name in ORDER:
         run = runs.get((context, name))
         if run is None:
             continue
-        summary, steps = run["summary"], counted(run, first)
+        summary, steps = run["summary"], run["steps"][first:]
         t = mean(step_time(s) for s in steps)
         tokens = mean(s["tokens_per_s"] for s in steps)
         speedup = t_local / t
@@ -88,7 +83,7 @@ def rows_for(context, runs, first):
         if name.endswith("_pingpong"):
             plain = runs.get((context, name[: -len("_pingpong")]))
             if plain:
-                saved = f"{(mean(step_time(s) for s in counted(plain, first)) - t) * 1e3:.0f}"
+                saved = f"{(mean(step_time(s) for s in plain['steps'][first:]) - t) * 1e3:.0f}"
         peak = mean(max(s["peak_memory_gib"]) for s in steps) if all("peak_memory_gib" in s for s in steps) else None
         plan_ms = mean(max(s["plan_ms"]) for s in steps) if all("plan_ms" in s for s in steps) else None
         loss_diff = max(abs(a["loss"] - b["loss"]) / abs(b["loss"])
