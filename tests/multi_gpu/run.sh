@@ -6,8 +6,8 @@
 #      bad calls, a stream of another GPU);
 #   3. faults over NCCL: rank 1 skips a forward, or dies mid-step; every survivor must exit with an error
 #      within the timeout (3 s) plus a margin -- never hang;
-#   4. the end-to-end step: examples/train_llama.py --configs under torchrun (one process per context), Llama shape (hidden 4096, 32 heads, 8 KV
-#      heads, MLP 14336), bf16, Pretrain batches of 64K/128K/256K tokens per GPU, local attention vs
+#   4. the end-to-end step: examples/train_llama.py --configs under torchrun (one process per context), Llama
+#      shape (hidden 4096, 32 heads, 8 KV heads, MLP 14336), bf16, Pretrain batches of 64K/128K/256K tokens per GPU, local attention vs
 #      per_doc_cp, distca and prefix_aware, and distca and prefix_aware again with --ping-pong (two
 #      nano-batches per GPU, a plan each, layers through cad.ping_pong; with ping-pong the per-rank attention
 #      times count only the enqueue, so those runs give step times). Layers: LAYER_TOKENS / context (default
