@@ -23,13 +23,15 @@ Comm::Comm(const cad_communicator_v1_t* table, void* instance, std::string name)
     fail(CAD_STATUS_COMMUNICATION, format("communicator instance '%s': rank %d of world %d is not valid",
                                           name_.c_str(), rank_, world_));
   }
+  identified_ = true;
   if (table_->get_device(instance_, &device_) != CAD_STATUS_OK) failed("get_device", CAD_STATUS_COMMUNICATION);
 }
 
 void Comm::failed(const char* operation, cad_status_t status) const {
   const char* message = table_->last_error != nullptr ? table_->last_error(instance_) : nullptr;
   fail(status == CAD_STATUS_OK ? CAD_STATUS_COMMUNICATION : status,
-       format("communicator instance '%s': %s failed: %s", name_.c_str(), operation,
+       format("communicator instance '%s'%s: %s failed: %s", name_.c_str(),
+              identified_ ? format(" (rank %d of %d)", rank_, world_).c_str() : "", operation,
               message != nullptr && message[0] != '\0' ? message : "(no message)"));
 }
 

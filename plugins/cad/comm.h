@@ -54,6 +54,7 @@ class Comm {
   std::string name_;
   int32_t rank_ = 0;
   int32_t world_ = 1;
+  bool identified_ = false;  // rank_ and world_ are the communicator's: failures name them from then on
   cad_device_v1_t device_{CAD_DEVICE_CPU, 0};
   std::unique_ptr<HostGatherStaging, HostGatherStagingDeleter> staging_;  // made at the first staged gather
 };

@@ -31,6 +31,7 @@ struct Fake {
   int zero_byte_calls = 0;
   bool saw_device_pointers = true;  // every non-empty call's buffers were device memory (CUDA fake)
   bool saw_stream = true;           // every call on the CUDA fake came with a stream
+  cad_status_t fail_gather = CAD_STATUS_OK;     // what a call that moves bytes returns (a broken transport)
   const void* last_send = nullptr;  // of the last call that moved bytes
   cad_status_t fail_zero_byte = CAD_STATUS_OK;  // what the zero-byte check returns (an aborted communicator)
   std::string error;
@@ -69,6 +70,10 @@ cad_status_t all_gather(void* ctx, const void* send, uint64_t bytes, void* recv,
     return f.fail_zero_byte;
   }
   f.last_send = send;
+  if (f.fail_gather != CAD_STATUS_OK) {
+    f.error = "peer 1 did not answer";
+    return f.fail_gather;
+  }
   if (f.device_type == CAD_DEVICE_CPU) {
     std::memcpy(recv, send, bytes);
     std::memset(static_cast<unsigned char*>(recv) + bytes, kPeerByte, bytes);
@@ -142,6 +147,21 @@ TEST(CadComm, CpuCommunicatorGetsTheCallersBuffers) {
   EXPECT_EQ(fake.calls, 1);
 }
 
+TEST(CadComm, AFailedGatherNamesTheInstanceTheRankAndTheCall) {
+  Fake fake;
+  fake.fail_gather = CAD_STATUS_COMMUNICATION;
+  const cad_communicator_v1_t t = table();
+  Comm comm(&t, &fake, "comm");
+  try {
+    comm.all_gather_value(Value{1, 2, 3});
+    FAIL() << "a failed all_gather was taken as done";
+  } catch (const Failure& e) {
+    EXPECT_EQ(e.status(), CAD_STATUS_COMMUNICATION);
+    EXPECT_EQ(std::string(e.what()),
+              "communicator instance 'comm' (rank 0 of 2): all_gather failed: peer 1 did not answer");
+  }
+}
+
 TEST(CadComm, DeviceCommunicatorIsNeverHandedHostMemory) {
   Fake fake;
   fake.device_type = CAD_DEVICE_CUDA;
@@ -195,6 +215,7 @@ TEST(CadComm, AnAbortedDeviceCollectiveFailsTheCall) {
   } catch (const Failure& e) {
     EXPECT_EQ(e.status(), CAD_STATUS_TIMEOUT) << e.what();
     EXPECT_NE(std::string(e.what()).find("aborted after its timeout"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(rank 0 of 2): all_gather failed"), std::string::npos) << e.what();
   }
 }
 
