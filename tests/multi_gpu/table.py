@@ -94,7 +94,7 @@ def rows_for(context, runs, first):
             f"{(t_per_doc / t if t_per_doc else float('nan')):.3f} | "
             f"{('-' if measured is None else f'{measured:.2f}')} | {planned:.3f} | {mib:.0f} | {saved or '-'} | "
             f"{loss_diff:.1e} | {'-' if peak is None else f'{peak:.1f}'} | "
-            f"{'-' if plan_ms is None or name == 'local' else f'{plan_ms:.0f}'} |")
+            f"{'-' if plan_ms is None or name == 'local' else f'{plan_ms:.2f}'} |")
     return lines
 
 

@@ -64,7 +64,7 @@ def test_ideal_speedup_share_and_ratios(tmp_path):
     assert ours[11] == "4" and per_doc[11] == "2"                # MiB per layer over all ranks
     assert pp[9] == "-" and pp[12] == "200"                      # enqueue-only timing; 2.0 - 1.8 s saved
     assert ours[13] == "1.0e-03" and local[13] == "0.0e+00"
-    assert ours[14] == "12.5" and ours[15] == "4" and local[15] == "-"
+    assert ours[14] == "12.5" and ours[15] == "4.00" and local[15] == "-"
 
 
 def test_profile_table(tmp_path):
