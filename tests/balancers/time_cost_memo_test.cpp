@@ -165,7 +165,8 @@ TEST(TimeCostFast, MemoReturnsTheDirectCostUnderCollisions) {
 // task lists, and not trivially so (work moved).
 void expect_same_plans(const std::string& table_path, const RankPieces& batch, int32_t servers,
                        const cad_cost_params_v1_t& cost) {
-  const std::string config = R"({"rate_table": ")" + table_path + R"(")";
+  // min_time_gain 0: always the time-balanced plan, the one the memo serves.
+  const std::string config = R"({"min_time_gain": 0, "rate_table": ")" + table_path + R"(")";
   LoadedBalancer fast(plugin_path("prefix_aware"), config + "}");
   LoadedBalancer plain(plugin_path("prefix_aware"), config + R"(, "cost_memo": false})");
   ASSERT_EQ(fast.create_status(), CAD_STATUS_OK) << fast.create_error();
@@ -237,9 +238,9 @@ TEST(TimeCostFast, BackwardTilesPlansAreDeterministicAndEqualWithoutTheMemo) {
     const RankPieces layout = synthetic_layout(seed);
     expect_same_plans(kPairs, layout, 12, cost_params(64));
     expect_same_plans(kPairs, layout, 12, cost_params(64, 0, false));  // non-causal
-    LoadedBalancer pairs(plugin_path("prefix_aware"), R"({"rate_table": ")" + kPairs + R"("})");
+    LoadedBalancer pairs(plugin_path("prefix_aware"), R"({"min_time_gain": 0, "rate_table": ")" + kPairs + R"("})");
     LoadedBalancer grid(plugin_path("prefix_aware"),
-                        R"({"rate_table": ")" + std::string(CAD_SOURCE_DIR) +
+                        R"({"min_time_gain": 0, "rate_table": ")" + std::string(CAD_SOURCE_DIR) +
                             R"(/docs/data/rate_table_h200_units.json"})");
     const PlanResult a = pairs.plan(layout, 12, cost_params(64)), b = pairs.plan(layout, 12, cost_params(64));
     const PlanResult c = grid.plan(layout, 12, cost_params(64));
