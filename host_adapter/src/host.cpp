@@ -141,7 +141,15 @@ extern "C" cad_status_t cad_host_create(const cad_host_options_v1_t* options, ca
     std::string env_warning;
     const cad_log_level_t level = effective_log_level(config.has_log_level, config.log_level, &env_warning);
 
-    auto host = std::make_unique<cad_host>();
+    if ((opts.device_allocate == nullptr) != (opts.device_free == nullptr)) {
+      raise(CAD_STATUS_INVALID_ARGUMENT, std::string("cad_host_create: options lend ") +
+                                             (opts.device_allocate != nullptr ? "device_allocate" : "device_free") +
+                                             " without " +
+                                             (opts.device_allocate != nullptr ? "device_free" : "device_allocate") +
+                                             ": lend both device_allocate and device_free, or neither");
+    }
+    const DeviceAllocator allocator{opts.device_allocate, opts.device_free, opts.allocator_user};
+    auto host = std::make_unique<cad_host>(allocator);
     host->logger = std::make_unique<HostLogger>(level, opts.log_callback, opts.log_user);
     if (!env_warning.empty()) host->logger->log(CAD_LOG_WARN, env_warning);
     for (const auto& warning : config.warnings) host->logger->log(CAD_LOG_WARN, warning);

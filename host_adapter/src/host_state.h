@@ -37,8 +37,10 @@ struct Instance {
 };
 
 struct HostState {
+  explicit HostState(const DeviceAllocator& allocator = {}) : memory(allocator) {}
+
   std::unique_ptr<HostLogger> logger;
-  MemoryLedger memory;
+  MemoryLedger memory;  // with the options' device allocator, fixed for the host's life
   cad_bootstrap_all_gather_fn bootstrap_all_gather = nullptr;
   void* bootstrap_user = nullptr;
   int32_t bootstrap_rank = -1;
@@ -64,4 +66,6 @@ cad_status_t find_instance(const HostState& host, size_t visible, const char* na
 
 }  // namespace cad::host
 
-struct cad_host : cad::host::HostState {};
+struct cad_host : cad::host::HostState {
+  using HostState::HostState;
+};

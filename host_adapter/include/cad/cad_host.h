@@ -92,6 +92,24 @@ typedef cad_status_t (*cad_host_barrier_fn)(void* user, int64_t timeout_ms, char
  * instance name) instead of stderr. Called from any thread, one call at a time. */
 typedef void (*cad_host_log_fn)(void* user, cad_log_level_t level, const char* source, const char* message);
 
+/* An application device allocator: serves every CUDA allocation of every plugin of the host (the plugins'
+ * services->allocate with device type CUDA, and cad_host_services' own), instead of the host's
+ * cudaMallocAsync. It is for sharing the trainer's pool (e.g. PyTorch's caching allocator): two allocators
+ * on one GPU starve each other, as one keeps freed blocks cached while the other runs out of memory.
+ *   allocate: `bytes` (> 0) on CUDA device `device_id` (whatever the calling thread's current device is),
+ *             usable in stream order on `stream` (may be NULL); *out must be aligned to at least 256 bytes
+ *             (the host checks: a misaligned block is handed back to free and the allocation fails with
+ *             DEVICE_ERROR and a logged message). A status other than OK is passed on to the plugin
+ *             (return OUT_OF_MEMORY when the pool is exhausted); OK with *out == NULL is a DEVICE_ERROR.
+ *   free:     gets the block back with the device and the byte count it was allocated with and the
+ *             plugin's stream (the same as at allocation, by the services' contract). It is also called
+ *             for the blocks the plugins leaked, at cad_host_destroy (with stream NULL: the plugin that
+ *             owned the stream is gone), so the allocator must outlive the host.
+ * Both must be thread-safe: they are called from any thread that calls into a plugin (and from the
+ * plugins' own threads). */
+typedef cad_status_t (*cad_device_allocate_fn)(void* user, int32_t device_id, size_t bytes, void* stream, void** out);
+typedef void (*cad_device_free_fn)(void* user, int32_t device_id, void* ptr, size_t bytes, void* stream);
+
 /* Set struct_size = sizeof(cad_host_options_v1_t); fields past the caller's struct_size read as 0. */
 typedef struct cad_host_options_v1 {
   size_t struct_size;
@@ -114,6 +132,11 @@ typedef struct cad_host_options_v1 {
   cad_host_all_gather_fn host_all_gather;
   cad_host_barrier_fn host_barrier;
   void* collectives_user;
+  /* Appended later: the application device allocator above. Both or neither (NULL: cudaMallocAsync on
+   * the plugin's stream; with them, CUDA allocations work even in a host built without CUDA). */
+  cad_device_allocate_fn device_allocate;
+  cad_device_free_fn device_free;
+  void* allocator_user;
 } cad_host_options_v1_t;
 
 /* Validate the config, load every plugin it names (each file once) and create every instance in order.
@@ -127,7 +150,8 @@ cad_status_t cad_host_create(const cad_host_options_v1_t* options, cad_host_t** 
 void cad_host_destroy(cad_host_t* host);
 
 /* A host-wide services table (valid until cad_host_destroy), for the host application's own use: its
- * lookup_plugin sees every instance. CUDA allocations return UNSUPPORTED in a build without CUDA. */
+ * lookup_plugin sees every instance. CUDA allocations return UNSUPPORTED in a build without CUDA, unless
+ * the options lent a device allocator. */
 const cad_host_services_v1_t* cad_host_services(cad_host_t* host);
 
 /* Find a created instance by name and kind; *out_table is the kind's table. */
