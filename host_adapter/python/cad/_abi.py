@@ -13,6 +13,7 @@ STATUS_NAMES = {
     5: "NOT_FOUND", 6: "COMMUNICATION", 7: "TIMEOUT", 8: "ABI_MISMATCH", 9: "DEVICE_ERROR", 10: "INTERNAL",
 }
 OK, INVALID_ARGUMENT, TIMEOUT, COMMUNICATION = 0, 1, 7, 6
+OUT_OF_MEMORY, DEVICE_ERROR = 3, 9
 DEVICE_CPU, DEVICE_CUDA = 1, 2
 DTYPE_CODE_INT, DTYPE_CODE_FLOAT, DTYPE_CODE_BFLOAT = 0, 2, 4
 KIND_ATTENTION = 1
@@ -96,6 +97,8 @@ AllToAllVFn = C.CFUNCTYPE(c_status, C.c_void_p, C.c_void_p, _U64P, _U64P, C.c_vo
 AllGatherFn = C.CFUNCTYPE(c_status, C.c_void_p, C.c_void_p, C.c_uint64, C.c_void_p, C.c_int64, C.c_void_p,
                           C.c_size_t)
 BarrierFn = C.CFUNCTYPE(c_status, C.c_void_p, C.c_int64, C.c_void_p, C.c_size_t)
+DeviceAllocateFn = C.CFUNCTYPE(c_status, C.c_void_p, C.c_int32, C.c_size_t, C.c_void_p, C.POINTER(C.c_void_p))
+DeviceFreeFn = C.CFUNCTYPE(None, C.c_void_p, C.c_int32, C.c_void_p, C.c_size_t, C.c_void_p)
 
 
 class HostOptions(C.Structure):
@@ -103,7 +106,8 @@ class HostOptions(C.Structure):
                 ("search_path", C.c_char_p), ("bootstrap_all_gather", BootstrapFn), ("bootstrap_user", C.c_void_p),
                 ("bootstrap_rank", C.c_int32), ("bootstrap_world_size", C.c_int32), ("log_callback", LogFn),
                 ("log_user", C.c_void_p), ("host_all_to_all_v", AllToAllVFn), ("host_all_gather", AllGatherFn),
-                ("host_barrier", BarrierFn), ("collectives_user", C.c_void_p)]
+                ("host_barrier", BarrierFn), ("collectives_user", C.c_void_p), ("device_allocate", DeviceAllocateFn),
+                ("device_free", DeviceFreeFn), ("allocator_user", C.c_void_p)]
 
 
 # The frozen sizes (cad_abi_v1_layout.h) of what crosses by pointer.

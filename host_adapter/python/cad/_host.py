@@ -5,6 +5,7 @@ and, when a lent collective failed, what torch.distributed said.
 """
 import ctypes as C
 import json
+import os
 import sys
 
 from . import _abi
@@ -26,6 +27,48 @@ def _log_line(user, level, source, message):
 _LOG_FN = _abi.LogFn(_log_line)
 
 
+# The plugins' CUDA memory comes from PyTorch's caching allocator (options.device_allocate/device_free), so
+# one pool serves the GPU: with the host's own cudaMallocAsync beside it, torch keeps its freed blocks cached
+# and CAD's allocations fail although torch holds plenty of free memory. Called from any thread of a plugin.
+def _torch_allocate(user, device_id, size, stream, out):
+    try:
+        import torch
+        try:
+            out[0] = torch.cuda.caching_allocator_alloc(size, device=device_id, stream=stream or 0)
+            return _abi.OK
+        except torch.cuda.OutOfMemoryError as exc:
+            status, error = _abi.OUT_OF_MEMORY, exc
+    except Exception as exc:  # noqa: BLE001 -- nothing may cross the C boundary
+        status, error = _abi.DEVICE_ERROR, exc
+    _log_line(None, 4, b"host", f"torch.cuda.caching_allocator_alloc({size}, device={device_id}) failed: "
+                                f"{type(error).__name__}: {error}".encode(errors="replace"))
+    return status
+
+
+def _torch_free(user, device_id, ptr, size, stream):
+    try:
+        import torch
+        torch.cuda.caching_allocator_delete(ptr)
+    except Exception as exc:  # noqa: BLE001 -- nothing may cross the C boundary
+        _log_line(None, 4, b"host", f"torch.cuda.caching_allocator_delete of {size} bytes on device {device_id} "
+                                    f"failed: {type(exc).__name__}: {exc}".encode(errors="replace"))
+
+
+_TORCH_ALLOCATE_FN = _abi.DeviceAllocateFn(_torch_allocate)
+_TORCH_FREE_FN = _abi.DeviceFreeFn(_torch_free)
+
+
+def torch_allocator_wanted():
+    """Whether a new Host lends PyTorch's caching allocator: torch with CUDA, unless CAD_TORCH_ALLOCATOR=0."""
+    if os.environ.get("CAD_TORCH_ALLOCATOR", "").strip() == "0":
+        return False
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 -- no usable torch: the host keeps cudaMallocAsync
+        return False
+
+
 class Host:
     """A cad host made from `config` (a dict), with torch.distributed lent when `collectives` is given."""
 
@@ -41,6 +84,10 @@ class Host:
         options.config_json = text
         options.search_path = search_path.encode() if search_path else None
         options.log_callback = _LOG_FN
+        self.torch_allocator = torch_allocator_wanted()
+        if self.torch_allocator:
+            options.device_allocate = _TORCH_ALLOCATE_FN
+            options.device_free = _TORCH_FREE_FN
         if collectives is not None:
             collectives.lend(options)
         error = C.create_string_buffer(4096)
