@@ -17,6 +17,9 @@ mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 export NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=4
+# The trainer's batches: ../shared does not travel to a device machine; .bench_data/ holds a copy there.
+export CAD_DATA="${CAD_DATA:-$PWD/../shared/data/doclen_pretrain.json}"
+[ -f "$CAD_DATA" ] || CAD_DATA="$PWD/.bench_data/doclen_pretrain.json"
 failed=0
 record() {  # record NAME STATUS [LOG]
   local line="$1: $([ "$2" = 0 ] && echo passed || echo "FAILED (exit $2)")"

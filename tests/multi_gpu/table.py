@@ -91,7 +91,7 @@ def rows_for(context, runs, first):
         lines.append(
             f"| {context // 1024}K | {name} | {summary['layers']} | {t * 1e3:.0f} | {tokens / 1e3:.0f} | "
             f"{speedup:.3f} | {ideal:.3f} | {speedup / ideal:.2f} | "
-            f"{(t_per_doc / t if t_per_doc else float('nan')):.3f} | "
+            f"{(f'{t_per_doc / t:.3f}' if t_per_doc else '-')} | "
             f"{('-' if measured is None else f'{measured:.2f}')} | {planned:.3f} | {mib:.0f} | {saved or '-'} | "
             f"{loss_diff:.1e} | {'-' if peak is None else f'{peak:.1f}'} | "
             f"{'-' if plan_ms is None or name == 'local' else f'{plan_ms:.2f}'} |")

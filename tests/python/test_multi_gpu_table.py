@@ -74,3 +74,11 @@ def test_profile_table(tmp_path):
             {"rank": rank, "step": 2, "families_ms": {"attention": ms, "gemm": 2 * ms}, "kernels": []}))
     _, out = table(tmp_path)
     assert "| 64K | local | 2 | 2 | 30 | 0 | 0 | 60 | 0 |" in out, out
+
+
+def test_without_per_doc_cp_the_ratio_is_a_dash(tmp_path):
+    write(tmp_path, "local", [record(i, [2.0, 2.0], [1.0, 0.5]) for i in range(3)])
+    write(tmp_path, "prefix_aware", [record(i, [1.8, 1.8], [0.8, 0.8]) for i in range(3)])
+    rows, _ = table(tmp_path)
+    assert rows["local"][8] == "-" and rows["prefix_aware"][8] == "-"
+    assert rows["prefix_aware"][5] == "1.111"                    # 2.0 s / 1.8 s
