@@ -8,18 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "c_check.h"
 #include "cad/cad_host.h"
-
-static int passed = 0, failed = 0;
-
-static void check(int ok, const char* what, const char* detail) {
-  if (ok) {
-    passed++;
-  } else {
-    failed++;
-    printf("FAIL %s: %s\n", what, detail ? detail : "");
-  }
-}
 
 /* ---- The fake allocator ------------------------------------------------------------------------ */
 enum { MAX_LIVE = 16 };

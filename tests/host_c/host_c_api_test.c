@@ -6,18 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "c_check.h"
 #include "cad/cad_host.h"
-
-static int passed = 0, failed = 0;
-
-static void check(int ok, const char* what, const char* detail) {
-  if (ok) {
-    passed++;
-  } else {
-    failed++;
-    printf("FAIL %s: %s\n", what, detail ? detail : "");
-  }
-}
 
 enum { T = 5, H = 2, D = 4 };
 
