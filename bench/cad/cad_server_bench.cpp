@@ -18,7 +18,7 @@
 //   cad_server_bench --dist ../shared/data/doclen_pretrain.json --ranks 4,8 --context 65536,131072
 //       [--balancer colocated,per_doc_cp,distca,prefix_aware] [--heads 32] [--kv-heads 8] [--head-dim 128]
 //       [--reps 3] [--seeds 1] [--plan-ranks 4,64,512] [--plan-context 131072] [--json FILE]
-//       [--rate-table FILE] [--lengths FILE]
+//       [--rate-table FILE] [--min-time-gain G] [--lengths FILE]
 // With --rate-table, prefix_aware also runs balancing predicted time ("prefix_aware_time") and every plan's
 // predicted max/mean server time is printed beside the measured one: the check that balancing time with
 // the table lowers the measured imbalance (issue 14). --lengths replaces the sampled batches with one given
@@ -89,6 +89,7 @@ struct Options {
   std::string lengths;  // one given batch instead of --dist's sampled ones
   std::string json;
   std::string rate_table;  // adds "prefix_aware_time": prefix_aware balancing predicted time with this table
+  double min_time_gain = -1;  // prefix_aware_time's "min_time_gain"; < 0: the plugin's default
   std::string fill = "random";  // what new device memory holds: random | constant (see Fill)
 };
 
@@ -103,6 +104,7 @@ Options parse(int argc, char** argv) {
                   "       [--heads 32] [--kv-heads 8] [--head-dim 128] [--reps 3 (rounds)] [--seeds 1,2,...]\n"
                   "       [--plan-ranks 4,64,512] [--plan-context 131072] [--json FILE] [--rate-table FILE]\n"
                   "       [--lengths FILE]   (one batch: these document lengths packed into each --ranks x --context)\n"
+                  "       [--min-time-gain G]  (prefix_aware_time's min_time_gain; 0: always its time-balanced plan)\n"
                   "       [--fill random|constant]   (Q/K/V/dO values: random bf16 in [-1, 1) as the rate table's\n"
                   "                                   cells, or every byte 0x3c as before 2026-11-25; default random)\n"
                   "       --plan-ranks '' skips the host plan-time table\n"
@@ -145,6 +147,7 @@ void parse_option(Options& o, const std::string& a, const std::string& v) {
   else if (a == "--lengths") o.lengths = v;
   else if (a == "--json") o.json = v;
   else if (a == "--rate-table") o.rate_table = v;
+  else if (a == "--min-time-gain") o.min_time_gain = std::stod(v);
   else if (a == "--fill" && (v == "random" || v == "constant")) o.fill = v;
   else die("unknown option or value " + a + " " + v + " (see --help)");
 }
@@ -598,6 +601,14 @@ struct CaseTelemetry {
 
 }  // namespace
 
+// prefix_aware_time's config; the JSON keeps it, so that cad_simulate_server_check rebuilds the same plans
+// (min_time_gain's default may change; unset, the plugin's own default applies).
+nlohmann::json time_config(const Options& opt) {
+  nlohmann::json c = {{"rate_table", opt.rate_table}};
+  if (opt.min_time_gain >= 0) c["min_time_gain"] = opt.min_time_gain;
+  return c;
+}
+
 int main(int argc, char** argv) {
   Options opt = parse(argc, argv);
   const bool given_batch = !opt.lengths.empty();
@@ -615,8 +626,7 @@ int main(int argc, char** argv) {
   nlohmann::json instances = nlohmann::json::array();
   for (const std::string& b : opt.balancers) instances.push_back({{"name", b}, {"plugin", b}, {"config", nlohmann::json::object()}});
   if (!opt.rate_table.empty()) {
-    instances.push_back({{"name", "prefix_aware_time"}, {"plugin", "prefix_aware"},
-                         {"config", {{"rate_table", opt.rate_table}}}});
+    instances.push_back({{"name", "prefix_aware_time"}, {"plugin", "prefix_aware"}, {"config", time_config(opt)}});
     opt.balancers.push_back("prefix_aware_time");
   }
   instances.push_back({{"name", "cuda"}, {"plugin", "cuda"}, {"config", nlohmann::json::object()}});
@@ -629,6 +639,7 @@ int main(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, 0);
   nlohmann::json out = {{"gpu", prop.name}, {"heads", opt.hq}, {"kv_heads", opt.hkv}, {"head_dim", opt.d},
                         {"reps", opt.reps}, {"seeds", opt.seeds}, {"rate_table", opt.rate_table}, {"fill", opt.fill},
+                        {"time_config", opt.rate_table.empty() ? nlohmann::json() : time_config(opt)},
                         {"batch", given_batch ? "lengths " + opt.lengths : "sampled from " + opt.dist},
                         {"cases", nlohmann::json::array()}};
   Buffers buf;

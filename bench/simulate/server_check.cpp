@@ -140,7 +140,13 @@ int main(int argc, char** argv) {
       const auto name = c.at("balancer").get<std::string>();
       // prefix_aware_time is prefix_aware balancing predicted time with the rate table (cad_server_bench).
       const bool timed = name == "prefix_aware_time";
-      const std::string config = timed ? nlohmann::json{{"rate_table", plan_rates}}.dump() : "{}";
+      // The time case's config as the bench recorded it ("time_config"); files from before it was recorded
+      // (2026-11-26) ran prefix_aware_time without the gain guard, i.e. min_time_gain 0.
+      nlohmann::json time_config = doc.contains("time_config") && doc.at("time_config").is_object()
+                                       ? doc.at("time_config")
+                                       : nlohmann::json{{"min_time_gain", 0}};
+      time_config["rate_table"] = plan_rates;
+      const std::string config = timed ? time_config.dump() : "{}";
       sim::BalancerRunner runner(timed ? "prefix_aware" : name, config, path);
       const uint64_t seed = c.contains("seed") ? c.at("seed").get<uint64_t>() : file_seed;
       const auto pieces = given_batch ? cad::workload::pack(given, context, ranks)

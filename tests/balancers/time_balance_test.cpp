@@ -148,9 +148,9 @@ bool same_tasks(const PlanResult& a, const PlanResult& b) {
 }
 
 // Time mode returns the time-balanced plan only where the table predicts it better than the FLOP-balanced
-// plan by more than min_time_gain (default 1.2%). The measured table's predicted gains on Pretrain batches
-// (docs/balancers.md): 1.9% at 8 x 64K seed 1, where time balancing was measured to win on the GPU; 0.9% at
-// 8 x 128K seed 1, where it was measured to lose.
+// plan by more than min_time_gain (default 1.5%). The measured table's predicted gains on Pretrain batches
+// with min shard 128 (docs/balancers.md): 1.9% at 8 x 64K seed 1, where time balancing was measured to win
+// on the GPU; 0.9% at 8 x 128K seed 1, where it was not.
 TEST(TimeBalance, TimePlanOnlyWhereItsPredictedGainExceedsMinTimeGain) {
   if (!std::filesystem::exists(CAD_PRETRAIN_LENGTHS)) GTEST_SKIP() << CAD_PRETRAIN_LENGTHS << " not found";
   const std::string path = std::string(CAD_SOURCE_DIR) + "/docs/data/rate_table_h200_units_pairs.json";
@@ -177,11 +177,11 @@ TEST(TimeBalance, TimePlanOnlyWhereItsPredictedGainExceedsMinTimeGain) {
     const double gain = predicted(by_flops) / predicted(by_time) - 1.0;
     EXPECT_TRUE(same_tasks(kept, by_flops)) << "min_time_gain 1 must keep the FLOP-balanced plan";
     if (context == 65536) {
-      EXPECT_GT(gain, 0.015);
-      EXPECT_TRUE(same_tasks(chosen, by_time)) << "predicted gain " << gain << " > 0.012: the time plan";
+      EXPECT_GT(gain, 0.017);
+      EXPECT_TRUE(same_tasks(chosen, by_time)) << "predicted gain " << gain << " > 0.015: the time plan";
     } else {
       EXPECT_LT(gain, 0.011);
-      EXPECT_TRUE(same_tasks(chosen, by_flops)) << "predicted gain " << gain << " < 0.012: the FLOP plan";
+      EXPECT_TRUE(same_tasks(chosen, by_flops)) << "predicted gain " << gain << " < 0.015: the FLOP plan";
     }
   }
   LoadedBalancer bad(plugin_path("prefix_aware"), R"({"min_time_gain": -0.1, "rate_table": ")" + path + R"("})");
