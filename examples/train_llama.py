@@ -252,7 +252,8 @@ def plan_summary(plans):
         imbalance = max(flops) / (sum(flops) / len(flops)) if sum(flops) else 1.0
     sent = [sum(col) for col in zip(*(s["model_forward_bytes_sent_by_rank"] for s in stats))]
     return {"imbalance": imbalance, "nano_imbalance": [s["imbalance"] for s in stats],
-            "forward_bytes_sent_by_rank": sent, "plan_ms": sum(s.get("plan_ms", 0.0) for s in stats)}
+            "forward_bytes_sent_by_rank": sent, "plan_ms": sum(s.get("plan_ms", 0.0) for s in stats),
+            "make_ms": sum(s.get("make_ms") or 0.0 for s in stats)}
 
 
 # ---- --profile-step: where one step's GPU time goes, by kernel family ----------------------------------
@@ -421,7 +422,9 @@ def train_one(args, rank, world, device, backend, lengths):
                 p.release()
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
         plan_ms = stats["plan_ms"] if stats else 0.0
-        gathered = all_gather_floats([loss.item(), seconds, attention, float(sum(mine)), peak, plan_ms], world)
+        make_ms = stats["make_ms"] if stats else 0.0
+        gathered = all_gather_floats([loss.item(), seconds, attention, float(sum(mine)), peak, plan_ms, make_ms],
+                                     world)
         costs = [causal_cost(b) for b in docs_by_rank]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
@@ -430,6 +433,7 @@ def train_one(args, rank, world, device, backend, lengths):
                   "tokens_per_s": sum(g[3] for g in gathered) / max(g[1] for g in gathered),
                   "step_s": [g[1] for g in gathered],
                   "peak_memory_gib": [g[4] for g in gathered], "plan_ms": [g[5] for g in gathered],
+                  "plan_make_ms": [g[6] for g in gathered],
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
                   "ping_pong": split, "nano_tokens": [[sum(d) for d in n] for n in nanos],
                   "profiled": profiling}

@@ -18,7 +18,9 @@ is kept outside "steps" ("profiled_step") and so counts in none. Per step:
   again), summed over ranks, in MiB;
 - ping-pong saved: the same balancer's step time without ping-pong minus with it.
 - peak GiB: the largest rank's torch.cuda.max_memory_allocated over the step; plan ms: the largest rank's host
-  time to make the step's plan(s) (plan stats' plan_ms; outside the timed attention calls). Older runs lack both.
+  time in the balancer for the step's plan(s) (plan stats' plan_ms), then " / " the largest rank's wall time of
+  the whole collective make (plan_make_ms: agreement, piece tables, balancer, device buffers, and waiting for
+  the other ranks); both are outside the timed attention calls. Older runs lack them.
 With --profile-step files beside them (train_<config>_<context>_profile_rank<R>.json), a second table gives the
 profiled step's GPU kernel time by family, the largest rank's.
 Losses are compared with the local run's: the same batches and weights must give the same losses up to bf16
@@ -86,6 +88,10 @@ def rows_for(context, runs, first):
                 saved = f"{(mean(step_time(s) for s in plain['steps'][first:]) - t) * 1e3:.0f}"
         peak = mean(max(s["peak_memory_gib"]) for s in steps) if all("peak_memory_gib" in s for s in steps) else None
         plan_ms = mean(max(s["plan_ms"]) for s in steps) if all("plan_ms" in s for s in steps) else None
+        make_ms = mean(max(s["plan_make_ms"]) for s in steps) if all("plan_make_ms" in s for s in steps) else None
+        plan_cell = "-" if plan_ms is None or name == "local" else f"{plan_ms:.2f}"
+        if make_ms is not None and plan_cell != "-":
+            plan_cell += f" / {make_ms:.1f}"
         loss_diff = max(abs(a["loss"] - b["loss"]) / abs(b["loss"])
                         for a, b in zip(run["steps"], local["steps"]))
         lines.append(
@@ -94,7 +100,7 @@ def rows_for(context, runs, first):
             f"{(f'{t_per_doc / t:.3f}' if t_per_doc else '-')} | "
             f"{('-' if measured is None else f'{measured:.2f}')} | {planned:.3f} | {mib:.0f} | {saved or '-'} | "
             f"{loss_diff:.1e} | {'-' if peak is None else f'{peak:.1f}'} | "
-            f"{'-' if plan_ms is None or name == 'local' else f'{plan_ms:.2f}'} |")
+            f"{plan_cell} |")
     return lines
 
 
@@ -125,7 +131,7 @@ def main():
     print("| tokens/GPU | config | layers | step (ms) | tokens/s (K) | speedup vs local | ideal speedup | "
           "share of ideal | vs per_doc_cp | attention max/mean (measured) | plan imbalance | "
           "fwd MiB/layer (all ranks) | ping-pong saved (ms) | loss rel. diff vs local | peak GiB (max rank) | "
-          "plan ms (max rank) |")
+          "plan ms: balancer / whole make (max rank) |")
     print("|" + " ---: |" * 16)
     for context in sorted({c for c, _ in runs}):
         print("\n".join(rows_for(context, runs, args.steps_from)))

@@ -13,7 +13,7 @@ TABLE = REPO / "tests" / "multi_gpu" / "table.py"
 def record(step, step_s, attention_s, loss=7.0, profiled=False, sent=None):
     r = {"step": step, "loss": loss, "losses": [loss] * len(step_s), "tokens_per_s": 1000.0 / max(step_s),
          "step_s": step_s, "attention_s": attention_s, "imbalance": 1.5, "profiled": profiled,
-         "peak_memory_gib": [10.0, 12.5], "plan_ms": [3.0, 4.0]}
+         "peak_memory_gib": [10.0, 12.5], "plan_ms": [3.0, 4.0], "plan_make_ms": [20.0, 35.0]}
     if sent is not None:
         r["forward_bytes_sent_by_rank"] = sent
     return r
@@ -64,7 +64,7 @@ def test_ideal_speedup_share_and_ratios(tmp_path):
     assert ours[11] == "4" and per_doc[11] == "2"                # MiB per layer over all ranks
     assert pp[9] == "-" and pp[12] == "200"                      # enqueue-only timing; 2.0 - 1.8 s saved
     assert ours[13] == "1.0e-03" and local[13] == "0.0e+00"
-    assert ours[14] == "12.5" and ours[15] == "4.00" and local[15] == "-"
+    assert ours[14] == "12.5" and ours[15] == "4.00 / 35.0" and local[15] == "-"
 
 
 def test_profile_table(tmp_path):

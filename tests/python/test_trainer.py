@@ -168,6 +168,8 @@ def test_profiled_step_is_recorded_apart(tmp_path):
         assert len(record["step_s"]) == 2 and all(s > 0 for s in record["step_s"])
         assert record["peak_memory_gib"] == [0.0, 0.0]
         assert len(record["plan_ms"]) == 2 and all(ms > 0 for ms in record["plan_ms"]), record["plan_ms"]
+        # The whole collective make contains the balancer's share.
+        assert all(make >= ms for make, ms in zip(record["plan_make_ms"], record["plan_ms"])), record
     json_out = next(tmp_path.glob("cad*--profile-step1.json"))
     for rank in (0, 1):
         profile = json.loads(json_out.with_name(f"{json_out.stem}_profile_rank{rank}.json").read_text())

@@ -2,6 +2,7 @@
 import ctypes as C
 import itertools
 import os
+import time
 import weakref
 
 import torch
@@ -52,6 +53,7 @@ class Plan:
         self.handle = None
         self.shape = None
         self._stats = None
+        self.make_ms = None
         self._host = None
         self._array = piece_array(self.pieces)
         _plans[self.id] = self
@@ -74,7 +76,11 @@ class Plan:
         args.causal = 1 if self.causal else 0
         args.device = device_of(device)
         args.stream = current_stream(device)
+        start = time.perf_counter()
         self.handle = host.make_plan(args)
+        # Wall time of the whole collective make (agreement, piece tables, balancer, device buffers), which a
+        # rank also spends waiting for the others to arrive; the plugin's plan_ms is the balancer's share.
+        self.make_ms = (time.perf_counter() - start) * 1e3
         self._host = host
         self.shape = shape
         self._record_stats("plan")  # the plugin reports what a plan will do as soon as it is made
@@ -108,6 +114,7 @@ class Plan:
                         "model_forward_bytes_received_by_rank", "workspace_bytes", "plan_ms")
                 self._stats = {k: forward[k] for k in keys if k in forward}
                 self._stats["rank"] = self._host.stats().get("rank")
+                self._stats["make_ms"] = self.make_ms
 
     def __repr__(self):
         return f"cad.Plan(#{self.id}, {len(self.pieces)} pieces, {self.tokens} tokens, made={self.handle is not None})"
