@@ -22,6 +22,7 @@ the same loss and gradients as without --ping-pong, up to rounding. A step in wh
 record has "ping_pong": false. Every rank knows every rank's documents, so all agree without communicating.
 """
 import argparse
+import gc
 import json
 import math
 import os
@@ -311,6 +312,33 @@ def configurations(args):
     return runs
 
 
+class GcPauses:
+    """Python's garbage-collector pauses on this rank (gc.callbacks): milliseconds and generation-2 collections
+    since the last take(). On 4 GPUs CAD's ranks reached the first layer's plan make up to 180 ms apart, a
+    different rank each step (docs/multi_gpu.md, run 7); a collection over the model's and torch's heap is a
+    candidate, and this says whether one ran in that step."""
+
+    def __init__(self):
+        self.ms, self.full, self._start = 0.0, 0, None
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.ms += (time.perf_counter() - self._start) * 1e3
+            self.full += 1 if info.get("generation") == 2 else 0
+            self._start = None
+
+    def take(self):
+        taken = (self.ms, self.full)
+        self.ms, self.full = 0.0, 0
+        return taken
+
+    def close(self):
+        gc.callbacks.remove(self._callback)
+
+
 def launched_distributed():
     """Started by torchrun (or another launcher) with more than one rank."""
     return "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
@@ -360,6 +388,10 @@ def train_one(args, rank, world, device, backend, lengths):
     cad.timing(sync_cuda=synced_timing)
     model = build_model(args, device, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    if args.gc == "freeze":  # what exists now (model, torch, transformers) is never scanned again
+        gc.collect()
+        gc.freeze()
+    pauses = GcPauses()
     history = []
     # --profile-step N: after the timed steps, step N's batch once more under the profiler (the timed steps
     # stay unprofiled, so every configuration's means cover the same batches).
@@ -388,6 +420,7 @@ def train_one(args, rank, world, device, backend, lengths):
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             profiler = torch.profiler.profile(activities=activities)
             profiler.__enter__()
+        pauses.take()
         start = time.perf_counter()
         cad.attention_time(reset=True)
         if args.ping_pong:
@@ -414,6 +447,11 @@ def train_one(args, rank, world, device, backend, lengths):
             if rank == 0:
                 print("profile of step %d on rank 0 (kernel ms by family): %s" % (
                     step, json.dumps({k: round(v, 1) for k, v in profile["families_ms"].items()})), flush=True)
+        gc_ms, gc_full = pauses.take()
+        # Host time from the step's start to its first plan make (which waits for every rank): a rank that
+        # arrives late shows here.
+        starts = [p.make_started_at for p in plans if p is not None and p.make_started_at is not None]
+        pre_plan_ms = (min(starts) - start) * 1e3 if starts else 0.0
         stats = plan_summary(plans)
         # The step's plans go back now: kept until the next step's were made, they doubled the plans' device
         # memory (server-batch scratch and wire buffers) at every step's start.
@@ -423,8 +461,8 @@ def train_one(args, rank, world, device, backend, lengths):
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
         plan_ms = stats["plan_ms"] if stats else 0.0
         make_ms = stats["make_ms"] if stats else 0.0
-        gathered = all_gather_floats([loss.item(), seconds, attention, float(sum(mine)), peak, plan_ms, make_ms],
-                                     world)
+        gathered = all_gather_floats([loss.item(), seconds, attention, float(sum(mine)), peak, plan_ms, make_ms,
+                                      pre_plan_ms, gc_ms, float(gc_full)], world)
         costs = [causal_cost(b) for b in docs_by_rank]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
@@ -433,7 +471,8 @@ def train_one(args, rank, world, device, backend, lengths):
                   "tokens_per_s": sum(g[3] for g in gathered) / max(g[1] for g in gathered),
                   "step_s": [g[1] for g in gathered],
                   "peak_memory_gib": [g[4] for g in gathered], "plan_ms": [g[5] for g in gathered],
-                  "plan_make_ms": [g[6] for g in gathered],
+                  "plan_make_ms": [g[6] for g in gathered], "pre_plan_ms": [g[7] for g in gathered],
+                  "gc_ms": [g[8] for g in gathered], "gc_full_collections": [int(g[9]) for g in gathered],
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
                   "ping_pong": split, "nano_tokens": [[sum(d) for d in n] for n in nanos],
                   "profiled": profiling}
@@ -461,13 +500,16 @@ def train_one(args, rank, world, device, backend, lengths):
                    "mean_tokens_per_s_after_step0": sum(r["tokens_per_s"] for r in tail) / len(tail),
                    "mean_step_s_after_step0": sum(max(r["step_s"]) for r in tail) / len(tail),
                    "mean_max_attention_s": sum(max(r["attention_s"]) for r in tail) / len(tail),
-                   "mean_imbalance": sum(r["imbalance"] for r in tail) / len(tail)}
+                   "mean_imbalance": sum(r["imbalance"] for r in tail) / len(tail), "gc": args.gc}
         print("summary " + json.dumps(summary), flush=True)
         if args.json_out:
             result = {"summary": summary, "steps": history}
             if profiled_record is not None:
                 result["profiled_step"] = profiled_record
             pathlib.Path(args.json_out).write_text(json.dumps(result, indent=1))
+    pauses.close()
+    if args.gc == "freeze":
+        gc.unfreeze()
 
 
 def parse_args(argv=None):
@@ -505,6 +547,10 @@ def parse_args(argv=None):
                         "(--ping-pong), e.g. local,prefix_aware,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = local or the balancer, "
                         "+ '_pingpong' with ping-pong. Overrides --attention, --balancer, --ping-pong")
+    p.add_argument("--gc", choices=["auto", "freeze"], default="auto",
+                   help="Python's garbage collector: auto (as is), or freeze: gc.freeze() once the model and "
+                        "optimizer exist, so that collections no longer scan them (every step records its "
+                        "collector pauses per rank: gc_ms, gc_full_collections)")
     p.add_argument("--profile-step", type=int, default=-1,
                    help="after the timed steps, run this step's batch once more under torch.profiler and write, "
                         "per rank, its GPU kernel time by family (attention, cad data path, nccl, gemm, other) and "

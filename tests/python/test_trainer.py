@@ -168,8 +168,12 @@ def test_profiled_step_is_recorded_apart(tmp_path):
         assert len(record["step_s"]) == 2 and all(s > 0 for s in record["step_s"])
         assert record["peak_memory_gib"] == [0.0, 0.0]
         assert len(record["plan_ms"]) == 2 and all(ms > 0 for ms in record["plan_ms"]), record["plan_ms"]
-        # The whole collective make contains the balancer's share.
+        # The whole collective make contains the balancer's share; it starts after the step does.
         assert all(make >= ms for make, ms in zip(record["plan_make_ms"], record["plan_ms"])), record
+        assert len(record["pre_plan_ms"]) == 2 and all(0 < t < 1e3 * s for t, s in
+                                                       zip(record["pre_plan_ms"], record["step_s"])), record
+        assert len(record["gc_ms"]) == 2 and all(ms >= 0 for ms in record["gc_ms"])
+        assert all(isinstance(n, int) and n >= 0 for n in record["gc_full_collections"])
     json_out = next(tmp_path.glob("cad*--profile-step1.json"))
     for rank in (0, 1):
         profile = json.loads(json_out.with_name(f"{json_out.stem}_profile_rank{rank}.json").read_text())
@@ -200,6 +204,19 @@ def test_configs_in_one_process_train_as_separate_runs(tmp_path):
         for a, b in zip(alone["steps"], swept["steps"]):
             assert a["losses"] == pytest.approx(b["losses"], rel=1e-6), (label, a["step"])
             assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6), (label, a["step"])
+
+
+@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
+def test_gc_freeze_trains_the_same(tmp_path):
+    """--gc freeze (the collector stops scanning the model) changes no loss; the records count the collector's
+    pauses per rank either way."""
+    args = ("--balancer", "prefix_aware", "--seed", "1")
+    auto, _ = _run(tmp_path, "cad", *args)
+    frozen, _ = _run(tmp_path, "cad", *args, "--gc", "freeze")
+    assert auto["summary"]["gc"] == "auto" and frozen["summary"]["gc"] == "freeze"
+    for a, b in zip(auto["steps"], frozen["steps"]):
+        assert a["losses"] == pytest.approx(b["losses"], rel=1e-6)
+        assert len(b["gc_ms"]) == 2 and len(b["gc_full_collections"]) == 2
 
 
 def test_configs_are_checked():

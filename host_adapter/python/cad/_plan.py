@@ -54,6 +54,7 @@ class Plan:
         self.shape = None
         self._stats = None
         self.make_ms = None
+        self.make_started_at = None  # time.perf_counter() when the collective make began
         self._host = None
         self._array = piece_array(self.pieces)
         _plans[self.id] = self
@@ -76,7 +77,7 @@ class Plan:
         args.causal = 1 if self.causal else 0
         args.device = device_of(device)
         args.stream = current_stream(device)
-        start = time.perf_counter()
+        start = self.make_started_at = time.perf_counter()
         self.handle = host.make_plan(args)
         # Wall time of the whole collective make (agreement, piece tables, balancer, device buffers), which a
         # rank also spends waiting for the others to arrive; the plugin's plan_ms is the balancer's share.
