@@ -17,7 +17,8 @@
 #      rank, GPU kernel time by family (attention, cad data path, nccl, gemm) in train_<name>_profile_rank<R>.json;
 #   5. all_to_all_v bandwidth: ours through the plugin ABI against torch.distributed.all_to_all_single
 #      (bench/nccl, the same steps as tests/gpu_comm/run.sh), 1 MiB .. 1 GiB per rank.
-# Usage: NGPU=4 bash tests/multi_gpu/run.sh  (NGPU=1 is the dry run on one GPU). Logs under $OUT; with
+# Usage: NGPU=4 bash tests/multi_gpu/run.sh  (NGPU=1 is the dry run on one GPU; TRAINER_ARGS='--gc freeze'
+# adds trainer options to every run). Logs under $OUT; with
 # TAR=FILE everything under $OUT is also packed into FILE after every step (what the device tool brings back:
 # at most 8 files), so that a run cut short still returns what it finished.
 set -uo pipefail
@@ -73,7 +74,7 @@ trainer() {  # trainer LOG ARGS...
   local log="$1"; shift
   timeout 1500 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" examples/train_llama.py \
     --device cuda --hidden 4096 --intermediate 14336 --heads 32 --kv-heads 8 --steps "${STEPS:-6}" \
-    --profile-step "${PROFILE_STEP:-3}" "$@" > "$log" 2>&1
+    --profile-step "${PROFILE_STEP:-3}" ${TRAINER_ARGS:-} "$@" > "$log" 2>&1
 }
 export CAD_PLUGIN_PATH="$PWD/$BUILD/lib/cad/plugins" CAD_HOST_LIBRARY="$PWD/$BUILD/lib/libcad_host.so"
 export PYTHONPATH="$PWD/host_adapter/python"
