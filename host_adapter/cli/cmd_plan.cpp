@@ -64,7 +64,9 @@ const char* kUsage =
     "  --rate-table FILE measured kernel rates (configs/calibration/h200.json): also report each plan's\n"
     "                    predicted attention time per server (forward + backward) and its max/mean\n"
     "  --balance-time    hand FILE to prefix_aware as its \"rate_table\" config key, so that it balances\n"
-    "                    predicted time instead of FLOPs\n";
+    "                    predicted time instead of FLOPs; it keeps that plan only where FILE predicts its\n"
+    "                    max/mean lower than FLOP balancing's by more than \"min_time_gain\" (default 0.015;\n"
+    "                    --config '{\"min_time_gain\": 0}' always keeps it), else it returns the FLOP plan\n";
 
 constexpr int64_t kMaxContext = int64_t{1} << 40;
 constexpr int64_t kMaxRanks = 8192;
