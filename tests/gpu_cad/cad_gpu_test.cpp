@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -35,6 +36,33 @@ bool g_nccl = false;
 int64_t g_timeout_ms = 60000;
 std::string g_fault;  // CAD_TEST_FAULT: "skip" (rank 1 skips a forward) or "kill" (rank 1 exits mid-step)
 cad::Host* g_host = nullptr;
+
+// The test host's CUDA memory (options.device_allocate / device_free): cudaMallocAsync on the plugin's stream,
+// except that a test can make this rank's next allocations fail, as a GPU out of memory does.
+std::atomic<int> g_failing_allocations{0};
+
+cad_status_t test_allocate(void*, int32_t device_id, size_t bytes, void* stream, void** out) {
+  if (g_failing_allocations.load() > 0) {
+    --g_failing_allocations;
+    return CAD_STATUS_OUT_OF_MEMORY;
+  }
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device_id);
+  const cudaError_t e = cudaMallocAsync(out, bytes, static_cast<cudaStream_t>(stream));
+  cudaSetDevice(previous);
+  if (e == cudaSuccess) return CAD_STATUS_OK;
+  cudaGetLastError();
+  return e == cudaErrorMemoryAllocation ? CAD_STATUS_OUT_OF_MEMORY : CAD_STATUS_DEVICE_ERROR;
+}
+
+void test_free(void*, int32_t device_id, void* ptr, size_t, void* stream) {
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device_id);
+  cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream));
+  cudaSetDevice(previous);
+}
 
 std::vector<std::string> balancers() {
   std::vector<std::string> names;
@@ -475,6 +503,43 @@ TEST(CadGpu, BadCallsAreRefusedOnEveryRank) {
   }
 }
 
+// A rank that cannot allocate its kept server tensors (out of memory, before any exchange) reports
+// OUT_OF_MEMORY naming them, after running the call's exchanges drained: its peers finish the call instead of
+// waiting for the communicator's timeout (on 4 GPUs they waited 120 s before the drain), and the next step
+// works on every rank. (Peers' outputs for the rows that rank serves are not valid; the call failed.)
+TEST(CadGpu, OutOfMemoryForKeptTensorsDrainsTheExchanges) {
+  const GlobalBatch b = rounded(cad_test::make_batch(spec(950, 64)));
+  const Api api = instance(cad_name(balancers().front(), true));
+  Call call(b, true);
+  void* plan = nullptr;
+  ASSERT_EQ(make_plan(api, call, &plan), CAD_STATUS_OK) << api.error();
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const int failing = g_world - 1;
+  if (g_rank == failing) g_failing_allocations = 1;  // the forward's first allocation: the kept server Q
+  void* saved = nullptr;
+  const auto start = std::chrono::steady_clock::now();
+  const cad_status_t st = call.forward(api, plan, &saved);
+  const std::string message = api.error();
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // NCCL: the drained collectives complete
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  g_failing_allocations = 0;
+  if (g_rank == failing) {
+    EXPECT_EQ(st, CAD_STATUS_OUT_OF_MEMORY) << message;
+    EXPECT_NE(message.find("kept server"), std::string::npos) << message;
+    EXPECT_EQ(saved, nullptr);
+  } else {
+    EXPECT_EQ(st, CAD_STATUS_OK) << message;
+  }
+  EXPECT_LT(s, g_timeout_ms / 2000.0) << "rank " << g_rank << ": the call waited for the timeout, not drained";
+  api.table->release_saved(api.ctx, saved);
+  saved = nullptr;
+  EXPECT_EQ(call.forward(api, plan, &saved), CAD_STATUS_OK) << api.error();
+  EXPECT_EQ(call.backward(api, plan, saved), CAD_STATUS_OK) << api.error();
+  api.table->release_saved(api.ctx, saved);
+  api.table->release_plan(api.ctx, plan);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
 // Faults (CAD_TEST_FAULT set; tests/multi_gpu/run.sh and tests/gpu_cad/run.sh run them in their own jobs):
 // rank 1 skips a call or dies mid-step; every other rank must get an error naming the operation within
 // the communicator's timeout (3 s here) plus a margin, and exit -- never hang.
@@ -535,6 +600,8 @@ int main(int argc, char** argv) {
     options.struct_size = sizeof(options);
     options.config_json = config.c_str();
     options.search_path = CAD_TEST_PLUGIN_DIR;
+    options.device_allocate = &test_allocate;
+    options.device_free = &test_free;
     cad::Host host(options);
     g_host = &host;
     rc = RUN_ALL_TESTS();
