@@ -21,8 +21,9 @@ is kept outside "steps" ("profiled_step") and so counts in none. Per step:
   time in the balancer for the step's plan(s) (plan stats' plan_ms), then " / " the largest rank's wall time of
   the whole collective make (plan_make_ms: agreement, piece tables, balancer, device buffers, and waiting for
   the other ranks); both are outside the timed attention calls. Older runs lack them.
-With --profile-step files beside them (train_<config>_<context>_profile_rank<R>.json), a second table gives the
-profiled step's GPU kernel time by family, the largest rank's.
+With --profile-step files beside them (train_<config>_<context>_profile_rank<R>.json), another table gives the
+profiled step's GPU kernel time by family, the largest rank's. Records that carry pre_plan_ms (the trainer since
+2026-11-26) add a table of the plan make per rank and how far apart the ranks arrived at it.
 Losses are compared with the local run's: the same batches and weights must give the same losses up to bf16
 rounding, which the last column shows (max relative difference over the steps).
 """
@@ -104,6 +105,30 @@ def rows_for(context, runs, first):
     return lines
 
 
+def arrival_rows(runs, first):
+    """Per (context, configuration) whose records have pre_plan_ms (trainer since 2026-11-26), means over the
+    steps from `first`: the plan make's wall time on its slowest and fastest rank (the fastest is the last to
+    arrive, the others wait for it), how far apart the ranks reached it (pre_plan_ms, latest - earliest), the
+    outside-attention time (slowest step - slowest attention), and the garbage collector's pauses (largest
+    rank's ms per step, full collections over all ranks and steps)."""
+    lines = []
+    for context, name in sorted(runs, key=lambda k: (k[0], ORDER.index(k[1]) if k[1] in ORDER else len(ORDER))):
+        steps = runs[(context, name)]["steps"][first:]
+        if not steps or not all("pre_plan_ms" in s and "gc_ms" in s for s in steps):
+            continue
+        make_max = mean(max(s["plan_make_ms"]) for s in steps)
+        make_min = mean(min(s["plan_make_ms"]) for s in steps)
+        spread = mean(max(s["pre_plan_ms"]) - min(s["pre_plan_ms"]) for s in steps)
+        outside = mean(max(s["step_s"]) - max(s["attention_s"]) for s in steps) * 1e3
+        gc_ms = mean(max(s["gc_ms"]) for s in steps)
+        full = sum(sum(s["gc_full_collections"]) for s in steps)
+        cad = name != "local"
+        lines.append(f"| {context // 1024}K | {name} | {f'{make_max:.1f}' if cad else '-'} | "
+                     f"{f'{make_min:.1f}' if cad else '-'} | {f'{spread:.1f}' if cad else '-'} | {outside:.0f} | "
+                     f"{gc_ms:.1f} | {full} |")
+    return lines
+
+
 FAMILIES = ("attention", "cad data path", "nccl", "gemm", "other")
 
 
@@ -135,6 +160,14 @@ def main():
     print("|" + " ---: |" * 16)
     for context in sorted({c for c, _ in runs}):
         print("\n".join(rows_for(context, runs, args.steps_from)))
+    arrivals = arrival_rows(runs, args.steps_from)
+    if arrivals:
+        print("\nPlan make and rank arrival, ms, mean over the steps (slowest / fastest rank's make; spread of the "
+              "ranks' arrival at it; time outside the timed attention calls; GC pauses):\n")
+        print("| tokens/GPU | config | make, slowest rank | make, fastest rank | arrival spread | outside attention | "
+              "GC ms (max rank) | full GCs |")
+        print("|" + " ---: |" * 8)
+        print("\n".join(arrivals))
     profiled = profile_rows(args.out, runs)
     if profiled:
         print("\nGPU kernel time of the profiled step, largest rank, ms (kernels on different streams overlap):\n")

@@ -82,3 +82,21 @@ def test_without_per_doc_cp_the_ratio_is_a_dash(tmp_path):
     rows, _ = table(tmp_path)
     assert rows["local"][8] == "-" and rows["prefix_aware"][8] == "-"
     assert rows["prefix_aware"][5] == "1.111"                    # 2.0 s / 1.8 s
+
+
+def test_arrival_table(tmp_path):
+    """The plan-make table (records with pre_plan_ms, trainer since 2026-11-26): the slowest and fastest rank's
+    make, the spread of the ranks' arrival, time outside attention and GC pauses, means over steps 1.."""
+    def with_arrival(step, make, pre, gc):
+        r = record(step, [1.0, 1.2], [0.4, 0.5])
+        r.update(plan_make_ms=make, pre_plan_ms=pre, gc_ms=gc, gc_full_collections=[1, 0])
+        return r
+    write(tmp_path, "local", [with_arrival(i, [0.0, 0.0], [5.0, 5.0], [0.0, 2.0]) for i in range(3)])
+    write(tmp_path, "prefix_aware", [with_arrival(0, [300.0, 290.0], [1.0, 2.0], [9.0, 9.0]),
+                                     with_arrival(1, [150.0, 10.0], [3.0, 143.0], [0.0, 120.0]),
+                                     with_arrival(2, [50.0, 30.0], [20.0, 40.0], [4.0, 0.0])])
+    _, out = table(tmp_path)
+    # steps 1-2: make max (150 + 50) / 2, min (10 + 30) / 2, spread (140 + 20) / 2, outside 1.2 - 0.5 s,
+    # GC max (120 + 4) / 2, full collections 1 + 1
+    assert "| 64K | prefix_aware | 100.0 | 20.0 | 80.0 | 700 | 62.0 | 2 |" in out, out
+    assert "| 64K | local | - | - | - | 700 | 2.0 | 2 |" in out, out
