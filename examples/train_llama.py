@@ -423,7 +423,7 @@ def train_one(args, rank, world, device, backend, lengths):
         pauses.take()
         start = time.perf_counter()
         cad.attention_time(reset=True)
-        if args.ping_pong:
+        if args.ping_pong or args.plan_first:  # the step's plan(s) made before any layer runs
             loss, plans = nano_forward(model, inputs, nanos[rank], args.attention, dtype)
         else:
             loss = model(**inputs).loss
@@ -500,7 +500,8 @@ def train_one(args, rank, world, device, backend, lengths):
                    "mean_tokens_per_s_after_step0": sum(r["tokens_per_s"] for r in tail) / len(tail),
                    "mean_step_s_after_step0": sum(max(r["step_s"]) for r in tail) / len(tail),
                    "mean_max_attention_s": sum(max(r["attention_s"]) for r in tail) / len(tail),
-                   "mean_imbalance": sum(r["imbalance"] for r in tail) / len(tail), "gc": args.gc}
+                   "mean_imbalance": sum(r["imbalance"] for r in tail) / len(tail), "gc": args.gc,
+                   "plan_first": args.plan_first or args.ping_pong}
         print("summary " + json.dumps(summary), flush=True)
         if args.json_out:
             result = {"summary": summary, "steps": history}
@@ -547,6 +548,10 @@ def parse_args(argv=None):
                         "(--ping-pong), e.g. local,prefix_aware,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = local or the balancer, "
                         "+ '_pingpong' with ping-pong. Overrides --attention, --balancer, --ping-pong")
+    p.add_argument("--plan-first", action="store_true",
+                   help="make the step's CAD plan before the embedding (as --ping-pong does for its two plans) "
+                        "instead of at the first layer's attention call; the same losses. For comparing where "
+                        "ranks wait for each other at the plan's collectives")
     p.add_argument("--gc", choices=["auto", "freeze"], default="auto",
                    help="Python's garbage collector: auto (as is), or freeze: gc.freeze() once the model and "
                         "optimizer exist, so that collections no longer scan them (every step records its "

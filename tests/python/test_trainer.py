@@ -219,6 +219,19 @@ def test_gc_freeze_trains_the_same(tmp_path):
         assert len(b["gc_ms"]) == 2 and len(b["gc_full_collections"]) == 2
 
 
+@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
+def test_plan_first_trains_the_same(tmp_path):
+    """--plan-first makes the step's plan before the embedding (one nano-batch through the ping-pong path):
+    the losses of the default run, where the first layer's attention call makes it, and a plan every step."""
+    args = ("--balancer", "prefix_aware", "--seed", "1")
+    at_layer, _ = _run(tmp_path, "cad", *args)
+    first, _ = _run(tmp_path, "cad", *args, "--plan-first")
+    assert first["summary"]["plan_first"] is True and at_layer["summary"]["plan_first"] is False
+    for a, b in zip(at_layer["steps"], first["steps"]):
+        assert a["losses"] == pytest.approx(b["losses"], rel=1e-5)
+        assert b["imbalance"] == pytest.approx(a["imbalance"], rel=1e-9) and all(ms > 0 for ms in b["plan_make_ms"])
+
+
 def test_configs_are_checked():
     done = subprocess.run([sys.executable, str(TRAINER), "--steps", "3", "--profile-step", "3"], capture_output=True,
                           text=True, timeout=60)
