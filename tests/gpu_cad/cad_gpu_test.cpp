@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "cad/cad_host.hpp"
+#include "device_scope.h"
 #include "reference_math.h"
 #include "test_batch.h"
 
@@ -46,22 +47,17 @@ cad_status_t test_allocate(void*, int32_t device_id, size_t bytes, void* stream,
     --g_failing_allocations;
     return CAD_STATUS_OUT_OF_MEMORY;
   }
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device_id);
+  const cad::kernels::DeviceScope scope(device_id);
+  if (scope.error() != cudaSuccess) return CAD_STATUS_DEVICE_ERROR;
   const cudaError_t e = cudaMallocAsync(out, bytes, static_cast<cudaStream_t>(stream));
-  cudaSetDevice(previous);
   if (e == cudaSuccess) return CAD_STATUS_OK;
   cudaGetLastError();
   return e == cudaErrorMemoryAllocation ? CAD_STATUS_OUT_OF_MEMORY : CAD_STATUS_DEVICE_ERROR;
 }
 
 void test_free(void*, int32_t device_id, void* ptr, size_t, void* stream) {
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device_id);
+  const cad::kernels::DeviceScope scope(device_id);
   cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream));
-  cudaSetDevice(previous);
 }
 
 std::vector<std::string> balancers() {
