@@ -36,6 +36,11 @@ import sys
 ORDER = ["local", "per_doc_cp", "distca", "prefix_aware", "distca_pingpong", "prefix_aware_pingpong"]
 
 
+def in_order(runs):
+    """The (context, configuration) keys of `runs` by context, then in ORDER (unknown names last)."""
+    return sorted(runs, key=lambda k: (k[0], ORDER.index(k[1]) if k[1] in ORDER else len(ORDER)))
+
+
 def load(out):
     runs = {}
     for path in sorted(pathlib.Path(out).glob("train_*.json")):
@@ -112,7 +117,7 @@ def arrival_rows(runs, first):
     outside-attention time (slowest step - slowest attention), and the garbage collector's pauses (largest
     rank's ms per step, full collections over all ranks and steps)."""
     lines = []
-    for context, name in sorted(runs, key=lambda k: (k[0], ORDER.index(k[1]) if k[1] in ORDER else len(ORDER))):
+    for context, name in in_order(runs):
         steps = runs[(context, name)]["steps"][first:]
         if not steps or not all("pre_plan_ms" in s and "gc_ms" in s for s in steps):
             continue
@@ -135,7 +140,7 @@ FAMILIES = ("attention", "cad data path", "nccl", "gemm", "other")
 def profile_rows(out, runs):
     """Per (context, configuration) with profiles (--profile-step): the largest rank's kernel ms per family."""
     lines = []
-    for context, name in sorted(runs, key=lambda k: (k[0], ORDER.index(k[1]) if k[1] in ORDER else len(ORDER))):
+    for context, name in in_order(runs):
         files = sorted(pathlib.Path(out).glob(f"train_{name}_{context}_profile_rank*.json"))
         if not files:
             continue
