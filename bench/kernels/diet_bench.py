@@ -302,22 +302,19 @@ def render_markdown(summary, meta):
 
 # ---- the real timer: torch for cuDNN, the library for ours --------------------------------------------
 
-class LibraryTimer:
-    """cuDNN through torch (cudnn_bench.cudnn_dense_causal) and our kernels through libcad_kernel_timer."""
+class KernelLibrary:
+    """Our kernels through one build of libcad_kernel_timer.so (ctypes; no torch). Several builds can be
+    loaded side by side in one process (ab_bench.py): build_timer.sh links each with -Bsymbolic, so every
+    library calls its own kernels."""
     VERSION = 1
     OK, INVALID, NO_MEMORY, CUDA_ERROR = 0, 1, 2, 3
 
     def __init__(self, lib_path, hq, hkv):
-        import torch  # noqa: F401  (imported here: the summary code must import without it)
-        sys.path.insert(0, HERE)
-        import cudnn_bench
-        self.torch, self.cudnn_bench = torch, cudnn_bench
-        self.hq, self.hkv = hq, hkv
-        torch.cuda.init()  # one CUDA context, shared by torch and the library
+        self.path, self.hq, self.hkv = lib_path, hq, hkv
         self.lib = ctypes.CDLL(os.path.abspath(lib_path))
         if self.lib.cad_kernel_timer_version() != self.VERSION:
             raise RuntimeError(f"{lib_path}: timer version {self.lib.cad_kernel_timer_version()}, expected "
-                               f"{self.VERSION} (rebuild it: run_diet.sh)")
+                               f"{self.VERSION} (rebuild it: build_timer.sh)")
         i64, i32 = ctypes.c_int64, ctypes.c_int
         self.lib.cad_kernel_time_case.argtypes = [ctypes.POINTER(i64), i64, i64, i64, i32, i32, i32, i32, i32, i32, i32,
                                                   ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_size_t]
@@ -327,6 +324,34 @@ class LibraryTimer:
         if self.lib.cad_kernel_timer_device(name, 256, ctypes.byref(sms), ctypes.byref(hopper), err, 1024) != 0:
             raise RuntimeError(f"{lib_path}: {err.value.decode()}")
         self.device = f"{name.value.decode()} ({sms.value} SMs, {'wgmma' if hopper.value else 'mma.sync'} kernels)"
+
+    def ours(self, batch, d, warmups, reps):
+        """(fwd_ms, bwd_ms) of the batch; SkipCase where it does not fit in device memory."""
+        segs = batch["segments"]
+        flat = (ctypes.c_int64 * (4 * len(segs)))(*[x for s in segs for x in s])
+        out = (ctypes.c_double * 2)()
+        err = ctypes.create_string_buffer(2048)
+        rc = self.lib.cad_kernel_time_case(flat, len(segs), batch["tq"], batch["tk"], 1, d, self.hq, self.hkv,
+                                           warmups, reps, 1, out, err, 2048)
+        if rc == self.NO_MEMORY:
+            raise SkipCase(err.value.decode())
+        if rc != self.OK:
+            raise RuntimeError(f'{self.path}: {batch["name"]} at D={d}: {err.value.decode()}')
+        return out[0], out[1]
+
+
+class LibraryTimer:
+    """cuDNN through torch (cudnn_bench.cudnn_dense_causal) and our kernels through libcad_kernel_timer."""
+
+    def __init__(self, lib_path, hq, hkv):
+        import torch  # noqa: F401  (imported here: the summary code must import without it)
+        sys.path.insert(0, HERE)
+        import cudnn_bench
+        self.torch, self.cudnn_bench = torch, cudnn_bench
+        self.hq, self.hkv = hq, hkv
+        torch.cuda.init()  # one CUDA context, shared by torch and the library
+        self.kernels = KernelLibrary(lib_path, hq, hkv)
+        self.device = self.kernels.device
 
     def software(self):
         t = self.torch
@@ -340,22 +365,12 @@ class LibraryTimer:
         self.torch.cuda.empty_cache()
 
     def ours(self, batch, d, warmups, reps):
-        segs = batch["segments"]
-        flat = (ctypes.c_int64 * (4 * len(segs)))(*[x for s in segs for x in s])
-        out = (ctypes.c_double * 2)()
-        err = ctypes.create_string_buffer(2048)
-        rc = self.lib.cad_kernel_time_case(flat, len(segs), batch["tq"], batch["tk"], 1, d, self.hq, self.hkv,
-                                           warmups, reps, 1, out, err, 2048)
-        if rc == self.NO_MEMORY:
-            raise SkipCase(err.value.decode())
-        if rc != self.OK:
-            raise RuntimeError(f'{batch["name"]} at D={d}: {err.value.decode()}')
-        return out[0], out[1]
+        return self.kernels.ours(batch, d, warmups, reps)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lib", required=True, help="libcad_kernel_timer.so (run_diet.sh builds it)")
+    ap.add_argument("--lib", required=True, help="libcad_kernel_timer.so (build_timer.sh builds it)")
     ap.add_argument("--batches", default=os.path.join(HERE, "diet_batches.txt"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--head-dims", default="64,128")
