@@ -38,10 +38,11 @@
 //    mbarrier per dS^T buffer, see the consumer loop); at D=64 each waits only for its own four warps. dS^T
 //    and dQ are double-buffered in shared memory, so the two drift out of phase and one's elementwise work
 //    overlaps the other's products.
-// K and V are loaded once per block by the consumers (cp.async, rows past the tile's keys zero-filled). Rows
-// of Q/dO past the segment's end (a partial last query tile) come from whatever follows in memory and are
-// zeroed in shared memory before use, so that 0 * (garbage) cannot reach dK/dV; their dQ rows are then
-// exactly 0 and the reduction adds nothing to the rows it touches past the segment.
+// K and V are loaded once per block by the consumers (cp.async, rows past the tile's keys zero-filled; the
+// first step waits for K before S^T and for V only before dP^T). Rows of Q/dO past the segment's end (a
+// partial last query tile) come from whatever follows in memory and are zeroed in shared memory before
+// use, so that 0 * (garbage) cannot reach dK/dV; their dQ rows are then exactly 0 and the reduction adds
+// nothing to the rows it touches past the segment.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -129,12 +130,15 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
 
   const int64_t kv_stride = static_cast<int64_t>(p.hq / p.group) * D;
   const int64_t key_row0 = item.kv_row + item.kv_begin;
+  // K and V in two groups: the first step's S^T = K Q^T needs only K, so V's load runs under it (the
+  // first step waits for V before dP^T = V dO^T).
   load_tile_atoms_async<BN, D, 256>(reinterpret_cast<__nv_bfloat16*>(base + T::kKOff),
                                     p.k + key_row0 * kv_stride + kv_head * D, kv_stride, item.kv_rows, ctid);
+  cp_async_commit();
   load_tile_atoms_async<BN, D, 256>(reinterpret_cast<__nv_bfloat16*>(base + T::kVOff),
                                     p.v + key_row0 * kv_stride + kv_head * D, kv_stride, item.kv_rows, ctid);
   cp_async_commit();
-  cp_async_wait<0>();
+  cp_async_wait<1>();
   fence_proxy_async_smem();
   named_barrier_sync(kBwdBarConsumers, 256);
 
@@ -187,6 +191,11 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
       fence_registers(dq);
       bwd90_store_dq<T>(p, dq, dq_addr, it - 1, cwarp, wg, g, t);
     }
+    if constexpr (!kPrev) {  // the first step: V's copies (every consumer thread's) land before dP^T
+      cp_async_wait<0>();
+      fence_proxy_async_smem();
+      named_barrier_sync(kBwdBarConsumers, 256);
+    }
     bwd90_issue_keys_x_queries<T>(dpt, v_addr, do_buf, wg);
     wgmma_wait<1>();
     fence_registers(st);
@@ -222,7 +231,11 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     // Q, dO, LSE, Delta of stage s are no longer needed (arrive only where the producer will wait).
     if (it + S < n_iter) named_barrier_arrive(kBwdBarStageEmpty + s, kBwdStageBarThreads);
   };
-  if (n_iter > 0) step(0, std::false_type{});
+  if (n_iter > 0) {
+    step(0, std::false_type{});
+  } else {
+    cp_async_wait<0>();  // no step read V; its copies still finish before the block ends
+  }
   for (int it = 1; it < n_iter; ++it) step(it, std::true_type{});
   if (n_iter > 0) {
     float dq[32];

@@ -97,8 +97,8 @@ __device__ __forceinline__ void fwd90_issue_pv(float (&o)[D / 2], const uint32_t
 
 // One unit of consumer warpgroup cw (thread wtid of it): every K/V tile of the unit through S, the softmax
 // step (softmax_tile(s, j, alpha): sm90/fwd_softmax.cuh, with the unit's masks and row statistics) and PV
-// into o_acc (zeroed by the caller), then Q handed back. `tiles_used` counts this block's earlier K/V
-// tiles, as the producer's `tiles_issued` does. (units_done by reference and the softmax as the caller's
+// into o_acc (zeroed by the caller); Q is handed back as soon as the unit's last S product is done.
+// `tiles_used` counts this block's earlier K/V tiles, as the producer's `tiles_issued` does. (units_done by reference and the softmax as the caller's
 // lambda: passed as values, the compiler numbers the loop's registers differently and ptxas allocates
 // them differently; this split of the kernel into files left the SASS unchanged.)
 template <typename T, int D, typename SoftmaxTile>
@@ -121,6 +121,7 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
     wgmma_wait<0>();
     fence_registers(s);
     fwd90_release(sm.k_empty(stage), lane);
+    if (n_tiles == 1) fwd90_release(sm.q_empty(), lane);  // the unit's last S: Q is free (see the loop)
     softmax_tile(s, 0, alpha);
     accumulator_to_a_fragments(s, pa);
     // Tile j: S_j and O += P_{j-1} V_{j-1} in flight together; softmax of S_j under the PV product.
@@ -137,6 +138,9 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
       wgmma_wait<1>();
       fence_registers(s);
       fwd90_release(sm.k_empty(stage), lane);
+      // The unit's last S is done: Q goes back now, so the producer loads the next unit's Q (and then its
+      // first K/V tiles) under this tile's softmax, the last PV product and the epilogue, instead of after them.
+      if (j == n_tiles - 1) fwd90_release(sm.q_empty(), lane);
       softmax_tile(s, j, alpha);
       wgmma_wait<0>();
       fence_registers(o_acc);
@@ -166,8 +170,9 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
     fence_registers(o_acc);
     fwd90_release(sm.v_empty(stage), lane);
     tiles_used += n_tiles;
+  } else {
+    fwd90_release(sm.q_empty(), lane);  // no keys: Q was never read
   }
-  fwd90_release(sm.q_empty(), lane);
 }
 
 }  // namespace cad::kernels::detail
