@@ -56,15 +56,25 @@ __device__ __forceinline__ void bwd90_store_dq(const BwdParams& p, const float (
   const int b = j % NB;
   if (j >= NB) named_barrier_sync(kBwdBarDQEmpty + b, kBwdDQBarThreads);
   const uint32_t dq_buf = dq_addr + b * T::kDQBytes;
+  // A 64-bit store is served per half-warp (16 lanes, 128 bytes). Half-warp h holds 4 of the warp's 8 rows
+  // (g = 4h..4h+3). If every lane stored n8 block i in instruction i, lanes t = 0,1 and t = 2,3 would write
+  // chunks 2c and 2c + 1 (c = i % 4) of those rows, which the row XOR-swizzle maps onto only 4 distinct
+  // 16-byte chunks: every bank twice, two wavefronts per half-warp (ncu on H200: 2.5 wavefronts per
+  // shared-store request in this kernel, 1.5 ideal). Lanes t = 2,3 therefore store block i ^ 2 (units
+  // 4 apart), so the 16 lanes cover 8 distinct chunks: one wavefront per half-warp. The values are picked
+  // by a select, not by a lane-dependent register index (which would go through local memory).
+  const bool upper = (t & 2) != 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = (cwarp % 4) * 16 + g + r * 8;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int i = 0; i < 8; ++i) {
+      const int nt = upper ? i ^ 2 : i;
       const int box = 2 * wg + nt / 4, unit = (nt % 4) * 2 + t / 2;
       const uint32_t addr = dq_buf + box * (BM * 128) + row * 128 + ((unit ^ (row & 7)) << 4) + (t & 1) * 8;
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[nt * 4 + 2 * r] * p.scale),
-                   "f"(dq[nt * 4 + 2 * r + 1] * p.scale)
+      const float v0 = upper ? dq[(i ^ 2) * 4 + 2 * r] : dq[i * 4 + 2 * r];
+      const float v1 = upper ? dq[(i ^ 2) * 4 + 2 * r + 1] : dq[i * 4 + 2 * r + 1];
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v0 * p.scale), "f"(v1 * p.scale)
                    : "memory");
     }
   }
