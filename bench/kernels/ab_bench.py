@@ -29,11 +29,12 @@ def dense_case(n):
     return {"name": f"dense_causal_{n // 1024}k", "tq": n, "tk": n, "segments": [(0, n, 0, n)]}
 
 
-def run_ab(cases, head_dims, rounds, timers, hq, reps, warmups, deadline_s=None, clock=time.monotonic, log=print):
+def run_ab(cases, head_dims, rounds, timers, hq, reps, warmups, deadline_s=None, clock=time.monotonic, log=print,
+           on_round=None):
     """rounds x head dims x cases x libraries. timers: [(name, timer)], timer.ours(case, d, warmups, reps)
     -> (fwd_ms, bwd_ms), SkipCase where it cannot run. Returns {"rounds": [...]}, each round
     {d: {case: {lib: {"fwd_tflops", "bwd_tflops"} or {"skipped": why}}}}. A round that would end past
-    deadline_s (the longest so far as the guess) is not started."""
+    deadline_s (the longest so far as the guess) is not started; on_round(result so far) after each round."""
     out, start, longest = [], clock(), 0.0
     for r in range(rounds):
         now = clock()
@@ -59,6 +60,8 @@ def run_ab(cases, head_dims, rounds, timers, hq, reps, warmups, deadline_s=None,
         out.append(rnd)
         longest = max(longest, clock() - now)
         log(f"round {r + 1} done in {clock() - now:.1f} s")
+        if on_round:
+            on_round({"rounds": out})
     return {"rounds": out}
 
 
@@ -168,16 +171,18 @@ def main(argv=None):
             "command": " ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:]))}
     print(f"{len(cases)} cases x {len(head_dims)} head dims x {len(names)} libraries x {args.rounds} rounds on "
           f"{meta['gpu']}", flush=True)
+    def save(result):  # after every round, so that a run cut short keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, **result, "summary": summarize(result, names)}, f, indent=1)
+
     t0 = time.monotonic()
     result = run_ab(cases, head_dims, args.rounds, timers, args.hq, args.reps, args.warmups, args.deadline,
-                    log=lambda m: print(m, flush=True))
+                    log=lambda m: print(m, flush=True), on_round=save)
     meta["wall_s"] = time.monotonic() - t0
-    summary = summarize(result, names)
-    text = render_markdown(summary, names, meta)
+    save(result)
+    text = render_markdown(summarize(result, names), names, meta)
     print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, **result, "summary": summary}, f, indent=1)
     if args.md:
         with open(args.md, "w") as f:
             f.write(text + "\n")

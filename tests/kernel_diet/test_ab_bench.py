@@ -85,11 +85,12 @@ class AbBench(unittest.TestCase):
     def test_deadline_stops_before_a_round_that_would_pass_it(self):
         # Every call takes one second of a fake clock: a round of 3 cases x 2 libraries takes 6 s, so with
         # a 15 s deadline rounds 1 and 2 run (ending at 6 and 12 s) and round 3 (12 + 6 > 15) does not.
-        calls = []
+        calls, saved = [], []
         timers = [(n, FakeLibrary(n, RATES, 1.0, calls)) for n in ("a", "b")]
         result = ab_bench.run_ab(CASES, [64], 5, timers, HQ, 3, 1, deadline_s=15, clock=lambda: float(len(calls)),
-                                 log=lambda m: None)
+                                 log=lambda m: None, on_round=lambda r: saved.append(len(r["rounds"])))
         self.assertEqual(len(result["rounds"]), 2)
+        self.assertEqual(saved, [1, 2])  # what a run cut short keeps
 
     def test_command_line_refusals(self):
         for argv, expected in ((["--lib", "only=/x.so"], "two or more"),
