@@ -25,8 +25,8 @@ sys.path.insert(0, HERE)
 import diet_bench  # noqa: E402  (parse_batches, FLOPs, KernelLibrary, SkipCase: one definition each)
 
 
-def dense_case(n):
-    return {"name": f"dense_causal_{n // 1024}k", "tq": n, "tk": n, "segments": [(0, n, 0, n)]}
+def is_dense(name):
+    return name.startswith("dense_causal_")  # diet_bench.dense_case's names
 
 
 def run_ab(cases, head_dims, rounds, timers, hq, reps, warmups, deadline_s=None, clock=time.monotonic, log=print,
@@ -47,8 +47,7 @@ def run_ab(cases, head_dims, rounds, timers, hq, reps, warmups, deadline_s=None,
             res = rnd.setdefault(str(d), {})
             for case in cases:
                 fl = diet_bench.forward_flops(case["segments"], d, hq)
-                dense = case["name"].startswith("dense_causal_")
-                w, n = (2, 5 if case["tq"] >= 65536 else 10) if dense else (warmups, reps)
+                w, n = diet_bench.dense_repeats(case["tq"]) if is_dense(case["name"]) else (warmups, reps)
                 for name, timer in order:
                     try:
                         f, b = timer.ours(case, d, w, n)
@@ -65,6 +64,11 @@ def run_ab(cases, head_dims, rounds, timers, hq, reps, warmups, deadline_s=None,
     return {"rounds": out}
 
 
+def _rate(rnd, d, case, name, direction):
+    """A round's TFLOP/s of one library on one case; None where it skipped the case (or never ran it)."""
+    return rnd[d][case].get(name, {}).get(f"{direction}_tflops")
+
+
 def summarize(result, names):
     """Per head dim and case: each library's median TFLOP/s over rounds and, for every library after the
     first, its ratio to the first per round and the median of those; per head dim and direction, the
@@ -77,24 +81,20 @@ def summarize(result, names):
             row = {}
             for name in names:
                 for direction in ("fwd", "bwd"):
-                    rates = [rnd[d][case][name][f"{direction}_tflops"] for rnd in rounds
-                             if "skipped" not in rnd[d][case].get(name, {"skipped": ""})]
+                    rates = [x for x in (_rate(rnd, d, case, name, direction) for rnd in rounds) if x is not None]
                     row[f"{name}_{direction}"] = statistics.median(rates) if rates else None
                     if name == base:
                         continue
-                    ratios = []
-                    for rnd in rounds:
-                        a, b = rnd[d][case].get(base, {}), rnd[d][case].get(name, {})
-                        if "skipped" in a or "skipped" in b or not a or not b or a[f"{direction}_tflops"] <= 0:
-                            continue
-                        ratios.append(b[f"{direction}_tflops"] / a[f"{direction}_tflops"])
+                    pairs = [(_rate(rnd, d, case, base, direction), _rate(rnd, d, case, name, direction))
+                             for rnd in rounds]
+                    ratios = [b / a for a, b in pairs if a and b is not None]
                     row[f"{name}_{direction}_ratios"] = ratios
                     row[f"{name}_{direction}_ratio"] = statistics.median(ratios) if ratios else None
             cases.setdefault(d, {})[case] = row
         for name in names[1:]:
             for direction in ("fwd", "bwd"):
                 v = [row[f"{name}_{direction}_ratio"] for case, row in cases[d].items()
-                     if not case.startswith("dense_causal_") and row[f"{name}_{direction}_ratio"] is not None]
+                     if not is_dense(case) and row[f"{name}_{direction}_ratio"] is not None]
                 spreads[f"{d}/{name}/{direction}"] = diet_bench.spread(v)
     return {"cases": cases, "diet_spread": spreads}
 
@@ -161,7 +161,7 @@ def main(argv=None):
     head_dims = [int(x) for x in args.head_dims.split(",")]
     if args.rounds < 1 or args.reps < 1 or args.warmups < 0 or any(d not in (64, 128) for d in head_dims):
         ap.error("expected --rounds >= 1, --reps >= 1, --warmups >= 0 and head dims among 64, 128")
-    cases = [dense_case(int(n)) for n in args.dense.split(",") if n.strip()]
+    cases = [diet_bench.dense_case(int(n)) for n in args.dense.split(",") if n.strip()]
     if not args.no_diet:
         cases += [b for b in diet_bench.parse_batches(args.batches)
                   if not args.filter or any(f in b["name"] for f in args.filter)]

@@ -92,6 +92,16 @@ def dense_flops(n, d, hq):
     return forward_flops([(0, n, 0, n)], d, hq)
 
 
+def dense_case(n):
+    """Dense causal attention over n tokens as a batch of this file's format (one segment)."""
+    return {"name": f"dense_causal_{n // 1024}k", "tq": n, "tk": n, "segments": [(0, n, 0, n)]}
+
+
+def dense_repeats(n):
+    """(warm-ups, timed calls) of a dense case: cudnn_bench's repeats, fewer at 64K and up."""
+    return 2, (5 if n >= 65536 else 10)
+
+
 def shape_of(batch):
     segs = batch["segments"]
     return {"segments": len(segs), "max_q": max((s[1] for s in segs), default=0),
@@ -108,7 +118,7 @@ def estimate_seconds(batches, head_dims, hq, rounds, reps, warmups):
     total = 0.0
     for d in head_dims:
         diet = sum(forward_flops(b["segments"], d, hq) for b in batches) * (reps + warmups)
-        dense = sum(dense_flops(n, d, hq) * (2 + (5 if n >= 65536 else 10)) for n in DENSE)
+        dense = sum(dense_flops(n, d, hq) * sum(dense_repeats(n)) for n in DENSE)
         # cuDNN: fwd alone, then fwd+bwd; ours: fwd, then bwd.
         total += 3.5 * diet + (1 + 3.5) * dense + 3.5 * dense
     return rounds * total / (ASSUMED_TFLOPS * 1e12)
@@ -145,8 +155,7 @@ def run_rounds(batches, head_dims, rounds, timer, hq, reps, warmups, deadline_s=
                                               "bwd_tflops": tflops(2.5 * fl, b), "note": note}
             timer.release()
             for n in DENSE:
-                dense = {"name": f"dense_causal_{n // 1024}k", "tq": n, "tk": n, "segments": [(0, n, 0, n)]}
-                f, b = timer.ours(dense, d, 2, 5 if n >= 65536 else 10)
+                f, b = timer.ours(dense_case(n), d, *dense_repeats(n))
                 fl = dense_flops(n, d, hq)
                 res["ours_dense"][str(n)] = {"fwd_ms": f, "bwd_ms": b, "fwd_tflops": tflops(fl, f),
                                              "bwd_tflops": tflops(2.5 * fl, b)}

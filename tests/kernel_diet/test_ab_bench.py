@@ -31,7 +31,7 @@ class FakeLibrary:
         return fl / (fwd * self.factor) / 1e9, 2.5 * fl / (bwd * self.factor) / 1e9
 
 
-CASES = [ab_bench.dense_case(4096),
+CASES = [diet_bench.dense_case(4096),
          {"name": "b1", "tq": 256, "tk": 1024, "segments": [(0, 256, 0, 1024)]},
          {"name": "b2", "tq": 512, "tk": 512, "segments": [(0, 200, 0, 300), (200, 312, 300, 212)]}]
 RATES = {"dense_causal_4k": (500.0, 400.0), "b1": (300.0, 200.0), "b2": (450.0, 350.0)}
