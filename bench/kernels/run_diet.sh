@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run_diet.sh BUILD_DIR OUT_DIR [diet_bench.py options] -- our kernels on CAD's real diet against cuDNN, in
-# one process (bench/kernels/diet_bench.py). build_timer.sh builds libcad_kernels.a in BUILD_DIR when it is
-# missing (CMake, CUDA on), then the timing library libcad_kernel_timer.so against it; the driver runs under
-# a time bound. The diet file is committed (bench/kernels/diet_batches.txt), so the document lengths are
+# one process (bench/kernels/diet_bench.py). build_timer.sh (re)builds libcad_kernels.a in BUILD_DIR (CMake,
+# CUDA on; incremental), then the timing library libcad_kernel_timer.so against it; the driver runs under a
+# time bound. The diet file is committed (bench/kernels/diet_batches.txt), so the document lengths are
 # not needed here.
 # Writes OUT_DIR/diet_bench.json (every measurement), OUT_DIR/diet_table.md and OUT_DIR/diet_bench.log.
 # Default settings (3 rounds, head dims 64 and 128): about 3-4 minutes on one H200.
