@@ -129,10 +129,8 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
                                                "call has plan #%llu", static_cast<unsigned long long>(saved->plan_serial),
                                                static_cast<unsigned long long>(given->serial)));
     }
-    if (given != nullptr && saved == nullptr && ctx.config.keep_forward_tensors) {
-      fail(CAD_STATUS_INVALID_ARGUMENT, "backward: keep_forward_tensors is true but the call has no saved state: pass "
-                                        "the handle its forward stored in `saved` (or set keep_forward_tensors false)");
-    }
+    // With a plan, keeping is the caller's choice per forward (it passed `saved` or not): a backward without
+    // saved state re-sends Q/K/V/O/LSE from the owners, whatever keep_forward_tensors says.
     local.matches_last_forward = matches(ctx.last_forward.get(), local.shape, args->pieces, args->num_pieces);
   } catch (const plugin::Failure& f) {
     local.status = f.status();
@@ -170,7 +168,6 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
   CallShape shape = plan->step.shape;
   shape.softmax_scale = local.shape.softmax_scale;
   if (plan->device) {
-    stats.workspace_bytes = device_plan_bytes(*plan->device);
     device_backward(ctx, *plan, shape, args, saved, stats);
   } else {
     cpu_backward(ctx, *plan, shape, args, saved, stats);

@@ -85,19 +85,54 @@ struct DevicePlan {
   DeviceBuffer to_wire, from_wire;  // RowCopy arrays, one per direction, tables at their offsets
   // Rows on the wire per peer: owner side (to / from each server) and server side (from / to each owner).
   std::vector<int64_t> owner_q_rows, owner_kv_rows, server_q_rows, server_kv_rows;
-  DeviceBuffer send, recv;             // wire staging, sized for the largest exchange
   void* pinned_send = nullptr;         // host-staged mode only
   void* pinned_recv = nullptr;
-  size_t wire_bytes = 0;
-  // Server batch scratch (backward outputs always; forward tensors too when nothing is kept).
-  DeviceBuffer q, k, v, o, lse, d_o, d_q, d_k, d_v;
+  size_t wire_bytes = 0;               // one wire staging buffer: the largest exchange
+  WorkspaceSizes sizes;                // of the per-call buffers (CallScratch)
   DeviceBuffer sum_index;  // owner-side dK/dV rows read by several servers (wire_tables.h: shared_*)
   int64_t shared_kv_rows = 0;
 
-  // Every device buffer the plan holds (allocated, counted and released through this one list).
-  std::array<DeviceBuffer*, 14> buffers() {
-    return {&to_wire, &from_wire, &send, &recv, &q, &k, &v, &o, &lse, &d_o, &d_q, &d_k, &d_v, &sum_index};
+  // Every device buffer the plan holds (allocated, counted and released through this one list). The wire
+  // staging and the server batch's scratch are not here: a call takes them from the host's allocator and
+  // gives them back when it ends (CallScratch), so a plan made ahead, or one of two ping-pong plans, holds
+  // no more than its index tables, and between calls the memory serves the application.
+  std::array<DeviceBuffer*, 3> buffers() { return {&to_wire, &from_wire, &sum_index}; }
+};
+
+// The device memory one call works in: the wire staging buffers (allocated where an exchange first needs
+// them) and the server batch's scratch, from the host's allocator on the call's stream, given back in that
+// stream's order when the call ends. Every exchange on the communication stream is joined back to the call's
+// stream before the call returns, so that stream-ordered release cannot hand memory to later work too early.
+class CallScratch {
+ public:
+  CallScratch(CadContext& ctx, const DevicePlan& plan, void* stream) : ctx_(ctx), plan_(plan), stream_(stream) {}
+  CallScratch(const CallScratch&) = delete;
+  CallScratch& operator=(const CallScratch&) = delete;
+  ~CallScratch() {
+    for (DeviceBuffer& b : owned_) release(ctx_, plan_.device, b, stream_);
   }
+
+  void* take(size_t bytes, const char* what) {
+    owned_.push_back(allocate(ctx_, plan_.device, bytes, stream_, what));
+    bytes_ += bytes;
+    return owned_.back().ptr;
+  }
+  std::byte* send() { return wire(send_, "the send buffer"); }
+  std::byte* recv() { return wire(recv_, "the receive buffer"); }
+  int64_t bytes() const { return static_cast<int64_t>(bytes_); }
+
+ private:
+  std::byte* wire(void*& slot, const char* what) {
+    if (slot == nullptr) slot = take(plan_.wire_bytes, what);
+    return static_cast<std::byte*>(slot);
+  }
+  CadContext& ctx_;
+  const DevicePlan& plan_;
+  void* stream_;
+  std::vector<DeviceBuffer> owned_;
+  void* send_ = nullptr;
+  void* recv_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 struct DeviceSaved {
@@ -233,25 +268,11 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
                                                static_cast<int64_t>(to_wire.size()),
                                                static_cast<int64_t>(sum_index.size()));
   plan->wire_bytes = static_cast<size_t>(sizes.wire);
-  plan->send = allocate(ctx, device, plan->wire_bytes, stream, "the send buffer");
-  plan->recv = allocate(ctx, device, plan->wire_bytes, stream, "the receive buffer");
+  plan->sizes = sizes;
   if (ctx.host_staged && plan->wire_bytes > 0) {
     check_cuda(cudaHostAlloc(&plan->pinned_send, plan->wire_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
     check_cuda(cudaHostAlloc(&plan->pinned_recv, plan->wire_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
   }
-  const size_t q_bytes = static_cast<size_t>(sizes.server_q), kv_bytes = static_cast<size_t>(sizes.server_kv);
-  const size_t lse_bytes = static_cast<size_t>(sizes.server_lse);
-  if (!ctx.config.keep_forward_tensors) {
-    plan->q = allocate(ctx, device, q_bytes, stream, "the server batch (Q)");
-    plan->k = allocate(ctx, device, kv_bytes, stream, "the server batch (K)");
-    plan->v = allocate(ctx, device, kv_bytes, stream, "the server batch (V)");
-    plan->o = allocate(ctx, device, q_bytes, stream, "the server batch (O)");
-    plan->lse = allocate(ctx, device, lse_bytes, stream, "the server batch (LSE)");
-  }
-  plan->d_o = allocate(ctx, device, q_bytes, stream, "the server batch (dO)");
-  plan->d_q = allocate(ctx, device, q_bytes, stream, "the server batch (dQ)");
-  plan->d_k = allocate(ctx, device, kv_bytes, stream, "the server batch (dK)");
-  plan->d_v = allocate(ctx, device, kv_bytes, stream, "the server batch (dV)");
   if (owner_kv.shared_rows > 0) {
     plan->sum_index = allocate(ctx, device, static_cast<size_t>(sizes.sum_index), stream, "the dK/dV sum index");
     check_cuda(cudaMemcpyAsync(plan->sum_index.ptr, sum_index.data(), static_cast<size_t>(sizes.sum_index),
@@ -276,8 +297,8 @@ namespace {
 // One call's view of the plan: the exchange primitives over its tables and buffers.
 class Mover {
  public:
-  Mover(CadContext& ctx, DevicePlan& plan, cudaStream_t stream, bool drain, CallStats& stats)
-      : ctx_(ctx), plan_(plan), stream_(stream), drain_(drain), stats_(stats), rt_(*ctx.device) {}
+  Mover(CadContext& ctx, DevicePlan& plan, CallScratch& scratch, cudaStream_t stream, bool drain, CallStats& stats)
+      : ctx_(ctx), plan_(plan), scratch_(scratch), stream_(stream), drain_(drain), stats_(stats), rt_(*ctx.device) {}
 
   // Rows of one tensor, owners -> servers (src: an owner tensor, dst: a server batch tensor) or back.
   void rows(Direction direction, RunSet set, const void* src, void* dst, int64_t row_bytes) {
@@ -288,7 +309,7 @@ class Mover {
     const std::vector<int64_t>* send_rows = nullptr;
     const std::byte* send = pack(send_table, src, row_bytes, &send_rows);
     const bool recv_in_place = in_place(recv_table);
-    std::byte* recv = recv_in_place ? static_cast<std::byte*>(dst) : buffer(plan_.recv);
+    std::byte* recv = recv_in_place ? static_cast<std::byte*>(dst) : scratch_.recv();
     exchange(send, recv, direction, set, row_bytes, send_rows, recv_in_place ? &recv_table.peer_row : nullptr);
     if (!recv_in_place && !drain_) {
       check_cuda(kernels::copy_row_ranges(recv, dst, row_bytes, from_wire(recv_table), recv_table.count, stream_),
@@ -303,8 +324,8 @@ class Mover {
     const bool to_servers = direction == Direction::ToServers;
     const Table& from = plan_.tables[to_servers ? OwnerQ : ServerQ];
     const Table& to = plan_.tables[to_servers ? ServerQ : OwnerQ];
-    float* send = reinterpret_cast<float*>(plan_.send.ptr);
-    float* recv = reinterpret_cast<float*>(plan_.recv.ptr);
+    float* send = reinterpret_cast<float*>(scratch_.send());
+    float* recv = reinterpret_cast<float*>(scratch_.recv());
     if (!drain_) {
       check_cuda(kernels::copy_strided_rows_f32(src, 1, src_rows, send, heads, 1, heads, to_wire(from), from.count,
                                                 stream_), "pack LSE");
@@ -329,7 +350,7 @@ class Mover {
     const int64_t row_bytes = s.kv_row_bytes();
     const std::vector<int64_t>* send_rows = nullptr;
     const std::byte* send = pack(st, server_partial, row_bytes, &send_rows);
-    std::byte* recv = buffer(plan_.recv);
+    std::byte* recv = scratch_.recv();
     exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes, send_rows, nullptr);
     if (drain_) return;
     const Table& single = plan_.tables[OwnerKvSingle];
@@ -342,7 +363,6 @@ class Mover {
   }
 
  private:
-  static std::byte* buffer(const DeviceBuffer& b) { return static_cast<std::byte*>(b.ptr); }
   const RowCopy* to_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.to_wire.ptr) + t.offset; }
   const RowCopy* from_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.from_wire.ptr) + t.offset; }
 
@@ -354,7 +374,7 @@ class Mover {
       return static_cast<const std::byte*>(src);
     }
     *peer_rows = nullptr;
-    std::byte* send = buffer(plan_.send);
+    std::byte* send = scratch_.send();
     if (!drain_) {
       check_cuda(kernels::copy_row_ranges(src, send, row_bytes, to_wire(table), table.count, stream_),
                  "pack (gather kernel)");
@@ -427,6 +447,7 @@ class Mover {
 
   CadContext& ctx_;
   DevicePlan& plan_;
+  CallScratch& scratch_;
   cudaStream_t stream_;
   bool drain_;
   CallStats& stats_;
@@ -453,27 +474,39 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
   const int32_t me = ctx.comm->rank();
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(me)];
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes(), hq = shape.num_q_heads;
+  CallScratch scratch(ctx, dp, call_stream);
 
-  // The server batch: in the saved state (kept for backward) or in the plan's scratch.
-  void *q = dp.q.ptr, *k = dp.k.ptr, *v = dp.v.ptr, *o = dp.o.ptr, *lse = dp.lse.ptr;
-  if (keep != nullptr && !drain) {
-    keep->device.reset(new DeviceSaved);
-    keep->device.get_deleter().ctx = &ctx;
-    DeviceSaved& s = *keep->device;
-    s.device = dp.device;
-    s.stream = call_stream;
+  // The server batch: in the saved state (kept for backward) or in this call's scratch.
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
+  if (!drain) {
     try {
-      s.q = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * q_bytes), args->stream, "the kept server Q");
-      s.k = allocate(ctx, dp.device, static_cast<size_t>(batch.kv_rows * kv_bytes), args->stream, "the kept server K");
-      s.v = allocate(ctx, dp.device, static_cast<size_t>(batch.kv_rows * kv_bytes), args->stream, "the kept server V");
-      s.o = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * q_bytes), args->stream, "the kept server O");
-      s.lse = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * hq) * sizeof(float), args->stream,
-                       "the kept server LSE");
+      if (keep != nullptr) {
+        keep->device.reset(new DeviceSaved);
+        keep->device.get_deleter().ctx = &ctx;
+        DeviceSaved& s = *keep->device;
+        s.device = dp.device;
+        s.stream = call_stream;
+        s.q = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * q_bytes), call_stream, "the kept server Q");
+        s.k = allocate(ctx, dp.device, static_cast<size_t>(batch.kv_rows * kv_bytes), call_stream, "the kept server K");
+        s.v = allocate(ctx, dp.device, static_cast<size_t>(batch.kv_rows * kv_bytes), call_stream, "the kept server V");
+        s.o = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * q_bytes), call_stream, "the kept server O");
+        s.lse = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * hq) * sizeof(float), call_stream,
+                         "the kept server LSE");
+        q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
+        stats.saved_bytes = total_bytes(s.buffers());
+      } else {
+        const WorkspaceSizes& z = dp.sizes;
+        q = scratch.take(static_cast<size_t>(z.server_q), "the server batch (Q)");
+        k = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (K)");
+        v = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (V)");
+        o = scratch.take(static_cast<size_t>(z.server_q), "the server batch (O)");
+        lse = scratch.take(static_cast<size_t>(z.server_lse), "the server batch (LSE)");
+      }
     } catch (const plugin::Failure&) {
       // Out of memory before any exchange: the peers wait for this rank's part of them. Run the call drained
-      // (the same collectives on the plan's wire buffers, nothing computed), then report. Without it the
-      // peers waited for the communicator's timeout (a trainer on 4 GPUs, 2026-11-26).
-      keep->device.reset();
+      // (the same collectives on wire buffers, nothing computed), then report. Without it the peers waited
+      // for the communicator's timeout (a trainer on 4 GPUs, 2026-11-26).
+      if (keep != nullptr) keep->device.reset();
       try {
         CallStats ignored;
         device_forward(ctx, plan, shape, args, nullptr, ignored, /*drain=*/true);
@@ -482,10 +515,8 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
       }
       throw;
     }
-    q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
-    stats.saved_bytes = total_bytes(s.buffers());
   }
-  Mover move(ctx, dp, stream, drain, stats);
+  Mover move(ctx, dp, scratch, stream, drain, stats);
   move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
   move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
   move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
@@ -497,14 +528,15 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
         CAD_STATUS_OK) {
       // Peers wait for this rank's results: finish the collectives (drained) before reporting.
       CallStats ignored;
-      Mover(ctx, dp, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
-      Mover(ctx, dp, stream, true, ignored).lse(Direction::ToOwners, nullptr, 0, nullptr, 0, hq);
+      Mover(ctx, dp, scratch, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
+      Mover(ctx, dp, scratch, stream, true, ignored).lse(Direction::ToOwners, nullptr, 0, nullptr, 0, hq);
       server_failed(ctx, "forward");
     }
   }
   move.rows(Direction::ToOwners, RunSet::Q, o, drain ? nullptr : data(args->o), q_bytes);
   move.lse(Direction::ToOwners, static_cast<float*>(lse), batch.q_rows,
            drain ? nullptr : static_cast<float*>(data(args->lse)), shape.tokens, hq);
+  stats.workspace_bytes = device_plan_bytes(dp) + scratch.bytes();
 }
 
 void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
@@ -517,11 +549,38 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   const int32_t me = ctx.comm->rank();
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(me)];
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes(), hq = shape.num_q_heads;
-  Mover move(ctx, dp, stream, drain, stats);
-
-  void *q = dp.q.ptr, *k = dp.k.ptr, *v = dp.v.ptr, *o = dp.o.ptr, *lse = dp.lse.ptr;
   const bool kept = saved != nullptr && saved->device != nullptr;
-  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), dp.d_o.ptr, q_bytes);
+  CallScratch scratch(ctx, dp, call_stream);
+
+  // The server batch's gradients, and its forward tensors unless they were kept: this call's scratch.
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
+  void *d_o = nullptr, *d_q = nullptr, *d_k = nullptr, *d_v = nullptr;
+  if (!drain) {
+    const WorkspaceSizes& z = dp.sizes;
+    try {
+      d_o = scratch.take(static_cast<size_t>(z.server_q), "the server batch (dO)");
+      d_q = scratch.take(static_cast<size_t>(z.server_q), "the server batch (dQ)");
+      d_k = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (dK)");
+      d_v = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (dV)");
+      if (!kept) {
+        q = scratch.take(static_cast<size_t>(z.server_q), "the server batch (Q)");
+        k = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (K)");
+        v = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (V)");
+        o = scratch.take(static_cast<size_t>(z.server_q), "the server batch (O)");
+        lse = scratch.take(static_cast<size_t>(z.server_lse), "the server batch (LSE)");
+      }
+    } catch (const plugin::Failure&) {
+      // As in the forward: let the peers finish this call's exchanges before reporting.
+      try {
+        CallStats ignored;
+        device_backward(ctx, plan, shape, args, nullptr, ignored, /*drain=*/true);
+      } catch (const plugin::Failure&) {
+      }
+      throw;
+    }
+  }
+  Mover move(ctx, dp, scratch, stream, drain, stats);
+  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes);
   if (kept) {
     DeviceSaved& s = *saved->device;
     q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
@@ -539,15 +598,16 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   if (batch.q_rows > 0 && !drain) {
     ServerBatchTensors t;
     t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
-    t.d_o = dp.d_o.ptr, t.d_q = dp.d_q.ptr, t.d_k = dp.d_k.ptr, t.d_v = dp.d_v.ptr;
+    t.d_o = d_o, t.d_q = d_q, t.d_k = d_k, t.d_v = d_v;
     failed = call_server_backward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device}, call_stream) !=
              CAD_STATUS_OK;
   }
   const bool skip = drain || failed;
-  Mover back(ctx, dp, stream, skip, stats);
-  back.rows(Direction::ToOwners, RunSet::Q, dp.d_q.ptr, skip ? nullptr : data(args->d_q), q_bytes);
-  back.kv_sums_to_owners(dp.d_k.ptr, skip ? nullptr : data(args->d_k), shape);
-  back.kv_sums_to_owners(dp.d_v.ptr, skip ? nullptr : data(args->d_v), shape);
+  Mover back(ctx, dp, scratch, stream, skip, stats);
+  back.rows(Direction::ToOwners, RunSet::Q, d_q, skip ? nullptr : data(args->d_q), q_bytes);
+  back.kv_sums_to_owners(d_k, skip ? nullptr : data(args->d_k), shape);
+  back.kv_sums_to_owners(d_v, skip ? nullptr : data(args->d_v), shape);
+  stats.workspace_bytes = device_plan_bytes(dp) + scratch.bytes();
   if (failed) server_failed(ctx, "backward");
 }
 

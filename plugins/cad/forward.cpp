@@ -94,7 +94,6 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
   std::unique_ptr<Saved> saved = keep ? std::make_unique<Saved>() : nullptr;
   if (saved) saved->plan_serial = plan->serial;
   if (plan->device) {
-    stats.workspace_bytes = device_plan_bytes(*plan->device);
     device_forward(ctx, *plan, shape, args, saved.get(), stats);
   } else {
     cpu_forward(ctx, *plan, shape, args, saved.get(), stats);

@@ -34,7 +34,7 @@ struct CallStats {
   // forward bytes should equal these.
   std::vector<int64_t> model_forward_bytes_sent, model_forward_bytes_received;
   double imbalance = 1.0;  // max / mean server cost
-  int64_t workspace_bytes = 0;  // device memory the plan holds on this rank (CUDA path)
+  int64_t workspace_bytes = 0;  // device memory of the plan (index tables) and of this call's scratch (CUDA path)
   int64_t saved_bytes = 0;      // device memory this forward keeps for its backward (CUDA path)
 };
 
