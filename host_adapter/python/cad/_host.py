@@ -109,9 +109,14 @@ class Host:
         self.instance = instance
         self.name = attention
 
+    @property
+    def closed(self):
+        return not getattr(self, "_handle", None)
+
     def close(self):
         if getattr(self, "_handle", None):
-            # Plans and saved states still held by Python objects go back before their instance does.
+            # Plans and saved states still held by Python objects go back before their instance does; the
+            # Python objects see `closed` and refuse to be used afterwards (cad.Plan.check_usable).
             for release in list(self.releases):
                 release()
             self._lib.cad_host_destroy(self._handle)

@@ -4,6 +4,13 @@ Two torch.library custom ops, cad::varlen_fwd and cad::varlen_bwd, each with a f
 that torch.compile traces through them; register_autograd joins them into one differentiable op. A plan
 crosses as its integer id; the forward's saved state (the CAD servers' copy of Q/K/V/O/LSE) as a one-element
 int64 key tensor that the backward hands back and releases.
+
+Memory: a token's tensors are kept once. Where the servers kept a forward's Q/K/V/O/LSE (cad.init's
+keep_forward_tensors), the autograd context saves no copy of q, k, v, o: it saves stand-ins of the same shape,
+dtype and device that own no memory (a zero-stride expansion of one element), which activation checkpointing's
+check of recomputed tensors accepts, and the backward hands the plugin its gradient buffers in their place
+(CAD reads none of q/k/v/o when given saved state: plugins/cad/README.md). Otherwise the context saves them,
+as local attention does, and the backward re-sends them.
 """
 import ctypes as C
 import itertools
@@ -14,7 +21,7 @@ from typing import Optional
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import _abi, _plan, _runtime
+from . import _abi, _documents, _plan, _runtime
 from ._errors import CadError
 from ._tensors import Described, current_stream
 
@@ -50,13 +57,7 @@ def _segments(cu_seqlens, tokens):
 
 
 def _segment_table(cu_seqlens, tokens):
-    if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise CadError(f"cad.varlen_attn: cu_seqlens must be a 1-D int32 tensor [num_docs + 1], got "
-                       f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
-    cu = cu_seqlens.to("cpu", torch.int64).tolist()
-    if not cu or cu[0] != 0 or cu[-1] != tokens or any(b < a for a, b in zip(cu, cu[1:])):
-        raise CadError(f"cad.varlen_attn: cu_seqlens must rise from 0 to T = {tokens} (q's rows), got "
-                       f"{cu[:4]}{'...' if len(cu) > 4 else ''} ending at {cu[-1] if cu else None}")
+    cu = _documents.offsets(cu_seqlens, "cad.varlen_attn", tokens)
     n = len(cu) - 1
     table = (_abi.Segment * max(n, 1))()
     for i in range(n):
@@ -78,6 +79,7 @@ def _call_plan(plan_id, q, k):
     if plan_id < 0:
         return None
     plan = _plan.lookup(plan_id)
+    plan.check_usable(q.device)
     if plan.handle is None:
         plan.make(q.shape[1], k.shape[1], q.shape[2], q.dtype, q.device)
     return plan
@@ -100,7 +102,9 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: O
     args.causal = 1 if causal else 0
     args.stream = current_stream(q.device)
     slot = C.c_void_p()
-    if plan is not None and keep:
+    # keep: the caller needs a backward. Whether the servers keep this forward's tensors for it is the stack's
+    # policy (cad.init), decided here at run time, where a recomputation inside a backward is visible.
+    if plan is not None and keep and _runtime.keeps_forward(torch._C._current_graph_task_id() != -1):
         args.saved = C.pointer(slot)
     with _runtime.timed(q.device):
         host.forward(args)
@@ -130,6 +134,8 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     args = _abi.BackwardArgs()
     args.struct_size = C.sizeof(args)
     host = _describe_batch(args, plan, cu_seqlens, q.shape[0])(q.device)
+    if _stand_in(q):  # the servers kept q/k/v/o: the plugin reads none of them, only their shapes
+        q, k, v, o = d_q, d_k, d_v, d_o
     tensors = [Described(t) for t in (q, k, v, o, lse, d_o, d_q, d_k, d_v)]
     args.q, args.k, args.v, args.o, args.lse, args.d_o, args.d_q, args.d_k, args.d_v = (t.ptr for t in tensors)
     args.softmax_scale = softmax_scale
@@ -138,6 +144,10 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     key = int(saved_key[0])
     entry = _saved.get(key)
     args.saved = entry[1] if entry is not None else None
+    if args.saved is None and plan is not None and _stand_in(q):
+        raise CadError(f"cad.varlen_attn backward: the servers' kept state of this forward (plan #{plan.id}) is gone "
+                       f"and the autograd context holds no copy of q/k/v/o to re-send; was the forward's output "
+                       f"kept past a cad.init() or cad.shutdown()?", "INVALID_ARGUMENT")
     try:
         with _runtime.timed(q.device):
             host.backward(args)
@@ -151,13 +161,36 @@ def _(d_o, q, k, v, o, lse, cu_seqlens, plan_id, saved_key, causal, softmax_scal
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+def _stand_in(t):
+    """A tensor that owns no memory for its shape (see the module doc): a zero-stride expansion."""
+    return t.dim() > 0 and t.numel() > 1 and all(s == 0 for s in t.stride())
+
+
+def _kept_on_servers(key):
+    """Whether the forward that returned `key` left its tensors on the servers (eager only: under torch.compile
+    the context is set up while tracing, with no plugin call behind it, and saves the tensors)."""
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+        if is_fake(key):
+            return False
+        entry = _saved.get(int(key[0]))
+    except Exception:  # noqa: BLE001 -- a tensor that cannot be read here: save the real tensors
+        return False
+    return entry is not None and bool(entry[1])
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens, plan_id, causal, softmax_scale, keep = inputs
     o, lse, key = output
+    if _kept_on_servers(key):
+        q, k, v, o = (t.new_empty(()).expand(t.shape) for t in (q, k, v, o))
     ctx.save_for_backward(q, k, v, o, lse, key)
     ctx.cu_seqlens = cu_seqlens
     # Under torch.compile plan_id may be symbolic (a new plan per micro-batch does not recompile); the plan is
-    # kept alive through the saved key (see _saved).
+    # then kept alive through the saved key (see _saved). In eager mode the context holds the plan itself: under
+    # activation checkpointing the first forward's key is dropped with its saved tensors, and the backward and
+    # the recomputed forward must still find the plan that forward used.
+    ctx.plan = _plan._plans.get(plan_id) if isinstance(plan_id, int) else None
     ctx.plan_id, ctx.causal, ctx.softmax_scale = plan_id, causal, softmax_scale
     ctx.mark_non_differentiable(lse, key)
 
@@ -183,6 +216,12 @@ def varlen_attn(q, k, v, cu_seqlens, *, plan=None, causal=True, softmax_scale=No
     """
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or q.dim() != 3 or k.dim() != 3:
         raise CadError("cad.varlen_attn: q must be [T, Hq, D] and k, v [T, Hkv, D] tensors")
+    for name, t in (("k", k), ("v", v)) + ((("cu_seqlens", cu_seqlens),) if cu_seqlens is not None else ()):
+        if t.device != q.device and not (name == "cu_seqlens" and t.device.type == "cpu"):
+            raise CadError(f"cad.varlen_attn: {name} is on {t.device}, q on {q.device}: the tensors must be on one "
+                           f"device (cu_seqlens may also be on the CPU)", "INVALID_ARGUMENT")
+    if q.device.type == "meta":
+        raise CadError("cad.varlen_attn: q, k, v are on the meta device (no data to attend over)", "INVALID_ARGUMENT")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if plan is not None and not isinstance(plan, _plan.Plan):
         raise CadError(f"cad.varlen_attn: plan must be a cad.Plan from cad.plan(...), got {type(plan).__name__}")

@@ -7,24 +7,24 @@ import weakref
 
 import torch
 
-from . import _abi, _runtime
+from . import _abi, _documents, _runtime
 from ._errors import CadError
 from ._tensors import current_stream, device_of, dtype_of
 
 _serials = itertools.count(1)
+_makes = [0]  # collective plan makes in this process (tests check that a backward makes none)
+
+
+def makes_so_far():
+    return _makes[0]
 _plans = weakref.WeakValueDictionary()  # plan id -> Plan, how the custom op (ints only) reaches a plan
 
 
-def pieces_from_cu_seqlens(cu_seqlens, rank):
+def pieces_from_cu_seqlens(cu_seqlens, rank, what="cad.plan"):
     """This rank's documents as pieces: one whole document per cu_seqlens interval (empty ones dropped).
     Document ids are unique across ranks without communication: rank << 32 | index."""
-    cu = cu_seqlens.detach().to("cpu", torch.int64).reshape(-1).tolist()
-    pieces = []
-    for i in range(len(cu) - 1):
-        length = cu[i + 1] - cu[i]
-        if length != 0:  # a negative length goes to the plugin, which names it on every rank
-            pieces.append((rank << 32 | i, length, 0, length))
-    return pieces
+    cu = _documents.offsets(cu_seqlens, what)
+    return [(rank << 32 | i, cu[i + 1] - cu[i], 0, cu[i + 1] - cu[i]) for i in range(len(cu) - 1) if cu[i + 1] > cu[i]]
 
 
 def piece_array(pieces):
@@ -41,12 +41,20 @@ class Plan:
     plan at the same layer), or at once when the shapes are given to cad.plan. `stats` gives the imbalance
     (max/mean server cost), bytes and per-server cost, as soon as the plugin's plan is made. Release with
     `release()` or let it be collected.
+
+    Lifetime: a plan belongs to one micro-batch. Every forward that used it keeps it alive until its backward
+    ran, so a recomputed forward (activation checkpointing) finds the same plan and makes none. It dies with
+    the CAD stack it was made on: after cad.init() or cad.shutdown() it is refused, never handed to the new
+    stack. It is made for the documents `cu_seqlens` held when cad.plan was called: refilling that tensor in
+    place afterwards is refused at the next call (make a new plan for new documents).
     """
 
     def __init__(self, pieces, cu_seqlens=None, causal=True, device=None):
         self.pieces = [tuple(int(x) for x in p) for p in pieces]
         self.tokens = sum(p[3] for p in self.pieces)
         self.cu_seqlens = cu_seqlens
+        self._cu_version = cu_seqlens._version if cu_seqlens is not None else None
+        self.released = False
         self.causal = bool(causal)
         self.device = None if device is None else torch.device(device)
         self.id = next(_serials)
@@ -78,6 +86,7 @@ class Plan:
         args.device = device_of(device)
         args.stream = current_stream(device)
         start = self.make_started_at = time.perf_counter()
+        _makes[0] += 1
         self.handle = host.make_plan(args)
         # Wall time of the whole collective make (agreement, piece tables, balancer, device buffers), which a
         # rank also spends waiting for the others to arrive; the plugin's plan_ms is the balancer's share.
@@ -93,13 +102,30 @@ class Plan:
         if self.handle is not None:
             self._finalizer()
             self.handle = None
+        self.released = True
         _plans.pop(self.id, None)
+
+    def check_usable(self, device, what="cad.varlen_attn"):
+        """Refuse a plan that was released, or whose CAD stack is gone (cad.init / cad.shutdown since), before
+        anything of it reaches the plugin."""
+        if self.released:
+            raise CadError(f"{what}: plan #{self.id} was released", "INVALID_ARGUMENT")
+        if self._host is not None and (self._host.closed or self._host is not _runtime.existing(device)):
+            raise CadError(f"{what}: plan #{self.id} was made on a CAD stack that cad.init() or cad.shutdown() has "
+                           f"closed since; make a new plan with cad.plan(...)", "INVALID_ARGUMENT")
+        if self.device is not None and torch.device(device).type != self.device.type:
+            raise CadError(f"{what}: plan #{self.id} was made for {self.device}, the call's tensors are on {device}",
+                           "INVALID_ARGUMENT")
 
     def pieces_for(self, cu_seqlens, rank):
         """The pieces a call with `cu_seqlens` describes (the plan's own when it is the plan's tensor)."""
-        if cu_seqlens is self.cu_seqlens or cu_seqlens is None:
+        if cu_seqlens is None or cu_seqlens is self.cu_seqlens:
+            if cu_seqlens is not None and cu_seqlens._version != self._cu_version:
+                raise CadError(f"cad.varlen_attn: the cu_seqlens tensor of plan #{self.id} was modified in place after "
+                               f"cad.plan(...) read it; the plan is for the documents it held then. Make a new plan "
+                               f"for new documents", "INVALID_ARGUMENT")
             return self._array, len(self.pieces)
-        pieces = pieces_from_cu_seqlens(cu_seqlens, rank)
+        pieces = pieces_from_cu_seqlens(cu_seqlens, rank, "cad.varlen_attn")
         return piece_array(pieces), len(pieces)
 
     @property

@@ -22,7 +22,7 @@ _settings = {
     "config": None,               # a user stack config (dict or path); overrides everything below
     "communicator": None,         # "host", "mpi", "nccl" (default per device, see above)
     "balancer": "prefix_aware",
-    "keep_forward_tensors": True,
+    "keep_forward_tensors": "auto",
     "min_shard_tokens": 0,
     "timeout_ms": 60000,
     "group": None,                # torch.distributed group (None: the default group)
@@ -33,16 +33,23 @@ _locals = {}
 _lock = threading.Lock()
 
 
-def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors=True, min_shard_tokens=0,
+def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
          timeout_ms=60000, group=None, log_level="warn"):
     """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
 
     config: a full stack config (dict, JSON file path) whose "attention" names the CAD instance; the other
     arguments then do not apply. communicator: "host" (torch.distributed/gloo, CPU memory), "mpi" (under
     mpirun) or "nccl" (CUDA; bootstrapped through torch.distributed). balancer: "colocated", "per_doc_cp",
-    "distca", "prefix_aware". keep_forward_tensors: servers keep Q/K/V/O/LSE for backward (False: re-sent).
+    "distca", "prefix_aware". keep_forward_tensors: where a forward's Q/K/V/O/LSE wait for its backward --
+    True: on the servers that computed it (the backward then moves only dO out and gradients back; the owner
+    keeps no copy, but the servers' O is a second copy of the output), False: on the owners, as local attention
+    keeps them (the backward re-sends them), "auto" (default): kept on the servers only for a forward that runs
+    inside a backward -- a recomputed layer under activation checkpointing, whose state lives until that
+    layer's backward a moment later --, re-sent otherwise, so that CAD holds no more than local attention.
     timeout_ms: every collective's deadline. group: the torch.distributed group CAD spans.
     """
+    if keep_forward_tensors not in (True, False, "auto"):
+        raise CadError(f"cad.init: keep_forward_tensors must be True, False or 'auto', got {keep_forward_tensors!r}")
     if isinstance(config, (str, pathlib.Path)):
         config = json.loads(pathlib.Path(config).read_text())
     with _lock:
@@ -82,11 +89,17 @@ def stack_config(device, settings=None):
             {"name": "server", "plugin": "cuda" if device.type == "cuda" else "reference", "config": {}},
             {"name": "cad", "plugin": "cad", "config": {
                 "communicator": "comm", "balancer": "balancer", "server_backend": "server",
-                "keep_forward_tensors": bool(s["keep_forward_tensors"]),
+                "keep_forward_tensors": s["keep_forward_tensors"] is not False,
                 "min_shard_tokens": int(s["min_shard_tokens"])}},
         ],
         "attention": "cad",
     }
+
+
+def keeps_forward(in_backward):
+    """Whether a forward that needs a backward asks the servers to keep its tensors (see init)."""
+    mode = _settings["keep_forward_tensors"]
+    return in_backward if mode == "auto" else bool(mode)
 
 
 def _key(device):
@@ -116,6 +129,12 @@ def _make_local_backend(device):
     plugin = "cuda" if device.type == "cuda" else "reference"
     return Host({"log_level": _settings["log_level"], "instances": [{"name": "local", "plugin": plugin, "config": {}}],
                  "attention": "local"}, "local")
+
+
+def existing(device):
+    """The CAD stack for `device` if one is up (None otherwise); makes nothing."""
+    with _lock:
+        return _runtimes.get(_key(device))
 
 
 def runtime(device):

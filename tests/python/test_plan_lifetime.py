@@ -1,0 +1,116 @@
+"""What a cad.Plan is tied to, on one process: its CAD stack (a plan kept across cad.init() or cad.shutdown() is
+refused, never handed to the new stack), the documents cu_seqlens held when it was made (refilled in place:
+refused), and one validation of cu_seqlens and of the tensors' devices for the local and the CAD path. Also where
+a forward's tensors wait for the backward (keep_forward_tensors): never twice."""
+import pytest
+import torch
+
+import cad
+from reference import random_batch, sdpa_varlen
+
+
+@pytest.fixture(autouse=True)
+def fresh_stacks():
+    cad.init(timeout_ms=20000)
+    yield
+    cad.shutdown()
+
+
+def test_plan_refused_after_its_stack_closed():
+    q, k, v, cu = random_batch([5, 9], 2, 1, 8)
+    for close in (lambda: cad.init(timeout_ms=20000), cad.shutdown):
+        plan = cad.plan(cu)
+        cad.varlen_attn(q, k, v, cu, plan=plan)  # made on the current stack
+        close()
+        with pytest.raises(cad.CadError, match=f"plan #{plan.id} was made on a CAD stack that .* closed"):
+            cad.varlen_attn(q, k, v, cu, plan=plan)
+
+
+def test_released_plan_refused():
+    q, k, v, cu = random_batch([5, 9], 2, 1, 8)
+    plan = cad.plan(cu)
+    cad.varlen_attn(q, k, v, cu, plan=plan)
+    plan.release()
+    plan.release()  # twice: nothing happens
+    with pytest.raises(cad.CadError, match="released"):
+        cad.varlen_attn(q, k, v, cu, plan=plan)
+
+
+def test_cu_seqlens_refilled_after_plan_refused():
+    q, k, v, cu = random_batch([5, 9], 2, 1, 8)
+    plan = cad.plan(cu)
+    cu[1] = 7  # other documents, same tensor
+    with pytest.raises(cad.CadError, match="modified in place after cad.plan"):
+        cad.varlen_attn(q, k, v, cu, plan=plan)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.tensor([2, 5, 14], dtype=torch.int32), "must start at 0"),
+    (torch.tensor([0.0, 5.5, 14.0]), "1-D int32"),
+    (torch.tensor([[0, 5, 14]], dtype=torch.int32), "1-D int32"),
+    (torch.tensor([0, 9, 5, 14], dtype=torch.int32), "must not decrease"),
+])
+def test_one_cu_seqlens_check_for_both_paths(bad, message):
+    q, k, v, _ = random_batch([5, 9], 2, 1, 8)
+    with pytest.raises(cad.CadError, match=message):
+        cad.varlen_attn(q, k, v, bad)
+    with pytest.raises(cad.CadError, match=message):
+        cad.plan(bad)
+
+
+def test_tensors_on_other_devices_refused():
+    q, k, v, cu = random_batch([5, 9], 2, 1, 8)
+    for name, args in (("k", (q, k.to("meta"), v)), ("v", (q, k, v.to("meta")))):
+        with pytest.raises(cad.CadError, match=f"{name} is on meta"):
+            cad.varlen_attn(*args, cu)
+    with pytest.raises(cad.CadError, match="meta device"):
+        cad.varlen_attn(q.to("meta"), k.to("meta"), v.to("meta"), cu)
+
+
+def _packed(keep, forward):
+    """The tensors the autograd context of one CAD forward saves, with keep_forward_tensors=`keep`."""
+    cad.init(keep_forward_tensors=keep, timeout_ms=20000)
+    q, k, v, cu = random_batch([5, 9, 2], 4, 2, 8, seed=1)
+    plan = cad.plan(cu)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        o = forward(leaves, cu, plan)
+    o.backward(torch.ones_like(o))
+    torch.testing.assert_close(o, sdpa_varlen(q, k, v, cu, True), rtol=1e-5, atol=2e-5)
+    for t, leaf in zip((q, k, v), leaves):
+        want = t.clone().requires_grad_()
+        sdpa_varlen(*(want if x is t else x for x in (q, k, v)), cu, True).backward(torch.ones_like(o))
+        torch.testing.assert_close(leaf.grad, want.grad, rtol=1e-5, atol=2e-5)
+    return [t for t in packed if t.dim() == 3]
+
+
+def _owns_memory(t):
+    return any(s != 0 for s in t.stride())
+
+
+def test_kept_on_servers_means_no_copy_in_the_autograd_context():
+    packed = _packed(True, lambda l, cu, plan: cad.varlen_attn(*l, cu, plan=plan))
+    assert len(packed) == 4 and not any(_owns_memory(t) for t in packed)  # q, k, v, o: stand-ins only
+
+
+def test_re_sent_means_the_context_keeps_them_as_local_attention_does():
+    for keep in (False, "auto"):  # auto: a forward outside any backward re-sends
+        packed = _packed(keep, lambda l, cu, plan: cad.varlen_attn(*l, cu, plan=plan))
+        assert len(packed) == 4 and all(_owns_memory(t) for t in packed)
+
+
+def test_auto_keeps_a_recomputed_forward_on_the_servers():
+    from torch.utils.checkpoint import checkpoint
+    # Under checkpointing the context's tensors come from the recomputation inside the backward: with "auto"
+    # that forward's tensors stay on the servers, and the context holds stand-ins.
+    seen = []
+
+    def attention(q, k, v, cu, plan):
+        seen.append(torch._C._current_graph_task_id() != -1)  # before: a recomputation may stop after the op
+        return cad.varlen_attn(q, k, v, cu, plan=plan)
+
+    _packed("auto", lambda l, cu, plan: checkpoint(attention, *l, cu, plan, use_reentrant=False))
+    assert seen == [False, True]  # the forward, then its recomputation inside the backward
+    from cad import _ops
+    assert not _ops._saved  # every kept state went back after its backward
