@@ -6,8 +6,13 @@
 
 Packed batches: the documents come from the `cu_seq_lens_q` keyword that transformers forwards to attention
 functions (as flash_attention_2 receives it), or else from `position_ids` restarting at 0 at every document;
-with neither, every row of the batch is one document. A plan is made at the model's first attention layer
-(layer_idx 0) of every forward, on every rank (collective), and serves every layer's forward and backward.
+with neither, every row of the batch is one document.
+
+Plans belong to the micro-batch: the plan of a forward is derived from the tensor its documents come from
+(`cu_seq_lens_q`, else `position_ids`), made by the first attention call that sees that tensor (on every rank:
+collective) and reused by every later call that passes the same tensor -- the other layers, and the layers that
+activation checkpointing recomputes inside the backward, which therefore make no plan of their own. It lives as
+long as that tensor (the micro-batch's input) does. Refilling the tensor in place makes a new plan.
 
 A caller that runs a forward in pieces (e.g. two nano-batches through cad.ping_pong, each with its own plan)
 passes each call's documents and plan itself, as layer keywords that transformers forwards to the attention
@@ -15,19 +20,31 @@ function: `cad_cu_seqlens` (int32 [documents + 1]) and, for "cad", `cad_plan` (m
 rank). Neither is then derived nor remembered.
 """
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ._errors import CadError
 from ._ops import varlen_attn
 from ._plan import plan as make_plan
 
-_state = {"plan": None, "key": None, "cu": None}
+# Documents source tensor (by identity) -> _Documents. Weak: an entry goes with the micro-batch's tensor.
+_by_source = WeakIdKeyDictionary()
+# The plan of the last "cad" call, for current_plan() (statistics): it stays alive until the next call's replaces
+# it. Since plans hold only index tables between calls (their buffers are per call), that costs little.
+_last = {"plan": None}
+
+
+class _Documents:
+    """One micro-batch's documents (cu_seqlens, derived once) and its plans by mask (causal or not)."""
+
+    def __init__(self, version, cu):
+        self.version, self.cu, self.plans = version, cu, {}
 
 
 def _cu_seqlens(query, kwargs):
     batch, _, seq, _ = query.shape
     cu = kwargs.get("cu_seq_lens_q")
     if cu is not None:
-        return cu.to(torch.int32)
+        return cu.to(torch.int32, copy=True)  # its own tensor: the entry must not hold its source alive
     positions = kwargs.get("position_ids")
     device = query.device
     if positions is None:
@@ -40,13 +57,18 @@ def _cu_seqlens(query, kwargs):
     return torch.cat([starts, end]).to(torch.int32)
 
 
-def _documents(module, query, kwargs):
-    """cu_seqlens of this forward, computed once at layer 0 and reused by the other layers."""
-    key = kwargs.get("cu_seq_lens_q", kwargs.get("position_ids"))
-    if getattr(module, "layer_idx", 0) == 0 or _state["cu"] is None or _state["key"] is not key:
-        _state["cu"], _state["key"] = _cu_seqlens(query, kwargs), key
-        _state["plan"] = None
-    return _state["cu"]
+def _documents(query, kwargs):
+    """This micro-batch's _Documents, derived once from the tensor its documents come from (None: no such tensor,
+    every row one document, derived per call)."""
+    source = kwargs.get("cu_seq_lens_q")
+    if source is None:
+        source = kwargs.get("position_ids")
+    if source is None:
+        return None
+    entry = _by_source.get(source)
+    if entry is None or entry.version != source._version:
+        entry = _by_source[source] = _Documents(source._version, _cu_seqlens(query, kwargs))
+    return entry
 
 
 def _attention(module, query, key, value, attention_mask, *, distributed, dropout=0.0, scaling=None,
@@ -61,19 +83,28 @@ def _attention(module, query, key, value, attention_mask, *, distributed, dropou
         raise CadError("cad attention: cad_cu_seqlens was passed without its cad_plan (a plan is collective: "
                        "make it with cad.plan on every rank before the forward)")
     batch, heads, seq, dim = query.shape
-    cu = _documents(module, query, kwargs) if cad_cu_seqlens is None else cad_cu_seqlens
     causal = module.is_causal if is_causal is None else is_causal
+    plan, cu = cad_plan, cad_cu_seqlens
+    if cu is None:
+        documents = _documents(query, kwargs)
+        if documents is None:
+            if distributed:
+                raise CadError("cad attention: no position_ids or cu_seq_lens_q reached the attention function, so "
+                               "its documents and plan cannot be tied to the micro-batch; pass position_ids to the "
+                               "model, or cad_plan and cad_cu_seqlens")
+            cu = _cu_seqlens(query, kwargs)
+        else:
+            cu = documents.cu
+            if distributed:
+                plan = documents.plans.get(causal)
+                if plan is None:
+                    plan = documents.plans[causal] = make_plan(cu, causal=causal)
+    if distributed:
+        _last["plan"] = plan
     q = query.transpose(1, 2).reshape(batch * seq, heads, dim).contiguous()
     k = key.transpose(1, 2).reshape(batch * seq, key.shape[1], dim).contiguous()
     v = value.transpose(1, 2).reshape(batch * seq, value.shape[1], dim).contiguous()
-    plan = None
-    if distributed and cad_plan is not None:
-        plan = cad_plan
-    elif distributed:
-        if _state["plan"] is None:
-            _state["plan"] = make_plan(cu, causal=causal)
-        plan = _state["plan"]
-    out = varlen_attn(q, k, v, cu, plan=plan, causal=causal, softmax_scale=scaling)
+    out = varlen_attn(q, k, v, cu, plan=plan if distributed else None, causal=causal, softmax_scale=scaling)
     return out.reshape(batch, seq, heads, dim), None
 
 
@@ -88,8 +119,8 @@ def cad_local_attention(module, query, key, value, attention_mask, **kwargs):
 
 
 def current_plan():
-    """The plan of the last forward's "cad" attention (for plan.stats), or None."""
-    return _state["plan"]
+    """The plan of the last "cad" attention call (for plan.stats), or None."""
+    return _last["plan"]
 
 
 def register(name="cad", local_name="cad_local"):
