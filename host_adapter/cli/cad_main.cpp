@@ -9,6 +9,7 @@
 
 #include "cli_args.h"
 #include "command.h"
+#include "verdict_child.h"
 
 namespace cad::cli {
 
@@ -47,6 +48,28 @@ void report_exit_inside_command() {
   _Exit(3);
 }
 
+// Runs one command with the error handling every command shares; returns its exit status.
+int run_command(const cad::cli::Command& command, int argc, char** argv) {
+  int status = 1;
+  g_running_command = command.name;
+  try {
+    status = command.run(argc - 1, argv + 1);
+  } catch (const cad::cli::UsageError& e) {
+    std::fprintf(stderr, "cad %s: %s (see cad %s --help)\n", command.name, e.what(), command.name);
+    status = 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cad %s: %s\n", command.name, e.what());
+    status = 1;
+  } catch (...) {
+    // Only a plugin throws something that is not a std::exception through its C ABI.
+    std::fprintf(stderr, "cad %s: a plugin let a non-standard C++ exception escape through its C ABI\n",
+                 command.name);
+    status = 1;
+  }
+  g_running_command = nullptr;
+  return status;
+}
+
 }  // namespace
 
 namespace cad::cli {
@@ -66,24 +89,8 @@ int main(int argc, char** argv) {
   }
   for (const auto& command : cad::cli::registry()) {
     if (name != command.name) continue;
-    int status = 1;
-    g_running_command = command.name;
-    try {
-      status = command.run(argc - 1, argv + 1);
-    } catch (const cad::cli::UsageError& e) {
-      std::fprintf(stderr, "cad %s: %s (see cad %s --help)\n", command.name, e.what(), command.name);
-      status = 2;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "cad %s: %s\n", command.name, e.what());
-      status = 1;
-    } catch (...) {
-      // Only a plugin throws something that is not a std::exception through its C ABI.
-      std::fprintf(stderr, "cad %s: a plugin let a non-standard C++ exception escape through its C ABI\n",
-                   command.name);
-      status = 1;
-    }
-    g_running_command = nullptr;
-    return status;
+    if (!command.in_child) return run_command(command, argc, argv);
+    return cad::cli::run_with_verdict(command.name, [&] { return run_command(command, argc, argv); });
   }
   std::fprintf(stderr, "cad: unknown command '%s'\n\n", name.c_str());
   print_usage(stderr);

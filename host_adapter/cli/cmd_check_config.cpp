@@ -63,5 +63,5 @@ int run_check_config(int argc, char** argv) {
 
 }  // namespace
 
-CAD_REGISTER_COMMAND(check_config, "check-config",
+CAD_REGISTER_COMMAND_IN_CHILD(check_config, "check-config",
                      "validate a stack config: load its plugins, create and destroy its instances", run_check_config);

@@ -250,4 +250,4 @@ int run_conformance(int argc, char** argv) {
 
 }  // namespace
 
-CAD_REGISTER_COMMAND(conformance, "conformance", "check that a plugin honours the plugin ABI contract", run_conformance);
+CAD_REGISTER_COMMAND_IN_CHILD(conformance, "conformance", "check that a plugin honours the plugin ABI contract", run_conformance);

@@ -14,6 +14,9 @@ struct Command {
   const char* summary;  // one line for `cad --help`
   // argv[0] is the subcommand's name; returns the process exit code.
   int (*run)(int argc, char** argv);
+  // Runs plugin code whose outcome is the command's verdict (check-config, conformance): main() runs
+  // it in a child process (verdict_child.h), so a plugin ending the process cannot fake a result.
+  bool in_child;
 };
 
 // All registered commands, sorted by name.
@@ -30,4 +33,6 @@ struct Registrar {
 }  // namespace cad::cli
 
 #define CAD_REGISTER_COMMAND(var, name, summary, fn) \
-  static ::cad::cli::Registrar var##_registrar(::cad::cli::Command{name, summary, fn})
+  static ::cad::cli::Registrar var##_registrar(::cad::cli::Command{name, summary, fn, false})
+#define CAD_REGISTER_COMMAND_IN_CHILD(var, name, summary, fn) \
+  static ::cad::cli::Registrar var##_registrar(::cad::cli::Command{name, summary, fn, true})

@@ -53,7 +53,10 @@ struct Report {
 // A services table for tests: logs to stderr at >= `level`, allocates with aligned malloc (CPU; CUDA
 // through cudaMalloc only in a kit built with CUDA, otherwise refused with UNSUPPORTED) and reports
 // leaks (bytes still allocated) through outstanding_bytes(). lookup_plugin finds nothing unless
-// instances were registered with add_instance. Thread-safe, as the ABI requires.
+// instances were registered with add_instance. It lends the ABI v1.1 host collectives for a world of one
+// rank (this process; bootstrap_rank 0 of 1, no bootstrap_all_gather), so a communicator that forwards to
+// them (plugin "host") is checked like any other. A NULL host_ctx is refused, never dereferenced.
+// Thread-safe, as the ABI requires.
 class TestServices {
  public:
   explicit TestServices(cad_log_level_t level = CAD_LOG_WARN);

@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 #include "conformance.h"
@@ -54,8 +56,10 @@ void log_to_stderr(void*, cad_log_level_t level, const char* source, const char*
   std::fprintf(stderr, "[%s] %s: %s\n", level_name(level), source ? source : "(null)", message ? message : "(null)");
 }
 
+// Every service refuses a NULL host_ctx as the host's own services do (host_services.cpp): the plugin
+// under test may pass anything, and the kit must report it, not crash in its own code.
 cad_status_t allocate(void* host_ctx, cad_device_v1_t device, size_t bytes, void*, void** out) {
-  if (out == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
+  if (host_ctx == nullptr || out == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
   if (bytes == 0) {
     *out = nullptr;
     return CAD_STATUS_OK;
@@ -85,6 +89,10 @@ cad_status_t allocate(void* host_ctx, cad_device_v1_t device, size_t bytes, void
 
 void release(void* host_ctx, cad_device_v1_t device, void* ptr, void*) {
   if (ptr == nullptr) return;
+  if (host_ctx == nullptr) {
+    std::fprintf(stderr, "[error] test services: free with a NULL host_ctx; ignored\n");
+    return;
+  }
   TestServices::State* state = state_of(host_ctx);
   {
     std::lock_guard<std::mutex> lock(state->mutex);
@@ -110,7 +118,9 @@ void release(void* host_ctx, cad_device_v1_t device, void* ptr, void*) {
 
 cad_status_t lookup(void* host_ctx, const char* name, cad_plugin_kind_t kind, const void** out_table,
                     void** out_instance) {
-  if (name == nullptr || out_table == nullptr || out_instance == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
+  if (host_ctx == nullptr || name == nullptr || out_table == nullptr || out_instance == nullptr) {
+    return CAD_STATUS_INVALID_ARGUMENT;
+  }
   TestServices::State* state = state_of(host_ctx);
   std::lock_guard<std::mutex> lock(state->mutex);
   auto it = state->instances.find({name, kind});
@@ -119,6 +129,49 @@ cad_status_t lookup(void* host_ctx, const char* name, cad_plugin_kind_t kind, co
   *out_instance = it->second.instance;
   return CAD_STATUS_OK;
 }
+
+// ABI v1.1 host collectives for a world of one rank, in process: what a host like the Python package
+// lends (torch.distributed) reduced to the one rank the kit is, so that a communicator forwarding to
+// lent collectives (plugin "host") can be checked here instead of failing create with UNSUPPORTED.
+void write_error(char* error, size_t capacity, const std::string& text) {
+  if (error == nullptr || capacity == 0) return;
+  std::snprintf(error, capacity, "%s", text.c_str());
+}
+
+cad_status_t one_rank_all_to_all_v(void*, const void* send, const uint64_t* send_counts, const uint64_t* send_displs,
+                                   void* recv, const uint64_t* recv_counts, const uint64_t* recv_displs, int64_t,
+                                   char* error, size_t error_capacity) {
+  if (send_counts == nullptr || send_displs == nullptr || recv_counts == nullptr || recv_displs == nullptr) {
+    write_error(error, error_capacity, "kit's one-rank all_to_all_v: NULL count or displacement array");
+    return CAD_STATUS_INVALID_ARGUMENT;
+  }
+  if (send_counts[0] != recv_counts[0]) {
+    write_error(error, error_capacity, "kit's one-rank all_to_all_v: rank 0 sends " + std::to_string(send_counts[0]) +
+                                           " bytes to itself but expects " + std::to_string(recv_counts[0]));
+    return CAD_STATUS_COMMUNICATION;
+  }
+  if (send_counts[0] == 0) return CAD_STATUS_OK;
+  if (send == nullptr || recv == nullptr) {
+    write_error(error, error_capacity, "kit's one-rank all_to_all_v: NULL buffer with a non-zero count");
+    return CAD_STATUS_INVALID_ARGUMENT;
+  }
+  std::memmove(static_cast<char*>(recv) + recv_displs[0], static_cast<const char*>(send) + send_displs[0],
+               send_counts[0]);
+  return CAD_STATUS_OK;
+}
+
+cad_status_t one_rank_all_gather(void*, const void* send, uint64_t bytes, void* recv, int64_t, char* error,
+                                 size_t error_capacity) {
+  if (bytes == 0) return CAD_STATUS_OK;
+  if (send == nullptr || recv == nullptr) {
+    write_error(error, error_capacity, "kit's one-rank all_gather: NULL buffer with a non-zero size");
+    return CAD_STATUS_INVALID_ARGUMENT;
+  }
+  std::memmove(recv, send, bytes);
+  return CAD_STATUS_OK;
+}
+
+cad_status_t one_rank_barrier(void*, int64_t, char*, size_t) { return CAD_STATUS_OK; }
 
 }  // namespace
 
@@ -132,9 +185,13 @@ TestServices::TestServices(cad_log_level_t level) : state_(new State), table_{} 
   table_.allocate = allocate;
   table_.free = release;
   table_.lookup_plugin = lookup;
-  table_.bootstrap_all_gather = nullptr;
-  table_.bootstrap_rank = -1;
-  table_.bootstrap_world_size = 0;
+  table_.bootstrap_all_gather = nullptr;  // no bootstrap: an NCCL communicator bootstraps through MPI here
+  // The lent collectives' world (ABI v1.1): this process alone.
+  table_.bootstrap_rank = 0;
+  table_.bootstrap_world_size = 1;
+  table_.host_all_to_all_v = one_rank_all_to_all_v;
+  table_.host_all_gather = one_rank_all_gather;
+  table_.host_barrier = one_rank_barrier;
 }
 
 TestServices::~TestServices() {

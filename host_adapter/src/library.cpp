@@ -12,6 +12,7 @@
 
 #include "elf_check.h"
 #include "host_error.h"
+#include "load_probe.h"
 #include "plugin_table.h"
 #include "search_path.h"
 
@@ -134,6 +135,20 @@ cad_library* open_library(const std::string& name_or_path, const std::vector<std
   cad_status_t status = CAD_STATUS_ABI_MISMATCH;
   {
     std::lock_guard<std::mutex> lock(ltdl_mutex());
+    // Forked with the lock held, so the child's copy of libltdl is not in another thread's hands.
+    bool threw = false;
+    const std::string what = static_initialiser_exception(
+        [&] {
+          std::string ignored;
+          open_local(path, &ignored);
+        },
+        &threw);
+    if (threw) {
+      raise(CAD_STATUS_ABI_MISMATCH,
+            prefix + "its static initialiser throws (" + what + "; found by loading it in a child process): "
+            "not loaded, since an exception leaving the dynamic loader keeps its lock and every later library "
+            "load in another thread of this process would block forever");
+    }
     library->handle = open_local(path, &error);
     if (library->handle != nullptr) {
       error = inspect_loaded(library->handle, path, &library->plugin);

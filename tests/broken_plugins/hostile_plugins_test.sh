@@ -28,6 +28,12 @@ expect 1 "$CAD" conformance "$DIR/cad_ctx_on_failed_create.so" && contains "*out
 # ... a plugin that needs a device this machine lacks: not testable here, distinct status 4.
 expect 4 "$CAD" conformance "$DIR/cad_device_error.so" && contains "cannot be tested here: no usable device"
 
+# ... one whose create calls _exit(0) (no atexit handler runs): the kit runs in a child process, and a child
+# that ends without a verdict is a failure (status 3), never a silent success.
+expect 3 "$CAD" conformance "$DIR/cad_create_exit0.so" && contains "cad conformance: the command ended without a verdict"
+# ... one that calls the host services with a NULL host_ctx: the kit's services refuse it (they crashed).
+expect 1 "$CAD" conformance "$DIR/cad_null_host_ctx.so" && contains "conformance: " && lacks "SIGSEGV"
+
 # The host: create throwing, destroy throwing, exit(0) while loading -- errors naming file and instance.
 printf '{"instances": [{"name": "x", "plugin": "%s/cad_create_throws_int.so"}]}\n' "$DIR" >"$OUT/c1.json"
 expect 1 "$CAD" check-config "$OUT/c1.json" && contains "instances[0] ('x'): plugin $DIR/cad_create_throws_int.so: create let an exception escape"
@@ -35,6 +41,10 @@ printf '{"instances": [{"name": "y", "plugin": "%s/cad_destroy_throws.so"}]}\n' 
 expect 0 "$CAD" check-config "$OUT/c2.json" && contains "cad_destroy_throws.so: destroy of instance 'y' let an exception escape"
 printf '{"instances": [{"name": "z", "plugin": "%s/cad_init_exit0.so"}]}\n' "$DIR" >"$OUT/c3.json"
 expect 3 "$CAD" check-config "$OUT/c3.json" && contains "a plugin called exit() while loading"
+printf '{"instances": [{"name": "e", "plugin": "%s/cad_create_exit0.so"}]}\n' "$DIR" >"$OUT/c4.json"
+expect 3 "$CAD" check-config "$OUT/c4.json" && contains "cad check-config: the command ended without a verdict"
+printf '{"instances": [{"name": "n", "plugin": "%s/cad_null_host_ctx.so"}]}\n' "$DIR" >"$OUT/c5.json"
+expect 0 "$CAD" check-config "$OUT/c5.json" && contains "OK, 1 instance(s)"
 
 # cad plan: a balancer's OK without a plan, and a NULL last_error, are errors naming the plugin.
 expect 1 "$CAD" plan --lengths "$LENGTHS" --ranks 2 --balancer "$DIR/cad_balancer_null_plan.so" && contains "plan returned OK but no plan"

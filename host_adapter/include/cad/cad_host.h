@@ -10,9 +10,14 @@
  * Misuse -- what is checked (returns INVALID_ARGUMENT, or is a no-op, with no crash) and what is
  * undefined behaviour (not checked: checking would cost every call, or cannot be done at all):
  *   cad_library_open        checked: NULL name_or_path/out; missing, non-ELF, truncated files; wrong
- *                           ABI, malformed tables; an entry function that throws. Undefined: a plugin
- *                           whose static initialiser crashes, hangs or calls exit() takes the calling
- *                           process with it (load it in a child first, as `cad plugins` does).
+ *                           ABI, malformed tables; an entry function that throws; a C++ static
+ *                           initialiser that throws (every open first loads the file in a forked child,
+ *                           which costs one fork: such an exception would leave glibc's loader lock
+ *                           held, after which any dlopen/dlclose in another thread blocks forever; it is
+ *                           refused with ABI_MISMATCH, "its static initialiser throws", and nothing is
+ *                           loaded here). Undefined: a plugin whose static initialiser crashes, hangs or
+ *                           calls exit() takes the calling process with it (load it in a child first,
+ *                           as `cad plugins` does).
  *   cad_library_plugin/_path  checked: NULL library (NULL / ""). Undefined: a closed library.
  *   cad_library_close       checked: NULL (no-op). Undefined: closing twice; using the plugin's tables
  *                           or any instance of it afterwards.

@@ -1,8 +1,13 @@
 """Loading libcad_host and calling its C API through ctypes.
 
 The library is found, in order, at $CAD_HOST_LIBRARY (a path to libcad_host.so, e.g. a build tree's
-build/lib/libcad_host.so), then inside this package (lib/libcad_host.so, where `pip install .` puts it). The
-host finds the plugins next to itself (lib/cad/plugins) or on $CAD_PLUGIN_PATH.
+build/lib/libcad_host.so), then inside this package (lib/libcad_host.so, where `pip install .` puts it).
+
+The host searches plugins, in order, in the search path the caller passes, on $CAD_PLUGIN_PATH, and in the
+plugin directory next to the libcad_host.so it loaded (here: this package's lib/cad/plugins). The package's
+libcad_host has no other directory compiled in (host_adapter/CMakeLists.txt, CAD_PYTHON_PACKAGE): pip builds it
+under a temporary, world-writable /tmp directory, which must never be searched. A libcad_host named by
+$CAD_HOST_LIBRARY is a build tree's and also searches that tree's plugin directory.
 """
 import ctypes as C
 import os

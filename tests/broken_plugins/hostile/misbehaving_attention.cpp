@@ -3,6 +3,10 @@
 //   FAULT_DESTROY_THROWS         destroy throws a std::runtime_error
 //   FAULT_CTX_ON_FAILED_CREATE   create fails but writes a bogus pointer into *out_ctx
 //   FAULT_DEVICE_ERROR           create always reports CAD_STATUS_DEVICE_ERROR (a GPU plugin, no GPU)
+//   FAULT_CREATE_EXIT0           create calls _exit(0): no atexit handler runs, the process "succeeds"
+//   FAULT_NULL_HOST_CTX          create calls every host service with a NULL host_ctx, then succeeds
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -17,7 +21,8 @@ namespace {
   buffer[capacity - 1] = '\0';
 }
 
-cad_status_t create(const cad_host_services_v1_t*, const char* config, void** out_ctx, char* error, size_t capacity) {
+cad_status_t create([[maybe_unused]] const cad_host_services_v1_t* services, const char* config, void** out_ctx,
+                    char* error, size_t capacity) {
 #if defined(FAULT_CREATE_THROWS_INT)
   (void)config, (void)out_ctx, (void)error, (void)capacity;
   throw 42;
@@ -30,8 +35,25 @@ cad_status_t create(const cad_host_services_v1_t*, const char* config, void** ou
   (void)config, (void)out_ctx;
   copy("no usable CUDA device (device count is 0)", error, capacity);
   return CAD_STATUS_DEVICE_ERROR;
+#elif defined(FAULT_CREATE_EXIT0)
+  (void)config, (void)out_ctx, (void)error, (void)capacity;
+  _exit(0);
 #else
   (void)config, (void)error, (void)capacity;
+#if defined(FAULT_NULL_HOST_CTX)
+  // A services table is lent with its host_ctx; a plugin passing NULL instead must get an error back.
+  const void* table = nullptr;
+  void* instance = nullptr;
+  void* memory = nullptr;
+  const cad_device_v1_t cpu = {CAD_DEVICE_CPU, 0};
+  services->log(nullptr, CAD_LOG_ERROR, "misbehaving", "logged with a NULL host_ctx");
+  if (services->lookup_plugin(nullptr, "comm", CAD_PLUGIN_KIND_COMMUNICATOR, &table, &instance) == CAD_STATUS_OK ||
+      services->allocate(nullptr, cpu, 64, nullptr, &memory) == CAD_STATUS_OK) {
+    copy("a host service called with a NULL host_ctx returned OK", error, capacity);
+    return CAD_STATUS_INTERNAL;
+  }
+  services->free(nullptr, cpu, memory, nullptr);
+#endif
   if (out_ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
   *out_ctx = std::malloc(1);
   return CAD_STATUS_OK;
