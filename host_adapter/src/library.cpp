@@ -135,9 +135,13 @@ cad_library* open_library(const std::string& name_or_path, const std::vector<std
   cad_status_t status = CAD_STATUS_ABI_MISMATCH;
   {
     std::lock_guard<std::mutex> lock(ltdl_mutex());
-    // Forked with the lock held, so the child's copy of libltdl is not in another thread's hands.
+    // Forked with the lock held, so the child's copy of libltdl is not in another thread's hands. Skipped
+    // where CAD_PLUGIN_PROBE=0: a process that must not fork (a trainer holding GPU mappings and NCCL
+    // threads, which the Python package sets it for) then loads the file directly.
     bool threw = false;
-    const std::string what = static_initialiser_exception(
+    const char* probe = std::getenv("CAD_PLUGIN_PROBE");
+    const bool probing = probe == nullptr || std::string(probe) != "0";
+    const std::string what = !probing ? std::string() : static_initialiser_exception(
         [&] {
           std::string ignored;
           open_local(path, &ignored);

@@ -15,7 +15,10 @@
  *                           which costs one fork: such an exception would leave glibc's loader lock
  *                           held, after which any dlopen/dlclose in another thread blocks forever; it is
  *                           refused with ABI_MISMATCH, "its static initialiser throws", and nothing is
- *                           loaded here). Undefined: a plugin whose static initialiser crashes, hangs or
+ *                           loaded here). With CAD_PLUGIN_PROBE=0 in the environment there is no fork
+ *                           and no such check (the Python package sets it: a trainer holding GPU memory
+ *                           and NCCL threads should not fork); a throwing initialiser is then undefined
+ *                           as below. Undefined: a plugin whose static initialiser crashes, hangs or
  *                           calls exit() takes the calling process with it (load it in a child first,
  *                           as `cad plugins` does).
  *   cad_library_plugin/_path  checked: NULL library (NULL / ""). Undefined: a closed library.

@@ -35,6 +35,9 @@ def lib():
     if not path.exists():
         raise CadError(f"cad: libcad_host not found at {path}: install the package with `pip install .` from the "
                        "repository root, or set CAD_HOST_LIBRARY to a built libcad_host.so")
+    # No forked probe of each plugin file at load (cad_host.h, cad_library_open): a trainer process holds GPU
+    # mappings and NCCL/torch threads, where fork is slow and unsafe. The CLI tools probe plugins instead.
+    os.environ.setdefault("CAD_PLUGIN_PROBE", "0")
     lib_ = C.CDLL(str(path), mode=C.RTLD_LOCAL)
     lib_.cad_host_create.argtypes = [C.POINTER(_abi.HostOptions), C.POINTER(C.c_void_p), C.c_char_p, C.c_size_t]
     lib_.cad_host_create.restype = _abi.c_status
