@@ -6,6 +6,7 @@
         under torchrun) -- or "mpi" under mpirun --, server backend "reference";
   CUDA: communicator "nccl", bootstrapped through torch.distributed (no MPI), server backend "cuda".
 """
+import atexit
 import json
 import os
 import pathlib
@@ -154,6 +155,11 @@ def shutdown():
             rt.close()
         _runtimes.clear()
         _locals.clear()
+
+
+# At exit, before the interpreter tears modules and torch's process groups down in no particular order: the
+# stacks (and their plugins' threads and communicators) go first, while everything they use still exists.
+atexit.register(shutdown)
 
 
 # ---- attention time, as trainers report it -----------------------------------------------------------
