@@ -19,6 +19,7 @@ expect() {
 }
 # contains TEXT: the last command's output contains TEXT.
 contains() { grep -qF -- "$1" "$OUT/out" || { fail "output lacks '$1':"; sed 's/^/    /' "$OUT/out"; }; }
+lacks() { ! grep -qF -- "$1" "$OUT/out" || { fail "output has '$1':"; sed 's/^/    /' "$OUT/out"; }; }
 
 expect 0 "$CAD" --help && contains "commands:"
 commands=$(sed -n '/^commands:/,$p' "$OUT/out" | awk 'NR > 1 && NF > 0 { print $1 }')
@@ -53,6 +54,27 @@ for config in "$CONFIG_DIR"/*.json; do
     expect 0 "$CAD" check-config "$config" && contains ": OK, "
   fi
 done
+# A typo in an optional key (host, communicator, CAD) is only warned about, so the warning names the key
+# meant; --strict makes unknown keys an error for CI. The sanitizer build skips these (libmpi, as above).
+if [ -z "$SANITIZE" ]; then
+  sed -e 's/"log_level"/"loglevel"/' -e 's/"timeout_ms"/"timeout"/' -e 's/"keep_forward_tensors"/"keep_forward_tensor"/' \
+    "$CONFIG_DIR/cad_cpu.json" >"$OUT/typos.json"
+  expect 0 "$CAD" check-config "$OUT/typos.json" && contains ": OK, "
+  contains "unknown key 'loglevel' ignored (did you mean 'log_level'?)"
+  contains "unknown key 'timeout' ignored (did you mean 'timeout_ms'?)"
+  contains "unknown key 'keep_forward_tensor' ignored (did you mean 'keep_forward_tensors'?)"
+  expect 1 "$CAD" check-config --strict "$OUT/typos.json" && contains "--strict: $OUT/typos.json has 3 unknown key(s)"
+  contains "FAILED (--strict: unknown keys)"
+  expect 0 "$CAD" check-config --strict "$CONFIG_DIR/cad_cpu.json" && contains ": OK, "
+  # --strict sees the warnings even where the log level would hide them.
+  expect 1 env CAD_LOG_LEVEL=error "$CAD" check-config --strict "$OUT/typos.json" && contains "3 unknown key(s)"
+fi
+printf '{"colour": 1, "instances": [{"name": "r", "plugin": "reference", "config": {"num_thread": 1}}]}\n' >"$OUT/far.json"
+expect 0 "$CAD" check-config "$OUT/far.json" && contains "unknown key 'colour' ignored"
+lacks "'colour' ignored (did you mean"
+contains "unknown key 'num_thread' ignored (did you mean 'num_threads'?)"
+expect 1 "$CAD" check-config "$OUT/far.json" --strict && contains "2 unknown key(s)"
+
 printf '{"instances": [{"name": "x", "plugin": "%s/cad_create_fails.so"}]}\n' "$BROKEN_DIR" >"$OUT/broken.json"
 expect 1 "$CAD" check-config "$OUT/broken.json" && contains "create failed: broken on purpose"
 printf '{"instances": [{"name": "t", "plugin": "test_attention"}], "attention": "t"}\n' >"$OUT/fixture.json"
