@@ -35,6 +35,9 @@ expect 2 "$CAD" no-such-command && contains "cad: unknown command 'no-such-comma
 expect 2 "$CAD" plugins --no-such-option && contains "unknown option --no-such-option"
 expect 2 "$CAD" demo --tokens many && contains "--tokens: expected an integer"
 expect 2 "$CAD" check-config && contains "expected exactly one config FILE"
+# --version: the project version (CMake's) and the plugin ABI version this host loads.
+expect 0 "$CAD" --version && contains "cad 0." && contains "(plugin ABI 1."
+expect 0 "$CAD" --help && contains "cad --version"
 
 # plugins: the fixture is described; every broken plugin is listed with its reason.
 expect 0 "$CAD" plugins --path "$FIXTURE_DIR:$BROKEN_DIR" && contains "test_attention"
