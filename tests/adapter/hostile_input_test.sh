@@ -3,7 +3,8 @@
 # with a message naming the file and the key or entry: `cad plan` on lengths, contexts and rank counts
 # the int64 cost model cannot represent (they printed negative costs or allocated until bad_alloc), a
 # 200K-deep --dist file and a 100K-deep stack config (stack overflow), a number literal beyond a double
-# (reported as INTERNAL with no file or key).
+# (reported as INTERNAL with no file or key). The hardening issue's CLI section: `cad simulate` sizes and
+# rates it cannot represent, /dev/zero as a length file, a `cad plan --plot` file name run as a command.
 set -u
 CAD=$1
 . "$(dirname "$0")/../expect.sh"
@@ -23,6 +24,30 @@ expect 1 "$CAD" plan --dist "$OUT/deep.json" --context 65536 --ranks 4 && contai
 # The largest values that fit still plan: 2^40 context on one rank with 2^20-token documents.
 echo '[1048576]' >"$OUT/mega.json"
 expect 0 "$CAD" plan --lengths "$OUT/mega.json" --ranks 1 --balancer colocated && contains "colocated"
+
+# cad plan --plot: the file name reaches matplotlib as a path, never a shell or a plotting script (gnuplot
+# ran '|touch pwned' as a command). Without python3 or matplotlib it fails with a message saying so.
+if python3 -c "import matplotlib" 2>/dev/null; then
+  cd "$OUT" || exit 1
+  expect 0 "$CAD" plan --lengths ok.json --ranks 2 --balancer colocated --plot "|touch pwned" &&
+    contains "plot written to |touch pwned"
+  cd - >/dev/null || exit 1
+  [ ! -e "$OUT/pwned" ] || fail "--plot ran a command from its file name"
+  [ -s "$OUT/|touch pwned" ] || fail "--plot did not write the file '|touch pwned'"
+  expect 0 "$CAD" plan --lengths "$OUT/ok.json" --ranks 2 --plot "$OUT/it's \"quoted\".svg" --json &&
+    contains "plot written to $OUT/it's \"quoted\".svg"
+  grep -q "<svg" "$OUT/it's \"quoted\".svg" || fail "--plot OUT.svg did not write an SVG"
+  expect 1 "$CAD" plan --lengths "$OUT/ok.json" --ranks 2 --plot "$OUT/no/such/dir/x.png" && contains "cannot write"
+fi
+if command -v python3 >/dev/null; then
+  # python3 without site-packages: as if matplotlib were not installed.
+  mkdir -p "$OUT/bare" && printf '#!/bin/sh\nexec %s -S "$@"\n' "$(command -v python3)" >"$OUT/bare/python3"
+  chmod +x "$OUT/bare/python3"
+  expect 1 env PATH="$OUT/bare:/usr/bin:/bin" "$CAD" plan --lengths "$OUT/ok.json" --ranks 2 --plot "$OUT/x.png" &&
+    contains "--plot needs matplotlib for python3"
+fi
+expect 1 env PATH="$OUT/empty" "$CAD" plan --lengths "$OUT/ok.json" --ranks 2 --plot "$OUT/x.png" &&
+  contains "--plot needs python3 with matplotlib"
 
 # Configs: nesting limited with the key path named, number literals beyond a double named by key.
 { printf '{"instances": [{"name": "r", "plugin": "reference", "config": {"x": '; deep 100000; printf '}}]}\n'; } >"$OUT/deep_config.json"
