@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "balancer_names.h"
 #include "balancer_runner.h"
 #include "batch_recipe.h"
 #include "cli_args.h"
@@ -72,8 +73,6 @@ const char* kUsage =
 
 constexpr int64_t kMaxContext = int64_t{1} << 40;
 constexpr int64_t kMaxRanks = 8192;
-
-const std::vector<std::string> kAllBalancers = {"colocated", "per_doc_cp", "distca", "prefix_aware"};
 
 struct Outcome {
   std::string name;
@@ -242,6 +241,12 @@ int run_plan(int argc, char** argv) {
   const int64_t kv_heads = args.get_int("--kv-heads", std::min<int64_t>(8, heads), 1, heads);
   if (heads % kv_heads != 0) throw UsageError("--heads must be a multiple of --kv-heads");
   const int repeat = static_cast<int>(args.get_int("--repeat", 1, 1, 1000));
+  // Balancer names are checked before the batch is read or sampled: a typo costs no work.
+  const std::string which = args.get("--balancer", "all");
+  const std::vector<std::string> names = which == "all" ? cad::cli::builtin_balancers() : std::vector<std::string>{which};
+  if (args.has("--config") && names.size() != 1) throw UsageError("--config needs a single --balancer");
+  const std::string search = args.get("--path", "");
+  for (const auto& name : names) cad::cli::require_balancer("--balancer", name, search, {"all"});
 
   cad_cost_params_v1_t cost{};
   cost.struct_size = sizeof cost;
@@ -308,10 +313,6 @@ int run_plan(int argc, char** argv) {
   }
 
   // The balancers.
-  const std::string which = args.get("--balancer", "all");
-  const std::vector<std::string> names = which == "all" ? kAllBalancers : std::vector<std::string>{which};
-  if (args.has("--config") && names.size() != 1) throw UsageError("--config needs a single --balancer");
-  const std::string search = args.get("--path", "");
   std::vector<Outcome> outcomes;
   for (const auto& name : names) {
     std::string config = args.get("--config", "{}");

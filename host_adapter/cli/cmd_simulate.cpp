@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "balancer_names.h"
 #include "cli_args.h"
 #include "command.h"
 #include "doc_lengths.h"
@@ -235,6 +236,7 @@ int run_simulate(int argc, char** argv) {
   const std::vector<std::string> names =
       args.has("--balancers") ? split(args.get("--balancers", ""), ',') : kDefaultBalancers;
   if (names.empty()) throw UsageError("--balancers names no balancer");
+  for (const auto& n : names) cad::cli::require_balancer("--balancers", n, s.search_path);
   for (const auto& n : names) {
     sim::BalancerSpec b;
     b.name = n;

@@ -78,6 +78,14 @@ lacks "'colour' ignored (did you mean"
 contains "unknown key 'num_thread' ignored (did you mean 'num_threads'?)"
 expect 1 "$CAD" check-config "$OUT/far.json" --strict && contains "2 unknown key(s)"
 
+# An unknown balancer name lists the valid ones and the nearest, before any work.
+echo '[1000, 2000, 3000]' >"$OUT/lengths.json"
+expect 2 "$CAD" plan --lengths "$OUT/lengths.json" --ranks 2 --balancer prefix-aware &&
+  contains "--balancer: unknown balancer 'prefix-aware' (did you mean 'prefix_aware'?); valid names: all, colocated, per_doc_cp, distca, prefix_aware"
+expect 2 "$CAD" plan --lengths "$OUT/lengths.json" --ranks 2 --balancer reference && contains "'reference' is not a balancer plugin (its kind is attention)"
+expect 2 "$CAD" simulate --gpus 8 --dist "$OUT/lengths.json" --context 4096 --balancers colocated,prefix-aware &&
+  contains "--balancers: unknown balancer 'prefix-aware' (did you mean 'prefix_aware'?)"
+
 printf '{"instances": [{"name": "x", "plugin": "%s/cad_create_fails.so"}]}\n' "$BROKEN_DIR" >"$OUT/broken.json"
 expect 1 "$CAD" check-config "$OUT/broken.json" && contains "create failed: broken on purpose"
 printf '{"instances": [{"name": "t", "plugin": "test_attention"}], "attention": "t"}\n' >"$OUT/fixture.json"
