@@ -71,7 +71,7 @@ const char* kUsage =
     "                      (rates: numbers in [0.001, 1e6])\n"
     "output:\n"
     "  --pingpong on|off|both   which modes to print (default both; --json always has both)\n"
-    "  --json              machine-readable output (what bench/simulate/plot_simulate.py reads)\n"
+    "  --json              machine-readable output (what bench/simulate/simulate_table.py reads)\n"
     "  --quiet             no progress lines on stderr (each step of every balancer for 128 data-parallel\n"
     "                      ranks and more; else at most one a second once a run has lasted a second)\n";
 
