@@ -24,7 +24,7 @@ log() { printf '\n== %s [%s]\n' "$*" "$(date +%H:%M:%S)"; }
 
 # ---- 1. packages ----------------------------------------------------------------------------------------
 packages=(build-essential cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libltdl-dev
-          nlohmann-json3-dev libspdlog-dev libgtest-dev gnuplot-nox binutils clang-14 libclang-rt-14-dev)
+          nlohmann-json3-dev libspdlog-dev libgtest-dev binutils clang-14 libclang-rt-14-dev)
 if [ "${CAD_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${packages[@]}"; do
@@ -48,9 +48,9 @@ if [ "$mode" = test ] && [ "${CAD_SKIP_PYTHON:-0}" != 1 ] && command -v python3 
     log "pip install torch"
     python3 -m pip install -q torch
   fi
-  if ! python3 -c "import transformers, pytest" 2>/dev/null; then
-    log "pip install transformers pytest"
-    python3 -m pip install -q transformers pytest
+  if ! python3 -c "import transformers, pytest, matplotlib" 2>/dev/null; then
+    log "pip install transformers pytest matplotlib"
+    python3 -m pip install -q transformers pytest matplotlib
   fi
   python_ready=1
 fi

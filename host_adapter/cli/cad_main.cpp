@@ -7,6 +7,7 @@
 #include <exception>
 #include <string>
 
+#include "cad_common_v1.h"
 #include "cli_args.h"
 #include "command.h"
 #include "verdict_child.h"
@@ -27,7 +28,8 @@ void print_usage(std::FILE* out) {
   std::sort(commands.begin(), commands.end(),
             [](const cad::cli::Command& a, const cad::cli::Command& b) { return std::strcmp(a.name, b.name) < 0; });
   std::fprintf(out,
-               "usage: cad <command> [options]   (cad <command> --help for the command's options)\n\n"
+               "usage: cad <command> [options]   (cad <command> --help for the command's options)\n"
+               "       cad --version                 (the project and plugin ABI versions)\n\n"
                "Core attention disaggregation: load, inspect and run CAD plugins.\n\ncommands:\n");
   size_t width = 0;
   for (const auto& c : commands) width = std::max(width, std::strlen(c.name));
@@ -85,6 +87,11 @@ int main(int argc, char** argv) {
   const std::string name = argv[1];
   if (name == "--help" || name == "-h" || name == "help") {
     print_usage(stdout);
+    return 0;
+  }
+  if (name == "--version") {
+    // The ABI version is the one this host was built for: a plugin of another major is refused.
+    std::printf("cad %s (plugin ABI %d.%d)\n", CAD_PROJECT_VERSION, CAD_ABI_VERSION_MAJOR, CAD_ABI_VERSION_MINOR);
     return 0;
   }
   for (const auto& command : cad::cli::registry()) {

@@ -106,7 +106,16 @@ int run_cad_demo(const CadDemoOptions& options, const CadStack& stack) {
                   options.inject_difference, runs.back().balancer.c_str());
     inject_difference(runs.back(), options.inject_difference);
   }
-  return report(comm, batch, runs);
+  const int status = report(comm, batch, runs);
+  if (comm.world_size == 1) {
+    // Started without mpirun: a world of one has nothing to balance, so "imbalance 1.000 -> 1.000" is
+    // all it can show. Say how to see the real job.
+    progress.line("\nNOTE: one rank, so there is nothing to balance (imbalance 1.000 -> 1.000). Run it on several:\n"
+                  "  mpirun -np 4 cad demo --config %s\n"
+                  "adding --oversubscribe where the machine has fewer than 4 cores and --allow-run-as-root as root.",
+                  options.config.c_str());
+  }
+  return status;
 }
 
 }  // namespace cad::demo

@@ -7,17 +7,18 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "balancer_names.h"
 #include "balancer_runner.h"
 #include "batch_recipe.h"
 #include "cli_args.h"
 #include "command.h"
+#include "plan_plot.h"
 #include "doc_lengths.h"
 #include "plan_limits.h"
 #include "plan_model.h"
@@ -59,7 +60,9 @@ const char* kUsage =
     "  --json            machine-readable output\n"
     "  --tasks           with --json: also every rank's pieces [doc, doc_len, offset, len] and every plan's\n"
     "                    tasks [doc, q_begin, q_end, server] (to replay the server batches elsewhere)\n"
-    "  --plot OUT.png    draw per-server load before/after and bytes per link (needs gnuplot)\n"
+    "  --plot OUT.png    draw per-server cost before/after and bytes per link into OUT (format from its\n"
+    "                    extension: png, svg, pdf); needs python3 with matplotlib, which draws the --json\n"
+    "                    report (cli/plot_plan.py; installed in share/cad). Prints the path written\n"
     "  --path DIRS       directories searched for plugins first (colon-separated)\n"
     "  --rate-table FILE measured kernel rates (configs/calibration/h200.json): also report each plan's\n"
     "                    predicted attention time per server (forward + backward) and its max/mean\n"
@@ -70,8 +73,6 @@ const char* kUsage =
 
 constexpr int64_t kMaxContext = int64_t{1} << 40;
 constexpr int64_t kMaxRanks = 8192;
-
-const std::vector<std::string> kAllBalancers = {"colocated", "per_doc_cp", "distca", "prefix_aware"};
 
 struct Outcome {
   std::string name;
@@ -218,69 +219,6 @@ nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& 
   return out;
 }
 
-bool gnuplot_available() { return std::system("gnuplot --version > /dev/null 2>&1") == 0; }
-
-// Per-server load before/after (one line per balancer) on top, one bytes-per-link heat map per balancer
-// below. Data goes through temporary files next to the output.
-void plot(const std::string& png, const std::vector<int64_t>& before, const std::vector<Outcome>& outcomes) {
-  if (!gnuplot_available()) {
-    throw std::runtime_error("--plot needs gnuplot, which is not installed (Debian: apt-get install gnuplot-nox)");
-  }
-  std::vector<const Outcome*> ok;
-  for (const auto& o : outcomes)
-    if (o.status == CAD_STATUS_OK) ok.push_back(&o);
-  const std::string base = png + ".tmp";
-  {
-    FILE* f = std::fopen((base + ".load").c_str(), "w");
-    if (f == nullptr) throw std::runtime_error("cannot write " + base + ".load");
-    for (size_t s = 0; s < before.size(); ++s) {
-      std::fprintf(f, "%zu %g", s, static_cast<double>(before[s]) / 1e9);
-      for (const Outcome* o : ok) std::fprintf(f, " %g", static_cast<double>(o->stats.cost[s]) / 1e9);
-      std::fprintf(f, "\n");
-    }
-    std::fclose(f);
-  }
-  for (size_t i = 0; i < ok.size(); ++i) {
-    FILE* f = std::fopen((base + ".link" + std::to_string(i)).c_str(), "w");
-    if (f == nullptr) throw std::runtime_error("cannot write plot data next to " + png);
-    const size_t n = static_cast<size_t>(ok[i]->stats.num_nodes);
-    for (size_t s = 0; s < n; ++s) {
-      for (size_t d = 0; d < n; ++d) std::fprintf(f, "%s%g", d ? " " : "", gib(ok[i]->stats.link_bytes[s * n + d]));
-      std::fprintf(f, "\n");
-    }
-    std::fclose(f);
-  }
-  const size_t cols = std::max<size_t>(1, ok.size());
-  std::string script = "set terminal pngcairo size " + std::to_string(std::max<size_t>(900, 420 * cols)) +
-                       ",900 font ',9'\nset output '" + png + "'\n";
-  script += "set termoption noenhanced\nset multiplot\n";
-  if (before.size() <= 32) script += "set xtics 1\n";
-  script += "set origin 0,0.5\nset size 1,0.5\nset title 'attention cost per server (score entries / 1e9)'\n";
-  script += "set xlabel 'server'\nset key outside right\nplot '" + base + ".load' using 1:2 with linespoints title 'before (colocated)'";
-  for (size_t i = 0; i < ok.size(); ++i) {
-    if (ok[i]->name == "colocated") continue;  // the same as "before"
-    script += ", '' using 1:" + std::to_string(i + 3) + " with linespoints title '" + ok[i]->name + "'";
-  }
-  script += "\nunset key\nset xlabel 'destination'\nset ylabel 'source'\nset cblabel 'GiB'\n";
-  for (size_t i = 0; i < ok.size(); ++i) {
-    char origin[64];
-    std::snprintf(origin, sizeof origin, "set origin %g,0\nset size %g,0.5\n", static_cast<double>(i) / cols,
-                  1.0 / cols);
-    script += origin;
-    script += "set title 'bytes per link: " + ok[i]->name + "'\n";
-    script += "plot '" + base + ".link" + std::to_string(i) + "' matrix with image\n";
-  }
-  script += "unset multiplot\n";
-  FILE* gp = popen("gnuplot", "w");
-  if (gp == nullptr) throw std::runtime_error("cannot start gnuplot");
-  std::fputs(script.c_str(), gp);
-  const int rc = pclose(gp);
-  std::error_code ec;
-  std::filesystem::remove(base + ".load", ec);
-  for (size_t i = 0; i < ok.size(); ++i) std::filesystem::remove(base + ".link" + std::to_string(i), ec);
-  if (rc != 0) throw std::runtime_error("gnuplot failed drawing " + png);
-}
-
 int run_plan(int argc, char** argv) {
   const cad::cli::Args args(argc, argv,
                             {"--dist", "--lengths", "--context", "--ranks", "--seed", "--balancer", "--tolerance",
@@ -303,6 +241,12 @@ int run_plan(int argc, char** argv) {
   const int64_t kv_heads = args.get_int("--kv-heads", std::min<int64_t>(8, heads), 1, heads);
   if (heads % kv_heads != 0) throw UsageError("--heads must be a multiple of --kv-heads");
   const int repeat = static_cast<int>(args.get_int("--repeat", 1, 1, 1000));
+  // Balancer names are checked before the batch is read or sampled: a typo costs no work.
+  const std::string which = args.get("--balancer", "all");
+  const std::vector<std::string> names = which == "all" ? cad::cli::builtin_balancers() : std::vector<std::string>{which};
+  if (args.has("--config") && names.size() != 1) throw UsageError("--config needs a single --balancer");
+  const std::string search = args.get("--path", "");
+  for (const auto& name : names) cad::cli::require_balancer("--balancer", name, search, {"all"});
 
   cad_cost_params_v1_t cost{};
   cost.struct_size = sizeof cost;
@@ -369,10 +313,6 @@ int run_plan(int argc, char** argv) {
   }
 
   // The balancers.
-  const std::string which = args.get("--balancer", "all");
-  const std::vector<std::string> names = which == "all" ? kAllBalancers : std::vector<std::string>{which};
-  if (args.has("--config") && names.size() != 1) throw UsageError("--config needs a single --balancer");
-  const std::string search = args.get("--path", "");
   std::vector<Outcome> outcomes;
   for (const auto& name : names) {
     std::string config = args.get("--config", "{}");
@@ -408,7 +348,7 @@ int run_plan(int argc, char** argv) {
                   cost.num_kv_heads, cost.head_dim, static_cast<long long>(cost.min_shard_tokens));
     print_text(line, before, outcomes, time, args.has("--per-server") || ranks <= 16);
   }
-  if (args.has("--plot")) plot(args.get("--plot", ""), before, outcomes);
+  if (args.has("--plot")) cad::cli::plot_plan(to_json(batch, before, outcomes, time, nullptr), args.get("--plot", ""));
   for (const auto& o : outcomes)
     if (o.status != CAD_STATUS_OK) return 1;
   return 0;

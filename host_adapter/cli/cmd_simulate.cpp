@@ -2,10 +2,13 @@
 // and parallel layout at any number of GPUs, from measured parts (attention-kernel rate table, NCCL
 // all_to_all_v curve) and stated assumptions (GEMM rate, network), with the real balancer plugins'
 // plans on batches sampled with DistCA's recipe. The model is host_adapter/simulate/.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -13,15 +16,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "balancer_names.h"
 #include "cli_args.h"
 #include "command.h"
 #include "doc_lengths.h"
+#include "simulate_limits.h"
 #include "simulation.h"
 
 namespace {
 
 using cad::cli::UsageError;
 namespace sim = cad::simulate;
+namespace lim = cad::cli::simulate_limits;
 
 const char* kUsage =
     "usage: cad simulate --gpus N --dist FILE --context TOKENS [--model llama-8b|34b] [options]\n\n"
@@ -33,16 +39,18 @@ const char* kUsage =
     "  --model NAME        preset shape: llama-8b (default) or 34b\n"
     "  --layers N --hidden N --heads N --kv-heads N --head-dim N --mlp N --vocab N   override the preset\n"
     "layout:\n"
-    "  --gpus N            GPUs in all (required)\n"
-    "  --gpus-per-node N   (default 8)\n"
+    "  --gpus N            GPUs in all (required; at most 2^20)\n"
+    "  --gpus-per-node N   (default 8; at most 1024)\n"
     "  --tp N              tensor-parallel size, inside a node (default 1): divides linear work and heads\n"
     "  --pp N              pipeline stages (default 1): divides layers, adds the 1F1B fill/drain\n"
-    "                      data-parallel ranks = gpus / (tp * pp)\n"
+    "                      data-parallel ranks = gpus / (tp * pp), at most 8192 (as cad plan --ranks)\n"
     "workload:\n"
     "  --dist FILE         document lengths (JSON list or CSV), e.g. ../shared/data/doclen_pretrain.json\n"
-    "  --context N         tokens per data-parallel rank and micro-batch (= per GPU when tp = 1)\n"
-    "  --steps N           sampled steps (default 1); --seed S (default 1)\n"
-    "  --microbatches N    micro-batches per step (default 1; 2 x pp with --pp)\n"
+    "                      (a regular file of at most 32 MiB)\n"
+    "  --context N         tokens per data-parallel rank and micro-batch (= per GPU when tp = 1; at most 2^40)\n"
+    "  --steps N           sampled steps (default 1; at most 10000); --seed S (default 1)\n"
+    "  --microbatches N    micro-batches per step (default 1; 2 x pp with --pp; at most 4096, and at most\n"
+    "                      2^20 micro-batches x data-parallel ranks)\n"
     "balancers:\n"
     "  --balancers LIST    comma-separated plugin names or paths (default colocated,per_doc_cp,distca,\n"
     "                      prefix_aware); the first two, when present, are the speedup baselines\n"
@@ -60,10 +68,12 @@ const char* kUsage =
     "  --attention-tflops F,B   fixed forward/backward attention rates instead of the table\n"
     "  --net-gbps X        network per GPU in Gb/s (overrides the system file's, e.g. 400)\n"
     "  --gemm-tflops X     GEMM rate of the linear layers (overrides the system file's)\n"
+    "                      (rates: numbers in [0.001, 1e6])\n"
     "output:\n"
     "  --pingpong on|off|both   which modes to print (default both; --json always has both)\n"
-    "  --json              machine-readable output (what bench/simulate/plot_simulate.py reads)\n"
-    "  --quiet             no progress lines on stderr (printed for 128 data-parallel ranks and more)\n";
+    "  --json              machine-readable output (what bench/simulate/simulate_table.py reads)\n"
+    "  --quiet             no progress lines on stderr (each step of every balancer for 128 data-parallel\n"
+    "                      ranks and more; else at most one a second once a run has lasted a second)\n";
 
 const std::vector<std::string> kDefaultBalancers = {"colocated", "per_doc_cp", "distca", "prefix_aware"};
 
@@ -91,13 +101,45 @@ std::vector<std::string> split(const std::string& text, char sep) {
   return out;
 }
 
-double parse_double(const std::string& option, const std::string& text) {
+// A rate: a number in [kMinRate, kMaxRate] ("1e-320", "inf" and "nan" made every time infinite or NaN).
+double parse_rate(const std::string& option, const std::string& text) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0' || !(v > 0)) {
-    throw UsageError(option + ": expected a number > 0, got '" + text + "'");
+  if (end == text.c_str() || *end != '\0' || !(v >= lim::kMinRate && v <= lim::kMaxRate)) {
+    throw UsageError(option + ": expected a number in [0.001, 1e6], got '" + text + "'");
   }
   return v;
+}
+
+// Progress on stderr. A large layout prints every line: each starts a plan that can take seconds, so a
+// skipped line would leave the previous one on screen while other work runs. A small one prints at most
+// one line a second, once the run has lasted a second (many steps or micro-batches of quick plans).
+std::function<void(const std::string&)> progress_printer(bool large) {
+  using clock = std::chrono::steady_clock;
+  const clock::time_point start = clock::now();
+  auto last = std::make_shared<clock::time_point>(start);
+  return [start, last, large](const std::string& line) {
+    const clock::time_point now = clock::now();
+    if (!large && now - *last < std::chrono::seconds(1)) return;
+    *last = now;
+    std::fprintf(stderr, "[%6.1f s] %s\n", std::chrono::duration<double>(now - start).count(), line.c_str());
+  };
+}
+
+// The model's results must be finite numbers: a calibration file can still hold rates that make a
+// time overflow, and JSON would print it as null.
+void require_finite(const std::vector<sim::BalancerResult>& results) {
+  for (const auto& r : results) {
+    for (const sim::ModeResult* m : {&r.off, &r.on}) {
+      const double values[] = {m->mean_step_seconds, m->slowest.total, m->mean.total, r.attention_imbalance};
+      for (const double v : values) {
+        if (!std::isfinite(v)) {
+          throw std::runtime_error("balancer '" + r.name + "': the model's step time is not a finite number (" +
+                                   std::to_string(v) + "); check the calibration rates");
+        }
+      }
+    }
+  }
 }
 
 nlohmann::json rank_time_json(const sim::RankTime& t) {
@@ -142,7 +184,7 @@ int run_simulate(int argc, char** argv) {
   for (const char* required : {"--gpus", "--dist", "--context"}) {
     if (!args.has(required)) throw UsageError(std::string(required) + " is required (see --help)");
   }
-  const int64_t big = int64_t{1} << 40;
+  const int64_t big = int64_t{1} << 40;  // model-shape sizes (their products are checked by validate)
 
   sim::Scenario s;
   try {
@@ -157,24 +199,33 @@ int run_simulate(int argc, char** argv) {
   s.shape.head_dim = args.get_int("--head-dim", s.shape.head_dim, 1, big);
   s.shape.mlp = args.get_int("--mlp", s.shape.mlp, 1, big);
   s.shape.vocab = args.get_int("--vocab", s.shape.vocab, 0, big);
-  s.layout.gpus = args.get_int("--gpus", 0, 1, big);
-  s.layout.gpus_per_node = args.get_int("--gpus-per-node", 8, 1, big);
-  s.layout.tp = args.get_int("--tp", 1, 1, big);
-  s.layout.pp = args.get_int("--pp", 1, 1, big);
+  s.layout.gpus = args.get_int("--gpus", 0, 1, lim::kMaxGpus);
+  s.layout.gpus_per_node = args.get_int("--gpus-per-node", 8, 1, lim::kMaxGpusPerNode);
+  s.layout.tp = args.get_int("--tp", 1, 1, lim::kMaxTp);
+  s.layout.pp = args.get_int("--pp", 1, 1, lim::kMaxPp);
   try {
     sim::validate(s.shape);
     sim::validate(s.layout, s.shape);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  s.context = args.get_int("--context", 0, 1, big);
-  s.steps = args.get_int("--steps", 1, 1, 1 << 20);
+  if (s.layout.dp() > lim::kMaxDataParallel) {
+    throw UsageError("--gpus " + std::to_string(s.layout.gpus) + " / (--tp x --pp) = " +
+                     std::to_string(s.layout.dp()) + " data-parallel ranks; at most " +
+                     std::to_string(lim::kMaxDataParallel) + " plan together (raise --tp or --pp)");
+  }
+  s.context = args.get_int("--context", 0, 1, lim::kMaxContext);
+  s.steps = args.get_int("--steps", 1, 1, lim::kMaxSteps);
   s.seed = static_cast<uint64_t>(args.get_int("--seed", 1, 0, INT64_MAX));
-  s.microbatches = args.get_int("--microbatches", s.layout.pp > 1 ? 2 * s.layout.pp : 1, 1, 1 << 20);
+  s.microbatches = args.get_int("--microbatches", std::min(lim::kMaxMicrobatches, s.layout.pp > 1 ? 2 * s.layout.pp : 1),
+                                1, lim::kMaxMicrobatches);
+  if (s.microbatches * s.layout.dp() > lim::kMaxMicrobatchRanks) {
+    throw UsageError("--microbatches " + std::to_string(s.microbatches) + " x " + std::to_string(s.layout.dp()) +
+                     " data-parallel ranks is more than 2^20 (a step keeps one time per rank and micro-batch); "
+                     "at most " + std::to_string(lim::kMaxMicrobatchRanks / s.layout.dp()) + " micro-batches here");
+  }
   s.min_shard_tokens = args.get_int("--min-shard", 128, 0, big);
   s.search_path = args.get("--path", "");
-  const std::string dist = args.get("--dist", "");
-  s.lengths = cad::workload::load_lengths(dist);
 
   const int64_t cp_size = args.get_int("--cp-size", s.layout.gpus_per_node / s.layout.tp, 0, big);
   const int64_t cad_size = args.get_int("--cad-size", 0, 0, big);
@@ -185,6 +236,7 @@ int run_simulate(int argc, char** argv) {
   const std::vector<std::string> names =
       args.has("--balancers") ? split(args.get("--balancers", ""), ',') : kDefaultBalancers;
   if (names.empty()) throw UsageError("--balancers names no balancer");
+  for (const auto& n : names) cad::cli::require_balancer("--balancers", n, s.search_path);
   for (const auto& n : names) {
     sim::BalancerSpec b;
     b.name = n;
@@ -200,34 +252,32 @@ int run_simulate(int argc, char** argv) {
   if (pingpong != "on" && pingpong != "off" && pingpong != "both") {
     throw UsageError("--pingpong: expected on, off or both, got '" + pingpong + "'");
   }
+  const std::string dist = args.get("--dist", "");
+  s.lengths = cad::workload::load_lengths(dist);  // a regular file of at most 32 MiB (doc_lengths.h)
 
   sim::SystemCalibration cal = sim::load_system_calibration(args.get("--system", default_calibration("h200_system.json")));
   if (args.has("--net-gbps")) {
-    cal.net_GBps_per_gpu = parse_double("--net-gbps", args.get("--net-gbps", "")) / 8;
+    cal.net_GBps_per_gpu = parse_rate("--net-gbps", args.get("--net-gbps", "")) / 8;
     cal.net_source = "--net-gbps " + args.get("--net-gbps", "") + " (efficiency and latency from " + cal.path + ")";
   }
   if (args.has("--gemm-tflops")) {
-    cal.gemm_tflops = parse_double("--gemm-tflops", args.get("--gemm-tflops", ""));
+    cal.gemm_tflops = parse_rate("--gemm-tflops", args.get("--gemm-tflops", ""));
     cal.gemm_source = "--gemm-tflops " + args.get("--gemm-tflops", "");
   }
   std::unique_ptr<sim::AttentionRates> rates;
   if (args.has("--attention-tflops")) {
     const std::vector<std::string> fb = split(args.get("--attention-tflops", ""), ',');
     if (fb.size() != 2) throw UsageError("--attention-tflops: expected FWD,BWD, e.g. 650,470");
-    rates = sim::constant_rates(parse_double("--attention-tflops", fb[0]), parse_double("--attention-tflops", fb[1]), 2.5);
+    rates = sim::constant_rates(parse_rate("--attention-tflops", fb[0]), parse_rate("--attention-tflops", fb[1]), 2.5);
   } else {
     rates = sim::load_attention_rates(rates_path);
   }
 
   const bool json = args.has("--json");
   const auto start = std::chrono::steady_clock::now();
-  if (!args.has("--quiet") && s.layout.dp() >= 128) {
-    s.progress = [start](const std::string& line) {
-      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "[%6.1f s] %s\n", t, line.c_str());
-    };
-  }
+  if (!args.has("--quiet")) s.progress = progress_printer(s.layout.dp() >= 128);
   const std::vector<sim::BalancerResult> results = sim::simulate(s, cal, *rates);
+  require_finite(results);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const sim::BalancerResult* colocated = find(results, "colocated");
   const sim::BalancerResult* per_doc_cp = find(results, "per_doc_cp");

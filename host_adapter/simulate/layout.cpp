@@ -16,6 +16,10 @@ void validate(const Layout& l, const ModelShape& s) {
   if (l.gpus_per_node < 1) throw std::invalid_argument("--gpus-per-node must be >= 1, got " + str(l.gpus_per_node));
   if (l.tp < 1) throw std::invalid_argument("--tp must be >= 1, got " + str(l.tp));
   if (l.pp < 1) throw std::invalid_argument("--pp must be >= 1, got " + str(l.pp));
+  // tp * pp could wrap (--tp 2^32 --pp 2^32 is 0 in int64: SIGFPE below), so each must first fit in gpus.
+  if (l.tp > l.gpus || l.pp > l.gpus || l.tp > l.gpus / l.pp) {
+    throw std::invalid_argument("--tp " + str(l.tp) + " x --pp " + str(l.pp) + " is more than --gpus " + str(l.gpus));
+  }
   if (l.gpus % (l.tp * l.pp) != 0) {
     throw std::invalid_argument("--gpus " + str(l.gpus) + " is not a multiple of --tp x --pp = " + str(l.tp * l.pp) +
                                 " (data-parallel ranks must be whole)");

@@ -23,7 +23,7 @@ struct Layout {
 };
 
 // Refuses impossible layouts with std::invalid_argument naming the option and what was expected:
-// gpus not a multiple of tp * pp, tp larger than a node or not dividing it, heads or KV heads not
+// tp * pp more than gpus (checked without forming a product that could wrap), gpus not a multiple of tp * pp, tp larger than a node or not dividing it, heads or KV heads not
 // divisible among tp GPUs, layers not divisible among pp stages.
 void validate(const Layout& layout, const ModelShape& shape);
 

@@ -11,6 +11,7 @@
 #include "cad_host.h"
 #include "host_error.h"
 #include "json_guard.h"
+#include "nearest_key.h"
 #include "search_path.h"
 
 namespace fs = std::filesystem;
@@ -42,7 +43,8 @@ class Validator {
                     std::vector<std::string>* warnings) const {
     for (const auto& item : object.items()) {
       if (known.count(item.key()) == 0) {
-        warnings->push_back(source_ + ": " + where + "unknown key '" + item.key() + "' ignored");
+        warnings->push_back(source_ + ": " + where + "unknown key '" + item.key() + "' ignored" +
+                            keys::did_you_mean(item.key(), known));
       }
     }
   }

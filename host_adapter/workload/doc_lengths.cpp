@@ -2,6 +2,7 @@
 #include "doc_lengths.h"
 
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -73,7 +74,9 @@ std::vector<int64_t> parse_lengths_csv(const std::string& text, const std::strin
       ok = false;
     }
     if (!ok || value < 1 || value > kMaxDocumentTokens) {
-      throw LengthsError(source + ":" + std::to_string(number) + ": '" + field + "' is not an integer in [1, " +
+      // Quote at most 40 bytes: a binary file's "line" can be megabytes long.
+      const std::string shown = field.size() > 40 ? field.substr(0, 37) + "..." : field;
+      throw LengthsError(source + ":" + std::to_string(number) + ": '" + shown + "' is not an integer in [1, " +
                          std::to_string(kMaxDocumentTokens) + "]");
     }
     out.push_back(value);
@@ -82,11 +85,24 @@ std::vector<int64_t> parse_lengths_csv(const std::string& text, const std::strin
 }
 
 std::vector<int64_t> load_lengths(const std::string& path) {
+  // A device or a pipe (/dev/zero, /dev/stdin, a FIFO) has no end to read to: refuse it by type, and
+  // read even a regular file only up to the cap (it may grow while it is read).
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) throw LengthsError(path + ": cannot open");
+  if (!std::filesystem::is_regular_file(status)) {
+    throw LengthsError(path + ": not a regular file (expected a JSON list or CSV file of document lengths)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw LengthsError(path + ": cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return ends_with(path, ".json") ? parse_lengths_json(text.str(), path) : parse_lengths_csv(text.str(), path);
+  std::string text(static_cast<size_t>(kMaxLengthsFileBytes) + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > static_cast<size_t>(kMaxLengthsFileBytes)) {
+    throw LengthsError(path + ": larger than " + std::to_string(kMaxLengthsFileBytes >> 20) +
+                       " MiB, the most a document-length file may hold");
+  }
+  return ends_with(path, ".json") ? parse_lengths_json(text, path) : parse_lengths_csv(text, path);
 }
 
 }  // namespace cad::workload

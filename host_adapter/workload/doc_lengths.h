@@ -19,8 +19,13 @@ class LengthsError : public std::runtime_error {
 // are refused naming the entry; so are lists nested deeper than a flat list allows (no crash).
 constexpr int64_t kMaxDocumentTokens = int64_t{1} << 40;
 
+// The largest length file read: 32 MiB, about 16M documents, 55x the Pretrain distribution's file. It
+// bounds what a mistaken path (a log, a dataset) costs in memory before the parse names the problem.
+constexpr int64_t kMaxLengthsFileBytes = int64_t{32} << 20;
+
 // Chooses the format by extension: ".json" is a JSON list, anything else one length per line.
-// Every length must be an integer in [1, kMaxDocumentTokens].
+// Every length must be an integer in [1, kMaxDocumentTokens]. Only regular files of at most
+// kMaxLengthsFileBytes are read (a device such as /dev/zero or a pipe is refused by type).
 std::vector<int64_t> load_lengths(const std::string& path);
 
 // The same, from text already in memory; `source` names it in errors.

@@ -8,6 +8,7 @@
 
 #include "checked_math.h"
 #include "json_guard.h"
+#include "nearest_key.h"
 
 namespace cad::plugin {
 
@@ -148,7 +149,9 @@ nlohmann::json ConfigReader::get_json(const std::string& key) {
 
 void ConfigReader::finish(const Logger& logger) const {
   for (const auto& item : json_.items()) {
-    if (known_.count(item.key()) == 0) logger.warn(source_ + ": unknown key '" + item.key() + "' ignored");
+    if (known_.count(item.key()) == 0) {
+      logger.warn(source_ + ": unknown key '" + item.key() + "' ignored" + keys::did_you_mean(item.key(), known_));
+    }
   }
 }
 

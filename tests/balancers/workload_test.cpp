@@ -57,6 +57,23 @@ TEST(DocLengths, LoadsFromFiles) {
   std::filesystem::remove(csv);
 }
 
+// `cad simulate --dist /dev/zero` read until memory ran out: devices and pipes are refused by type, and a
+// regular file only up to the cap (a sparse file: no disk is used).
+TEST(DocLengths, RefusesDevicesAndFilesAboveTheCap) {
+  EXPECT_NE(message_of([] { cad::workload::load_lengths("/dev/zero"); }).find("/dev/zero: not a regular file"),
+            std::string::npos);
+  const auto big = std::filesystem::temp_directory_path() / "cad_balancers_lengths_big.csv";
+  std::ofstream(big) << "4\n";
+  std::filesystem::resize_file(big, static_cast<uintmax_t>(cad::workload::kMaxLengthsFileBytes) + 1);
+  EXPECT_NE(message_of([&] { cad::workload::load_lengths(big.string()); }).find("larger than 32 MiB"),
+            std::string::npos);
+  std::filesystem::resize_file(big, static_cast<uintmax_t>(cad::workload::kMaxLengthsFileBytes));
+  // At the cap it is read (and the NULs the sparse file holds are then reported as a bad line).
+  EXPECT_NE(message_of([&] { cad::workload::load_lengths(big.string()); }).find("cad_balancers_lengths_big.csv:"),
+            std::string::npos);
+  std::filesystem::remove(big);
+}
+
 TEST(Pack, FillsBuffersInOrderAndCutsOverflows) {
   // Buffers of 10: doc 0 (7) fits, doc 1 (25) spans ranks 0..3, doc 2 (9) is truncated to the 8 tokens left.
   const auto ranks = cad::workload::pack({7, 25, 9}, 10, 4);

@@ -93,6 +93,11 @@ TEST(SimulateModel, LayoutAndNodes) {
   EXPECT_NE(refusal([&] { sim::validate(sim::Layout{8, 8, 4, 1}, six_kv); }).find("kv_heads (6) must divide one another"),
             std::string::npos);
   EXPECT_NE(refusal([&] { sim::validate(sim::Layout{0, 8, 1, 1}, l); }).find("--gpus must be >= 1"), std::string::npos);
+  // tp * pp = 2^64 wrapped to 0 and the divisibility check died of SIGFPE: refused before multiplying.
+  const int64_t huge = int64_t{1} << 32;
+  EXPECT_NE(refusal([&] { sim::validate(sim::Layout{64, 8, huge, huge}, l); }).find("--tp 4294967296 x --pp 4294967296 is more than --gpus 64"),
+            std::string::npos);
+  EXPECT_NE(refusal([&] { sim::validate(sim::Layout{64, 8, 8, 16}, l); }).find("is more than --gpus 64"), std::string::npos);
 }
 
 TEST(SimulateModel, CommCurveAndNetwork) {
