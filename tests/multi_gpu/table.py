@@ -68,6 +68,11 @@ def load(out):
     return runs
 
 
+def tokens_label(context):
+    """64K for 65536; a context that is no multiple of 1024 as is (CPU dry runs)."""
+    return f"{context // 1024}K" if context % 1024 == 0 else str(context)
+
+
 def mean(xs):
     xs = list(xs)
     return sum(xs) / len(xs) if xs else float("nan")
@@ -103,7 +108,7 @@ def rows_for(context, runs, first):
     base_name, base = baseline_of(context, runs, first)
     lines = []
     if base is None:
-        lines.append(f"| {context // 1024}K | (no local or torch_varlen run: no baseline) |")
+        lines.append(f"| {tokens_label(context)} | (no local or torch_varlen run: no baseline) |")
         t_base = ideal = None
     else:
         steps_base = base["steps"][first:]
@@ -117,11 +122,11 @@ def rows_for(context, runs, first):
         run = runs[key]
         summary = run["summary"]
         if summary.get("skipped"):
-            lines.append(f"| {context // 1024}K | {name} | skipped: {summary['skipped']} |")
+            lines.append(f"| {tokens_label(context)} | {name} | skipped: {summary['skipped']} |")
             continue
         steps = run["steps"][first:]
         if not steps:
-            lines.append(f"| {context // 1024}K | {name} | (no steps after step {first}) |")
+            lines.append(f"| {tokens_label(context)} | {name} | (no steps after step {first}) |")
             continue
         t = mean(step_time(s) for s in steps)
         tokens = mean(s["tokens_per_s"] for s in steps)
@@ -153,7 +158,7 @@ def rows_for(context, runs, first):
         if base is not None:
             diff = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(run["steps"], base["steps"]))
             loss_diff = f"{diff:.1e}"
-        cells = [f"{context // 1024}K", name, f"{layers}", f"{t * 1e3:.0f}", f"{tokens / 1e3:.0f}", mfu,
+        cells = [f"{tokens_label(context)}", name, f"{layers}", f"{t * 1e3:.0f}", f"{tokens / 1e3:.0f}", mfu,
                  "-" if peak is None else f"{peak:.1f}", f"{planned:.3f}",
                  "-" if speedup is None else f"{speedup:.3f}", "-" if ideal is None else f"{ideal:.3f}", share,
                  f"{t_per_doc / t:.3f}" if t_per_doc else "-", "-" if measured is None else f"{measured:.2f}",
@@ -180,7 +185,7 @@ def arrival_rows(runs, first):
         gc_ms = mean(max(s["gc_ms"]) for s in steps)
         full = sum(sum(s["gc_full_collections"]) for s in steps)
         cad = name.partition("_pingpong")[0] not in BASELINES
-        lines.append(f"| {context // 1024}K | {name} | {f'{make_max:.1f}' if cad else '-'} | "
+        lines.append(f"| {tokens_label(context)} | {name} | {f'{make_max:.1f}' if cad else '-'} | "
                      f"{f'{make_min:.1f}' if cad else '-'} | {f'{spread:.1f}' if cad else '-'} | {outside:.0f} | "
                      f"{gc_ms:.1f} | {full} |")
     return lines
@@ -198,7 +203,7 @@ def profile_rows(out, runs):
             continue
         profiles = [json.loads(f.read_text()) for f in files]
         cells = " | ".join(f"{max(p['families_ms'].get(f, 0.0) for p in profiles):.0f}" for f in FAMILIES)
-        lines.append(f"| {context // 1024}K | {name} | {profiles[0]['step']} | {len(profiles)} | {cells} |")
+        lines.append(f"| {tokens_label(context)} | {name} | {profiles[0]['step']} | {len(profiles)} | {cells} |")
     return lines
 
 
@@ -213,7 +218,7 @@ def main():
     for context in sorted({c for c, _ in runs}):
         base_name, _ = baseline_of(context, runs, args.steps_from)
         sample = next(r["summary"] for (c, _), r in runs.items() if c == context)
-        print(f"\n### {context // 1024}K tokens per GPU and micro-batch ({sample.get('ranks', '?')} GPUs, "
+        print(f"\n### {tokens_label(context)} tokens per GPU and micro-batch ({sample.get('ranks', '?')} GPUs, "
               f"{sample.get('micro_batches', 1)} micro-batches, {sample.get('layers', '?')} layers; baseline: "
               f"{base_name or 'none'}, the faster of {' and '.join(BASELINES)})\n")
         print("| " + " | ".join(COLUMNS) + " |")
