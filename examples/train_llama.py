@@ -214,14 +214,16 @@ def torch_varlen_unavailable(device):
     return None
 
 
-_max_lengths = {}  # id(cu_seqlens) -> (cu_seqlens, longest document): read back once per micro-batch, not per layer
+# id(cu_seqlens) -> (cu_seqlens, longest document): read back (or set by make_nanos) once per micro-batch, not
+# once per layer
+_max_lengths = {}
 
 
 def _longest(cu):
+    if len(_max_lengths) > 8:
+        _max_lengths.clear()
     cached = _max_lengths.get(id(cu))
     if cached is None or cached[0] is not cu:
-        if len(_max_lengths) >= 8:
-            _max_lengths.clear()
         cached = _max_lengths[id(cu)] = (cu, int((cu[1:] - cu[:-1]).max().item()))
     return cached[1]
 
@@ -470,6 +472,9 @@ def make_nanos(nano_docs, attention, args, device, dtype):
     nanos = []
     for docs in nano_docs:
         cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+        if len(_max_lengths) > 8:
+            _max_lengths.clear()
+        _max_lengths[id(cu)] = (cu, max(docs))  # torch_varlen's longest document, known here without a GPU read
         plan = None
         if attention == "cad":
             plan = cad.plan(cu, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.hidden // args.heads,
@@ -841,13 +846,13 @@ def parse_args(argv=None):
     p.add_argument("--context", type=int, default=2048, help="tokens per rank and micro-batch (one packed buffer)")
     p.add_argument("--micro-batches", type=int, default=1,
                    help="micro-batches per optimizer step (gradient accumulation), each its own batch and CAD plan")
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--hidden", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None, help="default: the --model preset's")
+    p.add_argument("--hidden", type=int, default=None, help="default: the --model preset's")
     p.add_argument("--intermediate", type=int, default=None,
                    help="MLP width (Llama's intermediate_size; Llama-3 8B: 14336); 0: 3 x --hidden (tiny's default)")
-    p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--kv-heads", type=int, default=None)
-    p.add_argument("--vocab", type=int, default=None)
+    p.add_argument("--heads", type=int, default=None, help="default: the --model preset's")
+    p.add_argument("--kv-heads", type=int, default=None, help="default: the --model preset's")
+    p.add_argument("--vocab", type=int, default=None, help="default: the --model preset's")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
