@@ -741,7 +741,7 @@ def train_one(args, rank, world, device, lengths):
         start = time.perf_counter()
         cad.attention_time(reset=True)
         AttentionClock.take()
-        loss_sum, plan_stats, make_starts = 0.0, [], []
+        loss_sum, plan_stats, make_starts, attention_by_mb = 0.0, [], [], []
         for mb, (docs_by_rank, nanos, inputs) in enumerate(micro):
             # DDP all-reduces once per step: the last micro-batch's backward; the others only accumulate.
             quiet = model.no_sync() if ddp and mb < args.micro_batches - 1 else contextlib.nullcontext()
@@ -751,6 +751,9 @@ def train_one(args, rank, world, device, lengths):
                 make_starts += [plan.make_started_at for _, _, plan in parts if plan is not None]
                 loss = model(**inputs, nanos=parts)
                 (loss / args.micro_batches).backward()
+            # Per micro-batch: the ranks wait for each other at least once per micro-batch (FSDP2's
+            # reduce-scatter after its backward, every layer's gathers), so imbalance costs per micro-batch.
+            attention_by_mb.append(cad.attention_time(reset=True) + AttentionClock.take())
             loss_sum = loss_sum + loss.detach() / args.micro_batches
             del parts, loss  # the plans go back once nothing (autograd included) refers to them
         norm = grad_norm(model.parameters())
@@ -759,7 +762,7 @@ def train_one(args, rank, world, device, lengths):
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        attention = cad.attention_time(reset=True) + AttentionClock.take()
+        attention = sum(attention_by_mb) + cad.attention_time(reset=True) + AttentionClock.take()
         if profiler is not None:
             profiler.__exit__(None, None, None)
             profile = profile_summary(profiler)
@@ -780,7 +783,7 @@ def train_one(args, rank, world, device, lengths):
         mine = sum(sum(docs_by_rank[rank]) for docs_by_rank, _, _ in micro)
         gathered = all_gather_floats([float(loss_sum), seconds, attention, float(mine), peak,
                                       stats["plan_ms"] if stats else 0.0, stats["make_ms"] if stats else 0.0,
-                                      pre_plan_ms, gc_ms, float(gc_full)], world)
+                                      pre_plan_ms, gc_ms, float(gc_full)] + attention_by_mb, world)
         costs = [sum(causal_cost(docs_by_rank[r]) for docs_by_rank, _, _ in micro) for r in range(world)]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
@@ -795,6 +798,7 @@ def train_one(args, rank, world, device, lengths):
                   "plan_make_ms": [g[6] for g in gathered], "pre_plan_ms": [g[7] for g in gathered],
                   "gc_ms": [g[8] for g in gathered], "gc_full_collections": [int(g[9]) for g in gathered],
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
+                  "attention_s_by_micro_batch": [[g[10 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
                   "ping_pong": split, "nano_tokens": [[[sum(d) for d in n] for n in nanos] for _, nanos, _ in micro],
                   "profiled": profiling}
         if stats:

@@ -16,9 +16,13 @@ is kept outside "steps" ("profiled_step") and so counts in none. Per step:
   `torch_varlen` (torch's varlen_attn); speedup = baseline step / this step;
 - ideal speedup, from the baseline's measured parts: per step, the slowest rank's step with its attention time
   replaced by the mean rank's, i.e. attention work perfectly balanced over the ranks at no communication
-  cost, everything else as measured: ideal step = max_r(step_r) - max_r(attn_r) + mean_r(attn_r), ideal speedup
-  = baseline step / ideal step (per-rank attention times are synchronised in the local runs). It ignores that
-  ranks also wait for each other per layer (FSDP2's gathers), so it is the speedup balance alone can buy;
+  cost, everything else as measured. The ranks wait for each other at least once per micro-batch (FSDP2's
+  reduce-scatter after its backward; within a micro-batch the same rank is the slow one at every layer), so
+  the imbalance costs per micro-batch: ideal step = max_r(step_r) - sum over micro-batches m of
+  (max_r(attn_r,m) - mean_r(attn_r,m)), from the trainer's attention_s_by_micro_batch (records without it: one
+  term, max_r(attn_r) - mean_r(attn_r), which understates the gain when a different rank is slow in each
+  micro-batch); ideal speedup = baseline step / ideal step (per-rank attention times are synchronised in the
+  local runs);
 - realised share: (speedup - 1) / (ideal speedup - 1), the part of the possible gain a configuration got
   ("-" where the ideal speedup is below 1.01: nothing to gain);
 - vs per_doc_cp: per_doc_cp's step / this step;
@@ -103,6 +107,12 @@ COLUMNS = ["tokens/GPU", "config", "layers", "step (ms)", "tokens/s (K)", "MFU (
            "loss rel. diff vs baseline", "plan ms: balancer / whole make (max rank)"]
 
 
+def imbalance_cost(step):
+    """Seconds a step of local attention loses to attention imbalance (see the module doc: per micro-batch)."""
+    parts = step.get("attention_s_by_micro_batch") or [step["attention_s"]]
+    return sum(max(p) - mean(p) for p in parts)
+
+
 def rows_for(context, runs, first):
     """The rows of one context's table (COLUMNS), in ORDER; a note first when there is no baseline."""
     base_name, base = baseline_of(context, runs, first)
@@ -113,7 +123,7 @@ def rows_for(context, runs, first):
     else:
         steps_base = base["steps"][first:]
         t_base = mean(step_time(s) for s in steps_base)
-        t_ideal = mean(step_time(s) - max(s["attention_s"]) + mean(s["attention_s"]) for s in steps_base)
+        t_ideal = mean(step_time(s) - imbalance_cost(s) for s in steps_base)
         ideal = t_base / t_ideal
     per_doc = runs.get((context, "per_doc_cp"))
     t_per_doc = mean(step_time(s) for s in per_doc["steps"][first:]) if trained(per_doc) else None

@@ -121,3 +121,18 @@ def test_arrival_table(tmp_path):
     # GC max (120 + 4) / 2, full collections 1 + 1
     assert "| 64K | prefix_aware | 100.0 | 20.0 | 80.0 | 700 | 62.0 | 2 |" in out, out
     assert "| 64K | local | - | - | - | 700 | 2.0 | 2 |" in out, out
+
+
+def test_ideal_counts_the_imbalance_of_every_micro_batch(tmp_path):
+    # Two micro-batches, a different rank slow in each: per step the sums are even (1.2 / 1.2), but each micro-
+    # batch waits for its slow rank: 1.0 - 0.6 and 1.0 - 0.6 -> the ideal step is 3.0 - 0.8 = 2.2 s.
+    steps = []
+    for i in range(3):
+        r = record(i, [3.0, 3.0], [1.2, 1.2])
+        r["attention_s_by_micro_batch"] = [[1.0, 0.2], [0.2, 1.0]]
+        steps.append(r)
+    write(tmp_path, "local", steps)
+    write(tmp_path, "prefix_aware", [record(i, [2.4, 2.4], [0.6, 0.6]) for i in range(3)])
+    rows, _ = table(tmp_path)
+    assert rows["local"][9] == "1.364"                            # 3.0 / 2.2 (one term per step would give 1.000)
+    assert rows["prefix_aware"][8] == "1.250" and rows["prefix_aware"][10] == "0.69"  # 0.25 / 0.364
