@@ -494,6 +494,30 @@ void server_failed(CadContext& ctx, const char* what) {
 
 void* data(const cad_tensor_v1_t* t) { return plugin::tensor_data(t); }
 
+// The server batch's forward tensors in a call's scratch (a forward that keeps nothing, a backward re-sent).
+void take_forward_tensors(CallScratch& scratch, const WorkspaceSizes& z, void** q, void** k, void** v, void** o,
+                          void** lse) {
+  *q = scratch.take(static_cast<size_t>(z.server_q), "the server batch (Q)");
+  *k = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (K)");
+  *v = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (V)");
+  *o = scratch.take(static_cast<size_t>(z.server_q), "the server batch (O)");
+  *lse = scratch.take(static_cast<size_t>(z.server_lse), "the server batch (LSE)");
+}
+
+// Called while a failure before any exchange is being handled: the peers wait for this rank's part of the
+// call's exchanges, so run them drained (`drained`: the same call with drain=true, nothing computed), then
+// report the first failure. Without it the peers waited for the communicator's timeout (a trainer on 4
+// GPUs, 2026-11-26).
+template <class Drained>
+[[noreturn]] void drain_and_rethrow(Drained drained) {
+  try {
+    drained();
+  } catch (const plugin::Failure&) {
+    // The first failure is the one to report; a broken exchange shows on the peers too.
+  }
+  throw;
+}
+
 }  // namespace
 
 void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const cad_attention_forward_args_v1_t* args,
@@ -527,25 +551,14 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
         q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
         stats.saved_bytes = total_bytes(s.buffers());
       } else {
-        const WorkspaceSizes& z = dp.sizes;
-        q = scratch.take(static_cast<size_t>(z.server_q), "the server batch (Q)");
-        k = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (K)");
-        v = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (V)");
-        o = scratch.take(static_cast<size_t>(z.server_q), "the server batch (O)");
-        lse = scratch.take(static_cast<size_t>(z.server_lse), "the server batch (LSE)");
+        take_forward_tensors(scratch, dp.sizes, &q, &k, &v, &o, &lse);
       }
-    } catch (const plugin::Failure&) {
-      // Out of memory before any exchange: the peers wait for this rank's part of them. Run the call drained
-      // (the same collectives on wire buffers, nothing computed), then report. Without it the peers waited
-      // for the communicator's timeout (a trainer on 4 GPUs, 2026-11-26).
+    } catch (const plugin::Failure&) {  // out of memory
       if (keep != nullptr) keep->device.reset();
-      try {
+      drain_and_rethrow([&] {
         CallStats ignored;
         device_forward(ctx, plan, shape, args, nullptr, ignored, /*drain=*/true);
-      } catch (const plugin::Failure&) {
-        // The allocation's failure is the one to report; a broken exchange shows on the peers too.
-      }
-      throw;
+      });
     }
   }
   Mover move(ctx, dp, scratch, stream, drain, stats);
@@ -599,21 +612,12 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
       d_q = scratch.take(static_cast<size_t>(z.server_q), "the server batch (dQ)");
       d_k = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (dK)");
       d_v = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (dV)");
-      if (!kept) {
-        q = scratch.take(static_cast<size_t>(z.server_q), "the server batch (Q)");
-        k = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (K)");
-        v = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (V)");
-        o = scratch.take(static_cast<size_t>(z.server_q), "the server batch (O)");
-        lse = scratch.take(static_cast<size_t>(z.server_lse), "the server batch (LSE)");
-      }
-    } catch (const plugin::Failure&) {
-      // As in the forward: let the peers finish this call's exchanges before reporting.
-      try {
+      if (!kept) take_forward_tensors(scratch, z, &q, &k, &v, &o, &lse);
+    } catch (const plugin::Failure&) {  // out of memory
+      drain_and_rethrow([&] {
         CallStats ignored;
         device_backward(ctx, plan, shape, args, nullptr, ignored, /*drain=*/true);
-      } catch (const plugin::Failure&) {
-      }
-      throw;
+      });
     }
   }
   Mover move(ctx, dp, scratch, stream, drain, stats);
