@@ -134,7 +134,8 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     args = _abi.BackwardArgs()
     args.struct_size = C.sizeof(args)
     host = _describe_batch(args, plan, cu_seqlens, q.shape[0])(q.device)
-    if _stand_in(q):  # the servers kept q/k/v/o: the plugin reads none of them, only their shapes
+    kept = _stand_in(q)
+    if kept:  # the servers kept q/k/v/o: the plugin reads none of them, only their shapes
         q, k, v, o = d_q, d_k, d_v, d_o
     tensors = [Described(t) for t in (q, k, v, o, lse, d_o, d_q, d_k, d_v)]
     args.q, args.k, args.v, args.o, args.lse, args.d_o, args.d_q, args.d_k, args.d_v = (t.ptr for t in tensors)
@@ -144,7 +145,7 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     key = int(saved_key[0])
     entry = _saved.get(key)
     args.saved = entry[1] if entry is not None else None
-    if args.saved is None and plan is not None and _stand_in(q):
+    if args.saved is None and kept:
         raise CadError(f"cad.varlen_attn backward: the servers' kept state of this forward (plan #{plan.id}) is gone "
                        f"and the autograd context holds no copy of q/k/v/o to re-send; was the forward's output "
                        f"kept past a cad.init() or cad.shutdown()?", "INVALID_ARGUMENT")

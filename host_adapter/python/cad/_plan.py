@@ -12,12 +12,12 @@ from ._errors import CadError
 from ._tensors import current_stream, device_of, dtype_of
 
 _serials = itertools.count(1)
+_plans = weakref.WeakValueDictionary()  # plan id -> Plan, how the custom op (ints only) reaches a plan
 _makes = [0]  # collective plan makes in this process (tests check that a backward makes none)
 
 
 def makes_so_far():
     return _makes[0]
-_plans = weakref.WeakValueDictionary()  # plan id -> Plan, how the custom op (ints only) reaches a plan
 
 
 def pieces_from_cu_seqlens(cu_seqlens, rank, what="cad.plan"):
