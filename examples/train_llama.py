@@ -228,15 +228,6 @@ def _longest(cu):
     return cached[1]
 
 
-def _cu_from_positions(position_ids):
-    """cu_seqlens int32 of one packed row whose positions restart at 0 at every document."""
-    flat = position_ids.reshape(-1)
-    starts = (flat == 0).nonzero().reshape(-1)
-    if starts.numel() == 0 or int(starts[0]) != 0:
-        starts = torch.cat([starts.new_zeros(1), starts])
-    return torch.cat([starts, starts.new_full((1,), flat.numel())]).to(torch.int32)
-
-
 def torch_varlen_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0,
                            cad_cu_seqlens=None, cad_plan=None, position_ids=None, **kwargs):
     """A transformers attention function over torch.nn.attention.varlen.varlen_attn: local causal varlen
@@ -248,7 +239,9 @@ def torch_varlen_attention(module, query, key, value, attention_mask, *, scaling
     batch, heads, seq, dim = query.shape
     if batch != 1:
         raise ValueError(f"torch_varlen attention: expected one packed row, got a batch of {batch}")
-    cu = cad_cu_seqlens if cad_cu_seqlens is not None else _cu_from_positions(position_ids)
+    if cad_cu_seqlens is None:
+        from cad.hf import cu_seqlens_from_position_ids  # the package's one rule for packed documents
+    cu = cad_cu_seqlens if cad_cu_seqlens is not None else cu_seqlens_from_position_ids(position_ids)
     longest = _longest(cu)
     q = query.transpose(1, 2).reshape(seq, heads, dim)
     k = key.transpose(1, 2).reshape(seq, key.shape[1], dim)

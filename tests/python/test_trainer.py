@@ -271,10 +271,12 @@ def test_torch_varlen_attention_trains_as_local(monkeypatch, signature):
 
 
 def test_documents_from_position_ids():
+    # The torch_varlen baseline derives its documents with the package's rule, as cad.hf does.
     import torch
+    from cad.hf import cu_seqlens_from_position_ids
     t = _trainer_module()
-    assert t._cu_from_positions(torch.tensor([[0, 1, 2, 0, 1, 0]])).tolist() == [0, 3, 5, 6]
-    assert t._cu_from_positions(torch.tensor([[3, 4, 0, 1]])).tolist() == [0, 2, 4]  # a continued document first
+    assert cu_seqlens_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0]])).tolist() == [0, 3, 5, 6]
+    assert cu_seqlens_from_position_ids(torch.tensor([[3, 4, 0, 1]])).tolist() == [0, 2, 4]  # a continued document
     assert t.torch_varlen_unavailable(torch.device("cpu")).startswith("torch_varlen: ")
 
 

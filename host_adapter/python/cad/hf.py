@@ -40,21 +40,29 @@ class _Documents:
         self.version, self.cu, self.plans = version, cu, {}
 
 
+def cu_seqlens_from_position_ids(position_ids):
+    """cu_seqlens (int32 [documents + 1]) of packed rows `position_ids` [batch, seq] (or [seq]): a document starts
+    wherever the positions restart at 0, and at every row's start (a row may begin inside a document). Reads
+    the positions on their device (one host synchronisation, for the count of documents)."""
+    rows = position_ids.reshape(-1, position_ids.shape[-1])
+    batch, seq = rows.shape
+    flat = rows.reshape(-1)
+    starts = (flat == 0).nonzero().reshape(-1)
+    row_starts = torch.arange(0, batch * seq, seq, device=flat.device)
+    starts = torch.unique(torch.cat([starts, row_starts]))
+    end = torch.tensor([batch * seq], device=flat.device)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
 def _cu_seqlens(query, kwargs):
     batch, _, seq, _ = query.shape
     cu = kwargs.get("cu_seq_lens_q")
     if cu is not None:
         return cu.to(torch.int32, copy=True)  # its own tensor: the entry must not hold its source alive
     positions = kwargs.get("position_ids")
-    device = query.device
     if positions is None:
-        return torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device)
-    flat = positions.reshape(-1)
-    starts = (flat == 0).nonzero().reshape(-1)
-    row_starts = torch.arange(0, batch * seq, seq, device=flat.device)
-    starts = torch.unique(torch.cat([starts, row_starts]))
-    end = torch.tensor([batch * seq], device=flat.device)
-    return torch.cat([starts, end]).to(torch.int32)
+        return torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=query.device)
+    return cu_seqlens_from_position_ids(positions.expand(batch, seq))
 
 
 def _documents(query, kwargs):
