@@ -79,6 +79,7 @@ def _call_plan(plan_id, q, k):
     if plan_id < 0:
         return None
     plan = _plan.lookup(plan_id)
+    plan.wait()  # a plan made ahead: usually made long before its first layer
     plan.check_usable(q.device)
     if plan.handle is None:
         plan.make(q.shape[1], k.shape[1], q.shape[2], q.dtype, q.device)
