@@ -594,11 +594,13 @@ def configurations(args):
     runs = []
     for name in args.configs.split(","):
         run = argparse.Namespace(**vars(args))
-        base, _, mode = name.partition("+")
+        base, *modes = name.split("+")
         run.attention = base if base in ("local", "torch_varlen") else "cad"
         run.balancer = base if run.attention == "cad" else args.balancer
-        run.ping_pong = mode == "pp"
-        label = base + ("_pingpong" if run.ping_pong else "")
+        run.ping_pong = "pp" in modes
+        if "now" in modes:
+            run.plan_ahead = "off"
+        label = base + ("_plannow" if "now" in modes else "") + ("_pingpong" if run.ping_pong else "")
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -939,10 +941,10 @@ def parse_args(argv=None):
                    help="train several configurations one after another in this process (one start-up): a comma "
                         "list of 'local' (the project's kernels, no CAD), 'torch_varlen' (torch's varlen_attn; "
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
-                        "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), e.g. "
-                        "local,torch_varlen,prefix_aware,distca+pp. Each starts from the same weights; its JSON is "
-                        "--json-out with {config} = its name, + '_pingpong' with ping-pong. Overrides --attention, "
-                        "--balancer, --ping-pong")
+                        "prefix_aware, colocated), each optionally with '+pp' (--ping-pong) and/or '+now' (--plan-ahead "
+                        "off), e.g. local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the "
+                        "same weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
+                        "'_pingpong' with ping-pong. Overrides --attention, --balancer, --ping-pong, --plan-ahead")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -986,10 +988,11 @@ def parse_args(argv=None):
         p.error(f"--profile-step must name one of the {args.steps} steps (0..{args.steps - 1}), got {args.profile_step}")
     if args.configs is not None:
         names = args.configs.split(",")
-        bad = [n for n in names if not n.partition("+")[0] or n.partition("+")[2] not in ("", "pp")]
+        bad = [n for n in names if not n.split("+")[0] or any(m not in ("pp", "now") for m in n.split("+")[1:])
+               or len(set(n.split("+")[1:])) != len(n.split("+")[1:])]
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'torch_varlen' or a balancer name, optionally with "
-                    f"'+pp'")
+                    f"'+pp' and/or '+now'")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     return args
