@@ -83,7 +83,7 @@ def simulate(args, cfg, calibration, detail=False):
 def neutral_calibration(path, **terms):
     base = {"trainer": TRAINER, "fitted_on": ["none: neutral terms for fitting"], "layer_us_per_token": 0,
             "head_us_per_token": 0, "step_fixed_ms": 0, "attention_scale": 1, "torch_varlen_attention_scale": 1,
-            "plan_make_ms": 0, "plan_make_us_per_task": 0, "exchange_fixed_us": 0, "pack_unpack_ns_per_byte": 0,
+            "attention_call_us": 0, "plan_make_ms": 0, "plan_make_us_per_task": 0, "plan_make_ns_per_token": 0, "exchange_fixed_us": 0, "pack_unpack_ns_per_byte": 0,
             "pingpong_compute_factor": 1, "source": {}}
     base.update(terms)
     path.write_text(json.dumps(base, indent=1))
@@ -138,14 +138,22 @@ def fit(args):
         return out
 
     notes = {}
-    # 1. The attention call's scale: local (and torch_varlen) runs, measured attention seconds per rank against
-    # the rate table's kernel seconds (forward twice: the recomputed forward).
-    scale = {}
-    for kind in ("local", "torch_varlen"):
-        pts = [(m, p) for c in plain if c["attention"] == kind
-               for m, p in zip(c["attention_s"], per_rank_sum(c, "attention_s"))]
-        scale[kind] = sum(m * p for m, p in pts) / sum(p * p for _, p in pts)
-        notes[kind] = len(pts)
+    # 1. The attention call: local runs, measured attention seconds per rank and step (synchronised calls) =
+    # scale x the rate table's kernel seconds (forward twice: the recomputed forward) + calls x a fixed cost.
+    # torch_varlen: its own scale, the same per-call cost.
+    def calls(c):
+        return c["layers"] * (3 if c["checkpointing"] == "full" else 2) * c["micro_batches"]
+
+    pts = [(m, p, calls(c)) for c in plain if c["attention"] == "local"
+           for m, p in zip(c["attention_s"], per_rank_sum(c, "attention_s"))]
+    (s_local, call_us), dropped_a = nonneg_lstsq([[p, n * 1e-6] for _, p, n in pts], [m for m, _, _ in pts],
+                                                 ["attention_scale", "attention_call_us"])
+    notes["local"] = len(pts)
+    pts = [(m, p, calls(c)) for c in plain if c["attention"] == "torch_varlen"
+           for m, p in zip(c["attention_s"], per_rank_sum(c, "attention_s"))]
+    s_tv = sum((m - n * call_us * 1e-6) * p for m, p, n in pts) / sum(p * p for _, p, _ in pts)
+    notes["torch_varlen"] = len(pts)
+    scale = {"local": s_local, "torch_varlen": s_tv}
     # 2. CAD's exchanges: CAD's measured attention call (kernels, exchanges, pack/unpack) minus the scaled kernel
     # time and the NCCL curve's time for its bytes = passes x fixed + bytes moved x per-byte.
     rows, ys = [], []
@@ -158,7 +166,7 @@ def fit(args):
             moved = sum(mb["ranks"][r]["bytes_sent"] + mb["ranks"][r]["bytes_received"]
                         for mb in detail[id(c)]) / c["steps"] * c["layers"] * (3 if c["checkpointing"] == "full" else 2)
             rows.append([passes * 1e-6, moved * 1e-9])
-            ys.append(c["attention_s"][r] - scale["local"] * kern[r] - wire[r])
+            ys.append(c["attention_s"][r] - scale["local"] * kern[r] - calls(c) * call_us * 1e-6 - wire[r])
     (fixed_us, ns_per_byte), dropped_x = nonneg_lstsq(rows, ys, ["exchange_fixed_us", "pack_unpack_ns_per_byte"])
     # 3. The plan make: per step, the slowest rank's make time (all the step's plans) against plans and tasks.
     rows, ys = [], []
@@ -166,15 +174,17 @@ def fit(args):
         if c["attention"] != "cad":
             continue
         tasks = sum(mb["tasks"] for mb in detail[id(c)]) / c["steps"]
-        rows.append([c["micro_batches"], tasks * 1e-3])
+        rows.append([c["micro_batches"], tasks * 1e-3, c["micro_batches"] * c["context"] * 1e-6])
         ys.append(c["plan_make_ms"])
-    (plan_ms, plan_us_task), dropped_p = nonneg_lstsq(rows, ys, ["plan_make_ms", "plan_make_us_per_task"])
+    (plan_ms, plan_us_task, plan_ns_token), dropped_p = nonneg_lstsq(
+        rows, ys, ["plan_make_ms", "plan_make_us_per_task", "plan_make_ns_per_token"])
     # 4. The rest of the step: measured step minus the model's step with every term above and none of the
     # linear ones = micro-batches x tokens x (layers x layer_us + head_us) + fixed.
     partial = neutral_calibration(tmp / "partial.json", attention_scale=scale["local"],
                                   torch_varlen_attention_scale=scale["torch_varlen"], exchange_fixed_us=fixed_us,
                                   pack_unpack_ns_per_byte=ns_per_byte, plan_make_ms=plan_ms,
-                                  plan_make_us_per_task=plan_us_task)
+                                  plan_make_us_per_task=plan_us_task, plan_make_ns_per_token=plan_ns_token,
+                                  attention_call_us=call_us)
     rows, ys = [], []
     for c in plain:
         res, _ = simulate(args, c, partial)
@@ -187,7 +197,8 @@ def fit(args):
     # max() makes it piecewise).
     terms = dict(attention_scale=scale["local"], torch_varlen_attention_scale=scale["torch_varlen"],
                  exchange_fixed_us=fixed_us, pack_unpack_ns_per_byte=ns_per_byte, plan_make_ms=plan_ms,
-                 plan_make_us_per_task=plan_us_task, layer_us_per_token=layer_us, head_us_per_token=head_us,
+                 plan_make_us_per_task=plan_us_task, plan_make_ns_per_token=plan_ns_token,
+                 attention_call_us=call_us, layer_us_per_token=layer_us, head_us_per_token=head_us,
                  step_fixed_ms=fixed_ms)
     pp = [c for c in configs if c["pingpong"] and c["attention"] == "cad"]
     best = None
@@ -210,14 +221,19 @@ def fit(args):
         "trainer": TRAINER, "fitted_on": ["docs/data/" + x for x in FIT_RUNS],
         "layer_us_per_token": r(layer_us), "head_us_per_token": r(head_us), "step_fixed_ms": r(fixed_ms),
         "attention_scale": r(scale["local"]), "torch_varlen_attention_scale": r(scale["torch_varlen"]),
-        "plan_make_ms": r(plan_ms), "plan_make_us_per_task": r(plan_us_task), "exchange_fixed_us": r(fixed_us),
+        "attention_call_us": r(call_us), "plan_make_ms": r(plan_ms), "plan_make_us_per_task": r(plan_us_task),
+        "plan_make_ns_per_token": r(plan_ns_token), "exchange_fixed_us": r(fixed_us),
         "pack_unpack_ns_per_byte": r(ns_per_byte), "pingpong_compute_factor": r(factor),
         "source": {
             "attention_scale": f"{runs}, local without ping-pong ({notes['local']} rank x context points): least "
-                               "squares of the measured attention seconds per rank and step (synchronised calls) "
-                               "on the rate table's kernel seconds for the same batches (forward counted twice)",
+                               "squares of the measured attention seconds per rank and step (synchronised calls) on "
+                               "the rate table's kernel seconds for the same batches (forward counted twice) and the "
+                               "number of attention calls" +
+                               (" (came out negative: fixed at 0)" if "attention_scale" in dropped_a else ""),
+            "attention_call_us": "the same fit as attention_scale: the fixed cost of one attention call" +
+                                 (" (came out negative: fixed at 0)" if "attention_call_us" in dropped_a else ""),
             "torch_varlen_attention_scale": f"{runs}, torch_varlen without ping-pong ({notes['torch_varlen']} "
-                                            "points), the same fit",
+                                            "points): the same fit with attention_call_us fixed",
             "exchange_fixed_us": f"{runs}, CAD without ping-pong ({n_cad} configurations x ranks): measured CAD "
                                  "attention call minus scaled kernel time minus the NCCL curve's time for the "
                                  "plan's bytes, fitted as passes x fixed + bytes x per-byte" +
@@ -226,11 +242,14 @@ def fit(args):
                                        (" (came out negative: fixed at 0)" if "pack_unpack_ns_per_byte" in dropped_x
                                         else ""),
             "plan_make_ms": f"{runs}, CAD without ping-pong ({n_cad} configurations): the slowest rank's plan "
-                            "make per step fitted as plans x fixed + tasks x per-task" +
+                            "make per step fitted as plans x fixed + tasks x per-task + tokens x per-token" +
                             (" (came out negative: fixed at 0)" if "plan_make_ms" in dropped_p else ""),
             "plan_make_us_per_task": "the same fit as plan_make_ms" +
                                      (" (came out negative: fixed at 0)" if "plan_make_us_per_task" in dropped_p
                                       else ""),
+            "plan_make_ns_per_token": "the same fit as plan_make_ms (tokens of the rank)" +
+                                      (" (came out negative: fixed at 0)" if "plan_make_ns_per_token" in dropped_p
+                                       else ""),
             "layer_us_per_token": f"{runs}, every configuration without ping-pong ({n_plain}): measured step minus "
                                   "the model's attention, exchanges and plan make, fitted as micro-batches x tokens x "
                                   "(layers x layer + head) + fixed" +

@@ -73,8 +73,9 @@ const char* kUsage =
     "trainer (the step of a real trainer: examples/train_llama.py, FSDP2, gradient accumulation):\n"
     "  --trainer FILE      price the step with the overhead terms measured in that trainer (e.g.\n"
     "                      docs/simulate/trainer_h200.json: non-attention time per token and layer and\n"
-    "                      outside the layers, per-step fixed time, attention call scale, plan make per plan\n"
-    "                      and task, exchange fixed cost and pack/unpack per byte, ping-pong's compute\n"
+    "                      outside the layers, per-step fixed time, attention kernel scale and per-call cost,\n"
+    "                      plan make per plan, token and task, exchange fixed cost and pack/unpack per byte,\n"
+    "                      ping-pong's compute\n"
     "                      factor); every micro-batch then waits for the slowest rank of all (FSDP2)\n"
     "  --checkpointing full|none   full activation checkpointing: each layer's forward (and CAD's forward\n"
     "                      exchange) runs twice (default full; needs --trainer)\n"
@@ -396,6 +397,8 @@ int run_simulate(int argc, char** argv) {
                         {"step_fixed_ms", trainer->step_fixed_ms},
                         {"plan_make_ms", trainer->plan_make_ms},
                         {"plan_make_us_per_task", trainer->plan_make_us_per_task},
+                        {"plan_make_ns_per_token", trainer->plan_make_ns_per_token},
+                        {"attention_call_us", trainer->attention_call_us},
                         {"exchange_fixed_us", trainer->exchange_fixed_us},
                         {"pack_unpack_ns_per_byte", trainer->pack_unpack_ns_per_byte},
                         {"pingpong_compute_factor", trainer->pingpong_compute_factor}};

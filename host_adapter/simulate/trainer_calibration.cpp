@@ -61,7 +61,9 @@ TrainerCalibration parse_trainer_calibration(const std::string& json_text, const
   c.step_fixed_ms = r.number("step_fixed_ms", 0, false);
   c.attention_scale = r.number("attention_scale", 0, true);
   c.torch_varlen_attention_scale = r.number("torch_varlen_attention_scale", 0, true);
+  c.attention_call_us = r.number("attention_call_us", 0, false);
   c.plan_make_ms = r.number("plan_make_ms", 0, false);
+  c.plan_make_ns_per_token = r.number("plan_make_ns_per_token", 0, false);
   c.plan_make_us_per_task = r.number("plan_make_us_per_task", 0, false);
   c.exchange_fixed_us = r.number("exchange_fixed_us", 0, false);
   c.pack_unpack_ns_per_byte = r.number("pack_unpack_ns_per_byte", 0, false);

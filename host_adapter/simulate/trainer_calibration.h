@@ -16,8 +16,11 @@
 //     "attention_scale": 1.0,            // the trainer's measured attention call / the rate table's kernel
 //                                        // time (> 0): synchronised call timing, launch gaps
 //     "torch_varlen_attention_scale": 1.5,  // the same for PyTorch's varlen_attn (K/V expanded for GQA)
+//     "attention_call_us": 2500,         // per attention call (forward, recomputed forward, backward) beyond
+//                                        // the kernels, any kernel: host work and the timing's CUDA syncs
 //     "plan_make_ms": 5.0,               // CAD's plan make per plan (all-gather, balancer, device tables)
 //     "plan_make_us_per_task": 1.0,      // ... plus per task of the plan
+//     "plan_make_ns_per_token": 50,      // ... plus per token of the rank (device tables)
 //     "exchange_fixed_us": 500,          // per CAD exchange pass (forward, recomputed forward, backward) of
 //                                        // one layer beyond the NCCL curve: launches, events, small-message
 //                                        // latency
@@ -43,8 +46,10 @@ struct TrainerCalibration {
   double step_fixed_ms = 0;
   double attention_scale = 1;
   double torch_varlen_attention_scale = 1;
+  double attention_call_us = 0;
   double plan_make_ms = 0;
   double plan_make_us_per_task = 0;
+  double plan_make_ns_per_token = 0;
   double exchange_fixed_us = 0;
   double pack_unpack_ns_per_byte = 0;
   double pingpong_compute_factor = 1;

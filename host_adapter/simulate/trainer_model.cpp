@@ -18,7 +18,8 @@ TrainerRankTime trainer_rank_time(const RankWork& work, bool moves_work, int64_t
   TrainerRankTime t;
   const double layer_linear = tokens * tcal.layer_us_per_token * 1e-6;
   const double head = tokens * tcal.head_us_per_token * 1e-6;
-  const double kernel = options.kernel_scale * (passes * work.attention.fwd + work.attention.bwd);
+  const double kernel = options.kernel_scale * (passes * work.attention.fwd + work.attention.bwd) +
+                        (passes + 1) * tcal.attention_call_us * 1e-6;
   double exchange = 0;
   if (moves_work) {
     const RankBytes& b = work.bytes;
@@ -28,8 +29,9 @@ TrainerRankTime trainer_rank_time(const RankWork& work, bool moves_work, int64_t
     exchange = (passes + 1) * per_pass;
   }
   const double plans = moves_work ? (pingpong ? 2.0 : 1.0) : 0.0;
-  t.plan = plans * tcal.plan_make_ms * 1e-3 +
-           (moves_work ? static_cast<double>(plan_tasks) * tcal.plan_make_us_per_task * 1e-6 : 0.0);
+  t.plan = moves_work ? plans * tcal.plan_make_ms * 1e-3 + tokens * tcal.plan_make_ns_per_token * 1e-9 +
+                           static_cast<double>(plan_tasks) * tcal.plan_make_us_per_task * 1e-6
+                     : 0.0;
 
   t.linear = layers * layer_linear + head;
   t.attention = layers * kernel;

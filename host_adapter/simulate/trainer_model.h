@@ -4,13 +4,15 @@
 // Per micro-batch m and data-parallel rank r, with L layers (of this stage), T tokens, P = the forward
 // passes per layer (2 with full activation checkpointing: the forward and its recomputation; else 1):
 //   linear    = L x T x layer_us_per_token  +  T x head_us_per_token
-//   attention = L x kernel_scale x (P x fwd + bwd)      fwd, bwd: the rate table's seconds for the shards r
-//                                                       serves (step_model.h attention_seconds)
+//   attention = L x (kernel_scale x (P x fwd + bwd) + (P + 1) x attention_call_us)
+//               fwd, bwd: the rate table's seconds for the shards r serves (step_model.h attention_seconds);
+//               every attention call (local or CAD) pays the fixed call cost
 //   exchange  = L x (P + 1) x (curve(bytes) + exchange_fixed_us + (sent + received) x pack_unpack_ns)
 //               only for balancers that move work (a rank with no bytes to or from a peer still pays the
 //               fixed part: every rank joins every exchange)
-//   plan      = plans x (plan_make_ms + tasks x plan_make_us_per_task), host-blocking, before the first
-//               layer; plans = 2 with ping-pong (one per nano-batch), each with half the tasks
+//   plan      = plans x plan_make_ms + T x plan_make_ns_per_token + tasks x plan_make_us_per_task,
+//               host-blocking, before the first layer; plans = 2 with ping-pong (one per nano-batch, each
+//               with half the tokens and tasks); colocated makes no plan
 //   no ping-pong: total = linear + attention + exchange + plan
 //   ping-pong:    the layers' compute (L x T x layer_us + attention) runs pingpong_compute_factor slower
 //                 and hides the exchange up to its own length:
