@@ -177,6 +177,7 @@ nlohmann::json detail_json(const std::vector<sim::MicroBatchDetail>& detail) {
     nlohmann::json ranks = nlohmann::json::array();
     for (const auto& r : m.ranks) {
       ranks.push_back({{"tokens", r.tokens},
+                       {"tasks_served", r.tasks_served},
                        {"attention_fwd_s", r.attention_fwd_s},
                        {"attention_bwd_s", r.attention_bwd_s},
                        {"bytes_sent", r.bytes_sent},

@@ -114,7 +114,7 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
         }
         std::vector<RankWork> work;
         work.reserve(static_cast<size_t>(dp));
-        std::vector<int64_t> group_tasks;  // per rank: the tasks of its group's plan
+        std::vector<int64_t> group_tasks;  // per rank: the tasks it serves in its group's plan
         group_tasks.reserve(static_cast<size_t>(dp));
         int64_t all_tasks = 0;
         double bytes = 0, plan_ms = 0;
@@ -129,7 +129,12 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
           std::vector<RankWork> w = rank_work(pieces, tasks, params, s.layout, begin, rates, &group_bytes);
           bytes += group_bytes;
           work.insert(work.end(), w.begin(), w.end());
-          group_tasks.insert(group_tasks.end(), w.size(), static_cast<int64_t>(tasks.size()));
+          // The tasks each rank serves: its share of the plan make's device tables (trainer_model.h).
+          std::vector<int64_t> served(w.size(), 0);
+          for (const cad_task_v1_t& t : tasks) {
+            if (t.server >= 0 && static_cast<size_t>(t.server) < served.size()) ++served[static_cast<size_t>(t.server)];
+          }
+          group_tasks.insert(group_tasks.end(), served.begin(), served.end());
           all_tasks += static_cast<int64_t>(tasks.size());
         }
         res.plan_ms += weight * plan_ms;
@@ -171,6 +176,7 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
             if (s.detail) {
               RankDetail& d = detail.ranks[r];
               d.tokens = work[r].tokens;
+              d.tasks_served = group_tasks[r];
               d.attention_fwd_s = work[r].attention.fwd;
               d.attention_bwd_s = work[r].attention.bwd;
               d.bytes_sent = work[r].bytes.sent_intra + work[r].bytes.sent_inter;

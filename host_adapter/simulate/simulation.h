@@ -67,6 +67,7 @@ struct ModeResult {
 // One micro-batch on one rank, by part (Scenario::detail).
 struct RankDetail {
   int64_t tokens = 0;
+  int64_t tasks_served = 0;                          // tasks of its group's plan it serves
   double attention_fwd_s = 0, attention_bwd_s = 0;  // the rate table's kernel seconds, one layer, unscaled
   double bytes_sent = 0, bytes_received = 0;         // one exchange pass of one layer
   double total_off_s = 0, total_on_s = 0;            // the rank's micro-batch, without / with ping-pong

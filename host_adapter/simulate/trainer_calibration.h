@@ -19,7 +19,7 @@
 //     "attention_call_us": 2500,         // per attention call (forward, recomputed forward, backward) beyond
 //                                        // the kernels, any kernel: host work and the timing's CUDA syncs
 //     "plan_make_ms": 5.0,               // CAD's plan make per plan (all-gather, balancer, device tables)
-//     "plan_make_us_per_task": 1.0,      // ... plus per task of the plan
+//     "plan_make_us_per_task": 1.0,      // ... plus per task the rank serves
 //     "plan_make_ns_per_token": 50,      // ... plus per token of the rank (device tables)
 //     "exchange_fixed_us": 500,          // per CAD exchange pass (forward, recomputed forward, backward) of
 //                                        // one layer beyond the NCCL curve: launches, events, small-message

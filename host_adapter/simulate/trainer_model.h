@@ -10,7 +10,9 @@
 //   exchange  = L x (P + 1) x (curve(bytes) + exchange_fixed_us + (sent + received) x pack_unpack_ns)
 //               only for balancers that move work (a rank with no bytes to or from a peer still pays the
 //               fixed part: every rank joins every exchange)
-//   plan      = plans x plan_make_ms + T x plan_make_ns_per_token + tasks x plan_make_us_per_task,
+//   plan      = plans x plan_make_ms + T x plan_make_ns_per_token + tasks x plan_make_us_per_task (the
+//               tasks r serves: the balancer itself is well under a millisecond, the rest of the make is
+//               per rank),
 //               host-blocking, before the first layer; plans = 2 with ping-pong (one per nano-batch, each
 //               with half the tokens and tasks); colocated makes no plan
 //   no ping-pong: total = linear + attention + exchange + plan
@@ -47,7 +49,7 @@ struct TrainerRankTime {
 };
 
 // `moves_work`: the balancer's plan ships attention work (every CAD balancer; not colocated, whose ranks
-// keep their own documents and make no plan). `plan_tasks`: the tasks of the plan r's group made.
+// keep their own documents and make no plan). `plan_tasks`: the tasks r serves in its group's plan.
 TrainerRankTime trainer_rank_time(const RankWork& work, bool moves_work, int64_t plan_tasks, const ModelShape& shape,
                                   const Layout& layout, const SystemCalibration& cal, const TrainerCalibration& tcal,
                                   const TrainerOptions& options, bool pingpong);
