@@ -775,7 +775,8 @@ def train_one(args, rank, world, device, lengths):
 
     ahead = args.attention == "cad" and args.plan_ahead == "on"
     loaded = {}  # schedule index -> its micro-batches, loaded while the step before it ran
-    exchanged = cad.exchange_times() if device.type == "cuda" and args.attention == "cad" else None
+    # CAD's exchanges on the GPU, cumulative (cad.exchange_times): the last step's end, for this step's share.
+    exchanged = {} if device.type == "cuda" and args.attention == "cad" else None
     for index, (step, profiling) in enumerate(schedule):
         micro = loaded.pop(index, None) or load(step)
         synced_timing = set_split(splitting())
@@ -846,9 +847,9 @@ def train_one(args, rank, world, device, lengths):
         # CAD's exchanges in this step as the GPU ran them (the step ended with a synchronize: all counted).
         comm_ms = stall_ms = 0.0
         if exchanged is not None:
-            now = cad.exchange_times() or {}
-            comm_ms = now.get("comm_ms", 0.0) - (exchanged or {}).get("comm_ms", 0.0)
-            stall_ms = now.get("stall_ms", 0.0) - (exchanged or {}).get("stall_ms", 0.0)
+            now = cad.exchange_times(device) or {}
+            comm_ms = now.get("comm_ms", 0.0) - exchanged.get("comm_ms", 0.0)
+            stall_ms = now.get("stall_ms", 0.0) - exchanged.get("stall_ms", 0.0)
             exchanged = now
         # Host time from the step's start to its first plan make (which waits for every rank): a rank that
         # arrives late shows here.
