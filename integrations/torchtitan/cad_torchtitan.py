@@ -26,7 +26,7 @@ import cad
 import cad.varlen
 from torchtitan.models.common.attention import VarlenAttention, VarlenMetadata
 
-__all__ = ["CadVarlenAttention", "CadVarlenMetadata", "attach_plan", "cad_trainer", "use_cad"]
+__all__ = ["CadVarlenAttention", "CadVarlenMetadata", "attach_plan", "cad_trainer", "cad_trainer_config", "use_cad"]
 
 
 class CadVarlenMetadata(NamedTuple):
@@ -133,4 +133,28 @@ def cad_trainer(trainer_class):
             return inputs, labels, extra_kwargs
 
     CadTrainer.__name__ = CadTrainer.__qualname__ = f"Cad{trainer_class.__name__}"
+    base_config = getattr(trainer_class, "Config", None)
+    if base_config is not None and dataclasses.is_dataclass(base_config):
+        # TorchTitan builds the trainer from its config (config.build() -> Config._owner): a Config of its own
+        # makes CadTrainer the owner without touching trainer_class.Config.
+        CadTrainer.Config = dataclasses.dataclass(kw_only=True, slots=True)(
+            type("Config", (base_config,), {"__qualname__": f"{CadTrainer.__name__}.Config"}))
+        CadTrainer.Config._owner = CadTrainer
     return CadTrainer
+
+
+def cad_trainer_config(trainer_config, trainer_class=None):
+    """A Trainer.Config (e.g. from a TorchTitan config_registry function) as the CAD trainer's config, with every
+    layer of its model running CadVarlenAttention: a config_registry function of one's own returns this, and
+    `--module <that module> --config <that function>` trains with CAD."""
+    trainer_class = trainer_class or _trainer_class()
+    cad_class = cad_trainer(trainer_class)
+    values = {f.name: getattr(trainer_config, f.name) for f in dataclasses.fields(trainer_config) if f.init}
+    config = cad_class.Config(**values)
+    use_cad(config.model_spec.model)
+    return config
+
+
+def _trainer_class():
+    from torchtitan.trainer import Trainer
+    return Trainer

@@ -151,3 +151,20 @@ def test_trainer_mixin_attaches_a_plan_per_micro_batch(reference):
         model.zero_grad(set_to_none=True)
         _assert_same(_run(model, inputs, masks, positions), reference[1])
     assert plans[0] is not plans[1] and [p.tag for p in plans] == [0, 1]
+
+
+def test_trainer_config_builds_the_cad_trainer():
+    from torchtitan.config import Configurable
+
+    class Base(Configurable):
+        @dataclasses.dataclass(kw_only=True, slots=True)
+        class Config(Configurable.Config):
+            steps: int = 1
+
+        def __init__(self, config):
+            self.config = config
+
+    cad_class = cad_trainer(Base)
+    built = cad_class.Config(steps=3).build()
+    assert type(built) is cad_class and built.config.steps == 3
+    assert type(Base.Config(steps=2).build()) is Base  # the base class's config is left alone
