@@ -17,6 +17,5 @@ from .ping_pong import PingPongChoice, ping_pong
 from . import varlen  # noqa: E402 -- cad.varlen.varlen_attn: torch.nn.attention.varlen's signature
 
 __all__ = ["CadError", "PingPongChoice", "Plan", "attention_time", "exchange_times", "init", "ping_pong", "plan",
-           "plan_pieces", "shutdown",
-           "stack_config", "timing", "varlen", "varlen_attn"]
+           "plan_pieces", "shutdown", "stack_config", "timing", "varlen", "varlen_attn"]
 __version__ = "0.1.0"
