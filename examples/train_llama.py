@@ -987,9 +987,11 @@ def parse_args(argv=None):
                         "list of 'local' (the project's kernels, no CAD), 'torch_varlen' (torch's varlen_attn; "
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+ppauto' (--ping-pong "
-                        "--ping-pong-when worthwhile) and/or '+now' (--plan-ahead off), e.g. local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the "
-                        "same weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
-                        "'_pingpong' with +pp, + '_autopingpong' with +ppauto. Overrides --attention, --balancer, --ping-pong, --plan-ahead")
+                        "--ping-pong-when worthwhile) and/or '+now' (--plan-ahead off), e.g. "
+                        "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
+                        "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
+                        "'_pingpong' with +pp, + '_autopingpong' with +ppauto. Overrides --attention, --balancer, "
+                        "--ping-pong, --plan-ahead")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
