@@ -683,7 +683,8 @@ def summary_of(args, world, device):
             "heads": args.heads, "kv_heads": args.kv_heads, "vocab": args.vocab, "device": str(device),
             "dtype": args.dtype, "parallel": args.parallel if world > 1 else "none (one process)",
             "checkpointing": args.checkpointing, "checkpoint_reentrant": args.checkpoint_reentrant,
-            "compile": args.compile, "ping_pong": args.ping_pong, "plan_ahead": args.plan_ahead, "gc": args.gc, "peak_tflops": args.peak_tflops,
+            "compile": args.compile, "ping_pong": args.ping_pong, "plan_ahead": args.plan_ahead, "gc": args.gc,
+            "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk}
 
 
@@ -1037,8 +1038,11 @@ def parse_args(argv=None):
         p.error(f"--profile-step must name one of the {args.steps} steps (0..{args.steps - 1}), got {args.profile_step}")
     if args.configs is not None:
         names = args.configs.split(",")
-        bad = [n for n in names if not n.split("+")[0] or any(m not in ("pp", "ppauto", "now") for m in n.split("+")[1:])
-               or len(set(n.split("+")[1:])) != len(n.split("+")[1:]) or {"pp", "ppauto"} <= set(n.split("+")[1:])]
+        def refused(name):
+            base, *modes = name.split("+")
+            return (not base or any(m not in ("pp", "ppauto", "now") for m in modes) or len(set(modes)) != len(modes)
+                    or {"pp", "ppauto"} <= set(modes))
+        bad = [n for n in names if refused(n)]
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'torch_varlen' or a balancer name, optionally with "
                     f"'+pp' or '+ppauto', and/or '+now'")

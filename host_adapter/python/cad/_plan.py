@@ -147,8 +147,9 @@ class Plan:
             done = self._ready.wait(limit)
             self.wait_ms += (time.perf_counter() - start) * 1e3
             if not done:
-                raise CadError(f"cad: rank {_rank()}: plan #{self.id}{self._tag_text()} made ahead was not ready within "
-                               f"{limit:g} s (its planning thread is still waiting for the other ranks)", "TIMEOUT")
+                raise CadError(f"cad: rank {_rank()}: plan #{self.id}{self._tag_text()} made ahead was not ready "
+                               f"within {limit:g} s (its planning thread is still waiting for the other ranks)",
+                               "TIMEOUT")
         if self._error is not None:
             raise CadError(str(self._error), getattr(self._error, "status", "INTERNAL"))
         return self
