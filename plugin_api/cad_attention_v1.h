@@ -166,7 +166,8 @@ typedef struct cad_attention_v1 {
   void (*destroy)(void* ctx);
 
   /* The message of the last failed call on this context, or "" if none. Owned by the context, valid
-   * until the next call on it. Never NULL. */
+   * until the next call on it. Never NULL. A plugin whose instances may be called from several threads
+   * keeps one message per calling thread (the project's plugins do), like errno. */
   const char* (*last_error)(void* ctx);
 
   /* Fill *out (the caller sets out->struct_size). */
@@ -187,7 +188,9 @@ typedef struct cad_attention_v1 {
    * release_plan. A distributed backend's make_plan is collective: every rank calls it, in the same
    * order relative to its other collective calls, and every rank fails alike (naming the rank at
    * fault). Calls that use one plan must be ordered (one stream, or streams the caller orders): the
-   * plan's buffers are reused by each of them. */
+   * plan's buffers are reused by each of them. An instance's calls come from one thread at a time unless
+   * its plugin documents otherwise (plugin "cad" with a plan_communicator: make_plan on one thread while
+   * another runs forward/backward, see plugins/cad/README.md). */
   cad_status_t (*make_plan)(void* ctx, const cad_attention_plan_args_v1_t* args, void** out_plan);
   /* Release a plan once every call that used it has been enqueued; device memory goes back in stream
    * order on the plan's stream. NULL is a no-op. Not collective. A plan released already, or made by another
