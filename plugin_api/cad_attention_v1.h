@@ -34,6 +34,18 @@
  *    (e.g. a CAD server's copy of Q/K/V/O/LSE); the caller keeps it, as autograd keeps a context, passes
  *    it to that forward's backward and then releases it with `release_saved`. So any number of forwards
  *    may be in flight. *saved may be set to NULL (nothing kept); backward then needs none.
+ *
+ * ABI v1.2 (appended likewise; read only when the caller's struct_size covers them):
+ *  - Sliding windows. Forward, backward and plan args carry `window_left` and `window_right` (-1 = no
+ *    limit, PyTorch's window_size). In a segment, query i sits at key position p = i + (kv_len - q_len)
+ *    (the same bottom-right alignment as the causal mask) and sees keys [p - window_left, p + window_right]
+ *    of its KV range, clipped to [0, kv_len) and, when causal, to j <= p. With causal = 1, window_right
+ *    must be -1 or 0 (both mean "none after p"). A finite window (window_left >= 0, or window_right >= 0
+ *    when not causal) is computed only by a backend that reports CAD_ATTENTION_CAP_WINDOW; a v1.2 backend
+ *    without it refuses one with CAD_STATUS_UNSUPPORTED. A plugin built before v1.2 cannot see the
+ *    fields, so a host passes a finite window only to a backend that reports the flag. A caller with a
+ *    v1.1 struct gets no window. Callers that zero-initialise a struct must set both fields to -1: 0 is
+ *    a window (the query's own key only).
  */
 #ifndef CAD_ATTENTION_V1_H
 #define CAD_ATTENTION_V1_H
@@ -48,6 +60,10 @@ extern "C" {
 #define CAD_ATTENTION_V1_0_TABLE_SIZE 64
 #define CAD_ATTENTION_FORWARD_ARGS_V1_0_SIZE 96
 #define CAD_ATTENTION_BACKWARD_ARGS_V1_0_SIZE 128
+/* ... and as ABI v1.1 defined them (the v1.2 window fields follow). */
+#define CAD_ATTENTION_FORWARD_ARGS_V1_1_SIZE 112
+#define CAD_ATTENTION_BACKWARD_ARGS_V1_1_SIZE 144
+#define CAD_ATTENTION_PLAN_ARGS_V1_1_SIZE 96
 
 /* Is the slot `member` of a struct the caller declared as `struct_size` bytes present? */
 #define CAD_HAS_FIELD(type, ptr, member) \
@@ -62,7 +78,8 @@ enum {
   CAD_ATTENTION_CAP_GQA = 1u << 2,
   CAD_ATTENTION_CAP_SHARED_KV = 1u << 3, /* segments may overlap in K/V                          */
   CAD_ATTENTION_CAP_BACKWARD = 1u << 4,
-  CAD_ATTENTION_CAP_PIECES = 1u << 5 /* consumes `pieces` (distributed), not `segments`            */
+  CAD_ATTENTION_CAP_PIECES = 1u << 5, /* consumes `pieces` (distributed), not `segments`           */
+  CAD_ATTENTION_CAP_WINDOW = 1u << 6  /* ABI v1.2: computes finite sliding windows (window_left/right) */
 };
 
 typedef struct cad_attention_capabilities_v1 {
@@ -95,6 +112,9 @@ typedef struct cad_attention_forward_args_v1 {
                  * plan, segments/pieces may be NULL; when given they must equal the plan's.            */
   void** saved; /* NULL, or where the forward stores the handle its backward needs (see release_saved).
                  * Written only on success.                                                             */
+  /* ---- ABI v1.2 ---- */
+  int64_t window_left;  /* keys before the query's position it may see; -1 = no limit (see the top)     */
+  int64_t window_right; /* keys after it; -1 = no limit; must be -1 or 0 when causal                      */
 } cad_attention_forward_args_v1_t;
 
 /* Arguments of one backward call: the forward's inputs and outputs plus dO; writes dQ, dK, dV. */
@@ -120,6 +140,9 @@ typedef struct cad_attention_backward_args_v1 {
   void* plan;  /* the plan the forward ran with, or NULL                                              */
   void* saved; /* the handle that forward stored in *saved, or NULL (the backward then gets Q/K/V/O/LSE
                 * from the tensors above). Borrowed: the caller still releases it.                       */
+  /* ---- ABI v1.2 ---- */
+  int64_t window_left;  /* the forward's window                                                        */
+  int64_t window_right;
 } cad_attention_backward_args_v1_t;
 
 /* What make_plan plans for (ABI v1.1). The tensors of every call made with the plan must have these
@@ -139,6 +162,9 @@ typedef struct cad_attention_plan_args_v1 {
   int32_t causal;
   cad_device_v1_t device;           /* where the calls' tensors live                                  */
   void* stream;                     /* device tables are uploaded on it; calls must be ordered after it */
+  /* ---- ABI v1.2 ---- */
+  int64_t window_left;              /* the window every call made with the plan uses (-1 = none)       */
+  int64_t window_right;
 } cad_attention_plan_args_v1_t;
 
 typedef struct cad_attention_v1 {

@@ -30,7 +30,7 @@ extern "C" {
 /* ABI version of these headers. The major is part of the entry symbol's name (cad_plugin_entry_v1);
  * the minor grows when a field is appended to a struct. */
 #define CAD_ABI_VERSION_MAJOR 1
-#define CAD_ABI_VERSION_MINOR 1
+#define CAD_ABI_VERSION_MINOR 2
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Status codes: one frozen enum for the whole ABI. Values never change; new codes are appended.      */

@@ -249,6 +249,7 @@ int run_plan(int argc, char** argv) {
   for (const auto& name : names) cad::cli::require_balancer("--balancer", name, search, {"all"});
 
   cad_cost_params_v1_t cost{};
+  cost.window_left = cost.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   cost.struct_size = sizeof cost;
   cost.num_q_heads = static_cast<int32_t>(heads);
   cost.num_kv_heads = static_cast<int32_t>(kv_heads);

@@ -86,6 +86,7 @@ cad_status_t call_server_forward(CadContext& ctx, const CadPlan& plan, const Cal
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
   ServerViews views(batch, shape, t, device);
   cad_attention_forward_args_v1_t a{};
+  a.window_left = a.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   describe_server_batch(a, plan, batch, shape, stream);
   a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
   return ctx.server.table->forward(ctx.server.instance, &a);
@@ -96,6 +97,7 @@ cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, const Ca
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
   ServerViews views(batch, shape, t, device);
   cad_attention_backward_args_v1_t a{};
+  a.window_left = a.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   describe_server_batch(a, plan, batch, shape, stream);
   a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
   a.d_o = views.d_o.get(), a.d_q = views.d_q.get(), a.d_k = views.d_k.get(), a.d_v = views.d_v.get();

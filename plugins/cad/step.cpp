@@ -78,6 +78,7 @@ std::vector<cad_task_v1_t> run_balancer(const BalancerRef& balancer, const Piece
     ranks[r].num_pieces = static_cast<int64_t>(tables[r].size());
   }
   cad_cost_params_v1_t cost{};
+  cost.window_left = cost.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   cost.struct_size = sizeof(cost);
   cost.num_q_heads = shape.num_q_heads;
   cost.num_kv_heads = shape.num_kv_heads;

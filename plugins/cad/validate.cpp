@@ -6,6 +6,7 @@
 
 #include "checked_math.h"
 #include "plugin_support.h"
+#include "window.h"
 
 namespace cad::cad_plugin {
 
@@ -165,6 +166,8 @@ CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const 
     fail(CAD_STATUS_ABI_MISMATCH, format("forward: args.struct_size is %zu, expected >= %zu", args->struct_size,
                                          plugin::abi_v1_0_size(args)));
   }
+  // CAD tasks do not yet carry windowed KV ranges: refuse a window rather than compute full attention.
+  plugin::refuse_window(plugin::read_window(args, args->causal == 1, "forward"), "cad", "forward");
   if (args->num_segments != 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, "forward: CAD takes pieces, not segments (num_segments must be 0)");
   }
@@ -184,6 +187,8 @@ CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, cons
     fail(CAD_STATUS_ABI_MISMATCH, format("backward: args.struct_size is %zu, expected >= %zu", args->struct_size,
                                          plugin::abi_v1_0_size(args)));
   }
+  // CAD tasks do not yet carry windowed KV ranges: refuse a window rather than compute full attention.
+  plugin::refuse_window(plugin::read_window(args, args->causal == 1, "backward"), "cad", "backward");
   if (!(accepts.flags & CAD_ATTENTION_CAP_BACKWARD)) {
     fail(CAD_STATUS_UNSUPPORTED, "backward: the server backend does not support it");
   }
@@ -205,10 +210,11 @@ CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, cons
 
 CallShape check_plan_args(const cad_attention_plan_args_v1_t* args, const Accepts& accepts) {
   if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: args is NULL");
-  if (args->struct_size < sizeof(cad_attention_plan_args_v1_t)) {
+  if (args->struct_size < CAD_ATTENTION_PLAN_ARGS_V1_1_SIZE) {  // the v1.2 window is read only when present
     fail(CAD_STATUS_ABI_MISMATCH, format("make_plan: args.struct_size is %zu, expected >= %zu", args->struct_size,
-                                         sizeof(cad_attention_plan_args_v1_t)));
+                                         static_cast<size_t>(CAD_ATTENTION_PLAN_ARGS_V1_1_SIZE)));
   }
+  plugin::refuse_window(plugin::read_window(args, args->causal == 1, "make_plan"), "cad", "make_plan");
   if (args->num_segments != 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: CAD takes pieces, not segments (num_segments must be 0)");
   }
@@ -342,6 +348,7 @@ void check_plan(const PieceTables& tables, const std::vector<cad_task_v1_t>& tas
 
 cad_attention_plan_args_v1_t server_plan_args(const ServerBatch& batch, const CallShape& shape, void* stream) {
   cad_attention_plan_args_v1_t args{};
+  args.window_left = args.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   args.struct_size = sizeof(args);
   args.segments = batch.segments.data();
   args.num_segments = static_cast<int64_t>(batch.segments.size());

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "plan_limits.h"
+#include "window.h"
 
 namespace cad::balancer {
 
@@ -18,9 +19,9 @@ long long ll(int64_t v) { return static_cast<long long>(v); }
 
 void check_cost_params(const cad_cost_params_v1_t* cost) {
   if (cost == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "plan: input->cost is NULL");
-  if (cost->struct_size < sizeof(cad_cost_params_v1_t)) {
+  if (cost->struct_size < CAD_COST_PARAMS_V1_1_SIZE) {  // the v1.2 window is read only when present
     fail(CAD_STATUS_ABI_MISMATCH, format("plan: cost->struct_size is %zu, expected at least %zu", cost->struct_size,
-                                         sizeof(cad_cost_params_v1_t)));
+                                         static_cast<size_t>(CAD_COST_PARAMS_V1_1_SIZE)));
   }
   auto positive = [](const char* name, int64_t v) {
     if (v < 1) fail(CAD_STATUS_INVALID_ARGUMENT, format("plan: cost->%s = %lld, expected >= 1", name, ll(v)));
@@ -37,6 +38,9 @@ void check_cost_params(const cad_cost_params_v1_t* cost) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("plan: cost->causal = %d, expected 0 or 1", cost->causal));
   }
   if (cost->reserved != 0) fail(CAD_STATUS_INVALID_ARGUMENT, "plan: cost->reserved must be 0");
+  if (CAD_HAS_FIELD(cad_cost_params_v1_t, cost, window_right)) {
+    cad::plugin::check_window(cost->window_left, cost->window_right, cost->causal == 1, "plan: cost");
+  }
   if (cost->min_shard_tokens < 0 || cost->memory_cap_bytes < 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("plan: cost->min_shard_tokens = %lld and memory_cap_bytes = %lld, "
                                              "expected both >= 0", ll(cost->min_shard_tokens),

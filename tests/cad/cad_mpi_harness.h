@@ -189,6 +189,7 @@ struct LocalCall {
   // saved state.
   cad_status_t forward(const Attention& a, void* plan = nullptr, void** saved = nullptr, bool with_pieces = true) {
     cad_attention_forward_args_v1_t args{};
+    args.window_left = args.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     args.struct_size = sizeof(args);
     args.pieces = pieces.data();
     args.num_pieces = static_cast<int64_t>(pieces.size());
@@ -210,6 +211,7 @@ struct LocalCall {
 
   cad_status_t backward(const Attention& a, void* plan = nullptr, void* saved = nullptr, bool with_pieces = true) {
     cad_attention_backward_args_v1_t args{};
+    args.window_left = args.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     args.struct_size = sizeof(args);
     args.pieces = pieces.data();
     args.num_pieces = static_cast<int64_t>(pieces.size());
@@ -238,6 +240,7 @@ struct LocalCall {
 inline cad_status_t make_plan(const Attention& a, const LocalCall& call, int64_t hq, int64_t hkv, int64_t d,
                               void** plan) {
   cad_attention_plan_args_v1_t args{};
+  args.window_left = args.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   args.struct_size = sizeof(args);
   args.pieces = call.pieces.data();
   args.num_pieces = static_cast<int64_t>(call.pieces.size());

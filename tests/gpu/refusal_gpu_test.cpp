@@ -37,6 +37,7 @@ struct SmallProblem {
     cudaMemcpy(v.get(), host.data(), v.bytes(), cudaMemcpyHostToDevice);
     cudaMemset(o.get(), 0x5a, o.bytes());
     args.struct_size = sizeof(args);
+    args.window_left = args.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     args.segments = segments.data();
     args.num_segments = 2;
     args.softmax_scale = 0.125f;

@@ -83,6 +83,7 @@ class Plan:
         args.num_q_heads, args.num_kv_heads, args.head_dim = shape[0], shape[1], shape[2]
         args.dtype = dtype_of(dtype)
         args.causal = 1 if self.causal else 0
+        args.window_left = args.window_right = _abi.NO_WINDOW  # CAD plans carry no window yet (0 would be one)
         args.device = device_of(device)
         args.stream = current_stream(device)
         start = self.make_started_at = time.perf_counter()

@@ -1,0 +1,84 @@
+"""cad.varlen_attn(window_size=...) on the local path (plan=None, the CPU reference backend) against torch sdpa
+with an explicit per-document window mask, forward and backward; bad windows refused naming the argument."""
+import pytest
+import torch
+
+import cad
+from reference import random_batch, sdpa_varlen, sdpa_varlen_window
+
+LENGTHS, HQ, HKV, D = [7, 1, 33, 12], 4, 2, 16  # odd lengths, a one-token document, GQA
+
+
+def _grads(fn, q, k, v, d_o):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o = fn(q, k, v)
+    o.backward(d_o)
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+def _assert_all_close(got, want):
+    for name, a, b in zip(("o", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("window", [(0, 0), (1, 0), (4, -1), (31, 0), (32, -1), (100, 0)])
+def test_causal_windows_match_masked_sdpa(window):
+    q, k, v, cu = random_batch(LENGTHS, HQ, HKV, D)
+    d_o = torch.randn_like(q)
+    got = _grads(lambda q, k, v: cad.varlen_attn(q, k, v, cu, causal=True, window_size=window), q, k, v, d_o)
+    want = _grads(lambda q, k, v: sdpa_varlen_window(q, k, v, cu, True, window), q, k, v, d_o)
+    _assert_all_close(got, want)
+
+
+@pytest.mark.parametrize("window", [(0, 0), (2, 3), (-1, 0), (0, -1), (5, 40), (-1, -1)])
+def test_noncausal_windows_match_masked_sdpa(window):
+    q, k, v, cu = random_batch(LENGTHS, HQ, HKV, D, seed=1)
+    d_o = torch.randn_like(q)
+    got = _grads(lambda q, k, v: cad.varlen_attn(q, k, v, cu, causal=False, window_size=window), q, k, v, d_o)
+    want = _grads(lambda q, k, v: sdpa_varlen_window(q, k, v, cu, False, window), q, k, v, d_o)
+    _assert_all_close(got, want)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_window_longer_than_every_document_is_no_window(causal):
+    q, k, v, cu = random_batch(LENGTHS, HQ, HKV, D, seed=2)
+    wide = (33, 0 if causal else 33)
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, cu, causal=causal, window_size=wide),
+                               cad.varlen_attn(q, k, v, cu, causal=causal), rtol=0, atol=0)
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, cu, causal=causal, window_size=wide),
+                               sdpa_varlen(q, k, v, cu, causal), rtol=1e-5, atol=2e-5)
+
+
+def test_windowed_lse():
+    q, k, v, cu = random_batch([9], 2, 2, 8, seed=3)
+    _, lse = cad.varlen_attn(q, k, v, cu, causal=True, window_size=(2, 0), softmax_scale=0.5, return_lse=True)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * 0.5
+    i, j = torch.arange(9).unsqueeze(1), torch.arange(9).unsqueeze(0)
+    scores = scores.masked_fill(~((j <= i) & (j >= i - 2)), float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window,causal,expected", [
+    ((-2, 0), True, r"window_size\[0\] \(left\)"),
+    ((3, -5), False, r"window_size\[1\] \(right\)"),
+    ((3, 1), True, r"window_size\[1\] \(right\).*causal"),
+    ((3,), True, "window_size must be a pair"),
+    ("ab", True, "window_size must be a pair"),
+])
+def test_bad_windows_are_refused_naming_the_argument(window, causal, expected):
+    q, k, v, cu = random_batch([5, 7], 2, 2, 16)
+    with pytest.raises(cad.CadError, match=expected):
+        cad.varlen_attn(q, k, v, cu, causal=causal, window_size=window)
+
+
+def test_window_with_a_plan_is_refused():
+    q, k, v, cu = random_batch([5, 7], 2, 2, 16)
+    with pytest.raises(cad.CadError, match="window_size with a plan"):
+        cad.varlen_attn(q, k, v, cu, plan=cad.plan(cu), window_size=(4, 0))
+
+
+def test_torch_compile_traces_a_window():
+    q, k, v, cu = random_batch([6, 10], 2, 2, 16)
+    fn = torch.compile(lambda q, k, v: cad.varlen_attn(q, k, v, cu, window_size=(3, 0)), backend="aot_eager",
+                       fullgraph=True)
+    torch.testing.assert_close(fn(q, k, v), sdpa_varlen_window(q, k, v, cu, True, (3, 0)), rtol=1e-5, atol=2e-5)
