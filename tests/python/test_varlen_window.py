@@ -71,10 +71,29 @@ def test_bad_windows_are_refused_naming_the_argument(window, causal, expected):
         cad.varlen_attn(q, k, v, cu, causal=causal, window_size=window)
 
 
-def test_window_with_a_plan_is_refused():
+def test_cad_plan_with_a_window_matches_the_local_path():
+    # One process: CAD over the "host" communicator with a world of one; the window travels in the plan.
+    q, k, v, cu = random_batch(LENGTHS, HQ, HKV, D, seed=4)
+    d_o = torch.randn_like(q)
+    plan = cad.plan(cu, window_size=(5, 0))
+    got = _grads(lambda q, k, v: cad.varlen_attn(q, k, v, cu, plan=plan, window_size=(5, 0)), q, k, v, d_o)
+    want = _grads(lambda q, k, v: sdpa_varlen_window(q, k, v, cu, True, (5, 0)), q, k, v, d_o)
+    _assert_all_close(got, want)
+
+
+def test_a_plan_for_another_window_is_refused_naming_it():
     q, k, v, cu = random_batch([5, 7], 2, 2, 16)
-    with pytest.raises(cad.CadError, match="window_size with a plan"):
+    plan = cad.plan(cu, window_size=(4, 0))
+    with pytest.raises(cad.CadError, match="window_left"):
+        cad.varlen_attn(q, k, v, cu, plan=plan)  # a global layer with the local layers' plan
+    with pytest.raises(cad.CadError, match="window_left"):
         cad.varlen_attn(q, k, v, cu, plan=cad.plan(cu), window_size=(4, 0))
+
+
+def test_cad_plan_refuses_bad_windows():
+    _, _, _, cu = random_batch([5, 7], 2, 2, 16)
+    with pytest.raises(cad.CadError, match=r"cad.plan: window_size\[0\] \(left\)"):
+        cad.plan(cu, window_size=(-3, 0))
 
 
 def test_torch_compile_traces_a_window():

@@ -210,25 +210,22 @@ def _backward(ctx, d_o, d_lse, d_key):
 torch.library.register_autograd("cad::varlen_fwd", _backward, setup_context=_setup_context)
 
 
-def _window_of(window_size, causal, plan):
+def window_of(window_size, causal, what="cad.varlen_attn"):
     """window_size as PyTorch's (left, right), -1 = no limit, checked here so the error names the argument.
     Returns what the ABI takes: causal windows with right = -1 (a causal query sees nothing after itself)."""
     try:
         left, right = (int(x) for x in window_size)
     except (TypeError, ValueError):
-        raise CadError(f"cad.varlen_attn: window_size must be a pair (left, right) of ints, got {window_size!r}",
+        raise CadError(f"{what}: window_size must be a pair (left, right) of ints, got {window_size!r}",
                        "INVALID_ARGUMENT") from None
     for name, value in (("window_size[0] (left)", left), ("window_size[1] (right)", right)):
         if value < -1:
-            raise CadError(f"cad.varlen_attn: {name} must be -1 (no limit) or >= 0, got {value}", "INVALID_ARGUMENT")
+            raise CadError(f"{what}: {name} must be -1 (no limit) or >= 0, got {value}", "INVALID_ARGUMENT")
     if causal and right > 0:
-        raise CadError(f"cad.varlen_attn: window_size[1] (right) is {right}, but causal=True sees no key after the "
+        raise CadError(f"{what}: window_size[1] (right) is {right}, but causal=True sees no key after the "
                        f"query: use -1 or 0, or causal=False", "INVALID_ARGUMENT")
     if causal:
         right = -1
-    if plan is not None and (left, right) != (-1, -1):
-        raise CadError("cad.varlen_attn: window_size with a plan: CAD plans do not carry a sliding window yet; "
-                       "use plan=None (local attention) for windowed layers", "UNSUPPORTED")
     return left, right
 
 
@@ -241,7 +238,8 @@ def varlen_attn(q, k, v, cu_seqlens, *, plan=None, causal=True, window_size=(-1,
     attention on the device's backend. plan=cad.plan(cu_seqlens): CAD, balanced across the group's ranks (the
     same cu_seqlens tensor; every rank calls). window_size=(left, right), PyTorch's meaning: a query at position
     i of its document sees keys [i - left, i + right] of that document (none after i when causal), -1 = no
-    limit; causal is (-1, 0). Windows need plan=None for now. Returns O [T, Hq, D], and LSE [Hq, T] fp32 (natural log, not
+    limit; causal is (-1, 0). With a plan the window must be the plan's (cad.plan(..., window_size=...));
+    CAD computes causal windows only. Returns O [T, Hq, D], and LSE [Hq, T] fp32 (natural log, not
     differentiated) when return_lse. Errors raise CadError with the plugin's message (on every rank for CAD).
     """
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or q.dim() != 3 or k.dim() != 3:
@@ -255,7 +253,7 @@ def varlen_attn(q, k, v, cu_seqlens, *, plan=None, causal=True, window_size=(-1,
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if plan is not None and not isinstance(plan, _plan.Plan):
         raise CadError(f"cad.varlen_attn: plan must be a cad.Plan from cad.plan(...), got {type(plan).__name__}")
-    window_left, window_right = _window_of(window_size, bool(causal), plan)
+    window_left, window_right = window_of(window_size, bool(causal))
     keep = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     o, lse, _ = _varlen_fwd(q, k, v, cu_seqlens, plan.id if plan is not None else -1, bool(causal), scale, keep,
                             window_left, window_right)

@@ -49,13 +49,14 @@ class Plan:
     place afterwards is refused at the next call (make a new plan for new documents).
     """
 
-    def __init__(self, pieces, cu_seqlens=None, causal=True, device=None):
+    def __init__(self, pieces, cu_seqlens=None, causal=True, device=None, window_left=-1):
         self.pieces = [tuple(int(x) for x in p) for p in pieces]
         self.tokens = sum(p[3] for p in self.pieces)
         self.cu_seqlens = cu_seqlens
         self._cu_version = cu_seqlens._version if cu_seqlens is not None else None
         self.released = False
         self.causal = bool(causal)
+        self.window_left = int(window_left)  # the sliding window every call with this plan uses (-1 = none)
         self.device = None if device is None else torch.device(device)
         self.id = next(_serials)
         self.handle = None
@@ -83,7 +84,8 @@ class Plan:
         args.num_q_heads, args.num_kv_heads, args.head_dim = shape[0], shape[1], shape[2]
         args.dtype = dtype_of(dtype)
         args.causal = 1 if self.causal else 0
-        args.window_left = args.window_right = _abi.NO_WINDOW  # CAD plans carry no window yet (0 would be one)
+        args.window_left = self.window_left  # the plugin refuses calls with another window, naming it
+        args.window_right = _abi.NO_WINDOW
         args.device = device_of(device)
         args.stream = current_stream(device)
         start = self.make_started_at = time.perf_counter()
@@ -168,17 +170,26 @@ def _rank():
     return 0
 
 
-def plan(cu_seqlens, *, causal=True, num_heads=None, num_kv_heads=None, head_dim=None, dtype=None, device=None):
+def plan(cu_seqlens, *, causal=True, window_size=(-1, -1), num_heads=None, num_kv_heads=None, head_dim=None,
+         dtype=None, device=None):
     """A plan for this rank's packed documents, `cu_seqlens` int32 [num_docs + 1] (as flash_attn's varlen
-    functions take). Once per micro-batch, on every rank of the group. With num_heads, num_kv_heads, head_dim,
+    functions take). Once per micro-batch, on every rank of the group. window_size=(left, 0): a plan for
+    causal sliding-window layers (varlen_attn's window_size); interleaved local/global layers need one plan
+    per window. With num_heads, num_kv_heads, head_dim,
     dtype and device given the plugin's plan is made now (collective); otherwise by the first varlen_attn
     call that uses it. The balancer and communicator are the stack's (cad.init)."""
-    p = Plan(pieces_from_cu_seqlens(cu_seqlens, _rank()), cu_seqlens=cu_seqlens, causal=causal, device=device)
+    p = Plan(pieces_from_cu_seqlens(cu_seqlens, _rank()), cu_seqlens=cu_seqlens, causal=causal, device=device,
+             window_left=_plan_window(window_size, causal))
     if num_heads is not None:
         if None in (num_kv_heads, head_dim, dtype, device):
             raise CadError("cad.plan: give num_heads, num_kv_heads, head_dim, dtype and device together (or none)")
         p.make(num_heads, num_kv_heads, head_dim, dtype, device)
     return p
+
+
+def _plan_window(window_size, causal):
+    from ._ops import window_of  # the same checks (and words) as varlen_attn's
+    return window_of(window_size, bool(causal), "cad.plan")[0]
 
 
 def plan_pieces(pieces, *, causal=True, num_heads=None, num_kv_heads=None, head_dim=None, dtype=None, device=None):
