@@ -94,6 +94,15 @@ def test_cad_plan_refuses_bad_windows():
     _, _, _, cu = random_batch([5, 7], 2, 2, 16)
     with pytest.raises(cad.CadError, match=r"cad.plan: window_size\[0\] \(left\)"):
         cad.plan(cu, window_size=(-3, 0))
+    with pytest.raises(cad.CadError, match=r"cad.plan: window_size\[1\] \(right\)"):
+        cad.plan_pieces([(7, 12, 0, 12)], window_size=(3, 2))
+
+
+def test_plan_pieces_with_a_window():
+    q, k, v, cu = random_batch([12], 2, 2, 16, seed=5)
+    plan = cad.plan_pieces([(7, 12, 0, 12)], window_size=(3, 0))
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, None, plan=plan, window_size=(3, 0)),
+                               sdpa_varlen_window(q, k, v, cu, True, (3, 0)), rtol=1e-5, atol=2e-5)
 
 
 def test_torch_compile_traces_a_window():

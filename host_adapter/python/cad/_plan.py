@@ -192,11 +192,12 @@ def _plan_window(window_size, causal):
     return window_of(window_size, bool(causal), "cad.plan")[0]
 
 
-def plan_pieces(pieces, *, causal=True, num_heads=None, num_kv_heads=None, head_dim=None, dtype=None, device=None):
+def plan_pieces(pieces, *, causal=True, window_size=(-1, -1), num_heads=None, num_kv_heads=None, head_dim=None,
+                dtype=None, device=None):
     """A plan from pieces (doc_id, doc_len, offset_in_doc, len), this rank's tokens in order, for documents cut
     across ranks: doc_id must name the same document on every rank that holds a piece of it. varlen_attn calls
-    with such a plan take cu_seqlens=None."""
-    p = Plan(pieces, causal=causal, device=device)
+    with such a plan take cu_seqlens=None. window_size as for cad.plan."""
+    p = Plan(pieces, causal=causal, device=device, window_left=_plan_window(window_size, causal))
     if num_heads is not None:
         p.make(num_heads, num_kv_heads, head_dim, dtype, device)
     return p
