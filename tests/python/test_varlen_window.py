@@ -64,6 +64,7 @@ def test_windowed_lse():
     ((3, 1), True, r"window_size\[1\] \(right\).*causal"),
     ((3,), True, "window_size must be a pair"),
     ("ab", True, "window_size must be a pair"),
+    ((2.5, 0), True, "window_size must be a pair"),
 ])
 def test_bad_windows_are_refused_naming_the_argument(window, causal, expected):
     q, k, v, cu = random_batch([5, 7], 2, 2, 16)

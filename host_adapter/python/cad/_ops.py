@@ -15,6 +15,7 @@ as local attention does, and the backward re-sends them.
 import ctypes as C
 import itertools
 import math
+import operator
 import weakref
 from typing import Optional
 
@@ -213,8 +214,8 @@ torch.library.register_autograd("cad::varlen_fwd", _backward, setup_context=_set
 def window_of(window_size, causal, what="cad.varlen_attn"):
     """window_size as PyTorch's (left, right), -1 = no limit, checked here so the error names the argument.
     Returns what the ABI takes: causal windows with right = -1 (a causal query sees nothing after itself)."""
-    try:
-        left, right = (int(x) for x in window_size)
+    try:  # operator.index: ints (and int-like tensors' items), never a float silently truncated
+        left, right = (operator.index(x) for x in window_size)
     except (TypeError, ValueError):
         raise CadError(f"{what}: window_size must be a pair (left, right) of ints, got {window_size!r}",
                        "INVALID_ARGUMENT") from None
