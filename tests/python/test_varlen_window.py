@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import cad
+import harness
 from reference import random_batch, sdpa_varlen, sdpa_varlen_window
 
 LENGTHS, HQ, HKV, D = [7, 1, 33, 12], 4, 2, 16  # odd lengths, a one-token document, GQA
@@ -104,6 +105,35 @@ def test_plan_pieces_with_a_window():
     plan = cad.plan_pieces([(7, 12, 0, 12)], window_size=(3, 0))
     torch.testing.assert_close(cad.varlen_attn(q, k, v, None, plan=plan, window_size=(3, 0)),
                                sdpa_varlen_window(q, k, v, cu, True, (3, 0)), rtol=1e-5, atol=2e-5)
+
+
+# Per rank: unequal documents, so the balancer moves windowed tasks between ranks.
+RANK_LENGTHS = [[40, 3, 1], [5, 6, 7, 8], [1, 29]]
+
+
+def _interleaved_layers(rank, world, balancer):
+    # A windowed layer, then a global one over its output, as models that interleave them do: one plan per
+    # mask, both made from the same cu_seqlens; gradients through both against masked sdpa.
+    cad.init(balancer=balancer, timeout_ms=20000)
+    q, k, v, cu = random_batch(RANK_LENGTHS[rank], 4, 2, 16, seed=rank)
+    d_o = torch.randn(q.shape, generator=torch.Generator().manual_seed(100 + rank))
+    local, global_ = cad.plan(cu, window_size=(6, 0)), cad.plan(cu)
+
+    def through_cad(q, k, v):
+        h = cad.varlen_attn(q, k, v, cu, plan=local, window_size=(6, 0))
+        return cad.varlen_attn(h, k, v, cu, plan=global_)
+
+    def through_sdpa(q, k, v):
+        return sdpa_varlen(sdpa_varlen_window(q, k, v, cu, True, (6, 0)), k, v, cu, True)
+
+    got, want = _grads(through_cad, q, k, v, d_o), _grads(through_sdpa, q, k, v, d_o)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5, msg=lambda m: f"rank {rank} {name}: {m}")
+
+
+@pytest.mark.parametrize("world,balancer", [(2, "prefix_aware"), (3, "distca")])
+def test_interleaved_local_and_global_layers_through_cad(world, balancer):
+    harness.run(world, _interleaved_layers, balancer)
 
 
 def test_torch_compile_traces_a_window():
