@@ -36,16 +36,17 @@
  *    may be in flight. *saved may be set to NULL (nothing kept); backward then needs none.
  *
  * ABI v1.2 (appended likewise; read only when the caller's struct_size covers them):
- *  - Sliding windows. Forward, backward and plan args carry `window_left` and `window_right` (-1 = no
- *    limit, PyTorch's window_size). In a segment, query i sits at key position p = i + (kv_len - q_len)
+ *  - Sliding windows. Forward, backward and plan args carry `window_flags`, `window_left` and
+ *    `window_right`. Only when window_flags has CAD_WINDOW_GIVEN (cad_common_v1.h) are window_left/right
+ *    read (-1 = no limit, PyTorch's window_size); without it there is no window, whatever they hold, so a
+ *    zero-initialised struct means plain attention. In a segment, query i sits at key position p = i + (kv_len - q_len)
  *    (the same bottom-right alignment as the causal mask) and sees keys [p - window_left, p + window_right]
  *    of its KV range, clipped to [0, kv_len) and, when causal, to j <= p. With causal = 1, window_right
  *    must be -1 or 0 (both mean "none after p"). A finite window (window_left >= 0, or window_right >= 0
  *    when not causal) is computed only by a backend that reports CAD_ATTENTION_CAP_WINDOW; a v1.2 backend
  *    without it refuses one with CAD_STATUS_UNSUPPORTED. A plugin built before v1.2 cannot see the
  *    fields, so a host passes a finite window only to a backend that reports the flag. A caller with a
- *    v1.1 struct gets no window. Callers that zero-initialise a struct must set both fields to -1: 0 is
- *    a window (the query's own key only).
+ *    v1.1 struct gets no window. `reserved_v1_2` must be 0.
  */
 #ifndef CAD_ATTENTION_V1_H
 #define CAD_ATTENTION_V1_H
@@ -60,7 +61,7 @@ extern "C" {
 #define CAD_ATTENTION_V1_0_TABLE_SIZE 64
 #define CAD_ATTENTION_FORWARD_ARGS_V1_0_SIZE 96
 #define CAD_ATTENTION_BACKWARD_ARGS_V1_0_SIZE 128
-/* ... and as ABI v1.1 defined them (the v1.2 window fields follow). */
+/* ... and as ABI v1.1 defined them (the v1.2 window_flags and window fields follow). */
 #define CAD_ATTENTION_FORWARD_ARGS_V1_1_SIZE 112
 #define CAD_ATTENTION_BACKWARD_ARGS_V1_1_SIZE 144
 #define CAD_ATTENTION_PLAN_ARGS_V1_1_SIZE 96
@@ -113,6 +114,8 @@ typedef struct cad_attention_forward_args_v1 {
   void** saved; /* NULL, or where the forward stores the handle its backward needs (see release_saved).
                  * Written only on success.                                                             */
   /* ---- ABI v1.2 ---- */
+  uint32_t window_flags;   /* CAD_WINDOW_GIVEN: window_left/right are read; 0: no window (see the top)  */
+  uint32_t reserved_v1_2;  /* must be 0 (keeps the window fields 8-aligned)                             */
   int64_t window_left;  /* keys before the query's position it may see; -1 = no limit (see the top)     */
   int64_t window_right; /* keys after it; -1 = no limit; must be -1 or 0 when causal                      */
 } cad_attention_forward_args_v1_t;
@@ -141,6 +144,8 @@ typedef struct cad_attention_backward_args_v1 {
   void* saved; /* the handle that forward stored in *saved, or NULL (the backward then gets Q/K/V/O/LSE
                 * from the tensors above). Borrowed: the caller still releases it.                       */
   /* ---- ABI v1.2 ---- */
+  uint32_t window_flags;   /* the forward's: CAD_WINDOW_GIVEN or 0 (no window)                          */
+  uint32_t reserved_v1_2;  /* must be 0                                                                 */
   int64_t window_left;  /* the forward's window                                                        */
   int64_t window_right;
 } cad_attention_backward_args_v1_t;
@@ -163,7 +168,9 @@ typedef struct cad_attention_plan_args_v1 {
   cad_device_v1_t device;           /* where the calls' tensors live                                  */
   void* stream;                     /* device tables are uploaded on it; calls must be ordered after it */
   /* ---- ABI v1.2 ---- */
-  int64_t window_left;              /* the window every call made with the plan uses (-1 = none)       */
+  uint32_t window_flags;            /* CAD_WINDOW_GIVEN: window_left/right are read; 0: no window      */
+  uint32_t reserved_v1_2;           /* must be 0                                                      */
+  int64_t window_left;              /* the window every call made with the plan uses (-1 = no limit)   */
   int64_t window_right;
 } cad_attention_plan_args_v1_t;
 

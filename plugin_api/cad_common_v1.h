@@ -50,6 +50,12 @@ enum {
   CAD_STATUS_INTERNAL = 10         /* a bug: an invariant the implementation relies on was broken     */
 };
 
+/* Bits of `window_flags` (ABI v1.2: cad_attention_forward/backward/plan_args_v1_t, cad_cost_params_v1_t).
+ * CAD_WINDOW_GIVEN: the struct's window_left/window_right hold the sliding window. Without it they are not
+ * read and there is no window, so a zero-initialised struct (flags 0) means plain attention; with it,
+ * (0, 0) is a window (the query's own key only) and -1 is "no limit". Other bits must be 0. */
+enum { CAD_WINDOW_GIVEN = 1u << 0 };
+
 /* ------------------------------------------------------------------------------------------------ */
 /* Tensors: binary-compatible with DLPack's DLTensor (v0.8+), so hosts can pass DLPack tensors as-is.   */
 /* ------------------------------------------------------------------------------------------------ */

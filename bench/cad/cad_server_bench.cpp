@@ -164,7 +164,6 @@ Plan make_plan(const cad::Host& host, const std::string& balancer, const cad::wo
   std::vector<cad_rank_pieces_v1_t> views;
   for (const auto& r : ranks) views.push_back({r.data(), static_cast<int64_t>(r.size())});
   cad_cost_params_v1_t cost{};
-  cost.window_left = cost.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   cost.struct_size = sizeof cost;
   cost.num_q_heads = shape.num_q_heads;
   cost.num_kv_heads = shape.num_kv_heads;
@@ -474,13 +473,11 @@ struct Call {
         d_k(tensor(buf.get("d_k", bytes(p, false)), ks, true)),
         d_v(tensor(buf.get("d_v", bytes(p, false)), ks, true)) {
     fa.struct_size = sizeof fa;
-    fa.window_left = fa.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     fa.softmax_scale = 1.0f / std::sqrt(static_cast<float>(p.shape.head_dim));
     fa.causal = 1;
     fa.q = &q, fa.k = &k, fa.v = &v, fa.o = &o, fa.lse = &lse;
     fa.plan = plan;
     ba.struct_size = sizeof ba;
-    ba.window_left = ba.window_right = -1;
     ba.softmax_scale = fa.softmax_scale;
     ba.causal = 1;
     ba.q = &q, ba.k = &k, ba.v = &v, ba.o = &o, ba.lse = &lse, ba.d_o = &d_o, ba.d_q = &d_q, ba.d_k = &d_k, ba.d_v = &d_v;

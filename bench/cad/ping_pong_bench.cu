@@ -123,7 +123,6 @@ int main(int argc, char** argv) {
     b.tq = view(b.q, b.qs, true), b.tk = view(b.k, b.ks, true), b.tv = view(b.v, b.ks, true);
     b.to = view(b.o, b.qs, true), b.tl = view(b.lse, b.ls, false);
     cad_attention_plan_args_v1_t pa{};
-    pa.window_left = pa.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     pa.struct_size = sizeof pa;
     pa.pieces = b.pieces.data();
     pa.num_pieces = static_cast<int64_t>(b.pieces.size());
@@ -146,7 +145,6 @@ int main(int argc, char** argv) {
   auto linear = [&](int, int, void* s) { busy<<<sms, 128, 0, static_cast<cudaStream_t>(s)>>>(cycles, sink); };
   auto cad_forward = [&](int n, int, void* s) {
     cad_attention_forward_args_v1_t a{};
-    a.window_left = a.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     a.struct_size = sizeof a;
     a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
     a.causal = 1;
@@ -160,7 +158,6 @@ int main(int argc, char** argv) {
   };
   auto local_forward = [&](int n, int, void* s) {
     cad_attention_forward_args_v1_t a{};
-    a.window_left = a.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     a.struct_size = sizeof a;
     a.segments = nano[n].segments.data();
     a.num_segments = static_cast<int64_t>(nano[n].segments.size());

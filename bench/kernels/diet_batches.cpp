@@ -96,7 +96,6 @@ DietSet parse_diet_set(const std::string& spec) {
 
 std::vector<PlannedConfig> plan_configs(const std::vector<int64_t>& lengths, const GenerateOptions& options) {
   cad_cost_params_v1_t cost{};
-  cost.window_left = cost.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   cost.struct_size = sizeof cost;
   cost.num_q_heads = options.num_q_heads;
   cost.num_kv_heads = options.num_kv_heads;

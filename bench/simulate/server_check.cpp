@@ -114,7 +114,6 @@ int main(int argc, char** argv) {
     params.head_dim = doc.at("head_dim").get<int>();
     params.causal = true;
     cad_cost_params_v1_t cost{};
-    cost.window_left = cost.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     cost.struct_size = sizeof cost;
     cost.num_q_heads = params.num_q_heads;
     cost.num_kv_heads = params.num_kv_heads;

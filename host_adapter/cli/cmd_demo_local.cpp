@@ -90,7 +90,6 @@ int run_local_demo(const LocalDemoOptions& options) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
 
   cad_attention_forward_args_v1_t fwd{};
-  fwd.window_left = fwd.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   fwd.struct_size = sizeof fwd;
   fwd.segments = segments.data();
   fwd.num_segments = static_cast<int64_t>(segments.size());
@@ -106,7 +105,6 @@ int run_local_demo(const LocalDemoOptions& options) {
   const double forward_ms = milliseconds_since(start);
 
   cad_attention_backward_args_v1_t bwd{};
-  bwd.window_left = bwd.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   bwd.struct_size = sizeof bwd;
   bwd.segments = fwd.segments;
   bwd.num_segments = fwd.num_segments;

@@ -51,7 +51,6 @@ BalancerRun run_balancer(const std::string& balancer, const cad_attention_v1_t* 
   run.outputs.emplace_back(std::vector<int64_t>{tokens, shape.kv_heads, shape.head_dim});  // dV
 
   cad_attention_forward_args_v1_t fwd{};
-  fwd.window_left = fwd.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   fwd.struct_size = sizeof fwd;
   fwd.pieces = pieces.data();
   fwd.num_pieces = static_cast<int64_t>(pieces.size());
@@ -68,7 +67,6 @@ BalancerRun run_balancer(const std::string& balancer, const cad_attention_v1_t* 
   run.forward_ms = milliseconds_since(start);
 
   cad_attention_backward_args_v1_t bwd{};
-  bwd.window_left = bwd.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   bwd.struct_size = sizeof bwd;
   bwd.pieces = fwd.pieces;
   bwd.num_pieces = fwd.num_pieces;

@@ -251,7 +251,6 @@ int run_plan(int argc, char** argv) {
   for (const auto& name : names) cad::cli::require_balancer("--balancer", name, search, {"all"});
 
   cad_cost_params_v1_t cost{};
-  cost.window_left = cost.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   cost.struct_size = sizeof cost;
   cost.num_q_heads = static_cast<int32_t>(heads);
   cost.num_kv_heads = static_cast<int32_t>(kv_heads);
@@ -261,6 +260,8 @@ int run_plan(int argc, char** argv) {
   cost.min_shard_tokens = args.get_int("--min-shard", 128, 0, INT64_MAX);
   cost.memory_cap_bytes = args.get_int("--memory-cap", 0, 0, INT64_MAX);
   cost.window_left = args.get_int("--window", -1, -1, INT64_MAX);
+  cost.window_right = -1;
+  if (cost.window_left >= 0) cost.window_flags = CAD_WINDOW_GIVEN;
   if (cost.window_left >= 0 && args.has("--rate-table")) {
     throw UsageError("--window with --rate-table: the rate tables hold no rates for sliding windows");
   }

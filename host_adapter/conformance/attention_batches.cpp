@@ -144,7 +144,8 @@ cad_attention_forward_args_v1_t CallTensors::forward_args(const AttentionProblem
   a.num_segments = static_cast<int64_t>(p.segments.size());
   a.softmax_scale = static_cast<float>(p.scale);
   a.causal = p.causal ? 1 : 0;
-  a.window_left = p.window_left;  // -1 unless the case has a window (0 would be one)
+  a.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit: the case's window, if any
+  a.window_left = p.window_left;
   a.window_right = p.window_right;
   a.q = q.desc();
   a.k = k.desc();
@@ -161,6 +162,7 @@ cad_attention_backward_args_v1_t CallTensors::backward_args(const AttentionProbl
   a.num_segments = static_cast<int64_t>(p.segments.size());
   a.softmax_scale = static_cast<float>(p.scale);
   a.causal = p.causal ? 1 : 0;
+  a.window_flags = CAD_WINDOW_GIVEN;
   a.window_left = p.window_left;
   a.window_right = p.window_right;
   a.q = q.desc();

@@ -21,7 +21,6 @@ struct Balancer {
 
 cad_cost_params_v1_t cost_params(bool causal, int64_t min_shard) {
   cad_cost_params_v1_t cost{};
-  cost.window_left = cost.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   cost.struct_size = sizeof(cost);
   cost.num_q_heads = 4;
   cost.num_kv_heads = 2;

@@ -49,7 +49,6 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
   const int64_t dp = s.layout.dp();
 
   cad_cost_params_v1_t cost{};
-  cost.window_left = cost.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   cost.struct_size = sizeof cost;
   cost.num_q_heads = static_cast<int32_t>(heads_per_gpu(s.layout, s.shape));
   cost.num_kv_heads = static_cast<int32_t>(kv_heads_per_gpu(s.layout, s.shape));

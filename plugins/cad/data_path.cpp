@@ -75,6 +75,7 @@ void describe_server_batch(Args& a, const CadPlan& plan, const ServerBatch& batc
   a.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
   a.softmax_scale = shape.softmax_scale;
   a.causal = shape.causal ? 1 : 0;
+  a.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit
   a.window_left = shape.window_left;
   a.window_right = -1;
   a.stream = stream;

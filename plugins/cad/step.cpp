@@ -85,6 +85,7 @@ std::vector<cad_task_v1_t> run_balancer(const BalancerRef& balancer, const Piece
   }
   cad_cost_params_v1_t cost{};
   cost.struct_size = sizeof(cost);
+  cost.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit
   cost.window_left = shape.window_left;  // the balancer prices windowed tasks (plan_model.h)
   cost.window_right = -1;
   cost.num_q_heads = shape.num_q_heads;

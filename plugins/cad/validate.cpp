@@ -369,6 +369,7 @@ void check_plan(const PieceTables& tables, const std::vector<cad_task_v1_t>& tas
 cad_attention_plan_args_v1_t server_plan_args(const ServerBatch& batch, const CallShape& shape, void* stream) {
   cad_attention_plan_args_v1_t args{};
   args.struct_size = sizeof(args);
+  args.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit
   args.window_left = shape.window_left;  // the servers' segments keep document positions (layout.h)
   args.window_right = -1;
   args.segments = batch.segments.data();

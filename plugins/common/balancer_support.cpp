@@ -38,7 +38,7 @@ void check_cost_params(const cad_cost_params_v1_t* cost) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("plan: cost->causal = %d, expected 0 or 1", cost->causal));
   }
   if (cost->reserved != 0) fail(CAD_STATUS_INVALID_ARGUMENT, "plan: cost->reserved must be 0");
-  if (CAD_HAS_FIELD(cad_cost_params_v1_t, cost, window_right)) {
+  if (cad::plugin::window_given(cost, "plan: cost")) {
     cad::plugin::check_window(cost->window_left, cost->window_right, cost->causal == 1, "plan: cost");
   }
   if (cost->min_shard_tokens < 0 || cost->memory_cap_bytes < 0) {

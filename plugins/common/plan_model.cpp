@@ -17,7 +17,8 @@ ModelParams model_params(const cad_cost_params_v1_t& cost) {
   p.head_dim = cost.head_dim;
   p.bytes_per_element = cost.bytes_per_element;
   p.causal = cost.causal != 0;
-  if (CAD_HAS_FIELD(cad_cost_params_v1_t, &cost, window_right)) {  // ABI v1.2; validated by the balancer
+  // ABI v1.2, validated by the balancer (window.h): read only with CAD_WINDOW_GIVEN, else no window.
+  if (CAD_HAS_FIELD(cad_cost_params_v1_t, &cost, window_right) && (cost.window_flags & CAD_WINDOW_GIVEN) != 0) {
     p.window_left = cost.window_left;
     p.window_right = p.causal ? -1 : cost.window_right;
   }

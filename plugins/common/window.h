@@ -1,5 +1,6 @@
-// window.h -- the ABI v1.2 sliding window of attention args (cad_attention_v1.h): read only when the
-// caller's struct has it, checked once here so every backend refuses the same inputs with the same words.
+// window.h -- the ABI v1.2 sliding window of attention args and cost params: read only when the caller's
+// struct has it and window_flags has CAD_WINDOW_GIVEN, checked once here so every backend refuses the same
+// inputs with the same words.
 #pragma once
 
 #include <cstdint>
@@ -32,10 +33,25 @@ inline Window check_window(int64_t left, int64_t right, bool causal, const char*
   return Window{left, causal ? -1 : right};
 }
 
-// The window of forward/backward/plan args: none when the caller's struct predates ABI v1.2.
+// Does a struct with the ABI v1.2 window (forward/backward/plan args, cost params) give one? Not when the
+// caller's struct predates v1.2, nor when window_flags lacks CAD_WINDOW_GIVEN: a zero-initialised struct
+// means no window, whatever window_left/right hold. Unknown flag bits and a nonzero reserved_v1_2 are
+// refused (`where` names the call), so they stay free for later versions.
+template <class Args>
+bool window_given(const Args* args, const char* where) {
+  if (!CAD_HAS_FIELD(Args, args, window_right)) return false;
+  if ((args->window_flags & ~static_cast<uint32_t>(CAD_WINDOW_GIVEN)) != 0) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: window_flags = 0x%x has bits other than CAD_WINDOW_GIVEN",
+                                             where, static_cast<unsigned>(args->window_flags)));
+  }
+  if (args->reserved_v1_2 != 0) fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: reserved_v1_2 must be 0", where));
+  return (args->window_flags & CAD_WINDOW_GIVEN) != 0;
+}
+
+// The window of forward/backward/plan args: none unless window_given.
 template <class Args>
 Window read_window(const Args* args, bool causal, const char* where) {
-  if (!CAD_HAS_FIELD(Args, args, window_right)) return Window{};
+  if (!window_given(args, where)) return Window{};
   return check_window(args->window_left, args->window_right, causal, where);
 }
 

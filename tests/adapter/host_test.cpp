@@ -282,7 +282,6 @@ TEST(Host, ForwardThroughTheWrapper) {
   cad_tensor_v1_t to{o, {CAD_DEVICE_CPU, 0}, 3, {CAD_DTYPE_CODE_FLOAT, 32, 1}, q_shape, nullptr, 0};
   cad_tensor_v1_t tl{lse, {CAD_DEVICE_CPU, 0}, 2, {CAD_DTYPE_CODE_FLOAT, 32, 1}, lse_shape, nullptr, 0};
   cad_attention_forward_args_v1_t args{};
-  args.window_left = args.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   args.struct_size = sizeof args;
   args.q = &tq;
   args.k = &tq;

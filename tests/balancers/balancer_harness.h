@@ -20,7 +20,6 @@ using RankPieces = cad::plan::RankPieces;
 inline cad_cost_params_v1_t cost_params(int64_t min_shard = 128, int64_t memory_cap = 0, bool causal = true,
                                         int32_t heads = 32, int32_t kv_heads = 8, int32_t head_dim = 128) {
   cad_cost_params_v1_t c{};
-  c.window_left = c.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   c.struct_size = sizeof(c);
   c.num_q_heads = heads;
   c.num_kv_heads = kv_heads;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "balancer_harness.h"
@@ -102,6 +103,7 @@ TEST(WindowBalancers, EveryBalancerPlansAWindowedBatch) {
     LoadedBalancer balancer(plugin_path(name));
     for (int64_t left : {0, 127, 4096, 100000}) {
       auto cost = cost_params(128);
+      cost.window_flags = CAD_WINDOW_GIVEN;
       cost.window_left = left;
       const PlanResult plan = balancer.plan(ranks, 4, cost);
       ASSERT_EQ(plan.status, CAD_STATUS_OK) << name << " window " << left << ": " << plan.error;
@@ -117,6 +119,7 @@ TEST(WindowBalancers, EveryBalancerPlansAWindowedBatch) {
 TEST(WindowBalancers, PrefixAwareAndDistcaBalanceTheWindowedCost) {
   const RankPieces ranks = skewed();
   auto cost = cost_params(128);
+  cost.window_flags = CAD_WINDOW_GIVEN;
   cost.window_left = 1024;
   const auto model = cad::plan::model_params(cost);
   const double before = cad::plan::imbalance_of(cad::plan::colocated_cost(ranks, model));
@@ -136,6 +139,7 @@ TEST(WindowBalancers, BadWindowsAndOldStructs) {
   LoadedBalancer balancer(plugin_path("prefix_aware"));
   const RankPieces ranks = skewed();
   auto cost = cost_params(128);
+  cost.window_flags = CAD_WINDOW_GIVEN;
   cost.window_left = -3;
   PlanResult plan = balancer.plan(ranks, 4, cost);
   EXPECT_EQ(plan.status, CAD_STATUS_INVALID_ARGUMENT);
@@ -145,17 +149,67 @@ TEST(WindowBalancers, BadWindowsAndOldStructs) {
   plan = balancer.plan(ranks, 4, cost);
   EXPECT_EQ(plan.status, CAD_STATUS_INVALID_ARGUMENT);
   EXPECT_NE(plan.error.find("window_right"), std::string::npos) << plan.error;
+  // Unknown flag bits and a nonzero reserved word are refused, naming the field.
+  cost.window_right = -1;
+  cost.window_flags = CAD_WINDOW_GIVEN | 2u;
+  plan = balancer.plan(ranks, 4, cost);
+  EXPECT_EQ(plan.status, CAD_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(plan.error.find("window_flags"), std::string::npos) << plan.error;
+  cost.window_flags = CAD_WINDOW_GIVEN;
+  cost.reserved_v1_2 = 1;
+  plan = balancer.plan(ranks, 4, cost);
+  EXPECT_EQ(plan.status, CAD_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(plan.error.find("reserved_v1_2"), std::string::npos) << plan.error;
+  cost.reserved_v1_2 = 0;
+  // Without CAD_WINDOW_GIVEN the window fields are not read: no window, whatever they hold.
+  cost.window_flags = 0;
+  cost.window_left = -3;
+  cost.window_right = 4;
+  plan = balancer.plan(ranks, 4, cost);
+  EXPECT_EQ(plan.status, CAD_STATUS_OK) << plan.error;
+  EXPECT_FALSE(cad::plan::model_params(cost).windowed());
   // A v1.1 caller's struct ends before the window: whatever lies there is not read.
   cost.struct_size = CAD_COST_PARAMS_V1_1_SIZE;
+  cost.window_flags = CAD_WINDOW_GIVEN;
   cost.window_left = -3;
   plan = balancer.plan(ranks, 4, cost);
   EXPECT_EQ(plan.status, CAD_STATUS_OK) << plan.error;
+}
+
+// A zero-initialised v1.2 cost struct (struct_size = sizeof) means no window: the same plan as before the
+// window fields existed, not a window of 0; with CAD_WINDOW_GIVEN, (0, 0) is a window of 0.
+TEST(WindowBalancers, ZeroInitialisedCostMeansNoWindow) {
+  const RankPieces ranks = skewed();
+  auto zeroed = cost_params(128);
+  ASSERT_EQ(zeroed.struct_size, sizeof(cad_cost_params_v1_t));
+  ASSERT_EQ(zeroed.window_flags, 0u);
+  ASSERT_EQ(zeroed.window_left, 0);
+  ASSERT_EQ(zeroed.window_right, 0);
+  EXPECT_FALSE(cad::plan::model_params(zeroed).windowed());
+  auto old = zeroed;
+  old.struct_size = CAD_COST_PARAMS_V1_1_SIZE;
+  auto given = zeroed;
+  given.window_flags = CAD_WINDOW_GIVEN;
+  EXPECT_TRUE(cad::plan::model_params(given).windowed());
+  EXPECT_EQ(cad::plan::model_params(given).window_left, 0);
+  for (const auto& name : all_balancers()) {
+    LoadedBalancer balancer(plugin_path(name));
+    const PlanResult a = balancer.plan(ranks, 4, zeroed), b = balancer.plan(ranks, 4, old);
+    ASSERT_EQ(a.status, CAD_STATUS_OK) << name << ": " << a.error;
+    ASSERT_EQ(b.status, CAD_STATUS_OK) << name << ": " << b.error;
+    ASSERT_EQ(a.tasks.size(), b.tasks.size()) << name;
+    for (size_t i = 0; i < a.tasks.size(); ++i) {
+      EXPECT_EQ(std::memcmp(&a.tasks[i], &b.tasks[i], sizeof(cad_task_v1_t)), 0) << name << " task " << i;
+    }
+    EXPECT_EQ(balancer.plan(ranks, 4, given).status, CAD_STATUS_OK) << name;
+  }
 }
 
 TEST(WindowBalancers, RateTablesAreRefusedForWindows) {
   LoadedBalancer balancer(plugin_path("prefix_aware"),
                           std::string("{\"rate_table\": \"") + CAD_SOURCE_DIR + "/configs/calibration/h200.json\"}");
   auto cost = cost_params(128);
+  cost.window_flags = CAD_WINDOW_GIVEN;
   cost.window_left = 100;
   const PlanResult plan = balancer.plan(skewed(), 4, cost);
   EXPECT_EQ(plan.status, CAD_STATUS_UNSUPPORTED);

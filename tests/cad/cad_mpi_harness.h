@@ -192,7 +192,8 @@ struct LocalCall {
   cad_status_t forward(const Attention& a, void* plan = nullptr, void** saved = nullptr, bool with_pieces = true) {
     cad_attention_forward_args_v1_t args{};
     args.struct_size = sizeof(args);
-    args.window_left = window_left;  // -1 unless the test sets a window (0 would be one)
+    args.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit unless the test sets a window
+    args.window_left = window_left;
     args.window_right = -1;
     args.pieces = pieces.data();
     args.num_pieces = static_cast<int64_t>(pieces.size());
@@ -215,6 +216,7 @@ struct LocalCall {
   cad_status_t backward(const Attention& a, void* plan = nullptr, void* saved = nullptr, bool with_pieces = true) {
     cad_attention_backward_args_v1_t args{};
     args.struct_size = sizeof(args);
+    args.window_flags = CAD_WINDOW_GIVEN;
     args.window_left = window_left;
     args.window_right = -1;
     args.pieces = pieces.data();
@@ -245,6 +247,7 @@ inline cad_status_t make_plan(const Attention& a, const LocalCall& call, int64_t
                               void** plan) {
   cad_attention_plan_args_v1_t args{};
   args.struct_size = sizeof(args);
+  args.window_flags = CAD_WINDOW_GIVEN;
   args.window_left = call.window_left;  // the plan is made for the call's window
   args.window_right = -1;
   args.pieces = call.pieces.data();

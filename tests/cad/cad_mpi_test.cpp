@@ -107,7 +107,6 @@ TEST(CadMpi, Bf16MatchesTheFp32ReferenceWithinOnePercent) {
   const Attention a = cad_instance(balancers().back(), false);  // resend mode: bf16 Q/K/V/O travel twice
 
   cad_attention_forward_args_v1_t fwd{};
-  fwd.window_left = fwd.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   fwd.struct_size = sizeof(fwd);
   fwd.pieces = call.pieces.data();
   fwd.num_pieces = static_cast<int64_t>(call.pieces.size());
@@ -120,7 +119,6 @@ TEST(CadMpi, Bf16MatchesTheFp32ReferenceWithinOnePercent) {
   fwd.lse = call.lse.desc();
   ASSERT_EQ(a.table->forward(a.ctx, &fwd), CAD_STATUS_OK) << a.table->last_error(a.ctx);
   cad_attention_backward_args_v1_t bwd{};
-  bwd.window_left = bwd.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   bwd.struct_size = sizeof(bwd);
   bwd.pieces = fwd.pieces;
   bwd.num_pieces = fwd.num_pieces;

@@ -175,7 +175,6 @@ TEST(CadPlan, MakePlanRefusesBadArgumentsOnEveryRankNamingThem) {
   };
   for (const Case& c : cases) {
     cad_attention_plan_args_v1_t args{};
-    args.window_left = args.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     args.struct_size = sizeof(args);
     args.pieces = call.pieces.data();
     args.num_pieces = static_cast<int64_t>(call.pieces.size());

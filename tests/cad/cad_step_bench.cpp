@@ -133,7 +133,6 @@ int main(int argc, char** argv) {
       double imbalance = 1.0, mbytes = 0.0;
       for (int step = 0; step <= opt.steps; ++step) {
         cad_attention_forward_args_v1_t fwd{};
-        fwd.window_left = fwd.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
         fwd.struct_size = sizeof(fwd);
         fwd.pieces = pieces.data();
         fwd.num_pieces = static_cast<int64_t>(pieces.size());
@@ -145,7 +144,6 @@ int main(int argc, char** argv) {
         fwd.o = &to;
         fwd.lse = &tlse;
         cad_attention_backward_args_v1_t bwd{};
-        bwd.window_left = bwd.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
         bwd.struct_size = sizeof(bwd);
         bwd.pieces = fwd.pieces;
         bwd.num_pieces = fwd.num_pieces;

@@ -398,7 +398,6 @@ TEST(WireTables, KeyValueRowsAreExclusiveUnlessAPrefixIsShared) {
 TEST(Validate, PieceLengthsWhoseSumOverflowsAreRefused) {
   const cad_piece_v1_t pieces[] = {{1, INT64_MAX, 0, INT64_MAX}, {2, 2, 0, 2}};
   cad_attention_forward_args_v1_t args{};
-  args.window_left = args.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   args.struct_size = sizeof args;
   args.pieces = pieces;
   args.num_pieces = 2;

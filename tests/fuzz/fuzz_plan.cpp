@@ -104,7 +104,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<cad_rank_pieces_v1_t> views;
   for (const auto& r : tables) views.push_back({r.data(), static_cast<int64_t>(r.size())});
   cad_cost_params_v1_t cost{};
-  cost.window_left = cost.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   cost.struct_size = sizeof cost;
   cost.num_q_heads = 32;
   cost.num_kv_heads = 8;

@@ -158,7 +158,6 @@ std::string run_attention(const AttentionPlugin& plugin, const std::vector<cad_s
   };
 
   cad_attention_forward_args_v1_t fa{};
-  fa.window_left = fa.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   fa.struct_size = sizeof(fa);
   fa.segments = segments.data();
   fa.num_segments = static_cast<int64_t>(segments.size());
@@ -174,7 +173,6 @@ std::string run_attention(const AttentionPlugin& plugin, const std::vector<cad_s
   if (!failure.empty()) return failure;
 
   cad_attention_backward_args_v1_t ba{};
-  ba.window_left = ba.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   ba.struct_size = sizeof(ba);
   ba.segments = fa.segments;
   ba.num_segments = fa.num_segments;

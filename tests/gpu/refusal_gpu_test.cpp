@@ -37,7 +37,6 @@ struct SmallProblem {
     cudaMemcpy(v.get(), host.data(), v.bytes(), cudaMemcpyHostToDevice);
     cudaMemset(o.get(), 0x5a, o.bytes());
     args.struct_size = sizeof(args);
-    args.window_left = args.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     args.segments = segments.data();
     args.num_segments = 2;
     args.softmax_scale = 0.125f;
@@ -91,6 +90,7 @@ TEST_F(CudaRefusals, Fp32IsUnsupported) {
 // from a caller built before ABI v1.2 (a 112-byte struct) has no window and runs.
 TEST_F(CudaRefusals, SlidingWindowIsUnsupported) {
   SmallProblem p;
+  p.args.window_flags = CAD_WINDOW_GIVEN;
   p.args.window_left = 8;
   EXPECT_EQ(forward(p), CAD_STATUS_UNSUPPORTED);
   EXPECT_NE(gpu.last_error().find("the cuda backend does not compute sliding windows"), std::string::npos)

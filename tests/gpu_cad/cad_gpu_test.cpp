@@ -179,7 +179,6 @@ struct Call {
 
   cad_attention_forward_args_v1_t forward_args(void* plan, void** saved) {
     cad_attention_forward_args_v1_t a{};
-    a.window_left = a.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     a.struct_size = sizeof(a);
     a.pieces = plan != nullptr ? nullptr : pieces.data();
     a.num_pieces = plan != nullptr ? 0 : static_cast<int64_t>(pieces.size());
@@ -195,7 +194,6 @@ struct Call {
   }
   cad_attention_backward_args_v1_t backward_args(void* plan, void* saved) {
     cad_attention_backward_args_v1_t a{};
-    a.window_left = a.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
     a.struct_size = sizeof(a);
     a.pieces = plan != nullptr ? nullptr : pieces.data();
     a.num_pieces = plan != nullptr ? 0 : static_cast<int64_t>(pieces.size());
@@ -226,7 +224,6 @@ struct Call {
 
 cad_status_t make_plan(const Api& api, const Call& call, void** plan) {
   cad_attention_plan_args_v1_t a{};
-  a.window_left = a.window_right = -1;  // no sliding window (ABI v1.2; 0 would be one)
   a.struct_size = sizeof(a);
   a.pieces = call.pieces.data();
   a.num_pieces = static_cast<int64_t>(call.pieces.size());

@@ -114,7 +114,6 @@ int main(int argc, char** argv) {
   tlse = tensor(lse, lse_shape, 2);
   memset(&args, 0, sizeof args);
   args.struct_size = sizeof args;
-  args.window_left = args.window_right = -1; /* no sliding window (ABI v1.2; 0 would be one) */
   args.segments = &segment;
   args.num_segments = 1;
   args.softmax_scale = 0.5f;

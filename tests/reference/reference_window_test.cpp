@@ -1,7 +1,7 @@
 // reference_window_test.cpp -- sliding windows (ABI v1.2) in the reference backend: O, LSE, dQ, dK, dV
 // against the tests' fp64 attention with a dense per-key mask (naive_attention.cpp), for windows from 0
 // to longer than the document, causal and not, with GQA; CAD-style tasks with trimmed KV ranges equal the
-// whole document; and the refusals, which name the argument.
+// whole document; the refusals, which name the argument; and a zero-initialised struct, which has no window.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -171,6 +171,63 @@ TEST(ReferenceWindow, RefusalsNameTheArgument) {
   const cad_attention_forward_args_v1_t plain = forward_args(p, now);
   ASSERT_EQ(plugin.api()->forward(instance.ctx(), &plain), CAD_STATUS_OK);
   EXPECT_TRUE(old.o.bytes() == now.o.bytes());
+}
+
+// A caller that zero-initialises a v1.2 struct and sets struct_size = sizeof gets no window: window_flags
+// is 0, so window_left/right are not read though they hold 0. Forward and backward then equal plain
+// (causal or full) attention. With CAD_WINDOW_GIVEN the same (0, 0) keeps its meaning: each query sees its
+// own key only. Unknown flag bits and a nonzero reserved word are refused.
+TEST(ReferenceWindow, ZeroInitialisedStructsHaveNoWindow) {
+  PluginUnderTest& plugin = reference_plugin();
+  Instance instance(plugin, "{}");
+  ASSERT_TRUE(instance.ok()) << instance.create_error();
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    const Problem plain = documents(causal, -1, -1);
+    AttentionTensors t(plain, Dtype::F32, 3);
+    // The v1.1 fields as the harness fills them; every byte of the v1.2 fields zero.
+    const cad_attention_forward_args_v1_t filled_fwd = forward_args(plain, t);
+    cad_attention_forward_args_v1_t fwd;
+    std::memset(&fwd, 0, sizeof fwd);
+    std::memcpy(&fwd, &filled_fwd, CAD_ATTENTION_FORWARD_ARGS_V1_1_SIZE);
+    fwd.struct_size = sizeof fwd;
+    ASSERT_EQ(fwd.window_flags, 0u);
+    ASSERT_EQ(fwd.window_left, 0);
+    ASSERT_EQ(fwd.window_right, 0);
+    ASSERT_EQ(plugin.api()->forward(instance.ctx(), &fwd), CAD_STATUS_OK) << instance.last_error();
+    const cad_attention_backward_args_v1_t filled_bwd = backward_args(plain, t);
+    cad_attention_backward_args_v1_t bwd;
+    std::memset(&bwd, 0, sizeof bwd);
+    std::memcpy(&bwd, &filled_bwd, CAD_ATTENTION_BACKWARD_ARGS_V1_1_SIZE);
+    bwd.struct_size = sizeof bwd;
+    ASSERT_EQ(plugin.api()->backward(instance.ctx(), &bwd), CAD_STATUS_OK) << instance.last_error();
+    const NaiveForward want = naive_forward(plain, t.q.to_double(), t.k.to_double(), t.v.to_double());
+    const NaiveGradients grads =
+        naive_backward(plain, t.q.to_double(), t.k.to_double(), t.v.to_double(), t.d_o.to_double());
+    EXPECT_LE(relative_error(t.o.to_double(), want.o), 1e-5) << "O";
+    EXPECT_LE(relative_error(t.lse.to_double(), want.lse), 1e-5) << "LSE";
+    EXPECT_LE(relative_error(t.d_q.to_double(), grads.d_q), 1e-5) << "dQ";
+    EXPECT_LE(relative_error(t.d_k.to_double(), grads.d_k), 1e-5) << "dK";
+    EXPECT_LE(relative_error(t.d_v.to_double(), grads.d_v), 1e-5) << "dV";
+
+    // The flag with (0, 0): a window of the query's own key, not plain attention.
+    const Problem own_key = documents(causal, 0, 0);
+    expect_matches_oracle(own_key);
+    AttentionTensors w(own_key, Dtype::F32, 3);
+    cad_attention_forward_args_v1_t given = forward_args(own_key, w);
+    ASSERT_EQ(given.window_flags, static_cast<uint32_t>(CAD_WINDOW_GIVEN));
+    ASSERT_EQ(plugin.api()->forward(instance.ctx(), &given), CAD_STATUS_OK) << instance.last_error();
+    EXPECT_FALSE(w.o.bytes() == t.o.bytes());
+    EXPECT_GT(relative_error(w.o.to_double(), want.o), 1e-2);
+
+    given.window_flags = CAD_WINDOW_GIVEN | 4u;
+    EXPECT_EQ(plugin.api()->forward(instance.ctx(), &given), CAD_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(instance.last_error()).find("window_flags"), std::string::npos) << instance.last_error();
+    given.window_flags = CAD_WINDOW_GIVEN;
+    given.reserved_v1_2 = 1;
+    EXPECT_EQ(plugin.api()->forward(instance.ctx(), &given), CAD_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(instance.last_error()).find("reserved_v1_2"), std::string::npos) << instance.last_error();
+  }
 }
 
 }  // namespace

@@ -102,6 +102,7 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: O
     args.q, args.k, args.v, args.o, args.lse = (t.ptr for t in tensors)
     args.softmax_scale = softmax_scale
     args.causal = 1 if causal else 0
+    args.window_flags = _abi.WINDOW_GIVEN  # window_left/right are read (-1 = no limit)
     args.window_left, args.window_right = window_left, window_right
     args.stream = current_stream(q.device)
     slot = C.c_void_p()
@@ -144,6 +145,7 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     args.q, args.k, args.v, args.o, args.lse, args.d_o, args.d_q, args.d_k, args.d_v = (t.ptr for t in tensors)
     args.softmax_scale = softmax_scale
     args.causal = 1 if causal else 0
+    args.window_flags = _abi.WINDOW_GIVEN  # window_left/right are read (-1 = no limit)
     args.window_left, args.window_right = window_left, window_right
     args.stream = current_stream(q.device)
     key = int(saved_key[0])

@@ -84,6 +84,7 @@ class Plan:
         args.num_q_heads, args.num_kv_heads, args.head_dim = shape[0], shape[1], shape[2]
         args.dtype = dtype_of(dtype)
         args.causal = 1 if self.causal else 0
+        args.window_flags = _abi.WINDOW_GIVEN  # window_left/right are read (-1 = no limit)
         args.window_left = self.window_left  # the plugin refuses calls with another window, naming it
         args.window_right = _abi.NO_WINDOW
         args.device = device_of(device)
