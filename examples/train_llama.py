@@ -1,27 +1,58 @@
 #!/usr/bin/env python3
 """Train a transformers Llama model (random weights from a config, nothing downloaded) on packed Pretrain-recipe
-batches, with attention on CAD or local, under torchrun (or as one process).
+batches, data parallel (DDP or FSDP2) with gradient accumulation and activation checkpointing, attention through
+CAD or local, under torchrun (or as one process).
 
     torchrun --nproc-per-node 4 examples/train_llama.py --attention cad --balancer prefix_aware \
         --context 4096 --layers 2 --steps 10 --device cpu
+    torchrun --nproc-per-node 2 examples/train_llama.py --device cuda --model llama3-8b --layers 8 \
+        --context 65536 --micro-batches 2 --checkpointing full --configs local,torch_varlen,prefix_aware,distca+pp
 
 Batches follow the DistCA recipe over ../shared/data/doclen_pretrain.json (the same generator as the C++
 host_adapter/workload/batch_recipe.cpp, so a seed gives the batch `cad demo` uses): documents cut at 64K (long
 chunks twice), 90% of the rest kept, shuffled, scaled by context/64K, packed into one buffer of --context tokens
 per rank (a document cut by a buffer end continues as its own document on the next rank). Each rank's buffer is
-one packed sequence (position_ids restart per document); gradients are averaged over the ranks (data parallel).
-Per step: loss, tokens/s, every rank's attention time, the attention imbalance; then a summary.
+one packed sequence (position_ids restart per document).
+
+A step is --micro-batches micro-batches (gradient accumulation), each its own recipe batch (seed + 1000 * step +
+micro-batch) and, with CAD, its own plan: cad.plan(cu_seqlens) on every rank before that micro-batch's forward,
+handed to every layer's attention through the transformers call as the keywords cad_plan and cad_cu_seqlens
+(cad.hf). Nothing is released by hand: the trainer drops its reference after the micro-batch's backward. Each
+micro-batch's loss is scaled by 1/micro-batches.
+
+Data parallelism (--parallel): ddp = torch DistributedDataParallel (bucketed all-reduce overlapped with the
+backward; no_sync() for all but the last micro-batch, so one all-reduce per step); fsdp2 = fully_shard per
+decoder layer, then on the root (embeddings, final norm, head), AdamW on the shards (with --ping-pong the
+layers stay gathered between their two nano-batch calls and the backward). With --dtype bf16 FSDP2
+keeps fp32 master weights and computes in bf16 (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32));
+DDP trains the model in --dtype as is. FSDP2 reduce-scatters after every micro-batch (the gradients stay
+sharded: accumulating unsharded gradients over micro-batches would hold a full fp32 copy of them per GPU).
+
+The loss is computed in chunks of --loss-chunk tokens, each chunk's logits recomputed in the backward
+(torch.utils.checkpoint): transformers' own loss materialises the [tokens, vocab] logits in fp32, 34 GB at 64K
+tokens with Llama-3's 128256-token vocabulary. So the trainer calls the base model (model.model, the same
+keywords reach the attention) and its head itself.
 
 --ping-pong splits every rank's buffer into two nano-batches at the document boundary nearest half its tokens
 (whole documents only: a piece of a document cut across ranks is one document of its rank and stays whole in
-its nano-batch). Each nano-batch has its own CAD plan (two per step, made at the step's start on every rank)
-and the decoder layers run through cad.ping_pong, one stage per layer, so that on CUDA one nano-batch's
+its nano-batch). Each nano-batch has its own CAD plan (two per micro-batch, made before its forward on every
+rank) and the decoder layers run through cad.ping_pong, one stage per layer, so that on CUDA one nano-batch's
 attention exchange overlaps the other's compute. The loss is the token-weighted mean over both nano-batches:
-the same loss and gradients as without --ping-pong, up to rounding. A step in which some rank holds fewer than
-2 documents cannot be split; that step runs as one nano-batch (one plan, layers in order), says so, and its
-record has "ping_pong": false. Every rank knows every rank's documents, so all agree without communicating.
+the same loss and gradients as without --ping-pong, up to rounding. A micro-batch in which some rank holds
+fewer than 2 documents cannot be split; it runs as one nano-batch (one plan, layers in order), says so, and its
+step's record has "ping_pong": false. Every rank knows every rank's documents, so all agree without
+communicating.
+
+Per step (rank 0 prints a line; --json-out keeps the records): loss, every rank's step time and attention time,
+tokens/s, MFU, peak GPU memory, the attention imbalance; then a summary. MFU = model FLOPs of the step /
+(slowest rank's step time x ranks x --peak-tflops), model FLOPs (no recomputation counted) =
+    6 * P * tokens  +  3 * layers * 4 * (heads * head_dim) * sum over documents of len * (len + 1) / 2
+P = the parameters that multiply activations (all but the input embedding table), tokens = every rank's tokens
+of the step; the second term is causal attention: forward Q K^T and P V each 2 * head_dim FLOPs per
+(query, key) pair and head over len * (len + 1) / 2 pairs per document, the backward twice the forward.
 """
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -35,6 +66,11 @@ import torch.distributed as dist
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MASK64 = (1 << 64) - 1
+
+MODELS = {  # --model presets: what --hidden, --heads, ... default to
+    "tiny": dict(hidden=128, heads=4, kv_heads=2, intermediate=0, vocab=1024, layers=2),
+    "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256, layers=32),
+}
 
 
 # ---- the DistCA batch recipe (a port of host_adapter/workload/batch_recipe.cpp) ------------------------
@@ -96,26 +132,324 @@ def sample_batch(lengths, context, ranks, seed):
     return out
 
 
+_BATCHES = {}
+
+
+def cached_batch(lengths, context, ranks, seed):
+    """sample_batch, remembered: every configuration of --configs (and every test case) trains the same
+    batches, and the pure-Python recipe walks the whole length file (~0.1 s) for each."""
+    key = (id(lengths), len(lengths), context, ranks, seed)
+    if key not in _BATCHES:
+        _BATCHES[key] = (lengths, sample_batch(lengths, context, ranks, seed))  # lengths kept: its id stays its own
+    return [list(docs) for docs in _BATCHES[key][1]]
+
+
 def causal_cost(lengths):
     return sum(n * (n + 1) // 2 for n in lengths)
 
 
-# ---- the model and one step ---------------------------------------------------------------------------
-def build_model(args, device, dtype):
+# ---- the model: attention implementations, checkpointing, data parallelism ------------------------------
+class AttentionClock:
+    """Seconds in the torch_varlen attention calls (forward and backward), as cad.attention_time() counts CAD's:
+    wall time, with CUDA waited for around every call when `sync` (not under ping-pong on CUDA, see train_one)."""
+    seconds = 0.0
+    sync = False
+    started = None
+
+    @classmethod
+    def now(cls, device):
+        if cls.sync and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    @classmethod
+    def take(cls):
+        seconds, cls.seconds = cls.seconds, 0.0
+        return seconds
+
+
+class _BackwardStarts(torch.autograd.Function):
+    """Identity on the attention output: its backward runs just before the attention's backward."""
+
+    @staticmethod
+    def forward(ctx, o):
+        return o.view_as(o)
+
+    @staticmethod
+    def backward(ctx, d_o):
+        AttentionClock.started = AttentionClock.now(d_o.device)
+        return d_o
+
+
+class _BackwardEnds(torch.autograd.Function):
+    """Identity on q, k, v: its backward runs once the attention's backward has produced all three gradients."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return q.view_as(q), k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, d_q, d_k, d_v):
+        if AttentionClock.started is not None:
+            AttentionClock.seconds += AttentionClock.now(d_q.device) - AttentionClock.started
+            AttentionClock.started = None
+        return d_q, d_k, d_v
+
+
+def torch_varlen_function():
+    """torch.nn.attention.varlen.varlen_attn (torch >= 2.9), or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def torch_varlen_unavailable(device):
+    """Why the torch_varlen baseline cannot run here (a sentence), or None."""
+    if device.type != "cuda":
+        return "torch_varlen: torch.nn.attention.varlen.varlen_attn runs on CUDA only (this run is on the CPU)"
+    if torch_varlen_function() is None:
+        return f"torch_varlen: torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn (torch >= 2.9)"
+    return None
+
+
+# id(cu_seqlens) -> (cu_seqlens, longest document): read back (or set by make_nanos) once per micro-batch, not
+# once per layer
+_max_lengths = {}
+
+
+def _longest(cu):
+    if len(_max_lengths) > 8:
+        _max_lengths.clear()
+    cached = _max_lengths.get(id(cu))
+    if cached is None or cached[0] is not cu:
+        cached = _max_lengths[id(cu)] = (cu, int((cu[1:] - cu[:-1]).max().item()))
+    return cached[1]
+
+
+def _cu_from_positions(position_ids):
+    """cu_seqlens int32 of one packed row whose positions restart at 0 at every document."""
+    flat = position_ids.reshape(-1)
+    starts = (flat == 0).nonzero().reshape(-1)
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        starts = torch.cat([starts.new_zeros(1), starts])
+    return torch.cat([starts, starts.new_full((1,), flat.numel())]).to(torch.int32)
+
+
+def torch_varlen_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0,
+                           cad_cu_seqlens=None, cad_plan=None, position_ids=None, **kwargs):
+    """A transformers attention function over torch.nn.attention.varlen.varlen_attn: local causal varlen
+    attention, the documents from the cad_cu_seqlens keyword (else position_ids restarts); cad_plan is ignored.
+    K/V heads are repeated to the query heads, since varlen_attn does not take GQA (on every torch this runs on)."""
+    if dropout:
+        raise ValueError("torch_varlen attention: attention dropout is not supported")
+    varlen_attn = torch_varlen_function()
+    batch, heads, seq, dim = query.shape
+    if batch != 1:
+        raise ValueError(f"torch_varlen attention: expected one packed row, got a batch of {batch}")
+    cu = cad_cu_seqlens if cad_cu_seqlens is not None else _cu_from_positions(position_ids)
+    longest = _longest(cu)
+    q = query.transpose(1, 2).reshape(seq, heads, dim)
+    k = key.transpose(1, 2).reshape(seq, key.shape[1], dim)
+    v = value.transpose(1, 2).reshape(seq, value.shape[1], dim)
+    timed = not torch.compiler.is_compiling()  # the clock's host calls stay out of compiled graphs
+    if timed and torch.is_grad_enabled():
+        q, k, v = _BackwardEnds.apply(q, k, v)
+    repeats = heads // k.shape[1]
+    if repeats > 1:
+        k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+    params = _varlen_parameters(varlen_attn)
+    options = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}  # torch 2.9/2.10
+    if scaling is not None and "scale" in params:
+        options["scale"] = scaling
+    elif scaling is not None and abs(scaling - dim ** -0.5) > 1e-12:
+        raise ValueError(f"torch_varlen attention: this torch's varlen_attn takes no scale (asked {scaling})")
+    start = AttentionClock.now(q.device) if timed else None
+    out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, longest, longest, **options)
+    if timed:
+        AttentionClock.seconds += AttentionClock.now(q.device) - start
+        if torch.is_grad_enabled():
+            out = _BackwardStarts.apply(out)
+    return out.reshape(batch, seq, heads, dim), None
+
+
+_PARAMETERS = {}
+
+
+def _varlen_parameters(function):
+    if function not in _PARAMETERS:
+        import inspect
+        _PARAMETERS[function] = set(inspect.signature(function).parameters)
+    return _PARAMETERS[function]
+
+
+def register_attention():
+    """cad.hf's "cad" and "cad_local", and this example's "torch_varlen", as transformers attention functions."""
     import cad.hf
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
     cad.hf.register()
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden,
-                         intermediate_size=args.intermediate or args.hidden * 3, num_hidden_layers=args.layers,
-                         num_attention_heads=args.heads,
+    AttentionInterface.register("torch_varlen", torch_varlen_attention)
+    AttentionMaskInterface.register("torch_varlen", flash_attention_mask)  # documents, never a [T, T] mask
+
+
+IMPLEMENTATIONS = {"cad": "cad", "local": "cad_local", "torch_varlen": "torch_varlen"}
+
+
+def build_model(args, device, dtype):
+    """The transformers Llama, the same weights for every configuration (seeded, initialised on `device`)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    register_attention()
+    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
                          num_key_value_heads=args.kv_heads, max_position_embeddings=max(args.context, 2048),
-                         attention_dropout=0.0)
+                         attention_dropout=0.0, use_cache=False)  # a KV cache would keep every layer's K/V
     torch.manual_seed(args.seed)  # the same weights on every rank (every GPU's generator is seeded alike)
-    implementation = "cad" if args.attention == "cad" else "cad_local"
     with device:  # initialised where it runs: a CPU init of billions of weights took most of a GPU run's start
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=IMPLEMENTATIONS[args.attention],
+                                                 dtype=dtype)
     return model.to(device)
+
+
+def _checkpointed(forward):
+    def run(*args, **kwargs):
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return run
+
+
+def apply_checkpointing(lm, mode, reentrant):
+    """--checkpointing: full = transformers' own (every decoder layer recomputed in the backward); attention /
+    mlp = only each decoder layer's self_attn / mlp module recomputed (its forward wrapped in a non-reentrant
+    torch.utils.checkpoint), the rest of the layer keeps its activations."""
+    if mode == "full":
+        kwargs = {"use_reentrant": bool(reentrant)}
+        if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5.2x; the older name warns there
+            lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    elif mode in ("attention", "mlp"):
+        for layer in lm.model.layers:
+            part = layer.self_attn if mode == "attention" else layer.mlp
+            part.forward = _checkpointed(part.forward)
+
+
+def count_matmul_parameters(lm):
+    """P of the MFU formula: every parameter but the input embedding table (a lookup, no FLOPs); a head tied to
+    that table still multiplies, so it counts then."""
+    embedding = lm.get_input_embeddings().weight
+    tied = lm.get_output_embeddings() is not None and lm.get_output_embeddings().weight is embedding
+    return sum(p.numel() for p in lm.parameters()) - (0 if tied else embedding.numel())
+
+
+def model_flops(args, params, docs_by_micro_batch):
+    """Model FLOPs of one step over all ranks (the module docstring's formula)."""
+    tokens = sum(sum(docs) for by_rank in docs_by_micro_batch for docs in by_rank)
+    pairs = sum(causal_cost(docs) for by_rank in docs_by_micro_batch for docs in by_rank)
+    head_dim = args.hidden // args.heads
+    return 6 * params * tokens + 3 * args.layers * 4 * args.heads * head_dim * pairs
+
+
+def wrap_data_parallel(module, args, device, world, dtype):
+    """DDP or FSDP2 around the step module (see the module docstring); one process: as is."""
+    if world == 1:
+        return module
+    if args.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mesh = init_device_mesh(device.type, (world,))
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else \
+        MixedPrecisionPolicy()
+    # With ping-pong each layer runs twice per micro-batch (once per nano-batch, interleaved): its weights stay
+    # gathered from the first call to the backward instead of being gathered again for every call.
+    for layer in module.lm.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=not args.ping_pong)
+    fully_shard(module, mesh=mesh, mp_policy=policy)  # the root: embeddings, final norm, head
+    return module
+
+
+def grad_norm(parameters):
+    """The L2 norm of the (averaged) gradients, FSDP2's shards included; a 0-d tensor (not read back yet)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2: the shards' norms combined
+        norm = norm.full_tensor()
+    return norm
+
+
+# ---- one micro-batch's loss, as the module the data-parallel wrapper wraps ------------------------------
+class MicroBatchLoss(torch.nn.Module):
+    """A transformers causal LM (`lm`) whose forward is one micro-batch's loss, so that DDP's and FSDP2's hooks
+    see the whole forward, including ping-pong's nano-batch schedule and the chunked loss.
+
+    forward(input_ids, position_ids, labels, nanos): nanos = [(tokens, cu_seqlens, plan)], one entry (the whole
+    buffer) or two (ping-pong), each a slice of the buffer in order; plan None for local attention. The loss is
+    the token-weighted mean over the micro-batch: every nano-batch's summed token losses over the micro-batch's
+    count of predicted tokens. A nano-batch's last token predicts nothing, as a document's last token does
+    (its next label is the next document's first token, which is -100)."""
+
+    def __init__(self, lm, loss_chunk):
+        super().__init__()
+        self.lm = lm
+        self.loss_chunk = loss_chunk
+
+    def forward(self, input_ids, position_ids, labels, nanos):
+        if len(nanos) == 1:
+            _, cu, plan = nanos[0]
+            # The transformers call: the keywords reach every layer's attention function (cad.hf).
+            hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                                   cad_cu_seqlens=cu, cad_plan=plan).last_hidden_state
+            states, label_parts = [hidden], [labels]
+        else:
+            states, label_parts = self._ping_pong(input_ids, position_ids, labels, nanos)
+        predicted = (labels[:, 1:] != -100).sum()  # a tensor: reading it back would sync CUDA
+        total = sum(self._summed_token_losses(h, y) for h, y in zip(states, label_parts))
+        return total / predicted
+
+    def _ping_pong(self, input_ids, position_ids, labels, nanos):
+        """Two nano-batches: each embedded on its own, the decoder layers through cad.ping_pong (nano-batch 0's
+        stage, then 1's, layer by layer; two CUDA streams), then the final norm."""
+        import cad
+        inner = self.lm.model
+        states, extras, label_parts, at = [], [], [], 0
+        for tokens, cu, plan in nanos:
+            part = slice(at, at + tokens)
+            at += tokens
+            positions = position_ids[:, part]
+            hidden = inner.embed_tokens(input_ids[:, part])
+            states.append(hidden)
+            extras.append(dict(position_ids=positions, position_embeddings=inner.rotary_emb(hidden, positions),
+                               cad_cu_seqlens=cu, cad_plan=plan))
+            label_parts.append(labels[:, part])
+
+        def stage(layer):
+            def run(hidden, i):
+                out = layer(hidden, attention_mask=None, **extras[i])
+                return out[0] if isinstance(out, tuple) else out  # transformers < 4.54 returns a tuple
+            return run
+
+        states = cad.ping_pong([stage(layer) for layer in inner.layers[:inner.config.num_hidden_layers]], states)
+        return [inner.norm(h) for h in states], label_parts
+
+    def _summed_token_losses(self, hidden, labels):
+        """Sum of the token cross-entropies (token t predicts label t + 1), --loss-chunk tokens at a time; each
+        chunk's logits are recomputed in the backward instead of kept."""
+        targets = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        total = 0
+        for at in range(0, hidden.shape[0], self.loss_chunk):
+            part = slice(at, at + self.loss_chunk)
+            total = total + torch.utils.checkpoint.checkpoint(self._chunk_loss, hidden[part], targets[part],
+                                                              use_reentrant=False)
+        return total
+
+    def _chunk_loss(self, hidden, targets):
+        logits = self.lm.lm_head(hidden).float()
+        return torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
 
 
 def make_inputs(doc_lengths, vocab, seed, device):
@@ -127,6 +461,26 @@ def make_inputs(doc_lengths, vocab, seed, device):
     starts = torch.tensor([0] + doc_lengths[:-1]).cumsum(0)
     labels[0, starts] = -100  # never predict a document's first token from the previous document
     return {k: t.to(device) for k, t in dict(input_ids=input_ids, position_ids=position_ids, labels=labels).items()}
+
+
+def make_nanos(nano_docs, attention, args, device, dtype):
+    """This rank's nano-batches of one micro-batch as MicroBatchLoss takes them: (tokens, cu_seqlens, plan).
+    Collective with CAD: every rank makes nano-batch 0's plan, then nano-batch 1's, before the forward; with
+    the shapes given the plugin plans at once (a plan reads its cu_seqlens back to the host once; the layers
+    pass the same tensor, so nothing else is read)."""
+    import cad
+    nanos = []
+    for docs in nano_docs:
+        cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+        if len(_max_lengths) > 8:
+            _max_lengths.clear()
+        _max_lengths[id(cu)] = (cu, max(docs))  # torch_varlen's longest document, known here without a GPU read
+        plan = None
+        if attention == "cad":
+            plan = cad.plan(cu, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.hidden // args.heads,
+                            dtype=dtype, device=device)
+        nanos.append((sum(docs), cu, plan))
+    return nanos
 
 
 def all_gather_floats(values, world):
@@ -145,26 +499,6 @@ def _cpu_group():
     if "g" not in _GROUP:
         _GROUP["g"] = dist.new_group(backend="gloo")
     return _GROUP["g"]
-
-
-def average_gradients(model, world, backend):
-    """Average the gradients over the ranks; returns their L2 norm afterwards (a 0-d tensor, not yet read back
-    so that a CUDA step is not synchronised here)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if world == 1:
-        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    on_host = backend == "gloo" and flat.is_cuda
-    buffer = flat.cpu() if on_host else flat
-    dist.all_reduce(buffer)
-    buffer /= world
-    if on_host:
-        flat.copy_(buffer)
-    at = 0
-    for g in grads:
-        g.copy_(flat[at:at + g.numel()].view_as(g))
-        at += g.numel()
-    return torch.linalg.vector_norm(flat.float())
 
 
 # ---- ping-pong: two nano-batches per rank ---------------------------------------------------------------
@@ -190,61 +524,12 @@ def nano_batches(docs_by_rank, ping_pong):
     return [[docs[:k], docs[k:]] for docs, k in zip(docs_by_rank, cuts)]
 
 
-def nano_forward(model, inputs, nanos, attention, dtype):
-    """The loss of this rank's micro-batch run as its nano-batches (one or two), and their plans.
-
-    Each nano-batch is embedded on its own, the decoder layers run through cad.ping_pong (two nano-batches) or
-    in order (one), and each nano-batch's summed token losses are divided by the micro-batch's count of
-    predicted tokens: their sum is the token-weighted mean, what model(**inputs).loss computes in one piece.
-    A nano-batch's last token predicts nothing, as a document's last token does (its next label is the next
-    document's first token, which is -100)."""
-    import cad
-    inner, config = model.model, model.config
-    device = inputs["input_ids"].device
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    cus = [torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device) for docs in nanos]
-    # Collective: every rank makes nano-batch 0's plan, then nano-batch 1's, before enqueueing any compute (a
-    # plan reads its cu_seqlens back to the host once; layers pass the same tensor, so nothing else is read).
-    plans = [cad.plan(cu, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
-                      head_dim=head_dim, dtype=dtype, device=device) if attention == "cad" else None for cu in cus]
-    states, extras, labels, at = [], [], [], 0
-    for docs, cu, plan in zip(nanos, cus, plans):
-        tokens = slice(at, at + sum(docs))
-        at += sum(docs)
-        positions = inputs["position_ids"][:, tokens]
-        hidden = inner.embed_tokens(inputs["input_ids"][:, tokens])
-        states.append(hidden)
-        extras.append(dict(position_ids=positions, position_embeddings=inner.rotary_emb(hidden, positions),
-                           cad_cu_seqlens=cu, cad_plan=plan))
-        labels.append(inputs["labels"][:, tokens])
-
-    def stage(layer):
-        def run(hidden, i):
-            out = layer(hidden, attention_mask=None, **extras[i])
-            return out[0] if isinstance(out, tuple) else out  # transformers < 4.54 returns a tuple
-        return run
-
-    stages = [stage(layer) for layer in inner.layers[:config.num_hidden_layers]]
-    if len(states) == 2:
-        states = cad.ping_pong(stages, states)
-    else:
-        for run in stages:
-            states[0] = run(states[0], 0)
-    predicted = sum((y[:, 1:] != -100).sum() for y in labels)  # a tensor: reading it back would sync CUDA
-    loss = 0
-    for hidden, y in zip(states, labels):
-        logits = model.lm_head(inner.norm(hidden)).float()
-        targets = torch.nn.functional.pad(y, (0, 1), value=-100)[:, 1:]  # token t predicts token t + 1
-        loss = loss + torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                                        ignore_index=-100, reduction="sum") / predicted
-    return loss, plans
-
-
-def plan_summary(plans):
-    """The step's plans together: imbalance and forward bytes sent per rank, and each plan's own imbalance.
-    One plan: the plugin's imbalance. Two: max/mean over servers of both plans' forward FLOPs added up (a
-    server runs both nano-batches' work in the step)."""
-    stats = [p.stats for p in plans if p is not None and p.stats]
+def plan_summary(stats):
+    """The step's plans together (every micro-batch's, both nano-batches' with ping-pong), from their stats:
+    imbalance and forward bytes sent per rank, and each plan's own imbalance. One plan: the plugin's
+    imbalance. Several: max/mean over servers of all plans' forward FLOPs added up (a server runs all of them
+    in the step)."""
+    stats = [s for s in stats if s]
     if not stats:
         return None
     imbalance = stats[0]["imbalance"]
@@ -302,11 +587,11 @@ def configurations(args):
     runs = []
     for name in args.configs.split(","):
         run = argparse.Namespace(**vars(args))
-        balancer, _, mode = name.partition("+")
-        run.attention = "local" if balancer == "local" else "cad"
-        run.balancer = args.balancer if balancer == "local" else balancer
+        base, _, mode = name.partition("+")
+        run.attention = base if base in ("local", "torch_varlen") else "cad"
+        run.balancer = base if run.attention == "cad" else args.balancer
         run.ping_pong = mode == "pp"
-        label = balancer + ("_pingpong" if run.ping_pong else "")
+        label = base + ("_pingpong" if run.ping_pong else "")
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -348,11 +633,8 @@ def train(args):
     import cad
 
     distributed = launched_distributed()
-    # NCCL for the gradients only where CAD uses NCCL too (one process per GPU); processes sharing a GPU
-    # (communicator host or mpi) average their gradients over gloo.
-    backend = "nccl" if args.device == "cuda" and args.communicator in (None, "nccl") else "gloo"
     if distributed:
-        dist.init_process_group(backend)
+        dist.init_process_group(args.backend)
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
     device = torch.device("cpu")
@@ -364,8 +646,13 @@ def train(args):
     for label, run in configurations(args):
         if label is not None and rank == 0:
             print(f"==== configuration {label}", flush=True)
-        train_one(run, rank, world, device, backend, lengths)
-        if device.type == "cuda":  # the next configuration starts from the same empty allocator
+        train_one(run, rank, world, device, lengths)
+        # The next configuration starts from the same empty allocator. The collector first: FSDP2's and
+        # autograd's reference cycles keep a finished configuration's model, gradients and optimizer state alive
+        # until a collection runs, and on 2 H200s (2026-11-26) every later configuration's peak memory was
+        # 2.5-3 GiB above the one before it, whatever its attention.
+        gc.collect()
+        if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
     cad.shutdown()
@@ -374,19 +661,53 @@ def train(args):
         dist.destroy_process_group()
 
 
-def train_one(args, rank, world, device, backend, lengths):
-    """One configuration: a fresh model (the same weights every time), optimizer and CAD stack; its steps; its
-    summary and --json-out."""
-    import cad
-    import cad.hf
+def summary_of(args, world, device):
+    """What every configuration's summary says about its setup."""
+    return {"attention": args.attention, "balancer": args.balancer if args.attention == "cad" else None,
+            "ranks": world, "context": args.context, "micro_batches": args.micro_batches, "model": args.model,
+            "layers": args.layers, "steps": args.steps, "hidden": args.hidden, "intermediate": args.intermediate,
+            "heads": args.heads, "kv_heads": args.kv_heads, "vocab": args.vocab, "device": str(device),
+            "dtype": args.dtype, "parallel": args.parallel if world > 1 else "none (one process)",
+            "checkpointing": args.checkpointing, "checkpoint_reentrant": args.checkpoint_reentrant,
+            "compile": args.compile, "ping_pong": args.ping_pong, "gc": args.gc, "peak_tflops": args.peak_tflops,
+            "loss_chunk": args.loss_chunk}
 
+
+def write_json(args, result):
+    if args.json_out:
+        pathlib.Path(args.json_out).write_text(json.dumps(result, indent=1))
+
+
+def train_one(args, rank, world, device, lengths):
+    """One configuration: a fresh model (the same weights every time), optimizer and CAD stack; its steps; its
+    summary and --json-out (rank 0). Returns {"summary", "steps"[, "profiled_step"]} on every rank."""
+    import cad
+
+    if args.attention == "torch_varlen" and torch_varlen_unavailable(device):
+        reason = torch_varlen_unavailable(device)
+        result = {"summary": dict(summary_of(args, world, device), skipped=reason), "steps": []}
+        if rank == 0:
+            print(f"configuration skipped: {reason}", flush=True)
+            write_json(args, result)
+        return result
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms)
     # Attention times wait for the GPU around every call, except with ping-pong on CUDA, where waiting would
     # serialise the two nano-batches' streams: there they count only the enqueue (recorded in the summary).
     synced_timing = not (args.ping_pong and device.type == "cuda")
     cad.timing(sync_cuda=synced_timing)
-    model = build_model(args, device, dtype)
+    AttentionClock.sync = synced_timing
+    if device.type == "cuda":  # the configuration's peak: model, optimizer state and every step
+        torch.cuda.reset_peak_memory_stats(device)
+    fsdp2 = args.parallel == "fsdp2" and world > 1
+    lm = build_model(args, device, torch.float32 if fsdp2 else dtype)  # FSDP2: fp32 master weights
+    params = count_matmul_parameters(lm)
+    apply_checkpointing(lm, args.checkpointing, args.checkpoint_reentrant)
+    if args.compile:
+        for layer in lm.model.layers:
+            layer.compile()
+    model = wrap_data_parallel(MicroBatchLoss(lm, args.loss_chunk), args, device, world, dtype)
+    ddp = args.parallel == "ddp" and world > 1
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     if args.gc == "freeze":  # what exists now (model, torch, transformers) is never scanned again
         gc.collect()
@@ -400,19 +721,20 @@ def train_one(args, rank, world, device, backend, lengths):
         schedule.append((args.profile_step, True))
     profiled_record = None
     for step, profiling in schedule:
-        batch = sample_batch(lengths, args.context, world, args.seed + 1000 * step)
-        docs_by_rank = [docs or [args.context] for docs in batch]
-        mine = docs_by_rank[rank]
-        nanos = nano_batches(docs_by_rank, args.ping_pong)
-        split = len(nanos[rank]) == 2
-        if args.ping_pong and not split and rank == 0:
-            print(f"step {step}: ping-pong off for this step: rank(s) "
-                  f"{[r for r, d in enumerate(docs_by_rank) if len(d) < 2]} hold one document, which cannot be "
-                  f"split into two nano-batches; the step runs as one nano-batch", flush=True)
-        inputs = make_inputs(mine, args.vocab, args.seed * 7919 + 31 * step + rank, device)
+        micro = []  # per micro-batch: every rank's documents, every rank's nano-batches, this rank's inputs
+        for mb in range(args.micro_batches):
+            batch = cached_batch(lengths, args.context, world, args.seed + 1000 * step + mb)
+            docs_by_rank = [docs or [args.context] for docs in batch]
+            nanos = nano_batches(docs_by_rank, args.ping_pong)
+            if args.ping_pong and len(nanos[rank]) < 2 and rank == 0:
+                print(f"step {step}: ping-pong off for micro-batch {mb}: rank(s) "
+                      f"{[r for r, d in enumerate(docs_by_rank) if len(d) < 2]} hold one document, which cannot be "
+                      f"split into two nano-batches; it runs as one nano-batch", flush=True)
+            inputs = make_inputs(docs_by_rank[rank], args.vocab, args.seed * 7919 + 31 * step + rank + 100003 * mb,
+                                 device)
+            micro.append((docs_by_rank, nanos, inputs))
         if device.type == "cuda":
             torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats(device)
         profiler = None
         if profiling:
             activities = [torch.profiler.ProfilerActivity.CPU]
@@ -423,19 +745,29 @@ def train_one(args, rank, world, device, backend, lengths):
         pauses.take()
         start = time.perf_counter()
         cad.attention_time(reset=True)
-        if args.ping_pong or args.plan_first:  # the step's plan(s) made before any layer runs
-            loss, plans = nano_forward(model, inputs, nanos[rank], args.attention, dtype)
-        else:
-            loss = model(**inputs).loss
-            plans = [cad.hf.current_plan()] if args.attention == "cad" else []
-        loss.backward()
-        grad_norm = average_gradients(model, world, backend)
+        AttentionClock.take()
+        loss_sum, plan_stats, make_starts, attention_by_mb = 0.0, [], [], []
+        for mb, (docs_by_rank, nanos, inputs) in enumerate(micro):
+            # DDP all-reduces once per step: the last micro-batch's backward; the others only accumulate.
+            quiet = model.no_sync() if ddp and mb < args.micro_batches - 1 else contextlib.nullcontext()
+            with quiet:
+                parts = make_nanos(nanos[rank], args.attention, args, device, dtype)  # collective with CAD
+                plan_stats += [plan.stats for _, _, plan in parts if plan is not None]
+                make_starts += [plan.make_started_at for _, _, plan in parts if plan is not None]
+                loss = model(**inputs, nanos=parts)
+                (loss / args.micro_batches).backward()
+            # Per micro-batch: the ranks wait for each other at least once per micro-batch (FSDP2's
+            # reduce-scatter after its backward, every layer's gathers), so imbalance costs per micro-batch.
+            attention_by_mb.append(cad.attention_time(reset=True) + AttentionClock.take())
+            loss_sum = loss_sum + loss.detach() / args.micro_batches
+            del parts, loss  # the plans go back once nothing (autograd included) refers to them
+        norm = grad_norm(model.parameters())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        attention = cad.attention_time(reset=True)
+        attention = sum(attention_by_mb) + cad.attention_time(reset=True) + AttentionClock.take()
         if profiler is not None:
             profiler.__exit__(None, None, None)
             profile = profile_summary(profiler)
@@ -450,31 +782,29 @@ def train_one(args, rank, world, device, backend, lengths):
         gc_ms, gc_full = pauses.take()
         # Host time from the step's start to its first plan make (which waits for every rank): a rank that
         # arrives late shows here.
-        starts = [p.make_started_at for p in plans if p is not None and p.make_started_at is not None]
-        pre_plan_ms = (min(starts) - start) * 1e3 if starts else 0.0
-        stats = plan_summary(plans)
-        # The step's plans go back now: kept until the next step's were made, they doubled the plans' device
-        # memory (server-batch scratch and wire buffers) at every step's start.
-        for p in plans:
-            if p is not None:
-                p.release()
+        pre_plan_ms = (min(make_starts) - start) * 1e3 if make_starts else 0.0
+        stats = plan_summary(plan_stats)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
-        plan_ms = stats["plan_ms"] if stats else 0.0
-        make_ms = stats["make_ms"] if stats else 0.0
-        gathered = all_gather_floats([loss.item(), seconds, attention, float(sum(mine)), peak, plan_ms, make_ms,
-                                      pre_plan_ms, gc_ms, float(gc_full)], world)
-        costs = [causal_cost(b) for b in docs_by_rank]
+        mine = sum(sum(docs_by_rank[rank]) for docs_by_rank, _, _ in micro)
+        gathered = all_gather_floats([float(loss_sum), seconds, attention, float(mine), peak,
+                                      stats["plan_ms"] if stats else 0.0, stats["make_ms"] if stats else 0.0,
+                                      pre_plan_ms, gc_ms, float(gc_full)] + attention_by_mb, world)
+        costs = [sum(causal_cost(docs_by_rank[r]) for docs_by_rank, _, _ in micro) for r in range(world)]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
+        slowest = max(g[1] for g in gathered)
+        flops = model_flops(args, params, [docs_by_rank for docs_by_rank, _, _ in micro])
+        split = all(len(nanos[rank]) == 2 for _, nanos, _ in micro)
         record = {"step": step, "loss": sum(g[0] for g in gathered) / world,
-                  "losses": [g[0] for g in gathered], "grad_norm": grad_norm.item(),
-                  "tokens_per_s": sum(g[3] for g in gathered) / max(g[1] for g in gathered),
-                  "step_s": [g[1] for g in gathered],
+                  "losses": [g[0] for g in gathered], "grad_norm": norm.item(),
+                  "tokens_per_s": sum(g[3] for g in gathered) / slowest, "step_s": [g[1] for g in gathered],
+                  "model_tflop": flops / 1e12, "mfu": flops / (slowest * world * args.peak_tflops * 1e12),
                   "peak_memory_gib": [g[4] for g in gathered], "plan_ms": [g[5] for g in gathered],
                   "plan_make_ms": [g[6] for g in gathered], "pre_plan_ms": [g[7] for g in gathered],
                   "gc_ms": [g[8] for g in gathered], "gc_full_collections": [int(g[9]) for g in gathered],
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
-                  "ping_pong": split, "nano_tokens": [[sum(d) for d in n] for n in nanos],
+                  "attention_s_by_micro_batch": [[g[10 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
+                  "ping_pong": split, "nano_tokens": [[[sum(d) for d in n] for n in nanos] for _, nanos, _ in micro],
                   "profiled": profiling}
         if stats:
             record["nano_imbalance"] = stats["nano_imbalance"]
@@ -485,52 +815,74 @@ def train_one(args, rank, world, device, backend, lengths):
             history.append(record)
         if rank == 0:
             mode = ("  ping-pong" if split else "") + ("  (profiled again)" if profiling else "")
-            print(f"step {step:3d}  loss {record['loss']:.5f}  {record['tokens_per_s']:9.0f} tok/s  attention s/rank "
+            print(f"step {step:3d}  loss {record['loss']:.5f}  {slowest * 1e3:8.1f} ms  {record['tokens_per_s']:9.0f} "
+                  f"tok/s  MFU {record['mfu']:6.1%}  peak {max(record['peak_memory_gib']):5.1f} GiB  attention s/rank "
                   f"[{', '.join(f'{a:.3f}' for a in record['attention_s'])}]  imbalance {imbalance:.3f} "
                   f"(colocated {colocated:.3f}){mode}", flush=True)
+    tail = history[1:] or history  # step 0 warms up
+    summary = dict(summary_of(args, world, device), params=params, ping_pong_steps=sum(r["ping_pong"] for r in history),
+                   attention_timing="synchronized" if synced_timing else "enqueue only (ping-pong on CUDA)",
+                   first_loss=history[0]["loss"], last_loss=history[-1]["loss"],
+                   mean_tokens_per_s_after_step0=sum(r["tokens_per_s"] for r in tail) / len(tail),
+                   mean_step_s_after_step0=sum(max(r["step_s"]) for r in tail) / len(tail),
+                   mean_mfu_after_step0=sum(r["mfu"] for r in tail) / len(tail),
+                   peak_memory_gib=max(max(r["peak_memory_gib"]) for r in history),
+                   mean_max_attention_s=sum(max(r["attention_s"]) for r in tail) / len(tail),
+                   mean_imbalance=sum(r["imbalance"] for r in tail) / len(tail))
+    result = {"summary": summary, "steps": history}
+    if profiled_record is not None:
+        result["profiled_step"] = profiled_record
     if rank == 0:
-        tail = history[1:] or history  # step 0 warms up
-        summary = {"attention": args.attention, "balancer": args.balancer if args.attention == "cad" else None,
-                   "ranks": world, "context": args.context, "layers": args.layers, "steps": args.steps,
-                   "hidden": args.hidden, "intermediate": args.intermediate or args.hidden * 3,
-                   "device": str(device), "dtype": args.dtype, "ping_pong": args.ping_pong,
-                   "ping_pong_steps": sum(r["ping_pong"] for r in history),
-                   "attention_timing": "synchronized" if synced_timing else "enqueue only (ping-pong on CUDA)",
-                   "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
-                   "mean_tokens_per_s_after_step0": sum(r["tokens_per_s"] for r in tail) / len(tail),
-                   "mean_step_s_after_step0": sum(max(r["step_s"]) for r in tail) / len(tail),
-                   "mean_max_attention_s": sum(max(r["attention_s"]) for r in tail) / len(tail),
-                   "mean_imbalance": sum(r["imbalance"] for r in tail) / len(tail), "gc": args.gc,
-                   "plan_first": args.plan_first or args.ping_pong}
         print("summary " + json.dumps(summary), flush=True)
-        if args.json_out:
-            result = {"summary": summary, "steps": history}
-            if profiled_record is not None:
-                result["profiled_step"] = profiled_record
-            pathlib.Path(args.json_out).write_text(json.dumps(result, indent=1))
+        write_json(args, result)
     pauses.close()
     if args.gc == "freeze":
         gc.unfreeze()
+    return result
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--attention", choices=["local", "cad"], default="cad")
+    p.add_argument("--attention", choices=["local", "torch_varlen", "cad"], default="cad",
+                   help="cad (CAD plans over the ranks), local (the project's kernels, no CAD: \"cad_local\") or "
+                        "torch_varlen (torch.nn.attention.varlen.varlen_attn: CUDA, torch >= 2.9)")
     p.add_argument("--balancer", default="prefix_aware", help="colocated, per_doc_cp, distca, prefix_aware")
     p.add_argument("--communicator", default=None, help="host, mpi or nccl (default: host on CPU, nccl on CUDA)")
-    p.add_argument("--context", type=int, default=2048, help="tokens per rank and step")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--intermediate", type=int, default=0,
-                   help="MLP width (Llama's intermediate_size; Llama-3 8B: 14336); default 3 x --hidden")
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny",
+                   help="shape preset: tiny (hidden 128, 4 heads, 2 KV heads, 2 layers, vocab 1024) or llama3-8b "
+                        "(hidden 4096, 32 heads, 8 KV heads, MLP 14336, vocab 128256, 32 layers); the options "
+                        "below override it")
+    p.add_argument("--context", type=int, default=2048, help="tokens per rank and micro-batch (one packed buffer)")
+    p.add_argument("--micro-batches", type=int, default=1,
+                   help="micro-batches per optimizer step (gradient accumulation), each its own batch and CAD plan")
+    p.add_argument("--layers", type=int, default=None, help="default: the --model preset's")
+    p.add_argument("--hidden", type=int, default=None, help="default: the --model preset's")
+    p.add_argument("--intermediate", type=int, default=None,
+                   help="MLP width (Llama's intermediate_size; Llama-3 8B: 14336); 0: 3 x --hidden (tiny's default)")
+    p.add_argument("--heads", type=int, default=None, help="default: the --model preset's")
+    p.add_argument("--kv-heads", type=int, default=None, help="default: the --model preset's")
+    p.add_argument("--vocab", type=int, default=None, help="default: the --model preset's")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="default: fp32 on CPU, bf16 on CUDA")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
+                   help="compute dtype (default: fp32 on CPU, bf16 on CUDA); FSDP2 keeps fp32 master weights")
+    p.add_argument("--parallel", choices=["ddp", "fsdp2"], default=None,
+                   help="data parallelism: ddp (DistributedDataParallel) or fsdp2 (fully_shard per decoder layer "
+                        "and the root). Default: fsdp2 on CUDA over NCCL, else ddp")
+    p.add_argument("--checkpointing", choices=["none", "full", "attention", "mlp"], default="none",
+                   help="activation checkpointing: full (transformers' own, every decoder layer recomputed in the "
+                        "backward; non-reentrant unless --checkpoint-reentrant), attention / mlp (only each "
+                        "layer's self_attn / mlp recomputed, non-reentrant)")
+    p.add_argument("--checkpoint-reentrant", action="store_true",
+                   help="with --checkpointing full: torch's reentrant checkpoint (use_reentrant=True)")
+    p.add_argument("--compile", action="store_true", help="torch.compile every decoder layer")
+    p.add_argument("--loss-chunk", type=int, default=4096,
+                   help="tokens per chunk of the head and cross-entropy (each chunk's logits recomputed in the "
+                        "backward instead of kept)")
+    p.add_argument("--peak-tflops", type=float, default=989.0,
+                   help="peak dense bf16 TFLOP/s of one device, for MFU (default 989: H100 SXM)")
     p.add_argument("--timeout-ms", type=int, default=120000)
     p.add_argument("--data", default=os.environ.get("CAD_DATA", str(REPO.parent / "shared" / "data" /
                                                                     "doclen_pretrain.json")))
@@ -538,20 +890,18 @@ def parse_args(argv=None):
                    help="split every rank's buffer into two nano-batches at the document boundary nearest half "
                         "its tokens (whole documents; a document cut across ranks counts as one document of "
                         "each rank and stays whole in its nano-batch), one plan each, decoder layers through "
-                        "cad.ping_pong; same loss and gradients as without. A step where a rank holds one "
-                        "document runs unsplit, with a note (its record says \"ping_pong\": false)")
+                        "cad.ping_pong; same loss and gradients as without. A micro-batch where a rank holds one "
+                        "document runs unsplit, with a note (its step's record says \"ping_pong\": false)")
     p.add_argument("--json-out", default=None, help="write every step's record and the summary here (rank 0); "
                    "with --configs it must contain {config}, replaced by each configuration's name")
     p.add_argument("--configs", default=None,
                    help="train several configurations one after another in this process (one start-up): a comma "
-                        "list of 'local' (local attention) or a balancer name (CAD), each optionally with '+pp' "
-                        "(--ping-pong), e.g. local,prefix_aware,distca+pp. Each starts from the same "
-                        "weights; its JSON is --json-out with {config} = local or the balancer, "
-                        "+ '_pingpong' with ping-pong. Overrides --attention, --balancer, --ping-pong")
-    p.add_argument("--plan-first", action="store_true",
-                   help="make the step's CAD plan before the embedding (as --ping-pong does for its two plans) "
-                        "instead of at the first layer's attention call; the same losses. For comparing where "
-                        "ranks wait for each other at the plan's collectives")
+                        "list of 'local' (the project's kernels, no CAD), 'torch_varlen' (torch's varlen_attn; "
+                        "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
+                        "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), e.g. "
+                        "local,torch_varlen,prefix_aware,distca+pp. Each starts from the same weights; its JSON is "
+                        "--json-out with {config} = its name, + '_pingpong' with ping-pong. Overrides --attention, "
+                        "--balancer, --ping-pong")
     p.add_argument("--gc", choices=["auto", "freeze"], default="auto",
                    help="Python's garbage collector: auto (as is), or freeze: gc.freeze() once the model and "
                         "optimizer exist, so that collections no longer scan them (every step records its "
@@ -562,19 +912,37 @@ def parse_args(argv=None):
                         "its top kernels to <json-out stem>_profile_rank<R>.json; its record is the JSON's "
                         "\"profiled_step\", outside \"steps\" (default -1: no profiling)")
     args = p.parse_args(argv)
+    for key, value in MODELS[args.model].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.intermediate == 0:
+        args.intermediate = args.hidden * 3
     if args.dtype is None:
         args.dtype = "bf16" if args.device == "cuda" else "fp32"
+    # NCCL for the gradients only where CAD uses NCCL too (one process per GPU); processes sharing a GPU
+    # (communicator host or mpi) average their gradients over gloo.
+    args.backend = "nccl" if args.device == "cuda" and args.communicator in (None, "nccl") else "gloo"
+    if args.parallel is None:
+        args.parallel = "fsdp2" if args.backend == "nccl" else "ddp"
+    if args.parallel == "fsdp2" and args.device == "cuda" and args.backend != "nccl":
+        p.error("--parallel fsdp2 on CUDA needs NCCL (--communicator nccl): gloo has no CUDA reduce-scatter")
     if args.hidden % args.heads or args.heads % args.kv_heads:
         p.error("--hidden must divide by --heads, and --heads by --kv-heads")
     if args.intermediate < 0:
         p.error(f"--intermediate must be positive (or 0 for 3 x --hidden), got {args.intermediate}")
+    if args.layers < 1 or args.micro_batches < 1 or args.loss_chunk < 1 or args.steps < 1:
+        p.error("--layers, --micro-batches, --loss-chunk and --steps must be at least 1")
+    if args.checkpoint_reentrant and args.checkpointing != "full":
+        p.error("--checkpoint-reentrant applies to --checkpointing full only (selective checkpointing is "
+                "non-reentrant)")
     if args.profile_step >= args.steps:
         p.error(f"--profile-step must name one of the {args.steps} steps (0..{args.steps - 1}), got {args.profile_step}")
     if args.configs is not None:
         names = args.configs.split(",")
         bad = [n for n in names if not n.partition("+")[0] or n.partition("+")[2] not in ("", "pp")]
         if bad:
-            p.error(f"--configs: {bad[0]!r} is not 'local' or a balancer name, optionally with '+pp'")
+            p.error(f"--configs: {bad[0]!r} is not 'local', 'torch_varlen' or a balancer name, optionally with "
+                    f"'+pp'")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     return args

@@ -34,15 +34,25 @@
  *    (e.g. a CAD server's copy of Q/K/V/O/LSE); the caller keeps it, as autograd keeps a context, passes
  *    it to that forward's backward and then releases it with `release_saved`. So any number of forwards
  *    may be in flight. *saved may be set to NULL (nothing kept); backward then needs none.
+ *  - Handles (plans, saved state) belong to the instance that made them. A plan serves calls of the shape
+ *    and pieces it was made for; a saved handle serves the backward of the forward that made it (the same
+ *    plan, or without one the same shape and pieces; the same softmax_scale); a distributed backend's ranks
+ *    each pass the state of the same forward, with the same scale. Each handle is released exactly once, on
+ *    its instance, before that instance is destroyed. Breaking a rule is undefined unless the plugin says
+ *    it checks it. The CAD plugin checks every rule above on every call and refuses a break with
+ *    INVALID_ARGUMENT naming the handle and what differs, and refuses a release of a handle that is not live
+ *    on the instance (see release_plan); except on its NCCL path, where the rules between ranks go unchecked
+ *    (plugins/cad/README.md, "Handles"). Undefined everywhere: a handle used or released after its instance
+ *    was destroyed, and a release racing another call on the same instance.
  *
  * ABI v1.2 (appended likewise; read only when the caller's struct_size covers them):
  *  - Sliding windows. Forward, backward and plan args carry `window_flags`, `window_left` and
  *    `window_right`. Only when window_flags has CAD_WINDOW_GIVEN (cad_common_v1.h) are window_left/right
  *    read (-1 = no limit, PyTorch's window_size); without it there is no window, whatever they hold, so a
- *    zero-initialised struct means plain attention. In a segment, query i sits at key position p = i + (kv_len - q_len)
- *    (the same bottom-right alignment as the causal mask) and sees keys [p - window_left, p + window_right]
- *    of its KV range, clipped to [0, kv_len) and, when causal, to j <= p. With causal = 1, window_right
- *    must be -1 or 0 (both mean "none after p"). A finite window (window_left >= 0, or window_right >= 0
+ *    zero-initialised struct means plain attention. In a segment, query i sits at key position
+ *    p = i + (kv_len - q_len) (the same bottom-right alignment as the causal mask) and sees keys
+ *    [p - window_left, p + window_right] of its KV range, clipped to [0, kv_len) and, when causal, to
+ *    j <= p. With causal = 1, window_right must be -1 or 0 (both mean "none after p"). A finite window (window_left >= 0, or window_right >= 0
  *    when not causal) is computed only by a backend that reports CAD_ATTENTION_CAP_WINDOW; a v1.2 backend
  *    without it refuses one with CAD_STATUS_UNSUPPORTED. A plugin built before v1.2 cannot see the
  *    fields, so a host passes a finite window only to a backend that reports the flag. A caller with a
@@ -213,10 +223,12 @@ typedef struct cad_attention_v1 {
    * plan's buffers are reused by each of them. */
   cad_status_t (*make_plan)(void* ctx, const cad_attention_plan_args_v1_t* args, void** out_plan);
   /* Release a plan once every call that used it has been enqueued; device memory goes back in stream
-   * order on the plan's stream. NULL is a no-op. Not collective. */
+   * order on the plan's stream. NULL is a no-op. Not collective. A plan released already, or made by another
+   * instance: undefined, unless the plugin keeps a registry of its live handles (CAD does: it then frees
+   * nothing, logs an error and sets last_error; it never reads through such a pointer). */
   void (*release_plan)(void* ctx, void* plan);
   /* Release a forward's saved state (after its backward was enqueued, or if none will come), in stream
-   * order on that forward's stream. NULL is a no-op. */
+   * order on that forward's stream. NULL is a no-op. Released already or another instance's: as release_plan. */
   void (*release_saved)(void* ctx, void* saved);
 } cad_attention_v1_t;
 

@@ -21,9 +21,11 @@ bool same_shape(const CallShape& a, const CallShape& b) {
          a.device_type == b.device_type && a.device_id == b.device_id;
 }
 
-// v1.0-style calls: does this backward follow the instance's last forward (same pieces and shape)?
+// v1.0-style calls: does this backward follow the instance's last forward (same pieces and shape, and the
+// same softmax_scale where it kept the forward's LSE)?
 bool matches(const LastForward* last, const CallShape& shape, const cad_piece_v1_t* pieces, int64_t num_pieces) {
   if (last == nullptr || !same_shape(last->plan->step.shape, shape)) return false;
+  if (last->saved != nullptr && last->saved->stamp.softmax_scale != shape.softmax_scale) return false;
   const std::vector<cad_piece_v1_t>& mine = last->plan->local_pieces;
   if (static_cast<int64_t>(mine.size()) != num_pieces) return false;
   return num_pieces == 0 || std::memcmp(mine.data(), pieces, static_cast<size_t>(num_pieces) * sizeof(cad_piece_v1_t)) == 0;
@@ -114,21 +116,36 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
   Stopwatch total;
   Comm& comm = *ctx.comm;
   const bool v11 = args != nullptr && CAD_HAS_FIELD(cad_attention_backward_args_v1_t, args, saved);
-  CadPlan* given = v11 ? static_cast<CadPlan*>(args->plan) : nullptr;
-  Saved* saved = v11 ? static_cast<Saved*>(args->saved) : nullptr;
+  void* const plan_handle = v11 ? args->plan : nullptr;
+  void* const saved_handle = v11 ? args->saved : nullptr;
+  CadPlan* given = nullptr;  // the handles, once known to be live on this instance
+  Saved* saved = nullptr;
   ctx.stats.backward = CallStats{};
 
   LocalCall local;
+  local.ticket.call = ++ctx.calls;
+  local.ticket.kind = kBackward;
   try {
+    if (plan_handle != nullptr) {
+      ctx.plan_handles.check_live(plan_handle, "backward");
+      given = static_cast<CadPlan*>(plan_handle);
+    }
+    if (saved_handle != nullptr) {
+      ctx.saved_handles.check_live(saved_handle, "backward");
+      saved = static_cast<Saved*>(saved_handle);
+    }
     local.shape = check_backward_args(args, ctx.accepts, given != nullptr ? given->step.shape.tokens : -1);
     local.num_pieces = args->num_pieces;
     if (given != nullptr) check_call_matches_plan(*given, local.shape, args->pieces, args->num_pieces, "backward");
     if (local.shape.device_type == CAD_DEVICE_CUDA) check_call_stream(args->stream, local.shape.device_id, "backward");
-    if (saved != nullptr && given != nullptr && saved->plan_serial != given->serial) {
-      fail(CAD_STATUS_INVALID_ARGUMENT, format("backward: the saved state comes from a forward with plan #%llu, this "
-                                               "call has plan #%llu", static_cast<unsigned long long>(saved->plan_serial),
-                                               static_cast<unsigned long long>(given->serial)));
+    if (saved != nullptr) {
+      check_saved_fits(saved->stamp, given != nullptr ? &given->stamp : nullptr, local.shape,
+                       pieces_fingerprint(args->pieces, args->num_pieces), "backward");
+      local.ticket.saved_forward = saved->stamp.forward_call;
     }
+    local.ticket.documents =
+        given != nullptr ? given->stamp.documents : saved != nullptr ? saved->stamp.plan.documents : 0;
+    local.ticket.softmax_scale = local.shape.softmax_scale;
     // With a plan, keeping is the caller's choice per forward (it passed `saved` or not): a backward without
     // saved state re-sends Q/K/V/O/LSE from the owners, whatever keep_forward_tensors says.
     local.matches_last_forward = matches(ctx.last_forward.get(), local.shape, args->pieces, args->num_pieces);
@@ -140,18 +157,20 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
   CallStats stats;
   PlanPtr one_shot(nullptr, PlanDeleter{&ctx});
   CadPlan* plan = given;
-  if (given != nullptr) {
-    agree_on_plan_call(ctx, local, "backward", [&] {
-      device_backward(ctx, *given, given->step.shape, args, nullptr, stats, /*drain=*/true);
-    });
+  if (plan_handle != nullptr) {
+    std::function<void()> drain;  // none without a live plan: nothing tells this rank the collectives' sizes
+    if (given != nullptr) {
+      drain = [&] { device_backward(ctx, *given, given->step.shape, args, nullptr, stats, /*drain=*/true); };
+    }
+    agree_on_plan_call(ctx, local, "backward", drain);
   } else {
     const AgreedCall call = agree_on_call(comm, local, "backward");
     const bool reuse = saved == nullptr && call.first_rank_not_matching < 0;
     if (saved == nullptr && ctx.config.keep_forward_tensors && !reuse) {
       fail(CAD_STATUS_INVALID_ARGUMENT,
-           format("backward: rank %d's pieces or shapes differ from its last forward (or it ran none); with "
-                  "keep_forward_tensors true the servers hold only the last forward's Q/K/V/O/LSE, so backward must "
-                  "follow that forward with the same pieces and tensors on every rank",
+           format("backward: rank %d's pieces, shapes or softmax_scale differ from its last forward (or it ran "
+                  "none); with keep_forward_tensors true the servers hold only the last forward's Q/K/V/O/LSE, so "
+                  "backward must follow that forward with the same pieces and tensors on every rank",
                   call.first_rank_not_matching));
     }
     if (reuse) {
@@ -160,6 +179,8 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
     } else {
       one_shot = make_cad_plan(ctx, call, local.num_pieces, args->pieces, args->stream);
       plan = one_shot.get();
+      // The same verdict on every rank: their states' documents were agreed on, the plan is the same everywhere.
+      if (saved != nullptr) check_saved_documents(saved->stamp, plan->stamp.documents, "backward");
     }
   }
   stats = plan->model;

@@ -9,6 +9,7 @@
 
 #include "cad_plugin_v1.h"
 #include "comm.h"
+#include "handles.h"
 #include "plan.h"
 #include "plugin_support.h"
 #include "stats.h"
@@ -52,7 +53,7 @@ struct DeviceSavedDeleter {
 // What one forward leaves for its backward: the handle behind the ABI's `saved` (v1.1), or the
 // instance's last forward for v1.0 hosts.
 struct Saved {
-  uint64_t plan_serial = 0;  // the plan the forward ran with
+  SavedStamp stamp;          // what it was made by, checked by the backward that uses it
   KeptBatch host;            // CPU data path
   std::unique_ptr<DeviceSaved, DeviceSavedDeleter> device;  // CUDA data path
 };
@@ -79,7 +80,12 @@ struct CadContext : plugin::ErrorState {
   Accepts accepts;  // what the server backend takes, hence what CAD takes
   std::unique_ptr<LastForward> last_forward;
   Stats stats;
-  uint64_t plans_made = 0;
+  // Forward and backward calls so far: every rank makes the same ones in the same order, so the count names
+  // one call on every rank (CallTicket, SavedStamp::forward_call).
+  uint64_t calls = 0;
+  // The plan and saved handles this instance gave out and that are not released yet (handles.h).
+  HandleRegistry plan_handles{"plan"};
+  HandleRegistry saved_handles{"saved"};
   bool host_staged = false;  // CUDA tensors over a communicator on host memory (MPI): staged via pinned buffers
   std::unique_ptr<DeviceRuntime, DeviceRuntimeDeleter> device;  // created with the first CUDA plan
 };

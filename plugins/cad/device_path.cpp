@@ -109,30 +109,56 @@ class CallScratch {
   CallScratch(const CallScratch&) = delete;
   CallScratch& operator=(const CallScratch&) = delete;
   ~CallScratch() {
+    release_wire();
     for (DeviceBuffer& b : owned_) release(ctx_, plan_.device, b, stream_);
   }
 
   void* take(size_t bytes, const char* what) {
     owned_.push_back(allocate(ctx_, plan_.device, bytes, stream_, what));
-    bytes_ += bytes;
+    count(bytes);
     return owned_.back().ptr;
+  }
+  // Gives one buffer from take() back now, where the rest of the call no longer needs it (in stream order:
+  // the work enqueued on it so far runs first).
+  void give_back(void* ptr) {
+    for (DeviceBuffer& b : owned_) {
+      if (b.ptr == ptr && ptr != nullptr) {
+        live_ -= b.bytes;
+        release(ctx_, plan_.device, b, stream_);
+      }
+    }
   }
   std::byte* send() { return wire(send_, "the send buffer"); }
   std::byte* recv() { return wire(recv_, "the receive buffer"); }
-  int64_t bytes() const { return static_cast<int64_t>(bytes_); }
+  // The wire buffers serve one exchange at a time: given back after each, so that they never sit beside the
+  // server batch's largest moment (the server backward).
+  void release_wire() {
+    for (DeviceBuffer* b : {&send_, &recv_}) {
+      live_ -= b->bytes;
+      release(ctx_, plan_.device, *b, stream_);
+      b->bytes = 0;
+    }
+  }
+  int64_t peak_bytes() const { return static_cast<int64_t>(peak_); }
 
  private:
-  std::byte* wire(void*& slot, const char* what) {
-    if (slot == nullptr) slot = take(plan_.wire_bytes, what);
-    return static_cast<std::byte*>(slot);
+  std::byte* wire(DeviceBuffer& slot, const char* what) {
+    if (slot.ptr == nullptr) {
+      slot = allocate(ctx_, plan_.device, plan_.wire_bytes, stream_, what);
+      count(slot.bytes);
+    }
+    return static_cast<std::byte*>(slot.ptr);
+  }
+  void count(size_t bytes) {
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
   }
   CadContext& ctx_;
   const DevicePlan& plan_;
   void* stream_;
   std::vector<DeviceBuffer> owned_;
-  void* send_ = nullptr;
-  void* recv_ = nullptr;
-  size_t bytes_ = 0;
+  DeviceBuffer send_, recv_;
+  size_t live_ = 0, peak_ = 0;  // bytes held now and at most during the call
 };
 
 struct DeviceSaved {
@@ -315,6 +341,7 @@ class Mover {
       check_cuda(kernels::copy_row_ranges(recv, dst, row_bytes, from_wire(recv_table), recv_table.count, stream_),
                  "unpack (scatter kernel)");
     }
+    scratch_.release_wire();
   }
 
   // LSE ([Hq, rows] fp32, a column per row) of the sending side -> the receiving side's, as wire rows
@@ -336,6 +363,7 @@ class Mover {
       check_cuda(kernels::copy_strided_rows_f32(recv, heads, 1, dst, 1, dst_rows, heads, from_wire(to), to.count,
                                                 stream_), "unpack LSE");
     }
+    scratch_.release_wire();
   }
 
   // Partial dK or dV of the server batch -> the key/value owners. A row read by one server is moved; a
@@ -352,7 +380,10 @@ class Mover {
     const std::byte* send = pack(st, server_partial, row_bytes, &send_rows);
     std::byte* recv = scratch_.recv();
     exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes, send_rows, nullptr);
-    if (drain_) return;
+    if (drain_) {
+      scratch_.release_wire();
+      return;
+    }
     const Table& single = plan_.tables[OwnerKvSingle];
     check_cuda(kernels::copy_row_ranges(recv, out, row_bytes, to_wire(single), single.count, stream_), "move dK/dV");
     const int64_t n = plan_.shared_kv_rows;
@@ -360,6 +391,7 @@ class Mover {
     check_cuda(kernels::sum_rows(recv, s.bf16, int64_t{s.num_kv_heads} * s.head_dim, index + n, index + 2 * n + 1, index,
                                  n, out, stream_),
                "sum dK/dV");
+    scratch_.release_wire();
   }
 
  private:
@@ -462,6 +494,30 @@ void server_failed(CadContext& ctx, const char* what) {
 
 void* data(const cad_tensor_v1_t* t) { return plugin::tensor_data(t); }
 
+// The server batch's forward tensors in a call's scratch (a forward that keeps nothing, a backward re-sent).
+void take_forward_tensors(CallScratch& scratch, const WorkspaceSizes& z, void** q, void** k, void** v, void** o,
+                          void** lse) {
+  *q = scratch.take(static_cast<size_t>(z.server_q), "the server batch (Q)");
+  *k = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (K)");
+  *v = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (V)");
+  *o = scratch.take(static_cast<size_t>(z.server_q), "the server batch (O)");
+  *lse = scratch.take(static_cast<size_t>(z.server_lse), "the server batch (LSE)");
+}
+
+// Called while a failure before any exchange is being handled: the peers wait for this rank's part of the
+// call's exchanges, so run them drained (`drained`: the same call with drain=true, nothing computed), then
+// report the first failure. Without it the peers waited for the communicator's timeout (a trainer on 4
+// GPUs, 2026-11-26).
+template <class Drained>
+[[noreturn]] void drain_and_rethrow(Drained drained) {
+  try {
+    drained();
+  } catch (const plugin::Failure&) {
+    // The first failure is the one to report; a broken exchange shows on the peers too.
+  }
+  throw;
+}
+
 }  // namespace
 
 void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const cad_attention_forward_args_v1_t* args,
@@ -495,25 +551,14 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
         q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
         stats.saved_bytes = total_bytes(s.buffers());
       } else {
-        const WorkspaceSizes& z = dp.sizes;
-        q = scratch.take(static_cast<size_t>(z.server_q), "the server batch (Q)");
-        k = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (K)");
-        v = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (V)");
-        o = scratch.take(static_cast<size_t>(z.server_q), "the server batch (O)");
-        lse = scratch.take(static_cast<size_t>(z.server_lse), "the server batch (LSE)");
+        take_forward_tensors(scratch, dp.sizes, &q, &k, &v, &o, &lse);
       }
-    } catch (const plugin::Failure&) {
-      // Out of memory before any exchange: the peers wait for this rank's part of them. Run the call drained
-      // (the same collectives on wire buffers, nothing computed), then report. Without it the peers waited
-      // for the communicator's timeout (a trainer on 4 GPUs, 2026-11-26).
+    } catch (const plugin::Failure&) {  // out of memory
       if (keep != nullptr) keep->device.reset();
-      try {
+      drain_and_rethrow([&] {
         CallStats ignored;
         device_forward(ctx, plan, shape, args, nullptr, ignored, /*drain=*/true);
-      } catch (const plugin::Failure&) {
-        // The allocation's failure is the one to report; a broken exchange shows on the peers too.
-      }
-      throw;
+      });
     }
   }
   Mover move(ctx, dp, scratch, stream, drain, stats);
@@ -533,10 +578,15 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
       server_failed(ctx, "forward");
     }
   }
+  if (keep == nullptr) {  // the server batch's Q/K/V scratch is done once its forward ran
+    scratch.give_back(q);
+    scratch.give_back(k);
+    scratch.give_back(v);
+  }
   move.rows(Direction::ToOwners, RunSet::Q, o, drain ? nullptr : data(args->o), q_bytes);
   move.lse(Direction::ToOwners, static_cast<float*>(lse), batch.q_rows,
            drain ? nullptr : static_cast<float*>(data(args->lse)), shape.tokens, hq);
-  stats.workspace_bytes = device_plan_bytes(dp) + scratch.bytes();
+  stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
 }
 
 void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
@@ -562,21 +612,12 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
       d_q = scratch.take(static_cast<size_t>(z.server_q), "the server batch (dQ)");
       d_k = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (dK)");
       d_v = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (dV)");
-      if (!kept) {
-        q = scratch.take(static_cast<size_t>(z.server_q), "the server batch (Q)");
-        k = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (K)");
-        v = scratch.take(static_cast<size_t>(z.server_kv), "the server batch (V)");
-        o = scratch.take(static_cast<size_t>(z.server_q), "the server batch (O)");
-        lse = scratch.take(static_cast<size_t>(z.server_lse), "the server batch (LSE)");
-      }
-    } catch (const plugin::Failure&) {
-      // As in the forward: let the peers finish this call's exchanges before reporting.
-      try {
+      if (!kept) take_forward_tensors(scratch, z, &q, &k, &v, &o, &lse);
+    } catch (const plugin::Failure&) {  // out of memory
+      drain_and_rethrow([&] {
         CallStats ignored;
         device_backward(ctx, plan, shape, args, nullptr, ignored, /*drain=*/true);
-      } catch (const plugin::Failure&) {
-      }
-      throw;
+      });
     }
   }
   Mover move(ctx, dp, scratch, stream, drain, stats);
@@ -602,12 +643,16 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
     failed = call_server_backward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device}, call_stream) !=
              CAD_STATUS_OK;
   }
+  // What the server backward read is no longer needed: dO and, where they were kept, the forward's tensors
+  // go back before the gradients travel (the return exchanges' wire buffers then reuse that memory).
+  scratch.give_back(d_o);
+  if (kept) saved->device.reset();
   const bool skip = drain || failed;
   Mover back(ctx, dp, scratch, stream, skip, stats);
   back.rows(Direction::ToOwners, RunSet::Q, d_q, skip ? nullptr : data(args->d_q), q_bytes);
   back.kv_sums_to_owners(d_k, skip ? nullptr : data(args->d_k), shape);
   back.kv_sums_to_owners(d_v, skip ? nullptr : data(args->d_v), shape);
-  stats.workspace_bytes = device_plan_bytes(dp) + scratch.bytes();
+  stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
   if (failed) server_failed(ctx, "backward");
 }
 

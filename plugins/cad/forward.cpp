@@ -50,15 +50,24 @@ void cpu_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const c
 void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
   Stopwatch total;
   const bool v11 = args != nullptr && CAD_HAS_FIELD(cad_attention_forward_args_v1_t, args, saved);
-  CadPlan* given = v11 ? static_cast<CadPlan*>(args->plan) : nullptr;
+  void* const plan_handle = v11 ? args->plan : nullptr;
+  CadPlan* given = nullptr;  // plan_handle once it is known to be live on this instance
   void** saved_slot = v11 ? args->saved : nullptr;
   // A forward starts a new step: the statistics of the previous backward no longer describe it.
   ctx.stats.forward = CallStats{};
   ctx.stats.backward = CallStats{};
 
   LocalCall local;
+  local.ticket.call = ++ctx.calls;
+  local.ticket.kind = kForward;
   try {
+    if (plan_handle != nullptr) {
+      ctx.plan_handles.check_live(plan_handle, "forward");
+      given = static_cast<CadPlan*>(plan_handle);
+      local.ticket.documents = given->stamp.documents;
+    }
     local.shape = check_forward_args(args, ctx.accepts, given != nullptr ? given->step.shape.tokens : -1);
+    local.ticket.softmax_scale = local.shape.softmax_scale;
     local.num_pieces = args->num_pieces;
     if (given != nullptr) check_call_matches_plan(*given, local.shape, args->pieces, args->num_pieces, "forward");
     if (local.shape.device_type == CAD_DEVICE_CUDA) check_call_stream(args->stream, local.shape.device_id, "forward");
@@ -70,7 +79,7 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
   PlanPtr one_shot(nullptr, PlanDeleter{&ctx});
   CadPlan* plan = given;
   CallStats stats;
-  if (given == nullptr) {
+  if (plan_handle == nullptr) {
     // No plan: this call plans for itself (collective: also agrees on every rank's arguments). A v1.0-style
     // forward starts a new step: what the previous one kept is stale from here on.
     if (saved_slot == nullptr) ctx.last_forward.reset();
@@ -79,9 +88,11 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
     stats = plan->model;
     stats.replanned = true;
   } else {
-    agree_on_plan_call(ctx, local, "forward", [&] {
-      device_forward(ctx, *given, given->step.shape, args, nullptr, stats, /*drain=*/true);
-    });
+    std::function<void()> drain;  // none without a live plan: nothing tells this rank the collectives' sizes
+    if (given != nullptr) {
+      drain = [&] { device_forward(ctx, *given, given->step.shape, args, nullptr, stats, /*drain=*/true); };
+    }
+    agree_on_plan_call(ctx, local, "forward", drain);
     stats = plan->model;
     stats.plan_ms = 0.0;
   }
@@ -92,7 +103,7 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
   // instance's last forward.
   const bool keep = ctx.config.keep_forward_tensors && (saved_slot != nullptr || given == nullptr);
   std::unique_ptr<Saved> saved = keep ? std::make_unique<Saved>() : nullptr;
-  if (saved) saved->plan_serial = plan->serial;
+  if (saved) saved->stamp = SavedStamp{plan->stamp, local.ticket.call, local.shape.softmax_scale};
   if (plan->device) {
     device_forward(ctx, *plan, shape, args, saved.get(), stats);
   } else {
@@ -106,6 +117,7 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
   if (ctx.logger.enabled(CAD_LOG_DEBUG)) ctx.logger.debug(stats_line("forward", stats, ctx.comm->rank()));
 
   if (saved_slot != nullptr) {
+    if (saved) ctx.saved_handles.add(saved.get());
     *saved_slot = saved.release();
   } else if (given == nullptr) {
     auto last = std::make_unique<LastForward>();

@@ -52,15 +52,41 @@ PlanPtr make_cad_plan(CadContext& ctx, const LocalCall& local, const cad_piece_v
   return make_cad_plan(ctx, call, local.num_pieces, pieces, stream);
 }
 
+namespace {
+
+// A planned call's verdict and ticket, one all_gather for both (the agreement these calls always made, now
+// also telling that every rank is in the same call with the same plan, scale and forward's state).
+struct PlanCallHeader {
+  int32_t status;
+  CallTicket ticket;
+  char message[232];
+};
+
+}  // namespace
+
 void agree_on_plan_call(CadContext& ctx, const LocalCall& local, const char* what, const std::function<void()>& drain) {
   const bool host_side = ctx.accepts.device_type == CAD_DEVICE_CPU || ctx.host_staged;
   if (host_side) {
-    agree(*ctx.comm, local.status, local.message, what);
+    PlanCallHeader mine{};
+    mine.status = local.status;
+    mine.ticket = local.ticket;
+    plugin::copy_message(local.message, mine.message, sizeof(mine.message));
+    const std::vector<PlanCallHeader> all = ctx.comm->all_gather_value(mine);
+    std::vector<CallTicket> tickets;
+    for (size_t rank = 0; rank < all.size(); ++rank) {
+      if (all[rank].status != CAD_STATUS_OK) {
+        PlanCallHeader h = all[rank];
+        h.message[sizeof(h.message) - 1] = '\0';
+        fail(h.status, format("%s on rank %zu: %s", what, rank, h.message));
+      }
+      tickets.push_back(all[rank].ticket);
+    }
+    check_tickets(tickets, what);
     return;
   }
   if (local.status == CAD_STATUS_OK) return;
   try {
-    drain();
+    if (drain) drain();
   } catch (const plugin::Failure&) {
     // the call's own failure is the one to report
   }
@@ -71,7 +97,6 @@ PlanPtr make_cad_plan(CadContext& ctx, const AgreedCall& call, int64_t num_local
                       void* stream) {
   Comm& comm = *ctx.comm;
   PlanPtr plan(new CadPlan, PlanDeleter{&ctx});
-  plan->serial = ++ctx.plans_made;
   plan->device = std::unique_ptr<DevicePlan, DevicePlanDeleter>(nullptr, DevicePlanDeleter{&ctx});
   plan->step = prepare_step(comm, ctx.balancer, call, pieces, ctx.config.knobs, [&](Step& step) {
     plan->server_plan = make_server_plan(ctx, step, stream);
@@ -80,6 +105,11 @@ PlanPtr make_cad_plan(CadContext& ctx, const AgreedCall& call, int64_t num_local
     }
   });
   if (num_local_pieces > 0) plan->local_pieces.assign(pieces, pieces + num_local_pieces);
+  plan->stamp.serial = next_handle_serial();
+  plan->stamp.documents = documents_fingerprint(plan->step.tables, plan->step.tasks, plan->step.shape);
+  plan->stamp.local_pieces = pieces_fingerprint(pieces, num_local_pieces);
+  plan->stamp.shape = plan->step.shape;
+  plan->stamp.shape.softmax_scale = 0.0f;  // per call
   describe_step(plan->step.tables, plan->step.tasks, plan->step.layout, plan->step.shape, plan->model);
   plan->model.plan_ms = plan->step.plan_ms;
   return plan;
@@ -97,14 +127,14 @@ void check_call_matches_plan(const CadPlan& plan, const CallShape& call, const c
                 "from another micro-batch, or made for another mask (a windowed layer needs its own plan)?",
                 what, static_cast<long long>(call.tokens), call.num_q_heads, call.num_kv_heads, call.head_dim,
                 call.bf16 ? "bf16" : "fp32", call.causal ? 1 : 0, static_cast<long long>(call.window_left),
-                call.device_type, call.device_id, static_cast<unsigned long long>(plan.serial),
+                call.device_type, call.device_id, static_cast<unsigned long long>(plan.stamp.serial),
                 static_cast<long long>(p.tokens), p.num_q_heads, p.num_kv_heads, p.head_dim, p.bf16 ? "bf16" : "fp32",
                 p.causal ? 1 : 0, static_cast<long long>(p.window_left), p.device_type, p.device_id));
   }
   if (num_pieces > 0 && !same_pieces(plan.local_pieces, pieces, num_pieces)) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: the call's pieces differ from those plan #%llu was made for (a plan "
                                              "from another micro-batch?)",
-                                             what, static_cast<unsigned long long>(plan.serial)));
+                                             what, static_cast<unsigned long long>(plan.stamp.serial)));
   }
 }
 

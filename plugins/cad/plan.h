@@ -29,7 +29,7 @@ struct CadPlan {
   void* server_plan = nullptr;               // the server backend's plan of this rank's batch, if it makes plans
   std::unique_ptr<DevicePlan, DevicePlanDeleter> device;  // CUDA data path only
   CallStats model;                           // servers' work and the cost model's bytes, computed once
-  uint64_t serial = 0;                       // per instance, for messages
+  PlanStamp stamp;                           // what it was made for (serial, documents, shape): handles.h
 };
 
 struct PlanDeleter {
@@ -49,10 +49,13 @@ PlanPtr make_cad_plan(CadContext& ctx, const AgreedCall& call, int64_t num_local
                       void* stream);
 
 // A call made with a plan: every rank learns whether every rank's call is valid. On host-side data paths
-// (CPU, host-staged) with one small all_gather (every rank throws the lowest failing rank's message). On
+// (CPU, host-staged) with one small all_gather of each rank's verdict and ticket (every rank throws the
+// lowest failing rank's message, or check_tickets' when the ranks' tickets differ: other plans, scales,
+// forwards' state, or calls). On
 // NCCL, where a call must not synchronise the host, a rank whose call is invalid runs its collectives on
 // scratch buffers (`drain`, so no peer waits forever) and throws its own message; its peers' outputs of
-// that call are then undefined.
+// that call are then undefined. No ticket is compared there. `drain` is empty when the rank has no live plan
+// to drain with (its peers' collectives of that call then never complete).
 void agree_on_plan_call(CadContext& ctx, const LocalCall& local, const char* what, const std::function<void()>& drain);
 
 // Throws INVALID_ARGUMENT when a call's shape or pieces do not match the plan (naming what differs).

@@ -84,16 +84,32 @@ cad_status_t cad_make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, 
     c.stats.plan = plan->model;
     c.stats.plan.valid = true;
     if (plan->device) c.stats.plan.workspace_bytes = cad::cad_plugin::device_plan_bytes(*plan->device);
+    c.plan_handles.add(plan.get());
     *out_plan = plan.release();
   });
 }
 
-void cad_release_plan(void* ctx, void* plan) {
-  if (ctx == nullptr || plan == nullptr) return;
-  cad::cad_plugin::PlanDeleter{as_ctx(ctx)}(static_cast<cad::cad_plugin::CadPlan*>(plan));
+// The release functions return nothing (ABI v1.1), so a handle that is not live on this instance (released
+// already, or another instance's) is refused the only way left: an error logged and kept as last_error, and
+// nothing freed. The pointer is never dereferenced.
+void refuse_release(CadContext& c, const std::string& message) {
+  c.last_error = message;
+  c.logger.log(CAD_LOG_ERROR, message);
 }
 
-void cad_release_saved(void*, void* saved) { delete static_cast<cad::cad_plugin::Saved*>(saved); }
+void cad_release_plan(void* ctx, void* plan) {
+  if (ctx == nullptr || plan == nullptr) return;
+  CadContext& c = *as_ctx(ctx);
+  if (!c.plan_handles.remove(plan)) return refuse_release(c, c.plan_handles.not_live(plan, "release_plan"));
+  cad::cad_plugin::PlanDeleter{&c}(static_cast<cad::cad_plugin::CadPlan*>(plan));
+}
+
+void cad_release_saved(void* ctx, void* saved) {
+  if (ctx == nullptr || saved == nullptr) return;
+  CadContext& c = *as_ctx(ctx);
+  if (!c.saved_handles.remove(saved)) return refuse_release(c, c.saved_handles.not_live(saved, "release_saved"));
+  delete static_cast<cad::cad_plugin::Saved*>(saved);
+}
 
 const cad_attention_v1_t kAttentionTable = {
     sizeof(cad_attention_v1_t), cad_create,       cad_destroy,      cad_last_error, cad_get_capabilities, cad_forward,

@@ -27,6 +27,7 @@ struct RankHeader {
   int32_t causal;
   float softmax_scale;
   int64_t window_left;
+  CallTicket ticket;
   char message[240];
 };
 
@@ -130,6 +131,7 @@ AgreedCall agree_on_call(Comm& comm, const LocalCall& local, const char* what) {
   RankHeader mine{};
   mine.status = local.status;
   mine.matches_last_forward = local.matches_last_forward ? 1 : 0;
+  mine.ticket = local.ticket;
   if (local.status == CAD_STATUS_OK) {
     mine.num_pieces = local.num_pieces;
     mine.tokens = local.shape.tokens;
@@ -152,13 +154,16 @@ AgreedCall agree_on_call(Comm& comm, const LocalCall& local, const char* what) {
     }
   }
   AgreedCall agreed;
+  std::vector<CallTicket> tickets;
   for (size_t rank = 0; rank < all.size(); ++rank) {
     check_same_shape(all[0], all[rank], rank);
+    tickets.push_back(all[rank].ticket);
     agreed.num_pieces.push_back(all[rank].num_pieces);
     if (agreed.first_rank_not_matching < 0 && all[rank].matches_last_forward == 0) {
       agreed.first_rank_not_matching = static_cast<int32_t>(rank);
     }
   }
+  check_tickets(tickets, what);
   agreed.shape = local.shape;
   return agreed;
 }

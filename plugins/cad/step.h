@@ -10,6 +10,7 @@
 
 #include "cad_balancer_v1.h"
 #include "comm.h"
+#include "handles.h"
 #include "layout.h"
 #include "validate.h"
 
@@ -22,6 +23,7 @@ struct LocalCall {
   CallShape shape;                      // valid only if status is OK
   int64_t num_pieces = 0;
   bool matches_last_forward = false;    // backward: same pieces and shape as the last forward
+  CallTicket ticket;                    // compared across ranks wherever the call agrees on the host
 };
 
 // The agreed view of a call.
@@ -32,7 +34,7 @@ struct AgreedCall {
 };
 
 // One all_gather. Throws on every rank if any rank's local checks failed (naming the lowest such
-// rank) or if ranks disagree on heads, head dim, dtype, causal flag or softmax scale.
+// rank) or if ranks disagree on heads, head dim, dtype, causal flag, softmax scale or their tickets.
 AgreedCall agree_on_call(Comm& comm, const LocalCall& local, const char* what);
 
 struct BalancerRef {

@@ -147,20 +147,27 @@ cad_status_t get_capabilities(void* ctx, cad_attention_capabilities_v1_t* out) {
 
 // A plan (ABI v1.1): the work lists of one segment table, their device tables uploaded once into
 // workspaces the plan keeps, so that a call made with it only enqueues kernels (graph capturable).
+// A plan keeps its uploaded work lists only: the first `*_tables_bytes` of the kernels' workspace layout
+// (cad_kernels.h puts the tables first). The rest of the workspace (split-KV partials, the backward's
+// fp32 accumulators: up to 1.5x the size of dQ) is scratch, taken per call like an unplanned call's, so that
+// plans held ahead or by other micro-batches do not pin it.
 struct CudaPlan {
   cad::kernels::ForwardPlan forward;
   cad::kernels::BackwardPlan backward;
   std::vector<cad_segment_v1_t> segments;
-  void* forward_ws = nullptr;
-  void* backward_ws = nullptr;
-  void* stream = nullptr;  // the stream the workspaces were allocated on (and go back on)
+  void* forward_tables = nullptr;
+  void* backward_tables = nullptr;
+  size_t forward_tables_bytes = 0, backward_tables_bytes = 0;
+  void* stream = nullptr;  // the stream the tables were allocated on (and go back on)
 };
 
 void free_plan(CudaContext& self, CudaPlan* plan) {
   if (plan == nullptr) return;
   const cad_device_v1_t dev{CAD_DEVICE_CUDA, self.device};
-  if (plan->forward_ws != nullptr) self.services->free(self.services->host_ctx, dev, plan->forward_ws, plan->stream);
-  if (plan->backward_ws != nullptr) self.services->free(self.services->host_ctx, dev, plan->backward_ws, plan->stream);
+  if (plan->forward_tables != nullptr) self.services->free(self.services->host_ctx, dev, plan->forward_tables, plan->stream);
+  if (plan->backward_tables != nullptr) {
+    self.services->free(self.services->host_ctx, dev, plan->backward_tables, plan->stream);
+  }
   delete plan;
 }
 
@@ -194,11 +201,15 @@ cad_status_t make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, void
     plan->backward = cad::kernels::make_backward_plan(problem, as_segments(args->segments), args->num_segments);
     plan->stream = args->stream;
     DeviceScope scope(self.device);
-    plan->forward_ws = allocate_for_plan(self, plan->forward.workspace_bytes, args->stream, "forward");
-    plan->backward_ws = allocate_for_plan(self, plan->backward.workspace_bytes, args->stream, "backward");
+    plan->forward_tables_bytes = plan->forward.partial_o_offset;  // items, combines, uncovered rows
+    plan->backward_tables_bytes = plan->backward.delta_offset;    // items
+    plan->forward_tables = allocate_for_plan(self, plan->forward_tables_bytes, args->stream, "forward tables");
+    plan->backward_tables = allocate_for_plan(self, plan->backward_tables_bytes, args->stream, "backward tables");
     const cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
-    check_cuda(cad::kernels::upload_forward_tables(plan->forward, plan->forward_ws, stream), "make_plan: forward tables");
-    check_cuda(cad::kernels::upload_backward_tables(plan->backward, plan->backward_ws, stream), "make_plan: backward tables");
+    check_cuda(cad::kernels::upload_forward_tables(plan->forward, plan->forward_tables, stream),
+               "make_plan: forward tables");
+    check_cuda(cad::kernels::upload_backward_tables(plan->backward, plan->backward_tables, stream),
+               "make_plan: backward tables");
     *out_plan = plan.release();
   });
 }
@@ -208,7 +219,15 @@ void release_plan(void* ctx, void* plan) {
   free_plan(*as_context(ctx), static_cast<CudaPlan*>(plan));
 }
 
-void release_saved(void*, void*) {}  // forward never saves anything: its backward reads the caller's tensors
+void release_saved(void*, void*) {}
+
+// A planned call's workspace: the plan's tables, copied on the device in stream order (kilobytes to a few MB;
+// capturable into a CUDA graph), then the call's own scratch after them.
+void copy_tables(void* workspace, const void* tables, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpyAsync(workspace, tables, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
+             "copying the plan's tables into the call's workspace");
+}  // forward never saves anything: its backward reads the caller's tensors
 
 // A call given a plan must describe the batch the plan was made for.
 template <class Args>
@@ -240,10 +259,12 @@ cad_status_t forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
     if (CudaPlan* plan = plan_of(args, pr, "forward")) {
       plan->forward.problem.softmax_scale = args->softmax_scale;
       DeviceScope scope(self.device);
+      CudaContext::Workspace ws(self, plan->forward.workspace_bytes, args->stream);
+      copy_tables(ws.get(), plan->forward_tables, plan->forward_tables_bytes, args->stream);
       check_cuda(cad::kernels::attention_forward_resident(
                      plan->forward, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
                      cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
-                     static_cast<float*>(cad::plugin::tensor_data(args->lse)), plan->forward_ws,
+                     static_cast<float*>(cad::plugin::tensor_data(args->lse)), ws.get(),
                      static_cast<cudaStream_t>(args->stream)),
                  "forward launch");
       if (CAD_HAS_FIELD(cad_attention_forward_args_v1_t, args, saved) && args->saved != nullptr) *args->saved = nullptr;
@@ -273,12 +294,14 @@ cad_status_t backward(void* ctx, const cad_attention_backward_args_v1_t* args) {
     if (CudaPlan* resident = plan_of(args, pr, "backward")) {
       resident->backward.problem.softmax_scale = args->softmax_scale;
       DeviceScope scope(self.device);
+      CudaContext::Workspace ws(self, resident->backward.workspace_bytes, args->stream);
+      copy_tables(ws.get(), resident->backward_tables, resident->backward_tables_bytes, args->stream);
       check_cuda(cad::kernels::attention_backward_resident(
                      resident->backward, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
                      cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
                      static_cast<const float*>(cad::plugin::tensor_data(args->lse)),
                      cad::plugin::tensor_data(args->d_o), cad::plugin::tensor_data(args->d_q),
-                     cad::plugin::tensor_data(args->d_k), cad::plugin::tensor_data(args->d_v), resident->backward_ws,
+                     cad::plugin::tensor_data(args->d_k), cad::plugin::tensor_data(args->d_v), ws.get(),
                      static_cast<cudaStream_t>(args->stream)),
                  "backward launch");
       self.last_backward_hopper = resident->backward.problem.hopper;

@@ -57,6 +57,16 @@ inline std::string stack_config() {
                              {"min_shard_tokens", 8}}}});
     }
   }
+  // Two instances alike (keep mode), for handles taken to the wrong instance (cad_handle_test.cpp).
+  for (const char* twin : {"cad_twin_a", "cad_twin_b"}) {
+    instances.push_back({{"name", twin},
+                         {"plugin", "cad"},
+                         {"config",
+                          {{"communicator", "comm"},
+                           {"balancer", "bal_" + balancers().front()},
+                           {"server_backend", "server"},
+                           {"min_shard_tokens", 8}}}});
+  }
   // A server may receive at most 1 byte: any plan that moves data is refused by the balancer.
   instances.push_back({{"name", "cad_capped"},
                        {"plugin", "cad"},
@@ -73,9 +83,13 @@ struct Attention {
   void* ctx;
 };
 
-inline Attention cad_instance(const std::string& balancer, bool keep) {
-  const auto found = g_host->find<cad_attention_v1_t>(instance_name(balancer, keep), CAD_PLUGIN_KIND_ATTENTION);
+inline Attention cad_instance_named(const std::string& name) {
+  const auto found = g_host->find<cad_attention_v1_t>(name, CAD_PLUGIN_KIND_ATTENTION);
   return Attention{found.first, found.second};
+}
+
+inline Attention cad_instance(const std::string& balancer, bool keep) {
+  return cad_instance_named(instance_name(balancer, keep));
 }
 
 // A CPU fp32 tensor that owns its data and shape; desc() is valid while the Tensor lives.

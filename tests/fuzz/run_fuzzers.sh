@@ -10,7 +10,7 @@ SECONDS_EACH=${2:-35}
 SRC=$(cd "$(dirname "$0")" && pwd)
 WORK=${CAD_FUZZ_WORK:-$(mktemp -d)}
 failures=0
-for target in fuzz_segments fuzz_plan fuzz_config fuzz_doc_lengths; do
+for target in fuzz_segments fuzz_plan fuzz_handles fuzz_config fuzz_doc_lengths; do
   mkdir -p "$WORK/$target"
   log="$WORK/$target.log"
   # The outer timeout only guards against a fuzzer that ignores -max_total_time (a hang in a target

@@ -1,31 +1,46 @@
 #!/usr/bin/env bash
-# run.sh -- CAD across several GPUs of one host over NCCL (issue 16; needs nvidia-h200-x2 or -x4, not run by CI):
-#   1. build (CUDA, sm_90a) the plugins, the GPU tests and the benchmarks (SKIP_BUILD=1 reuses $BUILD);
-#   2. correctness: mpirun -np NGPU cad_gpu_cad_tests --nccl (one process per GPU: every balancer, bf16, GQA,
-#      odd lengths, documents cut across ranks, keep/re-send, planned/one-shot, the CUDA-graph replay,
-#      bad calls, a stream of another GPU);
-#   3. faults over NCCL: rank 1 skips a forward, or dies mid-step; every survivor must exit with an error
-#      within the timeout (3 s) plus a margin -- never hang;
-#   4. the end-to-end step: examples/train_llama.py --configs under torchrun (one process per context), Llama
-#      shape (hidden 4096, 32 heads, 8 KV heads, MLP 14336), bf16, Pretrain batches of 64K/128K/256K tokens per GPU, local attention vs
-#      per_doc_cp, distca and prefix_aware, and distca and prefix_aware again with --ping-pong (two
-#      nano-batches per GPU, a plan each, layers through cad.ping_pong; with ping-pong the per-rank attention
-#      times count only the enqueue, so those runs give step times). Layers: LAYER_TOKENS / context (default
-#      256K token-layers: 4 layers at 64K, 2 at 128K, 1 at 256K), so that every context's activations take the
-#      same memory (about 55 GB without recomputation) and fit an 80 GB H100; the table (table.py) comes last.
-#      After the STEPS=6 timed steps, step PROFILE_STEP's batch (default 3) runs again under torch.profiler: per
-#      rank, GPU kernel time by family (attention, cad data path, nccl, gemm) in train_<name>_profile_rank<R>.json;
-#   5. all_to_all_v bandwidth: ours through the plugin ABI against torch.distributed.all_to_all_single
-#      (bench/nccl, the same steps as tests/gpu_comm/run.sh), 1 MiB .. 1 GiB per rank.
-# Usage: NGPU=4 bash tests/multi_gpu/run.sh  (NGPU=1 is the dry run on one GPU; TRAINER_ARGS='--gc freeze'
-# adds trainer options to every run). Logs under $OUT; with
-# TAR=FILE everything under $OUT is also packed into FILE after every step (what the device tool brings back:
-# at most 8 files), so that a run cut short still returns what it finished.
+# run.sh -- CAD across several GPUs of one host over NCCL (needs nvidia-h100-x2 or larger; not run by CI).
+# Stages (ONLY=comma list picks some; default all):
+#   build        (CUDA, sm_90a) the plugins, libcad_host, the GPU tests and the benchmarks the stages below need;
+#   correctness  mpirun -np NGPU cad_gpu_cad_tests --nccl (one process per GPU: every balancer, bf16, GQA, odd
+#                lengths, documents cut across ranks, keep/re-send, planned/one-shot, the CUDA-graph replay, bad
+#                calls, a stream of another GPU), and CAD's staged host all-gather (fake communicator);
+#   faults       over NCCL: rank 1 skips a forward, or dies mid-step; every survivor must exit with an error within
+#                the timeout (3 s) plus a margin -- never hang;
+#   train        the trainer users run: examples/train_llama.py under torchrun, one process per context training
+#                every configuration in turn (--configs): --model llama3-8b (hidden 4096, 32 heads, 8 KV heads,
+#                MLP 14336, vocab 128256), FSDP2 (bf16 compute, fp32 master weights), full activation
+#                checkpointing, 2 micro-batches per step (each its own Pretrain batch and CAD plan), CONTEXTS
+#                tokens per GPU and micro-batch; configurations local (the project's kernels), torch_varlen
+#                (torch's varlen_attn), per_doc_cp, distca, prefix_aware, each also with +pp (ping-pong); then
+#                tests/multi_gpu/table.py (a table per context);
+#   bandwidth    all_to_all_v: ours through the plugin ABI against torch.distributed.all_to_all_single.
+# Usage: NGPU=2 bash tests/multi_gpu/run.sh; ONLY=train bash tests/multi_gpu/run.sh (no build: $BUILD must hold
+# the plugins and libcad_host already; ONLY=build,train builds only what training needs). SKIP_BUILD=1 is
+# ONLY without build. Logs under $OUT; with TAR=FILE everything under $OUT is also packed into FILE after every
+# stage (what the device tool brings back: at most 8 files), so that a run cut short still returns what it did.
+#
+# The train stage's time: a GPU session has about 25 minutes of device time for everything, so this stage
+# stops at TRAIN_BUDGET_S (default 480 s). Measured on 4 H200s (docs/multi_gpu.md, run 3-4: vocab 1024, no
+# recomputation, 1 micro-batch) one Llama-8B layer's forward + backward took ~0.3 s at 64K tokens, ~0.9 s at
+# 128K and ~2.7 s at 256K (local attention, slowest rank); recomputation adds a forward (~1.3x), 2
+# micro-batches double it, and the 128256-token head costs about 0.4 s per 64K tokens of a micro-batch. Hence
+# the defaults: LAYERS='65536:2 131072:1 262144:1' (decoder layers per context; memory would allow more), STEPS=2
+# (step 0 warms up, step 1 is timed: every configuration times the same batches), the estimate ~100 s at 64K,
+# ~140 s at 128K and ~250 s at 256K. Each context's torchrun gets the budget left minus 90 s per context still
+# to come; configurations are trained in CONFIGS' order (ping-pong ones last), so when time runs out the table
+# lacks the last ones and the summary says which. More: TRAIN_BUDGET_S=900 STEPS=4 LAYERS='65536:8 ...'.
+# TRAINER_ARGS adds trainer options to every run (e.g. '--gc freeze'); PROFILE_STEP=N (default off: it costs one
+# more step per configuration) profiles step N's batch again after the timed steps, per rank, into
+# train_<config>_<context>_profile_rank<R>.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/multi_gpu_out}"
 BUILD="${BUILD:-build-gpu}"
 NGPU="${NGPU:-$(nvidia-smi -L | wc -l)}"
+ONLY="${ONLY:-build,correctness,faults,train,bandwidth}"
+[ "${SKIP_BUILD:-0}" = 1 ] && ONLY="${ONLY//build/}"
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
@@ -41,20 +56,28 @@ record() {  # record NAME STATUS
   pack
 }
 nvidia-smi -L | tee -a "$SUMMARY"
-[ "${SKIP_BUILD:-0}" = 1 ] || { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
-  cmake --build "$BUILD" -j "$(nproc)" --target cad_gpu_cad_tests cad_plugin_cad cad_plugin_cuda cad_plugin_mpi \
-    cad_plugin_nccl cad_plugin_host cad_plugin_reference cad_plugin_colocated cad_plugin_per_doc_cp cad_plugin_distca \
-    cad_plugin_prefix_aware cad bench_nccl_all_to_all test_cad_comm; } > "$OUT/build.log" 2>&1
-record "build" $? || true
-[ "$failed" = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+echo "stages: $ONLY" | tee -a "$SUMMARY"
 
-timeout 60 "$BUILD/bin/test_cad_comm" > "$OUT/cad_comm.log" 2>&1
-record "CAD's host all_gather staged through the GPU (fake communicator)" $?
-timeout 600 "${MPIRUN[@]}" "$BUILD/bin/cad_gpu_cad_tests" --nccl > "$OUT/cad_nccl.log" 2>&1
-record "CAD over NCCL on $NGPU GPUs (one process per GPU)" $?
-grep -E "worst relative|FAILED|Failure" "$OUT/cad_nccl.log" | head -20 | tee -a "$SUMMARY"
+if want build; then
+  targets=(cad_host cad_plugin_cad cad_plugin_cuda cad_plugin_nccl cad_plugin_host cad_plugin_reference
+           cad_plugin_colocated cad_plugin_per_doc_cp cad_plugin_distca cad_plugin_prefix_aware)
+  { want correctness || want faults; } && targets+=(cad_gpu_cad_tests test_cad_comm cad_plugin_mpi)
+  want bandwidth && targets+=(bench_nccl_all_to_all)
+  { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
+    cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}"; } > "$OUT/build.log" 2>&1
+  record "build (${targets[*]})" $?
+  [ "$failed" = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+fi
 
-if [ "$NGPU" -ge 2 ]; then
+if want correctness; then
+  timeout 60 "$BUILD/bin/test_cad_comm" > "$OUT/cad_comm.log" 2>&1
+  record "CAD's host all_gather staged through the GPU (fake communicator)" $?
+  timeout 600 "${MPIRUN[@]}" "$BUILD/bin/cad_gpu_cad_tests" --nccl > "$OUT/cad_nccl.log" 2>&1
+  record "CAD over NCCL on $NGPU GPUs (one process per GPU)" $?
+  grep -E "worst relative|FAILED|Failure" "$OUT/cad_nccl.log" | head -20 | tee -a "$SUMMARY"
+fi
+
+if want faults && [ "$NGPU" -ge 2 ]; then
   for fault in skip kill; do
     start=$(date +%s)
     CAD_TEST_FAULT=$fault timeout 120 "${MPIRUN[@]}" -x CAD_TEST_FAULT "$BUILD/bin/cad_gpu_cad_tests" --nccl \
@@ -66,39 +89,71 @@ if [ "$NGPU" -ge 2 ]; then
   done
 fi
 
-# The end-to-end step. Per context one torchrun trains every configuration in turn (--configs: one start-up of
-# about 25 s instead of six); a configuration whose JSON is missing afterwards (the process died, e.g. out of
-# memory) is run again alone, so one failure costs only itself. Its log says which.
-CONFIGS="${CONFIGS:-local,prefix_aware,per_doc_cp,distca,prefix_aware+pp,distca+pp}"
-trainer() {  # trainer LOG ARGS...
-  local log="$1"; shift
-  timeout 1500 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" examples/train_llama.py \
-    --device cuda --hidden 4096 --intermediate 14336 --heads 32 --kv-heads 8 --steps "${STEPS:-6}" \
-    --profile-step "${PROFILE_STEP:-3}" ${TRAINER_ARGS:-} "$@" > "$log" 2>&1
-}
-export CAD_PLUGIN_PATH="$PWD/$BUILD/lib/cad/plugins" CAD_HOST_LIBRARY="$PWD/$BUILD/lib/libcad_host.so"
-export PYTHONPATH="$PWD/host_adapter/python"
-for ctx in ${CONTEXTS:-65536 131072 262144}; do
-  layers=$(( ${LAYER_TOKENS:-262144} / ctx )); [ "$layers" -ge 1 ] || layers=1
-  trainer "$OUT/train_all_${ctx}.log" --configs "$CONFIGS" --context "$ctx" --layers "$layers" \
-    --json-out "$OUT/train_{config}_${ctx}.json"
-  record "train $CONFIGS at $ctx tokens/GPU (one process)" $?
-  for config in ${CONFIGS//,/ }; do
-    name="${config/+pp/_pingpong}"
-    if [ -f "$OUT/train_${name}_${ctx}.json" ]; then
-      python3 -c "import json,sys; print('summary', json.dumps(json.load(open(sys.argv[1]))['summary']))" \
-        "$OUT/train_${name}_${ctx}.json" | tee -a "$SUMMARY"
-    else
-      trainer "$OUT/train_${name}_${ctx}.log" --configs "$config" --context "$ctx" --layers "$layers" \
-        --json-out "$OUT/train_{config}_${ctx}.json"
-      record "train $name at $ctx alone (missing after the shared run)" $?
+if want train; then
+  export CAD_PLUGIN_PATH="$PWD/$BUILD/lib/cad/plugins" CAD_HOST_LIBRARY="$PWD/$BUILD/lib/libcad_host.so"
+  export PYTHONPATH="$PWD/host_adapter/python"
+  if [ ! -f "$CAD_PLUGIN_PATH/cad_cad.so" ] || [ ! -f "$CAD_HOST_LIBRARY" ]; then
+    echo "train: no plugins in $CAD_PLUGIN_PATH (or no $CAD_HOST_LIBRARY): run with ONLY=build,train" | tee -a "$SUMMARY"
+    exit 1
+  fi
+  CONFIGS="${CONFIGS:-local,torch_varlen,prefix_aware,distca,per_doc_cp,local+pp,torch_varlen+pp,prefix_aware+pp,distca+pp,per_doc_cp+pp}"
+  CONTEXTS="${CONTEXTS:-65536 131072 262144}"
+  LAYERS="${LAYERS:-65536:2 131072:1 262144:1}"
+  layers_for() {  # the LAYERS entry of context $1, else LAYER_TOKENS / context (at least 1)
+    local entry
+    for entry in $LAYERS; do [ "${entry%%:*}" = "$1" ] && { echo "${entry##*:}"; return; }; done
+    local n=$(( ${LAYER_TOKENS:-131072} / $1 )); [ "$n" -ge 1 ] || n=1; echo "$n"
+  }
+  deadline=$(( $(date +%s) + ${TRAIN_BUDGET_S:-480} ))
+  trainer() {  # trainer SECONDS LOG ARGS...: one torchrun, at most SECONDS
+    local seconds="$1" log="$2"; shift 2
+    local cmd=(python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" examples/train_llama.py
+               --device cuda --model llama3-8b --parallel fsdp2 --checkpointing full
+               --micro-batches "${MICRO_BATCHES:-2}" --steps "${STEPS:-2}" --profile-step "${PROFILE_STEP:--1}"
+               ${TRAINER_ARGS:-} "$@")
+    echo "+ timeout $seconds ${cmd[*]}" | tee -a "$SUMMARY"
+    timeout "$seconds" "${cmd[@]}" > "$log" 2>&1
+  }
+  set -- $CONTEXTS
+  while [ $# -gt 0 ]; do
+    ctx="$1"; shift
+    layers=$(layers_for "$ctx")
+    allowed=$(( deadline - $(date +%s) - 90 * $# ))
+    if [ "$allowed" -lt 60 ]; then
+      echo "train at $ctx: not run, the ${TRAIN_BUDGET_S:-480} s budget is spent" | tee -a "$SUMMARY"; continue
     fi
+    trainer "$allowed" "$OUT/train_all_${ctx}.log" --configs "$CONFIGS" --context "$ctx" --layers "$layers" \
+      --json-out "$OUT/train_{config}_${ctx}.json"
+    rc=$?
+    if [ "$rc" = 124 ]; then  # the budget, not a failure: the table has what finished
+      echo "train at $ctx tokens/GPU and micro-batch, $layers layers: stopped by the budget after ${allowed} s" \
+        "[$(date +%H:%M:%S)]" | tee -a "$SUMMARY"
+    else
+      record "train $CONFIGS at $ctx tokens/GPU and micro-batch, $layers layers (one process)" $rc
+    fi
+    for config in ${CONFIGS//,/ }; do
+      name="${config/+pp/_pingpong}"
+      if [ -f "$OUT/train_${name}_${ctx}.json" ]; then
+        python3 -c "import json,sys; print('summary', json.dumps(json.load(open(sys.argv[1]))['summary']))" \
+          "$OUT/train_${name}_${ctx}.json" | tee -a "$SUMMARY"
+        continue
+      fi
+      # Missing after a failure (e.g. out of memory ends the process): alone again, if there is time for it.
+      allowed=$(( deadline - $(date +%s) - 90 * $# ))
+      if [ "$rc" != 124 ] && [ "$allowed" -ge 120 ]; then
+        trainer "$allowed" "$OUT/train_${name}_${ctx}.log" --configs "$config" --context "$ctx" --layers "$layers" \
+          --json-out "$OUT/train_{config}_${ctx}.json"
+        record "train $name at $ctx alone (missing after the shared run)" $?
+      else
+        echo "train $name at $ctx: not run (budget)" | tee -a "$SUMMARY"
+      fi
+    done
+    python3 tests/multi_gpu/table.py "$OUT" > "$OUT/table.md" 2>&1; pack
   done
-  python3 tests/multi_gpu/table.py "$OUT" > "$OUT/table.md" 2>&1; pack
-done
-cat "$OUT/table.md"
+  cat "$OUT/table.md"
+fi
 
-if [ "$NGPU" -ge 2 ]; then  # the wire: ours against torch's all-to-all, same bytes (bench/nccl)
+if want bandwidth && [ "$NGPU" -ge 2 ]; then  # the wire: ours against torch's all-to-all, same bytes (bench/nccl)
   timeout 120 "${MPIRUN[@]}" "$BUILD/bin/bench_nccl_all_to_all" "$BUILD/lib/cad/plugins/cad_nccl.so" \
     --csv "$OUT/a2a_ours.csv" > "$OUT/a2a.log" 2>&1
   record "all_to_all_v bandwidth: ours" $?

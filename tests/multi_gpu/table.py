@@ -1,31 +1,47 @@
 #!/usr/bin/env python3
-"""table.py -- the end-to-end table of tests/multi_gpu/run.sh: one row per (context, configuration) from the
-trainer's --json-out files (train_<config>_<context>.json), as markdown.
+"""table.py -- the end-to-end tables of tests/multi_gpu/run.sh: per context (tokens per GPU and micro-batch),
+one row per configuration from the trainer's --json-out files (train_<config>_<context>.json), as markdown.
 
     python3 tests/multi_gpu/table.py OUT_DIR [--steps-from 1]
 
 Every number is a mean over the steps from --steps-from on (step 0 warms up); the trainer's --profile-step run
 is kept outside "steps" ("profiled_step") and so counts in none. Per step:
-- step time: the slowest rank's wall time of forward + backward + gradient all-reduce + optimizer step;
-- the ideal step (from the `local` run of the same context, whose per-rank attention times are synchronised):
-  the slowest rank's step with its attention time replaced by the mean rank's, i.e. attention perfectly
-  balanced and no communication: max_r(step) - max_r(attn) + mean_r(attn). Ideal speedup = local / ideal;
-- share of ideal: speedup / ideal speedup (the issue's target is >= 0.90);
+- step time: the slowest rank's wall time of the step (every micro-batch's forward and backward, the gradient
+  reduction, the optimizer step); tokens/s: every rank's tokens over it; MFU: the trainer's (model FLOPs over
+  step time x ranks x peak, see examples/train_llama.py); peak GiB: the largest rank's
+  torch.cuda.max_memory_allocated since its configuration began;
+- imbalance: the CAD plan's max/mean attention work over ranks (for local and torch_varlen: the colocated
+  work of the batch, what each rank computes itself);
+- baseline: the faster (lower mean step time) of the two local runs, `local` (the project's kernels) and
+  `torch_varlen` (torch's varlen_attn); speedup = baseline step / this step;
+- ideal speedup, from the baseline's measured parts: per step, the slowest rank's step with its attention time
+  replaced by the mean rank's, i.e. attention work perfectly balanced over the ranks at no communication
+  cost, everything else as measured. The ranks wait for each other at least once per micro-batch (FSDP2's
+  reduce-scatter after its backward; within a micro-batch the same rank is the slow one at every layer), so
+  the imbalance costs per micro-batch: ideal step = max_r(step_r) - sum over micro-batches m of
+  (max_r(attn_r,m) - mean_r(attn_r,m)), from the trainer's attention_s_by_micro_batch (records without it: one
+  term, max_r(attn_r) - mean_r(attn_r), which understates the gain when a different rank is slow in each
+  micro-batch); ideal speedup = baseline step / ideal step (per-rank attention times are synchronised in the
+  local runs);
+- realised share: (speedup - 1) / (ideal speedup - 1), the part of the possible gain a configuration got
+  ("-" where the ideal speedup is below 1.01: nothing to gain);
+- vs per_doc_cp: per_doc_cp's step / this step;
 - attention max/mean: measured per-rank attention time (synchronised runs only: with ping-pong on CUDA the
   trainer times only the enqueue); for CAD runs it includes the exchanges, in which every rank waits for the
-  slowest, so the plan's predicted imbalance is given beside it;
-- bytes: what the plan sends per layer in the forward (Q, K/V prefixes; the backward sends about as much
-  again), summed over ranks, in MiB;
-- ping-pong saved: the same balancer's step time without ping-pong minus with it.
-- peak GiB: the largest rank's torch.cuda.max_memory_allocated over the step; plan ms: the largest rank's host
-  time in the balancer for the step's plan(s) (plan stats' plan_ms), then " / " the largest rank's wall time of
-  the whole collective make (plan_make_ms: agreement, piece tables, balancer, device buffers, and waiting for
-  the other ranks); both are outside the timed attention calls. Older runs lack them.
+  slowest, so the plan's imbalance is given beside it;
+- bytes: what the plans send per layer in the forward (Q, K/V prefixes; the backward sends about as much
+  again), summed over ranks and the step's micro-batches, in MiB;
+- ping-pong saved: the same configuration's step time without ping-pong minus with it;
+- plan ms: the largest rank's host time in the balancer for the step's plans (plan stats' plan_ms), then " / "
+  the largest rank's wall time of the whole collective makes (plan_make_ms: agreement, piece tables, balancer,
+  device buffers, and waiting for the other ranks). Older runs lack some columns ("-").
+A configuration the trainer skipped (torch_varlen where torch has no varlen_attn) is a row with its reason.
 With --profile-step files beside them (train_<config>_<context>_profile_rank<R>.json), another table gives the
-profiled step's GPU kernel time by family, the largest rank's. Records that carry pre_plan_ms (the trainer since
-2026-11-26) add a table of the plan make per rank and how far apart the ranks arrived at it.
-Losses are compared with the local run's: the same batches and weights must give the same losses up to bf16
-rounding, which the last column shows (max relative difference over the steps).
+profiled step's GPU kernel time by family, the largest rank's. Records that carry pre_plan_ms add a table of the
+plan make per rank and how far apart the ranks arrived at it.
+Losses are compared with the baseline's: the same batches and weights must give the same losses up to bf16
+rounding (and the two local kernels' own differences), which the last-but-one column shows (max relative
+difference over the steps).
 """
 import argparse
 import json
@@ -33,12 +49,14 @@ import pathlib
 import re
 import sys
 
-ORDER = ["local", "per_doc_cp", "distca", "prefix_aware", "distca_pingpong", "prefix_aware_pingpong"]
+BASELINES = ["local", "torch_varlen"]
+_NAMES = BASELINES + ["per_doc_cp", "distca", "prefix_aware", "colocated"]
+ORDER = _NAMES + [n + "_pingpong" for n in _NAMES]
 
 
 def in_order(runs):
     """The (context, configuration) keys of `runs` by context, then in ORDER (unknown names last)."""
-    return sorted(runs, key=lambda k: (k[0], ORDER.index(k[1]) if k[1] in ORDER else len(ORDER)))
+    return sorted(runs, key=lambda k: (k[0], ORDER.index(k[1]) if k[1] in ORDER else len(ORDER), k[1]))
 
 
 def load(out):
@@ -54,6 +72,11 @@ def load(out):
     return runs
 
 
+def tokens_label(context):
+    """64K for 65536; a context that is no multiple of 1024 as is (CPU dry runs)."""
+    return f"{context // 1024}K" if context % 1024 == 0 else str(context)
+
+
 def mean(xs):
     xs = list(xs)
     return sum(xs) / len(xs) if xs else float("nan")
@@ -63,50 +86,94 @@ def step_time(step):
     return max(step["step_s"])
 
 
+def trained(run):
+    """A run that has steps (not skipped, not empty)."""
+    return run is not None and not run["summary"].get("skipped") and run["steps"]
+
+
+def baseline_of(context, runs, first):
+    """(name, run) of the faster local baseline of this context (lower mean step time), or (None, None)."""
+    candidates = [(mean(step_time(s) for s in runs[(context, n)]["steps"][first:]), n) for n in BASELINES
+                  if trained(runs.get((context, n))) and runs[(context, n)]["steps"][first:]]
+    if not candidates:
+        return None, None
+    name = min(candidates)[1]
+    return name, runs[(context, name)]
+
+
+COLUMNS = ["tokens/GPU", "config", "layers", "step (ms)", "tokens/s (K)", "MFU (%)", "peak GiB (max rank)",
+           "imbalance", "speedup vs baseline", "ideal speedup", "realised share", "vs per_doc_cp",
+           "attention max/mean (measured)", "fwd MiB/layer (all ranks)", "ping-pong saved (ms)",
+           "loss rel. diff vs baseline", "plan ms: balancer / whole make (max rank)"]
+
+
+def imbalance_cost(step):
+    """Seconds a step of local attention loses to attention imbalance (see the module doc: per micro-batch)."""
+    parts = step.get("attention_s_by_micro_batch") or [step["attention_s"]]
+    return sum(max(p) - mean(p) for p in parts)
+
+
 def rows_for(context, runs, first):
-    local = runs.get((context, "local"))
-    if local is None:
-        return [f"| {context // 1024}K | (no local run: no baseline) |"]
-    steps_local = local["steps"][first:]
-    t_local = mean(step_time(s) for s in steps_local)
-    t_ideal = mean(step_time(s) - max(s["attention_s"]) + mean(s["attention_s"]) for s in steps_local)
-    ideal = t_local / t_ideal
-    per_doc = runs.get((context, "per_doc_cp"))
-    t_per_doc = mean(step_time(s) for s in per_doc["steps"][first:]) if per_doc else None
+    """The rows of one context's table (COLUMNS), in ORDER; a note first when there is no baseline."""
+    base_name, base = baseline_of(context, runs, first)
     lines = []
-    for name in ORDER:
-        run = runs.get((context, name))
-        if run is None:
+    if base is None:
+        lines.append(f"| {tokens_label(context)} | (no local or torch_varlen run: no baseline) |")
+        t_base = ideal = None
+    else:
+        steps_base = base["steps"][first:]
+        t_base = mean(step_time(s) for s in steps_base)
+        t_ideal = mean(step_time(s) - imbalance_cost(s) for s in steps_base)
+        ideal = t_base / t_ideal
+    per_doc = runs.get((context, "per_doc_cp"))
+    t_per_doc = mean(step_time(s) for s in per_doc["steps"][first:]) if trained(per_doc) else None
+    for key in in_order({k: None for k in runs if k[0] == context}):
+        name = key[1]
+        run = runs[key]
+        summary = run["summary"]
+        if summary.get("skipped"):
+            lines.append(f"| {tokens_label(context)} | {name} | skipped: {summary['skipped']} |")
             continue
-        summary, steps = run["summary"], run["steps"][first:]
+        steps = run["steps"][first:]
+        if not steps:
+            lines.append(f"| {tokens_label(context)} | {name} | (no steps after step {first}) |")
+            continue
         t = mean(step_time(s) for s in steps)
         tokens = mean(s["tokens_per_s"] for s in steps)
-        speedup = t_local / t
+        mfu = f"{mean(s['mfu'] for s in steps) * 100:.1f}" if all("mfu" in s for s in steps) else "-"
+        speedup = t_base / t if t_base else None
+        if speedup is None or ideal is None:
+            share = "-"
+        else:
+            share = f"{(speedup - 1) / (ideal - 1):.2f}" if ideal >= 1.01 else "-"
         synced = summary.get("attention_timing", "synchronized") == "synchronized"
-        measured = mean(max(s["attention_s"]) / mean(s["attention_s"]) for s in steps) if synced else None
+        measured = mean(max(s["attention_s"]) / mean(s["attention_s"]) for s in steps) \
+            if synced and all(mean(s["attention_s"]) > 0 for s in steps) else None
         planned = mean(s["imbalance"] for s in steps)
         sent = [s.get("forward_bytes_sent_by_rank") for s in steps]
+        layers = summary["layers"]
         mib = mean(sum(b) for b in sent if b) / 2**20 if any(sent) else 0.0
         saved = ""
         if name.endswith("_pingpong"):
             plain = runs.get((context, name[: -len("_pingpong")]))
-            if plain:
+            if trained(plain):
                 saved = f"{(mean(step_time(s) for s in plain['steps'][first:]) - t) * 1e3:.0f}"
         peak = mean(max(s["peak_memory_gib"]) for s in steps) if all("peak_memory_gib" in s for s in steps) else None
         plan_ms = mean(max(s["plan_ms"]) for s in steps) if all("plan_ms" in s for s in steps) else None
         make_ms = mean(max(s["plan_make_ms"]) for s in steps) if all("plan_make_ms" in s for s in steps) else None
-        plan_cell = "-" if plan_ms is None or name == "local" else f"{plan_ms:.2f}"
+        plan_cell = "-" if plan_ms is None or name.partition("_pingpong")[0] in BASELINES else f"{plan_ms:.2f}"
         if make_ms is not None and plan_cell != "-":
             plan_cell += f" / {make_ms:.1f}"
-        loss_diff = max(abs(a["loss"] - b["loss"]) / abs(b["loss"])
-                        for a, b in zip(run["steps"], local["steps"]))
-        lines.append(
-            f"| {context // 1024}K | {name} | {summary['layers']} | {t * 1e3:.0f} | {tokens / 1e3:.0f} | "
-            f"{speedup:.3f} | {ideal:.3f} | {speedup / ideal:.2f} | "
-            f"{(f'{t_per_doc / t:.3f}' if t_per_doc else '-')} | "
-            f"{('-' if measured is None else f'{measured:.2f}')} | {planned:.3f} | {mib:.0f} | {saved or '-'} | "
-            f"{loss_diff:.1e} | {'-' if peak is None else f'{peak:.1f}'} | "
-            f"{plan_cell} |")
+        loss_diff = "-"
+        if base is not None:
+            diff = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(run["steps"], base["steps"]))
+            loss_diff = f"{diff:.1e}"
+        cells = [f"{tokens_label(context)}", name, f"{layers}", f"{t * 1e3:.0f}", f"{tokens / 1e3:.0f}", mfu,
+                 "-" if peak is None else f"{peak:.1f}", f"{planned:.3f}",
+                 "-" if speedup is None else f"{speedup:.3f}", "-" if ideal is None else f"{ideal:.3f}", share,
+                 f"{t_per_doc / t:.3f}" if t_per_doc else "-", "-" if measured is None else f"{measured:.2f}",
+                 f"{mib:.0f}", saved or "-", loss_diff, plan_cell]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -127,8 +194,8 @@ def arrival_rows(runs, first):
         outside = mean(max(s["step_s"]) - max(s["attention_s"]) for s in steps) * 1e3
         gc_ms = mean(max(s["gc_ms"]) for s in steps)
         full = sum(sum(s["gc_full_collections"]) for s in steps)
-        cad = name != "local"
-        lines.append(f"| {context // 1024}K | {name} | {f'{make_max:.1f}' if cad else '-'} | "
+        cad = name.partition("_pingpong")[0] not in BASELINES
+        lines.append(f"| {tokens_label(context)} | {name} | {f'{make_max:.1f}' if cad else '-'} | "
                      f"{f'{make_min:.1f}' if cad else '-'} | {f'{spread:.1f}' if cad else '-'} | {outside:.0f} | "
                      f"{gc_ms:.1f} | {full} |")
     return lines
@@ -146,7 +213,7 @@ def profile_rows(out, runs):
             continue
         profiles = [json.loads(f.read_text()) for f in files]
         cells = " | ".join(f"{max(p['families_ms'].get(f, 0.0) for p in profiles):.0f}" for f in FAMILIES)
-        lines.append(f"| {context // 1024}K | {name} | {profiles[0]['step']} | {len(profiles)} | {cells} |")
+        lines.append(f"| {tokens_label(context)} | {name} | {profiles[0]['step']} | {len(profiles)} | {cells} |")
     return lines
 
 
@@ -158,12 +225,14 @@ def main():
     runs = load(args.out)
     if not runs:
         sys.exit(f"table.py: no train_<config>_<context>.json in {args.out}")
-    print("| tokens/GPU | config | layers | step (ms) | tokens/s (K) | speedup vs local | ideal speedup | "
-          "share of ideal | vs per_doc_cp | attention max/mean (measured) | plan imbalance | "
-          "fwd MiB/layer (all ranks) | ping-pong saved (ms) | loss rel. diff vs local | peak GiB (max rank) | "
-          "plan ms: balancer / whole make (max rank) |")
-    print("|" + " ---: |" * 16)
     for context in sorted({c for c, _ in runs}):
+        base_name, _ = baseline_of(context, runs, args.steps_from)
+        sample = next(r["summary"] for (c, _), r in runs.items() if c == context)
+        print(f"\n### {tokens_label(context)} tokens per GPU and micro-batch ({sample.get('ranks', '?')} GPUs, "
+              f"{sample.get('micro_batches', 1)} micro-batches, {sample.get('layers', '?')} layers; baseline: "
+              f"{base_name or 'none'}, the faster of {' and '.join(BASELINES)})\n")
+        print("| " + " | ".join(COLUMNS) + " |")
+        print("|" + " ---: |" * len(COLUMNS))
         print("\n".join(rows_for(context, runs, args.steps_from)))
     arrivals = arrival_rows(runs, args.steps_from)
     if arrivals:

@@ -1,6 +1,7 @@
-"""tests/multi_gpu/table.py on hand-made trainer records: the numbers docs/multi_gpu.md quotes (speedup, ideal
-speedup from the local run's measured parts, share of ideal, ratio to per_doc_cp, ping-pong saving, loss
-agreement), the profiled step left out, and the profile table."""
+"""tests/multi_gpu/table.py on hand-made trainer records: the numbers docs/multi_gpu.md quotes (speedup vs the
+faster local baseline, ideal speedup from its measured parts, realised share, ratio to per_doc_cp, ping-pong
+saving, loss agreement, MFU, peak memory), the profiled step left out, skipped configurations, and the profile
+and plan-arrival tables."""
 import json
 import pathlib
 import subprocess
@@ -13,14 +14,16 @@ TABLE = REPO / "tests" / "multi_gpu" / "table.py"
 def record(step, step_s, attention_s, loss=7.0, profiled=False, sent=None):
     r = {"step": step, "loss": loss, "losses": [loss] * len(step_s), "tokens_per_s": 1000.0 / max(step_s),
          "step_s": step_s, "attention_s": attention_s, "imbalance": 1.5, "profiled": profiled,
-         "peak_memory_gib": [10.0, 12.5], "plan_ms": [3.0, 4.0], "plan_make_ms": [20.0, 35.0]}
+         "peak_memory_gib": [10.0, 12.5], "plan_ms": [3.0, 4.0], "plan_make_ms": [20.0, 35.0], "mfu": 0.4}
     if sent is not None:
         r["forward_bytes_sent_by_rank"] = sent
     return r
 
 
-def write(tmp, name, steps, layers=4, timing="synchronized", profiled_step=None):
+def write(tmp, name, steps, layers=4, timing="synchronized", profiled_step=None, skipped=None):
     run = {"summary": {"layers": layers, "attention_timing": timing}, "steps": steps}
+    if skipped:
+        run["summary"]["skipped"] = skipped
     if profiled_step is not None:
         run["profiled_step"] = profiled_step
     (tmp / f"train_{name}_65536.json").write_text(json.dumps(run))
@@ -53,18 +56,36 @@ def test_ideal_speedup_share_and_ratios(tmp_path):
           timing="enqueue only (ping-pong on CUDA)")
     rows, _ = table(tmp_path)
     local, per_doc, ours, pp = rows["local"], rows["per_doc_cp"], rows["prefix_aware"], rows["prefix_aware_pingpong"]
-    # columns: context, config, layers, step ms, tokens/s K, speedup, ideal, share, vs per_doc_cp, measured
-    # max/mean, plan imbalance, fwd MiB, ping-pong saved, loss diff, peak GiB, plan ms
-    assert local[3] == "2500" and local[5] == "1.000"
-    assert local[6] == "1.220"                                   # 2.5 / 2.05
-    assert ours[3] == "2000" and ours[5] == "1.250" and ours[6] == "1.220" and ours[7] == "1.02"
-    assert ours[8] == "1.250"                                    # per_doc_cp 2.5 s / 2.0 s
-    assert per_doc[5] == "1.000" and per_doc[8] == "1.000"
-    assert local[9] == "1.58"                                    # mean of 1.0/0.6 and 1.5/1.0
-    assert ours[11] == "4" and per_doc[11] == "2"                # MiB per layer over all ranks
-    assert pp[9] == "-" and pp[12] == "200"                      # enqueue-only timing; 2.0 - 1.8 s saved
-    assert ours[13] == "1.0e-03" and local[13] == "0.0e+00"
-    assert ours[14] == "12.5" and ours[15] == "4.00 / 35.0" and local[15] == "-"
+    # columns: context, config, layers, step ms, tokens/s K, MFU %, peak GiB, imbalance, speedup, ideal, realised
+    # share, vs per_doc_cp, measured max/mean, fwd MiB, ping-pong saved, loss diff, plan ms
+    assert local[3] == "2500" and local[8] == "1.000" and local[10] == "0.00"
+    assert local[9] == "1.220"                                   # 2.5 / 2.05
+    assert ours[3] == "2000" and ours[8] == "1.250" and ours[9] == "1.220"
+    assert ours[10] == "1.14"                                    # (1.25 - 1) / (1.2195 - 1)
+    assert ours[11] == "1.250"                                   # per_doc_cp 2.5 s / 2.0 s
+    assert per_doc[8] == "1.000" and per_doc[11] == "1.000"
+    assert local[12] == "1.58"                                   # mean of 1.0/0.6 and 1.5/1.0
+    assert ours[13] == "4" and per_doc[13] == "2"                # MiB per layer over all ranks
+    assert pp[12] == "-" and pp[14] == "200"                     # enqueue-only timing; 2.0 - 1.8 s saved
+    assert ours[15] == "1.0e-03" and local[15] == "0.0e+00"
+    assert ours[6] == "12.5" and ours[16] == "4.00 / 35.0" and local[16] == "-"
+    assert ours[5] == "40.0" and ours[7] == "1.500"
+
+
+def test_the_faster_local_baseline_and_skipped_configurations(tmp_path):
+    """torch_varlen faster than local: it is the baseline (speedup, ideal speedup from its own parts); a skipped
+    configuration is a row with its reason; an ideal speedup under 1.01 leaves no share to realise."""
+    write(tmp_path, "local", [record(i, [2.0, 2.0], [1.0, 0.5]) for i in range(3)])
+    write(tmp_path, "torch_varlen", [record(i, [1.6, 1.6], [0.4, 0.4]) for i in range(3)])
+    write(tmp_path, "prefix_aware", [record(i, [1.5, 1.5], [0.4, 0.4]) for i in range(3)])
+    write(tmp_path, "per_doc_cp", [], skipped="torch_varlen: not here")
+    rows, out = table(tmp_path)
+    assert "baseline: torch_varlen" in out
+    assert rows["torch_varlen"][8] == "1.000" and rows["local"][8] == "0.800"
+    assert rows["torch_varlen"][9] == "1.000" and rows["prefix_aware"][10] == "-"   # balanced: nothing to gain
+    assert rows["prefix_aware"][8] == "1.067"                                        # 1.6 / 1.5
+    assert rows["per_doc_cp"][2] == "skipped: torch_varlen: not here"
+    assert rows["prefix_aware"][11] == "-"                                           # per_doc_cp has no steps
 
 
 def test_profile_table(tmp_path):
@@ -80,8 +101,8 @@ def test_without_per_doc_cp_the_ratio_is_a_dash(tmp_path):
     write(tmp_path, "local", [record(i, [2.0, 2.0], [1.0, 0.5]) for i in range(3)])
     write(tmp_path, "prefix_aware", [record(i, [1.8, 1.8], [0.8, 0.8]) for i in range(3)])
     rows, _ = table(tmp_path)
-    assert rows["local"][8] == "-" and rows["prefix_aware"][8] == "-"
-    assert rows["prefix_aware"][5] == "1.111"                    # 2.0 s / 1.8 s
+    assert rows["local"][11] == "-" and rows["prefix_aware"][11] == "-"
+    assert rows["prefix_aware"][8] == "1.111"                    # 2.0 s / 1.8 s
 
 
 def test_arrival_table(tmp_path):
@@ -100,3 +121,18 @@ def test_arrival_table(tmp_path):
     # GC max (120 + 4) / 2, full collections 1 + 1
     assert "| 64K | prefix_aware | 100.0 | 20.0 | 80.0 | 700 | 62.0 | 2 |" in out, out
     assert "| 64K | local | - | - | - | 700 | 2.0 | 2 |" in out, out
+
+
+def test_ideal_counts_the_imbalance_of_every_micro_batch(tmp_path):
+    # Two micro-batches, a different rank slow in each: per step the sums are even (1.2 / 1.2), but each micro-
+    # batch waits for its slow rank: 1.0 - 0.6 and 1.0 - 0.6 -> the ideal step is 3.0 - 0.8 = 2.2 s.
+    steps = []
+    for i in range(3):
+        r = record(i, [3.0, 3.0], [1.2, 1.2])
+        r["attention_s_by_micro_batch"] = [[1.0, 0.2], [0.2, 1.0]]
+        steps.append(r)
+    write(tmp_path, "local", steps)
+    write(tmp_path, "prefix_aware", [record(i, [2.4, 2.4], [0.6, 0.6]) for i in range(3)])
+    rows, _ = table(tmp_path)
+    assert rows["local"][9] == "1.364"                            # 3.0 / 2.2 (one term per step would give 1.000)
+    assert rows["prefix_aware"][8] == "1.250" and rows["prefix_aware"][10] == "0.69"  # 0.25 / 0.364

@@ -1,76 +1,148 @@
-"""examples/train_llama.py under torchrun (2 CPU ranks, gloo): CAD and local attention give the same losses
-step by step, --ping-pong gives the same losses and gradients as one nano-batch, and the trainer reports what
-it promises (--help too)."""
+"""examples/train_llama.py on 2 CPU ranks (gloo): CAD and local attention train the same (losses and gradient
+norms over 2 steps of 2 micro-batches) under DDP and FSDP2, with and without activation checkpointing (full,
+full reentrant, selective attention, selective mlp); --ping-pong trains the same as one nano-batch; --configs in
+one torchrun writes what it promises; the CLI refuses bad options.
+
+Most training runs inside one pair of spawned processes (tests/python/harness.py) that call the trainer's
+train_one for every case, so the interpreter and torch start once: the matrix and ping-pong cases below cost
+about a second each. The command line end to end runs under torchrun (tests marked `torchrun`: interpreters
+starting take most of their time; ctest runs them as python.trainer.torchrun, the rest as python.trainer)."""
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import traceback
 
 import pytest
+
+import harness
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TRAINER = REPO / "examples" / "train_llama.py"
 DATA = pathlib.Path(os.environ.get("CAD_DATA", REPO.parent / "shared" / "data" / "doclen_pretrain.json"))
+needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
+
+TINY = ["--layers", "2", "--hidden", "64", "--intermediate", "96", "--timeout-ms", "20000"]
 
 
-_RUNS = {}  # (attention, extra, steps) -> (JSON, stdout): the runs several tests compare with (each ~6 s)
-
-
-def _run(tmp_path, attention, *extra, steps=3):
-    """The trainer's JSON (summary and steps) and its stdout; a run with the same arguments is done once."""
-    key = (attention, extra, steps)
-    if key not in _RUNS:
-        _RUNS[key] = _train(tmp_path, attention, *extra, steps=steps)
-    return _RUNS[key]
-
-
-def _train(tmp_path, attention, *extra, steps):
-    out = tmp_path / f"{attention}{''.join(extra)}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAINER),
-           "--attention", attention, "--context", "512", "--layers", "2", "--steps", str(steps), "--hidden", "64",
-           "--intermediate", "96",
-           "--data", str(DATA), "--timeout-ms", "60000", "--json-out", str(out), *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "summary " in done.stdout and done.stdout.count("\nstep ") + done.stdout.startswith("step ") >= steps
-    result = json.loads(out.read_text())
-    assert len(result["steps"]) == steps
-    return result, done.stdout
-
-
-@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
-def test_cad_and_local_losses_agree(tmp_path):
-    args = ("--balancer", "prefix_aware", "--seed", "1")  # as test_ping_pong_trains_the_same's first case
-    (local, _), (cad, _) = _run(tmp_path, "local", *args), _run(tmp_path, "cad", *args)
-    for a, b in zip(local["steps"], cad["steps"]):
-        assert len(a["losses"]) == 2 and len(a["attention_s"]) == 2
-        for x, y in zip(a["losses"], b["losses"]):
-            assert abs(x - y) <= 1e-5 * abs(x), (a["losses"], b["losses"])
-    # the recipe's buffers are unequal; CAD's plan is balanced
-    assert cad["summary"]["mean_imbalance"] < 1.1 and cad["summary"]["balancer"] == "prefix_aware"
-    assert cad["summary"]["intermediate"] == 96 and local["summary"]["intermediate"] == 96
-
-
-def test_help():
-    done = subprocess.run([sys.executable, str(TRAINER), "--help"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "--attention" in done.stdout and "--balancer" in done.stdout
-    assert "--ping-pong" in done.stdout and "nearest half" in done.stdout
-
-
-def test_negative_mlp_width_is_refused():
-    done = subprocess.run([sys.executable, str(TRAINER), "--intermediate", "-1"], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 2 and "--intermediate must be positive" in done.stderr and "got -1" in done.stderr
-
-
-# ---- --ping-pong ---------------------------------------------------------------------------------------------
 def _trainer_module():
     spec = importlib.util.spec_from_file_location("train_llama", TRAINER)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# ---- every case trained once, in one pair of gloo processes -------------------------------------------------
+PARALLEL = ("ddp", "fsdp2")
+CHECKPOINTING = {"none": [], "full": ["--checkpointing", "full"],
+                 "full_reentrant": ["--checkpointing", "full", "--checkpoint-reentrant"],
+                 "attention": ["--checkpointing", "attention"], "mlp": ["--checkpointing", "mlp"]}
+MATRIX = [(parallel, ckpt) for parallel in PARALLEL for ckpt in CHECKPOINTING]
+MATRIX_ARGS = ["--context", "256", "--steps", "2", "--micro-batches", "2", "--seed", "1", *TINY]
+# (attention, balancer, seed): seed 43's step 1 has a rank with one document (the recipe cut a long one to the
+# buffer's length): that step runs unsplit, with a note; its steps 0 and 2 are split. Seed 1's are all split.
+PING_PONG = [("cad", "prefix_aware", "1"), ("cad", "colocated", "43"), ("local", "prefix_aware", "1")]
+PING_PONG_ARGS = ["--context", "512", "--steps", "3", *TINY]
+
+
+def _cases():
+    """name -> trainer arguments of every in-process case."""
+    cases = {}
+    for parallel, ckpt in MATRIX:
+        for attention in ("local", "cad"):
+            cases[f"{parallel}/{ckpt}/{attention}"] = ["--attention", attention, "--balancer", "prefix_aware",
+                                                       "--parallel", parallel, *CHECKPOINTING[ckpt], *MATRIX_ARGS]
+    for attention, balancer, seed in PING_PONG:
+        for pp in ([], ["--ping-pong"]):
+            cases[f"pp/{attention}/{balancer}/{seed}/{bool(pp)}"] = ["--attention", attention, "--balancer", balancer,
+                                                                     "--seed", seed, *PING_PONG_ARGS, *pp]
+    cases["gc/freeze"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1", "--gc", "freeze",
+                          *PING_PONG_ARGS]
+    return cases
+
+
+def _train_cases(rank, world, out_path):
+    """Every case's result (or its traceback) on this rank; rank 0 writes them to out_path. A case that raises
+    is recorded and the next one runs (CAD raises on every rank, so the ranks stay in step)."""
+    import torch
+    t = _trainer_module()
+    lengths = json.loads(DATA.read_text())
+    results = {}
+    for name, argv in _cases().items():
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                result = t.train_one(t.parse_args(argv + ["--data", str(DATA)]), rank, world, torch.device("cpu"),
+                                     lengths)
+            results[name] = dict(result, stdout=printed.getvalue())
+        except Exception:  # noqa: BLE001 -- reported per case by the tests below
+            results[name] = {"error": traceback.format_exc()[-4000:]}
+    if rank == 0:
+        pathlib.Path(out_path).write_text(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    if not DATA.exists():
+        pytest.skip(f"no Pretrain data at {DATA}")
+    out = tmp_path_factory.mktemp("trainer") / "cases.json"
+    harness.run(2, _train_cases, str(out), timeout_s=280)
+    return json.loads(out.read_text())
+
+
+def _result(trained, name):
+    result = trained[name]
+    assert "error" not in result, f"{name} raised:\n{result['error']}"
+    return result
+
+
+# fp32 on CPU: CAD computes the same attention as local, its partial results combined in another order; the
+# losses and gradient norms agree to a few ulp (1e-5 relative is ~80 fp32 eps).
+CAD_RTOL = 1e-5
+
+
+def _assert_close(a, b, rtol, what):
+    assert abs(a - b) <= rtol * abs(a), f"{what}: {a!r} vs {b!r} (relative {abs(a - b) / abs(a):.2e} > {rtol})"
+
+
+@needs_data
+@pytest.mark.parametrize("parallel,ckpt", MATRIX, ids=[f"{p}-{c}" for p, c in MATRIX])
+def test_cad_trains_as_local(trained, parallel, ckpt):
+    """prefix_aware over 2 ranks vs local attention, 2 steps x 2 micro-batches: every rank's loss and the
+    gradient norm (after the data-parallel averaging) per step; and local attention with this checkpointing
+    trains as local attention without (recomputation changes nothing)."""
+    local = _result(trained, f"{parallel}/{ckpt}/local")
+    cad = _result(trained, f"{parallel}/{ckpt}/cad")
+    assert len(local["steps"]) == len(cad["steps"]) == 2
+    for a, b in zip(local["steps"], cad["steps"]):
+        for x, y in zip(a["losses"], b["losses"]):
+            _assert_close(x, y, CAD_RTOL, f"step {a['step']} loss")
+        _assert_close(a["grad_norm"], b["grad_norm"], CAD_RTOL, f"step {a['step']} grad norm")
+        assert len(b["nano_imbalance"]) == 2  # one plan per micro-batch
+    summary = cad["summary"]
+    assert summary["parallel"] == parallel and summary["micro_batches"] == 2
+    assert summary["checkpointing"] == ("none" if ckpt == "none" else CHECKPOINTING[ckpt][1])
+    assert summary["checkpoint_reentrant"] == (ckpt == "full_reentrant")
+    assert summary["mean_imbalance"] < 1.1 <= max(r["colocated_imbalance"] for r in cad["steps"])
+    plain = _result(trained, f"{parallel}/none/local")
+    for a, b in zip(plain["steps"], local["steps"]):
+        for x, y in zip(a["losses"], b["losses"]):
+            _assert_close(x, y, CAD_RTOL, f"step {a['step']} loss without vs with checkpointing {ckpt}")
+        _assert_close(a["grad_norm"], b["grad_norm"], CAD_RTOL, f"step {a['step']} grad norm vs no checkpointing")
+
+
+@needs_data
+def test_ddp_and_fsdp2_train_alike(trained):
+    """The same weights and batches: DDP and FSDP2 give the same first loss, and gradient norms to fp32 rounding
+    (FSDP2 reduce-scatters per micro-batch, DDP all-reduces once per step)."""
+    ddp, fsdp2 = _result(trained, "ddp/none/local"), _result(trained, "fsdp2/none/local")
+    assert ddp["steps"][0]["losses"] == fsdp2["steps"][0]["losses"]
+    for a, b in zip(ddp["steps"], fsdp2["steps"]):
+        _assert_close(a["grad_norm"], b["grad_norm"], CAD_RTOL, f"step {a['step']} grad norm, DDP vs FSDP2")
 
 
 def test_split_at_the_document_boundary_nearest_half():
@@ -93,23 +165,15 @@ def test_split_at_the_document_boundary_nearest_half():
 PING_PONG_RTOL = 1e-6
 
 
-def _assert_same_training(plain, pp):
+@needs_data
+@pytest.mark.parametrize("attention,balancer,seed", PING_PONG)
+def test_ping_pong_trains_the_same(trained, attention, balancer, seed):
+    plain = _result(trained, f"pp/{attention}/{balancer}/{seed}/False")
+    pp = _result(trained, f"pp/{attention}/{balancer}/{seed}/True")
     for a, b in zip(plain["steps"], pp["steps"]):
-        assert a["step"] == b["step"]
         for x, y in zip(a["losses"], b["losses"]):
-            assert abs(x - y) <= PING_PONG_RTOL * abs(x), (a["step"], a["losses"], b["losses"])
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= PING_PONG_RTOL * a["grad_norm"], (a, b)
-
-
-@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
-@pytest.mark.parametrize("attention,balancer,seed", [("cad", "prefix_aware", "1"), ("cad", "colocated", "43"),
-                                                     ("local", "prefix_aware", "1")])
-def test_ping_pong_trains_the_same(tmp_path, attention, balancer, seed):
-    """Seed 43's step 1 has a rank with one document (the recipe cut a long one to the buffer's length): that
-    step runs unsplit, with a note; steps 0 and 2 are split. Seed 1's steps are all split."""
-    args = ("--balancer", balancer, "--seed", seed)
-    (plain, _), (pp, out) = _run(tmp_path, attention, *args), _run(tmp_path, attention, *args, "--ping-pong")
-    _assert_same_training(plain, pp)
+            _assert_close(x, y, PING_PONG_RTOL, f"step {a['step']} loss")
+        _assert_close(a["grad_norm"], b["grad_norm"], PING_PONG_RTOL, f"step {a['step']} grad norm")
     unsplit = [1] if seed == "43" else []
     assert [r["step"] for r in pp["steps"] if not r["ping_pong"]] == unsplit
     assert not any(r["ping_pong"] for r in plain["steps"])
@@ -119,7 +183,7 @@ def test_ping_pong_trains_the_same(tmp_path, attention, balancer, seed):
         assert summary["mean_imbalance"] < 1.1  # each plan balances its nano-batch
     assert summary["ping_pong_steps"] == 3 - len(unsplit) and summary["attention_timing"] == "synchronized"
     for record in pp["steps"]:
-        nanos = record["nano_tokens"]  # per rank: both nano-batches hold tokens and add up to the buffer
+        (nanos,) = record["nano_tokens"]  # one micro-batch: per rank, both nano-batches add up to the buffer
         assert len(nanos) == 2 and all(sum(n) == 512 and min(n) > 0 for n in nanos)
         assert all(len(n) == (2 if record["ping_pong"] else 1) for n in nanos)
         if attention == "cad":  # both plans' work added up per server: between 1 and the worse plan's
@@ -127,14 +191,222 @@ def test_ping_pong_trains_the_same(tmp_path, attention, balancer, seed):
             assert 1 <= record["imbalance"] <= max(record["nano_imbalance"]) + 1e-12
         if balancer == "colocated":  # every rank serves its own documents: the colocated cost of the buffers
             assert record["imbalance"] == pytest.approx(record["colocated_imbalance"], rel=1e-12)
-    lines = [line for line in out.splitlines() if line.startswith("step ")]
+    lines = [line for line in pp["stdout"].splitlines() if line.startswith("step ")]
     assert [("ping-pong" in line and "off" not in line) for line in lines if "loss" in line] == \
         [r["ping_pong"] for r in pp["steps"]]
     if unsplit:
-        assert any("ping-pong off for this step: rank(s) [0] hold one document" in line for line in lines), out
+        assert any("step 1: ping-pong off for micro-batch 0: rank(s) [0] hold one document" in line
+                   for line in lines), pp["stdout"]
 
 
-# ---- what every step records, and --profile-step -------------------------------------------------------------
+@needs_data
+def test_gc_freeze_trains_the_same(trained):
+    """--gc freeze (the collector stops scanning the model) changes no loss; the records count the collector's
+    pauses per rank either way."""
+    auto, frozen = _result(trained, "pp/cad/prefix_aware/1/False"), _result(trained, "gc/freeze")
+    assert auto["summary"]["gc"] == "auto" and frozen["summary"]["gc"] == "freeze"
+    for a, b in zip(auto["steps"], frozen["steps"]):
+        assert a["losses"] == pytest.approx(b["losses"], rel=1e-6)
+        assert len(b["gc_ms"]) == 2 and len(b["gc_full_collections"]) == 2
+
+
+# ---- the torch_varlen baseline and the chunked loss, in this process ------------------------------------------
+def _stand_in_varlen(signature):
+    """A CPU stand-in for torch.nn.attention.varlen.varlen_attn (CUDA only), with the signature of torch >= 2.11
+    (window_size, scale) or of 2.9/2.10 (is_causal): SDPA per document, checking what the trainer passes."""
+    from reference import sdpa_varlen
+
+    def check(query, key, cu_seq_q, cu_seq_k, max_q, max_k):
+        assert key.shape[1] == query.shape[1], "K/V heads must be repeated to the query heads"
+        assert cu_seq_q is cu_seq_k and cu_seq_q.dtype.is_floating_point is False
+        assert max_q == max_k == int((cu_seq_q[1:] - cu_seq_q[:-1]).max())
+
+    if signature == "window_size":
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                        window_size=(-1, -1), enable_gqa=False):
+            check(query, key, cu_seq_q, cu_seq_k, max_q, max_k)
+            assert tuple(window_size) == (-1, 0) and scale is not None
+            return sdpa_varlen(query, key, value, cu_seq_q, True, scale)
+    else:
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False, return_aux=None):
+            check(query, key, cu_seq_q, cu_seq_k, max_q, max_k)
+            assert is_causal
+            return sdpa_varlen(query, key, value, cu_seq_q, True)
+    return varlen_attn
+
+
+def _one_micro_batch(t, args, attention, docs):
+    import torch
+    args.attention = attention
+    cpu = torch.device("cpu")
+    lm = t.build_model(args, cpu, torch.float32)
+    step = t.MicroBatchLoss(lm, loss_chunk=16)  # several chunks
+    inputs = t.make_inputs(docs, args.vocab, 5, cpu)
+    nanos = t.make_nanos([docs], attention, args, cpu, torch.float32)
+    loss = step(**inputs, nanos=nanos)
+    loss.backward()
+    return lm, inputs, nanos, loss.detach(), [p.grad.clone() for p in lm.parameters()]
+
+
+@pytest.mark.parametrize("signature", ["window_size", "is_causal"])
+def test_torch_varlen_attention_trains_as_local(monkeypatch, signature):
+    """The torch_varlen attention function (varlen_attn replaced by a CPU stand-in of either torch signature)
+    gives cad_local's loss and gradients on a packed micro-batch, and its clock counts forward and backward;
+    the chunked loss is transformers' own loss."""
+    import torch
+    t = _trainer_module()
+    monkeypatch.setattr(t, "torch_varlen_function", lambda: _stand_in_varlen(signature))
+    args = t.parse_args(["--context", "64", *TINY])
+    docs = [20, 7, 30, 7]
+    t.AttentionClock.take()
+    _, _, _, loss_a, grads_a = _one_micro_batch(t, args, "torch_varlen", docs)
+    assert t.AttentionClock.take() > 0
+    lm, inputs, nanos, loss_b, grads_b = _one_micro_batch(t, args, "local", docs)
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():  # transformers' loss over the whole [tokens, vocab] logits
+        hf = lm(**inputs, use_cache=False, cad_cu_seqlens=nanos[0][1]).loss
+    torch.testing.assert_close(loss_b, hf, rtol=1e-6, atol=1e-6)
+
+
+def test_documents_from_position_ids():
+    import torch
+    t = _trainer_module()
+    assert t._cu_from_positions(torch.tensor([[0, 1, 2, 0, 1, 0]])).tolist() == [0, 3, 5, 6]
+    assert t._cu_from_positions(torch.tensor([[3, 4, 0, 1]])).tolist() == [0, 2, 4]  # a continued document first
+    assert t.torch_varlen_unavailable(torch.device("cpu")).startswith("torch_varlen: ")
+
+
+# ---- the command line end to end: --configs, --json-out, --profile-step, the per-step records ------------------
+@needs_data
+@pytest.mark.torchrun
+def test_configs_in_one_torchrun(tmp_path):
+    """One torchrun trains local, torch_varlen (skipped on CPU, with its reason), prefix_aware and
+    prefix_aware+pp under FSDP2 with full checkpointing and 2 micro-batches, each from the same weights (so
+    all three give the same losses). Every record has what the table needs; --profile-step 1 runs step 1's
+    batch once more under the profiler, kept apart from the timed steps."""
+    out = tmp_path / "sweep_{config}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAINER),
+           "--configs", "local,torch_varlen,prefix_aware,prefix_aware+pp", "--parallel", "fsdp2", "--checkpointing",
+           "full", *MATRIX_ARGS, "--steps", "3", "--profile-step", "1", "--data", str(DATA), "--json-out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("==== configuration ") == 4
+    assert "configuration skipped: torch_varlen: torch.nn.attention.varlen.varlen_attn runs on CUDA only" in done.stdout
+    skipped = json.loads((tmp_path / "sweep_torch_varlen.json").read_text())
+    assert skipped["steps"] == [] and "CUDA only" in skipped["summary"]["skipped"]
+    runs = {name: json.loads((tmp_path / f"sweep_{name}.json").read_text())
+            for name in ("local", "prefix_aware", "prefix_aware_pingpong")}
+    for name, run in runs.items():
+        summary = run["summary"]
+        assert summary["parallel"] == "fsdp2" and summary["checkpointing"] == "full" and summary["micro_batches"] == 2
+        assert summary["params"] > 0 and summary["mean_mfu_after_step0"] > 0 and summary["peak_memory_gib"] == 0.0
+        assert len(run["steps"]) == 3 and [r["profiled"] for r in run["steps"]] == [False] * 3
+        extra = run["profiled_step"]
+        assert extra["step"] == 1 and extra["profiled"] and extra["nano_tokens"] == run["steps"][1]["nano_tokens"]
+        timed = [max(r["step_s"]) for r in run["steps"][1:]]
+        assert summary["mean_step_s_after_step0"] == pytest.approx(sum(timed) / len(timed), rel=1e-12)
+        for record in run["steps"] + [extra]:
+            assert len(record["step_s"]) == 2 and all(s > 0 for s in record["step_s"])
+            assert record["tokens_per_s"] == pytest.approx(2 * 2 * 256 / max(record["step_s"]), rel=1e-9)
+            assert record["mfu"] == pytest.approx(record["model_tflop"] / (max(record["step_s"]) * 2 * 989), rel=1e-9)
+            assert record["peak_memory_gib"] == [0.0, 0.0] and len(record["attention_s"]) == 2
+            assert len(record["nano_tokens"]) == 2  # per micro-batch, per rank
+            assert len(record["gc_ms"]) == 2 and all(isinstance(n, int) for n in record["gc_full_collections"])
+            if name != "local":  # CAD: plans every micro-batch (two with ping-pong), made before the forward
+                assert len(record["nano_imbalance"]) == (4 if record["ping_pong"] else 2)
+                assert all(ms > 0 for ms in record["plan_ms"])
+                assert all(make >= ms for make, ms in zip(record["plan_make_ms"], record["plan_ms"]))
+                assert all(0 < t < 1e3 * s for t, s in zip(record["pre_plan_ms"], record["step_s"])), record
+        for rank in (0, 1):
+            profile = json.loads((tmp_path / f"sweep_{name}_profile_rank{rank}.json").read_text())
+            assert profile["rank"] == rank and profile["step"] == 1 and profile["step_s"] > 0
+            assert isinstance(profile["families_ms"], dict) and isinstance(profile["kernels"], list)
+    # the same weights and batches: CAD as local, ping-pong as one nano-batch
+    for a, b, c in zip(*(runs[n]["steps"] for n in ("local", "prefix_aware", "prefix_aware_pingpong"))):
+        for x, y, z in zip(a["losses"], b["losses"], c["losses"]):
+            _assert_close(x, y, CAD_RTOL, f"step {a['step']} loss, CAD vs local")
+            _assert_close(y, z, PING_PONG_RTOL, f"step {a['step']} loss, ping-pong vs not")
+        _assert_close(a["grad_norm"], b["grad_norm"], CAD_RTOL, f"step {a['step']} grad norm, CAD vs local")
+    lines = done.stdout.splitlines()
+    assert "profile of step 1 on rank 0" in done.stdout
+    step_lines = [line for line in lines if line.startswith("step ") and " ms " in line and "MFU" in line]
+    assert len(step_lines) == 3 * (3 + 1), done.stdout  # 3 configurations x (3 steps + the profiled one)
+
+
+@needs_data
+@pytest.mark.torchrun
+def test_a_failed_rank_exits_at_once_with_its_traceback():
+    """Under torchrun a rank whose training raises prints the traceback and leaves without the interpreter's
+    teardown (which waits on NCCL peers); here every rank fails at its first plan (no such balancer plugin)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAINER),
+           "--attention", "cad", "--balancer", "no_such_balancer", "--context", "256", "--steps", "2", *TINY,
+           "--data", str(DATA)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    assert "no_such_balancer" in done.stderr, done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"train_llama: rank {rank} failed; exiting without teardown" in done.stderr, done.stderr[-3000:]
+
+
+# ---- the command line's options (in process: no interpreter start per case) ----------------------------------
+def _refused(t, capsys, argv):
+    with pytest.raises(SystemExit) as exit_:
+        t.parse_args(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_help(capsys):
+    t = _trainer_module()
+    with pytest.raises(SystemExit) as exit_:
+        t.parse_args(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--attention", "--balancer", "--parallel", "--checkpointing", "--checkpoint-reentrant",
+                   "--micro-batches", "--model", "--compile", "--peak-tflops", "--configs", "torch_varlen",
+                   "--ping-pong", "nearest half", "MFU"):
+        assert option in text, option
+
+
+def test_presets_and_defaults():
+    t = _trainer_module()
+    big = t.parse_args(["--model", "llama3-8b", "--layers", "8", "--device", "cuda"])
+    assert (big.hidden, big.heads, big.kv_heads, big.intermediate, big.vocab, big.layers) == \
+        (4096, 32, 8, 14336, 128256, 8)
+    assert big.parallel == "fsdp2" and big.dtype == "bf16" and big.peak_tflops == 989.0
+    tiny = t.parse_args([])
+    assert (tiny.hidden, tiny.heads, tiny.kv_heads, tiny.intermediate, tiny.layers) == (128, 4, 2, 384, 2)
+    assert tiny.parallel == "ddp" and tiny.micro_batches == 1 and tiny.checkpointing == "none"
+    # processes sharing a GPU (communicator host) average gradients over gloo: DDP
+    assert t.parse_args(["--device", "cuda", "--communicator", "host"]).parallel == "ddp"
+
+
+def test_bad_options_are_refused(capsys):
+    t = _trainer_module()
+    err = _refused(t, capsys, ["--intermediate", "-1"])
+    assert "--intermediate must be positive" in err and "got -1" in err
+    assert "--profile-step must name one of the 3 steps (0..2), got 3" in \
+        _refused(t, capsys, ["--steps", "3", "--profile-step", "3"])
+    for configs, message in (("local,bogus+x", "'bogus+x' is not"), ("+pp", "'+pp' is not"),
+                             ("local,,prefix_aware", "'' is not")):
+        assert message in _refused(t, capsys, ["--configs", configs]), configs
+    assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
+    assert "applies to --checkpointing full only" in _refused(t, capsys, ["--checkpoint-reentrant"])
+    assert "at least 1" in _refused(t, capsys, ["--micro-batches", "0"])
+    assert "needs NCCL" in _refused(t, capsys, ["--device", "cuda", "--communicator", "host", "--parallel", "fsdp2"])
+
+
+def test_model_flops():
+    """MFU's numerator: 6 * P * tokens + 3 * layers * 4 * hidden * causal pairs (module docstring)."""
+    t = _trainer_module()
+    args = t.parse_args(["--hidden", "64", "--heads", "4", "--layers", "3"])
+    docs = [[[3, 1], [2]], [[4], [1, 1]]]  # micro-batch, rank, documents
+    pairs = 6 + 1 + 3 + 10 + 1 + 1
+    assert t.model_flops(args, 1000, docs) == 6 * 1000 * 12 + 3 * 3 * 4 * 64 * pairs
+
+
 def test_kernel_families():
     t = _trainer_module()
     assert t.kernel_family("void cad::kernels::detail::attention_bwd_sm90_ws_kernel<128, 2>(BwdParams)") == "attention"
@@ -144,117 +416,3 @@ def test_kernel_families():
     assert t.kernel_family("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "gemm"
     assert t.kernel_family("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT") == "gemm"
     assert t.kernel_family("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"
-
-
-@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
-def test_profiled_step_is_recorded_apart(tmp_path):
-    """--profile-step 1: after the 3 timed steps, step 1's batch runs once more under the profiler; every rank
-    writes its profile, the JSON keeps that run as "profiled_step" outside "steps", and the timed steps (and so
-    the summary) are those of a run without profiling. Every record has each rank's step time, peak memory (0 on
-    CPU) and plan time (CAD's plan is made in every step)."""
-    args = ("--balancer", "prefix_aware", "--seed", "1")
-    plain, _ = _run(tmp_path, "cad", *args)
-    profiled, out = _run(tmp_path, "cad", *args, "--profile-step", "1")
-    assert [r["profiled"] for r in profiled["steps"]] == [False, False, False]
-    extra = profiled["profiled_step"]
-    assert extra["step"] == 1 and extra["profiled"] is True
-    assert extra["nano_tokens"] == profiled["steps"][1]["nano_tokens"]  # the same batch
-    for a, b in zip(plain["steps"], profiled["steps"]):
-        assert a["losses"] == pytest.approx(b["losses"], rel=1e-6)
-    summary = profiled["summary"]
-    timed = [max(r["step_s"]) for r in profiled["steps"][1:]]
-    assert summary["mean_step_s_after_step0"] == pytest.approx(sum(timed) / len(timed), rel=1e-12)
-    for record in profiled["steps"] + [extra]:
-        assert len(record["step_s"]) == 2 and all(s > 0 for s in record["step_s"])
-        assert record["peak_memory_gib"] == [0.0, 0.0]
-        assert len(record["plan_ms"]) == 2 and all(ms > 0 for ms in record["plan_ms"]), record["plan_ms"]
-        # The whole collective make contains the balancer's share; it starts after the step does.
-        assert all(make >= ms for make, ms in zip(record["plan_make_ms"], record["plan_ms"])), record
-        assert len(record["pre_plan_ms"]) == 2 and all(0 < t < 1e3 * s for t, s in
-                                                       zip(record["pre_plan_ms"], record["step_s"])), record
-        assert len(record["gc_ms"]) == 2 and all(ms >= 0 for ms in record["gc_ms"])
-        assert all(isinstance(n, int) and n >= 0 for n in record["gc_full_collections"])
-    json_out = next(tmp_path.glob("cad*--profile-step1.json"))
-    for rank in (0, 1):
-        profile = json.loads(json_out.with_name(f"{json_out.stem}_profile_rank{rank}.json").read_text())
-        assert profile["rank"] == rank and profile["step"] == 1 and profile["step_s"] > 0
-        assert isinstance(profile["families_ms"], dict) and isinstance(profile["kernels"], list)
-    assert "profile of step 1 on rank 0" in out
-
-
-@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
-def test_configs_in_one_process_train_as_separate_runs(tmp_path):
-    """--configs local,prefix_aware,prefix_aware+pp: one process trains the three configurations in turn, each
-    from the same weights with its own CAD stack, and writes the JSON a separate run of each writes."""
-    args = ("--balancer", "prefix_aware", "--seed", "1")
-    separate = {"local": _run(tmp_path, "local", *args)[0], "prefix_aware": _run(tmp_path, "cad", *args)[0],
-                "prefix_aware_pingpong": _run(tmp_path, "cad", *args, "--ping-pong")[0]}
-    out = tmp_path / "sweep_{config}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAINER),
-           "--configs", "local,prefix_aware,prefix_aware+pp", "--context", "512", "--layers", "2", "--steps", "3",
-           "--hidden", "64", "--intermediate", "96", "--seed", "1", "--data", str(DATA), "--timeout-ms", "60000",
-           "--json-out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("==== configuration ") == 3
-    for label, alone in separate.items():
-        swept = json.loads((tmp_path / f"sweep_{label}.json").read_text())
-        for key in ("attention", "balancer", "ping_pong", "layers", "context"):
-            assert swept["summary"][key] == alone["summary"][key], (label, key)
-        for a, b in zip(alone["steps"], swept["steps"]):
-            assert a["losses"] == pytest.approx(b["losses"], rel=1e-6), (label, a["step"])
-            assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6), (label, a["step"])
-
-
-@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
-def test_gc_freeze_trains_the_same(tmp_path):
-    """--gc freeze (the collector stops scanning the model) changes no loss; the records count the collector's
-    pauses per rank either way."""
-    args = ("--balancer", "prefix_aware", "--seed", "1")
-    auto, _ = _run(tmp_path, "cad", *args)
-    frozen, _ = _run(tmp_path, "cad", *args, "--gc", "freeze")
-    assert auto["summary"]["gc"] == "auto" and frozen["summary"]["gc"] == "freeze"
-    for a, b in zip(auto["steps"], frozen["steps"]):
-        assert a["losses"] == pytest.approx(b["losses"], rel=1e-6)
-        assert len(b["gc_ms"]) == 2 and len(b["gc_full_collections"]) == 2
-
-
-@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
-def test_plan_first_trains_the_same(tmp_path):
-    """--plan-first makes the step's plan before the embedding (one nano-batch through the ping-pong path):
-    the losses of the default run, where the first layer's attention call makes it, and a plan every step."""
-    args = ("--balancer", "prefix_aware", "--seed", "1")
-    at_layer, _ = _run(tmp_path, "cad", *args)
-    first, _ = _run(tmp_path, "cad", *args, "--plan-first")
-    assert first["summary"]["plan_first"] is True and at_layer["summary"]["plan_first"] is False
-    for a, b in zip(at_layer["steps"], first["steps"]):
-        assert a["losses"] == pytest.approx(b["losses"], rel=1e-5)
-        assert b["imbalance"] == pytest.approx(a["imbalance"], rel=1e-9) and all(ms > 0 for ms in b["plan_make_ms"])
-
-
-def test_configs_are_checked():
-    done = subprocess.run([sys.executable, str(TRAINER), "--steps", "3", "--profile-step", "3"], capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 2 and "--profile-step must name one of the 3 steps (0..2), got 3" in done.stderr
-    for configs, message in (("local,bogus+x", "'bogus+x' is not"), ("+pp", "'+pp' is not"),
-                             ("local,,prefix_aware", "'' is not")):
-        done = subprocess.run([sys.executable, str(TRAINER), "--configs", configs], capture_output=True, text=True,
-                              timeout=60)
-        assert done.returncode == 2 and message in done.stderr, (configs, done.stderr)
-    done = subprocess.run([sys.executable, str(TRAINER), "--configs", "local", "--json-out", "x.json"],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "must contain {config}" in done.stderr
-
-
-@pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
-def test_a_failed_rank_exits_at_once_with_its_traceback(tmp_path):
-    """Under torchrun a rank whose training raises prints the traceback and leaves without the interpreter's
-    teardown (which waits on NCCL peers); here every rank fails at its first plan (no such balancer plugin)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAINER),
-           "--attention", "cad", "--balancer", "no_such_balancer", "--context", "512", "--layers", "1", "--steps", "2",
-           "--hidden", "64", "--intermediate", "96", "--data", str(DATA), "--timeout-ms", "60000"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert done.returncode != 0
-    assert "no_such_balancer" in done.stderr, done.stderr[-3000:]
-    for rank in (0, 1):
-        assert f"train_llama: rank {rank} failed; exiting without teardown" in done.stderr, done.stderr[-3000:]
