@@ -15,9 +15,10 @@ per rank (a document cut by a buffer end continues as its own document on the ne
 one packed sequence (position_ids restart per document).
 
 A step is --micro-batches micro-batches (gradient accumulation), each its own recipe batch (seed + 1000 * step +
-micro-batch) and, with CAD, its own plan: cad.plan(cu_seqlens) on every rank before that micro-batch's forward,
-handed to every layer's attention through the transformers call as the keywords cad_plan and cad_cu_seqlens
-(cad.hf). Nothing is released by hand: the trainer drops its reference after the micro-batch's backward. Each
+micro-batch) and, with CAD, its own plan: cad.plan(cu_seqlens) on every rank, handed to every layer's attention
+through the transformers call as the keywords cad_plan and cad_cu_seqlens (cad.hf). With --plan-ahead on (the
+default) micro-batch i+1 is loaded and its plan asked for before micro-batch i computes (the next step's first
+micro-batch during this step's last), and CAD's planning thread makes it meanwhile (cad.plan(ahead=True)). Nothing is released by hand: the trainer drops its reference after the micro-batch's backward. Each
 micro-batch's loss is scaled by 1/micro-batches.
 
 Data parallelism (--parallel): ddp = torch DistributedDataParallel (bucketed all-reduce overlapped with the
@@ -228,15 +229,6 @@ def _longest(cu):
     return cached[1]
 
 
-def _cu_from_positions(position_ids):
-    """cu_seqlens int32 of one packed row whose positions restart at 0 at every document."""
-    flat = position_ids.reshape(-1)
-    starts = (flat == 0).nonzero().reshape(-1)
-    if starts.numel() == 0 or int(starts[0]) != 0:
-        starts = torch.cat([starts.new_zeros(1), starts])
-    return torch.cat([starts, starts.new_full((1,), flat.numel())]).to(torch.int32)
-
-
 def torch_varlen_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0,
                            cad_cu_seqlens=None, cad_plan=None, position_ids=None, **kwargs):
     """A transformers attention function over torch.nn.attention.varlen.varlen_attn: local causal varlen
@@ -248,7 +240,9 @@ def torch_varlen_attention(module, query, key, value, attention_mask, *, scaling
     batch, heads, seq, dim = query.shape
     if batch != 1:
         raise ValueError(f"torch_varlen attention: expected one packed row, got a batch of {batch}")
-    cu = cad_cu_seqlens if cad_cu_seqlens is not None else _cu_from_positions(position_ids)
+    if cad_cu_seqlens is None:
+        from cad.hf import cu_seqlens_from_position_ids  # the package's one rule for packed documents
+    cu = cad_cu_seqlens if cad_cu_seqlens is not None else cu_seqlens_from_position_ids(position_ids)
     longest = _longest(cu)
     q = query.transpose(1, 2).reshape(seq, heads, dim)
     k = key.transpose(1, 2).reshape(seq, key.shape[1], dim)
@@ -460,25 +454,38 @@ def make_inputs(doc_lengths, vocab, seed, device):
     labels = input_ids.clone()
     starts = torch.tensor([0] + doc_lengths[:-1]).cumsum(0)
     labels[0, starts] = -100  # never predict a document's first token from the previous document
-    return {k: t.to(device) for k, t in dict(input_ids=input_ids, position_ids=position_ids, labels=labels).items()}
+    return {k: to_device(t, device) for k, t in dict(input_ids=input_ids, position_ids=position_ids,
+                                                       labels=labels).items()}
 
 
-def make_nanos(nano_docs, attention, args, device, dtype):
+def to_device(t, device):
+    """A host tensor on `device` without waiting for the GPU: through pinned memory, non-blocking (the next
+    micro-batch is loaded while this one computes; a pageable copy would wait for the stream to drain)."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def make_nanos(nano_docs, attention, args, device, dtype, tag=None):
     """This rank's nano-batches of one micro-batch as MicroBatchLoss takes them: (tokens, cu_seqlens, plan).
-    Collective with CAD: every rank makes nano-batch 0's plan, then nano-batch 1's, before the forward; with
-    the shapes given the plugin plans at once (a plan reads its cu_seqlens back to the host once; the layers
-    pass the same tensor, so nothing else is read)."""
+    Collective with CAD: every rank asks for nano-batch 0's plan, then nano-batch 1's. With --plan-ahead on
+    (tag: this micro-batch's number, the same on every rank) they are made on CAD's planning thread while the
+    caller goes on; otherwise now. CAD's cu_seqlens stay on the host, where the plan reads them (no GPU read-back);
+    the local attentions get theirs on the device."""
     import cad
     nanos = []
-    for docs in nano_docs:
-        cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
-        if len(_max_lengths) > 8:
-            _max_lengths.clear()
-        _max_lengths[id(cu)] = (cu, max(docs))  # torch_varlen's longest document, known here without a GPU read
+    for i, docs in enumerate(nano_docs):
+        cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32)
         plan = None
         if attention == "cad":
+            ahead = args.plan_ahead == "on"
             plan = cad.plan(cu, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.hidden // args.heads,
-                            dtype=dtype, device=device)
+                            dtype=dtype, device=device, ahead=ahead, tag=2 * tag + i if ahead else None)
+        else:
+            cu = to_device(cu, device)
+            if len(_max_lengths) > 8:
+                _max_lengths.clear()
+            _max_lengths[id(cu)] = (cu, max(docs))  # torch_varlen's longest document, without a GPU read
         nanos.append((sum(docs), cu, plan))
     return nanos
 
@@ -587,11 +594,13 @@ def configurations(args):
     runs = []
     for name in args.configs.split(","):
         run = argparse.Namespace(**vars(args))
-        base, _, mode = name.partition("+")
+        base, *modes = name.split("+")
         run.attention = base if base in ("local", "torch_varlen") else "cad"
         run.balancer = base if run.attention == "cad" else args.balancer
-        run.ping_pong = mode == "pp"
-        label = base + ("_pingpong" if run.ping_pong else "")
+        run.ping_pong = "pp" in modes
+        if "now" in modes:
+            run.plan_ahead = "off"
+        label = base + ("_plannow" if "now" in modes else "") + ("_pingpong" if run.ping_pong else "")
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -669,7 +678,7 @@ def summary_of(args, world, device):
             "heads": args.heads, "kv_heads": args.kv_heads, "vocab": args.vocab, "device": str(device),
             "dtype": args.dtype, "parallel": args.parallel if world > 1 else "none (one process)",
             "checkpointing": args.checkpointing, "checkpoint_reentrant": args.checkpoint_reentrant,
-            "compile": args.compile, "ping_pong": args.ping_pong, "gc": args.gc, "peak_tflops": args.peak_tflops,
+            "compile": args.compile, "ping_pong": args.ping_pong, "plan_ahead": args.plan_ahead, "gc": args.gc, "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk}
 
 
@@ -720,8 +729,11 @@ def train_one(args, rank, world, device, lengths):
     if args.profile_step >= 0:
         schedule.append((args.profile_step, True))
     profiled_record = None
-    for step, profiling in schedule:
-        micro = []  # per micro-batch: every rank's documents, every rank's nano-batches, this rank's inputs
+
+    def load(step):
+        """A step's micro-batches: [every rank's documents, every rank's nano-batches, this rank's inputs, parts]
+        (parts: MicroBatchLoss's nanos with their plans, asked for by `ask`)."""
+        micro = []
         for mb in range(args.micro_batches):
             batch = cached_batch(lengths, args.context, world, args.seed + 1000 * step + mb)
             docs_by_rank = [docs or [args.context] for docs in batch]
@@ -732,7 +744,22 @@ def train_one(args, rank, world, device, lengths):
                       f"split into two nano-batches; it runs as one nano-batch", flush=True)
             inputs = make_inputs(docs_by_rank[rank], args.vocab, args.seed * 7919 + 31 * step + rank + 100003 * mb,
                                  device)
-            micro.append((docs_by_rank, nanos, inputs))
+            micro.append([docs_by_rank, nanos, inputs, None])
+        return micro
+
+    def ask(micro, index, mb):
+        """Micro-batch mb's parts and plans (collective with CAD, in the same order on every rank): with
+        --plan-ahead on, queued on CAD's planning thread; otherwise made now."""
+        if micro[mb][3] is None:
+            micro[mb][3] = make_nanos(micro[mb][1][rank], args.attention, args, device, dtype,
+                                      tag=index * args.micro_batches + mb)
+
+    ahead = args.attention == "cad" and args.plan_ahead == "on"
+    loaded = {}  # schedule index -> its micro-batches, loaded while the step before it ran
+    for index, (step, profiling) in enumerate(schedule):
+        micro = loaded.pop(index, None) or load(step)
+        if ahead:
+            ask(micro, index, 0)  # usually asked for during the step before
         if device.type == "cuda":
             torch.cuda.synchronize()
         profiler = None
@@ -746,21 +773,36 @@ def train_one(args, rank, world, device, lengths):
         start = time.perf_counter()
         cad.attention_time(reset=True)
         AttentionClock.take()
-        loss_sum, plan_stats, make_starts, attention_by_mb = 0.0, [], [], []
-        for mb, (docs_by_rank, nanos, inputs) in enumerate(micro):
+        loss_sum, plan_stats, make_starts, attention_by_mb, plans = 0.0, [], [], [], []
+        for mb, entry in enumerate(micro):
+            # What the next micro-batch needs is loaded (and, with --plan-ahead, its plans asked for) before this
+            # one computes; after the step's last micro-batch comes the next step's first. Every configuration
+            # loads at the same point, so the comparison is fair.
+            if mb + 1 < len(micro):
+                if ahead:
+                    ask(micro, index, mb + 1)
+            elif index + 1 < len(schedule):
+                loaded[index + 1] = load(schedule[index + 1][0])
+                if ahead:
+                    ask(loaded[index + 1], index + 1, 0)
+            ask(micro, index, mb)  # without --plan-ahead: made here, at the micro-batch's start
+            docs_by_rank, nanos, inputs, parts = entry
+            entry[3] = None  # the step holds its parts only while they run
             # DDP all-reduces once per step: the last micro-batch's backward; the others only accumulate.
             quiet = model.no_sync() if ddp and mb < args.micro_batches - 1 else contextlib.nullcontext()
             with quiet:
-                parts = make_nanos(nanos[rank], args.attention, args, device, dtype)  # collective with CAD
-                plan_stats += [plan.stats for _, _, plan in parts if plan is not None]
-                make_starts += [plan.make_started_at for _, _, plan in parts if plan is not None]
                 loss = model(**inputs, nanos=parts)
                 (loss / args.micro_batches).backward()
+            plans += [plan for _, _, plan in parts if plan is not None]
             # Per micro-batch: the ranks wait for each other at least once per micro-batch (FSDP2's
             # reduce-scatter after its backward, every layer's gathers), so imbalance costs per micro-batch.
             attention_by_mb.append(cad.attention_time(reset=True) + AttentionClock.take())
             loss_sum = loss_sum + loss.detach() / args.micro_batches
             del parts, loss  # the plans go back once nothing (autograd included) refers to them
+        plan_stats = [plan.stats for plan in plans]
+        make_starts = [plan.make_started_at for plan in plans]
+        plan_wait_ms = sum(plan.wait_ms for plan in plans)
+        del plans
         norm = grad_norm(model.parameters())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -782,19 +824,19 @@ def train_one(args, rank, world, device, lengths):
         gc_ms, gc_full = pauses.take()
         # Host time from the step's start to its first plan make (which waits for every rank): a rank that
         # arrives late shows here.
-        pre_plan_ms = (min(make_starts) - start) * 1e3 if make_starts else 0.0
+        pre_plan_ms = (min(make_starts) - start) * 1e3 if make_starts and not ahead else 0.0
         stats = plan_summary(plan_stats)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
-        mine = sum(sum(docs_by_rank[rank]) for docs_by_rank, _, _ in micro)
+        mine = sum(sum(docs_by_rank[rank]) for docs_by_rank, _, _, _ in micro)
         gathered = all_gather_floats([float(loss_sum), seconds, attention, float(mine), peak,
                                       stats["plan_ms"] if stats else 0.0, stats["make_ms"] if stats else 0.0,
-                                      pre_plan_ms, gc_ms, float(gc_full)] + attention_by_mb, world)
-        costs = [sum(causal_cost(docs_by_rank[r]) for docs_by_rank, _, _ in micro) for r in range(world)]
+                                      pre_plan_ms, gc_ms, float(gc_full), plan_wait_ms] + attention_by_mb, world)
+        costs = [sum(causal_cost(docs_by_rank[r]) for docs_by_rank, _, _, _ in micro) for r in range(world)]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
         slowest = max(g[1] for g in gathered)
-        flops = model_flops(args, params, [docs_by_rank for docs_by_rank, _, _ in micro])
-        split = all(len(nanos[rank]) == 2 for _, nanos, _ in micro)
+        flops = model_flops(args, params, [docs_by_rank for docs_by_rank, _, _, _ in micro])
+        split = all(len(nanos[rank]) == 2 for _, nanos, _, _ in micro)
         record = {"step": step, "loss": sum(g[0] for g in gathered) / world,
                   "losses": [g[0] for g in gathered], "grad_norm": norm.item(),
                   "tokens_per_s": sum(g[3] for g in gathered) / slowest, "step_s": [g[1] for g in gathered],
@@ -803,8 +845,9 @@ def train_one(args, rank, world, device, lengths):
                   "plan_make_ms": [g[6] for g in gathered], "pre_plan_ms": [g[7] for g in gathered],
                   "gc_ms": [g[8] for g in gathered], "gc_full_collections": [int(g[9]) for g in gathered],
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
-                  "attention_s_by_micro_batch": [[g[10 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
-                  "ping_pong": split, "nano_tokens": [[[sum(d) for d in n] for n in nanos] for _, nanos, _ in micro],
+                  "plan_wait_ms": [g[10] for g in gathered],
+                  "attention_s_by_micro_batch": [[g[11 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
+                  "ping_pong": split, "nano_tokens": [[[sum(d) for d in n] for n in nanos] for _, nanos, _, _ in micro],
                   "profiled": profiling}
         if stats:
             record["nano_imbalance"] = stats["nano_imbalance"]
@@ -898,10 +941,16 @@ def parse_args(argv=None):
                    help="train several configurations one after another in this process (one start-up): a comma "
                         "list of 'local' (the project's kernels, no CAD), 'torch_varlen' (torch's varlen_attn; "
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
-                        "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), e.g. "
-                        "local,torch_varlen,prefix_aware,distca+pp. Each starts from the same weights; its JSON is "
-                        "--json-out with {config} = its name, + '_pingpong' with ping-pong. Overrides --attention, "
-                        "--balancer, --ping-pong")
+                        "prefix_aware, colocated), each optionally with '+pp' (--ping-pong) and/or '+now' (--plan-ahead "
+                        "off), e.g. local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the "
+                        "same weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
+                        "'_pingpong' with ping-pong. Overrides --attention, --balancer, --ping-pong, --plan-ahead")
+    p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
+                   help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
+                        "it starts (the next step's first during this step's last) and made on CAD's planning "
+                        "thread, their collectives on a gloo group of their own (cad.plan(ahead=True)); each step "
+                        "records how long its forwards still waited for them (plan_wait_ms). off: made at the "
+                        "micro-batch's start, on the training thread (collective, waits for every rank)")
     p.add_argument("--gc", choices=["auto", "freeze"], default="auto",
                    help="Python's garbage collector: auto (as is), or freeze: gc.freeze() once the model and "
                         "optimizer exist, so that collections no longer scan them (every step records its "
@@ -939,10 +988,11 @@ def parse_args(argv=None):
         p.error(f"--profile-step must name one of the {args.steps} steps (0..{args.steps - 1}), got {args.profile_step}")
     if args.configs is not None:
         names = args.configs.split(",")
-        bad = [n for n in names if not n.partition("+")[0] or n.partition("+")[2] not in ("", "pp")]
+        bad = [n for n in names if not n.split("+")[0] or any(m not in ("pp", "now") for m in n.split("+")[1:])
+               or len(set(n.split("+")[1:])) != len(n.split("+")[1:])]
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'torch_varlen' or a balancer name, optionally with "
-                    f"'+pp'")
+                    f"'+pp' and/or '+now'")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     return args

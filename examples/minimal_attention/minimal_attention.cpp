@@ -168,7 +168,7 @@ cad_status_t create(const cad_host_services_v1_t* services, const char* config, 
   return create_context<Context>(services, config, out, msg, cap);  // checks the services, catches throws
 }
 void destroy(void* ctx) { delete static_cast<Context*>(ctx); }  // no threads to join
-const char* last_error(void* ctx) { return ctx ? static_cast<Context*>(ctx)->error.last_error.c_str() : ""; }
+const char* last_error(void* ctx) { return ctx ? static_cast<Context*>(ctx)->error.text() : ""; }
 
 // Rule 1: static tables, valid as long as the library is loaded. get_stats_json is optional: NULL.
 const cad_attention_v1_t kTable = {sizeof(cad_attention_v1_t), create, destroy, last_error, get_capabilities,

@@ -3,6 +3,7 @@
 // all_to_all_v curve) and stated assumptions (GEMM rate, network), with the real balancer plugins'
 // plans on batches sampled with DistCA's recipe. The model is host_adapter/simulate/.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -69,6 +70,23 @@ const char* kUsage =
     "  --net-gbps X        network per GPU in Gb/s (overrides the system file's, e.g. 400)\n"
     "  --gemm-tflops X     GEMM rate of the linear layers (overrides the system file's)\n"
     "                      (rates: numbers in [0.001, 1e6])\n"
+    "trainer (the step of a real trainer: examples/train_llama.py, FSDP2, gradient accumulation):\n"
+    "  --trainer FILE      price the step with the overhead terms measured in that trainer (e.g.\n"
+    "                      docs/simulate/trainer_h200.json: non-attention time per token and layer and\n"
+    "                      outside the layers, per-step fixed time, attention kernel scale and per-call cost,\n"
+    "                      plan make per plan, token and task, exchange fixed cost and pack/unpack per byte,\n"
+    "                      ping-pong's compute\n"
+    "                      factor); every micro-batch then waits for the slowest rank of all (FSDP2)\n"
+    "  --checkpointing full|none   full activation checkpointing: each layer's forward (and CAD's forward\n"
+    "                      exchange) runs twice (default full; needs --trainer)\n"
+    "  --kernel ours|torch_varlen  the local attention kernel's scale from the trainer file (default ours;\n"
+    "                      needs --trainer)\n"
+    "  --batch-seeds LIST  comma-separated seed of every micro-batch, step by step (a multiple of\n"
+    "                      --microbatches; replaces --steps and --seed): the trainer samples micro-batch m of\n"
+    "                      step s with seed 1 + 1000 s + m, so its steps 1-2 of 2 micro-batches are\n"
+    "                      1001,1002,2001,2002\n"
+    "  --detail            with --json: every micro-batch's per-rank parts (tokens, kernel seconds, bytes,\n"
+    "                      the trainer model's terms)\n"
     "output:\n"
     "  --pingpong on|off|both   which modes to print (default both; --json always has both)\n"
     "  --json              machine-readable output (what bench/simulate/simulate_table.py reads)\n"
@@ -144,7 +162,35 @@ void require_finite(const std::vector<sim::BalancerResult>& results) {
 
 nlohmann::json rank_time_json(const sim::RankTime& t) {
   return {{"linear_s", t.linear},       {"attention_s", t.attention}, {"comm_s", t.comm},
-          {"comm_exposed_s", t.comm_exposed}, {"tp_comm_s", t.tp_comm}, {"total_s", t.total}};
+          {"comm_exposed_s", t.comm_exposed}, {"tp_comm_s", t.tp_comm}, {"plan_s", t.plan},
+          {"total_s", t.total}};
+}
+
+nlohmann::json trainer_time_json(const sim::TrainerRankTime& t) {
+  return {{"linear_s", t.linear},     {"attention_s", t.attention}, {"exchange_s", t.exchange},
+          {"exchange_exposed_s", t.exchange_exposed}, {"plan_s", t.plan}, {"total_s", t.total}};
+}
+
+nlohmann::json detail_json(const std::vector<sim::MicroBatchDetail>& detail) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& m : detail) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& r : m.ranks) {
+      ranks.push_back({{"tokens", r.tokens},
+                       {"tasks_served", r.tasks_served},
+                       {"attention_fwd_s", r.attention_fwd_s},
+                       {"attention_bwd_s", r.attention_bwd_s},
+                       {"bytes_sent", r.bytes_sent},
+                       {"bytes_received", r.bytes_received},
+                       {"total_off_s", r.total_off_s},
+                       {"total_on_s", r.total_on_s},
+                       {"trainer_off", trainer_time_json(r.trainer_off)},
+                       {"trainer_on", trainer_time_json(r.trainer_on)}});
+    }
+    out.push_back({{"step", m.step}, {"micro_batch", m.micro_batch}, {"seed", m.seed}, {"tasks", m.tasks},
+                   {"ranks", ranks}});
+  }
+  return out;
 }
 
 nlohmann::json mode_json(const sim::ModeResult& m) {
@@ -174,8 +220,8 @@ int run_simulate(int argc, char** argv) {
       {"--model", "--layers", "--hidden", "--heads", "--kv-heads", "--head-dim", "--mlp", "--vocab", "--gpus",
        "--gpus-per-node", "--tp", "--pp", "--dist", "--context", "--steps", "--seed", "--microbatches", "--balancers",
        "--cp-size", "--cad-size", "--min-shard", "--path", "--rates", "--system", "--attention-tflops", "--net-gbps", "--gemm-tflops",
-       "--pingpong"},
-      {"--json", "--quiet", "--balance-time"});
+       "--pingpong", "--trainer", "--checkpointing", "--kernel", "--batch-seeds"},
+      {"--json", "--quiet", "--balance-time", "--detail"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -223,6 +269,30 @@ int run_simulate(int argc, char** argv) {
     throw UsageError("--microbatches " + std::to_string(s.microbatches) + " x " + std::to_string(s.layout.dp()) +
                      " data-parallel ranks is more than 2^20 (a step keeps one time per rank and micro-batch); "
                      "at most " + std::to_string(lim::kMaxMicrobatchRanks / s.layout.dp()) + " micro-batches here");
+  }
+  if (args.has("--batch-seeds")) {
+    if (args.has("--steps") || args.has("--seed")) {
+      throw UsageError("--batch-seeds names every micro-batch's seed; it cannot go with --steps or --seed");
+    }
+    const std::vector<std::string> seeds = split(args.get("--batch-seeds", ""), ',');
+    if (seeds.empty()) throw UsageError("--batch-seeds: expected a comma-separated list of seeds, e.g. 1001,1002");
+    for (const std::string& text : seeds) {
+      char* end = nullptr;
+      errno = 0;
+      const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+      if (end == text.c_str() || *end != '\0' || errno != 0 || text[0] == '-') {
+        throw UsageError("--batch-seeds: '" + text + "' is not a seed (a whole number >= 0)");
+      }
+      s.batch_seeds.push_back(static_cast<uint64_t>(v));
+    }
+    if (s.batch_seeds.size() % static_cast<size_t>(s.microbatches) != 0) {
+      throw UsageError("--batch-seeds: " + std::to_string(s.batch_seeds.size()) + " seeds is not a whole number of "
+                       "steps of --microbatches " + std::to_string(s.microbatches));
+    }
+    if (static_cast<int64_t>(s.batch_seeds.size()) > lim::kMaxSteps * s.microbatches) {
+      throw UsageError("--batch-seeds: at most " + std::to_string(lim::kMaxSteps) + " steps of seeds");
+    }
+    s.steps = static_cast<int64_t>(s.batch_seeds.size()) / s.microbatches;
   }
   s.min_shard_tokens = args.get_int("--min-shard", 128, 0, big);
   s.search_path = args.get("--path", "");
@@ -273,7 +343,28 @@ int run_simulate(int argc, char** argv) {
     rates = sim::load_attention_rates(rates_path);
   }
 
+  std::unique_ptr<sim::TrainerCalibration> trainer;
+  if (args.has("--trainer")) {
+    trainer = std::make_unique<sim::TrainerCalibration>(sim::load_trainer_calibration(args.get("--trainer", "")));
+    if (s.layout.pp != 1) throw UsageError("--trainer models a data-parallel trainer (FSDP2); it cannot go with --pp");
+    const std::string ck = args.get("--checkpointing", "full");
+    if (ck != "full" && ck != "none") throw UsageError("--checkpointing: expected full or none, got '" + ck + "'");
+    const std::string kernel = args.get("--kernel", "ours");
+    if (kernel != "ours" && kernel != "torch_varlen") {
+      throw UsageError("--kernel: expected ours or torch_varlen, got '" + kernel + "'");
+    }
+    s.trainer = trainer.get();
+    s.trainer_options.checkpointing = ck == "full";
+    s.trainer_options.kernel_scale =
+        kernel == "ours" ? trainer->attention_scale : trainer->torch_varlen_attention_scale;
+  } else {
+    for (const char* option : {"--checkpointing", "--kernel"}) {
+      if (args.has(option)) throw UsageError(std::string(option) + " needs --trainer FILE (the trainer's calibration)");
+    }
+  }
   const bool json = args.has("--json");
+  if (args.has("--detail") && !json) throw UsageError("--detail needs --json");
+  s.detail = args.has("--detail");
   const auto start = std::chrono::steady_clock::now();
   if (!args.has("--quiet")) s.progress = progress_printer(s.layout.dp() >= 128);
   const std::vector<sim::BalancerResult> results = sim::simulate(s, cal, *rates);
@@ -297,6 +388,23 @@ int run_simulate(int argc, char** argv) {
                           {"gemm_tflops", cal.gemm_tflops},
                           {"net_GBps_per_gpu", cal.net_GBps_per_gpu},
                           {"net_efficiency", cal.net_efficiency}};
+    if (trainer) {
+      out["trainer"] = {{"file", trainer->path},
+                        {"fitted_on", trainer->fitted_on},
+                        {"checkpointing", s.trainer_options.checkpointing ? "full" : "none"},
+                        {"kernel_scale", s.trainer_options.kernel_scale},
+                        {"layer_us_per_token", trainer->layer_us_per_token},
+                        {"head_us_per_token", trainer->head_us_per_token},
+                        {"step_fixed_ms", trainer->step_fixed_ms},
+                        {"plan_make_ms", trainer->plan_make_ms},
+                        {"plan_make_us_per_task", trainer->plan_make_us_per_task},
+                        {"plan_make_ns_per_token", trainer->plan_make_ns_per_token},
+                        {"attention_call_us", trainer->attention_call_us},
+                        {"exchange_fixed_us", trainer->exchange_fixed_us},
+                        {"pack_unpack_ns_per_byte", trainer->pack_unpack_ns_per_byte},
+                        {"pingpong_compute_factor", trainer->pingpong_compute_factor}};
+    }
+    if (!s.batch_seeds.empty()) out["workload"]["batch_seeds"] = s.batch_seeds;
     out["balancers"] = nlohmann::json::array();
     for (const auto& r : results) {
       nlohmann::json b = {{"name", r.name},
@@ -306,6 +414,7 @@ int run_simulate(int argc, char** argv) {
                           {"plan_ms", r.plan_ms},
                           {"off", mode_json(r.off)},
                           {"on", mode_json(r.on)}};
+      if (s.detail) b["detail"] = detail_json(r.detail);
       for (const bool pp : {false, true}) {
         const std::string mode = pp ? "on" : "off";
         if (colocated != nullptr) b[mode]["speedup_vs_colocated"] = speedup(colocated, r, pp);
@@ -329,8 +438,15 @@ int run_simulate(int argc, char** argv) {
   std::printf("workload: %s, %lld tokens per data-parallel rank, %lld step(s) x %lld micro-batch(es), seed %llu\n",
               dist.c_str(), static_cast<long long>(s.context), static_cast<long long>(s.steps),
               static_cast<long long>(s.microbatches), static_cast<unsigned long long>(s.seed));
-  std::printf("attention rates: %s\nsystem: %s (GEMM %.0f TFLOP/s, network %.1f GB/s per GPU x %.2f)\n\n",
+  std::printf("attention rates: %s\nsystem: %s (GEMM %.0f TFLOP/s, network %.1f GB/s per GPU x %.2f)\n",
               rates->describe().c_str(), cal.path.c_str(), cal.gemm_tflops, cal.net_GBps_per_gpu, cal.net_efficiency);
+  if (trainer) {
+    std::printf("trainer: %s (fitted on %s), checkpointing %s, attention kernel x %.3f; linear_s includes the\n"
+                "trainer's non-attention time, comm_s CAD's exchanges with their fixed and pack/unpack costs\n",
+                trainer->path.c_str(), trainer->fitted_on.c_str(), s.trainer_options.checkpointing ? "full" : "none",
+                s.trainer_options.kernel_scale);
+  }
+  std::printf("\n");
   for (const bool pp : {false, true}) {
     if ((pp && pingpong == "off") || (!pp && pingpong == "on")) continue;
     std::printf("ping-pong %s\n", pp ? "on" : "off");

@@ -21,7 +21,19 @@ void add(RankTime& into, const RankTime& t, double weight) {
   into.comm += weight * t.comm;
   into.comm_exposed += weight * t.comm_exposed;
   into.tp_comm += weight * t.tp_comm;
+  into.plan += weight * t.plan;
   into.total += weight * t.total;
+}
+
+RankTime as_rank_time(const TrainerRankTime& t) {
+  RankTime r;
+  r.linear = t.linear;
+  r.attention = t.attention;
+  r.comm = t.exchange;
+  r.comm_exposed = t.exchange_exposed;
+  r.plan = t.plan;
+  r.total = t.total;
+  return r;
 }
 
 void check_scenario(const Scenario& s, const AttentionRates& rates) {
@@ -32,6 +44,16 @@ void check_scenario(const Scenario& s, const AttentionRates& rates) {
   if (s.balancers.empty()) throw std::invalid_argument("--balancers names no balancer");
   if (s.steps < 1) throw std::invalid_argument("--steps must be >= 1");
   if (s.microbatches < 1) throw std::invalid_argument("--microbatches must be >= 1");
+  if (!s.batch_seeds.empty() && s.batch_seeds.size() % static_cast<size_t>(s.microbatches) != 0) {
+    throw std::invalid_argument("--batch-seeds: " + std::to_string(s.batch_seeds.size()) +
+                                " seeds is not a whole number of steps of --microbatches " +
+                                std::to_string(s.microbatches));
+  }
+  if (s.trainer != nullptr && s.layout.pp != 1) {
+    throw std::invalid_argument("--trainer models a data-parallel trainer (FSDP2); it cannot go with --pp " +
+                                std::to_string(s.layout.pp));
+  }
+  if (!(s.trainer_options.kernel_scale > 0)) throw std::invalid_argument("the attention kernel scale must be > 0");
   if (rates.head_dim() != 0 && rates.head_dim() != s.shape.head_dim) {
     throw std::invalid_argument("the attention rate table (" + rates.describe() + ") holds for head_dim " +
                                 std::to_string(rates.head_dim()) + ", the model has head_dim " +
@@ -70,26 +92,31 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
     results.push_back(r);
   }
 
-  const int64_t batches = s.steps * s.microbatches;
+  const int64_t steps = s.batch_seeds.empty() ? s.steps : static_cast<int64_t>(s.batch_seeds.size()) / s.microbatches;
+  const int64_t batches = steps * s.microbatches;
   const double weight = 1.0 / static_cast<double>(batches);
   // times[balancer][mode][microbatch of this step][rank]
-  for (int64_t step = 0; step < s.steps; ++step) {
+  for (int64_t step = 0; step < steps; ++step) {
     std::vector<std::vector<std::vector<std::vector<double>>>> times(
         s.balancers.size(), std::vector<std::vector<std::vector<double>>>(2));
     for (int64_t m = 0; m < s.microbatches; ++m) {
-      const uint64_t seed = s.seed + static_cast<uint64_t>(step * s.microbatches + m);
+      const uint64_t seed = s.batch_seeds.empty() ? s.seed + static_cast<uint64_t>(step * s.microbatches + m)
+                                                  : s.batch_seeds[static_cast<size_t>(step * s.microbatches + m)];
       const cad::plan::RankPieces batch = documents_per_rank(
           cad::workload::sample_batch(s.lengths, s.context, static_cast<int32_t>(dp), seed));
       for (size_t bi = 0; bi < s.balancers.size(); ++bi) {
         const BalancerSpec& spec = s.balancers[bi];
         BalancerResult& res = results[bi];
         if (s.progress) {
-          s.progress("step " + std::to_string(step + 1) + "/" + std::to_string(s.steps) + ", micro-batch " +
+          s.progress("step " + std::to_string(step + 1) + "/" + std::to_string(steps) + ", micro-batch " +
                      std::to_string(m + 1) + "/" + std::to_string(s.microbatches) + ": " + res.name + " on " +
                      std::to_string(dp) + " ranks in groups of " + std::to_string(res.group_size));
         }
         std::vector<RankWork> work;
         work.reserve(static_cast<size_t>(dp));
+        std::vector<int64_t> group_tasks;  // per rank: the tasks it serves in its group's plan
+        group_tasks.reserve(static_cast<size_t>(dp));
+        int64_t all_tasks = 0;
         double bytes = 0, plan_ms = 0;
         for (int64_t begin = 0; begin < dp; begin += res.group_size) {
           const int64_t end = std::min(dp, begin + res.group_size);
@@ -102,6 +129,13 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
           std::vector<RankWork> w = rank_work(pieces, tasks, params, s.layout, begin, rates, &group_bytes);
           bytes += group_bytes;
           work.insert(work.end(), w.begin(), w.end());
+          // The tasks each rank serves: its share of the plan make's device tables (trainer_model.h).
+          std::vector<int64_t> served(w.size(), 0);
+          for (const cad_task_v1_t& t : tasks) {
+            if (t.server >= 0 && static_cast<size_t>(t.server) < served.size()) ++served[static_cast<size_t>(t.server)];
+          }
+          group_tasks.insert(group_tasks.end(), served.begin(), served.end());
+          all_tasks += static_cast<int64_t>(tasks.size());
         }
         res.plan_ms += weight * plan_ms;
         res.bytes_per_layer += weight * bytes;
@@ -112,25 +146,57 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
           sum_attn += a;
         }
         res.attention_imbalance += weight * (sum_attn > 0 ? max_attn * static_cast<double>(dp) / sum_attn : 1.0);
+        // Colocated ranks keep their documents: no plan to make, nothing to exchange.
+        const bool moves_work = res.name != "colocated" && res.group_size > 1;
+        MicroBatchDetail detail;
+        if (s.detail) {
+          detail.step = step;
+          detail.micro_batch = m;
+          detail.seed = seed;
+          detail.tasks = all_tasks;
+          detail.ranks.resize(work.size());
+        }
         for (int mode = 0; mode < 2; ++mode) {
           ModeResult& mr = mode == 0 ? res.off : res.on;
+          const bool pingpong = mode == 1;
+          auto price = [&](size_t r) {
+            if (s.trainer == nullptr) return rank_time(work[r], s.shape, s.layout, cal, pingpong);
+            const TrainerRankTime tt = trainer_rank_time(work[r], moves_work, group_tasks[r], s.shape, s.layout, cal,
+                                                         *s.trainer, s.trainer_options, pingpong);
+            if (s.detail) (pingpong ? detail.ranks[r].trainer_on : detail.ranks[r].trainer_off) = tt;
+            return as_rank_time(tt);
+          };
           std::vector<double> t(static_cast<size_t>(dp));
           size_t slowest = 0;
           for (size_t r = 0; r < work.size(); ++r) {
-            const RankTime rt = rank_time(work[r], s.shape, s.layout, cal, mode == 1);
+            const RankTime rt = price(r);
             t[r] = rt.total;
             if (rt.total > t[slowest]) slowest = r;
             add(mr.mean, rt, weight / static_cast<double>(dp));
+            if (s.detail) {
+              RankDetail& d = detail.ranks[r];
+              d.tokens = work[r].tokens;
+              d.tasks_served = group_tasks[r];
+              d.attention_fwd_s = work[r].attention.fwd;
+              d.attention_bwd_s = work[r].attention.bwd;
+              d.bytes_sent = work[r].bytes.sent_intra + work[r].bytes.sent_inter;
+              d.bytes_received = work[r].bytes.received_intra + work[r].bytes.received_inter;
+              (pingpong ? d.total_on_s : d.total_off_s) = rt.total;
+            }
           }
-          add(mr.slowest, rank_time(work[slowest], s.shape, s.layout, cal, mode == 1), weight);
+          add(mr.slowest, price(slowest), weight);
           times[bi][static_cast<size_t>(mode)].push_back(std::move(t));
         }
+        if (s.detail) res.detail.push_back(std::move(detail));
       }
     }
     for (size_t bi = 0; bi < s.balancers.size(); ++bi) {
       for (int mode = 0; mode < 2; ++mode) {
         ModeResult& mr = mode == 0 ? results[bi].off : results[bi].on;
-        mr.step_seconds.push_back(step_seconds(times[bi][static_cast<size_t>(mode)], results[bi].group_size, s.layout.pp));
+        const auto& t = times[bi][static_cast<size_t>(mode)];
+        // A trainer's FSDP2 meets at every layer: every micro-batch waits for the slowest rank of all.
+        mr.step_seconds.push_back(s.trainer != nullptr ? trainer_step_seconds(t, *s.trainer)
+                                                       : step_seconds(t, results[bi].group_size, s.layout.pp));
       }
     }
   }

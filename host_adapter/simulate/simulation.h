@@ -15,6 +15,8 @@
 #include "model_shape.h"
 #include "step_model.h"
 #include "system_calibration.h"
+#include "trainer_calibration.h"
+#include "trainer_model.h"
 
 namespace cad::simulate {
 
@@ -40,6 +42,15 @@ struct Scenario {
   int64_t steps = 1;         // sampled steps
   int64_t microbatches = 1;  // per step (pipeline parallelism wants several)
   int64_t min_shard_tokens = 128;
+  // The seed of every micro-batch, in order (step 0's micro-batches first); when set, `steps` is
+  // batch_seeds.size() / microbatches and `seed` is not used. Prices exactly the batches a trainer ran
+  // (examples/train_llama.py samples micro-batch m of step s with seed 1 + 1000 s + m).
+  std::vector<uint64_t> batch_seeds;
+  // A real trainer's step (trainer_model.h) instead of the kernel-level model, when set.
+  const TrainerCalibration* trainer = nullptr;
+  TrainerOptions trainer_options;
+  // Keep each micro-batch's per-rank parts in BalancerResult::detail (small runs: one entry per rank).
+  bool detail = false;
   // Called with a line of progress (e.g. "step 2/4: prefix_aware") on long runs; may be empty.
   std::function<void(const std::string&)> progress;
 };
@@ -53,6 +64,22 @@ struct ModeResult {
   RankTime mean;     // the mean over ranks, averaged
 };
 
+// One micro-batch on one rank, by part (Scenario::detail).
+struct RankDetail {
+  int64_t tokens = 0;
+  int64_t tasks_served = 0;                          // tasks of its group's plan it serves
+  double attention_fwd_s = 0, attention_bwd_s = 0;  // the rate table's kernel seconds, one layer, unscaled
+  double bytes_sent = 0, bytes_received = 0;         // one exchange pass of one layer
+  double total_off_s = 0, total_on_s = 0;            // the rank's micro-batch, without / with ping-pong
+  TrainerRankTime trainer_off, trainer_on;           // the trainer model's parts (with Scenario::trainer)
+};
+struct MicroBatchDetail {
+  int64_t step = 0, micro_batch = 0;
+  uint64_t seed = 0;
+  int64_t tasks = 0;  // tasks of all groups' plans
+  std::vector<RankDetail> ranks;
+};
+
 struct BalancerResult {
   std::string name;
   int64_t group_size = 0;
@@ -60,6 +87,7 @@ struct BalancerResult {
   double bytes_per_layer = 0;      // forward all_to_all_v bytes of one layer, all ranks, mean per micro-batch
   double plan_ms = 0;              // mean planning time per micro-batch (all groups)
   ModeResult off, on;              // without / with ping-pong
+  std::vector<MicroBatchDetail> detail;  // with Scenario::detail
 };
 
 // Validates the scenario (throws std::invalid_argument naming the option), runs it, returns one result

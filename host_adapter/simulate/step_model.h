@@ -61,6 +61,7 @@ struct RankTime {
   double comm = 0;          // all_to_all_v, forward + backward
   double comm_exposed = 0;  // the part of comm not hidden by ping-pong
   double tp_comm = 0;
+  double plan = 0;          // plan make (the trainer model, trainer_model.h; 0 in this model)
   double total = 0;
 };
 

@@ -177,7 +177,7 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
       plan = ctx.last_forward->plan.get();
       if (saved == nullptr) saved = ctx.last_forward->saved.get();
     } else {
-      one_shot = make_cad_plan(ctx, call, local.num_pieces, args->pieces, args->stream);
+      one_shot = make_cad_plan(ctx, *ctx.comm, call, local.num_pieces, args->pieces, args->stream, false);
       plan = one_shot.get();
       // The same verdict on every rank: their states' documents were agreed on, the plan is the same everywhere.
       if (saved != nullptr) check_saved_documents(saved->stamp, plan->stamp.documents, "backward");

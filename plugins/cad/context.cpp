@@ -54,6 +54,7 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
     : logger(services, "cad") {
   plugin::ConfigReader reader(config_json, "plugin 'cad' config");
   config.communicator = required_name(reader, "communicator");
+  config.plan_communicator = reader.get_string("plan_communicator", "");
   config.balancer = required_name(reader, "balancer");
   config.server_backend = required_name(reader, "server_backend");
   config.keep_forward_tensors = reader.get_bool("keep_forward_tensors", true);
@@ -65,6 +66,23 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   const auto* comm_table = static_cast<const cad_communicator_v1_t*>(
       lookup(services, config.communicator, CAD_PLUGIN_KIND_COMMUNICATOR, &instance));
   comm = std::make_unique<Comm>(comm_table, instance, config.communicator);
+  if (!config.plan_communicator.empty()) {
+    if (config.plan_communicator == config.communicator) {
+      fail(CAD_STATUS_INVALID_CONFIG,
+           format("plugin 'cad' config: 'plan_communicator' names '%s', the data communicator itself; it must be an "
+                  "instance of its own (or be left out)", config.plan_communicator.c_str()));
+    }
+    void* plan_instance = nullptr;
+    const auto* plan_table = static_cast<const cad_communicator_v1_t*>(
+        lookup(services, config.plan_communicator, CAD_PLUGIN_KIND_COMMUNICATOR, &plan_instance));
+    plan_comm = std::make_unique<Comm>(plan_table, plan_instance, config.plan_communicator);
+    if (plan_comm->rank() != comm->rank() || plan_comm->world() != comm->world()) {
+      fail(CAD_STATUS_INVALID_CONFIG,
+           format("plugin 'cad' config: plan_communicator '%s' is rank %d of %d but communicator '%s' is rank %d of "
+                  "%d; both must span the same ranks in the same order", config.plan_communicator.c_str(),
+                  plan_comm->rank(), plan_comm->world(), config.communicator.c_str(), comm->rank(), comm->world()));
+    }
+  }
 
   balancer.table = static_cast<const cad_balancer_v1_t*>(
       lookup(services, config.balancer, CAD_PLUGIN_KIND_BALANCER, &balancer.instance));
@@ -118,8 +136,9 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   accepts.max_head_dim = server.caps.max_head_dim;
   // One line per job is enough at info level; the other ranks say it at debug level.
   const std::string summary =
-      format("rank %d of %d: communicator '%s', balancer '%s', server backend '%s', keep_forward_tensors %s, %s data path",
-             comm->rank(), comm->world(), config.communicator.c_str(), config.balancer.c_str(),
+      format("rank %d of %d: communicator '%s'%s%s, balancer '%s', server backend '%s', keep_forward_tensors %s, %s data path",
+             comm->rank(), comm->world(), config.communicator.c_str(), plan_comm ? ", plans over '" : "",
+             plan_comm ? (config.plan_communicator + "'").c_str() : "", config.balancer.c_str(),
              config.server_backend.c_str(), config.keep_forward_tensors ? "true" : "false",
              accepts.device_type == CAD_DEVICE_CPU ? "CPU" : (host_staged ? "CUDA (host-staged)" : "CUDA"));
   logger.log(comm->rank() == 0 ? CAD_LOG_INFO : CAD_LOG_DEBUG, summary);

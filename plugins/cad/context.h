@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@ namespace cad::cad_plugin {
 
 struct Config {
   std::string communicator;        // instance names in the host's config
+  std::string plan_communicator;   // optional: make_plan's collectives go here (see CadContext::planning_comm)
   std::string balancer;
   std::string server_backend;
   bool keep_forward_tensors = true;  // servers keep Q/K/V/O/LSE of the last forward for backward
@@ -75,6 +77,18 @@ struct CadContext : plugin::ErrorState {
   plugin::Logger logger;
   Config config;
   std::unique_ptr<Comm> comm;
+  // make_plan's collectives (agreement, piece tables, verdict) on a communicator of their own, so that plans can
+  // be made ahead on another thread while this one's forward and backward exchange data on `comm`. Empty: `comm`.
+  std::unique_ptr<Comm> plan_comm;
+  Comm& planning_comm() { return plan_comm ? *plan_comm : *comm; }
+  bool plans_concurrently() const { return plan_comm != nullptr; }
+  // Thread safety. Every entry point holds `state_mutex` for its whole call, except make_plan with a plan
+  // communicator: it holds `planning_mutex` (one make at a time) and takes `state_mutex` only around what it
+  // shares with the other calls (the server backend's plan, device tables, the handle registry, stats), never
+  // across a collective. Recursive: a release that a host collective's callback triggers on the same thread
+  // (a Python garbage collection inside a call) must not deadlock.
+  std::recursive_mutex state_mutex;
+  std::mutex planning_mutex;
   BalancerRef balancer;
   ServerBackend server;
   Accepts accepts;  // what the server backend takes, hence what CAD takes

@@ -91,6 +91,12 @@ struct DevicePlan {
   WorkspaceSizes sizes;                // of the per-call buffers (CallScratch)
   DeviceBuffer sum_index;  // owner-side dK/dV rows read by several servers (wire_tables.h: shared_*)
   int64_t shared_kv_rows = 0;
+  // The tables are uploaded in the order of the plan's stream, without waiting on the host (a plan made
+  // ahead on another thread must not wait for the training stream to drain): their host copies live as long
+  // as the plan, and `ready` marks the uploads' end for calls on other streams.
+  std::vector<RowCopy> host_to_wire, host_from_wire;
+  std::vector<int64_t> host_sum_index;
+  cudaEvent_t ready = nullptr;
 
   // Every device buffer the plan holds (allocated, counted and released through this one list). The wire
   // staging and the server batch's scratch are not here: a call takes them from the host's allocator and
@@ -304,8 +310,11 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
     check_cuda(cudaMemcpyAsync(plan->sum_index.ptr, sum_index.data(), static_cast<size_t>(sizes.sum_index),
                                cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)), "uploading the sum index");
   }
-  // make_plan synchronises once: the plan's memory and tables are then usable on any stream.
-  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "waiting for the plan's uploads");
+  plan->host_to_wire = std::move(to_wire);
+  plan->host_from_wire = std::move(from_wire);
+  plan->host_sum_index = std::move(sum_index);
+  check_cuda(cudaEventCreateWithFlags(&plan->ready, cudaEventDisableTiming), "creating the plan's ready event");
+  check_cuda(cudaEventRecord(plan->ready, static_cast<cudaStream_t>(stream)), "recording the plan's uploads");
   return plan.release();
 }
 
@@ -315,6 +324,7 @@ void release_device_plan(CadContext& ctx, DevicePlan* plan) {
   // Pinned staging is only used inside host-synchronised exchanges: nothing can still read it.
   if (plan->pinned_send != nullptr) cudaFreeHost(plan->pinned_send);
   if (plan->pinned_recv != nullptr) cudaFreeHost(plan->pinned_recv);
+  if (plan->ready != nullptr) cudaEventDestroy(plan->ready);  // released once its work completes
   delete plan;
 }
 
@@ -520,6 +530,13 @@ template <class Drained>
 
 }  // namespace
 
+// A call on another stream than the plan's waits for the plan's uploads (on the GPU, not the host).
+static void wait_for_tables(const DevicePlan& plan, cudaStream_t stream) {
+  if (stream != static_cast<cudaStream_t>(plan.stream)) {
+    check_cuda(cudaStreamWaitEvent(stream, plan.ready, 0), "waiting for the plan's tables");
+  }
+}
+
 void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const cad_attention_forward_args_v1_t* args,
                     Saved* keep, CallStats& stats, bool drain) {
   DevicePlan& dp = *plan.device;
@@ -530,6 +547,7 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
   const int32_t me = ctx.comm->rank();
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(me)];
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes(), hq = shape.num_q_heads;
+  wait_for_tables(dp, stream);
   CallScratch scratch(ctx, dp, call_stream);
 
   // The server batch: in the saved state (kept for backward) or in this call's scratch.
@@ -600,6 +618,7 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(me)];
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes(), hq = shape.num_q_heads;
   const bool kept = saved != nullptr && saved->device != nullptr;
+  wait_for_tables(dp, stream);
   CallScratch scratch(ctx, dp, call_stream);
 
   // The server batch's gradients, and its forward tensors unless they were kept: this call's scratch.

@@ -83,7 +83,7 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
     // No plan: this call plans for itself (collective: also agrees on every rank's arguments). A v1.0-style
     // forward starts a new step: what the previous one kept is stale from here on.
     if (saved_slot == nullptr) ctx.last_forward.reset();
-    one_shot = make_cad_plan(ctx, local, args->pieces, args->stream, "forward");
+    one_shot = make_cad_plan(ctx, *ctx.comm, local, args->pieces, args->stream, "forward", false);
     plan = one_shot.get();
     stats = plan->model;
     stats.replanned = true;

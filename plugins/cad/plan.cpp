@@ -16,6 +16,9 @@ void DevicePlanDeleter::operator()(DevicePlan* plan) const { release_device_plan
 
 void PlanDeleter::operator()(CadPlan* plan) const {
   if (plan == nullptr) return;
+  // A plan that fails while being made ahead goes back from the planning thread: the server backend and the
+  // device memory are shared with the other thread's calls.
+  std::lock_guard<std::recursive_mutex> shared(ctx->state_mutex);
   if (plan->server_plan != nullptr && ctx->server.has_plans()) {
     ctx->server.table->release_plan(ctx->server.instance, plan->server_plan);
   }
@@ -46,10 +49,10 @@ bool same_pieces(const std::vector<cad_piece_v1_t>& mine, const cad_piece_v1_t* 
 
 }  // namespace
 
-PlanPtr make_cad_plan(CadContext& ctx, const LocalCall& local, const cad_piece_v1_t* pieces, void* stream,
-                      const char* what) {
-  const AgreedCall call = agree_on_call(*ctx.comm, local, what);
-  return make_cad_plan(ctx, call, local.num_pieces, pieces, stream);
+PlanPtr make_cad_plan(CadContext& ctx, Comm& comm, const LocalCall& local, const cad_piece_v1_t* pieces, void* stream,
+                      const char* what, bool concurrent) {
+  const AgreedCall call = agree_on_call(comm, local, what);
+  return make_cad_plan(ctx, comm, call, local.num_pieces, pieces, stream, concurrent);
 }
 
 namespace {
@@ -93,12 +96,14 @@ void agree_on_plan_call(CadContext& ctx, const LocalCall& local, const char* wha
   fail(local.status, format("%s on rank %d: %s", what, ctx.comm->rank(), local.message.c_str()));
 }
 
-PlanPtr make_cad_plan(CadContext& ctx, const AgreedCall& call, int64_t num_local_pieces, const cad_piece_v1_t* pieces,
-                      void* stream) {
-  Comm& comm = *ctx.comm;
+PlanPtr make_cad_plan(CadContext& ctx, Comm& comm, const AgreedCall& call, int64_t num_local_pieces,
+                      const cad_piece_v1_t* pieces, void* stream, bool concurrent) {
   PlanPtr plan(new CadPlan, PlanDeleter{&ctx});
   plan->device = std::unique_ptr<DevicePlan, DevicePlanDeleter>(nullptr, DevicePlanDeleter{&ctx});
   plan->step = prepare_step(comm, ctx.balancer, call, pieces, ctx.config.knobs, [&](Step& step) {
+    // The server backend and the device runtime are shared with the calls another thread may be making.
+    std::unique_lock<std::recursive_mutex> shared(ctx.state_mutex, std::defer_lock);
+    if (concurrent) shared.lock();
     plan->server_plan = make_server_plan(ctx, step, stream);
     if (step.shape.device_type == CAD_DEVICE_CUDA) {
       plan->device.reset(make_device_plan(ctx, step, stream));

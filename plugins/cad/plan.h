@@ -40,13 +40,16 @@ using PlanPtr = std::unique_ptr<CadPlan, PlanDeleter>;
 
 // Collective: agrees on every rank's call (`local` holds its checks' verdict), gathers the piece tables,
 // plans, lays out, prepares the server backend and device resources, and agrees on the outcome, so that
-// every rank gets a plan or every rank fails with the same message. `stream`: where device tables are
-// uploaded (CUDA).
-PlanPtr make_cad_plan(CadContext& ctx, const LocalCall& local, const cad_piece_v1_t* pieces, void* stream,
-                      const char* what);
+// every rank gets a plan or every rank fails with the same message. `comm`: where its collectives run (the
+// data communicator inside a call, CadContext::planning_comm for make_plan). `stream`: where device tables
+// are uploaded (CUDA), in stream order: they are ready for calls on that stream, and other streams wait for
+// the plan's event. `concurrent`: the caller does not hold ctx.state_mutex (a plan made ahead on another
+// thread); it is then taken around the server backend's plan and the device tables, never across a collective.
+PlanPtr make_cad_plan(CadContext& ctx, Comm& comm, const LocalCall& local, const cad_piece_v1_t* pieces, void* stream,
+                      const char* what, bool concurrent);
 // The same after agree_on_call (the caller agreed already).
-PlanPtr make_cad_plan(CadContext& ctx, const AgreedCall& call, int64_t num_local_pieces, const cad_piece_v1_t* pieces,
-                      void* stream);
+PlanPtr make_cad_plan(CadContext& ctx, Comm& comm, const AgreedCall& call, int64_t num_local_pieces,
+                      const cad_piece_v1_t* pieces, void* stream, bool concurrent);
 
 // A call made with a plan: every rank learns whether every rank's call is valid. On host-side data paths
 // (CPU, host-staged) with one small all_gather of each rank's verdict and ticket (every rank throws the

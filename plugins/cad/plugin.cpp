@@ -23,13 +23,14 @@ cad_status_t cad_create(const cad_host_services_v1_t* services, const char* conf
 void cad_destroy(void* ctx) { delete as_ctx(ctx); }
 
 const char* cad_last_error(void* ctx) {
-  return ctx == nullptr ? "context is NULL" : as_ctx(ctx)->last_error.c_str();
+  return ctx == nullptr ? "context is NULL" : as_ctx(ctx)->text();
 }
 
 cad_status_t cad_get_capabilities(void* ctx, cad_attention_capabilities_v1_t* out) {
   if (ctx == nullptr) return null_ctx();
   CadContext& c = *as_ctx(ctx);
   return plugin::guarded(c, [&] {
+    std::lock_guard<std::recursive_mutex> lock(c.state_mutex);
     if (out == nullptr) plugin::fail(CAD_STATUS_INVALID_ARGUMENT, "get_capabilities: out is NULL");
     if (out->struct_size < sizeof(cad_attention_capabilities_v1_t)) {
       plugin::fail(CAD_STATUS_ABI_MISMATCH,
@@ -45,19 +46,26 @@ cad_status_t cad_get_capabilities(void* ctx, cad_attention_capabilities_v1_t* ou
 cad_status_t cad_forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
   if (ctx == nullptr) return null_ctx();
   CadContext& c = *as_ctx(ctx);
-  return plugin::guarded(c, [&] { cad::cad_plugin::run_forward(c, args); });
+  return plugin::guarded(c, [&] {
+    std::lock_guard<std::recursive_mutex> lock(c.state_mutex);
+    cad::cad_plugin::run_forward(c, args);
+  });
 }
 
 cad_status_t cad_backward(void* ctx, const cad_attention_backward_args_v1_t* args) {
   if (ctx == nullptr) return null_ctx();
   CadContext& c = *as_ctx(ctx);
-  return plugin::guarded(c, [&] { cad::cad_plugin::run_backward(c, args); });
+  return plugin::guarded(c, [&] {
+    std::lock_guard<std::recursive_mutex> lock(c.state_mutex);
+    cad::cad_plugin::run_backward(c, args);
+  });
 }
 
 cad_status_t cad_get_stats_json(void* ctx, char* buffer, size_t capacity, size_t* needed) {
   if (ctx == nullptr) return null_ctx();
   CadContext& c = *as_ctx(ctx);
   return plugin::guarded(c, [&] {
+    std::lock_guard<std::recursive_mutex> lock(c.state_mutex);
     c.stats.rank = c.comm->rank();
     c.stats.world = c.comm->world();
     plugin::write_json_result(cad::cad_plugin::stats_json(c.stats), buffer, capacity, needed);
@@ -68,6 +76,12 @@ cad_status_t cad_make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, 
   if (ctx == nullptr) return null_ctx();
   CadContext& c = *as_ctx(ctx);
   return plugin::guarded(c, [&] {
+    // With a plan communicator this may run on a thread of its own while another thread runs forward and
+    // backward (a plan made ahead): see CadContext's thread-safety note. Without one, it is an ordinary call.
+    std::lock_guard<std::mutex> one_make_at_a_time(c.planning_mutex);
+    const bool concurrent = c.plans_concurrently();
+    std::unique_lock<std::recursive_mutex> state(c.state_mutex, std::defer_lock);
+    if (!concurrent) state.lock();
     cad::cad_plugin::LocalCall local;
     try {
       if (out_plan == nullptr) plugin::fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: out_plan is NULL");
@@ -78,8 +92,10 @@ cad_status_t cad_make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, 
       local.message = f.what();
     }
     // Collective: every rank reaches the same verdict (a rank whose arguments are bad fails them all).
-    cad::cad_plugin::PlanPtr plan = cad::cad_plugin::make_cad_plan(c, local, args != nullptr ? args->pieces : nullptr,
-                                                                   args != nullptr ? args->stream : nullptr, "make_plan");
+    cad::cad_plugin::PlanPtr plan =
+        cad::cad_plugin::make_cad_plan(c, c.planning_comm(), local, args != nullptr ? args->pieces : nullptr,
+                                       args != nullptr ? args->stream : nullptr, "make_plan", concurrent);
+    if (concurrent) state.lock();
     // What the plan will do, readable at once (get_stats_json's "plan"), before any call uses it.
     c.stats.plan = plan->model;
     c.stats.plan.valid = true;
@@ -93,13 +109,14 @@ cad_status_t cad_make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, 
 // already, or another instance's) is refused the only way left: an error logged and kept as last_error, and
 // nothing freed. The pointer is never dereferenced.
 void refuse_release(CadContext& c, const std::string& message) {
-  c.last_error = message;
+  c.set(message);
   c.logger.log(CAD_LOG_ERROR, message);
 }
 
 void cad_release_plan(void* ctx, void* plan) {
   if (ctx == nullptr || plan == nullptr) return;
   CadContext& c = *as_ctx(ctx);
+  std::lock_guard<std::recursive_mutex> lock(c.state_mutex);
   if (!c.plan_handles.remove(plan)) return refuse_release(c, c.plan_handles.not_live(plan, "release_plan"));
   cad::cad_plugin::PlanDeleter{&c}(static_cast<cad::cad_plugin::CadPlan*>(plan));
 }
@@ -107,6 +124,7 @@ void cad_release_plan(void* ctx, void* plan) {
 void cad_release_saved(void* ctx, void* saved) {
   if (ctx == nullptr || saved == nullptr) return;
   CadContext& c = *as_ctx(ctx);
+  std::lock_guard<std::recursive_mutex> lock(c.state_mutex);
   if (!c.saved_handles.remove(saved)) return refuse_release(c, c.saved_handles.not_live(saved, "release_saved"));
   delete static_cast<cad::cad_plugin::Saved*>(saved);
 }

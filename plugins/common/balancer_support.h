@@ -201,7 +201,7 @@ template <class Algo>
 struct Plugin {
   static void destroy(void* ctx) { delete static_cast<Context<Algo>*>(ctx); }
   static const char* last_error(void* ctx) {
-    return ctx == nullptr ? "balancer context is NULL" : static_cast<Context<Algo>*>(ctx)->error.last_error.c_str();
+    return ctx == nullptr ? "balancer context is NULL" : static_cast<Context<Algo>*>(ctx)->error.text();
   }
   static void release_plan(void*, cad_plan_v1_t* plan) { free_plan(plan); }
 

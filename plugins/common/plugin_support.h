@@ -8,9 +8,12 @@
 #include <cstdarg>
 #include <cstdint>
 #include <exception>
+#include <mutex>
 #include <new>
 #include <set>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -60,9 +63,25 @@ class Logger {
   std::string source_;
 };
 
-// The part of every plugin context that the ABI requires: the last error.
-struct ErrorState {
-  std::string last_error;
+// The part of every plugin context that the ABI requires: the last error. One per calling thread, like errno:
+// an instance may be called from two threads (plugin "cad" makes plans ahead on a host thread while the training
+// thread runs forward and backward), and one thread's failure must neither overwrite nor free the text another
+// thread is reading. The pointer text() returns stays valid until the same thread's next call on the instance.
+class ErrorState {
+ public:
+  void set(std::string message) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    by_thread_[std::this_thread::get_id()] = std::move(message);
+  }
+  void clear() { set(std::string()); }
+  const char* text() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return by_thread_[std::this_thread::get_id()].c_str();  // node-based map: the string never moves
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<std::thread::id, std::string> by_thread_;
 };
 
 // Runs `body` and converts whatever it throws into a status + last_error. Use at every ABI entry
@@ -71,19 +90,19 @@ template <class Body>
 cad_status_t guarded(ErrorState& state, Body&& body) noexcept {
   try {
     body();
-    state.last_error.clear();
+    state.clear();
     return CAD_STATUS_OK;
   } catch (const Failure& f) {
-    state.last_error = f.what();
+    state.set(f.what());
     return f.status();
   } catch (const std::bad_alloc&) {
-    state.last_error = "out of memory";
+    state.set("out of memory");
     return CAD_STATUS_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
-    state.last_error = std::string("internal error: ") + e.what();
+    state.set(std::string("internal error: ") + e.what());
     return CAD_STATUS_INTERNAL;
   } catch (...) {
-    state.last_error = "internal error: unknown exception";
+    state.set("internal error: unknown exception");
     return CAD_STATUS_INTERNAL;
   }
 }

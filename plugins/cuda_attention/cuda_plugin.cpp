@@ -124,7 +124,7 @@ cad_status_t create(const cad_host_services_v1_t* services, const char* config_j
 void destroy(void* ctx) { delete as_context(ctx); }  // no thread, no pending state: work belongs to the caller's stream
 
 const char* last_error(void* ctx) {
-  return ctx == nullptr ? "context is NULL" : as_context(ctx)->error.last_error.c_str();
+  return ctx == nullptr ? "context is NULL" : as_context(ctx)->error.text();
 }
 
 cad_status_t get_capabilities(void* ctx, cad_attention_capabilities_v1_t* out) {

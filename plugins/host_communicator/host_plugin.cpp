@@ -32,7 +32,7 @@ cad_status_t create(const cad_host_services_v1_t* services, const char* config_j
 void destroy(void* ctx) { delete static_cast<HostCommContext*>(ctx); }
 
 const char* last_error(void* ctx) {
-  return ctx == nullptr ? "ctx is NULL" : static_cast<HostCommContext*>(ctx)->error.last_error.c_str();
+  return ctx == nullptr ? "ctx is NULL" : static_cast<HostCommContext*>(ctx)->error.text();
 }
 
 cad_status_t get_rank(void* ctx, int32_t* out) {

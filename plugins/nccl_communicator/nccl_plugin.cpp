@@ -32,7 +32,7 @@ void destroy(void* ctx) {
 
 const char* last_error(void* ctx) {
   if (ctx == nullptr) return "ctx is NULL";
-  return static_cast<NcclContext*>(ctx)->error.last_error.c_str();
+  return static_cast<NcclContext*>(ctx)->error.text();
 }
 
 cad_status_t get_rank(void* ctx, int32_t* out_rank) {

@@ -58,7 +58,7 @@ cad_status_t create(const cad_host_services_v1_t* services, const char* config_j
   return cad::plugin::create_context<Context>(services, config_json, out_ctx, error, capacity);
 }
 void destroy(void* ctx) { delete static_cast<Context*>(ctx); }
-const char* last_error(void* ctx) { return static_cast<Context*>(ctx)->error.last_error.c_str(); }
+const char* last_error(void* ctx) { return static_cast<Context*>(ctx)->error.text(); }
 
 cad_status_t get_capabilities(void* ctx, cad_attention_capabilities_v1_t* out) {
   return guarded(static_cast<Context*>(ctx)->error, [&] {

@@ -18,7 +18,7 @@ cad_status_t create(const cad_host_services_v1_t* services, const char* config_j
   return cad::plugin::create_context<Context>(services, config_json, out_ctx, error, capacity);
 }
 void destroy(void* ctx) { delete static_cast<Context*>(ctx); }
-const char* last_error(void* ctx) { return static_cast<Context*>(ctx)->error.last_error.c_str(); }
+const char* last_error(void* ctx) { return static_cast<Context*>(ctx)->error.text(); }
 cad_status_t plan(void* ctx, const cad_balance_input_v1_t*, cad_plan_v1_t**) {
   return cad::plugin::guarded(static_cast<Context*>(ctx)->error,
                               [] { cad::plugin::fail(CAD_STATUS_UNSUPPORTED, "test_balancer plans nothing"); });

@@ -130,6 +130,7 @@ TEST(CadPlan, KeepModeForwardWithoutSlotIsReSentInItsBackward) {
   ASSERT_EQ(resent.forward(a, guard.plan, nullptr), CAD_STATUS_OK) << a.table->last_error(a.ctx);
   ASSERT_EQ(resent.backward(a, guard.plan, nullptr), CAD_STATUS_OK) << a.table->last_error(a.ctx);
   ASSERT_EQ(kept.backward(a, guard.plan, saved), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+  a.table->release_saved(a.ctx, saved);  // a backward borrows its saved state; the caller releases it
   const Outputs want = local_slice(b, oracle(b, true, resent.scale));
   for (LocalCall* call : {&resent, &kept}) {
     expect_close(call->o.data, want.o, "o");

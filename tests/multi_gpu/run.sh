@@ -132,7 +132,9 @@ if want train; then
       record "train $CONFIGS at $ctx tokens/GPU and micro-batch, $layers layers (one process)" $rc
     fi
     for config in ${CONFIGS//,/ }; do
-      name="${config/+pp/_pingpong}"
+      name="${config%%+*}"  # the trainer's label: base, then _plannow (+now), then _pingpong (+pp)
+      [[ "+$config+" == *"+now+"* ]] && name+="_plannow"
+      [[ "+$config+" == *"+pp+"* ]] && name+="_pingpong"
       if [ -f "$OUT/train_${name}_${ctx}.json" ]; then
         python3 -c "import json,sys; print('summary', json.dumps(json.load(open(sys.argv[1]))['summary']))" \
           "$OUT/train_${name}_${ctx}.json" | tee -a "$SUMMARY"

@@ -7,7 +7,9 @@ import harness
 DOCS = [[37, 5, 1, 21], [9, 60]]  # per rank; unequal attention work
 
 
-def _train(rank, implementation):
+def _train(rank, implementation, ahead=False):
+    """Two optimizer steps. ahead: each step's plan is asked for with cad.hf.plan_ahead while the step before it
+    computes (step 0's before the loop), as a trainer loading micro-batch i+1 would."""
     import cad.hf
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -18,13 +20,20 @@ def _train(rank, implementation):
     model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, dtype=torch.float32)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
-    out = []
+    batches = []
     for step in range(2):
         docs = DOCS[rank] if step == 0 else DOCS[rank][::-1]
         ids = torch.randint(0, 97, (1, sum(docs)), generator=g)
-        positions = torch.cat([torch.arange(n) for n in docs]).unsqueeze(0)
+        batches.append((ids, torch.cat([torch.arange(n) for n in docs]).unsqueeze(0)))
+    plans = [cad.hf.plan_ahead(model, position_ids=batches[0][1], tag=0)] if ahead else []
+    out = []
+    for step, (ids, positions) in enumerate(batches):
+        if ahead and step + 1 < len(batches):
+            plans.append(cad.hf.plan_ahead(model, position_ids=batches[step + 1][1], tag=step + 1))
         loss = model(input_ids=ids, position_ids=positions, labels=ids).loss
         loss.backward()
+        if ahead:  # the forward found its plan (made on the planning thread), made none at its first layer
+            assert cad.hf.current_plan() is plans[step] and plans[step].ready
         out.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
         optimizer.step()
         optimizer.zero_grad()
@@ -33,14 +42,16 @@ def _train(rank, implementation):
 
 def _compare(rank, world):
     local = _train(rank, "cad_local")
-    distributed = _train(rank, "cad")
-    for step, ((loss_a, grads_a), (loss_b, grads_b)) in enumerate(zip(local, distributed)):
-        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step} loss: {m}")
-        for name in grads_a:
-            torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6,
-                                       msg=lambda m: f"step {step} grad {name}: {m}")
-    import cad.hf
-    assert cad.hf.current_plan().stats["imbalance"] < 1.3
+    for ahead in (False, True):
+        distributed = _train(rank, "cad", ahead)
+        for step, ((loss_a, grads_a), (loss_b, grads_b)) in enumerate(zip(local, distributed)):
+            torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"ahead={ahead} step {step} loss: {m}")
+            for name in grads_a:
+                torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6,
+                                           msg=lambda m: f"ahead={ahead} step {step} grad {name}: {m}")
+        import cad.hf
+        assert cad.hf.current_plan().stats["imbalance"] < 1.3
 
 
 def _local_matches_sdpa(rank, world):

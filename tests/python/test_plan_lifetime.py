@@ -114,3 +114,20 @@ def test_auto_keeps_a_recomputed_forward_on_the_servers():
     assert seen == [False, True]  # the forward, then its recomputation inside the backward
     from cad import _ops
     assert not _ops._saved  # every kept state went back after its backward
+
+
+def test_a_second_backward_of_a_kept_forward_is_refused():
+    # retain_graph=True lets autograd run a forward's backward twice; the servers' kept state served the first
+    # and is gone, and the context holds only stand-ins: the second must be refused, not re-send stand-ins.
+    cad.init(keep_forward_tensors=True, timeout_ms=20000)
+    q, k, v, cu = random_batch([5, 9, 2], 4, 2, 8, seed=2)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = cad.varlen_attn(*leaves, cu, plan=cad.plan(cu))
+    o.backward(torch.ones_like(o), retain_graph=True)
+    with pytest.raises(cad.CadError, match="kept state of this forward .* is gone"):
+        o.backward(torch.ones_like(o))
+
+
+def test_keep_forward_tensors_takes_only_its_three_values():
+    with pytest.raises(cad.CadError, match="keep_forward_tensors must be True, False or 'auto', got 'yes'"):
+        cad.init(keep_forward_tensors="yes")

@@ -271,10 +271,12 @@ def test_torch_varlen_attention_trains_as_local(monkeypatch, signature):
 
 
 def test_documents_from_position_ids():
+    # The torch_varlen baseline derives its documents with the package's rule, as cad.hf does.
     import torch
+    from cad.hf import cu_seqlens_from_position_ids
     t = _trainer_module()
-    assert t._cu_from_positions(torch.tensor([[0, 1, 2, 0, 1, 0]])).tolist() == [0, 3, 5, 6]
-    assert t._cu_from_positions(torch.tensor([[3, 4, 0, 1]])).tolist() == [0, 2, 4]  # a continued document first
+    assert cu_seqlens_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0]])).tolist() == [0, 3, 5, 6]
+    assert cu_seqlens_from_position_ids(torch.tensor([[3, 4, 0, 1]])).tolist() == [0, 2, 4]  # a continued document
     assert t.torch_varlen_unavailable(torch.device("cpu")).startswith("torch_varlen: ")
 
 
@@ -288,7 +290,7 @@ def test_configs_in_one_torchrun(tmp_path):
     batch once more under the profiler, kept apart from the timed steps."""
     out = tmp_path / "sweep_{config}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAINER),
-           "--configs", "local,torch_varlen,prefix_aware,prefix_aware+pp", "--parallel", "fsdp2", "--checkpointing",
+           "--configs", "local,torch_varlen,prefix_aware,prefix_aware+now+pp", "--parallel", "fsdp2", "--checkpointing",
            "full", *MATRIX_ARGS, "--steps", "3", "--profile-step", "1", "--data", str(DATA), "--json-out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -297,7 +299,7 @@ def test_configs_in_one_torchrun(tmp_path):
     skipped = json.loads((tmp_path / "sweep_torch_varlen.json").read_text())
     assert skipped["steps"] == [] and "CUDA only" in skipped["summary"]["skipped"]
     runs = {name: json.loads((tmp_path / f"sweep_{name}.json").read_text())
-            for name in ("local", "prefix_aware", "prefix_aware_pingpong")}
+            for name in ("local", "prefix_aware", "prefix_aware_plannow_pingpong")}
     for name, run in runs.items():
         summary = run["summary"]
         assert summary["parallel"] == "fsdp2" and summary["checkpointing"] == "full" and summary["micro_batches"] == 2
@@ -318,13 +320,18 @@ def test_configs_in_one_torchrun(tmp_path):
                 assert len(record["nano_imbalance"]) == (4 if record["ping_pong"] else 2)
                 assert all(ms > 0 for ms in record["plan_ms"])
                 assert all(make >= ms for make, ms in zip(record["plan_make_ms"], record["plan_ms"]))
-                assert all(0 < t < 1e3 * s for t, s in zip(record["pre_plan_ms"], record["step_s"])), record
+                assert len(record["plan_wait_ms"]) == 2 and all(w >= 0 for w in record["plan_wait_ms"])
+                if name == "prefix_aware":  # made ahead, on the planning thread: no make at the step's start
+                    assert summary["plan_ahead"] == "on" and record["pre_plan_ms"] == [0.0, 0.0]
+                else:  # +now: made at each micro-batch's start, the first one after the step began
+                    assert summary["plan_ahead"] == "off"
+                    assert all(0 < t < 1e3 * s for t, s in zip(record["pre_plan_ms"], record["step_s"])), record
         for rank in (0, 1):
             profile = json.loads((tmp_path / f"sweep_{name}_profile_rank{rank}.json").read_text())
             assert profile["rank"] == rank and profile["step"] == 1 and profile["step_s"] > 0
             assert isinstance(profile["families_ms"], dict) and isinstance(profile["kernels"], list)
     # the same weights and batches: CAD as local, ping-pong as one nano-batch
-    for a, b, c in zip(*(runs[n]["steps"] for n in ("local", "prefix_aware", "prefix_aware_pingpong"))):
+    for a, b, c in zip(*(runs[n]["steps"] for n in ("local", "prefix_aware", "prefix_aware_plannow_pingpong"))):
         for x, y, z in zip(a["losses"], b["losses"], c["losses"]):
             _assert_close(x, y, CAD_RTOL, f"step {a['step']} loss, CAD vs local")
             _assert_close(y, z, PING_PONG_RTOL, f"step {a['step']} loss, ping-pong vs not")
@@ -390,7 +397,7 @@ def test_bad_options_are_refused(capsys):
     assert "--profile-step must name one of the 3 steps (0..2), got 3" in \
         _refused(t, capsys, ["--steps", "3", "--profile-step", "3"])
     for configs, message in (("local,bogus+x", "'bogus+x' is not"), ("+pp", "'+pp' is not"),
-                             ("local,,prefix_aware", "'' is not")):
+                             ("local,,prefix_aware", "'' is not"), ("prefix_aware+pp+pp", "'prefix_aware+pp+pp' is not")):
         assert message in _refused(t, capsys, ["--configs", configs]), configs
     assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
     assert "applies to --checkpointing full only" in _refused(t, capsys, ["--checkpoint-reentrant"])

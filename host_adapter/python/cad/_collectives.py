@@ -3,11 +3,15 @@ gets its unique id without MPI) and the host collectives on CPU memory (ABI v1.1
 forwards CAD's all_to_all_v / all_gather / barrier to them, so CAD on CPU runs under torchrun).
 
 The collectives run on a gloo group of their own, created with the communicator's timeout: a peer that never
-comes turns into a TIMEOUT status (and a CadError) instead of a hang. A Python exception never crosses into C:
+comes turns into a TIMEOUT status (and a CadError) instead of a hang. Plans made ahead (cad.plan(ahead=True))
+run their collectives on the stack's planning thread, which gets a second gloo group: a group's collectives
+must come in the same order on every rank, and the planning thread's would otherwise interleave with the
+training thread's data exchanges (communicator "host") at random. A Python exception never crosses into C:
 each callback catches it, writes its text into the caller's error buffer and returns a status.
 """
 import ctypes as C
 import datetime
+import threading
 import traceback
 
 import torch
@@ -41,15 +45,16 @@ class Collectives:
             ranks = None if group is None else dist.get_process_group_ranks(group)
             # Collective over the default group: every rank creates the cad host at the same point.
             try:
-                self.group = dist.new_group(ranks=ranks, backend="gloo",
-                                            timeout=datetime.timedelta(milliseconds=timeout_ms))
+                timeout = datetime.timedelta(milliseconds=timeout_ms)
+                self.group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+                self.planning_group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
             except Exception as exc:  # noqa: BLE001
                 raise CadError(f"cad: rank {self.rank} of {self.world}: creating the gloo group for CAD's "
                                f"collectives failed (every rank of the group makes its CAD stack at its first "
                                f"plan): {type(exc).__name__}: {exc}", "TIMEOUT") from exc
         else:
-            self.rank, self.world, self.group = 0, 1, None
-        self.last_exception = None
+            self.rank, self.world, self.group, self.planning_group = 0, 1, None, None
+        self._thread = threading.local()  # .planning: this thread makes plans ahead; .last_exception
         # Keep the ctypes function objects alive as long as the host may call them.
         self.bootstrap_fn = _abi.BootstrapFn(self._bootstrap)
         self.all_to_all_v_fn = _abi.AllToAllVFn(self._all_to_all_v)
@@ -65,6 +70,24 @@ class Collectives:
         options.host_all_gather = self.all_gather_fn
         options.host_barrier = self.barrier_fn
 
+    # ---- which group, and what went wrong, per thread ---------------------------------------------------
+    def mark_planning_thread(self):
+        """Called once by the stack's planning thread: its collectives go to the planning group."""
+        self._thread.planning = True
+
+    @property
+    def _group(self):
+        return self.planning_group if getattr(self._thread, "planning", False) else self.group
+
+    @property
+    def last_exception(self):
+        """The exception of this thread's last failed collective (None once read or if none)."""
+        return getattr(self._thread, "last_exception", None)
+
+    @last_exception.setter
+    def last_exception(self, exc):
+        self._thread.last_exception = exc
+
     # ---- the gathers -----------------------------------------------------------------------------------
     def _gather(self, send, nbytes, recv):
         out = _view(recv, nbytes * self.world)
@@ -72,9 +95,14 @@ class Collectives:
             out.copy_(_view(send, nbytes))
             return
         if nbytes == 0:
-            dist.barrier(group=self.group)
+            dist.barrier(group=self._group)
             return
-        dist.all_gather_into_tensor(out, _view(send, nbytes).clone(), group=self.group)
+        # gloo gets tensors of its own on both sides, never a view of the plugin's memory: its worker threads may
+        # drop their last reference to a buffer late, and a view's owner (a ctypes array) needs the GIL to go,
+        # which a thread cannot take while the interpreter exits (like _all_to_all_v's landed buffer).
+        landed = torch.empty(nbytes * self.world, dtype=torch.uint8)
+        dist.all_gather_into_tensor(landed, _view(send, nbytes).clone(), group=self._group)
+        out.copy_(landed)
 
     def _bootstrap(self, user, send, nbytes, recv):
         try:
@@ -107,7 +135,7 @@ class Collectives:
             # gloo takes one contiguous buffer per side, in rank order: pack / unpack around it.
             packed = torch.cat([send_all[d:d + c] for d, c in zip(sd, sc)]) if sum(sc) else torch.empty(0, dtype=torch.uint8)
             landed = torch.empty(sum(rc), dtype=torch.uint8)
-            dist.all_to_all_single(landed, packed, output_split_sizes=rc, input_split_sizes=sc, group=self.group)
+            dist.all_to_all_single(landed, packed, output_split_sizes=rc, input_split_sizes=sc, group=self._group)
             at = 0
             for d, c in zip(rd, rc):
                 recv_all[d:d + c].copy_(landed[at:at + c])
@@ -120,7 +148,7 @@ class Collectives:
     def _barrier(self, user, timeout_ms, error, capacity):
         try:
             if self.world > 1:
-                dist.barrier(group=self.group)
+                dist.barrier(group=self._group)
             return _abi.OK
         except Exception as exc:  # noqa: BLE001
             self.last_exception = exc

@@ -7,6 +7,7 @@ import ctypes as C
 import json
 import os
 import sys
+import threading
 
 from . import _abi
 from ._collectives import Collectives
@@ -76,6 +77,8 @@ class Host:
         self.config = config
         self.collectives = collectives
         self.releases = []
+        self._releases_lock = threading.Lock()  # plans made ahead register their release from the planning thread
+        self.planner = None  # _planner.Planner, made by the stack's first plan ahead (_runtime.planner)
         self._lib = lib()
         self._handle = C.c_void_p()
         text = json.dumps(config).encode()
@@ -115,16 +118,25 @@ class Host:
 
     def close(self):
         if getattr(self, "_handle", None):
+            # The planning thread first: queued plans fail, the one being made finishes (bounded by timeouts).
+            if self.planner is not None and not self.planner.close():
+                _log_line(None, 4, b"cad", b"the planning thread is still inside a collective make_plan after its "
+                          b"timeouts; the CAD stack is left undestroyed rather than freed under it")
+                self._handle = None
+                return
             # Plans and saved states still held by Python objects go back before their instance does; the
             # Python objects see `closed` and refuse to be used afterwards (cad.Plan.check_usable).
-            for release in list(self.releases):
+            with self._releases_lock:
+                releases, self.releases = list(self.releases), []
+            for release in releases:
                 release()
             self._lib.cad_host_destroy(self._handle)
             self._handle = None
 
     def owns(self, finalizer):
         """Run this weakref.finalize (a plan's or a saved state's release) at close() if it has not run."""
-        self.releases = [f for f in self.releases if f.alive] + [finalizer]
+        with self._releases_lock:
+            self.releases = [f for f in self.releases if f.alive] + [finalizer]
 
     def __del__(self):
         self.close()

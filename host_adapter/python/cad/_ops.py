@@ -80,6 +80,7 @@ def _call_plan(plan_id, q, k):
     if plan_id < 0:
         return None
     plan = _plan.lookup(plan_id)
+    plan.wait()  # a plan made ahead: usually made long before its first layer
     plan.check_usable(q.device)
     if plan.handle is None:
         plan.make(q.shape[1], k.shape[1], q.shape[2], q.dtype, q.device)
@@ -139,7 +140,8 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     args = _abi.BackwardArgs()
     args.struct_size = C.sizeof(args)
     host = _describe_batch(args, plan, cu_seqlens, q.shape[0])(q.device)
-    if _stand_in(q):  # the servers kept q/k/v/o: the plugin reads none of them, only their shapes
+    kept = _stand_in(q)
+    if kept:  # the servers kept q/k/v/o: the plugin reads none of them, only their shapes
         q, k, v, o = d_q, d_k, d_v, d_o
     tensors = [Described(t) for t in (q, k, v, o, lse, d_o, d_q, d_k, d_v)]
     args.q, args.k, args.v, args.o, args.lse, args.d_o, args.d_q, args.d_k, args.d_v = (t.ptr for t in tensors)
@@ -151,7 +153,7 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     key = int(saved_key[0])
     entry = _saved.get(key)
     args.saved = entry[1] if entry is not None else None
-    if args.saved is None and plan is not None and _stand_in(q):
+    if args.saved is None and kept:
         raise CadError(f"cad.varlen_attn backward: the servers' kept state of this forward (plan #{plan.id}) is gone "
                        f"and the autograd context holds no copy of q/k/v/o to re-send; was the forward's output "
                        f"kept past a cad.init() or cad.shutdown()?", "INVALID_ARGUMENT")

@@ -2,6 +2,7 @@
 import ctypes as C
 import itertools
 import os
+import threading
 import time
 import weakref
 
@@ -12,12 +13,12 @@ from ._errors import CadError
 from ._tensors import current_stream, device_of, dtype_of
 
 _serials = itertools.count(1)
+_plans = weakref.WeakValueDictionary()  # plan id -> Plan, how the custom op (ints only) reaches a plan
 _makes = [0]  # collective plan makes in this process (tests check that a backward makes none)
 
 
 def makes_so_far():
     return _makes[0]
-_plans = weakref.WeakValueDictionary()  # plan id -> Plan, how the custom op (ints only) reaches a plan
 
 
 def pieces_from_cu_seqlens(cu_seqlens, rank, what="cad.plan"):
@@ -41,6 +42,9 @@ class Plan:
     plan at the same layer), or at once when the shapes are given to cad.plan. `stats` gives the imbalance
     (max/mean server cost), bytes and per-server cost, as soon as the plugin's plan is made. Release with
     `release()` or let it be collected.
+
+    Made ahead (cad.plan(..., ahead=True)): the plugin's plan is made on the stack's planning thread while the
+    caller goes on; `wait()` (or the first call that uses it) waits for it and raises what went wrong there.
 
     Lifetime: a plan belongs to one micro-batch. Every forward that used it keeps it alive until its backward
     ran, so a recomputed forward (activation checkpointing) finds the same plan and makes none. It dies with
@@ -66,43 +70,101 @@ class Plan:
         self.make_started_at = None  # time.perf_counter() when the collective make began
         self._host = None
         self._array = piece_array(self.pieces)
+        self._ready = None      # threading.Event while made ahead (set when made or failed)
+        self._error = None      # what went wrong making it ahead
+        self.tag = None
+        self.wait_ms = 0.0      # how long callers waited for a plan made ahead (0: it was ready)
         _plans[self.id] = self
 
     # ---- the plugin's plan ------------------------------------------------------------------------------
-    def make(self, num_heads, num_kv_heads, head_dim, dtype, device):
-        """Make the plugin's plan for these shapes (collective). Done once; later calls must match."""
-        device = torch.device(device)
-        shape = (int(num_heads), int(num_kv_heads), int(head_dim), dtype, device)
-        if self.handle is not None:
-            return
-        host = _runtime.runtime(device)
+    def _args(self, shape, stream):
         args = _abi.PlanArgs()
         args.struct_size = C.sizeof(args)
         args.pieces = self._array
         args.num_pieces = len(self.pieces)
         args.num_q_rows = args.num_kv_rows = self.tokens
         args.num_q_heads, args.num_kv_heads, args.head_dim = shape[0], shape[1], shape[2]
-        args.dtype = dtype_of(dtype)
+        args.dtype = dtype_of(shape[3])
         args.causal = 1 if self.causal else 0
         args.window_flags = _abi.WINDOW_GIVEN  # window_left/right are read (-1 = no limit)
         args.window_left = self.window_left  # the plugin refuses calls with another window, naming it
         args.window_right = _abi.NO_WINDOW
-        args.device = device_of(device)
-        args.stream = current_stream(device)
-        start = self.make_started_at = time.perf_counter()
+        args.device = device_of(shape[4])
+        args.stream = stream
+        return args
+
+    @staticmethod
+    def _shape(num_heads, num_kv_heads, head_dim, dtype, device):
+        return int(num_heads), int(num_kv_heads), int(head_dim), dtype, torch.device(device)
+
+    def make(self, num_heads, num_kv_heads, head_dim, dtype, device):
+        """Make the plugin's plan for these shapes (collective, now). Done once; later calls must match."""
+        shape = self._shape(num_heads, num_kv_heads, head_dim, dtype, device)
+        if self.handle is not None or self._ready is not None:
+            return
+        host = _runtime.runtime(shape[4])
+        args = self._args(shape, current_stream(shape[4]))
+        start = time.perf_counter()
+        self._adopt(host, host.make_plan(args), shape, start)
+
+    def make_ahead(self, num_heads, num_kv_heads, head_dim, dtype, device, tag=None):
+        """Queue the plugin's plan on the stack's planning thread and return at once (see cad.plan)."""
+        shape = self._shape(num_heads, num_kv_heads, head_dim, dtype, device)
+        if self.handle is not None or self._ready is not None:
+            return
+        host = _runtime.runtime(shape[4])  # made here if new: a stack is made collectively, on this thread
+        # The tables go up in the order of the caller's current stream: ready for its calls, no host wait.
+        args = self._args(shape, current_stream(shape[4]))
+        self.tag = tag
+        self._ready = threading.Event()
+        _runtime.planner(host).submit(self, args, shape, tag)
+
+    def _adopt(self, host, handle, shape, start):
+        """Take the plugin's plan (on the calling or the planning thread)."""
         _makes[0] += 1
-        self.handle = host.make_plan(args)
+        self.make_started_at = start
         # Wall time of the whole collective make (agreement, piece tables, balancer, device buffers), which a
         # rank also spends waiting for the others to arrive; the plugin's plan_ms is the balancer's share.
         self.make_ms = (time.perf_counter() - start) * 1e3
         self._host = host
         self.shape = shape
-        self._record_stats("plan")  # the plugin reports what a plan will do as soon as it is made
-        self._finalizer = weakref.finalize(self, host.release_plan, self.handle)
+        self.handle = handle
+        self._finalizer = weakref.finalize(self, host.release_plan, handle)
         host.owns(self._finalizer)
+        if self.released:  # dropped or released while it was being made ahead
+            self._finalizer()
+            self.handle = None
+            return
+        self._record_stats("plan")  # the plugin reports what a plan will do as soon as it is made
+
+    def wait(self, timeout=None):
+        """Wait until a plan made ahead is made (no-op otherwise); raises its failure. timeout: seconds (default:
+        what its collectives may take, from the stack's timeout). Returns the plan."""
+        if self._ready is None:
+            return self
+        if not self._ready.is_set():
+            limit = timeout if timeout is not None else _runtime.planning_wait_limit_s()
+            start = time.perf_counter()
+            done = self._ready.wait(limit)
+            self.wait_ms += (time.perf_counter() - start) * 1e3
+            if not done:
+                raise CadError(f"cad: rank {_rank()}: plan #{self.id}{self._tag_text()} made ahead was not ready within "
+                               f"{limit:g} s (its planning thread is still waiting for the other ranks)", "TIMEOUT")
+        if self._error is not None:
+            raise CadError(str(self._error), getattr(self._error, "status", "INTERNAL"))
+        return self
+
+    @property
+    def ready(self):
+        """Whether the plugin's plan is made (False while made ahead, or before the first call)."""
+        return self.handle is not None and (self._ready is None or self._ready.is_set())
+
+    def _tag_text(self):
+        return f" (tag {self.tag})" if self.tag is not None else ""
 
     def release(self):
-        """Give the plugin's plan back (not collective). The Plan cannot be used afterwards."""
+        """Give the plugin's plan back (not collective). The Plan cannot be used afterwards. A plan still being
+        made ahead goes back as soon as it is made."""
         if self.handle is not None:
             self._finalizer()
             self.handle = None
@@ -148,7 +210,8 @@ class Plan:
                 self._stats["make_ms"] = self.make_ms
 
     def __repr__(self):
-        return f"cad.Plan(#{self.id}, {len(self.pieces)} pieces, {self.tokens} tokens, made={self.handle is not None})"
+        return (f"cad.Plan(#{self.id}{self._tag_text()}, {len(self.pieces)} pieces, {self.tokens} tokens, "
+                f"made={self.ready})")
 
 
 def lookup(plan_id):
@@ -172,19 +235,34 @@ def _rank():
 
 
 def plan(cu_seqlens, *, causal=True, window_size=(-1, -1), num_heads=None, num_kv_heads=None, head_dim=None,
-         dtype=None, device=None):
+         dtype=None, device=None, ahead=False, tag=None):
     """A plan for this rank's packed documents, `cu_seqlens` int32 [num_docs + 1] (as flash_attn's varlen
     functions take). Once per micro-batch, on every rank of the group. window_size=(left, 0): a plan for
     causal sliding-window layers (varlen_attn's window_size); interleaved local/global layers need one plan
     per window. With num_heads, num_kv_heads, head_dim,
     dtype and device given the plugin's plan is made now (collective); otherwise by the first varlen_attn
-    call that uses it. The balancer and communicator are the stack's (cad.init)."""
+    call that uses it. The balancer and communicator are the stack's (cad.init).
+
+    ahead=True (shapes required): return at once and make the plan on the stack's planning thread, e.g. for
+    micro-batch i+1 while micro-batch i computes; its first use waits for it (Plan.wait). Every rank must ask
+    for the same plans ahead in the same order; `tag` (an int, e.g. the micro-batch's index) is compared across
+    ranks before each make, so that a different order fails with both tags named instead of pairing the wrong
+    plans."""
     p = Plan(pieces_from_cu_seqlens(cu_seqlens, _rank()), cu_seqlens=cu_seqlens, causal=causal, device=device,
              window_left=_plan_window(window_size, causal))
+    shapes = (num_heads, num_kv_heads, head_dim, dtype, device)
+    if ahead and None in shapes:
+        raise CadError("cad.plan(ahead=True): give num_heads, num_kv_heads, head_dim, dtype and device (a plan made "
+                       "ahead cannot wait for the first call to learn them)")
+    if tag is not None and (not ahead or isinstance(tag, bool) or not isinstance(tag, int)):
+        raise CadError(f"cad.plan: tag must be an int and goes with ahead=True, got tag={tag!r}, ahead={ahead!r}")
     if num_heads is not None:
-        if None in (num_kv_heads, head_dim, dtype, device):
+        if None in shapes:
             raise CadError("cad.plan: give num_heads, num_kv_heads, head_dim, dtype and device together (or none)")
-        p.make(num_heads, num_kv_heads, head_dim, dtype, device)
+        if ahead:
+            p.make_ahead(num_heads, num_kv_heads, head_dim, dtype, device, tag=tag)
+        else:
+            p.make(num_heads, num_kv_heads, head_dim, dtype, device)
     return p
 
 

@@ -18,6 +18,7 @@ import torch
 from ._collectives import Collectives
 from ._errors import CadError
 from ._host import Host
+from ._planner import Planner
 
 _settings = {
     "config": None,               # a user stack config (dict or path); overrides everything below
@@ -82,19 +83,21 @@ def stack_config(device, settings=None):
         comm_config = {"timeout_ms": timeout}
     else:
         raise CadError(f"cad.init: communicator '{comm}' is not one of 'host', 'mpi', 'nccl'")
-    return {
-        "log_level": s["log_level"],
-        "instances": [
-            {"name": "comm", "plugin": comm, "config": comm_config},
-            {"name": "balancer", "plugin": s["balancer"], "config": {}},
-            {"name": "server", "plugin": "cuda" if device.type == "cuda" else "reference", "config": {}},
-            {"name": "cad", "plugin": "cad", "config": {
-                "communicator": "comm", "balancer": "balancer", "server_backend": "server",
-                "keep_forward_tensors": s["keep_forward_tensors"] is not False,
-                "min_shard_tokens": int(s["min_shard_tokens"])}},
-        ],
-        "attention": "cad",
-    }
+    instances = [{"name": "comm", "plugin": comm, "config": comm_config}]
+    cad_config = {"communicator": "comm", "balancer": "balancer", "server_backend": "server",
+                  "keep_forward_tensors": s["keep_forward_tensors"] is not False,
+                  "min_shard_tokens": int(s["min_shard_tokens"])}
+    if comm != "mpi":
+        # Plans made ahead (cad.plan(ahead=True)) gather over torch.distributed's gloo on a thread of their own:
+        # a communicator instance of their own, never the data path's.
+        instances.append({"name": "plan_comm", "plugin": "host", "config": {"timeout_ms": timeout}})
+        cad_config["plan_communicator"] = "plan_comm"
+    instances += [
+        {"name": "balancer", "plugin": s["balancer"], "config": {}},
+        {"name": "server", "plugin": "cuda" if device.type == "cuda" else "reference", "config": {}},
+        {"name": "cad", "plugin": "cad", "config": cad_config},
+    ]
+    return {"log_level": s["log_level"], "instances": instances, "attention": "cad"}
 
 
 def keeps_forward(in_backward):
@@ -146,6 +149,27 @@ def runtime(device):
 def local_backend(device):
     """A plain varlen attention backend for `device` ("reference" on CPU, "cuda" on GPU); no communication."""
     return _cached(_locals, device, _make_local_backend)
+
+
+def planner(host):
+    """The planning thread of CAD stack `host` (made on first use). Refuses a stack whose CAD instance has no
+    plan communicator (a user config without "plan_communicator", or communicator "mpi")."""
+    with _lock:
+        if host.planner is None:
+            cad = next((i for i in host.config.get("instances", []) if i.get("name") == host.name), {})
+            if not cad.get("config", {}).get("plan_communicator"):
+                raise CadError(f"cad.plan(ahead=True): the CAD instance '{host.name}' has no \"plan_communicator\" "
+                               f"(communicator 'mpi', or a config given to cad.init without one), so a plan made on "
+                               f"another thread would share the data path's communicator; use ahead=False, or name a "
+                               f"communicator instance of its own (plugin \"host\") as plan_communicator",
+                               "UNSUPPORTED")
+            host.planner = Planner(host, host.collectives, int(_settings["timeout_ms"]))
+        return host.planner
+
+
+def planning_wait_limit_s():
+    """How long a caller waits for a plan made ahead: its three collectives' timeouts, and some slack."""
+    return 3 * int(_settings["timeout_ms"]) / 1e3 + 5.0
 
 
 def shutdown():

@@ -14,6 +14,11 @@ collective) and reused by every later call that passes the same tensor -- the ot
 activation checkpointing recomputes inside the backward, which therefore make no plan of their own. It lives as
 long as that tensor (the micro-batch's input) does. Refilling the tensor in place makes a new plan.
 
+Plans made ahead: when micro-batch i+1 is loaded, `cad.hf.plan_ahead(model, position_ids=...)` (on every rank, in
+the same order) derives its documents and queues its plan on the stack's planning thread (cad.plan(ahead=True)),
+while micro-batch i computes; the forward that passes the same tensor finds the plan there and makes none at its
+first layer.
+
 A caller that runs a forward in pieces (e.g. two nano-batches through cad.ping_pong, each with its own plan)
 passes each call's documents and plan itself, as layer keywords that transformers forwards to the attention
 function: `cad_cu_seqlens` (int32 [documents + 1]) and, for "cad", `cad_plan` (made by cad.plan on every
@@ -40,21 +45,29 @@ class _Documents:
         self.version, self.cu, self.plans = version, cu, {}
 
 
+def cu_seqlens_from_position_ids(position_ids):
+    """cu_seqlens (int32 [documents + 1]) of packed rows `position_ids` [batch, seq] (or [seq]): a document starts
+    wherever the positions restart at 0, and at every row's start (a row may begin inside a document). Reads
+    the positions on their device (one host synchronisation, for the count of documents)."""
+    rows = position_ids.reshape(-1, position_ids.shape[-1])
+    batch, seq = rows.shape
+    flat = rows.reshape(-1)
+    starts = (flat == 0).nonzero().reshape(-1)
+    row_starts = torch.arange(0, batch * seq, seq, device=flat.device)
+    starts = torch.unique(torch.cat([starts, row_starts]))
+    end = torch.tensor([batch * seq], device=flat.device)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
 def _cu_seqlens(query, kwargs):
     batch, _, seq, _ = query.shape
     cu = kwargs.get("cu_seq_lens_q")
     if cu is not None:
         return cu.to(torch.int32, copy=True)  # its own tensor: the entry must not hold its source alive
     positions = kwargs.get("position_ids")
-    device = query.device
     if positions is None:
-        return torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device)
-    flat = positions.reshape(-1)
-    starts = (flat == 0).nonzero().reshape(-1)
-    row_starts = torch.arange(0, batch * seq, seq, device=flat.device)
-    starts = torch.unique(torch.cat([starts, row_starts]))
-    end = torch.tensor([batch * seq], device=flat.device)
-    return torch.cat([starts, end]).to(torch.int32)
+        return torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=query.device)
+    return cu_seqlens_from_position_ids(positions.expand(batch, seq))
 
 
 def _documents(query, kwargs):
@@ -116,6 +129,48 @@ def cad_attention(module, query, key, value, attention_mask, **kwargs):
 def cad_local_attention(module, query, key, value, attention_mask, **kwargs):
     """The "cad_local" attention function: the same varlen backend, no distribution (for comparison)."""
     return _attention(module, query, key, value, attention_mask, distributed=False, **kwargs)
+
+
+def attention_shape(model, dtype=None):
+    """(num_heads, num_kv_heads, head_dim, dtype) of a transformers model's attention calls, from its config
+    (dtype: the given one, else the config's, else the parameters')."""
+    config = getattr(model, "config", model)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if dtype is None:
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+    if dtype is None and hasattr(model, "parameters"):
+        dtype = next(model.parameters()).dtype
+    if dtype is None:
+        raise CadError("cad.hf.plan_ahead: the attention dtype is unknown (give dtype=...)")
+    return int(heads), int(kv_heads), int(head_dim), dtype
+
+
+def plan_ahead(model, *, position_ids=None, cu_seq_lens_q=None, dtype=None, device=None, causal=True, tag=None):
+    """Queue the plan of a micro-batch that is about to run through `model` (attn_implementation "cad"), on every
+    rank in the same order, e.g. right after loading micro-batch i+1 while micro-batch i computes. Pass the very
+    tensor the forward will get (position_ids, or cu_seq_lens_q): the plan is found by it. dtype: the attention's
+    compute dtype when it differs from the model config's (mixed precision). Returns the cad.Plan."""
+    source = cu_seq_lens_q if cu_seq_lens_q is not None else position_ids
+    if source is None:
+        raise CadError("cad.hf.plan_ahead: give position_ids or cu_seq_lens_q (the tensor the forward will get)")
+    if cu_seq_lens_q is not None:
+        cu = cu_seq_lens_q.to(torch.int32, copy=True)
+    else:
+        cu = cu_seqlens_from_position_ids(position_ids)
+    heads, kv_heads, head_dim, dtype = attention_shape(model, dtype)
+    entry = _by_source.get(source)
+    if entry is None or entry.version != source._version:
+        entry = _by_source[source] = _Documents(source._version, cu)
+    if causal in entry.plans:
+        return entry.plans[causal]
+    plan = entry.plans[causal] = make_plan(entry.cu, causal=causal, num_heads=heads, num_kv_heads=kv_heads,
+                                           head_dim=head_dim, dtype=dtype, device=device or source.device,
+                                           ahead=True, tag=tag)
+    return plan
 
 
 def current_plan():

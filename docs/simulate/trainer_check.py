@@ -1,0 +1,377 @@
+#!/usr/bin/env python3
+"""`cad simulate` against the measured trainer runs (examples/train_llama.py on 2 and 4 H200s, docs/multi_gpu.md).
+
+Standard library only; runs the `cad` CLI. Three modes:
+
+  --fit     fit the trainer's overhead terms (docs/simulate/trainer_h200.json) to the FIT runs only
+  --table   predict every measured configuration of every run (fitted and held out) and write the table of
+            predicted against measured step time into docs/simulate.md (between the trainer-table markers)
+  --scale   re-predict 8-1024 GPUs with the calibrated model and write that table into docs/simulate.md
+
+Every measured configuration is priced on the very batches it trained on: the trainer samples micro-batch m of
+step s with seed 1 + 1000 s + m (examples/train_llama.py, --seed 1), and the measured step time is the mean
+over steps 1.. (step 0 warms up) of the slowest rank's step, as the trainer's summary reports it.
+
+    python3 docs/simulate/trainer_check.py --fit --table --scale
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DATA = REPO / "docs" / "data"
+FIT_RUNS = ["trainer_h200x2_run9"]
+HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4_run1"]
+CALIBRATION = REPO / "docs" / "simulate" / "trainer_h200.json"
+DOC = REPO / "docs" / "simulate.md"
+TRAINER = ("examples/train_llama.py --model llama3-8b --parallel fsdp2 --checkpointing full --micro-batches 2 "
+           "(bf16, AdamW, loss chunk 4096), torchrun on H200s with NCCL; docs/multi_gpu.md")
+
+
+def cad_binary(args):
+    return args.cad or str(REPO / "build" / "bin" / "cad")
+
+
+# ---- the measurements --------------------------------------------------------------------------------------
+def measured_configs(runs):
+    out = []
+    for run in runs:
+        for path in sorted((DATA / run).glob("train_*.json")):
+            d = json.loads(path.read_text())
+            s, steps = d["summary"], d["steps"]
+            tail = steps[1:] or steps
+            name = re.match(r"train_(.*)_\d+\.json", path.name).group(1)
+            ranks = s["ranks"]
+            out.append({
+                "run": run, "config": name, "attention": s["attention"], "balancer": s["balancer"],
+                "pingpong": bool(s["ping_pong"]), "context": s["context"], "layers": s["layers"],
+                "micro_batches": s["micro_batches"], "ranks": ranks, "checkpointing": s["checkpointing"],
+                "seeds": [1 + 1000 * r["step"] + m for r in tail for m in range(s["micro_batches"])],
+                "steps": len(tail),
+                "step_s": sum(max(r["step_s"]) for r in tail) / len(tail),
+                "attention_s": [sum(r["attention_s"][k] for r in tail) / len(tail) for k in range(ranks)],
+                "plan_make_ms": sum(max(r["plan_make_ms"]) for r in tail) / len(tail),
+                "attention_timing": s.get("attention_timing", ""),
+            })
+    return out
+
+
+# ---- the model -----------------------------------------------------------------------------------------------
+def simulate(args, cfg, calibration, detail=False):
+    balancer = "colocated" if cfg["attention"] in ("local", "torch_varlen") else cfg["balancer"]
+    cmd = [cad_binary(args), "simulate", "--model", "llama-8b", "--layers", str(cfg["layers"]),
+           "--gpus", str(cfg["ranks"]), "--gpus-per-node", str(cfg["ranks"]), "--dist", args.dist,
+           "--context", str(cfg["context"]), "--microbatches", str(cfg["micro_batches"]),
+           "--batch-seeds", ",".join(map(str, cfg["seeds"])), "--balancers", balancer,
+           "--trainer", str(calibration), "--checkpointing", "full" if cfg["checkpointing"] == "full" else "none",
+           "--json", "--quiet"]
+    if cfg["attention"] == "torch_varlen":
+        cmd += ["--kernel", "torch_varlen"]
+    if detail:
+        cmd.append("--detail")
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit("cad simulate failed: %s\n%s" % (" ".join(cmd), result.stderr))
+    out = json.loads(result.stdout)
+    return out["balancers"][0], " ".join(cmd[1:])
+
+
+def neutral_calibration(path, **terms):
+    base = {"trainer": TRAINER, "fitted_on": ["none: neutral terms for fitting"], "layer_us_per_token": 0,
+            "head_us_per_token": 0, "step_fixed_ms": 0, "attention_scale": 1, "torch_varlen_attention_scale": 1,
+            "attention_call_us": 0, "plan_make_ms": 0, "plan_make_us_per_task": 0, "plan_make_ns_per_token": 0, "exchange_fixed_us": 0, "pack_unpack_ns_per_byte": 0,
+            "pingpong_compute_factor": 1, "source": {}}
+    base.update(terms)
+    path.write_text(json.dumps(base, indent=1))
+    return path
+
+
+def lstsq(rows, ys):
+    """Least squares without intercept for a few unknowns (normal equations, Gauss-Jordan)."""
+    n = len(rows[0])
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(n)] + [sum(r[i] * y for r, y in zip(rows, ys))]
+         for i in range(n)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda k: abs(a[k][c]))
+        a[c], a[p] = a[p], a[c]
+        if abs(a[c][c]) < 1e-300:
+            raise ValueError("singular fit")
+        for k in range(n):
+            if k != c:
+                f = a[k][c] / a[c][c]
+                a[k] = [x - f * y for x, y in zip(a[k], a[c])]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+def nonneg_lstsq(rows, ys, names):
+    """lstsq, dropping (fixing at 0) any unknown that comes out negative, one at a time."""
+    keep = list(range(len(names)))
+    while True:
+        sol = lstsq([[r[i] for i in keep] for r in rows], ys)
+        worst = min(range(len(keep)), key=lambda k: sol[k])
+        if sol[worst] >= 0 or len(keep) == 1:
+            full = [0.0] * len(names)
+            for k, i in enumerate(keep):
+                full[i] = max(0.0, sol[k])
+            return full, [names[i] for i in range(len(names)) if i not in keep]
+        keep.pop(worst)
+
+
+def fit(args):
+    tmp = pathlib.Path(args.tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    configs = measured_configs(FIT_RUNS)
+    plain = [c for c in configs if not c["pingpong"]]
+    neutral = neutral_calibration(tmp / "neutral.json")
+    detail = {id(c): simulate(args, c, neutral, detail=True)[0]["detail"] for c in configs}
+
+    def per_rank_sum(c, key):
+        """Per rank: the detail's trainer_off[key] summed over micro-batches, averaged over steps."""
+        out = [0.0] * c["ranks"]
+        for mb in detail[id(c)]:
+            for r, rk in enumerate(mb["ranks"]):
+                out[r] += rk["trainer_off"][key] / c["steps"]
+        return out
+
+    notes = {}
+    # 1. The attention call: local runs, measured attention seconds per rank and step (synchronised calls) =
+    # scale x the rate table's kernel seconds (forward twice: the recomputed forward) + calls x a fixed cost.
+    # torch_varlen: its own scale, the same per-call cost.
+    def calls(c):
+        return c["layers"] * (3 if c["checkpointing"] == "full" else 2) * c["micro_batches"]
+
+    pts = [(m, p, calls(c)) for c in plain if c["attention"] == "local"
+           for m, p in zip(c["attention_s"], per_rank_sum(c, "attention_s"))]
+    (s_local, call_us), dropped_a = nonneg_lstsq([[p, n * 1e-6] for _, p, n in pts], [m for m, _, _ in pts],
+                                                 ["attention_scale", "attention_call_us"])
+    notes["local"] = len(pts)
+    pts = [(m, p, calls(c)) for c in plain if c["attention"] == "torch_varlen"
+           for m, p in zip(c["attention_s"], per_rank_sum(c, "attention_s"))]
+    s_tv = sum((m - n * call_us * 1e-6) * p for m, p, n in pts) / sum(p * p for _, p, _ in pts)
+    notes["torch_varlen"] = len(pts)
+    scale = {"local": s_local, "torch_varlen": s_tv}
+    # 2. CAD's exchanges: CAD's measured attention call (kernels, exchanges, pack/unpack) minus the scaled kernel
+    # time and the NCCL curve's time for its bytes = passes x fixed + bytes moved x per-byte.
+    rows, ys = [], []
+    for c in plain:
+        if c["attention"] != "cad":
+            continue
+        kern, wire = per_rank_sum(c, "attention_s"), per_rank_sum(c, "exchange_s")
+        passes = c["layers"] * (3 if c["checkpointing"] == "full" else 2) * c["micro_batches"]
+        for r in range(c["ranks"]):
+            moved = sum(mb["ranks"][r]["bytes_sent"] + mb["ranks"][r]["bytes_received"]
+                        for mb in detail[id(c)]) / c["steps"] * c["layers"] * (3 if c["checkpointing"] == "full" else 2)
+            rows.append([passes * 1e-6, moved * 1e-9])
+            ys.append(c["attention_s"][r] - scale["local"] * kern[r] - calls(c) * call_us * 1e-6 - wire[r])
+    (fixed_us, ns_per_byte), dropped_x = nonneg_lstsq(rows, ys, ["exchange_fixed_us", "pack_unpack_ns_per_byte"])
+    # 3. The plan make: per step, the slowest rank's make time (all the step's plans) against plans and tasks.
+    rows, ys = [], []
+    for c in plain:
+        if c["attention"] != "cad":
+            continue
+        tasks = 0.0  # the slowest make's rank: the most tasks served (the plan's per-rank part)
+        for mb in detail[id(c)]:
+            tasks += max(rk["tasks_served"] for rk in mb["ranks"]) / c["steps"]
+        rows.append([c["micro_batches"], tasks * 1e-3, c["micro_batches"] * c["context"] * 1e-6])
+        ys.append(c["plan_make_ms"])
+    (plan_ms, plan_us_task, plan_ns_token), dropped_p = nonneg_lstsq(
+        rows, ys, ["plan_make_ms", "plan_make_us_per_task", "plan_make_ns_per_token"])
+    # 4. The rest of the step: measured step minus the model's step with every term above and none of the
+    # linear ones = micro-batches x tokens x (layers x layer_us + head_us) + fixed.
+    partial = neutral_calibration(tmp / "partial.json", attention_scale=scale["local"],
+                                  torch_varlen_attention_scale=scale["torch_varlen"], exchange_fixed_us=fixed_us,
+                                  pack_unpack_ns_per_byte=ns_per_byte, plan_make_ms=plan_ms,
+                                  plan_make_us_per_task=plan_us_task, plan_make_ns_per_token=plan_ns_token,
+                                  attention_call_us=call_us)
+    rows, ys = [], []
+    for c in plain:
+        res, _ = simulate(args, c, partial)
+        tokens = c["micro_batches"] * c["context"]
+        rows.append([tokens * c["layers"] * 1e-6, tokens * 1e-6, 1e-3])
+        ys.append(c["step_s"] - res["off"]["mean_step_seconds"])
+    (layer_us, head_us, fixed_ms), dropped_l = nonneg_lstsq(rows, ys, ["layer_us_per_token", "head_us_per_token",
+                                                                       "step_fixed_ms"])
+    # 5. Ping-pong: CAD's ping-pong runs, the compute factor that fits their steps best (a scan; the model's
+    # max() makes it piecewise).
+    terms = dict(attention_scale=scale["local"], torch_varlen_attention_scale=scale["torch_varlen"],
+                 exchange_fixed_us=fixed_us, pack_unpack_ns_per_byte=ns_per_byte, plan_make_ms=plan_ms,
+                 plan_make_us_per_task=plan_us_task, plan_make_ns_per_token=plan_ns_token,
+                 attention_call_us=call_us, layer_us_per_token=layer_us, head_us_per_token=head_us,
+                 step_fixed_ms=fixed_ms)
+    pp = [c for c in configs if c["pingpong"] and c["attention"] == "cad"]
+    best = None
+    for factor in [1 + k / 200 for k in range(0, 41)]:  # 1.000 .. 1.200
+        cal = neutral_calibration(tmp / "pp.json", pingpong_compute_factor=factor, **terms)
+        err = sum((simulate(args, c, cal)[0]["on"]["mean_step_seconds"] / c["step_s"] - 1) ** 2 for c in pp)
+        if best is None or err < best[1]:
+            best = (factor, err)
+    factor = best[0]
+
+    def r(x, n=4):
+        return float("%.*g" % (n, x))
+
+    runs = ", ".join("docs/data/" + x for x in FIT_RUNS)
+    n_plain, n_cad = len(plain), sum(c["attention"] == "cad" for c in plain)
+    cal = {
+        "comment": "The overhead terms of a real training step, for `cad simulate --trainer` (schema: "
+                   "host_adapter/simulate/trainer_calibration.h). Written by `python3 docs/simulate/trainer_check.py "
+                   "--fit` from the fitted runs only; the other runs are held out (docs/simulate.md).",
+        "trainer": TRAINER, "fitted_on": ["docs/data/" + x for x in FIT_RUNS],
+        "layer_us_per_token": r(layer_us), "head_us_per_token": r(head_us), "step_fixed_ms": r(fixed_ms),
+        "attention_scale": r(scale["local"]), "torch_varlen_attention_scale": r(scale["torch_varlen"]),
+        "attention_call_us": r(call_us), "plan_make_ms": r(plan_ms), "plan_make_us_per_task": r(plan_us_task),
+        "plan_make_ns_per_token": r(plan_ns_token), "exchange_fixed_us": r(fixed_us),
+        "pack_unpack_ns_per_byte": r(ns_per_byte), "pingpong_compute_factor": r(factor),
+        "source": {
+            "attention_scale": f"{runs}, local without ping-pong ({notes['local']} rank x context points): least "
+                               "squares of the measured attention seconds per rank and step (synchronised calls) on "
+                               "the rate table's kernel seconds for the same batches (forward counted twice) and the "
+                               "number of attention calls" +
+                               (" (came out negative: fixed at 0)" if "attention_scale" in dropped_a else ""),
+            "attention_call_us": "the same fit as attention_scale: the fixed cost of one attention call" +
+                                 (" (came out negative: fixed at 0)" if "attention_call_us" in dropped_a else ""),
+            "torch_varlen_attention_scale": f"{runs}, torch_varlen without ping-pong ({notes['torch_varlen']} "
+                                            "points): the same fit with attention_call_us fixed",
+            "exchange_fixed_us": f"{runs}, CAD without ping-pong ({n_cad} configurations x ranks): measured CAD "
+                                 "attention call minus scaled kernel time minus the NCCL curve's time for the "
+                                 "plan's bytes, fitted as passes x fixed + bytes x per-byte" +
+                                 (" (came out negative: fixed at 0)" if "exchange_fixed_us" in dropped_x else ""),
+            "pack_unpack_ns_per_byte": "the same fit as exchange_fixed_us; bytes = sent + received per pass" +
+                                       (" (came out negative: fixed at 0)" if "pack_unpack_ns_per_byte" in dropped_x
+                                        else ""),
+            "plan_make_ms": f"{runs}, CAD without ping-pong ({n_cad} configurations): the slowest rank's plan "
+                            "make per step fitted as plans x fixed + tasks served x per-task + tokens x per-token" +
+                            (" (came out negative: fixed at 0)" if "plan_make_ms" in dropped_p else ""),
+            "plan_make_us_per_task": "the same fit as plan_make_ms" +
+                                     (" (came out negative: fixed at 0)" if "plan_make_us_per_task" in dropped_p
+                                      else ""),
+            "plan_make_ns_per_token": "the same fit as plan_make_ms (tokens of the rank)" +
+                                      (" (came out negative: fixed at 0)" if "plan_make_ns_per_token" in dropped_p
+                                       else ""),
+            "layer_us_per_token": f"{runs}, every configuration without ping-pong ({n_plain}): measured step minus "
+                                  "the model's attention, exchanges and plan make, fitted as micro-batches x tokens x "
+                                  "(layers x layer + head) + fixed" +
+                                  ("; fixed at 0: " + ", ".join(dropped_l) if dropped_l else ""),
+            "head_us_per_token": "the same fit as layer_us_per_token",
+            "step_fixed_ms": "the same fit as layer_us_per_token",
+            "pingpong_compute_factor": f"{runs}, CAD with ping-pong ({len(pp)} configurations): the factor in "
+                                       "1.000-1.200 (steps of 0.005) with the least squared relative step error",
+        },
+    }
+    CALIBRATION.write_text(json.dumps(cal, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in cal.items() if k not in ("source", "comment")}, indent=1))
+
+
+# ---- the tables ----------------------------------------------------------------------------------------------
+def replace_between(text, tag, body):
+    begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    if begin in text:
+        return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    return text.rstrip() + "\n\n" + block + "\n"
+
+
+def table(args):
+    rows, worst = [], {"fit": (0, None), "held out": (0, None)}
+    order = {"local": 0, "torch_varlen": 1, "per_doc_cp": 2, "distca": 3, "prefix_aware": 4}
+    configs = measured_configs(FIT_RUNS + HELD_OUT_RUNS)
+    configs.sort(key=lambda c: (c["ranks"], c["run"] not in FIT_RUNS, int(re.sub(r"\D", "", c["run"])), c["context"],
+                                c["pingpong"], order.get(c["config"].replace("_pingpong", ""), 9)))
+    errors = {"fit": [], "held out": []}
+    for c in configs:
+        res, cmd = simulate(args, c, CALIBRATION)
+        mode = res["on"] if c["pingpong"] else res["off"]
+        pred = mode["mean_step_seconds"]
+        err = pred / c["step_s"] - 1
+        kind = "fit" if c["run"] in FIT_RUNS else "held out"
+        errors[kind].append(err)
+        if abs(err) > abs(worst[kind][0]):
+            worst[kind] = (err, c)
+        s = mode["slowest_rank"]
+        rows.append(f"| {c['run'].replace('trainer_', '')} | {kind} | {c['ranks']} | {c['context'] // 1024}K | "
+                    f"{c['layers']} | {c['config']} | {c['step_s'] * 1e3:.0f} | {pred * 1e3:.0f} | {err * 100:+.1f}% | "
+                    f"{s['linear_s'] * 1e3:.0f} / {s['attention_s'] * 1e3:.0f} / {s['comm_s'] * 1e3:.0f} / "
+                    f"{s['plan_s'] * 1e3:.1f} |")
+    lines = ["| run | role | GPUs | tokens/GPU | layers | config | measured step (ms) | predicted (ms) | error | "
+             "predicted slowest rank per micro-batch: linear / attention / exchange / plan (ms) |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---|"] + rows
+    summary = []
+    for kind in ("fit", "held out"):
+        e = errors[kind]
+        w, c = worst[kind]
+        summary.append(f"- **{kind}** ({len(e)} configurations): mean |error| {sum(abs(x) for x in e) / len(e) * 100:.1f}%, "
+                       f"worst {w * 100:+.1f}% ({c['run'].replace('trainer_', '')} {c['context'] // 1024}K "
+                       f"{c['config']}); {sum(abs(x) <= 0.10 for x in e)} of {len(e)} within 10%.")
+    cal = json.loads(CALIBRATION.read_text())
+    terms = "\n".join(f"| `{k}` | {cal[k]} | {cal['source'][k]} |" for k in cal["source"])
+    example = ("build/bin/cad simulate --model llama-8b --layers 2 --gpus 2 --gpus-per-node 2 --dist "
+               "/work/shared/data/doclen_pretrain.json --context 65536 --microbatches 2 --batch-seeds 1001,1002,2001,2002 "
+               "--trainer docs/simulate/trainer_h200.json")
+    body = "\n".join(["Command: `python3 docs/simulate/trainer_check.py --table` (after `--fit`). One configuration, by hand:",
+                      "", f"    {example}", "", "The fitted terms (`docs/simulate/trainer_h200.json`):", "",
+                      "| term | value | fitted to |", "|---|---:|---|", terms, "", *summary, "", *lines])
+    DOC.write_text(replace_between(DOC.read_text(), "trainer-table", body))
+    print("\n".join(summary))
+
+
+def scale(args):
+    gpus = [8, 32, 128, 512, 1024]
+    contexts = [65536, 131072, 262144]
+    lines = ["| GPUs | tokens/GPU | step colocated (s) | per_doc_cp | distca | prefix_aware | prefix_aware + ping-pong | "
+             "prefix_aware vs colocated | prefix_aware vs per_doc_cp | same, kernel-level model (no trainer terms) | "
+             "plan make per micro-batch (s): per_doc_cp / prefix_aware |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for g in gpus:
+        for ctx in contexts:
+            base = [cad_binary(args), "simulate", "--model", "llama-8b", "--gpus", str(g), "--dist", args.dist,
+                    "--context", str(ctx), "--microbatches", "2", "--steps", str(args.scale_steps), "--json", "--quiet"]
+            out = json.loads(subprocess.run(base + ["--trainer", str(CALIBRATION)], capture_output=True, text=True,
+                                            check=True).stdout)
+            plain = json.loads(subprocess.run(base, capture_output=True, text=True, check=True).stdout)
+            b = {x["name"]: x for x in out["balancers"]}
+            p = {x["name"]: x for x in plain["balancers"]}
+            st = {n: b[n]["off"]["mean_step_seconds"] for n in b}
+            pa_pp = b["prefix_aware"]["on"]["mean_step_seconds"]
+            best_pa = min(st["prefix_aware"], pa_pp)
+            kl = (p["colocated"]["on"]["mean_step_seconds"] / p["prefix_aware"]["on"]["mean_step_seconds"],
+                  p["per_doc_cp"]["on"]["mean_step_seconds"] / p["prefix_aware"]["on"]["mean_step_seconds"])
+            lines.append(f"| {g} | {ctx // 1024}K | {st['colocated']:.1f} | {st['per_doc_cp']:.1f} | {st['distca']:.1f} | "
+                         f"{st['prefix_aware']:.1f} | {pa_pp:.1f} | {st['colocated'] / best_pa:.2f} | "
+                         f"{min(st['per_doc_cp'], b['per_doc_cp']['on']['mean_step_seconds']) / best_pa:.2f} | "
+                         f"{kl[0]:.2f} / {kl[1]:.2f} | {b['per_doc_cp']['off']['slowest_rank']['plan_s']:.3f} / "
+                         f"{b['prefix_aware']['off']['slowest_rank']['plan_s']:.3f} |")
+            print(lines[-1], flush=True)
+    cmd = ("build/bin/cad simulate --model llama-8b --gpus N --dist /work/shared/data/doclen_pretrain.json --context C "
+           f"--microbatches 2 --steps {args.scale_steps} --trainer docs/simulate/trainer_h200.json --json")
+    body = "\n".join([f"Command: `python3 docs/simulate/trainer_check.py --scale`, i.e. for each cell `{cmd}` (and the "
+                      "same without `--trainer` for the last column).", "", *lines])
+    DOC.write_text(replace_between(DOC.read_text(), "trainer-scale", body))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fit", action="store_true")
+    p.add_argument("--table", action="store_true")
+    p.add_argument("--scale", action="store_true")
+    p.add_argument("--cad", default=None, help="the cad binary (default build/bin/cad)")
+    p.add_argument("--dist", default=os.environ.get("CAD_DATA", str(REPO.parent / "shared" / "data" /
+                                                                    "doclen_pretrain.json")))
+    p.add_argument("--tmp", default="/tmp/cad_trainer_check")
+    p.add_argument("--scale-steps", type=int, default=2)
+    args = p.parse_args()
+    if not (args.fit or args.table or args.scale):
+        p.error("say --fit, --table and/or --scale")
+    if args.fit:
+        fit(args)
+    if args.table:
+        table(args)
+    if args.scale:
+        scale(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Plans made ahead (cad.plan(..., ahead=True)): made on the stack's planning thread while the caller goes on,
+with their collectives on a gloo group of their own, so that they never interleave with the training thread's
+exchanges. Checked on 2 CPU processes: results equal sdpa's while a plan is made during another micro-batch's
+forward and backward; a late rank delays only the wait for its plan, not the call that asks; plans asked for in
+a different order, or by one rank only, end with a CadError naming the ranks, tags and plan on every rank
+instead of a hang; a plan dropped before it was made is released; closing the stack with plans queued ends."""
+import gc
+import time
+
+import pytest
+import torch
+
+import harness
+from reference import random_batch, sdpa_varlen
+
+LENGTHS = [[40, 3, 1], [5, 6, 7, 8]]
+SHAPE = dict(num_heads=2, num_kv_heads=1, head_dim=16, dtype=torch.float32, device="cpu")
+
+
+def _micro_batch(rank, i):
+    lengths = LENGTHS[rank] if i % 2 == 0 else list(reversed(LENGTHS[rank]))
+    return random_batch(lengths, 2, 1, 16, seed=10 * rank + i)
+
+
+def _check(q, k, v, cu, plan, d_o):
+    import cad
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o = cad.varlen_attn(*leaves, cu, plan=plan)
+    o.backward(d_o)
+    ref = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    want = sdpa_varlen(*ref, cu, True)
+    want.backward(d_o)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), [o] + [t.grad for t in leaves], [want] + [t.grad for t in ref]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5, msg=lambda m: f"{name}: {m}")
+
+
+def _pipelined(rank, world):
+    """The trainer's pattern: micro-batch i+1's plan is asked for, then micro-batch i computes (its exchanges on
+    the data group while the planning thread gathers on its own)."""
+    import cad
+    batches = [_micro_batch(rank, i) for i in range(4)]
+    plans = [cad.plan(batches[0][3], ahead=True, tag=0, **SHAPE)]
+    before = cad._plan.makes_so_far()
+    for i, (q, k, v, cu) in enumerate(batches):
+        if i + 1 < len(batches):
+            plans.append(cad.plan(batches[i + 1][3], ahead=True, tag=i + 1, **SHAPE))
+        _check(q, k, v, cu, plans[i], torch.randn(q.shape, generator=torch.Generator().manual_seed(i)))
+        assert plans[i].ready and plans[i].tag == i
+    assert cad._plan.makes_so_far() - before == len(batches)  # the calls made none of their own
+    assert plans[0].stats is not None and len(plans[0].stats["servers"]) == world
+
+
+def test_plans_made_ahead_while_other_micro_batches_compute():
+    harness.run(2, _pipelined)
+
+
+def _late_rank(rank, world):
+    """A late rank delays the wait for its plan on the others, never the call that asks for it."""
+    import cad
+    q, k, v, cu = _micro_batch(rank, 0)
+    cad.plan(cu, ahead=True, tag=6, **SHAPE).wait()  # the stack exists (making it is collective, at its first plan)
+    if rank == 1:
+        time.sleep(2.0)
+    start = time.monotonic()
+    plan = cad.plan(cu, ahead=True, tag=7, **SHAPE)
+    asked = time.monotonic() - start
+    assert asked < 1.0, f"rank {rank}: asking for a plan ahead took {asked:.2f} s"
+    plan.wait()
+    if rank == 0:
+        assert plan.wait_ms > 1000, plan.wait_ms  # it waited for rank 1 here, not in cad.plan
+    _check(q, k, v, cu, plan, torch.ones(q.shape))
+
+
+def test_late_rank_delays_only_the_wait():
+    harness.run(2, _late_rank)
+
+
+def _different_order(rank, world):
+    import cad
+    q, k, v, cu = _micro_batch(rank, 0)
+    tags = [0, 1] if rank == 0 else [1, 0]
+    plans = [cad.plan(cu, ahead=True, tag=t, **SHAPE) for t in tags]
+    with pytest.raises(cad.CadError, match="ranks ask for plans in different orders: rank 0 makes plan number 1 "
+                                           "with tag 0 while rank 1 makes plan number 1 with tag 1"):
+        plans[0].wait()
+    # The planning collectives are not trusted after a failure: later plans ahead fail with the first failure.
+    with pytest.raises(cad.CadError, match="an earlier plan ahead failed"):
+        plans[1].wait()
+    # A stack made afresh plans ahead again.
+    cad.init(timeout_ms=20000)
+    plan = cad.plan(cu, ahead=True, tag=3, **SHAPE)
+    _check(q, k, v, cu, plan, torch.ones(q.shape))
+
+
+def test_plans_asked_in_a_different_order_fail_on_every_rank():
+    harness.run(2, _different_order)
+
+
+def _one_rank_asks(rank, world):
+    import cad
+    cad.init(timeout_ms=1500)
+    q, k, v, cu = _micro_batch(rank, 0)
+    cad.plan(cu, ahead=True, tag=4, **SHAPE).wait()  # the stack exists on both ranks
+    if rank == 0:
+        plan = cad.plan(cu, ahead=True, tag=5, **SHAPE)
+        start = time.monotonic()
+        with pytest.raises(cad.CadError, match=r"rank 0 of 2: plan number 2 \(tag 5\).*did not ask for a plan ahead "
+                                               r"within 1.5 s") as info:
+            cad.varlen_attn(q, k, v, cu, plan=plan)
+        assert info.value.status == "TIMEOUT"
+        assert time.monotonic() - start < 20
+    else:
+        time.sleep(4.0)  # never asks
+
+
+def test_a_plan_only_one_rank_asks_for_times_out():
+    harness.run(2, _one_rank_asks, timeout_s=90)
+
+
+def _dropped_and_closed(rank, world):
+    import cad
+    q, k, v, cu = _micro_batch(rank, 0)
+    dropped = cad.plan(cu, ahead=True, tag=0, **SHAPE)
+    dropped_id = dropped.id
+    del dropped  # never collected by its owner: made anyway (the peer makes its), then released
+    gc.collect()
+    plan = cad.plan(cu, ahead=True, tag=1, **SHAPE)
+    _check(q, k, v, cu, plan, torch.ones(q.shape))
+    gc.collect()
+    assert dropped_id not in cad._plan._plans
+    # Closing the stack with plans queued: each ends made or failed, never hangs.
+    queued = [cad.plan(cu, ahead=True, tag=t, **SHAPE) for t in (2, 3, 4)]
+    start = time.monotonic()
+    cad.shutdown()
+    assert time.monotonic() - start < 30
+    for p in queued:
+        try:
+            p.wait(timeout=1.0)
+        except cad.CadError as exc:
+            assert "closed" in str(exc) or "earlier plan ahead failed" in str(exc) or "TIMEOUT" in exc.status, exc
+        with pytest.raises(cad.CadError):  # whatever it became, its stack is gone
+            cad.varlen_attn(q, k, v, cu, plan=p)
+
+
+def test_dropped_plans_are_released_and_closing_ends():
+    harness.run(2, _dropped_and_closed, timeout_s=120)
+
+
+# ---- one process --------------------------------------------------------------------------------------
+@pytest.fixture
+def fresh_stacks():
+    import cad
+    cad.init(timeout_ms=20000)
+    yield cad
+    cad.shutdown()
+
+
+def test_one_process_plans_ahead(fresh_stacks):
+    cad = fresh_stacks
+    q, k, v, cu = _micro_batch(0, 0)
+    plan = cad.plan(cu, ahead=True, **SHAPE)
+    _check(q, k, v, cu, plan, torch.ones(q.shape))
+    assert "made=True" in repr(plan)
+
+
+def test_plan_ahead_arguments_refused(fresh_stacks):
+    cad = fresh_stacks
+    _, _, _, cu = _micro_batch(0, 0)
+    with pytest.raises(cad.CadError, match="ahead=True.*give num_heads"):
+        cad.plan(cu, ahead=True)
+    with pytest.raises(cad.CadError, match="tag must be an int"):
+        cad.plan(cu, ahead=True, tag="mb0", **SHAPE)
+    with pytest.raises(cad.CadError, match="tag must be an int and goes with ahead=True"):
+        cad.plan(cu, tag=3, **SHAPE)
+
+
+def test_plan_ahead_needs_a_plan_communicator(fresh_stacks):
+    cad = fresh_stacks
+    config = cad.stack_config(torch.device("cpu"))
+    assert config["instances"][-1]["config"]["plan_communicator"] == "plan_comm"
+    del config["instances"][-1]["config"]["plan_communicator"]
+    cad.init(config=config)
+    _, _, _, cu = _micro_batch(0, 0)
+    with pytest.raises(cad.CadError, match='has no "plan_communicator"') as info:
+        cad.plan(cu, ahead=True, **SHAPE)
+    assert info.value.status == "UNSUPPORTED"
+    cad.plan(cu, **SHAPE)  # made now: still fine
+
+
+def test_plan_communicator_must_be_an_instance_of_its_own(fresh_stacks):
+    cad = fresh_stacks
+    config = cad.stack_config(torch.device("cpu"))
+    config["instances"][-1]["config"]["plan_communicator"] = "comm"
+    cad.init(config=config)
+    _, _, _, cu = _micro_batch(0, 0)
+    with pytest.raises(cad.CadError, match="'plan_communicator' names 'comm', the data communicator itself"):
+        cad.plan(cu, **SHAPE)
