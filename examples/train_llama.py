@@ -359,9 +359,11 @@ def wrap_data_parallel(module, args, device, world, dtype):
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else \
         MixedPrecisionPolicy()
     # With ping-pong each layer runs twice per micro-batch (once per nano-batch, interleaved): its weights stay
-    # gathered from the first call to the backward instead of being gathered again for every call.
+    # gathered from the first call to the backward instead of being gathered again for every call (with
+    # --ping-pong-when worthwhile: set per step, set_reshard_after_forward).
     for layer in module.lm.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=not args.ping_pong)
+        fully_shard(layer, mesh=mesh, mp_policy=policy,
+                    reshard_after_forward=not (args.ping_pong and args.ping_pong_when == "always"))
     fully_shard(module, mesh=mesh, mp_policy=policy)  # the root: embeddings, final norm, head
     return module
 
@@ -597,10 +599,13 @@ def configurations(args):
         base, *modes = name.split("+")
         run.attention = base if base in ("local", "torch_varlen") else "cad"
         run.balancer = base if run.attention == "cad" else args.balancer
-        run.ping_pong = "pp" in modes
+        run.ping_pong = "pp" in modes or "ppauto" in modes
+        if "ppauto" in modes:
+            run.ping_pong_when = "worthwhile"
         if "now" in modes:
             run.plan_ahead = "off"
-        label = base + ("_plannow" if "now" in modes else "") + ("_pingpong" if run.ping_pong else "")
+        label = base + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
+            ("_autopingpong" if "ppauto" in modes else "")
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -701,11 +706,23 @@ def train_one(args, rank, world, device, lengths):
         return result
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms)
-    # Attention times wait for the GPU around every call, except with ping-pong on CUDA, where waiting would
-    # serialise the two nano-batches' streams: there they count only the enqueue (recorded in the summary).
-    synced_timing = not (args.ping_pong and device.type == "cuda")
-    cad.timing(sync_cuda=synced_timing)
-    AttentionClock.sync = synced_timing
+    # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
+    choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
+        if args.ping_pong and args.ping_pong_when == "worthwhile" else None
+
+    def splitting():
+        return bool(args.ping_pong) and (choice is None or choice.split is True)
+
+    def set_split(split):
+        # Attention times wait for the GPU around every call, except with ping-pong on CUDA, where waiting would
+        # serialise the two nano-batches' streams: there they count only the enqueue (recorded in the summary).
+        synced = not (split and device.type == "cuda")
+        cad.timing(sync_cuda=synced)
+        AttentionClock.sync = synced
+        if choice is not None and hasattr(model, "set_reshard_after_forward"):  # FSDP2, see wrap_data_parallel
+            for layer in model.lm.model.layers:
+                layer.set_reshard_after_forward(not split)
+        return synced
     if device.type == "cuda":  # the configuration's peak: model, optimizer state and every step
         torch.cuda.reset_peak_memory_stats(device)
     fsdp2 = args.parallel == "fsdp2" and world > 1
@@ -737,27 +754,32 @@ def train_one(args, rank, world, device, lengths):
         for mb in range(args.micro_batches):
             batch = cached_batch(lengths, args.context, world, args.seed + 1000 * step + mb)
             docs_by_rank = [docs or [args.context] for docs in batch]
-            nanos = nano_batches(docs_by_rank, args.ping_pong)
-            if args.ping_pong and len(nanos[rank]) < 2 and rank == 0:
-                print(f"step {step}: ping-pong off for micro-batch {mb}: rank(s) "
-                      f"{[r for r, d in enumerate(docs_by_rank) if len(d) < 2]} hold one document, which cannot be "
-                      f"split into two nano-batches; it runs as one nano-batch", flush=True)
             inputs = make_inputs(docs_by_rank[rank], args.vocab, args.seed * 7919 + 31 * step + rank + 100003 * mb,
                                  device)
-            micro.append([docs_by_rank, nanos, inputs, None])
+            micro.append([docs_by_rank, None, inputs, None])  # nano-batches and parts: ask()
         return micro
 
     def ask(micro, index, mb):
-        """Micro-batch mb's parts and plans (collective with CAD, in the same order on every rank): with
-        --plan-ahead on, queued on CAD's planning thread; otherwise made now."""
+        """Micro-batch mb's nano-batches (split or not: splitting()), parts and plans (collective with CAD, in
+        the same order on every rank): with --plan-ahead on, queued on CAD's planning thread; otherwise made now."""
         if micro[mb][3] is None:
-            micro[mb][3] = make_nanos(micro[mb][1][rank], args.attention, args, device, dtype,
+            docs_by_rank = micro[mb][0]
+            split = splitting()
+            nanos = micro[mb][1] = nano_batches(docs_by_rank, split)
+            if split and len(nanos[rank]) < 2 and rank == 0:
+                print(f"step {schedule[index][0]}: ping-pong off for micro-batch {mb}: rank(s) "
+                      f"{[r for r, d in enumerate(docs_by_rank) if len(d) < 2]} hold one document, which cannot be "
+                      f"split into two nano-batches; it runs as one nano-batch", flush=True)
+            micro[mb][3] = make_nanos(nanos[rank], args.attention, args, device, dtype,
                                       tag=index * args.micro_batches + mb)
 
     ahead = args.attention == "cad" and args.plan_ahead == "on"
     loaded = {}  # schedule index -> its micro-batches, loaded while the step before it ran
+    # CAD's exchanges on the GPU, cumulative (cad.exchange_times): the last step's end, for this step's share.
+    exchanged = {} if device.type == "cuda" and args.attention == "cad" else None
     for index, (step, profiling) in enumerate(schedule):
         micro = loaded.pop(index, None) or load(step)
+        synced_timing = set_split(splitting())
         if ahead:
             ask(micro, index, 0)  # usually asked for during the step before
         if device.type == "cuda":
@@ -783,7 +805,7 @@ def train_one(args, rank, world, device, lengths):
                     ask(micro, index, mb + 1)
             elif index + 1 < len(schedule):
                 loaded[index + 1] = load(schedule[index + 1][0])
-                if ahead:
+                if ahead and (choice is None or choice.split is not None):  # undecided: split unknown yet
                     ask(loaded[index + 1], index + 1, 0)
             ask(micro, index, mb)  # without --plan-ahead: made here, at the micro-batch's start
             docs_by_rank, nanos, inputs, parts = entry
@@ -822,6 +844,13 @@ def train_one(args, rank, world, device, lengths):
                 print("profile of step %d on rank 0 (kernel ms by family): %s" % (
                     step, json.dumps({k: round(v, 1) for k, v in profile["families_ms"].items()})), flush=True)
         gc_ms, gc_full = pauses.take()
+        # CAD's exchanges in this step as the GPU ran them (the step ended with a synchronize: all counted).
+        comm_ms = stall_ms = 0.0
+        if exchanged is not None:
+            now = cad.exchange_times(device) or {}
+            comm_ms = now.get("comm_ms", 0.0) - exchanged.get("comm_ms", 0.0)
+            stall_ms = now.get("stall_ms", 0.0) - exchanged.get("stall_ms", 0.0)
+            exchanged = now
         # Host time from the step's start to its first plan make (which waits for every rank): a rank that
         # arrives late shows here.
         pre_plan_ms = (min(make_starts) - start) * 1e3 if make_starts and not ahead else 0.0
@@ -830,7 +859,8 @@ def train_one(args, rank, world, device, lengths):
         mine = sum(sum(docs_by_rank[rank]) for docs_by_rank, _, _, _ in micro)
         gathered = all_gather_floats([float(loss_sum), seconds, attention, float(mine), peak,
                                       stats["plan_ms"] if stats else 0.0, stats["make_ms"] if stats else 0.0,
-                                      pre_plan_ms, gc_ms, float(gc_full), plan_wait_ms] + attention_by_mb, world)
+                                      pre_plan_ms, gc_ms, float(gc_full), plan_wait_ms, comm_ms, stall_ms]
+                                     + attention_by_mb, world)
         costs = [sum(causal_cost(docs_by_rank[r]) for docs_by_rank, _, _, _ in micro) for r in range(world)]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
@@ -845,8 +875,9 @@ def train_one(args, rank, world, device, lengths):
                   "plan_make_ms": [g[6] for g in gathered], "pre_plan_ms": [g[7] for g in gathered],
                   "gc_ms": [g[8] for g in gathered], "gc_full_collections": [int(g[9]) for g in gathered],
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
-                  "plan_wait_ms": [g[10] for g in gathered],
-                  "attention_s_by_micro_batch": [[g[11 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
+                  "plan_wait_ms": [g[10] for g in gathered], "exchange_comm_ms": [g[11] for g in gathered],
+                  "exchange_stall_ms": [g[12] for g in gathered],
+                  "attention_s_by_micro_batch": [[g[13 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
                   "ping_pong": split, "nano_tokens": [[[sum(d) for d in n] for n in nanos] for _, nanos, _, _ in micro],
                   "profiled": profiling}
         if stats:
@@ -856,6 +887,10 @@ def train_one(args, rank, world, device, lengths):
             profiled_record = record
         else:
             history.append(record)
+        if choice is not None and choice.split is None and index >= 1 and not split and not profiling:
+            choice.observe(slowest * 1e3, max(record["exchange_stall_ms"]))  # step 0 warms up
+            if rank == 0:
+                print(f"step {step}: {choice.reason}", flush=True)
         if rank == 0:
             mode = ("  ping-pong" if split else "") + ("  (profiled again)" if profiling else "")
             print(f"step {step:3d}  loss {record['loss']:.5f}  {slowest * 1e3:8.1f} ms  {record['tokens_per_s']:9.0f} "
@@ -871,7 +906,9 @@ def train_one(args, rank, world, device, lengths):
                    mean_mfu_after_step0=sum(r["mfu"] for r in tail) / len(tail),
                    peak_memory_gib=max(max(r["peak_memory_gib"]) for r in history),
                    mean_max_attention_s=sum(max(r["attention_s"]) for r in tail) / len(tail),
-                   mean_imbalance=sum(r["imbalance"] for r in tail) / len(tail))
+                   mean_imbalance=sum(r["imbalance"] for r in tail) / len(tail),
+                   mean_exchange_stall_ms=sum(max(r["exchange_stall_ms"]) for r in tail) / len(tail),
+                   ping_pong_decision=choice.reason if choice is not None else None)
     result = {"summary": summary, "steps": history}
     if profiled_record is not None:
         result["profiled_step"] = profiled_record
@@ -935,16 +972,24 @@ def parse_args(argv=None):
                         "each rank and stays whole in its nano-batch), one plan each, decoder layers through "
                         "cad.ping_pong; same loss and gradients as without. A micro-batch where a rank holds one "
                         "document runs unsplit, with a note (its step's record says \"ping_pong\": false)")
+    p.add_argument("--ping-pong-when", choices=["always", "worthwhile"], default="always",
+                   help="with --ping-pong: always split, or worthwhile: run unsplit until one measured step (after "
+                        "the warm-up) says whether CAD's exchanges stall the step long enough to be worth hiding "
+                        "(cad.PingPongChoice: at least --ping-pong-min-stall-share of the step), then split or not "
+                        "for good, saying why (the summary's ping_pong_decision)")
+    p.add_argument("--ping-pong-min-stall-share", type=float, default=0.07,
+                   help="what splitting costs, as a share of the step (default 0.07: measured on 2 H200s at 64K-128K "
+                        "tokens per GPU, docs/multi_gpu.md); below it ping-pong stays off")
     p.add_argument("--json-out", default=None, help="write every step's record and the summary here (rank 0); "
                    "with --configs it must contain {config}, replaced by each configuration's name")
     p.add_argument("--configs", default=None,
                    help="train several configurations one after another in this process (one start-up): a comma "
                         "list of 'local' (the project's kernels, no CAD), 'torch_varlen' (torch's varlen_attn; "
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
-                        "prefix_aware, colocated), each optionally with '+pp' (--ping-pong) and/or '+now' (--plan-ahead "
-                        "off), e.g. local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the "
+                        "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+ppauto' (--ping-pong "
+                        "--ping-pong-when worthwhile) and/or '+now' (--plan-ahead off), e.g. local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the "
                         "same weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
-                        "'_pingpong' with ping-pong. Overrides --attention, --balancer, --ping-pong, --plan-ahead")
+                        "'_pingpong' with +pp, + '_autopingpong' with +ppauto. Overrides --attention, --balancer, --ping-pong, --plan-ahead")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -981,6 +1026,8 @@ def parse_args(argv=None):
         p.error(f"--intermediate must be positive (or 0 for 3 x --hidden), got {args.intermediate}")
     if args.layers < 1 or args.micro_batches < 1 or args.loss_chunk < 1 or args.steps < 1:
         p.error("--layers, --micro-batches, --loss-chunk and --steps must be at least 1")
+    if not 0.0 <= args.ping_pong_min_stall_share < 1.0:
+        p.error(f"--ping-pong-min-stall-share must be in [0, 1), got {args.ping_pong_min_stall_share}")
     if args.checkpoint_reentrant and args.checkpointing != "full":
         p.error("--checkpoint-reentrant applies to --checkpointing full only (selective checkpointing is "
                 "non-reentrant)")
@@ -988,11 +1035,11 @@ def parse_args(argv=None):
         p.error(f"--profile-step must name one of the {args.steps} steps (0..{args.steps - 1}), got {args.profile_step}")
     if args.configs is not None:
         names = args.configs.split(",")
-        bad = [n for n in names if not n.split("+")[0] or any(m not in ("pp", "now") for m in n.split("+")[1:])
-               or len(set(n.split("+")[1:])) != len(n.split("+")[1:])]
+        bad = [n for n in names if not n.split("+")[0] or any(m not in ("pp", "ppauto", "now") for m in n.split("+")[1:])
+               or len(set(n.split("+")[1:])) != len(n.split("+")[1:]) or {"pp", "ppauto"} <= set(n.split("+")[1:])]
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'torch_varlen' or a balancer name, optionally with "
-                    f"'+pp' and/or '+now'")
+                    f"'+pp' or '+ppauto', and/or '+now'")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     return args

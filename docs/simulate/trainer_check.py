@@ -25,7 +25,8 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DATA = REPO / "docs" / "data"
 FIT_RUNS = ["trainer_h200x2_run9"]
-HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4_run1"]
+HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4_run1", "trainer_h200x2_run12",
+                 "trainer_h200x2_run13", "trainer_h200x2_run14"]
 CALIBRATION = REPO / "docs" / "simulate" / "trainer_h200.json"
 DOC = REPO / "docs" / "simulate.md"
 TRAINER = ("examples/train_llama.py --model llama3-8b --parallel fsdp2 --checkpointing full --micro-batches 2 "
@@ -37,18 +38,27 @@ def cad_binary(args):
 
 
 # ---- the measurements --------------------------------------------------------------------------------------
+# (run, context) left out: run 13's shared 64K and 128K processes failed (a statistics race, fixed since) and
+# their CAD configurations were re-run alone in fresh processes, which are not the measurement the others are.
+EXCLUDED = {("trainer_h200x2_run13", 65536), ("trainer_h200x2_run13", 131072)}
+
+
 def measured_configs(runs):
     out = []
     for run in runs:
         for path in sorted((DATA / run).glob("train_*.json")):
             d = json.loads(path.read_text())
             s, steps = d["summary"], d["steps"]
+            if (run, s["context"]) in EXCLUDED:
+                continue
             tail = steps[1:] or steps
             name = re.match(r"train_(.*)_\d+\.json", path.name).group(1)
             ranks = s["ranks"]
             out.append({
                 "run": run, "config": name, "attention": s["attention"], "balancer": s["balancer"],
-                "pingpong": bool(s["ping_pong"]), "context": s["context"], "layers": s["layers"],
+                # Split steps, as run: --ping-pong-when worthwhile (config _autopingpong) may have kept them whole.
+                "pingpong": bool(s["ping_pong"]) and any(r.get("ping_pong", True) for r in tail),
+                "context": s["context"], "layers": s["layers"],
                 "micro_batches": s["micro_batches"], "ranks": ranks, "checkpointing": s["checkpointing"],
                 "seeds": [1 + 1000 * r["step"] + m for r in tail for m in range(s["micro_batches"])],
                 "steps": len(tail),

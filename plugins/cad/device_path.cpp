@@ -7,6 +7,8 @@
 #include <array>
 #include <cstddef>
 #include <cstring>
+#include <deque>
+#include <vector>
 
 #include "cad_kernels.h"
 #include "cuda_check.h"
@@ -64,16 +66,85 @@ enum TableId {
 
 }  // namespace
 
+// Timing events of one exchange (stats.h: ExchangeTimes): the caller's data ready, the collective's start and
+// end on the communication stream.
+struct ExchangeEvents {
+  cudaEvent_t caller_ready = nullptr, comm_start = nullptr, comm_end = nullptr;
+};
+
 struct DeviceRuntime {
   int device = -1;
   cudaStream_t comm_stream = nullptr;
   cudaEvent_t ready = nullptr, done = nullptr;
+  std::deque<ExchangeEvents> timed;  // enqueued exchanges, oldest first, until harvested
+  std::vector<ExchangeEvents> spare;  // harvested, for reuse
   ~DeviceRuntime() {
     if (ready != nullptr) cudaEventDestroy(ready);
     if (done != nullptr) cudaEventDestroy(done);
+    for (const ExchangeEvents& e : spare) destroy(e);
+    for (const ExchangeEvents& e : timed) destroy(e);
     if (comm_stream != nullptr) cudaStreamDestroy(comm_stream);
   }
+  static void destroy(const ExchangeEvents& e) {
+    cudaEventDestroy(e.caller_ready);
+    cudaEventDestroy(e.comm_start);
+    cudaEventDestroy(e.comm_end);
+  }
 };
+
+namespace {
+
+// Folds the completed exchanges at the front of `rt.timed` into `times`; stops at the first still running.
+void harvest(DeviceRuntime& rt, ExchangeTimes& times) {
+  while (!rt.timed.empty()) {
+    const ExchangeEvents e = rt.timed.front();
+    const cudaError_t state = cudaEventQuery(e.comm_end);
+    if (state == cudaErrorNotReady) break;
+    rt.timed.pop_front();
+    if (state == cudaSuccess) {
+      float comm = 0.0f, stall = 0.0f;
+      if (cudaEventElapsedTime(&comm, e.comm_start, e.comm_end) == cudaSuccess &&
+          cudaEventElapsedTime(&stall, e.caller_ready, e.comm_end) == cudaSuccess) {
+        times.comm_ms += comm;
+        times.stall_ms += stall;
+        ++times.exchanges;
+      }
+    } else {
+      (void)cudaGetLastError();  // a failed exchange reports itself through its call; here it is not counted
+    }
+    rt.spare.push_back(e);
+  }
+  times.pending = static_cast<int64_t>(rt.timed.size());
+}
+
+// The events for the exchange about to be enqueued, or NULL when too many are pending (nobody reads stats).
+ExchangeEvents* begin_timing(DeviceRuntime& rt, ExchangeTimes& times) {
+  constexpr size_t kMaxPending = 4096;
+  times.timed = true;
+  if (rt.timed.size() >= kMaxPending) harvest(rt, times);
+  if (rt.timed.size() >= kMaxPending) {
+    ++times.untimed;
+    return nullptr;
+  }
+  ExchangeEvents e;
+  if (!rt.spare.empty()) {
+    e = rt.spare.back();
+    rt.spare.pop_back();
+  } else if (cudaEventCreate(&e.caller_ready) != cudaSuccess || cudaEventCreate(&e.comm_start) != cudaSuccess ||
+             cudaEventCreate(&e.comm_end) != cudaSuccess) {
+    (void)cudaGetLastError();
+    ++times.untimed;  // timing is best effort: never a reason for a call to fail
+    return nullptr;
+  }
+  rt.timed.push_back(e);
+  return &rt.timed.back();
+}
+
+}  // namespace
+
+void harvest_exchange_times(CadContext& ctx) {
+  if (ctx.device) harvest(*ctx.device, ctx.stats.gpu_exchange);
+}
 
 void DeviceRuntimeDeleter::operator()(DeviceRuntime* runtime) const { delete runtime; }
 
@@ -479,11 +550,15 @@ class Mover {
       }
       return;
     }
-    // On the communication stream, joined to the caller's with events.
+    // On the communication stream, joined to the caller's with events (and timed: stats.h ExchangeTimes).
+    const ExchangeEvents* timing = drain_ ? nullptr : begin_timing(rt_, ctx_.stats.gpu_exchange);
     check_cuda(cudaEventRecord(rt_.ready, stream_), "cudaEventRecord");
+    if (timing != nullptr) check_cuda(cudaEventRecord(timing->caller_ready, stream_), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(rt_.comm_stream, rt_.ready, 0), "cudaStreamWaitEvent");
+    if (timing != nullptr) check_cuda(cudaEventRecord(timing->comm_start, rt_.comm_stream), "cudaEventRecord");
     ctx_.comm->all_to_all_v(send, t, recv, rt_.comm_stream);
     check_cuda(cudaEventRecord(rt_.done, rt_.comm_stream), "cudaEventRecord");
+    if (timing != nullptr) check_cuda(cudaEventRecord(timing->comm_end, rt_.comm_stream), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_, rt_.done, 0), "cudaStreamWaitEvent");
   }
 

@@ -31,11 +31,14 @@ bool device_path_available();
 void check_call_stream(void* stream, int device_id, const char* what);
 
 // Device resources of a plan: index tables, staging and scratch buffers. Rank-local; throws on failure
-// (make_cad_plan agrees on the outcome). Synchronises `stream` once, so that the plan may then be used on
-// any stream.
+// (make_cad_plan agrees on the outcome). The tables go up in `stream`'s order without a host wait; a call on
+// another stream waits for the plan's ready event on the GPU.
 DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream);
 void release_device_plan(CadContext& ctx, DevicePlan* plan);
 int64_t device_plan_bytes(DevicePlan& plan);
+
+// Adds the exchanges that completed since the last look to ctx.stats.gpu_exchange (never waits for the GPU).
+void harvest_exchange_times(CadContext& ctx);
 
 // One forward / backward on CUDA tensors (already checked against the plan). `keep` (forward): where
 // the server batch's Q/K/V/O/LSE go for the backward, or NULL (they stay in the plan's scratch).

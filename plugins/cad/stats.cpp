@@ -87,6 +87,11 @@ std::string stats_json(const Stats& stats) {
   if (stats.forward.valid) j["forward"] = call_json(stats.forward);
   if (stats.backward.valid) j["backward"] = call_json(stats.backward);
   if (stats.plan.valid) j["plan"] = call_json(stats.plan);
+  if (stats.gpu_exchange.timed) {
+    const ExchangeTimes& x = stats.gpu_exchange;
+    j["gpu_exchange"] = {{"exchanges", x.exchanges}, {"pending", x.pending}, {"untimed", x.untimed},
+                         {"comm_ms", x.comm_ms}, {"stall_ms", x.stall_ms}};
+  }
   return j.dump();
 }
 

@@ -38,10 +38,23 @@ struct CallStats {
   int64_t saved_bytes = 0;      // device memory this forward keeps for its backward (CUDA path)
 };
 
+// The CUDA data path's exchanges as the GPU ran them (timing events around each all_to_all_v), summed since the
+// instance was made over the exchanges that have completed: `comm_ms` the collectives' own time on the
+// communication stream, `stall_ms` how long the calling stream waited for them (from the point it had its
+// data ready to the collective's end: the exposed part unless another stream had work meanwhile).
+struct ExchangeTimes {
+  bool timed = false;     // a CUDA exchange ran on this instance
+  int64_t exchanges = 0;  // completed and counted
+  int64_t pending = 0;    // enqueued, not yet completed when last looked at
+  int64_t untimed = 0;    // not timed (too many pending: stats never read)
+  double comm_ms = 0.0, stall_ms = 0.0;
+};
+
 struct Stats {
   int32_t rank = 0;
   int32_t world = 1;
   CallStats forward, backward;
+  ExchangeTimes gpu_exchange;
   CallStats plan;  // the cost model's view of the last plan made with make_plan (no times but plan_ms)
 };
 

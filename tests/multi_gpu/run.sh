@@ -135,6 +135,7 @@ if want train; then
       name="${config%%+*}"  # the trainer's label: base, then _plannow (+now), then _pingpong (+pp)
       [[ "+$config+" == *"+now+"* ]] && name+="_plannow"
       [[ "+$config+" == *"+pp+"* ]] && name+="_pingpong"
+      [[ "+$config+" == *"+ppauto+"* ]] && name+="_autopingpong"
       if [ -f "$OUT/train_${name}_${ctx}.json" ]; then
         python3 -c "import json,sys; print('summary', json.dumps(json.load(open(sys.argv[1]))['summary']))" \
           "$OUT/train_${name}_${ctx}.json" | tee -a "$SUMMARY"

@@ -201,6 +201,31 @@ def arrival_rows(runs, first):
     return lines
 
 
+def exchange_rows(runs, first):
+    """Per CAD (context, configuration) whose records have exchange_stall_ms (CUDA, trainer since 2026-11-26),
+    means over the steps from `first`: the GPU time of CAD's collectives per step and how long the calling
+    streams stalled for them (largest rank), the stall's share of the step and of the slowest rank's attention
+    time, plans' wait (plan_wait_ms: forwards waiting for plans made ahead), and --ping-pong-when worthwhile's
+    decision."""
+    lines = []
+    for context, name in in_order(runs):
+        run = runs[(context, name)]
+        steps = run["steps"][first:]
+        if not steps or not all("exchange_stall_ms" in s for s in steps) or \
+                not any(max(s["exchange_comm_ms"]) > 0 for s in steps):
+            continue
+        comm = mean(max(s["exchange_comm_ms"]) for s in steps)
+        stall = mean(max(s["exchange_stall_ms"]) for s in steps)
+        step_ms = mean(max(s["step_s"]) for s in steps) * 1e3
+        attention = mean(max(s["attention_s"]) for s in steps) * 1e3
+        split = any(s.get("ping_pong") for s in steps)
+        wait = mean(max(s.get("plan_wait_ms", [0.0])) for s in steps)
+        decision = run["summary"].get("ping_pong_decision") or "-"
+        lines.append(f"| {tokens_label(context)} | {name} | {comm:.1f} | {stall:.1f} | {stall / step_ms:.1%} | "
+                     f"{'-' if split else f'{stall / attention:.1%}'} | {wait:.1f} | {decision} |")
+    return lines
+
+
 FAMILIES = ("attention", "cad data path", "nccl", "gemm", "other")
 
 
@@ -242,6 +267,15 @@ def main():
               "GC ms (max rank) | full GCs |")
         print("|" + " ---: |" * 8)
         print("\n".join(arrivals))
+    exchanges = exchange_rows(runs, args.steps_from)
+    if exchanges:
+        print("\nCAD's exchanges on the GPU (timing events), ms per step, largest rank: the collectives' time and the "
+              "calling streams' stall for them; the stall's share of the step and (unsplit runs) of attention; the "
+              "forwards' wait for plans made ahead; the ping-pong decision (--ping-pong-when worthwhile):\n")
+        print("| tokens/GPU | config | comm ms | stall ms | stall / step | stall / attention | plan wait ms | "
+              "ping-pong decision |")
+        print("|" + " ---: |" * 8)
+        print("\n".join(exchanges))
     profiled = profile_rows(args.out, runs)
     if profiled:
         print("\nGPU kernel time of the profiled step, largest rank, ms (kernels on different streams overlap):\n")

@@ -60,6 +60,10 @@ def _cases():
         for pp in ([], ["--ping-pong"]):
             cases[f"pp/{attention}/{balancer}/{seed}/{bool(pp)}"] = ["--attention", attention, "--balancer", balancer,
                                                                      "--seed", seed, *PING_PONG_ARGS, *pp]
+    for share in ("0.07", "0"):  # CPU: no GPU exchanges, so no stall: off at 0.07, on from step 2 at 0
+        cases[f"pp/worthwhile/{share}"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1",
+                                           "--ping-pong", "--ping-pong-when", "worthwhile",
+                                           "--ping-pong-min-stall-share", share, *PING_PONG_ARGS]
     cases["gc/freeze"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1", "--gc", "freeze",
                           *PING_PONG_ARGS]
     return cases
@@ -197,6 +201,34 @@ def test_ping_pong_trains_the_same(trained, attention, balancer, seed):
     if unsplit:
         assert any("step 1: ping-pong off for micro-batch 0: rank(s) [0] hold one document" in line
                    for line in lines), pp["stdout"]
+
+
+@needs_data
+def test_ping_pong_when_worthwhile_decides_from_a_measured_step(trained):
+    """--ping-pong-when worthwhile: unsplit for the warm-up and one measured step, then split for good only if the
+    exchanges stalled that step for at least the given share (on CPU there are no GPU exchanges: a stall of 0),
+    saying why; the losses stay those of the plain run either way."""
+    plain = _result(trained, "pp/cad/prefix_aware/1/False")
+    for share, splits, verdict in (("0.07", [False, False, False], "ping-pong off"),
+                                   ("0", [False, False, True], "ping-pong on")):
+        run = _result(trained, f"pp/worthwhile/{share}")
+        assert [r["ping_pong"] for r in run["steps"]] == splits, share
+        assert run["summary"]["ping_pong_decision"].startswith(verdict), run["summary"]["ping_pong_decision"]
+        assert f"step 1: {verdict}" in run["stdout"]
+        for a, b in zip(plain["steps"], run["steps"]):
+            for x, y in zip(a["losses"], b["losses"]):
+                _assert_close(x, y, PING_PONG_RTOL, f"share {share} step {a['step']} loss")
+
+
+def test_ping_pong_choice():
+    import cad
+    choice = cad.PingPongChoice(0.05)
+    assert choice.split is None and "undecided" in choice.reason
+    assert choice.observe(1000.0, 40.0) is False and "4.0%" in choice.reason and "nothing worth hiding" in choice.reason
+    assert choice.observe(1000.0, 400.0) is False  # decided for good
+    assert cad.PingPongChoice(0.05).observe(1000.0, 60.0) is True
+    with pytest.raises(ValueError, match="min_stall_share"):
+        cad.PingPongChoice(1.5)
 
 
 @needs_data

@@ -11,9 +11,10 @@ from . import _runtime
 from ._errors import CadError
 from ._ops import varlen_attn
 from ._plan import Plan, plan, plan_pieces
-from ._runtime import attention_time, init, shutdown, stack_config, timing
-from .ping_pong import ping_pong
+from ._runtime import attention_time, exchange_times, init, shutdown, stack_config, timing
+from .ping_pong import PingPongChoice, ping_pong
 
-__all__ = ["CadError", "Plan", "attention_time", "init", "ping_pong", "plan", "plan_pieces", "shutdown",
+__all__ = ["CadError", "PingPongChoice", "Plan", "attention_time", "exchange_times", "init", "ping_pong", "plan",
+           "plan_pieces", "shutdown",
            "stack_config", "timing", "varlen_attn"]
 __version__ = "0.1.0"

@@ -188,6 +188,12 @@ class Host:
             return {}
         needed = C.c_size_t(0)
         self.table.get_stats_json(self.instance, None, 0, C.byref(needed))
-        buffer = C.create_string_buffer(max(needed.value, 1))
-        self.check(self.table.get_stats_json(self.instance, buffer, len(buffer), C.byref(needed)), "get_stats_json")
+        # The statistics may grow between the size query and the read (exchanges completing on the GPU, a plan
+        # made ahead on the planning thread): room to spare, and a retry with the new size if even that is short.
+        for _ in range(4):
+            buffer = C.create_string_buffer(needed.value + 4096)
+            status = self.table.get_stats_json(self.instance, buffer, len(buffer), C.byref(needed))
+            if status == _abi.OK or needed.value < len(buffer):
+                break
+        self.check(status, "get_stats_json")
         return json.loads(buffer.value.decode() or "{}")

@@ -135,7 +135,10 @@ class Plan:
             self._finalizer()
             self.handle = None
             return
-        self._record_stats("plan")  # the plugin reports what a plan will do as soon as it is made
+        try:
+            self._record_stats("plan")  # the plugin reports what a plan will do as soon as it is made
+        except CadError:
+            pass  # statistics are a report: reading them must never fail the plan (stats stays None)
 
     def wait(self, timeout=None):
         """Wait until a plan made ahead is made (no-op otherwise); raises its failure. timeout: seconds (default:

@@ -186,6 +186,20 @@ def shutdown():
 atexit.register(shutdown)
 
 
+def exchange_times(device=None):
+    """The CUDA data path's exchanges as the GPU ran them, summed since the device's CAD stack was made (None
+    without one): {"exchanges", "comm_ms" (the collectives on CAD's communication stream), "stall_ms" (how long
+    the calling streams waited for them, from their data being ready), "pending" (enqueued, not finished: not
+    counted yet), "untimed"}. Reads only what completed: never waits for the GPU (synchronise first to count
+    everything). Take differences between two calls for a step's share."""
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    host = existing(device)
+    if host is None or host.closed:
+        return None
+    return host.stats().get("gpu_exchange")
+
+
 # ---- attention time, as trainers report it -----------------------------------------------------------
 class _Timer:
     seconds = 0.0

@@ -42,3 +42,37 @@ def ping_pong(stages, states, *, device=None):
         if isinstance(states[i], torch.Tensor):
             states[i].record_stream(caller)  # its memory is used on the caller's stream from here on
     return states
+
+
+class PingPongChoice:
+    """Whether splitting micro-batches into two nano-batches pays, decided from a measured step instead of
+    assumed: ping-pong can hide at most the time the calling streams stall on CAD's exchanges, and splitting
+    costs compute efficiency (smaller kernels, two streams; measured on 2 H200s at 64K-128K tokens per GPU:
+    6-7% of the step, docs/multi_gpu.md). So a trainer runs unsplit, gives one unsplit step's time and stall to
+    observe(), and from then on splits only if the stall is at least `min_stall_share` of the step; `reason`
+    says why either way (print it).
+
+        choice = cad.PingPongChoice()
+        ... each step: split = choice.split is True; after an unsplit step (not the warm-up):
+        choice.observe(step_ms, stall_ms)  # stall_ms: cad.exchange_times()'s "stall_ms" over the step
+    """
+
+    def __init__(self, min_stall_share=0.07):
+        if not 0.0 <= float(min_stall_share) < 1.0:
+            raise ValueError(f"PingPongChoice: min_stall_share must be in [0, 1), got {min_stall_share!r}")
+        self.min_stall_share = float(min_stall_share)
+        self.split = None  # None until observe(); then True or False for good
+        self.reason = "undecided: no unsplit step observed yet"
+
+    def observe(self, step_ms, stall_ms):
+        """Decide from one unsplit step: its time and the exchanges' stall in it (ms; the slowest rank's, the
+        same numbers on every rank so that every rank decides alike). Later calls change nothing."""
+        if self.split is not None:
+            return self.split
+        share = stall_ms / step_ms if step_ms > 0 else 0.0
+        self.split = share >= self.min_stall_share
+        verdict = "on" if self.split else "off"
+        self.reason = (f"ping-pong {verdict}: the exchanges stalled the step for {stall_ms:.1f} ms of {step_ms:.1f} ms "
+                       f"({share:.1%}), {'at least' if self.split else 'under'} the {self.min_stall_share:.0%} that "
+                       f"splitting into two nano-batches costs" + ("" if self.split else "; nothing worth hiding"))
+        return self.split
