@@ -26,7 +26,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 DATA = REPO / "docs" / "data"
 FIT_RUNS = ["trainer_h200x2_run9"]
 HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4_run1", "trainer_h200x2_run12",
-                 "trainer_h200x2_run13", "trainer_h200x2_run14"]
+                 "trainer_h200x2_run13", "trainer_h200x2_run14", "trainer_h200x4_run2"]
 CALIBRATION = REPO / "docs" / "simulate" / "trainer_h200.json"
 DOC = REPO / "docs" / "simulate.md"
 TRAINER = ("examples/train_llama.py --model llama3-8b --parallel fsdp2 --checkpointing full --micro-batches 2 "

@@ -5,7 +5,8 @@
 
 `cad.varlen_attn(..., plan=None)` is plain local varlen attention on the same backends. `cad.init(...)` picks
 the balancer, communicator and other knobs; `cad.hf.register()` makes "cad" a transformers attention
-implementation. See the repository's README.
+implementation; `cad.varlen.varlen_attn` takes torch.nn.attention.varlen.varlen_attn's arguments (plus
+`plan`). See the repository's README.
 """
 from . import _runtime
 from ._errors import CadError
@@ -13,8 +14,8 @@ from ._ops import varlen_attn
 from ._plan import Plan, plan, plan_pieces
 from ._runtime import attention_time, exchange_times, init, shutdown, stack_config, timing
 from .ping_pong import PingPongChoice, ping_pong
+from . import varlen  # noqa: E402 -- cad.varlen.varlen_attn: torch.nn.attention.varlen's signature
 
 __all__ = ["CadError", "PingPongChoice", "Plan", "attention_time", "exchange_times", "init", "ping_pong", "plan",
-           "plan_pieces", "shutdown",
-           "stack_config", "timing", "varlen_attn"]
+           "plan_pieces", "shutdown", "stack_config", "timing", "varlen", "varlen_attn"]
 __version__ = "0.1.0"
