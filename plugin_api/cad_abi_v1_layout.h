@@ -55,16 +55,28 @@ CAD_FROZEN(cad_host_services_v1_t, bootstrap_all_gather, 64);
 CAD_FROZEN(cad_host_services_v1_t, bootstrap_world_size, 76);
 
 CAD_FROZEN_SIZE(cad_attention_capabilities_v1_t, 32);
-CAD_FROZEN_SIZE(cad_attention_forward_args_v1_t, 112); /* v1.0: 96 */
+CAD_FROZEN_SIZE(cad_attention_forward_args_v1_t, 136); /* v1.0: 96, v1.1: 112 */
+CAD_FROZEN(cad_attention_forward_args_v1_t, window_flags, CAD_ATTENTION_FORWARD_ARGS_V1_1_SIZE);
+CAD_FROZEN(cad_attention_forward_args_v1_t, reserved_v1_2, 116);
+CAD_FROZEN(cad_attention_forward_args_v1_t, window_left, 120);
+CAD_FROZEN(cad_attention_forward_args_v1_t, window_right, 128);
 CAD_FROZEN(cad_attention_forward_args_v1_t, plan, CAD_ATTENTION_FORWARD_ARGS_V1_0_SIZE);
 CAD_FROZEN(cad_attention_forward_args_v1_t, saved, 104);
 CAD_FROZEN(cad_attention_forward_args_v1_t, softmax_scale, 40);
 CAD_FROZEN(cad_attention_forward_args_v1_t, stream, 48);
 CAD_FROZEN(cad_attention_forward_args_v1_t, lse, 88);
-CAD_FROZEN_SIZE(cad_attention_backward_args_v1_t, 144); /* v1.0: 128 */
+CAD_FROZEN_SIZE(cad_attention_backward_args_v1_t, 168); /* v1.0: 128, v1.1: 144 */
+CAD_FROZEN(cad_attention_backward_args_v1_t, window_flags, CAD_ATTENTION_BACKWARD_ARGS_V1_1_SIZE);
+CAD_FROZEN(cad_attention_backward_args_v1_t, reserved_v1_2, 148);
+CAD_FROZEN(cad_attention_backward_args_v1_t, window_left, 152);
+CAD_FROZEN(cad_attention_backward_args_v1_t, window_right, 160);
 CAD_FROZEN(cad_attention_backward_args_v1_t, plan, CAD_ATTENTION_BACKWARD_ARGS_V1_0_SIZE);
 CAD_FROZEN(cad_attention_backward_args_v1_t, saved, 136);
-CAD_FROZEN_SIZE(cad_attention_plan_args_v1_t, 96);
+CAD_FROZEN_SIZE(cad_attention_plan_args_v1_t, 120); /* v1.1: 96 */
+CAD_FROZEN(cad_attention_plan_args_v1_t, window_flags, CAD_ATTENTION_PLAN_ARGS_V1_1_SIZE);
+CAD_FROZEN(cad_attention_plan_args_v1_t, reserved_v1_2, 100);
+CAD_FROZEN(cad_attention_plan_args_v1_t, window_left, 104);
+CAD_FROZEN(cad_attention_plan_args_v1_t, window_right, 112);
 CAD_FROZEN(cad_attention_plan_args_v1_t, num_q_rows, 40);
 CAD_FROZEN(cad_attention_plan_args_v1_t, dtype, 68);
 CAD_FROZEN(cad_attention_plan_args_v1_t, device, 76);
@@ -81,7 +93,11 @@ CAD_FROZEN_SIZE(cad_communicator_v1_t, 80);
 CAD_FROZEN(cad_communicator_v1_t, all_to_all_v, 56);
 CAD_FROZEN(cad_communicator_v1_t, barrier, 72);
 
-CAD_FROZEN_SIZE(cad_cost_params_v1_t, 48);
+CAD_FROZEN_SIZE(cad_cost_params_v1_t, 72); /* v1.1: 48 */
+CAD_FROZEN(cad_cost_params_v1_t, window_flags, CAD_COST_PARAMS_V1_1_SIZE);
+CAD_FROZEN(cad_cost_params_v1_t, reserved_v1_2, 52);
+CAD_FROZEN(cad_cost_params_v1_t, window_left, 56);
+CAD_FROZEN(cad_cost_params_v1_t, window_right, 64);
 CAD_FROZEN_SIZE(cad_rank_pieces_v1_t, 16);
 CAD_FROZEN_SIZE(cad_balance_input_v1_t, 32);
 CAD_FROZEN_SIZE(cad_plan_v1_t, 32);

@@ -44,6 +44,19 @@
  *    on the instance (see release_plan); except on its NCCL path, where the rules between ranks go unchecked
  *    (plugins/cad/README.md, "Handles"). Undefined everywhere: a handle used or released after its instance
  *    was destroyed, and a release racing another call on the same instance.
+ *
+ * ABI v1.2 (appended likewise; read only when the caller's struct_size covers them):
+ *  - Sliding windows. Forward, backward and plan args carry `window_flags`, `window_left` and
+ *    `window_right`. Only when window_flags has CAD_WINDOW_GIVEN (cad_common_v1.h) are window_left/right
+ *    read (-1 = no limit, PyTorch's window_size); without it there is no window, whatever they hold, so a
+ *    zero-initialised struct means plain attention. In a segment, query i sits at key position
+ *    p = i + (kv_len - q_len) (the same bottom-right alignment as the causal mask) and sees keys
+ *    [p - window_left, p + window_right] of its KV range, clipped to [0, kv_len) and, when causal, to
+ *    j <= p. With causal = 1, window_right must be -1 or 0 (both mean "none after p"). A finite window (window_left >= 0, or window_right >= 0
+ *    when not causal) is computed only by a backend that reports CAD_ATTENTION_CAP_WINDOW; a v1.2 backend
+ *    without it refuses one with CAD_STATUS_UNSUPPORTED. A plugin built before v1.2 cannot see the
+ *    fields, so a host passes a finite window only to a backend that reports the flag. A caller with a
+ *    v1.1 struct gets no window. `reserved_v1_2` must be 0.
  */
 #ifndef CAD_ATTENTION_V1_H
 #define CAD_ATTENTION_V1_H
@@ -58,6 +71,10 @@ extern "C" {
 #define CAD_ATTENTION_V1_0_TABLE_SIZE 64
 #define CAD_ATTENTION_FORWARD_ARGS_V1_0_SIZE 96
 #define CAD_ATTENTION_BACKWARD_ARGS_V1_0_SIZE 128
+/* ... and as ABI v1.1 defined them (the v1.2 window_flags and window fields follow). */
+#define CAD_ATTENTION_FORWARD_ARGS_V1_1_SIZE 112
+#define CAD_ATTENTION_BACKWARD_ARGS_V1_1_SIZE 144
+#define CAD_ATTENTION_PLAN_ARGS_V1_1_SIZE 96
 
 /* Is the slot `member` of a struct the caller declared as `struct_size` bytes present? */
 #define CAD_HAS_FIELD(type, ptr, member) \
@@ -72,7 +89,8 @@ enum {
   CAD_ATTENTION_CAP_GQA = 1u << 2,
   CAD_ATTENTION_CAP_SHARED_KV = 1u << 3, /* segments may overlap in K/V                          */
   CAD_ATTENTION_CAP_BACKWARD = 1u << 4,
-  CAD_ATTENTION_CAP_PIECES = 1u << 5 /* consumes `pieces` (distributed), not `segments`            */
+  CAD_ATTENTION_CAP_PIECES = 1u << 5, /* consumes `pieces` (distributed), not `segments`           */
+  CAD_ATTENTION_CAP_WINDOW = 1u << 6  /* ABI v1.2: computes finite sliding windows (window_left/right) */
 };
 
 typedef struct cad_attention_capabilities_v1 {
@@ -105,6 +123,11 @@ typedef struct cad_attention_forward_args_v1 {
                  * plan, segments/pieces may be NULL; when given they must equal the plan's.            */
   void** saved; /* NULL, or where the forward stores the handle its backward needs (see release_saved).
                  * Written only on success.                                                             */
+  /* ---- ABI v1.2 ---- */
+  uint32_t window_flags;   /* CAD_WINDOW_GIVEN: window_left/right are read; 0: no window (see the top)  */
+  uint32_t reserved_v1_2;  /* must be 0 (keeps the window fields 8-aligned)                             */
+  int64_t window_left;  /* keys before the query's position it may see; -1 = no limit (see the top)     */
+  int64_t window_right; /* keys after it; -1 = no limit; must be -1 or 0 when causal                      */
 } cad_attention_forward_args_v1_t;
 
 /* Arguments of one backward call: the forward's inputs and outputs plus dO; writes dQ, dK, dV. */
@@ -130,6 +153,11 @@ typedef struct cad_attention_backward_args_v1 {
   void* plan;  /* the plan the forward ran with, or NULL                                              */
   void* saved; /* the handle that forward stored in *saved, or NULL (the backward then gets Q/K/V/O/LSE
                 * from the tensors above). Borrowed: the caller still releases it.                       */
+  /* ---- ABI v1.2 ---- */
+  uint32_t window_flags;   /* the forward's: CAD_WINDOW_GIVEN or 0 (no window)                          */
+  uint32_t reserved_v1_2;  /* must be 0                                                                 */
+  int64_t window_left;  /* the forward's window                                                        */
+  int64_t window_right;
 } cad_attention_backward_args_v1_t;
 
 /* What make_plan plans for (ABI v1.1). The tensors of every call made with the plan must have these
@@ -149,6 +177,11 @@ typedef struct cad_attention_plan_args_v1 {
   int32_t causal;
   cad_device_v1_t device;           /* where the calls' tensors live                                  */
   void* stream;                     /* device tables are uploaded on it; calls must be ordered after it */
+  /* ---- ABI v1.2 ---- */
+  uint32_t window_flags;            /* CAD_WINDOW_GIVEN: window_left/right are read; 0: no window      */
+  uint32_t reserved_v1_2;           /* must be 0                                                      */
+  int64_t window_left;              /* the window every call made with the plan uses (-1 = no limit)   */
+  int64_t window_right;
 } cad_attention_plan_args_v1_t;
 
 typedef struct cad_attention_v1 {

@@ -24,6 +24,9 @@ extern "C" {
 /* Version of the plan's data format (the cad_plan_v1_t layout and its invariants). */
 #define CAD_PLAN_FORMAT_VERSION 1
 
+/* The size of cad_cost_params_v1_t before ABI v1.2 appended the window: a v1.2 balancer accepts it. */
+#define CAD_COST_PARAMS_V1_1_SIZE 48
+
 /* What one step costs, as the balancer models it. */
 typedef struct cad_cost_params_v1 {
   size_t struct_size;
@@ -36,6 +39,14 @@ typedef struct cad_cost_params_v1 {
   int64_t min_shard_tokens;  /* the kernel's efficient minimum: no task shorter than this unless the
                                 whole document (or the remainder of one) is shorter                  */
   int64_t memory_cap_bytes;  /* most bytes of Q/K/V/O a server may receive; 0 = no cap               */
+  /* ---- ABI v1.2 (read only when struct_size covers it) ---- */
+  uint32_t window_flags;     /* CAD_WINDOW_GIVEN (cad_common_v1.h): window_left/right are read; without
+                                it there is no window, whatever they hold (a zeroed struct: none)       */
+  uint32_t reserved_v1_2;    /* must be 0                                                            */
+  int64_t window_left;       /* sliding window of the attention (cad_attention_v1.h); -1 = no limit. A task's
+                                query at document position p then reads keys [max(0, p - window_left),
+                                p] when causal, so it costs min(p + 1, window_left + 1) keys             */
+  int64_t window_right;      /* -1 = no limit; -1 or 0 when causal                                     */
 } cad_cost_params_v1_t;
 
 /* The pieces of one rank, in that rank's token order. */

@@ -30,7 +30,7 @@ extern "C" {
 /* ABI version of these headers. The major is part of the entry symbol's name (cad_plugin_entry_v1);
  * the minor grows when a field is appended to a struct. */
 #define CAD_ABI_VERSION_MAJOR 1
-#define CAD_ABI_VERSION_MINOR 1
+#define CAD_ABI_VERSION_MINOR 2
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Status codes: one frozen enum for the whole ABI. Values never change; new codes are appended.      */
@@ -49,6 +49,12 @@ enum {
   CAD_STATUS_DEVICE_ERROR = 9,     /* the accelerator runtime reported an error                       */
   CAD_STATUS_INTERNAL = 10         /* a bug: an invariant the implementation relies on was broken     */
 };
+
+/* Bits of `window_flags` (ABI v1.2: cad_attention_forward/backward/plan_args_v1_t, cad_cost_params_v1_t).
+ * CAD_WINDOW_GIVEN: the struct's window_left/window_right hold the sliding window. Without it they are not
+ * read and there is no window, so a zero-initialised struct (flags 0) means plain attention; with it,
+ * (0, 0) is a window (the query's own key only) and -1 is "no limit". Other bits must be 0. */
+enum { CAD_WINDOW_GIVEN = 1u << 0 };
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Tensors: binary-compatible with DLPack's DLTensor (v0.8+), so hosts can pass DLPack tensors as-is.   */

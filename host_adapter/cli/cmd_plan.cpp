@@ -34,8 +34,8 @@ const char* kUsage =
     "       cad plan --lengths FILE --ranks R [--context N]             (one given batch)\n"
     "                [--balancer NAME|all] [--tolerance T] [--config JSON] [--heads H] [--kv-heads H]\n"
     "                [--head-dim D] [--bytes-per-element B] [--min-shard N] [--memory-cap BYTES]\n"
-    "                [--noncausal] [--repeat N] [--per-server] [--json] [--plot OUT.png] [--path DIRS]\n"
-    "                [--rate-table FILE [--balance-time]] [--tasks]\n\n"
+    "                [--noncausal] [--window LEFT] [--repeat N] [--per-server] [--json] [--plot OUT.png]\n"
+    "                [--path DIRS] [--rate-table FILE [--balance-time]] [--tasks]\n\n"
     "Runs balancer plugins on one step's piece tables and prints, per balancer, the attention cost per\n"
     "server before (colocated) and after, max/mean imbalance, forward bytes moved and the plan time.\n\n"
     "  --dist FILE       document lengths (JSON list or CSV) to sample from with DistCA's recipe: cut at\n"
@@ -55,6 +55,8 @@ const char* kUsage =
     "  --min-shard N     shortest efficient shard in tokens (default 128)\n"
     "  --memory-cap B    most Q/K/V/O bytes one server may receive (default 0 = no cap)\n"
     "  --noncausal       full attention inside each document\n"
+    "  --window LEFT     sliding window: a query at position p sees keys [p - LEFT, p] of its document\n"
+    "                    (with --noncausal, [p - LEFT, end)); default -1 = none. Not with --rate-table\n"
     "  --repeat N        plan N times and report the fastest (default 1)\n"
     "  --per-server      print the per-server table even for many ranks (default: up to 16 ranks)\n"
     "  --json            machine-readable output\n"
@@ -223,7 +225,7 @@ int run_plan(int argc, char** argv) {
   const cad::cli::Args args(argc, argv,
                             {"--dist", "--lengths", "--context", "--ranks", "--seed", "--balancer", "--tolerance",
                              "--config", "--heads", "--kv-heads", "--head-dim", "--bytes-per-element", "--min-shard",
-                             "--memory-cap", "--repeat", "--plot", "--path", "--rate-table"},
+                             "--memory-cap", "--repeat", "--plot", "--path", "--rate-table", "--window"},
                             {"--noncausal", "--json", "--per-server", "--balance-time", "--tasks"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
@@ -257,6 +259,12 @@ int run_plan(int argc, char** argv) {
   cost.causal = args.has("--noncausal") ? 0 : 1;
   cost.min_shard_tokens = args.get_int("--min-shard", 128, 0, INT64_MAX);
   cost.memory_cap_bytes = args.get_int("--memory-cap", 0, 0, INT64_MAX);
+  cost.window_left = args.get_int("--window", -1, -1, INT64_MAX);
+  cost.window_right = -1;
+  if (cost.window_left >= 0) cost.window_flags = CAD_WINDOW_GIVEN;
+  if (cost.window_left >= 0 && args.has("--rate-table")) {
+    throw UsageError("--window with --rate-table: the rate tables hold no rates for sliding windows");
+  }
   const cad::plan::ModelParams model = cad::plan::model_params(cost);
 
   // The batch.
@@ -287,12 +295,13 @@ int run_plan(int argc, char** argv) {
     }
   }
   batch = {{"source", file}, {"sampled", sampled}, {"ranks", ranks}, {"context", context}, {"tokens", tokens},
-           {"documents", docs}, {"pieces", piece_count}, {"causal", cost.causal == 1}};
+           {"documents", docs}, {"pieces", piece_count}, {"causal", cost.causal == 1},
+           {"window_left", cost.window_left}};
   if (sampled) batch["seed"] = seed;
   // Refuse, with the reason, a batch whose costs or bytes would wrap the model's int64 counters.
   const std::string overflow = cad::plan::model_overflow(pieces, ranks, model);
   if (!overflow.empty()) throw std::runtime_error(file + ": " + overflow);
-  const std::vector<int64_t> before = cad::plan::colocated_cost(pieces, cost.causal == 1);
+  const std::vector<int64_t> before = cad::plan::colocated_cost(pieces, model);
 
   // Predicted time (--rate-table): the colocated plan's, per server, for "time_before".
   std::unique_ptr<cad::plan::RateTable> rates;
@@ -340,11 +349,13 @@ int run_plan(int argc, char** argv) {
   } else {
     char line[512];
     std::snprintf(line, sizeof line,
-                  "batch: %s%s, %d ranks x %lld tokens, %lld documents in %lld pieces, %s; Hq=%d Hkv=%d D=%d, "
+                  "batch: %s%s, %d ranks x %lld tokens, %lld documents in %lld pieces, %s%s; Hq=%d Hkv=%d D=%d, "
                   "min shard %lld",
                   file.c_str(), sampled ? (" (seed " + std::to_string(seed) + ")").c_str() : "", ranks,
                   static_cast<long long>(context), static_cast<long long>(docs),
-                  static_cast<long long>(piece_count), cost.causal ? "causal" : "non-causal", cost.num_q_heads,
+                  static_cast<long long>(piece_count), cost.causal ? "causal" : "non-causal",
+                  cost.window_left >= 0 ? (", window " + std::to_string(cost.window_left)).c_str() : "",
+                  cost.num_q_heads,
                   cost.num_kv_heads, cost.head_dim, static_cast<long long>(cost.min_shard_tokens));
     print_text(line, before, outcomes, time, args.has("--per-server") || ranks <= 16);
   }

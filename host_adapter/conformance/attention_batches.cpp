@@ -29,8 +29,12 @@ const char* layout_name(Layout layout) {
 }
 
 std::string CaseSpec::name() const {
-  return std::string(layout_name(layout)) + (causal ? ".causal." : ".noncausal.") + element_name(type) + ".h" +
-         std::to_string(hq) + "x" + std::to_string(hkv) + ".d" + std::to_string(d);
+  std::string text = std::string(layout_name(layout)) + (causal ? ".causal." : ".noncausal.") + element_name(type) +
+                     ".h" + std::to_string(hq) + "x" + std::to_string(hkv) + ".d" + std::to_string(d);
+  if (window_left >= 0 || window_right >= 0) {
+    text += ".window" + std::to_string(window_left) + "x" + std::to_string(window_right);
+  }
+  return text;
 }
 
 std::vector<double> random_values(size_t n, ElementType type, std::mt19937_64& rng) {
@@ -46,6 +50,8 @@ AttentionProblem make_problem(const CaseSpec& spec, std::mt19937_64& rng) {
   p.hkv = spec.hkv;
   p.d = spec.d;
   p.causal = spec.causal;
+  p.window_left = spec.window_left;
+  p.window_right = spec.window_right;
   p.scale = round_to(ElementType::F32, 1.0 / std::sqrt(static_cast<double>(spec.d)));  // the fp32 the ABI carries
   const auto between = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   int64_t tq = 0, tk = 0;
@@ -138,6 +144,9 @@ cad_attention_forward_args_v1_t CallTensors::forward_args(const AttentionProblem
   a.num_segments = static_cast<int64_t>(p.segments.size());
   a.softmax_scale = static_cast<float>(p.scale);
   a.causal = p.causal ? 1 : 0;
+  a.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit: the case's window, if any
+  a.window_left = p.window_left;
+  a.window_right = p.window_right;
   a.q = q.desc();
   a.k = k.desc();
   a.v = v.desc();
@@ -153,6 +162,9 @@ cad_attention_backward_args_v1_t CallTensors::backward_args(const AttentionProbl
   a.num_segments = static_cast<int64_t>(p.segments.size());
   a.softmax_scale = static_cast<float>(p.scale);
   a.causal = p.causal ? 1 : 0;
+  a.window_flags = CAD_WINDOW_GIVEN;
+  a.window_left = p.window_left;
+  a.window_right = p.window_right;
   a.q = q.desc();
   a.k = k.desc();
   a.v = v.desc();

@@ -10,7 +10,8 @@ namespace {
 
 constexpr uint32_t kKnownDtypes = CAD_ATTENTION_DTYPE_FP32 | CAD_ATTENTION_DTYPE_BF16;
 constexpr uint32_t kKnownFlags = CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL | CAD_ATTENTION_CAP_GQA |
-                                 CAD_ATTENTION_CAP_SHARED_KV | CAD_ATTENTION_CAP_BACKWARD | CAD_ATTENTION_CAP_PIECES;
+                                 CAD_ATTENTION_CAP_SHARED_KV | CAD_ATTENTION_CAP_BACKWARD | CAD_ATTENTION_CAP_PIECES |
+                                 CAD_ATTENTION_CAP_WINDOW;
 
 bool check_capabilities(Backend& b, Report& report) {
   b.caps = cad_attention_capabilities_v1_t{};

@@ -41,7 +41,8 @@ struct CaseSpec {
   ElementType type = ElementType::F32;
   bool causal = true;
   int64_t hq = 2, hkv = 2, d = 64;
-  std::string name() const;  // e.g. "varlen.causal.fp32.h2x2.d64"
+  int64_t window_left = -1, window_right = -1;  // sliding window (CAD_ATTENTION_CAP_WINDOW only)
+  std::string name() const;  // e.g. "varlen.causal.fp32.h2x2.d64", "...d64.window3x-1"
 };
 
 // A random problem for `spec`; inputs already rounded to spec.type.

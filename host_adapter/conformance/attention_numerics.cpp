@@ -105,6 +105,31 @@ void run_case(Backend& b, const CaseSpec& spec, std::mt19937_64& rng, Report& re
   }
 }
 
+// Windows from 0 (each query sees itself) past the longest document (48 keys), on the layouts whose
+// segments carry offsets between queries and keys (KV longer than Q, shared KV), with GQA.
+void append_window_cases(const Backend& b, int64_t main_d, std::vector<CaseSpec>& cases) {
+  const ElementType type = b.supports(ElementType::F32) ? ElementType::F32 : ElementType::BF16;
+  const bool gqa = b.has(CAD_ATTENTION_CAP_GQA);
+  const bool shared = b.has(CAD_ATTENTION_CAP_SHARED_KV);
+  const auto add = [&](bool causal, int64_t left, int64_t right) {
+    for (Layout layout : {Layout::kVarlen, Layout::kKvPrefix, Layout::kSharedKv}) {
+      if (layout == Layout::kSharedKv && !shared) continue;
+      CaseSpec spec{layout, type, causal, gqa ? 4 : 2, 2, main_d};
+      spec.window_left = left;
+      spec.window_right = right;
+      cases.push_back(spec);
+    }
+  };
+  if (b.has(CAD_ATTENTION_CAP_CAUSAL)) {
+    for (int64_t left : {0, 1, 5, 100}) add(true, left, -1);
+  }
+  if (b.has(CAD_ATTENTION_CAP_NONCAUSAL)) {
+    add(false, 3, 2);
+    add(false, -1, 0);
+    add(false, 0, 7);
+  }
+}
+
 }  // namespace
 
 int64_t main_head_dim(const Backend& b) {
@@ -144,6 +169,9 @@ void check_numerics(Backend& b, const Options& options, Report& report) {
     const bool causal = b.has(CAD_ATTENTION_CAP_CAUSAL);
     for (int64_t d : dims) cases.push_back(CaseSpec{Layout::kKvPrefix, type, causal, 2, 2, d});
   }
+  // Sliding windows, only where declared (a plugin built before ABI v1.2 cannot see the fields; hosts
+  // check the flag). Appended last so that the cases above keep their seeds.
+  if (b.has(CAD_ATTENTION_CAP_WINDOW)) append_window_cases(b, main_d, cases);
   for (size_t i = 0; i < cases.size(); ++i) {
     // One generator per case, so a case's batch does not depend on which cases ran before it.
     std::seed_seq seed{static_cast<uint32_t>(options.seed), static_cast<uint32_t>(options.seed >> 32),

@@ -20,15 +20,21 @@ double dot(const double* a, const double* b, int64_t n) {
 
 // Visits every (segment, query head, query row) the batch covers with the row's softmax weights.
 // `visit(q_row, head, kv_head, kv_begin, probabilities, lse)` gets the weights of keys
-// kv_begin .. kv_begin + probabilities.size() - 1 (the keys the mask allows, always a prefix).
+// kv_begin .. kv_begin + probabilities.size() - 1 (the keys the mask allows, always one range).
 template <class Visit>
 void for_each_row(const AttentionProblem& p, Visit visit) {
   const int64_t group = p.hq / p.hkv;
   std::vector<double> weights;
   for (const cad_segment_v1_t& s : p.segments) {
     for (int64_t i = 0; i < s.q_len; ++i) {
-      // Bottom-right alignment: query i sees keys j <= i + (kv_len - q_len).
-      const int64_t visible = p.causal ? std::min(s.kv_len, i + (s.kv_len - s.q_len) + 1) : s.kv_len;
+      // Bottom-right alignment: query i stands at key position pos = i + (kv_len - q_len); it sees keys
+      // j <= pos when causal, and pos - window_left <= j <= pos + window_right (-1: no limit).
+      const int64_t pos = i + (s.kv_len - s.q_len);
+      int64_t first = 0, end = s.kv_len;
+      if (p.causal) end = std::min(end, pos + 1);
+      if (p.window_left >= 0) first = std::max(first, pos - p.window_left);
+      if (p.window_right >= 0) end = std::min(end, pos + p.window_right + 1);
+      const int64_t visible = end - first;
       const int64_t row = s.q_offset + i;
       for (int64_t h = 0; h < p.hq; ++h) {
         const int64_t hk = h / group;
@@ -36,7 +42,7 @@ void for_each_row(const AttentionProblem& p, Visit visit) {
         weights.assign(static_cast<size_t>(std::max<int64_t>(visible, 0)), 0.0);
         double max_score = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < visible; ++j) {
-          const double* k = &p.k[((s.kv_offset + j) * p.hkv + hk) * p.d];
+          const double* k = &p.k[((s.kv_offset + first + j) * p.hkv + hk) * p.d];
           weights[j] = p.scale * dot(q, k, p.d);
           max_score = std::max(max_score, weights[j]);
         }
@@ -44,7 +50,7 @@ void for_each_row(const AttentionProblem& p, Visit visit) {
         for (int64_t j = 0; j < visible; ++j) sum += std::exp(weights[j] - max_score);
         const double lse = visible > 0 ? max_score + std::log(sum) : -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < visible; ++j) weights[j] = std::exp(weights[j] - lse);
-        visit(row, h, hk, s.kv_offset, weights, lse);
+        visit(row, h, hk, s.kv_offset + first, weights, lse);
       }
     }
   }

@@ -1,5 +1,6 @@
 // oracle.h -- the kit's own fp64 attention oracle: a deliberately naive, independent implementation of
-// the semantics in cad_attention_v1.h (varlen segments, shared KV, GQA, bottom-right causal mask),
+// the semantics in cad_attention_v1.h (varlen segments, shared KV, GQA, bottom-right causal mask and
+// sliding window),
 // used to judge every attention backend. Clarity over speed: the kit's batches are small.
 #pragma once
 
@@ -16,6 +17,8 @@ struct AttentionProblem {
   int64_t d = 16;           // head dim
   std::vector<cad_segment_v1_t> segments;
   bool causal = true;
+  int64_t window_left = -1;  // sliding window (ABI v1.2); -1 = no limit
+  int64_t window_right = -1;
   double scale = 0.25;
   // Inputs, row-major: q [tq, hq, d], k and v [tk, hkv, d].
   std::vector<double> q, k, v;

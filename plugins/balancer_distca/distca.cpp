@@ -63,9 +63,17 @@ struct DistCa {
     return p.cost(it.begin, it.hole_begin, doc) + p.cost(it.hole_end, it.end, doc);
   }
 
-  // The cost of one moved query pair (a row below the hole and one above it).
+  // The cost of one moved query pair (a row below the hole and one above it). Under a sliding window a
+  // pair's cost is not constant (a row costs min(p + 1, left + 1) causal): the innermost pair's, at least 1,
+  // prices k, and the cut's work is then summed exactly (cut()).
   static int64_t pair_cost(const Problem& p, const Item& it) {
-    return p.model.causal ? it.hole_begin + it.hole_end + 1 : 2 * p.docs[static_cast<size_t>(it.doc)].len;
+    const auto& doc = p.docs[static_cast<size_t>(it.doc)];
+    if (p.model.windowed()) {
+      const int64_t below = it.hole_begin > it.begin ? p.cost(it.hole_begin - 1, it.hole_begin, doc) : 0;
+      const int64_t above = it.hole_end < it.end ? p.cost(it.hole_end, it.hole_end + 1, doc) : 0;
+      return std::max<int64_t>(1, below + above);
+    }
+    return p.model.causal ? it.hole_begin + it.hole_end + 1 : 2 * doc.len;
   }
 
   // DistCA's Item.get_priority: estimated elements moved per unit of work (lower is better).
@@ -93,8 +101,8 @@ struct DistCa {
     const bool first = it.hole_begin == it.hole_end;  // the first cut moves one shard of 2k rows
     if (k <= 0 || (first ? 2 * k : k) < p.min_shard) return c;
     c.k = k;
-    c.work = p.model.causal ? k * pair : 0;
-    if (!p.model.causal) {
+    c.work = p.model.causal && !p.model.windowed() ? k * pair : 0;
+    if (!p.model.causal || p.model.windowed()) {
       const auto& doc = p.docs[static_cast<size_t>(it.doc)];
       c.work = p.cost(it.hole_begin - k, it.hole_begin, doc) + p.cost(it.hole_end, it.hole_end + k, doc);
     }

@@ -17,8 +17,8 @@ namespace {
 
 bool same_shape(const CallShape& a, const CallShape& b) {
   return a.tokens == b.tokens && a.num_q_heads == b.num_q_heads && a.num_kv_heads == b.num_kv_heads &&
-         a.head_dim == b.head_dim && a.bf16 == b.bf16 && a.causal == b.causal && a.device_type == b.device_type &&
-         a.device_id == b.device_id;
+         a.head_dim == b.head_dim && a.bf16 == b.bf16 && a.causal == b.causal && a.window_left == b.window_left &&
+         a.device_type == b.device_type && a.device_id == b.device_id;
 }
 
 // v1.0-style calls: does this backward follow the instance's last forward (same pieces and shape, and the

@@ -149,9 +149,10 @@ cad_attention_capabilities_v1_t cad_capabilities(const CadContext& ctx) {
   caps.struct_size = sizeof(caps);
   caps.device_type = ctx.accepts.device_type;
   caps.dtype_mask = ctx.accepts.dtype_mask;
+  // Windows pass through as the server computes them (CAD itself: causal windows only, validate.cpp).
   caps.flags = CAD_ATTENTION_CAP_PIECES |
                (ctx.server.caps.flags & (CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL |
-                                         CAD_ATTENTION_CAP_GQA | CAD_ATTENTION_CAP_BACKWARD));
+                                         CAD_ATTENTION_CAP_GQA | CAD_ATTENTION_CAP_BACKWARD | CAD_ATTENTION_CAP_WINDOW));
   caps.head_dim_mask = ctx.server.caps.head_dim_mask;
   caps.max_head_dim = ctx.server.caps.max_head_dim;
   caps.min_compute_capability = ctx.server.caps.min_compute_capability;

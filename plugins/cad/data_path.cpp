@@ -75,6 +75,9 @@ void describe_server_batch(Args& a, const CadPlan& plan, const ServerBatch& batc
   a.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
   a.softmax_scale = shape.softmax_scale;
   a.causal = shape.causal ? 1 : 0;
+  a.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit
+  a.window_left = shape.window_left;
+  a.window_right = -1;
   a.stream = stream;
   a.plan = plan.server_plan;
 }
@@ -85,7 +88,7 @@ cad_status_t call_server_forward(CadContext& ctx, const CadPlan& plan, const Cal
                                  const ServerBatchTensors& t, cad_device_v1_t device, void* stream) {
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
   ServerViews views(batch, shape, t, device);
-  cad_attention_forward_args_v1_t a{};
+  cad_attention_forward_args_v1_t a{};  // describe_server_batch sets every scalar, the window too
   describe_server_batch(a, plan, batch, shape, stream);
   a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
   return ctx.server.table->forward(ctx.server.instance, &a);

@@ -30,15 +30,18 @@ struct Fnv {
 };
 
 std::string describe(const CallShape& s) {
-  return format("T=%lld, Hq=%d, Hkv=%d, D=%d, %s, causal=%d, device %d:%d", static_cast<long long>(s.tokens),
-                s.num_q_heads, s.num_kv_heads, s.head_dim, s.bf16 ? "bf16" : "fp32", s.causal ? 1 : 0, s.device_type,
-                s.device_id);
+  // window_left only when there is one: the message travels in a fixed-size rank header (step.cpp).
+  const std::string window =
+      s.window_left >= 0 ? format(", window_left=%lld", static_cast<long long>(s.window_left)) : std::string();
+  return format("T=%lld, Hq=%d, Hkv=%d, D=%d, %s, causal=%d%s, device %d:%d", static_cast<long long>(s.tokens),
+                s.num_q_heads, s.num_kv_heads, s.head_dim, s.bf16 ? "bf16" : "fp32", s.causal ? 1 : 0,
+                window.c_str(), s.device_type, s.device_id);
 }
 
 bool same_shape(const CallShape& a, const CallShape& b) {
   return a.tokens == b.tokens && a.num_q_heads == b.num_q_heads && a.num_kv_heads == b.num_kv_heads &&
-         a.head_dim == b.head_dim && a.bf16 == b.bf16 && a.causal == b.causal && a.device_type == b.device_type &&
-         a.device_id == b.device_id;
+         a.head_dim == b.head_dim && a.bf16 == b.bf16 && a.causal == b.causal && a.window_left == b.window_left &&
+         a.device_type == b.device_type && a.device_id == b.device_id;
 }
 
 bool same_float(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
@@ -86,6 +89,7 @@ uint64_t documents_fingerprint(const PieceTables& tables, const std::vector<cad_
   }
   f.add(static_cast<uint64_t>(shape.num_q_heads)), f.add(static_cast<uint64_t>(shape.num_kv_heads));
   f.add(static_cast<uint64_t>(shape.head_dim)), f.add(shape.bf16 ? 1 : 0), f.add(shape.causal ? 1 : 0);
+  f.add(static_cast<uint64_t>(shape.window_left));
   return f.h;
 }
 

@@ -46,7 +46,7 @@ uint64_t next_handle_serial();
 // state), not forgeries.
 uint64_t pieces_fingerprint(const cad_piece_v1_t* pieces, int64_t num_pieces);
 // Every rank's pieces, the balancer's tasks and the shape that decides the layout (heads, head dim, dtype,
-// causal): the same on every rank that made the plan together.
+// causal, window_left): the same on every rank that made the plan together.
 uint64_t documents_fingerprint(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks,
                                const CallShape& shape);
 

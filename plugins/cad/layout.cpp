@@ -63,7 +63,8 @@ int64_t rows_in(const std::vector<RowRun>& runs) {
   return rows;
 }
 
-Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks_in, bool causal) {
+Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks_in, bool causal,
+                    int64_t window_left) {
   const int32_t world = static_cast<int32_t>(tables.size());
   Layout layout;
   layout.world = world;
@@ -90,21 +91,25 @@ Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>&
     const DocPlacement& doc = docs.at(tasks[first].doc_id);
     ServerBatch& batch = layout.servers[static_cast<size_t>(server)];
 
-    // One shared copy of the KV prefix that the longest task of this document needs.
+    // One shared copy of the KV range [kv_lo, kv_need) that this server's tasks of the document need: the
+    // prefix up to the longest task's end, from the first key the earliest task's window reaches.
+    const bool windowed = causal && window_left >= 0;
     int64_t kv_need = 0;
+    int64_t kv_lo = windowed ? doc.doc_len : 0;
     for (size_t t = first; t < end; ++t) {
       kv_need = std::max(kv_need, plan::task_kv_end(tasks[t].q_begin, tasks[t].q_end, doc.doc_len, causal));
+      if (windowed) kv_lo = std::min(kv_lo, std::max<int64_t>(0, tasks[t].q_begin - window_left));
     }
-    const int64_t kv_base = batch.kv_rows;
+    const int64_t kv_base = batch.kv_rows;  // server row of document key kv_lo
     for (const PieceRef& piece : doc.pieces) {
-      const int64_t lo = piece.offset_in_doc;
+      const int64_t lo = std::max(piece.offset_in_doc, kv_lo);
       const int64_t hi = std::min(piece.offset_in_doc + piece.len, kv_need);
       if (hi <= lo) continue;
       Route& route = layout.route(piece.owner, server);
-      append_run(route.kv, piece.owner_row, kv_base + lo, hi - lo);
+      append_run(route.kv, piece.owner_row + (lo - piece.offset_in_doc), kv_base + (lo - kv_lo), hi - lo);
       route.kv_rows += hi - lo;
     }
-    batch.kv_rows += kv_need;
+    batch.kv_rows += kv_need - kv_lo;
 
     // The queries: one segment per (task, piece) intersection.
     for (size_t t = first; t < end; ++t) {
@@ -116,9 +121,10 @@ Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>&
         Route& route = layout.route(piece.owner, server);
         append_run(route.q, piece.owner_row + (lo - piece.offset_in_doc), batch.q_rows, hi - lo);
         route.q_rows += hi - lo;
-        // Bottom-right causal alignment: with kv_len = hi, query i of the segment (document position
-        // lo + i) sees keys j <= i + (kv_len - q_len) = lo + i, exactly the causal mask.
-        batch.segments.push_back(cad_segment_v1_t{batch.q_rows, hi - lo, kv_base, causal ? hi : doc.doc_len});
+        // Bottom-right causal alignment: with kv_len = hi - kv_lo, query i of the segment (document position
+        // lo + i) sees keys j <= i + (kv_len - q_len) = lo + i - kv_lo, exactly the causal mask (and the
+        // window) in the copy's positions, which start at document position kv_lo.
+        batch.segments.push_back(cad_segment_v1_t{batch.q_rows, hi - lo, kv_base, causal ? hi - kv_lo : doc.doc_len});
         batch.q_rows += hi - lo;
       }
     }

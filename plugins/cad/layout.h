@@ -12,6 +12,11 @@
 //  - A server's K/V rows hold, per document it serves, ONE copy of the longest prefix its tasks of that
 //    document need ([0, max q_end) causal, [0, doc_len) non-causal); all of that document's segments on
 //    the server point into that copy (shared KV). Documents follow in doc_id order.
+//  - With a causal sliding window (window_left >= 0) the copy starts at kv_lo = min over those tasks of
+//    max(0, q_begin - window_left) instead of 0: [kv_lo, max q_end). A segment of queries [lo, hi) then
+//    reads K/V rows [kv_lo, hi) of the document, so by the bottom-right alignment its query i stands at
+//    key position lo + i - kv_lo: document positions shifted by kv_lo, and the window, a difference of
+//    positions, is the document's.
 #pragma once
 
 #include <cstdint>
@@ -62,7 +67,8 @@ struct Layout {
 // Builds the layout. `tables` must be valid (see validate.h: check_piece_tables) and `tasks` a valid
 // plan over them (check_plan); servers are 0..tables.size()-1. Deterministic; task order in the input
 // does not matter.
-Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks, bool causal);
+Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks, bool causal,
+                    int64_t window_left = -1);
 
 // Rows a run list covers.
 int64_t rows_in(const std::vector<RowRun>& runs);

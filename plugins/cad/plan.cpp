@@ -125,14 +125,16 @@ void check_call_matches_plan(const CadPlan& plan, const CallShape& call, const c
   const CallShape& p = plan.step.shape;
   if (call.tokens != p.tokens || call.num_q_heads != p.num_q_heads || call.num_kv_heads != p.num_kv_heads ||
       call.head_dim != p.head_dim || call.bf16 != p.bf16 || call.causal != p.causal ||
-      call.device_type != p.device_type || call.device_id != p.device_id) {
+      call.device_type != p.device_type || call.device_id != p.device_id || call.window_left != p.window_left) {
     fail(CAD_STATUS_INVALID_ARGUMENT,
-         format("%s: the call (T=%lld, Hq=%d, Hkv=%d, D=%d, %s, causal=%d, device %d:%d) does not match plan #%llu "
-                "(T=%lld, Hq=%d, Hkv=%d, D=%d, %s, causal=%d, device %d:%d): a plan from another micro-batch?",
+         format("%s: the call (T=%lld, Hq=%d, Hkv=%d, D=%d, %s, causal=%d, window_left=%lld, device %d:%d) does not "
+                "match plan #%llu (T=%lld, Hq=%d, Hkv=%d, D=%d, %s, causal=%d, window_left=%lld, device %d:%d): a plan "
+                "from another micro-batch, or made for another mask (a windowed layer needs its own plan)?",
                 what, static_cast<long long>(call.tokens), call.num_q_heads, call.num_kv_heads, call.head_dim,
-                call.bf16 ? "bf16" : "fp32", call.causal ? 1 : 0, call.device_type, call.device_id,
-                static_cast<unsigned long long>(plan.stamp.serial), static_cast<long long>(p.tokens), p.num_q_heads,
-                p.num_kv_heads, p.head_dim, p.bf16 ? "bf16" : "fp32", p.causal ? 1 : 0, p.device_type, p.device_id));
+                call.bf16 ? "bf16" : "fp32", call.causal ? 1 : 0, static_cast<long long>(call.window_left),
+                call.device_type, call.device_id, static_cast<unsigned long long>(plan.stamp.serial),
+                static_cast<long long>(p.tokens), p.num_q_heads, p.num_kv_heads, p.head_dim, p.bf16 ? "bf16" : "fp32",
+                p.causal ? 1 : 0, static_cast<long long>(p.window_left), p.device_type, p.device_id));
   }
   if (num_pieces > 0 && !same_pieces(plan.local_pieces, pieces, num_pieces)) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: the call's pieces differ from those plan #%llu was made for (a plan "

@@ -16,6 +16,7 @@ void describe_step(const PieceTables& tables, const std::vector<cad_task_v1_t>& 
   params.head_dim = shape.head_dim;
   params.bytes_per_element = static_cast<int32_t>(shape.element_bytes());
   params.causal = shape.causal;
+  params.window_left = shape.window_left;
   const plan::PlanStats model = plan::evaluate_plan(tables, layout.world, tasks.data(),
                                                     static_cast<int64_t>(tasks.size()), params);
   call.servers.assign(layout.servers.size(), ServerWork{});

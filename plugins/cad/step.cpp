@@ -26,6 +26,7 @@ struct RankHeader {
   int32_t bf16;
   int32_t causal;
   float softmax_scale;
+  int64_t window_left;
   CallTicket ticket;
   char message[240];
 };
@@ -47,6 +48,11 @@ void check_same_shape(const RankHeader& h0, const RankHeader& h, size_t rank) {
   if (h.causal != h0.causal) {
     fail(CAD_STATUS_INVALID_ARGUMENT,
          format("ranks disagree on causal: rank 0 has %d, rank %zu has %d", h0.causal, rank, h.causal));
+  }
+  if (h.window_left != h0.window_left) {
+    fail(CAD_STATUS_INVALID_ARGUMENT, format("ranks disagree on window_left: rank 0 has %lld, rank %zu has %lld",
+                                             static_cast<long long>(h0.window_left), rank,
+                                             static_cast<long long>(h.window_left)));
   }
   if (std::memcmp(&h.softmax_scale, &h0.softmax_scale, sizeof(float)) != 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("ranks disagree on softmax_scale: rank 0 has %.9g, rank %zu has %.9g",
@@ -80,6 +86,9 @@ std::vector<cad_task_v1_t> run_balancer(const BalancerRef& balancer, const Piece
   }
   cad_cost_params_v1_t cost{};
   cost.struct_size = sizeof(cost);
+  cost.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit
+  cost.window_left = shape.window_left;  // the balancer prices windowed tasks (plan_model.h)
+  cost.window_right = -1;
   cost.num_q_heads = shape.num_q_heads;
   cost.num_kv_heads = shape.num_kv_heads;
   cost.head_dim = shape.head_dim;
@@ -132,6 +141,7 @@ AgreedCall agree_on_call(Comm& comm, const LocalCall& local, const char* what) {
     mine.bf16 = local.shape.bf16 ? 1 : 0;
     mine.causal = local.shape.causal ? 1 : 0;
     mine.softmax_scale = local.shape.softmax_scale;
+    mine.window_left = local.shape.window_left;
   } else {
     plugin::copy_message(local.message, mine.message, sizeof(mine.message));
   }
@@ -171,7 +181,7 @@ Step prepare_step(Comm& comm, const BalancerRef& balancer, const AgreedCall& cal
   try {
     step.tasks = run_balancer(balancer, step.tables, step.shape, knobs);
     check_plan(step.tables, step.tasks, comm.world(), balancer.name);
-    step.layout = build_layout(step.tables, step.tasks, step.shape.causal);
+    step.layout = build_layout(step.tables, step.tasks, step.shape.causal, step.shape.window_left);
     step.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (finish) finish(step);
   } catch (const plugin::Failure& f) {

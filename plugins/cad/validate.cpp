@@ -6,6 +6,7 @@
 
 #include "checked_math.h"
 #include "plugin_support.h"
+#include "window.h"
 
 namespace cad::cad_plugin {
 
@@ -90,6 +91,25 @@ void check_heads(int64_t hq, int64_t hkv, int64_t d, const Accepts& accepts) {
   }
 }
 
+// A call's sliding window against what CAD and its server backend compute; returns window_left. CAD
+// computes causal windows only: a task's queries [q_begin, q_end) then read the keys [q_begin - left,
+// q_end) of their document, and the bottom-right alignment of the server's segments puts every query at
+// its document position. A non-causal window would need keys after q_end, where that alignment no longer
+// holds.
+int64_t check_window(const plugin::Window& window, int32_t causal, const Accepts& accepts) {
+  if (!window.finite()) return -1;
+  if (causal != 1) {
+    fail(CAD_STATUS_UNSUPPORTED, format("window_left = %lld, window_right = %lld with causal = %d: CAD computes "
+                                        "sliding windows with causal attention only", ll(window.left),
+                                        ll(window.right), causal));
+  }
+  if (!(accepts.flags & CAD_ATTENTION_CAP_WINDOW)) {
+    fail(CAD_STATUS_UNSUPPORTED, format("window_left = %lld: the server backend does not compute sliding windows "
+                                        "(no CAD_ATTENTION_CAP_WINDOW)", ll(window.left)));
+  }
+  return window.left;
+}
+
 CallShape check_qkv(const cad_tensor_v1_t* q, const cad_tensor_v1_t* k, const cad_tensor_v1_t* v, Tokens call_tokens,
                     int32_t causal, float softmax_scale, void* stream, const Accepts& accepts) {
   if (stream != nullptr && accepts.device_type == CAD_DEVICE_CPU) {
@@ -165,13 +185,15 @@ CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const 
     fail(CAD_STATUS_ABI_MISMATCH, format("forward: args.struct_size is %zu, expected >= %zu", args->struct_size,
                                          plugin::abi_v1_0_size(args)));
   }
+  const int64_t window_left = check_window(plugin::read_window(args, args->causal == 1, "forward"), args->causal, accepts);
   if (args->num_segments != 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, "forward: CAD takes pieces, not segments (num_segments must be 0)");
   }
   const int64_t tokens = call_tokens(args->pieces, args->num_pieces, plan_tokens);
-  const CallShape shape =
+  CallShape shape =
       check_qkv(args->q, args->k, args->v, Tokens{tokens, plan_tokens >= 0}, args->causal, args->softmax_scale,
                 args->stream, accepts);
+  shape.window_left = window_left;
   plugin::check_tensor(args->o, q_like("o", shape));
   plugin::check_tensor(args->lse, lse_spec(shape));
   return shape;
@@ -184,6 +206,7 @@ CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, cons
     fail(CAD_STATUS_ABI_MISMATCH, format("backward: args.struct_size is %zu, expected >= %zu", args->struct_size,
                                          plugin::abi_v1_0_size(args)));
   }
+  const int64_t window_left = check_window(plugin::read_window(args, args->causal == 1, "backward"), args->causal, accepts);
   if (!(accepts.flags & CAD_ATTENTION_CAP_BACKWARD)) {
     fail(CAD_STATUS_UNSUPPORTED, "backward: the server backend does not support it");
   }
@@ -191,9 +214,10 @@ CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, cons
     fail(CAD_STATUS_INVALID_ARGUMENT, "backward: CAD takes pieces, not segments (num_segments must be 0)");
   }
   const int64_t tokens = call_tokens(args->pieces, args->num_pieces, plan_tokens);
-  const CallShape shape =
+  CallShape shape =
       check_qkv(args->q, args->k, args->v, Tokens{tokens, plan_tokens >= 0}, args->causal, args->softmax_scale,
                 args->stream, accepts);
+  shape.window_left = window_left;
   plugin::check_tensor(args->o, q_like("o", shape));
   plugin::check_tensor(args->lse, lse_spec(shape));
   plugin::check_tensor(args->d_o, q_like("d_o", shape));
@@ -205,10 +229,11 @@ CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, cons
 
 CallShape check_plan_args(const cad_attention_plan_args_v1_t* args, const Accepts& accepts) {
   if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: args is NULL");
-  if (args->struct_size < sizeof(cad_attention_plan_args_v1_t)) {
+  if (args->struct_size < CAD_ATTENTION_PLAN_ARGS_V1_1_SIZE) {  // the v1.2 window is read only when present
     fail(CAD_STATUS_ABI_MISMATCH, format("make_plan: args.struct_size is %zu, expected >= %zu", args->struct_size,
-                                         sizeof(cad_attention_plan_args_v1_t)));
+                                         static_cast<size_t>(CAD_ATTENTION_PLAN_ARGS_V1_1_SIZE)));
   }
+  const int64_t window_left = check_window(plugin::read_window(args, args->causal == 1, "make_plan"), args->causal, accepts);
   if (args->num_segments != 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: CAD takes pieces, not segments (num_segments must be 0)");
   }
@@ -235,6 +260,7 @@ CallShape check_plan_args(const cad_attention_plan_args_v1_t* args, const Accept
   shape.head_dim = args->head_dim;
   shape.bf16 = plugin::dtype_is(args->dtype, DType::BF16);
   shape.causal = args->causal == 1;
+  shape.window_left = window_left;
   shape.device_type = args->device.device_type;
   shape.device_id = args->device.device_id;
   return shape;
@@ -343,6 +369,9 @@ void check_plan(const PieceTables& tables, const std::vector<cad_task_v1_t>& tas
 cad_attention_plan_args_v1_t server_plan_args(const ServerBatch& batch, const CallShape& shape, void* stream) {
   cad_attention_plan_args_v1_t args{};
   args.struct_size = sizeof(args);
+  args.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit
+  args.window_left = shape.window_left;  // the servers' segments keep document positions (layout.h)
+  args.window_right = -1;
   args.segments = batch.segments.data();
   args.num_segments = static_cast<int64_t>(batch.segments.size());
   args.num_q_rows = batch.q_rows;

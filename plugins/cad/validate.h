@@ -24,6 +24,7 @@ struct CallShape {
   int32_t head_dim = 0;
   bool bf16 = false;  // else fp32
   bool causal = true;
+  int64_t window_left = -1;  // sliding window (ABI v1.2), causal only in CAD; -1 = none
   float softmax_scale = 0.0f;
   cad_device_type_t device_type = CAD_DEVICE_CPU;  // of every tensor of the call
   int32_t device_id = 0;

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "plan_limits.h"
+#include "window.h"
 
 namespace cad::balancer {
 
@@ -18,9 +19,9 @@ long long ll(int64_t v) { return static_cast<long long>(v); }
 
 void check_cost_params(const cad_cost_params_v1_t* cost) {
   if (cost == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "plan: input->cost is NULL");
-  if (cost->struct_size < sizeof(cad_cost_params_v1_t)) {
+  if (cost->struct_size < CAD_COST_PARAMS_V1_1_SIZE) {  // the v1.2 window is read only when present
     fail(CAD_STATUS_ABI_MISMATCH, format("plan: cost->struct_size is %zu, expected at least %zu", cost->struct_size,
-                                         sizeof(cad_cost_params_v1_t)));
+                                         static_cast<size_t>(CAD_COST_PARAMS_V1_1_SIZE)));
   }
   auto positive = [](const char* name, int64_t v) {
     if (v < 1) fail(CAD_STATUS_INVALID_ARGUMENT, format("plan: cost->%s = %lld, expected >= 1", name, ll(v)));
@@ -37,6 +38,9 @@ void check_cost_params(const cad_cost_params_v1_t* cost) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("plan: cost->causal = %d, expected 0 or 1", cost->causal));
   }
   if (cost->reserved != 0) fail(CAD_STATUS_INVALID_ARGUMENT, "plan: cost->reserved must be 0");
+  if (cad::plugin::window_given(cost, "plan: cost")) {
+    cad::plugin::check_window(cost->window_left, cost->window_right, cost->causal == 1, "plan: cost");
+  }
   if (cost->min_shard_tokens < 0 || cost->memory_cap_bytes < 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("plan: cost->min_shard_tokens = %lld and memory_cap_bytes = %lld, "
                                              "expected both >= 0", ll(cost->min_shard_tokens),
@@ -203,6 +207,14 @@ void use_rate_table(Problem& problem, const std::shared_ptr<const plan::RateTabl
          format("plan: the rate table %s holds rates measured at head_dim %d, but cost->head_dim = %d",
                 table->path.c_str(), table->head_dim, problem.model.head_dim));
   }
+  if (problem.model.windowed()) {
+    // The table's rates are measured per (q, kv) shape without a window; pricing a windowed task by
+    // them would be a guess presented as a prediction.
+    fail(CAD_STATUS_UNSUPPORTED, format("plan: the rate table %s has no rates for sliding windows (window_left = "
+                                        "%lld, window_right = %lld); plan windowed batches without a rate table",
+                                        table->path.c_str(), ll(problem.model.window_left),
+                                        ll(problem.model.window_right)));
+  }
   problem.rates = table.get();
   if (memo) problem.time_costs = std::make_shared<plan::TimeCostMemo>(*table, problem.model.causal);
 }
@@ -217,21 +229,22 @@ Ledger::Ledger(const Problem& problem)
     const Doc& doc = problem.docs[static_cast<size_t>(d)];
     for (const Span& s : doc.spans) {
       load_[static_cast<size_t>(s.rank)] += problem.cost(s.begin, s.end, doc);
-      int64_t& end = kv_end_[key(d, s.rank)];
-      end = std::max(end, kv_needed_end(d, s.end));
+      plan::KvRange& have = kv_[key(d, s.rank)];
+      have = have.hull(kv_needed(d, s.begin, s.end));
     }
   }
   // A rank holding a later piece of a host-split document already needs the earlier tokens' KV.
-  for (const auto& [k, end] : kv_end_) {  // a sum per server: the visiting order does not matter
+  for (const auto& [k, range] : kv_) {  // a sum per server: the visiting order does not matter
     const auto d = static_cast<int32_t>(k >> 32);
     const auto server = static_cast<int32_t>(k & 0xffffffffu);
     memory_[static_cast<size_t>(server)] +=
-        foreign_tokens(problem.docs[static_cast<size_t>(d)], 0, end, server) * problem.model.kv_token_bytes();
+        foreign_tokens(problem.docs[static_cast<size_t>(d)], range.begin, range.end, server) *
+        problem.model.kv_token_bytes();
   }
 }
 
-int64_t Ledger::kv_needed_end(int32_t doc, int64_t q_end) const {
-  return problem_.model.causal ? q_end : problem_.docs[static_cast<size_t>(doc)].len;
+plan::KvRange Ledger::kv_needed(int32_t doc, int64_t q_begin, int64_t q_end) const {
+  return plan::task_kv_range(q_begin, q_end, problem_.docs[static_cast<size_t>(doc)].len, problem_.model);
 }
 
 int64_t Ledger::foreign_tokens(const Doc& doc, int64_t begin, int64_t end, int32_t server) const {
@@ -250,14 +263,15 @@ Ledger::Delta Ledger::delta(int32_t doc, int64_t q_begin, int64_t q_end, int32_t
   const int64_t rows = foreign_tokens(d, q_begin, q_end, server);
   out.bytes += rows * m.q_round_trip_bytes();
   out.memory += rows * m.q_memory_bytes();
-  auto it = kv_end_.find(key(doc, server));
-  const int64_t have = it == kv_end_.end() ? 0 : it->second;
-  const int64_t need = kv_needed_end(doc, q_end);
-  if (need > have) {
-    const int64_t tokens = foreign_tokens(d, have, need, server);
-    out.bytes += tokens * m.kv_token_bytes();
-    out.memory += tokens * m.kv_token_bytes();
-  }
+  auto it = kv_.find(key(doc, server));
+  const plan::KvRange have = it == kv_.end() ? plan::KvRange{} : it->second;
+  const plan::KvRange after = have.hull(kv_needed(doc, q_begin, q_end));
+  // The tokens the hull gains on either side of what is there (one copy per server and document).
+  const int64_t tokens = have.empty() ? foreign_tokens(d, after.begin, after.end, server)
+                                      : foreign_tokens(d, after.begin, have.begin, server) +
+                                            foreign_tokens(d, have.end, after.end, server);
+  out.bytes += tokens * m.kv_token_bytes();
+  out.memory += tokens * m.kv_token_bytes();
   return out;
 }
 
@@ -267,8 +281,8 @@ void Ledger::commit(int32_t doc, int64_t q_begin, int64_t q_end, int32_t from, i
   load_[static_cast<size_t>(from)] -= c;
   load_[static_cast<size_t>(to)] += c;
   memory_[static_cast<size_t>(to)] += d.memory;
-  int64_t& end = kv_end_[key(doc, to)];
-  end = std::max(end, kv_needed_end(doc, q_end));
+  plan::KvRange& have = kv_[key(doc, to)];
+  have = have.hull(kv_needed(doc, q_begin, q_end));
 }
 
 // ---- canonical form and checks --------------------------------------------------------------------

@@ -60,7 +60,7 @@ struct Problem {
       if (time_costs != nullptr) return time_costs->cost(q_begin, q_end, doc.len);
       return plan::time_weighted_cost(q_begin, q_end, doc.len, model.causal, *rates);
     }
-    return plan::task_cost(q_begin, q_end, doc.len, model.causal);
+    return plan::task_cost(q_begin, q_end, doc.len, model);  // the plain causal formula without a window
   }
 };
 
@@ -109,10 +109,11 @@ class Ledger {
   // Apply that move: the cost leaves `from` and arrives at `to`.
   void commit(int32_t doc, int64_t q_begin, int64_t q_end, int32_t from, int32_t to);
 
-  // The KV prefix of docs[doc] that `server` already holds or receives: [0, returned end).
+  // The end of the KV range of docs[doc] that `server` already holds or receives (a prefix [0, end)
+  // without a window).
   int64_t kv_prefix(int32_t doc, int32_t server) const {
-    auto it = kv_end_.find(key(doc, server));
-    return it == kv_end_.end() ? 0 : it->second;
+    auto it = kv_.find(key(doc, server));
+    return it == kv_.end() ? 0 : it->second.end;
   }
   int64_t load(int32_t server) const { return load_[static_cast<size_t>(server)]; }
   int64_t memory(int32_t server) const { return memory_[static_cast<size_t>(server)]; }
@@ -125,16 +126,17 @@ class Ledger {
 
  private:
   int64_t foreign_tokens(const Doc& doc, int64_t begin, int64_t end, int32_t server) const;
-  int64_t kv_needed_end(int32_t doc, int64_t q_end) const;
+  plan::KvRange kv_needed(int32_t doc, int64_t q_begin, int64_t q_end) const;
   const Problem& problem_;
   std::vector<int64_t> load_;
   std::vector<int64_t> memory_;
-  // (doc, server) -> KV prefix already there. A hash map: delta() looks it up for every candidate
-  // (the hottest call under a memory cap); nothing iterates it in an order that matters.
+  // (doc, server) -> KV range already there (the hull of what its tasks read). A hash map: delta() looks
+  // it up for every candidate (the hottest call under a memory cap); nothing iterates it in an order
+  // that matters.
   static uint64_t key(int32_t doc, int32_t server) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(doc)) << 32) | static_cast<uint32_t>(server);
   }
-  std::unordered_map<uint64_t, int64_t> kv_end_;
+  std::unordered_map<uint64_t, plan::KvRange> kv_;
 };
 
 // Sorts tasks by (server, doc_id, q_begin) and merges tasks of one document that touch on one server.

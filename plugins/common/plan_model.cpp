@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "cad_plugin_v1.h"  // CAD_HAS_FIELD
+
 namespace cad::plan {
 
 ModelParams model_params(const cad_cost_params_v1_t& cost) {
@@ -15,6 +17,11 @@ ModelParams model_params(const cad_cost_params_v1_t& cost) {
   p.head_dim = cost.head_dim;
   p.bytes_per_element = cost.bytes_per_element;
   p.causal = cost.causal != 0;
+  // ABI v1.2, validated by the balancer (window.h): read only with CAD_WINDOW_GIVEN, else no window.
+  if (CAD_HAS_FIELD(cad_cost_params_v1_t, &cost, window_right) && (cost.window_flags & CAD_WINDOW_GIVEN) != 0) {
+    p.window_left = cost.window_left;
+    p.window_right = p.causal ? -1 : cost.window_right;
+  }
   return p;
 }
 
@@ -24,6 +31,39 @@ int64_t task_cost(int64_t q_begin, int64_t q_end, int64_t doc_len, bool causal) 
   if (!causal) return q * doc_len;
   // Query at position p sees p + 1 keys: sum over p in [q_begin, q_end) = q*q_end - q*(q-1)/2.
   return q * q_end - q * (q - 1) / 2;
+}
+
+namespace {
+
+// sum of p over p in [a, b) (0 when b <= a).
+int64_t sum_range(int64_t a, int64_t b) { return b <= a ? 0 : (a + b - 1) * (b - a) / 2; }
+int64_t clamp(int64_t x, int64_t lo, int64_t hi) { return std::min(std::max(x, lo), hi); }
+
+}  // namespace
+
+int64_t task_cost(int64_t q_begin, int64_t q_end, int64_t doc_len, const ModelParams& params) {
+  if (!params.windowed()) return task_cost(q_begin, q_end, doc_len, params.causal);
+  const int64_t q = q_end - q_begin;
+  if (q <= 0) return 0;
+  // Query p sees keys [lo(p), hi(p)], lo(p) = max(0, p - left), hi(p) = min(doc_len - 1, p + right): the
+  // entries are the sum of hi(p) - lo(p) + 1, each sum in closed form around where the clamp starts.
+  const int64_t right = params.causal ? 0 : (params.window_right < 0 ? doc_len : params.window_right);
+  const int64_t hi_split = clamp(doc_len - right, q_begin, q_end);  // first p with p + right > doc_len - 1
+  const int64_t sum_hi = sum_range(q_begin, hi_split) + right * (hi_split - q_begin) + (q_end - hi_split) * (doc_len - 1);
+  int64_t sum_lo = 0;
+  if (params.window_left >= 0) {
+    const int64_t lo_split = clamp(params.window_left, q_begin, q_end);  // p - left >= 0 from here on
+    sum_lo = sum_range(lo_split, q_end) - params.window_left * (q_end - lo_split);
+  }
+  return sum_hi - sum_lo + q;
+}
+
+KvRange task_kv_range(int64_t q_begin, int64_t q_end, int64_t doc_len, const ModelParams& params) {
+  if (q_end <= q_begin) return {};
+  KvRange r{0, task_kv_end(q_begin, q_end, doc_len, params.causal)};
+  if (params.window_left >= 0) r.begin = std::max<int64_t>(0, q_begin - params.window_left);
+  if (!params.causal && params.window_right >= 0) r.end = std::min(doc_len, q_end + params.window_right);
+  return r;
 }
 
 double entries_to_flops(int64_t entries, const ModelParams& params) {
@@ -64,6 +104,14 @@ double imbalance_of(const std::vector<int64_t>& cost) {
   const double mean = mean_of(cost);
   if (mean <= 0) return 1.0;
   return static_cast<double>(*std::max_element(cost.begin(), cost.end())) / mean;
+}
+
+std::vector<int64_t> colocated_cost(const RankPieces& ranks, const ModelParams& params) {
+  std::vector<int64_t> cost(ranks.size(), 0);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (const auto& p : ranks[r]) cost[r] += task_cost(p.offset_in_doc, p.offset_in_doc + p.len, p.doc_len, params);
+  }
+  return cost;
 }
 
 std::vector<int64_t> colocated_cost(const RankPieces& ranks, bool causal) {
@@ -121,12 +169,12 @@ PlanStats evaluate_plan(const RankPieces& ranks, int32_t num_servers, const cad_
     }
     const auto [lo, hi] = holders_of(first.doc_id);
     const int64_t doc_len = lo->doc_len;
-    int64_t kv_end = 0;
+    KvRange kv;  // the hull of this server's tasks' KV ranges of the document
     size_t j = i;
     for (; j < order.size() && tasks[order[j]].server == server && tasks[order[j]].doc_id == first.doc_id; ++j) {
       const cad_task_v1_t& t = tasks[order[j]];
-      st.cost[static_cast<size_t>(server)] += task_cost(t.q_begin, t.q_end, doc_len, params.causal);
-      kv_end = std::max(kv_end, task_kv_end(t.q_begin, t.q_end, doc_len, params.causal));
+      st.cost[static_cast<size_t>(server)] += task_cost(t.q_begin, t.q_end, doc_len, params);
+      kv = kv.hull(task_kv_range(t.q_begin, t.q_end, doc_len, params));
       // Q rows held elsewhere: out as Q, back as O + LSE.
       for (auto h = lo; h != hi; ++h) {
         const int64_t rows = std::min(t.q_end, h->offset + h->len) - std::max(t.q_begin, h->offset);
@@ -137,9 +185,9 @@ PlanStats evaluate_plan(const RankPieces& ranks, int32_t num_servers, const cad_
         st.memory_received[static_cast<size_t>(server)] += rows * params.q_memory_bytes();
       }
     }
-    // The KV prefix [0, kv_end), once for this (server, doc), minus what the server holds.
+    // The KV range (a prefix without a window), once for this (server, doc), minus what the server holds.
     for (auto h = lo; h != hi; ++h) {
-      const int64_t tokens = std::min(kv_end, h->offset + h->len) - h->offset;
+      const int64_t tokens = std::min(kv.end, h->offset + h->len) - std::max(kv.begin, h->offset);
       if (tokens <= 0 || h->rank == server) continue;
       st.kv_tokens_moved += tokens;
       move(h->rank, server, tokens * params.kv_token_bytes());

@@ -4,12 +4,16 @@
 //
 // Cost: a causal task with q = q_end - q_begin queries and kv = q_end keys computes
 // q*kv - q*(q-1)/2 score entries; a non-causal one q*doc_len. FLOPs = 4 * head_dim * Hq * entries.
+// With a sliding window (left, right) (cad_attention_v1.h; -1 = no limit) a query at document position p
+// sees keys [max(0, p - left), min(doc_len - 1, p + right)] (right = 0 when causal): a causal one costs
+// min(p + 1, left + 1) entries.
 //
 // Forward-pass traffic of a task on server s (rank r holds its own pieces and is also server r):
 //  - Q rows of the task that s does not hold travel owner -> s; their O rows and fp32 LSE travel back.
 //  - K/V: s needs the document's prefix [0, max q_end of its tasks of that document) (causal) or the
 //    whole document (non-causal), ONCE per (server, document) however many tasks share it, minus the
-//    tokens s already holds; each missing token travels owner -> s.
+//    tokens s already holds; each missing token travels owner -> s. With a window a task needs only
+//    task_kv_range(); s holds one copy of the hull of its tasks' ranges of the document.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +32,10 @@ struct ModelParams {
   int32_t head_dim = 128;
   int32_t bytes_per_element = 2;
   bool causal = true;
+  int64_t window_left = -1;   // sliding window; -1 = no limit. Causal: window_right is kept at -1
+  int64_t window_right = -1;
 
+  bool windowed() const { return window_left >= 0 || window_right >= 0; }
   int64_t q_row_bytes() const { return int64_t{num_q_heads} * head_dim * bytes_per_element; }
   int64_t o_row_bytes() const { return q_row_bytes(); }
   int64_t lse_row_bytes() const { return int64_t{num_q_heads} * 4; }  // LSE is fp32
@@ -43,6 +50,23 @@ ModelParams model_params(const cad_cost_params_v1_t& cost);
 
 // Score entries of queries [q_begin, q_end) of a document of length doc_len.
 int64_t task_cost(int64_t q_begin, int64_t q_end, int64_t doc_len, bool causal);
+// The same under the params' mask (causal and window).
+int64_t task_cost(int64_t q_begin, int64_t q_end, int64_t doc_len, const ModelParams& params);
+
+// Keys [begin, end) of a document that queries [q_begin, q_end) read under the params' mask; {0, 0}
+// when the task is empty. Without a window: [0, task_kv_end(...)).
+struct KvRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool empty() const { return end <= begin; }
+  // The smallest range holding both (what one copy per server and document must cover).
+  KvRange hull(const KvRange& o) const {
+    if (empty()) return o;
+    if (o.empty()) return *this;
+    return {begin < o.begin ? begin : o.begin, end > o.end ? end : o.end};
+  }
+};
+KvRange task_kv_range(int64_t q_begin, int64_t q_end, int64_t doc_len, const ModelParams& params);
 // THE KV-prefix rule (the only copy: the cost model below and CAD's dispatch layout both call it). A server
 // holds ONE copy of a document's keys/values for all of its tasks of that document: the prefix
 // [0, max over those tasks of task_kv_end). A task reads [0, q_end) causal, the whole document otherwise;
@@ -80,6 +104,7 @@ PlanStats evaluate_plan(const RankPieces& ranks, int32_t num_servers, const cad_
 
 // The colocated baseline (every piece computed by its owner): cost per rank, no traffic.
 std::vector<int64_t> colocated_cost(const RankPieces& ranks, bool causal);
+std::vector<int64_t> colocated_cost(const RankPieces& ranks, const ModelParams& params);  // with its window
 
 // max / mean of a cost vector (1 when all are 0).
 double imbalance_of(const std::vector<int64_t>& cost);

@@ -187,9 +187,9 @@ cad_status_t make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, void
   CudaContext& self = *as_context(ctx);
   return cad::plugin::guarded(self.error, [&] {
     if (args == nullptr || out_plan == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: args or out_plan is NULL");
-    if (args->struct_size < sizeof(cad_attention_plan_args_v1_t)) {
+    if (args->struct_size < CAD_ATTENTION_PLAN_ARGS_V1_1_SIZE) {  // the v1.2 window is read only when present
       fail(CAD_STATUS_ABI_MISMATCH, format("make_plan: args.struct_size is %zu, expected >= %zu", args->struct_size,
-                                           sizeof(cad_attention_plan_args_v1_t)));
+                                           static_cast<size_t>(CAD_ATTENTION_PLAN_ARGS_V1_1_SIZE)));
     }
     const cad::kernels::AttentionProblem pr = cad::cuda_backend::check_plan(args, self.device);
     auto plan = std::unique_ptr<CudaPlan, std::function<void(CudaPlan*)>>(

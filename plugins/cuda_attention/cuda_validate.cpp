@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "plugin_support.h"
+#include "window.h"
 
 namespace cad::cuda_backend {
 namespace {
@@ -59,6 +60,8 @@ kernels::AttentionProblem check_common(const Args* args, const char* call, int d
   if (args->causal != 0 && args->causal != 1) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: causal must be 0 or 1, got %d", call, args->causal));
   }
+  // The kernels have no sliding-window mask (no CAD_ATTENTION_CAP_WINDOW): refuse, never ignore, a window.
+  plugin::refuse_window(plugin::read_window(args, args->causal == 1, call), "cuda", call);
   if (!std::isfinite(args->softmax_scale)) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: softmax_scale must be finite, got %g", call, args->softmax_scale));
   }
@@ -159,6 +162,7 @@ kernels::AttentionProblem check_plan(const cad_attention_plan_args_v1_t* args, i
   if (args->causal != 0 && args->causal != 1) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("make_plan: causal must be 0 or 1, got %d", args->causal));
   }
+  plugin::refuse_window(plugin::read_window(args, args->causal == 1, "make_plan"), "cuda", "make_plan");
   if (args->num_pieces != 0 || args->pieces != nullptr) {
     fail(CAD_STATUS_UNSUPPORTED, "make_plan: the cuda backend takes segments, not pieces");
   }

@@ -12,6 +12,7 @@
 #include "parallel_for.h"
 #include "plugin_support.h"
 #include "reference_math.h"
+#include "window.h"
 
 namespace {
 
@@ -125,6 +126,9 @@ Inputs check_common(const Args* args, const char* call) {
   b.num_segments = args->num_segments;
   b.softmax_scale = args->softmax_scale;
   b.causal = args->causal == 1;
+  const cad::plugin::Window window = cad::plugin::read_window(args, b.causal, call);
+  b.window_left = window.left;
+  b.window_right = window.right;
   return in;
 }
 
@@ -189,7 +193,7 @@ cad_status_t get_capabilities(void* ctx, cad_attention_capabilities_v1_t* out) {
     out->device_type = CAD_DEVICE_CPU;
     out->dtype_mask = CAD_ATTENTION_DTYPE_FP32 | CAD_ATTENTION_DTYPE_BF16;
     out->flags = CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL | CAD_ATTENTION_CAP_GQA |
-                 CAD_ATTENTION_CAP_SHARED_KV | CAD_ATTENTION_CAP_BACKWARD;
+                 CAD_ATTENTION_CAP_SHARED_KV | CAD_ATTENTION_CAP_BACKWARD | CAD_ATTENTION_CAP_WINDOW;
     out->head_dim_mask = 0xffffu;  // 16, 32, ..., 256 (any other D <= 256 works too)
     out->max_head_dim = static_cast<int32_t>(kMaxHeadDim);
     out->min_compute_capability = 0;
@@ -261,7 +265,7 @@ const cad_plugin_v1_t kPlugin = {
     CAD_PLUGIN_KIND_ATTENTION,
     kName,
     "1.0.0",
-    "CPU reference attention (fp32/bf16, varlen, causal, GQA, shared KV, backward): the numerical oracle",
+    "CPU reference attention (fp32/bf16, varlen, causal, sliding window, GQA, shared KV, backward): the numerical oracle",
     &kAttentionTable,
     nullptr,
     nullptr,

@@ -114,28 +114,46 @@ std::vector<QueryBlock> make_query_blocks(const AttentionBatch& b) {
 
 // Per-thread buffers, reused across the items a thread runs.
 struct Scratch {
-  std::vector<float> matrix;    // [rows, width]: scores, probabilities or dS of a query block
-  std::vector<float> row_sums;  // per row of a block
-  std::vector<int64_t> visible; // keys visible to each row of a block
-  std::vector<float> grad_k;    // dK/dV accumulators of a key block
+  std::vector<float> matrix;     // [rows, end - base]: scores, probabilities or dS of a query block
+  std::vector<float> row_sums;   // per row of a block
+  std::vector<int64_t> begins;   // visible_range of each row of a block
+  std::vector<int64_t> ends;
+  std::vector<float> grad_k;     // dK/dV accumulators of a key block
   std::vector<float> grad_v;
 };
 
-// Fills scratch.visible for the block's rows and returns the widest row (the block's last: masks
-// only widen going down a segment).
-int64_t block_visibility(const AttentionBatch& b, const QueryBlock& block, Scratch& scratch) {
+// The keys a block of query rows reads, [base, end): both ends of a row's range never decrease going
+// down a segment, so the first row has the lowest begin and the last the highest end.
+struct BlockKeys {
+  int64_t base;
+  int64_t end;
+  int64_t width() const { return end - base; }
+};
+
+// Fills scratch.begins/ends for the block's rows.
+BlockKeys block_visibility(const AttentionBatch& b, const QueryBlock& block, Scratch& scratch) {
   const cad_segment_v1_t& seg = b.segments[block.segment];
-  scratch.visible.resize(static_cast<size_t>(block.end - block.begin));
+  const size_t rows = static_cast<size_t>(block.end - block.begin);
+  scratch.begins.resize(rows);
+  scratch.ends.resize(rows);
   for (int64_t i = block.begin; i < block.end; ++i) {
-    scratch.visible[static_cast<size_t>(i - block.begin)] = visible_keys(seg, i, b.causal);
+    const KeyRange range = visible_range(seg, i, b);
+    scratch.begins[static_cast<size_t>(i - block.begin)] = range.begin;
+    scratch.ends[static_cast<size_t>(i - block.begin)] = range.end;
   }
-  return scratch.visible.back();
+  return {scratch.begins.front(), std::max(scratch.begins.front(), scratch.ends.back())};
 }
 
-// The first row of the block that sees key j (rows only gain keys going down); `rows` if none.
-int64_t first_row_seeing(const Scratch& scratch, int64_t j) {
-  const auto& visible = scratch.visible;
-  return std::upper_bound(visible.begin(), visible.end(), j) - visible.begin();
+// The rows of the block that see key j, [first, last): rows gain keys at the end and lose them at the
+// start going down, so they are contiguous.
+struct RowSpan {
+  int64_t first;
+  int64_t last;
+};
+RowSpan rows_seeing(const Scratch& scratch, int64_t j) {
+  const auto first = std::upper_bound(scratch.ends.begin(), scratch.ends.end(), j) - scratch.ends.begin();
+  const auto last = std::upper_bound(scratch.begins.begin(), scratch.begins.end(), j) - scratch.begins.begin();
+  return {first, std::max<int64_t>(first, last)};
 }
 
 void forward_block(const AttentionBatch& b, const QueryBlock& block, const float* q, const float* k,
@@ -144,39 +162,43 @@ void forward_block(const AttentionBatch& b, const QueryBlock& block, const float
   const cad_segment_v1_t& seg = b.segments[block.segment];
   const int64_t kv_head = block.head / at.group;
   const int64_t rows = block.end - block.begin;
-  const int64_t width = block_visibility(b, block, scratch);
+  const BlockKeys keys = block_visibility(b, block, scratch);
+  const int64_t width = keys.width();
   const auto row_of = [&](int64_t r) { return seg.q_offset + block.begin + r; };
-  const auto visible = [&](int64_t r) { return scratch.visible[static_cast<size_t>(r)]; };
+  const auto begin_of = [&](int64_t r) { return scratch.begins[static_cast<size_t>(r)]; };
+  const auto end_of = [&](int64_t r) { return scratch.ends[static_cast<size_t>(r)]; };
   scratch.matrix.resize(static_cast<size_t>(rows * width));
   scratch.row_sums.resize(static_cast<size_t>(rows));
-  float* scores = scratch.matrix.data();
+  float* scores = scratch.matrix.data();  // column c holds key base + c
 
-  for (int64_t j = 0; j < width; ++j) {
+  for (int64_t j = keys.base; j < keys.end; ++j) {
     const float* key = k + at.kv(seg.kv_offset + j, kv_head);
-    // Rows that see key j are a suffix of the block; take them four at a time.
-    int64_t r = first_row_seeing(scratch, j);
-    for (; r + 4 <= rows; r += 4) {
+    const int64_t c = j - keys.base;
+    // Rows that see key j are contiguous; take them four at a time.
+    const RowSpan span = rows_seeing(scratch, j);
+    int64_t r = span.first;
+    for (; r + 4 <= span.last; r += 4) {
       const float* queries[4];
       float dots[4];
       for (int x = 0; x < 4; ++x) queries[x] = q + at.q(row_of(r + x), block.head);
       dot4(queries, key, at.d, dots);
-      for (int x = 0; x < 4; ++x) scores[(r + x) * width + j] = b.softmax_scale * dots[x];
+      for (int x = 0; x < 4; ++x) scores[(r + x) * width + c] = b.softmax_scale * dots[x];
     }
-    for (; r < rows; ++r) scores[r * width + j] = b.softmax_scale * dot(q + at.q(row_of(r), block.head), key, at.d);
+    for (; r < span.last; ++r) scores[r * width + c] = b.softmax_scale * dot(q + at.q(row_of(r), block.head), key, at.d);
   }
   // Stable softmax: subtract the row maximum before exponentiating; keep exp(s - max) unnormalised.
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = scores + r * width;
     float* lse_out = lse + at.lse(row_of(r), block.head);
-    if (visible(r) <= 0) {  // a non-causal segment with no keys: nothing to attend to
+    if (end_of(r) <= begin_of(r)) {  // no keys (non-causal with kv_len 0, or a window past the KV range)
       *lse_out = -std::numeric_limits<float>::infinity();
       scratch.row_sums[static_cast<size_t>(r)] = 0;
       continue;
     }
-    float max_score = row[0];
-    for (int64_t j = 1; j < visible(r); ++j) max_score = std::max(max_score, row[j]);
+    float* row = scores + r * width - keys.base;  // row[j] for key j
+    float max_score = row[begin_of(r)];
+    for (int64_t j = begin_of(r) + 1; j < end_of(r); ++j) max_score = std::max(max_score, row[j]);
     float sum = 0;
-    for (int64_t j = 0; j < visible(r); ++j) {
+    for (int64_t j = begin_of(r); j < end_of(r); ++j) {
       row[j] = std::exp(row[j] - max_score);
       sum += row[j];
     }
@@ -184,10 +206,11 @@ void forward_block(const AttentionBatch& b, const QueryBlock& block, const float
     scratch.row_sums[static_cast<size_t>(r)] = sum;
   }
   for (int64_t r = 0; r < rows; ++r) std::fill_n(o + at.q(row_of(r), block.head), at.d, 0.0f);
-  for (int64_t j = 0; j < width; ++j) {
+  for (int64_t j = keys.base; j < keys.end; ++j) {
     const float* value = v + at.kv(seg.kv_offset + j, kv_head);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (j < visible(r)) axpy(o + at.q(row_of(r), block.head), scores[r * width + j], value, at.d);
+    const RowSpan span = rows_seeing(scratch, j);
+    for (int64_t r = span.first; r < span.last; ++r) {
+      axpy(o + at.q(row_of(r), block.head), scores[r * width + (j - keys.base)], value, at.d);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -205,22 +228,24 @@ void grad_q_block(const AttentionBatch& b, const QueryBlock& block, const float*
   const cad_segment_v1_t& seg = b.segments[block.segment];
   const int64_t kv_head = block.head / at.group;
   const int64_t rows = block.end - block.begin;
-  const int64_t width = block_visibility(b, block, scratch);
+  const BlockKeys keys = block_visibility(b, block, scratch);
+  const int64_t width = keys.width();
   const auto row_of = [&](int64_t r) { return seg.q_offset + block.begin + r; };
-  const auto visible = [&](int64_t r) { return scratch.visible[static_cast<size_t>(r)]; };
   scratch.matrix.resize(static_cast<size_t>(rows * width));
-  float* d_scores = scratch.matrix.data();
+  float* d_scores = scratch.matrix.data();  // column c holds key base + c
 
-  for (int64_t j = 0; j < width; ++j) {
+  for (int64_t j = keys.base; j < keys.end; ++j) {
     const float* key = k + at.kv(seg.kv_offset + j, kv_head);
     const float* value = v + at.kv(seg.kv_offset + j, kv_head);
+    const int64_t c = j - keys.base;
     const auto d_score = [&](int64_t r, float score_dot, float dp) {
       const int64_t row = row_of(r);
       const float p = std::exp(b.softmax_scale * score_dot - lse[at.lse(row, block.head)]);
-      d_scores[r * width + j] = p * (dp - delta[at.lse(row, block.head)]);
+      d_scores[r * width + c] = p * (dp - delta[at.lse(row, block.head)]);
     };
-    int64_t r = first_row_seeing(scratch, j);
-    for (; r + 4 <= rows; r += 4) {
+    const RowSpan span = rows_seeing(scratch, j);
+    int64_t r = span.first;
+    for (; r + 4 <= span.last; r += 4) {
       const float* queries[4];
       const float* grads[4];
       float score_dots[4], dps[4];
@@ -232,15 +257,16 @@ void grad_q_block(const AttentionBatch& b, const QueryBlock& block, const float*
       dot4(grads, value, at.d, dps);
       for (int x = 0; x < 4; ++x) d_score(r + x, score_dots[x], dps[x]);
     }
-    for (; r < rows; ++r) {
+    for (; r < span.last; ++r) {
       d_score(r, dot(q + at.q(row_of(r), block.head), key, at.d), dot(d_o + at.q(row_of(r), block.head), value, at.d));
     }
   }
   for (int64_t r = 0; r < rows; ++r) std::fill_n(d_q + at.q(row_of(r), block.head), at.d, 0.0f);
-  for (int64_t j = 0; j < width; ++j) {
+  for (int64_t j = keys.base; j < keys.end; ++j) {
     const float* key = k + at.kv(seg.kv_offset + j, kv_head);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (j < visible(r)) axpy(d_q + at.q(row_of(r), block.head), d_scores[r * width + j], key, at.d);
+    const RowSpan span = rows_seeing(scratch, j);
+    for (int64_t r = span.first; r < span.last; ++r) {
+      axpy(d_q + at.q(row_of(r), block.head), d_scores[r * width + (j - keys.base)], key, at.d);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -263,23 +289,25 @@ void grad_kv_block(const AttentionBatch& b, int64_t kv_head, int64_t first, int6
     const int64_t lo = std::max(first, seg.kv_offset) - seg.kv_offset;  // overlap, relative to the segment
     const int64_t hi = std::min(last, seg.kv_offset + seg.kv_len) - seg.kv_offset;
     if (lo >= hi || seg.q_len == 0) continue;
-    // Query i sees local key j iff j < i + 1 + (kv_len - q_len); the first query to see key `lo`:
+    // Causal: query i sees no key past p = i + (kv_len - q_len); the first query that may see key `lo`:
     const int64_t first_query = b.causal ? std::max<int64_t>(0, lo - (seg.kv_len - seg.q_len)) : 0;
     for (int64_t head = kv_head * at.group; head < (kv_head + 1) * at.group; ++head) {
       for (int64_t i = first_query; i < seg.q_len; ++i) {
+        const KeyRange range = visible_range(seg, i, b);
+        if (range.begin >= hi) break;  // begins never decrease: no later query sees these keys either
         const int64_t row = seg.q_offset + i;
         const float* query = q + at.q(row, head);
         const float* grad_out = d_o + at.q(row, head);
         const float row_lse = lse[at.lse(row, head)];
         const float row_delta = delta[at.lse(row, head)];
-        const int64_t end = std::min(hi, visible_keys(seg, i, b.causal));
+        const int64_t end = std::min(hi, range.end);
         const auto accumulate = [&](int64_t key_row, float score_dot, float dp) {
           const float p = std::exp(b.softmax_scale * score_dot - row_lse);
           const size_t acc = static_cast<size_t>((key_row - first) * at.d);
           axpy(scratch.grad_v.data() + acc, p, grad_out, at.d);
           axpy(scratch.grad_k.data() + acc, p * (dp - row_delta), query, at.d);
         };
-        int64_t j = lo;
+        int64_t j = std::max(lo, range.begin);
         for (; j + 4 <= end; j += 4) {  // four keys at a time share the loads of query and dO
           const float* keys[4];
           const float* values[4];

@@ -5,8 +5,17 @@
 // Layouts (row-major, compact):  Q, O, dO, dQ : [tq, hq, d]   K, V, dK, dV : [tk, hkv, d]
 //                                LSE : [hq, tq]
 // Semantics are those of plugin_api/cad_attention_v1.h: query head h reads KV head h / (hq / hkv);
-// segment query i (0-based) sees keys j < visible_keys(segment, i, causal) of its KV range (causal
-// masks aligned bottom-right). Every output element is written: O/dQ rows no segment covers are 0
+// segment query i (0-based) sees the keys visible_range(...) of its KV range.
+//
+// Masks, in one frame: query i of a segment sits at key position p = i + (kv_len - q_len) of the
+// segment's KV range (bottom-right alignment: the last query lines up with the last key). When the
+// segment is a document's query shard [q_begin, q_end) with KV [kv_begin, q_end) of that document,
+// p is the query's document position minus kv_begin, so a window in document positions and a window in
+// segment positions are the same thing. Query i sees keys j with
+//   causal:       j <= p
+//   window_left:  j >= p - window_left   (-1 = no limit)
+//   window_right: j <= p + window_right  (-1 = no limit)
+// clipped to [0, kv_len). Both ends of that range never decrease going down a segment. Every output element is written: O/dQ rows no segment covers are 0
 // with LSE -inf, dK/dV rows no segment reads are 0, and dK/dV sum over every segment and query
 // head that reads them.
 //
@@ -15,6 +24,7 @@
 // every output element is produced by one work item, summing in a fixed order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cad_common_v1.h"
@@ -31,11 +41,23 @@ struct AttentionBatch {
   int64_t num_segments = 0;
   float softmax_scale = 1.0f;
   bool causal = false;
+  int64_t window_left = -1;   // sliding window (see the top); -1 = no limit
+  int64_t window_right = -1;
 };
 
-// How many keys (from the start of the segment's KV range) query `i` of `segment` attends to.
-inline int64_t visible_keys(const cad_segment_v1_t& segment, int64_t i, bool causal) {
-  return causal ? i + 1 + (segment.kv_len - segment.q_len) : segment.kv_len;
+// Keys [begin, end) of the segment's KV range that a query sees; begin == end when none.
+struct KeyRange {
+  int64_t begin;
+  int64_t end;
+};
+
+inline KeyRange visible_range(const cad_segment_v1_t& segment, int64_t i, const AttentionBatch& batch) {
+  const int64_t p = i + (segment.kv_len - segment.q_len);
+  int64_t begin = 0, end = segment.kv_len;
+  if (batch.causal) end = std::min(end, p + 1);
+  if (batch.window_left >= 0) begin = std::max(begin, p - batch.window_left);
+  if (batch.window_right >= 0) end = std::min(end, p + batch.window_right + 1);
+  return {begin, std::max(begin, end)};  // max keeps `end` non-decreasing down the segment
 }
 
 // num_threads: 0 = hardware concurrency. Threads are started for the call and joined before return.

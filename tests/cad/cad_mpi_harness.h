@@ -123,7 +123,7 @@ struct Outputs {
 
 // The oracle: the reference math over the global batch, one segment per document. Only the documents
 // this rank holds a piece of matter to it, so it skips the others (the rows stay 0 and are not read).
-inline Outputs oracle(const GlobalBatch& b, bool causal, float scale) {
+inline Outputs oracle(const GlobalBatch& b, bool causal, float scale, int64_t window_left = -1) {
   std::set<int64_t> mine;
   for (const auto& p : b.pieces[static_cast<size_t>(g_rank)]) mine.insert(p.doc_id);
   std::vector<cad_segment_v1_t> segments;
@@ -139,6 +139,7 @@ inline Outputs oracle(const GlobalBatch& b, bool causal, float scale) {
   batch.num_segments = static_cast<int64_t>(segments.size());
   batch.softmax_scale = scale;
   batch.causal = causal;
+  batch.window_left = window_left;  // per document: one segment each, so document positions
   Outputs out;
   out.o.resize(b.q.size());
   out.lse.resize(static_cast<size_t>(b.hq * b.total_tokens));
@@ -170,6 +171,7 @@ struct LocalCall {
   Tensor q, k, v, d_o, o, lse, d_q, d_k, d_v;
   bool causal = true;
   float scale = 0.25f;
+  int64_t window_left = -1;  // sliding window of every call and plan (-1 = none)
 
   LocalCall(const GlobalBatch& b, bool is_causal, int64_t extra_q_rows = 0, int64_t head_dim = -1)
       : pieces(b.pieces[static_cast<size_t>(g_rank)]),
@@ -204,6 +206,9 @@ struct LocalCall {
   cad_status_t forward(const Attention& a, void* plan = nullptr, void** saved = nullptr, bool with_pieces = true) {
     cad_attention_forward_args_v1_t args{};
     args.struct_size = sizeof(args);
+    args.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit unless the test sets a window
+    args.window_left = window_left;
+    args.window_right = -1;
     args.pieces = pieces.data();
     args.num_pieces = static_cast<int64_t>(pieces.size());
     args.softmax_scale = scale;
@@ -225,6 +230,9 @@ struct LocalCall {
   cad_status_t backward(const Attention& a, void* plan = nullptr, void* saved = nullptr, bool with_pieces = true) {
     cad_attention_backward_args_v1_t args{};
     args.struct_size = sizeof(args);
+    args.window_flags = CAD_WINDOW_GIVEN;
+    args.window_left = window_left;
+    args.window_right = -1;
     args.pieces = pieces.data();
     args.num_pieces = static_cast<int64_t>(pieces.size());
     args.softmax_scale = scale;
@@ -253,6 +261,9 @@ inline cad_status_t make_plan(const Attention& a, const LocalCall& call, int64_t
                               void** plan) {
   cad_attention_plan_args_v1_t args{};
   args.struct_size = sizeof(args);
+  args.window_flags = CAD_WINDOW_GIVEN;
+  args.window_left = call.window_left;  // the plan is made for the call's window
+  args.window_right = -1;
   args.pieces = call.pieces.data();
   args.num_pieces = static_cast<int64_t>(call.pieces.size());
   args.num_q_heads = static_cast<int32_t>(hq);
@@ -289,9 +300,10 @@ inline BatchSpec spec_for(uint64_t seed) {
 }
 
 // One full step through `a`; expects it to match the oracle.
-inline void expect_step_matches(const Attention& a, const GlobalBatch& b, bool causal) {
+inline void expect_step_matches(const Attention& a, const GlobalBatch& b, bool causal, int64_t window_left = -1) {
   LocalCall call(b, causal);
-  const Outputs want = local_slice(b, oracle(b, causal, call.scale));
+  call.window_left = window_left;
+  const Outputs want = local_slice(b, oracle(b, causal, call.scale, window_left));
   const cad_status_t fs = call.forward(a);
   ASSERT_EQ(fs, CAD_STATUS_OK) << a.table->last_error(a.ctx);  // agreed on every rank: no desync
   const cad_status_t bs = call.backward(a);

@@ -376,7 +376,7 @@ TEST(CadMpi, CapabilitiesAreTheServerBackendsPlusPieces) {
   EXPECT_TRUE(mine.flags & CAD_ATTENTION_CAP_PIECES);
   EXPECT_FALSE(mine.flags & CAD_ATTENTION_CAP_SHARED_KV);  // CAD takes pieces, not segments
   const uint32_t passed_on = CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL | CAD_ATTENTION_CAP_GQA |
-                             CAD_ATTENTION_CAP_BACKWARD;
+                             CAD_ATTENTION_CAP_BACKWARD | CAD_ATTENTION_CAP_WINDOW;
   EXPECT_EQ(mine.flags & passed_on, theirs.flags & passed_on);
   EXPECT_EQ(mine.dtype_mask, theirs.dtype_mask);
   EXPECT_EQ(mine.device_type, theirs.device_type);

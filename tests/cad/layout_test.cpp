@@ -57,8 +57,11 @@ std::vector<std::vector<Token>> owner_tokens(const GlobalBatch& b) {
 }
 
 // Every invariant a correct layout has, checked by following the runs back to document tokens.
-void expect_layout_invariants(const GlobalBatch& b, const std::vector<cad_task_v1_t>& tasks, bool causal) {
-  const cp::Layout layout = cp::build_layout(b.pieces, tasks, causal);
+// window_left >= 0 (causal): a segment's K/V rows are the document's keys [kv_lo, q_end) with kv_lo at
+// most q_begin - window_left (clamped at 0), and its queries still stand at their document positions.
+void expect_layout_invariants(const GlobalBatch& b, const std::vector<cad_task_v1_t>& tasks, bool causal,
+                              int64_t window_left = -1) {
+  const cp::Layout layout = cp::build_layout(b.pieces, tasks, causal, window_left);
   const auto tokens = owner_tokens(b);
   std::set<Token> queried;  // every token must be a query exactly once, across all servers
   for (int32_t s = 0; s < b.world; ++s) {
@@ -91,13 +94,18 @@ void expect_layout_invariants(const GlobalBatch& b, const std::vector<cad_task_v
       covered += seg.q_len;
       const Token first_q = q_rows[static_cast<size_t>(seg.q_offset)];
       const int64_t doc_len = b.doc(first_q.doc).len;
-      EXPECT_EQ(seg.kv_len, causal ? first_q.pos + seg.q_len : doc_len);
-      for (int64_t j = 0; j < seg.kv_len; ++j) {  // the KV range is the document's prefix, in order
-        EXPECT_TRUE((kv_rows[static_cast<size_t>(seg.kv_offset + j)] == Token{first_q.doc, j}));
+      // The first key of the range: 0 without a window, else at most where the first query's window starts.
+      const int64_t kv_lo = seg.kv_len > 0 ? kv_rows[static_cast<size_t>(seg.kv_offset)].pos : 0;
+      if (window_left < 0) EXPECT_EQ(kv_lo, 0);
+      else EXPECT_LE(kv_lo, std::max<int64_t>(0, first_q.pos - window_left));
+      EXPECT_EQ(seg.kv_len, causal ? first_q.pos + seg.q_len - kv_lo : doc_len);
+      for (int64_t j = 0; j < seg.kv_len; ++j) {  // the KV range is the document's keys [kv_lo, ...), in order
+        EXPECT_TRUE((kv_rows[static_cast<size_t>(seg.kv_offset + j)] == Token{first_q.doc, kv_lo + j}));
       }
       for (int64_t i = 0; i < seg.q_len; ++i) {  // bottom-right alignment puts query i at kv_len - q_len + i
         const Token t = q_rows[static_cast<size_t>(seg.q_offset + i)];
-        EXPECT_TRUE((t == Token{first_q.doc, (causal ? seg.kv_len : first_q.pos + seg.q_len) - seg.q_len + i}));
+        EXPECT_TRUE((t == Token{first_q.doc,
+                                (causal ? kv_lo + seg.kv_len : first_q.pos + seg.q_len) - seg.q_len + i}));
         EXPECT_TRUE(queried.insert(t).second) << "doc " << t.doc << " pos " << t.pos << " queried twice";
       }
     }
@@ -121,7 +129,24 @@ TEST(Layout, InvariantsHoldOnRandomBatchesAndPlans) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     expect_layout_invariants(b, tasks, true);
     expect_layout_invariants(b, tasks, false);
+    for (int64_t left : {0, 4, 25}) expect_layout_invariants(b, tasks, true, left);
   }
+}
+
+TEST(Layout, AWindowTrimsTheSharedKvCopy) {
+  // Document 7 (len 10) split 6 + 4 over ranks 0 and 1; tasks [0,3) and [8,10) on server 1, [3,8) on 0;
+  // window 2: server 1 needs keys [0, 3) and [6, 10), one copy of their hull [0, 10); server 0 [1, 8).
+  const cp::PieceTables tables = {{{7, 10, 0, 6}}, {{7, 10, 6, 4}}};
+  const std::vector<cad_task_v1_t> tasks = {{7, 0, 3, 1, 0}, {7, 3, 8, 0, 0}, {7, 8, 10, 1, 0}};
+  const cp::Layout layout = cp::build_layout(tables, tasks, true, 2);
+  const cp::ServerBatch& s0 = layout.servers[0];
+  EXPECT_EQ(s0.kv_rows, 7);
+  ASSERT_EQ(s0.segments.size(), 2u);  // [3, 6) from rank 0's piece and [6, 8) from rank 1's
+  EXPECT_EQ(s0.segments[0].kv_len, 6 - 1);
+  EXPECT_EQ(s0.segments[1].kv_len, 8 - 1);
+  EXPECT_EQ(layout.route(0, 0).kv_rows, 5);  // keys [1, 6) of its own piece
+  EXPECT_EQ(layout.route(1, 0).kv_rows, 2);  // keys [6, 8) from rank 1
+  EXPECT_EQ(layout.servers[1].kv_rows, 10);
 }
 
 TEST(Layout, SharesOneKvPrefixPerDocumentAndServer) {

@@ -86,6 +86,20 @@ TEST_F(CudaRefusals, Fp32IsUnsupported) {
   EXPECT_TRUE(p.output_untouched());
 }
 
+// The kernels have no window mask: a window is refused (never ignored), naming the backend; the same call
+// from a caller built before ABI v1.2 (a 112-byte struct) has no window and runs.
+TEST_F(CudaRefusals, SlidingWindowIsUnsupported) {
+  SmallProblem p;
+  p.args.window_flags = CAD_WINDOW_GIVEN;
+  p.args.window_left = 8;
+  EXPECT_EQ(forward(p), CAD_STATUS_UNSUPPORTED);
+  EXPECT_NE(gpu.last_error().find("the cuda backend does not compute sliding windows"), std::string::npos)
+      << gpu.last_error();
+  EXPECT_TRUE(p.output_untouched());
+  p.args.struct_size = CAD_ATTENTION_FORWARD_ARGS_V1_1_SIZE;
+  EXPECT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
+}
+
 TEST_F(CudaRefusals, HeadDim96IsUnsupported) {
   SmallProblem p(96);
   EXPECT_EQ(forward(p), CAD_STATUS_UNSUPPORTED);

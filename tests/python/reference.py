@@ -18,6 +18,38 @@ def sdpa_varlen(q, k, v, cu_seqlens, causal, scale=None):
     return torch.cat(out) if out else q.new_zeros(q.shape)
 
 
+def window_mask(length, causal, window_size):
+    """[length, length] bool mask, True where query i may see key j: PyTorch's window_size (left, right),
+    -1 = no limit, built key by key (a dense mask shares nothing with the backends' range arithmetic)."""
+    left, right = window_size
+    i = torch.arange(length).unsqueeze(1)
+    j = torch.arange(length).unsqueeze(0)
+    allowed = torch.ones(length, length, dtype=torch.bool)
+    if causal:
+        allowed &= j <= i
+    if left >= 0:
+        allowed &= j >= i - left
+    if right >= 0:
+        allowed &= j <= i + right
+    return allowed
+
+
+def sdpa_varlen_window(q, k, v, cu_seqlens, causal, window_size, scale=None):
+    """sdpa_varlen with an explicit per-document window mask."""
+    groups = q.shape[1] // k.shape[1]
+    out = []
+    cu = cu_seqlens.tolist()
+    for a, b in zip(cu, cu[1:]):
+        if b == a:
+            continue
+        qd = q[a:b].transpose(0, 1)
+        kd = k[a:b].repeat_interleave(groups, dim=1).transpose(0, 1)
+        vd = v[a:b].repeat_interleave(groups, dim=1).transpose(0, 1)
+        mask = window_mask(b - a, causal, window_size)
+        out.append(F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale).transpose(0, 1))
+    return torch.cat(out) if out else q.new_zeros(q.shape)
+
+
 def random_batch(lengths, num_heads, num_kv_heads, head_dim, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     t = sum(lengths)

@@ -197,10 +197,38 @@ def test_torch_compile_traces_it():
         assert q.grad is not None
 
 
+# ---- sliding windows (issue 26) ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("window", [(0, 0), (4, 0), (30, 0), (3, 5), (-1, 4), (6, -1)])
+def test_sliding_windows_match_masked_sdpa(window):
+    # (left, 0) causal, any other right non-causal: sdpa with the band mask [i - left, i + right] per document.
+    from reference import sdpa_varlen_window
+    lengths = [7, 1, 33, 12]
+    q, k, v, cu = random_batch(lengths, 4, 2, 16, seed=9)
+    d_o = torch.randn_like(q)
+    m = max(lengths)
+    causal = window[1] == 0
+    got = _grads(lambda q, k, v: varlen_attn(q, k, v, cu, cu, m, m, window_size=window), q, k, v, d_o)
+    want = _grads(lambda q, k, v: sdpa_varlen_window(q, k, v, cu, causal, window), q, k, v, d_o)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5, msg=lambda msg: f"{name}: {msg}")
+
+
+def test_a_windowed_plan_runs_its_window_and_refuses_another():
+    lengths = [20, 9, 3]
+    q, k, v, cu = random_batch(lengths, 2, 2, 16, seed=4)
+    plan = cad.plan(cu, window_size=(5, 0))
+    from reference import sdpa_varlen_window
+    torch.testing.assert_close(varlen_attn(q, k, v, cu, cu, 20, 20, window_size=(5, 0), plan=plan),
+                               sdpa_varlen_window(q, k, v, cu, True, (5, 0)), rtol=1e-5, atol=2e-5)
+    with pytest.raises(cad.CadError, match="window_left"):
+        varlen_attn(q, k, v, cu, cu, 20, 20, window_size=CAUSAL, plan=plan)
+
+
 # ---- refusals --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs,expected", [
-    (dict(window_size=(128, 0)), r"window_size=\(128, 0\)"),
-    (dict(window_size=(-1, 4)), r"window_size=\(-1, 4\)"),
+    (dict(window_size=(-2, 0)), r"window_size\[0\] \(left\)"),
+    (dict(window_size=(3, -4)), r"window_size\[1\] \(right\)"),
+    (dict(window_size=(2.5, 0)), "window_size must be a pair"),
     (dict(window_size=(-1, 0, 0)), "window_size must be a pair"),
     (dict(scale=0.0), "scale must be greater than 0"),
     (dict(scale=float("nan")), "scale must be greater than 0"),

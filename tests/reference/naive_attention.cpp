@@ -8,13 +8,14 @@
 namespace cad::testing {
 namespace {
 
-// The keys (relative to the segment's KV range) that query i of the segment attends to: [0, count).
-int64_t keys_seen(const cad_segment_v1_t& s, int64_t i, bool causal) {
-  if (!causal) return s.kv_len;
-  // Bottom-right alignment: the last query sees every key, each earlier query one key fewer.
-  const int64_t last_query = s.q_len - 1;
-  const int64_t last_key = s.kv_len - 1;
-  return last_key - (last_query - i) + 1;
+// Whether query i of the segment sees key j of its KV range: a dense mask, tested key by key.
+// Bottom-right alignment: query i stands at key position p, the last query at the last key.
+bool sees(const Problem& pr, const cad_segment_v1_t& s, int64_t i, int64_t j) {
+  const int64_t p = (s.kv_len - 1) - (s.q_len - 1 - i);
+  if (pr.causal && j > p) return false;
+  if (pr.window_left >= 0 && j < p - pr.window_left) return false;
+  if (pr.window_right >= 0 && j > p + pr.window_right) return false;
+  return true;
 }
 
 double dot(const double* a, const double* b, int64_t n) {
@@ -34,19 +35,21 @@ Row softmax_row(const Problem& pr, const cad_segment_v1_t& s, int64_t i, int64_t
   const int64_t kvh = h / (pr.hq / pr.hkv);
   const double* query = &q[static_cast<size_t>(((s.q_offset + i) * pr.hq + h) * pr.d)];
   Row row;
-  const int64_t n = keys_seen(s, i, pr.causal);
-  if (n <= 0) return row;
-  std::vector<double> scores(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) {
-    scores[static_cast<size_t>(j)] =
-        static_cast<double>(pr.scale) * dot(query, &k[static_cast<size_t>(((s.kv_offset + j) * pr.hkv + kvh) * pr.d)], pr.d);
+  row.p.assign(static_cast<size_t>(s.kv_len), 0.0);  // masked keys keep probability 0
+  std::vector<double> scores;
+  std::vector<int64_t> seen;
+  for (int64_t j = 0; j < s.kv_len; ++j) {
+    if (!sees(pr, s, i, j)) continue;
+    seen.push_back(j);
+    scores.push_back(static_cast<double>(pr.scale) *
+                     dot(query, &k[static_cast<size_t>(((s.kv_offset + j) * pr.hkv + kvh) * pr.d)], pr.d));
   }
+  if (scores.empty()) return row;
   const double m = *std::max_element(scores.begin(), scores.end());
   double sum = 0;
   for (double x : scores) sum += std::exp(x - m);
   row.lse = m + std::log(sum);
-  row.p.resize(scores.size());
-  for (size_t j = 0; j < scores.size(); ++j) row.p[j] = std::exp(scores[j] - row.lse);
+  for (size_t n = 0; n < seen.size(); ++n) row.p[static_cast<size_t>(seen[n])] = std::exp(scores[n] - row.lse);
   return row;
 }
 

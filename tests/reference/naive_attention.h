@@ -16,6 +16,8 @@ struct Problem {
   std::vector<cad_segment_v1_t> segments;
   float scale = 1.0f;
   bool causal = false;
+  int64_t window_left = -1;   // sliding window, PyTorch's window_size; -1 = no limit
+  int64_t window_right = -1;
 };
 
 struct NaiveForward {

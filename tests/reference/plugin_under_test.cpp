@@ -64,6 +64,9 @@ cad_attention_forward_args_v1_t forward_args(const Problem& p, AttentionTensors&
   a.num_segments = static_cast<int64_t>(p.segments.size());
   a.softmax_scale = p.scale;
   a.causal = p.causal ? 1 : 0;
+  a.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit: the problem's window, if any
+  a.window_left = p.window_left;
+  a.window_right = p.window_right;
   a.q = t.q.view();
   a.k = t.k.view();
   a.v = t.v.view();
@@ -79,6 +82,9 @@ cad_attention_backward_args_v1_t backward_args(const Problem& p, AttentionTensor
   a.num_segments = static_cast<int64_t>(p.segments.size());
   a.softmax_scale = p.scale;
   a.causal = p.causal ? 1 : 0;
+  a.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit: the problem's window, if any
+  a.window_left = p.window_left;
+  a.window_right = p.window_right;
   a.q = t.q.view();
   a.k = t.k.view();
   a.v = t.v.view();

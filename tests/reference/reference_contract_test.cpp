@@ -318,7 +318,7 @@ TEST(ReferencePlugin, Capabilities) {
   EXPECT_EQ(caps.dtype_mask, static_cast<uint32_t>(CAD_ATTENTION_DTYPE_FP32 | CAD_ATTENTION_DTYPE_BF16));
   EXPECT_EQ(caps.flags, static_cast<uint32_t>(CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL |
                                               CAD_ATTENTION_CAP_GQA | CAD_ATTENTION_CAP_SHARED_KV |
-                                              CAD_ATTENTION_CAP_BACKWARD));
+                                              CAD_ATTENTION_CAP_BACKWARD | CAD_ATTENTION_CAP_WINDOW));
   EXPECT_EQ(caps.head_dim_mask, 0xffffu);
   EXPECT_EQ(caps.max_head_dim, 256);
   EXPECT_EQ(caps.min_compute_capability, 0);

@@ -18,6 +18,9 @@ DEVICE_CPU, DEVICE_CUDA = 1, 2
 DTYPE_CODE_INT, DTYPE_CODE_FLOAT, DTYPE_CODE_BFLOAT = 0, 2, 4
 KIND_ATTENTION = 1
 CAP_PIECES = 1 << 5
+CAP_WINDOW = 1 << 6  # ABI v1.2: the backend computes finite sliding windows
+NO_WINDOW = -1  # window_left/window_right: no limit (read only with WINDOW_GIVEN in window_flags)
+WINDOW_GIVEN = 1 << 0  # window_flags: window_left/right hold the window; 0 (a zeroed struct): no window
 
 
 class Device(C.Structure):
@@ -54,7 +57,9 @@ class ForwardArgs(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("segments", C.POINTER(Segment)), ("num_segments", C.c_int64),
                 ("pieces", C.POINTER(Piece)), ("num_pieces", C.c_int64), ("softmax_scale", C.c_float),
                 ("causal", C.c_int32), ("stream", C.c_void_p), ("q", _TP), ("k", _TP), ("v", _TP), ("o", _TP),
-                ("lse", _TP), ("plan", C.c_void_p), ("saved", C.POINTER(C.c_void_p))]
+                ("lse", _TP), ("plan", C.c_void_p), ("saved", C.POINTER(C.c_void_p)),
+                ("window_flags", C.c_uint32), ("reserved_v1_2", C.c_uint32),  # ABI v1.2
+                ("window_left", C.c_int64), ("window_right", C.c_int64)]
 
 
 class BackwardArgs(C.Structure):
@@ -62,7 +67,8 @@ class BackwardArgs(C.Structure):
                 ("pieces", C.POINTER(Piece)), ("num_pieces", C.c_int64), ("softmax_scale", C.c_float),
                 ("causal", C.c_int32), ("stream", C.c_void_p), ("q", _TP), ("k", _TP), ("v", _TP), ("o", _TP),
                 ("lse", _TP), ("d_o", _TP), ("d_q", _TP), ("d_k", _TP), ("d_v", _TP), ("plan", C.c_void_p),
-                ("saved", C.c_void_p)]
+                ("saved", C.c_void_p), ("window_flags", C.c_uint32), ("reserved_v1_2", C.c_uint32),  # ABI v1.2
+                ("window_left", C.c_int64), ("window_right", C.c_int64)]
 
 
 class PlanArgs(C.Structure):
@@ -70,7 +76,8 @@ class PlanArgs(C.Structure):
                 ("pieces", C.POINTER(Piece)), ("num_pieces", C.c_int64), ("num_q_rows", C.c_int64),
                 ("num_kv_rows", C.c_int64), ("num_q_heads", C.c_int32), ("num_kv_heads", C.c_int32),
                 ("head_dim", C.c_int32), ("dtype", DType), ("causal", C.c_int32), ("device", Device),
-                ("stream", C.c_void_p)]
+                ("stream", C.c_void_p), ("window_flags", C.c_uint32), ("reserved_v1_2", C.c_uint32),  # ABI v1.2
+                ("window_left", C.c_int64), ("window_right", C.c_int64)]
 
 
 class AttentionTable(C.Structure):
@@ -111,8 +118,8 @@ class HostOptions(C.Structure):
 
 
 # The frozen sizes (cad_abi_v1_layout.h) of what crosses by pointer.
-for _struct, _size in ((Tensor, 48), (Piece, 32), (Segment, 32), (Capabilities, 32), (ForwardArgs, 112),
-                       (BackwardArgs, 144), (PlanArgs, 96), (AttentionTable, 88)):
+for _struct, _size in ((Tensor, 48), (Piece, 32), (Segment, 32), (Capabilities, 32), (ForwardArgs, 136),
+                       (BackwardArgs, 168), (PlanArgs, 120), (AttentionTable, 88)):
     if C.sizeof(_struct) != _size:
         raise ImportError(f"cad._abi: {_struct.__name__} is {C.sizeof(_struct)} bytes, the ABI says {_size}")
 

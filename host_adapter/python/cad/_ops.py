@@ -15,6 +15,7 @@ as local attention does, and the backward re-sends them.
 import ctypes as C
 import itertools
 import math
+import operator
 import weakref
 from typing import Optional
 
@@ -88,7 +89,8 @@ def _call_plan(plan_id, q, k):
 
 @torch.library.custom_op("cad::varlen_fwd", mutates_args=())
 def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor], plan_id: int,
-                causal: bool, softmax_scale: float, keep: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                causal: bool, softmax_scale: float, keep: bool, window_left: int,
+                window_right: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     tokens, num_heads = q.shape[0], q.shape[1]
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((num_heads, tokens), dtype=torch.float32, device=q.device)
@@ -101,6 +103,8 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: O
     args.q, args.k, args.v, args.o, args.lse = (t.ptr for t in tensors)
     args.softmax_scale = softmax_scale
     args.causal = 1 if causal else 0
+    args.window_flags = _abi.WINDOW_GIVEN  # window_left/right are read (-1 = no limit)
+    args.window_left, args.window_right = window_left, window_right
     args.stream = current_stream(q.device)
     slot = C.c_void_p()
     # keep: the caller needs a backward. Whether the servers keep this forward's tensors for it is the stack's
@@ -119,7 +123,7 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: O
 
 
 @_varlen_fwd.register_fake
-def _(q, k, v, cu_seqlens, plan_id, causal, softmax_scale, keep):
+def _(q, k, v, cu_seqlens, plan_id, causal, softmax_scale, keep, window_left, window_right):
     return (q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32),
             torch.empty(1, dtype=torch.int64, device="cpu"))
 
@@ -127,7 +131,8 @@ def _(q, k, v, cu_seqlens, plan_id, causal, softmax_scale, keep):
 @torch.library.custom_op("cad::varlen_bwd", mutates_args=())
 def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                 lse: torch.Tensor, cu_seqlens: Optional[torch.Tensor], plan_id: int, saved_key: torch.Tensor,
-                causal: bool, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                causal: bool, softmax_scale: float, window_left: int,
+                window_right: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     d_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     d_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     d_v = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -142,6 +147,8 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     args.q, args.k, args.v, args.o, args.lse, args.d_o, args.d_q, args.d_k, args.d_v = (t.ptr for t in tensors)
     args.softmax_scale = softmax_scale
     args.causal = 1 if causal else 0
+    args.window_flags = _abi.WINDOW_GIVEN  # window_left/right are read (-1 = no limit)
+    args.window_left, args.window_right = window_left, window_right
     args.stream = current_stream(q.device)
     key = int(saved_key[0])
     entry = _saved.get(key)
@@ -159,7 +166,7 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
 
 @_varlen_bwd.register_fake
-def _(d_o, q, k, v, o, lse, cu_seqlens, plan_id, saved_key, causal, softmax_scale):
+def _(d_o, q, k, v, o, lse, cu_seqlens, plan_id, saved_key, causal, softmax_scale, window_left, window_right):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -182,7 +189,7 @@ def _kept_on_servers(key):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens, plan_id, causal, softmax_scale, keep = inputs
+    q, k, v, cu_seqlens, plan_id, causal, softmax_scale, keep, window_left, window_right = inputs
     o, lse, key = output
     if _kept_on_servers(key):
         q, k, v, o = (t.new_empty(()).expand(t.shape) for t in (q, k, v, o))
@@ -194,26 +201,50 @@ def _setup_context(ctx, inputs, output):
     # the recomputed forward must still find the plan that forward used.
     ctx.plan = _plan._plans.get(plan_id) if isinstance(plan_id, int) else None
     ctx.plan_id, ctx.causal, ctx.softmax_scale = plan_id, causal, softmax_scale
+    ctx.window = (window_left, window_right)
     ctx.mark_non_differentiable(lse, key)
 
 
 def _backward(ctx, d_o, d_lse, d_key):
     q, k, v, o, lse, key = ctx.saved_tensors
     d_q, d_k, d_v = _varlen_bwd(d_o.contiguous(), q, k, v, o, lse, ctx.cu_seqlens, ctx.plan_id, key, ctx.causal,
-                                ctx.softmax_scale)
-    return d_q, d_k, d_v, None, None, None, None, None
+                                ctx.softmax_scale, *ctx.window)
+    return d_q, d_k, d_v, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("cad::varlen_fwd", _backward, setup_context=_setup_context)
 
 
-def varlen_attn(q, k, v, cu_seqlens, *, plan=None, causal=True, softmax_scale=None, return_lse=False):
+def window_of(window_size, causal, what="cad.varlen_attn"):
+    """window_size as PyTorch's (left, right), -1 = no limit, checked here so the error names the argument.
+    Returns what the ABI takes: causal windows with right = -1 (a causal query sees nothing after itself)."""
+    try:  # operator.index: ints (and int-like tensors' items), never a float silently truncated
+        left, right = (operator.index(x) for x in window_size)
+    except (TypeError, ValueError):
+        raise CadError(f"{what}: window_size must be a pair (left, right) of ints, got {window_size!r}",
+                       "INVALID_ARGUMENT") from None
+    for name, value in (("window_size[0] (left)", left), ("window_size[1] (right)", right)):
+        if value < -1:
+            raise CadError(f"{what}: {name} must be -1 (no limit) or >= 0, got {value}", "INVALID_ARGUMENT")
+    if causal and right > 0:
+        raise CadError(f"{what}: window_size[1] (right) is {right}, but causal=True sees no key after the "
+                       f"query: use -1 or 0, or causal=False", "INVALID_ARGUMENT")
+    if causal:
+        right = -1
+    return left, right
+
+
+def varlen_attn(q, k, v, cu_seqlens, *, plan=None, causal=True, window_size=(-1, -1), softmax_scale=None,
+                return_lse=False):
     """Varlen core attention over packed documents (THD), differentiable.
 
     q [T, Hq, D], k and v [T, Hkv, D] (Hq % Hkv == 0), row-major contiguous, fp32 (CPU) or bf16 (CPU, CUDA);
     cu_seqlens int32 [num_docs + 1] of this rank's documents (flash_attn's convention). plan=None: plain local
     attention on the device's backend. plan=cad.plan(cu_seqlens): CAD, balanced across the group's ranks (the
-    same cu_seqlens tensor; every rank calls). Returns O [T, Hq, D], and LSE [Hq, T] fp32 (natural log, not
+    same cu_seqlens tensor; every rank calls). window_size=(left, right), PyTorch's meaning: a query at position
+    i of its document sees keys [i - left, i + right] of that document (none after i when causal), -1 = no
+    limit; causal is (-1, 0). With a plan the window must be the plan's (cad.plan(..., window_size=...));
+    CAD computes causal windows only. Returns O [T, Hq, D], and LSE [Hq, T] fp32 (natural log, not
     differentiated) when return_lse. Errors raise CadError with the plugin's message (on every rank for CAD).
     """
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or q.dim() != 3 or k.dim() != 3:
@@ -227,6 +258,8 @@ def varlen_attn(q, k, v, cu_seqlens, *, plan=None, causal=True, softmax_scale=No
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if plan is not None and not isinstance(plan, _plan.Plan):
         raise CadError(f"cad.varlen_attn: plan must be a cad.Plan from cad.plan(...), got {type(plan).__name__}")
+    window_left, window_right = window_of(window_size, bool(causal))
     keep = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    o, lse, _ = _varlen_fwd(q, k, v, cu_seqlens, plan.id if plan is not None else -1, bool(causal), scale, keep)
+    o, lse, _ = _varlen_fwd(q, k, v, cu_seqlens, plan.id if plan is not None else -1, bool(causal), scale, keep,
+                            window_left, window_right)
     return (o, lse) if return_lse else o

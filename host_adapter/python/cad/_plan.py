@@ -53,13 +53,14 @@ class Plan:
     place afterwards is refused at the next call (make a new plan for new documents).
     """
 
-    def __init__(self, pieces, cu_seqlens=None, causal=True, device=None):
+    def __init__(self, pieces, cu_seqlens=None, causal=True, device=None, window_left=-1):
         self.pieces = [tuple(int(x) for x in p) for p in pieces]
         self.tokens = sum(p[3] for p in self.pieces)
         self.cu_seqlens = cu_seqlens
         self._cu_version = cu_seqlens._version if cu_seqlens is not None else None
         self.released = False
         self.causal = bool(causal)
+        self.window_left = int(window_left)  # the sliding window every call with this plan uses (-1 = none)
         self.device = None if device is None else torch.device(device)
         self.id = next(_serials)
         self.handle = None
@@ -85,6 +86,9 @@ class Plan:
         args.num_q_heads, args.num_kv_heads, args.head_dim = shape[0], shape[1], shape[2]
         args.dtype = dtype_of(shape[3])
         args.causal = 1 if self.causal else 0
+        args.window_flags = _abi.WINDOW_GIVEN  # window_left/right are read (-1 = no limit)
+        args.window_left = self.window_left  # the plugin refuses calls with another window, naming it
+        args.window_right = _abi.NO_WINDOW
         args.device = device_of(shape[4])
         args.stream = stream
         return args
@@ -234,10 +238,12 @@ def _rank():
     return 0
 
 
-def plan(cu_seqlens, *, causal=True, num_heads=None, num_kv_heads=None, head_dim=None, dtype=None, device=None,
-         ahead=False, tag=None):
+def plan(cu_seqlens, *, causal=True, window_size=(-1, -1), num_heads=None, num_kv_heads=None, head_dim=None,
+         dtype=None, device=None, ahead=False, tag=None):
     """A plan for this rank's packed documents, `cu_seqlens` int32 [num_docs + 1] (as flash_attn's varlen
-    functions take). Once per micro-batch, on every rank of the group. With num_heads, num_kv_heads, head_dim,
+    functions take). Once per micro-batch, on every rank of the group. window_size=(left, 0): a plan for
+    causal sliding-window layers (varlen_attn's window_size); interleaved local/global layers need one plan
+    per window. With num_heads, num_kv_heads, head_dim,
     dtype and device given the plugin's plan is made now (collective); otherwise by the first varlen_attn
     call that uses it. The balancer and communicator are the stack's (cad.init).
 
@@ -246,7 +252,8 @@ def plan(cu_seqlens, *, causal=True, num_heads=None, num_kv_heads=None, head_dim
     for the same plans ahead in the same order; `tag` (an int, e.g. the micro-batch's index) is compared across
     ranks before each make, so that a different order fails with both tags named instead of pairing the wrong
     plans."""
-    p = Plan(pieces_from_cu_seqlens(cu_seqlens, _rank()), cu_seqlens=cu_seqlens, causal=causal, device=device)
+    p = Plan(pieces_from_cu_seqlens(cu_seqlens, _rank()), cu_seqlens=cu_seqlens, causal=causal, device=device,
+             window_left=_plan_window(window_size, causal))
     shapes = (num_heads, num_kv_heads, head_dim, dtype, device)
     if ahead and None in shapes:
         raise CadError("cad.plan(ahead=True): give num_heads, num_kv_heads, head_dim, dtype and device (a plan made "
@@ -263,11 +270,17 @@ def plan(cu_seqlens, *, causal=True, num_heads=None, num_kv_heads=None, head_dim
     return p
 
 
-def plan_pieces(pieces, *, causal=True, num_heads=None, num_kv_heads=None, head_dim=None, dtype=None, device=None):
+def _plan_window(window_size, causal):
+    from ._ops import window_of  # the same checks (and words) as varlen_attn's
+    return window_of(window_size, bool(causal), "cad.plan")[0]
+
+
+def plan_pieces(pieces, *, causal=True, window_size=(-1, -1), num_heads=None, num_kv_heads=None, head_dim=None,
+                dtype=None, device=None):
     """A plan from pieces (doc_id, doc_len, offset_in_doc, len), this rank's tokens in order, for documents cut
     across ranks: doc_id must name the same document on every rank that holds a piece of it. varlen_attn calls
-    with such a plan take cu_seqlens=None."""
-    p = Plan(pieces, causal=causal, device=device)
+    with such a plan take cu_seqlens=None. window_size as for cad.plan."""
+    p = Plan(pieces, causal=causal, device=device, window_left=_plan_window(window_size, causal))
     if num_heads is not None:
         p.make(num_heads, num_kv_heads, head_dim, dtype, device)
     return p

@@ -19,6 +19,14 @@ the same order) derives its documents and queues its plan on the stack's plannin
 while micro-batch i computes; the forward that passes the same tensor finds the plan there and makes none at its
 first layer.
 
+Sliding windows: a layer whose attention function gets transformers' `sliding_window` keyword (Mistral, Qwen2 and
+their kin pass it; None for a global layer), or else whose module or config has a `sliding_window`, attends to the
+last `sliding_window` keys up to and including each query's own (transformers' mask: key > query - sliding_window),
+i.e. cad's window_size=(sliding_window - 1, 0) (non-causal: (sliding_window - 1, sliding_window - 1), as
+transformers' flash attention). A CAD plan holds one window, so a model that interleaves windowed and global
+layers has two plans per micro-batch (one per mask), each made by the first layer of its kind, or both queued by
+plan_ahead.
+
 A caller that runs a forward in pieces (e.g. two nano-batches through cad.ping_pong, each with its own plan)
 passes each call's documents and plan itself, as layer keywords that transformers forwards to the attention
 function: `cad_cu_seqlens` (int32 [documents + 1]) and, for "cad", `cad_plan` (made by cad.plan on every
@@ -39,7 +47,7 @@ _last = {"plan": None}
 
 
 class _Documents:
-    """One micro-batch's documents (cu_seqlens, derived once) and its plans by mask (causal or not)."""
+    """One micro-batch's documents (cu_seqlens, derived once) and its plans by mask ((causal, window_size))."""
 
     def __init__(self, version, cu):
         self.version, self.cu, self.plans = version, cu, {}
@@ -70,6 +78,51 @@ def _cu_seqlens(query, kwargs):
     return cu_seqlens_from_position_ids(positions.expand(batch, seq))
 
 
+def _window_of_size(sliding_window, causal):
+    """cad's window_size for transformers' sliding_window (keys (query - sliding_window, query], see the module
+    docstring); (-1, -1) for None: no window."""
+    if sliding_window is None:
+        return (-1, -1)
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+        raise CadError(f"cad attention: sliding_window must be None or an int >= 1 (the keys a query sees, its own "
+                       f"included), got {sliding_window!r}")
+    return (sliding_window - 1, 0) if causal else (sliding_window - 1, sliding_window - 1)
+
+
+def _layer_sliding_window(config, layer_idx):
+    """A config's sliding window for one layer: none for a layer its layer_types call anything but
+    "sliding_attention" (Qwen2's, Gemma's); the config's sliding_window otherwise (Mistral's: every layer)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is not None and layer_types is not None and layer_idx is not None and \
+            layer_types[layer_idx] != "sliding_attention":
+        return None
+    return window
+
+
+def _sliding_window(module, kwargs):
+    """The layer's transformers sliding_window: the attention function's keyword when given (None there means a
+    global layer), else the module's attribute, else its config's (for its layer)."""
+    if "sliding_window" in kwargs:
+        return kwargs["sliding_window"]
+    if hasattr(module, "sliding_window"):
+        return module.sliding_window
+    config = getattr(module, "config", None)
+    return None if config is None else _layer_sliding_window(config, getattr(module, "layer_idx", None))
+
+
+def _model_windows(model, causal):
+    """The window_size of every mask a model's attention layers use, in layer order, without repeats."""
+    config = getattr(model, "config", model)
+    layers = getattr(config, "num_hidden_layers", None) or 1
+    windows = []
+    for i in range(layers):
+        w = _window_of_size(_layer_sliding_window(config, i), causal)
+        if w not in windows:
+            windows.append(w)
+    return windows
+
+
 def _documents(query, kwargs):
     """This micro-batch's _Documents, derived once from the tensor its documents come from (None: no such tensor,
     every row one document, derived per call)."""
@@ -97,6 +150,7 @@ def _attention(module, query, key, value, attention_mask, *, distributed, dropou
                        "make it with cad.plan on every rank before the forward)")
     batch, heads, seq, dim = query.shape
     causal = module.is_causal if is_causal is None else is_causal
+    window = _window_of_size(_sliding_window(module, kwargs), causal)
     plan, cu = cad_plan, cad_cu_seqlens
     if cu is None:
         documents = _documents(query, kwargs)
@@ -109,15 +163,16 @@ def _attention(module, query, key, value, attention_mask, *, distributed, dropou
         else:
             cu = documents.cu
             if distributed:
-                plan = documents.plans.get(causal)
+                plan = documents.plans.get((causal, window))
                 if plan is None:
-                    plan = documents.plans[causal] = make_plan(cu, causal=causal)
+                    plan = documents.plans[(causal, window)] = make_plan(cu, causal=causal, window_size=window)
     if distributed:
         _last["plan"] = plan
     q = query.transpose(1, 2).reshape(batch * seq, heads, dim).contiguous()
     k = key.transpose(1, 2).reshape(batch * seq, key.shape[1], dim).contiguous()
     v = value.transpose(1, 2).reshape(batch * seq, value.shape[1], dim).contiguous()
-    out = varlen_attn(q, k, v, cu, plan=plan if distributed else None, causal=causal, softmax_scale=scaling)
+    out = varlen_attn(q, k, v, cu, plan=plan if distributed else None, causal=causal, window_size=window,
+                      softmax_scale=scaling)
     return out.reshape(batch, seq, heads, dim), None
 
 
@@ -153,7 +208,10 @@ def plan_ahead(model, *, position_ids=None, cu_seq_lens_q=None, dtype=None, devi
     """Queue the plan of a micro-batch that is about to run through `model` (attn_implementation "cad"), on every
     rank in the same order, e.g. right after loading micro-batch i+1 while micro-batch i computes. Pass the very
     tensor the forward will get (position_ids, or cu_seq_lens_q): the plan is found by it. dtype: the attention's
-    compute dtype when it differs from the model config's (mixed precision). Returns the cad.Plan."""
+    compute dtype when it differs from the model config's (mixed precision). Returns the cad.Plan; for a model
+    whose layers use several masks (windowed and global layers, from its config's sliding_window and
+    layer_types) one plan per mask is queued, all with this tag, and a tuple of them is returned in the order of
+    the layers that first use them."""
     source = cu_seq_lens_q if cu_seq_lens_q is not None else position_ids
     if source is None:
         raise CadError("cad.hf.plan_ahead: give position_ids or cu_seq_lens_q (the tensor the forward will get)")
@@ -165,12 +223,15 @@ def plan_ahead(model, *, position_ids=None, cu_seq_lens_q=None, dtype=None, devi
     entry = _by_source.get(source)
     if entry is None or entry.version != source._version:
         entry = _by_source[source] = _Documents(source._version, cu)
-    if causal in entry.plans:
-        return entry.plans[causal]
-    plan = entry.plans[causal] = make_plan(entry.cu, causal=causal, num_heads=heads, num_kv_heads=kv_heads,
-                                           head_dim=head_dim, dtype=dtype, device=device or source.device,
-                                           ahead=True, tag=tag)
-    return plan
+    plans = []
+    for window in _model_windows(model, causal):
+        plan = entry.plans.get((causal, window))
+        if plan is None:
+            plan = entry.plans[(causal, window)] = make_plan(
+                entry.cu, causal=causal, window_size=window, num_heads=heads, num_kv_heads=kv_heads,
+                head_dim=head_dim, dtype=dtype, device=device or source.device, ahead=True, tag=tag)
+        plans.append(plan)
+    return plans[0] if len(plans) == 1 else tuple(plans)
 
 
 def current_plan():

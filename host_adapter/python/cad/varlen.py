@@ -12,8 +12,10 @@
 cad::varlen_fwd/varlen_bwd custom ops: autograd, torch.compile, activation checkpointing as there). What each
 argument means here:
 
-- window_size: (-1, 0) causal, (-1, -1) full attention (the default, as in PyTorch). Finite windows are refused
-  (CadError naming window_size) until CAD's masks support them.
+- window_size: (-1, 0) causal, (-1, -1) full attention (the default, as in PyTorch); a finite one is a sliding
+  window, query i seeing keys [i - left, i + right] of its document (-1 = no limit): (left, 0) is a causal
+  window (cad.varlen_attn(causal=True, window_size=(left, 0))), any other right a non-causal one. With a plan the
+  window must be the plan's (cad.plan(cu, window_size=(left, 0))); CAD plans take causal windows only.
 - cu_seq_q, cu_seq_k: self-attention over packed documents, so they must hold the same offsets (the same
   tensor, or equal values: checked once per tensor, not per layer). cu_seq_k=None is refused.
 - max_q, max_k: accepted and checked loosely: ints, and in eager mode not below the longest document (PyTorch's
@@ -27,7 +29,8 @@ argument means here:
 - seqused_k, block_table (a KV cache, inference only in PyTorch too) are refused unless None; num_splits is a
   kernel hint, accepted and ignored.
 - plan: None runs plain local varlen attention on the device's backend; a cad.Plan from cad.plan(cu_seq_q)
-  (every rank, once per micro-batch) runs CAD across the group. The plan's causality must match window_size.
+  (every rank, once per micro-batch) runs CAD across the group. The plan's causality and window must match
+  window_size.
   A plan made by cad.plan_pieces (documents cut across ranks) describes the tokens itself: cu_seq_q then only
   has to equal cu_seq_k.
 """
@@ -76,17 +79,14 @@ def _read(cu, name):
 
 def _window(window_size):
     try:
-        window = tuple(int(w) for w in window_size)
+        window = tuple(operator.index(w) for w in window_size)  # ints only: a float is refused, not truncated
     except (TypeError, ValueError):
         window = None
     if window is None or len(window) != 2:
         raise CadError(f"{_WHAT}: window_size must be a pair (left, right), got {window_size!r}", "INVALID_ARGUMENT")
-    if window == (-1, 0):
-        return True
-    if window == (-1, -1):
-        return False
-    raise CadError(f"{_WHAT}: window_size={window}: CAD runs causal (-1, 0) and full (-1, -1) attention; sliding "
-                   f"windows are not supported yet", "UNIMPLEMENTED")
+    # PyTorch's meaning: right == 0 is causal (nothing after the query), any other right is not; cad.varlen_attn
+    # checks the limits themselves (and names window_size).
+    return window[1] == 0, window
 
 
 def _check_max(name, value, longest):
@@ -147,7 +147,7 @@ def varlen_attn(
     query [Tq, Hq, D], key and value [Tk, Hkv, D] (Hq % Hkv == 0), cu_seq_q = cu_seq_k int32 [N + 1].
     Returns output [Tq, Hq, D], or (output, lse [Hq, Tq] fp32) when return_aux.lse. Raises CadError.
     """
-    causal = _window(window_size)
+    causal, window = _window(window_size)
     for name, given in (("seqused_k", seqused_k), ("block_table", block_table)):
         if given is not None:
             raise CadError(f"{_WHAT}: {name} (a paged KV cache, inference only) is not supported; pass None",
@@ -165,6 +165,6 @@ def varlen_attn(
     # A plan from cad.plan_pieces carries the token layout itself (documents cut across ranks).
     cu_seqlens = None if plan is not None and plan.cu_seqlens is None else cu_seq_q
     want_lse = return_aux is not None and bool(return_aux.lse)
-    out = _cad_varlen_attn(query, key, value, cu_seqlens, plan=plan, causal=causal,
+    out = _cad_varlen_attn(query, key, value, cu_seqlens, plan=plan, causal=causal, window_size=window,
                            softmax_scale=None if scale is None else float(scale), return_lse=want_lse)
     return out
