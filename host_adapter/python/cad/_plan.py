@@ -117,7 +117,11 @@ class Plan:
         args = self._args(shape, current_stream(shape[4]))
         self.tag = tag
         self._ready = threading.Event()
-        _runtime.planner(host).submit(self, args, shape, tag)
+        try:
+            _runtime.planner(host).submit(self, args, shape, tag)
+        except CadError:
+            self._ready = None  # never queued: nothing to wait for
+            raise
 
     def _adopt(self, host, handle, shape, start):
         """Take the plugin's plan (on the calling or the planning thread)."""

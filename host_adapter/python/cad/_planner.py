@@ -55,7 +55,8 @@ class Planner:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="cad-planner", daemon=True)
                 self._thread.start()
-        self._queue.put((number, plan, args, shape, tag))
+            # Under the lock: a job can never land behind close()'s end marker, where nothing would make it.
+            self._queue.put((number, plan, args, shape, tag))
         return number
 
     def close(self):
@@ -64,9 +65,10 @@ class Planner:
         with self._lock:
             self._closing = True
             thread = self._thread
+            if thread is not None:
+                self._queue.put(None)
         if thread is None:
             return True
-        self._queue.put(None)
         thread.join(timeout=3 * self.timeout_s + 5.0)  # make_plan makes three collectives, each bounded
         return not thread.is_alive()
 
