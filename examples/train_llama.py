@@ -796,7 +796,7 @@ def train_one(args, rank, world, device, lengths):
         start = time.perf_counter()
         cad.attention_time(reset=True)
         AttentionClock.take()
-        loss_sum, plan_stats, make_starts, attention_by_mb, plans = 0.0, [], [], [], []
+        loss_sum, attention_by_mb, plans = 0.0, [], []
         for mb, entry in enumerate(micro):
             # What the next micro-batch needs is loaded (and, with --plan-ahead, its plans asked for) before this
             # one computes; after the step's last micro-batch comes the next step's first. Every configuration

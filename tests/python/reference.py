@@ -3,8 +3,9 @@ import torch
 import torch.nn.functional as F
 
 
-def sdpa_varlen(q, k, v, cu_seqlens, causal, scale=None):
-    """O [T, Hq, D] of varlen attention, document by document (GQA by repeating KV heads)."""
+def _per_document(q, k, v, cu_seqlens, attend):
+    """O [T, Hq, D]: attend(qd, kd, vd, length) ([H, L, D] each, K/V heads repeated for GQA) per non-empty
+    document of cu_seqlens."""
     groups = q.shape[1] // k.shape[1]
     out = []
     cu = cu_seqlens.tolist()
@@ -14,8 +15,14 @@ def sdpa_varlen(q, k, v, cu_seqlens, causal, scale=None):
         qd = q[a:b].transpose(0, 1)
         kd = k[a:b].repeat_interleave(groups, dim=1).transpose(0, 1)
         vd = v[a:b].repeat_interleave(groups, dim=1).transpose(0, 1)
-        out.append(F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal, scale=scale).transpose(0, 1))
+        out.append(attend(qd, kd, vd, b - a).transpose(0, 1))
     return torch.cat(out) if out else q.new_zeros(q.shape)
+
+
+def sdpa_varlen(q, k, v, cu_seqlens, causal, scale=None):
+    """O [T, Hq, D] of varlen attention, document by document (GQA by repeating KV heads)."""
+    return _per_document(q, k, v, cu_seqlens, lambda qd, kd, vd, _: F.scaled_dot_product_attention(
+        qd, kd, vd, is_causal=causal, scale=scale))
 
 
 def window_mask(length, causal, window_size):
@@ -36,18 +43,8 @@ def window_mask(length, causal, window_size):
 
 def sdpa_varlen_window(q, k, v, cu_seqlens, causal, window_size, scale=None):
     """sdpa_varlen with an explicit per-document window mask."""
-    groups = q.shape[1] // k.shape[1]
-    out = []
-    cu = cu_seqlens.tolist()
-    for a, b in zip(cu, cu[1:]):
-        if b == a:
-            continue
-        qd = q[a:b].transpose(0, 1)
-        kd = k[a:b].repeat_interleave(groups, dim=1).transpose(0, 1)
-        vd = v[a:b].repeat_interleave(groups, dim=1).transpose(0, 1)
-        mask = window_mask(b - a, causal, window_size)
-        out.append(F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale).transpose(0, 1))
-    return torch.cat(out) if out else q.new_zeros(q.shape)
+    return _per_document(q, k, v, cu_seqlens, lambda qd, kd, vd, length: F.scaled_dot_product_attention(
+        qd, kd, vd, attn_mask=window_mask(length, causal, window_size), scale=scale))
 
 
 def random_batch(lengths, num_heads, num_kv_heads, head_dim, dtype=torch.float32, seed=0):
