@@ -9,6 +9,7 @@
 
 #include "naive_attention.h"
 #include "plugin_under_test.h"
+#include "reference_oracle.h"
 
 namespace cad::testing {
 namespace {
@@ -82,28 +83,8 @@ std::vector<Case> all_cases() {
 constexpr double kFp32Tolerance = 1e-5;
 constexpr double kBf16Tolerance = 1e-2;
 
-PluginUnderTest& reference_plugin() {
-  static PluginUnderTest plugin(CAD_REFERENCE_PLUGIN_PATH);
-  return plugin;
-}
-
 void expect_matches_oracle(const Problem& p, Dtype dtype, double tolerance) {
-  PluginUnderTest& plugin = reference_plugin();
-  Instance instance(plugin, "{\"num_threads\": 2}");
-  ASSERT_TRUE(instance.ok()) << instance.create_error();
-  AttentionTensors t(p, dtype, 42);
-  const RunStatus status = run_forward_backward(instance, plugin.api(), p, t);
-  ASSERT_EQ(status.forward, CAD_STATUS_OK) << instance.last_error();
-  ASSERT_EQ(status.backward, CAD_STATUS_OK) << instance.last_error();
-
-  // The oracle sees exactly the values the plugin saw (bf16-rounded where the tensors are bf16).
-  const NaiveForward want = naive_forward(p, t.q.to_double(), t.k.to_double(), t.v.to_double());
-  const NaiveGradients grads = naive_backward(p, t.q.to_double(), t.k.to_double(), t.v.to_double(), t.d_o.to_double());
-  EXPECT_LE(relative_error(t.o.to_double(), want.o), tolerance) << "O";
-  EXPECT_LE(relative_error(t.lse.to_double(), want.lse), tolerance) << "LSE";
-  EXPECT_LE(relative_error(t.d_q.to_double(), grads.d_q), tolerance) << "dQ";
-  EXPECT_LE(relative_error(t.d_k.to_double(), grads.d_k), tolerance) << "dK";
-  EXPECT_LE(relative_error(t.d_v.to_double(), grads.d_v), tolerance) << "dV";
+  cad::testing::expect_matches_oracle(p, dtype, tolerance, 42);
 }
 
 class ReferenceAccuracy : public ::testing::TestWithParam<Case> {};

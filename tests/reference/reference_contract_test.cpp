@@ -10,14 +10,10 @@
 #include <vector>
 
 #include "plugin_under_test.h"
+#include "reference_oracle.h"
 
 namespace cad::testing {
 namespace {
-
-PluginUnderTest& reference_plugin() {
-  static PluginUnderTest plugin(CAD_REFERENCE_PLUGIN_PATH);
-  return plugin;
-}
 
 Problem small_problem(int64_t hq = 4, int64_t hkv = 2, int64_t d = 16) {
   Problem p;

@@ -10,14 +10,10 @@
 
 #include "naive_attention.h"
 #include "plugin_under_test.h"
+#include "reference_oracle.h"
 
 namespace cad::testing {
 namespace {
-
-PluginUnderTest& reference_plugin() {
-  static PluginUnderTest plugin(CAD_REFERENCE_PLUGIN_PATH);
-  return plugin;
-}
 
 // Three documents (lengths 37, 1, 70) packed back to back, one segment each, GQA 4:2, D=16.
 Problem documents(bool causal, int64_t left, int64_t right) {
@@ -35,20 +31,7 @@ Problem documents(bool causal, int64_t left, int64_t right) {
 }
 
 void expect_matches_oracle(const Problem& p, double tolerance = 1e-5) {
-  PluginUnderTest& plugin = reference_plugin();
-  Instance instance(plugin, "{\"num_threads\": 2}");
-  ASSERT_TRUE(instance.ok()) << instance.create_error();
-  AttentionTensors t(p, Dtype::F32, 17);
-  const RunStatus status = run_forward_backward(instance, plugin.api(), p, t);
-  ASSERT_EQ(status.forward, CAD_STATUS_OK) << instance.last_error();
-  ASSERT_EQ(status.backward, CAD_STATUS_OK) << instance.last_error();
-  const NaiveForward want = naive_forward(p, t.q.to_double(), t.k.to_double(), t.v.to_double());
-  const NaiveGradients grads = naive_backward(p, t.q.to_double(), t.k.to_double(), t.v.to_double(), t.d_o.to_double());
-  EXPECT_LE(relative_error(t.o.to_double(), want.o), tolerance) << "O";
-  EXPECT_LE(relative_error(t.lse.to_double(), want.lse), tolerance) << "LSE";
-  EXPECT_LE(relative_error(t.d_q.to_double(), grads.d_q), tolerance) << "dQ";
-  EXPECT_LE(relative_error(t.d_k.to_double(), grads.d_k), tolerance) << "dK";
-  EXPECT_LE(relative_error(t.d_v.to_double(), grads.d_v), tolerance) << "dV";
+  cad::testing::expect_matches_oracle(p, Dtype::F32, tolerance, 17);
 }
 
 // 0 (each query sees itself only), 1, block-sized and odd windows, and windows as long as or longer
