@@ -434,6 +434,9 @@ def test_bad_options_are_refused(capsys):
     assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
     assert "applies to --checkpointing full only" in _refused(t, capsys, ["--checkpoint-reentrant"])
     assert "at least 1" in _refused(t, capsys, ["--micro-batches", "0"])
+    for share in ("1", "-0.1"):
+        assert f"--ping-pong-min-stall-share must be in [0, 1), got {float(share)}" in \
+            _refused(t, capsys, ["--ping-pong-min-stall-share", share])
     assert "needs NCCL" in _refused(t, capsys, ["--device", "cuda", "--communicator", "host", "--parallel", "fsdp2"])
 
 
