@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "device_scope.h"
 #include "plugin_support.h"
 
 namespace cad::nccl_comm {
@@ -25,20 +26,17 @@ inline void check_cuda(cudaError_t status, const std::string& what) {
   }
 }
 
-// Makes `device` current for the scope of one call and restores the caller's device afterwards
-// (the plugin must not change the host thread's current device behind its back).
+// Makes `device` current for the scope of one call and gives the caller's device back afterwards
+// (kernels/device_scope.h: the plugin must not change the host thread's current device behind its back, nor
+// open a context on another GPU when giving it back); a failure to switch throws.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+  explicit DeviceScope(int device) : scope_(device) {
+    check_cuda(scope_.error(), "cudaSetDevice(" + std::to_string(device) + ")");
   }
-  ~DeviceScope() { cudaSetDevice(previous_); }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
-  int previous_ = 0;
+  cad::kernels::DeviceScope scope_;
 };
 
 }  // namespace cad::nccl_comm

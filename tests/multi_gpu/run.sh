@@ -92,6 +92,10 @@ fi
 if want train; then
   export CAD_PLUGIN_PATH="$PWD/$BUILD/lib/cad/plugins" CAD_HOST_LIBRARY="$PWD/$BUILD/lib/libcad_host.so"
   export PYTHONPATH="$PWD/host_adapter/python"
+  # Long-context training fragments PyTorch's caching allocator: 32 layers at 64K on 4 H100s ran out of memory
+  # with 8.5 GiB reserved but unallocated. Growable segments, as long-context users set them (same for every
+  # configuration; a PYTORCH_CUDA_ALLOC_CONF given by the caller is kept).
+  export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
   if [ ! -f "$CAD_PLUGIN_PATH/cad_cad.so" ] || [ ! -f "$CAD_HOST_LIBRARY" ]; then
     echo "train: no plugins in $CAD_PLUGIN_PATH (or no $CAD_HOST_LIBRARY): run with ONLY=build,train" | tee -a "$SUMMARY"
     exit 1

@@ -26,6 +26,13 @@ import torch
 from ._errors import CadError
 
 
+def _cuda_index(device):
+    """The CUDA device index a plan for `device` runs on (None off CUDA), resolved on the submitting thread."""
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 class Planner:
     """One stack's planning thread (started at the first plan ahead) and its queue."""
 
@@ -56,7 +63,7 @@ class Planner:
                 self._thread = threading.Thread(target=self._run, name="cad-planner", daemon=True)
                 self._thread.start()
             # Under the lock: a job can never land behind close()'s end marker, where nothing would make it.
-            self._queue.put((number, plan, args, shape, tag))
+            self._queue.put((number, plan, args, shape, tag, _cuda_index(shape[4])))
         return number
 
     def close(self):
@@ -80,10 +87,10 @@ class Planner:
             job = self._queue.get()
             if job is None:
                 return
-            number, plan, args, shape, tag = job
+            number, plan, args, shape, tag, cuda_device = job
             job = None
             try:
-                self._make(number, plan, args, shape, tag)
+                self._make(number, plan, args, shape, tag, cuda_device)
             except CadError as exc:
                 self._fail(plan, exc)
             except Exception as exc:  # noqa: BLE001 -- reaches the waiting caller, never lost
@@ -93,7 +100,7 @@ class Planner:
                 plan._ready.set()
                 plan = args = None  # a plan its owner dropped goes here, on this thread
 
-    def _make(self, number, plan, args, shape, tag):
+    def _make(self, number, plan, args, shape, tag, cuda_device):
         if self._closing:
             raise CadError(f"cad.plan(ahead=True): rank {self.rank}: plan #{plan.id} was not made: the CAD stack "
                            f"was closed (cad.init or cad.shutdown) first", "INVALID_ARGUMENT")
@@ -102,6 +109,11 @@ class Planner:
                            f"ahead failed, which leaves the planning collectives unusable: {self._failure}",
                            self._failure.status)
         self._check_same_plan(number, plan, tag)
+        if cuda_device is not None:
+            # A new thread's current CUDA device is 0. Make the plan's device current before the plugin runs:
+            # CUDA calls on device 0 (or a guard restoring it) would open a context there from every rank's
+            # process, 0.5 GiB of GPU 0 each (seen as out of memory on rank 0 with 4 GPUs).
+            torch.cuda.set_device(cuda_device)
         start = time.perf_counter()
         handle = self._host.make_plan(args)
         plan._adopt(self._host, handle, shape, start)
