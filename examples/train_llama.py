@@ -54,6 +54,7 @@ of the step; the second term is causal attention: forward Q K^T and P V each 2 *
 """
 import argparse
 import contextlib
+import ctypes
 import gc
 import json
 import math
@@ -492,6 +493,28 @@ def make_nanos(nano_docs, attention, args, device, dtype, tag=None):
     return nanos
 
 
+def other_gpus_with_context(device):
+    """The CUDA devices other than `device` on which this process holds a primary context ([] off CUDA or
+    where the driver cannot be asked). A rank should touch its own GPU only: a context elsewhere costs about
+    0.5 GiB of that GPU per process (a plan made on a thread whose current device was 0 once did)."""
+    if device.type != "cuda":
+        return []
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return []
+    found = []
+    for index in range(torch.cuda.device_count()):
+        if index == device.index:
+            continue
+        handle, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+        if (driver.cuDeviceGet(ctypes.byref(handle), index) == 0 and
+                driver.cuDevicePrimaryCtxGetState(handle, ctypes.byref(flags), ctypes.byref(active)) == 0 and
+                active.value):
+            found.append(index)
+    return found
+
+
 def all_gather_floats(values, world):
     t = torch.tensor(values, dtype=torch.float64)
     if world == 1:
@@ -899,6 +922,10 @@ def train_one(args, rank, world, device, lengths):
                   f"[{', '.join(f'{a:.3f}' for a in record['attention_s'])}]  imbalance {imbalance:.3f} "
                   f"(colocated {colocated:.3f}){mode}", flush=True)
     tail = history[1:] or history  # step 0 warms up
+    # Which ranks opened a CUDA context on a GPU not theirs (each costs that GPU about 0.5 GiB).
+    strays = [r for r, g in enumerate(all_gather_floats([float(len(other_gpus_with_context(device)))], world)) if g[0]]
+    if strays and rank == 0:
+        print(f"warning: ranks {strays} hold a CUDA context on a GPU other than their own", flush=True)
     summary = dict(summary_of(args, world, device), params=params, ping_pong_steps=sum(r["ping_pong"] for r in history),
                    attention_timing="synchronized" if synced_timing else "enqueue only (ping-pong on CUDA)",
                    first_loss=history[0]["loss"], last_loss=history[-1]["loss"],
@@ -909,7 +936,8 @@ def train_one(args, rank, world, device, lengths):
                    mean_max_attention_s=sum(max(r["attention_s"]) for r in tail) / len(tail),
                    mean_imbalance=sum(r["imbalance"] for r in tail) / len(tail),
                    mean_exchange_stall_ms=sum(max(r["exchange_stall_ms"]) for r in tail) / len(tail),
-                   ping_pong_decision=choice.reason if choice is not None else None)
+                   ping_pong_decision=choice.reason if choice is not None else None,
+                   ranks_with_contexts_on_other_gpus=strays)
     result = {"summary": summary, "steps": history}
     if profiled_record is not None:
         result["profiled_step"] = profiled_record

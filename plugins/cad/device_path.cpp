@@ -313,7 +313,14 @@ DeviceRuntime& runtime(CadContext& ctx, int device) {
                                                            ctx.device->device, device));
   auto rt = std::unique_ptr<DeviceRuntime, DeviceRuntimeDeleter>(new DeviceRuntime);
   rt->device = device;
-  check_cuda(cudaStreamCreateWithFlags(&rt->comm_stream, cudaStreamNonBlocking), "creating the communication stream");
+  // The highest priority the device offers: when the exchange's kernels become ready while the caller's (or
+  // the other nano-batch's) compute kernels fill the GPU, the block scheduler gives the exchange the next free
+  // SMs instead of queueing it behind the compute; otherwise the exchange that ping-pong wants to hide is the
+  // one that waits.
+  int least_priority = 0, greatest_priority = 0;
+  check_cuda(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority), "cudaDeviceGetStreamPriorityRange");
+  check_cuda(cudaStreamCreateWithPriority(&rt->comm_stream, cudaStreamNonBlocking, greatest_priority),
+             "creating the communication stream");
   check_cuda(cudaEventCreateWithFlags(&rt->ready, cudaEventDisableTiming), "cudaEventCreate");
   check_cuda(cudaEventCreateWithFlags(&rt->done, cudaEventDisableTiming), "cudaEventCreate");
   ctx.device = std::move(rt);

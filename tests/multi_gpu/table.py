@@ -259,6 +259,10 @@ def main():
         print("| " + " | ".join(COLUMNS) + " |")
         print("|" + " ---: |" * len(COLUMNS))
         print("\n".join(rows_for(context, runs, args.steps_from)))
+        strays = {name: r["summary"]["ranks_with_contexts_on_other_gpus"] for (c, name), r in runs.items()
+                  if c == context and r["summary"].get("ranks_with_contexts_on_other_gpus")}
+        if strays:  # each such context takes about 0.5 GiB of a GPU that another rank trains on
+            print(f"\nWarning: ranks holding a CUDA context on a GPU not their own: {strays}")
     arrivals = arrival_rows(runs, args.steps_from)
     if arrivals:
         print("\nPlan make and rank arrival, ms, mean over the steps (slowest / fastest rank's make; spread of the "
