@@ -195,3 +195,27 @@ def test_plan_communicator_must_be_an_instance_of_its_own(fresh_stacks):
     _, _, _, cu = _micro_batch(0, 0)
     with pytest.raises(cad.CadError, match="'plan_communicator' names 'comm', the data communicator itself"):
         cad.plan(cu, **SHAPE)
+
+
+def _groups_destroyed_at_shutdown(rank, world):
+    import cad
+    import torch.distributed as dist
+    from cad import _runtime
+    q, k, v, cu = random_batch([5, 3] if rank == 0 else [7, 1], 4, 2, 8, seed=rank)
+    plan = cad.plan(cu, num_heads=4, num_kv_heads=2, head_dim=8, dtype=q.dtype, device=q.device, ahead=True, tag=0)
+    cad.varlen_attn(q, k, v, cu, plan=plan)
+    collectives = _runtime.existing(q.device).collectives
+    groups = [collectives.group, collectives.planning_group]
+    assert all(g is not None for g in groups)
+    mapped = dist.distributed_c10d._world.pg_map
+    assert all(g in mapped for g in groups)
+    cad.shutdown()
+    # The package's own gloo groups are gone (their worker threads with them), the user's default group is not.
+    assert not any(g in mapped for g in groups), "the CAD stack's gloo groups outlived cad.shutdown()"
+    assert collectives.group is None and collectives.planning_group is None
+    assert dist.is_initialized() and dist.get_world_size() == world
+    dist.barrier()
+
+
+def test_shutdown_destroys_the_groups_the_package_made():
+    harness.run(2, _groups_destroyed_at_shutdown)

@@ -61,6 +61,22 @@ class Collectives:
         self.all_gather_fn = _abi.AllGatherFn(self._all_gather)
         self.barrier_fn = _abi.BarrierFn(self._barrier)
 
+    def close(self):
+        """Destroy the two gloo groups made here (after the stack that used them is gone). Each holds gloo
+        worker threads; a group nobody destroys is torn down with the interpreter, where gloo can end the process
+        with "terminate called without an active exception" (pytorch/pytorch#190489; seen here after a CadError,
+        3 of 53 runs). Local, not collective: a rank that failed can close while its peers still run. The
+        user's own groups stay theirs."""
+        groups = [g for g in (self.group, self.planning_group) if g is not None]
+        self.group = self.planning_group = None
+        if not (self.distributed and dist.is_initialized()):
+            return
+        for group in groups:
+            try:
+                dist.destroy_process_group(group)
+            except Exception:  # noqa: BLE001 -- already destroyed with the default group: nothing left to free
+                pass
+
     def lend(self, options):
         """Fill the collective fields of a HostOptions."""
         options.bootstrap_all_gather = self.bootstrap_fn

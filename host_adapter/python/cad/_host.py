@@ -132,6 +132,8 @@ class Host:
                 release()
             self._lib.cad_host_destroy(self._handle)
             self._handle = None
+            if self.collectives is not None:
+                self.collectives.close()  # after the plugins that called into its groups are gone
 
     def owns(self, finalizer):
         """Run this weakref.finalize (a plan's or a saved state's release) at close() if it has not run."""
