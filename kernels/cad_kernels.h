@@ -32,6 +32,12 @@ struct AttentionProblem {
   int head_dim = 0;  // 64 or 128
   float softmax_scale = 0.f;
   bool causal = false;
+  // Sliding window (ABI v1.2, PyTorch's window_size): query i of a segment, at key position p = i + kv_len -
+  // q_len (bottom-right), sees keys [p - window_left, p + window_right]; -1 = no limit. Run by the portable
+  // kernels only: a windowed problem's plans clear `hopper`.
+  int32_t window_left = -1;
+  int32_t window_right = -1;
+  bool windowed() const { return window_left >= 0 || window_right >= 0; }
   // Use the Hopper (sm_90a, wgmma) kernels: forward and backward at D=64/128; only where
   // hopper_kernels_available() says so.
   bool hopper = false;
@@ -53,7 +59,7 @@ struct FwdItem {
   int64_t kv_row;         // absolute row in K/V of the segment's first key
   int32_t q_rows;         // valid queries in the tile
   int32_t q_index;        // index of the tile's first query inside its segment
-  int32_t causal_offset;  // kv_len - q_len: query i sees keys j <= i + causal_offset
+  int32_t causal_offset;  // kv_len - q_len (causal or windowed, else 0): query i sees keys j <= i + causal_offset
   int32_t kv_begin;       // keys of this item, segment-relative
   int32_t kv_end;
   int32_t partial_slot;
@@ -127,11 +133,11 @@ struct BwdItem {
   int64_t q_row;          // absolute row in Q of the segment's first query
   int64_t kv_row;         // absolute row in K/V of the segment's first key
   int32_t q_len;
-  int32_t causal_offset;  // kv_len - q_len
+  int32_t causal_offset;  // kv_len - q_len (causal or windowed, else 0)
   int32_t kv_begin;       // first key of the tile, segment-relative
   int32_t kv_rows;        // valid keys in the tile
-  int32_t q_begin;        // first query that sees any key of the tile (causal), else 0
-  int32_t reserved;
+  int32_t q_begin;        // first query that sees any key of the tile (causal, window_right), else 0
+  int32_t q_end;          // one past the last query that sees any key of the tile (window_left), else q_len
 };
 
 struct BackwardPlan {

@@ -169,6 +169,11 @@ std::string run_attention(const AttentionPlugin& plugin, const std::vector<cad_s
   fa.v = &tv.t;
   fa.o = &to.t;
   fa.lse = &tl.t;
+  if (s.window_left >= 0 || s.window_right >= 0) {
+    fa.window_flags = CAD_WINDOW_GIVEN;
+    fa.window_left = s.window_left;
+    fa.window_right = s.window_right;
+  }
   std::string failure = timed("forward", [&] { return plugin.table()->forward(plugin.ctx(), &fa); }, forward_ms);
   if (!failure.empty()) return failure;
 
@@ -188,6 +193,9 @@ std::string run_attention(const AttentionPlugin& plugin, const std::vector<cad_s
   ba.d_q = &tdq.t;
   ba.d_k = &tdk.t;
   ba.d_v = &tdv.t;
+  ba.window_flags = fa.window_flags;
+  ba.window_left = fa.window_left;
+  ba.window_right = fa.window_right;
   return timed("backward", [&] { return plugin.table()->backward(plugin.ctx(), &ba); }, backward_ms);
 }
 

@@ -79,6 +79,7 @@ struct AttentionData {
 struct AttentionShape {
   int64_t tq, tk;
   int hq, hkv, d;
+  int64_t window_left = -1, window_right = -1;  // ABI v1.2 sliding window, passed when either is >= 0
 };
 
 // Forward, then backward on the forward's O and LSE, of an attention plugin through its ABI, with
