@@ -190,8 +190,16 @@ void compare_with_reference(Kind kind, int d, bool causal, int hq, int hkv, bool
                                dq_ref.data(), dk_ref.data(), dv_ref.data(), lse_ref.data()};
     ASSERT_EQ(run_attention(ref, b.segments, shape, causal, CAD_DEVICE_CPU, kF32, on_cpu, nullptr), "");
 
+    // A window of one key (left 0, and right 0 or causal): every query's softmax has a single entry, whatever
+    // its score, so dQ and dK are exactly zero and the reference's are all zeros. The kernels' are rounding
+    // noise (~1e-6: P = exp(S - LSE) is 1 within an ulp, and dS = P (dP - Delta) subtracts dP = dO.V summed by
+    // the MMA from Delta = rowsum(dO * O) summed elsewhere, O = V), which an error relative to an all-zero
+    // reference makes inf. They are held to an absolute bound there instead: 1e-2 of a scale of 1e-2.
+    const bool one_key = window_left == 0 && (causal || window_right == 0);
+    const double grad_scale = one_key ? 1e-2 : 0;
     const double e_o = max_relative_error(o_gpu, o_ref), e_lse = lse_error(lse_gpu, lse_ref);
-    const double e_dq = max_relative_error(dq_gpu, dq_ref), e_dk = max_relative_error(dk_gpu, dk_ref);
+    const double e_dq = max_relative_error(dq_gpu, dq_ref, grad_scale);
+    const double e_dk = max_relative_error(dk_gpu, dk_ref, grad_scale);
     const double e_dv = max_relative_error(dv_gpu, dv_ref);
     std::printf("[%s%s d=%d causal=%d hq=%d hkv=%d window=(%lld,%lld) seed=%llu] tq=%lld tk=%lld segs=%zu  O %.2e  "
                 "LSE %.2e  dQ %.2e  dK %.2e  dV %.2e\n",

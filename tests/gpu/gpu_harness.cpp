@@ -231,7 +231,7 @@ std::vector<float> bf16_vector_to_float(const std::vector<uint16_t>& v) {
   return out;
 }
 
-double max_relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+double max_relative_error(const std::vector<float>& got, const std::vector<float>& want, double min_scale) {
   if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
   double max_err = 0, max_ref = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -239,8 +239,9 @@ double max_relative_error(const std::vector<float>& got, const std::vector<float
     max_err = std::max(max_err, std::fabs(static_cast<double>(got[i]) - want[i]));
     max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
   }
-  if (max_ref == 0) return max_err == 0 ? 0 : std::numeric_limits<double>::infinity();
-  return max_err / max_ref;
+  const double scale = std::max(max_ref, min_scale);
+  if (scale == 0) return max_err == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return max_err / scale;
 }
 
 }  // namespace cad::gpu_test

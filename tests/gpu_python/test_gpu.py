@@ -39,8 +39,13 @@ def _compare(q, k, v, cu, causal, plan=None, tag="", window=(-1, -1)):
     else:
         ref = lambda a, b, c: sdpa_varlen_window(a, b, c, cu, causal, window)  # noqa: E731
     want = _fwd_bwd(ref, qb.float().cpu(), kb.float().cpu(), vb.float().cpu(), d_o.float().cpu())
+    # A window of one key (left 0, and right 0 or causal): every softmax has a single entry, so dq and dk are
+    # exactly zero (sdpa's are); the kernel's are rounding noise (~2e-6), held to an absolute bound (2e-4)
+    # instead of an error relative to an all-zero reference.
+    one_key = window[0] == 0 and (causal or window[1] == 0)
     for name, a, b in zip(("o", "dq", "dk", "dv"), got, want):
-        err = ((a.cpu() - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
+        floor = 1e-2 if one_key and name in ("dq", "dk") else 1e-6
+        err = ((a.cpu() - b).abs().max() / b.abs().max().clamp_min(floor)).item()
         print(f"{tag} {name}: max error relative to max |ref| {err:.2e}")
         assert err < 2e-2, f"{tag} {name}: {err}"
 
