@@ -109,8 +109,15 @@ TEST_F(CudaRefusals, SlidingWindowsRunAndBadOnesAreRefused) {
   p.args.window_right = -1;
   p.args.window_flags = CAD_WINDOW_GIVEN | 2u;
   EXPECT_EQ(forward(p), CAD_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(gpu.last_error().find("bits other than CAD_WINDOW_GIVEN"), std::string::npos) << gpu.last_error();
   EXPECT_TRUE(p.output_untouched());
   p.args.window_flags = CAD_WINDOW_GIVEN;
+  p.args.causal = 0;  // segment 1 has more queries (28) than keys (18): no causal call takes it
+  p.args.window_right = 2;
+  EXPECT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
+  p.segments[1].q_len = 18;  // now causal is valid: the causal window (3, -1)
+  p.args.causal = 1;
+  p.args.window_right = -1;
   EXPECT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
   p.args.struct_size = CAD_ATTENTION_FORWARD_ARGS_V1_1_SIZE;
   EXPECT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
