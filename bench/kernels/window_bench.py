@@ -9,8 +9,9 @@ tokens. Windows: --windows (left limits; "none" = plain causal is always added).
 
 Implementations (--impls):
   cad           cad.varlen_attn(q, k, v, cu, causal=True, window_size=(left, 0)) on the cuda backend: with a window
-                the portable mma.sync kernels, without one the backend's default (wgmma on sm_90a); the kernel that
-                ran is read from the backend's stats.
+                the portable mma.sync kernels, without one (or with one no shorter than every document, which
+                hides nothing) the backend's default (wgmma on sm_90a); the kernel that ran is read from the
+                backend's stats.
   cad_portable  the same call with the backend configured {"hopper_kernels": false}: causal only (a window runs on
                 those kernels anyway), the like-for-like reference for the windowed times.
   torch         torch.nn.attention.varlen.varlen_attn(..., window_size=(left, 0)) where this torch takes

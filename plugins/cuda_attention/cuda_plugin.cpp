@@ -157,6 +157,9 @@ struct CudaPlan {
   cad::kernels::ForwardPlan forward;
   cad::kernels::BackwardPlan backward;
   std::vector<cad_segment_v1_t> segments;
+  // The window make_plan was given, which the calls must give too (the kernels' plans drop one that hides no
+  // key of the segments: their problem's window may be none).
+  int32_t window_left = -1, window_right = -1;
   void* forward_tables = nullptr;
   void* backward_tables = nullptr;
   size_t forward_tables_bytes = 0, backward_tables_bytes = 0;
@@ -199,6 +202,8 @@ cad_status_t make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, void
     cad::kernels::AttentionProblem problem = pr;
     problem.hopper = self.hopper;
     plan->segments.assign(args->segments, args->segments + args->num_segments);
+    plan->window_left = pr.window_left;
+    plan->window_right = pr.window_right;
     plan->forward = cad::kernels::make_forward_plan(problem, as_segments(args->segments), args->num_segments, self.num_sms);
     plan->backward = cad::kernels::make_backward_plan(problem, as_segments(args->segments), args->num_segments);
     plan->stream = args->stream;
@@ -237,10 +242,10 @@ CudaPlan* plan_of(const Args* args, const cad::kernels::AttentionProblem& pr, co
   if (!CAD_HAS_FIELD(Args, args, plan) || args->plan == nullptr) return nullptr;
   auto* plan = static_cast<CudaPlan*>(args->plan);
   const cad::kernels::AttentionProblem& p = plan->forward.problem;
-  if (p.window_left != pr.window_left || p.window_right != pr.window_right) {
+  if (plan->window_left != pr.window_left || plan->window_right != pr.window_right) {
     fail(CAD_STATUS_INVALID_ARGUMENT,
          format("%s: the call's window (window_left=%d, window_right=%d) is not the plan's (window_left=%d, "
-                "window_right=%d)", call, pr.window_left, pr.window_right, p.window_left, p.window_right));
+                "window_right=%d)", call, pr.window_left, pr.window_right, plan->window_left, plan->window_right));
   }
   if (p.tq != pr.tq || p.tk != pr.tk || p.hq != pr.hq || p.hkv != pr.hkv || p.head_dim != pr.head_dim ||
       p.causal != pr.causal) {

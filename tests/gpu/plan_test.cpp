@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -318,6 +319,104 @@ TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachAndRunOnThePortableKer
           }
         }
         for (const Segment& s : segs) EXPECT_EQ((keys[{s.kv_offset, s.q_offset}]), s.kv_len) << what;
+      }
+    }
+  }
+}
+
+// window_hides_keys against its definition: some query sees, without the window, a key that the window hides.
+// Small random segments (empty ones too) and every window near their lengths.
+TEST(CudaPlanWindow, HidesKeysIffSomeQueryLosesAKey) {
+  std::mt19937_64 rng(3);
+  std::uniform_int_distribution<int64_t> len(0, 9);
+  for (int trial = 0; trial < 300; ++trial) {
+    const bool causal = trial % 2 == 0;
+    std::vector<Segment> segs;
+    for (int i = 0, n = 1 + trial % 3; i < n; ++i) {
+      const int64_t q = len(rng), kv = causal ? q + len(rng) : len(rng);
+      segs.push_back({0, q, 0, kv});
+    }
+    for (int64_t left = -1; left <= 12; ++left) {
+      for (int64_t right = -1; right <= (causal ? -1 : 12); ++right) {
+        AttentionProblem pr;
+        pr.causal = causal;
+        pr.window_left = static_cast<int32_t>(left);
+        pr.window_right = static_cast<int32_t>(right);
+        bool hides = false;
+        for (const Segment& s : segs) {
+          for (int64_t i = 0; i < s.q_len; ++i) {
+            const Visible all = visible(s, i, causal, -1, -1), win = visible(s, i, causal, left, right);
+            hides |= win.end - win.begin < all.end - all.begin;
+          }
+        }
+        EXPECT_EQ(window_hides_keys(pr, segs.data(), int64_t(segs.size())), hides)
+            << "trial " << trial << " causal=" << causal << " window=(" << left << ", " << right << ")";
+      }
+    }
+  }
+}
+
+// A window that hides no key (causal: left + 1 >= every kv_len; non-causal: also right + 1 >= every q_len)
+// is dropped by the plans: forward and backward are then exactly the unwindowed plans, on the Hopper kernels
+// where asked for. One short of that, the window stays and runs on the portable kernels.
+TEST(CudaPlanWindow, WindowThatHidesNoKeyRunsAsTheUnwindowedProblem) {
+  for (const bool causal : {true, false}) {
+    for (const bool share : {false, true}) {
+      std::mt19937_64 rng(causal * 2 + share + 40);
+      AttentionProblem plain;
+      plain.hq = 8;
+      plain.hkv = 2;
+      plain.head_dim = 128;
+      plain.causal = causal;
+      plain.hopper = true;
+      std::vector<Segment> segs = random_segments(rng, causal, &plain.tq, &plain.tk, share);
+      segs.push_back({plain.tq, 0, plain.tk, 0});  // empty segments hide nothing
+      segs.push_back({plain.tq, 0, 0, 5});
+      int64_t max_q = 0, max_kv = 0;
+      for (const Segment& s : segs) {
+        max_q = std::max(max_q, s.q_len);
+        max_kv = std::max(max_kv, s.kv_len);
+      }
+      const ForwardPlan want_fwd = make_forward_plan(plain, segs.data(), int64_t(segs.size()), 132);
+      const BackwardPlan want_bwd = make_backward_plan(plain, segs.data(), int64_t(segs.size()));
+      ASSERT_TRUE(want_fwd.problem.hopper);
+      struct Case {
+        int64_t left, right;
+        bool hides;
+      };
+      std::vector<Case> cases = {{max_kv - 1, -1, false}, {max_kv + 1000000, -1, false}, {max_kv - 2, -1, true}};
+      if (!causal) {
+        cases.push_back({-1, max_q - 1, false});
+        cases.push_back({max_kv - 1, max_q - 1, false});
+        cases.push_back({max_kv - 1, max_q - 2, true});
+        cases.push_back({-1, max_q - 2, true});
+      }
+      for (const Case& c : cases) {
+        const std::string what = "causal=" + std::to_string(causal) + " share=" + std::to_string(share) +
+                                 " window=(" + std::to_string(c.left) + ", " + std::to_string(c.right) + ")";
+        AttentionProblem pr = plain;
+        pr.window_left = static_cast<int32_t>(c.left);
+        pr.window_right = static_cast<int32_t>(c.right);
+        EXPECT_EQ(window_hides_keys(pr, segs.data(), int64_t(segs.size())), c.hides) << what;
+        const ForwardPlan fwd = make_forward_plan(pr, segs.data(), int64_t(segs.size()), 132);
+        const BackwardPlan bwd = make_backward_plan(pr, segs.data(), int64_t(segs.size()));
+        EXPECT_EQ(fwd.problem.hopper, !c.hides) << what;
+        EXPECT_EQ(bwd.problem.hopper, !c.hides) << what;
+        EXPECT_EQ(fwd.problem.windowed(), c.hides) << what;
+        EXPECT_EQ(bwd.problem.windowed(), c.hides) << what;
+        if (c.hides) {
+          EXPECT_EQ(fwd.problem.window_left, pr.window_left) << what;
+          EXPECT_EQ(fwd.problem.window_right, pr.window_right) << what;
+          continue;
+        }
+        EXPECT_EQ(fwd.block_m, want_fwd.block_m) << what;
+        ASSERT_EQ(fwd.items.size(), want_fwd.items.size()) << what;
+        EXPECT_EQ(std::memcmp(fwd.items.data(), want_fwd.items.data(), fwd.items.size() * sizeof(FwdItem)), 0) << what;
+        EXPECT_EQ(fwd.combines.size(), want_fwd.combines.size()) << what;
+        EXPECT_EQ(fwd.workspace_bytes, want_fwd.workspace_bytes) << what;
+        ASSERT_EQ(bwd.items.size(), want_bwd.items.size()) << what;
+        EXPECT_EQ(std::memcmp(bwd.items.data(), want_bwd.items.data(), bwd.items.size() * sizeof(BwdItem)), 0) << what;
+        EXPECT_EQ(bwd.workspace_bytes, want_bwd.workspace_bytes) << what;
       }
     }
   }
