@@ -121,7 +121,10 @@ cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, c
   p.group = pr.hq / pr.hkv;
   p.scale_log2 = pr.softmax_scale * detail::kLog2e;
   p.causal = pr.causal ? 1 : 0;
+  p.window_left = pr.window_left;
+  p.window_right = pr.window_right;
   p.block_m = plan.block_m;
+  if (pr.windowed() && pr.hopper) return cudaErrorInvalidValue;  // the wgmma kernels have no window mask
   if (plan.block_m != fwd_block_m(pr)) return cudaErrorInvalidValue;
 
   CAD_CUDA_TRY(detail::launch_fill_uncovered(reinterpret_cast<const RowRange*>(ws + plan.uncovered_offset),
@@ -182,6 +185,9 @@ cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q,
   p.scale = pr.softmax_scale;
   p.scale_log2 = pr.softmax_scale * detail::kLog2e;
   p.causal = pr.causal ? 1 : 0;
+  p.window_left = pr.window_left;
+  p.window_right = pr.window_right;
+  if (pr.windowed() && pr.hopper) return cudaErrorInvalidValue;  // the wgmma kernels have no window mask
   p.kv_exclusive = plan.kv_exclusive ? 1 : 0;
 
   CAD_CUDA_TRY(cudaMemsetAsync(p.dq_acc, 0, q_elems * sizeof(float), stream));

@@ -104,48 +104,75 @@ int64_t choose_kv_chunk(const std::vector<FwdItem>& tiles, int64_t block_n, int6
   return best_chunk;
 }
 
+// The problem the kernels run for these segments: a window that hides no key is dropped (the call is then
+// exactly the unwindowed one, on the Hopper kernels where asked for), and one that hides any runs on the
+// portable kernels (the wgmma kernels have no window mask).
+AttentionProblem kernel_problem(const AttentionProblem& problem, const Segment* segments, int64_t num_segments) {
+  AttentionProblem pr = problem;
+  if (!window_hides_keys(problem, segments, num_segments)) pr.window_left = pr.window_right = -1;
+  if (pr.windowed()) pr.hopper = false;
+  return pr;
+}
+
 }  // namespace
 
 bool head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 
+bool window_hides_keys(const AttentionProblem& problem, const Segment* segments, int64_t num_segments) {
+  if (!problem.windowed()) return false;
+  for (int64_t i = 0; i < num_segments; ++i) {
+    const Segment& s = segments[i];
+    if (s.q_len <= 0 || s.kv_len <= 0) continue;  // no query to hide a key from, or no key to hide
+    if (problem.window_left >= 0 && problem.window_left < s.kv_len - 1) return true;
+    if (!problem.causal && problem.window_right >= 0 && problem.window_right < s.q_len - 1) return true;
+  }
+  return false;
+}
+
 ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments,
                               int num_sms) {
   ForwardPlan plan;
-  plan.problem = problem;
-  plan.block_m = fwd_block_m(problem);
+  plan.problem = kernel_problem(problem, segments, num_segments);
+  const AttentionProblem& pr = plan.problem;
+  plan.block_m = fwd_block_m(pr);
   const int64_t block_m = plan.block_m;
+  const int64_t left = pr.window_left, right = pr.window_right;
   std::vector<RowRange> q_ranges;
   std::vector<FwdItem> tiles;
   for (int64_t i = 0; i < num_segments; ++i) {
     const Segment& s = segments[i];
     if (s.q_len <= 0) continue;
     q_ranges.push_back({s.q_offset, s.q_offset + s.q_len});
-    const int64_t offset = problem.causal ? s.kv_len - s.q_len : 0;
+    const int64_t offset = pr.causal || pr.windowed() ? s.kv_len - s.q_len : 0;
     for (int64_t q0 = 0; q0 < s.q_len; q0 += block_m) {
       const int64_t rows = std::min<int64_t>(block_m, s.q_len - q0);
-      // The tile's last query sees keys up to q0 + rows - 1 + offset.
-      const int64_t kv_end = problem.causal ? std::min(s.kv_len, q0 + rows + offset) : s.kv_len;
+      // The tile's last query sees keys up to q0 + rows - 1 + offset (+ window_right); its first one keys
+      // from q0 + offset - window_left on: the keys outside [kv_begin, kv_end) get no tile at all.
+      int64_t kv_end = pr.causal ? std::min(s.kv_len, q0 + rows + offset) : s.kv_len;
+      if (right >= 0) kv_end = std::min(kv_end, q0 + rows - 1 + offset + right + 1);
+      const int64_t kv_begin = left >= 0 ? std::clamp<int64_t>(q0 + offset - left, 0, s.kv_len) : 0;
+      kv_end = std::max(kv_begin, kv_end);
       FwdItem item{};
       item.q_row = s.q_offset + q0;
       item.kv_row = s.kv_offset;
       item.q_rows = static_cast<int32_t>(rows);
       item.q_index = static_cast<int32_t>(q0);
       item.causal_offset = static_cast<int32_t>(offset);
-      item.kv_begin = 0;
+      item.kv_begin = static_cast<int32_t>(kv_begin);
       item.kv_end = static_cast<int32_t>(kv_end);
       item.partial_slot = -1;
       tiles.push_back(item);
     }
   }
-  plan.uncovered = gaps(q_ranges, problem.tq);
+  plan.uncovered = gaps(q_ranges, pr.tq);
 
   // Split long KV ranges into chunks of at most `chunk` key tiles when that shortens the schedule: with
   // short queries against long KV (CAD's shards) there are too few, too uneven items to keep every SM
   // busy to the end. Each candidate is priced by simulating the kernel's schedule; splitting costs a
   // partial write and a merge, so it is only chosen where it pays.
-  const int64_t block_n = fwd_block_n(problem);
-  const int64_t heads = std::max(1, problem.hq);
-  const int64_t slots = std::max(1, num_sms) * static_cast<int64_t>(problem.hopper ? 1 : kFwdBlocksPerSm);
+  const int64_t block_n = fwd_block_n(pr);
+  const int64_t heads = std::max(1, pr.hq);
+  const int64_t slots = std::max(1, num_sms) * static_cast<int64_t>(pr.hopper ? 1 : kFwdBlocksPerSm);
   const int64_t chunk = choose_kv_chunk(tiles, block_n, heads, slots);
   const auto blocks_of = [&](const FwdItem& it) { return std::max<int64_t>(1, ceil_div(it.kv_end - it.kv_begin, block_n)); };
   for (const FwdItem& tile : tiles) {
@@ -163,8 +190,8 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
     int32_t n = 0;
     for (int64_t b = 0; b < nb; b += per_split) {
       FwdItem part = tile;
-      part.kv_begin = static_cast<int32_t>(b * block_n);
-      part.kv_end = static_cast<int32_t>(std::min<int64_t>(tile.kv_end, (b + per_split) * block_n));
+      part.kv_begin = static_cast<int32_t>(tile.kv_begin + b * block_n);
+      part.kv_end = static_cast<int32_t>(std::min<int64_t>(tile.kv_end, tile.kv_begin + (b + per_split) * block_n));
       part.partial_slot = plan.num_slots++;
       plan.items.push_back(part);
       ++n;
@@ -185,7 +212,7 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
   at = align_up(at + plan.uncovered.size() * sizeof(RowRange));
   const size_t partial_rows = static_cast<size_t>(plan.num_slots) * static_cast<size_t>(heads) * block_m;
   plan.partial_o_offset = at;
-  at = align_up(at + partial_rows * static_cast<size_t>(problem.head_dim) * sizeof(float));
+  at = align_up(at + partial_rows * static_cast<size_t>(pr.head_dim) * sizeof(float));
   plan.partial_lse_offset = at;
   at = align_up(at + partial_rows * sizeof(float));
   plan.workspace_bytes = at;
@@ -194,14 +221,16 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
 
 BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments) {
   BackwardPlan plan;
-  plan.problem = problem;
+  plan.problem = kernel_problem(problem, segments, num_segments);
+  const AttentionProblem& pr = plan.problem;
+  const int64_t left = pr.window_left, right = pr.window_right;
   std::vector<RowRange> kv_ranges;
   for (int64_t i = 0; i < num_segments; ++i) {
     const Segment& s = segments[i];
     if (s.kv_len <= 0) continue;
     kv_ranges.push_back({s.kv_offset, s.kv_offset + s.kv_len});
-    const int64_t offset = problem.causal ? s.kv_len - s.q_len : 0;
-    const int64_t block_n = bwd_block_n(problem);
+    const int64_t offset = pr.causal || pr.windowed() ? s.kv_len - s.q_len : 0;
+    const int64_t block_n = bwd_block_n(pr);
     for (int64_t k0 = 0; k0 < s.kv_len; k0 += block_n) {
       BwdItem item{};
       item.q_row = s.q_offset;
@@ -211,13 +240,19 @@ BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* 
       item.kv_begin = static_cast<int32_t>(k0);
       item.kv_rows = static_cast<int32_t>(std::min<int64_t>(block_n, s.kv_len - k0));
       // Query i sees key k0 iff i >= k0 - offset (causal); earlier queries never touch this tile.
-      const int64_t first = problem.causal ? std::clamp<int64_t>(k0 - offset, 0, s.q_len) : 0;
+      int64_t first = pr.causal ? std::clamp<int64_t>(k0 - offset, 0, s.q_len) : 0;
+      // Window: query i sees key j iff i + offset - left <= j <= i + offset + right, so the tile's keys
+      // [k0, k0 + kv_rows) are seen by queries [k0 - offset - right, k0 + kv_rows - 1 - offset + left].
+      if (right >= 0) first = std::max(first, std::clamp<int64_t>(k0 - offset - right, 0, s.q_len));
+      int64_t end = s.q_len;
+      if (left >= 0) end = std::clamp<int64_t>(k0 + item.kv_rows - 1 - offset + left + 1, 0, s.q_len);
       item.q_begin = static_cast<int32_t>(first);
+      item.q_end = static_cast<int32_t>(std::max(first, end));
       plan.items.push_back(item);
     }
   }
   std::stable_sort(plan.items.begin(), plan.items.end(), [](const BwdItem& a, const BwdItem& b) {
-    return a.q_len - a.q_begin > b.q_len - b.q_begin;
+    return a.q_end - a.q_begin > b.q_end - b.q_begin;
   });
 
   // Exclusive KV: no key row is read by two segments (then each tile has one writer).

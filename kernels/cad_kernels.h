@@ -32,12 +32,25 @@ struct AttentionProblem {
   int head_dim = 0;  // 64 or 128
   float softmax_scale = 0.f;
   bool causal = false;
+  // Sliding window (ABI v1.2, PyTorch's window_size): query i of a segment, at key position p = i + kv_len -
+  // q_len (bottom-right), sees keys [p - window_left, p + window_right]; -1 = no limit. Run by the portable
+  // kernels only: the plans drop a window that hides no key of their segments (window_hides_keys), which then
+  // runs exactly as the unwindowed problem, and clear `hopper` for one that hides any.
+  int32_t window_left = -1;
+  int32_t window_right = -1;
+  bool windowed() const { return window_left >= 0 || window_right >= 0; }
   // Use the Hopper (sm_90a, wgmma) kernels: forward and backward at D=64/128; only where
   // hopper_kernels_available() says so.
   bool hopper = false;
 };
 
 bool head_dim_supported(int head_dim);
+
+// Does the problem's window hide any key from any query of these segments? Its last query (p = kv_len - 1)
+// sees key 0 iff window_left >= kv_len - 1, and its first (p = kv_len - q_len) the last key iff window_right >=
+// q_len - 1 (causal: window_right changes nothing), so a window hides nothing when every segment with queries
+// and keys meets both. The one place the kernels' plans decide whether a windowed call needs the window mask.
+bool window_hides_keys(const AttentionProblem& problem, const Segment* segments, int64_t num_segments);
 
 // True when the current device is compute capability 9.0 and the sm_90a kernels of this build are
 // the ones loaded for it.
@@ -53,7 +66,7 @@ struct FwdItem {
   int64_t kv_row;         // absolute row in K/V of the segment's first key
   int32_t q_rows;         // valid queries in the tile
   int32_t q_index;        // index of the tile's first query inside its segment
-  int32_t causal_offset;  // kv_len - q_len: query i sees keys j <= i + causal_offset
+  int32_t causal_offset;  // kv_len - q_len (causal or windowed, else 0): query i sees keys j <= i + causal_offset
   int32_t kv_begin;       // keys of this item, segment-relative
   int32_t kv_end;
   int32_t partial_slot;
@@ -94,7 +107,8 @@ struct ForwardPlan {
 };
 
 // Builds the work list on the host. `num_sms` (the device's multiprocessor count) decides how far
-// long KV ranges are split so that the grid fills the GPU. Pure host code.
+// long KV ranges are split so that the grid fills the GPU. Pure host code. The plan's `problem` is the one
+// the kernels run: without the window when it hides no key, else with `hopper` cleared.
 ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments,
                               int num_sms);
 
@@ -127,11 +141,11 @@ struct BwdItem {
   int64_t q_row;          // absolute row in Q of the segment's first query
   int64_t kv_row;         // absolute row in K/V of the segment's first key
   int32_t q_len;
-  int32_t causal_offset;  // kv_len - q_len
+  int32_t causal_offset;  // kv_len - q_len (causal or windowed, else 0)
   int32_t kv_begin;       // first key of the tile, segment-relative
   int32_t kv_rows;        // valid keys in the tile
-  int32_t q_begin;        // first query that sees any key of the tile (causal), else 0
-  int32_t reserved;
+  int32_t q_begin;        // first query that sees any key of the tile (causal, window_right), else 0
+  int32_t q_end;          // one past the last query that sees any key of the tile (window_left), else q_len
 };
 
 struct BackwardPlan {

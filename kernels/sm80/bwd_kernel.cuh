@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) attention_bwd_kernel(B
   load_tile_async<BN, D, NT>(sK, p.k + key_row0 * kv_stride + kv_head * D, kv_stride, item.kv_rows, tid);
   load_tile_async<BN, D, NT>(sV, p.v + key_row0 * kv_stride + kv_head * D, kv_stride, item.kv_rows, tid);
 
-  const int q_span = item.q_len - item.q_begin;
+  const int q_span = item.q_end - item.q_begin;  // q_end: q_len unless a window_left ends the tile's queries
   const int n_qt = q_span > 0 ? (q_span + BM - 1) / BM : 0;
   const int n_iter = n_qt * p.group;
 

@@ -24,8 +24,10 @@ __device__ __forceinline__ void bwd80_probabilities_and_ds(float (&st)[BM / 8][4
       const int key = key_local + (e >> 1) * 8;
       const int ql = nt * 8 + 2 * t + (e & 1);
       const int q = q0 + ql;
-      const bool valid = key < item.kv_rows && q < item.q_len &&
-                         (!p.causal || item.kv_begin + key <= q + item.causal_offset);
+      const int j = item.kv_begin + key;
+      const bool valid = key < item.kv_rows && q < item.q_len && (!p.causal || j <= q + item.causal_offset) &&
+                         (p.window_left < 0 || j >= q + item.causal_offset - p.window_left) &&
+                         (p.window_right < 0 || j <= q + item.causal_offset + p.window_right);
       const float prob = valid ? fast_exp2(st[nt][e] * p.scale_log2 - lse_tile[ql]) : 0.f;
       st[nt][e] = prob;
       dpt[nt][e] = prob * (dpt[nt][e] - delta_tile[ql]);

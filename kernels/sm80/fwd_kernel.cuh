@@ -110,10 +110,13 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads) attention_fwd_kernel(F
       }
     }
 
-    // Scale into base-2 units, then mask keys past the range end and (causal) above the diagonal.
+    // Scale into base-2 units, then mask keys past the range end, (causal) above the diagonal and outside
+    // the sliding window [row + offset - window_left, row + offset + window_right].
     const int key0 = item.kv_begin + j * BN;  // segment-relative key of column 0
     const bool need_mask =
-        key0 + BN > item.kv_end || (p.causal && key0 + BN - 1 > warp_first_row + item.causal_offset);
+        key0 + BN > item.kv_end || (p.causal && key0 + BN - 1 > warp_first_row + item.causal_offset) ||
+        (p.window_left >= 0 && key0 < warp_first_row + 15 + item.causal_offset - p.window_left) ||
+        (p.window_right >= 0 && key0 + BN - 1 > warp_first_row + item.causal_offset + p.window_right);
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
@@ -128,7 +131,11 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads) attention_fwd_kernel(F
         for (int e = 0; e < 4; ++e) {
           const int col = key0 + nt * 8 + 2 * t + (e & 1);
           const int row = row0 + (e >> 1) * 8;
-          if (col >= item.kv_end || (p.causal && col > row + item.causal_offset)) s[nt][e] = -INFINITY;
+          if (col >= item.kv_end || (p.causal && col > row + item.causal_offset) ||
+              (p.window_left >= 0 && col < row + item.causal_offset - p.window_left) ||
+              (p.window_right >= 0 && col > row + item.causal_offset + p.window_right)) {
+            s[nt][e] = -INFINITY;
+          }
         }
       }
     }

@@ -65,6 +65,7 @@ struct CudaContext {
     {
       DeviceScope scope(device);
       hopper = allow_hopper && cad::kernels::hopper_kernels_available();
+      last_forward_hopper = hopper;
     }
     logger.info(format("device %d: %s, sm_%d, %d SMs, %s forward kernel", device, prop.name, compute_capability,
                        num_sms, hopper ? "wgmma (sm_90a)" : "mma.sync"));
@@ -107,6 +108,7 @@ struct CudaContext {
   size_t last_items = 0, last_splits = 0, last_workspace_bytes = 0;
   bool last_kv_exclusive = true;
   bool last_backward_hopper = false;  // which kernels the last backward ran (with a plan or without)
+  bool last_forward_hopper = false;   // and the last forward (before any: `hopper`); windows run mma.sync
 };
 
 CudaContext* as_context(void* ctx) { return static_cast<CudaContext*>(ctx); }
@@ -138,7 +140,7 @@ cad_status_t get_capabilities(void* ctx, cad_attention_capabilities_v1_t* out) {
     out->device_type = CAD_DEVICE_CUDA;
     out->dtype_mask = CAD_ATTENTION_DTYPE_BF16;
     out->flags = CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL | CAD_ATTENTION_CAP_GQA |
-                 CAD_ATTENTION_CAP_SHARED_KV | CAD_ATTENTION_CAP_BACKWARD;
+                 CAD_ATTENTION_CAP_SHARED_KV | CAD_ATTENTION_CAP_BACKWARD | CAD_ATTENTION_CAP_WINDOW;
     out->head_dim_mask = (1u << 3) | (1u << 7);  // 64 and 128
     out->max_head_dim = 128;
     out->min_compute_capability = kMinComputeCapability;
@@ -155,6 +157,9 @@ struct CudaPlan {
   cad::kernels::ForwardPlan forward;
   cad::kernels::BackwardPlan backward;
   std::vector<cad_segment_v1_t> segments;
+  // The window make_plan was given, which the calls must give too (the kernels' plans drop one that hides no
+  // key of the segments: their problem's window may be none).
+  int32_t window_left = -1, window_right = -1;
   void* forward_tables = nullptr;
   void* backward_tables = nullptr;
   size_t forward_tables_bytes = 0, backward_tables_bytes = 0;
@@ -197,6 +202,8 @@ cad_status_t make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, void
     cad::kernels::AttentionProblem problem = pr;
     problem.hopper = self.hopper;
     plan->segments.assign(args->segments, args->segments + args->num_segments);
+    plan->window_left = pr.window_left;
+    plan->window_right = pr.window_right;
     plan->forward = cad::kernels::make_forward_plan(problem, as_segments(args->segments), args->num_segments, self.num_sms);
     plan->backward = cad::kernels::make_backward_plan(problem, as_segments(args->segments), args->num_segments);
     plan->stream = args->stream;
@@ -235,6 +242,11 @@ CudaPlan* plan_of(const Args* args, const cad::kernels::AttentionProblem& pr, co
   if (!CAD_HAS_FIELD(Args, args, plan) || args->plan == nullptr) return nullptr;
   auto* plan = static_cast<CudaPlan*>(args->plan);
   const cad::kernels::AttentionProblem& p = plan->forward.problem;
+  if (plan->window_left != pr.window_left || plan->window_right != pr.window_right) {
+    fail(CAD_STATUS_INVALID_ARGUMENT,
+         format("%s: the call's window (window_left=%d, window_right=%d) is not the plan's (window_left=%d, "
+                "window_right=%d)", call, pr.window_left, pr.window_right, plan->window_left, plan->window_right));
+  }
   if (p.tq != pr.tq || p.tk != pr.tk || p.hq != pr.hq || p.hkv != pr.hkv || p.head_dim != pr.head_dim ||
       p.causal != pr.causal) {
     fail(CAD_STATUS_INVALID_ARGUMENT,
@@ -267,6 +279,7 @@ cad_status_t forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
                      static_cast<float*>(cad::plugin::tensor_data(args->lse)), ws.get(),
                      static_cast<cudaStream_t>(args->stream)),
                  "forward launch");
+      self.last_forward_hopper = plan->forward.problem.hopper;
       if (CAD_HAS_FIELD(cad_attention_forward_args_v1_t, args, saved) && args->saved != nullptr) *args->saved = nullptr;
       return;
     }
@@ -283,6 +296,7 @@ cad_status_t forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
     self.last_items = plan.items.size();
     self.last_splits = plan.combines.size();
     self.last_workspace_bytes = plan.workspace_bytes;
+    self.last_forward_hopper = plan.problem.hopper;
   });
 }
 
@@ -335,7 +349,7 @@ cad_status_t get_stats_json(void* ctx, char* buffer, size_t capacity, size_t* ne
     j["device"] = self.device;
     j["device_name"] = self.device_name;
     j["compute_capability"] = self.compute_capability;
-    j["forward_kernel"] = self.hopper ? "wgmma_sm90a" : "mma_sync";
+    j["forward_kernel"] = self.last_forward_hopper ? "wgmma_sm90a" : "mma_sync";
     j["backward_kernel"] = self.last_backward_hopper ? "wgmma_sm90a" : "mma_sync";
     j["work_items"] = self.last_items;
     j["kv_split_tiles"] = self.last_splits;
@@ -357,7 +371,8 @@ const cad_plugin_v1_t kPlugin = {
     CAD_PLUGIN_KIND_ATTENTION,
     kName,
     "0.1.0",
-    "CUDA attention (bf16, varlen, causal, GQA, shared KV, split-KV, backward; head dims 64/128; sm_80+)",
+    "CUDA attention (bf16, varlen, causal, sliding windows, GQA, shared KV, split-KV, backward; head dims 64/128; "
+    "sm_80+)",
     &kAttentionTable,
     nullptr,
     nullptr,

@@ -2,6 +2,7 @@
 // segment table are read here; tensor memory is never touched on the host.
 #include "cuda_validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -50,6 +51,14 @@ void check_exact(const cad_tensor_v1_t* t, const char* name, const std::vector<i
   }
 }
 
+// The kernels' window (32-bit, like their segment indices): a limit past the longest segment they take is no
+// limit at all, so it is clamped there (the window of the call is otherwise exactly the kernels').
+void set_window(kernels::AttentionProblem& pr, const plugin::Window& window) {
+  constexpr int64_t kMaxWindow = std::numeric_limits<int32_t>::max() / 2;
+  pr.window_left = static_cast<int32_t>(std::min(window.left, kMaxWindow));
+  pr.window_right = static_cast<int32_t>(std::min(window.right, kMaxWindow));
+}
+
 template <class Args>
 kernels::AttentionProblem check_common(const Args* args, const char* call, int device_id) {
   if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: args is NULL", call));
@@ -60,8 +69,8 @@ kernels::AttentionProblem check_common(const Args* args, const char* call, int d
   if (args->causal != 0 && args->causal != 1) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: causal must be 0 or 1, got %d", call, args->causal));
   }
-  // The kernels have no sliding-window mask (no CAD_ATTENTION_CAP_WINDOW): refuse, never ignore, a window.
-  plugin::refuse_window(plugin::read_window(args, args->causal == 1, call), "cuda", call);
+  // Sliding windows (CAD_ATTENTION_CAP_WINDOW) run on the portable mma.sync kernels (kernels/cad_kernels.h).
+  const plugin::Window window = plugin::read_window(args, args->causal == 1, call);
   if (!std::isfinite(args->softmax_scale)) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: softmax_scale must be finite, got %g", call, args->softmax_scale));
   }
@@ -110,6 +119,7 @@ kernels::AttentionProblem check_common(const Args* args, const char* call, int d
   }
   pr.softmax_scale = args->softmax_scale;
   pr.causal = args->causal == 1;
+  set_window(pr, window);
   return pr;
 }
 
@@ -162,7 +172,7 @@ kernels::AttentionProblem check_plan(const cad_attention_plan_args_v1_t* args, i
   if (args->causal != 0 && args->causal != 1) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("make_plan: causal must be 0 or 1, got %d", args->causal));
   }
-  plugin::refuse_window(plugin::read_window(args, args->causal == 1, "make_plan"), "cuda", "make_plan");
+  const plugin::Window window = plugin::read_window(args, args->causal == 1, "make_plan");
   if (args->num_pieces != 0 || args->pieces != nullptr) {
     fail(CAD_STATUS_UNSUPPORTED, "make_plan: the cuda backend takes segments, not pieces");
   }
@@ -184,6 +194,7 @@ kernels::AttentionProblem check_plan(const cad_attention_plan_args_v1_t* args, i
   pr.hkv = args->num_kv_heads;
   pr.head_dim = args->head_dim;
   pr.causal = args->causal == 1;
+  set_window(pr, window);
   pr.softmax_scale = 1.0f;  // per call
   return pr;
 }

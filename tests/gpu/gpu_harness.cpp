@@ -169,6 +169,11 @@ std::string run_attention(const AttentionPlugin& plugin, const std::vector<cad_s
   fa.v = &tv.t;
   fa.o = &to.t;
   fa.lse = &tl.t;
+  if (s.window_left >= 0 || s.window_right >= 0) {
+    fa.window_flags = CAD_WINDOW_GIVEN;
+    fa.window_left = s.window_left;
+    fa.window_right = s.window_right;
+  }
   std::string failure = timed("forward", [&] { return plugin.table()->forward(plugin.ctx(), &fa); }, forward_ms);
   if (!failure.empty()) return failure;
 
@@ -188,6 +193,9 @@ std::string run_attention(const AttentionPlugin& plugin, const std::vector<cad_s
   ba.d_q = &tdq.t;
   ba.d_k = &tdk.t;
   ba.d_v = &tdv.t;
+  ba.window_flags = fa.window_flags;
+  ba.window_left = fa.window_left;
+  ba.window_right = fa.window_right;
   return timed("backward", [&] { return plugin.table()->backward(plugin.ctx(), &ba); }, backward_ms);
 }
 
@@ -223,7 +231,7 @@ std::vector<float> bf16_vector_to_float(const std::vector<uint16_t>& v) {
   return out;
 }
 
-double max_relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+double max_relative_error(const std::vector<float>& got, const std::vector<float>& want, double min_scale) {
   if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
   double max_err = 0, max_ref = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -231,8 +239,9 @@ double max_relative_error(const std::vector<float>& got, const std::vector<float
     max_err = std::max(max_err, std::fabs(static_cast<double>(got[i]) - want[i]));
     max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
   }
-  if (max_ref == 0) return max_err == 0 ? 0 : std::numeric_limits<double>::infinity();
-  return max_err / max_ref;
+  const double scale = std::max(max_ref, min_scale);
+  if (scale == 0) return max_err == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return max_err / scale;
 }
 
 }  // namespace cad::gpu_test

@@ -79,6 +79,7 @@ struct AttentionData {
 struct AttentionShape {
   int64_t tq, tk;
   int hq, hkv, d;
+  int64_t window_left = -1, window_right = -1;  // ABI v1.2 sliding window, passed when either is >= 0
 };
 
 // Forward, then backward on the forward's O and LSE, of an attention plugin through its ABI, with
@@ -96,7 +97,8 @@ float bf16_to_float(uint16_t x);
 std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng, std::vector<float>* as_float);
 std::vector<float> bf16_vector_to_float(const std::vector<uint16_t>& v);
 
-// max |a - b| / max |b| (0 / 0 = 0); NaN anywhere gives +inf.
-double max_relative_error(const std::vector<float>& got, const std::vector<float>& want);
+// max |a - b| / max(max |b|, min_scale) (0 / 0 = 0); NaN anywhere gives +inf. min_scale > 0 turns the error
+// absolute (in units of min_scale) where the reference is (nearly) all zeros.
+double max_relative_error(const std::vector<float>& got, const std::vector<float>& want, double min_scale = 0);
 
 }  // namespace cad::gpu_test

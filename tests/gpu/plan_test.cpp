@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cad_kernels.h"
@@ -207,6 +209,214 @@ TEST(CudaPlanBackwardTiles, KeyTilesFollowTheKernel) {
       for (const BwdItem& it : plan.items) {
         EXPECT_EQ(it.kv_begin % tile, 0);
         EXPECT_EQ(it.kv_rows, std::min<int64_t>(tile, 1000 - it.kv_begin));
+      }
+    }
+  }
+}
+
+// Sliding windows (ABI v1.2): query i at key position p = i + kv_len - q_len sees keys [p - left, p + right]
+// (and none after p when causal), clipped to the segment. The plans run them on the portable kernels, give
+// every query tile only the key range its queries' windows reach (skipping the rest: no item, no masked
+// tile), and give every backward key tile the exact queries [q_begin, q_end) that see one of its keys.
+struct Visible {
+  int64_t begin, end;
+};
+Visible visible(const Segment& s, int64_t i, bool causal, int64_t left, int64_t right) {
+  const int64_t p = i + s.kv_len - s.q_len;
+  int64_t begin = 0, end = s.kv_len;
+  if (causal) end = std::min(end, p + 1);
+  if (left >= 0) begin = std::max(begin, p - left);
+  if (right >= 0) end = std::min(end, p + right + 1);
+  return {begin, std::max(begin, end)};
+}
+
+TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachAndRunOnThePortableKernels) {
+  struct Case {
+    bool causal;
+    int64_t left, right;
+  };
+  for (const Case c : {Case{true, 0, -1}, Case{true, 100, -1}, Case{true, 1000, -1}, Case{false, 37, 5},
+                       Case{false, -1, 200}, Case{false, 300, -1}, Case{false, 0, 0}}) {
+    for (const bool share : {false, true}) {
+      for (const int num_sms : {1, 132}) {
+        std::mt19937_64 rng(c.left * 3 + c.right + share + num_sms);
+        AttentionProblem pr;
+        pr.hq = 8;
+        pr.hkv = 2;
+        pr.head_dim = 128;
+        pr.causal = c.causal;
+        pr.window_left = static_cast<int32_t>(c.left);
+        pr.window_right = static_cast<int32_t>(c.right);
+        pr.hopper = true;  // asked for; a windowed plan clears it
+        const std::vector<Segment> segs = random_segments(rng, c.causal, &pr.tq, &pr.tk, share);
+        const std::string what = "causal=" + std::to_string(c.causal) + " window=(" + std::to_string(c.left) + ", " +
+                                 std::to_string(c.right) + ") share=" + std::to_string(share) +
+                                 " sms=" + std::to_string(num_sms);
+        const ForwardPlan plan = make_forward_plan(pr, segs.data(), int64_t(segs.size()), num_sms);
+        EXPECT_FALSE(plan.problem.hopper) << what;
+        EXPECT_EQ(plan.block_m, kFwdBlockM) << what;
+        std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> seen;
+        std::map<int64_t, const Segment*> segment_of;
+        for (const Segment& s : segs) {
+          for (int64_t i = 0; i < s.q_len; ++i) segment_of[s.q_offset + i] = &s;
+        }
+        for (const FwdItem& it : plan.items) {
+          const Segment& s = *segment_of.at(it.q_row);
+          ASSERT_EQ(it.causal_offset, s.kv_len - s.q_len) << what;
+          // No item reads a key that none of its queries sees (the first key, and the last, is seen by one).
+          if (it.kv_end > it.kv_begin && it.partial_slot < 0) {
+            EXPECT_EQ(it.kv_begin, std::clamp<int64_t>(visible(s, it.q_index, c.causal, c.left, c.right).begin,
+                                                       0, s.kv_len)) << what;
+            bool first_seen = false, last_seen = false;
+            for (int r = 0; r < it.q_rows; ++r) {
+              const Visible v = visible(s, it.q_index + r, c.causal, c.left, c.right);
+              first_seen |= v.begin <= it.kv_begin && it.kv_begin < v.end;
+              last_seen |= v.begin <= it.kv_end - 1 && it.kv_end - 1 < v.end;
+            }
+            EXPECT_TRUE(first_seen && last_seen) << what << " item at row " << it.q_row;
+          }
+          for (int r = 0; r < it.q_rows; ++r) seen[it.q_row + r].push_back({it.kv_begin, it.kv_end});
+        }
+        for (const Segment& s : segs) {
+          for (int64_t i = 0; i < s.q_len; ++i) {
+            auto ranges = seen[s.q_offset + i];
+            ASSERT_FALSE(ranges.empty()) << what;
+            std::sort(ranges.begin(), ranges.end());
+            int64_t at = ranges.front().first;
+            for (auto [b, e] : ranges) {  // contiguous, no overlap
+              ASSERT_EQ(b, at) << what << " query " << i << " of segment at " << s.q_offset;
+              at = e;
+            }
+            const Visible v = visible(s, i, c.causal, c.left, c.right);
+            if (v.end > v.begin) {  // the query's window is inside what its items read
+              EXPECT_LE(ranges.front().first, v.begin) << what << " query " << i;
+              EXPECT_GE(at, v.end) << what << " query " << i;
+            }
+          }
+        }
+
+        const BackwardPlan bwd = make_backward_plan(pr, segs.data(), int64_t(segs.size()));
+        EXPECT_FALSE(bwd.problem.hopper) << what;
+        std::map<std::pair<int64_t, int64_t>, int64_t> keys;
+        for (const BwdItem& it : bwd.items) {
+          ASSERT_LE(it.kv_rows, bwd_block_n(128)) << what;
+          ASSERT_LE(0, it.q_begin);
+          ASSERT_LE(it.q_begin, it.q_end);
+          ASSERT_LE(it.q_end, it.q_len);
+          keys[{it.kv_row, it.q_row}] += it.kv_rows;
+          const Segment* seg = nullptr;
+          for (const Segment& s : segs) {
+            if (s.q_offset == it.q_row && s.kv_offset == it.kv_row) seg = &s;
+          }
+          ASSERT_NE(seg, nullptr);
+          // Exactly the queries [q_begin, q_end) see a key of the tile.
+          for (int64_t i = 0; i < it.q_len; ++i) {
+            const Visible v = visible(*seg, i, c.causal, c.left, c.right);
+            const bool sees = v.begin < std::min<int64_t>(v.end, it.kv_begin + it.kv_rows) &&
+                              std::max<int64_t>(v.begin, it.kv_begin) < v.end;
+            EXPECT_EQ(sees, i >= it.q_begin && i < it.q_end) << what << " tile at key " << it.kv_begin
+                                                                << " query " << i;
+          }
+        }
+        for (const Segment& s : segs) EXPECT_EQ((keys[{s.kv_offset, s.q_offset}]), s.kv_len) << what;
+      }
+    }
+  }
+}
+
+// window_hides_keys against its definition: some query sees, without the window, a key that the window hides.
+// Small random segments (empty ones too) and every window near their lengths.
+TEST(CudaPlanWindow, HidesKeysIffSomeQueryLosesAKey) {
+  std::mt19937_64 rng(3);
+  std::uniform_int_distribution<int64_t> len(0, 9);
+  for (int trial = 0; trial < 300; ++trial) {
+    const bool causal = trial % 2 == 0;
+    std::vector<Segment> segs;
+    for (int i = 0, n = 1 + trial % 3; i < n; ++i) {
+      const int64_t q = len(rng), kv = causal ? q + len(rng) : len(rng);
+      segs.push_back({0, q, 0, kv});
+    }
+    for (int64_t left = -1; left <= 12; ++left) {
+      for (int64_t right = -1; right <= (causal ? -1 : 12); ++right) {
+        AttentionProblem pr;
+        pr.causal = causal;
+        pr.window_left = static_cast<int32_t>(left);
+        pr.window_right = static_cast<int32_t>(right);
+        bool hides = false;
+        for (const Segment& s : segs) {
+          for (int64_t i = 0; i < s.q_len; ++i) {
+            const Visible all = visible(s, i, causal, -1, -1), win = visible(s, i, causal, left, right);
+            hides |= win.end - win.begin < all.end - all.begin;
+          }
+        }
+        EXPECT_EQ(window_hides_keys(pr, segs.data(), int64_t(segs.size())), hides)
+            << "trial " << trial << " causal=" << causal << " window=(" << left << ", " << right << ")";
+      }
+    }
+  }
+}
+
+// A window that hides no key (causal: left + 1 >= every kv_len; non-causal: also right + 1 >= every q_len)
+// is dropped by the plans: forward and backward are then exactly the unwindowed plans, on the Hopper kernels
+// where asked for. One short of that, the window stays and runs on the portable kernels.
+TEST(CudaPlanWindow, WindowThatHidesNoKeyRunsAsTheUnwindowedProblem) {
+  for (const bool causal : {true, false}) {
+    for (const bool share : {false, true}) {
+      std::mt19937_64 rng(causal * 2 + share + 40);
+      AttentionProblem plain;
+      plain.hq = 8;
+      plain.hkv = 2;
+      plain.head_dim = 128;
+      plain.causal = causal;
+      plain.hopper = true;
+      std::vector<Segment> segs = random_segments(rng, causal, &plain.tq, &plain.tk, share);
+      segs.push_back({plain.tq, 0, plain.tk, 0});  // empty segments hide nothing
+      segs.push_back({plain.tq, 0, 0, 5});
+      int64_t max_q = 0, max_kv = 0;
+      for (const Segment& s : segs) {
+        max_q = std::max(max_q, s.q_len);
+        max_kv = std::max(max_kv, s.kv_len);
+      }
+      const ForwardPlan want_fwd = make_forward_plan(plain, segs.data(), int64_t(segs.size()), 132);
+      const BackwardPlan want_bwd = make_backward_plan(plain, segs.data(), int64_t(segs.size()));
+      ASSERT_TRUE(want_fwd.problem.hopper);
+      struct Case {
+        int64_t left, right;
+        bool hides;
+      };
+      std::vector<Case> cases = {{max_kv - 1, -1, false}, {max_kv + 1000000, -1, false}, {max_kv - 2, -1, true}};
+      if (!causal) {
+        cases.push_back({-1, max_q - 1, false});
+        cases.push_back({max_kv - 1, max_q - 1, false});
+        cases.push_back({max_kv - 1, max_q - 2, true});
+        cases.push_back({-1, max_q - 2, true});
+      }
+      for (const Case& c : cases) {
+        const std::string what = "causal=" + std::to_string(causal) + " share=" + std::to_string(share) +
+                                 " window=(" + std::to_string(c.left) + ", " + std::to_string(c.right) + ")";
+        AttentionProblem pr = plain;
+        pr.window_left = static_cast<int32_t>(c.left);
+        pr.window_right = static_cast<int32_t>(c.right);
+        EXPECT_EQ(window_hides_keys(pr, segs.data(), int64_t(segs.size())), c.hides) << what;
+        const ForwardPlan fwd = make_forward_plan(pr, segs.data(), int64_t(segs.size()), 132);
+        const BackwardPlan bwd = make_backward_plan(pr, segs.data(), int64_t(segs.size()));
+        EXPECT_EQ(fwd.problem.hopper, !c.hides) << what;
+        EXPECT_EQ(bwd.problem.hopper, !c.hides) << what;
+        EXPECT_EQ(fwd.problem.windowed(), c.hides) << what;
+        EXPECT_EQ(bwd.problem.windowed(), c.hides) << what;
+        if (c.hides) {
+          EXPECT_EQ(fwd.problem.window_left, pr.window_left) << what;
+          EXPECT_EQ(fwd.problem.window_right, pr.window_right) << what;
+          continue;
+        }
+        EXPECT_EQ(fwd.block_m, want_fwd.block_m) << what;
+        ASSERT_EQ(fwd.items.size(), want_fwd.items.size()) << what;
+        EXPECT_EQ(std::memcmp(fwd.items.data(), want_fwd.items.data(), fwd.items.size() * sizeof(FwdItem)), 0) << what;
+        EXPECT_EQ(fwd.combines.size(), want_fwd.combines.size()) << what;
+        EXPECT_EQ(fwd.workspace_bytes, want_fwd.workspace_bytes) << what;
+        ASSERT_EQ(bwd.items.size(), want_bwd.items.size()) << what;
+        EXPECT_EQ(std::memcmp(bwd.items.data(), want_bwd.items.data(), bwd.items.size() * sizeof(BwdItem)), 0) << what;
+        EXPECT_EQ(bwd.workspace_bytes, want_bwd.workspace_bytes) << what;
       }
     }
   }

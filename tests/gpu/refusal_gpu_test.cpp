@@ -74,7 +74,8 @@ TEST_F(CudaRefusals, CapabilitiesDescribeTheBackend) {
   EXPECT_EQ(caps.max_head_dim, 128);
   EXPECT_EQ(caps.min_compute_capability, 80);
   const uint32_t want = CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL | CAD_ATTENTION_CAP_GQA |
-                        CAD_ATTENTION_CAP_SHARED_KV | CAD_ATTENTION_CAP_BACKWARD;
+                        CAD_ATTENTION_CAP_SHARED_KV | CAD_ATTENTION_CAP_BACKWARD |
+                        CAD_ATTENTION_CAP_WINDOW;
   EXPECT_EQ(caps.flags, want);
 }
 
@@ -86,16 +87,38 @@ TEST_F(CudaRefusals, Fp32IsUnsupported) {
   EXPECT_TRUE(p.output_untouched());
 }
 
-// The kernels have no window mask: a window is refused (never ignored), naming the backend; the same call
-// from a caller built before ABI v1.2 (a 112-byte struct) has no window and runs.
-TEST_F(CudaRefusals, SlidingWindowIsUnsupported) {
+// Sliding windows run (CAD_ATTENTION_CAP_WINDOW; their numbers: attention_gpu_test.cpp). A bad one is refused
+// naming the field, before any output is written; unknown window_flags bits too. A caller built before ABI
+// v1.2 (a 112-byte struct) has no window, whatever the bytes after its struct hold.
+TEST_F(CudaRefusals, SlidingWindowsRunAndBadOnesAreRefused) {
+  cad_attention_capabilities_v1_t caps{};
+  caps.struct_size = sizeof(caps);
+  ASSERT_EQ(gpu.table()->get_capabilities(gpu.ctx(), &caps), CAD_STATUS_OK);
+  EXPECT_NE(caps.flags & CAD_ATTENTION_CAP_WINDOW, 0u);
   SmallProblem p;
   p.args.window_flags = CAD_WINDOW_GIVEN;
-  p.args.window_left = 8;
-  EXPECT_EQ(forward(p), CAD_STATUS_UNSUPPORTED);
-  EXPECT_NE(gpu.last_error().find("the cuda backend does not compute sliding windows"), std::string::npos)
-      << gpu.last_error();
+  p.args.window_left = -2;
+  EXPECT_EQ(forward(p), CAD_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(gpu.last_error().find("window_left must be -1"), std::string::npos) << gpu.last_error();
   EXPECT_TRUE(p.output_untouched());
+  p.args.window_left = 3;
+  p.args.causal = 1;
+  p.args.window_right = 2;
+  EXPECT_EQ(forward(p), CAD_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(gpu.last_error().find("window_right must be -1 or 0 when causal"), std::string::npos) << gpu.last_error();
+  p.args.window_right = -1;
+  p.args.window_flags = CAD_WINDOW_GIVEN | 2u;
+  EXPECT_EQ(forward(p), CAD_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(gpu.last_error().find("bits other than CAD_WINDOW_GIVEN"), std::string::npos) << gpu.last_error();
+  EXPECT_TRUE(p.output_untouched());
+  p.args.window_flags = CAD_WINDOW_GIVEN;
+  p.args.causal = 0;  // segment 1 has more queries (28) than keys (18): no causal call takes it
+  p.args.window_right = 2;
+  EXPECT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
+  p.segments[1].q_len = 18;  // now causal is valid: the causal window (3, -1)
+  p.args.causal = 1;
+  p.args.window_right = -1;
+  EXPECT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
   p.args.struct_size = CAD_ATTENTION_FORWARD_ARGS_V1_1_SIZE;
   EXPECT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
 }
