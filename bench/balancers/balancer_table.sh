@@ -11,6 +11,9 @@
 #     MODE plantime   plan time at 512 servers x 128K (best of 5, one core), every balancer
 #     MODE memcap     32 servers x 128K under memory caps from prefix_aware's uncapped peak down to
 #                     below colocated's: "FLOPs max/mean / GiB moved" or the refusal
+#     MODE window     sliding windows (--window 4096, 8192) and the global (causal) layer beside them, 4-512
+#                     servers x 64K/128K: "FLOPs max/mean / GiB moved" per balancer (no rate table: the
+#                     rates are measured for unwindowed kernels)
 #   RATES defaults to configs/calibration/h200.json.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -100,6 +103,21 @@ d, _ = cell("/tmp/cad_memcap_d.json")
 p, ms = cell("/tmp/cad_memcap_p.json")
 print("| %s | %.3f | %s | %s | %s |" % (f, cap / 2**30, d, p, ms))
 EOF
+  done
+  ;;
+window)
+  echo "| servers | context | window | colocated | per_doc_cp | distca | prefix_aware |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|"
+  for ranks in 4 8 32 64 128 512; do
+    for context in 65536 131072; do
+      for window in -1 4096 8192; do
+        "$cad" plan --dist "$dist" --seed 1 --context "$context" --ranks "$ranks" --window "$window" --balancer all |
+          awk -v r="$ranks" -v c="$context" -v w="$window" \
+            '/^balancer/ {t = 1; next} t && NF == 7 {cell[$1] = sprintf("%.3f / %.2f", $3, $4)} t && NF == 0 {t = 0}
+             END {printf "| %d | %dK | %s | %s | %s | %s | %s |\n", r, c / 1024, (w < 0 ? "global" : w),
+                         cell["colocated"], cell["per_doc_cp"], cell["distca"], cell["prefix_aware"]}'
+      done
+    done
   done
   ;;
 *)
