@@ -25,7 +25,8 @@ document). Tokens are random (seeded); labels are the next token of the same doc
 predicts nothing). The loss is the token-weighted mean over every rank's tokens of the step.
 
 Model: TransformerConfig with RMSNorm, SwiGLU, no biases, no dropout; RoPE on CUDA, learned absolute positions on
-the CPU (Megatron-Core's RoPE needs CUDA). Data parallel with torch DistributedDataParallel over Megatron's
+the CPU (Megatron-Core's RoPE needs CUDA); bf16 through Megatron's Float16Module (the model in bf16, the loss in
+fp32), AdamW on the bf16 parameters (no fp32 master copy: a minimal script). Data parallel with torch DistributedDataParallel over Megatron's
 data-parallel group (tensor/pipeline/context parallel 1), AdamW. On the CPU, cad_megatron.megatron_cpu_support()
 lets Megatron's local attention run there (its buffers are allocated on CUDA otherwise).
 
@@ -50,7 +51,7 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
 MODELS = {
-    "tiny": dict(hidden=128, heads=4, kv_heads=2, ffn=256, vocab=1024, layers=2),
+    "tiny": dict(hidden=256, heads=4, kv_heads=2, ffn=512, vocab=1024, layers=2),  # head dim 64: CUDA's kernels
     "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, layers=32),
 }
 
@@ -199,6 +200,9 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
         cad.attention_time()
     model = build_model(args, config_name, config, device)
     model.load_state_dict(state)
+    if config.bf16:  # Megatron's mixed-precision wrapper: the whole model in bf16 (norms too), outputs back in fp32
+        from megatron.core.transformer.module import Float16Module
+        model = Float16Module(config, model)
     module = model
     if world > 1:
         module = torch.nn.parallel.DistributedDataParallel(
