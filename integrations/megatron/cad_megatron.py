@@ -1,0 +1,372 @@
+"""CAD as Megatron-Core's core attention (megatron-core from PyPI, 0.16 and 0.19; no Megatron-LM fork).
+
+    from cad_megatron import cad_gpt_layer_spec, init_cad, attach_plan
+    init_cad()                                   # after parallel_state.initialize_model_parallel(...)
+    model = GPTModel(config, cad_gpt_layer_spec(normalization="RMSNorm"), vocab_size=..., ...)
+    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=m, max_seqlen_kv=m)
+    packed = attach_plan(packed, config, cu_seqlens_host=cu_cpu, ahead=True, tag=i)   # optional, per micro-batch
+    loss = model(tokens, position_ids, None, labels=labels, packed_seq_params=packed)
+
+Megatron-Core's extension point is the layer spec: `SelfAttention`'s `SelfAttentionSubmodules.core_attention` is
+a class (or any callable) that the attention layer builds with the keywords config, layer_number,
+attn_mask_type, attention_type, cp_comm_type, softmax_scale, pg_collection, and calls as
+`core_attention(query, key, value, attention_mask, attn_mask_type=, attention_bias=, packed_seq_params=)`.
+With packed documents (`PackedSeqParams(qkv_format="thd")`) the layer hands it query [t, np, hn] and key/value
+[t, ng, hn] (batch dimension squeezed, RoPE applied per document from cu_seqlens) and reshapes what it returns
+to [t, 1, np * hn]; without, [s, b, np, hn] / [s, b, ng, hn] and it expects [s, b, np * hn].
+`CadCoreAttention` is such a module: it runs `cad.varlen_attn` over the documents of `cu_seqlens_q`, balanced
+across the data-parallel group's ranks by a CAD plan (or locally, on the project's kernels, without one).
+
+Plans belong to the micro-batch, as the PackedSeqParams do:
+- `attach_plan(packed_seq_params, config, ...)` returns a `CadPackedSeqParams` (PackedSeqParams plus
+  `cad_plan`) whose plan the training loop asks for once per micro-batch, on every rank in the same order --
+  ahead (`ahead=True`, `tag=` the micro-batch's index) for micro-batch i+1 while micro-batch i computes, from a
+  host copy of cu_seqlens so that nothing reads the GPU back;
+- otherwise every layer finds the plan that the micro-batch's first CAD layer made from
+  `packed_seq_params.cu_seqlens_q` (collective at that layer: every rank gets there), remembered by that tensor
+  (weakly: it goes with the micro-batch's tensor; recomputed layers reuse it and make none).
+Either way every forward keeps its plan alive until its backward (cad's rule).
+
+Batches without packed_seq_params ([s, b] sequences, each one document) run CAD's local attention: equal-length
+rows cost every rank the same, so there is nothing to balance. The `attention_mask` argument is ignored for
+causal/no-mask layers (as Transformer Engine's attention ignores it for those mask types); padding or arbitrary
+masks, attention bias, attention dropout, softmax offsets (off-by-one/learnable) and padded THD
+(cu_seqlens_q_padded unlike cu_seqlens_q) are refused at construction or call, naming what. Sliding windows
+(config.window_size, window_attn_skip_freq) run through plans made for the window (one per window kind).
+
+Parallelism: CAD spans the data-parallel group (`init_cad`), with tensor, pipeline and context parallel sizes of 1
+(with TP > 1 each TP rank's DP group would need a CAD stack of its own; not done). CAD replaces context parallelism
+for long documents.
+
+`PerDocumentDotProductAttention` is Megatron-Core's own local attention (`DotProductAttention`, which refuses
+packed input) run once per document of a THD batch: the reference the tests and train_gpt_cad.py compare CAD
+against. Its memory is O(heads x longest document^2): short documents only.
+`megatron_cpu_support()` makes Megatron-Core's local attention run on the CPU (see there).
+"""
+import copy
+import dataclasses
+import functools
+import math
+from typing import Any, Optional
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+import cad
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+
+__all__ = ["CadCoreAttention", "CadPackedSeqParams", "PerDocumentDotProductAttention", "attach_plan",
+           "cad_gpt_layer_spec", "init_cad", "megatron_cpu_support", "packed_seq_params", "plan_shape", "plans_of",
+           "use_cad"]
+
+
+@dataclasses.dataclass
+class CadPackedSeqParams(PackedSeqParams):
+    """Megatron-Core's PackedSeqParams plus the micro-batch's cad.Plan (made by attach_plan)."""
+    cad_plan: Optional[Any] = None
+
+
+_CAUSAL = (AttnMaskType.causal, AttnMaskType.padding_causal)
+_FULL = (AttnMaskType.no_mask, AttnMaskType.padding)
+
+
+def _window_of(config, layer_number):
+    """The layer's sliding window as (left, right) (PyTorch's and Megatron's meaning), or None."""
+    from megatron.core.transformer.utils import is_layer_window_attention
+    if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number):
+        return tuple(int(x) for x in config.window_size)
+    return None
+
+
+def _compute_dtype(config, compute_dtype=None):
+    if compute_dtype is not None:
+        return compute_dtype
+    if config.bf16:
+        return torch.bfloat16
+    if config.fp16:
+        return torch.float16
+    return config.params_dtype
+
+
+class CadCoreAttention(MegatronModule):
+    """Megatron-Core core attention on CAD (see the module's docstring). Constructor and forward as
+    Megatron-Core's DotProductAttention / TEDotProductAttention; extra keywords (bind them with
+    functools.partial, as cad_gpt_layer_spec does): `balance` (False: never plan, CAD's local attention on the
+    same kernels -- the unbalanced baseline) and `compute_dtype` (None: the inputs' dtype; CAD's CUDA kernels
+    take bf16)."""
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type="self", attention_dropout=None,
+                 softmax_scale=None, cp_comm_type=None, pg_collection=None, *, balance=True, compute_dtype=None):
+        super().__init__(config=config)
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.attention_type = attention_type
+        self.balance = bool(balance)
+        self.compute_dtype = compute_dtype
+        what = f"CadCoreAttention (layer {self.layer_number})"
+        if attention_type != "self":
+            raise ValueError(f"{what}: attention_type '{attention_type}': CAD computes self-attention over packed "
+                             f"documents only")
+        dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        if dropout:
+            raise ValueError(f"{what}: attention dropout {dropout} is not supported by CAD; set "
+                             f"TransformerConfig(attention_dropout=0.0)")
+        if getattr(config, "softmax_type", "vanilla") != "vanilla":
+            raise ValueError(f"{what}: softmax_type '{config.softmax_type}' is not supported (vanilla only)")
+        if config.context_parallel_size != 1:
+            raise ValueError(f"{what}: context_parallel_size {config.context_parallel_size}: CAD replaces context "
+                             f"parallelism (balanced over the data-parallel group); use context_parallel_size=1")
+        if attn_mask_type not in _CAUSAL + _FULL:
+            raise ValueError(f"{what}: attn_mask_type {attn_mask_type} is not supported (causal or no_mask)")
+        tp = 1 if pg_collection is None or not hasattr(pg_collection, "tp") else pg_collection.tp.size()
+        if config.num_attention_heads % tp or config.num_query_groups % tp:
+            raise ValueError(f"{what}: {config.num_attention_heads} heads / {config.num_query_groups} query groups "
+                             f"do not divide over {tp} tensor-parallel ranks")
+        self.num_heads = config.num_attention_heads // tp
+        self.num_kv_heads = config.num_query_groups // tp
+        self.head_dim = config.kv_channels
+        # Megatron's DotProductAttention divides the scale by layer_number under apply_query_key_layer_scaling and
+        # multiplies it back inside its fp32 softmax: the same probabilities. CAD computes in fp32 throughout.
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        self.window = _window_of(config, layer_number)
+
+    def _causal(self, attn_mask_type):
+        kind = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        if kind in _CAUSAL:
+            return True
+        if kind in _FULL:
+            if self.window is not None:
+                raise ValueError(f"CadCoreAttention (layer {self.layer_number}): a sliding window with "
+                                 f"attn_mask_type {kind} (CAD computes causal windows only)")
+            return False
+        raise ValueError(f"CadCoreAttention (layer {self.layer_number}): attn_mask_type {kind} is not supported")
+
+    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **kwargs):
+        if kwargs:
+            raise TypeError(f"CadCoreAttention.forward: unexpected keywords {sorted(kwargs)}")
+        if attention_bias is not None:
+            raise ValueError("CadCoreAttention: attention_bias is not supported")
+        causal = self._causal(attn_mask_type)
+        window = self.window if self.window is not None else ((-1, 0) if causal else (-1, -1))
+        plan = None
+        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
+            if query.dim() == 4:  # [t, 1, h, d]: the batch dimension Megatron squeezes for THD
+                query, key, value = (t.squeeze(1) for t in (query, key, value))
+            cu = packed_seq_params.cu_seqlens_q
+            _check_packed(packed_seq_params)
+            tokens = query.shape[0]
+            q, k, v = query, key, value
+            if self.balance:
+                plan = _plan_for(packed_seq_params, causal, window, tokens)
+                if plan is not None and plan.cu_seqlens is not None:
+                    cu = plan.cu_seqlens  # the plan's own tensor (host copy): no GPU read-back per layer
+            out_shape = (tokens, -1)
+        else:
+            if packed_seq_params is not None:
+                raise ValueError(f"CadCoreAttention: packed_seq_params.qkv_format '{packed_seq_params.qkv_format}' "
+                                 f"(only 'thd' packs documents)")
+            s, b = query.shape[0], query.shape[1]
+            q, k, v = (t.transpose(0, 1).reshape(b * s, t.shape[2], t.shape[3]) for t in (query, key, value))
+            cu = _rows_cu_seqlens(b, s)
+            out_shape = None
+        dtype = q.dtype
+        if self.compute_dtype is not None:
+            q, k, v = (t.to(self.compute_dtype) for t in (q, k, v))
+        out = cad.varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, plan=plan, causal=causal,
+                              window_size=window, softmax_scale=self.softmax_scale).to(dtype)
+        if out_shape is not None:
+            return out.reshape(out_shape)
+        return out.view(b, s, -1).transpose(0, 1).contiguous()  # [s, b, np * hn]
+
+
+@functools.lru_cache(maxsize=64)
+def _rows_cu_seqlens(rows, length):
+    return torch.arange(0, (rows + 1) * length, length, dtype=torch.int32)
+
+
+def _check_packed(p):
+    if p.cu_seqlens_kv is not None and p.cu_seqlens_kv is not p.cu_seqlens_q and not torch.equal(
+            p.cu_seqlens_kv, p.cu_seqlens_q):
+        raise ValueError("CadCoreAttention: cu_seqlens_kv differs from cu_seqlens_q (self-attention over the same "
+                         "packed documents only)")
+    padded = p.cu_seqlens_q_padded
+    if padded is not None and padded is not p.cu_seqlens_q and not torch.equal(padded, p.cu_seqlens_q):
+        raise ValueError("CadCoreAttention: padded THD (cu_seqlens_q_padded unlike cu_seqlens_q) is not supported")
+
+
+# cu_seqlens_q tensor (by identity) -> (its version, {(causal, window): plan}): the plans the micro-batch's first
+# CAD layer made, for the other layers (and recomputed ones) of the same micro-batch.
+_lazy_plans = WeakIdKeyDictionary()
+
+
+def _plan_for(p, causal, window, tokens):
+    attached = getattr(p, "cad_plan", None)
+    if attached is not None and attached.causal == causal and attached.window_left == _window_left(window, causal):
+        if attached.tokens != tokens:
+            raise ValueError(f"CadCoreAttention: the micro-batch's cad_plan covers {attached.tokens} tokens, the "
+                             f"layer got {tokens}: attach_plan(...) was given other documents than "
+                             f"packed_seq_params.cu_seqlens_q")
+        return attached
+    cu = p.cu_seqlens_q
+    entry = _lazy_plans.get(cu)
+    if entry is None or entry[0] != cu._version:
+        entry = _lazy_plans[cu] = (cu._version, {})
+    plans = entry[1]
+    key = (causal, tuple(window))
+    if key not in plans:
+        plans[key] = cad.plan(cu, causal=causal, window_size=window)  # collective at the first use (every rank)
+    return plans[key]
+
+
+def plans_of(packed_seq_params):
+    """The cad.Plans a micro-batch's layers used so far: the attached one, then those its first layers made."""
+    plans = [packed_seq_params.cad_plan] if getattr(packed_seq_params, "cad_plan", None) is not None else []
+    entry = _lazy_plans.get(packed_seq_params.cu_seqlens_q)
+    return plans + (list(entry[1].values()) if entry is not None else [])
+
+
+def _window_left(window, causal):
+    return window[0] if window is not None else -1
+
+
+def plan_shape(config, compute_dtype=None, tensor_parallel_size=1):
+    """(num_heads, num_kv_heads, head_dim, dtype) of CadCoreAttention's calls for `config` (what cad.plan's ahead
+    planning needs)."""
+    return (config.num_attention_heads // tensor_parallel_size, config.num_query_groups // tensor_parallel_size,
+            config.kv_channels, _compute_dtype(config, compute_dtype))
+
+
+def attach_plan(packed_seq_params, config, *, cu_seqlens_host=None, ahead=True, tag=None, device=None,
+                compute_dtype=None, causal=True, window_size=None):
+    """packed_seq_params (a micro-batch's, qkv_format 'thd') as CadPackedSeqParams carrying cad.plan for its
+    documents: on every rank, once per micro-batch, in the same order. cu_seqlens_host: a CPU copy of
+    cu_seqlens_q (else it is read back from the device once). ahead=True makes the plan on CAD's planning thread
+    (tag: the micro-batch's number, compared across ranks). window_size: the window of the layers this plan serves
+    (default: config.window_size when every layer is windowed, else none)."""
+    if packed_seq_params.qkv_format != "thd":
+        raise ValueError(f"attach_plan: qkv_format '{packed_seq_params.qkv_format}' (packed documents are 'thd')")
+    _check_packed(packed_seq_params)
+    cu = cu_seqlens_host if cu_seqlens_host is not None else packed_seq_params.cu_seqlens_q
+    if window_size is None:
+        window_size = tuple(config.window_size) if config.window_size and config.window_attn_skip_freq is None \
+            else ((-1, 0) if causal else (-1, -1))
+    heads, kv_heads, head_dim, dtype = plan_shape(config, compute_dtype)
+    device = torch.device(device) if device is not None else packed_seq_params.cu_seqlens_q.device
+    plan = cad.plan(cu, causal=causal, window_size=window_size, num_heads=heads, num_kv_heads=kv_heads,
+                    head_dim=head_dim, dtype=dtype, device=device, ahead=ahead, tag=tag if ahead else None)
+    values = {f.name: getattr(packed_seq_params, f.name) for f in dataclasses.fields(packed_seq_params) if f.init}
+    values["cad_plan"] = plan
+    return CadPackedSeqParams(**values)
+
+
+def packed_seq_params(doc_lengths, device, **attach):
+    """(PackedSeqParams for the documents `doc_lengths` packed in order on `device`, their cu_seqlens on the
+    host). With attach_plan's keywords (config=..., ...), the CadPackedSeqParams with its plan."""
+    cu_host = torch.tensor([0] + list(doc_lengths), dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cu = cu_host.to(device)
+    longest = max(doc_lengths)
+    p = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                        max_seqlen_kv=longest)
+    if attach:
+        p = attach_plan(p, attach.pop("config"), cu_seqlens_host=cu_host, **attach)
+    return p, cu_host
+
+
+def use_cad(layer_spec, **module_options):
+    """A copy of a GPT layer spec (a TransformerLayer ModuleSpec, or a block spec with layer_specs) whose
+    self-attention's core_attention is CadCoreAttention (module_options: balance, compute_dtype)."""
+    spec = copy.deepcopy(layer_spec)
+    layers = getattr(getattr(spec, "submodules", None), "layer_specs", None) or getattr(spec, "layer_specs", None)
+    for layer in layers if layers is not None else [spec]:
+        attention = layer.submodules.self_attention
+        submodules = getattr(attention, "submodules", None)
+        if submodules is None or not hasattr(submodules, "core_attention") or not hasattr(submodules, "linear_qkv"):
+            raise ValueError(f"use_cad: the layer's self_attention ({getattr(attention, 'module', attention)}) has no "
+                             f"SelfAttentionSubmodules.core_attention (multi-latent attention is not supported)")
+        submodules.core_attention = functools.partial(CadCoreAttention, **module_options) if module_options \
+            else CadCoreAttention
+    return spec
+
+
+def cad_gpt_layer_spec(*args, balance=True, compute_dtype=None, **kwargs):
+    """get_gpt_layer_local_spec(*args, **kwargs) (Megatron-Core's local, non-Transformer-Engine GPT layer) with
+    CadCoreAttention as its core attention."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    options = {}
+    if not balance:
+        options["balance"] = False
+    if compute_dtype is not None:
+        options["compute_dtype"] = compute_dtype
+    return use_cad(get_gpt_layer_local_spec(*args, **kwargs), **options)
+
+
+def init_cad(**cad_init_kwargs):
+    """cad.init over Megatron-Core's data-parallel group (after parallel_state.initialize_model_parallel); the
+    keywords are cad.init's (balancer=..., timeout_ms=...). Refuses tensor/pipeline/context parallel sizes > 1."""
+    from megatron.core import parallel_state as ps
+    sizes = {"tensor": ps.get_tensor_model_parallel_world_size(),
+             "pipeline": ps.get_pipeline_model_parallel_world_size(),
+             "context": ps.get_context_parallel_world_size()}
+    wide = {k: v for k, v in sizes.items() if v != 1}
+    if wide:
+        raise ValueError(f"init_cad: CAD spans the data-parallel group with tensor, pipeline and context parallel "
+                         f"sizes of 1; got {wide}")
+    cad.init(group=ps.get_data_parallel_group(), **cad_init_kwargs)
+
+
+# ---- the reference: Megatron-Core's own local attention, one document at a time ------------------------
+class PerDocumentDotProductAttention(DotProductAttention):
+    """Megatron-Core's DotProductAttention (the local spec's core attention, which refuses packed input) run on
+    each document of a THD batch as its own [s_i, 1, h, d] sequence, with an explicit causal (or sliding-window)
+    mask on the inputs' device. Without packed_seq_params it is DotProductAttention itself."""
+
+    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **kwargs):
+        if packed_seq_params is None:
+            return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias, None)
+        if query.dim() == 4:
+            query, key, value = (t.squeeze(1) for t in (query, key, value))
+        _check_packed(packed_seq_params)
+        kind = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        causal = kind in _CAUSAL
+        cu = packed_seq_params.cu_seqlens_q.tolist()
+        out = []
+        for a, b in zip(cu, cu[1:]):
+            if b == a:
+                continue
+            n = b - a
+            mask = torch.triu(torch.ones(n, n, dtype=torch.bool, device=query.device), 1)[None, None] \
+                if causal else None
+            out.append(super().forward(query[a:b, None], key[a:b, None], value[a:b, None], mask, kind,
+                                       attention_bias, None)[:, 0])
+        return torch.cat(out)  # [t, np * hn]
+
+
+class _HostMemoryBuffer:
+    """parallel_state's global memory buffer on the tensors' own device (Megatron-Core allocates it on
+    torch.cuda.current_device())."""
+
+    def __init__(self):
+        self.buffer = {}
+
+    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
+        return torch.empty(tuple(tensor_shape), dtype=dtype)
+
+
+def megatron_cpu_support():
+    """Let Megatron-Core's local layers run on the CPU, after parallel_state.initialize_model_parallel: its
+    DotProductAttention allocates the score matrix's input from parallel_state's global memory buffer, which lives
+    on torch.cuda.current_device() (replaced by one that allocates on the CPU), and forks the CUDA RNG tracker
+    around attention dropout (replaced by Megatron's own inference tracker, whose fork does nothing: the models
+    here have no attention dropout). RoPE still needs CUDA in megatron-core (its inv_freq moves to
+    torch.cuda.current_device()): on the CPU use position_embedding_type='learned_absolute' or 'none'. Also,
+    build DotProductAttention's mask on the CPU (PerDocumentDotProductAttention does; its default causal mask is
+    made on "cuda")."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import random as tp_random
+    parallel_state._GLOBAL_MEMORY_BUFFER = _HostMemoryBuffer()
+    tp_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# run_tests.sh PYTHON VENV [pytest arguments] -- the Megatron-Core integration's tests (test_cad_megatron.py), with
+# megatron-core installed as users install it: `pip install megatron-core` (the released package, PyPI) into the
+# virtual environment VENV, made from PYTHON with its site-packages visible (torch, pytest and what the cad package
+# needs come from there; pip adds only what is missing). An environment that already imports megatron.core is
+# reused; PYTHON itself is used when it does. ctest runs this as python.megatron (tests/python/CMakeLists.txt).
+#
+# megatron-core 0.17 and later need Python >= 3.12, so pip picks the newest release this Python can install
+# (0.16.1 on Python 3.11). CAD_MEGATRON_CORE overrides the requirement (default "megatron-core>=0.16,<0.20": the
+# releases this integration was checked with). Where it cannot install (no network, no release for this Python,
+# no venv module) the script exits 77, which ctest reports as skipped, with the reason.
+# CAD_MEGATRON_DEVICE=cuda runs the tests on 2 GPUs (NCCL, bf16) instead of the CPU.
+set -uo pipefail
+if [ $# -lt 2 ]; then
+  echo "usage: $0 PYTHON VENV [pytest arguments]" >&2
+  exit 2
+fi
+PY=$1
+VENV=$2
+shift 2
+HERE=$(cd "$(dirname "$0")" && pwd)
+SKIP=77
+REQUIREMENT=${CAD_MEGATRON_CORE:-"megatron-core>=0.16,<0.20"}
+skip() { echo "SKIP python.megatron: $*"; exit "$SKIP"; }
+
+# Whether an interpreter has megatron-core installed: its metadata (importing it would start torch: seconds).
+installed() { "$1" -c "import importlib.metadata as m; print(m.version('megatron-core'))" 2>/dev/null; }
+
+if version=$(installed "$PY"); then
+  RUN=$PY
+else
+  if ! version=$(installed "$VENV/bin/python"); then
+    rm -rf "$VENV"
+    if ! venv_log=$("$PY" -m venv --system-site-packages "$VENV" 2>&1); then
+      skip "cannot make a virtual environment with $PY -m venv (${venv_log##*$'\n'})"
+    fi
+    echo "pip install '$REQUIREMENT' into $VENV ($("$PY" -c 'import sys; print("Python %d.%d" % sys.version_info[:2])'))"
+    if ! pip_log=$("$VENV/bin/python" -m pip install -q --disable-pip-version-check "$REQUIREMENT" 2>&1); then
+      echo "$pip_log" | tail -5 | cut -c1-400
+      rm -rf "$VENV"
+      skip "pip install '$REQUIREMENT' failed on this machine (see above)"
+    fi
+    version=$(installed "$VENV/bin/python") || skip "pip installed '$REQUIREMENT' but its metadata is missing"
+  fi
+  RUN=$VENV/bin/python
+fi
+echo "megatron-core $version ($RUN)"
+# -rs: a test skipped inside (e.g. megatron.core installed but not importable) says why.
+exec "$RUN" -m pytest -q -rs -p no:cacheprovider "$HERE/test_cad_megatron.py" "$@"

@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""A minimal Megatron-Core training script (megatron-core from PyPI): a GPT (Megatron's GPTModel on its local,
+non-Transformer-Engine layer spec) trained data parallel over torch.distributed on packed documents, with
+Megatron-Core's own attention or CAD as the core attention, under torchrun (or as one process).
+
+    torchrun --nproc-per-node 2 integrations/megatron/train_gpt_cad.py --device cpu --configs megatron,cad
+    torchrun --nproc-per-node 2 integrations/megatron/train_gpt_cad.py --device cuda --model llama3-8b \
+        --layers 4 --vocab 32768 --context 65536 --configs local,cad --json-out 'run_{config}.json'
+
+Configurations (--configs, trained one after another from the same weights):
+  megatron  Megatron-Core's DotProductAttention (the local spec's core attention) on each document
+            (cad_megatron.PerDocumentDotProductAttention; DotProductAttention refuses packed input): memory
+            O(heads x longest document^2), short contexts only;
+  te        Megatron-Core's Transformer Engine spec (TEDotProductAttention, THD): only where transformer_engine
+            imports (skipped with a note otherwise);
+  local     CadCoreAttention without plans: the project's varlen kernels on each rank's own documents;
+  cad       CadCoreAttention with a CAD plan per micro-batch, made ahead (attach_plan(ahead=True)) when the micro-batch
+            before it starts; 'cad+now' makes no plan in the loop: each micro-batch's first CAD layer makes it
+            from packed_seq_params.cu_seqlens_q (collective there).
+
+Data: the DistCA batch recipe of examples/train_llama.py over ../shared/data/doclen_pretrain.json (--data):
+documents cut at 64K, scaled by context/64K, packed into --context tokens per rank and micro-batch; a
+micro-batch is one packed THD sequence per rank (PackedSeqParams qkv_format='thd', position ids restarting per
+document). Tokens are random (seeded); labels are the next token of the same document (a document's last token
+predicts nothing). The loss is the token-weighted mean over every rank's tokens of the step.
+
+Model: TransformerConfig with RMSNorm, SwiGLU, no biases, no dropout; RoPE on CUDA, learned absolute positions on
+the CPU (Megatron-Core's RoPE needs CUDA); bf16 through Megatron's Float16Module (the model in bf16, the loss in
+fp32), AdamW on the bf16 parameters (no fp32 master copy: a minimal script). Data parallel with torch DistributedDataParallel over Megatron's
+data-parallel group (tensor/pipeline/context parallel 1), AdamW. On the CPU, cad_megatron.megatron_cpu_support()
+lets Megatron's local attention run there (its buffers are allocated on CUDA otherwise).
+
+Per step rank 0 prints the loss, the slowest rank's step time, tokens/s, and the attention imbalance (CAD: the
+plans' max/mean server cost; otherwise each rank's own documents' causal cost, max/mean); --json-out keeps
+every step's record (per rank: step_s, attention_s for local/cad, peak GPU memory) and a summary.
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+
+MODELS = {
+    "tiny": dict(hidden=256, heads=4, kv_heads=2, ffn=512, vocab=1024, layers=2),  # head dim 64: CUDA's kernels
+    "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, layers=32),
+}
+
+
+def _recipe():
+    """examples/train_llama.py's batch recipe (sample_batch): one generator for every trainer of the project."""
+    spec = importlib.util.spec_from_file_location("cad_train_llama", REPO / "examples" / "train_llama.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def causal_cost(lengths):
+    return sum(n * (n + 1) // 2 for n in lengths)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="megatron,cad",
+                   help="comma list of megatron, te, local, cad, cad+now (default megatron,cad)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
+                   help="parameters and activations (default: bf16 on CUDA, fp32 on the CPU)")
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny", help="shape preset (the flags below override)")
+    for name in ("layers", "hidden", "heads", "kv-heads", "ffn", "vocab"):
+        p.add_argument(f"--{name}", type=int, default=None)
+    p.add_argument("--position-embedding", choices=["auto", "rope", "learned_absolute", "none"], default="auto",
+                   help="auto: rope on CUDA, learned_absolute on the CPU")
+    p.add_argument("--context", type=int, default=1024, help="tokens per rank and micro-batch")
+    p.add_argument("--micro-batches", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--balancer", default="prefix_aware", help="CAD's balancer (cad.init)")
+    p.add_argument("--timeout-ms", type=int, default=120000, help="CAD's collectives' deadline")
+    p.add_argument("--data", default=os.environ.get("CAD_DATA", str(REPO.parent / "shared" / "data" /
+                                                                    "doclen_pretrain.json")))
+    p.add_argument("--json-out", default=None,
+                   help="rank 0 writes every step's record and the summary here; {config} is replaced by the "
+                        "configuration's name")
+    args = p.parse_args(argv)
+    for key, value in MODELS[args.model].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    if args.position_embedding == "auto":
+        args.position_embedding = "rope" if args.device == "cuda" else "learned_absolute"
+    if args.device == "cpu" and args.position_embedding == "rope":
+        p.error("--position-embedding rope needs CUDA (Megatron-Core moves RoPE's frequencies to the GPU)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no GPU")
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        p.error("--hidden must divide by --heads and --heads by --kv-heads")
+    known = {"megatron", "te", "local", "cad", "cad+now"}
+    args.config_list = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in args.config_list if c not in known]
+    if unknown:
+        p.error(f"--configs: unknown {unknown} (known: {sorted(known)})")
+    return args
+
+
+# ---- the model ------------------------------------------------------------------------------------------------
+def transformer_config(args, dtype):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    cpu = args.device == "cpu"
+    return TransformerConfig(
+        num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
+        num_query_groups=args.kv_heads, ffn_hidden_size=args.ffn, kv_channels=args.hidden // args.heads,
+        normalization="RMSNorm", gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+        add_bias_linear=False, attention_dropout=0.0, hidden_dropout=0.0,
+        bf16=dtype == torch.bfloat16, params_dtype=dtype, pipeline_dtype=dtype,
+        use_cpu_initialization=cpu, perform_initialization=True,
+        # Megatron's fused kernels need CUDA (and some of them apex or TE): the plain PyTorch paths.
+        masked_softmax_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
+        apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
+        cross_entropy_loss_fusion=False)
+
+
+def layer_spec(config_name):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    import cad_megatron
+    if config_name == "megatron":
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        spec.submodules.self_attention.submodules.core_attention = cad_megatron.PerDocumentDotProductAttention
+        return spec
+    if config_name == "te":
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+        return get_gpt_layer_with_transformer_engine_spec()
+    return cad_megatron.cad_gpt_layer_spec(normalization="RMSNorm", balance=config_name != "local")
+
+
+def build_model(args, config_name, config, device):
+    from megatron.core.models.gpt import GPTModel
+    model = GPTModel(config, layer_spec(config_name), vocab_size=args.vocab, max_sequence_length=args.context,
+                     position_embedding_type=args.position_embedding, share_embeddings_and_output_weights=False)
+    return model.to(device)
+
+
+def te_unavailable():
+    try:
+        import transformer_engine  # noqa: F401
+        return None
+    except Exception as exc:  # noqa: BLE001
+        return f"transformer_engine does not import ({type(exc).__name__}: {exc})"
+
+
+# ---- the data -------------------------------------------------------------------------------------------------
+def micro_batch(args, recipe, lengths, rank, world, step, index, device):
+    """Rank `rank`'s share of micro-batch `index` of `step`: inputs on `device`, the documents of every rank."""
+    docs = recipe.cached_batch(lengths, args.context, world, args.seed + 1000 * step + index)
+    mine = docs[rank]
+    total = sum(mine)
+    g = torch.Generator().manual_seed(args.seed * 7919 + 1000 * step + 17 * index + rank)
+    tokens = torch.randint(0, args.vocab, (1, total + 1), generator=g)
+    input_ids, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    position_ids = torch.cat([torch.arange(n) for n in mine]).unsqueeze(0)
+    loss_mask = torch.ones(1, total)
+    ends = torch.tensor(mine).cumsum(0) - 1
+    loss_mask[0, ends] = 0.0  # a document's last token: its next token belongs to the next document
+    predicted = sum(sum(n - 1 for n in d) for d in docs)  # every rank's predicted tokens of this micro-batch
+    return dict(docs=docs, mine=mine, predicted=predicted,
+                input_ids=input_ids.to(device), labels=labels.to(device), position_ids=position_ids.to(device),
+                loss_mask=loss_mask.to(device))
+
+
+def packed(batch, args, config, config_name, device, tag):
+    """The micro-batch's PackedSeqParams; for 'cad', with its plan asked for now (made ahead)."""
+    import cad_megatron
+    if config_name == "cad":
+        p, _ = cad_megatron.packed_seq_params(batch["mine"], device, config=config, ahead=True, tag=tag)
+    else:
+        p, _ = cad_megatron.packed_seq_params(batch["mine"], device)
+    return p
+
+
+# ---- training -------------------------------------------------------------------------------------------------
+def train_one(args, config_name, state, rank, world, device, dtype, recipe, lengths):
+    import cad
+    import cad_megatron
+    from megatron.core import parallel_state
+
+    config = transformer_config(args, dtype)
+    if config_name.startswith("cad") or config_name == "local":
+        cad_megatron.init_cad(balancer=args.balancer, timeout_ms=args.timeout_ms)
+        cad.timing(sync_cuda=True)
+        cad.attention_time()
+    model = build_model(args, config_name, config, device)
+    model.load_state_dict(state)
+    if config.bf16:  # Megatron's mixed-precision wrapper: the whole model in bf16 (norms too), outputs back in fp32
+        from megatron.core.transformer.module import Float16Module
+        model = Float16Module(config, model)
+    module = model
+    if world > 1:
+        module = torch.nn.parallel.DistributedDataParallel(
+            model, process_group=parallel_state.get_data_parallel_group(),
+            device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    plans_in_loop = config_name == "cad"
+    records = []
+    n_micro = args.micro_batches
+    order = [(s, i) for s in range(args.steps) for i in range(n_micro)]
+
+    def load(k):
+        s, i = order[k]
+        batch = micro_batch(args, recipe, lengths, rank, world, s, i, device)
+        batch["packed"] = packed(batch, args, config, config_name, device, tag=k)
+        return batch
+
+    nxt = load(0)
+    for step in range(args.steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+        dist.barrier()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        imbalances = []
+        for i in range(n_micro):
+            k = step * n_micro + i
+            batch = nxt
+            # The next micro-batch (the next step's first during this step's last) is loaded, and with 'cad' its
+            # plan asked for, before this one computes: CAD's planning thread makes it meanwhile.
+            nxt = load(k + 1) if k + 1 < len(order) else None
+            sync = module.no_sync() if world > 1 and i < n_micro - 1 else _null()
+            with sync:
+                token_loss = module(batch["input_ids"], batch["position_ids"], None, labels=batch["labels"],
+                                    packed_seq_params=batch["packed"])
+                local_sum = (token_loss.float() * batch["loss_mask"]).sum()
+                # DDP averages the gradients over the ranks: world x (this rank's share of the global mean).
+                (local_sum * (world / (batch["predicted"] * n_micro))).backward()
+            loss_sum += local_sum.detach().double().cpu() / batch["predicted"] / n_micro
+            plans = cad_megatron.plans_of(batch["packed"]) if config_name.startswith("cad") else []
+            if plans and plans[0].stats:
+                imbalances.append(plans[0].stats["imbalance"])
+            elif not config_name.startswith("cad"):
+                costs = [causal_cost(d) for d in batch["docs"]]
+                imbalances.append(max(costs) * len(costs) / max(1, sum(costs)))
+            del batch
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        step_s = time.perf_counter() - start
+        attention_s = cad.attention_time() if config_name != "megatron" and config_name != "te" else None
+        peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else 0.0
+        gathered = _gather([float(loss_sum), step_s, -1.0 if attention_s is None else attention_s, peak], world)
+        loss = sum(g[0] for g in gathered)
+        tokens = args.context * world * n_micro
+        slowest = max(g[1] for g in gathered)
+        record = {"step": step, "loss": loss, "step_s": [g[1] for g in gathered],
+                  "attention_s": None if attention_s is None else [g[2] for g in gathered],
+                  "peak_memory_gib": [g[3] for g in gathered], "tokens_per_s": tokens / slowest,
+                  "imbalance": sum(imbalances) / len(imbalances) if imbalances else None}
+        records.append(record)
+        if rank == 0:
+            att = "" if attention_s is None else " attention " + "/".join(f"{g[2]:.3f}" for g in gathered) + " s"
+            imb = "" if record["imbalance"] is None else f" imbalance {record['imbalance']:.3f}"
+            print(f"[{config_name}] step {step}: loss {loss:.6f} step {slowest:.3f} s (slowest rank) "
+                  f"{record['tokens_per_s']:.0f} tokens/s{att}{imb} peak {max(g[3] for g in gathered):.1f} GiB",
+                  flush=True)
+    timed = records[1:] or records
+    summary = {"config": config_name, "ranks": world, "device": str(device), "dtype": args.dtype,
+               "model": {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")},
+               "position_embedding": args.position_embedding, "context": args.context,
+               "micro_batches": n_micro, "steps": args.steps, "balancer": args.balancer if "cad" in config_name else None,
+               "plans": ("made ahead in the loop (attach_plan)" if plans_in_loop else
+                         "made by the first CAD layer" if config_name == "cad+now" else None),
+               "mean_step_s_after_first": sum(max(r["step_s"]) for r in timed) / len(timed),
+               "mean_tokens_per_s_after_first": sum(r["tokens_per_s"] for r in timed) / len(timed),
+               "losses": [r["loss"] for r in records]}
+    if rank == 0 and args.json_out:
+        path = pathlib.Path(args.json_out.replace("{config}", config_name.replace("+", "_")))
+        path.write_text(json.dumps({"summary": summary, "steps": records}, indent=1))
+    del module, model, optimizer
+    if config_name != "megatron" and config_name != "te":
+        cad.shutdown()
+    return summary
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _gather(values, world):
+    t = torch.tensor(values, dtype=torch.float64)
+    if world == 1:
+        return [t.tolist()]
+    out = [torch.zeros_like(t) for _ in range(world)]
+    dist.all_gather(out, t, group=_cpu_group())
+    return [o.tolist() for o in out]
+
+
+_GROUP = {}
+
+
+def _cpu_group():
+    if "g" not in _GROUP:
+        _GROUP["g"] = dist.new_group(backend="gloo")
+    return _GROUP["g"]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    launched = "WORLD_SIZE" in os.environ
+    if not launched:  # one process: a world of one (Megatron's parallel_state needs torch.distributed)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29533"), RANK="0",
+                          WORLD_SIZE="1", LOCAL_RANK="0")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        return _run(args, rank, world, device)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # the launcher ends the job now, instead of the peers waiting for their timeouts
+
+
+def _run(args, rank, world, device):
+    from megatron.core import parallel_state, tensor_parallel
+    import megatron.core
+    import cad_megatron
+
+    parallel_state.initialize_model_parallel(1, 1)
+    if device.type == "cpu":
+        cad_megatron.megatron_cpu_support()
+    else:
+        tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    recipe = _recipe()
+    lengths = json.loads(pathlib.Path(args.data).read_text())
+    if rank == 0:
+        print(f"megatron-core {megatron.core.__version__}, torch {torch.__version__}, {world} rank(s) on "
+              f"{device.type}, {args.dtype}; model {args.model}: layers {args.layers} hidden {args.hidden} heads "
+              f"{args.heads}/{args.kv_heads} ffn {args.ffn} vocab {args.vocab}; {args.context} tokens per rank "
+              f"and micro-batch, {args.micro_batches} micro-batch(es), {args.steps} steps", flush=True)
+    torch.manual_seed(args.seed)
+    first = build_model(args, "local", transformer_config(args, dtype), device)  # the weights every config starts from
+    state = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in first.state_dict().items()}
+    del first
+    summaries = []
+    for name in args.config_list:
+        if name == "te":
+            reason = te_unavailable()
+            if reason:
+                if rank == 0:
+                    print(f"[te] skipped: {reason}", flush=True)
+                continue
+        summaries.append(train_one(args, name, state, rank, world, device, dtype, recipe, lengths))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if rank == 0 and len(summaries) > 1:
+        base = summaries[0]
+        for s in summaries[1:]:
+            worst = max(abs(a - b) / abs(b) for a, b in zip(s["losses"], base["losses"]))
+            print(f"{s['config']} vs {base['config']}: losses agree to {worst:.2e} relative; step "
+                  f"{s['mean_step_s_after_first']:.3f} s vs {base['mean_step_s_after_first']:.3f} s (mean after "
+                  f"the first step)", flush=True)
+    parallel_state.destroy_model_parallel()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
