@@ -16,7 +16,7 @@ mode="${1:-}"
 case "$mode" in
   demo|test) ;;
   -h|--help|"")
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
     [ -n "$mode" ] && exit 0 || exit 2 ;;
   *) echo "quickstart.sh: unknown mode '$mode' (expected 'demo' or 'test')" >&2; exit 2 ;;
 esac
