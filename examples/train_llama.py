@@ -44,13 +44,26 @@ fewer than 2 documents cannot be split; it runs as one nano-batch (one plan, lay
 step's record has "ping_pong": false. Every rank knows every rank's documents, so all agree without
 communicating.
 
+Sliding windows (--window LEFT, --global-every N): the windowed decoder layers attend, per query at document
+position p, to the keys [p - LEFT, p] (window_size=(LEFT, 0); transformers' sliding_window = LEFT + 1, set in
+the model config with its layer_types, as Gemma-3 and gpt-oss do). With --global-every N every N-th layer
+(layers N-1, 2N-1, ...) is global (causal) and the others windowed: 6 is Gemma-3's 5 windowed : 1 global, 2
+gpt-oss's alternation; without it every layer is windowed. local and cad_local read the window from the config
+(cad.hf); torch_varlen passes window_size=(LEFT, 0) to varlen_attn (a torch whose varlen_attn takes no
+window_size skips the configuration, saying so); CAD makes one plan per mask and micro-batch (nano-batch with
+--ping-pong): a causal plan and cad.plan(cu, window_size=(LEFT, 0)), handed to the layers together as the
+cad_plan tuple, from which each layer takes the plan of its own window (cad.hf).
+
 Per step (rank 0 prints a line; --json-out keeps the records): loss, every rank's step time and attention time,
 tokens/s, MFU, peak GPU memory, the attention imbalance; then a summary. MFU = model FLOPs of the step /
 (slowest rank's step time x ranks x --peak-tflops), model FLOPs (no recomputation counted) =
     6 * P * tokens  +  3 * layers * 4 * (heads * head_dim) * sum over documents of len * (len + 1) / 2
 P = the parameters that multiply activations (all but the input embedding table), tokens = every rank's tokens
 of the step; the second term is causal attention: forward Q K^T and P V each 2 * head_dim FLOPs per
-(query, key) pair and head over len * (len + 1) / 2 pairs per document, the backward twice the forward.
+(query, key) pair and head over len * (len + 1) / 2 pairs per document, the backward twice the forward. A
+windowed layer counts its own pairs instead: min(p + 1, LEFT + 1) keys for the query at position p, i.e.
+layers * len * (len + 1) / 2 becomes, summed over the layers, len * (len + 1) / 2 for a global layer and
+sum over p of min(p + 1, LEFT + 1) for a windowed one.
 """
 import argparse
 import contextlib
@@ -150,6 +163,37 @@ def causal_cost(lengths):
     return sum(n * (n + 1) // 2 for n in lengths)
 
 
+def window_cost(lengths, left):
+    """(query, key) pairs of causal attention with window_size=(left, 0): the query at position p sees
+    min(p + 1, left + 1) keys; left -1 (no window): causal_cost."""
+    if left < 0:
+        return causal_cost(lengths)
+    w = left + 1
+    return sum(n * (n + 1) // 2 if n <= w else w * (w + 1) // 2 + (n - w) * w for n in lengths)
+
+
+def layer_windows(args):
+    """Per decoder layer, its window's left (-1: a global, causal layer): --window and --global-every (every
+    N-th layer global: layers N-1, 2N-1, ...; without --global-every all windowed)."""
+    window, every = getattr(args, "window", -1), getattr(args, "global_every", None)
+    if window < 0:
+        return [-1] * args.layers
+    return [-1 if every and (i + 1) % every == 0 else window for i in range(args.layers)]
+
+
+def masks(args):
+    """The masks the layers use, as (window left, layers using it), in the order of the first layer of each."""
+    counts = {}
+    for left in layer_windows(args):
+        counts[left] = counts.get(left, 0) + 1
+    return list(counts.items())
+
+
+def attention_pairs(args, lengths):
+    """(query, key) pairs of all decoder layers' attention over these documents (each layer's mask counted)."""
+    return sum(layers * window_cost(lengths, left) for left, layers in masks(args))
+
+
 # ---- the model: attention implementations, checkpointing, data parallelism ------------------------------
 class AttentionClock:
     """Seconds in the torch_varlen attention calls (forward and backward), as cad.attention_time() counts CAD's:
@@ -207,13 +251,27 @@ def torch_varlen_function():
     return varlen_attn
 
 
-def torch_varlen_unavailable(device):
-    """Why the torch_varlen baseline cannot run here (a sentence), or None."""
+def torch_varlen_unavailable(device, window=-1):
+    """Why the torch_varlen baseline cannot run here (a sentence), or None. window: --window (a windowed model
+    needs a varlen_attn that takes window_size, torch >= 2.11)."""
     if device.type != "cuda":
         return "torch_varlen: torch.nn.attention.varlen.varlen_attn runs on CUDA only (this run is on the CPU)"
     if torch_varlen_function() is None:
         return f"torch_varlen: torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn (torch >= 2.9)"
+    if window >= 0 and "window_size" not in _varlen_parameters(torch_varlen_function()):
+        return (f"torch_varlen: torch {torch.__version__}'s varlen_attn takes no window_size (torch >= 2.11), which "
+                f"--window {window} needs")
     return None
+
+
+def layer_window_left(config, layer_idx):
+    """A decoder layer's window left from the model config as build_model sets it (sliding_window = left + 1 and
+    layer_types); -1 for a global layer or a model without windows."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if window is None or (types is not None and types[layer_idx] != "sliding_attention"):
+        return -1
+    return window - 1
 
 
 # id(cu_seqlens) -> (cu_seqlens, longest document): read back (or set by make_nanos) once per micro-batch, not
@@ -234,7 +292,8 @@ def torch_varlen_attention(module, query, key, value, attention_mask, *, scaling
                            cad_cu_seqlens=None, cad_plan=None, position_ids=None, **kwargs):
     """A transformers attention function over torch.nn.attention.varlen.varlen_attn: local causal varlen
     attention, the documents from the cad_cu_seqlens keyword (else position_ids restarts); cad_plan is ignored.
-    K/V heads are repeated to the query heads, since varlen_attn does not take GQA (on every torch this runs on)."""
+    A windowed layer (layer_window_left) passes window_size=(left, 0). K/V heads are repeated to the query
+    heads, since varlen_attn does not take GQA (on every torch this runs on)."""
     if dropout:
         raise ValueError("torch_varlen attention: attention dropout is not supported")
     varlen_attn = torch_varlen_function()
@@ -255,7 +314,14 @@ def torch_varlen_attention(module, query, key, value, attention_mask, *, scaling
     if repeats > 1:
         k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
     params = _varlen_parameters(varlen_attn)
-    options = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}  # torch 2.9/2.10
+    left = layer_window_left(module.config, module.layer_idx)
+    if "window_size" in params:
+        options = {"window_size": (left, 0)}
+    elif left >= 0:
+        raise ValueError(f"torch_varlen attention: this torch's varlen_attn takes no window_size (layer "
+                         f"{module.layer_idx} has window {left})")
+    else:
+        options = {"is_causal": True}  # torch 2.9/2.10
     if scaling is not None and "scale" in params:
         options["scale"] = scaling
     elif scaling is not None and abs(scaling - dim ** -0.5) > 1e-12:
@@ -298,10 +364,14 @@ def build_model(args, device, dtype):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     register_attention()
+    windows = {}
+    if getattr(args, "window", -1) >= 0:  # transformers' way (Gemma-3, gpt-oss): sliding_window and layer_types
+        windows = dict(sliding_window=args.window + 1, layer_types=[
+            "full_attention" if left < 0 else "sliding_attention" for left in layer_windows(args)])
     config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
                          num_hidden_layers=args.layers, num_attention_heads=args.heads,
                          num_key_value_heads=args.kv_heads, max_position_embeddings=max(args.context, 2048),
-                         attention_dropout=0.0, use_cache=False)  # a KV cache would keep every layer's K/V
+                         attention_dropout=0.0, use_cache=False, **windows)  # no KV cache: it keeps every K/V
     torch.manual_seed(args.seed)  # the same weights on every rank (every GPU's generator is seeded alike)
     with device:  # initialised where it runs: a CPU init of billions of weights took most of a GPU run's start
         model = AutoModelForCausalLM.from_config(config, attn_implementation=IMPLEMENTATIONS[args.attention],
@@ -342,9 +412,9 @@ def count_matmul_parameters(lm):
 def model_flops(args, params, docs_by_micro_batch):
     """Model FLOPs of one step over all ranks (the module docstring's formula)."""
     tokens = sum(sum(docs) for by_rank in docs_by_micro_batch for docs in by_rank)
-    pairs = sum(causal_cost(docs) for by_rank in docs_by_micro_batch for docs in by_rank)
+    pairs = sum(attention_pairs(args, docs) for by_rank in docs_by_micro_batch for docs in by_rank)  # all layers
     head_dim = args.hidden // args.heads
-    return 6 * params * tokens + 3 * args.layers * 4 * args.heads * head_dim * pairs
+    return 6 * params * tokens + 3 * 4 * args.heads * head_dim * pairs
 
 
 def wrap_data_parallel(module, args, device, world, dtype):
@@ -384,7 +454,8 @@ class MicroBatchLoss(torch.nn.Module):
     see the whole forward, including ping-pong's nano-batch schedule and the chunked loss.
 
     forward(input_ids, position_ids, labels, nanos): nanos = [(tokens, cu_seqlens, plan)], one entry (the whole
-    buffer) or two (ping-pong), each a slice of the buffer in order; plan None for local attention. The loss is
+    buffer) or two (ping-pong), each a slice of the buffer in order; plan None for local attention, a tuple of
+    plans (one per mask, cad.hf picks each layer's) for a model with windowed and global layers. The loss is
     the token-weighted mean over the micro-batch: every nano-batch's summed token losses over the micro-batch's
     count of predicted tokens. A nano-batch's last token predicts nothing, as a document's last token does
     (its next label is the next document's first token, which is -100)."""
@@ -471,19 +542,31 @@ def to_device(t, device):
 
 def make_nanos(nano_docs, attention, args, device, dtype, tag=None):
     """This rank's nano-batches of one micro-batch as MicroBatchLoss takes them: (tokens, cu_seqlens, plan).
-    Collective with CAD: every rank asks for nano-batch 0's plan, then nano-batch 1's. With --plan-ahead on
+    Collective with CAD: every rank asks for the same plans in the same order: per mask the layers use (masks():
+    the first layer's first), nano-batch 0's plan, then nano-batch 1's. One mask: each nano-batch's plan is a
+    cad.Plan; windowed and global layers: a tuple of plans, one per mask (a causal one and one with
+    window_size=(LEFT, 0)), from which cad.hf gives every layer the plan of its window. With --plan-ahead on
     (tag: this micro-batch's number, the same on every rank) they are made on CAD's planning thread while the
-    caller goes on; otherwise now. CAD's cu_seqlens stay on the host, where the plan reads them (no GPU read-back);
-    the local attentions get theirs on the device."""
+    caller goes on, each with its own tag (masks x (2 x tag + nano-batch) + mask: unique, and the same on every
+    rank); otherwise now. CAD's cu_seqlens stay on the host, where the plan reads them (no GPU read-back); the
+    local attentions get theirs on the device."""
     import cad
+    kinds = masks(args)
+    cus = [torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32) for docs in nano_docs]
+    plans = [[None] * len(kinds) for _ in nano_docs]
+    if attention == "cad":
+        ahead = args.plan_ahead == "on"
+        for k, (left, _) in enumerate(kinds):
+            for i, cu in enumerate(cus):
+                plans[i][k] = cad.plan(cu, window_size=(left, 0) if left >= 0 else (-1, -1), num_heads=args.heads,
+                                       num_kv_heads=args.kv_heads, head_dim=args.hidden // args.heads, dtype=dtype,
+                                       device=device, ahead=ahead,
+                                       tag=len(kinds) * (2 * tag + i) + k if ahead else None)
     nanos = []
-    for i, docs in enumerate(nano_docs):
-        cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    for i, (docs, cu) in enumerate(zip(nano_docs, cus)):
         plan = None
         if attention == "cad":
-            ahead = args.plan_ahead == "on"
-            plan = cad.plan(cu, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.hidden // args.heads,
-                            dtype=dtype, device=device, ahead=ahead, tag=2 * tag + i if ahead else None)
+            plan = plans[i][0] if len(kinds) == 1 else tuple(plans[i])
         else:
             cu = to_device(cu, device)
             if len(_max_lengths) > 8:
@@ -556,19 +639,24 @@ def nano_batches(docs_by_rank, ping_pong):
     return [[docs[:k], docs[k:]] for docs, k in zip(docs_by_rank, cuts)]
 
 
-def plan_summary(stats):
-    """The step's plans together (every micro-batch's, both nano-batches' with ping-pong), from their stats:
-    imbalance and forward bytes sent per rank, and each plan's own imbalance. One plan: the plugin's
-    imbalance. Several: max/mean over servers of all plans' forward FLOPs added up (a server runs all of them
-    in the step)."""
-    stats = [s for s in stats if s]
-    if not stats:
+def plan_summary(stats, shares=None):
+    """The step's plans together (every micro-batch's, both nano-batches' with ping-pong, each mask's with
+    windowed and global layers), from their stats: imbalance and forward bytes sent per rank, and each plan's
+    own imbalance. shares: per plan, the share of the decoder layers that run it (default 1 each: one mask).
+    One plan: the plugin's imbalance. Several: max/mean over servers of all plans' forward FLOPs, each times
+    its share, added up (a server runs all of them in the step). Bytes per layer: each plan's times its share,
+    added up."""
+    if shares is None:
+        shares = [1.0] * len(stats)
+    kept = [(s, w) for s, w in zip(stats, shares) if s]
+    if not kept:
         return None
+    stats = [s for s, _ in kept]
     imbalance = stats[0]["imbalance"]
     if len(stats) > 1:
-        flops = [sum(s["servers"][i]["forward_flops"] for s in stats) for i in range(len(stats[0]["servers"]))]
+        flops = [sum(s["servers"][i]["forward_flops"] * w for s, w in kept) for i in range(len(stats[0]["servers"]))]
         imbalance = max(flops) / (sum(flops) / len(flops)) if sum(flops) else 1.0
-    sent = [sum(col) for col in zip(*(s["model_forward_bytes_sent_by_rank"] for s in stats))]
+    sent = [sum(col) for col in zip(*([b * w for b in s["model_forward_bytes_sent_by_rank"]] for s, w in kept))]
     return {"imbalance": imbalance, "nano_imbalance": [s["imbalance"] for s in stats],
             "forward_bytes_sent_by_rank": sent, "plan_ms": sum(s.get("plan_ms", 0.0) for s in stats),
             "make_ms": sum(s.get("make_ms") or 0.0 for s in stats)}
@@ -708,7 +796,8 @@ def summary_of(args, world, device):
             "checkpointing": args.checkpointing, "checkpoint_reentrant": args.checkpoint_reentrant,
             "compile": args.compile, "ping_pong": args.ping_pong, "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
-            "loss_chunk": args.loss_chunk}
+            "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
+            "windowed_layers": sum(left >= 0 for left in layer_windows(args))}
 
 
 def write_json(args, result):
@@ -721,8 +810,8 @@ def train_one(args, rank, world, device, lengths):
     summary and --json-out (rank 0). Returns {"summary", "steps"[, "profiled_step"]} on every rank."""
     import cad
 
-    if args.attention == "torch_varlen" and torch_varlen_unavailable(device):
-        reason = torch_varlen_unavailable(device)
+    if args.attention == "torch_varlen" and torch_varlen_unavailable(device, args.window):
+        reason = torch_varlen_unavailable(device, args.window)
         result = {"summary": dict(summary_of(args, world, device), skipped=reason), "steps": []}
         if rank == 0:
             print(f"configuration skipped: {reason}", flush=True)
@@ -839,13 +928,17 @@ def train_one(args, rank, world, device, lengths):
             with quiet:
                 loss = model(**inputs, nanos=parts)
                 (loss / args.micro_batches).backward()
-            plans += [plan for _, _, plan in parts if plan is not None]
+            for _, _, plan in parts:  # a plan, a tuple of plans (one per mask), or None (local attention)
+                plans += [] if plan is None else list(plan) if isinstance(plan, tuple) else [plan]
             # Per micro-batch: the ranks wait for each other at least once per micro-batch (FSDP2's
             # reduce-scatter after its backward, every layer's gathers), so imbalance costs per micro-batch.
             attention_by_mb.append(cad.attention_time(reset=True) + AttentionClock.take())
             loss_sum = loss_sum + loss.detach() / args.micro_batches
             del parts, loss  # the plans go back once nothing (autograd included) refers to them
         plan_stats = [plan.stats for plan in plans]
+        layers_of = dict(masks(args))  # window left -> the decoder layers that run its plans
+        plan_windows = [plan.window_left for plan in plans]
+        plan_shares = [layers_of[left] / args.layers for left in plan_windows]
         make_starts = [plan.make_started_at for plan in plans]
         plan_wait_ms = sum(plan.wait_ms for plan in plans)
         del plans
@@ -878,14 +971,14 @@ def train_one(args, rank, world, device, lengths):
         # Host time from the step's start to its first plan make (which waits for every rank): a rank that
         # arrives late shows here.
         pre_plan_ms = (min(make_starts) - start) * 1e3 if make_starts and not ahead else 0.0
-        stats = plan_summary(plan_stats)
+        stats = plan_summary(plan_stats, plan_shares)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
         mine = sum(sum(docs_by_rank[rank]) for docs_by_rank, _, _, _ in micro)
         gathered = all_gather_floats([float(loss_sum), seconds, attention, float(mine), peak,
                                       stats["plan_ms"] if stats else 0.0, stats["make_ms"] if stats else 0.0,
                                       pre_plan_ms, gc_ms, float(gc_full), plan_wait_ms, comm_ms, stall_ms]
                                      + attention_by_mb, world)
-        costs = [sum(causal_cost(docs_by_rank[r]) for docs_by_rank, _, _, _ in micro) for r in range(world)]
+        costs = [sum(attention_pairs(args, docs_by_rank[r]) for docs_by_rank, _, _, _ in micro) for r in range(world)]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
         slowest = max(g[1] for g in gathered)
@@ -906,6 +999,7 @@ def train_one(args, rank, world, device, lengths):
                   "profiled": profiling}
         if stats:
             record["nano_imbalance"] = stats["nano_imbalance"]
+            record["plan_windows"] = plan_windows  # each plan's window left (-1: global), as nano_imbalance
             record["forward_bytes_sent_by_rank"] = stats["forward_bytes_sent_by_rank"]
         if profiling:
             profiled_record = record
@@ -971,6 +1065,14 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=None, help="default: the --model preset's")
     p.add_argument("--kv-heads", type=int, default=None, help="default: the --model preset's")
     p.add_argument("--vocab", type=int, default=None, help="default: the --model preset's")
+    p.add_argument("--window", type=int, default=-1,
+                   help="sliding window: a windowed layer's query at document position p sees the keys [p - WINDOW, p] "
+                        "(window_size=(WINDOW, 0); transformers' sliding_window = WINDOW + 1). Default -1: no "
+                        "window, every layer global. Without --global-every every layer is windowed")
+    p.add_argument("--global-every", type=int, default=None,
+                   help="with --window: every N-th decoder layer (layers N-1, 2N-1, ...) is global (causal), the "
+                        "others windowed: 6 = Gemma-3's 5 windowed : 1 global, 2 = gpt-oss's alternation. Default: "
+                        "none global")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
@@ -1057,6 +1159,15 @@ def parse_args(argv=None):
         p.error(f"--intermediate must be positive (or 0 for 3 x --hidden), got {args.intermediate}")
     if args.layers < 1 or args.micro_batches < 1 or args.loss_chunk < 1 or args.steps < 1:
         p.error("--layers, --micro-batches, --loss-chunk and --steps must be at least 1")
+    if args.window < -1:
+        p.error(f"--window must be -1 (no window) or at least 0 (the keys before the query a windowed layer "
+                f"sees), got {args.window}")
+    if args.global_every is not None:
+        if args.window < 0:
+            p.error("--global-every needs --window (without a window every layer is global already)")
+        if args.global_every < 2:
+            p.error(f"--global-every must be at least 2 (every N-th layer global, the others windowed; 1 would "
+                    f"make every layer global: drop --window instead), got {args.global_every}")
     if not 0.0 <= args.ping_pong_min_stall_share < 1.0:
         p.error(f"--ping-pong-min-stall-share must be in [0, 1), got {args.ping_pong_min_stall_share}")
     if args.checkpoint_reentrant and args.checkpointing != "full":

@@ -39,6 +39,8 @@ A configuration the trainer skipped (torch_varlen where torch has no varlen_attn
 With --profile-step files beside them (train_<config>_<context>_profile_rank<R>.json), another table gives the
 profiled step's GPU kernel time by family, the largest rank's. Records that carry pre_plan_ms add a table of the
 plan make per rank and how far apart the ranks arrived at it.
+The heading names the layer pattern of a windowed model (the trainer's --window, --global-every: window LEFT,
+every N-th layer global); MFU and imbalance then count windowed layers with their windowed cost.
 Losses are compared with the baseline's: the same batches and weights must give the same losses up to bf16
 rounding (and the two local kernels' own differences), which the last-but-one column shows (max relative
 difference over the steps).
@@ -75,6 +77,20 @@ def load(out):
 def tokens_label(context):
     """64K for 65536; a context that is no multiple of 1024 as is (CPU dry runs)."""
     return f"{context // 1024}K" if context % 1024 == 0 else str(context)
+
+
+def window_label(summary):
+    """The layer pattern of a trainer summary (--window, --global-every), e.g. ", window 4096, every 6th layer
+    global (5 of 6 windowed)"; "" without a window (and for records older than the option)."""
+    window = summary.get("window", -1)
+    if window is None or window < 0:
+        return ""
+    every, windowed = summary.get("global_every"), summary.get("windowed_layers")
+    of = f" ({windowed} of {summary.get('layers', '?')} windowed)" if windowed is not None else ""
+    if every:
+        suffix = "th" if 10 <= every % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(every % 10, "th")
+        return f", window {window}, every {every}{suffix} layer global{of}"
+    return f", window {window}, every layer windowed"
 
 
 def mean(xs):
@@ -254,8 +270,8 @@ def main():
         base_name, _ = baseline_of(context, runs, args.steps_from)
         sample = next(r["summary"] for (c, _), r in runs.items() if c == context)
         print(f"\n### {tokens_label(context)} tokens per GPU and micro-batch ({sample.get('ranks', '?')} GPUs, "
-              f"{sample.get('micro_batches', 1)} micro-batches, {sample.get('layers', '?')} layers; baseline: "
-              f"{base_name or 'none'}, the faster of {' and '.join(BASELINES)})\n")
+              f"{sample.get('micro_batches', 1)} micro-batches, {sample.get('layers', '?')} layers"
+              f"{window_label(sample)}; baseline: {base_name or 'none'}, the faster of {' and '.join(BASELINES)})\n")
         print("| " + " | ".join(COLUMNS) + " |")
         print("|" + " ---: |" * len(COLUMNS))
         print("\n".join(rows_for(context, runs, args.steps_from)))

@@ -20,8 +20,8 @@ def record(step, step_s, attention_s, loss=7.0, profiled=False, sent=None):
     return r
 
 
-def write(tmp, name, steps, layers=4, timing="synchronized", profiled_step=None, skipped=None):
-    run = {"summary": {"layers": layers, "attention_timing": timing}, "steps": steps}
+def write(tmp, name, steps, layers=4, timing="synchronized", profiled_step=None, skipped=None, summary=None):
+    run = {"summary": {"layers": layers, "attention_timing": timing, **(summary or {})}, "steps": steps}
     if skipped:
         run["summary"]["skipped"] = skipped
     if profiled_step is not None:
@@ -70,6 +70,17 @@ def test_ideal_speedup_share_and_ratios(tmp_path):
     assert ours[15] == "1.0e-03" and local[15] == "0.0e+00"
     assert ours[6] == "12.5" and ours[16] == "4.00 / 35.0" and local[16] == "-"
     assert ours[5] == "40.0" and ours[7] == "1.500"
+
+
+def test_the_heading_names_the_window_pattern(tmp_path):
+    steps = [record(i, [1.0, 1.0], [0.5, 0.5]) for i in range(2)]
+    write(tmp_path, "local", steps, layers=6, summary={"window": 4096, "global_every": 6, "windowed_layers": 5})
+    _, text = table(tmp_path)
+    assert "6 layers, window 4096, every 6th layer global (5 of 6 windowed); baseline: local" in text
+    write(tmp_path, "local", steps, layers=4, summary={"window": 4096, "global_every": None, "windowed_layers": 4})
+    assert "4 layers, window 4096, every layer windowed; baseline" in table(tmp_path)[1]
+    write(tmp_path, "local", steps, layers=4, summary={"window": -1, "global_every": None, "windowed_layers": 0})
+    assert "4 layers; baseline" in table(tmp_path)[1]
 
 
 def test_the_faster_local_baseline_and_skipped_configurations(tmp_path):

@@ -47,6 +47,16 @@ MATRIX_ARGS = ["--context", "256", "--steps", "2", "--micro-batches", "2", "--se
 # buffer's length): that step runs unsplit, with a note; its steps 0 and 2 are split. Seed 1's are all split.
 PING_PONG = [("cad", "prefix_aware", "1"), ("cad", "colocated", "43"), ("local", "prefix_aware", "1")]
 PING_PONG_ARGS = ["--context", "512", "--steps", "3", *TINY]
+# Windowed layers: 3 layers, window 8 (documents up to 512 tokens: most of the long ones' keys are hidden);
+# --global-every 3: layers 0 and 1 windowed, layer 2 global (two plans per nano-batch), or every layer windowed.
+WINDOW_ARGS = ["--context", "512", "--steps", "2", "--seed", "1", *TINY, "--layers", "3"]
+MIXED = ["--window", "8", "--global-every", "3"]
+WINDOW_CASES = {"window/global/local": ["--attention", "local"],
+                "window/mixed/local": ["--attention", "local", *MIXED],
+                "window/mixed/cad": ["--attention", "cad", "--balancer", "prefix_aware", *MIXED],
+                "window/mixed/cad_pp": ["--attention", "cad", "--balancer", "prefix_aware", "--ping-pong", *MIXED],
+                "window/all/local": ["--attention", "local", "--window", "8"],
+                "window/all/cad": ["--attention", "cad", "--balancer", "distca", "--window", "8"]}
 
 
 def _cases():
@@ -66,6 +76,8 @@ def _cases():
                                            "--ping-pong-min-stall-share", share, *PING_PONG_ARGS]
     cases["gc/freeze"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1", "--gc", "freeze",
                           *PING_PONG_ARGS]
+    for name, argv in WINDOW_CASES.items():
+        cases[name] = [*argv, *WINDOW_ARGS]
     return cases
 
 
@@ -242,11 +254,54 @@ def test_gc_freeze_trains_the_same(trained):
         assert len(b["gc_ms"]) == 2 and len(b["gc_full_collections"]) == 2
 
 
+@needs_data
+@pytest.mark.parametrize("pattern,local,cads", [("mixed", "window/mixed/local", ["window/mixed/cad", "window/mixed/cad_pp"]),
+                                                ("all", "window/all/local", ["window/all/cad"])])
+def test_windowed_layers_train_through_cad_as_local(trained, pattern, local, cads):
+    """--window 8 (--global-every 3: layers 0-1 windowed, layer 2 global; or every layer windowed): CAD (one plan
+    per mask and nano-batch: prefix_aware, with ping-pong too, and distca) trains as local attention, and the
+    window is applied (the losses are not the all-global model's). The records say which plan has which window;
+    the colocated imbalance and MFU count windowed layers with their windowed cost."""
+    t = _trainer_module()
+    base = _result(trained, local)
+    glob = _result(trained, "window/global/local")
+    differs = [abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(base["steps"], glob["steps"])]
+    assert max(differs) > 10 * CAD_RTOL, f"the window changed no loss: {differs}"
+    mixed = pattern == "mixed"
+    for name in cads:
+        run = _result(trained, name)
+        assert len(run["steps"]) == len(base["steps"]) == 2
+        for a, b in zip(base["steps"], run["steps"]):
+            for x, y in zip(a["losses"], b["losses"]):
+                _assert_close(x, y, CAD_RTOL, f"{name} step {a['step']} loss vs local")
+            _assert_close(a["grad_norm"], b["grad_norm"], CAD_RTOL, f"{name} step {a['step']} grad norm vs local")
+            nanos = 2 if b["ping_pong"] else 1
+            # per nano-batch, its plan of each mask (the first layer's first: windowed)
+            assert b["plan_windows"] == ([8, -1] * nanos if mixed else [8] * nanos), b["plan_windows"]
+            assert len(b["nano_imbalance"]) == len(b["plan_windows"])
+            assert 1 <= b["imbalance"] <= max(b["nano_imbalance"]) + 1e-12
+        if name.endswith("_pp"):
+            assert any(r["ping_pong"] for r in run["steps"])
+        summary = run["summary"]
+        assert (summary["window"], summary["global_every"], summary["windowed_layers"]) == \
+            ((8, 3, 2) if mixed else (8, None, 3))
+    # The step's batch again (the trainer's recipe): its model FLOPs and colocated imbalance with windowed costs.
+    args = t.parse_args(WINDOW_CASES[local] + WINDOW_ARGS)
+    lengths = json.loads(DATA.read_text())
+    for record, other in zip(base["steps"], glob["steps"]):
+        docs = [d or [512] for d in t.cached_batch(lengths, 512, 2, 1 + 1000 * record["step"])]
+        assert record["model_tflop"] * 1e12 == pytest.approx(t.model_flops(args, base["summary"]["params"], [docs]),
+                                                             rel=1e-12)
+        assert record["model_tflop"] < other["model_tflop"]
+        costs = [t.attention_pairs(args, d) for d in docs]
+        assert record["colocated_imbalance"] == pytest.approx(max(costs) / (sum(costs) / 2), rel=1e-12)
+
+
 # ---- the torch_varlen baseline and the chunked loss, in this process ------------------------------------------
 def _stand_in_varlen(signature):
     """A CPU stand-in for torch.nn.attention.varlen.varlen_attn (CUDA only), with the signature of torch >= 2.11
     (window_size, scale) or of 2.9/2.10 (is_causal): SDPA per document, checking what the trainer passes."""
-    from reference import sdpa_varlen
+    from reference import sdpa_varlen, sdpa_varlen_window
 
     def check(query, key, cu_seq_q, cu_seq_k, max_q, max_k):
         assert key.shape[1] == query.shape[1], "K/V heads must be repeated to the query heads"
@@ -257,8 +312,8 @@ def _stand_in_varlen(signature):
         def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
                         window_size=(-1, -1), enable_gqa=False):
             check(query, key, cu_seq_q, cu_seq_k, max_q, max_k)
-            assert tuple(window_size) == (-1, 0) and scale is not None
-            return sdpa_varlen(query, key, value, cu_seq_q, True, scale)
+            assert window_size[1] == 0 and window_size[0] >= -1 and scale is not None
+            return sdpa_varlen_window(query, key, value, cu_seq_q, True, tuple(window_size), scale)
     else:
         def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False, return_aux=None):
             check(query, key, cu_seq_q, cu_seq_k, max_q, max_k)
@@ -280,15 +335,17 @@ def _one_micro_batch(t, args, attention, docs):
     return lm, inputs, nanos, loss.detach(), [p.grad.clone() for p in lm.parameters()]
 
 
-@pytest.mark.parametrize("signature", ["window_size", "is_causal"])
-def test_torch_varlen_attention_trains_as_local(monkeypatch, signature):
+@pytest.mark.parametrize("signature,window", [("window_size", []), ("is_causal", []),
+                                              ("window_size", ["--window", "3", "--global-every", "2"])])
+def test_torch_varlen_attention_trains_as_local(monkeypatch, signature, window):
     """The torch_varlen attention function (varlen_attn replaced by a CPU stand-in of either torch signature)
-    gives cad_local's loss and gradients on a packed micro-batch, and its clock counts forward and backward;
-    the chunked loss is transformers' own loss."""
+    gives cad_local's loss and gradients on a packed micro-batch, also with a windowed layer (layer 0, window
+    3: window_size=(3, 0)) before a global one, and its clock counts forward and backward; the chunked loss is
+    transformers' own loss."""
     import torch
     t = _trainer_module()
     monkeypatch.setattr(t, "torch_varlen_function", lambda: _stand_in_varlen(signature))
-    args = t.parse_args(["--context", "64", *TINY])
+    args = t.parse_args(["--context", "64", *TINY, *window])
     docs = [20, 7, 30, 7]
     t.AttentionClock.take()
     _, _, _, loss_a, grads_a = _one_micro_batch(t, args, "torch_varlen", docs)
@@ -310,6 +367,18 @@ def test_documents_from_position_ids():
     assert cu_seqlens_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0]])).tolist() == [0, 3, 5, 6]
     assert cu_seqlens_from_position_ids(torch.tensor([[3, 4, 0, 1]])).tolist() == [0, 2, 4]  # a continued document
     assert t.torch_varlen_unavailable(torch.device("cpu")).startswith("torch_varlen: ")
+
+
+def test_torch_varlen_without_window_size_skips_windowed_models(monkeypatch):
+    import torch
+    t = _trainer_module()
+    monkeypatch.setattr(t, "torch_varlen_function", lambda: _stand_in_varlen("is_causal"))
+    cuda = torch.device("cuda")  # a device name only: nothing runs
+    assert t.torch_varlen_unavailable(cuda) is None
+    reason = t.torch_varlen_unavailable(cuda, 4096)
+    assert "takes no window_size (torch >= 2.11), which --window 4096 needs" in reason
+    monkeypatch.setattr(t, "torch_varlen_function", lambda: _stand_in_varlen("window_size"))
+    assert t.torch_varlen_unavailable(cuda, 4096) is None
 
 
 # ---- the command line end to end: --configs, --json-out, --profile-step, the per-step records ------------------
@@ -405,7 +474,7 @@ def test_help(capsys):
     text = capsys.readouterr().out
     for option in ("--attention", "--balancer", "--parallel", "--checkpointing", "--checkpoint-reentrant",
                    "--micro-batches", "--model", "--compile", "--peak-tflops", "--configs", "torch_varlen",
-                   "--ping-pong", "nearest half", "MFU"):
+                   "--ping-pong", "nearest half", "MFU", "--window", "--global-every", "Gemma-3"):
         assert option in text, option
 
 
@@ -438,6 +507,20 @@ def test_bad_options_are_refused(capsys):
         assert f"--ping-pong-min-stall-share must be in [0, 1), got {float(share)}" in \
             _refused(t, capsys, ["--ping-pong-min-stall-share", share])
     assert "needs NCCL" in _refused(t, capsys, ["--device", "cuda", "--communicator", "host", "--parallel", "fsdp2"])
+    assert "--window must be -1 (no window) or at least 0" in _refused(t, capsys, ["--window", "-2"])
+    assert "--global-every needs --window" in _refused(t, capsys, ["--global-every", "6"])
+    for every in ("1", "0", "-3"):
+        assert f"--global-every must be at least 2" in _refused(t, capsys, ["--window", "8", "--global-every", every])
+
+
+def test_window_options():
+    t = _trainer_module()
+    assert t.layer_windows(t.parse_args(["--layers", "4"])) == [-1] * 4  # no window: every layer global
+    assert t.layer_windows(t.parse_args(["--layers", "3", "--window", "8"])) == [8, 8, 8]
+    gemma = t.parse_args(["--layers", "12", "--window", "4096", "--global-every", "6"])
+    assert t.layer_windows(gemma) == ([4096] * 5 + [-1]) * 2 and t.masks(gemma) == [(4096, 10), (-1, 2)]
+    oss = t.parse_args(["--layers", "4", "--window", "127", "--global-every", "2"])
+    assert t.layer_windows(oss) == [127, -1, 127, -1]
 
 
 def test_model_flops():
@@ -447,6 +530,11 @@ def test_model_flops():
     docs = [[[3, 1], [2]], [[4], [1, 1]]]  # micro-batch, rank, documents
     pairs = 6 + 1 + 3 + 10 + 1 + 1
     assert t.model_flops(args, 1000, docs) == 6 * 1000 * 12 + 3 * 3 * 4 * 64 * pairs
+    # --window 1 --global-every 3: layers 0 and 1 see min(p + 1, 2) keys (3: 1+2+2, 1: 1, 2: 1+2, 4: 1+2+2+2)
+    windowed = t.parse_args(["--hidden", "64", "--heads", "4", "--layers", "3", "--window", "1", "--global-every", "3"])
+    assert t.window_cost([3, 1, 2, 4, 1, 1], 1) == 5 + 1 + 3 + 7 + 1 + 1
+    assert t.window_cost([3, 4], -1) == t.causal_cost([3, 4]) == t.window_cost([3, 4], 3)
+    assert t.model_flops(windowed, 1000, docs) == 6 * 1000 * 12 + 3 * 4 * 64 * (2 * 18 + pairs)
 
 
 def test_kernel_families():

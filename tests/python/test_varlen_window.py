@@ -224,6 +224,28 @@ def test_hf_sliding_window_from_the_keyword_the_module_or_its_config():
                                        sliding_window=bad)
 
 
+def test_hf_cad_plan_tuple_gives_each_layer_the_plan_of_its_window():
+    """cad_plan may be one plan per mask (as plan_ahead returns them): a global layer takes the causal plan, a
+    windowed one the plan with its window, in either order; a tuple without the layer's window is refused naming
+    it (one process: CAD over the host communicator with a world of one)."""
+    import types
+
+    import cad.hf
+    q, k, v, cu = random_batch([7, 3, 12], 4, 2, 16, seed=5)
+    as_hf = [t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)]
+    config = types.SimpleNamespace(sliding_window=4, layer_types=["full_attention", "sliding_attention"])
+    layers = [types.SimpleNamespace(is_causal=True, config=config, layer_idx=i) for i in (0, 1)]
+    expected = [sdpa_varlen(q, k, v, cu, True), sdpa_varlen_window(q, k, v, cu, True, (3, 0))]
+    plans = (cad.plan(cu), cad.plan(cu, window_size=(3, 0)))
+    for order in (plans, plans[::-1], list(plans)):
+        for layer, want in zip(layers, expected):
+            out, _ = cad.hf.cad_attention(layer, *as_hf, None, cad_cu_seqlens=cu, cad_plan=order)
+            torch.testing.assert_close(out.reshape(q.shape), want, rtol=1e-5, atol=2e-5)
+            assert cad.hf.current_plan().window_left == (3 if layer.layer_idx == 1 else -1)
+    with pytest.raises(cad.CadError, match=r"layer 1 \(causal=True, window_left=3\) has no plan among"):
+        cad.hf.cad_attention(layers[1], *as_hf, None, cad_cu_seqlens=cu, cad_plan=(plans[0],))
+
+
 def _hf_train(rank, implementation, kind, ahead):
     """Two optimizer steps of a windowed model on this rank's packed documents; ahead: plans via plan_ahead."""
     import cad.hf

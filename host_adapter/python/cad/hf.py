@@ -30,7 +30,9 @@ plan_ahead.
 A caller that runs a forward in pieces (e.g. two nano-batches through cad.ping_pong, each with its own plan)
 passes each call's documents and plan itself, as layer keywords that transformers forwards to the attention
 function: `cad_cu_seqlens` (int32 [documents + 1]) and, for "cad", `cad_plan` (made by cad.plan on every
-rank). Neither is then derived nor remembered.
+rank). Neither is then derived nor remembered. For a model with windowed and global layers `cad_plan` may be a
+tuple (or list) of plans, one per mask, as plan_ahead returns them: each layer takes the plan made for its own
+window (cad.plan(cu, window_size=(left, 0)) for a layer of sliding_window left + 1; no window for a global layer).
 """
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -137,6 +139,17 @@ def _documents(query, kwargs):
     return entry
 
 
+def _plan_for_window(plans, causal, window, layer_idx):
+    """The plan of `plans` (one per mask) made for this layer's mask: causal and window_left as the layer's."""
+    left = window[0]
+    for plan in plans:
+        if plan.causal == bool(causal) and plan.window_left == left:
+            return plan
+    have = ", ".join(f"(causal={p.causal}, window_left={p.window_left})" for p in plans) or "none"
+    raise CadError(f"cad attention: layer {layer_idx} (causal={bool(causal)}, window_left={left}) has no plan among "
+                   f"the cad_plan tuple's: {have}; pass one plan per mask the model's layers use")
+
+
 def _attention(module, query, key, value, attention_mask, *, distributed, dropout=0.0, scaling=None,
                is_causal=None, cad_cu_seqlens=None, cad_plan=None, **kwargs):
     if dropout:
@@ -151,6 +164,8 @@ def _attention(module, query, key, value, attention_mask, *, distributed, dropou
     batch, heads, seq, dim = query.shape
     causal = module.is_causal if is_causal is None else is_causal
     window = _window_of_size(_sliding_window(module, kwargs), causal)
+    if isinstance(cad_plan, (tuple, list)):
+        cad_plan = _plan_for_window(cad_plan, causal, window, getattr(module, "layer_idx", None))
     plan, cu = cad_plan, cad_cu_seqlens
     if cu is None:
         documents = _documents(query, kwargs)
