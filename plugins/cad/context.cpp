@@ -58,6 +58,7 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   config.balancer = required_name(reader, "balancer");
   config.server_backend = required_name(reader, "server_backend");
   config.keep_forward_tensors = reader.get_bool("keep_forward_tensors", true);
+  config.overlap_local = reader.get_bool("overlap_local", false);
   config.knobs.min_shard_tokens = reader.get_int("min_shard_tokens", 0, 0, std::numeric_limits<int32_t>::max());
   config.knobs.memory_cap_bytes = reader.get_int("memory_cap_bytes", 0, 0, std::numeric_limits<int64_t>::max());
   reader.finish(logger);
@@ -136,10 +137,12 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   accepts.max_head_dim = server.caps.max_head_dim;
   // One line per job is enough at info level; the other ranks say it at debug level.
   const std::string summary =
-      format("rank %d of %d: communicator '%s'%s%s, balancer '%s', server backend '%s', keep_forward_tensors %s, %s data path",
+      format("rank %d of %d: communicator '%s'%s%s, balancer '%s', server backend '%s', keep_forward_tensors %s, "
+             "overlap_local %s, %s data path",
              comm->rank(), comm->world(), config.communicator.c_str(), plan_comm ? ", plans over '" : "",
              plan_comm ? (config.plan_communicator + "'").c_str() : "", config.balancer.c_str(),
              config.server_backend.c_str(), config.keep_forward_tensors ? "true" : "false",
+             config.overlap_local ? "true" : "false",
              accepts.device_type == CAD_DEVICE_CPU ? "CPU" : (host_staged ? "CUDA (host-staged)" : "CUDA"));
   logger.log(comm->rank() == 0 ? CAD_LOG_INFO : CAD_LOG_DEBUG, summary);
 }

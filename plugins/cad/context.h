@@ -25,6 +25,9 @@ struct Config {
   std::string balancer;
   std::string server_backend;
   bool keep_forward_tensors = true;  // servers keep Q/K/V/O/LSE of the last forward for backward
+  // Each call computes the server's local part (layout.h BatchPart::local) while the other owners' rows are in
+  // flight, then the rest (plan.h CadPlan::local_first). Rank-local: the layout does not depend on it.
+  bool overlap_local = false;
   PlanKnobs knobs;                   // min_shard_tokens, memory_cap_bytes for the balancer's cost model
 };
 
