@@ -195,3 +195,32 @@ def test_plan_communicator_must_be_an_instance_of_its_own(fresh_stacks):
     _, _, _, cu = _micro_batch(0, 0)
     with pytest.raises(cad.CadError, match="'plan_communicator' names 'comm', the data communicator itself"):
         cad.plan(cu, **SHAPE)
+
+
+def test_overlap_local_reaches_the_cad_config(fresh_stacks, monkeypatch):
+    """cad.init(overlap_local=...) or, where it is left None, $CAD_OVERLAP_LOCAL sets the plugin's overlap_local;
+    neither: the key is left out (the plugin's default). A one-process plan runs with it."""
+    cad = fresh_stacks
+
+    def key():
+        return cad.stack_config(torch.device("cpu"))["instances"][-1]["config"].get("overlap_local")
+
+    monkeypatch.delenv("CAD_OVERLAP_LOCAL", raising=False)
+    assert key() is None
+    for text, want in (("1", True), ("on", True), ("TRUE", True), ("0", False), ("off", False)):
+        monkeypatch.setenv("CAD_OVERLAP_LOCAL", text)
+        assert key() is want, text
+    monkeypatch.setenv("CAD_OVERLAP_LOCAL", "maybe")
+    with pytest.raises(cad.CadError, match="CAD_OVERLAP_LOCAL must be"):
+        key()
+    cad.init(timeout_ms=20000, overlap_local=False)  # the argument wins over the variable
+    monkeypatch.setenv("CAD_OVERLAP_LOCAL", "on")
+    assert key() is False
+    with pytest.raises(cad.CadError, match="overlap_local must be True, False or None"):
+        cad.init(overlap_local="yes")
+    cad.init(timeout_ms=20000, overlap_local=True)
+    assert key() is True
+    q, k, v, cu = _micro_batch(0, 0)
+    plan = cad.plan(cu, **SHAPE)
+    _check(q, k, v, cu, plan, torch.ones(q.shape))
+    assert plan.stats["local_part"]["computed_first"] is True  # one process: every document is local
