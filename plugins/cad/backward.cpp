@@ -93,7 +93,9 @@ void cpu_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const 
   const LseMover move_lse = cpu_lse_mover(shape, batch.q_rows, in.lse.data());
   ServerCompute compute(ctx, stats);
   const auto run = [&](Calls which) {
-    compute.run([&] { return run_server_calls(ctx, plan, shape, t, which, true, cpu, nullptr, lse_scratch.data(), move_lse); });
+    compute.run([&](std::string* message) {
+      return run_server_calls(ctx, plan, shape, t, which, true, cpu, nullptr, lse_scratch.data(), move_lse, message);
+    });
   };
   // With local_first: this rank's own rows without communication, its local part, then the other owners' rows.
   if (plan.local_first) {

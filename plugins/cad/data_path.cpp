@@ -95,7 +95,8 @@ cad_status_t call_server_forward(CadContext& ctx, const ServerCall& call, const 
   cad_attention_forward_args_v1_t a{};  // describe_server_call sets every scalar, the window too
   describe_server_call(a, call, shape, stream);
   a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
-  return ctx.server.table->forward(ctx.server.instance, &a);
+  const ServerBackend& backend = ctx.backend_for(call.early);
+  return backend.table->forward(backend.instance, &a);
 }
 
 cad_status_t call_server_backward(CadContext& ctx, const ServerCall& call, const CallShape& shape,
@@ -105,7 +106,8 @@ cad_status_t call_server_backward(CadContext& ctx, const ServerCall& call, const
   describe_server_call(a, call, shape, stream);
   a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
   a.d_o = views.d_o.get(), a.d_q = views.d_q.get(), a.d_k = views.d_k.get(), a.d_v = views.d_v.get();
-  return ctx.server.table->backward(ctx.server.instance, &a);
+  const ServerBackend& backend = ctx.backend_for(call.early);
+  return backend.table->backward(backend.instance, &a);
 }
 
 ServerBatchTensors part_tensors(const ServerBatchTensors& whole, const BatchPart& part, const CallShape& shape) {
@@ -124,11 +126,10 @@ bool needs_lse_scratch(const CadPlan& plan) {
 
 cad_status_t run_server_calls(CadContext& ctx, const CadPlan& plan, const CallShape& shape,
                               const ServerBatchTensors& whole, Calls which, bool backward, cad_device_v1_t device,
-                              void* stream, float* lse_scratch, const LseMover& move_lse) {
+                              void* stream, float* lse_scratch, const LseMover& move_lse, std::string* message) {
   for (size_t i = 0; i < plan.server_calls.size(); ++i) {
     const ServerCall& call = plan.server_calls[i];
-    const bool early = plan.local_first && call.part.local;
-    if (early != (which == Calls::Early)) continue;
+    if (call.early != (which == Calls::Early)) continue;
     ServerBatchTensors t = part_tensors(whole, call.part, shape);
     // LSE [Hq, T]: a part's columns are not one range of it, so a part's call gets an LSE of its own.
     float* part_lse = call.whole ? whole.lse : lse_scratch + int64_t{shape.num_q_heads} * call.part.q_row;
@@ -136,7 +137,12 @@ cad_status_t run_server_calls(CadContext& ctx, const CadPlan& plan, const CallSh
     if (backward && !call.whole) move_lse(call, i, part_lse, false);
     const cad_status_t status = backward ? call_server_backward(ctx, call, shape, t, device, stream)
                                          : call_server_forward(ctx, call, shape, t, device, stream);
-    if (status != CAD_STATUS_OK) return status;
+    if (status != CAD_STATUS_OK) {
+      const ServerBackend& backend = ctx.backend_for(call.early);
+      const char* text = backend.table->last_error(backend.instance);
+      *message = "server backend instance '" + backend.name + "': " + (text != nullptr ? text : "(no message)");
+      return status;
+    }
     if (!backward && !call.whole) move_lse(call, i, part_lse, true);
   }
   return CAD_STATUS_OK;

@@ -78,16 +78,14 @@ class ServerCompute {
  public:
   ServerCompute(CadContext& ctx, CallStats& stats) : ctx_(ctx), stats_(stats) {}
 
+  // `call(std::string* message)` returns a status, and on failure says why in *message.
   template <class Call>
   void run(Call&& call) {
     if (status_ != CAD_STATUS_OK) return;
     Stopwatch wall;
     CpuStopwatch cpu;
     try {
-      status_ = call();
-      if (status_ != CAD_STATUS_OK) {
-        message_ = "server backend instance '" + ctx_.server.name + "': " + ctx_.server.table->last_error(ctx_.server.instance);
-      }
+      status_ = call(&message_);
     } catch (const plugin::Failure& f) {
       status_ = f.status();
       message_ = f.what();
@@ -142,13 +140,14 @@ enum class Calls { Early, Late };
 // CUDA paths each bring theirs.
 using LseMover = std::function<void(const ServerCall& call, size_t index, float* part_lse, bool to_batch)>;
 
-// Runs the plan's server calls of `which`, in batch order, forward or `backward`, each on its rows of `whole`;
-// stops at the first failure and returns its status. A call over the whole batch uses whole.lse itself; any
+// Runs the plan's server calls of `which`, in batch order, forward or `backward`, each on its rows of `whole`
+// and its backend (CadContext::backend_for); stops at the first failure and returns its status, `message`
+// then naming the backend instance and saying what it said. A call over the whole batch uses whole.lse itself; any
 // other call's LSE lives in `lse_scratch` (Hq x batch rows floats, the call's [Hq, rows] at Hq * part.q_row)
 // and is moved by `move_lse`. All calls share `device` and `stream`.
 cad_status_t run_server_calls(CadContext& ctx, const CadPlan& plan, const CallShape& shape,
                               const ServerBatchTensors& whole, Calls which, bool backward, cad_device_v1_t device,
-                              void* stream, float* lse_scratch, const LseMover& move_lse);
+                              void* stream, float* lse_scratch, const LseMover& move_lse, std::string* message);
 
 // Whether run_server_calls needs its LSE scratch (some call covers part of the batch only).
 bool needs_lse_scratch(const CadPlan& plan);

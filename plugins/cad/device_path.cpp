@@ -724,10 +724,9 @@ class Mover {
   ExchangeEvents* timing_ = nullptr;
 };
 
-void server_failed(CadContext& ctx, const char* what) {
-  const char* message = ctx.server.table->last_error(ctx.server.instance);
-  fail(CAD_STATUS_DEVICE_ERROR, format("server backend instance '%s': %s failed: %s", ctx.server.name.c_str(), what,
-                                       message != nullptr ? message : "(no message)"));
+// `message`: run_server_calls' (it names the backend instance).
+[[noreturn]] void server_failed(const std::string& message, const char* what) {
+  fail(CAD_STATUS_DEVICE_ERROR, format("%s failed: %s", what, message.c_str()));
 }
 
 void* data(const cad_tensor_v1_t* t) { return plugin::tensor_data(t); }
@@ -863,6 +862,7 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
   }
   const LseMover move_lse = device_lse_mover(dp, t.lse, batch.q_rows, hq, stream);
   cad_status_t status = CAD_STATUS_OK;
+  std::string failure;
   Mover move(ctx, dp, scratch, stream, drain, stats);
   inputs_and_calls(
       plan, ctx.host_staged, false, move,
@@ -879,14 +879,14 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
       },
       [&](Calls which) {
         if (drain || status != CAD_STATUS_OK) return;
-        status = run_server_calls(ctx, plan, shape, t, which, false, device, call_stream, lse_scratch, move_lse);
+        status = run_server_calls(ctx, plan, shape, t, which, false, device, call_stream, lse_scratch, move_lse, &failure);
       });
   if (status != CAD_STATUS_OK) {
     // Peers wait for this rank's results: finish the collectives (drained) before reporting.
     CallStats ignored;
     Mover(ctx, dp, scratch, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
     Mover(ctx, dp, scratch, stream, true, ignored).lse(Direction::ToOwners, nullptr, 0, nullptr, 0, hq);
-    server_failed(ctx, "forward");
+    server_failed(failure, "forward");
   }
   if (keep == nullptr) {  // the server batch's Q/K/V scratch is done once its forward ran
     scratch.give_back(q);
@@ -947,6 +947,7 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   }
   const LseMover move_lse = device_lse_mover(dp, t.lse, batch.q_rows, hq, stream);
   cad_status_t status = CAD_STATUS_OK;
+  std::string failure;
   Mover move(ctx, dp, scratch, stream, drain, stats);
   inputs_and_calls(
       plan, ctx.host_staged, !kept, move,
@@ -972,7 +973,7 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
       },
       [&](Calls which) {
         if (drain || status != CAD_STATUS_OK) return;
-        status = run_server_calls(ctx, plan, shape, t, which, true, device, call_stream, lse_scratch, move_lse);
+        status = run_server_calls(ctx, plan, shape, t, which, true, device, call_stream, lse_scratch, move_lse, &failure);
       });
   const bool failed = status != CAD_STATUS_OK;
   scratch.give_back(lse_scratch);
@@ -986,7 +987,7 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   back.kv_sums_to_owners(d_k, skip ? nullptr : data(args->d_k), shape);
   back.kv_sums_to_owners(d_v, skip ? nullptr : data(args->d_v), shape);
   stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
-  if (failed) server_failed(ctx, "backward");
+  if (failed) server_failed(failure, "backward");
 }
 
 }  // namespace cad::cad_plugin

@@ -29,7 +29,9 @@ void cpu_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const c
   // The server batch: its calls over parts of it (plan.h); segments of one document share its KV prefix.
   ServerCompute compute(ctx, stats);
   const auto run = [&](Calls which) {
-    compute.run([&] { return run_server_calls(ctx, plan, shape, t, which, false, cpu, nullptr, lse_scratch.data(), move_lse); });
+    compute.run([&](std::string* message) {
+      return run_server_calls(ctx, plan, shape, t, which, false, cpu, nullptr, lse_scratch.data(), move_lse, message);
+    });
   };
 
   // 1. Q/K/V of the owners -> server batch. With local_first, this rank's own rows first, without communication,

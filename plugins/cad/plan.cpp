@@ -21,9 +21,8 @@ void PlanDeleter::operator()(CadPlan* plan) const {
   // device memory are shared with the other thread's calls.
   std::lock_guard<std::recursive_mutex> shared(ctx->state_mutex);
   for (const ServerCall& call : plan->server_calls) {
-    if (call.backend_plan != nullptr && ctx->server.has_plans()) {
-      ctx->server.table->release_plan(ctx->server.instance, call.backend_plan);
-    }
+    const ServerBackend& backend = ctx->backend_for(call.early);
+    if (call.backend_plan != nullptr && backend.has_plans()) backend.table->release_plan(backend.instance, call.backend_plan);
   }
   delete plan;  // the device plan goes back through its own deleter
 }
@@ -56,6 +55,7 @@ void make_server_calls(CadContext& ctx, CadPlan& plan, const Step& step, void* s
   for (const BatchPart& part : parts) {
     ServerCall call;
     call.part = part;
+    call.early = plan.local_first && part.local;
     call.whole = part.q_rows == batch.q_rows;
     for (int64_t i = part.first_segment; i < part.first_segment + part.num_segments; ++i) {
       cad_segment_v1_t s = batch.segments[static_cast<size_t>(i)];
@@ -65,14 +65,15 @@ void make_server_calls(CadContext& ctx, CadPlan& plan, const Step& step, void* s
     }
     plan.server_calls.push_back(std::move(call));
     ServerCall& made = plan.server_calls.back();
-    if (!ctx.server.has_plans()) continue;
+    const ServerBackend& backend = ctx.backend_for(made.early);
+    if (!backend.has_plans()) continue;
     const cad_attention_plan_args_v1_t args =
         server_plan_args(made.segments.data(), static_cast<int64_t>(made.segments.size()), part.q_rows, part.kv_rows,
                          step.shape, stream);
-    if (ctx.server.table->make_plan(ctx.server.instance, &args, &made.backend_plan) != CAD_STATUS_OK) {
+    if (backend.table->make_plan(backend.instance, &args, &made.backend_plan) != CAD_STATUS_OK) {
       made.backend_plan = nullptr;
-      const char* message = ctx.server.table->last_error(ctx.server.instance);
-      fail(CAD_STATUS_INTERNAL, "server backend instance '" + ctx.server.name +
+      const char* message = backend.table->last_error(backend.instance);
+      fail(CAD_STATUS_INTERNAL, "server backend instance '" + backend.name +
                                     "': make_plan of this rank's batch failed: " + (message ? message : "(no message)"));
     }
   }

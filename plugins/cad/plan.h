@@ -28,7 +28,8 @@ struct DevicePlanDeleter {
 struct ServerCall {
   BatchPart part;
   std::vector<cad_segment_v1_t> segments;
-  void* backend_plan = nullptr;
+  void* backend_plan = nullptr;  // of CadContext::backend_for(early)
+  bool early = false;  // a local part computed before the exchange completes (CadPlan::local_first)
   bool whole = false;  // the part is the whole batch: the call's LSE is the batch's (no copy, see data_path.h)
 };
 

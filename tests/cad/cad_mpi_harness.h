@@ -61,6 +61,17 @@ inline std::string stack_config() {
       }
     }
   }
+  // overlap_local with its local parts on an instance of their own (cad_overlap_test.cpp).
+  instances.push_back({{"name", "server_early"}, {"plugin", "reference"}, {"config", {{"num_threads", 1}}}});
+  instances.push_back({{"name", "cad_overlap_own_backend"},
+                       {"plugin", "cad"},
+                       {"config",
+                        {{"communicator", "comm"},
+                         {"balancer", "bal_" + balancers().front()},
+                         {"server_backend", "server"},
+                         {"overlap_local", true},
+                         {"overlap_server_backend", "server_early"},
+                         {"min_shard_tokens", 8}}}});
   // overlap_local on even ranks only: a rank-local choice (cad_overlap_test.cpp).
   instances.push_back({{"name", "cad_overlap_even_ranks"},
                        {"plugin", "cad"},

@@ -127,6 +127,22 @@ TEST(CadOverlap, ARankLocalChoice) {
   }
 }
 
+TEST(CadOverlap, TheLocalPartOnABackendOfItsOwn) {
+  // overlap_server_backend: the local parts' calls (and plans) go to that instance, the rest to server_backend.
+  const GlobalBatch b = cad_test::make_batch(spec_for(1450));
+  const Attention own = cad_instance_named("cad_overlap_own_backend");
+  for (bool planned : {false, true}) {
+    for (bool causal : {true, false}) {
+      expect_same_bits(run_step(own, b, causal, planned),
+                       run_step(cad_instance(balancers().front(), true, false), b, causal, planned));
+    }
+  }
+  // The reference backend reports its last forward's time: the early instance ran where there is a local part.
+  const bool first = stats_of(own).at("backward").at("local_part").at("computed_first").get<bool>();
+  const nlohmann::json early = stats_of(cad_instance_named("server_early"));
+  EXPECT_EQ(early.at("forward_ms").get<double>() > 0.0, first) << "rank " << g_rank << ": " << early.dump();
+}
+
 TEST(CadOverlap, StatsCountTheLocalPart) {
   for (const std::string& balancer : balancers()) {
     SCOPED_TRACE(balancer);
