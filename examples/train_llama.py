@@ -59,6 +59,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import sys
 import time
 
@@ -609,9 +610,12 @@ def configurations(args):
             run.ping_pong_when = "worthwhile"
         if "now" in modes:
             run.plan_ahead = "off"
-        run.overlap_local = "on" if "ol" in modes else "off"
+        overlap = [m for m in modes if re.fullmatch(r"ol\d*", m)]  # '+ol', or '+olN': N SMs left to NCCL
+        run.overlap_local = "on" if overlap else "off"
+        if overlap and overlap[0] != "ol":
+            run.overlap_sm_margin = int(overlap[0][2:])
         label = base + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
-            ("_autopingpong" if "ppauto" in modes else "") + ("_overlap" if "ol" in modes else "")
+            ("_autopingpong" if "ppauto" in modes else "") + ("_overlap" + overlap[0][2:] if overlap else "")
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -692,6 +696,8 @@ def summary_of(args, world, device):
             "compile": args.compile, "ping_pong": args.ping_pong, "plan_ahead": args.plan_ahead, "gc": args.gc,
             "overlap_local": args.overlap_local if args.overlap_local is not None else
             os.environ.get("CAD_OVERLAP_LOCAL", "default (off)"),
+            "overlap_sm_margin": args.overlap_sm_margin if args.overlap_sm_margin is not None else
+            int(os.environ.get("CAD_OVERLAP_SM_MARGIN") or 0),
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk}
 
@@ -715,7 +721,8 @@ def train_one(args, rank, world, device, lengths):
         return result
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms,
-             overlap_local=None if args.overlap_local is None else args.overlap_local == "on")
+             overlap_local=None if args.overlap_local is None else args.overlap_local == "on",
+             overlap_sm_margin=args.overlap_sm_margin)
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
         if args.ping_pong and args.ping_pong_when == "worthwhile" else None
@@ -1001,16 +1008,22 @@ def parse_args(argv=None):
                         "list of 'local' (the project's kernels, no CAD), 'torch_varlen' (torch's varlen_attn; "
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+ppauto' (--ping-pong "
-                        "--ping-pong-when worthwhile), '+now' (--plan-ahead off) and/or '+ol' (--overlap-local on), "
-                        "e.g. local,torch_varlen,prefix_aware,prefix_aware+ol,prefix_aware+now,distca+pp. Each starts "
-                        "from the same weights; its JSON is --json-out with {config} = its name, + '_plannow' with "
-                        "+now, + '_pingpong' with +pp, + '_autopingpong' with +ppauto, + '_overlap' with +ol. "
-                        "Overrides --attention, --balancer, --ping-pong, --plan-ahead, --overlap-local")
+                        "--ping-pong-when worthwhile), '+now' (--plan-ahead off) and/or '+ol' (--overlap-local on; "
+                        "'+olN': and --overlap-sm-margin N), e.g. "
+                        "local,torch_varlen,prefix_aware,prefix_aware+ol,prefix_aware+ol16,prefix_aware+now,distca+pp. "
+                        "Each starts from the same weights; its JSON is --json-out with {config} = its name, + "
+                        "'_plannow' with +now, + '_pingpong' with +pp, + '_autopingpong' with +ppauto, + '_overlap' "
+                        "with +ol ('_overlapN' with +olN). Overrides --attention, --balancer, --ping-pong, "
+                        "--plan-ahead, --overlap-local")
     p.add_argument("--overlap-local", choices=["on", "off"], default=None,
                    help="CAD's overlap_local: every server computes its local part (documents whose rows are all its "
                         "own) while the other ranks' rows are in flight, then the rest; each step records "
                         "exchange_overlapped_ms (exchange time the server spent computing instead of waiting) and "
                         "local_part_share. Default: $CAD_OVERLAP_LOCAL if set, else the plugin's default (off)")
+    p.add_argument("--overlap-sm-margin", type=int, default=None,
+                   help="with --overlap-local on, on CUDA: SMs the local part's forward leaves to NCCL's blocks (a "
+                        "second cuda instance with this sm_margin runs the local parts; its persistent forward kernel "
+                        "would otherwise wait for NCCL's blocks). Default: $CAD_OVERLAP_SM_MARGIN if set, else 0"),
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -1047,6 +1060,8 @@ def parse_args(argv=None):
         p.error(f"--intermediate must be positive (or 0 for 3 x --hidden), got {args.intermediate}")
     if args.layers < 1 or args.micro_batches < 1 or args.loss_chunk < 1 or args.steps < 1:
         p.error("--layers, --micro-batches, --loss-chunk and --steps must be at least 1")
+    if args.overlap_sm_margin is not None and args.overlap_sm_margin < 0:
+        p.error(f"--overlap-sm-margin must be 0 or more, got {args.overlap_sm_margin}")
     if not 0.0 <= args.ping_pong_min_stall_share < 1.0:
         p.error(f"--ping-pong-min-stall-share must be in [0, 1), got {args.ping_pong_min_stall_share}")
     if args.checkpoint_reentrant and args.checkpointing != "full":
@@ -1058,12 +1073,13 @@ def parse_args(argv=None):
         names = args.configs.split(",")
         def refused(name):
             base, *modes = name.split("+")
-            return (not base or any(m not in ("pp", "ppauto", "now", "ol") for m in modes)
-                    or len(set(modes)) != len(modes) or {"pp", "ppauto"} <= set(modes))
+            overlap = [m for m in modes if re.fullmatch(r"ol\d*", m)]
+            return (not base or any(m not in ("pp", "ppauto", "now") and m not in overlap for m in modes)
+                    or len(set(modes)) != len(modes) or {"pp", "ppauto"} <= set(modes) or len(overlap) > 1)
         bad = [n for n in names if refused(n)]
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'torch_varlen' or a balancer name, optionally with "
-                    f"'+pp' or '+ppauto', '+now' and/or '+ol'")
+                    f"'+pp' or '+ppauto', '+now' and/or one of '+ol', '+olN'")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     return args

@@ -136,7 +136,7 @@ if want train; then
       [[ "+$config+" == *"+now+"* ]] && name+="_plannow"
       [[ "+$config+" == *"+pp+"* ]] && name+="_pingpong"
       [[ "+$config+" == *"+ppauto+"* ]] && name+="_autopingpong"
-      [[ "+$config+" == *"+ol+"* ]] && name+="_overlap"
+      [[ "+$config+" =~ \+ol([0-9]*)\+ ]] && name+="_overlap${BASH_REMATCH[1]}"
       if [ -f "$OUT/train_${name}_${ctx}.json" ]; then
         python3 -c "import json,sys; print('summary', json.dumps(json.load(open(sys.argv[1]))['summary']))" \
           "$OUT/train_${name}_${ctx}.json" | tee -a "$SUMMARY"

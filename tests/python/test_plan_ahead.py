@@ -224,3 +224,17 @@ def test_overlap_local_reaches_the_cad_config(fresh_stacks, monkeypatch):
     plan = cad.plan(cu, **SHAPE)
     _check(q, k, v, cu, plan, torch.ones(q.shape))
     assert plan.stats["local_part"]["computed_first"] is True  # one process: every document is local
+    # overlap_sm_margin (or $CAD_OVERLAP_SM_MARGIN): a second cuda instance for the local parts, on CUDA only.
+    settings = dict(cad._runtime._settings, overlap_local=True, overlap_sm_margin=8)
+    cuda = cad.stack_config(torch.device("cuda", 0), settings)
+    names = [i["name"] for i in cuda["instances"]]
+    assert names[-2] == "server_overlap" and cuda["instances"][-2]["config"] == {"sm_margin": 8}
+    assert cuda["instances"][-1]["config"]["overlap_server_backend"] == "server_overlap"
+    assert "server_overlap" not in [i["name"] for i in cad.stack_config(torch.device("cpu"), settings)["instances"]]
+    monkeypatch.setenv("CAD_OVERLAP_SM_MARGIN", "12")
+    settings["overlap_sm_margin"] = None
+    assert cad.stack_config(torch.device("cuda", 0), settings)["instances"][-2]["config"] == {"sm_margin": 12}
+    settings["overlap_local"] = False
+    assert "server_overlap" not in [i["name"] for i in cad.stack_config(torch.device("cuda", 0), settings)["instances"]]
+    with pytest.raises(cad.CadError, match="overlap_sm_margin must be an int >= 0"):
+        cad.init(overlap_sm_margin=-1)

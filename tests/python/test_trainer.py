@@ -450,13 +450,17 @@ def test_presets_and_defaults():
 def test_configs_overlap_modifier():
     """--configs' '+ol' turns overlap_local on for that configuration (label '_overlap'); the others run it off."""
     t = _trainer_module()
-    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+ol,distca+pp+ol", "--json-out", "x_{config}.json"])
+    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+ol,prefix_aware+ol16,distca+pp+ol", "--json-out",
+                         "x_{config}.json", "--overlap-sm-margin", "4"])
     runs = dict(t.configurations(args))
     assert runs["prefix_aware"].overlap_local == "off"
     assert runs["prefix_aware_overlap"].overlap_local == "on"
+    assert runs["prefix_aware_overlap"].overlap_sm_margin == 4  # --overlap-sm-margin
     assert runs["prefix_aware_overlap"].json_out == "x_prefix_aware_overlap.json"
+    assert runs["prefix_aware_overlap16"].overlap_local == "on" and runs["prefix_aware_overlap16"].overlap_sm_margin == 16
     assert runs["distca_pingpong_overlap"].overlap_local == "on" and runs["distca_pingpong_overlap"].ping_pong
-    assert t.parse_args([]).overlap_local is None  # $CAD_OVERLAP_LOCAL or the plugin's default
+    defaults = t.parse_args([])
+    assert defaults.overlap_local is None and defaults.overlap_sm_margin is None  # $CAD_OVERLAP_* or the defaults
 
 
 def test_bad_options_are_refused(capsys):
@@ -467,7 +471,9 @@ def test_bad_options_are_refused(capsys):
         _refused(t, capsys, ["--steps", "3", "--profile-step", "3"])
     for configs, message in (("local,bogus+x", "'bogus+x' is not"), ("+pp", "'+pp' is not"),
                              ("local,,prefix_aware", "'' is not"), ("prefix_aware+pp+pp", "'prefix_aware+pp+pp' is not"),
-                             ("prefix_aware+ol+ol", "'prefix_aware+ol+ol' is not")):
+                             ("prefix_aware+ol+ol", "'prefix_aware+ol+ol' is not"),
+                             ("prefix_aware+ol+ol8", "'prefix_aware+ol+ol8' is not"),
+                             ("prefix_aware+olx", "'prefix_aware+olx' is not")):
         assert message in _refused(t, capsys, ["--configs", configs]), configs
     assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
     assert "applies to --checkpointing full only" in _refused(t, capsys, ["--checkpoint-reentrant"])
@@ -476,6 +482,7 @@ def test_bad_options_are_refused(capsys):
         assert f"--ping-pong-min-stall-share must be in [0, 1), got {float(share)}" in \
             _refused(t, capsys, ["--ping-pong-min-stall-share", share])
     assert "needs NCCL" in _refused(t, capsys, ["--device", "cuda", "--communicator", "host", "--parallel", "fsdp2"])
+    assert "--overlap-sm-margin must be 0 or more, got -1" in _refused(t, capsys, ["--overlap-sm-margin", "-1"])
 
 
 def test_model_flops():
