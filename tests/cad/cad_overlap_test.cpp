@@ -131,16 +131,18 @@ TEST(CadOverlap, TheLocalPartOnABackendOfItsOwn) {
   // overlap_server_backend: the local parts' calls (and plans) go to that instance, the rest to server_backend.
   const GlobalBatch b = cad_test::make_batch(spec_for(1450));
   const Attention own = cad_instance_named("cad_overlap_own_backend");
+  bool any_first = false;  // this rank had a local part in some call (causal calls have more: shorter K/V)
   for (bool planned : {false, true}) {
     for (bool causal : {true, false}) {
       expect_same_bits(run_step(own, b, causal, planned),
                        run_step(cad_instance(balancers().front(), true, false), b, causal, planned));
+      any_first = any_first || stats_of(own).at("backward").at("local_part").at("computed_first").get<bool>();
     }
   }
-  // The reference backend reports its last forward's time: the early instance ran where there is a local part.
-  const bool first = stats_of(own).at("backward").at("local_part").at("computed_first").get<bool>();
+  // The reference backend reports its last forward's time (0 before any): the early instance ran exactly where
+  // there was a local part.
   const nlohmann::json early = stats_of(cad_instance_named("server_early"));
-  EXPECT_EQ(early.at("forward_ms").get<double>() > 0.0, first) << "rank " << g_rank << ": " << early.dump();
+  EXPECT_EQ(early.at("forward_ms").get<double>() > 0.0, any_first) << "rank " << g_rank << ": " << early.dump();
 }
 
 TEST(CadOverlap, StatsCountTheLocalPart) {

@@ -280,6 +280,44 @@ TEST(Layout, LocalGroupsFormOnePartBetweenTheMixedOnes) {
   EXPECT_TRUE(cp::build_wire_table(l2, 1, false, false).direct);
 }
 
+TEST(Layout, SequentialPackingKeepsDocumentOrder) {
+  // Documents packed rank after rank with rising ids (as trainers pack their buffers): owner order is doc_id
+  // order, the layout of earlier versions, whatever the plan.
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    BatchSpec spec;
+    spec.seed = seed;
+    spec.world = static_cast<int32_t>(2 + seed % 4);
+    spec.tokens_per_rank = 50;
+    GlobalBatch b = cad_test::make_batch(spec);
+    // Re-cut the documents into the ranks' equal buffers, in order.
+    for (auto& pieces : b.pieces) pieces.clear();
+    const int64_t per_rank = (b.total_tokens + b.world - 1) / b.world;
+    for (const auto& doc : b.docs) {
+      for (int64_t pos = 0; pos < doc.len;) {
+        const int64_t global = doc.first_row + pos;
+        const int32_t rank = static_cast<int32_t>(global / per_rank);
+        const int64_t len = std::min(doc.len - pos, (rank + 1) * per_rank - global);
+        b.pieces[static_cast<size_t>(rank)].push_back(cad_piece_v1_t{doc.id, doc.len, pos, len});
+        pos += len;
+      }
+    }
+    const auto tasks = random_plan(b, seed);
+    const cp::Layout layout = cp::build_layout(b.pieces, tasks, true);
+    const auto tokens = owner_tokens(b);
+    for (int32_t s = 0; s < b.world; ++s) {
+      std::vector<int64_t> doc_of_row(static_cast<size_t>(layout.servers[static_cast<size_t>(s)].q_rows), -1);
+      for (int32_t o = 0; o < b.world; ++o) {
+        for (const cp::RowRun& run : layout.route(o, s).q) {
+          for (int64_t i = 0; i < run.count; ++i) {
+            doc_of_row[static_cast<size_t>(run.dst_row + i)] = tokens[static_cast<size_t>(o)][static_cast<size_t>(run.src_row + i)].doc;
+          }
+        }
+      }
+      EXPECT_TRUE(std::is_sorted(doc_of_row.begin(), doc_of_row.end())) << "seed " << seed << " server " << s;
+    }
+  }
+}
+
 TEST(Exchange, OwnRowsCopiedAsideMoveEveryRowExactlyOnce) {
   // Peers::Others leaves each rank's rows to itself out of the exchange; exchange_self moves exactly those:
   // together they fill every server row as the full exchange does, and neither alone does.
