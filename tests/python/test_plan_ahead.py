@@ -219,3 +219,46 @@ def _groups_destroyed_at_shutdown(rank, world):
 
 def test_shutdown_destroys_the_groups_the_package_made():
     harness.run(2, _groups_destroyed_at_shutdown)
+
+
+def test_overlap_local_reaches_the_cad_config(fresh_stacks, monkeypatch):
+    """cad.init(overlap_local=...) or, where it is left None, $CAD_OVERLAP_LOCAL sets the plugin's overlap_local;
+    neither: the key is left out (the plugin's default). A one-process plan runs with it."""
+    cad = fresh_stacks
+
+    def key():
+        return cad.stack_config(torch.device("cpu"))["instances"][-1]["config"].get("overlap_local")
+
+    monkeypatch.delenv("CAD_OVERLAP_LOCAL", raising=False)
+    assert key() is None
+    for text, want in (("1", True), ("on", True), ("TRUE", True), ("0", False), ("off", False)):
+        monkeypatch.setenv("CAD_OVERLAP_LOCAL", text)
+        assert key() is want, text
+    monkeypatch.setenv("CAD_OVERLAP_LOCAL", "maybe")
+    with pytest.raises(cad.CadError, match="CAD_OVERLAP_LOCAL must be"):
+        key()
+    cad.init(timeout_ms=20000, overlap_local=False)  # the argument wins over the variable
+    monkeypatch.setenv("CAD_OVERLAP_LOCAL", "on")
+    assert key() is False
+    with pytest.raises(cad.CadError, match="overlap_local must be True, False or None"):
+        cad.init(overlap_local="yes")
+    cad.init(timeout_ms=20000, overlap_local=True)
+    assert key() is True
+    q, k, v, cu = _micro_batch(0, 0)
+    plan = cad.plan(cu, **SHAPE)
+    _check(q, k, v, cu, plan, torch.ones(q.shape))
+    assert plan.stats["local_part"]["computed_first"] is True  # one process: every document is local
+    # overlap_sm_margin (or $CAD_OVERLAP_SM_MARGIN): a second cuda instance for the local parts, on CUDA only.
+    settings = dict(cad._runtime._settings, overlap_local=True, overlap_sm_margin=8)
+    cuda = cad.stack_config(torch.device("cuda", 0), settings)
+    names = [i["name"] for i in cuda["instances"]]
+    assert names[-2] == "server_overlap" and cuda["instances"][-2]["config"] == {"sm_margin": 8}
+    assert cuda["instances"][-1]["config"]["overlap_server_backend"] == "server_overlap"
+    assert "server_overlap" not in [i["name"] for i in cad.stack_config(torch.device("cpu"), settings)["instances"]]
+    monkeypatch.setenv("CAD_OVERLAP_SM_MARGIN", "12")
+    settings["overlap_sm_margin"] = None
+    assert cad.stack_config(torch.device("cuda", 0), settings)["instances"][-2]["config"] == {"sm_margin": 12}
+    settings["overlap_local"] = False
+    assert "server_overlap" not in [i["name"] for i in cad.stack_config(torch.device("cuda", 0), settings)["instances"]]
+    with pytest.raises(cad.CadError, match="overlap_sm_margin must be an int >= 0"):
+        cad.init(overlap_sm_margin=-1)
