@@ -73,7 +73,6 @@ import json
 import math
 import os
 import pathlib
-import re
 import sys
 import time
 
@@ -658,14 +657,9 @@ def plan_summary(stats, shares=None):
         flops = [sum(s["servers"][i]["forward_flops"] * w for s, w in kept) for i in range(len(stats[0]["servers"]))]
         imbalance = max(flops) / (sum(flops) / len(flops)) if sum(flops) else 1.0
     sent = [sum(col) for col in zip(*([b * w for b in s["model_forward_bytes_sent_by_rank"]] for s, w in kept))]
-    # This rank's local part (work on its own rows only, what overlap_local computes while the exchange runs), as a
-    # share of its server work over the step's plans.
-    parts = [s.get("local_part", {}) for s in stats]
-    work = sum(p.get("score_entries", 0) / p["share_of_server_work"] for p in parts if p.get("share_of_server_work"))
-    local_share = sum(p.get("score_entries", 0) for p in parts) / work if work else 0.0
     return {"imbalance": imbalance, "nano_imbalance": [s["imbalance"] for s in stats],
             "forward_bytes_sent_by_rank": sent, "plan_ms": sum(s.get("plan_ms", 0.0) for s in stats),
-            "make_ms": sum(s.get("make_ms") or 0.0 for s in stats), "local_share": local_share}
+            "make_ms": sum(s.get("make_ms") or 0.0 for s in stats)}
 
 
 # ---- --profile-step: where one step's GPU time goes, by kernel family ----------------------------------
@@ -721,12 +715,8 @@ def configurations(args):
             run.ping_pong_when = "worthwhile"
         if "now" in modes:
             run.plan_ahead = "off"
-        overlap = [m for m in modes if re.fullmatch(r"ol\d*", m)]  # '+ol', or '+olN': N SMs left to NCCL
-        run.overlap_local = "on" if overlap else "off"
-        if overlap and overlap[0] != "ol":
-            run.overlap_sm_margin = int(overlap[0][2:])
         label = base + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
-            ("_autopingpong" if "ppauto" in modes else "") + ("_overlap" + overlap[0][2:] if overlap else "")
+            ("_autopingpong" if "ppauto" in modes else "")
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -805,10 +795,6 @@ def summary_of(args, world, device):
             "dtype": args.dtype, "parallel": args.parallel if world > 1 else "none (one process)",
             "checkpointing": args.checkpointing, "checkpoint_reentrant": args.checkpoint_reentrant,
             "compile": args.compile, "ping_pong": args.ping_pong, "plan_ahead": args.plan_ahead, "gc": args.gc,
-            "overlap_local": args.overlap_local if args.overlap_local is not None else
-            os.environ.get("CAD_OVERLAP_LOCAL", "default (off)"),
-            "overlap_sm_margin": args.overlap_sm_margin if args.overlap_sm_margin is not None else
-            int(os.environ.get("CAD_OVERLAP_SM_MARGIN") or 0),
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
             "windowed_layers": sum(left >= 0 for left in layer_windows(args))}
@@ -832,9 +818,7 @@ def train_one(args, rank, world, device, lengths):
             write_json(args, result)
         return result
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms,
-             overlap_local=None if args.overlap_local is None else args.overlap_local == "on",
-             overlap_sm_margin=args.overlap_sm_margin)
+    cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms)
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
         if args.ping_pong and args.ping_pong_when == "worthwhile" else None
@@ -978,12 +962,11 @@ def train_one(args, rank, world, device, lengths):
                     step, json.dumps({k: round(v, 1) for k, v in profile["families_ms"].items()})), flush=True)
         gc_ms, gc_full = pauses.take()
         # CAD's exchanges in this step as the GPU ran them (the step ended with a synchronize: all counted).
-        comm_ms = stall_ms = overlapped_ms = 0.0
+        comm_ms = stall_ms = 0.0
         if exchanged is not None:
             now = cad.exchange_times(device) or {}
             comm_ms = now.get("comm_ms", 0.0) - exchanged.get("comm_ms", 0.0)
             stall_ms = now.get("stall_ms", 0.0) - exchanged.get("stall_ms", 0.0)
-            overlapped_ms = now.get("overlapped_ms", 0.0) - exchanged.get("overlapped_ms", 0.0)
             exchanged = now
         # Host time from the step's start to its first plan make (which waits for every rank): a rank that
         # arrives late shows here.
@@ -993,8 +976,7 @@ def train_one(args, rank, world, device, lengths):
         mine = sum(sum(docs_by_rank[rank]) for docs_by_rank, _, _, _ in micro)
         gathered = all_gather_floats([float(loss_sum), seconds, attention, float(mine), peak,
                                       stats["plan_ms"] if stats else 0.0, stats["make_ms"] if stats else 0.0,
-                                      pre_plan_ms, gc_ms, float(gc_full), plan_wait_ms, comm_ms, stall_ms,
-                                      overlapped_ms, stats["local_share"] if stats else 0.0]
+                                      pre_plan_ms, gc_ms, float(gc_full), plan_wait_ms, comm_ms, stall_ms]
                                      + attention_by_mb, world)
         costs = [sum(attention_pairs(args, docs_by_rank[r]) for docs_by_rank, _, _, _ in micro) for r in range(world)]
         colocated = max(costs) / (sum(costs) / len(costs))
@@ -1011,9 +993,8 @@ def train_one(args, rank, world, device, lengths):
                   "gc_ms": [g[8] for g in gathered], "gc_full_collections": [int(g[9]) for g in gathered],
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
                   "plan_wait_ms": [g[10] for g in gathered], "exchange_comm_ms": [g[11] for g in gathered],
-                  "exchange_stall_ms": [g[12] for g in gathered], "exchange_overlapped_ms": [g[13] for g in gathered],
-                  "local_part_share": [g[14] for g in gathered],
-                  "attention_s_by_micro_batch": [[g[15 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
+                  "exchange_stall_ms": [g[12] for g in gathered],
+                  "attention_s_by_micro_batch": [[g[13 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
                   "ping_pong": split, "nano_tokens": [[[sum(d) for d in n] for n in nanos] for _, nanos, _, _ in micro],
                   "profiled": profiling}
         if stats:
@@ -1049,7 +1030,6 @@ def train_one(args, rank, world, device, lengths):
                    mean_max_attention_s=sum(max(r["attention_s"]) for r in tail) / len(tail),
                    mean_imbalance=sum(r["imbalance"] for r in tail) / len(tail),
                    mean_exchange_stall_ms=sum(max(r["exchange_stall_ms"]) for r in tail) / len(tail),
-                   mean_exchange_overlapped_ms=sum(max(r["exchange_overlapped_ms"]) for r in tail) / len(tail),
                    ping_pong_decision=choice.reason if choice is not None else None,
                    ranks_with_contexts_on_other_gpus=strays)
     result = {"summary": summary, "steps": history}
@@ -1138,22 +1118,11 @@ def parse_args(argv=None):
                         "list of 'local' (the project's kernels, no CAD), 'torch_varlen' (torch's varlen_attn; "
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+ppauto' (--ping-pong "
-                        "--ping-pong-when worthwhile), '+now' (--plan-ahead off) and/or '+ol' (--overlap-local on; "
-                        "'+olN': and --overlap-sm-margin N), e.g. "
-                        "local,torch_varlen,prefix_aware,prefix_aware+ol,prefix_aware+ol16,prefix_aware+now,distca+pp. "
-                        "Each starts from the same weights; its JSON is --json-out with {config} = its name, + "
-                        "'_plannow' with +now, + '_pingpong' with +pp, + '_autopingpong' with +ppauto, + '_overlap' "
-                        "with +ol ('_overlapN' with +olN). Overrides --attention, --balancer, --ping-pong, "
-                        "--plan-ahead, --overlap-local")
-    p.add_argument("--overlap-local", choices=["on", "off"], default=None,
-                   help="CAD's overlap_local: every server computes its local part (documents whose rows are all its "
-                        "own) while the other ranks' rows are in flight, then the rest; each step records "
-                        "exchange_overlapped_ms (exchange time the server spent computing instead of waiting) and "
-                        "local_part_share. Default: $CAD_OVERLAP_LOCAL if set, else the plugin's default (off)")
-    p.add_argument("--overlap-sm-margin", type=int, default=None,
-                   help="with --overlap-local on, on CUDA: SMs the local part's forward leaves to NCCL's blocks (a "
-                        "second cuda instance with this sm_margin runs the local parts; its persistent forward kernel "
-                        "would otherwise wait for NCCL's blocks). Default: $CAD_OVERLAP_SM_MARGIN if set, else 0"),
+                        "--ping-pong-when worthwhile) and/or '+now' (--plan-ahead off), e.g. "
+                        "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
+                        "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
+                        "'_pingpong' with +pp, + '_autopingpong' with +ppauto. Overrides --attention, --balancer, "
+                        "--ping-pong, --plan-ahead")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -1199,8 +1168,6 @@ def parse_args(argv=None):
         if args.global_every < 2:
             p.error(f"--global-every must be at least 2 (every N-th layer global, the others windowed; 1 would "
                     f"make every layer global: drop --window instead), got {args.global_every}")
-    if args.overlap_sm_margin is not None and args.overlap_sm_margin < 0:
-        p.error(f"--overlap-sm-margin must be 0 or more, got {args.overlap_sm_margin}")
     if not 0.0 <= args.ping_pong_min_stall_share < 1.0:
         p.error(f"--ping-pong-min-stall-share must be in [0, 1), got {args.ping_pong_min_stall_share}")
     if args.checkpoint_reentrant and args.checkpointing != "full":
@@ -1212,13 +1179,12 @@ def parse_args(argv=None):
         names = args.configs.split(",")
         def refused(name):
             base, *modes = name.split("+")
-            overlap = [m for m in modes if re.fullmatch(r"ol\d*", m)]
-            return (not base or any(m not in ("pp", "ppauto", "now") and m not in overlap for m in modes)
-                    or len(set(modes)) != len(modes) or {"pp", "ppauto"} <= set(modes) or len(overlap) > 1)
+            return (not base or any(m not in ("pp", "ppauto", "now") for m in modes) or len(set(modes)) != len(modes)
+                    or {"pp", "ppauto"} <= set(modes))
         bad = [n for n in names if refused(n)]
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'torch_varlen' or a balancer name, optionally with "
-                    f"'+pp' or '+ppauto', '+now' and/or one of '+ol', '+olN'")
+                    f"'+pp' or '+ppauto', and/or '+now'")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     return args

@@ -132,8 +132,8 @@ cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, c
                                              pr.head_dim, stream));
   const int n = static_cast<int>(plan.items.size());
   if (pr.hopper) {
-    CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_fwd_sm90<64>(p, n, stream, pr.max_blocks)
-                                   : detail::launch_attention_fwd_sm90<128>(p, n, stream, pr.max_blocks));
+    CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_fwd_sm90<64>(p, n, stream)
+                                   : detail::launch_attention_fwd_sm90<128>(p, n, stream));
   } else {
     CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_fwd<64>(p, n, stream)
                                    : detail::launch_attention_fwd<128>(p, n, stream));

@@ -80,9 +80,8 @@ cudaError_t set_max_dynamic_smem_once(int bytes) {
 
 template <int D>
 cudaError_t launch_attention_fwd(const FwdParams& p, int num_items, cudaStream_t stream);
-// max_blocks: the persistent grid's cap (0: one block per SM; AttentionProblem::max_blocks).
 template <int D>
-cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStream_t stream, int max_blocks);
+cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStream_t stream);
 template <int D>
 bool attention_fwd_sm90_loaded();
 // heads_inner: block b runs item b / hkv and KV head b % hkv (else item b % num_items, head b / num_items).

@@ -42,10 +42,6 @@ struct AttentionProblem {
   // Use the Hopper (sm_90a, wgmma) kernels: forward and backward at D=64/128; only where
   // hopper_kernels_available() says so.
   bool hopper = false;
-  // Hopper forward: at most this many persistent blocks (0: one per SM). Its blocks divide the work when they
-  // start, so a block that finds no free SM (another kernel's blocks hold it, e.g. NCCL's beside it) ends the
-  // kernel late by its whole share: fewer blocks leave those SMs free instead.
-  int max_blocks = 0;
 };
 
 bool head_dim_supported(int head_dim);

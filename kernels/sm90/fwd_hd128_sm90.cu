@@ -2,7 +2,6 @@
 #include "sm90/fwd_launch.cuh"
 
 namespace cad::kernels::detail {
-template cudaError_t launch_attention_fwd_sm90<128>(const FwdParams& p, int num_items, cudaStream_t stream,
-                                                      int max_blocks);
+template cudaError_t launch_attention_fwd_sm90<128>(const FwdParams& p, int num_items, cudaStream_t stream);
 template bool attention_fwd_sm90_loaded<128>();
 }  // namespace cad::kernels::detail

@@ -6,7 +6,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "attention_internal.h"
@@ -18,7 +17,7 @@
 namespace cad::kernels::detail {
 
 template <int D, int STAGES>
-cudaError_t launch_attention_fwd_sm90_stages(const FwdParams& p, int num_items, cudaStream_t stream, int max_blocks) {
+cudaError_t launch_attention_fwd_sm90_stages(const FwdParams& p, int num_items, cudaStream_t stream) {
   using T = Fwd90Traits<D, STAGES>;
   if (num_items == 0 || p.hq == 0) return cudaSuccess;
   CUtensorMap tm_q, tm_k, tm_v;
@@ -31,7 +30,6 @@ cudaError_t launch_attention_fwd_sm90_stages(const FwdParams& p, int num_items, 
   err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  if (max_blocks > 0) sms = std::min(sms, max_blocks);
   err = set_max_dynamic_smem_once<attention_fwd_sm90_kernel<D, STAGES>>(T::kSmemBytes);
   if (err != cudaSuccess) return err;
   const int64_t units = static_cast<int64_t>(num_items) * p.hq;
@@ -45,8 +43,8 @@ cudaError_t launch_attention_fwd_sm90_stages(const FwdParams& p, int num_items, 
 }
 
 template <int D>
-cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStream_t stream, int max_blocks) {
-  return launch_attention_fwd_sm90_stages<D, kFwd90Stages<D>>(p, num_items, stream, max_blocks);
+cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStream_t stream) {
+  return launch_attention_fwd_sm90_stages<D, kFwd90Stages<D>>(p, num_items, stream);
 }
 
 // True when the loaded binary of the sm_90a kernel is real sm_90 code (not the stub of another arch).

@@ -58,53 +58,44 @@ void cpu_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const 
   const ServerBatch& batch = step.layout.servers[static_cast<size_t>(comm.rank())];
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes();
   const int64_t hq = shape.num_q_heads;
-  const cad_device_v1_t cpu{CAD_DEVICE_CPU, 0};
 
   // 1. dO to the servers, plus everything else when the servers did not keep the forward's tensors.
   std::vector<std::byte> server_d_o = rows_buffer(batch.q_rows, q_bytes);
   KeptBatch resent;
   const bool kept = saved != nullptr;
-  KeptBatch& in = kept ? const_cast<KeptBatch&>(saved->host) : resent;  // the server backend only reads it
-  std::vector<Part> send = {rows(RunSet::Q, tensor_data(args->d_o), q_bytes)};
-  std::vector<Part> recv = {rows(RunSet::Q, server_d_o.data(), q_bytes)};
-  if (!kept) {
+  const KeptBatch& in = kept ? saved->host : resent;
+  if (kept) {
+    exchange(comm, step.layout, Direction::ToServers, {rows(RunSet::Q, tensor_data(args->d_o), q_bytes)},
+             {rows(RunSet::Q, server_d_o.data(), q_bytes)}, stats);
+  } else {
     resent.q = rows_buffer(batch.q_rows, q_bytes);
     resent.o = rows_buffer(batch.q_rows, q_bytes);
     resent.lse.assign(static_cast<size_t>(batch.q_rows * hq), 0.0f);
     resent.k = rows_buffer(batch.kv_rows, kv_bytes);
     resent.v = rows_buffer(batch.kv_rows, kv_bytes);
-    send.insert(send.end(), {rows(RunSet::Q, tensor_data(args->q), q_bytes), rows(RunSet::Q, tensor_data(args->o), q_bytes),
-                             lse_columns(tensor_data(args->lse), hq, shape.tokens),
-                             rows(RunSet::KV, tensor_data(args->k), kv_bytes), rows(RunSet::KV, tensor_data(args->v), kv_bytes)});
-    recv.insert(recv.end(), {rows(RunSet::Q, resent.q.data(), q_bytes), rows(RunSet::Q, resent.o.data(), q_bytes),
-                             lse_columns(resent.lse.data(), hq, batch.q_rows),
-                             rows(RunSet::KV, resent.k.data(), kv_bytes), rows(RunSet::KV, resent.v.data(), kv_bytes)});
+    exchange(comm, step.layout, Direction::ToServers,
+             {rows(RunSet::Q, tensor_data(args->d_o), q_bytes), rows(RunSet::Q, tensor_data(args->q), q_bytes),
+              rows(RunSet::Q, tensor_data(args->o), q_bytes), lse_columns(tensor_data(args->lse), hq, shape.tokens),
+              rows(RunSet::KV, tensor_data(args->k), kv_bytes), rows(RunSet::KV, tensor_data(args->v), kv_bytes)},
+             {rows(RunSet::Q, server_d_o.data(), q_bytes), rows(RunSet::Q, resent.q.data(), q_bytes),
+              rows(RunSet::Q, resent.o.data(), q_bytes), lse_columns(resent.lse.data(), hq, batch.q_rows),
+              rows(RunSet::KV, resent.k.data(), kv_bytes), rows(RunSet::KV, resent.v.data(), kv_bytes)},
+             stats);
   }
 
-  // The server batch's backward, over its calls (plan.h). dK/dV of a shared KV prefix come out summed over its
-  // segments (a prefix never spans two calls: layout.h BatchPart).
+  // 2. The server batch's backward. dK/dV of a shared KV prefix come out summed over its segments.
   std::vector<std::byte> server_d_q = rows_buffer(batch.q_rows, q_bytes);
   std::vector<std::byte> server_d_k = rows_buffer(batch.kv_rows, kv_bytes);
   std::vector<std::byte> server_d_v = rows_buffer(batch.kv_rows, kv_bytes);
-  std::vector<float> lse_scratch(needs_lse_scratch(plan) ? static_cast<size_t>(batch.q_rows * hq) : 0);
-  ServerBatchTensors t;
-  t.q = in.q.data(), t.k = in.k.data(), t.v = in.v.data(), t.o = in.o.data(), t.lse = in.lse.data();
-  t.d_o = server_d_o.data(), t.d_q = server_d_q.data(), t.d_k = server_d_k.data(), t.d_v = server_d_v.data();
-  const LseMover move_lse = cpu_lse_mover(shape, batch.q_rows, in.lse.data());
-  ServerCompute compute(ctx, stats);
-  const auto run = [&](Calls which) {
-    compute.run([&](std::string* message) {
-      return run_server_calls(ctx, plan, shape, t, which, true, cpu, nullptr, lse_scratch.data(), move_lse, message);
-    });
-  };
-  // With local_first: this rank's own rows without communication, its local part, then the other owners' rows.
-  if (plan.local_first) {
-    exchange_self(step.layout, comm.rank(), Direction::ToServers, send, recv);
-    run(Calls::Early);
-  }
-  exchange(comm, step.layout, Direction::ToServers, send, recv, stats, plan.local_first ? Peers::Others : Peers::All);
-  run(Calls::Late);
-  compute.agree("server backend backward");
+  run_on_server(ctx, "server backend backward", stats, [&]() -> cad_status_t {
+    if (batch.q_rows == 0) return CAD_STATUS_OK;
+    // The server backend only reads its inputs; the descriptors are non-const by type only.
+    auto mut = [](const std::vector<std::byte>& b) { return const_cast<std::byte*>(b.data()); };
+    ServerBatchTensors t;
+    t.q = mut(in.q), t.k = mut(in.k), t.v = mut(in.v), t.o = mut(in.o), t.lse = const_cast<float*>(in.lse.data());
+    t.d_o = server_d_o.data(), t.d_q = server_d_q.data(), t.d_k = server_d_k.data(), t.d_v = server_d_v.data();
+    return call_server_backward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CPU, 0}, nullptr);
+  });
 
   // 3. dQ to the query owners (each row from exactly one server); dK/dV partial sums to the key/value
   // owners, added up in server order so that the result does not depend on arrival order.

@@ -48,32 +48,6 @@ std::string required_name(plugin::ConfigReader& reader, const char* key) {
   return value;
 }
 
-// An attention instance that computes server batches: looked up and checked (segments, shared K/V).
-ServerBackend borrow_server_backend(const cad_host_services_v1_t* services, const std::string& name) {
-  ServerBackend server;
-  server.table = static_cast<const cad_attention_v1_t*>(
-      lookup(services, name, CAD_PLUGIN_KIND_ATTENTION, &server.instance));
-  server.name = name;
-  if (server.table->get_capabilities == nullptr || server.table->forward == nullptr ||
-      server.table->backward == nullptr || server.table->last_error == nullptr) {
-    fail(CAD_STATUS_ABI_MISMATCH, "plugin 'cad': server backend instance '" + server.name + "' lacks functions");
-  }
-  server.caps.struct_size = sizeof(server.caps);
-  if (server.table->get_capabilities(server.instance, &server.caps) != CAD_STATUS_OK) {
-    fail(CAD_STATUS_INTERNAL, "plugin 'cad': server backend instance '" + server.name +
-                                  "': get_capabilities failed: " + server.table->last_error(server.instance));
-  }
-  if (server.caps.flags & CAD_ATTENTION_CAP_PIECES) {
-    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
-                                     "' is itself distributed (takes pieces); it must take segments");
-  }
-  if (!(server.caps.flags & CAD_ATTENTION_CAP_SHARED_KV)) {
-    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
-                                     "' does not support segments that share K/V, which server batches use");
-  }
-  return server;
-}
-
 }  // namespace
 
 CadContext::CadContext(const cad_host_services_v1_t* services, const char* config_json)
@@ -84,8 +58,6 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   config.balancer = required_name(reader, "balancer");
   config.server_backend = required_name(reader, "server_backend");
   config.keep_forward_tensors = reader.get_bool("keep_forward_tensors", true);
-  config.overlap_local = reader.get_bool("overlap_local", false);
-  config.overlap_server_backend = reader.get_string("overlap_server_backend", "");
   config.knobs.min_shard_tokens = reader.get_int("min_shard_tokens", 0, 0, std::numeric_limits<int32_t>::max());
   config.knobs.memory_cap_bytes = reader.get_int("memory_cap_bytes", 0, 0, std::numeric_limits<int64_t>::max());
   reader.finish(logger);
@@ -120,21 +92,25 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
     fail(CAD_STATUS_ABI_MISMATCH, "plugin 'cad': balancer instance '" + balancer.name + "' lacks plan functions");
   }
 
-  server = borrow_server_backend(services, config.server_backend);
-  if (!config.overlap_server_backend.empty()) {
-    // The local part's calls run on it (overlap_local): it must compute whatever the server backend computes.
-    early_server = borrow_server_backend(services, config.overlap_server_backend);
-    const cad_attention_capabilities_v1_t &want = server.caps, &got = early_server.caps;
-    const uint32_t flags = CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL | CAD_ATTENTION_CAP_GQA |
-                           CAD_ATTENTION_CAP_BACKWARD | CAD_ATTENTION_CAP_WINDOW;
-    if (got.device_type != want.device_type || (got.flags & want.flags & flags) != (want.flags & flags) ||
-        (got.dtype_mask & want.dtype_mask) != want.dtype_mask ||
-        (got.head_dim_mask & want.head_dim_mask) != want.head_dim_mask) {
-      fail(CAD_STATUS_INVALID_CONFIG,
-           format("plugin 'cad' config: 'overlap_server_backend' names '%s', which does not compute everything "
-                  "server backend '%s' does (device, masks, GQA, backward, window, dtypes, head dims)",
-                  early_server.name.c_str(), server.name.c_str()));
-    }
+  server.table = static_cast<const cad_attention_v1_t*>(
+      lookup(services, config.server_backend, CAD_PLUGIN_KIND_ATTENTION, &server.instance));
+  server.name = config.server_backend;
+  if (server.table->get_capabilities == nullptr || server.table->forward == nullptr ||
+      server.table->backward == nullptr || server.table->last_error == nullptr) {
+    fail(CAD_STATUS_ABI_MISMATCH, "plugin 'cad': server backend instance '" + server.name + "' lacks functions");
+  }
+  server.caps.struct_size = sizeof(server.caps);
+  if (server.table->get_capabilities(server.instance, &server.caps) != CAD_STATUS_OK) {
+    fail(CAD_STATUS_INTERNAL, "plugin 'cad': server backend instance '" + server.name +
+                                  "': get_capabilities failed: " + server.table->last_error(server.instance));
+  }
+  if (server.caps.flags & CAD_ATTENTION_CAP_PIECES) {
+    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
+                                     "' is itself distributed (takes pieces); it must take segments");
+  }
+  if (!(server.caps.flags & CAD_ATTENTION_CAP_SHARED_KV)) {
+    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
+                                     "' does not support segments that share K/V, which server batches use");
   }
   // Where the data path runs follows the server backend: CPU tensors with a CPU backend; CUDA tensors
   // with a CUDA backend, over a CUDA communicator (NCCL) or staged through pinned host memory over a
@@ -160,13 +136,10 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   accepts.max_head_dim = server.caps.max_head_dim;
   // One line per job is enough at info level; the other ranks say it at debug level.
   const std::string summary =
-      format("rank %d of %d: communicator '%s'%s%s, balancer '%s', server backend '%s', keep_forward_tensors %s, "
-             "overlap_local %s%s%s, %s data path",
+      format("rank %d of %d: communicator '%s'%s%s, balancer '%s', server backend '%s', keep_forward_tensors %s, %s data path",
              comm->rank(), comm->world(), config.communicator.c_str(), plan_comm ? ", plans over '" : "",
              plan_comm ? (config.plan_communicator + "'").c_str() : "", config.balancer.c_str(),
              config.server_backend.c_str(), config.keep_forward_tensors ? "true" : "false",
-             config.overlap_local ? "true" : "false", early_server.table != nullptr ? " on '" : "",
-             early_server.table != nullptr ? (config.overlap_server_backend + "'").c_str() : "",
              accepts.device_type == CAD_DEVICE_CPU ? "CPU" : (host_staged ? "CUDA (host-staged)" : "CUDA"));
   logger.log(comm->rank() == 0 ? CAD_LOG_INFO : CAD_LOG_DEBUG, summary);
 }

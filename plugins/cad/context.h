@@ -25,12 +25,6 @@ struct Config {
   std::string balancer;
   std::string server_backend;
   bool keep_forward_tensors = true;  // servers keep Q/K/V/O/LSE of the last forward for backward
-  // Each call computes the server's local part (layout.h BatchPart::local) while the other owners' rows are in
-  // flight, then the rest (plan.h CadPlan::local_first). Rank-local: the layout does not depend on it.
-  bool overlap_local = false;
-  // Optional: the attention instance that runs those local parts (e.g. a cuda instance with an sm_margin, so
-  // that its persistent forward leaves SMs to NCCL); empty: server_backend.
-  std::string overlap_server_backend;
   PlanKnobs knobs;                   // min_shard_tokens, memory_cap_bytes for the balancer's cost model
 };
 
@@ -97,9 +91,6 @@ struct CadContext : plugin::ErrorState {
   std::mutex planning_mutex;
   BalancerRef balancer;
   ServerBackend server;
-  ServerBackend early_server;  // overlap_server_backend, when configured
-  // The backend of a server call: the local part's (`early`) on early_server where there is one.
-  const ServerBackend& backend_for(bool early) const { return early && early_server.table != nullptr ? early_server : server; }
   Accepts accepts;  // what the server backend takes, hence what CAD takes
   std::unique_ptr<LastForward> last_forward;
   Stats stats;

@@ -61,24 +61,15 @@ struct Table {
 enum TableId {
   OwnerQ, OwnerKv, ServerQ, ServerKv,
   OwnerKvSingle,  // owner-side dK/dV rows read by one server: moved (the others are summed, wire_tables.h)
-  // This rank's rows to itself, owner row -> server row (to_wire) and back (from_wire): what local_first copies
-  // on the call's stream instead of sending through the collective.
-  SelfQ, SelfKv,
-  // One entry per server call (plan.h ServerCall), its LSE columns: call -> batch (to_wire) and back (from_wire).
-  CallLse,
   kNumTables
 };
 
 }  // namespace
 
 // Timing events of one exchange (stats.h: ExchangeTimes): the caller's data ready, the collective's start and
-// end on the communication stream, and where the caller's stream waits for it. A deferred exchange (local_first:
-// several collectives joined once, the call's stream computing meanwhile) records caller_wait at the join; an
-// ordinary one waits right after caller_ready (caller_wait unused).
+// end on the communication stream.
 struct ExchangeEvents {
-  cudaEvent_t caller_ready = nullptr, comm_start = nullptr, comm_end = nullptr, caller_wait = nullptr;
-  bool deferred = false;
-  int64_t collectives = 1;
+  cudaEvent_t caller_ready = nullptr, comm_start = nullptr, comm_end = nullptr;
 };
 
 struct DeviceRuntime {
@@ -98,7 +89,6 @@ struct DeviceRuntime {
     cudaEventDestroy(e.caller_ready);
     cudaEventDestroy(e.comm_start);
     cudaEventDestroy(e.comm_end);
-    cudaEventDestroy(e.caller_wait);
   }
 };
 
@@ -112,19 +102,12 @@ void harvest(DeviceRuntime& rt, ExchangeTimes& times) {
     if (state == cudaErrorNotReady) break;
     rt.timed.pop_front();
     if (state == cudaSuccess) {
-      float comm = 0.0f, stall = 0.0f, computed = 0.0f;
+      float comm = 0.0f, stall = 0.0f;
       if (cudaEventElapsedTime(&comm, e.comm_start, e.comm_end) == cudaSuccess &&
-          cudaEventElapsedTime(&stall, e.deferred ? e.caller_wait : e.caller_ready, e.comm_end) == cudaSuccess &&
-          (!e.deferred || cudaEventElapsedTime(&computed, e.caller_ready, e.caller_wait) == cudaSuccess)) {
+          cudaEventElapsedTime(&stall, e.caller_ready, e.comm_end) == cudaSuccess) {
         times.comm_ms += comm;
-        if (e.deferred) {
-          // The call's stream computed from caller_ready to caller_wait: that much of the exchange was hidden,
-          // and it waited only from caller_wait on (nothing when the exchange had ended by then).
-          times.overlapped_ms += std::min(std::max(computed, 0.0f), std::max(computed + stall, 0.0f));
-          stall = std::max(stall, 0.0f);
-        }
         times.stall_ms += stall;
-        times.exchanges += e.collectives;
+        ++times.exchanges;
       }
     } else {
       (void)cudaGetLastError();  // a failed exchange reports itself through its call; here it is not counted
@@ -148,13 +131,11 @@ ExchangeEvents* begin_timing(DeviceRuntime& rt, ExchangeTimes& times) {
     e = rt.spare.back();
     rt.spare.pop_back();
   } else if (cudaEventCreate(&e.caller_ready) != cudaSuccess || cudaEventCreate(&e.comm_start) != cudaSuccess ||
-             cudaEventCreate(&e.comm_end) != cudaSuccess || cudaEventCreate(&e.caller_wait) != cudaSuccess) {
+             cudaEventCreate(&e.comm_end) != cudaSuccess) {
     (void)cudaGetLastError();
     ++times.untimed;  // timing is best effort: never a reason for a call to fail
     return nullptr;
   }
-  e.deferred = false;
-  e.collectives = 1;
   rt.timed.push_back(e);
   return &rt.timed.back();
 }
@@ -332,10 +313,10 @@ DeviceRuntime& runtime(CadContext& ctx, int device) {
                                                            ctx.device->device, device));
   auto rt = std::unique_ptr<DeviceRuntime, DeviceRuntimeDeleter>(new DeviceRuntime);
   rt->device = device;
-  // The highest priority the device offers: when the exchange's kernels become ready while the caller's
-  // compute kernels fill the GPU (ping-pong's other nano-batch, overlap_local's local part), the block scheduler
-  // gives NCCL's blocks (and the gathers/scatters between them) the next free SMs instead of queueing them behind
-  // the compute's remaining blocks.
+  // The highest priority the device offers: when the exchange's kernels become ready while the caller's (or
+  // the other nano-batch's) compute kernels fill the GPU, the block scheduler gives the exchange the next free
+  // SMs instead of queueing it behind the compute; otherwise the exchange that ping-pong wants to hide is the
+  // one that waits.
   int least_priority = 0, greatest_priority = 0;
   check_cuda(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority), "cudaDeviceGetStreamPriorityRange");
   check_cuda(cudaStreamCreateWithPriority(&rt->comm_stream, cudaStreamNonBlocking, greatest_priority),
@@ -348,7 +329,7 @@ DeviceRuntime& runtime(CadContext& ctx, int device) {
 
 }  // namespace
 
-DevicePlan* make_device_plan(CadContext& ctx, const Step& step, const std::vector<ServerCall>& calls, void* stream) {
+DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   const int device = step.shape.device_id;
   DeviceScope scope(device);
   runtime(ctx, device);
@@ -383,28 +364,6 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, const std::vecto
   plan->tables[ServerQ] = append_table(build_wire_table(layout, me, false, true), to_wire, from_wire, plan->server_q_rows);
   plan->tables[ServerKv] = append_table(build_wire_table(layout, me, false, false), to_wire, from_wire,
                                         plan->server_kv_rows);
-  // This rank's rows to itself (local_first copies them), and each server call's LSE columns (data_path.h).
-  auto append_copies = [&](const std::vector<WireCopy>& copies) {
-    Table t;
-    t.offset = static_cast<int64_t>(to_wire.size());
-    t.count = static_cast<int64_t>(copies.size());
-    t.identity = false;
-    for (const WireCopy& c : copies) {
-      to_wire.push_back(RowCopy{c.src_row, c.dst_row, c.num_rows});
-      from_wire.push_back(RowCopy{c.dst_row, c.src_row, c.num_rows});
-    }
-    return t;
-  };
-  for (const bool q : {true, false}) {
-    std::vector<WireCopy> own;
-    for (const RowRun& run : q ? layout.route(me, me).q : layout.route(me, me).kv) {
-      own.push_back(WireCopy{run.src_row, run.dst_row, run.count});
-    }
-    plan->tables[q ? SelfQ : SelfKv] = append_copies(own);
-  }
-  std::vector<WireCopy> call_lse;
-  for (const ServerCall& c : calls) call_lse.push_back(WireCopy{0, c.part.q_row, c.part.q_rows});
-  plan->tables[CallLse] = append_copies(call_lse);
   const size_t table_bytes = to_wire.size() * sizeof(RowCopy);
   plan->to_wire = allocate(ctx, device, table_bytes, stream, "the plan's index tables");
   plan->from_wire = allocate(ctx, device, table_bytes, stream, "the plan's index tables");
@@ -453,75 +412,7 @@ namespace {
 class Mover {
  public:
   Mover(CadContext& ctx, DevicePlan& plan, CallScratch& scratch, cudaStream_t stream, bool drain, CallStats& stats)
-      : ctx_(ctx), plan_(plan), scratch_(scratch), stream_(stream), work_(stream), drain_(drain), stats_(stats),
-        rt_(*ctx.device) {}
-  Mover(const Mover&) = delete;
-  Mover& operator=(const Mover&) = delete;
-  // A failure inside a deferred phase still joins the communication stream, so that the call's buffers never go
-  // back (in the call stream's order) while a collective may still use them.
-  ~Mover() {
-    if (!deferred_) return;
-    if (cudaEventRecord(rt_.done, rt_.comm_stream) == cudaSuccess) cudaStreamWaitEvent(stream_, rt_.done, 0);
-    (void)cudaGetLastError();
-  }
-
-  // local_first: owners -> servers without this rank's rows to itself (the Self peer): self_rows and self_lse
-  // copy those on the call's stream instead, where the local part needs them before the exchange completes.
-  void skip_self() { skip_self_ = true; }
-
-  // From here to join(): the exchanges run one after another on the communication stream -- their gathers and
-  // scatters too, so that the one pair of wire buffers is reused in that stream's order -- and the call's stream
-  // joins them once, at join(), computing meanwhile. A host-staged exchange waits on the host anyway: it stays
-  // on the call's stream, unchanged. `lse_too`: the phase moves LSE (always through the wire buffers).
-  void defer(bool lse_too) {
-    if (ctx_.host_staged) return;
-    // The wire buffers the phase needs are taken now, before the collectives' stream is ordered after this
-    // point of the call's: a stream-ordered allocator then has finished whatever last used that memory.
-    const bool wire = drain_ || lse_too || !plan_.tables[OwnerQ].direct || !plan_.tables[OwnerKv].direct ||
-                      !plan_.tables[ServerQ].direct || !plan_.tables[ServerKv].direct;
-    if (wire) {
-      scratch_.send();
-      scratch_.recv();
-    }
-    deferred_ = true;
-    work_ = rt_.comm_stream;
-    timing_ = drain_ ? nullptr : begin_timing(rt_, ctx_.stats.gpu_exchange);
-    check_cuda(cudaEventRecord(rt_.ready, stream_), "cudaEventRecord");
-    if (timing_ != nullptr) check_cuda(cudaEventRecord(timing_->caller_ready, stream_), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(rt_.comm_stream, rt_.ready, 0), "cudaStreamWaitEvent");
-    if (timing_ != nullptr) check_cuda(cudaEventRecord(timing_->comm_start, rt_.comm_stream), "cudaEventRecord");
-  }
-
-  // The call's stream waits for the deferred exchanges (no-op without defer()).
-  void join() {
-    if (!deferred_) return;
-    deferred_ = false;
-    work_ = stream_;
-    check_cuda(cudaEventRecord(rt_.done, rt_.comm_stream), "cudaEventRecord");
-    if (timing_ != nullptr) {
-      timing_->deferred = true;
-      timing_->collectives = std::max<int64_t>(deferred_collectives_, 1);
-      check_cuda(cudaEventRecord(timing_->comm_end, rt_.comm_stream), "cudaEventRecord");
-      check_cuda(cudaEventRecord(timing_->caller_wait, stream_), "cudaEventRecord");
-    }
-    check_cuda(cudaStreamWaitEvent(stream_, rt_.done, 0), "cudaStreamWaitEvent");
-    timing_ = nullptr;
-    scratch_.release_wire();
-  }
-
-  // This rank's rows to itself, owner tensor -> server batch tensor, on the call's stream (local_first).
-  void self_rows(RunSet set, const void* src, void* dst, int64_t row_bytes) {
-    if (drain_) return;
-    const Table& t = plan_.tables[set == RunSet::Q ? SelfQ : SelfKv];
-    check_cuda(kernels::copy_row_ranges(src, dst, row_bytes, to_wire(t), t.count, stream_), "copying own rows");
-  }
-  // The same for LSE: owner [Hq, src_rows] -> server batch [Hq, dst_rows] (a backward re-sending it).
-  void self_lse(const float* src, int64_t src_rows, float* dst, int64_t dst_rows, int64_t heads) {
-    if (drain_) return;
-    const Table& t = plan_.tables[SelfQ];
-    check_cuda(kernels::copy_strided_rows_f32(src, 1, src_rows, dst, 1, dst_rows, heads, to_wire(t), t.count, stream_),
-               "copying own LSE");
-  }
+      : ctx_(ctx), plan_(plan), scratch_(scratch), stream_(stream), drain_(drain), stats_(stats), rt_(*ctx.device) {}
 
   // Rows of one tensor, owners -> servers (src: an owner tensor, dst: a server batch tensor) or back.
   void rows(Direction direction, RunSet set, const void* src, void* dst, int64_t row_bytes) {
@@ -529,18 +420,16 @@ class Mover {
     const bool to_servers = direction == Direction::ToServers;
     const Table& send_table = plan_.tables[to_servers ? (q ? OwnerQ : OwnerKv) : (q ? ServerQ : ServerKv)];
     const Table& recv_table = plan_.tables[to_servers ? (q ? ServerQ : ServerKv) : (q ? OwnerQ : OwnerKv)];
-    const bool skip = skips_self(direction);
     const std::vector<int64_t>* send_rows = nullptr;
-    const std::byte* send = pack(send_table, src, row_bytes, skip, &send_rows);
+    const std::byte* send = pack(send_table, src, row_bytes, &send_rows);
     const bool recv_in_place = in_place(recv_table);
     std::byte* recv = recv_in_place ? static_cast<std::byte*>(dst) : scratch_.recv();
     exchange(send, recv, direction, set, row_bytes, send_rows, recv_in_place ? &recv_table.peer_row : nullptr);
     if (!recv_in_place && !drain_) {
-      copy_entries(from_wire(recv_table), recv_table, skip, [&](const RowCopy* entries, int64_t n) {
-        return kernels::copy_row_ranges(recv, dst, row_bytes, entries, n, work_);
-      }, "unpack (scatter kernel)");
+      check_cuda(kernels::copy_row_ranges(recv, dst, row_bytes, from_wire(recv_table), recv_table.count, stream_),
+                 "unpack (scatter kernel)");
     }
-    if (!deferred_) scratch_.release_wire();
+    scratch_.release_wire();
   }
 
   // LSE ([Hq, rows] fp32, a column per row) of the sending side -> the receiving side's, as wire rows
@@ -550,22 +439,19 @@ class Mover {
     const bool to_servers = direction == Direction::ToServers;
     const Table& from = plan_.tables[to_servers ? OwnerQ : ServerQ];
     const Table& to = plan_.tables[to_servers ? ServerQ : OwnerQ];
-    const bool skip = skips_self(direction);
     float* send = reinterpret_cast<float*>(scratch_.send());
     float* recv = reinterpret_cast<float*>(scratch_.recv());
     if (!drain_) {
-      copy_entries(to_wire(from), from, skip, [&](const RowCopy* entries, int64_t n) {
-        return kernels::copy_strided_rows_f32(src, 1, src_rows, send, heads, 1, heads, entries, n, work_);
-      }, "pack LSE");
+      check_cuda(kernels::copy_strided_rows_f32(src, 1, src_rows, send, heads, 1, heads, to_wire(from), from.count,
+                                                stream_), "pack LSE");
     }
     exchange(reinterpret_cast<std::byte*>(send), reinterpret_cast<std::byte*>(recv), direction, RunSet::Q,
              heads * static_cast<int64_t>(sizeof(float)));
     if (!drain_) {
-      copy_entries(from_wire(to), to, skip, [&](const RowCopy* entries, int64_t n) {
-        return kernels::copy_strided_rows_f32(recv, heads, 1, dst, 1, dst_rows, heads, entries, n, work_);
-      }, "unpack LSE");
+      check_cuda(kernels::copy_strided_rows_f32(recv, heads, 1, dst, 1, dst_rows, heads, from_wire(to), to.count,
+                                                stream_), "unpack LSE");
     }
-    if (!deferred_) scratch_.release_wire();
+    scratch_.release_wire();
   }
 
   // Partial dK or dV of the server batch -> the key/value owners. A row read by one server is moved; a
@@ -579,48 +465,30 @@ class Mover {
     }
     const int64_t row_bytes = s.kv_row_bytes();
     const std::vector<int64_t>* send_rows = nullptr;
-    const std::byte* send = pack(st, server_partial, row_bytes, false, &send_rows);
+    const std::byte* send = pack(st, server_partial, row_bytes, &send_rows);
     std::byte* recv = scratch_.recv();
     exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes, send_rows, nullptr);
     if (drain_) {
-      if (!deferred_) scratch_.release_wire();
+      scratch_.release_wire();
       return;
     }
     const Table& single = plan_.tables[OwnerKvSingle];
-    check_cuda(kernels::copy_row_ranges(recv, out, row_bytes, to_wire(single), single.count, work_), "move dK/dV");
+    check_cuda(kernels::copy_row_ranges(recv, out, row_bytes, to_wire(single), single.count, stream_), "move dK/dV");
     const int64_t n = plan_.shared_kv_rows;
     const int64_t* index = static_cast<const int64_t*>(plan_.sum_index.ptr);
     check_cuda(kernels::sum_rows(recv, s.bf16, int64_t{s.num_kv_heads} * s.head_dim, index + n, index + 2 * n + 1, index,
-                                 n, out, work_),
+                                 n, out, stream_),
                "sum dK/dV");
-    if (!deferred_) scratch_.release_wire();
+    scratch_.release_wire();
   }
 
  private:
   const RowCopy* to_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.to_wire.ptr) + t.offset; }
   const RowCopy* from_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.from_wire.ptr) + t.offset; }
 
-  bool skips_self(Direction direction) const { return skip_self_ && direction == Direction::ToServers; }
-
-  // Runs `launch(entries, n)` over a table's entries -- without this rank's own peer's when `skip_self` (the
-  // entries before it and those after it: two launches).
-  template <class Launch>
-  void copy_entries(const RowCopy* entries, const Table& t, bool skip_self, Launch&& launch, const char* what) {
-    if (!skip_self) {
-      check_cuda(launch(entries, t.count), what);
-      return;
-    }
-    const size_t me = static_cast<size_t>(ctx_.comm->rank());
-    const int64_t mine_first = t.peer_first[me], mine_end = t.peer_first[me + 1];
-    check_cuda(launch(entries, mine_first), what);
-    check_cuda(launch(entries + mine_end, t.count - mine_end), what);
-  }
-
   // Where the collective reads one tensor's rows for `table`: the tensor itself where it can (then
-  // *peer_rows = where each peer's range starts), else the send buffer, gathered into first (without this
-  // rank's own rows when `skip_self`: they do not travel).
-  const std::byte* pack(const Table& table, const void* src, int64_t row_bytes, bool skip_self,
-                        const std::vector<int64_t>** peer_rows) {
+  // *peer_rows = where each peer's range starts), else the send buffer, gathered into first.
+  const std::byte* pack(const Table& table, const void* src, int64_t row_bytes, const std::vector<int64_t>** peer_rows) {
     if (in_place(table)) {
       *peer_rows = &table.peer_row;
       return static_cast<const std::byte*>(src);
@@ -628,9 +496,8 @@ class Mover {
     *peer_rows = nullptr;
     std::byte* send = scratch_.send();
     if (!drain_) {
-      copy_entries(to_wire(table), table, skip_self, [&](const RowCopy* entries, int64_t n) {
-        return kernels::copy_row_ranges(src, send, row_bytes, entries, n, work_);
-      }, "pack (gather kernel)");
+      check_cuda(kernels::copy_row_ranges(src, send, row_bytes, to_wire(table), table.count, stream_),
+                 "pack (gather kernel)");
     }
     return send;
   }
@@ -640,8 +507,7 @@ class Mover {
   bool in_place(const Table& t) const { return !drain_ && t.direct; }
 
   // One all_to_all_v of `row_bytes`-byte rows between owners and servers. `send_rows` / `recv_rows`: where
-  // each peer's rows start in the buffer (in place), else the wire order's cumulative offsets. This rank's
-  // rows to itself are left out where skips_self (they keep their place in the wire order, with count 0).
+  // each peer's rows start in the buffer (in place), else the wire order's cumulative offsets.
   void exchange(const std::byte* send, std::byte* recv, Direction direction, RunSet set, int64_t row_bytes,
                 const std::vector<int64_t>* send_rows = nullptr, const std::vector<int64_t>* recv_rows = nullptr) {
     const bool q = set == RunSet::Q;
@@ -656,20 +522,17 @@ class Mover {
     t.send_displs.resize(world);
     t.recv_counts.resize(world);
     t.recv_displs.resize(world);
-    const size_t me = static_cast<size_t>(ctx_.comm->rank());
-    const bool skip = skips_self(direction);
     for (size_t p = 0; p < world; ++p) {
-      const bool moved = !(skip && p == me);
-      t.send_counts[p] = moved ? static_cast<uint64_t>(out[p] * row_bytes) : 0;
-      t.recv_counts[p] = moved ? static_cast<uint64_t>(in[p] * row_bytes) : 0;
-      // Cumulative offsets over the wire order, this rank's own range included (it keeps its place).
+      t.send_counts[p] = static_cast<uint64_t>(out[p] * row_bytes);
+      t.recv_counts[p] = static_cast<uint64_t>(in[p] * row_bytes);
       t.send_displs[p] = send_rows != nullptr ? static_cast<uint64_t>((*send_rows)[p] * row_bytes) : t.send_bytes;
       t.recv_displs[p] = recv_rows != nullptr ? static_cast<uint64_t>((*recv_rows)[p] * row_bytes) : t.recv_bytes;
-      t.send_bytes += static_cast<uint64_t>(out[p] * row_bytes);
-      t.recv_bytes += static_cast<uint64_t>(in[p] * row_bytes);
+      t.send_bytes += t.send_counts[p];
+      t.recv_bytes += t.recv_counts[p];
     }
-    stats_.bytes_sent += t.send_bytes - static_cast<uint64_t>(out[me] * row_bytes);
-    stats_.bytes_received += t.recv_bytes - static_cast<uint64_t>(in[me] * row_bytes);
+    const size_t me = static_cast<size_t>(ctx_.comm->rank());
+    stats_.bytes_sent += t.send_bytes - t.send_counts[me];
+    stats_.bytes_received += t.recv_bytes - t.recv_counts[me];
     if (ctx_.host_staged) {
       // Through pinned host memory, where the MPI communicator reads and writes: each peer's bytes are copied
       // from (to) where they lie on the device -- the same per-peer displacements NCCL would use -- into
@@ -694,11 +557,6 @@ class Mover {
       }
       return;
     }
-    if (deferred_) {  // joined at join(), timed as one with the phase's other collectives
-      ctx_.comm->all_to_all_v(send, t, recv, rt_.comm_stream);
-      ++deferred_collectives_;
-      return;
-    }
     // On the communication stream, joined to the caller's with events (and timed: stats.h ExchangeTimes).
     const ExchangeEvents* timing = drain_ ? nullptr : begin_timing(rt_, ctx_.stats.gpu_exchange);
     check_cuda(cudaEventRecord(rt_.ready, stream_), "cudaEventRecord");
@@ -714,20 +572,16 @@ class Mover {
   CadContext& ctx_;
   DevicePlan& plan_;
   CallScratch& scratch_;
-  cudaStream_t stream_;  // the call's
-  cudaStream_t work_;    // where gathers and scatters run: the call's stream, or the communication stream (defer)
+  cudaStream_t stream_;
   bool drain_;
   CallStats& stats_;
   DeviceRuntime& rt_;
-  bool skip_self_ = false;
-  bool deferred_ = false;
-  int64_t deferred_collectives_ = 0;
-  ExchangeEvents* timing_ = nullptr;
 };
 
-// `message`: run_server_calls' (it names the backend instance).
-[[noreturn]] void server_failed(const std::string& message, const char* what) {
-  fail(CAD_STATUS_DEVICE_ERROR, format("%s failed: %s", what, message.c_str()));
+void server_failed(CadContext& ctx, const char* what) {
+  const char* message = ctx.server.table->last_error(ctx.server.instance);
+  fail(CAD_STATUS_DEVICE_ERROR, format("server backend instance '%s': %s failed: %s", ctx.server.name.c_str(), what,
+                                       message != nullptr ? message : "(no message)"));
 }
 
 void* data(const cad_tensor_v1_t* t) { return plugin::tensor_data(t); }
@@ -754,53 +608,6 @@ template <class Drained>
     // The first failure is the one to report; a broken exchange shows on the peers too.
   }
   throw;
-}
-
-}  // namespace
-
-namespace {
-
-// The CUDA path's LseMover (data_path.h): a server call's LSE columns, through the plan's CallLse table (entry
-// `index` per call: call -> batch in to_wire, batch -> call in from_wire).
-LseMover device_lse_mover(const DevicePlan& dp, float* batch_lse, int64_t batch_rows, int64_t heads, cudaStream_t stream) {
-  return [&dp, batch_lse, batch_rows, heads, stream](const ServerCall& call, size_t index, float* part_lse, bool to_batch) {
-    const Table& t = dp.tables[CallLse];
-    const int64_t n = call.part.q_rows;
-    const RowCopy* entry = static_cast<const RowCopy*>(to_batch ? dp.to_wire.ptr : dp.from_wire.ptr) + t.offset +
-                           static_cast<int64_t>(index);
-    check_cuda(to_batch ? kernels::copy_strided_rows_f32(part_lse, 1, n, batch_lse, 1, batch_rows, heads, entry, 1, stream)
-                        : kernels::copy_strided_rows_f32(batch_lse, 1, batch_rows, part_lse, 1, n, heads, entry, 1, stream),
-               "copying a server call's LSE");
-  };
-}
-
-// The owners -> servers phase of a call and the server calls around it. Without local_first: the inputs, then
-// every call. With local_first: the call's stream copies this rank's own rows and runs the local part while the
-// other owners' rows travel (NCCL: on the communication stream, joined once; host-staged exchanges wait on the
-// host, so there the local part goes first and the exchanges after it, without overlap but in the same order of
-// dependencies), then the rest. `send_inputs` enqueues the exchanges (`lse_too`: LSE among them), `copy_own` the
-// own rows' copies, `compute` the server calls of one kind.
-template <class Send, class CopyOwn, class Compute>
-void inputs_and_calls(const CadPlan& plan, bool host_staged, bool lse_too, Mover& move, Send&& send_inputs,
-                      CopyOwn&& copy_own, Compute&& compute) {
-  if (plan.local_first) {
-    move.skip_self();
-    if (host_staged) {
-      copy_own();
-      compute(Calls::Early);
-      send_inputs();
-    } else {
-      // The collectives are enqueued before the local part: NCCL's kernels then reach the SMs first.
-      move.defer(lse_too);
-      send_inputs();
-      copy_own();
-      compute(Calls::Early);
-      move.join();
-    }
-  } else {
-    send_inputs();
-  }
-  compute(Calls::Late);
 }
 
 }  // namespace
@@ -854,47 +661,28 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
       });
     }
   }
-  const cad_device_v1_t device{CAD_DEVICE_CUDA, dp.device};
-  ServerBatchTensors t;
-  t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
-  float* lse_scratch = nullptr;  // the LSE of calls over part of the batch (data_path.h run_server_calls)
-  if (!drain && needs_lse_scratch(plan)) {
-    lse_scratch = static_cast<float*>(scratch.take(static_cast<size_t>(dp.sizes.server_lse), "the server calls' LSE"));
-  }
-  const LseMover move_lse = device_lse_mover(dp, t.lse, batch.q_rows, hq, stream);
-  cad_status_t status = CAD_STATUS_OK;
-  std::string failure;
   Mover move(ctx, dp, scratch, stream, drain, stats);
-  inputs_and_calls(
-      plan, ctx.host_staged, false, move,
-      [&] {
-        move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
-        move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
-        move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
-      },
-      [&] {
-        if (drain) return;
-        move.self_rows(RunSet::Q, data(args->q), q, q_bytes);
-        move.self_rows(RunSet::KV, data(args->k), k, kv_bytes);
-        move.self_rows(RunSet::KV, data(args->v), v, kv_bytes);
-      },
-      [&](Calls which) {
-        if (drain || status != CAD_STATUS_OK) return;
-        status = run_server_calls(ctx, plan, shape, t, which, false, device, call_stream, lse_scratch, move_lse, &failure);
-      });
-  if (status != CAD_STATUS_OK) {
-    // Peers wait for this rank's results: finish the collectives (drained) before reporting.
-    CallStats ignored;
-    Mover(ctx, dp, scratch, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
-    Mover(ctx, dp, scratch, stream, true, ignored).lse(Direction::ToOwners, nullptr, 0, nullptr, 0, hq);
-    server_failed(failure, "forward");
+  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
+  move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
+  move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
+
+  if (batch.q_rows > 0 && !drain) {
+    ServerBatchTensors t;
+    t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
+    if (call_server_forward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device}, call_stream) !=
+        CAD_STATUS_OK) {
+      // Peers wait for this rank's results: finish the collectives (drained) before reporting.
+      CallStats ignored;
+      Mover(ctx, dp, scratch, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
+      Mover(ctx, dp, scratch, stream, true, ignored).lse(Direction::ToOwners, nullptr, 0, nullptr, 0, hq);
+      server_failed(ctx, "forward");
+    }
   }
   if (keep == nullptr) {  // the server batch's Q/K/V scratch is done once its forward ran
     scratch.give_back(q);
     scratch.give_back(k);
     scratch.give_back(v);
   }
-  scratch.give_back(lse_scratch);
   move.rows(Direction::ToOwners, RunSet::Q, o, drain ? nullptr : data(args->o), q_bytes);
   move.lse(Direction::ToOwners, static_cast<float*>(lse), batch.q_rows,
            drain ? nullptr : static_cast<float*>(data(args->lse)), shape.tokens, hq);
@@ -933,51 +721,29 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
       });
     }
   }
+  Mover move(ctx, dp, scratch, stream, drain, stats);
+  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes);
   if (kept) {
     DeviceSaved& s = *saved->device;
     q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
     s.stream = call_stream;  // released after this backward, in its stream order
+  } else {
+    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
+    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes);
+    move.lse(Direction::ToServers, drain ? nullptr : static_cast<const float*>(data(args->lse)), shape.tokens,
+             static_cast<float*>(lse), batch.q_rows, hq);
+    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
+    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
   }
-  const cad_device_v1_t device{CAD_DEVICE_CUDA, dp.device};
-  ServerBatchTensors t;
-  t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
-  t.d_o = d_o, t.d_q = d_q, t.d_k = d_k, t.d_v = d_v;
-  float* lse_scratch = nullptr;  // the LSE of calls over part of the batch (data_path.h run_server_calls)
-  if (!drain && needs_lse_scratch(plan)) {
-    lse_scratch = static_cast<float*>(scratch.take(static_cast<size_t>(dp.sizes.server_lse), "the server calls' LSE"));
+
+  bool failed = false;
+  if (batch.q_rows > 0 && !drain) {
+    ServerBatchTensors t;
+    t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
+    t.d_o = d_o, t.d_q = d_q, t.d_k = d_k, t.d_v = d_v;
+    failed = call_server_backward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device}, call_stream) !=
+             CAD_STATUS_OK;
   }
-  const LseMover move_lse = device_lse_mover(dp, t.lse, batch.q_rows, hq, stream);
-  cad_status_t status = CAD_STATUS_OK;
-  std::string failure;
-  Mover move(ctx, dp, scratch, stream, drain, stats);
-  inputs_and_calls(
-      plan, ctx.host_staged, !kept, move,
-      [&] {
-        move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes);
-        if (kept) return;
-        move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
-        move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes);
-        move.lse(Direction::ToServers, drain ? nullptr : static_cast<const float*>(data(args->lse)), shape.tokens,
-                 static_cast<float*>(lse), batch.q_rows, hq);
-        move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
-        move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
-      },
-      [&] {
-        if (drain) return;
-        move.self_rows(RunSet::Q, data(args->d_o), d_o, q_bytes);
-        if (kept) return;
-        move.self_rows(RunSet::Q, data(args->q), q, q_bytes);
-        move.self_rows(RunSet::Q, data(args->o), o, q_bytes);
-        move.self_lse(static_cast<const float*>(data(args->lse)), shape.tokens, static_cast<float*>(lse), batch.q_rows, hq);
-        move.self_rows(RunSet::KV, data(args->k), k, kv_bytes);
-        move.self_rows(RunSet::KV, data(args->v), v, kv_bytes);
-      },
-      [&](Calls which) {
-        if (drain || status != CAD_STATUS_OK) return;
-        status = run_server_calls(ctx, plan, shape, t, which, true, device, call_stream, lse_scratch, move_lse, &failure);
-      });
-  const bool failed = status != CAD_STATUS_OK;
-  scratch.give_back(lse_scratch);
   // What the server backward read is no longer needed: dO and, where they were kept, the forward's tensors
   // go back before the gradients travel (the return exchanges' wire buffers then reuse that memory).
   scratch.give_back(d_o);
@@ -988,7 +754,7 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   back.kv_sums_to_owners(d_k, skip ? nullptr : data(args->d_k), shape);
   back.kv_sums_to_owners(d_v, skip ? nullptr : data(args->d_v), shape);
   stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
-  if (failed) server_failed(failure, "backward");
+  if (failed) server_failed(ctx, "backward");
 }
 
 }  // namespace cad::cad_plugin

@@ -33,8 +33,7 @@ void check_call_stream(void* stream, int device_id, const char* what);
 // Device resources of a plan: index tables, staging and scratch buffers. Rank-local; throws on failure
 // (make_cad_plan agrees on the outcome). The tables go up in `stream`'s order without a host wait; a call on
 // another stream waits for the plan's ready event on the GPU.
-// `calls`: this rank's server calls (plan.h), whose LSE columns get a table each.
-DevicePlan* make_device_plan(CadContext& ctx, const Step& step, const std::vector<ServerCall>& calls, void* stream);
+DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream);
 void release_device_plan(CadContext& ctx, DevicePlan* plan);
 int64_t device_plan_bytes(DevicePlan& plan);
 

@@ -70,7 +70,7 @@ uint16_t float_to_bf16(float value) {
 }
 
 Transfer plan_transfer(const Layout& layout, int32_t me, Direction direction, const std::vector<Part>& send,
-                       const std::vector<Part>& recv, Peers peers) {
+                       const std::vector<Part>& recv) {
   const size_t world = static_cast<size_t>(layout.world);
   Transfer t;
   t.send_counts.resize(world);
@@ -79,9 +79,8 @@ Transfer plan_transfer(const Layout& layout, int32_t me, Direction direction, co
   t.recv_displs.resize(world);
   for (int32_t peer = 0; peer < layout.world; ++peer) {
     const size_t p = static_cast<size_t>(peer);
-    const bool covered = peers == Peers::All || (peers == Peers::Others) == (peer != me);
-    t.send_counts[p] = covered ? peer_bytes(layout, me, peer, direction, send, true) : 0;
-    t.recv_counts[p] = covered ? peer_bytes(layout, me, peer, direction, recv, false) : 0;
+    t.send_counts[p] = peer_bytes(layout, me, peer, direction, send, true);
+    t.recv_counts[p] = peer_bytes(layout, me, peer, direction, recv, false);
     t.send_displs[p] = t.send_bytes;
     t.recv_displs[p] = t.recv_bytes;
     t.send_bytes += t.send_counts[p];
@@ -93,7 +92,6 @@ Transfer plan_transfer(const Layout& layout, int32_t me, Direction direction, co
 void pack(const Layout& layout, int32_t me, Direction direction, const std::vector<Part>& send,
           const Transfer& transfer, std::byte* buffer) {
   for (int32_t peer = 0; peer < layout.world; ++peer) {
-    if (transfer.send_counts[static_cast<size_t>(peer)] == 0) continue;
     std::byte* out = buffer + transfer.send_displs[static_cast<size_t>(peer)];
     for (const Part& part : send) {
       const PeerRuns pr = peer_runs(layout, me, peer, direction, part.runs, true);
@@ -121,7 +119,6 @@ void pack(const Layout& layout, int32_t me, Direction direction, const std::vect
 void unpack(const Layout& layout, int32_t me, Direction direction, const std::vector<Part>& recv,
             const Transfer& transfer, const std::byte* buffer) {
   for (int32_t peer = 0; peer < layout.world; ++peer) {
-    if (transfer.recv_counts[static_cast<size_t>(peer)] == 0) continue;
     const std::byte* in = buffer + transfer.recv_displs[static_cast<size_t>(peer)];
     for (const Part& part : recv) {
       const PeerRuns pr = peer_runs(layout, me, peer, direction, part.runs, false);
@@ -157,15 +154,6 @@ void unpack(const Layout& layout, int32_t me, Direction direction, const std::ve
       }
     }
   }
-}
-
-void exchange_self(const Layout& layout, int32_t me, Direction direction, const std::vector<Part>& send,
-                   const std::vector<Part>& recv) {
-  const Transfer t = plan_transfer(layout, me, direction, send, recv, Peers::Self);
-  // The only peer is this rank: its bytes start at 0 on both sides, and a layout sends itself what it receives.
-  std::vector<std::byte> buffer(t.send_bytes);
-  pack(layout, me, direction, send, t, buffer.data());
-  unpack(layout, me, direction, recv, t, buffer.data());
 }
 
 }  // namespace cad::cad_plugin

@@ -38,10 +38,6 @@ struct Part {
   bool wire_bf16 = false;     // AccumulateRows only: wire elements are bf16 (else fp32)
 };
 
-// Which peers an exchange covers. Others: every peer but this rank itself, whose rows a server computing its
-// local part first (overlap_local) copies without communication: Self, the same format with no other peer.
-enum class Peers { All, Others, Self };
-
 // Byte counts and displacements of one all_to_all_v for this rank.
 struct Transfer {
   std::vector<uint64_t> send_counts, send_displs, recv_counts, recv_displs;
@@ -49,25 +45,17 @@ struct Transfer {
   uint64_t recv_bytes = 0;
 };
 
-// `peers`: the peers left out get no bytes (counts 0, so pack and unpack skip them).
 Transfer plan_transfer(const Layout& layout, int32_t me, Direction direction, const std::vector<Part>& send,
-                       const std::vector<Part>& recv, Peers peers = Peers::All);
+                       const std::vector<Part>& recv);
 
-// Gathers this rank's rows of every send part into `buffer` (transfer.send_bytes bytes). Peers with no bytes
-// in `transfer` are skipped.
+// Gathers this rank's rows of every send part into `buffer` (transfer.send_bytes bytes).
 void pack(const Layout& layout, int32_t me, Direction direction, const std::vector<Part>& send,
           const Transfer& transfer, std::byte* buffer);
 
 // Scatters `buffer` (transfer.recv_bytes bytes) into the receive parts. Peers are processed in rank
-// order, so AccumulateRows sums the contributions of every peer in a fixed order (deterministic). Peers with no
-// bytes in `transfer` are skipped.
+// order, so AccumulateRows sums the contributions of every peer in a fixed order (deterministic).
 void unpack(const Layout& layout, int32_t me, Direction direction, const std::vector<Part>& recv,
             const Transfer& transfer, const std::byte* buffer);
-
-// This rank's rows from itself to itself (the Self peer of an exchange): pack and unpack through a buffer, no
-// communication. With Peers::Others for the exchange, every row moves exactly once.
-void exchange_self(const Layout& layout, int32_t me, Direction direction, const std::vector<Part>& send,
-                   const std::vector<Part>& recv);
 
 // bf16 <-> fp32 (round to nearest even), for accumulating bf16 gradients in fp32.
 float bf16_to_float(uint16_t bits);

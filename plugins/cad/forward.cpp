@@ -13,44 +13,29 @@ void cpu_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const c
   const Step& step = plan.step;
   const ServerBatch& batch = step.layout.servers[static_cast<size_t>(comm.rank())];
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes();
-  const cad_device_v1_t cpu{CAD_DEVICE_CPU, 0};
 
+  // 1. Q/K/V of the owners -> server batch.
   KeptBatch server;
   server.q = rows_buffer(batch.q_rows, q_bytes);
   server.k = rows_buffer(batch.kv_rows, kv_bytes);
   server.v = rows_buffer(batch.kv_rows, kv_bytes);
+  exchange(comm, step.layout, Direction::ToServers,
+           {rows(RunSet::Q, tensor_data(args->q), q_bytes), rows(RunSet::KV, tensor_data(args->k), kv_bytes),
+            rows(RunSet::KV, tensor_data(args->v), kv_bytes)},
+           {rows(RunSet::Q, server.q.data(), q_bytes), rows(RunSet::KV, server.k.data(), kv_bytes),
+            rows(RunSet::KV, server.v.data(), kv_bytes)},
+           stats);
+
+  // 2. The server batch: one varlen call; segments of one document share its KV prefix.
   server.o = rows_buffer(batch.q_rows, q_bytes);
   server.lse.assign(static_cast<size_t>(batch.q_rows * shape.num_q_heads), 0.0f);
-  std::vector<float> lse_scratch(needs_lse_scratch(plan) ? server.lse.size() : 0);
-  ServerBatchTensors t;
-  t.q = server.q.data(), t.k = server.k.data(), t.v = server.v.data(), t.o = server.o.data();
-  t.lse = server.lse.data();
-  const LseMover move_lse = cpu_lse_mover(shape, batch.q_rows, server.lse.data());
-  // The server batch: its calls over parts of it (plan.h); segments of one document share its KV prefix.
-  ServerCompute compute(ctx, stats);
-  const auto run = [&](Calls which) {
-    compute.run([&](std::string* message) {
-      return run_server_calls(ctx, plan, shape, t, which, false, cpu, nullptr, lse_scratch.data(), move_lse, message);
-    });
-  };
-
-  // 1. Q/K/V of the owners -> server batch. With local_first, this rank's own rows first, without communication,
-  // and the local part computed on them before the other owners' rows are exchanged (the order the CUDA path
-  // overlaps; here it shows that the local part needs nothing from the exchange).
-  const std::vector<Part> send = {rows(RunSet::Q, tensor_data(args->q), q_bytes),
-                                  rows(RunSet::KV, tensor_data(args->k), kv_bytes),
-                                  rows(RunSet::KV, tensor_data(args->v), kv_bytes)};
-  const std::vector<Part> recv = {rows(RunSet::Q, server.q.data(), q_bytes), rows(RunSet::KV, server.k.data(), kv_bytes),
-                                  rows(RunSet::KV, server.v.data(), kv_bytes)};
-  if (plan.local_first) {
-    exchange_self(step.layout, comm.rank(), Direction::ToServers, send, recv);
-    run(Calls::Early);
-  }
-  exchange(comm, step.layout, Direction::ToServers, send, recv, stats, plan.local_first ? Peers::Others : Peers::All);
-
-  // 2. The rest of the server batch, then one agreement on every server's outcome.
-  run(Calls::Late);
-  compute.agree("server backend forward");
+  run_on_server(ctx, "server backend forward", stats, [&]() -> cad_status_t {
+    if (batch.q_rows == 0) return CAD_STATUS_OK;  // nothing to serve
+    ServerBatchTensors t;
+    t.q = server.q.data(), t.k = server.k.data(), t.v = server.v.data(), t.o = server.o.data();
+    t.lse = server.lse.data();
+    return call_server_forward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CPU, 0}, nullptr);
+  });
 
   // 3. O and LSE back to the owners. The plan covers every token exactly once, so every row of the
   // host's O and every column of its LSE is written.

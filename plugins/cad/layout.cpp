@@ -80,76 +80,39 @@ Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>&
     return a.q_begin < b.q_begin;
   });
 
-  // The tasks grouped by (server, document), then each server's groups in owner order (layout.h).
-  const bool windowed = causal && window_left >= 0;
-  plan::ModelParams cost_params;  // only the mask matters to task_cost
-  cost_params.causal = causal;
-  cost_params.window_left = windowed ? window_left : -1;
-  struct Group {
-    size_t first, end;        // its tasks in `tasks`
-    int64_t kv_lo, kv_need;   // the K/V copy: document keys [kv_lo, kv_need)
-    int32_t lowest, highest;  // ranks holding a row it reads
-  };
-  std::vector<Group> groups;
-  for (size_t first = 0, end = 0; first < tasks.size(); first = end) {
+  // Walk the tasks grouped by (server, document).
+  size_t first = 0;
+  while (first < tasks.size()) {
+    size_t end = first;
     while (end < tasks.size() && tasks[end].server == tasks[first].server && tasks[end].doc_id == tasks[first].doc_id) {
       ++end;
     }
+    const int32_t server = tasks[first].server;
     const DocPlacement& doc = docs.at(tasks[first].doc_id);
-    // One shared copy of the KV range [kv_lo, kv_need) that this server's tasks of the document need: the
-    // prefix up to the longest task's end, from the first key the earliest task's window reaches. It holds
-    // every query of the group too (q_begin >= kv_lo, q_end <= kv_need), so its pieces are all the group reads.
-    Group g{first, end, windowed ? doc.doc_len : 0, 0, world, -1};
-    for (size_t t = first; t < end; ++t) {
-      g.kv_need = std::max(g.kv_need, plan::task_kv_end(tasks[t].q_begin, tasks[t].q_end, doc.doc_len, causal));
-      if (windowed) g.kv_lo = std::min(g.kv_lo, std::max<int64_t>(0, tasks[t].q_begin - window_left));
-    }
-    for (const PieceRef& piece : doc.pieces) {
-      if (piece.offset_in_doc < g.kv_need && piece.offset_in_doc + piece.len > g.kv_lo) {
-        g.lowest = std::min(g.lowest, piece.owner);
-        g.highest = std::max(g.highest, piece.owner);
-      }
-    }
-    groups.push_back(g);
-  }
-  // Stable: groups of one (server, lowest, highest) keep their doc_id order.
-  std::stable_sort(groups.begin(), groups.end(), [&](const Group& a, const Group& b) {
-    const cad_task_v1_t &ta = tasks[a.first], &tb = tasks[b.first];
-    if (ta.server != tb.server) return ta.server < tb.server;
-    if (a.lowest != b.lowest) return a.lowest < b.lowest;
-    return a.highest < b.highest;
-  });
-
-  for (const Group& g : groups) {
-    const int32_t server = tasks[g.first].server;
-    const DocPlacement& doc = docs.at(tasks[g.first].doc_id);
     ServerBatch& batch = layout.servers[static_cast<size_t>(server)];
-    const bool local = g.lowest == server && g.highest == server;
-    if (batch.parts.empty() || batch.parts.back().local != local) {
-      BatchPart part;
-      part.q_row = batch.q_rows;
-      part.kv_row = batch.kv_rows;
-      part.first_segment = static_cast<int64_t>(batch.segments.size());
-      part.local = local;
-      batch.parts.push_back(part);
-    }
-    BatchPart& part = batch.parts.back();
-    const int64_t segments_before = static_cast<int64_t>(batch.segments.size());
-    const int64_t q_before = batch.q_rows;
 
+    // One shared copy of the KV range [kv_lo, kv_need) that this server's tasks of the document need: the
+    // prefix up to the longest task's end, from the first key the earliest task's window reaches.
+    const bool windowed = causal && window_left >= 0;
+    int64_t kv_need = 0;
+    int64_t kv_lo = windowed ? doc.doc_len : 0;
+    for (size_t t = first; t < end; ++t) {
+      kv_need = std::max(kv_need, plan::task_kv_end(tasks[t].q_begin, tasks[t].q_end, doc.doc_len, causal));
+      if (windowed) kv_lo = std::min(kv_lo, std::max<int64_t>(0, tasks[t].q_begin - window_left));
+    }
     const int64_t kv_base = batch.kv_rows;  // server row of document key kv_lo
     for (const PieceRef& piece : doc.pieces) {
-      const int64_t lo = std::max(piece.offset_in_doc, g.kv_lo);
-      const int64_t hi = std::min(piece.offset_in_doc + piece.len, g.kv_need);
+      const int64_t lo = std::max(piece.offset_in_doc, kv_lo);
+      const int64_t hi = std::min(piece.offset_in_doc + piece.len, kv_need);
       if (hi <= lo) continue;
       Route& route = layout.route(piece.owner, server);
-      append_run(route.kv, piece.owner_row + (lo - piece.offset_in_doc), kv_base + (lo - g.kv_lo), hi - lo);
+      append_run(route.kv, piece.owner_row + (lo - piece.offset_in_doc), kv_base + (lo - kv_lo), hi - lo);
       route.kv_rows += hi - lo;
     }
-    batch.kv_rows += g.kv_need - g.kv_lo;
+    batch.kv_rows += kv_need - kv_lo;
 
     // The queries: one segment per (task, piece) intersection.
-    for (size_t t = g.first; t < g.end; ++t) {
+    for (size_t t = first; t < end; ++t) {
       const cad_task_v1_t& task = tasks[t];
       for (const PieceRef& piece : doc.pieces) {
         const int64_t lo = std::max(task.q_begin, piece.offset_in_doc);
@@ -161,16 +124,11 @@ Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>&
         // Bottom-right causal alignment: with kv_len = hi - kv_lo, query i of the segment (document position
         // lo + i) sees keys j <= i + (kv_len - q_len) = lo + i - kv_lo, exactly the causal mask (and the
         // window) in the copy's positions, which start at document position kv_lo.
-        batch.segments.push_back(
-            cad_segment_v1_t{batch.q_rows, hi - lo, kv_base, causal ? hi - g.kv_lo : doc.doc_len});
+        batch.segments.push_back(cad_segment_v1_t{batch.q_rows, hi - lo, kv_base, causal ? hi - kv_lo : doc.doc_len});
         batch.q_rows += hi - lo;
       }
-      part.score_entries += plan::task_cost(task.q_begin, task.q_end, doc.doc_len, cost_params);
     }
-    part.tasks += static_cast<int64_t>(g.end - g.first);
-    part.q_rows += batch.q_rows - q_before;
-    part.kv_rows += g.kv_need - g.kv_lo;
-    part.num_segments += static_cast<int64_t>(batch.segments.size()) - segments_before;
+    first = end;
   }
   return layout;
 }

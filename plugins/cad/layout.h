@@ -11,13 +11,7 @@
 //    the owner and on the server.
 //  - A server's K/V rows hold, per document it serves, ONE copy of the longest prefix its tasks of that
 //    document need ([0, max q_end) causal, [0, doc_len) non-causal); all of that document's segments on
-//    the server point into that copy (shared KV).
-//  - A server's documents ("groups": its tasks of one document, their Q rows and their K/V copy) follow in
-//    owner order: by the lowest, then the highest rank holding a row the group reads, then doc_id. For
-//    batches packed rank after rank with rising ids that is doc_id order; in general it keeps each owner's
-//    rows together (in-place exchanges) and puts the groups that read only the server's own rows ("local":
-//    lowest = highest = the server) next to each other, so that they form one part (BatchPart) the server can
-//    compute before the exchange brings the other owners' rows (overlap_local).
+//    the server point into that copy (shared KV). Documents follow in doc_id order.
 //  - With a causal sliding window (window_left >= 0) the copy starts at kv_lo = min over those tasks of
 //    max(0, q_begin - window_left) instead of 0: [kv_lo, max q_end). A segment of queries [lo, hi) then
 //    reads K/V rows [kv_lo, hi) of the document, so by the bottom-right alignment its query i stands at
@@ -51,28 +45,10 @@ struct Route {
   int64_t kv_rows = 0;
 };
 
-// A run of consecutive groups of a server batch: Q rows [q_row, q_row + q_rows), K/V rows [kv_row, kv_row +
-// kv_rows) and segments [first_segment, first_segment + num_segments) of the batch, read by no segment outside
-// the part (a group's segments share only their own K/V copy). So one server backend call over these rows
-// computes exactly the part's tasks: the batch splits into independent calls without touching any merge rule.
-struct BatchPart {
-  int64_t q_row = 0, q_rows = 0;
-  int64_t kv_row = 0, kv_rows = 0;
-  int64_t first_segment = 0, num_segments = 0;
-  int64_t tasks = 0;          // the balancer's tasks in it
-  int64_t score_entries = 0;  // their cost (plan_model.h task_cost), for the stats
-  // Every Q and K/V row it reads is the server's own (owner == server): nothing of it travels, so the server
-  // can compute it while the exchange brings the rest (the one place this rule lives).
-  bool local = false;
-};
-
 struct ServerBatch {
   int64_t q_rows = 0;   // Tq of the server batch
   int64_t kv_rows = 0;  // Tk of the server batch
   std::vector<cad_segment_v1_t> segments;
-  // The batch cut where the groups switch between local and not (at most three parts: the local groups are
-  // next to each other, see above); empty when the batch is.
-  std::vector<BatchPart> parts;
 };
 
 struct Layout {

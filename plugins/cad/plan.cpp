@@ -1,7 +1,6 @@
 // plan.cpp -- see plan.h.
 #include "plan.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "context.h"
@@ -20,63 +19,27 @@ void PlanDeleter::operator()(CadPlan* plan) const {
   // A plan that fails while being made ahead goes back from the planning thread: the server backend and the
   // device memory are shared with the other thread's calls.
   std::lock_guard<std::recursive_mutex> shared(ctx->state_mutex);
-  for (const ServerCall& call : plan->server_calls) {
-    const ServerBackend& backend = ctx->backend_for(call.early);
-    if (call.backend_plan != nullptr && backend.has_plans()) backend.table->release_plan(backend.instance, call.backend_plan);
+  if (plan->server_plan != nullptr && ctx->server.has_plans()) {
+    ctx->server.table->release_plan(ctx->server.instance, plan->server_plan);
   }
   delete plan;  // the device plan goes back through its own deleter
 }
 
 namespace {
 
-// This rank's batch as server backend calls (plan.h ServerCall) into plan.server_calls, each with the backend's own
-// plan where the backend makes plans (an empty batch never calls the backend). Made one by one into the plan, so
-// that the backend plans made before a failure go back with it.
-void make_server_calls(CadContext& ctx, CadPlan& plan, const Step& step, void* stream) {
+// The server backend's plan of this rank's batch, where the backend makes plans and the batch is not
+// empty (an empty batch never calls the backend).
+void* make_server_plan(CadContext& ctx, const Step& step, void* stream) {
   const ServerBatch& batch = step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
-  if (batch.q_rows == 0) return;
-  const bool any_local =
-      std::any_of(batch.parts.begin(), batch.parts.end(), [](const BatchPart& p) { return p.local; });
-  std::vector<BatchPart> parts;
-  if (ctx.config.overlap_local && any_local) {
-    parts = batch.parts;
-    plan.local_first = true;
-  } else {  // one call over everything, as without overlap_local
-    BatchPart whole;
-    whole.q_rows = batch.q_rows;
-    whole.kv_rows = batch.kv_rows;
-    whole.num_segments = static_cast<int64_t>(batch.segments.size());
-    for (const BatchPart& p : batch.parts) {
-      whole.tasks += p.tasks;
-      whole.score_entries += p.score_entries;
-    }
-    parts.push_back(whole);
+  if (!ctx.server.has_plans() || batch.q_rows == 0) return nullptr;
+  const cad_attention_plan_args_v1_t args = server_plan_args(batch, step.shape, stream);
+  void* plan = nullptr;
+  if (ctx.server.table->make_plan(ctx.server.instance, &args, &plan) != CAD_STATUS_OK) {
+    const char* message = ctx.server.table->last_error(ctx.server.instance);
+    fail(CAD_STATUS_INTERNAL, "server backend instance '" + ctx.server.name +
+                                  "': make_plan of this rank's batch failed: " + (message ? message : "(no message)"));
   }
-  for (const BatchPart& part : parts) {
-    ServerCall call;
-    call.part = part;
-    call.early = plan.local_first && part.local;
-    call.whole = part.q_rows == batch.q_rows;
-    for (int64_t i = part.first_segment; i < part.first_segment + part.num_segments; ++i) {
-      cad_segment_v1_t s = batch.segments[static_cast<size_t>(i)];
-      s.q_offset -= part.q_row;
-      s.kv_offset -= part.kv_row;
-      call.segments.push_back(s);
-    }
-    plan.server_calls.push_back(std::move(call));
-    ServerCall& made = plan.server_calls.back();
-    const ServerBackend& backend = ctx.backend_for(made.early);
-    if (!backend.has_plans()) continue;
-    const cad_attention_plan_args_v1_t args =
-        server_plan_args(made.segments.data(), static_cast<int64_t>(made.segments.size()), part.q_rows, part.kv_rows,
-                         step.shape, stream);
-    if (backend.table->make_plan(backend.instance, &args, &made.backend_plan) != CAD_STATUS_OK) {
-      made.backend_plan = nullptr;
-      const char* message = backend.table->last_error(backend.instance);
-      fail(CAD_STATUS_INTERNAL, "server backend instance '" + backend.name +
-                                    "': make_plan of this rank's batch failed: " + (message ? message : "(no message)"));
-    }
-  }
+  return plan;
 }
 
 bool same_pieces(const std::vector<cad_piece_v1_t>& mine, const cad_piece_v1_t* pieces, int64_t num_pieces) {
@@ -141,9 +104,9 @@ PlanPtr make_cad_plan(CadContext& ctx, Comm& comm, const AgreedCall& call, int64
     // The server backend and the device runtime are shared with the calls another thread may be making.
     std::unique_lock<std::recursive_mutex> shared(ctx.state_mutex, std::defer_lock);
     if (concurrent) shared.lock();
-    make_server_calls(ctx, *plan, step, stream);
+    plan->server_plan = make_server_plan(ctx, step, stream);
     if (step.shape.device_type == CAD_DEVICE_CUDA) {
-      plan->device.reset(make_device_plan(ctx, step, plan->server_calls, stream));
+      plan->device.reset(make_device_plan(ctx, step, stream));
     }
   });
   if (num_local_pieces > 0) plan->local_pieces.assign(pieces, pieces + num_local_pieces);
@@ -153,7 +116,6 @@ PlanPtr make_cad_plan(CadContext& ctx, Comm& comm, const AgreedCall& call, int64
   plan->stamp.shape = plan->step.shape;
   plan->stamp.shape.softmax_scale = 0.0f;  // per call
   describe_step(plan->step.tables, plan->step.tasks, plan->step.layout, plan->step.shape, plan->model);
-  describe_local_part(plan->step.layout, comm.rank(), plan->local_first, plan->model);
   plan->model.plan_ms = plan->step.plan_ms;
   return plan;
 }

@@ -23,25 +23,10 @@ struct DevicePlanDeleter {
   void operator()(DevicePlan* plan) const;
 };
 
-// One server backend call over a part of this rank's server batch (layout.h BatchPart): the part's segments
-// rebased to its rows, and the backend's own plan of them where it makes plans.
-struct ServerCall {
-  BatchPart part;
-  std::vector<cad_segment_v1_t> segments;
-  void* backend_plan = nullptr;  // of CadContext::backend_for(early)
-  bool early = false;  // a local part computed before the exchange completes (CadPlan::local_first)
-  bool whole = false;  // the part is the whole batch: the call's LSE is the batch's (no copy, see data_path.h)
-};
-
 struct CadPlan {
   Step step;                                 // shape (softmax_scale unset: it is per call), tables, layout
   std::vector<cad_piece_v1_t> local_pieces;  // to recognise a call's pieces as the plan's
-  // This rank's server batch as backend calls, in batch order: one over the whole batch, or with overlap_local
-  // one per BatchPart (local_first then says whether one of them is local). Empty when the batch is.
-  std::vector<ServerCall> server_calls;
-  // overlap_local and this rank's batch has a local part: every call computes it before the exchange of the
-  // other owners' rows completes, the server's own rows then skip the collective (copied on the compute stream).
-  bool local_first = false;
+  void* server_plan = nullptr;               // the server backend's plan of this rank's batch, if it makes plans
   std::unique_ptr<DevicePlan, DevicePlanDeleter> device;  // CUDA data path only
   CallStats model;                           // servers' work and the cost model's bytes, computed once
   PlanStamp stamp;                           // what it was made for (serial, documents, shape): handles.h

@@ -33,21 +33,6 @@ void describe_step(const PieceTables& tables, const std::vector<cad_task_v1_t>& 
   call.imbalance = model.imbalance;
 }
 
-void describe_local_part(const Layout& layout, int32_t me, bool first, CallStats& call) {
-  LocalPart& local = call.local;
-  local = LocalPart{};
-  local.first = first;
-  for (const BatchPart& p : layout.servers[static_cast<size_t>(me)].parts) {
-    local.server_score_entries += p.score_entries;
-    if (!p.local) continue;
-    local.tasks += p.tasks;
-    local.segments += p.num_segments;
-    local.q_rows += p.q_rows;
-    local.kv_rows += p.kv_rows;
-    local.score_entries += p.score_entries;
-  }
-}
-
 void gather_bytes(Comm& comm, CallStats& call) {
   struct Bytes {
     uint64_t sent, received;
@@ -92,16 +77,6 @@ nlohmann::json call_json(const CallStats& c) {
           {"imbalance", c.imbalance},
           {"workspace_bytes", c.workspace_bytes},
           {"saved_bytes", c.saved_bytes},
-          {"local_part",
-           {{"computed_first", c.local.first},
-            {"tasks", c.local.tasks},
-            {"segments", c.local.segments},
-            {"q_rows", c.local.q_rows},
-            {"kv_rows", c.local.kv_rows},
-            {"score_entries", c.local.score_entries},
-            {"share_of_server_work", c.local.server_score_entries > 0
-                                         ? static_cast<double>(c.local.score_entries) / c.local.server_score_entries
-                                         : 0.0}}},
           {"servers", servers}};
 }
 
@@ -115,7 +90,7 @@ std::string stats_json(const Stats& stats) {
   if (stats.gpu_exchange.timed) {
     const ExchangeTimes& x = stats.gpu_exchange;
     j["gpu_exchange"] = {{"exchanges", x.exchanges}, {"pending", x.pending}, {"untimed", x.untimed},
-                         {"comm_ms", x.comm_ms}, {"stall_ms", x.stall_ms}, {"overlapped_ms", x.overlapped_ms}};
+                         {"comm_ms", x.comm_ms}, {"stall_ms", x.stall_ms}};
   }
   return j.dump();
 }

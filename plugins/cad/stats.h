@@ -21,12 +21,6 @@ struct ServerWork {
   double forward_flops = 0.0;
 };
 
-struct LocalPart {
-  bool first = false;  // computed before the exchange of the other owners' rows completes
-  int64_t tasks = 0, segments = 0, q_rows = 0, kv_rows = 0, score_entries = 0;
-  int64_t server_score_entries = 0;
-};
-
 struct CallStats {
   bool valid = false;
   bool replanned = false;  // backward: false when it reused the last forward's plan
@@ -42,27 +36,18 @@ struct CallStats {
   double imbalance = 1.0;  // max / mean server cost
   int64_t workspace_bytes = 0;  // device memory of the plan (index tables) and of this call's scratch (CUDA path)
   int64_t saved_bytes = 0;      // device memory this forward keeps for its backward (CUDA path)
-  // This rank's local part as a server (layout.h BatchPart::local: work that needs no row from another rank),
-  // from the plan, and whether its calls compute it before the exchange completes (overlap_local and a local
-  // part: CadPlan::local_first). server_score_entries: the rank's whole batch, for the share.
-  LocalPart local;
 };
 
 // The CUDA data path's exchanges as the GPU ran them (timing events around each all_to_all_v), summed since the
 // instance was made over the exchanges that have completed: `comm_ms` the collectives' own time on the
 // communication stream, `stall_ms` how long the calling stream waited for them (from the point it had its
-// data ready, or with local_first from the point it finished its local part, to the collective's end: the exposed
-// part unless another stream had work meanwhile). With local_first the collectives of one phase (owners ->
-// servers) are timed together: comm_ms spans them, with the gathers and scatters between them.
+// data ready to the collective's end: the exposed part unless another stream had work meanwhile).
 struct ExchangeTimes {
   bool timed = false;     // a CUDA exchange ran on this instance
   int64_t exchanges = 0;  // completed and counted
   int64_t pending = 0;    // enqueued, not yet completed when last looked at
   int64_t untimed = 0;    // not timed (too many pending: stats never read)
   double comm_ms = 0.0, stall_ms = 0.0;
-  // local_first: how much of the exchanges' time the calling stream spent computing (the local part) instead of
-  // waiting; their stall_ms is only the wait after that.
-  double overlapped_ms = 0.0;
 };
 
 struct Stats {
@@ -76,8 +61,6 @@ struct Stats {
 // The work of every server (cost model over the step's plan) and the model's forward traffic.
 void describe_step(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks, const Layout& layout,
                    const CallShape& shape, CallStats& call);
-// The local part of server `me`'s batch (CallStats::local); `first`: whether its calls compute it first.
-void describe_local_part(const Layout& layout, int32_t me, bool first, CallStats& call);
 
 // Fills bytes_*_by_rank with one small all_gather (collective).
 void gather_bytes(Comm& comm, CallStats& call);

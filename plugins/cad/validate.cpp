@@ -367,21 +367,15 @@ void check_plan(const PieceTables& tables, const std::vector<cad_task_v1_t>& tas
 }
 
 cad_attention_plan_args_v1_t server_plan_args(const ServerBatch& batch, const CallShape& shape, void* stream) {
-  return server_plan_args(batch.segments.data(), static_cast<int64_t>(batch.segments.size()), batch.q_rows,
-                          batch.kv_rows, shape, stream);
-}
-
-cad_attention_plan_args_v1_t server_plan_args(const cad_segment_v1_t* segments, int64_t num_segments, int64_t q_rows,
-                                              int64_t kv_rows, const CallShape& shape, void* stream) {
   cad_attention_plan_args_v1_t args{};
   args.struct_size = sizeof(args);
   args.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit
   args.window_left = shape.window_left;  // the servers' segments keep document positions (layout.h)
   args.window_right = -1;
-  args.segments = segments;
-  args.num_segments = num_segments;
-  args.num_q_rows = q_rows;
-  args.num_kv_rows = kv_rows;
+  args.segments = batch.segments.data();
+  args.num_segments = static_cast<int64_t>(batch.segments.size());
+  args.num_q_rows = batch.q_rows;
+  args.num_kv_rows = batch.kv_rows;
   args.num_q_heads = shape.num_q_heads;
   args.num_kv_heads = shape.num_kv_heads;
   args.head_dim = shape.head_dim;

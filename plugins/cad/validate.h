@@ -56,9 +56,6 @@ CallShape check_plan_args(const cad_attention_plan_args_v1_t* args, const Accept
 // The other way round: the server backend's make_plan args of a server batch of calls of `shape` (segments
 // point into `batch`, which must outlive the args).
 cad_attention_plan_args_v1_t server_plan_args(const ServerBatch& batch, const CallShape& shape, void* stream);
-// The same for any rows of a batch: `segments` relative to them (one server call over a BatchPart).
-cad_attention_plan_args_v1_t server_plan_args(const cad_segment_v1_t* segments, int64_t num_segments, int64_t q_rows,
-                                              int64_t kv_rows, const CallShape& shape, void* stream);
 
 // The pieces of every rank must tile each document [0, doc_len) exactly once, with one doc_len per
 // document and lengths >= 1. Throws INVALID_ARGUMENT naming the rank, piece and document.

@@ -52,17 +52,12 @@ struct CudaContext {
     check_cuda(cudaGetDevice(&current), "cudaGetDevice");
     device = static_cast<int>(config.get_int("device", current, 0, count - 1));
     const bool allow_hopper = config.get_bool("hopper_kernels", true);
-    sm_margin = static_cast<int>(config.get_int("sm_margin", 0, 0, 4096));
     config.finish(logger);
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     compute_capability = prop.major * 10 + prop.minor;
     num_sms = prop.multiProcessorCount;
     device_name = prop.name;
-    if (sm_margin >= num_sms) {
-      fail(CAD_STATUS_INVALID_CONFIG, format("plugin 'cuda' config: key 'sm_margin' is %d, but device %d has %d SMs: "
-                                             "it must leave at least one", sm_margin, device, num_sms));
-    }
     if (compute_capability < kMinComputeCapability) {
       fail(CAD_STATUS_UNSUPPORTED, format("cuda backend: device %d (%s) has compute capability %d.%d; needs 8.0 or newer",
                                           device, prop.name, prop.major, prop.minor));
@@ -107,11 +102,6 @@ struct CudaContext {
   int device = 0;
   int compute_capability = 0;
   int num_sms = 1;
-  // config "sm_margin": SMs the Hopper forward leaves to kernels running beside it (CAD's overlap_local runs its
-  // local part while NCCL's blocks exchange the rest). Its work lists are sized for the SMs it uses.
-  int sm_margin = 0;
-  int forward_sms() const { return num_sms - sm_margin; }
-  void cap_forward(cad::kernels::AttentionProblem& problem) const { problem.max_blocks = sm_margin > 0 ? forward_sms() : 0; }
   bool hopper = false;  // forward on the sm_90a wgmma kernel (config "hopper_kernels", default true, where loaded)
   std::string device_name;
   // Statistics of the last successful call.
@@ -211,12 +201,10 @@ cad_status_t make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, void
         new CudaPlan, [&self](CudaPlan* p) { free_plan(self, p); });
     cad::kernels::AttentionProblem problem = pr;
     problem.hopper = self.hopper;
-    self.cap_forward(problem);
     plan->segments.assign(args->segments, args->segments + args->num_segments);
     plan->window_left = pr.window_left;
     plan->window_right = pr.window_right;
-    plan->forward =
-        cad::kernels::make_forward_plan(problem, as_segments(args->segments), args->num_segments, self.forward_sms());
+    plan->forward = cad::kernels::make_forward_plan(problem, as_segments(args->segments), args->num_segments, self.num_sms);
     plan->backward = cad::kernels::make_backward_plan(problem, as_segments(args->segments), args->num_segments);
     plan->stream = args->stream;
     DeviceScope scope(self.device);
@@ -296,9 +284,8 @@ cad_status_t forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
       return;
     }
     pr.hopper = self.hopper;
-    self.cap_forward(pr);
     const cad::kernels::ForwardPlan plan =
-        cad::kernels::make_forward_plan(pr, as_segments(args->segments), args->num_segments, self.forward_sms());
+        cad::kernels::make_forward_plan(pr, as_segments(args->segments), args->num_segments, self.num_sms);
     DeviceScope scope(self.device);
     CudaContext::Workspace ws(self, plan.workspace_bytes, args->stream);
     check_cuda(cad::kernels::attention_forward(plan, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),

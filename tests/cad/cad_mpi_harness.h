@@ -36,9 +36,8 @@ inline std::vector<std::string> balancers() {
   return names;
 }
 
-// `overlap`: the instance computes each server's local part before the exchange (overlap_local).
-inline std::string instance_name(const std::string& balancer, bool keep, bool overlap = false) {
-  return "cad_" + balancer + (keep ? "_keep" : "_resend") + (overlap ? "_overlap" : "");
+inline std::string instance_name(const std::string& balancer, bool keep) {
+  return "cad_" + balancer + (keep ? "_keep" : "_resend");
 }
 
 inline std::string stack_config() {
@@ -48,39 +47,16 @@ inline std::string stack_config() {
   for (const std::string& b : balancers()) {
     instances.push_back({{"name", "bal_" + b}, {"plugin", b}, {"config", nlohmann::json::object()}});
     for (bool keep : {true, false}) {
-      for (bool overlap : {false, true}) {
-        instances.push_back({{"name", instance_name(b, keep, overlap)},
-                             {"plugin", "cad"},
-                             {"config",
-                              {{"communicator", "comm"},
-                               {"balancer", "bal_" + b},
-                               {"server_backend", "server"},
-                               {"keep_forward_tensors", keep},
-                               {"overlap_local", overlap},
-                               {"min_shard_tokens", 8}}}});
-      }
+      instances.push_back({{"name", instance_name(b, keep)},
+                           {"plugin", "cad"},
+                           {"config",
+                            {{"communicator", "comm"},
+                             {"balancer", "bal_" + b},
+                             {"server_backend", "server"},
+                             {"keep_forward_tensors", keep},
+                             {"min_shard_tokens", 8}}}});
     }
   }
-  // overlap_local with its local parts on an instance of their own (cad_overlap_test.cpp).
-  instances.push_back({{"name", "server_early"}, {"plugin", "reference"}, {"config", {{"num_threads", 1}}}});
-  instances.push_back({{"name", "cad_overlap_own_backend"},
-                       {"plugin", "cad"},
-                       {"config",
-                        {{"communicator", "comm"},
-                         {"balancer", "bal_" + balancers().front()},
-                         {"server_backend", "server"},
-                         {"overlap_local", true},
-                         {"overlap_server_backend", "server_early"},
-                         {"min_shard_tokens", 8}}}});
-  // overlap_local on even ranks only: a rank-local choice (cad_overlap_test.cpp).
-  instances.push_back({{"name", "cad_overlap_even_ranks"},
-                       {"plugin", "cad"},
-                       {"config",
-                        {{"communicator", "comm"},
-                         {"balancer", "bal_" + balancers().back()},
-                         {"server_backend", "server"},
-                         {"overlap_local", g_rank % 2 == 0},
-                         {"min_shard_tokens", 8}}}});
   // Two instances alike (keep mode), for handles taken to the wrong instance (cad_handle_test.cpp).
   for (const char* twin : {"cad_twin_a", "cad_twin_b"}) {
     instances.push_back({{"name", twin},
@@ -112,8 +88,8 @@ inline Attention cad_instance_named(const std::string& name) {
   return Attention{found.first, found.second};
 }
 
-inline Attention cad_instance(const std::string& balancer, bool keep, bool overlap = false) {
-  return cad_instance_named(instance_name(balancer, keep, overlap));
+inline Attention cad_instance(const std::string& balancer, bool keep) {
+  return cad_instance_named(instance_name(balancer, keep));
 }
 
 // A CPU fp32 tensor that owns its data and shape; desc() is valid while the Tensor lives.

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
@@ -12,7 +11,6 @@
 
 #include "exchange.h"
 #include "layout.h"
-#include "plan_model.h"
 #include "wire_tables.h"
 #include "plugin_support.h"
 #include "test_batch.h"
@@ -56,69 +54,6 @@ std::vector<std::vector<Token>> owner_tokens(const GlobalBatch& b) {
     }
   }
   return out;
-}
-
-// A server batch's parts (layout.h BatchPart): they tile its Q rows, K/V rows and segments in order; every
-// segment reads only its own part's K/V rows; a local part's rows all come from the server itself and there is
-// at most one; together they hold the server's tasks and their cost.
-void expect_parts(const cp::Layout& layout, int32_t s, const std::vector<cad_task_v1_t>& tasks, const GlobalBatch& b,
-                  bool causal, int64_t window_left) {
-  const cp::ServerBatch& batch = layout.servers[static_cast<size_t>(s)];
-  int64_t q = 0, kv = 0, segments = 0, task_count = 0, entries = 0, local_parts = 0;
-  std::vector<int> local_q(static_cast<size_t>(batch.q_rows), 0), local_kv(static_cast<size_t>(batch.kv_rows), 0);
-  for (size_t i = 0; i < batch.parts.size(); ++i) {
-    const cp::BatchPart& p = batch.parts[i];
-    EXPECT_EQ(p.q_row, q);
-    EXPECT_EQ(p.kv_row, kv);
-    EXPECT_EQ(p.first_segment, segments);
-    EXPECT_GT(p.q_rows, 0);
-    EXPECT_GT(p.tasks, 0);
-    if (i > 0) {
-      EXPECT_NE(p.local, batch.parts[i - 1].local) << "parts are cut where the groups change kind";
-    }
-    for (int64_t j = p.first_segment; j < p.first_segment + p.num_segments; ++j) {
-      const cad_segment_v1_t& seg = batch.segments[static_cast<size_t>(j)];
-      EXPECT_GE(seg.q_offset, p.q_row);
-      EXPECT_LE(seg.q_offset + seg.q_len, p.q_row + p.q_rows);
-      EXPECT_GE(seg.kv_offset, p.kv_row) << "a segment reads K/V of another part";
-      EXPECT_LE(seg.kv_offset + seg.kv_len, p.kv_row + p.kv_rows) << "a segment reads K/V of another part";
-    }
-    if (p.local) {
-      ++local_parts;
-      for (int64_t r = p.q_row; r < p.q_row + p.q_rows; ++r) local_q[static_cast<size_t>(r)] = 1;
-      for (int64_t r = p.kv_row; r < p.kv_row + p.kv_rows; ++r) local_kv[static_cast<size_t>(r)] = 1;
-    }
-    q += p.q_rows;
-    kv += p.kv_rows;
-    segments += p.num_segments;
-    task_count += p.tasks;
-    entries += p.score_entries;
-  }
-  EXPECT_EQ(q, batch.q_rows);
-  EXPECT_EQ(kv, batch.kv_rows);
-  EXPECT_EQ(segments, static_cast<int64_t>(batch.segments.size()));
-  EXPECT_LE(local_parts, 1) << "the local groups lie next to each other";
-  // A local part's rows come from the server itself; every other part reads at least one row from another rank.
-  for (int32_t o = 0; o < layout.world; ++o) {
-    if (o == s) continue;
-    for (const cp::RowRun& run : layout.route(o, s).q) {
-      for (int64_t i = 0; i < run.count; ++i) EXPECT_EQ(local_q[static_cast<size_t>(run.dst_row + i)], 0);
-    }
-    for (const cp::RowRun& run : layout.route(o, s).kv) {
-      for (int64_t i = 0; i < run.count; ++i) EXPECT_EQ(local_kv[static_cast<size_t>(run.dst_row + i)], 0);
-    }
-  }
-  cad::plan::ModelParams params;
-  params.causal = causal;
-  params.window_left = causal ? window_left : -1;
-  int64_t want_tasks = 0, want_entries = 0;
-  for (const cad_task_v1_t& t : tasks) {
-    if (t.server != s) continue;
-    ++want_tasks;
-    want_entries += cad::plan::task_cost(t.q_begin, t.q_end, b.doc(t.doc_id).len, params);
-  }
-  EXPECT_EQ(task_count, want_tasks);
-  EXPECT_EQ(entries, want_entries);
 }
 
 // Every invariant a correct layout has, checked by following the runs back to document tokens.
@@ -175,7 +110,6 @@ void expect_layout_invariants(const GlobalBatch& b, const std::vector<cad_task_v
       }
     }
     EXPECT_EQ(covered, batch.q_rows);
-    expect_parts(layout, s, tasks, b, causal, window_left);
   }
   EXPECT_EQ(static_cast<int64_t>(queried.size()), b.total_tokens);
 }
@@ -235,180 +169,6 @@ TEST(Layout, SharesOneKvPrefixPerDocumentAndServer) {
   EXPECT_EQ(layout.servers[0].segments[0].kv_len, 6);
   EXPECT_EQ(layout.servers[0].segments[1].q_len, 2);
   EXPECT_EQ(layout.servers[0].segments[1].kv_len, 8);
-}
-
-TEST(Layout, LocalGroupsFormOnePartBetweenTheMixedOnes) {
-  // Rank 1 holds document 5's tail, documents 6 and 7 whole, and document 8's head (packed rank after rank);
-  // every task on its owner's server, the split documents' tails needing their heads' K/V: server 1's batch is
-  // [doc 5 (K/V from ranks 0 and 1)] [docs 6, 7 (its own)] [doc 8's head (its own)] -- owner order puts the
-  // local documents between the mixed ones, and doc 8's head, which reads nothing of rank 2, is local too.
-  const cp::PieceTables tables = {{{5, 6, 0, 4}},
-                                  {{5, 6, 4, 2}, {6, 3, 0, 3}, {7, 2, 0, 2}, {8, 5, 0, 1}},
-                                  {{8, 5, 1, 4}}};
-  const std::vector<cad_task_v1_t> tasks = {{5, 0, 4, 0, 0}, {5, 4, 6, 1, 0}, {6, 0, 3, 1, 0},
-                                            {7, 0, 2, 1, 0}, {8, 0, 1, 1, 0}, {8, 1, 5, 2, 0}};
-  const cp::Layout layout = cp::build_layout(tables, tasks, true);
-  const cp::ServerBatch& s1 = layout.servers[1];
-  ASSERT_EQ(s1.parts.size(), 2u);
-  EXPECT_FALSE(s1.parts[0].local);
-  EXPECT_EQ(s1.parts[0].q_rows, 2);   // doc 5's queries [4, 6)
-  EXPECT_EQ(s1.parts[0].kv_rows, 6);  // its keys [0, 6), 4 of them from rank 0
-  EXPECT_TRUE(s1.parts[1].local);
-  EXPECT_EQ(s1.parts[1].q_rows, 3 + 2 + 1);
-  EXPECT_EQ(s1.parts[1].tasks, 3);
-  EXPECT_EQ(s1.parts[1].score_entries, 6 + 3 + 1);
-  // Server 2 computes doc 8's tail, which needs rank 1's head: nothing local.
-  ASSERT_EQ(layout.servers[2].parts.size(), 1u);
-  EXPECT_FALSE(layout.servers[2].parts[0].local);
-  // Server 0: doc 5's head, its own.
-  ASSERT_EQ(layout.servers[0].parts.size(), 1u);
-  EXPECT_TRUE(layout.servers[0].parts[0].local);
-
-  // Documents in another rank's order (ids falling): the local part still lies between the mixed ones, and
-  // rank 0's rows stay one range of server 1's batch.
-  const cp::PieceTables shuffled = {{{9, 6, 0, 4}}, {{1, 3, 0, 3}, {9, 6, 4, 2}, {0, 2, 0, 2}, {7, 5, 0, 1}},
-                                    {{7, 5, 1, 4}}};
-  const std::vector<cad_task_v1_t> moved = {{9, 0, 6, 1, 0}, {1, 0, 3, 1, 0}, {0, 0, 2, 1, 0}, {7, 0, 5, 1, 0}};
-  const cp::Layout l2 = cp::build_layout(shuffled, moved, true);
-  const cp::ServerBatch& b1 = l2.servers[1];
-  ASSERT_EQ(b1.parts.size(), 3u);
-  EXPECT_FALSE(b1.parts[0].local);  // doc 9: keys from ranks 0 and 1
-  EXPECT_TRUE(b1.parts[1].local);   // docs 0 and 1
-  EXPECT_FALSE(b1.parts[2].local);  // doc 7: keys from ranks 1 and 2
-  EXPECT_EQ(b1.parts[1].q_rows, 2 + 3);
-  EXPECT_TRUE(cp::build_wire_table(l2, 1, false, true).direct);
-  EXPECT_TRUE(cp::build_wire_table(l2, 1, false, false).direct);
-}
-
-TEST(Layout, SequentialPackingKeepsDocumentOrder) {
-  // Documents packed rank after rank with rising ids (as trainers pack their buffers): owner order is doc_id
-  // order, the layout of earlier versions, whatever the plan.
-  for (uint64_t seed = 1; seed <= 10; ++seed) {
-    BatchSpec spec;
-    spec.seed = seed;
-    spec.world = static_cast<int32_t>(2 + seed % 4);
-    spec.tokens_per_rank = 50;
-    GlobalBatch b = cad_test::make_batch(spec);
-    // Re-cut the documents into the ranks' equal buffers, in order.
-    for (auto& pieces : b.pieces) pieces.clear();
-    const int64_t per_rank = (b.total_tokens + b.world - 1) / b.world;
-    for (const auto& doc : b.docs) {
-      for (int64_t pos = 0; pos < doc.len;) {
-        const int64_t global = doc.first_row + pos;
-        const int32_t rank = static_cast<int32_t>(global / per_rank);
-        const int64_t len = std::min(doc.len - pos, (rank + 1) * per_rank - global);
-        b.pieces[static_cast<size_t>(rank)].push_back(cad_piece_v1_t{doc.id, doc.len, pos, len});
-        pos += len;
-      }
-    }
-    const auto tasks = random_plan(b, seed);
-    const cp::Layout layout = cp::build_layout(b.pieces, tasks, true);
-    const auto tokens = owner_tokens(b);
-    for (int32_t s = 0; s < b.world; ++s) {
-      std::vector<int64_t> doc_of_row(static_cast<size_t>(layout.servers[static_cast<size_t>(s)].q_rows), -1);
-      for (int32_t o = 0; o < b.world; ++o) {
-        for (const cp::RowRun& run : layout.route(o, s).q) {
-          for (int64_t i = 0; i < run.count; ++i) {
-            doc_of_row[static_cast<size_t>(run.dst_row + i)] = tokens[static_cast<size_t>(o)][static_cast<size_t>(run.src_row + i)].doc;
-          }
-        }
-      }
-      EXPECT_TRUE(std::is_sorted(doc_of_row.begin(), doc_of_row.end())) << "seed " << seed << " server " << s;
-    }
-  }
-}
-
-TEST(Exchange, OwnRowsCopiedAsideMoveEveryRowExactlyOnce) {
-  // Peers::Others leaves each rank's rows to itself out of the exchange; exchange_self moves exactly those:
-  // together they fill every server row as the full exchange does, and neither alone does.
-  for (uint64_t seed : {3, 8, 21}) {
-    BatchSpec spec;
-    spec.seed = seed;
-    spec.world = 3;
-    spec.tokens_per_rank = 40;
-    const GlobalBatch b = cad_test::make_batch(spec);
-    const auto tasks = random_plan(b, seed + 1);
-    const cp::Layout layout = cp::build_layout(b.pieces, tasks, true);
-    const size_t world = static_cast<size_t>(b.world);
-    const int64_t heads = 2;
-    std::vector<std::vector<float>> owner(world), owner_lse(world);
-    std::vector<int64_t> tokens(world);
-    for (size_t r = 0; r < world; ++r) {
-      for (const auto& p : b.pieces[r]) tokens[r] += p.len;
-      for (int64_t i = 0; i < tokens[r]; ++i) owner[r].push_back(static_cast<float>(1000 * r + i));
-      for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t i = 0; i < tokens[r]; ++i) owner_lse[r].push_back(-static_cast<float>(1000 * r + i) - h);
-      }
-    }
-    const auto part = [](cp::RunSet set, std::vector<float>& v, int64_t lse_rows = -1) {
-      cp::Part p;
-      p.runs = set;
-      p.data = reinterpret_cast<std::byte*>(v.data());
-      p.row_bytes = 4;
-      if (lse_rows >= 0) {
-        p.format = cp::Format::LseColumns;
-        p.row_bytes = 4 * 2;
-        p.lse_heads = 2;
-        p.lse_rows = lse_rows;
-      }
-      return p;
-    };
-    // Server buffers after an exchange over `peers` (plus exchange_self when `own`), unwritten rows NaN.
-    const auto exchanged = [&](cp::Peers peers, bool own) {
-      std::vector<std::vector<float>> q(world), kv(world), lse(world);
-      std::vector<std::vector<cp::Part>> send(world), recv(world);
-      for (size_t r = 0; r < world; ++r) {
-        q[r].assign(static_cast<size_t>(layout.servers[r].q_rows), NAN);
-        kv[r].assign(static_cast<size_t>(layout.servers[r].kv_rows), NAN);
-        lse[r].assign(static_cast<size_t>(layout.servers[r].q_rows * heads), NAN);
-        send[r] = {part(cp::RunSet::Q, owner[r]), part(cp::RunSet::KV, owner[r]), part(cp::RunSet::Q, owner_lse[r], tokens[r])};
-        recv[r] = {part(cp::RunSet::Q, q[r]), part(cp::RunSet::KV, kv[r]), part(cp::RunSet::Q, lse[r], layout.servers[r].q_rows)};
-      }
-      std::vector<cp::Transfer> t(world);
-      std::vector<std::vector<std::byte>> sbuf(world), rbuf(world);
-      for (size_t r = 0; r < world; ++r) {
-        t[r] = cp::plan_transfer(layout, static_cast<int32_t>(r), cp::Direction::ToServers, send[r], recv[r], peers);
-        sbuf[r].resize(t[r].send_bytes);
-        rbuf[r].resize(t[r].recv_bytes);
-        cp::pack(layout, static_cast<int32_t>(r), cp::Direction::ToServers, send[r], t[r], sbuf[r].data());
-        if (own) cp::exchange_self(layout, static_cast<int32_t>(r), cp::Direction::ToServers, send[r], recv[r]);
-      }
-      for (size_t from = 0; from < world; ++from) {
-        for (size_t to = 0; to < world; ++to) {
-          EXPECT_EQ(t[from].send_counts[to], t[to].recv_counts[from]);
-          if (t[from].send_counts[to] == 0) continue;
-          std::memcpy(rbuf[to].data() + t[to].recv_displs[from], sbuf[from].data() + t[from].send_displs[to],
-                      t[from].send_counts[to]);
-        }
-      }
-      for (size_t r = 0; r < world; ++r) {
-        cp::unpack(layout, static_cast<int32_t>(r), cp::Direction::ToServers, recv[r], t[r], rbuf[r].data());
-      }
-      return std::vector<std::vector<std::vector<float>>>{q, kv, lse};
-    };
-    const auto bits = [](const std::vector<std::vector<std::vector<float>>>& x) {
-      std::vector<std::vector<uint32_t>> out;
-      for (const auto& per_rank : x) {
-        for (const auto& v : per_rank) {
-          out.emplace_back(v.size());
-          std::memcpy(out.back().data(), v.data(), v.size() * 4);
-        }
-      }
-      return out;
-    };
-    const auto all = exchanged(cp::Peers::All, false);
-    for (const auto& per_rank : all) {
-      for (const auto& v : per_rank) {
-        for (float x : v) EXPECT_FALSE(std::isnan(x)) << "the full exchange writes every server row";
-      }
-    }
-    EXPECT_EQ(bits(exchanged(cp::Peers::Others, true)), bits(all)) << "seed " << seed;
-    int64_t own_rows = 0;
-    for (int32_t r = 0; r < b.world; ++r) own_rows += layout.route(r, r).q_rows;
-    if (own_rows > 0) {
-      EXPECT_NE(bits(exchanged(cp::Peers::Others, false)), bits(all)) << "own rows left out";
-    }
-  }
 }
 
 TEST(Exchange, SimulatedRanksRoundTripRowsLseAndSums) {

@@ -67,10 +67,7 @@ std::vector<std::string> balancers() {
   return names;
 }
 
-// `overlap`: the instance computes each server's local part while the other owners' rows are in flight.
-std::string cad_name(const std::string& balancer, bool keep, bool overlap = false) {
-  return "cad_" + balancer + (keep ? "_keep" : "_resend") + (overlap ? "_overlap" : "");
-}
+std::string cad_name(const std::string& balancer, bool keep) { return "cad_" + balancer + (keep ? "_keep" : "_resend"); }
 
 std::string stack_config() {
   nlohmann::json instances = nlohmann::json::array();
@@ -84,22 +81,13 @@ std::string stack_config() {
   for (const std::string& b : balancers()) {
     instances.push_back({{"name", "bal_" + b}, {"plugin", b}, {"config", nlohmann::json::object()}});
     for (bool keep : {true, false}) {
-      for (bool overlap : {false, true}) {
-        instances.push_back({{"name", cad_name(b, keep, overlap)},
-                             {"plugin", "cad"},
-                             {"config",
-                              {{"communicator", "comm"}, {"balancer", "bal_" + b}, {"server_backend", "server"},
-                               {"keep_forward_tensors", keep}, {"overlap_local", overlap}}}});
-      }
+      instances.push_back({{"name", cad_name(b, keep)},
+                           {"plugin", "cad"},
+                           {"config",
+                            {{"communicator", "comm"}, {"balancer", "bal_" + b}, {"server_backend", "server"},
+                             {"keep_forward_tensors", keep}}}});
     }
   }
-  // overlap_local with its local parts on a cuda instance that leaves 8 SMs to NCCL (sm_margin).
-  instances.push_back({{"name", "server_margin"}, {"plugin", "cuda"}, {"config", {{"device", g_device}, {"sm_margin", 8}}}});
-  instances.push_back({{"name", "cad_overlap_margin"},
-                       {"plugin", "cad"},
-                       {"config",
-                        {{"communicator", "comm"}, {"balancer", "bal_" + balancers().back()}, {"server_backend", "server"},
-                         {"overlap_local", true}, {"overlap_server_backend", "server_margin"}}}});
   return nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
 }
 
@@ -375,91 +363,6 @@ TEST(CadGpu, MatchesLocalCudaAndTheOracle) {
   if (g_rank == 0) std::printf("[cad_gpu] worst relative error over all cases: %.3g\n", worst_error);
 }
 
-// overlap_local: every server computes its local part (documents whose rows are all its own) on the call's
-// stream while the other owners' rows travel on the communication stream (NCCL; host-staged: local part first,
-// then the exchanges), then the rest. The same results as without it: the split calls may cut long KV ranges
-// differently (the cuda backend sizes its splits to each call), so within bf16 rounding rather than bit for
-// bit; against the oracle as tight as every other case. Two overlapped runs give the same bits (dQ aside, as in
-// BitwiseReproducible), and a forward computes its local part first where it has one.
-TEST(CadGpu, OverlapLocalGivesTheSameResults) {
-  uint64_t seed = 1000;
-  for (int64_t d : {64, 128}) {
-    for (bool causal : {true, false}) {
-      const GlobalBatch b = rounded(cad_test::make_batch(spec(++seed, d)));
-      Call probe(b, causal);
-      const Results want = oracle(b, causal, probe.scale);
-      for (const std::string& balancer : balancers()) {
-        for (bool keep : {true, false}) {
-          for (bool planned : {false, true}) {
-            SCOPED_TRACE(balancer + " D=" + std::to_string(d) + (causal ? " causal" : " full") +
-                         (keep ? " keep" : " resend") + (planned ? " planned" : " one-shot"));
-            std::vector<Results> runs;  // serial, overlapped, overlapped again
-            for (bool overlap : {false, true, true}) {
-              const Api api = instance(cad_name(balancer, keep, overlap));
-              Call call(b, causal);
-              void* plan = nullptr;
-              void* saved = nullptr;
-              if (planned) {
-                ASSERT_EQ(make_plan(api, call, &plan), CAD_STATUS_OK) << api.error();
-              }
-              ASSERT_EQ(call.forward(api, plan, planned ? &saved : nullptr), CAD_STATUS_OK) << api.error();
-              ASSERT_EQ(call.backward(api, plan, saved), CAD_STATUS_OK) << api.error();
-              api.table->release_saved(api.ctx, saved);
-              api.table->release_plan(api.ctx, plan);
-              runs.push_back(call.results());
-              if (overlap) {
-                const std::string text = [&] {
-                  size_t needed = 0;
-                  api.table->get_stats_json(api.ctx, nullptr, 0, &needed);
-                  std::string out(needed, '\0');
-                  api.table->get_stats_json(api.ctx, out.data(), out.size(), &needed);
-                  return out;
-                }();
-                const nlohmann::json local = nlohmann::json::parse(text.c_str()).at("backward").at("local_part");
-                EXPECT_EQ(local.at("computed_first").get<bool>(), local.at("q_rows").get<int64_t>() > 0);
-              }
-            }
-            expect_close(runs[1], runs[0], "the same call without overlap_local", 1e-2);
-            expect_close(runs[1], want, "the CPU oracle");
-            EXPECT_EQ(runs[1].o, runs[2].o) << "rank " << g_rank;
-            EXPECT_EQ(runs[1].lse, runs[2].lse) << "rank " << g_rank;
-            EXPECT_EQ(runs[1].d_k, runs[2].d_k) << "rank " << g_rank;
-            EXPECT_EQ(runs[1].d_v, runs[2].d_v) << "rank " << g_rank;
-          }
-        }
-      }
-    }
-  }
-  if (g_rank == 0) std::printf("[cad_gpu] worst relative error so far (overlap_local included): %.3g\n", worst_error);
-}
-
-// The local parts on a cuda instance with an sm_margin (fewer persistent forward blocks, work lists sized for
-// them): the same results as without overlap, within bf16 rounding, and the oracle's.
-TEST(CadGpu, OverlapLocalOnABackendWithAnSmMargin) {
-  uint64_t seed = 1100;
-  for (int64_t d : {64, 128}) {
-    for (bool causal : {true, false}) {
-      SCOPED_TRACE("D=" + std::to_string(d) + (causal ? " causal" : " full"));
-      const GlobalBatch b = rounded(cad_test::make_batch(spec(++seed, d)));
-      std::vector<Results> runs;
-      for (const std::string& name : {cad_name(balancers().back(), true), std::string("cad_overlap_margin")}) {
-        const Api api = instance(name);
-        Call call(b, causal);
-        void* plan = nullptr;
-        void* saved = nullptr;
-        ASSERT_EQ(make_plan(api, call, &plan), CAD_STATUS_OK) << api.error();
-        ASSERT_EQ(call.forward(api, plan, &saved), CAD_STATUS_OK) << api.error();
-        ASSERT_EQ(call.backward(api, plan, saved), CAD_STATUS_OK) << api.error();
-        api.table->release_saved(api.ctx, saved);
-        api.table->release_plan(api.ctx, plan);
-        runs.push_back(call.results());
-      }
-      expect_close(runs[1], runs[0], "the same call without overlap_local", 1e-2);
-      expect_close(runs[1], oracle(b, causal, Call(b, causal).scale), "the CPU oracle");
-    }
-  }
-}
-
 // dK/dV partial sums are added in rank order: two runs give the same bits.
 TEST(CadGpu, BitwiseReproducible) {
   const GlobalBatch b = rounded(cad_test::make_batch(spec(600, 128)));
@@ -484,11 +387,10 @@ TEST(CadGpu, BitwiseReproducible) {
 // this check bounds it).
 TEST(CadGpu, GraphReplayGivesTheEagerResults) {
   if (!g_nccl) GTEST_SKIP() << "host-staged exchanges synchronise the stream: graphs need the nccl communicator";
-  for (const auto& [keep, overlap] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true},
-                                      std::pair{false, true}}) {
-    SCOPED_TRACE(std::string(keep ? "keep" : "resend") + (overlap ? " overlap_local" : ""));
+  for (bool keep : {true, false}) {
+    SCOPED_TRACE(keep ? "keep" : "resend");
     const GlobalBatch b = rounded(cad_test::make_batch(spec(700, 128)));
-    const Api api = instance(cad_name(balancers().back(), keep, overlap));
+    const Api api = instance(cad_name(balancers().back(), keep));
     Call call(b, true);
     check(cudaStreamCreateWithFlags(&call.stream, cudaStreamNonBlocking), "cudaStreamCreate");
     void* plan = nullptr;

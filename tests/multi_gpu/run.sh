@@ -137,11 +137,10 @@ if want train; then
       record "train $CONFIGS at $ctx tokens/GPU and micro-batch, $layers layers (one process)" $rc
     fi
     for config in ${CONFIGS//,/ }; do
-      name="${config%%+*}"  # the trainer's label: base, then _plannow (+now), _pingpong (+pp), _overlap (+ol)
+      name="${config%%+*}"  # the trainer's label: base, then _plannow (+now), then _pingpong (+pp)
       [[ "+$config+" == *"+now+"* ]] && name+="_plannow"
       [[ "+$config+" == *"+pp+"* ]] && name+="_pingpong"
       [[ "+$config+" == *"+ppauto+"* ]] && name+="_autopingpong"
-      [[ "+$config+" =~ \+ol([0-9]*)\+ ]] && name+="_overlap${BASH_REMATCH[1]}"
       if [ -f "$OUT/train_${name}_${ctx}.json" ]; then
         python3 -c "import json,sys; print('summary', json.dumps(json.load(open(sys.argv[1]))['summary']))" \
           "$OUT/train_${name}_${ctx}.json" | tee -a "$SUMMARY"

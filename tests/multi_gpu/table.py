@@ -53,8 +53,7 @@ import sys
 
 BASELINES = ["local", "torch_varlen"]
 _NAMES = BASELINES + ["per_doc_cp", "distca", "prefix_aware", "colocated"]
-ORDER = _NAMES + [n + "_overlap" for n in _NAMES] + [n + "_pingpong" for n in _NAMES] + \
-    [n + "_pingpong_overlap" for n in _NAMES]
+ORDER = _NAMES + [n + "_pingpong" for n in _NAMES]
 
 
 def in_order(runs):
@@ -222,10 +221,8 @@ def exchange_rows(runs, first):
     """Per CAD (context, configuration) whose records have exchange_stall_ms (CUDA, trainer since 2026-11-26),
     means over the steps from `first`: the GPU time of CAD's collectives per step and how long the calling
     streams stalled for them (largest rank), the stall's share of the step and of the slowest rank's attention
-    time, plans' wait (plan_wait_ms: forwards waiting for plans made ahead), --ping-pong-when worthwhile's
-    decision, and (records since overlap_local) the exchange time the calling streams spent computing their local
-    part instead (exchange_overlapped_ms, largest rank) and the local part's share of the server work (smallest
-    rank: the one with least to hide the exchange under)."""
+    time, plans' wait (plan_wait_ms: forwards waiting for plans made ahead), and --ping-pong-when worthwhile's
+    decision."""
     lines = []
     for context, name in in_order(runs):
         run = runs[(context, name)]
@@ -240,11 +237,8 @@ def exchange_rows(runs, first):
         split = any(s.get("ping_pong") for s in steps)
         wait = mean(max(s.get("plan_wait_ms", [0.0])) for s in steps)
         decision = run["summary"].get("ping_pong_decision") or "-"
-        overlapped = mean(max(s.get("exchange_overlapped_ms", [0.0])) for s in steps)
-        local = mean(min(s["local_part_share"]) for s in steps) if all("local_part_share" in s for s in steps) else None
         lines.append(f"| {tokens_label(context)} | {name} | {comm:.1f} | {stall:.1f} | {stall / step_ms:.1%} | "
-                     f"{'-' if split else f'{stall / attention:.1%}'} | {wait:.1f} | {decision} | {overlapped:.1f} | "
-                     f"{'-' if local is None else f'{local:.1%}'} |")
+                     f"{'-' if split else f'{stall / attention:.1%}'} | {wait:.1f} | {decision} |")
     return lines
 
 
@@ -297,12 +291,10 @@ def main():
     if exchanges:
         print("\nCAD's exchanges on the GPU (timing events), ms per step, largest rank: the collectives' time and the "
               "calling streams' stall for them; the stall's share of the step and (unsplit runs) of attention; the "
-              "forwards' wait for plans made ahead; the ping-pong decision (--ping-pong-when worthwhile); with "
-              "overlap_local (+ol), the exchange time spent computing the local part instead of stalling, and the "
-              "local part's share of the server work (smallest rank):\n")
+              "forwards' wait for plans made ahead; the ping-pong decision (--ping-pong-when worthwhile):\n")
         print("| tokens/GPU | config | comm ms | stall ms | stall / step | stall / attention | plan wait ms | "
-              "ping-pong decision | overlapped ms | local share |")
-        print("|" + " ---: |" * 10)
+              "ping-pong decision |")
+        print("|" + " ---: |" * 8)
         print("\n".join(exchanges))
     profiled = profile_rows(args.out, runs)
     if profiled:

@@ -57,9 +57,6 @@ WINDOW_CASES = {"window/global/local": ["--attention", "local"],
                 "window/mixed/cad_pp": ["--attention", "cad", "--balancer", "prefix_aware", "--ping-pong", *MIXED],
                 "window/all/local": ["--attention", "local", "--window", "8"],
                 "window/all/cad": ["--attention", "cad", "--balancer", "distca", "--window", "8"]}
-# --overlap-local on and off (explicitly: $CAD_OVERLAP_LOCAL must not decide) for two balancers, with and without
-# recomputation: colocated leaves most work local, prefix_aware moves some.
-OVERLAP = [(b, c, o) for b in ("colocated", "prefix_aware") for c in ("none", "full") for o in ("on", "off")]
 
 
 def _cases():
@@ -81,10 +78,6 @@ def _cases():
                           *PING_PONG_ARGS]
     for name, argv in WINDOW_CASES.items():
         cases[name] = [*argv, *WINDOW_ARGS]
-    for balancer, ckpt, overlap in OVERLAP:
-        cases[f"overlap/{balancer}/{ckpt}/{overlap}"] = ["--attention", "cad", "--balancer", balancer, "--parallel",
-                                                         "fsdp2", *CHECKPOINTING[ckpt], *MATRIX_ARGS,
-                                                         "--overlap-local", overlap]
     return cases
 
 
@@ -156,24 +149,6 @@ def test_cad_trains_as_local(trained, parallel, ckpt):
         for x, y in zip(a["losses"], b["losses"]):
             _assert_close(x, y, CAD_RTOL, f"step {a['step']} loss without vs with checkpointing {ckpt}")
         _assert_close(a["grad_norm"], b["grad_norm"], CAD_RTOL, f"step {a['step']} grad norm vs no checkpointing")
-
-
-@needs_data
-@pytest.mark.parametrize("balancer,ckpt", sorted({(b, c) for b, c, _ in OVERLAP}))
-def test_overlap_local_trains_the_same_bits(trained, balancer, ckpt):
-    """--overlap-local on: every server computes its local part before the other ranks' rows arrive, then the
-    rest; on the CPU path the same numbers as off, bit for bit (losses and gradient norms), and each step
-    records the share of its work that is local."""
-    on, off = (_result(trained, f"overlap/{balancer}/{ckpt}/{o}") for o in ("on", "off"))
-    assert on["summary"]["overlap_local"] == "on" and off["summary"]["overlap_local"] == "off"
-    for a, b in zip(on["steps"], off["steps"]):
-        assert a["losses"] == b["losses"], f"step {a['step']}"
-        assert a["grad_norm"] == b["grad_norm"], f"step {a['step']}"
-        assert a["local_part_share"] == b["local_part_share"]  # the plan's, whatever the setting
-        assert all(0.0 <= x <= 1.0 for x in a["local_part_share"])
-        assert a["exchange_overlapped_ms"] == [0.0, 0.0]  # CPU: no GPU exchanges to time
-    if balancer == "colocated":  # most documents lie on one rank and stay there
-        assert all(max(r["local_part_share"]) > 0.5 for r in on["steps"])
 
 
 @needs_data
@@ -516,22 +491,6 @@ def test_presets_and_defaults():
     assert t.parse_args(["--device", "cuda", "--communicator", "host"]).parallel == "ddp"
 
 
-def test_configs_overlap_modifier():
-    """--configs' '+ol' turns overlap_local on for that configuration (label '_overlap'); the others run it off."""
-    t = _trainer_module()
-    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+ol,prefix_aware+ol16,distca+pp+ol", "--json-out",
-                         "x_{config}.json", "--overlap-sm-margin", "4"])
-    runs = dict(t.configurations(args))
-    assert runs["prefix_aware"].overlap_local == "off"
-    assert runs["prefix_aware_overlap"].overlap_local == "on"
-    assert runs["prefix_aware_overlap"].overlap_sm_margin == 4  # --overlap-sm-margin
-    assert runs["prefix_aware_overlap"].json_out == "x_prefix_aware_overlap.json"
-    assert runs["prefix_aware_overlap16"].overlap_local == "on" and runs["prefix_aware_overlap16"].overlap_sm_margin == 16
-    assert runs["distca_pingpong_overlap"].overlap_local == "on" and runs["distca_pingpong_overlap"].ping_pong
-    defaults = t.parse_args([])
-    assert defaults.overlap_local is None and defaults.overlap_sm_margin is None  # $CAD_OVERLAP_* or the defaults
-
-
 def test_bad_options_are_refused(capsys):
     t = _trainer_module()
     err = _refused(t, capsys, ["--intermediate", "-1"])
@@ -539,10 +498,7 @@ def test_bad_options_are_refused(capsys):
     assert "--profile-step must name one of the 3 steps (0..2), got 3" in \
         _refused(t, capsys, ["--steps", "3", "--profile-step", "3"])
     for configs, message in (("local,bogus+x", "'bogus+x' is not"), ("+pp", "'+pp' is not"),
-                             ("local,,prefix_aware", "'' is not"), ("prefix_aware+pp+pp", "'prefix_aware+pp+pp' is not"),
-                             ("prefix_aware+ol+ol", "'prefix_aware+ol+ol' is not"),
-                             ("prefix_aware+ol+ol8", "'prefix_aware+ol+ol8' is not"),
-                             ("prefix_aware+olx", "'prefix_aware+olx' is not")):
+                             ("local,,prefix_aware", "'' is not"), ("prefix_aware+pp+pp", "'prefix_aware+pp+pp' is not")):
         assert message in _refused(t, capsys, ["--configs", configs]), configs
     assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
     assert "applies to --checkpointing full only" in _refused(t, capsys, ["--checkpoint-reentrant"])
@@ -555,7 +511,6 @@ def test_bad_options_are_refused(capsys):
     assert "--global-every needs --window" in _refused(t, capsys, ["--global-every", "6"])
     for every in ("1", "0", "-3"):
         assert f"--global-every must be at least 2" in _refused(t, capsys, ["--window", "8", "--global-every", every])
-    assert "--overlap-sm-margin must be 0 or more, got -1" in _refused(t, capsys, ["--overlap-sm-margin", "-1"])
 
 
 def test_window_options():

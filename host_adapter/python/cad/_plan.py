@@ -212,7 +212,7 @@ class Plan:
             forward = self._host.stats().get(key)
             if forward:
                 keys = ("imbalance", "servers", "model_forward_bytes_sent_by_rank",
-                        "model_forward_bytes_received_by_rank", "workspace_bytes", "plan_ms", "local_part")
+                        "model_forward_bytes_received_by_rank", "workspace_bytes", "plan_ms")
                 self._stats = {k: forward[k] for k in keys if k in forward}
                 self._stats["rank"] = self._host.stats().get("rank")
                 self._stats["make_ms"] = self.make_ms

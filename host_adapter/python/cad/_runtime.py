@@ -26,8 +26,6 @@ _settings = {
     "balancer": "prefix_aware",
     "keep_forward_tensors": "auto",
     "min_shard_tokens": 0,
-    "overlap_local": None,        # None: $CAD_OVERLAP_LOCAL if set, else the plugin's default (off)
-    "overlap_sm_margin": None,    # None: $CAD_OVERLAP_SM_MARGIN if set, else 0
     "timeout_ms": 60000,
     "group": None,                # torch.distributed group (None: the default group)
     "log_level": "warn",
@@ -38,7 +36,7 @@ _lock = threading.Lock()
 
 
 def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
-         overlap_local=None, overlap_sm_margin=None, timeout_ms=60000, group=None, log_level="warn"):
+         timeout_ms=60000, group=None, log_level="warn"):
     """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
 
     config: a full stack config (dict, JSON file path) whose "attention" names the CAD instance; the other
@@ -50,27 +48,16 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     keeps them (the backward re-sends them), "auto" (default): kept on the servers only for a forward that runs
     inside a backward -- a recomputed layer under activation checkpointing, whose state lives until that
     layer's backward a moment later --, re-sent otherwise, so that CAD holds no more than local attention.
-    overlap_local: every server computes its local part (the documents whose rows are all its own) while the other
-    ranks' rows are in flight, then the rest (the plugin's "overlap_local"); None (default): $CAD_OVERLAP_LOCAL
-    ("1"/"on"/"true" or "0"/"off"/"false") if set, else the plugin's default (off). overlap_sm_margin (CUDA, with
-    overlap_local): SMs the local part's forward leaves to NCCL's blocks (its persistent kernel would otherwise wait
-    for them): a second cuda instance with that "sm_margin" runs the local parts; None: $CAD_OVERLAP_SM_MARGIN, else 0
-    (no second instance).
     timeout_ms: every collective's deadline. group: the torch.distributed group CAD spans.
     """
     if keep_forward_tensors not in (True, False, "auto"):
         raise CadError(f"cad.init: keep_forward_tensors must be True, False or 'auto', got {keep_forward_tensors!r}")
-    if overlap_local not in (True, False, None):
-        raise CadError(f"cad.init: overlap_local must be True, False or None, got {overlap_local!r}")
-    if overlap_sm_margin is not None and (not isinstance(overlap_sm_margin, int) or overlap_sm_margin < 0):
-        raise CadError(f"cad.init: overlap_sm_margin must be an int >= 0 or None, got {overlap_sm_margin!r}")
     if isinstance(config, (str, pathlib.Path)):
         config = json.loads(pathlib.Path(config).read_text())
     with _lock:
         _settings.update(config=config, communicator=communicator, balancer=balancer,
                          keep_forward_tensors=keep_forward_tensors, min_shard_tokens=min_shard_tokens,
-                         overlap_local=overlap_local, overlap_sm_margin=overlap_sm_margin, timeout_ms=timeout_ms,
-                         group=group, log_level=log_level)
+                         timeout_ms=timeout_ms, group=group, log_level=log_level)
         for runtime in _runtimes.values():
             runtime.close()
         _runtimes.clear()
@@ -82,32 +69,6 @@ def _default_communicator(device):
     mpi_launched = "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
     dist_up = torch.distributed.is_available() and torch.distributed.is_initialized()
     return "mpi" if mpi_launched and not dist_up else "host"
-
-
-def _overlap_local(setting):
-    """cad.init's overlap_local, or $CAD_OVERLAP_LOCAL where it left it None; None: the plugin's default."""
-    if setting is not None:
-        return bool(setting)
-    text = os.environ.get("CAD_OVERLAP_LOCAL", "").strip().lower()
-    if not text:
-        return None
-    if text in ("1", "on", "true", "yes"):
-        return True
-    if text in ("0", "off", "false", "no"):
-        return False
-    raise CadError(f"CAD_OVERLAP_LOCAL must be 1/on/true or 0/off/false, got {text!r}")
-
-
-def _overlap_sm_margin(setting):
-    """cad.init's overlap_sm_margin, or $CAD_OVERLAP_SM_MARGIN where it left it None; else 0."""
-    if setting is not None:
-        return int(setting)
-    text = os.environ.get("CAD_OVERLAP_SM_MARGIN", "").strip()
-    if not text:
-        return 0
-    if not text.isdigit():
-        raise CadError(f"CAD_OVERLAP_SM_MARGIN must be an int >= 0, got {text!r}")
-    return int(text)
 
 
 def stack_config(device, settings=None):
@@ -126,9 +87,6 @@ def stack_config(device, settings=None):
     cad_config = {"communicator": "comm", "balancer": "balancer", "server_backend": "server",
                   "keep_forward_tensors": s["keep_forward_tensors"] is not False,
                   "min_shard_tokens": int(s["min_shard_tokens"])}
-    overlap = _overlap_local(s.get("overlap_local"))
-    if overlap is not None:
-        cad_config["overlap_local"] = overlap
     if comm != "mpi":
         # Plans made ahead (cad.plan(ahead=True)) gather over torch.distributed's gloo on a thread of their own:
         # a communicator instance of their own, never the data path's.
@@ -137,13 +95,8 @@ def stack_config(device, settings=None):
     instances += [
         {"name": "balancer", "plugin": s["balancer"], "config": {}},
         {"name": "server", "plugin": "cuda" if device.type == "cuda" else "reference", "config": {}},
+        {"name": "cad", "plugin": "cad", "config": cad_config},
     ]
-    margin = _overlap_sm_margin(s.get("overlap_sm_margin"))
-    if overlap and device.type == "cuda" and margin > 0:
-        # The local parts on a cuda instance whose persistent forward leaves `margin` SMs to NCCL's blocks.
-        instances.append({"name": "server_overlap", "plugin": "cuda", "config": {"sm_margin": margin}})
-        cad_config["overlap_server_backend"] = "server_overlap"
-    instances.append({"name": "cad", "plugin": "cad", "config": cad_config})
     return {"log_level": s["log_level"], "instances": instances, "attention": "cad"}
 
 
@@ -236,9 +189,8 @@ atexit.register(shutdown)
 def exchange_times(device=None):
     """The CUDA data path's exchanges as the GPU ran them, summed since the device's CAD stack was made (None
     without one): {"exchanges", "comm_ms" (the collectives on CAD's communication stream), "stall_ms" (how long
-    the calling streams waited for them, from their data being ready -- with overlap_local, from the end of their
-    local part), "overlapped_ms" (overlap_local: how much of the exchanges the calling streams spent computing
-    their local part instead), "pending" (enqueued, not finished: not counted yet), "untimed"}. Reads only what completed: never waits for the GPU (synchronise first to count
+    the calling streams waited for them, from their data being ready), "pending" (enqueued, not finished: not
+    counted yet), "untimed"}. Reads only what completed: never waits for the GPU (synchronise first to count
     everything). Take differences between two calls for a step's share."""
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
