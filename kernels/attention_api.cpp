@@ -123,8 +123,7 @@ cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, c
   p.causal = pr.causal ? 1 : 0;
   p.window_left = pr.window_left;
   p.window_right = pr.window_right;
-  p.block_m = plan.block_m;
-  if (pr.windowed() && pr.hopper) return cudaErrorInvalidValue;  // the wgmma kernels have no window mask
+  p.block_m = plan.block_m;  // (both forward kernels mask windows)
   if (plan.block_m != fwd_block_m(pr)) return cudaErrorInvalidValue;
 
   CAD_CUDA_TRY(detail::launch_fill_uncovered(reinterpret_cast<const RowRange*>(ws + plan.uncovered_offset),
@@ -187,7 +186,7 @@ cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q,
   p.causal = pr.causal ? 1 : 0;
   p.window_left = pr.window_left;
   p.window_right = pr.window_right;
-  if (pr.windowed() && pr.hopper) return cudaErrorInvalidValue;  // the wgmma kernels have no window mask
+  if (pr.windowed() && pr.hopper) return cudaErrorInvalidValue;  // the wgmma backward has no window mask
   p.kv_exclusive = plan.kv_exclusive ? 1 : 0;
 
   CAD_CUDA_TRY(cudaMemsetAsync(p.dq_acc, 0, q_elems * sizeof(float), stream));

@@ -166,9 +166,10 @@ void compare_with_reference(Kind kind, int d, bool causal, int hq, int hkv, bool
                                ddq.get(),   ddk.get(),   ddv.get(),   static_cast<float*>(dlse.get())};
     ASSERT_EQ(run_attention(gpu, b.segments, shape, causal, CAD_DEVICE_CUDA, kBf16, on_gpu, stream), "");
     {
-      // The backward runs the kernels the forward runs: the Hopper ones unless the config forbids them or
-      // there is a window that hides a key of the batch (one that hides none is no window: the plans drop
-      // it). (A call without a plan once fell back to the portable backward silently.)
+      // The forward runs the Hopper kernel unless the config forbids it (it masks windows too); the backward
+      // runs the kernels the forward runs, except for a window that hides a key of the batch, which runs on
+      // the portable backward (the wgmma backward has no window mask; a window that hides no key is no window:
+      // the plans drop it). (A call without a plan once fell back to the portable backward silently.)
       cad::kernels::AttentionProblem problem;
       problem.causal = causal;
       problem.window_left = static_cast<int32_t>(window_left);
@@ -182,8 +183,9 @@ void compare_with_reference(Kind kind, int d, bool causal, int hq, int hkv, bool
       ASSERT_EQ(gpu.table()->get_stats_json(gpu.ctx(), stats, sizeof stats, &needed), CAD_STATUS_OK);
       const std::string json(stats);
       const bool sm90 = json.find("\"forward_kernel\":\"wgmma_sm90a\"") != std::string::npos;
-      EXPECT_EQ(sm90, hopper && !masked && cad::kernels::hopper_kernels_available()) << json;
-      EXPECT_NE(json.find(sm90 ? "\"backward_kernel\":\"wgmma_sm90a\"" : "\"backward_kernel\":\"mma_sync\""),
+      EXPECT_EQ(sm90, hopper && cad::kernels::hopper_kernels_available()) << json;
+      const bool bwd_sm90 = sm90 && !masked;
+      EXPECT_NE(json.find(bwd_sm90 ? "\"backward_kernel\":\"wgmma_sm90a\"" : "\"backward_kernel\":\"mma_sync\""),
                 std::string::npos)
           << json;
     }
@@ -244,8 +246,9 @@ INSTANTIATE_TEST_SUITE_P(Gpu, AttentionVsReference,
 
 // Sliding windows (ABI v1.2) against the reference: causal windows (left only) and non-causal ones (either
 // side), on the same batches (tiny segments with empty and uncovered rows, CAD tasks sharing their document's
-// KV, split long KV), both head dims, GQA; asked of either kernel family, run on the portable one -- except a
-// window longer than every segment (4000 > 2600 keys), which hides nothing and runs as no window.
+// KV, split long KV), both head dims, GQA; asked of either kernel family: the forward runs on the one asked
+// for, the backward on the portable one -- except a window longer than every segment (4000 > 2600 keys),
+// which hides nothing and runs as no window (both on the family asked for).
 struct WindowCase {
   bool causal;
   int64_t left, right;
