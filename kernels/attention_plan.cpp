@@ -105,14 +105,11 @@ int64_t choose_kv_chunk(const std::vector<FwdItem>& tiles, int64_t block_n, int6
 }
 
 // The problem the kernels run for these segments: a window that hides no key is dropped (the call is then
-// exactly the unwindowed one, on the Hopper kernels where asked for). One that hides any keeps `hopper` where
-// that kernel masks windows (hopper_masks_windows: the wgmma forward, both head dims, causal or not) and runs
-// on the portable kernels otherwise (the wgmma backward has no window mask).
-AttentionProblem kernel_problem(const AttentionProblem& problem, const Segment* segments, int64_t num_segments,
-                                bool hopper_masks_windows) {
+// exactly the unwindowed one, on the Hopper kernels where asked for); one that hides any keeps `hopper` too
+// (both wgmma kernels mask windows, both head dims, causal or not).
+AttentionProblem kernel_problem(const AttentionProblem& problem, const Segment* segments, int64_t num_segments) {
   AttentionProblem pr = problem;
   if (!window_hides_keys(problem, segments, num_segments)) pr.window_left = pr.window_right = -1;
-  if (pr.windowed() && !hopper_masks_windows) pr.hopper = false;
   return pr;
 }
 
@@ -136,7 +133,7 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
   ForwardPlan plan;
   // The Hopper forward masks windows (sm90/fwd_softmax.cuh): its items are the same query tiles with the same
   // key ranges [kv_begin, kv_end) (128 x 128 tiles instead of 64 x 64), and it masks the partial blocks.
-  plan.problem = kernel_problem(problem, segments, num_segments, /*hopper_masks_windows=*/true);
+  plan.problem = kernel_problem(problem, segments, num_segments);
   const AttentionProblem& pr = plan.problem;
   plan.block_m = fwd_block_m(pr);
   const int64_t block_m = plan.block_m;
@@ -225,7 +222,9 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
 
 BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments) {
   BackwardPlan plan;
-  plan.problem = kernel_problem(problem, segments, num_segments, /*hopper_masks_windows=*/false);
+  // The Hopper backward masks windows too (sm90/bwd_kernel.cuh, WINDOW): its key tiles (128 keys) take the
+  // queries [q_begin, q_end) below, as the portable kernel's do.
+  plan.problem = kernel_problem(problem, segments, num_segments);
   const AttentionProblem& pr = plan.problem;
   const int64_t left = pr.window_left, right = pr.window_right;
   std::vector<RowRange> kv_ranges;

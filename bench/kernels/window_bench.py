@@ -9,9 +9,8 @@ tokens. Windows: --windows (left limits; "none" = plain causal is always added).
 
 Implementations (--impls):
   cad           cad.varlen_attn(q, k, v, cu, causal=True, window_size=(left, 0)) on the cuda backend: with a window
-                the backend's default forward (wgmma on sm_90a) and the portable mma.sync backward, without one
-                (or with one no shorter than every document, which hides nothing) the backend's default (wgmma on
-                sm_90a) both ways; the kernels that ran are read from the backend's stats.
+                or without, the backend's default kernels (wgmma on sm_90a); the kernels that ran are read from
+                the backend's stats.
   cad_portable  the same call with the backend configured {"hopper_kernels": false}: causal only (windowed, the
                 portable times are the earlier all-portable cad rows of docs/windows.md), the like-for-like
                 reference for the windowed times.

@@ -217,8 +217,8 @@ TEST(CudaPlanBackwardTiles, KeyTilesFollowTheKernel) {
 // Sliding windows (ABI v1.2): query i at key position p = i + kv_len - q_len sees keys [p - left, p + right]
 // (and none after p when causal), clipped to the segment. The plans give every query tile only the key range
 // its queries' windows reach (skipping the rest: no item, no masked tile), and every backward key tile the
-// exact queries [q_begin, q_end) that see one of its keys. The forward runs on the kernels asked for (the
-// Hopper forward masks windows: 128-query tiles), the backward always on the portable kernel.
+// exact queries [q_begin, q_end) that see one of its keys. Both run on the kernels asked for (the Hopper
+// kernels mask windows: 128-query forward tiles, 128-key backward tiles).
 struct Visible {
   int64_t begin, end;
 };
@@ -231,7 +231,7 @@ Visible visible(const Segment& s, int64_t i, bool causal, int64_t left, int64_t 
   return {begin, std::max(begin, end)};
 }
 
-TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachForwardOnTheKernelsAskedForBackwardPortable) {
+TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachOnTheKernelsAskedFor) {
   struct Case {
     bool causal;
     int64_t left, right;
@@ -249,7 +249,7 @@ TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachForwardOnTheKernelsAsk
         pr.causal = c.causal;
         pr.window_left = static_cast<int32_t>(c.left);
         pr.window_right = static_cast<int32_t>(c.right);
-        pr.hopper = hopper;  // asked for: the forward plan keeps it, the backward plan clears it
+        pr.hopper = hopper;  // asked for: the plans keep it
         const std::vector<Segment> segs = random_segments(rng, c.causal, &pr.tq, &pr.tk, share);
         const std::string what = "causal=" + std::to_string(c.causal) + " window=(" + std::to_string(c.left) + ", " +
                                  std::to_string(c.right) + ") share=" + std::to_string(share) +
@@ -300,10 +300,11 @@ TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachForwardOnTheKernelsAsk
         }
 
         const BackwardPlan bwd = make_backward_plan(pr, segs.data(), int64_t(segs.size()));
-        EXPECT_FALSE(bwd.problem.hopper) << what;
+        EXPECT_EQ(bwd.problem.hopper, hopper) << what;
         std::map<std::pair<int64_t, int64_t>, int64_t> keys;
         for (const BwdItem& it : bwd.items) {
-          ASSERT_LE(it.kv_rows, bwd_block_n(128)) << what;
+          ASSERT_LE(it.kv_rows, bwd_block_n(bwd.problem)) << what;
+          ASSERT_EQ(it.kv_begin % bwd_block_n(bwd.problem), 0) << what;
           ASSERT_LE(0, it.q_begin);
           ASSERT_LE(it.q_begin, it.q_end);
           ASSERT_LE(it.q_end, it.q_len);
@@ -363,8 +364,7 @@ TEST(CudaPlanWindow, HidesKeysIffSomeQueryLosesAKey) {
 
 // A window that hides no key (causal: left + 1 >= every kv_len; non-causal: also right + 1 >= every q_len)
 // is dropped by the plans: forward and backward are then exactly the unwindowed plans, on the Hopper kernels
-// where asked for. One short of that, the window stays: the forward still on the Hopper kernel (it masks
-// windows), the backward on the portable kernel.
+// where asked for. One short of that, the window stays, on the same kernels (the Hopper ones mask windows).
 TEST(CudaPlanWindow, WindowThatHidesNoKeyRunsAsTheUnwindowedProblem) {
   for (const bool causal : {true, false}) {
     for (const bool share : {false, true}) {
@@ -407,7 +407,7 @@ TEST(CudaPlanWindow, WindowThatHidesNoKeyRunsAsTheUnwindowedProblem) {
         const ForwardPlan fwd = make_forward_plan(pr, segs.data(), int64_t(segs.size()), 132);
         const BackwardPlan bwd = make_backward_plan(pr, segs.data(), int64_t(segs.size()));
         EXPECT_TRUE(fwd.problem.hopper) << what;
-        EXPECT_EQ(bwd.problem.hopper, !c.hides) << what;
+        EXPECT_TRUE(bwd.problem.hopper) << what;
         EXPECT_EQ(fwd.problem.windowed(), c.hides) << what;
         EXPECT_EQ(bwd.problem.windowed(), c.hides) << what;
         if (c.hides) {
