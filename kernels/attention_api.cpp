@@ -53,7 +53,7 @@ bool bwd_heads_inner(const BackwardPlan& plan, int hkv, int group, int slots) {
   if (slots <= 0 || blocks <= slots || blocks > 16 * static_cast<int64_t>(slots)) return false;
   std::vector<int64_t> work(n);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t span = std::max<int64_t>(0, plan.items[i].q_len - plan.items[i].q_begin);
+    const int64_t span = std::max<int64_t>(0, plan.items[i].q_end - plan.items[i].q_begin);  // q_len unwindowed
     work[i] = (span + 63) / 64 * group + 2;
   }
   auto makespan = [&](bool heads_inner) {
@@ -123,8 +123,7 @@ cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, c
   p.causal = pr.causal ? 1 : 0;
   p.window_left = pr.window_left;
   p.window_right = pr.window_right;
-  p.block_m = plan.block_m;
-  if (pr.windowed() && pr.hopper) return cudaErrorInvalidValue;  // the wgmma kernels have no window mask
+  p.block_m = plan.block_m;  // (every kernel masks windows)
   if (plan.block_m != fwd_block_m(pr)) return cudaErrorInvalidValue;
 
   CAD_CUDA_TRY(detail::launch_fill_uncovered(reinterpret_cast<const RowRange*>(ws + plan.uncovered_offset),
@@ -187,7 +186,6 @@ cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q,
   p.causal = pr.causal ? 1 : 0;
   p.window_left = pr.window_left;
   p.window_right = pr.window_right;
-  if (pr.windowed() && pr.hopper) return cudaErrorInvalidValue;  // the wgmma kernels have no window mask
   p.kv_exclusive = plan.kv_exclusive ? 1 : 0;
 
   CAD_CUDA_TRY(cudaMemsetAsync(p.dq_acc, 0, q_elems * sizeof(float), stream));

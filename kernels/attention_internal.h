@@ -30,7 +30,7 @@ struct FwdParams {
   int group;  // hq / hkv
   float scale_log2;
   int causal;
-  int window_left;   // sliding window (AttentionProblem), -1 = no limit; portable kernel only
+  int window_left;   // sliding window (AttentionProblem), -1 = no limit
   int window_right;
   int block_m;  // queries per work item: the kernel's tile height
   int kv_head_bands;  // Hopper forward: walk units in bands of items by KV head (set by its launcher)
@@ -56,7 +56,7 @@ struct BwdParams {
   float scale;
   float scale_log2;
   int causal;
-  int window_left;   // sliding window (AttentionProblem), -1 = no limit; portable kernel only
+  int window_left;   // sliding window (AttentionProblem), -1 = no limit
   int window_right;
   int kv_exclusive;
 };

@@ -105,12 +105,11 @@ int64_t choose_kv_chunk(const std::vector<FwdItem>& tiles, int64_t block_n, int6
 }
 
 // The problem the kernels run for these segments: a window that hides no key is dropped (the call is then
-// exactly the unwindowed one, on the Hopper kernels where asked for), and one that hides any runs on the
-// portable kernels (the wgmma kernels have no window mask).
+// exactly the unwindowed one, on the Hopper kernels where asked for); one that hides any keeps `hopper` too
+// (both wgmma kernels mask windows, both head dims, causal or not).
 AttentionProblem kernel_problem(const AttentionProblem& problem, const Segment* segments, int64_t num_segments) {
   AttentionProblem pr = problem;
   if (!window_hides_keys(problem, segments, num_segments)) pr.window_left = pr.window_right = -1;
-  if (pr.windowed()) pr.hopper = false;
   return pr;
 }
 
@@ -132,6 +131,8 @@ bool window_hides_keys(const AttentionProblem& problem, const Segment* segments,
 ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments,
                               int num_sms) {
   ForwardPlan plan;
+  // The Hopper forward masks windows (sm90/fwd_softmax.cuh): its items are the same query tiles with the same
+  // key ranges [kv_begin, kv_end) (128 x 128 tiles instead of 64 x 64), and it masks the partial blocks.
   plan.problem = kernel_problem(problem, segments, num_segments);
   const AttentionProblem& pr = plan.problem;
   plan.block_m = fwd_block_m(pr);
@@ -221,6 +222,8 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
 
 BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments) {
   BackwardPlan plan;
+  // The Hopper backward masks windows too (sm90/bwd_kernel.cuh, WINDOW): its key tiles (128 keys) take the
+  // queries [q_begin, q_end) below, as the portable kernel's do.
   plan.problem = kernel_problem(problem, segments, num_segments);
   const AttentionProblem& pr = plan.problem;
   const int64_t left = pr.window_left, right = pr.window_right;

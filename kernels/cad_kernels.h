@@ -33,9 +33,9 @@ struct AttentionProblem {
   float softmax_scale = 0.f;
   bool causal = false;
   // Sliding window (ABI v1.2, PyTorch's window_size): query i of a segment, at key position p = i + kv_len -
-  // q_len (bottom-right), sees keys [p - window_left, p + window_right]; -1 = no limit. Run by the portable
-  // kernels only: the plans drop a window that hides no key of their segments (window_hides_keys), which then
-  // runs exactly as the unwindowed problem, and clear `hopper` for one that hides any.
+  // q_len (bottom-right), sees keys [p - window_left, p + window_right]; -1 = no limit. The plans drop a window
+  // that hides no key of their segments (window_hides_keys), which then runs exactly as the unwindowed problem;
+  // one that hides any runs on the kernels `hopper` picks (all of them mask the window's edges).
   int32_t window_left = -1;
   int32_t window_right = -1;
   bool windowed() const { return window_left >= 0 || window_right >= 0; }
@@ -108,7 +108,8 @@ struct ForwardPlan {
 
 // Builds the work list on the host. `num_sms` (the device's multiprocessor count) decides how far
 // long KV ranges are split so that the grid fills the GPU. Pure host code. The plan's `problem` is the one
-// the kernels run: without the window when it hides no key, else with `hopper` cleared.
+// the kernels run: without the window when it hides no key (a window that hides some keeps `hopper`: the
+// Hopper kernels mask windows).
 ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments,
                               int num_sms);
 
@@ -159,6 +160,7 @@ struct BackwardPlan {
          dv_acc_offset = 0, workspace_bytes = 0;
 };
 
+// The plan's `problem` is the one the kernels run: without the window when it hides no key.
 BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments);
 
 cudaError_t attention_backward(const BackwardPlan& plan, const void* q, const void* k, const void* v, const void* o,

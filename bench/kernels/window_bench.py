@@ -9,11 +9,11 @@ tokens. Windows: --windows (left limits; "none" = plain causal is always added).
 
 Implementations (--impls):
   cad           cad.varlen_attn(q, k, v, cu, causal=True, window_size=(left, 0)) on the cuda backend: with a window
-                the portable mma.sync kernels, without one (or with one no shorter than every document, which
-                hides nothing) the backend's default (wgmma on sm_90a); the kernel that ran is read from the
-                backend's stats.
-  cad_portable  the same call with the backend configured {"hopper_kernels": false}: causal only (a window runs on
-                those kernels anyway), the like-for-like reference for the windowed times.
+                or without, the backend's default kernels (wgmma on sm_90a); the kernels that ran are read from
+                the backend's stats.
+  cad_portable  the same call with the backend configured {"hopper_kernels": false}: causal only (windowed, the
+                portable times are the earlier all-portable cad rows of docs/windows.md), the like-for-like
+                reference for the windowed times.
   torch         torch.nn.attention.varlen.varlen_attn(..., window_size=(left, 0)) where this torch takes
                 window_size (else 'n/a' with the reason); K/V expanded to 32 heads outside the timing where it
                 does not take GQA (as examples/train_llama.py's torch_varlen does).
@@ -161,7 +161,7 @@ class CadImpl:
         if self.unavailable:
             raise NotApplicable(self.unavailable)
         if self.portable and left is not None:
-            raise NotApplicable("a window runs on the portable kernels already (see cad)")
+            raise NotApplicable("windowed portable: see docs/windows.md (not rerun, to keep the run short)")
         window = (left, 0) if left is not None else (-1, -1)
         return (q, k, v), (lambda a, b, c: self.cad.varlen_attn(a, b, c, cu, causal=True, window_size=window)), ""
 

@@ -65,7 +65,11 @@
 
 namespace cad::kernels::detail {
 
-template <int DIM, int STAGES>
+// WINDOW: the instantiation for sliding windows (p.window_left / p.window_right): the item's queries end at
+// q_end (the plan's last query whose window reaches the tile) instead of the segment's end, and a step whose
+// queries' windows cut through the warp's keys is masked (bwd90_probabilities_window_masked). WINDOW = false
+// is the unwindowed kernel, code unchanged.
+template <int DIM, int STAGES, bool WINDOW = false>
 __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     attention_bwd_sm90_ws_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                                  const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_dq,
@@ -92,7 +96,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
   const BwdItem item = p.items[unit.item];
   const int kv_head = unit.kv_head;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int q_span = item.q_len - item.q_begin;
+  const int q_span = (WINDOW ? item.q_end : item.q_len) - item.q_begin;  // unwindowed plans: q_end = q_len
   const int n_qt = q_span > 0 ? (q_span + BM - 1) / BM : 0;
   const int n_iter = n_qt * p.group;
 
@@ -203,7 +207,20 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     // P^T (0 outside the segment and above the causal diagonal), while dP^T is still in flight.
     const bool need_mask =
         !warp_keys_full || valid_q < BM || (p.causal && warp_key_last > q0 + item.causal_offset);
-    if (need_mask) {
+    if constexpr (WINDOW) {
+      // ... and outside the window: some key of the warp left of the last query's window, or right of the
+      // first query's (the queries past q_end, in this step's last tile, see none of the keys: the left edge).
+      const int warp_key_first = warp_key_last - 15;
+      const bool cut = (p.window_left >= 0 && int64_t{warp_key_first} < int64_t{q0} + BM - 1 + item.causal_offset -
+                                                                             p.window_left) ||
+                       (p.window_right >= 0 && int64_t{warp_key_last} > int64_t{q0} + item.causal_offset +
+                                                                            p.window_right);
+      if (need_mask || cut) {
+        bwd90_probabilities_window_masked<BM>(st, p, item, key_local, t, q0, lse_tile);
+      } else {
+        bwd90_probabilities_plain<BM>(st, p, t, lse_tile);
+      }
+    } else if (need_mask) {
       bwd90_probabilities_masked<BM>(st, p, item, key_local, t, q0, lse_tile);
     } else {
       bwd90_probabilities_plain<BM>(st, p, t, lse_tile);

@@ -23,8 +23,10 @@ cudaError_t encode_bwd_dq_tensor_map(CUtensorMap* map, float* base, int64_t toke
                                 BwdWsTraits<D, 2>::kBlockM);
 }
 
-template <int D>
-cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool heads_inner, cudaStream_t stream) {
+// WINDOW: the sliding-window instantiation of the kernel (sm90/bwd_kernel.cuh), for a windowed problem.
+template <int D, bool WINDOW>
+cudaError_t launch_attention_bwd_sm90_window(const BwdParams& p, int num_items, bool heads_inner,
+                                            cudaStream_t stream) {
   using T = BwdWsTraits<D, kBwdStages<D>>;
   if (num_items == 0 || p.hq == 0) return cudaSuccess;
   CUtensorMap tm_q, tm_do, tm_dq, tm_lse, tm_delta;
@@ -37,12 +39,22 @@ cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool he
   if (err == cudaSuccess) err = encode_vector_tensor_map(&tm_lse, p.lse_log2, stat_elements, T::kStatLoad);
   if (err == cudaSuccess) err = encode_vector_tensor_map(&tm_delta, p.delta, stat_elements, T::kStatLoad);
   if (err != cudaSuccess) return err;
-  constexpr auto kernel = attention_bwd_sm90_ws_kernel<D, kBwdStages<D>>;
+  constexpr auto kernel = attention_bwd_sm90_ws_kernel<D, kBwdStages<D>, WINDOW>;
   err = set_max_dynamic_smem_once<kernel>(T::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<num_items * (p.hq / p.group), T::kThreads, T::kSmemBytes, stream>>>(p, tm_q, tm_do, tm_dq, tm_lse, tm_delta, num_items,
                                                                                    heads_inner ? 1 : 0);
   return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch_attention_bwd_sm90(const BwdParams& p, int num_items, bool heads_inner, cudaStream_t stream) {
+  // A window reaches here only when it hides some key (the plan drops any other): the unwindowed problem
+  // runs exactly the kernel it ran before windows were supported here.
+  if (p.window_left >= 0 || p.window_right >= 0) {
+    return launch_attention_bwd_sm90_window<D, true>(p, num_items, heads_inner, stream);
+  }
+  return launch_attention_bwd_sm90_window<D, false>(p, num_items, heads_inner, stream);
 }
 
 }  // namespace cad::kernels::detail

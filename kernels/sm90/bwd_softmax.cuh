@@ -31,6 +31,27 @@ __device__ __forceinline__ void bwd90_probabilities_masked(float (&st)[BM / 2], 
     }
   }
 }
+// bwd90_probabilities_masked for the WINDOW kernel: also 0 outside each query's window [q + causal_offset -
+// window_left, q + causal_offset + window_right] (segment-relative keys; 64-bit, a window may be 2^30 wide).
+template <int BM>
+__device__ __forceinline__ void bwd90_probabilities_window_masked(float (&st)[BM / 2], const BwdParams& p,
+                                                                  const BwdItem& item, int key_local, int t, int q0,
+                                                                  const float* lse_tile) {
+#pragma unroll
+  for (int nt = 0; nt < BM / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key_local + (e >> 1) * 8;
+      const int ql = nt * 8 + 2 * t + (e & 1);
+      const int q = q0 + ql;
+      const int64_t k_pos = item.kv_begin + key, q_pos = int64_t{q} + item.causal_offset;
+      const bool valid = key < item.kv_rows && q < item.q_len && (!p.causal || k_pos <= q_pos) &&
+                         (p.window_left < 0 || k_pos >= q_pos - p.window_left) &&
+                         (p.window_right < 0 || k_pos <= q_pos + p.window_right);
+      st[nt * 4 + e] = valid ? fast_exp2(st[nt * 4 + e] * p.scale_log2 - lse_tile[ql]) : 0.f;
+    }
+  }
+}
 template <int BM>
 __device__ __forceinline__ void bwd90_probabilities_plain(float (&st)[BM / 2], const BwdParams& p, int t,
                                                           const float* lse_tile) {

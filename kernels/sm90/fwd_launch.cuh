@@ -16,7 +16,8 @@
 
 namespace cad::kernels::detail {
 
-template <int D, int STAGES>
+// WINDOW: the sliding-window instantiation of the kernel (sm90/fwd_kernel.cuh), for a windowed problem.
+template <int D, int STAGES, bool WINDOW>
 cudaError_t launch_attention_fwd_sm90_stages(const FwdParams& p, int num_items, cudaStream_t stream) {
   using T = Fwd90Traits<D, STAGES>;
   if (num_items == 0 || p.hq == 0) return cudaSuccess;
@@ -30,21 +31,26 @@ cudaError_t launch_attention_fwd_sm90_stages(const FwdParams& p, int num_items, 
   err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  err = set_max_dynamic_smem_once<attention_fwd_sm90_kernel<D, STAGES>>(T::kSmemBytes);
+  err = set_max_dynamic_smem_once<attention_fwd_sm90_kernel<D, STAGES, WINDOW>>(T::kSmemBytes);
   if (err != cudaSuccess) return err;
   const int64_t units = static_cast<int64_t>(num_items) * p.hq;
   if (units > INT32_MAX / 2) return cudaErrorInvalidValue;
   const int grid = fwd90_grid(units, sms);
   FwdParams params = p;
   params.kv_head_bands = fwd90_kv_head_bands(p, num_items, grid);
-  attention_fwd_sm90_kernel<D, STAGES>
+  attention_fwd_sm90_kernel<D, STAGES, WINDOW>
       <<<grid, T::kThreads, T::kSmemBytes, stream>>>(params, tm_q, tm_k, tm_v, static_cast<int>(units));
   return cudaGetLastError();
 }
 
 template <int D>
 cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStream_t stream) {
-  return launch_attention_fwd_sm90_stages<D, kFwd90Stages<D>>(p, num_items, stream);
+  // A window reaches here only when it hides some key (the plan drops any other): the unwindowed problem
+  // runs exactly the kernel it ran before windows were supported here.
+  if (p.window_left >= 0 || p.window_right >= 0) {
+    return launch_attention_fwd_sm90_stages<D, kFwd90Stages<D>, true>(p, num_items, stream);
+  }
+  return launch_attention_fwd_sm90_stages<D, kFwd90Stages<D>, false>(p, num_items, stream);
 }
 
 // True when the loaded binary of the sm_90a kernel is real sm_90 code (not the stub of another arch).

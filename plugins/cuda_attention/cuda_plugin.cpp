@@ -108,7 +108,7 @@ struct CudaContext {
   size_t last_items = 0, last_splits = 0, last_workspace_bytes = 0;
   bool last_kv_exclusive = true;
   bool last_backward_hopper = false;  // which kernels the last backward ran (with a plan or without)
-  bool last_forward_hopper = false;   // and the last forward (before any: `hopper`); windows run mma.sync
+  bool last_forward_hopper = false;   // and the last forward (before any: `hopper`)
 };
 
 CudaContext* as_context(void* ctx) { return static_cast<CudaContext*>(ctx); }

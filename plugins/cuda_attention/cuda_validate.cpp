@@ -69,7 +69,7 @@ kernels::AttentionProblem check_common(const Args* args, const char* call, int d
   if (args->causal != 0 && args->causal != 1) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: causal must be 0 or 1, got %d", call, args->causal));
   }
-  // Sliding windows (CAD_ATTENTION_CAP_WINDOW) run on the portable mma.sync kernels (kernels/cad_kernels.h).
+  // Sliding windows (CAD_ATTENTION_CAP_WINDOW) run on the kernels `hopper` picks, wgmma or mma.sync (kernels/cad_kernels.h).
   const plugin::Window window = plugin::read_window(args, args->causal == 1, call);
   if (!std::isfinite(args->softmax_scale)) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: softmax_scale must be finite, got %g", call, args->softmax_scale));

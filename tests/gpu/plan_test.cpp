@@ -215,9 +215,10 @@ TEST(CudaPlanBackwardTiles, KeyTilesFollowTheKernel) {
 }
 
 // Sliding windows (ABI v1.2): query i at key position p = i + kv_len - q_len sees keys [p - left, p + right]
-// (and none after p when causal), clipped to the segment. The plans run them on the portable kernels, give
-// every query tile only the key range its queries' windows reach (skipping the rest: no item, no masked
-// tile), and give every backward key tile the exact queries [q_begin, q_end) that see one of its keys.
+// (and none after p when causal), clipped to the segment. The plans give every query tile only the key range
+// its queries' windows reach (skipping the rest: no item, no masked tile), and every backward key tile the
+// exact queries [q_begin, q_end) that see one of its keys. Both run on the kernels asked for (the Hopper
+// kernels mask windows: 128-query forward tiles, 128-key backward tiles).
 struct Visible {
   int64_t begin, end;
 };
@@ -230,7 +231,7 @@ Visible visible(const Segment& s, int64_t i, bool causal, int64_t left, int64_t 
   return {begin, std::max(begin, end)};
 }
 
-TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachAndRunOnThePortableKernels) {
+TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachOnTheKernelsAskedFor) {
   struct Case {
     bool causal;
     int64_t left, right;
@@ -239,6 +240,7 @@ TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachAndRunOnThePortableKer
                        Case{false, -1, 200}, Case{false, 300, -1}, Case{false, 0, 0}}) {
     for (const bool share : {false, true}) {
       for (const int num_sms : {1, 132}) {
+       for (const bool hopper : {false, true}) {
         std::mt19937_64 rng(c.left * 3 + c.right + share + num_sms);
         AttentionProblem pr;
         pr.hq = 8;
@@ -247,14 +249,16 @@ TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachAndRunOnThePortableKer
         pr.causal = c.causal;
         pr.window_left = static_cast<int32_t>(c.left);
         pr.window_right = static_cast<int32_t>(c.right);
-        pr.hopper = true;  // asked for; a windowed plan clears it
+        pr.hopper = hopper;  // asked for: the plans keep it
         const std::vector<Segment> segs = random_segments(rng, c.causal, &pr.tq, &pr.tk, share);
         const std::string what = "causal=" + std::to_string(c.causal) + " window=(" + std::to_string(c.left) + ", " +
                                  std::to_string(c.right) + ") share=" + std::to_string(share) +
-                                 " sms=" + std::to_string(num_sms);
+                                 " sms=" + std::to_string(num_sms) + " hopper=" + std::to_string(hopper);
         const ForwardPlan plan = make_forward_plan(pr, segs.data(), int64_t(segs.size()), num_sms);
-        EXPECT_FALSE(plan.problem.hopper) << what;
-        EXPECT_EQ(plan.block_m, kFwdBlockM) << what;
+        ASSERT_TRUE(plan.problem.windowed()) << what;  // every case hides keys of these segments
+        EXPECT_EQ(plan.problem.hopper, hopper) << what;
+        EXPECT_EQ(plan.block_m, hopper ? kFwdBlockM90 : kFwdBlockM) << what;
+        for (const FwdItem& it : plan.items) EXPECT_LE(it.q_rows, plan.block_m) << what;
         std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> seen;
         std::map<int64_t, const Segment*> segment_of;
         for (const Segment& s : segs) {
@@ -296,10 +300,11 @@ TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachAndRunOnThePortableKer
         }
 
         const BackwardPlan bwd = make_backward_plan(pr, segs.data(), int64_t(segs.size()));
-        EXPECT_FALSE(bwd.problem.hopper) << what;
+        EXPECT_EQ(bwd.problem.hopper, hopper) << what;
         std::map<std::pair<int64_t, int64_t>, int64_t> keys;
         for (const BwdItem& it : bwd.items) {
-          ASSERT_LE(it.kv_rows, bwd_block_n(128)) << what;
+          ASSERT_LE(it.kv_rows, bwd_block_n(bwd.problem)) << what;
+          ASSERT_EQ(it.kv_begin % bwd_block_n(bwd.problem), 0) << what;
           ASSERT_LE(0, it.q_begin);
           ASSERT_LE(it.q_begin, it.q_end);
           ASSERT_LE(it.q_end, it.q_len);
@@ -319,6 +324,7 @@ TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachAndRunOnThePortableKer
           }
         }
         for (const Segment& s : segs) EXPECT_EQ((keys[{s.kv_offset, s.q_offset}]), s.kv_len) << what;
+       }
       }
     }
   }
@@ -358,7 +364,7 @@ TEST(CudaPlanWindow, HidesKeysIffSomeQueryLosesAKey) {
 
 // A window that hides no key (causal: left + 1 >= every kv_len; non-causal: also right + 1 >= every q_len)
 // is dropped by the plans: forward and backward are then exactly the unwindowed plans, on the Hopper kernels
-// where asked for. One short of that, the window stays and runs on the portable kernels.
+// where asked for. One short of that, the window stays, on the same kernels (the Hopper ones mask windows).
 TEST(CudaPlanWindow, WindowThatHidesNoKeyRunsAsTheUnwindowedProblem) {
   for (const bool causal : {true, false}) {
     for (const bool share : {false, true}) {
@@ -400,8 +406,8 @@ TEST(CudaPlanWindow, WindowThatHidesNoKeyRunsAsTheUnwindowedProblem) {
         EXPECT_EQ(window_hides_keys(pr, segs.data(), int64_t(segs.size())), c.hides) << what;
         const ForwardPlan fwd = make_forward_plan(pr, segs.data(), int64_t(segs.size()), 132);
         const BackwardPlan bwd = make_backward_plan(pr, segs.data(), int64_t(segs.size()));
-        EXPECT_EQ(fwd.problem.hopper, !c.hides) << what;
-        EXPECT_EQ(bwd.problem.hopper, !c.hides) << what;
+        EXPECT_TRUE(fwd.problem.hopper) << what;
+        EXPECT_TRUE(bwd.problem.hopper) << what;
         EXPECT_EQ(fwd.problem.windowed(), c.hides) << what;
         EXPECT_EQ(bwd.problem.windowed(), c.hides) << what;
         if (c.hides) {
