@@ -293,9 +293,13 @@ def test_training_script_trains_megatrons_losses_with_cad(tmp_path):
     """train_gpt_cad.py under torchrun, 2 ranks: Megatron's attention, CAD with plans made ahead by the loop and
     CAD with plans made by the first layer train the same losses (DDP, 2 micro-batches per step)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    # The script samples documents from a length list; a small one of mixed lengths here (the shared Pretrain
+    # distribution is not in every checkout, CI's clean clone included).
+    data = tmp_path / "lengths.json"
+    data.write_text(json.dumps([3, 7, 12, 20, 33, 50, 64, 90, 128, 180, 256, 300, 400, 511, 700, 1000] * 4))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                str(HERE / "train_gpt_cad.py"), "--device", DEVICE, "--configs", "megatron,cad,cad+now",
-               "--context", "512", "--steps", "2", "--micro-batches", "2", "--json-out",
+               "--context", "512", "--steps", "2", "--micro-batches", "2", "--data", str(data), "--json-out",
                str(tmp_path / "run_{config}.json")]
     if DEVICE == "cuda":
         command += ["--dtype", "bf16"]
