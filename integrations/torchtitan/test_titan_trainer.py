@@ -1,8 +1,8 @@
 """TorchTitan's real trainer on 2 gloo ranks on the CPU: a 2-layer debugmodel Llama 3 on the no-download
 packed-document data, FSDP2 and selective AC as TorchTitan configures them. CAD with a plan per micro-batch gives
-the losses of CAD's local attention (no plan), step by step; with torchtitan 0.3 (train_titan_cad.py) also under
-TorchTitan's per-block torch.compile (aot_eager backend: no C++ compiler needed). torchtitan 0.2.x runs
-titan_cad_spec.py with llama3_cad.toml instead. Skipped where torchtitan (and what it imports) is not installed;
+the losses of CAD's local attention (no plan), step by step, also under TorchTitan's per-block torch.compile
+(aot_eager backend: no C++ compiler needed). torchtitan 0.3 runs train_titan_cad.py, 0.2.x titan_cad_spec.py with
+llama3_cad.toml. Skipped where torchtitan (and what it imports) is not installed;
 see docs/integrations.md for the packages."""
 import json
 import os
@@ -69,7 +69,6 @@ def test_cad_plans_match_local_attention_in_torchtitans_trainer(tmp_path):
     assert _losses(cad) == pytest.approx(_losses(local), rel=1e-4)
 
 
-@pytest.mark.skipif(not V03, reason="compile on the CPU tried with torchtitan 0.3 only")
 def test_cad_under_torchtitans_compile(tmp_path):
     local = _train(tmp_path, "local")
     compiled = _train(tmp_path, "cad", "--compile.enable", "--compile.backend", "aot_eager")
