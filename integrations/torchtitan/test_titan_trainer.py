@@ -1,0 +1,76 @@
+"""TorchTitan's real trainer on 2 gloo ranks on the CPU: a 2-layer debugmodel Llama 3 on the no-download
+packed-document data, FSDP2 and selective AC as TorchTitan configures them. CAD with a plan per micro-batch gives
+the losses of CAD's local attention (no plan), step by step, also under TorchTitan's per-block torch.compile
+(aot_eager backend: no C++ compiler needed). torchtitan 0.3 runs train_titan_cad.py, 0.2.x titan_cad_spec.py with
+llama3_cad.toml. Skipped where torchtitan (and what it imports) is not installed;
+see docs/integrations.md for the packages."""
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import titan_common  # noqa: E402
+
+titan_common.stub_missing_modules()  # as the launchers do: tensorboard and `datasets` are imported, never used here
+torchtitan = pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install torchtitan)")
+V03 = not str(getattr(torchtitan, "__version__", "0.3")).startswith(("0.1", "0.2"))
+pytest.importorskip("torchtitan.trainer" if V03 else "torchtitan.train", exc_type=ImportError,
+                    reason="torchtitan's trainer does not import here (its packages: docs/integrations.md)")
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(tmp_path, config, *extra):
+    out = tmp_path / f"{config}.json"
+    env = dict(os.environ, CAD_TT_DEVICE="cpu", CAD_TT_JSON=str(out), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO / "host_adapter" / "python"), str(HERE),
+                                           os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port())]
+    if V03:
+        cmd += [str(HERE / "train_titan_cad.py"), "--module", "train_titan_cad", "--config", f"llama3_debug_{config}",
+                "--dump_folder", str(tmp_path / "dump")]
+    else:
+        cmd += [str(HERE / "titan_cad_spec.py"), "--job.config_file", str(HERE / "llama3_cad.toml"),
+                "--model.name", {"cad": "llama3_cad", "local": "llama3_cad_local"}[config], "--model.flavor",
+                "debugmodel", "--training.seq_len", "1024", "--job.dump_folder", str(tmp_path / "dump")]
+        env["CAD_TT_LAYERS"] = "2"
+    cmd += ["--debug.seed", "7", "--training.steps", "3", *extra]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def _losses(summary):
+    return [r["loss"] for r in summary["steps"]]
+
+
+def test_cad_plans_match_local_attention_in_torchtitans_trainer(tmp_path):
+    cad = _train(tmp_path, "cad")
+    local = _train(tmp_path, "local")
+    assert cad["world"] == 2 and len(cad["steps"]) == 3
+    if V03:
+        assert cad["attention"] == local["attention"] == "CadVarlenAttention.Config"
+        assert cad["activation_checkpoint"] == "SelectiveAC.Config"
+    else:
+        assert (cad["model"], local["model"]) == ("llama3_cad", "llama3_cad_local")
+        assert cad["activation_checkpoint"] == "selective"
+    assert _losses(cad) == pytest.approx(_losses(local), rel=1e-4)
+
+
+def test_cad_under_torchtitans_compile(tmp_path):
+    local = _train(tmp_path, "local")
+    compiled = _train(tmp_path, "cad", "--compile.enable", "--compile.backend", "aot_eager")
+    assert compiled["compile"] is True
+    assert _losses(compiled) == pytest.approx(_losses(local), rel=1e-5)

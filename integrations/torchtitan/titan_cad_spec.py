@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""CAD attention in TorchTitan 0.2.x's trainer (PyPI torchtitan 0.2.2: the release that runs on torch 2.11; 0.3.0
+imports torch.distributed.fsdp.DataParallelMeshDims, which torch 2.11 lacks -- train_titan_cad.py is the 0.3 recipe).
+
+TorchTitan 0.2.x takes a TOML job file; a model is a registered TrainSpec (`model.name`) with flavors
+(`model.flavor`), and `experimental.custom_import` imports the module that registers it. This module registers:
+  llama3_cad           TorchTitan's Llama 3 whose attention layers call cad.varlen.varlen_attn; the model's
+                       get_attention_masks -- called by the trainer once per micro-batch, before its forward, from the
+                       packed batch's document boundaries -- makes the micro-batch's cad.plan there (ahead=True) and
+                       hands it to every layer with the varlen metadata;
+  llama3_cad_local     the same layers without plans (CAD's own varlen kernels on each rank's documents);
+  llama3_torch_varlen  torch.nn.attention.varlen.varlen_attn (TorchTitan's VarlenAttentionWrapper compiles it with
+                       mode="max-autotune-no-cudagraphs"; this calls it eagerly, K/V heads repeated);
+  llama3_titan         TorchTitan's own model and attention unchanged: flavor 8B_varlen (its VarlenAttentionWrapper),
+                       8B_flex (FlexAttention, block_causal document mask), or 8B (sdpa, no document mask);
+all with the no-download packed-document dataloader (the Pretrain recipe's lengths, synthetic tokens, EOS at every
+document's end: 0.2.x finds documents by their EOS) and a tokenizer that reads no files.
+Flavors (every spec): "8B" (Llama 3 8B's shape with $CAD_TT_LAYERS layers, default 4, and a vocabulary of
+$CAD_TT_VOCAB, default 32768) and "debugmodel" (TorchTitan's, $CAD_TT_LAYERS or 2 layers); llama3_titan also
+"8B_varlen", "8B_flex", "debugmodel_varlen", "debugmodel_flex".
+
+    PYTHONPATH=host_adapter/python:integrations/torchtitan torchrun --nproc-per-node 2 \\
+        integrations/torchtitan/titan_cad_spec.py --job.config_file integrations/torchtitan/llama3_cad.toml \\
+        [--model.name llama3_torch_varlen] [--compile.enable] [--activation_checkpoint.mode full]
+
+(the launcher is torchtitan.train.main with a trainer that records step times; where tensorboard and `datasets`
+import, `python -m torchtitan.train --job.config_file ...` runs the same TOML). FSDP2, activation checkpointing and
+torch.compile are TorchTitan's own (`parallelism.*`, `activation_checkpoint.mode`, `compile.enable`). With
+per-op selective AC (selective_ac_option "op", as TorchTitan's Llama 3 8B TOML), CAD keeps a recomputed layer's
+forward state on its owners (cad.init(keep_forward_tensors=False)): "auto" changes the recompute's ops, which per-op
+SAC refuses. Rank 0 prints `CAD_TT step N step_s S loss L` and
+writes every step to $CAD_TT_JSON.
+"""
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import titan_common  # noqa: E402
+from titan_common import PackedDocuments, default_data_path  # noqa: E402
+
+titan_common.prepare()
+
+from torchtitan.components.dataloader import ParallelAwareDataloader  # noqa: E402
+from torchtitan.components.tokenizer import BaseTokenizer  # noqa: E402
+from torchtitan.models import attention as titan_attention  # noqa: E402
+from torchtitan.models.llama3 import get_train_spec as llama3_train_spec  # noqa: E402
+from torchtitan.models.llama3 import llama3_args  # noqa: E402
+from torchtitan.models.llama3.model import model as llama3_model  # noqa: E402
+from torchtitan.models.llama3.model.model import Transformer  # noqa: E402
+from torchtitan.protocols.train_spec import register_train_spec  # noqa: E402
+
+import cad  # noqa: E402
+import cad.varlen  # noqa: E402
+
+from typing import NamedTuple, Optional  # noqa: E402
+
+
+class CadVarlenMetadata(NamedTuple):
+    """TorchTitan's VarlenMetadata plus the micro-batch's cad.Plan (a NamedTuple: it crosses compiled blocks)."""
+    cu_seq_q: torch.Tensor
+    cu_seq_k: torch.Tensor
+    max_q: int
+    max_k: int
+    plan: Optional[cad.Plan] = None
+
+
+# The attention's forward asserts isinstance(attention_masks, VarlenMetadata) (the module's global name): it accepts
+# CAD's metadata too.
+llama3_model.VarlenMetadata = (titan_attention.VarlenMetadata, CadVarlenMetadata)
+
+
+class CadAttention(torch.nn.Module):
+    """The inner attention of a varlen layer: (bs, heads, seq, dim) in, (bs*seq, heads, dim) out, as TorchTitan's
+    VarlenAttentionWrapper; cad.varlen.varlen_attn (GQA without repeating K/V) with the micro-batch's plan."""
+
+    def __init__(self, compute_dtype=torch.bfloat16):
+        super().__init__()
+        self.compute_dtype = compute_dtype
+
+    def forward(self, xq, xk, xv, attention_masks, scale=None):
+        q, k, v = (t.transpose(1, 2).flatten(0, 1) for t in (xq, xk, xv))
+        if self.compute_dtype is not None:
+            q, k, v = (t.to(self.compute_dtype) for t in (q, k, v))
+        m = attention_masks
+        out = cad.varlen.varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), m.cu_seq_q, m.cu_seq_k,
+                                     m.max_q, m.max_k, scale=scale, window_size=(-1, 0),
+                                     plan=getattr(m, "plan", None))
+        return out.to(xq.dtype)
+
+
+class TorchVarlenAttention(torch.nn.Module):
+    """torch's varlen_attn called eagerly, K/V heads repeated (torch 2.11's takes no enable_gqa)."""
+
+    def forward(self, xq, xk, xv, attention_masks, scale=None):
+        from torch.nn.attention.varlen import varlen_attn
+        q, k, v = (t.transpose(1, 2).flatten(0, 1).to(torch.bfloat16) for t in (xq, xk, xv))
+        if k.shape[1] != q.shape[1]:
+            r = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
+        m = attention_masks
+        out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), m.cu_seq_q, m.cu_seq_k, m.max_q, m.max_k,
+                          scale=scale, window_size=(-1, 0))
+        return out.to(xq.dtype)
+
+
+class _SwappedAttention(Transformer):
+    """TorchTitan's Llama 3 (attn_type "varlen", block_causal) with another inner attention in every layer."""
+    make_inner = None
+
+    def __init__(self, model_args):
+        super().__init__(model_args)
+        for block in self.layers.values():
+            block.attention.inner_attention = type(self).make_inner()
+
+
+def _compute_dtype():
+    return torch.float32 if titan_common.cpu_requested() else torch.bfloat16  # CAD's CPU backend computes in fp32
+
+
+class CadLocalTransformer(_SwappedAttention):
+    make_inner = staticmethod(lambda: CadAttention(_compute_dtype()))
+
+
+class CadTransformer(CadLocalTransformer):
+    """Plans per micro-batch: get_attention_masks (once per micro-batch, every rank in the same order) makes
+    cad.plan(cu_seq_q, ahead=True) -- on CAD's planning thread -- and hands it on with the metadata."""
+    _micro_batch = 0
+
+    def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None):
+        masks = super().get_attention_masks(input_batch, tokenizer, extra_inputs)
+        args = self.model_args
+        plan = cad.plan(masks.cu_seq_q, causal=True, num_heads=args.n_heads, num_kv_heads=args.n_kv_heads or args.n_heads,
+                        head_dim=args.dim // args.n_heads, dtype=_compute_dtype(), device=input_batch.device, ahead=True,
+                        tag=CadTransformer._micro_batch)
+        CadTransformer._micro_batch += 1
+        return CadVarlenMetadata(masks.cu_seq_q, masks.cu_seq_k, int(masks.max_q), int(masks.max_k), plan)
+
+
+class TorchVarlenTransformer(_SwappedAttention):
+    make_inner = TorchVarlenAttention
+
+
+# ---- tokenizer, data -------------------------------------------------------------------------------------------------
+class SyntheticTokenizer(BaseTokenizer):
+    """No files: ids are their own text; EOS is the last id of the vocabulary."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.eos_id = vocab_size - 1
+
+    def encode(self, text, *args, **kwargs):
+        return [int(t) for t in str(text).split()]
+
+    def decode(self, ids, *args, **kwargs):
+        return " ".join(str(int(i)) for i in ids)
+
+    def get_vocab_size(self):
+        return self.vocab_size
+
+
+def _vocab_size(job_config):
+    spec_args = _flavors(job_config.model.name)
+    return spec_args[job_config.model.flavor].vocab_size
+
+
+def build_synthetic_tokenizer(job_config):
+    return SyntheticTokenizer(_vocab_size(job_config))
+
+
+def build_packed_document_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=True, **kwargs):
+    """training.dataset "pretrain_synthetic"; training.dataset_path: doclen_pretrain.json (default $CAD_DATA,
+    ../shared/data, .bench_data)."""
+    path = job_config.training.dataset_path or default_data_path()
+    if path is None:
+        raise FileNotFoundError("no doclen_pretrain.json: set training.dataset_path or CAD_DATA")
+    lengths = json.loads(pathlib.Path(path).read_text())
+    seed = job_config.debug.seed if job_config.debug.seed is not None else 1
+    dataset = PackedDocuments(lengths, job_config.training.seq_len, tokenizer.get_vocab_size(), dp_rank,
+                              dp_world_size, seed, eos_id=tokenizer.eos_id)
+    return ParallelAwareDataloader(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size,
+                                   batch_size=job_config.training.local_batch_size)
+
+
+# ---- flavors and specs -----------------------------------------------------------------------------------------------
+def _flavor(base, attn_type, layers, vocab=None):
+    args = dataclasses.replace(llama3_args[base], attn_type=attn_type, n_layers=layers)
+    if attn_type != "sdpa":
+        args = dataclasses.replace(args, attn_mask_type="block_causal")
+    if vocab:
+        args = dataclasses.replace(args, vocab_size=vocab)
+    return args
+
+
+def _flavors(name):
+    layers = os.environ.get("CAD_TT_LAYERS")
+    vocab = int(os.environ.get("CAD_TT_VOCAB", 32768))
+    l8, ld = int(layers or 4), int(layers or 2)
+    if name == "llama3_titan":
+        return {"8B": _flavor("8B", "sdpa", l8, vocab), "8B_varlen": _flavor("8B", "varlen", l8, vocab),
+                "8B_flex": _flavor("8B", "flex", l8, vocab), "debugmodel": _flavor("debugmodel", "sdpa", ld),
+                "debugmodel_varlen": _flavor("debugmodel", "varlen", ld),
+                "debugmodel_flex": _flavor("debugmodel", "flex", ld)}
+    return {"8B": _flavor("8B", "varlen", l8, vocab), "debugmodel": _flavor("debugmodel", "varlen", ld)}
+
+
+def _spec(name, model_cls):
+    spec = llama3_train_spec()
+    spec = dataclasses.replace(spec, model_cls=model_cls, model_args=_flavors(name),
+                               build_dataloader_fn=build_packed_document_dataloader,
+                               build_tokenizer_fn=build_synthetic_tokenizer, build_validator_fn=None)
+    register_train_spec(name, spec)
+
+
+for _name, _cls in (("llama3_cad", CadTransformer), ("llama3_cad_local", CadLocalTransformer),
+                    ("llama3_torch_varlen", TorchVarlenTransformer), ("llama3_titan", Transformer)):
+    try:
+        _spec(_name, _cls)
+    except ValueError:  # registered already (imported twice: as __main__ and by custom_import)
+        pass
+
+
+# ---- the launcher's trainer: step times ----------------------------------------------------------------------------
+def recording_trainer():
+    from torchtitan.train import Trainer
+
+    class RecordingTrainer(Trainer):
+        """TorchTitan's Trainer plus every step's device-synchronized wall time (the slowest rank's) and loss;
+        cad.init before the first plan."""
+
+        def __init__(self, job_config):
+            super().__init__(job_config)
+            self.records, self._last_loss = [], None
+            log = self.metrics_processor.log
+
+            def capture(step, global_avg_loss, global_max_loss, grad_norm, *a, **k):
+                self._last_loss = float(global_avg_loss)
+                return log(step, global_avg_loss, global_max_loss, grad_norm, *a, **k)
+            self.metrics_processor.log = capture
+            if job_config.model.name.startswith("llama3_cad"):
+                ac = job_config.activation_checkpoint
+                keep = False if (ac.mode, ac.selective_ac_option) == ("selective", "op") else "auto"
+                cad.init(balancer=os.environ.get("CAD_TT_BALANCER", "prefix_aware"), keep_forward_tensors=keep)
+
+        def _sync(self):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        def train_step(self, *args, **kwargs):
+            self._sync()
+            start = time.perf_counter()
+            result = super().train_step(*args, **kwargs)
+            self._sync()
+            t = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=self.device)
+            if torch.distributed.is_initialized():
+                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            record = {"step": self.step, "step_s": float(t.item()), "loss": self._last_loss}
+            if self.device.type == "cuda":
+                record["peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
+            self.records.append(record)
+            if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+                print(f"CAD_TT step {self.step} step_s {record['step_s']:.4f} loss {record['loss']}", flush=True)
+            return result
+
+        def close(self):
+            path = os.environ.get("CAD_TT_JSON")
+            rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+            if path and rank0 and getattr(self, "records", None):
+                jc = self.job_config
+                steady = [r["step_s"] for r in self.records[1:]] or [self.records[0]["step_s"]]
+                summary = {"model": jc.model.name, "flavor": jc.model.flavor, "torchtitan": _version(),
+                           "balancer": os.environ.get("CAD_TT_BALANCER", "prefix_aware"),
+                           "world": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
+                           "layers": self.model_args.n_layers, "seq_len": jc.training.seq_len,
+                           "compile": jc.compile.enable, "activation_checkpoint": jc.activation_checkpoint.mode,
+                           "mean_step_s_after_first": sum(steady) / len(steady), "steps": self.records}
+                pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+                pathlib.Path(path).write_text(json.dumps(summary, indent=1))
+            super().close()
+
+    return RecordingTrainer
+
+
+def _version():
+    import torchtitan
+    return getattr(torchtitan, "__version__", "?")
+
+
+if __name__ == "__main__":
+    sys.modules.setdefault("titan_cad_spec", sys.modules["__main__"])
+    from torchtitan.train import main
+    main(recording_trainer())

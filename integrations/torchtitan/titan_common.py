@@ -1,0 +1,161 @@
+"""What both TorchTitan recipes share (train_titan_cad.py for torchtitan 0.3, titan_cad_spec.py for 0.2.x): running
+TorchTitan on the CPU, stand-ins for the packages it imports but the recipes never use, and the no-download
+packed-document data of the Pretrain recipe. Import this before torchtitan."""
+import importlib.util
+import os
+import pathlib
+import sys
+import types
+
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+IGNORE_INDEX = -100
+
+
+# ---- environment: CPU device and optional packages ------------------------------------------------------------
+def cpu_requested():
+    return os.environ.get("CAD_TT_DEVICE", "cuda" if torch.cuda.is_available() else "cpu") == "cpu"
+
+
+class _CpuDeviceModule(types.ModuleType):
+    """torch.cpu plus what torchtitan's DeviceMemoryMonitor and MFU code ask of a device module."""
+
+    def __init__(self):
+        super().__init__("cad_tt_cpu_device")
+        for name in dir(torch.cpu):
+            if not name.startswith("__"):
+                setattr(self, name, getattr(torch.cpu, name))
+        self.set_device = lambda *a, **k: None
+        self.get_device_name = lambda *a, **k: "cpu"
+        self.current_device = lambda *a, **k: 0
+        self.device_count = lambda *a, **k: 1
+        self.get_device_properties = lambda *a, **k: types.SimpleNamespace(total_memory=1 << 40, name="cpu")
+        self.reset_peak_memory_stats = lambda *a, **k: None
+        self.empty_cache = lambda *a, **k: None
+        self.memory_stats = lambda *a, **k: {}
+        self.manual_seed = lambda seed: torch.manual_seed(seed)
+        self.manual_seed_all = lambda seed: torch.manual_seed(seed)
+        self.is_available = lambda: True
+
+
+def use_cpu():
+    import torch._utils as tu
+    cpu_module = _CpuDeviceModule()
+    tu._get_available_device_type = lambda: "cpu"
+    original = tu._get_device_module
+    tu._get_device_module = lambda device_type="cuda": cpu_module if device_type == "cpu" else original(device_type)
+    # gloo for the cpu device (torchtitan asks Backend.default_device_backend_map[device_type])
+    torch.distributed.Backend.default_device_backend_map.setdefault("cpu", "gloo")
+    # TorchTitan sets FSDP2's gradient divide factor to 1 (it scales by the global token count itself), which FSDP2
+    # turns into ReduceOp.PREMUL_SUM(1.0) -- refused by gloo. Forcing sum reductions gives SUM with a 1.0 factor.
+    from torch.distributed.fsdp import FSDPModule
+    set_factor = FSDPModule.set_gradient_divide_factor
+
+    def set_gradient_divide_factor(self, factor):
+        set_factor(self, factor)
+        self.set_force_sum_reduction_for_comms(True)
+    FSDPModule.set_gradient_divide_factor = set_gradient_divide_factor
+
+
+def stub_missing_modules():
+    """torchtitan imports torch.utils.tensorboard (metrics) and `datasets` (its HF text datasets, imported by the
+    model registries) at module level; this recipe uses neither (tensorboard off, the synthetic dataset). Where
+    they are not installed, stand-ins that fail only if used."""
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except Exception:
+        tb = types.ModuleType("torch.utils.tensorboard")
+
+        class SummaryWriter:  # noqa: D401
+            def __init__(self, *a, **k):
+                raise RuntimeError("tensorboard is not installed: leave metrics.enable_tensorboard off")
+        tb.SummaryWriter = SummaryWriter
+        sys.modules["torch.utils.tensorboard"] = tb
+    try:
+        import datasets  # noqa: F401
+    except Exception:
+        ds = types.ModuleType("datasets")
+        dist = types.ModuleType("datasets.distributed")
+
+        def _absent(*a, **k):
+            raise RuntimeError("the `datasets` package is not installed (this recipe's data needs none)")
+        ds.Dataset = type("Dataset", (), {})
+        ds.IterableDataset = type("IterableDataset", (), {})
+        ds.load_dataset = _absent
+        dist.split_dataset_by_node = _absent
+        ds.distributed = dist
+        sys.modules["datasets"] = ds
+        sys.modules["datasets.distributed"] = dist
+
+
+def prepare():
+    """CPU (CAD_TT_DEVICE=cpu, or no CUDA) and the stand-ins; idempotent."""
+    if getattr(prepare, "done", False):
+        return
+    if cpu_requested():
+        use_cpu()
+    stub_missing_modules()
+    prepare.done = True
+
+
+
+
+# ---- data ---------------------------------------------------------------------------------------------------------
+def _recipe():
+    spec = importlib.util.spec_from_file_location("cad_train_llama", REPO / "examples" / "train_llama.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def default_data_path():
+    for p in (os.environ.get("CAD_DATA"), REPO.parent / "shared" / "data" / "doclen_pretrain.json",
+              REPO / ".bench_data" / "doclen_pretrain.json"):
+        if p and pathlib.Path(p).is_file():
+            return str(p)
+    return None
+
+
+class PackedDocuments(torch.utils.data.IterableDataset):
+    """One packed row per sample: this data-parallel rank's documents of the Pretrain recipe's batch number i
+    (the same batches on every rank, each rank its own share), random tokens, positions restarting per document."""
+
+    def __init__(self, lengths, seq_len, vocab_size, dp_rank, dp_world_size, seed, eos_id=None):
+        """eos_id: where TorchTitan finds documents by their EOS token (0.2.x), every document's last token is
+        eos_id and no other token is (tokens drawn below it); None: tokens from the whole vocabulary (0.3 reads
+        `positions`)."""
+        self.eos_id = eos_id
+        self.lengths, self.seq_len, self.vocab_size = lengths, seq_len, vocab_size
+        self.dp_rank, self.dp_world_size, self.seed = dp_rank, dp_world_size, seed
+        self.recipe = _recipe()
+        self.index = 0
+
+    def documents(self, index):
+        docs = self.recipe.cached_batch(self.lengths, self.seq_len, self.dp_world_size, self.seed + index)
+        mine = docs[self.dp_rank]
+        if sum(mine) < self.seq_len:  # the recipe ran short: one more document fills the row
+            mine = mine + [self.seq_len - sum(mine)]
+        return mine
+
+    def __iter__(self):
+        while True:
+            docs = self.documents(self.index)
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.index * 131 + self.dp_rank)
+            high = self.vocab_size if self.eos_id is None else self.eos_id
+            tokens = torch.randint(0, high, (self.seq_len + 1,), generator=g)
+            positions = torch.cat([torch.arange(n) for n in docs])
+            ends = torch.tensor(docs).cumsum(0) - 1
+            if self.eos_id is not None:
+                tokens[ends] = self.eos_id
+            labels = tokens[1:].clone()
+            labels[ends] = IGNORE_INDEX  # a document's last token predicts nothing
+            self.index += 1
+            yield {"input": tokens[:-1], "positions": positions}, labels
+
+    def state_dict(self):
+        return {"index": self.index}
+
+    def load_state_dict(self, state):
+        self.index = state["index"]
