@@ -36,6 +36,7 @@ every step's record (per rank: step_s, attention_s for local/cad, peak GPU memor
 """
 import argparse
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -56,8 +57,10 @@ MODELS = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def _recipe():
-    """examples/train_llama.py's batch recipe (sample_batch): one generator for every trainer of the project."""
+    """examples/train_llama.py as a module (loaded once): its batch recipe (sample_batch), causal cost and rank
+    gather, one of each for every trainer of the project."""
     spec = importlib.util.spec_from_file_location("cad_train_llama", REPO / "examples" / "train_llama.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -65,7 +68,7 @@ def _recipe():
 
 
 def causal_cost(lengths):
-    return sum(n * (n + 1) // 2 for n in lengths)
+    return _recipe().causal_cost(lengths)
 
 
 def parse_args(argv=None):
@@ -300,21 +303,7 @@ class _null:
 
 
 def _gather(values, world):
-    t = torch.tensor(values, dtype=torch.float64)
-    if world == 1:
-        return [t.tolist()]
-    out = [torch.zeros_like(t) for _ in range(world)]
-    dist.all_gather(out, t, group=_cpu_group())
-    return [o.tolist() for o in out]
-
-
-_GROUP = {}
-
-
-def _cpu_group():
-    if "g" not in _GROUP:
-        _GROUP["g"] = dist.new_group(backend="gloo")
-    return _GROUP["g"]
+    return _recipe().all_gather_floats(values, world)
 
 
 def main(argv=None):
