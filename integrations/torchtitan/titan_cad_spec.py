@@ -147,22 +147,12 @@ class TorchVarlenTransformer(_SwappedAttention):
 
 
 # ---- tokenizer, data -------------------------------------------------------------------------------------------------
-class SyntheticTokenizer(BaseTokenizer):
-    """No files: ids are their own text; EOS is the last id of the vocabulary."""
+class SyntheticTokenizer(titan_common.SyntheticIds, BaseTokenizer):
+    """No files: ids are their own text; EOS is the last id of the vocabulary (titan_common.SyntheticIds)."""
 
     def __init__(self, vocab_size):
         super().__init__()
-        self.vocab_size = vocab_size
-        self.eos_id = vocab_size - 1
-
-    def encode(self, text, *args, **kwargs):
-        return [int(t) for t in str(text).split()]
-
-    def decode(self, ids, *args, **kwargs):
-        return " ".join(str(int(i)) for i in ids)
-
-    def get_vocab_size(self):
-        return self.vocab_size
+        self._set_vocab(vocab_size)
 
 
 def _vocab_size(job_config):

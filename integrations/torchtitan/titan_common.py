@@ -14,6 +14,25 @@ REPO = HERE.parent.parent
 IGNORE_INDEX = -100
 
 
+# ---- the tokenizer both recipes use (each subclasses its torchtitan version's BaseTokenizer with it) ----------
+class SyntheticIds:
+    """No files: ids are their own text; EOS is the last id of the vocabulary. Set vocab_size first, then
+    call _set_vocab(vocab_size) from the subclass's __init__ (whose signature is its torchtitan version's)."""
+
+    def _set_vocab(self, vocab_size):
+        self.vocab_size = vocab_size
+        self.eos_id = vocab_size - 1
+
+    def encode(self, text, *args, **kwargs):
+        return [int(t) for t in str(text).split()]
+
+    def decode(self, ids, *args, **kwargs):
+        return " ".join(str(int(i)) for i in ids)
+
+    def get_vocab_size(self):
+        return self.vocab_size
+
+
 # ---- environment: CPU device and optional packages ------------------------------------------------------------
 def cpu_requested():
     return os.environ.get("CAD_TT_DEVICE", "cuda" if torch.cuda.is_available() else "cpu") == "cpu"

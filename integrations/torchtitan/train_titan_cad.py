@@ -76,8 +76,8 @@ from cad_torchtitan import cad_trainer, use_cad  # noqa: E402
 
 
 # ---- tokenizer and data ------------------------------------------------------------------------------------------
-class SyntheticTokenizer(BaseTokenizer):
-    """Token ids are their own text: no files. The data is synthetic, so only get_vocab_size matters."""
+class SyntheticTokenizer(titan_common.SyntheticIds, BaseTokenizer):
+    """Token ids are their own text (titan_common.SyntheticIds): no files. The data is synthetic, so only get_vocab_size matters."""
 
     @dataclasses.dataclass(kw_only=True, slots=True)
     class Config(BaseTokenizer.Config):
@@ -85,17 +85,7 @@ class SyntheticTokenizer(BaseTokenizer):
 
     def __init__(self, config: Config, **kwargs):
         super().__init__()
-        self.vocab_size = config.vocab_size
-        self.eos_id = config.vocab_size - 1
-
-    def encode(self, text, *args, **kwargs):
-        return [int(t) for t in str(text).split()]
-
-    def decode(self, ids, *args, **kwargs):
-        return " ".join(str(int(i)) for i in ids)
-
-    def get_vocab_size(self):
-        return self.vocab_size
+        self._set_vocab(config.vocab_size)
 
 
 class PackedDocumentDataLoader(ParallelAwareDataloader):
