@@ -548,7 +548,9 @@ def make_nanos(nano_docs, attention, args, device, dtype, tag=None):
     window_size=(LEFT, 0)), from which cad.hf gives every layer the plan of its window. With --plan-ahead on
     (tag: this micro-batch's number, the same on every rank) they are made on CAD's planning thread while the
     caller goes on, each with its own tag (masks x (2 x tag + nano-batch) + mask: unique, and the same on every
-    rank); otherwise now. CAD's cu_seqlens stay on the host, where the plan reads them (no GPU read-back); the
+    rank); otherwise now. With two nano-batches and --ping-pong-lanes 2, nano-batch i's plans go on CAD lane i
+    (cad.plan's lane: its own communicator and stream, so neither nano-batch's exchanges queue behind the
+    other's). CAD's cu_seqlens stay on the host, where the plan reads them (no GPU read-back); the
     local attentions get theirs on the device."""
     import cad
     kinds = masks(args)
@@ -561,7 +563,8 @@ def make_nanos(nano_docs, attention, args, device, dtype, tag=None):
                 plans[i][k] = cad.plan(cu, window_size=(left, 0) if left >= 0 else (-1, -1), num_heads=args.heads,
                                        num_kv_heads=args.kv_heads, head_dim=args.hidden // args.heads, dtype=dtype,
                                        device=device, ahead=ahead,
-                                       tag=len(kinds) * (2 * tag + i) + k if ahead else None)
+                                       tag=len(kinds) * (2 * tag + i) + k if ahead else None,
+                                       lane=i % args.ping_pong_lanes if len(cus) == 2 else 0)
     nanos = []
     for i, (docs, cu) in enumerate(zip(nano_docs, cus)):
         plan = None
@@ -710,13 +713,15 @@ def configurations(args):
         base, *modes = name.split("+")
         run.attention = base if base in ("local", "torch_varlen") else "cad"
         run.balancer = base if run.attention == "cad" else args.balancer
-        run.ping_pong = "pp" in modes or "ppauto" in modes
+        run.ping_pong = "pp" in modes or "ppauto" in modes or "pp1" in modes
+        if "pp1" in modes:
+            run.ping_pong_lanes = 1
         if "ppauto" in modes:
             run.ping_pong_when = "worthwhile"
         if "now" in modes:
             run.plan_ahead = "off"
         label = base + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
-            ("_autopingpong" if "ppauto" in modes else "")
+            ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "")
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -794,7 +799,8 @@ def summary_of(args, world, device):
             "heads": args.heads, "kv_heads": args.kv_heads, "vocab": args.vocab, "device": str(device),
             "dtype": args.dtype, "parallel": args.parallel if world > 1 else "none (one process)",
             "checkpointing": args.checkpointing, "checkpoint_reentrant": args.checkpoint_reentrant,
-            "compile": args.compile, "ping_pong": args.ping_pong, "plan_ahead": args.plan_ahead, "gc": args.gc,
+            "compile": args.compile, "ping_pong": args.ping_pong,
+            "ping_pong_lanes": args.ping_pong_lanes if args.ping_pong else None, "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
             "windowed_layers": sum(left >= 0 for left in layer_windows(args))}
@@ -1111,17 +1117,22 @@ def parse_args(argv=None):
     p.add_argument("--ping-pong-min-stall-share", type=float, default=0.07,
                    help="what splitting costs, as a share of the step (default 0.07: measured on 2 H200s at 64K-128K "
                         "tokens per GPU, docs/multi_gpu.md); below it ping-pong stays off")
+    p.add_argument("--ping-pong-lanes", type=int, choices=[1, 2], default=2,
+                   help="with --ping-pong: 2 (default) runs each nano-batch's plans on its own CAD lane (its own "
+                        "communicator and communication stream: cad.plan's lane), 1 runs both on one, where "
+                        "nano-batch 1's send queues behind nano-batch 0's return")
     p.add_argument("--json-out", default=None, help="write every step's record and the summary here (rank 0); "
                    "with --configs it must contain {config}, replaced by each configuration's name")
     p.add_argument("--configs", default=None,
                    help="train several configurations one after another in this process (one start-up): a comma "
                         "list of 'local' (the project's kernels, no CAD), 'torch_varlen' (torch's varlen_attn; "
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
-                        "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+ppauto' (--ping-pong "
-                        "--ping-pong-when worthwhile) and/or '+now' (--plan-ahead off), e.g. "
+                        "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
+                        "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile) and/or '+now' "
+                        "(--plan-ahead off), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
-                        "'_pingpong' with +pp, + '_autopingpong' with +ppauto. Overrides --attention, --balancer, "
+                        "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto. Overrides --attention, --balancer, "
                         "--ping-pong, --plan-ahead")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "

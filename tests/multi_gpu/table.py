@@ -53,7 +53,7 @@ import sys
 
 BASELINES = ["local", "torch_varlen"]
 _NAMES = BASELINES + ["per_doc_cp", "distca", "prefix_aware", "colocated"]
-ORDER = _NAMES + [n + "_pingpong" for n in _NAMES]
+ORDER = _NAMES + [n + suffix for suffix in ("_pingpong", "_pingpong1lane", "_autopingpong") for n in _NAMES]
 
 
 def in_order(runs):
@@ -170,8 +170,8 @@ def rows_for(context, runs, first):
         layers = summary["layers"]
         mib = mean(sum(b) for b in sent if b) / 2**20 if any(sent) else 0.0
         saved = ""
-        if name.endswith("_pingpong"):
-            plain = runs.get((context, name[: -len("_pingpong")]))
+        if "_pingpong" in name:  # ping-pong on two CAD lanes, or on one (_pingpong1lane)
+            plain = runs.get((context, name.partition("_pingpong")[0]))
             if trained(plain):
                 saved = f"{(mean(step_time(s) for s in plain['steps'][first:]) - t) * 1e3:.0f}"
         peak = mean(max(s["peak_memory_gib"]) for s in steps) if all("peak_memory_gib" in s for s in steps) else None

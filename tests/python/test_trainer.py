@@ -70,6 +70,8 @@ def _cases():
         for pp in ([], ["--ping-pong"]):
             cases[f"pp/{attention}/{balancer}/{seed}/{bool(pp)}"] = ["--attention", attention, "--balancer", balancer,
                                                                      "--seed", seed, *PING_PONG_ARGS, *pp]
+    cases["pp/one_lane"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1", *PING_PONG_ARGS,
+                            "--ping-pong", "--ping-pong-lanes", "1"]
     for share in ("0.07", "0"):  # CPU: no GPU exchanges, so no stall: off at 0.07, on from step 2 at 0
         cases[f"pp/worthwhile/{share}"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1",
                                            "--ping-pong", "--ping-pong-when", "worthwhile",
@@ -213,6 +215,17 @@ def test_ping_pong_trains_the_same(trained, attention, balancer, seed):
     if unsplit:
         assert any("step 1: ping-pong off for micro-batch 0: rank(s) [0] hold one document" in line
                    for line in lines), pp["stdout"]
+
+
+@needs_data
+def test_ping_pong_on_one_lane_or_two_computes_the_same(trained):
+    """Two CAD lanes (the default: each nano-batch's plans on a stack of its own) or both nano-batches on one:
+    the same plans and kernels, so the same losses and gradient norms, bit for bit."""
+    two, one = _result(trained, "pp/cad/prefix_aware/1/True"), _result(trained, "pp/one_lane")
+    assert two["summary"]["ping_pong_lanes"] == 2 and one["summary"]["ping_pong_lanes"] == 1
+    assert [r["losses"] for r in two["steps"]] == [r["losses"] for r in one["steps"]]
+    assert [r["grad_norm"] for r in two["steps"]] == [r["grad_norm"] for r in one["steps"]]
+    assert all(r["ping_pong"] for r in one["steps"])
 
 
 @needs_data

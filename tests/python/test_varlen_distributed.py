@@ -119,10 +119,11 @@ def test_missing_peer_times_out():
     harness.run(2, _peer_missing, timeout_s=60)
 
 
-def _ping_pong(rank, world):
+def _ping_pong(rank, world, lanes=1):
     import cad
+    from cad import _runtime
     nanos = [random_batch(LENGTHS[rank][:1] + [3], 2, 1, 16, seed=10 * rank + i) for i in (0, 1)]
-    plans = [cad.plan(cu) for _, _, _, cu in nanos]
+    plans = [cad.plan(cu, lane=i % lanes) for i, (_, _, _, cu) in enumerate(nanos)]
     layers = 3
 
     def stage(state, i):  # one "layer": attention of nano-batch i through its own plan, then a residual
@@ -138,10 +139,44 @@ def _ping_pong(rank, world):
             want = want + sdpa_varlen(want, k, v, cu, True)
         torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
         assert states[i].grad is not None and torch.isfinite(states[i].grad).all()
+    # Each lane ran on a stack of its own (its own communicator): two lanes, two stacks; one lane, one.
+    stacks = [_runtime.existing("cpu", lane) for lane in (0, 1)]
+    assert [p.lane for p in plans] == [0, 1 % lanes]
+    assert all(p._host is stacks[p.lane] for p in plans)
+    assert (stacks[1] is not None and stacks[1] is not stacks[0]) == (lanes == 2)
 
 
 def test_ping_pong_two_nano_batches_with_their_own_plans():
     harness.run(2, _ping_pong)
+
+
+def test_ping_pong_nano_batches_on_two_lanes():
+    harness.run(2, _ping_pong, 2)
+
+
+def _lanes_ahead(rank, world):
+    # Plans made ahead on two lanes (each lane's own planning thread), used in the other order than made: a
+    # lane's plans pair only with the same lane's on the other ranks, so the results are each plan's own.
+    import cad
+    batches = [random_batch(LENGTHS[rank][i:] or [5], 2, 2, 16, seed=7 * rank + i) for i in range(3)]
+    plans = [cad.plan(cu, num_heads=2, num_kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu", ahead=True,
+                      tag=i, lane=i % 2) for i, (_, _, _, cu) in enumerate(batches)]
+    for i in (2, 1, 0):
+        q, k, v, cu = batches[i]
+        torch.testing.assert_close(cad.varlen_attn(q, k, v, cu, plan=plans[i]), sdpa_varlen(q, k, v, cu, True),
+                                   rtol=1e-5, atol=2e-5)
+    assert [p.lane for p in plans] == [0, 1, 0] and plans[0]._host is not plans[1]._host
+
+
+def test_plans_made_ahead_on_two_lanes():
+    harness.run(2, _lanes_ahead)
+
+
+@pytest.mark.parametrize("lane", [-1, 4, True, 1.0])
+def test_a_lane_out_of_range_is_refused(lane):
+    import cad
+    with pytest.raises(cad.CadError, match=r"lane must be an int in \[0, 4\)"):
+        cad.plan(torch.tensor([0, 4], dtype=torch.int32), lane=lane)
 
 
 def _empty_rank(rank, world):

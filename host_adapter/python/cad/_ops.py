@@ -73,7 +73,7 @@ def _describe_batch(args, plan, cu_seqlens, tokens):
         return _runtime.local_backend
     pieces, n = plan.pieces_for(cu_seqlens, _plan._rank())
     args.pieces, args.num_pieces, args.plan = pieces, n, plan.handle
-    return _runtime.runtime
+    return plan.host
 
 
 def _call_plan(plan_id, q, k):

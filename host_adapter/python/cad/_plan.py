@@ -51,9 +51,13 @@ class Plan:
     the CAD stack it was made on: after cad.init() or cad.shutdown() it is refused, never handed to the new
     stack. It is made for the documents `cu_seqlens` held when cad.plan was called: refilling that tensor in
     place afterwards is refused at the next call (make a new plan for new documents).
+
+    Lane: which of the device's CAD stacks makes and runs it (cad.plan's lane; _runtime says why there are
+    several).
     """
 
-    def __init__(self, pieces, cu_seqlens=None, causal=True, device=None, window_left=-1):
+    def __init__(self, pieces, cu_seqlens=None, causal=True, device=None, window_left=-1, lane=0):
+        self.lane = _runtime.check_lane(lane)
         self.pieces = [tuple(int(x) for x in p) for p in pieces]
         self.tokens = sum(p[3] for p in self.pieces)
         self.cu_seqlens = cu_seqlens
@@ -102,7 +106,7 @@ class Plan:
         shape = self._shape(num_heads, num_kv_heads, head_dim, dtype, device)
         if self.handle is not None or self._ready is not None:
             return
-        host = _runtime.runtime(shape[4])
+        host = _runtime.runtime(shape[4], self.lane)
         args = self._args(shape, current_stream(shape[4]))
         start = time.perf_counter()
         self._adopt(host, host.make_plan(args), shape, start)
@@ -112,7 +116,7 @@ class Plan:
         shape = self._shape(num_heads, num_kv_heads, head_dim, dtype, device)
         if self.handle is not None or self._ready is not None:
             return
-        host = _runtime.runtime(shape[4])  # made here if new: a stack is made collectively, on this thread
+        host = _runtime.runtime(shape[4], self.lane)  # made here if new: a stack is made collectively, on this thread
         # The tables go up in the order of the caller's current stream: ready for its calls, no host wait.
         args = self._args(shape, current_stream(shape[4]))
         self.tag = tag
@@ -184,7 +188,7 @@ class Plan:
         anything of it reaches the plugin."""
         if self.released:
             raise CadError(f"{what}: plan #{self.id} was released", "INVALID_ARGUMENT")
-        if self._host is not None and (self._host.closed or self._host is not _runtime.existing(device)):
+        if self._host is not None and (self._host.closed or self._host is not _runtime.existing(device, self.lane)):
             raise CadError(f"{what}: plan #{self.id} was made on a CAD stack that cad.init() or cad.shutdown() has "
                            f"closed since; make a new plan with cad.plan(...)", "INVALID_ARGUMENT")
         if self.device is not None and torch.device(device).type != self.device.type:
@@ -217,8 +221,13 @@ class Plan:
                 self._stats["rank"] = self._host.stats().get("rank")
                 self._stats["make_ms"] = self.make_ms
 
+    def host(self, device):
+        """The CAD stack this plan's calls run on (its lane's)."""
+        return self._host if self._host is not None else _runtime.runtime(device, self.lane)
+
     def __repr__(self):
-        return (f"cad.Plan(#{self.id}{self._tag_text()}, {len(self.pieces)} pieces, {self.tokens} tokens, "
+        lane = f", lane {self.lane}" if self.lane else ""
+        return (f"cad.Plan(#{self.id}{self._tag_text()}, {len(self.pieces)} pieces, {self.tokens} tokens{lane}, "
                 f"made={self.ready})")
 
 
@@ -243,7 +252,7 @@ def _rank():
 
 
 def plan(cu_seqlens, *, causal=True, window_size=(-1, -1), num_heads=None, num_kv_heads=None, head_dim=None,
-         dtype=None, device=None, ahead=False, tag=None):
+         dtype=None, device=None, ahead=False, tag=None, lane=0):
     """A plan for this rank's packed documents, `cu_seqlens` int32 [num_docs + 1] (as flash_attn's varlen
     functions take). Once per micro-batch, on every rank of the group. window_size=(left, 0): a plan for
     causal sliding-window layers (varlen_attn's window_size); interleaved local/global layers need one plan
@@ -255,9 +264,15 @@ def plan(cu_seqlens, *, causal=True, window_size=(-1, -1), num_heads=None, num_k
     micro-batch i+1 while micro-batch i computes; its first use waits for it (Plan.wait). Every rank must ask
     for the same plans ahead in the same order; `tag` (an int, e.g. the micro-batch's index) is compared across
     ranks before each make, so that a different order fails with both tags named instead of pairing the wrong
-    plans."""
+    plans.
+
+    lane: which of the device's CAD stacks makes and runs the plan (0 to 3; each lane's stack is made by the
+    first plan naming it, collectively). Plans whose calls should overlap -- the two nano-batches of ping-pong
+    -- go on different lanes: one stack runs its exchanges in enqueue order, so on one lane nano-batch 1's send
+    would wait behind nano-batch 0's return (and with it nano-batch 0's attention). Each lane holds its own
+    communicator (on CUDA an NCCL communicator and stream)."""
     p = Plan(pieces_from_cu_seqlens(cu_seqlens, _rank()), cu_seqlens=cu_seqlens, causal=causal, device=device,
-             window_left=_plan_window(window_size, causal))
+             window_left=_plan_window(window_size, causal), lane=lane)
     shapes = (num_heads, num_kv_heads, head_dim, dtype, device)
     if ahead and None in shapes:
         raise CadError("cad.plan(ahead=True): give num_heads, num_kv_heads, head_dim, dtype and device (a plan made "
@@ -280,11 +295,11 @@ def _plan_window(window_size, causal):
 
 
 def plan_pieces(pieces, *, causal=True, window_size=(-1, -1), num_heads=None, num_kv_heads=None, head_dim=None,
-                dtype=None, device=None):
+                dtype=None, device=None, lane=0):
     """A plan from pieces (doc_id, doc_len, offset_in_doc, len), this rank's tokens in order, for documents cut
     across ranks: doc_id must name the same document on every rank that holds a piece of it. varlen_attn calls
-    with such a plan take cu_seqlens=None. window_size as for cad.plan."""
-    p = Plan(pieces, causal=causal, device=device, window_left=_plan_window(window_size, causal))
+    with such a plan take cu_seqlens=None. window_size and lane as for cad.plan."""
+    p = Plan(pieces, causal=causal, device=device, window_left=_plan_window(window_size, causal), lane=lane)
     if num_heads is not None:
         p.make(num_heads, num_kv_heads, head_dim, dtype, device)
     return p

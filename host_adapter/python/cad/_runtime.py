@@ -1,5 +1,12 @@
-"""The stacks the package runs on: one CAD stack per device (communicator, balancer, server backend, then
-"cad"), made collectively on first use, and one plain local backend per device for `plan=None` calls.
+"""The stacks the package runs on: one CAD stack per device and lane (communicator, balancer, server backend,
+then "cad"), made collectively on first use, and one plain local backend per device for `plan=None` calls.
+
+Lanes: a plan names the lane whose stack makes and runs it (cad.plan(..., lane=i), default 0). Each lane's stack
+has its own communicator -- on CUDA its own NCCL communicator and communication stream --, because one stack
+runs its exchanges in the order they were enqueued: two nano-batches on one stack (ping-pong) put nano-batch 1's
+send behind nano-batch 0's return, which waits for nano-batch 0's attention, so nothing of nano-batch 1's
+exchange could hide under it. On separate lanes each waits only for its own data. A lane's stack is made by the
+first plan that names it (collectively: every rank asks for the same lanes in the same order).
 
 `cad.init(...)` chooses how the CAD stack is built; without it the defaults below apply:
   CPU:  communicator "host" (torch.distributed over gloo, lent through the ABI v1.1 host collectives; works
@@ -30,8 +37,9 @@ _settings = {
     "group": None,                # torch.distributed group (None: the default group)
     "log_level": "warn",
 }
-_runtimes = {}
+_runtimes = {}  # (device, lane) -> Host
 _locals = {}
+MAX_LANES = 4  # a stack per lane holds a communicator (an NCCL one on CUDA): a small, fixed number
 _lock = threading.Lock()
 
 
@@ -113,17 +121,23 @@ def _key(device):
     return device
 
 
-def _cached(table, device, make):
-    """table[device], made by make(device) on first use."""
-    device = _key(device)
+def _cached(table, key, make):
+    """table[key], made by make(key) on first use."""
     with _lock:
-        host = table.get(device)
+        host = table.get(key)
         if host is None:
-            host = table[device] = make(device)
+            host = table[key] = make(key)
         return host
 
 
-def _make_cad_stack(device):
+def check_lane(lane, what="cad.plan"):
+    if isinstance(lane, bool) or not isinstance(lane, int) or not 0 <= lane < MAX_LANES:
+        raise CadError(f"{what}: lane must be an int in [0, {MAX_LANES}), got {lane!r}", "INVALID_ARGUMENT")
+    return lane
+
+
+def _make_cad_stack(key):
+    device, _lane = key
     config = _settings["config"] or stack_config(device)
     collectives = Collectives(_settings["group"], int(_settings["timeout_ms"]))
     return Host(config, config.get("attention", "cad"), collectives)
@@ -135,20 +149,21 @@ def _make_local_backend(device):
                  "attention": "local"}, "local")
 
 
-def existing(device):
-    """The CAD stack for `device` if one is up (None otherwise); makes nothing."""
+def existing(device, lane=0):
+    """The CAD stack for `device` and `lane` if one is up (None otherwise); makes nothing."""
     with _lock:
-        return _runtimes.get(_key(device))
+        return _runtimes.get((_key(device), lane))
 
 
-def runtime(device):
-    """The CAD stack for `device`, made on first use (collective over the group: every rank gets here)."""
-    return _cached(_runtimes, device, _make_cad_stack)
+def runtime(device, lane=0):
+    """The CAD stack for `device` and `lane`, made on first use (collective over the group: every rank gets
+    here)."""
+    return _cached(_runtimes, (_key(device), check_lane(lane)), _make_cad_stack)
 
 
 def local_backend(device):
     """A plain varlen attention backend for `device` ("reference" on CPU, "cuda" on GPU); no communication."""
-    return _cached(_locals, device, _make_local_backend)
+    return _cached(_locals, _key(device), _make_local_backend)
 
 
 def planner(host):
@@ -190,14 +205,22 @@ def exchange_times(device=None):
     """The CUDA data path's exchanges as the GPU ran them, summed since the device's CAD stack was made (None
     without one): {"exchanges", "comm_ms" (the collectives on CAD's communication stream), "stall_ms" (how long
     the calling streams waited for them, from their data being ready), "pending" (enqueued, not finished: not
-    counted yet), "untimed"}. Reads only what completed: never waits for the GPU (synchronise first to count
-    everything). Take differences between two calls for a step's share."""
+    counted yet), "untimed"}, summed over the device's lanes. Reads only what completed: never waits for the
+    GPU (synchronise first to count everything). Take differences between two calls for a step's share."""
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    host = existing(device)
-    if host is None or host.closed:
+    device = _key(device)
+    with _lock:
+        hosts = [h for (d, _), h in sorted(_runtimes.items(), key=lambda kv: kv[0][1]) if d == device and not h.closed]
+    times = [t for t in (h.stats().get("gpu_exchange") for h in hosts) if t is not None]
+    if not times:
         return None
-    return host.stats().get("gpu_exchange")
+    total = dict(times[0])
+    for t in times[1:]:
+        for k, v in t.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(total.get(k), (int, float)):
+                total[k] = total[k] + v
+    return total
 
 
 # ---- attention time, as trainers report it -----------------------------------------------------------
