@@ -163,6 +163,34 @@ def causal_cost(lengths):
     return sum(n * (n + 1) // 2 for n in lengths)
 
 
+def balanced_documents(docs_by_rank):
+    """The micro-batch made balanced, for a measured ideal (--balanced-batches): every rank keeps its token count,
+    but its documents become equal lengths L (and one shorter remainder) with L chosen so that its causal
+    attention work is nearest the mean rank's. Local attention on these batches runs what perfect balance would
+    give at no communication cost, with everything else (tokens, GEMMs, collectives) as in the real batch."""
+    target = sum(causal_cost(d) for d in docs_by_rank) / len(docs_by_rank)
+    out = []
+    for docs in docs_by_rank:
+        tokens = sum(docs)
+        if tokens == 0:
+            out.append([])
+            continue
+
+        def cost(length):
+            return causal_cost([length] * (tokens // length) + ([tokens % length] if tokens % length else []))
+
+        lo, hi = 1, tokens  # cost grows with the length (more pairs in longer documents): bisect
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if cost(mid) < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        best = min((length for length in (lo - 1, lo) if length >= 1), key=lambda n: abs(cost(n) - target))
+        out.append([best] * (tokens // best) + ([tokens % best] if tokens % best else []))
+    return out
+
+
 def window_cost(lengths, left):
     """(query, key) pairs of causal attention with window_size=(left, 0): the query at position p sees
     min(p + 1, left + 1) keys; left -1 (no window): causal_cost."""
@@ -711,6 +739,8 @@ def configurations(args):
     for name in args.configs.split(","):
         run = argparse.Namespace(**vars(args))
         base, *modes = name.split("+")
+        if base == "local_balanced":  # local attention on the batches made balanced: the measured ideal
+            base, run.balanced_batches = "local", True
         run.attention = base if base in ("local", "torch_varlen") else "cad"
         run.balancer = base if run.attention == "cad" else args.balancer
         run.ping_pong = "pp" in modes or "ppauto" in modes or "pp1" in modes
@@ -720,7 +750,7 @@ def configurations(args):
             run.ping_pong_when = "worthwhile"
         if "now" in modes:
             run.plan_ahead = "off"
-        label = base + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
+        label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
             ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "")
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
@@ -800,7 +830,8 @@ def summary_of(args, world, device):
             "dtype": args.dtype, "parallel": args.parallel if world > 1 else "none (one process)",
             "checkpointing": args.checkpointing, "checkpoint_reentrant": args.checkpoint_reentrant,
             "compile": args.compile, "ping_pong": args.ping_pong,
-            "ping_pong_lanes": args.ping_pong_lanes if args.ping_pong else None, "plan_ahead": args.plan_ahead, "gc": args.gc,
+            "ping_pong_lanes": args.ping_pong_lanes if args.ping_pong else None,
+            "balanced_batches": args.balanced_batches, "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
             "windowed_layers": sum(left >= 0 for left in layer_windows(args))}
@@ -808,7 +839,9 @@ def summary_of(args, world, device):
 
 def write_json(args, result):
     if args.json_out:
-        pathlib.Path(args.json_out).write_text(json.dumps(result, indent=1))
+        path = pathlib.Path(args.json_out)
+        path.parent.mkdir(parents=True, exist_ok=True)  # a fresh output folder is normal, not an error
+        path.write_text(json.dumps(result, indent=1))
 
 
 def train_one(args, rank, world, device, lengths):
@@ -873,6 +906,8 @@ def train_one(args, rank, world, device, lengths):
         for mb in range(args.micro_batches):
             batch = cached_batch(lengths, args.context, world, args.seed + 1000 * step + mb)
             docs_by_rank = [docs or [args.context] for docs in batch]
+            if args.balanced_batches:
+                docs_by_rank = balanced_documents(docs_by_rank)
             inputs = make_inputs(docs_by_rank[rank], args.vocab, args.seed * 7919 + 31 * step + rank + 100003 * mb,
                                  device)
             micro.append([docs_by_rank, None, inputs, None])  # nano-batches and parts: ask()
@@ -1117,6 +1152,10 @@ def parse_args(argv=None):
     p.add_argument("--ping-pong-min-stall-share", type=float, default=0.07,
                    help="what splitting costs, as a share of the step (default 0.07: measured on 2 H200s at 64K-128K "
                         "tokens per GPU, docs/multi_gpu.md); below it ping-pong stays off")
+    p.add_argument("--balanced-batches", action="store_true",
+                   help="replace every micro-batch by its balanced twin (each rank's tokens as equal-length documents "
+                        "whose causal attention work is the mean rank's): with local attention, the measured ideal "
+                        "of balance at no communication cost (config 'local_balanced'); causal layers only")
     p.add_argument("--ping-pong-lanes", type=int, choices=[1, 2], default=2,
                    help="with --ping-pong: 2 (default) runs each nano-batch's plans on its own CAD lane (its own "
                         "communicator and communication stream: cad.plan's lane), 1 runs both on one, where "
@@ -1125,7 +1164,8 @@ def parse_args(argv=None):
                    "with --configs it must contain {config}, replaced by each configuration's name")
     p.add_argument("--configs", default=None,
                    help="train several configurations one after another in this process (one start-up): a comma "
-                        "list of 'local' (the project's kernels, no CAD), 'torch_varlen' (torch's varlen_attn; "
+                        "list of 'local' (the project's kernels, no CAD), 'local_balanced' (local on the batches "
+                        "made balanced: --balanced-batches), 'torch_varlen' (torch's varlen_attn; "
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
                         "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile) and/or '+now' "
@@ -1170,6 +1210,8 @@ def parse_args(argv=None):
         p.error(f"--intermediate must be positive (or 0 for 3 x --hidden), got {args.intermediate}")
     if args.layers < 1 or args.micro_batches < 1 or args.loss_chunk < 1 or args.steps < 1:
         p.error("--layers, --micro-batches, --loss-chunk and --steps must be at least 1")
+    if args.balanced_batches and args.window >= 0:
+        p.error("--balanced-batches balances causal attention work; it has no meaning with --window")
     if args.window < -1:
         p.error(f"--window must be -1 (no window) or at least 0 (the keys before the query a windowed layer "
                 f"sees), got {args.window}")
@@ -1190,12 +1232,13 @@ def parse_args(argv=None):
         names = args.configs.split(",")
         def refused(name):
             base, *modes = name.split("+")
-            return (not base or any(m not in ("pp", "ppauto", "now") for m in modes) or len(set(modes)) != len(modes)
-                    or {"pp", "ppauto"} <= set(modes))
+            splits = {"pp", "pp1", "ppauto"} & set(modes)
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "now") for m in modes)
+                    or len(set(modes)) != len(modes) or len(splits) > 1 or (base == "local_balanced" and modes))
         bad = [n for n in names if refused(n)]
         if bad:
-            p.error(f"--configs: {bad[0]!r} is not 'local', 'torch_varlen' or a balancer name, optionally with "
-                    f"'+pp' or '+ppauto', and/or '+now'")
+            p.error(f"--configs: {bad[0]!r} is not 'local', 'local_balanced', 'torch_varlen' or a balancer name, "
+                    f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now' (local_balanced: none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     return args

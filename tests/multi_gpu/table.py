@@ -23,6 +23,11 @@ is kept outside "steps" ("profiled_step") and so counts in none. Per step:
   term, max_r(attn_r) - mean_r(attn_r), which understates the gain when a different rank is slow in each
   micro-batch); ideal speedup = baseline step / ideal step (per-rank attention times are synchronised in the
   local runs);
+- measured ideal: where the run has a `local_balanced` configuration (the trainer's --balanced-batches: local
+  attention on every micro-batch made balanced -- each rank's tokens as equal-length documents whose causal
+  work is the mean rank's), the ideal speedup is also given measured, baseline step / local_balanced step, as
+  "computed / measured"; it includes what the computed one leaves out (the ranks' waits at every collective,
+  not only per micro-batch), and the realised share is then given against both;
 - realised share: (speedup - 1) / (ideal speedup - 1), the part of the possible gain a configuration got
   ("-" where the ideal speedup is below 1.01: nothing to gain);
 - vs per_doc_cp: per_doc_cp's step / this step;
@@ -52,7 +57,9 @@ import re
 import sys
 
 BASELINES = ["local", "torch_varlen"]
-_NAMES = BASELINES + ["per_doc_cp", "distca", "prefix_aware", "colocated"]
+MEASURED_IDEAL = "local_balanced"  # local attention on the batches made balanced (the trainer's --balanced-batches)
+LOCAL = BASELINES + [MEASURED_IDEAL]  # configurations without CAD
+_NAMES = LOCAL + ["per_doc_cp", "distca", "prefix_aware", "colocated"]
 ORDER = _NAMES + [n + suffix for suffix in ("_pingpong", "_pingpong1lane", "_autopingpong") for n in _NAMES]
 
 
@@ -141,6 +148,9 @@ def rows_for(context, runs, first):
         t_base = mean(step_time(s) for s in steps_base)
         t_ideal = mean(step_time(s) - imbalance_cost(s) for s in steps_base)
         ideal = t_base / t_ideal
+    balanced = runs.get((context, MEASURED_IDEAL))
+    measured_ideal = t_base / mean(step_time(s) for s in balanced["steps"][first:]) \
+        if t_base and trained(balanced) and balanced["steps"][first:] else None
     per_doc = runs.get((context, "per_doc_cp"))
     t_per_doc = mean(step_time(s) for s in per_doc["steps"][first:]) if trained(per_doc) else None
     for key in in_order({k: None for k in runs if k[0] == context}):
@@ -158,10 +168,16 @@ def rows_for(context, runs, first):
         tokens = mean(s["tokens_per_s"] for s in steps)
         mfu = f"{mean(s['mfu'] for s in steps) * 100:.1f}" if all("mfu" in s for s in steps) else "-"
         speedup = t_base / t if t_base else None
-        if speedup is None or ideal is None:
-            share = "-"
-        else:
-            share = f"{(speedup - 1) / (ideal - 1):.2f}" if ideal >= 1.01 else "-"
+
+        def share_of(ideal_speedup):
+            if speedup is None or ideal_speedup is None or ideal_speedup < 1.01 or name == MEASURED_IDEAL:
+                return "-"
+            return f"{(speedup - 1) / (ideal_speedup - 1):.2f}"
+        share = share_of(ideal)
+        ideal_cell = "-" if ideal is None else f"{ideal:.3f}"
+        if measured_ideal is not None:  # computed / measured
+            ideal_cell += f" / {measured_ideal:.3f}"
+            share += f" / {share_of(measured_ideal)}"
         synced = summary.get("attention_timing", "synchronized") == "synchronized"
         measured = mean(max(s["attention_s"]) / mean(s["attention_s"]) for s in steps) \
             if synced and all(mean(s["attention_s"]) > 0 for s in steps) else None
@@ -177,7 +193,7 @@ def rows_for(context, runs, first):
         peak = mean(max(s["peak_memory_gib"]) for s in steps) if all("peak_memory_gib" in s for s in steps) else None
         plan_ms = mean(max(s["plan_ms"]) for s in steps) if all("plan_ms" in s for s in steps) else None
         make_ms = mean(max(s["plan_make_ms"]) for s in steps) if all("plan_make_ms" in s for s in steps) else None
-        plan_cell = "-" if plan_ms is None or name.partition("_pingpong")[0] in BASELINES else f"{plan_ms:.2f}"
+        plan_cell = "-" if plan_ms is None or name.partition("_pingpong")[0] in LOCAL else f"{plan_ms:.2f}"
         if make_ms is not None and plan_cell != "-":
             plan_cell += f" / {make_ms:.1f}"
         loss_diff = "-"
@@ -186,7 +202,7 @@ def rows_for(context, runs, first):
             loss_diff = f"{diff:.1e}"
         cells = [f"{tokens_label(context)}", name, f"{layers}", f"{t * 1e3:.0f}", f"{tokens / 1e3:.0f}", mfu,
                  "-" if peak is None else f"{peak:.1f}", f"{planned:.3f}",
-                 "-" if speedup is None else f"{speedup:.3f}", "-" if ideal is None else f"{ideal:.3f}", share,
+                 "-" if speedup is None else f"{speedup:.3f}", ideal_cell, share,
                  f"{t_per_doc / t:.3f}" if t_per_doc else "-", "-" if measured is None else f"{measured:.2f}",
                  f"{mib:.0f}", saved or "-", loss_diff, plan_cell]
         lines.append("| " + " | ".join(cells) + " |")
@@ -210,7 +226,7 @@ def arrival_rows(runs, first):
         outside = mean(max(s["step_s"]) - max(s["attention_s"]) for s in steps) * 1e3
         gc_ms = mean(max(s["gc_ms"]) for s in steps)
         full = sum(sum(s["gc_full_collections"]) for s in steps)
-        cad = name.partition("_pingpong")[0] not in BASELINES
+        cad = name.partition("_pingpong")[0] not in LOCAL
         lines.append(f"| {tokens_label(context)} | {name} | {f'{make_max:.1f}' if cad else '-'} | "
                      f"{f'{make_min:.1f}' if cad else '-'} | {f'{spread:.1f}' if cad else '-'} | {outside:.0f} | "
                      f"{gc_ms:.1f} | {full} |")

@@ -72,6 +72,20 @@ def test_ideal_speedup_share_and_ratios(tmp_path):
     assert ours[5] == "40.0" and ours[7] == "1.500"
 
 
+def test_a_local_balanced_run_gives_the_measured_ideal(tmp_path):
+    # local 2.5 s (computed ideal 2.5 / 2.05 as above), local_balanced 2.0 s -> measured ideal 1.25; prefix_aware
+    # 2.2 s -> speedup 1.136, shares 0.62 (computed) and 0.55 (measured).
+    write(tmp_path, "local", [record(0, [9.0, 9.0], [5.0, 5.0]), record(1, [2.0, 1.9], [1.0, 0.2]),
+                              record(2, [3.0, 2.8], [1.5, 0.5])])
+    write(tmp_path, "local_balanced", [record(i, [t, t], [0.6, 0.6]) for i, t in enumerate([9.0, 2.0, 2.0])])
+    write(tmp_path, "prefix_aware", [record(i, [t, t], [0.5, 0.5]) for i, t in enumerate([9.0, 2.2, 2.2])])
+    rows, _ = table(tmp_path)
+    assert rows["local"][9] == "1.220 / 1.250" and rows["prefix_aware"][9] == "1.220 / 1.250"
+    assert rows["prefix_aware"][10] == "0.62 / 0.55"
+    assert rows["local_balanced"][10] == "- / -"  # the ideal itself has no share of itself
+    assert list(rows).index("local_balanced") < list(rows).index("prefix_aware")
+
+
 def test_the_heading_names_the_window_pattern(tmp_path):
     steps = [record(i, [1.0, 1.0], [0.5, 0.5]) for i in range(2)]
     write(tmp_path, "local", steps, layers=6, summary={"window": 4096, "global_every": 6, "windowed_layers": 5})

@@ -163,6 +163,23 @@ def test_ddp_and_fsdp2_train_alike(trained):
         _assert_close(a["grad_norm"], b["grad_norm"], CAD_RTOL, f"step {a['step']} grad norm, DDP vs FSDP2")
 
 
+def test_balanced_batches_keep_tokens_and_give_every_rank_the_mean_work():
+    t = _trainer_module()
+    docs = [[30000, 20000, 15536], [60000, 5536], [1000] * 65 + [536], [65536]]
+    balanced = t.balanced_documents(docs)
+    mean_work = sum(t.causal_cost(d) for d in docs) / len(docs)
+    assert [sum(d) for d in balanced] == [sum(d) for d in docs]
+    for d in balanced:
+        assert len(set(d[:-1])) <= 1 and d[-1] <= d[0]  # equal lengths and one shorter remainder
+        assert abs(t.causal_cost(d) - mean_work) / mean_work < 1e-3
+    # mean work 10.5: length 2 gives 12, length 1 gives 8, length 3 ([3, 3, 2]) 15; the empty rank stays empty
+    assert t.balanced_documents([[5, 3], []]) == [[2, 2, 2, 2], []]
+    args = t.parse_args(["--configs", "local,local_balanced,prefix_aware", "--json-out", "x_{config}.json"])
+    runs = dict(t.configurations(args))
+    assert runs["local_balanced"].balanced_batches and runs["local_balanced"].attention == "local"
+    assert not runs["local"].balanced_batches and runs["local_balanced"].json_out == "x_local_balanced.json"
+
+
 def test_split_at_the_document_boundary_nearest_half():
     t = _trainer_module()
     assert t.split_point([100, 10, 10, 100]) == 2             # 110 | 110
