@@ -25,6 +25,10 @@ struct Config {
   std::string balancer;
   std::string server_backend;
   bool keep_forward_tensors = true;  // servers keep Q/K/V/O/LSE of the last forward for backward
+  // The CUDA data path's communication stream: "highest" (the device's greatest priority) or "normal". See
+  // device_path.cpp's runtime(): highest lets an exchange take the next free SMs instead of queueing behind
+  // compute, but an exchange that then waits for a late peer holds them meanwhile.
+  bool comm_stream_highest_priority = true;
   PlanKnobs knobs;                   // min_shard_tokens, memory_cap_bytes for the balancer's cost model
 };
 

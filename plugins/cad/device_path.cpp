@@ -316,10 +316,11 @@ DeviceRuntime& runtime(CadContext& ctx, int device) {
   // The highest priority the device offers: when the exchange's kernels become ready while the caller's (or
   // the other nano-batch's) compute kernels fill the GPU, the block scheduler gives the exchange the next free
   // SMs instead of queueing it behind the compute; otherwise the exchange that ping-pong wants to hide is the
-  // one that waits.
+  // one that waits. Config comm_stream_priority "normal" keeps the default priority instead.
   int least_priority = 0, greatest_priority = 0;
   check_cuda(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority), "cudaDeviceGetStreamPriorityRange");
-  check_cuda(cudaStreamCreateWithPriority(&rt->comm_stream, cudaStreamNonBlocking, greatest_priority),
+  const int priority = ctx.config.comm_stream_highest_priority ? greatest_priority : 0;
+  check_cuda(cudaStreamCreateWithPriority(&rt->comm_stream, cudaStreamNonBlocking, priority),
              "creating the communication stream");
   check_cuda(cudaEventCreateWithFlags(&rt->ready, cudaEventDisableTiming), "cudaEventCreate");
   check_cuda(cudaEventCreateWithFlags(&rt->done, cudaEventDisableTiming), "cudaEventCreate");

@@ -17,6 +17,7 @@ NcclConfig read_config(const char* config_json, const plugin::Logger& logger) {
   config.verify_counts = reader.get_bool("verify_counts", config.verify_counts);
   config.blocking_comm = reader.get_bool("blocking_comm", config.blocking_comm);
   config.connect_peers = reader.get_bool("connect_peers", config.connect_peers);
+  config.max_ctas = static_cast<int>(reader.get_int("max_ctas", config.max_ctas, 0, 64));
   reader.finish(logger);
   return config;
 }

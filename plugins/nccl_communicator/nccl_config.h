@@ -25,6 +25,10 @@ struct NcclConfig {
   // set of pairs, and CAD's plans change their pairs from step to step (docs/nccl.md: what that looked like
   // on 4 H200s). Off: connections stay lazy (less memory at large scale for pairs that never talk).
   bool connect_peers = true;
+  // The most CTAs (thread blocks, one SM each) an operation of this communicator may use (ncclConfig_t.maxCTAs);
+  // 0: NCCL's default. An all-to-all that runs beside compute (CAD's ping-pong) and waits for a late peer spins
+  // on its SMs for that long, taking them from the compute it was meant to hide under; fewer CTAs bound that.
+  int max_ctas = 0;
 };
 
 NcclConfig read_config(const char* config_json, const plugin::Logger& logger);

@@ -36,7 +36,7 @@ NcclContext::NcclContext(const cad_host_services_v1_t* services, const char* con
   }
   try {
     comm_ = std::make_unique<GuardedComm>(device_, rank_, world_size_, boot.id, config_.timeout_ms,
-                                          config_.blocking_comm, logger_);
+                                          config_.blocking_comm, config_.max_ctas, logger_);
     if (config_.connect_peers) connect_peers(*this);
   } catch (...) {
     comm_.reset();

@@ -9,11 +9,15 @@ using plugin::fail;
 using plugin::format;
 
 GuardedComm::GuardedComm(int device, int rank, int world_size, const ncclUniqueId& id, int64_t timeout_ms,
-                         bool blocking, const plugin::Logger& logger)
+                         bool blocking, int max_ctas, const plugin::Logger& logger)
     : device_(device), timeout_ms_(timeout_ms), logger_(logger) {
   DeviceScope scope(device_);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = blocking ? 1 : 0;  // 0: a stuck peer can never block a call, and abort cannot deadlock
+  if (max_ctas > 0) {
+    config.maxCTAs = max_ctas;
+    config.minCTAs = 1;  // NCCL refuses minCTAs above maxCTAs; its default minimum can exceed a small maximum
+  }
   ncclComm_t comm = nullptr;
   const ncclResult_t result = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
   if (result != ncclSuccess && result != ncclInProgress) {

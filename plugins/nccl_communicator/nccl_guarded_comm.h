@@ -32,9 +32,10 @@ class GuardedComm {
   using Clock = std::chrono::steady_clock;
 
   // Creates the communicator (collective over the `world_size` ranks sharing `id`) on `device`.
-  // `blocking` makes it a blocking NCCL communicator (see NcclConfig::blocking_comm).
+  // `blocking` makes it a blocking NCCL communicator (see NcclConfig::blocking_comm); `max_ctas` > 0 bounds its
+  // operations' CTAs (NcclConfig::max_ctas).
   GuardedComm(int device, int rank, int world_size, const ncclUniqueId& id, int64_t timeout_ms, bool blocking,
-              const plugin::Logger& logger);
+              int max_ctas, const plugin::Logger& logger);
   ~GuardedComm();
   GuardedComm(const GuardedComm&) = delete;
   GuardedComm& operator=(const GuardedComm&) = delete;

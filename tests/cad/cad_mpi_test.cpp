@@ -364,6 +364,15 @@ TEST(CadMpi, CreateNamesTheMissingInstanceOrBadKey) {
     EXPECT_EQ(status, CAD_STATUS_INVALID_CONFIG) << message;
     EXPECT_NE(message.find("key 'keep_forward_tensors'"), std::string::npos) << message;
   }
+  {
+    nlohmann::json c = good;
+    c["comm_stream_priority"] = "urgent";  // "highest" or "normal"
+    const auto [status, message] = create_stack(c);
+    EXPECT_EQ(status, CAD_STATUS_INVALID_CONFIG) << message;
+    EXPECT_NE(message.find("key 'comm_stream_priority'"), std::string::npos) << message;
+    c["comm_stream_priority"] = "normal";
+    EXPECT_EQ(create_stack(c).first, CAD_STATUS_OK) << create_stack(c).second;
+  }
 }
 
 TEST(CadMpi, CapabilitiesAreTheServerBackendsPlusPieces) {

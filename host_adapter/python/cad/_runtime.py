@@ -36,6 +36,8 @@ _settings = {
     "timeout_ms": 60000,
     "group": None,                # torch.distributed group (None: the default group)
     "log_level": "warn",
+    "comm_stream_priority": "highest",  # CAD's CUDA communication stream ("highest" or "normal")
+    "nccl_max_ctas": 0,           # CTAs of CAD's NCCL operations at most (0: NCCL's default)
 }
 _runtimes = {}  # (device, lane) -> Host
 _locals = {}
@@ -44,7 +46,7 @@ _lock = threading.Lock()
 
 
 def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
-         timeout_ms=60000, group=None, log_level="warn"):
+         timeout_ms=60000, group=None, log_level="warn", comm_stream_priority="highest", nccl_max_ctas=0):
     """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
 
     config: a full stack config (dict, JSON file path) whose "attention" names the CAD instance; the other
@@ -57,15 +59,24 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     inside a backward -- a recomputed layer under activation checkpointing, whose state lives until that
     layer's backward a moment later --, re-sent otherwise, so that CAD holds no more than local attention.
     timeout_ms: every collective's deadline. group: the torch.distributed group CAD spans.
+    comm_stream_priority: "highest" (default) or "normal", the priority of CAD's CUDA communication stream;
+    nccl_max_ctas: at most this many CTAs (SMs) per NCCL operation of CAD's communicator (0: NCCL's default).
+    Both matter where exchanges run beside compute (ping-pong): an exchange waiting for a late peer holds its
+    SMs (plugins/cad/README.md, docs/nccl.md).
     """
     if keep_forward_tensors not in (True, False, "auto"):
         raise CadError(f"cad.init: keep_forward_tensors must be True, False or 'auto', got {keep_forward_tensors!r}")
+    if comm_stream_priority not in ("highest", "normal"):
+        raise CadError(f"cad.init: comm_stream_priority must be 'highest' or 'normal', got {comm_stream_priority!r}")
+    if isinstance(nccl_max_ctas, bool) or not isinstance(nccl_max_ctas, int) or not 0 <= nccl_max_ctas <= 64:
+        raise CadError(f"cad.init: nccl_max_ctas must be an int in [0, 64] (0: NCCL's default), got {nccl_max_ctas!r}")
     if isinstance(config, (str, pathlib.Path)):
         config = json.loads(pathlib.Path(config).read_text())
     with _lock:
         _settings.update(config=config, communicator=communicator, balancer=balancer,
                          keep_forward_tensors=keep_forward_tensors, min_shard_tokens=min_shard_tokens,
-                         timeout_ms=timeout_ms, group=group, log_level=log_level)
+                         timeout_ms=timeout_ms, group=group, log_level=log_level,
+                         comm_stream_priority=comm_stream_priority, nccl_max_ctas=nccl_max_ctas)
         for runtime in _runtimes.values():
             runtime.close()
         _runtimes.clear()
@@ -87,6 +98,8 @@ def stack_config(device, settings=None):
     if comm == "nccl":
         comm_config = {"bootstrap": "host", "device": device.index if device.index is not None else
                        torch.cuda.current_device(), "timeout_ms": timeout}
+        if s.get("nccl_max_ctas"):
+            comm_config["max_ctas"] = int(s["nccl_max_ctas"])
     elif comm in ("host", "mpi"):
         comm_config = {"timeout_ms": timeout}
     else:
@@ -94,7 +107,8 @@ def stack_config(device, settings=None):
     instances = [{"name": "comm", "plugin": comm, "config": comm_config}]
     cad_config = {"communicator": "comm", "balancer": "balancer", "server_backend": "server",
                   "keep_forward_tensors": s["keep_forward_tensors"] is not False,
-                  "min_shard_tokens": int(s["min_shard_tokens"])}
+                  "min_shard_tokens": int(s["min_shard_tokens"]),
+                  "comm_stream_priority": s.get("comm_stream_priority", "highest")}
     if comm != "mpi":
         # Plans made ahead (cad.plan(ahead=True)) gather over torch.distributed's gloo on a thread of their own:
         # a communicator instance of their own, never the data path's.
