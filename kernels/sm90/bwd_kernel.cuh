@@ -67,7 +67,7 @@ namespace cad::kernels::detail {
 
 // WINDOW: the instantiation for sliding windows (p.window_left / p.window_right): the item's queries end at
 // q_end (the plan's last query whose window reaches the tile) instead of the segment's end, and a step whose
-// queries' windows cut through the warp's keys is masked (bwd90_probabilities_window_masked). WINDOW = false
+// queries' windows cut through the warp's keys is masked (bwd90_probabilities_masked<BM, true>). WINDOW = false
 // is the unwindowed kernel, code unchanged.
 template <int DIM, int STAGES, bool WINDOW = false>
 __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
@@ -204,9 +204,9 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     wgmma_wait<1>();
     fence_registers(st);
 
-    // P^T (0 outside the segment and above the causal diagonal), while dP^T is still in flight.
-    const bool need_mask =
-        !warp_keys_full || valid_q < BM || (p.causal && warp_key_last > q0 + item.causal_offset);
+    // P^T (0 outside the segment and above the causal diagonal), while dP^T is still in flight: masked where
+    // some of that cuts through this warp's scores (need_mask), plain (no test per score) elsewhere.
+    bool need_mask = !warp_keys_full || valid_q < BM || (p.causal && warp_key_last > q0 + item.causal_offset);
     if constexpr (WINDOW) {
       // ... and outside the window: some key of the warp left of the last query's window, or right of the
       // first query's (the queries past q_end, in this step's last tile, see none of the keys: the left edge).
@@ -215,13 +215,10 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
                                                                              p.window_left) ||
                        (p.window_right >= 0 && int64_t{warp_key_last} > int64_t{q0} + item.causal_offset +
                                                                             p.window_right);
-      if (need_mask || cut) {
-        bwd90_probabilities_window_masked<BM>(st, p, item, key_local, t, q0, lse_tile);
-      } else {
-        bwd90_probabilities_plain<BM>(st, p, t, lse_tile);
-      }
-    } else if (need_mask) {
-      bwd90_probabilities_masked<BM>(st, p, item, key_local, t, q0, lse_tile);
+      need_mask = need_mask || cut;
+    }
+    if (need_mask) {
+      bwd90_probabilities_masked<BM, WINDOW>(st, p, item, key_local, t, q0, lse_tile);
     } else {
       bwd90_probabilities_plain<BM>(st, p, t, lse_tile);
     }

@@ -1,20 +1,24 @@
 // sm90/bwd_softmax.cuh -- the elementwise part of the Hopper backward's consumer step, per thread: its two
 // keys (key_local, key_local + 8) against the step's 64 queries, in wgmma accumulators (per n8 block nt:
-// keys g, g + 8 x queries 2t, 2t + 1). P^T = exp2(S^T scale_log2 - LSE), 0 outside the segment and above
-// the causal diagonal (bottom-right aligned per segment); dS^T = P^T (dP^T - Delta). LSE (base 2) and
-// Delta of the step's queries come from the producer, through shared memory.
+// keys g, g + 8 x queries 2t, 2t + 1). P^T = exp2(S^T scale_log2 - LSE), 0 outside the segment, above
+// the causal diagonal (bottom-right aligned per segment) and, in the WINDOW kernel, outside each query's
+// window (common/mask.cuh); dS^T = P^T (dP^T - Delta). LSE (base 2) and Delta of the step's queries come
+// from the producer, through shared memory.
 #pragma once
 
 #include "attention_internal.h"
+#include "common/mask.cuh"
 #include "common/mma_utils.cuh"
 
 namespace cad::kernels::detail {
 
 // S^T -> P^T in place where the step needs the mask (some key of this warp past the tile's keys, some
-// query past the segment, or the causal diagonal crossing the warp's keys), and without it (LSE read two at
-// a time). Two functions and the choice between them left to the caller: one function taking the choice
-// as a flag compiled to different SASS, and this split had to leave the generated code unchanged.
-template <int BM>
+// query past the segment, the causal diagonal crossing the warp's keys, or -- kWindow, the WINDOW kernel --
+// some query's window edge), and without it (LSE read two at a time). Two functions and the choice between
+// them left to the caller: one function taking the choice as a flag compiled to different SASS, and this
+// split had to leave the generated code unchanged. kWindow: the WINDOW kernel's mask, in 64-bit positions (a
+// window may be 2^30 wide); without it, 32-bit as before windows (common/mask.cuh, bwd_probability).
+template <int BM, bool kWindow>
 __device__ __forceinline__ void bwd90_probabilities_masked(float (&st)[BM / 2], const BwdParams& p,
                                                            const BwdItem& item, int key_local, int t, int q0,
                                                            const float* lse_tile) {
@@ -22,33 +26,7 @@ __device__ __forceinline__ void bwd90_probabilities_masked(float (&st)[BM / 2], 
   for (int nt = 0; nt < BM / 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int key = key_local + (e >> 1) * 8;
-      const int ql = nt * 8 + 2 * t + (e & 1);
-      const int q = q0 + ql;
-      const bool valid = key < item.kv_rows && q < item.q_len &&
-                         (!p.causal || item.kv_begin + key <= q + item.causal_offset);
-      st[nt * 4 + e] = valid ? fast_exp2(st[nt * 4 + e] * p.scale_log2 - lse_tile[ql]) : 0.f;
-    }
-  }
-}
-// bwd90_probabilities_masked for the WINDOW kernel: also 0 outside each query's window [q + causal_offset -
-// window_left, q + causal_offset + window_right] (segment-relative keys; 64-bit, a window may be 2^30 wide).
-template <int BM>
-__device__ __forceinline__ void bwd90_probabilities_window_masked(float (&st)[BM / 2], const BwdParams& p,
-                                                                  const BwdItem& item, int key_local, int t, int q0,
-                                                                  const float* lse_tile) {
-#pragma unroll
-  for (int nt = 0; nt < BM / 8; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = key_local + (e >> 1) * 8;
-      const int ql = nt * 8 + 2 * t + (e & 1);
-      const int q = q0 + ql;
-      const int64_t k_pos = item.kv_begin + key, q_pos = int64_t{q} + item.causal_offset;
-      const bool valid = key < item.kv_rows && q < item.q_len && (!p.causal || k_pos <= q_pos) &&
-                         (p.window_left < 0 || k_pos >= q_pos - p.window_left) &&
-                         (p.window_right < 0 || k_pos <= q_pos + p.window_right);
-      st[nt * 4 + e] = valid ? fast_exp2(st[nt * 4 + e] * p.scale_log2 - lse_tile[ql]) : 0.f;
+      st[nt * 4 + e] = bwd_probability<kWindow>(p, item, key_local, t, q0, nt, e, st[nt * 4 + e], lse_tile);
     }
   }
 }

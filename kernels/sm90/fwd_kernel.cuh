@@ -100,28 +100,12 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
     const int head = unit.head;
     const int n_keys = item.kv_end - item.kv_begin;
     const int n_tiles = n_keys > 0 ? (n_keys + BN - 1) / BN : 0;
-    if constexpr (WINDOW) {
-      // The unwindowed body below, with the window's masks (both edges) instead of the causal one.
-      int key_limit[2], key_first[2], mask_until;
-      const int mask_from = fwd90_window_masks<BN>(p, item, n_keys, warp_row0, g, key_limit, key_first, mask_until);
-
-      float o_acc[D / 2];
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
-      float row_max[2] = {-INFINITY, -INFINITY};
-      float row_sum[2] = {0.f, 0.f};
-
-      auto softmax_tile = [&](float(&s)[BN / 2], int j, float(&alpha)[2]) {
-        fwd90_window_softmax_tile<BN>(s, j, alpha, row_max, row_sum, key_limit, key_first, mask_from, mask_until, t, p,
-                                      fold_scale, scale_eff);
-      };
-      fwd90_consume_unit<T, D>(sm, o_acc, softmax_tile, n_keys, n_tiles, cw, wtid, lane, units_done, tiles_used);
-
-      fwd90_epilogue<D, BM>(p, item, head, o_acc, row_max, row_sum, scale_eff, q_stride, warp_row0, g, t);
-      continue;
-    }
-    int key_limit[2];
-    const int mask_from = fwd90_masks<BN>(p, item, n_keys, warp_row0, g, key_limit);
+    // Masks: the causal one (fwd90_masks), or the window's, both edges (WINDOW: fwd90_window_masks, which
+    // also sets key_first and mask_until; the unwindowed kernel never reads them).
+    int key_limit[2], key_first[2], mask_until;
+    const int mask_from = WINDOW
+                              ? fwd90_window_masks<BN>(p, item, n_keys, warp_row0, g, key_limit, key_first, mask_until)
+                              : fwd90_masks<BN>(p, item, n_keys, warp_row0, g, key_limit);
 
     float o_acc[D / 2];
 #pragma unroll
@@ -130,7 +114,8 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
     float row_sum[2] = {0.f, 0.f};
 
     auto softmax_tile = [&](float(&s)[BN / 2], int j, float(&alpha)[2]) {
-      fwd90_softmax_tile<BN>(s, j, alpha, row_max, row_sum, key_limit, mask_from, t, p, fold_scale, scale_eff);
+      fwd90_softmax_tile<BN, WINDOW>(s, j, alpha, row_max, row_sum, key_limit, key_first, mask_from, mask_until, t, p,
+                                     fold_scale, scale_eff);
     };
     fwd90_consume_unit<T, D>(sm, o_acc, softmax_tile, n_keys, n_tiles, cw, wtid, lane, units_done, tiles_used);
 

@@ -5,7 +5,7 @@
 // else the scores are scaled first (scale_eff = 1). Causal masks are bottom-right aligned per segment
 // (query i sees keys j <= i + causal_offset). The row statistics (running max, sum) live in the caller
 // and are what the epilogue turns into 1/sum and the LSE. Sliding windows (the kernel's WINDOW instantiation)
-// use fwd90_window_masks / fwd90_window_softmax_tile, which also mask each row's keys left of its window.
+// use fwd90_window_masks and fwd90_softmax_tile<BN, true>, which also mask each row's keys left of its window.
 //
 // Plain functions over the caller's arrays rather than an object holding them, and p and mask_from by
 // reference: the same code as a struct with members, or with p.causal, p.scale_log2 and mask_from passed
@@ -74,11 +74,15 @@ __device__ __forceinline__ int fwd90_window_masks(const FwdParams& p, const FwdI
 
 // Online softmax of tile j's scores in place; alpha = factor by which this thread's O rows must shrink.
 // row_max is in the units of the (raw or pre-scaled) scores; t = lane % 4; p.scale_log2 scales the scores
-// when it is not folded.
-template <int BN>
+// when it is not folded. kWindow (the kernel's WINDOW instantiation, masks from fwd90_window_masks): the left
+// edge of the window is masked too, on tiles j < mask_until; without it key_first and mask_until are not
+// read, and the unwindowed kernel's code is exactly what it was before windows (a compile-time flag).
+template <int BN, bool kWindow>
 __device__ __forceinline__ void fwd90_softmax_tile(float (&s)[BN / 2], int j, float (&alpha)[2], float (&row_max)[2],
-                                                   float (&row_sum)[2], const int (&key_limit)[2], const int& mask_from,
-                                                   int t, const FwdParams& p, bool fold_scale, float scale_eff) {
+                                                   float (&row_sum)[2], const int (&key_limit)[2],
+                                                   const int (&key_first)[2], const int& mask_from,
+                                                   const int& mask_until, int t, const FwdParams& p, bool fold_scale,
+                                                   float scale_eff) {
   // Two separate, warp-uniform branches: written as per-score selects, the compiler if-converts them
   // and every tile pays a compare, two selects and a multiply per score (about 250 of the 670
   // instructions per tile and thread).
@@ -86,61 +90,18 @@ __device__ __forceinline__ void fwd90_softmax_tile(float (&s)[BN / 2], int j, fl
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) s[i] *= p.scale_log2;
   }
-  if (j >= mask_from) {
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (j * BN + nt * 8 + 2 * t + (e & 1) > key_limit[e >> 1]) s[nt * 4 + e] = -INFINITY;
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
-    mx = warp_quad_max(mx);
-    const float m_new = fmaxf(row_max[r], mx);
-    const float m_use = m_new == -INFINITY ? 0.f : m_new * scale_eff;  // in base-2 units
-    alpha[r] = fast_exp2(fmaf(row_max[r], scale_eff, -m_use));
-    row_max[r] = m_new;
-    float sum = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt) {
-      s[nt * 4 + 2 * r] = fast_exp2(fmaf(s[nt * 4 + 2 * r], scale_eff, -m_use));
-      s[nt * 4 + 2 * r + 1] = fast_exp2(fmaf(s[nt * 4 + 2 * r + 1], scale_eff, -m_use));
-      sum += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
-    }
-    row_sum[r] = row_sum[r] * alpha[r] + sum;
-  }
-}
-
-// fwd90_softmax_tile for a windowed unit (fwd90_window_masks): the same steps, with the left edge of the
-// window masked too, on tiles j < mask_until. A separate function so that the unwindowed kernel's code is
-// exactly what it was.
-template <int BN>
-__device__ __forceinline__ void fwd90_window_softmax_tile(float (&s)[BN / 2], int j, float (&alpha)[2],
-                                                          float (&row_max)[2], float (&row_sum)[2],
-                                                          const int (&key_limit)[2], const int (&key_first)[2],
-                                                          const int& mask_from, const int& mask_until, int t,
-                                                          const FwdParams& p, bool fold_scale, float scale_eff) {
-  if (!fold_scale) {
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) s[i] *= p.scale_log2;
-  }
-  if (j >= mask_from || j < mask_until) {  // warp-uniform, as in fwd90_softmax_tile
+  if (j >= mask_from || (kWindow && j < mask_until)) {
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = j * BN + nt * 8 + 2 * t + (e & 1);
-        if (c > key_limit[e >> 1] || c < key_first[e >> 1]) s[nt * 4 + e] = -INFINITY;
+        if (c > key_limit[e >> 1] || (kWindow && c < key_first[e >> 1])) s[nt * 4 + e] = -INFINITY;
       }
     }
   }
-  // A row may have no key in this tile (or, in a KV split, in the whole item): its max stays -inf, m_use 0,
-  // and its P and sum 0, as for a fully masked causal row.
+  // Windowed, a row may have no key in this tile (or, in a KV split, in the whole item): its max stays -inf,
+  // m_use 0, and its P and sum 0, as for a fully masked causal row.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
