@@ -999,7 +999,10 @@ def train_one(args, rank, world, device, lengths):
                            "other steps; compare families and kernels, not this step's time")
             if args.json_out:
                 out = pathlib.Path(args.json_out)
+                out.parent.mkdir(parents=True, exist_ok=True)
                 out.with_name(f"{out.stem}_profile_rank{rank}.json").write_text(json.dumps(profile, indent=1))
+                if args.profile_trace:  # the timeline: which streams ran what when (chrome://tracing, Perfetto)
+                    profiler.export_chrome_trace(str(out.with_name(f"{out.stem}_trace_rank{rank}.json")))
             if rank == 0:
                 print("profile of step %d on rank 0 (kernel ms by family): %s" % (
                     step, json.dumps({k: round(v, 1) for k, v in profile["families_ms"].items()})), flush=True)
@@ -1196,6 +1199,9 @@ def parse_args(argv=None):
                         "per rank, its GPU kernel time by family (attention, cad data path, nccl, gemm, other) and "
                         "its top kernels to <json-out stem>_profile_rank<R>.json; its record is the JSON's "
                         "\"profiled_step\", outside \"steps\" (default -1: no profiling)")
+    p.add_argument("--profile-trace", action="store_true",
+                   help="with --profile-step: also write the profiled step's timeline per rank to <json-out stem>"
+                        "_trace_rank<R>.json (Chrome trace format: every kernel on its stream, every host call)")
     args = p.parse_args(argv)
     for key, value in MODELS[args.model].items():
         if getattr(args, key) is None:

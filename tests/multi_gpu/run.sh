@@ -31,7 +31,7 @@
 # to come; configurations are trained in CONFIGS' order (ping-pong ones last), so when time runs out the table
 # lacks the last ones and the summary says which. More: TRAIN_BUDGET_S=900 STEPS=4 LAYERS='65536:8 ...'.
 # TRAINER_ARGS adds trainer options to every run (e.g. '--gc freeze', or a Gemma-3-like layer pattern:
-# '--window 4096 --global-every 6'); PROFILE_STEP=N (default off: it costs one
+# '--window 4096 --global-every 6', or '--profile-trace' for a timeline of the profiled step); PROFILE_STEP=N (default off: it costs one
 # more step per configuration) profiles step N's batch again after the timed steps, per rank, into
 # train_<config>_<context>_profile_rank<R>.json.
 set -uo pipefail
