@@ -161,3 +161,25 @@ def test_ideal_counts_the_imbalance_of_every_micro_batch(tmp_path):
     rows, _ = table(tmp_path)
     assert rows["local"][9] == "1.364"                            # 3.0 / 2.2 (one term per step would give 1.000)
     assert rows["prefix_aware"][8] == "1.250" and rows["prefix_aware"][10] == "0.69"  # 0.25 / 0.364
+
+
+def test_trace_overlap_counts_streams_overlap_and_host_waits(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("trace_overlap", REPO / "bench" / "cad" / "trace_overlap.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    def kernel(stream, ts, dur, name="gemm"):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+    # stream 7: 0-2000 us and 1500-3000 us (union 3 ms); stream 9: NCCL 2500-4000 us; idle 4000-5000; 5000-6000
+    events = [kernel(7, 0, 2000), kernel(7, 1500, 1500), kernel(9, 2500, 1500, "ncclDevKernel_SendRecv"),
+              kernel(7, 5000, 1000),
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 10, "dur": 500},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 10, "dur": 500}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    r = tool.analyse(path)
+    assert r["span_ms"] == 6.0 and r["gpu_busy_ms"] == 5.0 and r["gpu_idle_ms"] == 1.0
+    assert r["streams"]["7"]["busy_ms"] == 4.0 and r["streams"]["9"]["nccl_ms"] == 1.5
+    assert r["overlaps"] == [{"streams": [7, 9], "overlap_ms": 0.5}]
+    assert r["host_waits"] == {"cudaStreamSynchronize": {"calls": 1, "ms": 0.5}}

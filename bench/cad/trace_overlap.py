@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""trace_overlap.py -- what a profiled training step's timeline says about overlap (the trainer's --profile-trace).
+
+    python3 bench/cad/trace_overlap.py OUT/train_prefix_aware_pingpong_65536_trace_rank0.json [...]
+
+Per trace (one rank's profiled step, Chrome trace format as torch.profiler writes it), from its GPU kernels and
+CUDA runtime calls:
+- per CUDA stream: kernels, busy ms (union of its kernels' intervals), the share of that time in NCCL kernels;
+- for every pair of busy streams: ms during which both ran kernels (the overlap ping-pong is meant to create);
+- the GPU's span (first kernel start to last kernel end) and its idle ms (no kernel on any stream);
+- host calls that wait for the GPU (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, blocking
+  cudaMemcpy): count and ms -- each one stops the host from enqueueing ahead, so the two nano-batches' work can
+  no longer interleave.
+Prints a markdown table per trace; --json writes the numbers.
+"""
+import argparse
+import json
+import pathlib
+
+WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaStreamWaitEvent")
+
+
+def union_ms(intervals):
+    """Total length (ms) of the union of [start, end) intervals given in us."""
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total / 1e3
+
+
+def intersect(a, b):
+    """Intervals where both interval sets are busy (each a list of disjoint sorted [s, e) after merging)."""
+    def merged(xs):
+        out = []
+        for s, e in sorted(xs):
+            if out and s <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], e)
+            else:
+                out.append([s, e])
+        return out
+    a, b = merged(a), merged(b)
+    i = j = 0
+    out = []
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def analyse(path):
+    events = json.loads(pathlib.Path(path).read_text())
+    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    streams, nccl, waits = {}, {}, {}
+    for ev in events:
+        if ev.get("ph") != "X" or "dur" not in ev:
+            continue
+        cat, name = ev.get("cat", ""), ev.get("name", "")
+        span = (float(ev["ts"]), float(ev["ts"]) + float(ev["dur"]))
+        if cat == "kernel":
+            stream = ev.get("args", {}).get("stream", ev.get("tid"))
+            streams.setdefault(stream, []).append(span)
+            if "nccl" in name.lower():
+                nccl.setdefault(stream, []).append(span)
+        elif cat == "cuda_runtime" and any(name.startswith(w) for w in WAITS):
+            if name.startswith("cudaMemcpy") and "Async" in name:
+                continue
+            key = name.split("(")[0]
+            count, ms = waits.get(key, (0, 0.0))
+            waits[key] = (count + 1, ms + float(ev["dur"]) / 1e3)
+    if not streams:
+        return {"trace": str(path), "error": "no GPU kernels in the trace"}
+    every = [x for spans in streams.values() for x in spans]
+    start, end = min(s for s, _ in every), max(e for _, e in every)
+    busy = {k: union_ms(v) for k, v in streams.items()}
+    pairs = []
+    keys = sorted(k for k in streams if busy[k] >= 1.0)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            both = union_ms(intersect(streams[a], streams[b]))
+            if both > 0:
+                pairs.append({"streams": [a, b], "overlap_ms": both})
+    return {"trace": str(path), "span_ms": (end - start) / 1e3, "gpu_busy_ms": union_ms(every),
+            "gpu_idle_ms": (end - start) / 1e3 - union_ms(every),
+            "streams": {str(k): {"kernels": len(v), "busy_ms": busy[k], "nccl_ms": union_ms(nccl.get(k, []))}
+                        for k, v in sorted(streams.items(), key=lambda kv: -busy[kv[0]])},
+            "overlaps": sorted(pairs, key=lambda p: -p["overlap_ms"]),
+            "host_waits": {k: {"calls": c, "ms": ms} for k, (c, ms) in sorted(waits.items())}}
+
+
+def markdown(r):
+    if "error" in r:
+        return f"{r['trace']}: {r['error']}\n"
+    lines = [f"### {pathlib.Path(r['trace']).name}", "",
+             f"GPU span {r['span_ms']:.1f} ms, busy {r['gpu_busy_ms']:.1f} ms, idle {r['gpu_idle_ms']:.1f} ms", "",
+             "| stream | kernels | busy ms | of it NCCL ms |", "|---|---:|---:|---:|"]
+    lines += [f"| {k} | {v['kernels']} | {v['busy_ms']:.1f} | {v['nccl_ms']:.1f} |" for k, v in r["streams"].items()]
+    lines += ["", "| streams | both busy ms |", "|---|---:|"]
+    lines += [f"| {p['streams'][0]} + {p['streams'][1]} | {p['overlap_ms']:.1f} |" for p in r["overlaps"][:10]]
+    lines += ["", "| host call that waits | calls | ms |", "|---|---:|---:|"]
+    lines += [f"| {k} | {v['calls']} | {v['ms']:.1f} |" for k, v in r["host_waits"].items()] or ["| (none) | 0 | 0 |"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("traces", nargs="+", help="Chrome trace JSON files (the trainer's *_trace_rank<R>.json)")
+    p.add_argument("--json", help="write every trace's numbers here")
+    args = p.parse_args(argv)
+    results = [analyse(t) for t in args.traces]
+    for r in results:
+        print(markdown(r))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
