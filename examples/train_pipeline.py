@@ -182,6 +182,8 @@ class Stage:
         self.matmul_params = base.count_matmul_parameters(lm)  # of the whole model, for the model FLOPs
         per = args.layers // args.pp
         self.layer_ids = list(range(layout.stage * per, (layout.stage + 1) * per))
+        if args.checkpointing == "full":  # (before the embeddings go: transformers looks for them here)
+            base.apply_checkpointing(lm, "full", False)  # transformers' own, non-reentrant, as train_llama's
         inner = lm.model
         for i in range(args.layers):  # the other stages' layers go; names of ours stay
             if i not in self.layer_ids:
@@ -191,8 +193,6 @@ class Stage:
         if not layout.last:
             inner.norm = None
             lm.lm_head = None
-        if args.checkpointing == "full":
-            base.apply_checkpointing(lm, "full", False)  # transformers' own, non-reentrant, as train_llama's
         lm.train()
         self.lm, self.inner, self.layout, self.args = lm, inner, layout, args
         self.layers = [inner.layers[i] for i in self.layer_ids]
@@ -396,8 +396,15 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
             return
         # A tag unique per plan of this CAD group, the same on every rank of it: the tick (world) or the
         # micro-batch (a stage's replicas run the same micro-batches at the same ticks).
+        if not use_cad:  # train_llama's: cu_seqlens on the device (and torch_varlen's longest document)
+            (_, cu, _), = base.make_nanos([docs], args.attention, args, device, dtype)
+            asked[key] = (None, cu, time.perf_counter())
+            return
         tag = step * T + tick if args.pool == "tick" else step * M + m
-        (tokens, cu, plan), = base.make_nanos([docs], args.attention, args, device, dtype, tag=tag)
+        # On the host: the plan reads it there (no GPU read-back), and so does every layer's call.
+        cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        plan = cad.plan(cu, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=head_dim, dtype=dtype,
+                        device=device, ahead=ahead, tag=tag if ahead else None)
         asked[key] = (plan, cu, time.perf_counter())
 
     pending_sends = []
@@ -433,7 +440,8 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
     for step in range(args.steps):
         current["step"] = step
         docs, inputs = load(step)
-        ask(step, 0)
+        if ahead:
+            ask(step, 0)  # usually asked for during the step before
         if device.type == "cuda":
             torch.cuda.synchronize()
         cad.attention_time(reset=True)
