@@ -447,7 +447,6 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         cad.attention_time(reset=True)
         base.AttentionClock.take()
         start = time.perf_counter()
-        makes_at_start = base_makes()
         records = []   # per tick of this rank: dict
         kept = {}      # micro-batch -> (stage input or None, stage output or loss)
         idle = {}      # forward tick -> the idle chain's output
@@ -464,17 +463,17 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                 if ahead:
                     ask(step, t + 1)  # one tick ahead: made on CAD's planning thread while this tick computes
                 plan, cu, asked_at = asked.pop((step, t))
+                outgoing = None
                 if m is not None:
                     hidden = None
-                    if not layout.first:
+                    if not layout.first:  # waiting for the stage before is part of this tick
                         hidden = recv(tick_shape(m), layout.rank_of(layout.stage - 1, layout.replica))
                         hidden.requires_grad_(True)
                     out = stage.forward(hidden, inputs[m], cu, plan)
                     if layout.last:
                         losses.append(out.detach())
                     else:
-                        flush_sends()
-                        send(out.detach(), layout.rank_of(layout.stage + 1, layout.replica))
+                        outgoing = out.detach()
                     kept[m] = (hidden, out)
                 elif plan is not None:
                     idle[t] = idle_attention(plan, len(stage.layers), args.heads, args.kv_heads, head_dim, dtype,
@@ -484,6 +483,11 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                 records.append(tick_record("forward", t, m, tick_start, plan, asked_at, docs, layout, use_cad))
                 if plan is not None:
                     used_plans[t] = plan
+                # Sent once the tick is timed: over NCCL a send completes only when the next stage receives it,
+                # at its next tick's start, which is that tick's wait, not this one's.
+                if outgoing is not None:
+                    flush_sends()
+                    send(outgoing, layout.rank_of(layout.stage + 1, layout.replica))
         # ---- backward ticks (mirrored: backward tick b runs forward tick T - 1 - b's micro-batches)
         for b in range(T):
             t = mirrored_tick(b, M, S)
@@ -493,6 +497,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                 maybe_fault(args, rank, "backward", b)
                 if b == T - 1 and ahead:
                     ask(step + 1, 0)  # the next step's first plan, while this last tick computes
+                outgoing = None
                 if m is not None:
                     hidden, out = kept.pop(m)
                     if layout.last:
@@ -501,8 +506,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                         grad = recv(out.shape, layout.rank_of(layout.stage + 1, layout.replica))
                         torch.autograd.backward(out, grad)
                     if not layout.first:
-                        flush_sends()
-                        send(hidden.grad, layout.rank_of(layout.stage - 1, layout.replica))
+                        outgoing = hidden.grad
                     del hidden, out
                 elif t in idle:
                     out = idle.pop(t)
@@ -512,6 +516,9 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                     torch.cuda.synchronize()
                 records.append(tick_record("backward", b, m, tick_start, used_plans.get(t), None, docs, layout,
                                            use_cad))
+                if outgoing is not None:  # (after the tick's timing, as in the forward)
+                    flush_sends()
+                    send(outgoing, layout.rank_of(layout.stage - 1, layout.replica))
         try:
             flush_sends()
             average_gradients(parameters, groups.mine if groups else None, layout.dp)
@@ -520,14 +527,16 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                                 f"backward ticks failed: {type(exc).__name__}: {exc}") from exc
         if capture_grads:
             captured.append({n: p.grad.detach().clone() for n, p in stage.named_parameters() if p.grad is not None})
-        norm_sq = sum(float(p.grad.float().pow(2).sum()) for p in parameters if p.grad is not None)
+        # this stage's squared gradient norm, read back after the step is timed (one host sync, not one per tensor)
+        norm_sq = torch.stack([p.grad.float().pow(2).sum() for p in parameters if p.grad is not None]).sum()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         plan_wait_ms = sum(p.wait_ms for p in used_plans.values())
-        makes = base_makes() - makes_at_start
+        # the plans this step's ticks ran with (each made once, ahead or at its tick, never by a layer)
+        plans_made = sum(1 for p in used_plans.values() if p.make_ms is not None)
         # the plans' own timing, relative to their tick's start: asked (before), make started
         for r in records:
             plan = used_plans.get(r["tick"]) if r["phase"] == "forward" else None
@@ -539,7 +548,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         tokens = float(sum(sum(docs[m][layout.replica]) for m in range(M)))
         loss_sum = float(sum(losses)) / M if losses else 0.0
         mine = [loss_sum, 1.0 if layout.last else 0.0, seconds, tokens if layout.first else 0.0, peak,
-                plan_wait_ms, float(makes), norm_sq]
+                plan_wait_ms, float(plans_made), float(norm_sq)]
         for r in records:
             mine += [r["attention_s"], r["tick_s"], r["colocated_pairs"], r.get("planned_flops", 0.0)]
         gathered = gather_floats(mine, world, groups.records if groups else None)
@@ -551,9 +560,11 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
             print(f"step {step:3d}  loss {record['loss']:.5f}  {record['step_ms']:8.1f} ms  ideal "
                   f"{record['ideal_step_ms']:8.1f} ms  {record['tokens_per_s']:9.0f} tok/s  MFU {record['mfu']:6.1%}  "
                   f"tick imbalance {record['mean_tick_imbalance']:.3f} (planned {record['mean_planned_imbalance']:.3f}, "
-                  f"colocated {record['mean_colocated_imbalance']:.3f})  plan makes {record['plan_makes']}  "
+                  f"colocated {record['mean_colocated_imbalance']:.3f})  plans {record['plans_made']}  "
                   f"peak {max(record['peak_memory_gib']):5.1f} GiB", flush=True)
     asked.clear()
+    # every collective plan make of this configuration on this rank (cad's counter): equal to the plans the ticks
+    # ran with when no layer had to make one of its own
     summary = dict(summary_of(args, layout, device), plan_makes_total=base_makes() - makes_before,
                    **summarise(history))
     result = {"summary": summary, "steps": history}
@@ -630,7 +641,7 @@ def step_record(args, step, gathered, records, matmul_params, docs, layout):
             "ideal_step_ms": (step_s - saved) * 1e3, "tokens_per_s": tokens / step_s,
             "model_tflop": flops / 1e12, "mfu": flops / (step_s * world * args.peak_tflops * 1e12),
             "peak_memory_gib": [g[4] for g in gathered], "plan_wait_ms": [g[5] for g in gathered],
-            "plan_makes": [int(g[6]) for g in gathered],
+            "plans_made": [int(g[6]) for g in gathered],
             "mean_tick_imbalance": sum(e["imbalance"] for e in per_tick) / len(per_tick),
             "mean_colocated_imbalance": sum(e["colocated_imbalance"] for e in per_tick) / len(per_tick),
             "mean_planned_imbalance": sum(e.get("planned_imbalance", e["colocated_imbalance"]) for e in per_tick)
