@@ -692,8 +692,8 @@ def comparison(summaries):
 
 def comparison_table(summaries):
     """The table as markdown text."""
-    lines = ["| config | step ms | tokens/s | speedup vs local | ideal | realised share | tick imbalance "
-             "(measured) | planned | colocated | peak GiB |", "|" + "---|" * 10]
+    lines = ["| config | step ms | tokens/s | speedup vs local | ideal | realised share | tick imbalance measured | "
+             "planned (after) | colocated (before) | peak GiB |", "|" + "---|" * 10]
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for row in comparison(summaries):
         if "skipped" in row:

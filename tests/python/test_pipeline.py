@@ -284,6 +284,31 @@ def test_records_and_ideal(two):
         assert summary["pp"] == 2 and summary["dp"] == 1 and summary["ticks_per_step"] == 10
 
 
+@needs_data
+def test_comparison_table(two, tmp_path):
+    """tests/multi_gpu/pipeline_table.py over --json-out files (here the 2-rank runs' summaries): speedup = local's
+    step / the configuration's, ideal = local's step / local's ideal step, share = (speedup - 1) / (ideal - 1)."""
+    summaries = {name: _result(two, name)["summary"] for name in ("local", "cad_tick", "cad_stage")}
+    for name, summary in summaries.items():
+        (tmp_path / f"pipe_256_4_{name}.json").write_text(json.dumps({"summary": summary, "steps": []}))
+    skipped = dict(summaries["local"], skipped="torch_varlen: runs on CUDA only")
+    (tmp_path / "pipe_256_4_torch_varlen.json").write_text(json.dumps({"summary": skipped, "steps": []}))
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "multi_gpu" / "pipeline_table.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["config", "local", "torch_varlen", "cad_tick", "cad_stage"]
+    assert "skipped: torch_varlen: runs on CUDA only" in rows[2]
+    assert "256 tokens per micro-batch and replica, 4 micro-batches, PP=2 x DP=1" in done.stdout
+    local, cad = summaries["local"], summaries["cad_tick"]
+    speedup = local["mean_step_ms_after_step0"] / cad["mean_step_ms_after_step0"]
+    ideal = local["mean_step_ms_after_step0"] / local["mean_ideal_step_ms_after_step0"]
+    cells = [c.strip() for c in rows[3].split("|")[1:-1]]
+    assert cells[3] == f"{speedup:.3f}" and cells[4] == f"{ideal:.3f}"
+    assert cells[5] == (f"{(speedup - 1) / (ideal - 1):.2f}" if ideal > 1 + 1e-9 else "-")
+    assert cells[6] == f"{cad['mean_tick_imbalance']:.3f}" and cells[8] == f"{cad['mean_colocated_imbalance']:.3f}"
+
+
 # ---- failures: a stage that stalls or raises in a tick ---------------------------------------------------
 def _free_port():
     import socket
