@@ -760,7 +760,9 @@ def parse_args(argv=None):
                    help="with --attention cad: tick = one CAD group over every rank, a plan per tick; stage = CAD "
                         "within each stage's data-parallel group only")
     p.add_argument("--balancer", default="prefix_aware", help="colocated, per_doc_cp, distca, prefix_aware")
-    p.add_argument("--communicator", default=None, help="host, mpi or nccl (default: host on CPU, nccl on CUDA)")
+    p.add_argument("--communicator", choices=["host", "nccl"], default=None,
+                   help="CAD's: host (torch.distributed's gloo, CPU) or nccl (CUDA); default: host on CPU, nccl on "
+                        "CUDA")
     p.add_argument("--model", choices=sorted(base.MODELS), default="tiny",
                    help="shape preset (train_llama's): tiny or llama3-8b; the options below override it")
     p.add_argument("--context", type=int, default=2048, help="tokens per micro-batch and replica (one packed buffer)")
@@ -802,7 +804,11 @@ def parse_args(argv=None):
         args.intermediate = args.hidden * 3
     if args.dtype is None:
         args.dtype = "bf16" if args.device == "cuda" else "fp32"
-    args.backend = "nccl" if args.device == "cuda" and args.communicator in (None, "nccl") else "gloo"
+    if args.device == "cuda" and args.communicator == "host":
+        p.error("--communicator host on CUDA: the stages' send/recv of CUDA tensors needs NCCL (one process per GPU)")
+    if args.device == "cpu" and args.communicator == "nccl":
+        p.error("--communicator nccl needs --device cuda")
+    args.backend = "nccl" if args.device == "cuda" else "gloo"
     # train_llama's helpers read these (make_nanos, model_flops): one global causal mask, no ping-pong
     args.window, args.global_every, args.ping_pong = -1, None, False
     if args.pp < 1 or args.layers < 1 or args.micro_batches < 1 or args.steps < 1 or args.context < 1:

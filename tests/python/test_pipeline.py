@@ -420,5 +420,6 @@ def test_bad_options_are_refused(capsys, monkeypatch):
     assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
     assert "--test-fault must be RANK:PHASE:TICK:KIND" in _refused(t, capsys, ["--test-fault", "1:sideways:2:stall"])
     assert "at least 1" in _refused(t, capsys, ["--micro-batches", "0"])
+    assert "needs NCCL" in _refused(t, capsys, ["--device", "cuda", "--communicator", "host"])
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert "the world of 3 ranks is not divisible by --pp 2" in _refused(t, capsys, ["--pp", "2"])
