@@ -394,12 +394,12 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         if m is None and not (use_cad and args.pool == "tick"):
             asked[key] = (None, None, time.perf_counter())
             return
-        # A tag unique per plan of this CAD group, the same on every rank of it: the tick (world) or the
-        # micro-batch (a stage's replicas run the same micro-batches at the same ticks).
         if not use_cad:  # train_llama's: cu_seqlens on the device (and torch_varlen's longest document)
             (_, cu, _), = base.make_nanos([docs], args.attention, args, device, dtype)
             asked[key] = (None, cu, time.perf_counter())
             return
+        # A tag unique per plan of this CAD group, the same on every rank of it: the tick (world) or the
+        # micro-batch (a stage's replicas run the same micro-batches at the same ticks).
         tag = step * T + tick if args.pool == "tick" else step * M + m
         # On the host: the plan reads it there (no GPU read-back), and so does every layer's call.
         cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32)
@@ -435,6 +435,10 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                                 f"{current['step']} failed after {time.perf_counter() - started:.1f} s: "
                                 f"{type(exc).__name__}: {exc}") from exc
 
+    # Every step's documents now, outside the timed steps: the pure-Python recipe walks the whole length file for
+    # each micro-batch (cached_batch remembers them for the later configurations, which would otherwise not pay).
+    for step in range(args.steps):
+        micro_batch_documents(lengths, args, layout.dp, step)
     current = {"step": 0}
     makes_before = base_makes()
     for step in range(args.steps):
