@@ -56,7 +56,8 @@ calls come in the layers' order. With local attention, or --pool stage (the repl
 together), an idle tick does nothing.
 
 Failures: every wait has a deadline -- send/recv the pipeline group's timeout, CAD its timeout_ms, plans made
-ahead their wait limit (all from --timeout-ms). A tick that fails or stalls ends every rank with an error
+ahead their wait limit, and on CUDA the wait for the tick's GPU work at its end (all from --timeout-ms; NCCL's own
+watchdog, which would end the process without naming the tick, gets twice that). A tick that fails or stalls ends every rank with an error
 naming the rank, its stage and replica, the tick and its micro-batch (or "idle"); under torchrun a failed rank
 exits at once (train_llama's rule). --test-fault RANK:PHASE:TICK:KIND makes one rank fail (raise) or stall
 (sleep 3 x --timeout-ms) at the start of a tick, for the tests.
@@ -249,11 +250,30 @@ class Groups:
     def __init__(self, layout, backend, timeout_ms):
         timeout = datetime.timedelta(milliseconds=timeout_ms)
         self.timeout = timeout
-        self.pipe = dist.new_group(backend=backend, timeout=timeout)
-        self.data = [dist.new_group(ranks=layout.stage_ranks(s), backend=backend, timeout=timeout)
+        # NCCL's watchdog ends the whole process when a collective passes its group's timeout, with a message that
+        # names no tick; the trainer's own deadline (wait_for_device) is --timeout-ms, so NCCL's is later.
+        device_timeout = timeout * 2 if backend == "nccl" else timeout
+        self.pipe = dist.new_group(backend=backend, timeout=device_timeout)
+        self.data = [dist.new_group(ranks=layout.stage_ranks(s), backend=backend, timeout=device_timeout)
                      for s in range(layout.pp)]
         self.mine = self.data[layout.stage]
         self.records = dist.new_group(backend="gloo", timeout=timeout)
+
+
+def wait_for_device(device, timeout_s):
+    """At a tick's end: wait for this rank's queued GPU work, as torch.cuda.synchronize() would, but give up after
+    timeout_s. Over NCCL a peer that never sends, receives or joins a collective leaves the GPU waiting; without a
+    deadline here the host would wait until NCCL's watchdog ends the process, and the error would name no tick."""
+    if device.type != "cuda":
+        return
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.perf_counter() + timeout_s
+    while not done.query():
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"this rank's GPU work did not finish within {timeout_s:g} s (--timeout-ms): a peer's "
+                               f"send, receive or collective never came")
+        time.sleep(0.0002)
 
 
 def gather_floats(values, world, group):
@@ -482,8 +502,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                 elif plan is not None:
                     idle[t] = idle_attention(plan, len(stage.layers), args.heads, args.kv_heads, head_dim, dtype,
                                              device, args.checkpointing == "full")
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
+                wait_for_device(device, args.timeout_ms / 1e3)
                 records.append(tick_record("forward", t, m, tick_start, plan, asked_at, docs, layout, use_cad))
                 if plan is not None:
                     used_plans[t] = plan
@@ -516,8 +535,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                     out = idle.pop(t)
                     torch.autograd.backward(out, torch.zeros_like(out))
                     del out
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
+                wait_for_device(device, args.timeout_ms / 1e3)
                 records.append(tick_record("backward", b, m, tick_start, used_plans.get(t), None, docs, layout,
                                            use_cad))
                 if outgoing is not None:  # (after the tick's timing, as in the forward)
@@ -730,7 +748,9 @@ def train(args):
     import cad
     distributed = launched_distributed()
     if distributed:
-        dist.init_process_group(args.backend, timeout=datetime.timedelta(milliseconds=args.timeout_ms))
+        # (NCCL: twice --timeout-ms, so that the trainer's own deadlines, which name the tick, come first)
+        timeout = datetime.timedelta(milliseconds=args.timeout_ms * (2 if args.backend == "nccl" else 1))
+        dist.init_process_group(args.backend, timeout=timeout)
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
     device = torch.device("cpu")

@@ -394,6 +394,35 @@ def test_gpipe_schedule():
         t.Layout(0, 6, 4)
 
 
+def test_gpu_wait_at_a_tick_end_has_a_deadline(monkeypatch):
+    """On CUDA a tick ends waiting for its GPU work with a deadline (a peer that never sends would otherwise hold it
+    until NCCL's watchdog ends the process); here the GPU is a stand-in event that finishes late or never."""
+    import torch
+    t = _trainer_module()
+
+    class Event:
+        polls = 0
+        finishes_after = None  # polls; None: never
+
+        def record(self):
+            pass
+
+        def query(self):
+            Event.polls += 1
+            return Event.finishes_after is not None and Event.polls > Event.finishes_after
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    cuda = torch.device("cuda", 0)  # a name only: nothing runs on it
+    Event.finishes_after = 3
+    t.wait_for_device(cuda, 5.0)
+    assert Event.polls == 4
+    Event.finishes_after, started = None, time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within 0.3 s"):
+        t.wait_for_device(cuda, 0.3)
+    assert 0.3 <= time.monotonic() - started < 2.0
+    t.wait_for_device(torch.device("cpu"), 0.0)  # nothing to wait for on the CPU
+
+
 def _refused(t, capsys, argv):
     with pytest.raises(SystemExit) as exit_:
         t.parse_args(argv)
