@@ -36,8 +36,8 @@ Attention (--attention, or --configs): local (the project's kernels, no CAD: "ca
 (torch.nn.attention.varlen.varlen_attn, CUDA only; skipped with a note on the CPU) or cad, with --pool:
   tick   one CAD group over ALL ranks (cad.init(group=world)); one plan per forward tick on every rank, over the
          documents of the micro-batch that rank runs at that tick (none when idle): the balancer spreads the
-         attention of the tick's micro-batches over every rank of every stage, idle ones included. The backward
-         tick T - 1 - b reuses forward tick b's plans (the same micro-batches on the same ranks).
+         attention of the tick's micro-batches over every rank of every stage, idle ones included. Backward
+         tick b reuses forward tick T - 1 - b's plans (the same micro-batches on the same ranks).
   stage  CAD only within each stage's data-parallel group (cad.init(group=that group)): one plan per micro-batch
          over its DP replicas. This is the data-parallel-only path; it cannot move work between stages, and with
          DP = 1 it balances nothing (the trainer says so).
@@ -55,24 +55,25 @@ empty [0, heads, head_dim] tensors, chained layer to layer (and checkpointed lik
 calls come in the layers' order. With local attention, or --pool stage (the replicas of a stage are idle
 together), an idle tick does nothing.
 
-Failures: every wait has a deadline -- send/recv the pipeline group's timeout, CAD its timeout_ms, plans made
-ahead their wait limit, and on CUDA the wait for the tick's GPU work at its end (all from --timeout-ms; NCCL's own
-watchdog, which would end the process without naming the tick, gets twice that). A tick that fails or stalls ends every rank with an error
-naming the rank, its stage and replica, the tick and its micro-batch (or "idle"); under torchrun a failed rank
-exits at once (train_llama's rule). --test-fault RANK:PHASE:TICK:KIND makes one rank fail (raise) or stall
-(sleep 3 x --timeout-ms) at the start of a tick, for the tests.
+Failures: every wait has a deadline -- send/recv the pipeline group's timeout, CAD its timeout_ms, plans made ahead
+their wait limit, and on CUDA the wait for the tick's GPU work at its end (all from --timeout-ms; NCCL's own
+watchdog, which would end the process without naming the tick, gets twice that). A tick that fails or stalls ends
+every rank with an error naming the rank, its stage and replica, the tick and its micro-batch (or "idle"); under
+torchrun a failed rank exits at once (train_llama's rule). --test-fault RANK:PHASE:TICK:KIND makes one rank fail
+(raise) or stall (sleep 3 x --timeout-ms) at the start of a tick, for the tests.
 
-Measurements (rank 0 prints one line per step, --json-out keeps every record): the step time (slowest rank);
-per tick and rank the attention time (CAD's and torch_varlen's calls, forward and backward, CUDA synchronised
-around each call unless --sync-attention-timing off) and the tick time (CUDA synchronised at every tick's end);
-the tick's imbalance: max / mean over the ranks (every stage and replica, idle ones included: under --pool tick
-they serve attention) of the attention time in that tick; the ideal step: the step with every tick's attention
-at its mean instead of its max, ideal_step = step - sum over ticks of (max - mean); tokens/s, MFU (train_llama's
-model FLOPs), peak memory; per tick the cost model's imbalance of the rank's own documents (colocated) and, with
-CAD, of the plans' server FLOPs (planned); plan makes, plan waits and when each tick's plan was asked for and
-made. --configs runs several configurations one after another in this process (same weights, same batches)
-and ends with a table: step time, tokens/s, speedup over local, the ideal speedup (local step / local ideal
-step) and the realised share (speedup - 1) / (ideal - 1), mean tick imbalance measured and planned.
+Measurements (rank 0 prints one line per step, --json-out keeps every record): the step time (slowest rank); per
+tick and rank the attention time (every attention call, forward and backward: local's and CAD's through
+cad.varlen_attn, torch_varlen's; CUDA synchronised around each call unless --sync-attention-timing off) and the tick
+time (CUDA synchronised at every tick's end); the tick's imbalance: max / mean over the ranks (every stage and
+replica, idle ones included: under --pool tick they serve attention) of the attention time in that tick; the ideal
+step: the step with every tick's attention at its mean instead of its max, ideal_step = step - sum over ticks of
+(max - mean); tokens/s, MFU (train_llama's model FLOPs), peak memory; per tick the cost model's imbalance of the
+rank's own documents (colocated) and, with CAD, of the plans' server FLOPs (planned); plan makes, plan waits and
+when each tick's plan was asked for and made. --configs runs several configurations one after another in this
+process (same weights, same batches) and ends with a table: step time, tokens/s, speedup over local, the ideal
+speedup (local step / local ideal step) and the realised share (speedup - 1) / (ideal - 1), mean tick imbalance
+measured and planned.
 """
 import argparse
 import contextlib
@@ -581,7 +582,8 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         if rank == 0:
             print(f"step {step:3d}  loss {record['loss']:.5f}  {record['step_ms']:8.1f} ms  ideal "
                   f"{record['ideal_step_ms']:8.1f} ms  {record['tokens_per_s']:9.0f} tok/s  MFU {record['mfu']:6.1%}  "
-                  f"tick imbalance {record['mean_tick_imbalance']:.3f} (planned {record['mean_planned_imbalance']:.3f}, "
+                  f"tick imbalance {record['mean_tick_imbalance']:.3f} "
+                  f"(planned {record['mean_planned_imbalance']:.3f}, "
                   f"colocated {record['mean_colocated_imbalance']:.3f})  plans {record['plans_made']}  "
                   f"peak {max(record['peak_memory_gib']):5.1f} GiB", flush=True)
     asked.clear()

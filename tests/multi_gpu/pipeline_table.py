@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """pipeline_table.py -- the tables of tests/multi_gpu/pipeline.sh: per (tokens per micro-batch, micro-batches), one
-row per configuration of examples/train_pipeline.py from its --json-out files pipe_<context>_<micro-batches>_<config>.json,
-as markdown (the trainer's own comparison_table: means over the steps after step 0).
+row per configuration of examples/train_pipeline.py from its --json-out files
+pipe_<context>_<micro-batches>_<config>.json, as markdown (the trainer's own comparison_table: means over the
+steps after step 0).
 
     python3 tests/multi_gpu/pipeline_table.py OUT_DIR
 
@@ -52,8 +53,9 @@ def main(argv):
     t = trainer()
     for (context, micro_batches), summaries in found.items():
         any_run = next(iter(summaries.values()))
-        print(f"\n### {context} tokens per micro-batch and replica, {micro_batches} micro-batches, PP={any_run['pp']} x "
-              f"DP={any_run['dp']}, {any_run['layers']} layers ({any_run['model']}), {any_run['device']}\n")
+        print(f"\n### {context} tokens per micro-batch and replica, {micro_batches} micro-batches, "
+              f"PP={any_run['pp']} x DP={any_run['dp']}, {any_run['layers']} layers ({any_run['model']}), "
+              f"{any_run['device']}\n")
         print(t.comparison_table(summaries))
     return 0
 
