@@ -1,16 +1,16 @@
 """examples/train_pipeline.py (GPipe pipeline x data parallel, issue 27) on CPU ranks over gloo.
 
-- PP=2 on 2 ranks and PP=2 x DP=2 on 4 ranks: CAD with one plan per tick over every rank (--pool tick), and CAD
-  per stage (--pool stage), give the same losses and every parameter's gradient as the same pipeline with local
-  attention, and the pipeline with local attention gives those of the whole model run in one process on the
-  same micro-batches (the pipeline itself is right).
+- PP=2 on 2 ranks, PP=2 x DP=2 on 4 ranks and PP=3 on 3 ranks (a middle stage): CAD with one plan per tick over
+  every rank (--pool tick), and CAD per stage (--pool stage), give the same losses and every parameter's gradient
+  as the same pipeline with local attention, and the pipeline with local attention gives those of the whole model
+  run in one process on the same micro-batches (the pipeline itself is right).
 - Plans are per tick and made ahead: each forward tick has a plan of its own, tagged with its tick, asked for
   during the tick before; its mirrored backward tick reuses it; the step makes exactly one plan per tick.
 - A stage that stalls or raises in a tick ends every rank with an error naming its stage, tick, micro-batch and
   rank, within the timeout (the processes are started here without torchrun, so nothing else ends them).
 - The command line: --help, and bad options refused.
 
-The training cases of one world size run in one set of spawned processes (tests/python/harness.py): torch and
+The training cases of one layout run in one set of spawned processes (tests/python/harness.py): torch and
 transformers start once per rank."""
 import argparse
 import contextlib
@@ -33,18 +33,25 @@ TRAINER = REPO / "examples" / "train_pipeline.py"
 DATA = pathlib.Path(os.environ.get("CAD_DATA", REPO.parent / "shared" / "data" / "doclen_pretrain.json"))
 needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
 
-# A tiny Llama: 4 decoder layers (2 per stage), 4 micro-batches of 256 tokens per replica, 2 steps.
-TINY = ["--layers", "4", "--hidden", "64", "--intermediate", "96", "--context", "256", "--micro-batches", "4",
-        "--steps", "2", "--timeout-ms", "20000", "--pp", "2"]
-CASES = {
-    2: {"local": ["--attention", "local"],
-        "cad_tick": ["--attention", "cad", "--pool", "tick"],
-        "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
-        "cad_tick_now": ["--attention", "cad", "--pool", "tick", "--plan-ahead", "off"],
-        "cad_stage": ["--attention", "cad", "--pool", "stage"]},
-    4: {"local": ["--attention", "local"],
-        "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
-        "cad_stage": ["--attention", "cad", "--pool", "stage"]},
+# A tiny Llama: 4 micro-batches of 256 tokens per replica, 2 steps; 2 decoder layers per stage (1 with 3 stages).
+TINY = ["--hidden", "64", "--intermediate", "96", "--context", "256", "--micro-batches", "4", "--steps", "2",
+        "--timeout-ms", "20000"]
+# name -> (ranks, layout, cases: configuration -> options), each trained in one set of processes
+RUNS = {
+    "pp2": (2, ["--pp", "2", "--layers", "4"],
+            {"local": ["--attention", "local"],
+             "cad_tick": ["--attention", "cad", "--pool", "tick"],
+             "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
+             "cad_tick_now": ["--attention", "cad", "--pool", "tick", "--plan-ahead", "off"],
+             "cad_stage": ["--attention", "cad", "--pool", "stage"]}),
+    "pp2_dp2": (4, ["--pp", "2", "--layers", "4"],
+                {"local": ["--attention", "local"],
+                 "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
+                 "cad_stage": ["--attention", "cad", "--pool", "stage"]}),
+    # a middle stage: it receives and sends activations, and gradients
+    "pp3": (3, ["--pp", "3", "--layers", "3"],
+            {"local": ["--attention", "local"],
+             "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"]}),
 }
 
 
@@ -81,25 +88,26 @@ def _relative_error(a, b):
     return float((a - b).norm() / max(float(b.norm()), 1e-30))
 
 
-def _train_cases(rank, world, out_dir):
-    """Every case of this world size trained on this rank, then the gradients compared here (they are this
+def _train_cases(rank, world, out_dir, run):
+    """Every case of this run trained on this rank, then the gradients compared here (they are this
     rank's stage's); writes rank<R>.json with each case's records and the comparisons."""
     import torch
     t = _trainer_module()
     lengths = json.loads(DATA.read_text())
     results, grads = {}, {}
-    for name, argv in CASES[world].items():
+    _, layout, cases = RUNS[run]
+    for name, argv in cases.items():
         printed = io.StringIO()
         try:
             with contextlib.redirect_stdout(printed):
-                args = t.parse_args(TINY + argv + ["--data", str(DATA)])
+                args = t.parse_args(TINY + layout + argv + ["--data", str(DATA)])
                 started = time.perf_counter()
                 result = t.train_one(args, rank, world, torch.device("cpu"), lengths, capture_grads=True)
             grads[name] = result.pop("grads")
             results[name] = dict(result, stdout=printed.getvalue(), seconds=time.perf_counter() - started)
         except Exception:  # noqa: BLE001 -- reported per case by the tests
             results[name] = {"error": traceback.format_exc()[-4000:], "stdout": printed.getvalue()}
-    args = t.parse_args(TINY + ["--data", str(DATA)])
+    args = t.parse_args(TINY + layout + ["--data", str(DATA)])
     ref_loss, ref_grads = _reference(t, args, lengths, world // args.pp)
     comparisons = {"reference_loss": ref_loss, "names": {}, "vs_local": {}, "vs_reference": {}}
     for name, by_step in grads.items():
@@ -111,22 +119,28 @@ def _train_cases(rank, world, out_dir):
     pathlib.Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"results": results, "compare": comparisons}))
 
 
-def _run_world(tmp_path_factory, world):
+def _run(tmp_path_factory, run):
     if not DATA.exists():
         pytest.skip(f"no Pretrain data at {DATA}")
-    out = tmp_path_factory.mktemp(f"pipeline{world}")
-    harness.run(world, _train_cases, str(out), timeout_s=240)
+    world = RUNS[run][0]
+    out = tmp_path_factory.mktemp(run)
+    harness.run(world, _train_cases, str(out), run, timeout_s=240)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    return _run_world(tmp_path_factory, 2)
+    return _run(tmp_path_factory, "pp2")
 
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory):
-    return _run_world(tmp_path_factory, 4)
+    return _run(tmp_path_factory, "pp2_dp2")
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    return _run(tmp_path_factory, "pp3")
 
 
 def _result(ranks, name, rank=0):
@@ -144,18 +158,20 @@ LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-5
 
 
-def _check_same_training(ranks, world):
+def _check_same_training(ranks, run):
     """Every case: losses as local attention's, every gradient as local attention's (both steps) and as the
     whole model's (step 0); the ranks together compare every parameter of the model."""
+    world, layout, cases = RUNS[run]
+    pp, layers = int(layout[1]), int(layout[3])
     local = _result(ranks, "local")
     reference_loss = ranks[0]["compare"]["reference_loss"]
     assert abs(local["steps"][0]["loss"] - reference_loss) <= LOSS_RTOL * abs(reference_loss), \
         (local["steps"][0]["loss"], reference_loss)
-    for name in CASES[world]:
-        run = _result(ranks, name)
-        assert len(run["steps"]) == 2
-        for a, b in zip(local["steps"], run["steps"]):
-            assert len(b["losses"]) == world // 2  # one per replica (the last stage's ranks)
+    for name in cases:
+        run_ = _result(ranks, name)
+        assert len(run_["steps"]) == 2
+        for a, b in zip(local["steps"], run_["steps"]):
+            assert len(b["losses"]) == world // pp  # one per replica (the last stage's ranks)
             for x, y in zip(a["losses"], b["losses"]):
                 assert abs(x - y) <= LOSS_RTOL * abs(x), f"{name} step {a['step']}: loss {y} vs local {x}"
         for rank, data in enumerate(ranks):
@@ -164,25 +180,36 @@ def _check_same_training(ranks, world):
             assert compare["vs_local"][name] <= GRAD_RTOL, (name, rank, compare["vs_local"][name])
         # every parameter of the whole model is some rank's: embeddings on stage 0, norm and head on the last
         names = set().union(*(set(d["compare"]["names"][name]) for d in ranks))
-        assert len(names) == 3 + 4 * 9, sorted(names)  # embed, norm, head; 9 tensors per decoder layer
-        stage0 = ranks[0]["compare"]["names"][name]
-        assert "model.embed_tokens.weight" in stage0 and "lm_head.weight" not in stage0
-        assert {n.split(".")[2] for n in stage0 if n.startswith("model.layers.")} == {"0", "1"}
+        assert len(names) == 3 + layers * 9, sorted(names)  # embed, norm, head; 9 tensors per decoder layer
+        per = layers // pp
+        for rank, data in enumerate(ranks):
+            stage = rank // (world // pp)
+            mine = data["compare"]["names"][name]
+            assert ("model.embed_tokens.weight" in mine) == (stage == 0)
+            assert ("lm_head.weight" in mine) == ("model.norm.weight" in mine) == (stage == pp - 1)
+            assert {n.split(".")[2] for n in mine if n.startswith("model.layers.")} == \
+                {str(i) for i in range(stage * per, (stage + 1) * per)}
 
 
 @needs_data
 def test_pp2_cad_trains_as_local_and_as_the_whole_model(two):
-    _check_same_training(two, 2)
+    _check_same_training(two, "pp2")
 
 
 @needs_data
 def test_pp2_dp2_cad_trains_as_local_and_as_the_whole_model(four):
-    _check_same_training(four, 4)
-    # the data-parallel replicas of a stage hold the same averaged gradients: the same comparisons
-    for name in CASES[4]:
+    _check_same_training(four, "pp2_dp2")
+    # the replicas of a stage hold the same averaged gradients (the all-reduce): the very same comparisons
+    for name in RUNS["pp2_dp2"][2]:
         for stage in (0, 1):
-            a, b = (four[stage * 2 + r]["compare"]["vs_reference"][name] for r in (0, 1))
-            assert four[stage * 2]["compare"]["names"][name] == four[stage * 2 + 1]["compare"]["names"][name]
+            a, b = (four[stage * 2 + r]["compare"] for r in (0, 1))
+            assert a["names"][name] == b["names"][name]
+            assert a["vs_reference"][name] == b["vs_reference"][name] and a["vs_local"][name] == b["vs_local"][name]
+
+
+@needs_data
+def test_pp3_middle_stage_trains_as_local_and_as_the_whole_model(three):
+    _check_same_training(three, "pp3")
 
 
 @needs_data
