@@ -205,3 +205,38 @@ def _empty_rank(rank, world):
 
 def test_a_rank_without_tokens():
     harness.run(2, _empty_rank)
+
+
+def _disjoint_groups(rank, world):
+    # Two CAD stacks at once on 4 ranks, one per half (as a pipeline's stages each balance over their own
+    # data-parallel ranks): {0, 1} and {2, 3}, each made at the same point. Each half's gloo groups must be its
+    # own -- torch names a group made by every rank from a counter, so without local synchronisation both halves'
+    # groups got the same name and met in the same store keys (a hang) -- and each half's results equal sdpa's.
+    import torch.distributed as dist
+    import cad
+    halves = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = halves[rank // 2]
+    cad.init(balancer="prefix_aware", timeout_ms=20000, group=mine)
+    for round_ in range(2):
+        q, k, v, cu = random_batch([[40, 3, 1], [5, 6], [30, 2], [9, 9, 9]][rank], 2, 1, 16, seed=10 * round_ + rank)
+        plan = cad.plan(cu, ahead=True, tag=round_, num_heads=2, num_kv_heads=1, head_dim=16, dtype=torch.float32,
+                        device="cpu")
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = cad.varlen_attn(*leaves, cu, plan=plan)
+        o.sum().backward()
+        want = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        ref = sdpa_varlen(*want, cu, True)
+        ref.sum().backward()
+        torch.testing.assert_close(o, ref, rtol=1e-5, atol=2e-5)
+        for a, b in zip(leaves, want):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=2e-5)
+        assert len(plan.stats["servers"]) == 2
+    collectives = cad._runtime.existing(torch.device("cpu")).collectives
+    names = [None] * world
+    dist.all_gather_object(names, (collectives.group.group_name, collectives.planning_group.group_name))
+    assert names[0] == names[1] and names[2] == names[3], names
+    assert not set(names[0]) & set(names[2]), names  # the halves' groups are different groups
+
+
+def test_disjoint_groups_each_with_a_cad_stack():
+    harness.run(4, _disjoint_groups, timeout_s=120)

@@ -43,11 +43,20 @@ class Collectives:
             self.rank = dist.get_rank(group)
             self.world = dist.get_world_size(group)
             ranks = None if group is None else dist.get_process_group_ranks(group)
-            # Collective over the default group: every rank creates the cad host at the same point.
+            # Over the whole world: collective over the default group, every rank creates the cad host at the same
+            # point. Over a part of it (e.g. one pipeline stage's data-parallel ranks, each stage a CAD stack of its
+            # own), only that part's ranks come here, so they make their groups alone (use_local_synchronization):
+            # otherwise torch names a group by a counter that every rank advances alike, disjoint groups made at
+            # the same point get the same name and meet in the same store keys (gloo then wires ranks of different
+            # groups together and hangs: seen with examples/train_pipeline.py --pool stage on 2 x 2 ranks); made
+            # locally, a group's name comes from its ranks.
+            part = ranks is not None and len(ranks) < dist.get_world_size()
             try:
                 timeout = datetime.timedelta(milliseconds=timeout_ms)
-                self.group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
-                self.planning_group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+                self.group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout,
+                                            use_local_synchronization=part)
+                self.planning_group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout,
+                                                     use_local_synchronization=part)
             except Exception as exc:  # noqa: BLE001
                 raise CadError(f"cad: rank {self.rank} of {self.world}: creating the gloo group for CAD's "
                                f"collectives failed (every rank of the group makes its CAD stack at its first "

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# pipeline.sh -- the pipeline-parallel trainer (examples/train_pipeline.py, issue 27) on 2 GPUs of one host: GPipe
+# with PP=2 (DP=1), --model llama3-8b with --layers 4 (2 decoder layers per stage), full activation checkpointing,
+# Pretrain-recipe micro-batches of CONTEXTS tokens (default 32768 65536) and MICRO_BATCHES per step (default 4 8),
+# every configuration of CONFIGS (default local,torch_varlen,cad_tick,cad_stage) trained in turn by one torchrun
+# per (context, micro-batches) from the same weights on the same batches, STEPS steps each (default 3: step 0
+# warms up). Then tests/multi_gpu/pipeline_table.py prints a table per (context, micro-batches): step ms, tokens/s,
+# speedup over local, the ideal speedup, the realised share, and the mean per-tick attention imbalance measured,
+# planned (after) and colocated (before).
+#
+# Usage (from anywhere; needs nvidia-h100-x2 or larger, not run by CI):
+#   bash tests/multi_gpu/pipeline.sh                  # builds first (tests/multi_gpu/run.sh's build stage)
+#   SKIP_BUILD=1 BUILD=build-gpu bash tests/multi_gpu/pipeline.sh   # a tree built already
+# Environment: OUT (default ./pipeline_out: JSON per configuration pipe_<context>_<micro-batches>_<config>.json,
+# logs, table.md, summary.txt), BUILD (default build-gpu), NGPU (default 2; the world, PP=2 so DP=NGPU/2),
+# PIPE_BUDGET_S (default 300: the whole training time; a torchrun that would start with less than 60 s left is
+# skipped, one running out of time is stopped and the table has what finished), CONTEXTS, MICRO_BATCHES, CONFIGS,
+# STEPS, LAYERS (default 4), CHECKPOINTING (default full), TRAINER_ARGS (added to every run), CAD_DATA (default
+# ../shared/data/doclen_pretrain.json, as run.sh), TAR (pack OUT into this file after every run).
+#
+# Time (estimates from docs/multi_gpu.md's one-layer timings, to be replaced by the first run's): a Llama-8B layer's
+# forward + backward with recomputation ~0.2 s at 32K and ~0.4 s at 64K tokens; a step is (M + 1) ticks x 2 layers
+# per stage, plus the 128256-token head on the last stage, so ~3 s at 32K x 4 up to ~10 s at 64K x 8; three
+# configurations (torch_varlen included) x 3 steps plus start-up: ~1-2 minutes per torchrun at 32K, 2-4 at 64K.
+# The default budget covers the 32K runs and the first 64K one; PIPE_BUDGET_S=900 covers all four.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-$PWD/pipeline_out}"
+BUILD="${BUILD:-build-gpu}"
+NGPU="${NGPU:-2}"
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export CAD_DATA="${CAD_DATA:-$PWD/../shared/data/doclen_pretrain.json}"
+[ -f "$CAD_DATA" ] || CAD_DATA="$PWD/.bench_data/doclen_pretrain.json"
+failed=0
+pack() { if [ -n "${TAR:-}" ]; then tar -czf "$TAR.tmp" -C "$OUT" . && mv -f "$TAR.tmp" "$TAR"; fi; }
+record() {  # record NAME STATUS
+  echo "$1: $([ "$2" = 0 ] && echo passed || echo "FAILED (exit $2)") [$(date +%H:%M:%S)]" | tee -a "$SUMMARY"
+  [ "$2" = 0 ] || failed=1
+  pack
+}
+nvidia-smi -L | tee -a "$SUMMARY"
+
+if [ "${SKIP_BUILD:-0}" != 1 ]; then  # run.sh's build stage: libcad_host and the plugins, CUDA, sm_90a
+  OUT="$OUT/build" BUILD="$BUILD" ONLY=build bash tests/multi_gpu/run.sh > "$OUT/build_stage.log" 2>&1
+  record "build (tests/multi_gpu/run.sh ONLY=build, into $BUILD)" $?
+  [ "$failed" = 0 ] || { tail -30 "$OUT/build_stage.log"; exit 1; }
+fi
+
+export CAD_PLUGIN_PATH="$PWD/$BUILD/lib/cad/plugins" CAD_HOST_LIBRARY="$PWD/$BUILD/lib/libcad_host.so"
+export PYTHONPATH="$PWD/host_adapter/python"
+export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"  # as run.sh's train stage
+if [ ! -f "$CAD_PLUGIN_PATH/cad_cad.so" ] || [ ! -f "$CAD_HOST_LIBRARY" ]; then
+  echo "no plugins in $CAD_PLUGIN_PATH (or no $CAD_HOST_LIBRARY): build first (drop SKIP_BUILD)" | tee -a "$SUMMARY"
+  exit 1
+fi
+
+CONFIGS="${CONFIGS:-local,torch_varlen,cad_tick,cad_stage}"
+deadline=$(( $(date +%s) + ${PIPE_BUDGET_S:-300} ))
+for ctx in ${CONTEXTS:-32768 65536}; do
+  for mb in ${MICRO_BATCHES:-4 8}; do
+    allowed=$(( deadline - $(date +%s) ))
+    if [ "$allowed" -lt 60 ]; then
+      echo "pipeline at $ctx tokens x $mb micro-batches: not run, the ${PIPE_BUDGET_S:-300} s budget is spent" |
+        tee -a "$SUMMARY"
+      continue
+    fi
+    cmd=(python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" examples/train_pipeline.py
+         --device cuda --pp 2 --model llama3-8b --layers "${LAYERS:-4}" --checkpointing "${CHECKPOINTING:-full}"
+         --context "$ctx" --micro-batches "$mb" --steps "${STEPS:-3}" --configs "$CONFIGS"
+         --json-out "$OUT/pipe_${ctx}_${mb}_{config}.json" ${TRAINER_ARGS:-})
+    echo "+ timeout $allowed ${cmd[*]}" | tee -a "$SUMMARY"
+    timeout "$allowed" "${cmd[@]}" > "$OUT/pipe_${ctx}_${mb}.log" 2>&1
+    rc=$?
+    if [ "$rc" = 124 ]; then  # the budget, not a failure: the table has what finished
+      echo "pipeline at $ctx x $mb: stopped by the budget after $allowed s [$(date +%H:%M:%S)]" | tee -a "$SUMMARY"
+    else
+      record "pipeline $CONFIGS at $ctx tokens x $mb micro-batches" $rc
+      [ "$rc" = 0 ] || tail -20 "$OUT/pipe_${ctx}_${mb}.log" | tee -a "$SUMMARY"
+    fi
+    python3 tests/multi_gpu/pipeline_table.py "$OUT" > "$OUT/table.md" 2>&1
+    pack
+  done
+done
+cat "$OUT/table.md"
+echo "---- summary ----"
+cat "$SUMMARY"
+exit $failed

@@ -1,0 +1,481 @@
+"""examples/train_pipeline.py (GPipe pipeline x data parallel, issue 27) on CPU ranks over gloo.
+
+- PP=2 on 2 ranks, PP=2 x DP=2 on 4 ranks and PP=3 on 3 ranks (a middle stage): CAD with one plan per tick over
+  every rank (--pool tick), and CAD per stage (--pool stage), give the same losses and every parameter's gradient
+  as the same pipeline with local attention, and the pipeline with local attention gives those of the whole model
+  run in one process on the same micro-batches (the pipeline itself is right).
+- Plans are per tick and made ahead: each forward tick has a plan of its own, tagged with its tick, asked for
+  during the tick before; its mirrored backward tick reuses it; the step makes exactly one plan per tick.
+- A stage that stalls or raises in a tick ends every rank with an error naming its stage, tick, micro-batch and
+  rank, within the timeout (the processes are started here without torchrun, so nothing else ends them).
+- The command line: --help, and bad options refused.
+
+The training cases of one layout run in one set of spawned processes (tests/python/harness.py): torch and
+transformers start once per rank."""
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import traceback
+
+import pytest
+
+import harness
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TRAINER = REPO / "examples" / "train_pipeline.py"
+DATA = pathlib.Path(os.environ.get("CAD_DATA", REPO.parent / "shared" / "data" / "doclen_pretrain.json"))
+needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
+
+# A tiny Llama: 4 micro-batches of 256 tokens per replica, 2 steps; 2 decoder layers per stage (1 with 3 stages).
+TINY = ["--hidden", "64", "--intermediate", "96", "--context", "256", "--micro-batches", "4", "--steps", "2",
+        "--timeout-ms", "20000"]
+# name -> (ranks, layout, cases: configuration -> options), each trained in one set of processes
+RUNS = {
+    "pp2": (2, ["--pp", "2", "--layers", "4"],
+            {"local": ["--attention", "local"],
+             "cad_tick": ["--attention", "cad", "--pool", "tick"],
+             "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
+             "cad_tick_now": ["--attention", "cad", "--pool", "tick", "--plan-ahead", "off"],
+             "cad_stage": ["--attention", "cad", "--pool", "stage"]}),
+    "pp2_dp2": (4, ["--pp", "2", "--layers", "4"],
+                {"local": ["--attention", "local"],
+                 "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
+                 "cad_stage": ["--attention", "cad", "--pool", "stage"]}),
+    # a middle stage: it receives and sends activations, and gradients
+    "pp3": (3, ["--pp", "3", "--layers", "3"],
+            {"local": ["--attention", "local"],
+             "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"]}),
+}
+
+
+def _trainer_module():
+    spec = importlib.util.spec_from_file_location("train_pipeline", TRAINER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _reference(t, args, lengths, dp, step=0):
+    """The whole model in this process, no pipeline: every micro-batch of every replica of `step` through
+    train_llama's MicroBatchLoss with local attention, each loss scaled by 1 / (micro-batches x replicas) (the
+    pipeline's 1 / M and the replicas' average). Returns (the step's loss, {parameter name: gradient})."""
+    import torch
+    base, cpu = t.base, torch.device("cpu")
+    local = argparse.Namespace(**vars(args))
+    local.attention = "local"
+    lm = base.build_model(local, cpu, torch.float32)
+    model = base.MicroBatchLoss(lm, args.loss_chunk)
+    docs = t.micro_batch_documents(lengths, args, dp, step)
+    total = 0.0
+    for m in range(args.micro_batches):
+        for r in range(dp):
+            inputs = base.make_inputs(docs[m][r], args.vocab, t.token_seed(args, step, r, m), cpu)
+            loss = model(**inputs, nanos=base.make_nanos([docs[m][r]], "local", local, cpu, torch.float32))
+            (loss / (args.micro_batches * dp)).backward()
+            total += loss.item() / (args.micro_batches * dp)
+    return total, {n: p.grad for n, p in lm.named_parameters()}
+
+
+def _relative_error(a, b):
+    """Worst relative difference of two gradients, as a norm (elementwise ratios of tiny entries mean nothing)."""
+    return float((a - b).norm() / max(float(b.norm()), 1e-30))
+
+
+def _train_cases(rank, world, out_dir, run):
+    """Every case of this run trained on this rank, then the gradients compared here (they are this
+    rank's stage's); writes rank<R>.json with each case's records and the comparisons."""
+    import torch
+    t = _trainer_module()
+    lengths = json.loads(DATA.read_text())
+    results, grads = {}, {}
+    _, layout, cases = RUNS[run]
+    for name, argv in cases.items():
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                args = t.parse_args(TINY + layout + argv + ["--data", str(DATA)])
+                started = time.perf_counter()
+                result = t.train_one(args, rank, world, torch.device("cpu"), lengths, capture_grads=True)
+            grads[name] = result.pop("grads")
+            results[name] = dict(result, stdout=printed.getvalue(), seconds=time.perf_counter() - started)
+        except Exception:  # noqa: BLE001 -- reported per case by the tests
+            results[name] = {"error": traceback.format_exc()[-4000:], "stdout": printed.getvalue()}
+    args = t.parse_args(TINY + layout + ["--data", str(DATA)])
+    ref_loss, ref_grads = _reference(t, args, lengths, world // args.pp)
+    comparisons = {"reference_loss": ref_loss, "names": {}, "vs_local": {}, "vs_reference": {}}
+    for name, by_step in grads.items():
+        comparisons["names"][name] = sorted(by_step[0])
+        if "local" in grads:  # every step: the same weights and batches, so the same gradients
+            comparisons["vs_local"][name] = max(_relative_error(g[n], l[n]) for g, l in zip(by_step, grads["local"])
+                                                for n in g)
+        comparisons["vs_reference"][name] = max(_relative_error(g, ref_grads[n]) for n, g in by_step[0].items())
+    pathlib.Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"results": results, "compare": comparisons}))
+
+
+def _run(tmp_path_factory, run):
+    if not DATA.exists():
+        pytest.skip(f"no Pretrain data at {DATA}")
+    world = RUNS[run][0]
+    out = tmp_path_factory.mktemp(run)
+    harness.run(world, _train_cases, str(out), run, timeout_s=240)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    return _run(tmp_path_factory, "pp2")
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    return _run(tmp_path_factory, "pp2_dp2")
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    return _run(tmp_path_factory, "pp3")
+
+
+def _result(ranks, name, rank=0):
+    result = ranks[rank]["results"][name]
+    assert "error" not in result, f"{name} raised on rank {rank}:\n{result['error']}\n{result['stdout'][-2000:]}"
+    return result
+
+
+# fp32 on CPU. Against local attention CAD computes the same attention, its partial results combined in another
+# order; the whole model in one process sums the micro-batches' and replicas' gradients in another order than the
+# pipeline's accumulation and all-reduce. Gradients are compared as ||a - b|| / ||b|| per parameter; seen: <= 1.1e-6
+# against local attention (step 1 included, after an AdamW step on the step-0 differences), <= 1.4e-7 against the
+# whole model. A wrong loss scale, micro-batch or stage boundary is off by O(1). Losses: train_llama's CAD_RTOL.
+LOSS_RTOL = 1e-5
+GRAD_RTOL = 1e-5
+
+
+def _check_same_training(ranks, run):
+    """Every case: losses as local attention's, every gradient as local attention's (both steps) and as the
+    whole model's (step 0); the ranks together compare every parameter of the model."""
+    world, layout, cases = RUNS[run]
+    pp, layers = int(layout[1]), int(layout[3])
+    local = _result(ranks, "local")
+    reference_loss = ranks[0]["compare"]["reference_loss"]
+    assert abs(local["steps"][0]["loss"] - reference_loss) <= LOSS_RTOL * abs(reference_loss), \
+        (local["steps"][0]["loss"], reference_loss)
+    for name in cases:
+        run_ = _result(ranks, name)
+        assert len(run_["steps"]) == 2
+        for a, b in zip(local["steps"], run_["steps"]):
+            assert len(b["losses"]) == world // pp  # one per replica (the last stage's ranks)
+            for x, y in zip(a["losses"], b["losses"]):
+                assert abs(x - y) <= LOSS_RTOL * abs(x), f"{name} step {a['step']}: loss {y} vs local {x}"
+        for rank, data in enumerate(ranks):
+            compare = data["compare"]
+            assert compare["vs_reference"][name] <= GRAD_RTOL, (name, rank, compare["vs_reference"][name])
+            assert compare["vs_local"][name] <= GRAD_RTOL, (name, rank, compare["vs_local"][name])
+        # every parameter of the whole model is some rank's: embeddings on stage 0, norm and head on the last
+        names = set().union(*(set(d["compare"]["names"][name]) for d in ranks))
+        assert len(names) == 3 + layers * 9, sorted(names)  # embed, norm, head; 9 tensors per decoder layer
+        per = layers // pp
+        for rank, data in enumerate(ranks):
+            stage = rank // (world // pp)
+            mine = data["compare"]["names"][name]
+            assert ("model.embed_tokens.weight" in mine) == (stage == 0)
+            assert ("lm_head.weight" in mine) == ("model.norm.weight" in mine) == (stage == pp - 1)
+            assert {n.split(".")[2] for n in mine if n.startswith("model.layers.")} == \
+                {str(i) for i in range(stage * per, (stage + 1) * per)}
+
+
+@needs_data
+def test_pp2_cad_trains_as_local_and_as_the_whole_model(two):
+    _check_same_training(two, "pp2")
+
+
+@needs_data
+def test_pp2_dp2_cad_trains_as_local_and_as_the_whole_model(four):
+    _check_same_training(four, "pp2_dp2")
+    # the replicas of a stage hold the same averaged gradients (the all-reduce): the very same comparisons
+    for name in RUNS["pp2_dp2"][2]:
+        for stage in (0, 1):
+            a, b = (four[stage * 2 + r]["compare"] for r in (0, 1))
+            assert a["names"][name] == b["names"][name]
+            assert a["vs_reference"][name] == b["vs_reference"][name] and a["vs_local"][name] == b["vs_local"][name]
+
+
+@needs_data
+def test_pp3_middle_stage_trains_as_local_and_as_the_whole_model(three):
+    _check_same_training(three, "pp3")
+
+
+@needs_data
+def test_pp2_tick_pool_balances_every_tick(two):
+    _check_balance(two, 2)
+
+
+@needs_data
+def test_pp2_dp2_tick_pool_balances_every_tick(four):
+    _check_balance(four, 4)
+
+
+def _check_balance(ranks, world):
+    """With one CAD group over every rank the plans balance each tick's attention (fill and drain ticks
+    included: the idle stage serves); per stage, with DP=1, nothing moves (and the trainer says so), with DP=2
+    each stage's replicas are balanced but not the stages."""
+    name = "cad_tick" if world == 2 else "cad_tick_full"
+    tick = _result(ranks, name)
+    for record in tick["steps"]:
+        forward = [e for e in record["ticks"] if e["phase"] == "forward"]
+        assert len(forward) == 5 and all(e["planned_imbalance"] < 1.1 for e in forward), forward
+        # the drain and fill ticks are the most unequal before balancing: one stage holds every token
+        assert forward[0]["colocated_imbalance"] >= 1.9 and forward[-1]["colocated_imbalance"] >= 1.9
+    stage = _result(ranks, "cad_stage")
+    if world == 2:
+        assert "CAD balances nothing here" in stage["stdout"]
+        for record in stage["steps"]:
+            assert record["mean_planned_imbalance"] == pytest.approx(record["mean_colocated_imbalance"], rel=1e-9)
+    else:  # each stage's two replicas balanced; the stages still differ per tick
+        assert "CAD balances nothing" not in stage["stdout"]
+        for record in stage["steps"]:
+            assert record["mean_planned_imbalance"] < record["mean_colocated_imbalance"]
+            assert record["mean_planned_imbalance"] > max(r["mean_planned_imbalance"] for r in tick["steps"])
+
+
+@needs_data
+def test_plans_are_per_tick_and_made_ahead(two):
+    """Each forward tick runs a plan of its own (tag step x T + tick, a new plan id per tick) asked for at the
+    start of the tick before it (the first at the step before); backward tick b reuses forward tick T-1-b's
+    plan; one plan make per forward tick and rank, and every step records its plan waits. With --plan-ahead off
+    the plans are made at their own tick's start, and train the same."""
+    T = 4 + 2 - 1
+    for rank, data in enumerate(two):
+        for name in ("cad_tick", "cad_tick_full"):
+            run = _result(two, name, rank)
+            assert run["summary"]["plan_makes_total"] == 2 * T
+            assert [r["plans_made"] for r in run["steps"]] == [[T, T]] * 2
+            seen = set()
+            for record in run["steps"]:
+                assert len(record["plan_wait_ms"]) == 2 and all(w >= 0 for w in record["plan_wait_ms"])
+                mine = record["rank_ticks"]
+                forward = [r for r in mine if r["phase"] == "forward"]
+                backward = [r for r in mine if r["phase"] == "backward"]
+                assert [r["plan_tag"] for r in forward] == [record["step"] * T + t for t in range(T)]
+                ids = [r["plan_id"] for r in forward]
+                assert len(set(ids)) == T and not seen & set(ids)
+                seen |= set(ids)
+                assert [r["plan_id"] for r in backward] == ids[::-1]
+                for t, r in enumerate(forward):
+                    # asked before its tick began: at the start of the tick before (the step's first: before it)
+                    assert r["asked_ms"] < 0, (name, rank, t, r)
+                    if t > 0:  # before the tick before had done half its work
+                        assert -r["asked_ms"] >= 1e3 * forward[t - 1]["tick_s"] * 0.5, (name, rank, t, r)
+                    assert "make_started_ms" in r
+                # idle ticks (stage 0's last, stage 1's first) have a plan over no documents too
+                assert [r["micro_batch"] for r in forward] == ([0, 1, 2, 3, -1] if rank == 0 else [-1, 0, 1, 2, 3])
+        now = _result(two, "cad_tick_now", rank)
+        for record in now["steps"]:
+            assert all(r["asked_ms"] >= 0 for r in record["rank_ticks"] if r["phase"] == "forward")
+        for a, b in zip(_result(two, "cad_tick")["steps"], now["steps"]):
+            assert a["losses"] == pytest.approx(b["losses"], rel=LOSS_RTOL)
+
+
+@needs_data
+def test_records_and_ideal(two):
+    """Per step: every tick's attention and tick time per rank, its imbalance = max/mean, and the ideal step =
+    step - sum over ticks of (max - mean) attention; the summary averages the steps after the first."""
+    for name in ("local", "cad_tick"):
+        run = _result(two, name)
+        for record in run["steps"]:
+            assert len(record["ticks"]) == 2 * 5
+            saved = 0.0
+            for entry in record["ticks"]:
+                attention = entry["attention_s"]
+                assert len(attention) == 2 and len(entry["tick_s"]) == 2 and min(attention) >= 0
+                mean = sum(attention) / 2
+                assert entry["imbalance"] == pytest.approx(max(attention) / mean if mean else 1.0, rel=1e-9)
+                saved += max(attention) - mean
+            assert record["ideal_step_ms"] == pytest.approx(record["step_ms"] - 1e3 * saved, rel=1e-9)
+            assert record["step_ms"] == pytest.approx(1e3 * max(record["step_s"]), rel=1e-9)
+            assert record["tokens_per_s"] == pytest.approx(4 * 256 / max(record["step_s"]), rel=1e-9)
+            if name == "local":  # an idle stage computes no attention at all
+                idle = [e for e in record["ticks"] if e["phase"] == "forward" and e["tick"] in (0, 4)]
+                assert all(min(e["attention_s"]) == 0.0 for e in idle)
+            else:  # under CAD every rank serves in every tick
+                assert all(min(e["attention_s"]) > 0.0 for e in record["ticks"])
+        summary = run["summary"]
+        assert summary["mean_step_ms_after_step0"] == pytest.approx(run["steps"][1]["step_ms"], rel=1e-12)
+        assert summary["pp"] == 2 and summary["dp"] == 1 and summary["ticks_per_step"] == 10
+
+
+@needs_data
+def test_comparison_table(two, tmp_path):
+    """tests/multi_gpu/pipeline_table.py over --json-out files (here the 2-rank runs' summaries): speedup = local's
+    step / the configuration's, ideal = local's step / local's ideal step, share = (speedup - 1) / (ideal - 1)."""
+    summaries = {name: _result(two, name)["summary"] for name in ("local", "cad_tick", "cad_stage")}
+    for name, summary in summaries.items():
+        (tmp_path / f"pipe_256_4_{name}.json").write_text(json.dumps({"summary": summary, "steps": []}))
+    skipped = dict(summaries["local"], skipped="torch_varlen: runs on CUDA only")
+    (tmp_path / "pipe_256_4_torch_varlen.json").write_text(json.dumps({"summary": skipped, "steps": []}))
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "multi_gpu" / "pipeline_table.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["config", "local", "torch_varlen", "cad_tick", "cad_stage"]
+    assert "skipped: torch_varlen: runs on CUDA only" in rows[2]
+    assert "256 tokens per micro-batch and replica, 4 micro-batches, PP=2 x DP=1" in done.stdout
+    local, cad = summaries["local"], summaries["cad_tick"]
+    speedup = local["mean_step_ms_after_step0"] / cad["mean_step_ms_after_step0"]
+    ideal = local["mean_step_ms_after_step0"] / local["mean_ideal_step_ms_after_step0"]
+    cells = [c.strip() for c in rows[3].split("|")[1:-1]]
+    assert cells[3] == f"{speedup:.3f}" and cells[4] == f"{ideal:.3f}"
+    assert cells[5] == (f"{(speedup - 1) / (ideal - 1):.2f}" if ideal > 1 + 1e-9 else "-")
+    assert cells[6] == f"{cad['mean_tick_imbalance']:.3f}" and cells[8] == f"{cad['mean_colocated_imbalance']:.3f}"
+
+
+# ---- failures: a stage that stalls or raises in a tick ---------------------------------------------------
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(world, argv, timeout_s):
+    """The trainer's command line on `world` processes started here (no torchrun, which would end the others when
+    one fails): returns per rank (exit code, seconds until it exited, stderr)."""
+    port = _free_port()
+    procs = []
+    start = time.monotonic()
+    for rank in range(world):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+        procs.append(subprocess.Popen([sys.executable, str(TRAINER), *argv], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    ended = [None] * world
+    while any(e is None for e in ended) and time.monotonic() - start < timeout_s:
+        for r, p in enumerate(procs):
+            if ended[r] is None and p.poll() is not None:
+                ended[r] = time.monotonic() - start
+        time.sleep(0.05)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    return [(p.wait(), ended[r], p.communicate()[1]) for r, p in enumerate(procs)]
+
+
+FAULT_ARGS = ["--attention", "cad", "--pool", "tick", "--layers", "2", "--hidden", "64", "--intermediate", "96",
+              "--context", "256", "--micro-batches", "4", "--steps", "1", "--pp", "2", "--timeout-ms", "3000"]
+
+
+@needs_data
+def test_a_stalled_stage_ends_every_rank_naming_the_tick():
+    """Stage 1 stalls (9 s: 3 x the 3 s timeout) at the start of forward tick 2. Stage 0 is then inside that
+    tick's CAD calls (micro-batch 2) and must give up after the timeout, naming its stage, tick, micro-batch and
+    rank -- long before the stalled rank wakes up; the stalled rank fails at its next call (its peer is gone),
+    naming its own tick (micro-batch 1)."""
+    (rc0, t0, err0), (rc1, t1, err1) = _launch(2, FAULT_ARGS + ["--data", str(DATA), "--test-fault",
+                                                                "1:forward:2:stall"], timeout_s=90)
+    assert rc0 != 0 and rc1 != 0, (rc0, rc1, err0[-3000:], err1[-3000:])
+    assert "pipeline: rank 0 (stage 0, replica 0): forward tick 2 (micro-batch 2) of step 0 failed" in err0, \
+        err0[-3000:]
+    assert "train_pipeline: rank 0 failed; exiting without teardown" in err0
+    assert "pipeline: rank 1 (stage 1, replica 0): forward tick 2 (micro-batch 1) of step 0 failed" in err1, \
+        err1[-3000:]
+    assert "test fault: rank 1 stalls for 9 s at forward tick 2" in err1
+    # rank 0 ended by its own timeout, not by rank 1 waking up (which takes 9 s from the same moment)
+    assert t1 - t0 > 3.0, (t0, t1)
+
+
+@needs_data
+def test_a_stage_that_raises_ends_every_rank_naming_the_tick():
+    """Stage 1 raises at the start of backward tick 1; stage 0, waiting in that tick for micro-batch 3's gradient
+    from stage 1, fails within the timeout naming its tick."""
+    (rc0, t0, err0), (rc1, t1, err1) = _launch(2, FAULT_ARGS + ["--data", str(DATA), "--test-fault",
+                                                                "1:backward:1:raise"], timeout_s=90)
+    assert rc0 != 0 and rc1 != 0, (rc0, rc1, err0[-3000:], err1[-3000:])
+    assert "pipeline: rank 1 (stage 1, replica 0): backward tick 1 (micro-batch 2) of step 0 failed" in err1
+    assert "test fault: rank 1 raises at backward tick 1" in err1
+    assert "pipeline: rank 0 (stage 0, replica 0): backward tick 1 (micro-batch 3) of step 0 failed" in err0, \
+        err0[-3000:]
+    assert t0 - t1 < 3.0 + 5.0, (t0, t1)  # within the timeout (and a margin) of rank 1's failure
+
+
+# ---- the schedule and the command line (in process) ----------------------------------------------------------
+def test_gpipe_schedule():
+    t = _trainer_module()
+    M, S = 4, 2
+    assert t.ticks(M, S) == 5
+    assert [t.forward_micro_batch(0, k, M) for k in range(5)] == [0, 1, 2, 3, None]
+    assert [t.forward_micro_batch(1, k, M) for k in range(5)] == [None, 0, 1, 2, 3]
+    # backward tick b runs forward tick T-1-b's micro-batches on every stage: the last stage starts
+    assert [t.forward_micro_batch(1, t.mirrored_tick(b, M, S), M) for b in range(5)] == [3, 2, 1, 0, None]
+    assert [t.forward_micro_batch(0, t.mirrored_tick(b, M, S), M) for b in range(5)] == [None, 3, 2, 1, 0]
+    layout = t.Layout(5, 6, 3)  # 3 stages x 2 replicas, stage-major
+    assert (layout.stage, layout.replica, layout.dp) == (2, 1, 2) and layout.last and not layout.first
+    assert layout.stage_ranks(1) == [2, 3] and layout.rank_of(1, 1) == 3
+    with pytest.raises(ValueError, match="not divisible by --pp 4"):
+        t.Layout(0, 6, 4)
+
+
+def test_gpu_wait_at_a_tick_end_has_a_deadline(monkeypatch):
+    """On CUDA a tick ends waiting for its GPU work with a deadline (a peer that never sends would otherwise hold it
+    until NCCL's watchdog ends the process); here the GPU is a stand-in event that finishes late or never."""
+    import torch
+    t = _trainer_module()
+
+    class Event:
+        polls = 0
+        finishes_after = None  # polls; None: never
+
+        def record(self):
+            pass
+
+        def query(self):
+            Event.polls += 1
+            return Event.finishes_after is not None and Event.polls > Event.finishes_after
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    cuda = torch.device("cuda", 0)  # a name only: nothing runs on it
+    Event.finishes_after = 3
+    t.wait_for_device(cuda, 5.0)
+    assert Event.polls == 4
+    Event.finishes_after, started = None, time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within 0.3 s"):
+        t.wait_for_device(cuda, 0.3)
+    assert 0.3 <= time.monotonic() - started < 2.0
+    t.wait_for_device(torch.device("cpu"), 0.0)  # nothing to wait for on the CPU
+
+
+def _refused(t, capsys, argv):
+    with pytest.raises(SystemExit) as exit_:
+        t.parse_args(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_help(capsys):
+    t = _trainer_module()
+    with pytest.raises(SystemExit) as exit_:
+        t.parse_args(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for words in ("--pp", "--pool", "--configs", "cad_tick", "GPipe", "1F1B", "rank = stage * DP + replica",
+                  "--test-fault", "ideal_step", "0 tokens"):
+        assert words in text, words
+
+
+def test_bad_options_are_refused(capsys, monkeypatch):
+    t = _trainer_module()
+    assert "--layers 3 is not divisible by --pp 2" in _refused(t, capsys, ["--layers", "3", "--pp", "2"])
+    assert "'cad' is not one of local, torch_varlen, cad_tick, cad_stage" in \
+        _refused(t, capsys, ["--configs", "local,cad"])
+    assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
+    assert "--test-fault must be RANK:PHASE:TICK:KIND" in _refused(t, capsys, ["--test-fault", "1:sideways:2:stall"])
+    assert "at least 1" in _refused(t, capsys, ["--micro-batches", "0"])
+    assert "needs NCCL" in _refused(t, capsys, ["--device", "cuda", "--communicator", "host"])
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert "the world of 3 ranks is not divisible by --pp 2" in _refused(t, capsys, ["--pp", "2"])
