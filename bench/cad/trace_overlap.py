@@ -60,7 +60,13 @@ def intersect(a, b):
 def analyse(path):
     events = json.loads(pathlib.Path(path).read_text())
     events = events.get("traceEvents", events) if isinstance(events, dict) else events
-    streams, nccl, waits = {}, {}, {}
+    streams, nccl, waits, callers = {}, {}, {}, {}
+    # The host ops (per thread, as intervals) that enclose each waiting runtime call: who waited.
+    cpu_ops = {}
+    for ev in events:
+        if ev.get("ph") == "X" and ev.get("cat") == "cpu_op" and "dur" in ev:
+            cpu_ops.setdefault(ev.get("tid"), []).append((float(ev["ts"]), float(ev["ts"]) + float(ev["dur"]),
+                                                          ev.get("name", "")))
     for ev in events:
         if ev.get("ph") != "X" or "dur" not in ev:
             continue
@@ -77,6 +83,12 @@ def analyse(path):
             key = name.split("(")[0]
             count, ms = waits.get(key, (0, 0.0))
             waits[key] = (count + 1, ms + float(ev["dur"]) / 1e3)
+            if key != "cudaStreamWaitEvent":  # a GPU-side wait, not a host one
+                enclosing = [op for op in cpu_ops.get(ev.get("tid"), []) if op[0] <= span[0] and span[1] <= op[1]]
+                # the outermost op names the Python-level call (e.g. aten::item), the innermost the kernel-level one
+                who = " > ".join(op[2] for op in sorted(enclosing, key=lambda op: op[0])[:2]) or "(no enclosing op)"
+                c, m = callers.get((key, who), (0, 0.0))
+                callers[(key, who)] = (c + 1, m + float(ev["dur"]) / 1e3)
     if not streams:
         return {"trace": str(path), "error": "no GPU kernels in the trace"}
     every = [x for spans in streams.values() for x in spans]
@@ -94,7 +106,9 @@ def analyse(path):
             "streams": {str(k): {"kernels": len(v), "busy_ms": busy[k], "nccl_ms": union_ms(nccl.get(k, []))}
                         for k, v in sorted(streams.items(), key=lambda kv: -busy[kv[0]])},
             "overlaps": sorted(pairs, key=lambda p: -p["overlap_ms"]),
-            "host_waits": {k: {"calls": c, "ms": ms} for k, (c, ms) in sorted(waits.items())}}
+            "host_waits": {k: {"calls": c, "ms": ms} for k, (c, ms) in sorted(waits.items())},
+            "host_wait_callers": [{"call": k, "inside": who, "calls": c, "ms": ms}
+                                  for (k, who), (c, ms) in sorted(callers.items(), key=lambda kv: -kv[1][1])]}
 
 
 def markdown(r):
@@ -108,6 +122,8 @@ def markdown(r):
     lines += [f"| {p['streams'][0]} + {p['streams'][1]} | {p['overlap_ms']:.1f} |" for p in r["overlaps"][:10]]
     lines += ["", "| host call that waits | calls | ms |", "|---|---:|---:|"]
     lines += [f"| {k} | {v['calls']} | {v['ms']:.1f} |" for k, v in r["host_waits"].items()] or ["| (none) | 0 | 0 |"]
+    lines += ["", "| host wait | inside (outermost ops) | calls | ms |", "|---|---|---:|---:|"]
+    lines += [f"| {c['call']} | {c['inside']} | {c['calls']} | {c['ms']:.1f} |" for c in r["host_wait_callers"][:15]]
     return "\n".join(lines) + "\n"
 
 

@@ -174,7 +174,8 @@ def test_trace_overlap_counts_streams_overlap_and_host_waits(tmp_path):
     # stream 7: 0-2000 us and 1500-3000 us (union 3 ms); stream 9: NCCL 2500-4000 us; idle 4000-5000; 5000-6000
     events = [kernel(7, 0, 2000), kernel(7, 1500, 1500), kernel(9, 2500, 1500, "ncclDevKernel_SendRecv"),
               kernel(7, 5000, 1000),
-              {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 10, "dur": 500},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::item", "ts": 0, "dur": 1000, "tid": 1},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 10, "dur": 500, "tid": 1},
               {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 10, "dur": 500}]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))
@@ -183,3 +184,4 @@ def test_trace_overlap_counts_streams_overlap_and_host_waits(tmp_path):
     assert r["streams"]["7"]["busy_ms"] == 4.0 and r["streams"]["9"]["nccl_ms"] == 1.5
     assert r["overlaps"] == [{"streams": [7, 9], "overlap_ms": 0.5}]
     assert r["host_waits"] == {"cudaStreamSynchronize": {"calls": 1, "ms": 0.5}}
+    assert r["host_wait_callers"] == [{"call": "cudaStreamSynchronize", "inside": "aten::item", "calls": 1, "ms": 0.5}]
