@@ -832,7 +832,8 @@ def summary_of(args, world, device):
             "compile": args.compile, "ping_pong": args.ping_pong,
             "ping_pong_lanes": args.ping_pong_lanes if args.ping_pong else None,
             "balanced_batches": args.balanced_batches, "cad_comm_priority": args.cad_comm_priority,
-            "cad_nccl_max_ctas": args.cad_nccl_max_ctas, "plan_ahead": args.plan_ahead, "gc": args.gc,
+            "cad_nccl_max_ctas": args.cad_nccl_max_ctas, "cad_nccl_blocking": args.cad_nccl_blocking,
+            "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
             "windowed_layers": sum(left >= 0 for left in layer_windows(args))}
@@ -859,7 +860,8 @@ def train_one(args, rank, world, device, lengths):
         return result
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms,
-             comm_stream_priority=args.cad_comm_priority, nccl_max_ctas=args.cad_nccl_max_ctas)
+             comm_stream_priority=args.cad_comm_priority, nccl_max_ctas=args.cad_nccl_max_ctas,
+             nccl_blocking_comm=args.cad_nccl_blocking)
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
         if args.ping_pong and args.ping_pong_when == "worthwhile" else None
@@ -1166,6 +1168,9 @@ def parse_args(argv=None):
     p.add_argument("--cad-nccl-max-ctas", type=int, default=0,
                    help="at most this many CTAs per NCCL operation of CAD's communicator (cad.init's nccl_max_ctas; "
                         "0: NCCL's default)")
+    p.add_argument("--cad-nccl-blocking", action="store_true",
+                   help="CAD's NCCL communicator blocking (cad.init's nccl_blocking_comm): exchanges launch on the "
+                        "calling thread instead of NCCL's job thread")
     p.add_argument("--ping-pong-lanes", type=int, choices=[1, 2], default=2,
                    help="with --ping-pong: 2 (default) runs each nano-batch's plans on its own CAD lane (its own "
                         "communicator and communication stream: cad.plan's lane), 1 runs both on one, where "

@@ -10,7 +10,11 @@ CUDA runtime calls:
 - the GPU's span (first kernel start to last kernel end) and its idle ms (no kernel on any stream);
 - host calls that wait for the GPU (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, blocking
   cudaMemcpy): count and ms -- each one stops the host from enqueueing ahead, so the two nano-batches' work can
-  no longer interleave.
+  no longer interleave;
+- kernel launches made by a thread that launches only NCCL kernels (a non-blocking NCCL communicator launches
+  from a job thread of its own while the caller waits for it, plugins/nccl_communicator's wait_host_side): their
+  count and how long after the last CUDA call of any other thread each came (median, p90, sum): the host time
+  every exchange costs before anything after it can be enqueued.
 Prints a markdown table per trace; --json writes the numbers.
 """
 import argparse
@@ -91,6 +95,7 @@ def analyse(path):
                 callers[(key, who)] = (c + 1, m + float(ev["dur"]) / 1e3)
     if not streams:
         return {"trace": str(path), "error": "no GPU kernels in the trace"}
+    async_launch = nccl_job_thread_delays(events)
     every = [x for spans in streams.values() for x in spans]
     start, end = min(s for s, _ in every), max(e for _, e in every)
     busy = {k: union_ms(v) for k, v in streams.items()}
@@ -107,8 +112,38 @@ def analyse(path):
                         for k, v in sorted(streams.items(), key=lambda kv: -busy[kv[0]])},
             "overlaps": sorted(pairs, key=lambda p: -p["overlap_ms"]),
             "host_waits": {k: {"calls": c, "ms": ms} for k, (c, ms) in sorted(waits.items())},
+            "nccl_job_thread_launches": async_launch,
             "host_wait_callers": [{"call": k, "inside": who, "calls": c, "ms": ms}
                                   for (k, who), (c, ms) in sorted(callers.items(), key=lambda kv: -kv[1][1])]}
+
+
+def nccl_job_thread_delays(events):
+    """Launches by threads whose every launched kernel is an NCCL kernel (NCCL's job threads), and per launch the
+    ms since the last CUDA call of any other thread (cudaEventQuery excluded: watchdogs poll it)."""
+    import bisect
+    runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    kernel_of = {e.get("args", {}).get("correlation"): e.get("name", "") for e in events if e.get("cat") == "kernel"}
+    launches = {}
+    for e in runtime:
+        if "Launch" in e["name"]:
+            launches.setdefault(e.get("tid"), []).append(e)
+    job_threads = {tid for tid, ls in launches.items()
+                   if all("nccl" in kernel_of.get(l.get("args", {}).get("correlation"), "nccl").lower() for l in ls)}
+    if not job_threads:
+        return {"launches": 0}
+    others = sorted(float(e["ts"]) + float(e.get("dur", 0)) for e in runtime
+                    if e.get("tid") not in job_threads and e["name"] != "cudaEventQuery")
+    delays = []
+    for tid in job_threads:
+        for l in launches[tid]:
+            i = bisect.bisect_left(others, float(l["ts"])) - 1
+            if i >= 0:
+                delays.append((float(l["ts"]) - others[i]) / 1e3)
+    delays.sort()
+    if not delays:
+        return {"launches": 0}
+    return {"launches": len(delays), "median_ms": delays[len(delays) // 2], "p90_ms": delays[int(0.9 * len(delays))],
+            "sum_ms": sum(delays)}
 
 
 def markdown(r):
@@ -122,6 +157,11 @@ def markdown(r):
     lines += [f"| {p['streams'][0]} + {p['streams'][1]} | {p['overlap_ms']:.1f} |" for p in r["overlaps"][:10]]
     lines += ["", "| host call that waits | calls | ms |", "|---|---:|---:|"]
     lines += [f"| {k} | {v['calls']} | {v['ms']:.1f} |" for k, v in r["host_waits"].items()] or ["| (none) | 0 | 0 |"]
+    a = r["nccl_job_thread_launches"]
+    if a.get("launches"):
+        lines += ["", f"NCCL kernels launched by NCCL's own job threads: {a['launches']}, each {a['median_ms']:.2f} ms "
+                      f"(median; p90 {a['p90_ms']:.2f}) after the last CUDA call of another thread, {a['sum_ms']:.0f} ms "
+                      f"in all"]
     lines += ["", "| host wait | inside (outermost ops) | calls | ms |", "|---|---|---:|---:|"]
     lines += [f"| {c['call']} | {c['inside']} | {c['calls']} | {c['ms']:.1f} |" for c in r["host_wait_callers"][:15]]
     return "\n".join(lines) + "\n"

@@ -185,3 +185,14 @@ def test_trace_overlap_counts_streams_overlap_and_host_waits(tmp_path):
     assert r["overlaps"] == [{"streams": [7, 9], "overlap_ms": 0.5}]
     assert r["host_waits"] == {"cudaStreamSynchronize": {"calls": 1, "ms": 0.5}}
     assert r["host_wait_callers"] == [{"call": "cudaStreamSynchronize", "inside": "aten::item", "calls": 1, "ms": 0.5}]
+    assert r["nccl_job_thread_launches"] == {"launches": 0}  # no thread here launches NCCL kernels only
+    # A job thread (tid 2) launching an NCCL kernel 2 ms after the caller's (tid 1) last CUDA call at 1000-1010 us.
+    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1000, "dur": 10, "tid": 1,
+                "args": {"correlation": 1}},
+               {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 3010, "dur": 30, "tid": 2,
+                "args": {"correlation": 2}},
+               dict(kernel(9, 3050, 10, "ncclDevKernel_SendRecv"), args={"stream": 9, "correlation": 2}),
+               dict(kernel(7, 1020, 10), args={"stream": 7, "correlation": 1})]
+    path.write_text(json.dumps({"traceEvents": events}))
+    launches = tool.analyse(path)["nccl_job_thread_launches"]
+    assert launches["launches"] == 1 and abs(launches["median_ms"] - 2.0) < 1e-9

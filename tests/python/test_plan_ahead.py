@@ -190,12 +190,13 @@ def test_plan_ahead_needs_a_plan_communicator(fresh_stacks):
 def test_init_passes_the_communication_knobs_to_the_stack(fresh_stacks):
     cad = fresh_stacks
     cuda = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
-                                                          comm_stream_priority="normal", nccl_max_ctas=8))
+                                                          comm_stream_priority="normal", nccl_max_ctas=8,
+                                                          nccl_blocking_comm=True))
     instances = {i["name"]: i for i in cuda["instances"]}
-    assert instances["comm"]["config"]["max_ctas"] == 8
+    assert instances["comm"]["config"]["max_ctas"] == 8 and instances["comm"]["config"]["blocking_comm"] is True
     assert instances["cad"]["config"]["comm_stream_priority"] == "normal"
     default = {i["name"]: i for i in cad.stack_config(torch.device("cpu"))["instances"]}
-    assert "max_ctas" not in default["comm"]["config"]
+    assert "max_ctas" not in default["comm"]["config"] and "blocking_comm" not in default["comm"]["config"]
     assert default["cad"]["config"]["comm_stream_priority"] == "highest"
     with pytest.raises(cad.CadError, match="comm_stream_priority must be 'highest' or 'normal'"):
         cad.init(comm_stream_priority="low")

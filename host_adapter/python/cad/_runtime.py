@@ -38,6 +38,7 @@ _settings = {
     "log_level": "warn",
     "comm_stream_priority": "highest",  # CAD's CUDA communication stream ("highest" or "normal")
     "nccl_max_ctas": 0,           # CTAs of CAD's NCCL operations at most (0: NCCL's default)
+    "nccl_blocking_comm": False,  # CAD's NCCL communicator blocking (launches on the calling thread)
 }
 _runtimes = {}  # (device, lane) -> Host
 _locals = {}
@@ -46,7 +47,8 @@ _lock = threading.Lock()
 
 
 def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
-         timeout_ms=60000, group=None, log_level="warn", comm_stream_priority="highest", nccl_max_ctas=0):
+         timeout_ms=60000, group=None, log_level="warn", comm_stream_priority="highest", nccl_max_ctas=0,
+         nccl_blocking_comm=False):
     """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
 
     config: a full stack config (dict, JSON file path) whose "attention" names the CAD instance; the other
@@ -62,7 +64,10 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     comm_stream_priority: "highest" (default) or "normal", the priority of CAD's CUDA communication stream;
     nccl_max_ctas: at most this many CTAs (SMs) per NCCL operation of CAD's communicator (0: NCCL's default).
     Both matter where exchanges run beside compute (ping-pong): an exchange waiting for a late peer holds its
-    SMs (plugins/cad/README.md, docs/nccl.md).
+    SMs (plugins/cad/README.md, docs/nccl.md). nccl_blocking_comm: a blocking NCCL communicator for CAD (the
+    nccl plugin's blocking_comm): its operations launch on the calling thread instead of a job thread of NCCL's
+    own that the caller waits for (measured 2.4-5 ms per exchange under ping-pong, docs/multi_gpu.md), at the
+    price of no deadline while an enqueue waits for a peer (docs/nccl.md).
     """
     if keep_forward_tensors not in (True, False, "auto"):
         raise CadError(f"cad.init: keep_forward_tensors must be True, False or 'auto', got {keep_forward_tensors!r}")
@@ -76,7 +81,8 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
         _settings.update(config=config, communicator=communicator, balancer=balancer,
                          keep_forward_tensors=keep_forward_tensors, min_shard_tokens=min_shard_tokens,
                          timeout_ms=timeout_ms, group=group, log_level=log_level,
-                         comm_stream_priority=comm_stream_priority, nccl_max_ctas=nccl_max_ctas)
+                         comm_stream_priority=comm_stream_priority, nccl_max_ctas=nccl_max_ctas,
+                         nccl_blocking_comm=bool(nccl_blocking_comm))
         for runtime in _runtimes.values():
             runtime.close()
         _runtimes.clear()
@@ -100,6 +106,8 @@ def stack_config(device, settings=None):
                        torch.cuda.current_device(), "timeout_ms": timeout}
         if s.get("nccl_max_ctas"):
             comm_config["max_ctas"] = int(s["nccl_max_ctas"])
+        if s.get("nccl_blocking_comm"):
+            comm_config["blocking_comm"] = True
     elif comm in ("host", "mpi"):
         comm_config = {"timeout_ms": timeout}
     else:
