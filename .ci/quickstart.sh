@@ -7,7 +7,7 @@
 #
 # Environment: CAD_JOBS (parallel build jobs, default: nproc), CAD_ENABLE_CUDA (ON/OFF, default: ON when
 # nvcc is found), CAD_SKIP_APT=1 (do not touch apt), CAD_SKIP_ASAN=1 (test: normal build only),
-# CAD_SKIP_FUZZ=1 (test: no fuzzing), CAD_FUZZ_SECONDS (test: seconds per fuzz target, default 12),
+# CAD_SKIP_FUZZ=1 (test: no fuzzing), CAD_FUZZ_SECONDS (test: seconds per fuzz target, default 6),
 # CAD_CUDA_ARCHS (test: CUDA architectures compiled, default 90a; the demo and the package use the project's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -116,7 +116,7 @@ if [ "${CAD_SKIP_FUZZ:-0}" != 1 ]; then
     -DCAD_ENABLE_CUDA=OFF -DCAD_FUZZ=ON -DCMAKE_BUILD_TYPE= "-DCMAKE_C_FLAGS=-O1 -g1" "-DCMAKE_CXX_FLAGS=-O1 -g1"
   log "build the fuzz targets with $jobs jobs"
   cmake --build build-fuzz -j "$jobs" --target fuzzers
-  log "fuzzing (${CAD_FUZZ_SECONDS:-12} s per target)"
+  log "fuzzing (${CAD_FUZZ_SECONDS:-6} s per target)"
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:detect_odr_violation=0"
-  tests/fuzz/run_fuzzers.sh build-fuzz "${CAD_FUZZ_SECONDS:-12}"
+  tests/fuzz/run_fuzzers.sh build-fuzz "${CAD_FUZZ_SECONDS:-6}"
 fi

@@ -146,11 +146,8 @@ def _ping_pong(rank, world, lanes=1):
     assert (stacks[1] is not None and stacks[1] is not stacks[0]) == (lanes == 2)
 
 
-def test_ping_pong_two_nano_batches_with_their_own_plans():
-    harness.run(2, _ping_pong)
-
-
-def test_ping_pong_nano_batches_on_two_lanes():
+def test_ping_pong_two_nano_batches_with_their_own_plans_on_two_lanes():
+    # Both on one lane: the trainer's --ping-pong-lanes 1 (tests/python/test_trainer.py), to keep CI short.
     harness.run(2, _ping_pong, 2)
 
 
