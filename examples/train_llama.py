@@ -1262,24 +1262,27 @@ def parse_args(argv=None):
     return args
 
 
-def main():
-    args = parse_args()
+def run_exiting_on_failure(name, train_function, args):
+    """train_function(args); under torchrun a rank that fails leaves at once, skipping the interpreter's teardown.
+    On 4 GPUs (2026-11-26) a rank out of memory stayed alive until every peer's 120 s timeout had passed, most
+    likely in that teardown (destroying NCCL communicators whose peers are still inside a collective). Exiting now
+    lets torchrun end the peers right away. Its traceback is on stderr."""
     try:
-        train(args)
+        train_function(args)
     except BaseException:
         if not launched_distributed():
             raise
-        # A failed rank leaves at once, skipping the interpreter's teardown. On 4 GPUs (2026-11-26) a rank out
-        # of memory stayed alive until every peer's 120 s timeout had passed, most likely in that teardown
-        # (destroying NCCL communicators whose peers are still inside a collective). Exiting now lets torchrun
-        # end the peers right away.
         import traceback
         traceback.print_exc()
-        sys.stderr.write(f"train_llama: rank {os.environ.get('RANK', '?')} failed; exiting without teardown\n")
+        sys.stderr.write(f"{name}: rank {os.environ.get('RANK', '?')} failed; exiting without teardown\n")
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
     sys.exit(0)
+
+
+def main():
+    run_exiting_on_failure("train_llama", train, parse_args())
 
 
 if __name__ == "__main__":

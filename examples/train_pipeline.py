@@ -863,21 +863,8 @@ def parse_args(argv=None):
 
 
 def main():
-    args = parse_args()
-    try:
-        train(args)
-    except BaseException:
-        if not launched_distributed():
-            raise
-        # As train_llama: a failed rank leaves at once, without the interpreter's teardown (which can wait on
-        # peers still inside a collective); its traceback and the tick's message are on stderr.
-        import traceback
-        traceback.print_exc()
-        sys.stderr.write(f"train_pipeline: rank {os.environ.get('RANK', '?')} failed; exiting without teardown\n")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.exit(0)
+    # As train_llama: a failed rank leaves at once (its traceback and the tick's message on stderr).
+    base.run_exiting_on_failure("train_pipeline", train, parse_args())
 
 
 if __name__ == "__main__":
