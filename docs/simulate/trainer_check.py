@@ -26,7 +26,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 DATA = REPO / "docs" / "data"
 FIT_RUNS = ["trainer_h200x2_run9"]
 HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4_run1", "trainer_h200x2_run12",
-                 "trainer_h200x2_run13", "trainer_h200x2_run14", "trainer_h200x4_run2"]
+                 "trainer_h200x2_run13", "trainer_h200x2_run14", "trainer_h200x4_run2",
+                 # run 4 (2026-11-27): 64K at 2 layers with ping-pong on one and two lanes, 32 layers, 256K
+                 "trainer_h200x4_run4/a", "trainer_h200x4_run4/b", "trainer_h200x4_run4/c"]
 CALIBRATION = REPO / "docs" / "simulate" / "trainer_h200.json"
 DOC = REPO / "docs" / "simulate.md"
 TRAINER = ("examples/train_llama.py --model llama3-8b --parallel fsdp2 --checkpointing full --micro-batches 2 "
@@ -49,8 +51,8 @@ def measured_configs(runs):
         for path in sorted((DATA / run).glob("train_*.json")):
             d = json.loads(path.read_text())
             s, steps = d["summary"], d["steps"]
-            if (run, s["context"]) in EXCLUDED:
-                continue
+            if (run, s["context"]) in EXCLUDED or s.get("balanced_batches"):
+                continue  # local_balanced trains other batches than the seeds' (the measured ideal)
             tail = steps[1:] or steps
             name = re.match(r"train_(.*)_\d+\.json", path.name).group(1)
             ranks = s["ranks"]
