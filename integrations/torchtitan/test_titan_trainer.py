@@ -69,6 +69,17 @@ def test_cad_plans_match_local_attention_in_torchtitans_trainer(tmp_path):
     assert _losses(cad) == pytest.approx(_losses(local), rel=1e-4)
 
 
+@pytest.mark.skipif(V03, reason="plans made at load time: the 0.2.x launcher's trainer (titan_cad_spec.py)")
+def test_plans_are_made_when_micro_batches_load(tmp_path):
+    # Two micro-batches per step (global batch 4 over 2 ranks of local batch 1): both asked for when TorchTitan
+    # loads the step's micro-batches, before the first forward, and used in that order; losses as local's.
+    extra = ("--training.global_batch_size", "4")
+    cad, local = _train(tmp_path, "cad", *extra), _train(tmp_path, "local", *extra)
+    assert [r["micro_batches_planned_ahead"] for r in cad["steps"]] == [2, 2, 2]
+    assert all("micro_batches_planned_ahead" not in r for r in local["steps"])
+    assert _losses(cad) == pytest.approx(_losses(local), rel=1e-4)
+
+
 def test_cad_under_torchtitans_compile(tmp_path):
     local = _train(tmp_path, "local")
     compiled = _train(tmp_path, "cad", "--compile.enable", "--compile.backend", "aot_eager")

@@ -128,18 +128,44 @@ class CadLocalTransformer(_SwappedAttention):
 
 
 class CadTransformer(CadLocalTransformer):
-    """Plans per micro-batch: get_attention_masks (once per micro-batch, every rank in the same order) makes
-    cad.plan(cu_seq_q, ahead=True) -- on CAD's planning thread -- and hands it on with the metadata."""
+    """Plans per micro-batch, made ahead. TorchTitan 0.2's train_step loads all of a step's micro-batches (on the
+    CPU) before the first forward; the launcher's trainer hands each to plan_ahead() as it is loaded, which asks
+    for its cad.plan on CAD's planning thread from the host's document boundaries (no device read), so that
+    micro-batch i+1's plan is made while micro-batch i computes. get_attention_masks (once per micro-batch, just
+    before its forward) then takes those plans in order. Without plan_ahead (another trainer) it plans itself, at
+    that point, from the device's boundaries. Every rank asks in the same order (the tag counts micro-batches)."""
     _micro_batch = 0
+    used_ahead = 0  # micro-batches that ran with a plan asked for by plan_ahead (the trainer's records read it)
 
-    def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None):
-        masks = super().get_attention_masks(input_batch, tokenizer, extra_inputs)
+    def _plan(self, cu_seq_q, device):
         args = self.model_args
-        plan = cad.plan(masks.cu_seq_q, causal=True, num_heads=args.n_heads, num_kv_heads=args.n_kv_heads or args.n_heads,
-                        head_dim=args.dim // args.n_heads, dtype=_compute_dtype(), device=input_batch.device, ahead=True,
+        plan = cad.plan(cu_seq_q, causal=True, num_heads=args.n_heads, num_kv_heads=args.n_kv_heads or args.n_heads,
+                        head_dim=args.dim // args.n_heads, dtype=_compute_dtype(), device=device, ahead=True,
                         tag=CadTransformer._micro_batch)
         CadTransformer._micro_batch += 1
-        return CadVarlenMetadata(masks.cu_seq_q, masks.cu_seq_k, int(masks.max_q), int(masks.max_k), plan)
+        return plan
+
+    def plan_ahead(self, input_batch, tokenizer, device, extra_inputs=None):
+        """Ask for the plan of a loaded micro-batch (`input_batch` still on the CPU) that will run on `device`."""
+        masks = super().get_attention_masks(input_batch, tokenizer, extra_inputs)
+        cu = masks.cu_seq_q.to(torch.int32)  # the plan's tensor: every layer passes it, so no layer reads it back
+        if not hasattr(self, "_planned"):
+            self._planned = []
+        self._planned.append((tuple(input_batch.shape), CadVarlenMetadata(cu, cu, int(masks.max_q), int(masks.max_k),
+                                                                          self._plan(cu, device))))
+
+    def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None):
+        planned = getattr(self, "_planned", None)
+        if planned:
+            shape, metadata = planned.pop(0)
+            CadTransformer.used_ahead += 1
+            if shape != tuple(input_batch.shape):
+                raise RuntimeError(f"CadTransformer: the micro-batch planned ahead had shape {shape}, the one being run "
+                                   f"{tuple(input_batch.shape)}: micro-batches must run in the order they were loaded")
+            return metadata
+        masks = super().get_attention_masks(input_batch, tokenizer, extra_inputs)
+        return CadVarlenMetadata(masks.cu_seq_q, masks.cu_seq_k, int(masks.max_q), int(masks.max_k),
+                                 self._plan(masks.cu_seq_q, input_batch.device))
 
 
 class TorchVarlenTransformer(_SwappedAttention):
@@ -242,15 +268,27 @@ def recording_trainer():
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
 
-        def train_step(self, *args, **kwargs):
+        def _planning(self, data_iterator):
+            """The micro-batches as TorchTitan loads them, each handed to the model's plan_ahead on the way (CAD)."""
+            model = self.model_parts[0]
+            for input_dict, labels in data_iterator:
+                model.plan_ahead(input_dict["input"], self.tokenizer, self.device,
+                                 {k: v for k, v in input_dict.items() if k != "input"})
+                yield input_dict, labels
+
+        def train_step(self, data_iterator, *args, **kwargs):
+            if hasattr(self.model_parts[0], "plan_ahead"):
+                data_iterator = self._planning(data_iterator)
             self._sync()
             start = time.perf_counter()
-            result = super().train_step(*args, **kwargs)
+            result = super().train_step(data_iterator, *args, **kwargs)
             self._sync()
             t = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=self.device)
             if torch.distributed.is_initialized():
                 torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
             record = {"step": self.step, "step_s": float(t.item()), "loss": self._last_loss}
+            if hasattr(self.model_parts[0], "plan_ahead"):  # how many of the step's micro-batches had plans made ahead
+                record["micro_batches_planned_ahead"], CadTransformer.used_ahead = CadTransformer.used_ahead, 0
             if self.device.type == "cuda":
                 record["peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
             self.records.append(record)

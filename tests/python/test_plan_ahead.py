@@ -163,6 +163,15 @@ def test_one_process_plans_ahead(fresh_stacks):
     assert "made=True" in repr(plan)
 
 
+def test_a_plan_for_cpu_0_runs_on_cpu_tensors(fresh_stacks):
+    # A trainer's torch.device("cpu", 0) and the tensors' "cpu" are one device: one stack, the plan usable
+    # (TorchTitan's trainer on the CPU plans for its self.device, cpu:0).
+    cad = fresh_stacks
+    q, k, v, cu = _micro_batch(0, 1)
+    plan = cad.plan(cu, ahead=True, **dict(SHAPE, device=torch.device("cpu", 0)))
+    _check(q, k, v, cu, plan, torch.ones(q.shape))
+
+
 def test_plan_ahead_arguments_refused(fresh_stacks):
     cad = fresh_stacks
     _, _, _, cu = _micro_batch(0, 0)

@@ -137,10 +137,12 @@ def keeps_forward(in_backward):
 
 
 def _key(device):
+    """The device a stack is kept under: cuda with its index (the current one when none is given); other devices
+    by their type alone, so that "cpu" and "cpu:0" (a trainer's torch.device("cpu", 0)) find the same stack."""
     device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+    if device.type == "cuda":
+        return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device.type)
 
 
 def _cached(table, key, make):
