@@ -484,11 +484,11 @@ def pipeline_scale(args):
                         "--schedule", "gpipe", "--dist", args.dist, "--context", str(ctx), "--microbatches", str(m),
                         "--steps", "1", "--trainer", str(cal), "--json", "--quiet"]
                 res = {}
-                for pool in ("tick", "stage"):
-                    out = json.loads(subprocess.run(base + ["--balancers", "colocated,prefix_aware", "--pool", pool],
+                for pool, names in (("tick", "colocated,prefix_aware"), ("stage", "prefix_aware")):
+                    out = json.loads(subprocess.run(base + ["--balancers", names, "--pool", pool],
                                                     capture_output=True, text=True, check=True).stdout)
                     b = {x["name"]: x for x in out["balancers"]}
-                    res["local"] = b["colocated"]
+                    res.setdefault("local", b.get("colocated"))
                     res[pool] = b["prefix_aware"]
                 st = {k: v["off"]["mean_step_seconds"] for k, v in res.items()}
                 lines.append(f"| {pp} | {g} ({g // pp}) | {ctx // 1024}K | {m} | {st['local']:.1f} | {st['tick']:.1f} | "

@@ -94,9 +94,20 @@ std::vector<BalancerResult> simulate_gpipe(const Scenario& s, const SystemCalibr
         };
         if (pool == PipelinePool::kTick) {
           // One plan over the union of the stages' documents, every rank a server.
+          // The stages run different micro-batches, whose document ids both start at 0: each stage's ids are
+          // shifted past the previous stages' so that the plan sees distinct documents.
           cad::plan::RankPieces all;
+          int64_t id_offset = 0;
           for (int64_t st = 0; st < pp; ++st) {
-            const cad::plan::RankPieces p = stage_pieces(st);
+            cad::plan::RankPieces p = stage_pieces(st);
+            int64_t next = id_offset;
+            for (auto& rank : p) {
+              for (auto& piece : rank) {
+                piece.doc_id += id_offset;
+                next = std::max(next, piece.doc_id + 1);
+              }
+            }
+            id_offset = next;
             all.insert(all.end(), p.begin(), p.end());
           }
           plan_group(*runners[bi], all, cost, params, s.layout, 0, rates, plan);

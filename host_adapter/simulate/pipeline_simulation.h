@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention_rates.h"
+#include "cad_balancer_v1.h"
 #include "simulation.h"
 #include "system_calibration.h"
 

@@ -102,8 +102,11 @@ TEST(GpipeSchedule, TicksAndMicroBatchesPerStage) {
             continue;
           }
           (k.backward ? backward_runs : forward_runs)[static_cast<size_t>(mb)]++;
-          if (!k.backward) EXPECT_EQ(k.index, mb + s);
-          if (k.backward) EXPECT_EQ(ticks[static_cast<size_t>(T - 1 - k.index)].micro_batch, k.micro_batch);
+          if (k.backward) {
+            EXPECT_EQ(ticks[static_cast<size_t>(T - 1 - k.index)].micro_batch, k.micro_batch);
+          } else {
+            EXPECT_EQ(k.index, mb + s);
+          }
         }
         EXPECT_EQ(idle, 2 * (pp - 1)) << "pp " << pp << " m " << m << " stage " << s;
         for (int64_t j = 0; j < m; ++j) {
