@@ -29,7 +29,10 @@
 //          ranks hold none but serve): every attention call is collective over all stages, so they move in
 //          lockstep through their layers: tick = l x (max over ranks of non-attention + max over ranks of
 //          attention + exchange) + head (the other stages wait for the head at the next tick's first call)
-// Step = sum over the 2T ticks + step_fixed_ms. Ping-pong is not modelled for this schedule (priced as off).
+// Step = sum over the 2T ticks + step_fixed_ms; with local attention each replica's stages are a pipeline of
+// their own (nothing couples replicas before the step's gradient all-reduce), so the step is the slowest
+// replica's sum of its ticks (each tick priced over that replica's stages). Ping-pong is not modelled for this
+// schedule (priced as off).
 #pragma once
 
 #include <cstdint>

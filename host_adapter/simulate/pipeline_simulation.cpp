@@ -20,7 +20,7 @@ struct TickPlan {
   double bytes = 0;       // forward bytes of one layer, all ranks
   double plan_ms = 0;     // the plugin's planning time
   int64_t documents = 0;  // documents in the plans
-  double imbalance = 1;   // max / mean kernel seconds over all ranks (idle ones included, as the trainer measures)
+  double imbalance = 1;   // max / mean kernel seconds over the ranks doing attention (see below)
 };
 
 // Plans `pieces` (ranks first_rank.. of the layout) with the runner, appending each rank's work.
@@ -126,19 +126,28 @@ std::vector<BalancerResult> simulate_gpipe(const Scenario& s, const SystemCalibr
             }
           }
         }
+        // Over the ranks that do attention in this tick: all of them under tick pooling (idle ones serve), else
+        // the ranks running a micro-batch (an idle stage's zeros would only measure the bubble).
         double max_k = 0, sum_k = 0;
+        int64_t counted = 0;
         for (const RankWork& w : plan.work) {
+          if (w.tokens == 0 && pool != PipelinePool::kTick) continue;
           const double k = w.attention.fwd + w.attention.bwd;
           max_k = std::max(max_k, k);
           sum_k += k;
+          ++counted;
         }
-        plan.imbalance = sum_k > 0 ? max_k * static_cast<double>(plan.work.size()) / sum_k : 1.0;
+        plan.imbalance = sum_k > 0 ? max_k * static_cast<double>(counted) / sum_k : 1.0;
         res.attention_imbalance += per_tick * plan.imbalance;
         res.bytes_per_layer += per_tick * plan.bytes;
         res.plan_ms += per_micro_batch * plan.plan_ms;
       }
 
-      double step_s = s.trainer->step_fixed_ms * 1e-3;
+      // Local attention couples nothing across replicas: replica r's stages form their own pipeline, which
+      // meets the others only at the step's gradient all-reduce. So the step is the slowest replica's sum of
+      // ticks. (Under CAD every tick's calls couple every replica of a stage, or of all stages: one sum.)
+      std::vector<double> replica_s(static_cast<size_t>(dp), 0.0);
+      double step_s = 0;
       for (const GpipeTick& tick : schedule) {
         const int64_t forward_index = tick.backward ? forward_ticks - 1 - tick.index : tick.index;
         const TickPlan& plan = plans[static_cast<size_t>(forward_index)];
@@ -154,6 +163,13 @@ std::vector<BalancerResult> simulate_gpipe(const Scenario& s, const SystemCalibr
         }
         const double seconds = tick_seconds(ranks, layers, pool);
         step_s += seconds;
+        if (pool == PipelinePool::kLocal) {
+          for (int64_t r = 0; r < dp; ++r) {
+            std::vector<TickRankTime> replica;
+            for (int64_t st = 0; st < pp; ++st) replica.push_back(ranks[static_cast<size_t>(st * dp + r)]);
+            replica_s[static_cast<size_t>(r)] += tick_seconds(replica, layers, pool);
+          }
+        }
 
         // The parts along the tick's critical path (pipeline_model.h), and each rank's own parts on average,
         // per micro-batch.
@@ -204,6 +220,8 @@ std::vector<BalancerResult> simulate_gpipe(const Scenario& s, const SystemCalibr
           res.ticks.push_back(std::move(d));
         }
       }
+      if (pool == PipelinePool::kLocal) step_s = *std::max_element(replica_s.begin(), replica_s.end());
+      step_s += s.trainer->step_fixed_ms * 1e-3;
       // Ping-pong is not modelled for this schedule: "on" is priced as "off".
       res.off.step_seconds.push_back(step_s);
       res.on.step_seconds.push_back(step_s);

@@ -198,6 +198,29 @@ TEST(GpipeRun, StagePoolWithOneReplicaPricesLikeColocated) {
   EXPECT_DOUBLE_EQ(r[0].on.mean_step_seconds, r[0].off.mean_step_seconds);
 }
 
+TEST(GpipeRun, LocalReplicasArePipelinesOfTheirOwn) {
+  // PP = 2 x DP = 2, colocated: the step is the slowest replica's own sum of ticks, which is at most the sum
+  // over ticks of the slowest rank of all (what CAD per stage, coupling the replicas at every call, pays).
+  const sim::TrainerCalibration tcal = trainer();
+  const auto rates = sim::constant_rates(600, 400, 2.5);
+  const sim::Scenario s = pipeline(2, 2, {"colocated"}, sim::PipelinePool::kStage, &tcal);
+  const std::vector<sim::BalancerResult> r = sim::simulate(s, system(), *rates);
+  ASSERT_EQ(r[0].ticks.size(), 10u);
+  double replica[2] = {0, 0}, coupled = 0;
+  for (const auto& t : r[0].ticks) {
+    ASSERT_EQ(t.ranks.size(), 4u);
+    coupled += t.seconds;
+    for (int rep = 0; rep < 2; ++rep) {
+      replica[rep] += sim::tick_seconds({t.ranks[static_cast<size_t>(rep)], t.ranks[static_cast<size_t>(2 + rep)]},
+                                        2, sim::PipelinePool::kLocal);
+    }
+  }
+  const double fixed = tcal.step_fixed_ms * 1e-3;
+  EXPECT_NEAR(r[0].off.mean_step_seconds, std::max(replica[0], replica[1]) + fixed, 1e-12);
+  EXPECT_LE(r[0].off.mean_step_seconds, coupled + fixed + 1e-12);
+  EXPECT_NE(replica[0], replica[1]);  // the replicas hold different buffers
+}
+
 TEST(GpipeRun, TickPoolPlansTheUnionOfTheStagesDocuments) {
   const sim::TrainerCalibration tcal = trainer();
   const auto rates = sim::constant_rates(600, 400, 2.5);
