@@ -388,6 +388,9 @@ def pipeline_measured():
             # train_pipeline.py: micro-batch m of step k has seed --seed (1) + 1000 k + m
             "seeds": [1 + 1000 * r["step"] + m for r in tail for m in range(s["micro_batches"])],
             "step_s": sum(r["step_ms"] for r in tail) / len(tail) * 1e-3,
+            # the forward phase: the rank whose forward ticks end last (the last stage), its forward ticks' sum
+            "forward_s": sum(max(sum(t["tick_s"][k] for t in r["ticks"] if t["phase"] == "forward")
+                                 for k in range(ranks)) for r in tail) / len(tail),
             # per rank, attention seconds per step (every call, synchronised), summed over the ticks
             "attention_s": [sum(sum(t["attention_s"][k] for t in r["ticks"]) for r in tail) / len(tail)
                             for k in range(ranks)],
@@ -438,7 +441,8 @@ def pipeline_table(args):
         phase = {ph: sum(t["seconds"] for t in res["ticks"] if t["phase"] == ph) / steps
                  for ph in ("forward", "backward")}
         rows.append(f"| {c['context'] // 1024}K | {c['config']} | {c['step_s'] * 1e3:.0f} | {pred * 1e3:.0f} | "
-                    f"{err * 100:+.1f}% | {phase['forward'] * 1e3:.0f} / {phase['backward'] * 1e3:.0f} | "
+                    f"{err * 100:+.1f}% | {c['forward_s'] * 1e3:.0f} / {(c['step_s'] - c['forward_s']) * 1e3:.0f} | "
+                    f"{phase['forward'] * 1e3:.0f} / {phase['backward'] * 1e3:.0f} | "
                     f"{' / '.join(f'{a * 1e3:.0f}' for a in c['attention_s'])} | "
                     f"{' / '.join(f'{a * 1e3:.0f}' for a in attn)} |")
         print(rows[-1], flush=True)
@@ -446,12 +450,13 @@ def pipeline_table(args):
     summary = (f"- {len(errors)} configurations: mean |error| {sum(abs(e) for e, _ in errors) / len(errors) * 100:.1f}%, "
                f"worst {worst[0] * 100:+.1f}% ({worst[1]['context'] // 1024}K {worst[1]['config']}); "
                f"{sum(abs(e) <= 0.10 for e, _ in errors)} of {len(errors)} within 10%.")
-    lines = ["| tokens per micro-batch | config | measured step (ms) | predicted (ms) | error | predicted forward / "
-             "backward ticks (ms) | measured attention per step, stage 0 / 1 (ms) | predicted as timed, stage 0 / 1 (ms) |",
-             "|---:|---|---:|---:|---:|---|---|---|"] + rows
+    lines = ["| tokens per micro-batch | config | measured step (ms) | predicted (ms) | error | measured forward / "
+             "backward phase (ms) | predicted forward / backward ticks (ms) | measured attention per step, stage 0 / 1 "
+             "(ms) | predicted as timed, stage 0 / 1 (ms) |",
+             "|---:|---|---:|---:|---:|---|---|---|---|"] + rows
     body = "\n".join(["Command: `python3 docs/simulate/trainer_check.py --pipeline` (the calibration as fitted on the "
                       "data-parallel run 9, nothing refitted). One configuration, by hand:", "",
-                      f"    {example.replace(str(REPO) + '/', '').replace(args.dist, '/work/shared/data/doclen_pretrain.json')}",
+                      f"    build/bin/cad {example.replace(str(REPO) + '/', '').replace(args.dist, '/work/shared/data/doclen_pretrain.json')}",
                       "", summary, "", *lines])
     DOC.write_text(replace_between(DOC.read_text(), "pipeline-table", body))
     print(summary)

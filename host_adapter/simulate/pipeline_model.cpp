@@ -42,7 +42,10 @@ TickRankTime tick_rank_time(const RankWork& work, bool backward, bool joins_call
   // checkpointing, the calibration's layer term being those 4).
   const double units = backward ? recompute + 2.0 : 1.0;
   t.non_attention = tokens * tcal.layer_us_per_token * 1e-6 * units / 4.0;
-  if (last_stage && work.tokens > 0) t.head = tokens * tcal.head_us_per_token * 1e-6 * (backward ? 2.0 : 1.0) / 3.0;
+  // The head and loss: the trainer's chunked loss recomputes each chunk's logits in the backward
+  // (train_llama.py "loss chunk"), so, like a checkpointed layer, 1 forward unit of 4 in the forward tick and the
+  // recomputation and backward (3) in the backward tick, whatever --checkpointing says.
+  if (last_stage && work.tokens > 0) t.head = tokens * tcal.head_us_per_token * 1e-6 * (backward ? 3.0 : 1.0) / 4.0;
   if (joins_calls) {
     const double calls = backward ? recompute + 1.0 : 1.0;
     const double kernel = backward ? recompute * work.attention.fwd + work.attention.bwd : work.attention.fwd;

@@ -11,8 +11,9 @@
 //     checkpointing: a layer's forward, recomputed forward and backward (a backward is 2 forwards' GEMMs), 4
 //     forward units; the forward tick runs 1, the backward tick the recomputation and the backward (3; 2
 //     without checkpointing)
-//   head (last stage only, when it runs a micro-batch): n x head_us_per_token, 1/3 in the forward tick and
-//     2/3 in the backward (a GEMM's backward is two GEMMs); the embedding (stage 0) is a lookup and its
+//   head (last stage only, when it runs a micro-batch): n x head_us_per_token, 1/4 in the forward tick and
+//     3/4 in the backward (the trainer's chunked loss recomputes the logits in the backward: forward,
+//     recomputation, backward = 2 GEMMs, as a checkpointed layer); the embedding (stage 0) is a lookup and its
 //     gradient a scatter-add, taken as 0 (the calibration has no separate term for it)
 //   attention per layer: kernel_scale x (the direction's kernel seconds) + calls x attention_call_us, calls
 //     = 1 forward, P backward (the recomputed forward and the backward)
