@@ -7,6 +7,10 @@ Standard library only; runs the `cad` CLI. Three modes:
   --table   predict every measured configuration of every run (fitted and held out) and write the table of
             predicted against measured step time into docs/simulate.md (between the trainer-table markers)
   --scale   re-predict 8-1024 GPUs with the calibrated model and write that table into docs/simulate.md
+  --pipeline        the GPipe pipeline trainer (examples/train_pipeline.py) of run 17 (2 H200s, PP=2) against
+                    `cad simulate --schedule gpipe` with the same calibration (not refitted); table into
+                    docs/simulate.md (between the pipeline-table markers)
+  --pipeline-scale  DistCA's pipeline configurations (34B, PP 4 and 8, 64-512 GPUs, 128K-512K) re-predicted
 
 Every measured configuration is priced on the very batches it trained on: the trainer samples micro-batch m of
 step s with seed 1 + 1000 s + m (examples/train_llama.py, --seed 1), and the measured step time is the mean
@@ -364,6 +368,155 @@ def scale(args):
     DOC.write_text(replace_between(DOC.read_text(), "trainer-scale", body))
 
 
+# ---- the pipeline trainer (examples/train_pipeline.py, GPipe; docs/multi_gpu.md "Pipeline parallel") -------------
+PIPE_RUN = "gpu_h200x2_run17/pipe"
+PIPE_CONFIGS = ["local", "torch_varlen", "cad_tick", "cad_stage"]
+
+
+def pipeline_measured():
+    out = []
+    for path in sorted((DATA / PIPE_RUN).glob("pipe_*.json")):
+        d = json.loads(path.read_text())
+        s, steps = d["summary"], d["steps"]
+        tail = steps[1:] or steps
+        config = re.match(r"pipe_\d+_\d+_(.*)\.json", path.name).group(1)
+        ranks = s["ranks"]
+        out.append({
+            "config": config, "attention": s["attention"], "pool": s.get("pool"), "balancer": s.get("balancer"),
+            "context": s["context"], "layers": s["layers"], "pp": s["pp"], "dp": s["dp"], "ranks": ranks,
+            "micro_batches": s["micro_batches"], "checkpointing": s["checkpointing"],
+            # train_pipeline.py: micro-batch m of step k has seed --seed (1) + 1000 k + m
+            "seeds": [1 + 1000 * r["step"] + m for r in tail for m in range(s["micro_batches"])],
+            "step_s": sum(r["step_ms"] for r in tail) / len(tail) * 1e-3,
+            # the forward phase: the rank whose forward ticks end last (the last stage), its forward ticks' sum
+            "forward_s": sum(max(sum(t["tick_s"][k] for t in r["ticks"] if t["phase"] == "forward")
+                                 for k in range(ranks)) for r in tail) / len(tail),
+            # per rank, attention seconds per step (every call, synchronised), summed over the ticks
+            "attention_s": [sum(sum(t["attention_s"][k] for t in r["ticks"]) for r in tail) / len(tail)
+                            for k in range(ranks)],
+        })
+    return out
+
+
+def pipeline_simulate(args, cfg, calibration, extra=()):
+    cad_balancer = cfg["attention"] == "cad"
+    cmd = [cad_binary(args), "simulate", "--model", "llama-8b", "--layers", str(cfg["layers"]),
+           "--gpus", str(cfg["ranks"]), "--gpus-per-node", str(cfg["ranks"]), "--pp", str(cfg["pp"]),
+           "--schedule", "gpipe", "--dist", args.dist, "--context", str(cfg["context"]),
+           "--microbatches", str(cfg["micro_batches"]), "--batch-seeds", ",".join(map(str, cfg["seeds"])),
+           "--balancers", cfg["balancer"] if cad_balancer else "colocated", "--trainer", str(calibration),
+           "--checkpointing", "full" if cfg["checkpointing"] == "full" else "none", "--json", "--quiet", "--detail",
+           *extra]
+    if cad_balancer:
+        cmd += ["--pool", cfg["pool"]]
+    if cfg["attention"] == "torch_varlen":
+        cmd += ["--kernel", "torch_varlen"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit("cad simulate failed: %s\n%s" % (" ".join(cmd), result.stderr))
+    return json.loads(result.stdout)["balancers"][0], " ".join(cmd[1:])
+
+
+def pipeline_table(args):
+    rows, errors, example = [], [], None
+    order = {c: i for i, c in enumerate(PIPE_CONFIGS)}
+    configs = sorted(pipeline_measured(), key=lambda c: (c["context"], c["micro_batches"], order.get(c["config"], 9)))
+    for c in configs:
+        res, cmd = pipeline_simulate(args, c, CALIBRATION)
+        example = example or cmd
+        pred = res["off"]["mean_step_seconds"]
+        err = pred / c["step_s"] - 1
+        errors.append((err, c))
+        layers = c["layers"] // c["pp"]
+        steps = max(t["step"] for t in res["ticks"]) + 1
+        # Attention as the trainer times it (CUDA synchronised around each call): a rank's own calls, and under tick
+        # pooling also its waits inside the collective calls for the other stages' non-attention work and head
+        # (lockstep: the tick's time less the rank's own non-attention and head).
+        if c["attention"] == "cad" and c["pool"] == "tick":
+            attn = [sum(t["seconds"] - layers * t["ranks"][k]["non_attention_per_layer_s"] - t["ranks"][k]["head_s"]
+                        for t in res["ticks"]) / steps for k in range(c["ranks"])]
+        else:
+            attn = [sum(layers * t["ranks"][k]["attention_per_layer_s"] for t in res["ticks"]) / steps
+                    for k in range(c["ranks"])]
+        phase = {ph: sum(t["seconds"] for t in res["ticks"] if t["phase"] == ph) / steps
+                 for ph in ("forward", "backward")}
+        rows.append(f"| {c['context'] // 1024}K | {c['config']} | {c['step_s'] * 1e3:.0f} | {pred * 1e3:.0f} | "
+                    f"{err * 100:+.1f}% | {c['forward_s'] * 1e3:.0f} / {(c['step_s'] - c['forward_s']) * 1e3:.0f} | "
+                    f"{phase['forward'] * 1e3:.0f} / {phase['backward'] * 1e3:.0f} | "
+                    f"{' / '.join(f'{a * 1e3:.0f}' for a in c['attention_s'])} | "
+                    f"{' / '.join(f'{a * 1e3:.0f}' for a in attn)} |")
+        print(rows[-1], flush=True)
+    worst = max(errors, key=lambda e: abs(e[0]))
+    summary = (f"- {len(errors)} configurations: mean |error| {sum(abs(e) for e, _ in errors) / len(errors) * 100:.1f}%, "
+               f"worst {worst[0] * 100:+.1f}% ({worst[1]['context'] // 1024}K {worst[1]['config']}); "
+               f"{sum(abs(e) <= 0.10 for e, _ in errors)} of {len(errors)} within 10%.")
+    lines = ["| tokens per micro-batch | config | measured step (ms) | predicted (ms) | error | measured forward / "
+             "backward phase (ms) | predicted forward / backward ticks (ms) | measured attention per step, stage 0 / 1 "
+             "(ms) | predicted as timed, stage 0 / 1 (ms) |",
+             "|---:|---|---:|---:|---:|---|---|---|---|"] + rows
+    body = "\n".join(["Command: `python3 docs/simulate/trainer_check.py --pipeline` (the calibration as fitted on the "
+                      "data-parallel run 9, nothing refitted). One configuration, by hand:", "",
+                      f"    build/bin/cad {example.replace(str(REPO) + '/', '').replace(args.dist, '/work/shared/data/doclen_pretrain.json')}",
+                      "", summary, "", *lines])
+    DOC.write_text(replace_between(DOC.read_text(), "pipeline-table", body))
+    print(summary)
+
+
+def shape_scaled_calibration(path, shape):
+    """The trainer calibration for another model shape: its per-token terms scaled by the shape's FLOPs per
+    token over Llama-8B's (layer: the linear layers; head: the output projection); every other term as fitted.
+    An assumption (the terms were fitted on the 8B shape only), labelled in the file."""
+    def linear(h, heads, kv, d, mlp):
+        return 2.0 * (h * (heads + 2 * kv) * d + heads * d * h + 3.0 * h * mlp)
+    shapes = {"llama-8b": (4096, 32, 8, 128, 14336, 128256), "34b": (8192, 64, 8, 128, 22016, 32000)}
+    h8, *_ = shapes["llama-8b"]
+    h, heads, kv, d, mlp, vocab = shapes[shape]
+    cal = json.loads(CALIBRATION.read_text())
+    layer_ratio = linear(h, heads, kv, d, mlp) / linear(*shapes["llama-8b"][:5])
+    head_ratio = (h * vocab) / (h8 * shapes["llama-8b"][5])
+    cal["layer_us_per_token"] = round(cal["layer_us_per_token"] * layer_ratio, 4)
+    cal["head_us_per_token"] = round(cal["head_us_per_token"] * head_ratio, 4)
+    cal["fitted_on"] = cal["fitted_on"] + [f"scaled to the {shape} shape by FLOPs per token (layer x {layer_ratio:.3f}, "
+                                           f"head x {head_ratio:.3f})"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cal, indent=1))
+    return path, layer_ratio, head_ratio
+
+
+def pipeline_scale(args):
+    cal, layer_ratio, head_ratio = shape_scaled_calibration(pathlib.Path(args.tmp) / "trainer_h200_34b.json", "34b")
+    lines = ["| PP | GPUs (DP) | tokens/GPU | micro-batches | step local (s) | CAD per tick (s) | CAD per stage (s) | "
+             "tick vs local | stage vs local | attention imbalance local / tick / stage |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for pp in args.pipeline_pp:
+        for g in args.pipeline_gpus:
+            for ctx in args.pipeline_contexts:
+                m = 2 * pp
+                base = [cad_binary(args), "simulate", "--model", "34b", "--gpus", str(g), "--pp", str(pp),
+                        "--schedule", "gpipe", "--dist", args.dist, "--context", str(ctx), "--microbatches", str(m),
+                        "--steps", "1", "--trainer", str(cal), "--json", "--quiet"]
+                res = {}
+                for pool, names in (("tick", "colocated,prefix_aware"), ("stage", "prefix_aware")):
+                    out = json.loads(subprocess.run(base + ["--balancers", names, "--pool", pool],
+                                                    capture_output=True, text=True, check=True).stdout)
+                    b = {x["name"]: x for x in out["balancers"]}
+                    res.setdefault("local", b.get("colocated"))
+                    res[pool] = b["prefix_aware"]
+                st = {k: v["off"]["mean_step_seconds"] for k, v in res.items()}
+                lines.append(f"| {pp} | {g} ({g // pp}) | {ctx // 1024}K | {m} | {st['local']:.1f} | {st['tick']:.1f} | "
+                             f"{st['stage']:.1f} | {st['local'] / st['tick']:.2f} | {st['local'] / st['stage']:.2f} | "
+                             f"{res['local']['attention_imbalance']:.2f} / {res['tick']['attention_imbalance']:.2f} / "
+                             f"{res['stage']['attention_imbalance']:.2f} |")
+                print(lines[-1], flush=True)
+    cmd = ("build/bin/cad simulate --model 34b --gpus G --pp PP --schedule gpipe --dist /work/shared/data/doclen_pretrain.json "
+           "--context C --microbatches 2PP --steps 1 --trainer TRAINER_34B --balancers colocated,prefix_aware --pool tick|stage --json")
+    body = "\n".join([f"Command: `python3 docs/simulate/trainer_check.py --pipeline-scale`, i.e. for each cell `{cmd}`, "
+                      f"where TRAINER_34B is docs/simulate/trainer_h200.json with its per-token terms scaled to the 34B "
+                      f"shape by FLOPs per token (layer x {layer_ratio:.3f}, head x {head_ratio:.3f}; an assumption: "
+                      "the terms were fitted on the 8B shape).", "", *lines])
+    DOC.write_text(replace_between(DOC.read_text(), "pipeline-scale", body))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--fit", action="store_true")
@@ -374,15 +527,25 @@ def main():
                                                                     "doclen_pretrain.json")))
     p.add_argument("--tmp", default="/tmp/cad_trainer_check")
     p.add_argument("--scale-steps", type=int, default=2)
+    p.add_argument("--pipeline", action="store_true", help="the GPipe pipeline trainer's run 17 against the model")
+    p.add_argument("--pipeline-scale", action="store_true", help="DistCA's pipeline configurations (34B, GPipe)")
+    p.add_argument("--pipeline-pp", type=lambda t: [int(x) for x in t.split(",")], default=[4, 8])
+    p.add_argument("--pipeline-gpus", type=lambda t: [int(x) for x in t.split(",")], default=[64, 128, 256, 512])
+    p.add_argument("--pipeline-contexts", type=lambda t: [int(x) for x in t.split(",")],
+                   default=[131072, 262144, 524288])
     args = p.parse_args()
-    if not (args.fit or args.table or args.scale):
-        p.error("say --fit, --table and/or --scale")
+    if not (args.fit or args.table or args.scale or args.pipeline or args.pipeline_scale):
+        p.error("say --fit, --table, --scale, --pipeline and/or --pipeline-scale")
     if args.fit:
         fit(args)
     if args.table:
         table(args)
     if args.scale:
         scale(args)
+    if args.pipeline:
+        pipeline_table(args)
+    if args.pipeline_scale:
+        pipeline_scale(args)
 
 
 if __name__ == "__main__":

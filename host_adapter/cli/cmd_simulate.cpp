@@ -44,6 +44,14 @@ const char* kUsage =
     "  --gpus-per-node N   (default 8; at most 1024)\n"
     "  --tp N              tensor-parallel size, inside a node (default 1): divides linear work and heads\n"
     "  --pp N              pipeline stages (default 1): divides layers, adds the 1F1B fill/drain\n"
+    "  --schedule 1f1b|gpipe   with --pp: 1f1b (default) is the kernel-level 1F1B model with CAD over the\n"
+    "                      data-parallel ranks; gpipe prices the pipeline trainer (examples/train_pipeline.py)\n"
+    "                      tick by tick: T = microbatches + pp - 1 forward ticks, then T backward; needs --pp >= 2\n"
+    "                      and --trainer FILE; balancers colocated,distca,prefix_aware by default (not per_doc_cp);\n"
+    "                      ping-pong is not modelled (on = off)\n"
+    "  --pool tick|stage   with --schedule gpipe, how CAD balancers pool attention (colocated stays local):\n"
+    "                      tick (default) = one plan per tick over every rank of every stage, idle stages serving;\n"
+    "                      stage = within each stage's data-parallel ranks (with one replica: colocated)\n"
     "                      data-parallel ranks = gpus / (tp * pp), at most 8192 (as cad plan --ranks)\n"
     "workload:\n"
     "  --dist FILE         document lengths (JSON list or CSV), e.g. ../shared/data/doclen_pretrain.json\n"
@@ -193,6 +201,22 @@ nlohmann::json detail_json(const std::vector<sim::MicroBatchDetail>& detail) {
   return out;
 }
 
+nlohmann::json ticks_json(const std::vector<sim::TickDetail>& ticks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& t : ticks) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& r : t.ranks) {
+      ranks.push_back({{"tokens", r.tokens}, {"non_attention_per_layer_s", r.non_attention},
+                       {"attention_per_layer_s", r.attention}, {"exchange_per_layer_s", r.exchange},
+                       {"head_s", r.head}});
+    }
+    out.push_back({{"step", t.step}, {"phase", t.tick.backward ? "backward" : "forward"}, {"tick", t.tick.index},
+                   {"micro_batch", t.tick.micro_batch}, {"seconds", t.seconds},
+                   {"plan_documents", t.plan_documents}, {"ranks", ranks}});
+  }
+  return out;
+}
+
 nlohmann::json mode_json(const sim::ModeResult& m) {
   return {{"pingpong", m.pingpong},
           {"step_seconds", m.step_seconds},
@@ -220,7 +244,7 @@ int run_simulate(int argc, char** argv) {
       {"--model", "--layers", "--hidden", "--heads", "--kv-heads", "--head-dim", "--mlp", "--vocab", "--gpus",
        "--gpus-per-node", "--tp", "--pp", "--dist", "--context", "--steps", "--seed", "--microbatches", "--balancers",
        "--cp-size", "--cad-size", "--min-shard", "--path", "--rates", "--system", "--attention-tflops", "--net-gbps", "--gemm-tflops",
-       "--pingpong", "--trainer", "--checkpointing", "--kernel", "--batch-seeds"},
+       "--pingpong", "--trainer", "--checkpointing", "--kernel", "--batch-seeds", "--schedule", "--pool"},
       {"--json", "--quiet", "--balance-time", "--detail"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
@@ -303,8 +327,31 @@ int run_simulate(int argc, char** argv) {
   if (args.has("--balance-time") && args.has("--attention-tflops")) {
     throw UsageError("--balance-time needs the rate table; it cannot go with --attention-tflops");
   }
+  const std::string schedule = args.get("--schedule", "1f1b");
+  if (schedule != "1f1b" && schedule != "gpipe") {
+    throw UsageError("--schedule: expected 1f1b or gpipe, got '" + schedule + "'");
+  }
+  if (schedule == "gpipe" && s.layout.pp < 2) {
+    throw UsageError("--schedule gpipe needs --pp >= 2 (pipeline stages), got --pp " + std::to_string(s.layout.pp));
+  }
+  if (args.has("--schedule") && s.layout.pp < 2) {
+    throw UsageError("--schedule needs --pp >= 2 (pipeline stages)");
+  }
+  s.schedule = schedule == "gpipe" ? sim::Schedule::kGpipe : sim::Schedule::k1f1b;
+  if (args.has("--pool")) {
+    if (s.schedule != sim::Schedule::kGpipe) throw UsageError("--pool needs --schedule gpipe");
+    const std::string pool = args.get("--pool", "tick");
+    if (pool != "tick" && pool != "stage") throw UsageError("--pool: expected tick or stage, got '" + pool + "'");
+    s.pool = pool == "tick" ? sim::PipelinePool::kTick : sim::PipelinePool::kStage;
+  }
   const std::vector<std::string> names =
-      args.has("--balancers") ? split(args.get("--balancers", ""), ',') : kDefaultBalancers;
+      args.has("--balancers") ? split(args.get("--balancers", ""), ',')
+      : s.schedule == sim::Schedule::kGpipe ? std::vector<std::string>{"colocated", "distca", "prefix_aware"}
+                                            : kDefaultBalancers;
+  if (args.has("--pool") &&
+      std::all_of(names.begin(), names.end(), [](const std::string& n) { return n == "colocated"; })) {
+    throw UsageError("--pool pools CAD's attention; --balancers names no CAD balancer (colocated is local attention)");
+  }
   if (names.empty()) throw UsageError("--balancers names no balancer");
   for (const auto& n : names) cad::cli::require_balancer("--balancers", n, s.search_path);
   for (const auto& n : names) {
@@ -346,7 +393,10 @@ int run_simulate(int argc, char** argv) {
   std::unique_ptr<sim::TrainerCalibration> trainer;
   if (args.has("--trainer")) {
     trainer = std::make_unique<sim::TrainerCalibration>(sim::load_trainer_calibration(args.get("--trainer", "")));
-    if (s.layout.pp != 1) throw UsageError("--trainer models a data-parallel trainer (FSDP2); it cannot go with --pp");
+    if (s.layout.pp != 1 && s.schedule != sim::Schedule::kGpipe) {
+      throw UsageError("--trainer models a data-parallel trainer (FSDP2); with --pp it needs --schedule gpipe "
+                       "(the pipeline trainer)");
+    }
     const std::string ck = args.get("--checkpointing", "full");
     if (ck != "full" && ck != "none") throw UsageError("--checkpointing: expected full or none, got '" + ck + "'");
     const std::string kernel = args.get("--kernel", "ours");
@@ -360,6 +410,10 @@ int run_simulate(int argc, char** argv) {
   } else {
     for (const char* option : {"--checkpointing", "--kernel"}) {
       if (args.has(option)) throw UsageError(std::string(option) + " needs --trainer FILE (the trainer's calibration)");
+    }
+    if (s.schedule == sim::Schedule::kGpipe) {
+      throw UsageError("--schedule gpipe prices the pipeline trainer's ticks with the trainer calibration; it needs "
+                       "--trainer FILE (e.g. docs/simulate/trainer_h200.json)");
     }
   }
   const bool json = args.has("--json");
@@ -379,7 +433,10 @@ int run_simulate(int argc, char** argv) {
                     {"heads", s.shape.heads},     {"kv_heads", s.shape.kv_heads}, {"head_dim", s.shape.head_dim},
                     {"mlp", s.shape.mlp},         {"vocab", s.shape.vocab}};
     out["layout"] = {{"gpus", s.layout.gpus}, {"gpus_per_node", s.layout.gpus_per_node}, {"tp", s.layout.tp},
-                     {"pp", s.layout.pp},     {"dp", s.layout.dp()}};
+                     {"pp", s.layout.pp},     {"dp", s.layout.dp()}, {"schedule", schedule}};
+    if (s.schedule == sim::Schedule::kGpipe) {
+      out["layout"]["pool"] = s.pool == sim::PipelinePool::kTick ? "tick" : "stage";
+    }
     out["workload"] = {{"dist", dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
                        {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens},
                        {"balance_time", args.has("--balance-time")}};
@@ -414,7 +471,8 @@ int run_simulate(int argc, char** argv) {
                           {"plan_ms", r.plan_ms},
                           {"off", mode_json(r.off)},
                           {"on", mode_json(r.on)}};
-      if (s.detail) b["detail"] = detail_json(r.detail);
+      if (s.detail && s.schedule != sim::Schedule::kGpipe) b["detail"] = detail_json(r.detail);
+      if (s.detail && s.schedule == sim::Schedule::kGpipe) b["ticks"] = ticks_json(r.ticks);
       for (const bool pp : {false, true}) {
         const std::string mode = pp ? "on" : "off";
         if (colocated != nullptr) b[mode]["speedup_vs_colocated"] = speedup(colocated, r, pp);
@@ -445,6 +503,12 @@ int run_simulate(int argc, char** argv) {
                 "trainer's non-attention time, comm_s CAD's exchanges with their fixed and pack/unpack costs\n",
                 trainer->path.c_str(), trainer->fitted_on.c_str(), s.trainer_options.checkpointing ? "full" : "none",
                 s.trainer_options.kernel_scale);
+  }
+  if (s.schedule == sim::Schedule::kGpipe) {
+    std::printf("schedule: gpipe, %lld ticks per step (2 x (%lld micro-batches + %lld stages - 1)), CAD pooled per "
+                "%s; ping-pong not modelled (on = off); linear/attn/comm: along each tick's critical path\n",
+                static_cast<long long>(2 * (s.microbatches + s.layout.pp - 1)), static_cast<long long>(s.microbatches),
+                static_cast<long long>(s.layout.pp), s.pool == sim::PipelinePool::kTick ? "tick" : "stage");
   }
   std::printf("\n");
   for (const bool pp : {false, true}) {

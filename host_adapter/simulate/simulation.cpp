@@ -9,6 +9,7 @@
 
 #include "balancer_runner.h"
 #include "batch_recipe.h"
+#include "pipeline_simulation.h"
 #include "plan_work.h"
 
 namespace cad::simulate {
@@ -49,9 +50,29 @@ void check_scenario(const Scenario& s, const AttentionRates& rates) {
                                 " seeds is not a whole number of steps of --microbatches " +
                                 std::to_string(s.microbatches));
   }
-  if (s.trainer != nullptr && s.layout.pp != 1) {
+  if (s.schedule == Schedule::kGpipe) {
+    if (s.layout.pp < 2) {
+      throw std::invalid_argument("--schedule gpipe needs --pp >= 2 (pipeline stages), got --pp " +
+                                  std::to_string(s.layout.pp));
+    }
+    if (s.trainer == nullptr) {
+      throw std::invalid_argument("--schedule gpipe prices the pipeline trainer's ticks with the trainer calibration; "
+                                  "it needs --trainer FILE");
+    }
+    if (s.pool == PipelinePool::kLocal) {
+      throw std::invalid_argument("--pool: expected tick or stage (local attention is the colocated balancer)");
+    }
+    for (const auto& b : s.balancers) {
+      if (b.plan_is_layout) {
+        throw std::invalid_argument("--schedule gpipe: balancer '" + b.name +
+                                    "' (its plan is the token layout) is not modelled for the pipeline; "
+                                    "name --balancers without it");
+      }
+    }
+  } else if (s.trainer != nullptr && s.layout.pp != 1) {
     throw std::invalid_argument("--trainer models a data-parallel trainer (FSDP2); it cannot go with --pp " +
-                                std::to_string(s.layout.pp));
+                                std::to_string(s.layout.pp) + " and the 1F1B schedule (--schedule gpipe: the "
+                                "pipeline trainer)");
   }
   if (!(s.trainer_options.kernel_scale > 0)) throw std::invalid_argument("the attention kernel scale must be > 0");
   if (rates.head_dim() != 0 && rates.head_dim() != s.shape.head_dim) {
@@ -79,6 +100,8 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
   cost.causal = 1;
   cost.min_shard_tokens = s.min_shard_tokens;
   const cad::plan::ModelParams params = cad::plan::model_params(cost);
+
+  if (s.schedule == Schedule::kGpipe) return simulate_gpipe(s, cal, rates, cost);
 
   std::vector<std::unique_ptr<BalancerRunner>> runners;
   std::vector<BalancerResult> results;

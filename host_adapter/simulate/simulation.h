@@ -13,6 +13,7 @@
 #include "attention_rates.h"
 #include "layout.h"
 #include "model_shape.h"
+#include "pipeline_model.h"
 #include "step_model.h"
 #include "system_calibration.h"
 #include "trainer_calibration.h"
@@ -30,6 +31,10 @@ struct BalancerSpec {
   // their own chunks and only K/V moves.
   bool plan_is_layout = false;
 };
+
+// How a step with pp > 1 runs: k1f1b is the kernel-level model's 1F1B (step_model.h); kGpipe the pipeline
+// trainer (examples/train_pipeline.py) tick by tick with the trainer calibration (pipeline_model.h).
+enum class Schedule { k1f1b, kGpipe };
 
 struct Scenario {
   ModelShape shape;
@@ -49,6 +54,9 @@ struct Scenario {
   // A real trainer's step (trainer_model.h) instead of the kernel-level model, when set.
   const TrainerCalibration* trainer = nullptr;
   TrainerOptions trainer_options;
+  Schedule schedule = Schedule::k1f1b;
+  // With kGpipe: how CAD balancers pool attention (colocated is always local); kLocal is not valid here.
+  PipelinePool pool = PipelinePool::kTick;
   // Keep each micro-batch's per-rank parts in BalancerResult::detail (small runs: one entry per rank).
   bool detail = false;
   // Called with a line of progress (e.g. "step 2/4: prefix_aware") on long runs; may be empty.
@@ -80,6 +88,16 @@ struct MicroBatchDetail {
   std::vector<RankDetail> ranks;
 };
 
+// One tick of a --schedule gpipe step (Scenario::detail): which micro-batch each stage runs, every rank's
+// parts (rank = stage x DP + replica) and the tick's seconds.
+struct TickDetail {
+  int64_t step = 0;
+  GpipeTick tick;
+  std::vector<TickRankTime> ranks;
+  double seconds = 0;
+  int64_t plan_documents = 0;  // documents in the tick's plans (tick pooling: the union of the stages')
+};
+
 struct BalancerResult {
   std::string name;
   int64_t group_size = 0;
@@ -88,6 +106,7 @@ struct BalancerResult {
   double plan_ms = 0;              // mean planning time per micro-batch (all groups)
   ModeResult off, on;              // without / with ping-pong
   std::vector<MicroBatchDetail> detail;  // with Scenario::detail
+  std::vector<TickDetail> ticks;         // with Scenario::detail and Schedule::kGpipe
 };
 
 // Validates the scenario (throws std::invalid_argument naming the option), runs it, returns one result
