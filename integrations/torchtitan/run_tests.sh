@@ -25,6 +25,15 @@ skip() { echo "SKIP python.torchtitan: $*"; exit "$SKIP"; }
 
 installed() { "$1" -c "import importlib.metadata as m; print(m.version('torchtitan'))" 2>/dev/null; }
 
+# The packed-document data is the Pretrain recipe's lengths (titan_common.default_data_path: $CAD_DATA,
+# ../shared/data, .bench_data), as for the trainer tests: without it there is nothing to train on.
+REPO=$(cd "$HERE/../.." && pwd)
+data=""
+for candidate in "${CAD_DATA:-}" "$REPO/../shared/data/doclen_pretrain.json" "$REPO/.bench_data/doclen_pretrain.json"; do
+  if [ -n "$candidate" ] && [ -f "$candidate" ]; then data=$candidate; break; fi
+done
+[ -n "$data" ] || skip "no Pretrain data (doclen_pretrain.json: set CAD_DATA, or ../shared/data beside the checkout)"
+
 if version=$(installed "$PY"); then
   RUN=$PY
 else

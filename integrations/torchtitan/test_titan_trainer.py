@@ -24,6 +24,9 @@ pytest.importorskip("torchtitan.trainer" if V03 else "torchtitan.train", exc_typ
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+if titan_common.default_data_path() is None:
+    pytest.skip("no Pretrain data (doclen_pretrain.json: set CAD_DATA, or ../shared/data beside the checkout)",
+                allow_module_level=True)
 
 
 def _port():
