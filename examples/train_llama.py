@@ -1092,6 +1092,19 @@ def train_one(args, rank, world, device, lengths):
     return result
 
 
+def apply_model_defaults(args):
+    """Fill what the command line left open from --model's preset (MODELS), --intermediate 0 as 3 x --hidden, and
+    --dtype by --device (bf16 on CUDA, fp32 on the CPU). Returns args."""
+    for key, value in MODELS[args.model].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.intermediate == 0:
+        args.intermediate = args.hidden * 3
+    if args.dtype is None:
+        args.dtype = "bf16" if args.device == "cuda" else "fp32"
+    return args
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attention", choices=["local", "torch_varlen", "cad"], default="cad",
@@ -1207,14 +1220,7 @@ def parse_args(argv=None):
     p.add_argument("--profile-trace", action="store_true",
                    help="with --profile-step: also write the profiled step's timeline per rank to <json-out stem>"
                         "_trace_rank<R>.json (Chrome trace format: every kernel on its stream, every host call)")
-    args = p.parse_args(argv)
-    for key, value in MODELS[args.model].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.intermediate == 0:
-        args.intermediate = args.hidden * 3
-    if args.dtype is None:
-        args.dtype = "bf16" if args.device == "cuda" else "fp32"
+    args = apply_model_defaults(p.parse_args(argv))
     # NCCL for the gradients only where CAD uses NCCL too (one process per GPU); processes sharing a GPU
     # (communicator host or mpi) average their gradients over gloo.
     args.backend = "nccl" if args.device == "cuda" and args.communicator in (None, "nccl") else "gloo"

@@ -822,14 +822,7 @@ def parse_args(argv=None):
     p.add_argument("--test-fault", default=None,
                    help="for tests: RANK:PHASE:TICK:KIND, PHASE forward|backward, KIND raise (that rank raises at "
                         "the tick's start) or stall (sleeps 3 x --timeout-ms there)")
-    args = p.parse_args(argv)
-    for key, value in base.MODELS[args.model].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.intermediate == 0:
-        args.intermediate = args.hidden * 3
-    if args.dtype is None:
-        args.dtype = "bf16" if args.device == "cuda" else "fp32"
+    args = base.apply_model_defaults(p.parse_args(argv))
     if args.device == "cuda" and args.communicator == "host":
         p.error("--communicator host on CUDA: the stages' send/recv of CUDA tensors needs NCCL (one process per GPU)")
     if args.device == "cpu" and args.communicator == "nccl":

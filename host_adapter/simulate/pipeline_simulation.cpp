@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
-#include <numeric>
 
 #include "balancer_runner.h"
 #include "batch_recipe.h"
@@ -227,12 +226,7 @@ std::vector<BalancerResult> simulate_gpipe(const Scenario& s, const SystemCalibr
       res.on.step_seconds.push_back(step_s);
     }
   }
-  for (auto& r : results) {
-    for (ModeResult* mr : {&r.off, &r.on}) {
-      mr->mean_step_seconds = std::accumulate(mr->step_seconds.begin(), mr->step_seconds.end(), 0.0) /
-                              static_cast<double>(mr->step_seconds.size());
-    }
-  }
+  set_mean_step_seconds(results);
   return results;
 }
 

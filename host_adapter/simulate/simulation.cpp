@@ -223,13 +223,17 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
       }
     }
   }
+  set_mean_step_seconds(results);
+  return results;
+}
+
+void set_mean_step_seconds(std::vector<BalancerResult>& results) {
   for (auto& r : results) {
     for (ModeResult* mr : {&r.off, &r.on}) {
       mr->mean_step_seconds = std::accumulate(mr->step_seconds.begin(), mr->step_seconds.end(), 0.0) /
                               static_cast<double>(mr->step_seconds.size());
     }
   }
-  return results;
 }
 
 }  // namespace cad::simulate

@@ -109,6 +109,9 @@ struct BalancerResult {
   std::vector<TickDetail> ticks;         // with Scenario::detail and Schedule::kGpipe
 };
 
+// Sets every result's off/on mean_step_seconds, the mean of its step_seconds (each driver's last step).
+void set_mean_step_seconds(std::vector<BalancerResult>& results);
+
 // Validates the scenario (throws std::invalid_argument naming the option), runs it, returns one result
 // per balancer in the given order.
 std::vector<BalancerResult> simulate(const Scenario& scenario, const SystemCalibration& calibration,
