@@ -23,27 +23,9 @@ SKIP=77
 REQUIREMENT=${CAD_MEGATRON_CORE:-"megatron-core>=0.16,<0.20"}
 skip() { echo "SKIP python.megatron: $*"; exit "$SKIP"; }
 
-# Whether an interpreter has megatron-core installed: its metadata (importing it would start torch: seconds).
-installed() { "$1" -c "import importlib.metadata as m; print(m.version('megatron-core'))" 2>/dev/null; }
-
-if version=$(installed "$PY"); then
-  RUN=$PY
-else
-  if ! version=$(installed "$VENV/bin/python"); then
-    rm -rf "$VENV"
-    if ! venv_log=$("$PY" -m venv --system-site-packages "$VENV" 2>&1); then
-      skip "cannot make a virtual environment with $PY -m venv (${venv_log##*$'\n'})"
-    fi
-    echo "pip install '$REQUIREMENT' into $VENV ($("$PY" -c 'import sys; print("Python %d.%d" % sys.version_info[:2])'))"
-    if ! pip_log=$("$VENV/bin/python" -m pip install -q --disable-pip-version-check "$REQUIREMENT" 2>&1); then
-      echo "$pip_log" | tail -5 | cut -c1-400
-      rm -rf "$VENV"
-      skip "pip install '$REQUIREMENT' failed on this machine (see above)"
-    fi
-    version=$(installed "$VENV/bin/python") || skip "pip installed '$REQUIREMENT' but its metadata is missing"
-  fi
-  RUN=$VENV/bin/python
-fi
-echo "megatron-core $version ($RUN)"
+# shellcheck source=../python_with_package.sh
+. "$HERE/../python_with_package.sh"
+python_with_package megatron-core "$PY" "$VENV" "$REQUIREMENT"
+echo "megatron-core $VERSION ($RUN)"
 # -rs: a test skipped inside (e.g. megatron.core installed but not importable) says why.
 exec "$RUN" -m pytest -q -rs -p no:cacheprovider "$HERE/test_cad_megatron.py" "$@"

@@ -23,35 +23,15 @@ SKIP=77
 PACKAGES=${CAD_TORCHTITAN:-"torchtitan==0.2.2 einops tyro docstring_parser typeguard torchdata"}
 skip() { echo "SKIP python.torchtitan: $*"; exit "$SKIP"; }
 
-installed() { "$1" -c "import importlib.metadata as m; print(m.version('torchtitan'))" 2>/dev/null; }
-
-# The packed-document data is the Pretrain recipe's lengths (titan_common.default_data_path: $CAD_DATA,
-# ../shared/data, .bench_data), as for the trainer tests: without it there is nothing to train on.
-REPO=$(cd "$HERE/../.." && pwd)
-data=""
-for candidate in "${CAD_DATA:-}" "$REPO/../shared/data/doclen_pretrain.json" "$REPO/.bench_data/doclen_pretrain.json"; do
-  if [ -n "$candidate" ] && [ -f "$candidate" ]; then data=$candidate; break; fi
-done
+# The packed-document data is the Pretrain recipe's lengths, found where the recipe looks for them
+# (titan_common.default_data_path), as for the trainer tests: without it there is nothing to train on.
+data=$("$PY" -c "import sys; sys.path.insert(0, sys.argv[1]); import titan_common; print(titan_common.default_data_path() or '')" \
+       "$HERE" 2>/dev/null)
 [ -n "$data" ] || skip "no Pretrain data (doclen_pretrain.json: set CAD_DATA, or ../shared/data beside the checkout)"
 
-if version=$(installed "$PY"); then
-  RUN=$PY
-else
-  if ! version=$(installed "$VENV/bin/python"); then
-    rm -rf "$VENV"
-    if ! venv_log=$("$PY" -m venv --system-site-packages "$VENV" 2>&1); then
-      skip "cannot make a virtual environment with $PY -m venv (${venv_log##*$'\n'})"
-    fi
-    echo "pip install --no-deps $PACKAGES into $VENV"
-    # shellcheck disable=SC2086 -- the list is words
-    if ! pip_log=$("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps $PACKAGES 2>&1); then
-      echo "$pip_log" | tail -5 | cut -c1-400
-      rm -rf "$VENV"
-      skip "pip install --no-deps $PACKAGES failed on this machine (see above)"
-    fi
-    version=$(installed "$VENV/bin/python") || skip "pip installed torchtitan but its metadata is missing"
-  fi
-  RUN=$VENV/bin/python
-fi
-echo "torchtitan $version ($RUN)"
+# shellcheck source=../python_with_package.sh
+. "$HERE/../python_with_package.sh"
+# shellcheck disable=SC2086 -- the list is words
+python_with_package torchtitan "$PY" "$VENV" --no-deps $PACKAGES
+echo "torchtitan $VERSION ($RUN)"
 exec "$RUN" -m pytest -q -rs -p no:cacheprovider "$HERE/test_titan_trainer.py" "$@"
