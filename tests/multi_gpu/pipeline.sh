@@ -28,19 +28,8 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/pipeline_out}"
 BUILD="${BUILD:-build-gpu}"
 NGPU="${NGPU:-2}"
-mkdir -p "$OUT"
-SUMMARY="$OUT/summary.txt"
-: > "$SUMMARY"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-export CAD_DATA="${CAD_DATA:-$PWD/../shared/data/doclen_pretrain.json}"
-[ -f "$CAD_DATA" ] || CAD_DATA="$PWD/.bench_data/doclen_pretrain.json"
-failed=0
-pack() { if [ -n "${TAR:-}" ]; then tar -czf "$TAR.tmp" -C "$OUT" . && mv -f "$TAR.tmp" "$TAR"; fi; }
-record() {  # record NAME STATUS
-  echo "$1: $([ "$2" = 0 ] && echo passed || echo "FAILED (exit $2)") [$(date +%H:%M:%S)]" | tee -a "$SUMMARY"
-  [ "$2" = 0 ] || failed=1
-  pack
-}
+# shellcheck source=stage_log.sh
+. tests/multi_gpu/stage_log.sh
 nvidia-smi -L | tee -a "$SUMMARY"
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then  # run.sh's build stage: libcad_host and the plugins, CUDA, sm_90a

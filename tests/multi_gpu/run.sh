@@ -42,20 +42,10 @@ NGPU="${NGPU:-$(nvidia-smi -L | wc -l)}"
 ONLY="${ONLY:-build,correctness,faults,train,bandwidth}"
 [ "${SKIP_BUILD:-0}" = 1 ] && ONLY="${ONLY//build/}"
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
-mkdir -p "$OUT"
-SUMMARY="$OUT/summary.txt"
-: > "$SUMMARY"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# shellcheck source=stage_log.sh
+. tests/multi_gpu/stage_log.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN=(mpirun --allow-run-as-root -np "$NGPU" --mca btl self,vader -x NCCL_NVLS_ENABLE)
-export CAD_DATA="${CAD_DATA:-$PWD/../shared/data/doclen_pretrain.json}"
-[ -f "$CAD_DATA" ] || CAD_DATA="$PWD/.bench_data/doclen_pretrain.json"
-failed=0
-pack() { if [ -n "${TAR:-}" ]; then tar -czf "$TAR.tmp" -C "$OUT" . && mv -f "$TAR.tmp" "$TAR"; fi; }
-record() {  # record NAME STATUS
-  echo "$1: $([ "$2" = 0 ] && echo passed || echo "FAILED (exit $2)") [$(date +%H:%M:%S)]" | tee -a "$SUMMARY"
-  [ "$2" = 0 ] || failed=1
-  pack
-}
 nvidia-smi -L | tee -a "$SUMMARY"
 echo "stages: $ONLY" | tee -a "$SUMMARY"
 
