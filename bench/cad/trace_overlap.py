@@ -18,6 +18,7 @@ CUDA runtime calls:
 Prints a markdown table per trace; --json writes the numbers.
 """
 import argparse
+import bisect
 import json
 import pathlib
 
@@ -120,7 +121,6 @@ def analyse(path):
 def nccl_job_thread_delays(events):
     """Launches by threads whose every launched kernel is an NCCL kernel (NCCL's job threads), and per launch the
     ms since the last CUDA call of any other thread (cudaEventQuery excluded: watchdogs poll it)."""
-    import bisect
     runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")]
     kernel_of = {e.get("args", {}).get("correlation"): e.get("name", "") for e in events if e.get("cat") == "kernel"}
     launches = {}

@@ -541,6 +541,10 @@ def test_bad_options_are_refused(capsys):
     assert "--global-every needs --window" in _refused(t, capsys, ["--global-every", "6"])
     for every in ("1", "0", "-3"):
         assert f"--global-every must be at least 2" in _refused(t, capsys, ["--window", "8", "--global-every", every])
+    assert "--balanced-batches balances causal attention work" in \
+        _refused(t, capsys, ["--balanced-batches", "--window", "8"])
+    for configs in ("prefix_aware+pp+pp1", "local_balanced+pp", "distca+pp1+ppauto"):
+        assert f"{configs!r} is not" in _refused(t, capsys, ["--configs", configs]), configs
 
 
 def test_window_options():
