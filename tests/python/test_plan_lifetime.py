@@ -131,3 +131,26 @@ def test_a_second_backward_of_a_kept_forward_is_refused():
 def test_keep_forward_tensors_takes_only_its_three_values():
     with pytest.raises(cad.CadError, match="keep_forward_tensors must be True, False or 'auto', got 'yes'"):
         cad.init(keep_forward_tensors="yes")
+
+
+def test_a_copy_of_the_plans_cu_seqlens_is_read_back_once(monkeypatch):
+    # FSDP2's root module moves every tensor of its forward's arguments to the GPU, so the attention calls get a
+    # device copy of the plan's cu_seqlens: reading it back at every layer synchronised the host each time.
+    from cad import _documents
+    reads = []
+    checked = _documents._checked
+    monkeypatch.setattr(_documents, "_checked", lambda t, what: reads.append(what) or checked(t, what))
+    q, k, v, cu = random_batch([5, 9, 3], 2, 1, 8)
+    plan = cad.plan(cu)
+    reads.clear()
+    copy = cu.clone()
+    outs = [cad.varlen_attn(q, k, v, copy, plan=plan) for _ in range(4)]  # four layers, one tensor
+    assert len(reads) == 1
+    own = cad.varlen_attn(q, k, v, cu, plan=plan)
+    assert len(reads) == 1  # the plan's own tensor is never read again
+    for out in outs:
+        torch.testing.assert_close(out, own, rtol=0, atol=0)
+    copy[1] = 7  # refilled in place: read again, and its other documents are refused by the plan
+    with pytest.raises(cad.CadError, match="pieces differ from those plan #"):
+        cad.varlen_attn(q, k, v, copy, plan=plan)
+    assert len(reads) == 2

@@ -1,14 +1,24 @@
 """cu_seqlens, checked once for every path: the local segment table and CAD's pieces read the same validated
 list, so a tensor one path refuses is refused by the other too (the CAD path used to accept a float or 2-D
-cu_seqlens, or one not starting at 0, and compute on whatever it made of it)."""
+cu_seqlens, or one not starting at 0, and compute on whatever it made of it).
+
+Each tensor is read back once (per in-place version), here and nowhere else. Every layer of a micro-batch passes
+the same tensor, and it is often a device copy the caller never asked for: FSDP2's root module moves every tensor
+of its forward's arguments to the GPU, so a plan's host cu_seqlens reaches the attention calls as a new CUDA
+tensor. Reading that back synchronises the host with the stream; at every layer, that left ping-pong's two
+streams no time to overlap (measured on 2 H200s, docs/multi_gpu.md)."""
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ._errors import CadError
 
+# tensor (by identity: tensors do not compare with ==) -> (its _version when read, its offsets as a tuple)
+_read_back = WeakIdKeyDictionary()
+
 
 def offsets(cu_seqlens, what, tokens=None):
-    """cu_seqlens as a list of ints: a 1-D int32/int64 tensor rising from 0 (to `tokens`, the rows of q, when
-    given). Reads it back to the host (one copy; callers cache what they derive from it)."""
+    """cu_seqlens as a tuple of ints: a 1-D int32/int64 tensor rising from 0 (to `tokens`, the rows of q, when
+    given). Read back to the host and checked once per tensor and version; later calls with it are free."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise CadError(f"{what}: cu_seqlens must be a torch.Tensor (int32 [num_docs + 1]), got "
                        f"{type(cu_seqlens).__name__}")
@@ -17,15 +27,29 @@ def offsets(cu_seqlens, what, tokens=None):
                        f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
     if cu_seqlens.device.type == "meta":
         raise CadError(f"{what}: cu_seqlens is on the meta device (it has no values)")
-    cu = cu_seqlens.detach().to("cpu", torch.int64).tolist()
-    shown = f"{cu[:4]}{'...' if len(cu) > 4 else ''}"
+    cached = _read_back.get(cu_seqlens)
+    if cached is not None and cached[0] == cu_seqlens._version:
+        cu = cached[1]
+    else:
+        cu = _checked(cu_seqlens, what)
+        _read_back[cu_seqlens] = (cu_seqlens._version, cu)
+    if tokens is not None and cu[-1] != tokens:
+        raise CadError(f"{what}: cu_seqlens must rise from 0 to T = {tokens} (q's rows), got {_shown(cu)} ending at "
+                       f"{cu[-1]}")
+    return cu
+
+
+def _shown(cu):
+    return f"{list(cu[:4])}{'...' if len(cu) > 4 else ''}"
+
+
+def _checked(cu_seqlens, what):
+    cu = tuple(cu_seqlens.detach().to("cpu", torch.int64).tolist())
+    shown = _shown(cu)
     if not cu or cu[0] != 0:
         raise CadError(f"{what}: cu_seqlens must start at 0, got {shown}")
     drop = next((i for i, (a, b) in enumerate(zip(cu, cu[1:])) if b < a), None)
     if drop is not None:
         raise CadError(f"{what}: cu_seqlens must not decrease, but entry {drop + 1} ({cu[drop + 1]}) is below "
                        f"entry {drop} ({cu[drop]})")
-    if tokens is not None and cu[-1] != tokens:
-        raise CadError(f"{what}: cu_seqlens must rise from 0 to T = {tokens} (q's rows), got {shown} ending at "
-                       f"{cu[-1]}")
     return cu

@@ -40,7 +40,7 @@ def _release_saved(key):
 
 
 # cu_seqlens tensor -> (its version, tokens, segment table, count): every layer of a step passes the same
-# tensor, and reading it back from the GPU each time would synchronise the host once per layer.
+# tensor; its table is built once (_documents reads the tensor back once).
 _segment_tables = WeakIdKeyDictionary()  # by identity: tensors do not compare with ==
 
 

@@ -7,6 +7,7 @@ import time
 import weakref
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _abi, _documents, _runtime
 from ._errors import CadError
@@ -74,6 +75,7 @@ class Plan:
         self.make_started_at = None  # time.perf_counter() when the collective make began
         self._host = None
         self._array = piece_array(self.pieces)
+        self._call_pieces = WeakIdKeyDictionary()  # another cu_seqlens tensor a call gave -> (version, array, n)
         self._ready = None      # threading.Event while made ahead (set when made or failed)
         self._error = None      # what went wrong making it ahead
         self.tag = None
@@ -203,8 +205,12 @@ class Plan:
                                f"cad.plan(...) read it; the plan is for the documents it held then. Make a new plan "
                                f"for new documents", "INVALID_ARGUMENT")
             return self._array, len(self.pieces)
-        pieces = pieces_from_cu_seqlens(cu_seqlens, rank, "cad.varlen_attn")
-        return piece_array(pieces), len(pieces)
+        # Another tensor, e.g. the device copy FSDP2's root module made of the plan's: its pieces, built once.
+        cached = self._call_pieces.get(cu_seqlens)
+        if cached is None or cached[0] != cu_seqlens._version:
+            pieces = pieces_from_cu_seqlens(cu_seqlens, rank, "cad.varlen_attn")
+            cached = self._call_pieces[cu_seqlens] = (cu_seqlens._version, piece_array(pieces), len(pieces))
+        return cached[1], cached[2]
 
     @property
     def stats(self):

@@ -38,7 +38,6 @@ import operator
 from typing import NamedTuple, Optional
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _documents
 from ._errors import CadError
@@ -59,22 +58,13 @@ __all__ = ["AuxRequest", "varlen_attn", "torch_varlen_attn"]
 
 _WHAT = "cad.varlen.varlen_attn"
 
-# cu_seq tensor -> (its version, offsets): every layer of a step passes the same tensors; read each back once.
-_offsets = WeakIdKeyDictionary()
-
-
 def torch_varlen_attn():
     """PyTorch's own varlen_attn, or None where the installed torch has none (before 2.10)."""
     return getattr(_torch_varlen, "varlen_attn", None)
 
 
 def _read(cu, name):
-    cached = _offsets.get(cu)
-    if cached is not None and cached[0] == cu._version:
-        return cached[1]
-    cu_list = _documents.offsets(cu, f"{_WHAT} ({name})")
-    _offsets[cu] = (cu._version, cu_list)
-    return cu_list
+    return _documents.offsets(cu, f"{_WHAT} ({name})")  # read back once per tensor (every layer passes the same)
 
 
 def _window(window_size):
@@ -116,7 +106,7 @@ def _check_documents(cu_seq_q, cu_seq_k, max_q, max_k, plan):
     if cu_seq_k is not cu_seq_q:
         q, k = _read(cu_seq_q, "cu_seq_q"), _read(cu_seq_k, "cu_seq_k")
         if q != k:
-            shown = lambda cu: f"{cu[:4]}{'...' if len(cu) > 4 else ''}"  # noqa: E731
+            shown = lambda cu: f"{list(cu[:4])}{'...' if len(cu) > 4 else ''}"  # noqa: E731
             raise CadError(f"{_WHAT}: cu_seq_q {shown(q)} and cu_seq_k {shown(k)} differ; CAD runs self-attention "
                            f"over packed documents (cu_seq_k must equal cu_seq_q)", "INVALID_ARGUMENT")
     longest = max(lengths, default=0)
