@@ -464,6 +464,9 @@ def wrap_data_parallel(module, args, device, world, dtype):
         fully_shard(layer, mesh=mesh, mp_policy=policy,
                     reshard_after_forward=not (args.ping_pong and args.ping_pong_when == "always"))
     fully_shard(module, mesh=mesh, mp_policy=policy)  # the root: embeddings, final norm, head
+    if args.ping_pong:
+        import cad
+        cad.prepare_ping_pong(module.lm.model.layers)  # FSDP2 gathers a layer's weights on nano-batch 0's stream
     return module
 
 

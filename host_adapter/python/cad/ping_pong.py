@@ -44,6 +44,40 @@ def ping_pong(stages, states, *, device=None):
     return states
 
 
+def prepare_ping_pong(layers):
+    """Make layers that gather their weights in a forward pre-hook safe to run on both nano-batch streams; call
+    once, after wrapping them (FSDP2's fully_shard). Returns the hook handles.
+
+    FSDP2 gathers a layer's weights when it is first called and copies them into place on the calling stream:
+    nano-batch 0's. Nano-batch 1's call, on the other stream, finds them gathered and reads them at once, with
+    nothing ordering it after that copy. Every layer's CAD call used to synchronise the host (a cu_seqlens
+    read-back), which hid this; without it, the read raced the copy (a NaN loss on 2 H200s). The hook added
+    here runs after the layer's own pre-hooks: it records where the calling stream stands and makes a call
+    from another stream wait there -- for those hooks' work, not the other nano-batch's compute."""
+    handles = []
+    for layer in layers:
+        handles.append(layer.register_forward_pre_hook(_StreamHandOver(), with_kwargs=True))
+    return handles
+
+
+class _StreamHandOver:
+    """A layer's forward pre-hook: a call on another stream than the previous one waits for the point the
+    previous call had reached after its pre-hooks (CUDA only; elsewhere nothing to order)."""
+
+    def __init__(self):
+        self.event, self.stream = None, None
+
+    def __call__(self, module, args, kwargs):
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None
+        stream = torch.cuda.current_stream()
+        if self.event is not None and self.stream != stream and self.stream.device == stream.device:
+            stream.wait_event(self.event)
+        self.event, self.stream = torch.cuda.Event(), stream
+        self.event.record(stream)
+        return None
+
+
 class PingPongChoice:
     """Whether splitting micro-batches into two nano-batches pays, decided from a measured step instead of
     assumed: ping-pong can hide at most the time the calling streams stall on CAD's exchanges, and splitting
