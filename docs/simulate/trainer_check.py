@@ -32,7 +32,9 @@ FIT_RUNS = ["trainer_h200x2_run9"]
 HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4_run1", "trainer_h200x2_run12",
                  "trainer_h200x2_run13", "trainer_h200x2_run14", "trainer_h200x4_run2",
                  # run 4 (2026-11-27): 64K at 2 layers with ping-pong on one and two lanes, 32 layers, 256K
-                 "trainer_h200x4_run4/a", "trainer_h200x4_run4/b", "trainer_h200x4_run4/c"]
+                 "trainer_h200x4_run4/a", "trainer_h200x4_run4/b", "trainer_h200x4_run4/c",
+                 # run 18 (2026-11-27): after the per-layer host sync was removed (0457bc7), 64K-256K on 2 H200s
+                 "trainer_h200x2_run18"]
 CALIBRATION = REPO / "docs" / "simulate" / "trainer_h200.json"
 DOC = REPO / "docs" / "simulate.md"
 TRAINER = ("examples/train_llama.py --model llama3-8b --parallel fsdp2 --checkpointing full --micro-batches 2 "
