@@ -9,7 +9,8 @@ DOCS = [[37, 5, 1, 21], [9, 60]]  # per rank; unequal attention work
 
 def _train(rank, implementation, ahead=False):
     """Two optimizer steps. ahead: each step's plan is asked for with cad.hf.plan_ahead while the step before it
-    computes (step 0's before the loop), as a trainer loading micro-batch i+1 would."""
+    computes (step 0's before the loop), as a trainer loading micro-batch i+1 would. ahead="moved": the forward
+    gets a copy of the position_ids plan_ahead was given, as FSDP2's root module hands it a device copy."""
     import cad.hf
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -30,7 +31,8 @@ def _train(rank, implementation, ahead=False):
     for step, (ids, positions) in enumerate(batches):
         if ahead and step + 1 < len(batches):
             plans.append(cad.hf.plan_ahead(model, position_ids=batches[step + 1][1], tag=step + 1))
-        loss = model(input_ids=ids, position_ids=positions, labels=ids).loss
+        given = positions.clone() if ahead == "moved" else positions
+        loss = model(input_ids=ids, position_ids=given, labels=ids).loss
         loss.backward()
         if ahead:  # the forward found its plan (made on the planning thread), made none at its first layer
             assert cad.hf.current_plan() is plans[step] and plans[step].ready
@@ -42,7 +44,7 @@ def _train(rank, implementation, ahead=False):
 
 def _compare(rank, world):
     local = _train(rank, "cad_local")
-    for ahead in (False, True):
+    for ahead in (False, True, "moved"):
         distributed = _train(rank, "cad", ahead)
         for step, ((loss_a, grads_a), (loss_b, grads_b)) in enumerate(zip(local, distributed)):
             torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6,

@@ -34,15 +34,22 @@ rank). Neither is then derived nor remembered. For a model with windowed and glo
 tuple (or list) of plans, one per mask, as plan_ahead returns them: each layer takes the plan made for its own
 window (cad.plan(cu, window_size=(left, 0)) for a layer of sliding_window left + 1; no window for a global layer).
 """
+import weakref
+
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import _documents as _offsets
 from ._errors import CadError
 from ._ops import varlen_attn
 from ._plan import plan as make_plan
 
 # Documents source tensor (by identity) -> _Documents. Weak: an entry goes with the micro-batch's tensor.
 _by_source = WeakIdKeyDictionary()
+# plan_ahead's entries that no forward has used yet, oldest first (weak references). A forward may get another
+# tensor than the one plan_ahead was given -- FSDP2's root module moves its forward's tensor arguments to the GPU --
+# and then takes the oldest unused entry with the same documents instead of making a plan at its first layer.
+_unused_ahead = []
 # The plan of the last "cad" call, for current_plan() (statistics): it stays alive until the next call's replaces
 # it. Since plans hold only index tables between calls (their buffers are per call), that costs little.
 _last = {"plan": None}
@@ -53,6 +60,21 @@ class _Documents:
 
     def __init__(self, version, cu):
         self.version, self.cu, self.plans = version, cu, {}
+        self.used = False  # by a forward (plan_ahead's entries wait in _unused_ahead until then)
+
+
+def _take_planned_ahead(cu):
+    """The oldest unused plan_ahead entry with the documents of `cu`, marked used; None if there is none."""
+    _unused_ahead[:] = [ref for ref in _unused_ahead if ref() is not None and not ref().used]
+    wanted = None
+    for ref in _unused_ahead:
+        entry = ref()
+        if wanted is None:
+            wanted = _offsets.offsets(cu, "cad attention")  # one read-back per micro-batch, only when needed
+        if _offsets.offsets(entry.cu, "cad.hf.plan_ahead") == wanted:
+            entry.used = True
+            return entry
+    return None
 
 
 def cu_seqlens_from_position_ids(position_ids):
@@ -135,7 +157,13 @@ def _documents(query, kwargs):
         return None
     entry = _by_source.get(source)
     if entry is None or entry.version != source._version:
-        entry = _by_source[source] = _Documents(source._version, _cu_seqlens(query, kwargs))
+        cu = _cu_seqlens(query, kwargs)
+        entry = _Documents(source._version, cu)
+        ahead = _take_planned_ahead(cu)
+        if ahead is not None:  # the same documents as a micro-batch planned ahead, in another tensor
+            entry.plans = ahead.plans
+        _by_source[source] = entry
+    entry.used = True
     return entry
 
 
@@ -238,6 +266,7 @@ def plan_ahead(model, *, position_ids=None, cu_seq_lens_q=None, dtype=None, devi
     entry = _by_source.get(source)
     if entry is None or entry.version != source._version:
         entry = _by_source[source] = _Documents(source._version, cu)
+        _unused_ahead.append(weakref.ref(entry))
     plans = []
     for window in _model_windows(model, causal):
         plan = entry.plans.get((causal, window))
