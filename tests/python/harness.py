@@ -1,5 +1,10 @@
-"""Running a test body on N CPU processes under a gloo process group (torch.multiprocessing spawn), with a
-deadline: a rank that hangs fails the test instead of stalling CI."""
+"""Running a test body on N CPU processes under a gloo process group, with a deadline: a rank that hangs fails the
+test instead of stalling CI.
+
+The ranks are forked from a forkserver that imported torch once (started at a suite's first run, with the
+environment of that moment), not spawned: a spawned rank imports torch again, about 3 s of CPU each, and the
+suites start hundreds of ranks (on CI's two cores that was most of their time). Nothing CAD-specific is
+imported before the fork: the package, its library and its threads start in each rank."""
 import os
 import socket
 import traceback
@@ -35,7 +40,8 @@ def _worker(rank, world, port, body, args, errors):
 
 def run(world, body, *args, timeout_s=120):
     """Run body(rank, world, *args) on `world` processes; raise with every failing rank's traceback."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])  # read when the server starts: the first run
     errors = ctx.SimpleQueue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, body, args, errors)) for r in range(world)]
