@@ -34,20 +34,20 @@ def offsets(cu_seqlens, what, tokens=None):
         cu = _checked(cu_seqlens, what)
         _read_back[cu_seqlens] = (cu_seqlens._version, cu)
     if tokens is not None and cu[-1] != tokens:
-        raise CadError(f"{what}: cu_seqlens must rise from 0 to T = {tokens} (q's rows), got {_shown(cu)} ending at "
+        raise CadError(f"{what}: cu_seqlens must rise from 0 to T = {tokens} (q's rows), got {shown(cu)} ending at "
                        f"{cu[-1]}")
     return cu
 
 
-def _shown(cu):
+def shown(cu):
+    """The first offsets of a read-back cu_seqlens, for error messages."""
     return f"{list(cu[:4])}{'...' if len(cu) > 4 else ''}"
 
 
 def _checked(cu_seqlens, what):
     cu = tuple(cu_seqlens.detach().to("cpu", torch.int64).tolist())
-    shown = _shown(cu)
     if not cu or cu[0] != 0:
-        raise CadError(f"{what}: cu_seqlens must start at 0, got {shown}")
+        raise CadError(f"{what}: cu_seqlens must start at 0, got {shown(cu)}")
     drop = next((i for i, (a, b) in enumerate(zip(cu, cu[1:])) if b < a), None)
     if drop is not None:
         raise CadError(f"{what}: cu_seqlens must not decrease, but entry {drop + 1} ({cu[drop + 1]}) is below "

@@ -65,12 +65,12 @@ class _Documents:
 
 def _take_planned_ahead(cu):
     """The oldest unused plan_ahead entry with the documents of `cu`, marked used; None if there is none."""
-    _unused_ahead[:] = [ref for ref in _unused_ahead if ref() is not None and not ref().used]
-    wanted = None
-    for ref in _unused_ahead:
-        entry = ref()
-        if wanted is None:
-            wanted = _offsets.offsets(cu, "cad attention")  # one read-back per micro-batch, only when needed
+    waiting = [entry for entry in (ref() for ref in _unused_ahead) if entry is not None and not entry.used]
+    _unused_ahead[:] = [weakref.ref(entry) for entry in waiting]
+    if not waiting:
+        return None
+    wanted = _offsets.offsets(cu, "cad attention")  # one read-back per micro-batch, only when an entry waits
+    for entry in waiting:
         if _offsets.offsets(entry.cu, "cad.hf.plan_ahead") == wanted:
             entry.used = True
             return entry

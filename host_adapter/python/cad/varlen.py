@@ -106,9 +106,9 @@ def _check_documents(cu_seq_q, cu_seq_k, max_q, max_k, plan):
     if cu_seq_k is not cu_seq_q:
         q, k = _read(cu_seq_q, "cu_seq_q"), _read(cu_seq_k, "cu_seq_k")
         if q != k:
-            shown = lambda cu: f"{list(cu[:4])}{'...' if len(cu) > 4 else ''}"  # noqa: E731
-            raise CadError(f"{_WHAT}: cu_seq_q {shown(q)} and cu_seq_k {shown(k)} differ; CAD runs self-attention "
-                           f"over packed documents (cu_seq_k must equal cu_seq_q)", "INVALID_ARGUMENT")
+            raise CadError(f"{_WHAT}: cu_seq_q {_documents.shown(q)} and cu_seq_k {_documents.shown(k)} differ; CAD "
+                           f"runs self-attention over packed documents (cu_seq_k must equal cu_seq_q)",
+                           "INVALID_ARGUMENT")
     longest = max(lengths, default=0)
     _check_max("max_q", max_q, longest)
     _check_max("max_k", max_k, longest)
