@@ -1,6 +1,7 @@
 """cad.prepare_ping_pong's stream hand-over, with CUDA's streams and events stood in by recording fakes (this
 machine has no GPU): a layer called from a second stream must wait for the point the first stream's call had
 reached after the layer's other pre-hooks (FSDP2's weight copy-in); a call from the same stream must not."""
+import pytest
 import torch
 
 import cad
@@ -50,3 +51,8 @@ def test_nothing_is_ordered_without_cuda():
     assert len(handles) == 1
     torch.testing.assert_close(layer(torch.ones(2, 4)), torch.nn.functional.linear(torch.ones(2, 4), layer.weight,
                                                                                     layer.bias))
+
+
+def test_what_is_not_a_module_is_refused_naming_it():
+    with pytest.raises(cad.CadError, match=r"layers\[1\] must be a torch.nn.Module .* got function"):
+        cad.prepare_ping_pong([torch.nn.Linear(2, 2), lambda x: x])

@@ -8,6 +8,8 @@ one stream) the stages simply run in order.
 """
 import torch
 
+from ._errors import CadError
+
 
 def ping_pong(stages, states, *, device=None):
     """Run every stage on both nano-batches, alternating: for stage in stages: for i in (0, 1):
@@ -54,10 +56,12 @@ def prepare_ping_pong(layers):
     read-back), which hid this; without it, the read raced the copy (a NaN loss on 2 H200s). The hook added
     here runs after the layer's own pre-hooks: it records where the calling stream stands and makes a call
     from another stream wait there -- for those hooks' work, not the other nano-batch's compute."""
-    handles = []
-    for layer in layers:
-        handles.append(layer.register_forward_pre_hook(_StreamHandOver(), with_kwargs=True))
-    return handles
+    layers = list(layers)
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, torch.nn.Module):
+            raise CadError(f"cad.prepare_ping_pong: layers[{i}] must be a torch.nn.Module (a layer its stages call), "
+                           f"got {type(layer).__name__}", "INVALID_ARGUMENT")
+    return [layer.register_forward_pre_hook(_StreamHandOver(), with_kwargs=True) for layer in layers]
 
 
 class _StreamHandOver:
