@@ -938,6 +938,7 @@ def train_one(args, rank, world, device, lengths):
     loaded = {}  # schedule index -> its micro-batches, loaded while the step before it ran
     # CAD's exchanges on the GPU, cumulative (cad.exchange_times): the last step's end, for this step's share.
     exchanged = {} if device.type == "cuda" and args.attention == "cad" else None
+    retries_before = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if device.type == "cuda" else 0
     for index, (step, profiling) in enumerate(schedule):
         micro = loaded.pop(index, None) or load(step)
         synced_timing = set_split(splitting())
@@ -1024,11 +1025,15 @@ def train_one(args, rank, world, device, lengths):
         pre_plan_ms = (min(make_starts) - start) * 1e3 if make_starts and not ahead else 0.0
         stats = plan_summary(plan_stats, plan_shares)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+        # Allocations that failed once and were retried after the allocator released its cache: each such release
+        # synchronises the host (with expandable segments, on every segment's stream).
+        retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if device.type == "cuda" else 0
+        alloc_retries, retries_before = retries - retries_before, retries
         mine = sum(sum(docs_by_rank[rank]) for docs_by_rank, _, _, _ in micro)
         gathered = all_gather_floats([float(loss_sum), seconds, attention, float(mine), peak,
                                       stats["plan_ms"] if stats else 0.0, stats["make_ms"] if stats else 0.0,
-                                      pre_plan_ms, gc_ms, float(gc_full), plan_wait_ms, comm_ms, stall_ms]
-                                     + attention_by_mb, world)
+                                      pre_plan_ms, gc_ms, float(gc_full), plan_wait_ms, comm_ms, stall_ms,
+                                      float(alloc_retries)] + attention_by_mb, world)
         costs = [sum(attention_pairs(args, docs_by_rank[r]) for docs_by_rank, _, _, _ in micro) for r in range(world)]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
@@ -1045,7 +1050,8 @@ def train_one(args, rank, world, device, lengths):
                   "attention_s": [g[2] for g in gathered], "imbalance": imbalance, "colocated_imbalance": colocated,
                   "plan_wait_ms": [g[10] for g in gathered], "exchange_comm_ms": [g[11] for g in gathered],
                   "exchange_stall_ms": [g[12] for g in gathered],
-                  "attention_s_by_micro_batch": [[g[13 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
+                  "alloc_retries": [int(g[13]) for g in gathered],
+                  "attention_s_by_micro_batch": [[g[14 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
                   "ping_pong": split, "nano_tokens": [[[sum(d) for d in n] for n in nanos] for _, nanos, _, _ in micro],
                   "profiled": profiling}
         if stats:
@@ -1065,7 +1071,9 @@ def train_one(args, rank, world, device, lengths):
             print(f"step {step:3d}  loss {record['loss']:.5f}  {slowest * 1e3:8.1f} ms  {record['tokens_per_s']:9.0f} "
                   f"tok/s  MFU {record['mfu']:6.1%}  peak {max(record['peak_memory_gib']):5.1f} GiB  attention s/rank "
                   f"[{', '.join(f'{a:.3f}' for a in record['attention_s'])}]  imbalance {imbalance:.3f} "
-                  f"(colocated {colocated:.3f}){mode}", flush=True)
+                  f"(colocated {colocated:.3f}){mode}"
+                  + (f"  allocator retries {max(record['alloc_retries'])}" if max(record["alloc_retries"]) else ""),
+                  flush=True)
     tail = history[1:] or history  # step 0 warms up
     # Which ranks opened a CUDA context on a GPU not theirs (each costs that GPU about 0.5 GiB).
     strays = [r for r, g in enumerate(all_gather_floats([float(len(other_gpus_with_context(device)))], world)) if g[0]]
@@ -1078,6 +1086,7 @@ def train_one(args, rank, world, device, lengths):
                    mean_step_s_after_step0=sum(max(r["step_s"]) for r in tail) / len(tail),
                    mean_mfu_after_step0=sum(r["mfu"] for r in tail) / len(tail),
                    peak_memory_gib=max(max(r["peak_memory_gib"]) for r in history),
+                   alloc_retries_after_step0=sum(max(r["alloc_retries"]) for r in tail),
                    mean_max_attention_s=sum(max(r["attention_s"]) for r in tail) / len(tail),
                    mean_imbalance=sum(r["imbalance"] for r in tail) / len(tail),
                    mean_exchange_stall_ms=sum(max(r["exchange_stall_ms"]) for r in tail) / len(tail),

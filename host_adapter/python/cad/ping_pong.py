@@ -32,7 +32,7 @@ def ping_pong(stages, states, *, device=None):
                 states[i] = stage(states[i], i)
         return states
     caller = torch.cuda.current_stream(device)
-    streams = [torch.cuda.Stream(device), torch.cuda.Stream(device)]
+    streams = nano_batch_streams(device)
     for s in streams:
         s.wait_stream(caller)  # inputs were produced on the caller's stream
     for stage in stages:
@@ -44,6 +44,26 @@ def ping_pong(stages, states, *, device=None):
         if isinstance(states[i], torch.Tensor):
             states[i].record_stream(caller)  # its memory is used on the caller's stream from here on
     return states
+
+
+# device index -> its two nano-batch streams, made at the first ping_pong on that device and kept for the process.
+_STREAMS = {}
+
+
+def nano_batch_streams(device):
+    """The two CUDA streams ping_pong runs nano-batches 0 and 1 on: the same two at every call on a device.
+
+    Why not fresh streams per call: the caching allocator keeps a freed block for the stream it was allocated on,
+    and torch.cuda.Stream() hands out the next stream of a pool of 32. Fresh streams per micro-batch left each
+    step's activations cached for streams no later step used, so memory filled with stranded blocks until an
+    allocation failed and the allocator released its cache; with expandable segments that release synchronises
+    the host on every segment's stream (a +pp step on 2 H200s: the main thread sat hundreds of ms inside single
+    small ops, in short cudaStreamSynchronize calls, while the peer's exchange kernel waited for it)."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _STREAMS:
+        _STREAMS[index] = (torch.cuda.Stream(index), torch.cuda.Stream(index))
+    return _STREAMS[index]
 
 
 def prepare_ping_pong(layers):
