@@ -875,7 +875,7 @@ def train_one(args, rank, world, device, lengths):
     def set_split(split):
         # Attention times wait for the GPU around every call, except with ping-pong on CUDA, where waiting would
         # serialise the two nano-batches' streams: there they count only the enqueue (recorded in the summary).
-        synced = not (split and device.type == "cuda")
+        synced = args.sync_attention_timing == "on" and not (split and device.type == "cuda")
         cad.timing(sync_cuda=synced)
         AttentionClock.sync = synced
         if choice is not None and hasattr(model, "set_reshard_after_forward"):  # FSDP2, see wrap_data_parallel
@@ -1080,7 +1080,8 @@ def train_one(args, rank, world, device, lengths):
     if strays and rank == 0:
         print(f"warning: ranks {strays} hold a CUDA context on a GPU other than their own", flush=True)
     summary = dict(summary_of(args, world, device), params=params, ping_pong_steps=sum(r["ping_pong"] for r in history),
-                   attention_timing="synchronized" if synced_timing else "enqueue only (ping-pong on CUDA)",
+                   attention_timing="synchronized" if synced_timing
+                   else "enqueue only (ping-pong on CUDA, or --sync-attention-timing off)",
                    first_loss=history[0]["loss"], last_loss=history[-1]["loss"],
                    mean_tokens_per_s_after_step0=sum(r["tokens_per_s"] for r in tail) / len(tail),
                    mean_step_s_after_step0=sum(max(r["step_s"]) for r in tail) / len(tail),
@@ -1184,6 +1185,10 @@ def parse_args(argv=None):
     p.add_argument("--ping-pong-min-stall-share", type=float, default=0.07,
                    help="what splitting costs, as a share of the step (default 0.07: measured on 2 H200s at 64K-128K "
                         "tokens per GPU, docs/multi_gpu.md); below it ping-pong stays off")
+    p.add_argument("--sync-attention-timing", choices=["on", "off"], default="on",
+                   help="on (default): CUDA synchronised around every attention call (not under ping-pong), so "
+                        "attention times are the GPU's; off: no such waits, step times as a trainer without the "
+                        "measurement would have them, attention times count only the enqueue")
     p.add_argument("--balanced-batches", action="store_true",
                    help="replace every micro-batch by its balanced twin (each rank's tokens as equal-length documents "
                         "whose causal attention work is the mean rank's): with local attention, the measured ideal "

@@ -11,8 +11,8 @@
 # Usage (from anywhere; needs nvidia-h100-x2 or larger, not run by CI):
 #   bash tests/multi_gpu/pipeline.sh                  # builds first (tests/multi_gpu/run.sh's build stage)
 #   SKIP_BUILD=1 BUILD=build-gpu bash tests/multi_gpu/pipeline.sh   # a tree built already
-# Environment: OUT (default ./pipeline_out: JSON per configuration pipe_<context>_<micro-batches>_<config>.json,
-# logs, table.md, summary.txt), BUILD (default build-gpu), NGPU (default 2; the world, PP=2 so DP=NGPU/2),
+# Environment: PP (default 2: pipeline stages; DP = NGPU / PP), OUT (default ./pipeline_out: JSON per configuration pipe_<context>_<micro-batches>_<config>.json,
+# logs, table.md, summary.txt), BUILD (default build-gpu), NGPU (default 2; the world),
 # PIPE_BUDGET_S (default 300: the whole training time; a torchrun that would start with less than 60 s left is
 # skipped, one running out of time is stopped and the table has what finished), CONTEXTS, MICRO_BATCHES, CONFIGS,
 # STEPS, LAYERS (default 4), CHECKPOINTING (default full), TRAINER_ARGS (added to every run), CAD_DATA (default
@@ -57,7 +57,7 @@ for ctx in ${CONTEXTS:-32768 65536}; do
       continue
     fi
     cmd=(python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" examples/train_pipeline.py
-         --device cuda --pp 2 --model llama3-8b --layers "${LAYERS:-4}" --checkpointing "${CHECKPOINTING:-full}"
+         --device cuda --pp "${PP:-2}" --model llama3-8b --layers "${LAYERS:-4}" --checkpointing "${CHECKPOINTING:-full}"
          --context "$ctx" --micro-batches "$mb" --steps "${STEPS:-3}" --configs "$CONFIGS"
          --json-out "$OUT/pipe_${ctx}_${mb}_{config}.json" ${TRAINER_ARGS:-})
     echo "+ timeout $allowed ${cmd[*]}" | tee -a "$SUMMARY"
