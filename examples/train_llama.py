@@ -37,8 +37,9 @@ keywords reach the attention) and its head itself.
 --ping-pong splits every rank's buffer into two nano-batches at the document boundary nearest half its tokens
 (whole documents only: a piece of a document cut across ranks is one document of its rank and stays whole in
 its nano-batch). Each nano-batch has its own CAD plan (two per micro-batch, made before its forward on every
-rank) and the decoder layers run through cad.ping_pong, one stage per layer, so that on CUDA one nano-batch's
-attention exchange overlaps the other's compute. The loss is the token-weighted mean over both nano-batches:
+rank) and each decoder layer is a cad.PingPongLayer called once for both nano-batches (cad.ping_pong_layers), so
+that on CUDA one nano-batch's attention exchange overlaps the other's compute while FSDP2 still gathers and
+reduces each layer once per micro-batch. The loss is the token-weighted mean over both nano-batches:
 the same loss and gradients as without --ping-pong, up to rounding. A micro-batch in which some rank holds
 fewer than 2 documents cannot be split; it runs as one nano-batch (one plan, layers in order), says so, and its
 step's record has "ping_pong": false. Every rank knows every rank's documents, so all agree without
@@ -457,16 +458,14 @@ def wrap_data_parallel(module, args, device, world, dtype):
     mesh = init_device_mesh(device.type, (world,))
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else \
         MixedPrecisionPolicy()
-    # With ping-pong each layer runs twice per micro-batch (once per nano-batch, interleaved): its weights stay
-    # gathered from the first call to the backward instead of being gathered again for every call (with
-    # --ping-pong-when worthwhile: set per step, set_reshard_after_forward).
+    # With ping-pong each layer is a cad.PingPongLayer, one call for both nano-batches: FSDP2 gathers its weights
+    # once before both and reduces their gradients once after both. They stay gathered from the forward to the
+    # backward instead of being gathered again for the recomputation (with --ping-pong-when worthwhile: set per
+    # step, set_reshard_after_forward).
     for layer in module.lm.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy,
                     reshard_after_forward=not (args.ping_pong and args.ping_pong_when == "always"))
     fully_shard(module, mesh=mesh, mp_policy=policy)  # the root: embeddings, final norm, head
-    if args.ping_pong:
-        import cad
-        cad.prepare_ping_pong(module.lm.model.layers)  # FSDP2 gathers a layer's weights on nano-batch 0's stream
     return module
 
 
@@ -510,8 +509,9 @@ class MicroBatchLoss(torch.nn.Module):
         return total / predicted
 
     def _ping_pong(self, input_ids, position_ids, labels, nanos):
-        """Two nano-batches: each embedded on its own, the decoder layers through cad.ping_pong (nano-batch 0's
-        stage, then 1's, layer by layer; two CUDA streams), then the final norm."""
+        """Two nano-batches: each embedded on its own, the decoder layers (cad.PingPongLayer) through
+        cad.ping_pong_layers (each layer once, for both nano-batches, each on its own CUDA stream), then the final
+        norm."""
         import cad
         inner = self.lm.model
         states, extras, label_parts, at = [], [], [], 0
@@ -525,13 +525,9 @@ class MicroBatchLoss(torch.nn.Module):
                                cad_cu_seqlens=cu, cad_plan=plan))
             label_parts.append(labels[:, part])
 
-        def stage(layer):
-            def run(hidden, i):
-                out = layer(hidden, attention_mask=None, **extras[i])
-                return out[0] if isinstance(out, tuple) else out  # transformers < 4.54 returns a tuple
-            return run
-
-        states = cad.ping_pong([stage(layer) for layer in inner.layers[:inner.config.num_hidden_layers]], states)
+        for kw in extras:
+            kw["attention_mask"] = None
+        states = cad.ping_pong_layers(inner.layers[:inner.config.num_hidden_layers], states, extras)
         return [inner.norm(h) for h in states], label_parts
 
     def _summed_token_losses(self, hidden, labels):
@@ -891,6 +887,9 @@ def train_one(args, rank, world, device, lengths):
     if args.compile:
         for layer in lm.model.layers:
             layer.compile()
+    if args.ping_pong:  # each decoder layer takes both nano-batches in one call (the data-parallel wrapper's unit)
+        import cad
+        lm.model.layers = torch.nn.ModuleList(cad.PingPongLayer(layer) for layer in lm.model.layers)
     model = wrap_data_parallel(MicroBatchLoss(lm, args.loss_chunk), args, device, world, dtype)
     ddp = args.parallel == "ddp" and world > 1
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)

@@ -13,9 +13,9 @@ from ._errors import CadError
 from ._ops import varlen_attn
 from ._plan import Plan, plan, plan_pieces
 from ._runtime import attention_time, exchange_times, init, shutdown, stack_config, timing
-from .ping_pong import PingPongChoice, ping_pong, prepare_ping_pong
+from .ping_pong import PingPongChoice, PingPongLayer, ping_pong, ping_pong_layers
 from . import varlen  # noqa: E402 -- cad.varlen.varlen_attn: torch.nn.attention.varlen's signature
 
-__all__ = ["CadError", "PingPongChoice", "Plan", "attention_time", "exchange_times", "init", "ping_pong", "plan",
-           "plan_pieces", "prepare_ping_pong", "shutdown", "stack_config", "timing", "varlen", "varlen_attn"]
+__all__ = ["CadError", "PingPongChoice", "PingPongLayer", "Plan", "attention_time", "exchange_times", "init", "ping_pong",
+           "ping_pong_layers", "plan", "plan_pieces", "shutdown", "stack_config", "timing", "varlen", "varlen_attn"]
 __version__ = "0.1.0"

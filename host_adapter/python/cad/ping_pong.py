@@ -18,14 +18,14 @@ def ping_pong(stages, states, *, device=None):
 
     stages: callables (state, index) -> state, e.g. one per transformer layer, each calling
     cad.varlen_attn(..., plan=plans[index]); states: the two nano-batches' inputs (e.g. hidden states).
+    Each stage is called once per nano-batch: right for plain modules (and DDP, whose hooks are per parameter).
+    A layer whose module hooks do per-call work on its weights (FSDP2's gather before, free and gradient
+    reduce after) must see both nano-batches in one call: wrap it in PingPongLayer and use ping_pong_layers.
     """
     states = list(states)
     if len(states) != 2:
         raise ValueError(f"cad.ping_pong: expected two nano-batch states, got {len(states)}")
-    if device is None:
-        first = next((s for s in states if isinstance(s, torch.Tensor)), None)
-        device = first.device if first is not None else torch.device("cpu")
-    device = torch.device(device)
+    device = _device_of(states, device)
     if device.type != "cuda":
         for stage in stages:
             for i in (0, 1):
@@ -39,67 +39,113 @@ def ping_pong(stages, states, *, device=None):
         for i in (0, 1):
             with torch.cuda.stream(streams[i]):
                 states[i] = stage(states[i], i)
+    return _joined(states, caller, streams)
+
+
+class PingPongLayer(torch.nn.Module):
+    """A layer that takes both nano-batches in one call, so that the hooks of a wrapper around it (FSDP2's
+    fully_shard, activation checkpointing) run once per layer and micro-batch, as they expect, not once per
+    nano-batch.
+
+        layer(*args, **kwargs)                      the wrapped layer as is (a micro-batch that is not split)
+        layer(nano_batches=((args0, kwargs0),       the layer on each nano-batch, nano-batch i on CUDA stream i
+                            (args1, kwargs1)))      (nano_batch_streams); returns (out0, out1)
+
+    Why: FSDP2 gathers a layer's weights before a call, and after the call's backward frees them and
+    reduce-scatters their gradients. Called once per nano-batch on two streams, the first nano-batch's backward
+    freed the weights while the other stream still read them, and reduced gradients the other had not added yet
+    (NaN and wrong gradient norms on 2 H200s at 64K-128K tokens per GPU). In one call, the gather happens once
+    before both, and the post-backward hook, which FSDP2 attaches to all of the call's inputs, waits for both
+    nano-batches' gradients. Wrap before fully_shard and checkpointing wrappers; the layer's parameters stay its
+    own (state-dict keys gain the prefix "layer.")."""
+
+    def __init__(self, layer):
+        super().__init__()
+        if not isinstance(layer, torch.nn.Module):
+            raise CadError(f"cad.PingPongLayer: layer must be a torch.nn.Module, got {type(layer).__name__}",
+                           "INVALID_ARGUMENT")
+        self.layer = layer
+
+    def forward(self, *args, nano_batches=None, **kwargs):
+        if nano_batches is None:
+            return self.layer(*args, **kwargs)
+        if args or kwargs:
+            raise CadError("cad.PingPongLayer: with nano_batches, pass each nano-batch's arguments inside it "
+                           f"(got {len(args)} positional and {sorted(kwargs)} keyword arguments besides)",
+                           "INVALID_ARGUMENT")
+        if len(nano_batches) != 2 or any(len(nano) != 2 for nano in nano_batches):
+            raise CadError("cad.PingPongLayer: nano_batches must be two (args, kwargs) pairs, got "
+                           f"{[type(nano).__name__ for nano in nano_batches]}", "INVALID_ARGUMENT")
+        device = _device_of([a for nano_args, _ in nano_batches for a in nano_args], None)
+        if device.type != "cuda":
+            return tuple(self.layer(*nano_args, **nano_kwargs) for nano_args, nano_kwargs in nano_batches)
+        # Everything this call's pre-hooks did (FSDP2's copy of the gathered weights into place) is on the
+        # calling stream: both nano-batch streams start after it, and after the inputs it produced.
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(device))
+        outs = []
+        for stream, (nano_args, nano_kwargs) in zip(nano_batch_streams(device), nano_batches):
+            with torch.cuda.stream(stream):
+                stream.wait_event(ready)
+                outs.append(self.layer(*nano_args, **nano_kwargs))
+        return tuple(outs)
+
+
+def ping_pong_layers(layers, states, kwargs=({}, {})):
+    """The two nano-batch states through every layer, each layer a PingPongLayer called once with both: layer i
+    runs nano-batch 0 on stream 0 and nano-batch 1 on stream 1, so one nano-batch's attention exchange overlaps
+    the other's compute. kwargs[i]: keyword arguments of every layer call for nano-batch i (its positions, its
+    CAD plan). A layer may return a tuple (transformers' decoder layers before 4.54): its first element goes on.
+    Returns the final states, ordered after both streams on the current stream."""
+    states = list(states)
+    if len(states) != 2 or len(kwargs) != 2:
+        raise ValueError(f"cad.ping_pong_layers: expected two nano-batch states and two kwargs, got {len(states)} "
+                         f"and {len(kwargs)}")
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, PingPongLayer):
+            raise CadError(f"cad.ping_pong_layers: layers[{i}] must be a cad.PingPongLayer, got "
+                           f"{type(layer).__name__}", "INVALID_ARGUMENT")
+    caller = torch.cuda.current_stream(states[0].device) if states[0].device.type == "cuda" else None
+    for layer in layers:
+        outs = layer(nano_batches=[((state,), kw) for state, kw in zip(states, kwargs)])
+        states = [out[0] if isinstance(out, tuple) else out for out in outs]
+    if caller is None:
+        return states
+    return _joined(states, caller, nano_batch_streams(states[0].device))
+
+
+def _device_of(states, device):
+    if device is None:
+        first = next((s for s in states if isinstance(s, torch.Tensor)), None)
+        device = first.device if first is not None else torch.device("cpu")
+    return torch.device(device)
+
+
+def _joined(states, caller, streams):
+    """The final states, usable on the caller's stream: it waits for both nano-batch streams, and the states'
+    memory is marked as used there (the caching allocator frees it for reuse only after the caller's work)."""
     for i in (0, 1):
         caller.wait_stream(streams[i])
         if isinstance(states[i], torch.Tensor):
-            states[i].record_stream(caller)  # its memory is used on the caller's stream from here on
+            states[i].record_stream(caller)
     return states
 
 
-# device index -> its two nano-batch streams, made at the first ping_pong on that device and kept for the process.
+# device index -> its two nano-batch streams, made at the first ping-pong on that device and kept for the process.
 _STREAMS = {}
 
 
 def nano_batch_streams(device):
-    """The two CUDA streams ping_pong runs nano-batches 0 and 1 on: the same two at every call on a device.
+    """The two CUDA streams nano-batches 0 and 1 run on: the same two at every call on a device.
 
     Why not fresh streams per call: the caching allocator keeps a freed block for the stream it was allocated on,
-    and torch.cuda.Stream() hands out the next stream of a pool of 32. Fresh streams per micro-batch left each
-    step's activations cached for streams no later step used, so memory filled with stranded blocks until an
-    allocation failed and the allocator released its cache; with expandable segments that release synchronises
-    the host on every segment's stream (a +pp step on 2 H200s: the main thread sat hundreds of ms inside single
-    small ops, in short cudaStreamSynchronize calls, while the peer's exchange kernel waited for it)."""
+    and torch.cuda.Stream() hands out the next stream of a pool of 32, so fresh streams per micro-batch would
+    leave each step's activations cached for streams no later step uses."""
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _STREAMS:
         _STREAMS[index] = (torch.cuda.Stream(index), torch.cuda.Stream(index))
     return _STREAMS[index]
-
-
-def prepare_ping_pong(layers):
-    """Make layers that gather their weights in a forward pre-hook safe to run on both nano-batch streams; call
-    once, after wrapping them (FSDP2's fully_shard). Returns the hook handles.
-
-    FSDP2 gathers a layer's weights when it is first called and copies them into place on the calling stream:
-    nano-batch 0's. Nano-batch 1's call, on the other stream, finds them gathered and reads them at once, with
-    nothing ordering it after that copy. Every layer's CAD call used to synchronise the host (a cu_seqlens
-    read-back), which hid this; without it, the read raced the copy (a NaN loss on 2 H200s). The hook added
-    here runs after the layer's own pre-hooks: it records where the calling stream stands and makes a call
-    from another stream wait there -- for those hooks' work, not the other nano-batch's compute."""
-    layers = list(layers)
-    for i, layer in enumerate(layers):
-        if not isinstance(layer, torch.nn.Module):
-            raise CadError(f"cad.prepare_ping_pong: layers[{i}] must be a torch.nn.Module (a layer its stages call), "
-                           f"got {type(layer).__name__}", "INVALID_ARGUMENT")
-    return [layer.register_forward_pre_hook(_StreamHandOver(), with_kwargs=True) for layer in layers]
-
-
-class _StreamHandOver:
-    """A layer's forward pre-hook: a call on another stream than the previous one waits for the point the
-    previous call had reached after its pre-hooks (CUDA only; elsewhere nothing to order)."""
-
-    def __init__(self):
-        self.event, self.stream = None, None
-
-    def __call__(self, module, args, kwargs):
-        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return None
-        stream = torch.cuda.current_stream()
-        if self.event is not None and self.stream != stream and self.stream.device == stream.device:
-            stream.wait_event(self.event)
-        self.event, self.stream = torch.cuda.Event(), stream
-        self.event.record(stream)
-        return None
 
 
 class PingPongChoice:
