@@ -696,7 +696,10 @@ def comparison(summaries):
     local = summaries.get("local")
     rows = []
     ideal = None
-    if local and "skipped" not in local:
+    # Attention times without CUDA waits around the calls (--sync-attention-timing off) count only the enqueue:
+    # no ideal and no measured tick imbalance from them.
+    timed = lambda s: s.get("sync_attention_timing", "on") == "on"  # noqa: E731
+    if local and "skipped" not in local and timed(local):
         ideal = local["mean_step_ms_after_step0"] / local["mean_ideal_step_ms_after_step0"]
     for name, s in summaries.items():
         if "skipped" in s:
@@ -704,7 +707,7 @@ def comparison(summaries):
             continue
         row = {"config": name, "step_ms": s["mean_step_ms_after_step0"], "ideal_step_ms":
                s["mean_ideal_step_ms_after_step0"], "tokens_per_s": s["mean_tokens_per_s_after_step0"],
-               "tick_imbalance": s["mean_tick_imbalance"], "planned_imbalance": s["mean_planned_imbalance"],
+               "tick_imbalance": s["mean_tick_imbalance"] if timed(s) else None, "planned_imbalance": s["mean_planned_imbalance"],
                "colocated_imbalance": s["mean_colocated_imbalance"], "peak_memory_gib": s["peak_memory_gib"]}
         if local and "skipped" not in local:
             row["speedup"] = local["mean_step_ms_after_step0"] / s["mean_step_ms_after_step0"]
@@ -725,7 +728,7 @@ def comparison_table(summaries):
             continue
         lines.append(f"| {row['config']} | {row['step_ms']:.1f} | {row['tokens_per_s']:.0f} | "
                      f"{fmt(row.get('speedup'), '.3f')} | {fmt(row.get('ideal'), '.3f')} | "
-                     f"{fmt(row.get('realised_share'), '.2f')} | {row['tick_imbalance']:.3f} | "
+                     f"{fmt(row.get('realised_share'), '.2f')} | {fmt(row['tick_imbalance'], '.3f')} | "
                      f"{row['planned_imbalance']:.3f} | {row['colocated_imbalance']:.3f} | "
                      f"{row['peak_memory_gib']:.1f} |")
     return "\n".join(lines)

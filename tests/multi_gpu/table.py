@@ -253,8 +253,9 @@ def exchange_rows(runs, first):
         split = any(s.get("ping_pong") for s in steps)
         wait = mean(max(s.get("plan_wait_ms", [0.0])) for s in steps)
         decision = run["summary"].get("ping_pong_decision") or "-"
+        timed = run["summary"].get("attention_timing", "synchronized") == "synchronized"  # else enqueue-only times
         lines.append(f"| {tokens_label(context)} | {name} | {comm:.1f} | {stall:.1f} | {stall / step_ms:.1%} | "
-                     f"{'-' if split else f'{stall / attention:.1%}'} | {wait:.1f} | {decision} |")
+                     f"{f'{stall / attention:.1%}' if timed and not split else '-'} | {wait:.1f} | {decision} |")
     return lines
 
 
