@@ -34,7 +34,10 @@ HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4
                  # run 4 (2026-11-27): 64K at 2 layers with ping-pong on one and two lanes, 32 layers, 256K
                  "trainer_h200x4_run4/a", "trainer_h200x4_run4/b", "trainer_h200x4_run4/c",
                  # run 18 (2026-11-27): after the per-layer host sync was removed (0457bc7), 64K-256K on 2 H200s
-                 "trainer_h200x2_run18"]
+                 "trainer_h200x2_run18",
+                 # runs 19-20 and 4-GPU run 5 (2026-11-27): no timing syncs, ping-pong through cad.PingPongLayer
+                 "trainer_h200x2_run19", "trainer_h200x2_run20/rounds", "trainer_h200x4_run5",
+                 "trainer_h200x4_run5/256k"]
 CALIBRATION = REPO / "docs" / "simulate" / "trainer_h200.json"
 DOC = REPO / "docs" / "simulate.md"
 TRAINER = ("examples/train_llama.py --model llama3-8b --parallel fsdp2 --checkpointing full --micro-batches 2 "
