@@ -26,6 +26,22 @@ def test_plan_refused_after_its_stack_closed():
             cad.varlen_attn(q, k, v, cu, plan=plan)
 
 
+def test_shutdown_forgets_what_init_chose():
+    """A later stack is built from the defaults, not from the settings of an init that came before a shutdown
+    (a test's deliberately bad cad.init once failed the next test file run in the same process)."""
+    cpu = torch.device("cpu")
+    default = cad.stack_config(cpu)
+    cad.init(balancer="colocated", timeout_ms=1234, log_level="info")
+    chosen = cad.stack_config(cpu)
+    assert chosen != default and chosen["log_level"] == "info"
+    assert {"name": "balancer", "plugin": "colocated", "config": {}} in chosen["instances"]
+    cad.shutdown()
+    assert cad.stack_config(cpu) == cad.stack_config(cpu, cad._runtime._DEFAULTS)
+    q, k, v, cu = random_batch([5, 9], 2, 1, 8)  # and a stack made now works
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, cu, causal=True), sdpa_varlen(q, k, v, cu, True), atol=2e-5,
+                               rtol=1e-5)
+
+
 def test_released_plan_refused():
     q, k, v, cu = random_batch([5, 9], 2, 1, 8)
     plan = cad.plan(cu)

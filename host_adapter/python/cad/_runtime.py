@@ -40,6 +40,7 @@ _settings = {
     "nccl_max_ctas": 0,           # CTAs of CAD's NCCL operations at most (0: NCCL's default)
     "nccl_blocking_comm": False,  # CAD's NCCL communicator blocking (launches on the calling thread)
 }
+_DEFAULTS = dict(_settings)  # what cad.shutdown() goes back to
 _runtimes = {}  # (device, lane) -> Host
 _locals = {}
 MAX_LANES = 4  # a stack per lane holds a communicator (an NCCL one on CUDA): a small, fixed number
@@ -212,12 +213,15 @@ def planning_wait_limit_s():
 
 
 def shutdown():
-    """Destroy every stack (also done at exit)."""
+    """Destroy every stack (also done at exit) and forget cad.init's settings: a later stack is built from the
+    defaults unless cad.init is called again (a failed or test-only cad.init must not outlive its user)."""
     with _lock:
         for rt in list(_runtimes.values()) + list(_locals.values()):
             rt.close()
         _runtimes.clear()
         _locals.clear()
+        _settings.clear()
+        _settings.update(_DEFAULTS)
 
 
 # At exit, before the interpreter tears modules and torch's process groups down in no particular order: the
