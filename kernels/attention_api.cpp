@@ -12,21 +12,30 @@
 
 #include "attention_internal.h"
 #include "cad_kernels.h"
+#include "host_staging.h"
 
 namespace cad::kernels {
 namespace {
 
+// Host tables to the device in the order of `stream`. Through `staging` (pinned buffers) where the caller has
+// one: the call never waits for the stream. Without it, straight from the plan's pageable memory, which CUDA
+// may stage only after the stream has drained to the copy (host_staging.h). Either way the data is taken
+// before the call returns, so the plan may be destroyed right after.
+cudaError_t to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream, HostStaging* staging) {
+  if (staging != nullptr) return staging->copy(dst, src, bytes, stream);
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
+}
+
 template <class T>
-cudaError_t upload(const std::vector<T>& host, char* workspace, size_t offset, cudaStream_t stream) {
+cudaError_t upload(const std::vector<T>& host, char* workspace, size_t offset, cudaStream_t stream,
+                   HostStaging* staging) {
   if (host.empty()) return cudaSuccess;
-  // The tables come from pageable memory: the copy is staged before the call returns, so the plan may
-  // be destroyed right after.
-  return cudaMemcpyAsync(workspace + offset, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream);
+  return to_device(workspace + offset, host.data(), host.size() * sizeof(T), stream, staging);
 }
 
 // The forward's three tables go up in one copy: each pageable copy costs several microseconds of host
 // time, during which the GPU waits when the call is on the critical path.
-cudaError_t upload_tables(const ForwardPlan& plan, char* workspace, cudaStream_t stream) {
+cudaError_t upload_tables(const ForwardPlan& plan, char* workspace, cudaStream_t stream, HostStaging* staging) {
   const size_t end = plan.uncovered_offset + plan.uncovered.size() * sizeof(RowRange);
   if (plan.items.empty() && plan.combines.empty() && plan.uncovered.empty()) return cudaSuccess;
   std::vector<char> image(end - plan.items_offset);
@@ -36,7 +45,7 @@ cudaError_t upload_tables(const ForwardPlan& plan, char* workspace, cudaStream_t
   place(plan.items, plan.items_offset);
   place(plan.combines, plan.combines_offset);
   place(plan.uncovered, plan.uncovered_offset);
-  return cudaMemcpyAsync(workspace + plan.items_offset, image.data(), image.size(), cudaMemcpyHostToDevice, stream);
+  return to_device(workspace + plan.items_offset, image.data(), image.size(), stream, staging);
 }
 
 // Start order of the Hopper backward's blocks (sm90/bwd_scheduler.cuh, bwd_unit). The hardware starts
@@ -90,8 +99,8 @@ bool hopper_kernels_available() {
   return major == 9 && minor == 0 && detail::attention_fwd_sm90_loaded<64>() && detail::attention_fwd_sm90_loaded<128>();
 }
 
-cudaError_t upload_forward_tables(const ForwardPlan& plan, void* workspace, cudaStream_t stream) {
-  return upload_tables(plan, static_cast<char*>(workspace), stream);
+cudaError_t upload_forward_tables(const ForwardPlan& plan, void* workspace, cudaStream_t stream, HostStaging* staging) {
+  return upload_tables(plan, static_cast<char*>(workspace), stream, staging);
 }
 
 cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
@@ -141,8 +150,9 @@ cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, c
                                     static_cast<int>(plan.combines.size()), pr.head_dim, stream);
 }
 
-cudaError_t upload_backward_tables(const BackwardPlan& plan, void* workspace, cudaStream_t stream) {
-  return upload(plan.items, static_cast<char*>(workspace), plan.items_offset, stream);
+cudaError_t upload_backward_tables(const BackwardPlan& plan, void* workspace, cudaStream_t stream,
+                                   HostStaging* staging) {
+  return upload(plan.items, static_cast<char*>(workspace), plan.items_offset, stream, staging);
 }
 
 cudaError_t attention_backward(const BackwardPlan& plan, const void* q, const void* k, const void* v, const void* o,

@@ -15,6 +15,8 @@
 
 namespace cad::kernels {
 
+class HostStaging;  // host_staging.h: pinned buffers for uploads that never wait for their stream
+
 // One segment of a server batch; the same layout as cad_segment_v1_t. Queries [q_offset, +q_len)
 // attend to keys [kv_offset, +kv_len); causal masks are aligned bottom-right.
 struct Segment {
@@ -121,7 +123,10 @@ cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void
 // For a plan reused by many calls (a CAD plan, a captured CUDA graph): upload the tables once with
 // upload_forward_tables, then run attention_forward_resident, which enqueues kernels only (no copy from
 // host memory, so it is CUDA-graph capturable).
-cudaError_t upload_forward_tables(const ForwardPlan& plan, void* workspace, cudaStream_t stream);
+// staging: pinned buffers to copy through, so that the upload never waits for `stream` (host_staging.h); null:
+// straight from the plan's pageable memory.
+cudaError_t upload_forward_tables(const ForwardPlan& plan, void* workspace, cudaStream_t stream,
+                                  HostStaging* staging = nullptr);
 cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
                                        float* lse, void* workspace, cudaStream_t stream);
 
@@ -166,7 +171,8 @@ BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* 
 cudaError_t attention_backward(const BackwardPlan& plan, const void* q, const void* k, const void* v, const void* o,
                                const float* lse, const void* d_o, void* d_q, void* d_k, void* d_v,
                                void* workspace, cudaStream_t stream);
-cudaError_t upload_backward_tables(const BackwardPlan& plan, void* workspace, cudaStream_t stream);
+cudaError_t upload_backward_tables(const BackwardPlan& plan, void* workspace, cudaStream_t stream,
+                                   HostStaging* staging = nullptr);
 cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q, const void* k, const void* v,
                                         const void* o, const float* lse, const void* d_o, void* d_q, void* d_k,
                                         void* d_v, void* workspace, cudaStream_t stream);

@@ -13,6 +13,7 @@
 #include "cad_kernels.h"
 #include "cuda_check.h"
 #include "data_path.h"
+#include "host_staging.h"
 #include "wire_tables.h"
 
 namespace cad::cad_plugin {
@@ -75,6 +76,7 @@ struct ExchangeEvents {
 struct DeviceRuntime {
   int device = -1;
   cudaStream_t comm_stream = nullptr;
+  kernels::HostStaging staging;  // the plans' table uploads: never a wait for the plan's stream (host_staging.h)
   cudaEvent_t ready = nullptr, done = nullptr;
   std::deque<ExchangeEvents> timed;  // enqueued exchanges, oldest first, until harvested
   std::vector<ExchangeEvents> spare;  // harvested, for reuse
@@ -162,11 +164,10 @@ struct DevicePlan {
   WorkspaceSizes sizes;                // of the per-call buffers (CallScratch)
   DeviceBuffer sum_index;  // owner-side dK/dV rows read by several servers (wire_tables.h: shared_*)
   int64_t shared_kv_rows = 0;
-  // The tables are uploaded in the order of the plan's stream, without waiting on the host (a plan made
-  // ahead on another thread must not wait for the training stream to drain): their host copies live as long
-  // as the plan, and `ready` marks the uploads' end for calls on other streams.
-  std::vector<RowCopy> host_to_wire, host_from_wire;
-  std::vector<int64_t> host_sum_index;
+  // The tables are uploaded in the order of the plan's stream through the runtime's pinned staging, without
+  // waiting on the host (a plan made ahead on another thread must not wait for the training stream to drain,
+  // and it holds the instance's lock while it uploads); `ready` marks the uploads' end for calls on other
+  // streams.
   cudaEvent_t ready = nullptr;
 
   // Every device buffer the plan holds (allocated, counted and released through this one list). The wire
@@ -368,12 +369,12 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   const size_t table_bytes = to_wire.size() * sizeof(RowCopy);
   plan->to_wire = allocate(ctx, device, table_bytes, stream, "the plan's index tables");
   plan->from_wire = allocate(ctx, device, table_bytes, stream, "the plan's index tables");
-  if (table_bytes > 0) {
-    check_cuda(cudaMemcpyAsync(plan->to_wire.ptr, to_wire.data(), table_bytes, cudaMemcpyHostToDevice,
-                               static_cast<cudaStream_t>(stream)), "uploading the plan's index tables");
-    check_cuda(cudaMemcpyAsync(plan->from_wire.ptr, from_wire.data(), table_bytes, cudaMemcpyHostToDevice,
-                               static_cast<cudaStream_t>(stream)), "uploading the plan's index tables");
-  }
+  DeviceRuntime& rt = *ctx.device;
+  const auto upload = [&](void* dst, const void* src, size_t bytes, const char* what) {
+    check_cuda(rt.staging.copy(dst, src, bytes, static_cast<cudaStream_t>(stream)), what);
+  };
+  upload(plan->to_wire.ptr, to_wire.data(), table_bytes, "uploading the plan's index tables");
+  upload(plan->from_wire.ptr, from_wire.data(), table_bytes, "uploading the plan's index tables");
 
   const WorkspaceSizes sizes = workspace_sizes(layout, me, step.shape, ctx.config.keep_forward_tensors,
                                                static_cast<int64_t>(to_wire.size()),
@@ -386,12 +387,8 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   }
   if (owner_kv.shared_rows > 0) {
     plan->sum_index = allocate(ctx, device, static_cast<size_t>(sizes.sum_index), stream, "the dK/dV sum index");
-    check_cuda(cudaMemcpyAsync(plan->sum_index.ptr, sum_index.data(), static_cast<size_t>(sizes.sum_index),
-                               cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)), "uploading the sum index");
+    upload(plan->sum_index.ptr, sum_index.data(), static_cast<size_t>(sizes.sum_index), "uploading the sum index");
   }
-  plan->host_to_wire = std::move(to_wire);
-  plan->host_from_wire = std::move(from_wire);
-  plan->host_sum_index = std::move(sum_index);
   check_cuda(cudaEventCreateWithFlags(&plan->ready, cudaEventDisableTiming), "creating the plan's ready event");
   check_cuda(cudaEventRecord(plan->ready, static_cast<cudaStream_t>(stream)), "recording the plan's uploads");
   return plan.release();

@@ -11,6 +11,7 @@
 
 #include "cad_kernels.h"
 #include "device_scope.h"
+#include "host_staging.h"
 #include "cad_plugin_v1.h"
 #include "cuda_validate.h"
 #include "plugin_support.h"
@@ -109,6 +110,10 @@ struct CudaContext {
   bool last_kv_exclusive = true;
   bool last_backward_hopper = false;  // which kernels the last backward ran (with a plan or without)
   bool last_forward_hopper = false;   // and the last forward (before any: `hopper`)
+  // Pinned buffers a plan's tables go up through (make_plan): a plan made ahead on another thread must not wait
+  // for the stream it is ordered on to drain (host_staging.h). Calls without a plan still copy from pageable
+  // memory, on the caller's own thread.
+  cad::kernels::HostStaging staging;
 };
 
 CudaContext* as_context(void* ctx) { return static_cast<CudaContext*>(ctx); }
@@ -213,9 +218,9 @@ cad_status_t make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, void
     plan->forward_tables = allocate_for_plan(self, plan->forward_tables_bytes, args->stream, "forward tables");
     plan->backward_tables = allocate_for_plan(self, plan->backward_tables_bytes, args->stream, "backward tables");
     const cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
-    check_cuda(cad::kernels::upload_forward_tables(plan->forward, plan->forward_tables, stream),
+    check_cuda(cad::kernels::upload_forward_tables(plan->forward, plan->forward_tables, stream, &self.staging),
                "make_plan: forward tables");
-    check_cuda(cad::kernels::upload_backward_tables(plan->backward, plan->backward_tables, stream),
+    check_cuda(cad::kernels::upload_backward_tables(plan->backward, plan->backward_tables, stream, &self.staging),
                "make_plan: backward tables");
     *out_plan = plan.release();
   });
