@@ -110,9 +110,9 @@ struct CudaContext {
   bool last_kv_exclusive = true;
   bool last_backward_hopper = false;  // which kernels the last backward ran (with a plan or without)
   bool last_forward_hopper = false;   // and the last forward (before any: `hopper`)
-  // Pinned buffers a plan's tables go up through (make_plan): a plan made ahead on another thread must not wait
-  // for the stream it is ordered on to drain (host_staging.h). Calls without a plan still copy from pageable
-  // memory, on the caller's own thread.
+  // Pinned buffers the tables go up through, a plan's (make_plan) and a call's without a plan: a copy from
+  // pageable memory may wait for its stream to drain (host_staging.h), which would stop a plan made ahead on its
+  // thread, and the training thread at every local attention call, until the GPU had caught up.
   cad::kernels::HostStaging staging;
 };
 
@@ -293,10 +293,12 @@ cad_status_t forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
         cad::kernels::make_forward_plan(pr, as_segments(args->segments), args->num_segments, self.num_sms);
     DeviceScope scope(self.device);
     CudaContext::Workspace ws(self, plan.workspace_bytes, args->stream);
-    check_cuda(cad::kernels::attention_forward(plan, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
-                                               cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
-                                               static_cast<float*>(cad::plugin::tensor_data(args->lse)), ws.get(),
-                                               static_cast<cudaStream_t>(args->stream)),
+    const cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
+    check_cuda(cad::kernels::upload_forward_tables(plan, ws.get(), stream, &self.staging), "forward tables");
+    check_cuda(cad::kernels::attention_forward_resident(
+                   plan, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
+                   cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
+                   static_cast<float*>(cad::plugin::tensor_data(args->lse)), ws.get(), stream),
                "forward launch");
     self.last_items = plan.items.size();
     self.last_splits = plan.combines.size();
@@ -331,12 +333,14 @@ cad_status_t backward(void* ctx, const cad_attention_backward_args_v1_t* args) {
         cad::kernels::make_backward_plan(pr, as_segments(args->segments), args->num_segments);
     DeviceScope scope(self.device);
     CudaContext::Workspace ws(self, plan.workspace_bytes, args->stream);
-    check_cuda(cad::kernels::attention_backward(
+    const cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
+    check_cuda(cad::kernels::upload_backward_tables(plan, ws.get(), stream, &self.staging), "backward tables");
+    check_cuda(cad::kernels::attention_backward_resident(
                    plan, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
                    cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
                    static_cast<const float*>(cad::plugin::tensor_data(args->lse)), cad::plugin::tensor_data(args->d_o),
                    cad::plugin::tensor_data(args->d_q), cad::plugin::tensor_data(args->d_k),
-                   cad::plugin::tensor_data(args->d_v), ws.get(), static_cast<cudaStream_t>(args->stream)),
+                   cad::plugin::tensor_data(args->d_v), ws.get(), stream),
                "backward launch");
     self.last_items = plan.items.size();
     self.last_splits = 0;
