@@ -80,6 +80,10 @@ def test_plans_are_made_when_micro_batches_load(tmp_path):
     cad, local = _train(tmp_path, "cad", *extra), _train(tmp_path, "local", *extra)
     assert [r["micro_batches_planned_ahead"] for r in cad["steps"]] == [2, 2, 2]
     assert all("micro_batches_planned_ahead" not in r for r in local["steps"])
+    # The TOML's per-op selective AC saves CAD's forward as TorchTitan saves its own attention's: per layer and
+    # micro-batch one forward and one backward ran (2 layers x 2 micro-batches), no recomputed forward (that is 12).
+    assert [r["attention_calls"] for r in cad["steps"]] == [8, 8, 8]
+    assert [r["attention_calls"] for r in local["steps"]] == [8, 8, 8]
     assert _losses(cad) == pytest.approx(_losses(local), rel=1e-4)
 
 

@@ -242,6 +242,24 @@ for _name, _cls in (("llama3_cad", CadTransformer), ("llama3_cad_local", CadLoca
         pass
 
 
+# ---- per-op selective activation checkpointing: CAD's forward saved, as TorchTitan saves its own attention ----------
+def save_cad_attention_under_op_sac():
+    """Put CAD's forward op on TorchTitan's per-op selective AC save list (llama3's `_op_sac_save_list`).
+
+    That policy (selective_ac_option "op", TorchTitan's Llama 3 8B recipe) keeps the outputs of the ops on the list
+    -- its own attention ops among them (SDPA, FlexAttention, torch's varlen_attn) -- and recomputes every other op
+    in the backward. CAD's forward op was not on it, so every layer's backward ran CAD's forward again, exchanges
+    included, which TorchTitan's own attention does not pay (run 17's table compared CAD under that handicap). The
+    list is the policy's extension point in TorchTitan 0.2.x (0.3 has SelectiveAC.get_save_ops instead); the op
+    added matches CAD's calls only. Each forward then runs once per step and its backward re-sends its inputs from
+    the owners (cad.init(keep_forward_tensors=False), as before under this policy)."""
+    from torchtitan.models.llama3.infra import parallelize
+    parallelize._op_sac_save_list.add(torch.ops.cad.varlen_fwd.default)
+
+
+save_cad_attention_under_op_sac()
+
+
 # ---- the launcher's trainer: step times ----------------------------------------------------------------------------
 def recording_trainer():
     from torchtitan.train import Trainer
@@ -280,13 +298,17 @@ def recording_trainer():
             if hasattr(self.model_parts[0], "plan_ahead"):
                 data_iterator = self._planning(data_iterator)
             self._sync()
+            cad.attention_time(reset=True)  # and the call count
             start = time.perf_counter()
             result = super().train_step(data_iterator, *args, **kwargs)
             self._sync()
+            calls = cad.attention_calls()
             t = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=self.device)
             if torch.distributed.is_initialized():
                 torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-            record = {"step": self.step, "step_s": float(t.item()), "loss": self._last_loss}
+            # attention_calls: this rank's CAD attention calls whose work ran (forwards, recomputed ones included,
+            # and backwards): 2 per layer and micro-batch where per-op SAC saves the forward, 3 where it recomputes it.
+            record = {"step": self.step, "step_s": float(t.item()), "loss": self._last_loss, "attention_calls": calls}
             if hasattr(self.model_parts[0], "plan_ahead"):  # how many of the step's micro-batches had plans made ahead
                 record["micro_batches_planned_ahead"], CadTransformer.used_ahead = CadTransformer.used_ahead, 0
             if self.device.type == "cuda":

@@ -267,6 +267,13 @@ def attention_time(reset=True):
     return seconds
 
 
+def attention_calls():
+    """How many varlen_attn forward and backward calls ran since the last attention_time(reset=True): calls whose
+    work ran, so a forward that activation checkpointing recomputes counts twice, one whose output a selective
+    checkpointing policy saved counts once."""
+    return _Timer.calls
+
+
 def timing(sync_cuda=False):
     _Timer.sync_cuda = sync_cuda
 
