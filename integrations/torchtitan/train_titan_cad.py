@@ -66,11 +66,13 @@ _cpu_requested = titan_common.cpu_requested
 
 from torchtitan.components.dataloader import ParallelAwareDataloader  # noqa: E402
 from torchtitan.components.tokenizer import BaseTokenizer  # noqa: E402
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: E402
 from torchtitan.models.common.attention import VarlenAttention  # noqa: E402
 from torchtitan.models.llama3 import model_registry  # noqa: E402
 from torchtitan.models.llama3 import config_registry as _llama3_configs  # noqa: E402
 from torchtitan.trainer import Trainer  # noqa: E402
 
+import cad  # noqa: E402
 import cad_torchtitan  # noqa: E402
 from cad_torchtitan import cad_trainer, use_cad  # noqa: E402
 
@@ -147,6 +149,22 @@ def use_torch_varlen(model_config):
 
 
 # ---- the trainer: step times, losses, CAD's init ------------------------------------------------------------------
+class CadSelectiveAC(SelectiveAC):
+    """TorchTitan 0.3's per-op selective AC with CAD's forward op among the ops whose outputs it saves.
+
+    SelectiveAC saves the outputs of the ops get_save_ops() names -- TorchTitan's own attention ops among them
+    (SDPA, FlexAttention, torch's varlen_attn) -- and recomputes the rest in the backward. Without CAD's op there,
+    every layer's backward ran CAD's forward again, its exchanges included, which TorchTitan's own attention does
+    not pay. get_save_ops is the documented place to change that set (TorchTitan 0.2.x: titan_cad_spec.py)."""
+
+    @dataclasses.dataclass(kw_only=True, slots=True)
+    class Config(SelectiveAC.Config):
+        pass
+
+    def get_save_ops(self):
+        return set(super().get_save_ops()) | {torch.ops.cad.varlen_fwd.default}
+
+
 class RecordingTrainer(Trainer):
     """TorchTitan's Trainer, plus: every step's wall time (device-synchronized) and loss, printed by rank 0 and
     written to $CAD_TT_JSON at the end; cad.init(balancer=$CAD_TT_BALANCER) before the first plan."""
@@ -167,8 +185,6 @@ class RecordingTrainer(Trainer):
         self.metrics_processor.log = capture
         if any(isinstance(getattr(getattr(layer, "attention", None), "inner_attention", None),
                           cad_torchtitan.CadVarlenAttention.Config) for layer in self.model_config.layers):
-            import cad
-            from torchtitan.distributed.activation_checkpoint import SelectiveAC
             # keep_forward_tensors="auto" keeps a recomputed layer's forward state on the servers, a different op
             # sequence from the first forward's (t.new_empty stand-ins), which per-op selective AC refuses
             # ("new_empty encountered during backward but not found in storage"): with SelectiveAC, the owners keep it.
@@ -181,15 +197,20 @@ class RecordingTrainer(Trainer):
 
     def train_step(self, data_iterator):
         self._sync()
+        cad.attention_time(reset=True)  # and the call count
         start = time.perf_counter()
         super().train_step(data_iterator)
         self._sync()
         seconds = time.perf_counter() - start
+        calls = cad.attention_calls()
         t = torch.tensor([seconds], dtype=torch.float64, device=self.device)
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        # attention_calls: this rank's CAD attention calls whose work ran (forwards, recomputed ones included, and
+        # backwards): 2 per layer and micro-batch where selective AC saves the forward, 3 where it recomputes it.
         record = {"step": self.step, "step_s": float(t.item()), "loss": self._last_loss,
-                  "tokens_per_rank": self.config.training.seq_len * self.config.training.local_batch_size}
+                  "tokens_per_rank": self.config.training.seq_len * self.config.training.local_batch_size,
+                  "attention_calls": calls}
         if self.device.type == "cuda":
             record["peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
         self.records.append(record)
@@ -256,9 +277,8 @@ def _make(base, attention, layers, vocab, **training):
     for k, v in training.items():
         setattr(config.training, k, v)
     ac = os.environ.get("CAD_TT_AC", "selective")  # TorchTitan's CLI spells it as a tyro subcommand
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-    config.activation_checkpoint = {"selective": SelectiveAC.Config, "full": FullAC.Config,
-                                    "none": lambda: None}[ac]()
+    selective = CadSelectiveAC.Config if attention in ("cad", "local") else SelectiveAC.Config
+    config.activation_checkpoint = {"selective": selective, "full": FullAC.Config, "none": lambda: None}[ac]()
     if _cpu_requested():
         config.training.mixed_precision_param = "float32"  # CAD's CPU (reference) backend computes in fp32
     if attention in ("cad", "local"):
