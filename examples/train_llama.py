@@ -1182,8 +1182,9 @@ def parse_args(argv=None):
                         "(cad.PingPongChoice: at least --ping-pong-min-stall-share of the step), then split or not "
                         "for good, saying why (the summary's ping_pong_decision)")
     p.add_argument("--ping-pong-min-stall-share", type=float, default=0.07,
-                   help="what splitting costs, as a share of the step (default 0.07: measured on 2 H200s at 64K-128K "
-                        "tokens per GPU, docs/multi_gpu.md); below it ping-pong stays off")
+                   help="what splitting costs, as a share of the step (default 0.07: on 2 and 4 H200s at 64K-128K "
+                        "tokens per GPU ping-pong lost 0.1-3%% of the step where the unsplit stall was 2.5-4.2%%, "
+                        "docs/multi_gpu.md); below it ping-pong stays off")
     p.add_argument("--sync-attention-timing", choices=["on", "off"], default="on",
                    help="on (default): CUDA synchronised around every attention call (not under ping-pong), so "
                         "attention times are the GPU's; off: no such waits, step times as a trainer without the "
