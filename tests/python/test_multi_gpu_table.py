@@ -148,6 +148,24 @@ def test_arrival_table(tmp_path):
     assert "| 64K | local | - | - | - | 700 | 2.0 | 2 |" in out, out
 
 
+def test_exchange_table_leaves_out_the_attention_share_of_enqueue_only_times(tmp_path):
+    """CAD's exchanges table: comm and stall ms per step (largest rank, steps 1..) and the stall's share of the
+    step; its share of attention only where attention was timed with CUDA waits (else the times are enqueue
+    times, --sync-attention-timing off)."""
+    def with_exchange(step):
+        r = record(step, [2.0, 2.0], [0.2, 0.25])
+        r.update(exchange_comm_ms=[50.0, 40.0], exchange_stall_ms=[100.0, 80.0])
+        return r
+    write(tmp_path, "local", [record(i, [2.5, 2.5], [0.4, 0.5]) for i in range(3)])
+    write(tmp_path, "prefix_aware", [with_exchange(i) for i in range(3)])
+    _, out = table(tmp_path)
+    assert "| 64K | prefix_aware | 50.0 | 100.0 | 5.0% | 40.0% |" in out, out
+    write(tmp_path, "prefix_aware", [with_exchange(i) for i in range(3)],
+          timing="enqueue only (--sync-attention-timing off)")
+    _, out = table(tmp_path)
+    assert "| 64K | prefix_aware | 50.0 | 100.0 | 5.0% | - |" in out, out
+
+
 def test_ideal_counts_the_imbalance_of_every_micro_batch(tmp_path):
     # Two micro-batches, a different rank slow in each: per step the sums are even (1.2 / 1.2), but each micro-
     # batch waits for its slow rank: 1.0 - 0.6 and 1.0 - 0.6 -> the ideal step is 3.0 - 0.8 = 2.2 s.

@@ -78,6 +78,8 @@ def _cases():
                                            "--ping-pong-min-stall-share", share, *PING_PONG_ARGS]
     cases["gc/freeze"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1", "--gc", "freeze",
                           *PING_PONG_ARGS]
+    cases["timing/unsynced"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1",
+                                "--sync-attention-timing", "off", *PING_PONG_ARGS]
     for name, argv in WINDOW_CASES.items():
         cases[name] = [*argv, *WINDOW_ARGS]
     return cases
@@ -282,6 +284,19 @@ def test_gc_freeze_trains_the_same(trained):
     for a, b in zip(auto["steps"], frozen["steps"]):
         assert a["losses"] == pytest.approx(b["losses"], rel=1e-6)
         assert len(b["gc_ms"]) == 2 and len(b["gc_full_collections"]) == 2
+
+
+def test_attention_timing_without_syncs_trains_the_same_and_says_so(trained):
+    """--sync-attention-timing off takes the CUDA waits out of the step (attention times then count the enqueue
+    only, which the summary says, so that the tables leave out what derives from them); nothing else changes. Every
+    step records the allocator's retries per rank (none on the CPU)."""
+    synced, unsynced = _result(trained, "pp/cad/prefix_aware/1/False"), _result(trained, "timing/unsynced")
+    assert synced["summary"]["attention_timing"] == "synchronized"
+    assert unsynced["summary"]["attention_timing"].startswith("enqueue only")
+    for a, b in zip(synced["steps"], unsynced["steps"]):
+        assert a["losses"] == pytest.approx(b["losses"], rel=1e-6)
+        assert b["alloc_retries"] == [0, 0]
+    assert unsynced["summary"]["alloc_retries_after_step0"] == 0
 
 
 @needs_data
