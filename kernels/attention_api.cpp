@@ -99,13 +99,14 @@ bool hopper_kernels_available() {
   return major == 9 && minor == 0 && detail::attention_fwd_sm90_loaded<64>() && detail::attention_fwd_sm90_loaded<128>();
 }
 
-cudaError_t upload_forward_tables(const ForwardPlan& plan, void* workspace, cudaStream_t stream, HostStaging* staging) {
+cudaError_t upload_forward_tables(const ForwardPlan& plan, void* workspace, cudaStream_t stream,
+                                  HostStaging* staging) {
   return upload_tables(plan, static_cast<char*>(workspace), stream, staging);
 }
 
 cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
-                              float* lse, void* workspace, cudaStream_t stream) {
-  CAD_CUDA_TRY(upload_forward_tables(plan, workspace, stream));
+                              float* lse, void* workspace, cudaStream_t stream, HostStaging* staging) {
+  CAD_CUDA_TRY(upload_forward_tables(plan, workspace, stream, staging));
   return attention_forward_resident(plan, q, k, v, o, lse, workspace, stream);
 }
 
@@ -157,8 +158,8 @@ cudaError_t upload_backward_tables(const BackwardPlan& plan, void* workspace, cu
 
 cudaError_t attention_backward(const BackwardPlan& plan, const void* q, const void* k, const void* v, const void* o,
                                const float* lse, const void* d_o, void* d_q, void* d_k, void* d_v,
-                               void* workspace, cudaStream_t stream) {
-  CAD_CUDA_TRY(upload_backward_tables(plan, workspace, stream));
+                               void* workspace, cudaStream_t stream, HostStaging* staging) {
+  CAD_CUDA_TRY(upload_backward_tables(plan, workspace, stream, staging));
   return attention_backward_resident(plan, q, k, v, o, lse, d_o, d_q, d_k, d_v, workspace, stream);
 }
 

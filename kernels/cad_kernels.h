@@ -117,14 +117,15 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
 
 // Enqueues the forward: copies the plan's tables into `workspace` (device memory of at least
 // plan.workspace_bytes, usable in order on `stream`), then runs the kernels. Writes every row of O/LSE.
+// staging: pinned buffers to copy the tables through, so that the copy never waits for `stream`
+// (host_staging.h); null: straight from the plan's pageable memory.
 cudaError_t attention_forward(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
-                              float* lse, void* workspace, cudaStream_t stream);
+                              float* lse, void* workspace, cudaStream_t stream, HostStaging* staging = nullptr);
 
 // For a plan reused by many calls (a CAD plan, a captured CUDA graph): upload the tables once with
 // upload_forward_tables, then run attention_forward_resident, which enqueues kernels only (no copy from
 // host memory, so it is CUDA-graph capturable).
-// staging: pinned buffers to copy through, so that the upload never waits for `stream` (host_staging.h); null:
-// straight from the plan's pageable memory.
+// staging: as attention_forward's.
 cudaError_t upload_forward_tables(const ForwardPlan& plan, void* workspace, cudaStream_t stream,
                                   HostStaging* staging = nullptr);
 cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, const void* k, const void* v, void* o,
@@ -170,7 +171,7 @@ BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* 
 
 cudaError_t attention_backward(const BackwardPlan& plan, const void* q, const void* k, const void* v, const void* o,
                                const float* lse, const void* d_o, void* d_q, void* d_k, void* d_v,
-                               void* workspace, cudaStream_t stream);
+                               void* workspace, cudaStream_t stream, HostStaging* staging = nullptr);
 cudaError_t upload_backward_tables(const BackwardPlan& plan, void* workspace, cudaStream_t stream,
                                    HostStaging* staging = nullptr);
 cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q, const void* k, const void* v,

@@ -334,7 +334,7 @@ DeviceRuntime& runtime(CadContext& ctx, int device) {
 DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   const int device = step.shape.device_id;
   DeviceScope scope(device);
-  runtime(ctx, device);
+  DeviceRuntime& rt = runtime(ctx, device);
   std::unique_ptr<DevicePlan, DevicePlanDeleter> plan(new DevicePlan, DevicePlanDeleter{&ctx});
   plan->device = device;
   plan->stream = stream;
@@ -369,7 +369,6 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   const size_t table_bytes = to_wire.size() * sizeof(RowCopy);
   plan->to_wire = allocate(ctx, device, table_bytes, stream, "the plan's index tables");
   plan->from_wire = allocate(ctx, device, table_bytes, stream, "the plan's index tables");
-  DeviceRuntime& rt = *ctx.device;
   const auto upload = [&](void* dst, const void* src, size_t bytes, const char* what) {
     check_cuda(rt.staging.copy(dst, src, bytes, static_cast<cudaStream_t>(stream)), what);
   };

@@ -293,12 +293,10 @@ cad_status_t forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
         cad::kernels::make_forward_plan(pr, as_segments(args->segments), args->num_segments, self.num_sms);
     DeviceScope scope(self.device);
     CudaContext::Workspace ws(self, plan.workspace_bytes, args->stream);
-    const cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
-    check_cuda(cad::kernels::upload_forward_tables(plan, ws.get(), stream, &self.staging), "forward tables");
-    check_cuda(cad::kernels::attention_forward_resident(
-                   plan, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
-                   cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
-                   static_cast<float*>(cad::plugin::tensor_data(args->lse)), ws.get(), stream),
+    check_cuda(cad::kernels::attention_forward(plan, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
+                                               cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
+                                               static_cast<float*>(cad::plugin::tensor_data(args->lse)), ws.get(),
+                                               static_cast<cudaStream_t>(args->stream), &self.staging),
                "forward launch");
     self.last_items = plan.items.size();
     self.last_splits = plan.combines.size();
@@ -333,14 +331,13 @@ cad_status_t backward(void* ctx, const cad_attention_backward_args_v1_t* args) {
         cad::kernels::make_backward_plan(pr, as_segments(args->segments), args->num_segments);
     DeviceScope scope(self.device);
     CudaContext::Workspace ws(self, plan.workspace_bytes, args->stream);
-    const cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
-    check_cuda(cad::kernels::upload_backward_tables(plan, ws.get(), stream, &self.staging), "backward tables");
-    check_cuda(cad::kernels::attention_backward_resident(
+    check_cuda(cad::kernels::attention_backward(
                    plan, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),
                    cad::plugin::tensor_data(args->v), cad::plugin::tensor_data(args->o),
                    static_cast<const float*>(cad::plugin::tensor_data(args->lse)), cad::plugin::tensor_data(args->d_o),
                    cad::plugin::tensor_data(args->d_q), cad::plugin::tensor_data(args->d_k),
-                   cad::plugin::tensor_data(args->d_v), ws.get(), stream),
+                   cad::plugin::tensor_data(args->d_v), ws.get(), static_cast<cudaStream_t>(args->stream),
+                   &self.staging),
                "backward launch");
     self.last_items = plan.items.size();
     self.last_splits = 0;
