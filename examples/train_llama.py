@@ -446,6 +446,12 @@ def model_flops(args, params, docs_by_micro_batch):
     return 6 * params * tokens + 3 * 4 * args.heads * head_dim * pairs
 
 
+def allocator_retries(device):
+    """The caching allocator's count of allocations that failed once and were retried after it released its cache
+    (0 off CUDA): each such release synchronises the host (with expandable segments, on every segment's stream)."""
+    return torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if device.type == "cuda" else 0
+
+
 def wrap_data_parallel(module, args, device, world, dtype):
     """DDP or FSDP2 around the step module (see the module docstring); one process: as is."""
     if world == 1:
@@ -937,7 +943,7 @@ def train_one(args, rank, world, device, lengths):
     loaded = {}  # schedule index -> its micro-batches, loaded while the step before it ran
     # CAD's exchanges on the GPU, cumulative (cad.exchange_times): the last step's end, for this step's share.
     exchanged = {} if device.type == "cuda" and args.attention == "cad" else None
-    retries_before = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if device.type == "cuda" else 0
+    retries_before = allocator_retries(device)
     for index, (step, profiling) in enumerate(schedule):
         micro = loaded.pop(index, None) or load(step)
         synced_timing = set_split(splitting())
@@ -1024,9 +1030,7 @@ def train_one(args, rank, world, device, lengths):
         pre_plan_ms = (min(make_starts) - start) * 1e3 if make_starts and not ahead else 0.0
         stats = plan_summary(plan_stats, plan_shares)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
-        # Allocations that failed once and were retried after the allocator released its cache: each such release
-        # synchronises the host (with expandable segments, on every segment's stream).
-        retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if device.type == "cuda" else 0
+        retries = allocator_retries(device)
         alloc_retries, retries_before = retries - retries_before, retries
         mine = sum(sum(docs_by_rank[rank]) for docs_by_rank, _, _, _ in micro)
         gathered = all_gather_floats([float(loss_sum), seconds, attention, float(mine), peak,

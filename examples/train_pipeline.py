@@ -707,7 +707,8 @@ def comparison(summaries):
             continue
         row = {"config": name, "step_ms": s["mean_step_ms_after_step0"], "ideal_step_ms":
                s["mean_ideal_step_ms_after_step0"], "tokens_per_s": s["mean_tokens_per_s_after_step0"],
-               "tick_imbalance": s["mean_tick_imbalance"] if timed(s) else None, "planned_imbalance": s["mean_planned_imbalance"],
+               "tick_imbalance": s["mean_tick_imbalance"] if timed(s) else None,
+               "planned_imbalance": s["mean_planned_imbalance"],
                "colocated_imbalance": s["mean_colocated_imbalance"], "peak_memory_gib": s["peak_memory_gib"]}
         if local and "skipped" not in local:
             row["speedup"] = local["mean_step_ms_after_step0"] / s["mean_step_ms_after_step0"]

@@ -65,7 +65,7 @@ def test_cad_plans_match_local_attention_in_torchtitans_trainer(tmp_path):
     assert cad["world"] == 2 and len(cad["steps"]) == 3
     if V03:
         assert cad["attention"] == local["attention"] == "CadVarlenAttention.Config"
-        # CAD's forward saved by selective AC as TorchTitan's own attention is (train_titan_cad.cad_selective_ac):
+        # CAD's forward saved by selective AC as TorchTitan's own attention is (train_titan_cad.CadSelectiveAC):
         # per layer and step one forward and one backward ran, no recomputed forward.
         assert cad["activation_checkpoint"] == local["activation_checkpoint"] == "CadSelectiveAC.Config"
         assert [r["attention_calls"] for r in cad["steps"]] == [2 * cad["layers"]] * 3

@@ -105,13 +105,14 @@ def ping_pong_layers(layers, states, kwargs=({}, {})):
         if not isinstance(layer, PingPongLayer):
             raise CadError(f"cad.ping_pong_layers: layers[{i}] must be a cad.PingPongLayer, got "
                            f"{type(layer).__name__}", "INVALID_ARGUMENT")
-    caller = torch.cuda.current_stream(states[0].device) if states[0].device.type == "cuda" else None
+    device = _device_of(states, None)
+    caller = torch.cuda.current_stream(device) if device.type == "cuda" else None
     for layer in layers:
         outs = layer(nano_batches=[((state,), kw) for state, kw in zip(states, kwargs)])
         states = [out[0] if isinstance(out, tuple) else out for out in outs]
     if caller is None:
         return states
-    return _joined(states, caller, nano_batch_streams(states[0].device))
+    return _joined(states, caller, nano_batch_streams(device))
 
 
 def _device_of(states, device):
