@@ -1,7 +1,9 @@
 // host_staging.cpp -- see host_staging.h.
 #include "host_staging.h"
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace cad::kernels {
 
@@ -17,8 +19,21 @@ size_t buffer_size(size_t bytes) {
 }  // namespace
 
 HostStaging::~HostStaging() {
+  // A transfer may still read a buffer. Wait for them, but only so long: teardown after a failure can find a stream
+  // that never runs again (a peer gone in front of the copy), and cudaFreeHost synchronises the whole device. Then
+  // the buffers are left to the process's end rather than the teardown hanging.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (const Buffer& b : buffers_) {
-    cudaEventSynchronize(b.done);  // a transfer may still read it
+    while (cudaEventQuery(b.done) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        (void)cudaGetLastError();
+        return;  // left allocated: freeing would wait for the stuck stream
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  (void)cudaGetLastError();
+  for (const Buffer& b : buffers_) {
     cudaEventDestroy(b.done);
     cudaFreeHost(b.host);
   }

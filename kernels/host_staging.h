@@ -8,7 +8,8 @@
 //
 // HostStaging copies through pinned buffers of its own: copy() memcpy's the data into a free pinned buffer,
 // enqueues the transfer and records an event after it, and returns; a buffer is free again once the transfer
-// that last read it has run. Buffers are only freed with the object (cudaFreeHost synchronises the device).
+// that last read it has run. Buffers are only freed with the object (cudaFreeHost synchronises the device), and
+// not even then if a transfer has not run 10 s into the teardown (its stream stuck behind a failed peer).
 // One object serves one device (its events are that device's). Thread-safe.
 #pragma once
 
@@ -23,7 +24,7 @@ namespace cad::kernels {
 class HostStaging {
  public:
   HostStaging() = default;
-  ~HostStaging();  // waits for the transfers still reading its buffers, then frees them
+  ~HostStaging();  // waits (10 s at most) for the transfers still reading its buffers, then frees them
   HostStaging(const HostStaging&) = delete;
   HostStaging& operator=(const HostStaging&) = delete;
 

@@ -74,5 +74,29 @@ TEST(HostStaging, ACopyBehindAHeldStreamReturnsAtOnceAndLandsInOrder) {
   cudaStreamDestroy(stream);
 }
 
+// Teardown behind a stream that does not run (a peer gone in front of the copy) ends: after 10 s the destructor
+// leaves its buffers allocated instead of waiting (cudaFreeHost would wait for the whole device). The transfer
+// then still reads valid memory when the stream runs.
+TEST(HostStaging, TeardownBehindAStuckStreamEndsAndLeavesTheBuffers) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const size_t n = 4096;
+  DeviceBuffer dst(n * sizeof(int64_t));
+  Gate gate;
+  ASSERT_EQ(cudaLaunchHostFunc(stream, Gate::hold, &gate), cudaSuccess);
+  const std::vector<int64_t> host = iota_from(3, n);
+  {
+    kernels::HostStaging staging;
+    ASSERT_EQ(staging.copy(dst.get(), host.data(), n * sizeof(int64_t), stream), cudaSuccess);
+  }  // the transfer has not run: the destructor gives up after 10 s
+  EXPECT_FALSE(gate.timed_out.load()) << "the destructor waited for the held stream";
+  gate.open = true;
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<int64_t> back(n);
+  ASSERT_EQ(cudaMemcpy(back.data(), dst.get(), n * sizeof(int64_t), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
 }  // namespace cad::gpu_test
