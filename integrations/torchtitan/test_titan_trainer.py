@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import titan_common  # noqa: E402
@@ -95,3 +96,33 @@ def test_cad_under_torchtitans_compile(tmp_path):
     compiled = _train(tmp_path, "cad", "--compile.enable", "--compile.backend", "aot_eager")
     assert compiled["compile"] is True
     assert _losses(compiled) == pytest.approx(_losses(local), rel=1e-5)
+
+
+def test_balanced_dataset_gives_every_rank_the_mean_attention_work():
+    """dataset "pretrain_synthetic_balanced" (the measured ideal's rows): every rank keeps a full row of tokens, its
+    documents become equal lengths whose causal work is the mean rank's; the real batch is far from that."""
+    lengths = json.loads(pathlib.Path(titan_common.default_data_path()).read_text())
+    seq_len, ranks = 16384, 2
+
+    def rows(dataset):
+        out = []
+        for rank in range(ranks):
+            data = titan_common.packed_documents(dataset, lengths, seq_len, 1000, rank, ranks, seed=7)
+            docs = data.documents(0)
+            sample, labels = next(iter(data))
+            assert sum(docs) == seq_len and sample["input"].shape == (seq_len,) and labels.shape == (seq_len,)
+            starts = torch.nonzero(sample["positions"] == 0).flatten().tolist()
+            assert len(starts) == len(docs)  # positions restart at every document
+            out.append(docs)
+        return out
+
+    def work(docs):
+        return sum(n * (n + 1) // 2 for n in docs)
+
+    real, balanced = rows("pretrain_synthetic"), rows("pretrain_synthetic_balanced")
+    real_work, balanced_work = [work(d) for d in real], [work(d) for d in balanced]
+    mean = sum(real_work) / ranks
+    assert max(real_work) / mean > 1.05, real_work  # this batch is imbalanced ...
+    assert max(abs(w - mean) for w in balanced_work) / mean < 0.02, balanced_work  # ... its balanced rows are not
+    with pytest.raises(ValueError, match="'pretrain_other'.*pretrain_synthetic_balanced"):
+        titan_common.packed_documents("pretrain_other", lengths, seq_len, 1000, 0, ranks, seed=7)

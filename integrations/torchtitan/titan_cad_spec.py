@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import titan_common  # noqa: E402
-from titan_common import PackedDocuments, default_data_path  # noqa: E402
+from titan_common import default_data_path, packed_documents  # noqa: E402
 
 titan_common.prepare()
 
@@ -191,15 +191,16 @@ def build_synthetic_tokenizer(job_config):
 
 
 def build_packed_document_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=True, **kwargs):
-    """training.dataset "pretrain_synthetic"; training.dataset_path: doclen_pretrain.json (default $CAD_DATA,
+    """training.dataset "pretrain_synthetic" (or "pretrain_synthetic_balanced": the measured ideal, titan_common.
+    DATASETS); training.dataset_path: doclen_pretrain.json (default $CAD_DATA,
     ../shared/data, .bench_data)."""
     path = job_config.training.dataset_path or default_data_path()
     if path is None:
         raise FileNotFoundError("no doclen_pretrain.json: set training.dataset_path or CAD_DATA")
     lengths = json.loads(pathlib.Path(path).read_text())
     seed = job_config.debug.seed if job_config.debug.seed is not None else 1
-    dataset = PackedDocuments(lengths, job_config.training.seq_len, tokenizer.get_vocab_size(), dp_rank,
-                              dp_world_size, seed, eos_id=tokenizer.eos_id)
+    dataset = packed_documents(job_config.training.dataset, lengths, job_config.training.seq_len,
+                               tokenizer.get_vocab_size(), dp_rank, dp_world_size, seed, eos_id=tokenizer.eos_id)
     return ParallelAwareDataloader(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size,
                                    batch_size=job_config.training.local_batch_size)
 
@@ -270,11 +271,13 @@ def recording_trainer():
 
         def __init__(self, job_config):
             super().__init__(job_config)
-            self.records, self._last_loss = [], None
+            self.records, self._last_loss, self._peak_gib = [], None, None
             log = self.metrics_processor.log
 
             def capture(step, global_avg_loss, global_max_loss, grad_norm, *a, **k):
                 self._last_loss = float(global_avg_loss)
+                if self.device.type == "cuda":  # read before TorchTitan's log resets the peak statistics
+                    self._peak_gib = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
                 return log(step, global_avg_loss, global_max_loss, grad_norm, *a, **k)
             self.metrics_processor.log = capture
             if job_config.model.name.startswith("llama3_cad"):
@@ -311,8 +314,8 @@ def recording_trainer():
             record = {"step": self.step, "step_s": float(t.item()), "loss": self._last_loss, "attention_calls": calls}
             if hasattr(self.model_parts[0], "plan_ahead"):  # how many of the step's micro-batches had plans made ahead
                 record["micro_batches_planned_ahead"], CadTransformer.used_ahead = CadTransformer.used_ahead, 0
-            if self.device.type == "cuda":
-                record["peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
+            if self._peak_gib is not None:  # the step's peak, as capture() read it before log() reset it
+                record["peak_gib"], self._peak_gib = self._peak_gib, None
             self.records.append(record)
             if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
                 print(f"CAD_TT step {self.step} step_s {record['step_s']:.4f} loss {record['loss']}", flush=True)
@@ -324,7 +327,8 @@ def recording_trainer():
             if path and rank0 and getattr(self, "records", None):
                 jc = self.job_config
                 steady = [r["step_s"] for r in self.records[1:]] or [self.records[0]["step_s"]]
-                summary = {"model": jc.model.name, "flavor": jc.model.flavor, "torchtitan": _version(),
+                summary = {"model": jc.model.name, "flavor": jc.model.flavor, "dataset": jc.training.dataset,
+                           "torchtitan": _version(),
                            "balancer": os.environ.get("CAD_TT_BALANCER", "prefix_aware"),
                            "world": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
                            "layers": self.model_args.n_layers, "seq_len": jc.training.seq_len,

@@ -137,15 +137,30 @@ def default_data_path():
     return None
 
 
+# training.dataset / dataloader.dataset names -> PackedDocuments' `balanced`
+DATASETS = {"pretrain_synthetic": False, "pretrain_synthetic_balanced": True}
+
+
+def packed_documents(dataset, lengths, seq_len, vocab_size, dp_rank, dp_world_size, seed, eos_id=None):
+    """The PackedDocuments a dataset name selects; an unknown name is refused, naming the accepted ones."""
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset {dataset!r}: expected one of {', '.join(DATASETS)} (packed Pretrain-recipe "
+                         "documents; _balanced: equal attention work per rank, for the measured ideal)")
+    return PackedDocuments(lengths, seq_len, vocab_size, dp_rank, dp_world_size, seed, eos_id=eos_id,
+                           balanced=DATASETS[dataset])
+
+
 class PackedDocuments(torch.utils.data.IterableDataset):
     """One packed row per sample: this data-parallel rank's documents of the Pretrain recipe's batch number i
     (the same batches on every rank, each rank its own share), random tokens, positions restarting per document."""
 
-    def __init__(self, lengths, seq_len, vocab_size, dp_rank, dp_world_size, seed, eos_id=None):
+    def __init__(self, lengths, seq_len, vocab_size, dp_rank, dp_world_size, seed, eos_id=None, balanced=False):
         """eos_id: where TorchTitan finds documents by their EOS token (0.2.x), every document's last token is
         eos_id and no other token is (tokens drawn below it); None: tokens from the whole vocabulary (0.3 reads
-        `positions`)."""
-        self.eos_id = eos_id
+        `positions`). balanced: every rank's row cut into equal-length documents whose causal attention work is the
+        mean rank's (the example trainer's --balanced-batches): local attention on these rows measures the ideal
+        that perfect balance would give, everything else as in the real batch."""
+        self.eos_id, self.balanced = eos_id, balanced
         self.lengths, self.seq_len, self.vocab_size = lengths, seq_len, vocab_size
         self.dp_rank, self.dp_world_size, self.seed = dp_rank, dp_world_size, seed
         self.recipe = _recipe()
@@ -153,10 +168,11 @@ class PackedDocuments(torch.utils.data.IterableDataset):
 
     def documents(self, index):
         docs = self.recipe.cached_batch(self.lengths, self.seq_len, self.dp_world_size, self.seed + index)
-        mine = docs[self.dp_rank]
-        if sum(mine) < self.seq_len:  # the recipe ran short: one more document fills the row
-            mine = mine + [self.seq_len - sum(mine)]
-        return mine
+        # the recipe may run short: one more document fills each row
+        docs = [d + [self.seq_len - sum(d)] if sum(d) < self.seq_len else list(d) for d in docs]
+        if self.balanced:
+            docs = self.recipe.balanced_documents(docs)
+        return docs[self.dp_rank]
 
     def __iter__(self):
         while True:

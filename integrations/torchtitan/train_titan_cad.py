@@ -59,7 +59,7 @@ IGNORE_INDEX = -100
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import titan_common  # noqa: E402
-from titan_common import PackedDocuments, default_data_path  # noqa: E402
+from titan_common import default_data_path, packed_documents  # noqa: E402
 
 titan_common.prepare()
 _cpu_requested = titan_common.cpu_requested
@@ -91,8 +91,8 @@ class SyntheticTokenizer(titan_common.SyntheticIds, BaseTokenizer):
 
 
 class PackedDocumentDataLoader(ParallelAwareDataloader):
-    """dataset "pretrain_synthetic": PackedDocuments over dataset_path (doclen_pretrain.json; default CAD_DATA,
-    ../shared/data, .bench_data)."""
+    """dataset "pretrain_synthetic" (or "pretrain_synthetic_balanced": the measured ideal, titan_common.DATASETS):
+    PackedDocuments over dataset_path (doclen_pretrain.json; default CAD_DATA, ../shared/data, .bench_data)."""
 
     @dataclasses.dataclass(kw_only=True, slots=True)
     class Config(ParallelAwareDataloader.Config):
@@ -106,7 +106,8 @@ class PackedDocumentDataLoader(ParallelAwareDataloader):
             raise FileNotFoundError("PackedDocumentDataLoader: no doclen_pretrain.json (set dataloader.dataset_path "
                                     "or CAD_DATA)")
         lengths = json.loads(pathlib.Path(path).read_text())
-        dataset = PackedDocuments(lengths, seq_len, tokenizer.get_vocab_size(), dp_rank, dp_world_size, config.seed)
+        dataset = packed_documents(config.dataset, lengths, seq_len, tokenizer.get_vocab_size(), dp_rank,
+                                   dp_world_size, config.seed)
         super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=local_batch_size,
                          num_workers=0)
 
@@ -176,11 +177,13 @@ class RecordingTrainer(Trainer):
     def __init__(self, config):
         super().__init__(config)
         self.records = []
-        self._last_loss = None
+        self._last_loss = self._peak_gib = None
         log = self.metrics_processor.log
 
         def capture(step, global_avg_loss, global_max_loss, grad_norm, *a, **k):
             self._last_loss = float(global_avg_loss)
+            if self.device.type == "cuda":  # read before TorchTitan's log resets the peak statistics
+                self._peak_gib = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
             return log(step, global_avg_loss, global_max_loss, grad_norm, *a, **k)
         self.metrics_processor.log = capture
         if any(isinstance(getattr(getattr(layer, "attention", None), "inner_attention", None),
@@ -211,8 +214,8 @@ class RecordingTrainer(Trainer):
         record = {"step": self.step, "step_s": float(t.item()), "loss": self._last_loss,
                   "tokens_per_rank": self.config.training.seq_len * self.config.training.local_batch_size,
                   "attention_calls": calls}
-        if self.device.type == "cuda":
-            record["peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
+        if self._peak_gib is not None:  # the step's peak, as capture() read it before log() reset it
+            record["peak_gib"], self._peak_gib = self._peak_gib, None
         self.records.append(record)
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
             print(f"CAD_TT step {self.step} step_s {record['step_s']:.4f} loss {record['loss']}", flush=True)
