@@ -291,14 +291,15 @@ def test_spec_helpers_leave_megatrons_spec_alone():
 
 def test_training_script_trains_megatrons_losses_with_cad(tmp_path):
     """train_gpt_cad.py under torchrun, 2 ranks: Megatron's attention, CAD with plans made ahead by the loop and
-    CAD with plans made by the first layer train the same losses (DDP, 2 micro-batches per step)."""
+    CAD with plans made by the first layer train the same losses (DDP, 2 micro-batches per step); local attention
+    on the balanced micro-batches (the measured ideal) trains balanced ranks, and the script reports the share."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # The script samples documents from a length list; a small one of mixed lengths here (the shared Pretrain
     # distribution is not in every checkout, CI's clean clone included).
     data = tmp_path / "lengths.json"
     data.write_text(json.dumps([3, 7, 12, 20, 33, 50, 64, 90, 128, 180, 256, 300, 400, 511, 700, 1000] * 4))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               str(HERE / "train_gpt_cad.py"), "--device", DEVICE, "--configs", "megatron,cad,cad+now",
+               str(HERE / "train_gpt_cad.py"), "--device", DEVICE, "--configs", "megatron,cad,cad+now,local,local_balanced",
                "--context", "512", "--steps", "2", "--micro-batches", "2", "--data", str(data), "--json-out",
                str(tmp_path / "run_{config}.json")]
     if DEVICE == "cuda":
@@ -316,3 +317,8 @@ def test_training_script_trains_megatrons_losses_with_cad(tmp_path):
         assert all(abs(a - b) <= rtol * abs(b) for a, b in zip(got, want)), (name, got, want)
         assert all(s["imbalance"] is not None for s in runs[name]["steps"])
     assert "megatron-core" in result.stdout and "cad vs megatron: losses agree" in result.stdout
+    real, balanced = (json.loads((tmp_path / f"run_{name}.json").read_text())["steps"] for name in ("local",
+                                                                                                   "local_balanced"))
+    for r, b in zip(real, balanced):  # the balanced micro-batches: every rank near the mean rank's causal work
+        assert b["imbalance"] < min(1.1, r["imbalance"]), (b["imbalance"], r["imbalance"])
+    assert "ideal (local / local_balanced)" in result.stdout and "realised share" in result.stdout

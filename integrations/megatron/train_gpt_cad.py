@@ -14,6 +14,9 @@ Configurations (--configs, trained one after another from the same weights):
   te        Megatron-Core's Transformer Engine spec (TEDotProductAttention, THD): only where transformer_engine
             imports (skipped with a note otherwise);
   local     CadCoreAttention without plans: the project's varlen kernels on each rank's own documents;
+  local_balanced  'local' on the micro-batches made balanced (every rank keeps its tokens, its documents cut to
+            equal lengths whose causal work is the mean rank's: examples/train_llama.py's balanced_documents):
+            the measured ideal that perfect balance would give, everything else as in the real batch;
   cad       CadCoreAttention with a CAD plan per micro-batch, made ahead (attach_plan(ahead=True)) when the micro-batch
             before it starts; 'cad+now' makes no plan in the loop: each micro-batch's first CAD layer makes it
             from packed_seq_params.cu_seqlens_q (collective there).
@@ -74,7 +77,7 @@ def causal_cost(lengths):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default="megatron,cad",
-                   help="comma list of megatron, te, local, cad, cad+now (default megatron,cad)")
+                   help="comma list of megatron, te, local, local_balanced, cad, cad+now (default megatron,cad)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
                    help="parameters and activations (default: bf16 on CUDA, fp32 on the CPU)")
@@ -108,7 +111,7 @@ def parse_args(argv=None):
         p.error("--device cuda: torch sees no GPU")
     if args.hidden % args.heads or args.heads % args.kv_heads:
         p.error("--hidden must divide by --heads and --heads by --kv-heads")
-    known = {"megatron", "te", "local", "cad", "cad+now"}
+    known = {"megatron", "te", "local", "local_balanced", "cad", "cad+now"}
     args.config_list = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in args.config_list if c not in known]
     if unknown:
@@ -143,7 +146,7 @@ def layer_spec(config_name):
     if config_name == "te":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
         return get_gpt_layer_with_transformer_engine_spec()
-    return cad_megatron.cad_gpt_layer_spec(normalization="RMSNorm", balance=config_name != "local")
+    return cad_megatron.cad_gpt_layer_spec(normalization="RMSNorm", balance=not config_name.startswith("local"))
 
 
 def build_model(args, config_name, config, device):
@@ -162,9 +165,12 @@ def te_unavailable():
 
 
 # ---- the data -------------------------------------------------------------------------------------------------
-def micro_batch(args, recipe, lengths, rank, world, step, index, device):
-    """Rank `rank`'s share of micro-batch `index` of `step`: inputs on `device`, the documents of every rank."""
+def micro_batch(args, recipe, lengths, rank, world, step, index, device, balanced=False):
+    """Rank `rank`'s share of micro-batch `index` of `step`: inputs on `device`, the documents of every rank;
+    balanced: the documents made balanced (local_balanced, the measured ideal)."""
     docs = recipe.cached_batch(lengths, args.context, world, args.seed + 1000 * step + index)
+    if balanced:
+        docs = recipe.balanced_documents(docs)
     mine = docs[rank]
     total = sum(mine)
     g = torch.Generator().manual_seed(args.seed * 7919 + 1000 * step + 17 * index + rank)
@@ -197,7 +203,7 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
     from megatron.core import parallel_state
 
     config = transformer_config(args, dtype)
-    if config_name.startswith("cad") or config_name == "local":
+    if config_name.startswith("cad") or config_name.startswith("local"):
         cad_megatron.init_cad(balancer=args.balancer, timeout_ms=args.timeout_ms)
         cad.timing(sync_cuda=True)
         cad.attention_time()
@@ -219,7 +225,7 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
 
     def load(k):
         s, i = order[k]
-        batch = micro_batch(args, recipe, lengths, rank, world, s, i, device)
+        batch = micro_batch(args, recipe, lengths, rank, world, s, i, device, balanced=config_name == "local_balanced")
         batch["packed"] = packed(batch, args, config, config_name, device, tag=k)
         return batch
 
@@ -292,6 +298,17 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
     if config_name != "megatron" and config_name != "te":
         cad.shutdown()
     return summary
+
+
+def print_realised_share(step_s):
+    """With local, local_balanced and cad among the configs: the measured ideal (local / local_balanced), CAD's
+    speedup over local and the realised share (speedup - 1) / (ideal - 1) of the attainable gain."""
+    if not {"local", "local_balanced", "cad"} <= step_s.keys():
+        return
+    ideal, speedup = step_s["local"] / step_s["local_balanced"], step_s["local"] / step_s["cad"]
+    share = f"{(speedup - 1) / (ideal - 1):.2f}" if ideal > 1 else "- (no gain to realise)"
+    print(f"cad: {speedup:.3f}x local; ideal (local / local_balanced) {ideal:.3f}x; realised share {share}",
+          flush=True)
 
 
 class _null:
@@ -368,6 +385,7 @@ def _run(args, rank, world, device):
             print(f"{s['config']} vs {base['config']}: losses agree to {worst:.2e} relative; step "
                   f"{s['mean_step_s_after_first']:.3f} s vs {base['mean_step_s_after_first']:.3f} s (mean after "
                   f"the first step)", flush=True)
+        print_realised_share({s["config"]: s["mean_step_s_after_first"] for s in summaries})
     parallel_state.destroy_model_parallel()
     dist.barrier()
     dist.destroy_process_group()
