@@ -93,6 +93,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--balancer", default="prefix_aware", help="CAD's balancer (cad.init)")
     p.add_argument("--timeout-ms", type=int, default=120000, help="CAD's collectives' deadline")
+    p.add_argument("--sync-attention-timing", choices=["on", "off"], default="on",
+                   help="on: a CUDA synchronisation around every attention call, so the per-rank attention times "
+                        "are real (it slows an imbalanced step: docs/multi_gpu.md, runs 21-22); off: attention "
+                        "times count only the enqueue, step times are as a trainer without the measurement has them")
     p.add_argument("--data", default=os.environ.get("CAD_DATA", str(REPO.parent / "shared" / "data" /
                                                                     "doclen_pretrain.json")))
     p.add_argument("--json-out", default=None,
@@ -205,7 +209,7 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
     config = transformer_config(args, dtype)
     if config_name.startswith("cad") or config_name.startswith("local"):
         cad_megatron.init_cad(balancer=args.balancer, timeout_ms=args.timeout_ms)
-        cad.timing(sync_cuda=True)
+        cad.timing(sync_cuda=args.sync_attention_timing == "on" and device.type == "cuda")
         cad.attention_time()
     model = build_model(args, config_name, config, device)
     model.load_state_dict(state)
