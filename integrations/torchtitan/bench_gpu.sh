@@ -23,6 +23,11 @@
 # plugins (FORCE_BUILD=1 rebuilds); otherwise configured and built.
 # Results: $OUT/r.tgz (logs, one JSON per configuration, table.md), $OUT/summary.txt.
 set -uo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  "") ;;
+  *) echo "bench_gpu.sh: no arguments (knobs are environment variables: bench_gpu.sh --help)" >&2; exit 2 ;;
+esac
 ROOT=$PWD
 OUT=${OUT:?set OUT}
 R=$OUT/r
