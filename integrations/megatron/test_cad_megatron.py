@@ -322,3 +322,14 @@ def test_training_script_trains_megatrons_losses_with_cad(tmp_path):
     for r, b in zip(real, balanced):  # the balanced micro-batches: every rank near the mean rank's causal work
         assert b["imbalance"] < min(1.1, r["imbalance"]), (b["imbalance"], r["imbalance"])
     assert "ideal (local / local_balanced)" in result.stdout and "realised share" in result.stdout
+    for run in runs.values():  # the means leave out the warm-up step (--warmup-steps, default 1)
+        summary, steps = run["summary"], run["steps"]
+        assert summary["warmup_steps"] == 1
+        assert summary["mean_step_s_after_first"] == pytest.approx(sum(max(r["step_s"]) for r in steps[1:]) /
+                                                                   (len(steps) - 1))
+
+
+def test_training_script_refuses_a_warmup_that_leaves_no_step():
+    result = subprocess.run([sys.executable, str(HERE / "train_gpt_cad.py"), "--device", "cpu", "--steps", "2",
+                             "--warmup-steps", "2"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--warmup-steps 2: expected 0 to --steps - 1 (1)" in result.stderr

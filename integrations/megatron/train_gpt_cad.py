@@ -93,6 +93,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--balancer", default="prefix_aware", help="CAD's balancer (cad.init)")
     p.add_argument("--timeout-ms", type=int, default=120000, help="CAD's collectives' deadline")
+    p.add_argument("--warmup-steps", type=int, default=1,
+                   help="steps left out of the means (default 1). The first configuration of the process still warms "
+                        "up in its second step (DDP rebuilds its gradient buckets after the first iteration, the "
+                        "allocator grows): 2 compares configurations more fairly (docs/integrations.md, run 23)")
     p.add_argument("--sync-attention-timing", choices=["on", "off"], default="on",
                    help="on: a CUDA synchronisation around every attention call, so the per-rank attention times "
                         "are real (it slows an imbalanced step: docs/multi_gpu.md, runs 21-22); off: attention "
@@ -113,6 +117,8 @@ def parse_args(argv=None):
         p.error("--position-embedding rope needs CUDA (Megatron-Core moves RoPE's frequencies to the GPU)")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no GPU")
+    if not 0 <= args.warmup_steps < args.steps:
+        p.error(f"--warmup-steps {args.warmup_steps}: expected 0 to --steps - 1 ({args.steps - 1})")
     if args.hidden % args.heads or args.heads % args.kv_heads:
         p.error("--hidden must divide by --heads and --heads by --kv-heads")
     known = {"megatron", "te", "local", "local_balanced", "cad", "cad+now"}
@@ -285,11 +291,11 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
             print(f"[{config_name}] step {step}: loss {loss:.6f} step {slowest:.3f} s (slowest rank) "
                   f"{record['tokens_per_s']:.0f} tokens/s{att}{imb} peak {max(g[3] for g in gathered):.1f} GiB",
                   flush=True)
-    timed = records[1:] or records
+    timed = records[args.warmup_steps:] or records[-1:]
     summary = {"config": config_name, "ranks": world, "device": str(device), "dtype": args.dtype,
                "model": {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")},
                "position_embedding": args.position_embedding, "context": args.context,
-               "micro_batches": n_micro, "steps": args.steps, "balancer": args.balancer if "cad" in config_name else None,
+               "micro_batches": n_micro, "steps": args.steps, "warmup_steps": args.warmup_steps, "balancer": args.balancer if "cad" in config_name else None,
                "plans": ("made ahead in the loop (attach_plan)" if plans_in_loop else
                          "made by the first CAD layer" if config_name == "cad+now" else None),
                "mean_step_s_after_first": sum(max(r["step_s"]) for r in timed) / len(timed),
@@ -388,7 +394,7 @@ def _run(args, rank, world, device):
             worst = max(abs(a - b) / abs(b) for a, b in zip(s["losses"], base["losses"]))
             print(f"{s['config']} vs {base['config']}: losses agree to {worst:.2e} relative; step "
                   f"{s['mean_step_s_after_first']:.3f} s vs {base['mean_step_s_after_first']:.3f} s (mean after "
-                  f"the first step)", flush=True)
+                  f"the first {args.warmup_steps} step(s))", flush=True)
         print_realised_share({s["config"]: s["mean_step_s_after_first"] for s in summaries})
     parallel_state.destroy_model_parallel()
     dist.barrier()
