@@ -755,8 +755,11 @@ def configurations(args):
             run.ping_pong_when = "worthwhile"
         if "now" in modes:
             run.plan_ahead = "off"
+        if "blocking" in modes:  # CAD's exchanges launched on the calling thread (--cad-nccl-blocking)
+            run.cad_nccl_blocking = True
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
-            ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "")
+            ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
+            ("_ncclblocking" if "blocking" in modes else "")
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -1217,12 +1220,13 @@ def parse_args(argv=None):
                         "made balanced: --balanced-batches), 'torch_varlen' (torch's varlen_attn; "
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
-                        "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile) and/or '+now' "
-                        "(--plan-ahead off), e.g. "
+                        "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
+                        "(--plan-ahead off) and/or '+blocking' (--cad-nccl-blocking), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
-                        "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto. Overrides --attention, --balancer, "
-                        "--ping-pong, --plan-ahead")
+                        "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
+                        "'_ncclblocking' with +blocking. Overrides --attention, --balancer, --ping-pong, --plan-ahead, "
+                        "--cad-nccl-blocking")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -1278,12 +1282,14 @@ def parse_args(argv=None):
         def refused(name):
             base, *modes = name.split("+")
             splits = {"pp", "pp1", "ppauto"} & set(modes)
-            return (not base or any(m not in ("pp", "pp1", "ppauto", "now") for m in modes)
-                    or len(set(modes)) != len(modes) or len(splits) > 1 or (base == "local_balanced" and modes))
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking") for m in modes)
+                    or len(set(modes)) != len(modes) or len(splits) > 1 or (base == "local_balanced" and modes)
+                    or (base in ("local", "torch_varlen") and "blocking" in modes))
         bad = [n for n in names if refused(n)]
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'local_balanced', 'torch_varlen' or a balancer name, "
-                    f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now' (local_balanced: none)")
+                    f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now', and/or (a balancer) "
+                    f"'+blocking' (local_balanced: none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     return args

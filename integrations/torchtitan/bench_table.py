@@ -34,8 +34,8 @@ def table(runs):
              f"steps {SKIP + 1}-{len(any_run['steps'])}; baseline: {base or 'none'} (the fastest without CAD's plans); "
              f"ideal (local / local_balanced): {f'{ideal:.3f}' if ideal else '-'}", "",
              "| config | model / flavor | step s | tokens/s (K) | peak GiB | speedup vs baseline | per-step speedup "
-             "min-max | realised share | attention calls/step | last loss |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "min-max | realised share | attention calls/step | plan wait ms/step | last loss |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c, r in runs.items():
         tokens = r["seq_len"] * r["world"] / step[c] / 1e3  # K tokens/s
         peak = max((s.get("peak_gib", 0) for s in r["steps"]), default=0)
@@ -47,8 +47,10 @@ def table(runs):
             if ideal and ideal > 1 and c != "local_balanced":
                 share = f"{(step[base] / step[c] - 1) / (ideal - 1):.2f}"
         calls = r["steps"][-1].get("attention_calls", "-")
+        waits = [x["plan_wait_ms"] for x in r["steps"][SKIP:] if "plan_wait_ms" in x]
+        wait = f"{mean(waits):.1f}" if waits else "-"
         lines.append(f"| {c} | {r['model']} / {r['flavor']}{' (balanced rows)' if 'balanced' in r.get('dataset', '') else ''}"
-                     f" | {step[c]:.3f} | {tokens:.1f} | {peak:.1f} | {speedup} | {spread} | {share} | {calls} | "
+                     f" | {step[c]:.3f} | {tokens:.1f} | {peak:.1f} | {speedup} | {spread} | {share} | {calls} | {wait} | "
                      f"{r['steps'][-1]['loss']:.5f} |")
     return lines
 

@@ -78,11 +78,14 @@ def test_cad_plans_match_local_attention_in_torchtitans_trainer(tmp_path):
 
 @pytest.mark.skipif(V03, reason="plans made at load time: the 0.2.x launcher's trainer (titan_cad_spec.py)")
 def test_plans_are_made_when_micro_batches_load(tmp_path):
-    # Two micro-batches per step (global batch 4 over 2 ranks of local batch 1): both asked for when TorchTitan
-    # loads the step's micro-batches, before the first forward, and used in that order; losses as local's.
+    # Two micro-batches per step (global batch 4 over 2 ranks of local batch 1): each asked for when it loads, one
+    # micro-batch ahead of TorchTitan (PlanOneAhead), and used in that order; losses as local's. So from the second
+    # step on, the step's first micro-batch was loaded, and its plan asked for, while the step before computed.
     extra = ("--training.global_batch_size", "4")
     cad, local = _train(tmp_path, "cad", *extra), _train(tmp_path, "local", *extra)
     assert [r["micro_batches_planned_ahead"] for r in cad["steps"]] == [2, 2, 2]
+    assert [r["planned_in_an_earlier_step"] for r in cad["steps"]] == [0, 1, 1]
+    assert all(r["plan_wait_ms"] >= 0 for r in cad["steps"])
     assert all("micro_batches_planned_ahead" not in r for r in local["steps"])
     # The TOML's per-op selective AC saves CAD's forward as TorchTitan saves its own attention's: per layer and
     # micro-batch one forward and one backward ran (2 layers x 2 micro-batches), no recomputed forward (that is 12).
@@ -126,3 +129,25 @@ def test_balanced_dataset_gives_every_rank_the_mean_attention_work():
     assert max(abs(w - mean) for w in balanced_work) / mean < 0.02, balanced_work  # ... its balanced rows are not
     with pytest.raises(ValueError, match="'pretrain_other'.*pretrain_synthetic_balanced"):
         titan_common.packed_documents("pretrain_other", lengths, seq_len, 1000, 0, ranks, seed=7)
+
+
+@pytest.mark.skipif(V03, reason="the 0.2.x launcher's trainer (titan_cad_spec.py)")
+def test_plan_one_ahead_plans_each_micro_batch_as_it_loads_one_ahead():
+    import titan_cad_spec
+    planned = []
+    ahead = titan_cad_spec.PlanOneAhead(iter(range(5)), planned.append)
+    ahead.begin_step(1)
+    assert next(ahead) == 0 and planned == [0, 1]  # the first waits for its own plan; the next is asked for now
+    ahead.begin_step(2)
+    assert next(ahead) == 1 and planned == [0, 1, 2] and ahead.planned_in_an_earlier_step == 1
+    assert [next(ahead), next(ahead), next(ahead)] == [2, 3, 4] and planned == [0, 1, 2, 3, 4]
+    with pytest.raises(StopIteration):  # the end of the data reaches the trainer when it gets there
+        next(ahead)
+
+    def failing():
+        yield "a"
+        raise RuntimeError("the dataset broke")
+    ahead = titan_cad_spec.PlanOneAhead(failing(), lambda batch: None)
+    assert next(ahead) == "a"  # the failure was met while looking ahead, and is raised when its turn comes
+    with pytest.raises(RuntimeError, match="the dataset broke"):
+        next(ahead)

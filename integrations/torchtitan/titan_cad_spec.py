@@ -136,6 +136,7 @@ class CadTransformer(CadLocalTransformer):
     that point, from the device's boundaries. Every rank asks in the same order (the tag counts micro-batches)."""
     _micro_batch = 0
     used_ahead = 0  # micro-batches that ran with a plan asked for by plan_ahead (the trainer's records read it)
+    plans_used = []  # the plans of the micro-batches run since the trainer last read them (their wait_ms)
 
     def _plan(self, cu_seq_q, device):
         args = self.model_args
@@ -159,13 +160,15 @@ class CadTransformer(CadLocalTransformer):
         if planned:
             shape, metadata = planned.pop(0)
             CadTransformer.used_ahead += 1
+            CadTransformer.plans_used.append(metadata.plan)
             if shape != tuple(input_batch.shape):
                 raise RuntimeError(f"CadTransformer: the micro-batch planned ahead had shape {shape}, the one being run "
                                    f"{tuple(input_batch.shape)}: micro-batches must run in the order they were loaded")
             return metadata
         masks = super().get_attention_masks(input_batch, tokenizer, extra_inputs)
-        return CadVarlenMetadata(masks.cu_seq_q, masks.cu_seq_k, int(masks.max_q), int(masks.max_k),
-                                 self._plan(masks.cu_seq_q, input_batch.device))
+        plan = self._plan(masks.cu_seq_q, input_batch.device)
+        CadTransformer.plans_used.append(plan)
+        return CadVarlenMetadata(masks.cu_seq_q, masks.cu_seq_k, int(masks.max_q), int(masks.max_k), plan)
 
 
 class TorchVarlenTransformer(_SwappedAttention):
@@ -262,6 +265,50 @@ save_cad_attention_under_op_sac()
 
 
 # ---- the launcher's trainer: step times ----------------------------------------------------------------------------
+class PlanOneAhead:
+    """The trainer's micro-batches, each loaded one micro-batch before TorchTitan asks for it and handed to `plan`
+    (the model's plan_ahead) as it loads. TorchTitan 0.2 loads a step's micro-batches when the step starts, so the
+    next step's first micro-batch is loaded, and its plan asked for, while this step computes: no step waits for
+    its first plan (with a plan asked for only when its own step loads, a step of one micro-batch always did).
+    The data iterator runs one micro-batch ahead of training; `planned_in_an_earlier_step` counts the micro-batches
+    that TorchTitan took from here whose plan was asked for before their step began (the trainer reads and resets
+    it). The end of the data (StopIteration, TorchTitan's DataloaderExhaustedError) is raised when the trainer
+    reaches it, not when the look-ahead does."""
+
+    def __init__(self, source, plan):
+        self.source, self.plan = source, plan
+        self.step = 0
+        self.planned_in_an_earlier_step = 0
+        self._next = None  # (step in which it was loaded, micro-batch) or the exception that ended the data
+
+    def _load(self):
+        try:
+            batch = next(self.source)
+        except Exception as exc:  # noqa: BLE001 -- the end of the data, whatever TorchTitan calls it: kept for later
+            self._next = exc
+            return
+        self.plan(batch)
+        self._next = (self.step, batch)
+
+    def begin_step(self, step):
+        self.step = step
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._next is None:  # the very first micro-batch: nothing ran before it to hide its plan behind
+            self._load()
+        current = self._next
+        if isinstance(current, BaseException):
+            raise current
+        self._load()
+        loaded_in, batch = current
+        if loaded_in < self.step:
+            self.planned_in_an_earlier_step += 1
+        return batch
+
+
 def recording_trainer():
     from torchtitan.train import Trainer
 
@@ -290,12 +337,18 @@ def recording_trainer():
                 torch.cuda.synchronize(self.device)
 
         def _planning(self, data_iterator):
-            """The micro-batches as TorchTitan loads them, each handed to the model's plan_ahead on the way (CAD)."""
-            model = self.model_parts[0]
-            for input_dict, labels in data_iterator:
-                model.plan_ahead(input_dict["input"], self.tokenizer, self.device,
-                                 {k: v for k, v in input_dict.items() if k != "input"})
-                yield input_dict, labels
+            """The micro-batches one ahead of TorchTitan, each handed to the model's plan_ahead as it loads (CAD);
+            one PlanOneAhead for the whole run (TorchTitan passes the same iterator to every step)."""
+            if getattr(self, "_plan_one_ahead", None) is None or self._plan_one_ahead.source is not data_iterator:
+                model = self.model_parts[0]
+
+                def plan(batch):
+                    input_dict, _ = batch
+                    model.plan_ahead(input_dict["input"], self.tokenizer, self.device,
+                                     {k: v for k, v in input_dict.items() if k != "input"})
+                self._plan_one_ahead = PlanOneAhead(data_iterator, plan)
+            self._plan_one_ahead.begin_step(self.step)
+            return self._plan_one_ahead
 
         def train_step(self, data_iterator, *args, **kwargs):
             if hasattr(self.model_parts[0], "plan_ahead"):
@@ -314,6 +367,13 @@ def recording_trainer():
             record = {"step": self.step, "step_s": float(t.item()), "loss": self._last_loss, "attention_calls": calls}
             if hasattr(self.model_parts[0], "plan_ahead"):  # how many of the step's micro-batches had plans made ahead
                 record["micro_batches_planned_ahead"], CadTransformer.used_ahead = CadTransformer.used_ahead, 0
+                # ... how many of them were asked for before the step began (the look-ahead), and how long the
+                # step's forwards waited for their plans (0: every plan was ready)
+                ahead = self._plan_one_ahead
+                record["planned_in_an_earlier_step"], ahead.planned_in_an_earlier_step = \
+                    ahead.planned_in_an_earlier_step, 0
+                record["plan_wait_ms"] = sum(plan.wait_ms for plan in CadTransformer.plans_used)
+                CadTransformer.plans_used.clear()
             if self._peak_gib is not None:  # the step's peak, as capture() read it before log() reset it
                 record["peak_gib"], self._peak_gib = self._peak_gib, None
             self.records.append(record)

@@ -180,6 +180,11 @@ def test_balanced_batches_keep_tokens_and_give_every_rank_the_mean_work():
     runs = dict(t.configurations(args))
     assert runs["local_balanced"].balanced_batches and runs["local_balanced"].attention == "local"
     assert not runs["local"].balanced_batches and runs["local_balanced"].json_out == "x_local_balanced.json"
+    # +blocking: CAD's NCCL communicator blocking for that configuration only, named in its JSON
+    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+blocking", "--json-out", "x_{config}.json"])
+    runs = dict(t.configurations(args))
+    assert runs["prefix_aware_ncclblocking"].cad_nccl_blocking and not runs["prefix_aware"].cad_nccl_blocking
+    assert runs["prefix_aware_ncclblocking"].json_out == "x_prefix_aware_ncclblocking.json"
 
 
 def test_split_at_the_document_boundary_nearest_half():
@@ -558,7 +563,8 @@ def test_bad_options_are_refused(capsys):
         assert f"--global-every must be at least 2" in _refused(t, capsys, ["--window", "8", "--global-every", every])
     assert "--balanced-batches balances causal attention work" in \
         _refused(t, capsys, ["--balanced-batches", "--window", "8"])
-    for configs in ("prefix_aware+pp+pp1", "local_balanced+pp", "distca+pp1+ppauto"):
+    for configs in ("prefix_aware+pp+pp1", "local_balanced+pp", "distca+pp1+ppauto", "local+blocking",
+                    "prefix_aware+blocking+blocking"):
         assert f"{configs!r} is not" in _refused(t, capsys, ["--configs", configs]), configs
 
 
