@@ -1,7 +1,7 @@
 """tests/multi_gpu/table.py on hand-made trainer records: the numbers docs/multi_gpu.md quotes (speedup vs the
 faster local baseline, ideal speedup from its measured parts, realised share, ratio to per_doc_cp, ping-pong
 saving, loss agreement, MFU, peak memory), the profiled step left out, skipped configurations, and the profile
-and plan-arrival tables."""
+and plan-arrival tables; and integrations/torchtitan/bench_table.py (TorchTitan's trainer on GPUs)."""
 import json
 import pathlib
 import subprocess
@@ -214,3 +214,47 @@ def test_trace_overlap_counts_streams_overlap_and_host_waits(tmp_path):
     path.write_text(json.dumps({"traceEvents": events}))
     launches = tool.analyse(path)["nccl_job_thread_launches"]
     assert launches["launches"] == 1 and abs(launches["median_ms"] - 2.0) < 1e-9
+
+
+# ---- integrations/torchtitan/bench_table.py (TorchTitan's trainer on GPUs) --------------------------------------
+TITAN_TABLE = REPO / "integrations" / "torchtitan" / "bench_table.py"
+
+
+def titan_run(tmp, config, model, step_s, dataset="pretrain_synthetic", waits=None):
+    steps = [{"step": i + 1, "step_s": s, "loss": 10.0 - 0.01 * i, "attention_calls": 16, "peak_gib": 20.0}
+             for i, s in enumerate(step_s)]
+    for r, w in zip(steps, waits or []):
+        r["plan_wait_ms"] = w
+    (tmp / f"{config}.json").write_text(json.dumps({"model": model, "flavor": "8B", "dataset": dataset, "world": 2,
+                                                    "layers": 8, "seq_len": 65536, "steps": steps}))
+
+
+def titan_rows(tmp):
+    out = subprocess.run([sys.executable, str(TITAN_TABLE), str(tmp)], capture_output=True, text=True, check=True)
+    head, _, body = out.stdout.partition("|---")
+    return head, {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+                  for line in body.splitlines()[1:] if line.startswith("|")}
+
+
+def test_titan_bench_table(tmp_path):
+    # steps 1-2 warm up and are left out; local is the fastest configuration without plans (torch_varlen slower)
+    titan_run(tmp_path, "cad", "llama3_cad", [9, 9, 2.0, 2.2, 2.0, 2.2], waits=[50, 40, 0, 0, 1.0, 3.0])
+    titan_run(tmp_path, "local", "llama3_cad_local", [9, 9, 2.2, 2.4, 2.2, 2.4])
+    titan_run(tmp_path, "local_balanced", "llama3_cad_local", [9, 9, 1.9, 2.1, 1.9, 2.1],
+              dataset="pretrain_synthetic_balanced")
+    titan_run(tmp_path, "torch_varlen", "llama3_torch_varlen", [9, 9, 2.5, 2.6, 2.5, 2.6])
+    head, rows = titan_rows(tmp_path)
+    assert "baseline: local" in head and "ideal (local / local_balanced): 1.150" in head and "steps 3-6" in head
+    # columns: model, step s, tokens/s (K), peak, speedup, per-step min-max, share, calls, plan wait, loss
+    assert rows["cad"][1] == "2.100" and rows["cad"][4] == "1.095" and rows["cad"][5] == "1.091-1.100"
+    assert rows["cad"][6] == "0.63" and rows["cad"][8] == "1.0"  # (1.095 - 1) / (1.150 - 1); wait over steps 3-6
+    assert rows["local_balanced"][0].endswith("(balanced rows)") and rows["local_balanced"][6] == "-"
+    assert rows["torch_varlen"][4] == "0.902" and rows["local"][8] == "-"
+    # no measured ideal: no share; nothing to read: a message and exit 1
+    (tmp_path / "local_balanced.json").unlink()
+    head, rows = titan_rows(tmp_path)
+    assert "ideal (local / local_balanced): -" in head and rows["cad"][6] == "-"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = subprocess.run([sys.executable, str(TITAN_TABLE), str(empty)], capture_output=True, text=True)
+    assert out.returncode == 1 and "no <config>.json" in out.stderr
