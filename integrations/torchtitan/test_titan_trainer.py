@@ -151,3 +151,9 @@ def test_plan_one_ahead_plans_each_micro_batch_as_it_loads_one_ahead():
     assert next(ahead) == "a"  # the failure was met while looking ahead, and is raised when its turn comes
     with pytest.raises(RuntimeError, match="the dataset broke"):
         next(ahead)
+    # without looking ahead (checkpoints saved: the data's state must count only what trained) each micro-batch
+    # is loaded and planned when asked for
+    planned = []
+    source = iter(range(3))
+    ahead = titan_cad_spec.PlanOneAhead(source, planned.append, look_ahead=False)
+    assert next(ahead) == 0 and planned == [0] and next(source) == 1

@@ -273,10 +273,12 @@ class PlanOneAhead:
     The data iterator runs one micro-batch ahead of training; `planned_in_an_earlier_step` counts the micro-batches
     that TorchTitan took from here whose plan was asked for before their step began (the trainer reads and resets
     it). The end of the data (StopIteration, TorchTitan's DataloaderExhaustedError) is raised when the trainer
-    reaches it, not when the look-ahead does."""
+    reaches it, not when the look-ahead does. look_ahead=False loads and plans each micro-batch only when TorchTitan
+    asks for it: where checkpoints are saved, since a checkpoint's dataloader state would count the micro-batch
+    loaded ahead as trained and a resumed run would skip it."""
 
-    def __init__(self, source, plan):
-        self.source, self.plan = source, plan
+    def __init__(self, source, plan, look_ahead=True):
+        self.source, self.plan, self.look_ahead = source, plan, look_ahead
         self.step = 0
         self.planned_in_an_earlier_step = 0
         self._next = None  # (step in which it was loaded, micro-batch) or the exception that ended the data
@@ -297,6 +299,10 @@ class PlanOneAhead:
         return self
 
     def __next__(self):
+        if not self.look_ahead:
+            batch = next(self.source)
+            self.plan(batch)
+            return batch
         if self._next is None:  # the very first micro-batch: nothing ran before it to hide its plan behind
             self._load()
         current = self._next
@@ -346,7 +352,11 @@ def recording_trainer():
                     input_dict, _ = batch
                     model.plan_ahead(input_dict["input"], self.tokenizer, self.device,
                                      {k: v for k, v in input_dict.items() if k != "input"})
-                self._plan_one_ahead = PlanOneAhead(data_iterator, plan)
+                look_ahead = not self.job_config.checkpoint.enable
+                if not look_ahead and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+                    print("titan_cad_spec: checkpoints are saved, so micro-batches are planned as they load, not one "
+                          "ahead (a checkpoint would count the one loaded ahead as trained)", flush=True)
+                self._plan_one_ahead = PlanOneAhead(data_iterator, plan, look_ahead)
             self._plan_one_ahead.begin_step(self.step)
             return self._plan_one_ahead
 
