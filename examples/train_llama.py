@@ -74,6 +74,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import sys
 import time
 
@@ -757,9 +758,12 @@ def configurations(args):
             run.plan_ahead = "off"
         if "blocking" in modes:  # CAD's exchanges launched on the calling thread (--cad-nccl-blocking)
             run.cad_nccl_blocking = True
+        tolerance = [m for m in modes if m.startswith("tol")]
+        if tolerance:  # +tol0.005: the balancer's tolerance (--balancer-tolerance)
+            run.balancer_tolerance = float(tolerance[0][3:])
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
             ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
-            ("_ncclblocking" if "blocking" in modes else "")
+            ("_ncclblocking" if "blocking" in modes else "") + "".join("_" + m for m in tolerance)
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -841,6 +845,7 @@ def summary_of(args, world, device):
             "ping_pong_lanes": args.ping_pong_lanes if args.ping_pong else None,
             "balanced_batches": args.balanced_batches, "cad_comm_priority": args.cad_comm_priority,
             "cad_nccl_max_ctas": args.cad_nccl_max_ctas, "cad_nccl_blocking": args.cad_nccl_blocking,
+            "balancer_tolerance": args.balancer_tolerance,
             "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
@@ -869,7 +874,8 @@ def train_one(args, rank, world, device, lengths):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms,
              comm_stream_priority=args.cad_comm_priority, nccl_max_ctas=args.cad_nccl_max_ctas,
-             nccl_blocking_comm=args.cad_nccl_blocking)
+             nccl_blocking_comm=args.cad_nccl_blocking,
+             balancer_config=None if args.balancer_tolerance is None else {"tolerance": args.balancer_tolerance})
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
         if args.ping_pong and args.ping_pong_when == "worthwhile" else None
@@ -1205,6 +1211,10 @@ def parse_args(argv=None):
     p.add_argument("--cad-nccl-max-ctas", type=int, default=0,
                    help="at most this many CTAs per NCCL operation of CAD's communicator (cad.init's nccl_max_ctas; "
                         "0: NCCL's default)")
+    p.add_argument("--balancer-tolerance", type=float, default=None,
+                   help="the CAD balancer's tolerance (distca, prefix_aware; cad.init's balancer_config): prefix_aware "
+                        "fills servers up to mean x (1 + T), default 0.02; a smaller T balances tighter and moves more "
+                        "bytes (docs/balancers.md)")
     p.add_argument("--cad-nccl-blocking", action="store_true",
                    help="CAD's NCCL communicator blocking (cad.init's nccl_blocking_comm): exchanges launch on the "
                         "calling thread instead of NCCL's job thread")
@@ -1221,12 +1231,12 @@ def parse_args(argv=None):
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
                         "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
-                        "(--plan-ahead off) and/or '+blocking' (--cad-nccl-blocking), e.g. "
+                        "(--plan-ahead off), '+blocking' (--cad-nccl-blocking) and/or '+tolT' (--balancer-tolerance T), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
                         "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
-                        "'_ncclblocking' with +blocking. Overrides --attention, --balancer, --ping-pong, --plan-ahead, "
-                        "--cad-nccl-blocking")
+                        "'_ncclblocking' with +blocking, + '_tolT' with +tolT. Overrides --attention, --balancer, --ping-pong, "
+                        "--plan-ahead, --cad-nccl-blocking, --balancer-tolerance")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -1272,6 +1282,8 @@ def parse_args(argv=None):
                     f"make every layer global: drop --window instead), got {args.global_every}")
     if not 0.0 <= args.ping_pong_min_stall_share < 1.0:
         p.error(f"--ping-pong-min-stall-share must be in [0, 1), got {args.ping_pong_min_stall_share}")
+    if args.balancer_tolerance is not None and not 0 <= args.balancer_tolerance <= 10:
+        p.error(f"--balancer-tolerance must be in [0, 10], got {args.balancer_tolerance}")
     if args.checkpoint_reentrant and args.checkpointing != "full":
         p.error("--checkpoint-reentrant applies to --checkpointing full only (selective checkpointing is "
                 "non-reentrant)")
@@ -1282,14 +1294,19 @@ def parse_args(argv=None):
         def refused(name):
             base, *modes = name.split("+")
             splits = {"pp", "pp1", "ppauto"} & set(modes)
-            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking") for m in modes)
+            tolerances = [m for m in modes if re.fullmatch(r"tol(\d+(\.\d*)?|\.\d+)", m)]
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking") and m not in tolerances
+                                    for m in modes)
                     or len(set(modes)) != len(modes) or len(splits) > 1 or (base == "local_balanced" and modes)
-                    or (base in ("local", "torch_varlen") and "blocking" in modes))
+                    or (base in ("local", "torch_varlen") and "blocking" in modes)
+                    or (tolerances and (base not in ("distca", "prefix_aware") or len(tolerances) > 1
+                                        or float(tolerances[0][3:]) > 10)))
         bad = [n for n in names if refused(n)]
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'local_balanced', 'torch_varlen' or a balancer name, "
                     f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now', and/or (a balancer) "
-                    f"'+blocking' (local_balanced: none)")
+                    f"'+blocking', and/or (distca, prefix_aware) one '+tolT' with T in [0, 10] "
+                    f"(local_balanced: none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     return args

@@ -233,6 +233,37 @@ def arrival_rows(runs, first):
     return lines
 
 
+def paired_rows(runs, first):
+    """Per (context, configuration) other than the baseline, step by step against the same step (the same batches)
+    of the baseline and of the measured ideal (local_balanced), over the steps from `first`: the speedup's min /
+    median / max, on how many steps it was slower than the baseline, and its distance to the measured ideal in ms
+    (min / max: a distance that stays put from batch to batch is a fixed cost of the configuration, one that
+    follows the batch is balance not won). The means of the main table hide how much a ratio moves per step."""
+    lines = []
+    for context in sorted({c for c, _ in runs}):
+        base_name, base = baseline_of(context, runs, first)
+        if base is None:
+            continue
+        balanced = runs.get((context, MEASURED_IDEAL))
+        ideal_steps = balanced["steps"][first:] if trained(balanced) else []
+        for _, name in in_order({k: None for k in runs if k[0] == context}):
+            run = runs[(context, name)]
+            if name == base_name or not trained(run) or not run["steps"][first:]:
+                continue
+            pairs = list(zip(base["steps"][first:], run["steps"][first:]))
+            ratios = sorted(step_time(b) / step_time(r) for b, r in pairs)
+            slower = sum(x < 1 for x in ratios)
+            median = ratios[len(ratios) // 2] if len(ratios) % 2 else \
+                (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+            gap = "-"
+            if ideal_steps and name != MEASURED_IDEAL:
+                gaps = [(step_time(r) - step_time(i)) * 1e3 for r, i in zip(run["steps"][first:], ideal_steps)]
+                gap = f"{min(gaps):.0f} / {max(gaps):.0f}"
+            lines.append(f"| {tokens_label(context)} | {name} | {base_name} | {len(ratios)} | {ratios[0]:.3f} / "
+                         f"{median:.3f} / {ratios[-1]:.3f} | {slower} | {gap} |")
+    return lines
+
+
 def exchange_rows(runs, first):
     """Per CAD (context, configuration) whose records have exchange_stall_ms (CUDA, trainer since 2026-11-26),
     means over the steps from `first`: the GPU time of CAD's collectives per step and how long the calling
@@ -304,6 +335,14 @@ def main():
               "GC ms (max rank) | full GCs |")
         print("|" + " ---: |" * 8)
         print("\n".join(arrivals))
+    paired = paired_rows(runs, args.steps_from)
+    if paired:
+        print("\nStep by step, the same batches (steps from --steps-from): speedup over the baseline min / median / "
+              "max, steps slower than it, and ms behind the measured ideal (local_balanced) min / max:\n")
+        print("| tokens/GPU | config | baseline | steps | speedup min / median / max | steps slower | "
+              "ms behind the ideal, min / max |")
+        print("|" + " ---: |" * 7)
+        print("\n".join(paired))
     exchanges = exchange_rows(runs, args.steps_from)
     if exchanges:
         print("\nCAD's exchanges on the GPU (timing events), ms per step, largest rank: the collectives' time and the "

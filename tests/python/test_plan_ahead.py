@@ -213,6 +213,22 @@ def test_init_passes_the_communication_knobs_to_the_stack(fresh_stacks):
         cad.init(nccl_max_ctas=65)
 
 
+def test_init_passes_the_balancers_config_to_the_stack(fresh_stacks, capfd):
+    cad = fresh_stacks
+    assert {i["name"]: i for i in cad.stack_config(torch.device("cpu"))["instances"]}["balancer"]["config"] == {}
+    cad.init(balancer="prefix_aware", balancer_config={"tolerance": 0.005})
+    instances = {i["name"]: i for i in cad.stack_config(torch.device("cpu"))["instances"]}
+    assert instances["balancer"] == {"name": "balancer", "plugin": "prefix_aware", "config": {"tolerance": 0.005}}
+    _, _, _, cu = _micro_batch(0, 0)
+    cad.plan(cu, **SHAPE)  # the plugin takes it (its own tests cover what the tolerance does) ...
+    capfd.readouterr()
+    cad.init(balancer="prefix_aware", balancer_config={"tolerence": 0.005})
+    cad.plan(cu, **SHAPE)  # ... and reads it: a misspelt key is named, with the one meant
+    assert "did you mean 'tolerance'" in "".join(capfd.readouterr())
+    with pytest.raises(cad.CadError, match="balancer_config must be a dict"):
+        cad.init(balancer_config=[("tolerance", 0.1)])
+
+
 def test_plan_communicator_must_be_an_instance_of_its_own(fresh_stacks):
     cad = fresh_stacks
     config = cad.stack_config(torch.device("cpu"))

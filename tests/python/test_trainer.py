@@ -185,6 +185,11 @@ def test_balanced_batches_keep_tokens_and_give_every_rank_the_mean_work():
     runs = dict(t.configurations(args))
     assert runs["prefix_aware_ncclblocking"].cad_nccl_blocking and not runs["prefix_aware"].cad_nccl_blocking
     assert runs["prefix_aware_ncclblocking"].json_out == "x_prefix_aware_ncclblocking.json"
+    # +tolT: the balancer's tolerance for that configuration only
+    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+tol0.005,distca+pp+tol0", "--json-out", "x_{config}.json"])
+    runs = dict(t.configurations(args))
+    assert runs["prefix_aware_tol0.005"].balancer_tolerance == 0.005 and runs["prefix_aware"].balancer_tolerance is None
+    assert runs["distca_pingpong_tol0"].balancer_tolerance == 0.0 and runs["distca_pingpong_tol0"].ping_pong
 
 
 def test_split_at_the_document_boundary_nearest_half():
@@ -559,12 +564,14 @@ def test_bad_options_are_refused(capsys):
     assert "needs NCCL" in _refused(t, capsys, ["--device", "cuda", "--communicator", "host", "--parallel", "fsdp2"])
     assert "--window must be -1 (no window) or at least 0" in _refused(t, capsys, ["--window", "-2"])
     assert "--global-every needs --window" in _refused(t, capsys, ["--global-every", "6"])
+    assert "--balancer-tolerance must be in [0, 10]" in _refused(t, capsys, ["--balancer-tolerance", "-0.1"])
     for every in ("1", "0", "-3"):
         assert f"--global-every must be at least 2" in _refused(t, capsys, ["--window", "8", "--global-every", every])
     assert "--balanced-batches balances causal attention work" in \
         _refused(t, capsys, ["--balanced-batches", "--window", "8"])
     for configs in ("prefix_aware+pp+pp1", "local_balanced+pp", "distca+pp1+ppauto", "local+blocking",
-                    "prefix_aware+blocking+blocking"):
+                    "prefix_aware+blocking+blocking", "local+tol0.01", "per_doc_cp+tol0.01", "prefix_aware+tol",
+                    "prefix_aware+tol11", "prefix_aware+tol0.1+tol0.2", "prefix_aware+tolx"):
         assert f"{configs!r} is not" in _refused(t, capsys, ["--configs", configs]), configs
 
 
