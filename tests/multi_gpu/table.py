@@ -43,7 +43,9 @@ is kept outside "steps" ("profiled_step") and so counts in none. Per step:
 A configuration the trainer skipped (torch_varlen where torch has no varlen_attn) is a row with its reason.
 With --profile-step files beside them (train_<config>_<context>_profile_rank<R>.json), another table gives the
 profiled step's GPU kernel time by family, the largest rank's. Records that carry pre_plan_ms add a table of the
-plan make per rank and how far apart the ranks arrived at it.
+plan make per rank and how far apart the ranks arrived at it. A step-by-step table pairs every configuration's
+steps with the same steps (the same batches) of the baseline and of local_balanced: the speedup's min / median /
+max, the steps slower than the baseline, and the distance to the measured ideal in ms (min / max).
 The heading names the layer pattern of a windowed model (the trainer's --window, --global-every: window LEFT,
 every N-th layer global); MFU and imbalance then count windowed layers with their windowed cost.
 Losses are compared with the baseline's: the same batches and weights must give the same losses up to bf16

@@ -36,8 +36,15 @@ def table(tmp):
     for line in done.stdout.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) > 2 and cells[0] == "64K":
-            rows[cells[1]] = cells
+            rows.setdefault(cells[1], cells)  # the main table comes first; later tables repeat the names
     return rows, done.stdout
+
+
+def paired(stdout):
+    """The step-by-step table's rows: {config: cells}."""
+    part = stdout.partition("Step by step")[2].partition("\n\n")[2]
+    return {c[1]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in part.splitlines()
+                              if line.startswith("| 64K"))}
 
 
 def test_ideal_speedup_share_and_ratios(tmp_path):
@@ -84,6 +91,21 @@ def test_a_local_balanced_run_gives_the_measured_ideal(tmp_path):
     assert rows["prefix_aware"][10] == "0.62 / 0.55"
     assert rows["local_balanced"][10] == "- / -"  # the ideal itself has no share of itself
     assert list(rows).index("local_balanced") < list(rows).index("prefix_aware")
+
+
+def test_step_by_step_speedups_and_distance_to_the_ideal(tmp_path):
+    # steps 1-3 (step 0 warms up): local 2.0 / 3.0 / 2.0 s, local_balanced 1.9 / 2.4 / 1.9, prefix_aware 1.95 / 2.5 /
+    # 2.1 -> speedups 1.026 / 1.200 / 0.952 (one step slower), 50 / 100 / 200 ms behind the ideal
+    write(tmp_path, "local", [record(i, [t, t], [0.5, 0.5]) for i, t in enumerate([9.0, 2.0, 3.0, 2.0])])
+    write(tmp_path, "local_balanced", [record(i, [t, t], [0.5, 0.5]) for i, t in enumerate([9.0, 1.9, 2.4, 1.9])])
+    write(tmp_path, "prefix_aware", [record(i, [t, t], [0.5, 0.5]) for i, t in enumerate([9.0, 1.95, 2.5, 2.1])])
+    _, stdout = table(tmp_path)
+    rows = paired(stdout)
+    assert set(rows) == {"local_balanced", "prefix_aware"}  # the baseline is not paired with itself
+    ours = rows["prefix_aware"]
+    # columns: context, config, baseline, steps, speedup min / median / max, steps slower, ms behind the ideal
+    assert ours[2] == "local" and ours[3] == "3" and ours[4] == "0.952 / 1.026 / 1.200" and ours[5] == "1"
+    assert ours[6] == "50 / 200" and rows["local_balanced"][6] == "-"
 
 
 def test_the_heading_names_the_window_pattern(tmp_path):
