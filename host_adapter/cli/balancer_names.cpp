@@ -1,6 +1,11 @@
 // balancer_names.cpp -- see balancer_names.h.
 #include "balancer_names.h"
 
+#include <cstdlib>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
 #include "cad_host.hpp"
 #include "cli_args.h"
 #include "nearest_key.h"
@@ -33,6 +38,29 @@ void require_balancer(const std::string& option, const std::string& name, const 
     if (e.status() != CAD_STATUS_NOT_FOUND) throw;  // found but broken: the loader's reason is the news
     throw UsageError(option + ": unknown balancer '" + name + "'" + keys::did_you_mean(name, valid) + hint);
   }
+}
+
+double parse_tolerance(const std::string& tolerance) {
+  char* end = nullptr;
+  const double value = std::strtod(tolerance.c_str(), &end);
+  if (end == tolerance.c_str() || *end != '\0' || !(value >= 0 && value <= 10)) {
+    throw UsageError("--tolerance: expected a number in [0, 10], got '" + tolerance + "'");
+  }
+  return value;
+}
+
+std::string balancer_config(const std::string& name, const std::string& base, const std::string& tolerance,
+                            const std::string& rate_table) {
+  const std::string stem = std::filesystem::path(name).stem().string();
+  const bool prefix_aware = stem.find("prefix_aware") != std::string::npos;
+  const bool set_tolerance = !tolerance.empty() && (prefix_aware || stem.find("distca") != std::string::npos);
+  const bool set_rates = !rate_table.empty() && prefix_aware;
+  if (!set_tolerance && !set_rates) return base;
+  nlohmann::json c = nlohmann::json::parse(base, nullptr, false);
+  if (c.is_discarded() || !c.is_object()) throw UsageError("--config is not a JSON object");
+  if (set_tolerance) c["tolerance"] = parse_tolerance(tolerance);
+  if (set_rates) c["rate_table"] = rate_table;
+  return c.dump();
 }
 
 }  // namespace cad::cli

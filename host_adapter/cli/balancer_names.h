@@ -18,4 +18,14 @@ const std::vector<std::string>& builtin_balancers();
 void require_balancer(const std::string& option, const std::string& name, const std::string& search_path,
                       const std::vector<std::string>& extra = {});
 
+// The --tolerance text as a number; UsageError unless it is a number in [0, 10].
+double parse_tolerance(const std::string& tolerance);
+
+// The config `cad plan` and `cad simulate` give balancer `name` (a plugin name or path, matched by its file
+// stem): `base` (a JSON object) with "tolerance" = `tolerance` (the --tolerance text; empty: left alone) for
+// distca and prefix_aware, and "rate_table" = `rate_table` (empty: left alone) for prefix_aware. Throws
+// UsageError when `base` is not a JSON object or `tolerance` is not a number in [0, 10].
+std::string balancer_config(const std::string& name, const std::string& base, const std::string& tolerance,
+                            const std::string& rate_table);
+
 }  // namespace cad::cli

@@ -324,22 +324,9 @@ int run_plan(int argc, char** argv) {
   // The balancers.
   std::vector<Outcome> outcomes;
   for (const auto& name : names) {
-    std::string config = args.get("--config", "{}");
-    const bool set_tolerance = args.has("--tolerance") && (name == "distca" || name == "prefix_aware");
-    const bool set_rates = args.has("--balance-time") && name == "prefix_aware";
-    if (set_tolerance || set_rates) {
-      nlohmann::json c = nlohmann::json::parse(config, nullptr, false);
-      if (c.is_discarded() || !c.is_object()) throw UsageError("--config is not a JSON object");
-      if (set_tolerance) {
-        const std::string t = args.get("--tolerance", "");
-        char* end = nullptr;
-        const double value = std::strtod(t.c_str(), &end);
-        if (end == t.c_str() || *end != '\0') throw UsageError("--tolerance: expected a number, got '" + t + "'");
-        c["tolerance"] = value;
-      }
-      if (set_rates) c["rate_table"] = args.get("--rate-table", "");
-      config = c.dump();
-    }
+    const std::string config =
+        cad::cli::balancer_config(name, args.get("--config", "{}"), args.get("--tolerance", ""),
+                                  args.has("--balance-time") ? args.get("--rate-table", "") : "");
     outcomes.push_back(run_balancer(name, config, search, pieces, cost, model, repeat, rates.get()));
   }
 

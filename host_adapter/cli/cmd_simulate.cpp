@@ -69,6 +69,8 @@ const char* kUsage =
     "  --min-shard N       shortest efficient shard, tokens (default 128)\n"
     "  --balance-time      give prefix_aware the rate table (its \"rate_table\" key): it then balances\n"
     "                      predicted attention time instead of FLOPs\n"
+    "  --tolerance T       sets \"tolerance\" in the config of distca and prefix_aware (T in [0, 10];\n"
+    "                      prefix_aware's default 0.02: servers filled up to mean x (1 + T))\n"
     "  --path DIRS         directories searched for plugins first (colon-separated)\n"
     "calibration:\n"
     "  --rates FILE        attention-kernel rate table (default configs/calibration/h200.json)\n"
@@ -244,7 +246,8 @@ int run_simulate(int argc, char** argv) {
       {"--model", "--layers", "--hidden", "--heads", "--kv-heads", "--head-dim", "--mlp", "--vocab", "--gpus",
        "--gpus-per-node", "--tp", "--pp", "--dist", "--context", "--steps", "--seed", "--microbatches", "--balancers",
        "--cp-size", "--cad-size", "--min-shard", "--path", "--rates", "--system", "--attention-tflops", "--net-gbps", "--gemm-tflops",
-       "--pingpong", "--trainer", "--checkpointing", "--kernel", "--batch-seeds", "--schedule", "--pool"},
+       "--pingpong", "--trainer", "--checkpointing", "--kernel", "--batch-seeds", "--schedule", "--pool",
+       "--tolerance"},
       {"--json", "--quiet", "--balance-time", "--detail"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
@@ -360,9 +363,9 @@ int run_simulate(int argc, char** argv) {
     const bool cp = std::filesystem::path(n).stem().string().find("per_doc_cp") != std::string::npos;
     b.group_size = n == "colocated" ? 1 : cp ? cp_size : cad_size;
     b.plan_is_layout = cp;
-    if (args.has("--balance-time") && std::filesystem::path(n).stem().string().find("prefix_aware") != std::string::npos) {
-      b.config = nlohmann::json{{"rate_table", rates_path}}.dump();
-    }
+    if (args.has("--tolerance")) cad::cli::parse_tolerance(args.get("--tolerance", ""));  // refused before any work
+    b.config = cad::cli::balancer_config(n, "{}", args.get("--tolerance", ""),
+                                         args.has("--balance-time") ? rates_path : "");
     s.balancers.push_back(b);
   }
   const std::string pingpong = args.get("--pingpong", "both");
@@ -440,6 +443,7 @@ int run_simulate(int argc, char** argv) {
     out["workload"] = {{"dist", dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
                        {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens},
                        {"balance_time", args.has("--balance-time")}};
+    if (args.has("--tolerance")) out["workload"]["tolerance"] = cad::cli::parse_tolerance(args.get("--tolerance", ""));
     out["calibration"] = {{"rates", rates->describe()},
                           {"system", cal.path},
                           {"gemm_tflops", cal.gemm_tflops},
@@ -496,6 +500,7 @@ int run_simulate(int argc, char** argv) {
   std::printf("workload: %s, %lld tokens per data-parallel rank, %lld step(s) x %lld micro-batch(es), seed %llu\n",
               dist.c_str(), static_cast<long long>(s.context), static_cast<long long>(s.steps),
               static_cast<long long>(s.microbatches), static_cast<unsigned long long>(s.seed));
+  if (args.has("--tolerance")) std::printf("balancer tolerance: %s (distca, prefix_aware)\n", args.get("--tolerance", "").c_str());
   std::printf("attention rates: %s\nsystem: %s (GEMM %.0f TFLOP/s, network %.1f GB/s per GPU x %.2f)\n",
               rates->describe().c_str(), cal.path.c_str(), cal.gemm_tflops, cal.net_GBps_per_gpu, cal.net_efficiency);
   if (trainer) {
