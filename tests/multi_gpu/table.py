@@ -329,38 +329,35 @@ def main():
                   if c == context and r["summary"].get("ranks_with_contexts_on_other_gpus")}
         if strays:  # each such context takes about 0.5 GiB of a GPU that another rank trains on
             print(f"\nWarning: ranks holding a CUDA context on a GPU not their own: {strays}")
-    arrivals = arrival_rows(runs, args.steps_from)
-    if arrivals:
-        print("\nPlan make and rank arrival, ms, mean over the steps (slowest / fastest rank's make; spread of the "
-              "ranks' arrival at it; time outside the timed attention calls; GC pauses):\n")
-        print("| tokens/GPU | config | make, slowest rank | make, fastest rank | arrival spread | outside attention | "
-              "GC ms (max rank) | full GCs |")
-        print("|" + " ---: |" * 8)
-        print("\n".join(arrivals))
-    paired = paired_rows(runs, args.steps_from)
-    if paired:
-        print("\nStep by step, the same batches (steps from --steps-from): speedup over the baseline min / median / "
-              "max, steps slower than it, and ms behind the measured ideal (local_balanced) min / max:\n")
-        print("| tokens/GPU | config | baseline | steps | speedup min / median / max | steps slower | "
-              "ms behind the ideal, min / max |")
-        print("|" + " ---: |" * 7)
-        print("\n".join(paired))
-    exchanges = exchange_rows(runs, args.steps_from)
-    if exchanges:
-        print("\nCAD's exchanges on the GPU (timing events), ms per step, largest rank: the collectives' time and the "
-              "calling streams' stall for them; the stall's share of the step and (unsplit runs) of attention; the "
-              "forwards' wait for plans made ahead; the ping-pong decision (--ping-pong-when worthwhile):\n")
-        print("| tokens/GPU | config | comm ms | stall ms | stall / step | stall / attention | plan wait ms | "
-              "ping-pong decision |")
-        print("|" + " ---: |" * 8)
-        print("\n".join(exchanges))
-    profiled = profile_rows(args.out, runs)
-    if profiled:
-        print("\nGPU kernel time of the profiled step, largest rank, ms (kernels on different streams overlap):\n")
-        print("| tokens/GPU | config | step | ranks | " + " | ".join(FAMILIES) + " |")
-        print("|" + " ---: |" * (4 + len(FAMILIES)))
-        print("\n".join(profiled))
+    print_table(arrival_rows(runs, args.steps_from),
+                "Plan make and rank arrival, ms, mean over the steps (slowest / fastest rank's make; spread of the "
+                "ranks' arrival at it; time outside the timed attention calls; GC pauses):",
+                ["tokens/GPU", "config", "make, slowest rank", "make, fastest rank", "arrival spread",
+                 "outside attention", "GC ms (max rank)", "full GCs"])
+    print_table(paired_rows(runs, args.steps_from),
+                "Step by step, the same batches (steps from --steps-from): speedup over the baseline min / median / "
+                "max, steps slower than it, and ms behind the measured ideal (local_balanced) min / max:",
+                ["tokens/GPU", "config", "baseline", "steps", "speedup min / median / max", "steps slower",
+                 "ms behind the ideal, min / max"])
+    print_table(exchange_rows(runs, args.steps_from),
+                "CAD's exchanges on the GPU (timing events), ms per step, largest rank: the collectives' time and the "
+                "calling streams' stall for them; the stall's share of the step and (unsplit runs) of attention; the "
+                "forwards' wait for plans made ahead; the ping-pong decision (--ping-pong-when worthwhile):",
+                ["tokens/GPU", "config", "comm ms", "stall ms", "stall / step", "stall / attention", "plan wait ms",
+                 "ping-pong decision"])
+    print_table(profile_rows(args.out, runs),
+                "GPU kernel time of the profiled step, largest rank, ms (kernels on different streams overlap):",
+                ["tokens/GPU", "config", "step", "ranks"] + list(FAMILIES))
 
+
+def print_table(rows, title, header):
+    """A titled markdown table of `rows` (already formatted lines); nothing where there are none."""
+    if not rows:
+        return
+    print(f"\n{title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + " ---: |" * len(header))
+    print("\n".join(rows))
 
 if __name__ == "__main__":
     main()
