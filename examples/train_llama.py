@@ -1198,10 +1198,10 @@ def parse_args(argv=None):
                    help="what splitting costs, as a share of the step (default 0.07: on 2 and 4 H200s at 64K-128K "
                         "tokens per GPU ping-pong lost 0.1-3%% of the step where the unsplit stall was 2.5-4.2%%, "
                         "docs/multi_gpu.md); below it ping-pong stays off")
-    p.add_argument("--sync-attention-timing", choices=["on", "off"], default="on",
-                   help="on (default): CUDA synchronised around every attention call (not under ping-pong), so "
-                        "attention times are the GPU's; off: no such waits, step times as a trainer without the "
-                        "measurement would have them, attention times count only the enqueue")
+    p.add_argument("--sync-attention-timing", choices=["auto", "on", "off"], default="auto",
+                   help="on: CUDA synchronised around every attention call (not under ping-pong), so attention times "
+                        "are the GPU's; off: no such waits, step times as a trainer without the measurement would "
+                        "have them, attention times count only the enqueue; auto (default): off on CUDA, on elsewhere. The syncs slow an imbalanced step far more than a balanced one (local attention 6-12%% slower on 2 H200s, CAD 1%%: docs/multi_gpu.md, runs 21-22), so step times and speedups come from off")
     p.add_argument("--balanced-batches", action="store_true",
                    help="replace every micro-batch by its balanced twin (each rank's tokens as equal-length documents "
                         "whose causal attention work is the mean rank's): with local attention, the measured ideal "
@@ -1309,6 +1309,8 @@ def parse_args(argv=None):
                     f"(local_balanced: none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
+    if args.sync_attention_timing == "auto":
+        args.sync_attention_timing = "off" if args.device == "cuda" else "on"
     return args
 
 

@@ -91,7 +91,7 @@ if want train; then
     echo "train: no plugins in $CAD_PLUGIN_PATH (or no $CAD_HOST_LIBRARY): run with ONLY=build,train" | tee -a "$SUMMARY"
     exit 1
   fi
-  CONFIGS="${CONFIGS:-local,torch_varlen,prefix_aware,distca,per_doc_cp,local+pp,torch_varlen+pp,prefix_aware+pp,distca+pp,per_doc_cp+pp}"
+  CONFIGS="${CONFIGS:-local,torch_varlen,local_balanced,prefix_aware,distca,per_doc_cp,local+pp,torch_varlen+pp,prefix_aware+pp,distca+pp,per_doc_cp+pp}"
   CONTEXTS="${CONTEXTS:-65536 131072 262144}"
   LAYERS="${LAYERS:-65536:2 131072:1 262144:1}"
   layers_for() {  # the LAYERS entry of context $1, else LAYER_TOKENS / context (at least 1)

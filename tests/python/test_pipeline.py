@@ -481,6 +481,16 @@ def test_help(capsys):
         assert words in text, words
 
 
+def test_attention_timing_defaults_to_no_syncs_on_cuda():
+    # the syncs slow an imbalanced step far more than a balanced one (docs/multi_gpu.md, runs 21-22): step times
+    # come without them unless asked for
+    t = _trainer_module()
+    assert t.parse_args(["--data", str(DATA)]).sync_attention_timing == "on"  # CPU: nothing to wait for
+    assert t.parse_args(["--device", "cuda", "--data", str(DATA)]).sync_attention_timing == "off"
+    on = t.parse_args(["--device", "cuda", "--sync-attention-timing", "on", "--data", str(DATA)])
+    assert on.sync_attention_timing == "on"
+
+
 def test_bad_options_are_refused(capsys, monkeypatch):
     t = _trainer_module()
     assert "--layers 3 is not divisible by --pp 2" in _refused(t, capsys, ["--layers", "3", "--pp", "2"])

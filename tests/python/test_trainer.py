@@ -575,6 +575,15 @@ def test_bad_options_are_refused(capsys):
         assert f"{configs!r} is not" in _refused(t, capsys, ["--configs", configs]), configs
 
 
+def test_attention_timing_defaults_to_no_syncs_on_cuda():
+    # the syncs slow an imbalanced step far more than a balanced one (docs/multi_gpu.md, runs 21-22): step times
+    # come without them unless asked for
+    t = _trainer_module()
+    assert t.parse_args([]).sync_attention_timing == "on"  # CPU: nothing to wait for
+    assert t.parse_args(["--device", "cuda"]).sync_attention_timing == "off"
+    assert t.parse_args(["--device", "cuda", "--sync-attention-timing", "on"]).sync_attention_timing == "on"
+
+
 def test_window_options():
     t = _trainer_module()
     assert t.layer_windows(t.parse_args(["--layers", "4"])) == [-1] * 4  # no window: every layer global
