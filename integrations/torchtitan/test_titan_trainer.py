@@ -135,12 +135,18 @@ def test_balanced_dataset_gives_every_rank_the_mean_attention_work():
 def test_plan_one_ahead_plans_each_micro_batch_as_it_loads_one_ahead():
     import titan_cad_spec
     planned = []
-    ahead = titan_cad_spec.PlanOneAhead(iter(range(5)), planned.append)
+
+    def plan(batch):
+        planned.append(batch)
+        return f"plan {batch}"
+    ahead = titan_cad_spec.PlanOneAhead(iter(range(5)), plan)
     ahead.begin_step(1)
     assert next(ahead) == 0 and planned == [0, 1]  # the first waits for its own plan; the next is asked for now
+    assert ahead.take_plans() == ["plan 0"] and ahead.take_plans() == []  # the plans of what was taken, once
     ahead.begin_step(2)
     assert next(ahead) == 1 and planned == [0, 1, 2] and ahead.planned_in_an_earlier_step == 1
     assert [next(ahead), next(ahead), next(ahead)] == [2, 3, 4] and planned == [0, 1, 2, 3, 4]
+    assert ahead.take_plans() == ["plan 1", "plan 2", "plan 3", "plan 4"]
     with pytest.raises(StopIteration):  # the end of the data reaches the trainer when it gets there
         next(ahead)
 
@@ -155,5 +161,5 @@ def test_plan_one_ahead_plans_each_micro_batch_as_it_loads_one_ahead():
     # is loaded and planned when asked for
     planned = []
     source = iter(range(3))
-    ahead = titan_cad_spec.PlanOneAhead(source, planned.append, look_ahead=False)
-    assert next(ahead) == 0 and planned == [0] and next(source) == 1
+    ahead = titan_cad_spec.PlanOneAhead(source, plan, look_ahead=False)
+    assert next(ahead) == 0 and planned == [0] and next(source) == 1 and ahead.take_plans() == ["plan 0"]

@@ -136,7 +136,6 @@ class CadTransformer(CadLocalTransformer):
     that point, from the device's boundaries. Every rank asks in the same order (the tag counts micro-batches)."""
     _micro_batch = 0
     used_ahead = 0  # micro-batches that ran with a plan asked for by plan_ahead (the trainer's records read it)
-    plans_used = []  # the plans of the micro-batches run since the trainer last read them (their wait_ms)
 
     def _plan(self, cu_seq_q, device):
         args = self.model_args
@@ -147,28 +146,29 @@ class CadTransformer(CadLocalTransformer):
         return plan
 
     def plan_ahead(self, input_batch, tokenizer, device, extra_inputs=None):
-        """Ask for the plan of a loaded micro-batch (`input_batch` still on the CPU) that will run on `device`."""
+        """Ask for the plan of a loaded micro-batch (`input_batch` still on the CPU) that will run on `device`;
+        returns that cad.Plan."""
         masks = super().get_attention_masks(input_batch, tokenizer, extra_inputs)
         cu = masks.cu_seq_q.to(torch.int32)  # the plan's tensor: every layer passes it, so no layer reads it back
         if not hasattr(self, "_planned"):
             self._planned = []
+        plan = self._plan(cu, device)
         self._planned.append((tuple(input_batch.shape), CadVarlenMetadata(cu, cu, int(masks.max_q), int(masks.max_k),
-                                                                          self._plan(cu, device))))
+                                                                          plan)))
+        return plan
 
     def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None):
         planned = getattr(self, "_planned", None)
         if planned:
             shape, metadata = planned.pop(0)
             CadTransformer.used_ahead += 1
-            CadTransformer.plans_used.append(metadata.plan)
             if shape != tuple(input_batch.shape):
                 raise RuntimeError(f"CadTransformer: the micro-batch planned ahead had shape {shape}, the one being run "
                                    f"{tuple(input_batch.shape)}: micro-batches must run in the order they were loaded")
             return metadata
         masks = super().get_attention_masks(input_batch, tokenizer, extra_inputs)
-        plan = self._plan(masks.cu_seq_q, input_batch.device)
-        CadTransformer.plans_used.append(plan)
-        return CadVarlenMetadata(masks.cu_seq_q, masks.cu_seq_k, int(masks.max_q), int(masks.max_k), plan)
+        return CadVarlenMetadata(masks.cu_seq_q, masks.cu_seq_k, int(masks.max_q), int(masks.max_k),
+                                 self._plan(masks.cu_seq_q, input_batch.device))
 
 
 class TorchVarlenTransformer(_SwappedAttention):
@@ -271,8 +271,9 @@ class PlanOneAhead:
     next step's first micro-batch is loaded, and its plan asked for, while this step computes: no step waits for
     its first plan (with a plan asked for only when its own step loads, a step of one micro-batch always did).
     The data iterator runs one micro-batch ahead of training; `planned_in_an_earlier_step` counts the micro-batches
-    that TorchTitan took from here whose plan was asked for before their step began (the trainer reads and resets
-    it). The end of the data (StopIteration, TorchTitan's DataloaderExhaustedError) is raised when the trainer
+    that TorchTitan took from here whose plan was asked for before their step began, and take_plans() returns what
+    `plan` returned for the micro-batches taken since the last call (the trainer reads both once per step, so
+    nothing here outlives a step's micro-batches but the one loaded ahead). The end of the data (StopIteration, TorchTitan's DataloaderExhaustedError) is raised when the trainer
     reaches it, not when the look-ahead does. look_ahead=False loads and plans each micro-batch only when TorchTitan
     asks for it: where checkpoints are saved, since a checkpoint's dataloader state would count the micro-batch
     loaded ahead as trained and a resumed run would skip it."""
@@ -281,7 +282,8 @@ class PlanOneAhead:
         self.source, self.plan, self.look_ahead = source, plan, look_ahead
         self.step = 0
         self.planned_in_an_earlier_step = 0
-        self._next = None  # (step in which it was loaded, micro-batch) or the exception that ended the data
+        self._taken_plans = []
+        self._next = None  # (step in which it was loaded, micro-batch, its plan) or the exception that ended the data
 
     def _load(self):
         try:
@@ -289,11 +291,14 @@ class PlanOneAhead:
         except Exception as exc:  # noqa: BLE001 -- the end of the data, whatever TorchTitan calls it: kept for later
             self._next = exc
             return
-        self.plan(batch)
-        self._next = (self.step, batch)
+        self._next = (self.step, batch, self.plan(batch))
 
     def begin_step(self, step):
         self.step = step
+
+    def take_plans(self):
+        plans, self._taken_plans = self._taken_plans, []
+        return plans
 
     def __iter__(self):
         return self
@@ -301,7 +306,7 @@ class PlanOneAhead:
     def __next__(self):
         if not self.look_ahead:
             batch = next(self.source)
-            self.plan(batch)
+            self._taken_plans.append(self.plan(batch))
             return batch
         if self._next is None:  # the very first micro-batch: nothing ran before it to hide its plan behind
             self._load()
@@ -309,9 +314,10 @@ class PlanOneAhead:
         if isinstance(current, BaseException):
             raise current
         self._load()
-        loaded_in, batch = current
+        loaded_in, batch, plan = current
         if loaded_in < self.step:
             self.planned_in_an_earlier_step += 1
+        self._taken_plans.append(plan)
         return batch
 
 
@@ -350,8 +356,8 @@ def recording_trainer():
 
                 def plan(batch):
                     input_dict, _ = batch
-                    model.plan_ahead(input_dict["input"], self.tokenizer, self.device,
-                                     {k: v for k, v in input_dict.items() if k != "input"})
+                    return model.plan_ahead(input_dict["input"], self.tokenizer, self.device,
+                                            {k: v for k, v in input_dict.items() if k != "input"})
                 look_ahead = not self.job_config.checkpoint.enable
                 if not look_ahead and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
                     print("titan_cad_spec: checkpoints are saved, so micro-batches are planned as they load, not one "
@@ -382,8 +388,7 @@ def recording_trainer():
                 ahead = self._plan_one_ahead
                 record["planned_in_an_earlier_step"], ahead.planned_in_an_earlier_step = \
                     ahead.planned_in_an_earlier_step, 0
-                record["plan_wait_ms"] = sum(plan.wait_ms for plan in CadTransformer.plans_used)
-                CadTransformer.plans_used.clear()
+                record["plan_wait_ms"] = sum(plan.wait_ms for plan in ahead.take_plans())
             if self._peak_gib is not None:  # the step's peak, as capture() read it before log() reset it
                 record["peak_gib"], self._peak_gib = self._peak_gib, None
             self.records.append(record)
