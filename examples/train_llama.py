@@ -1130,6 +1130,24 @@ def apply_model_defaults(args):
     return args
 
 
+# ---- the attention clock's option, one for every trainer of the project -----------------------------------
+def add_attention_timing_option(parser, on_means):
+    """--sync-attention-timing auto|on|off, as train_llama.py, train_pipeline.py and Megatron's train_gpt_cad.py
+    take it; `on_means`: what `on` gives that trainer. resolve_attention_timing(args) turns `auto` into a choice."""
+    parser.add_argument("--sync-attention-timing", choices=["auto", "on", "off"], default="auto",
+                        help=f"on: {on_means}; off: no CUDA waits around attention calls, step times as a trainer "
+                             "without the measurement has them, attention times count only the enqueue; auto "
+                             "(default): off on CUDA, on elsewhere. The syncs slow an imbalanced step far more than "
+                             "a balanced one (local attention 6-12%% slower on 2 H200s, CAD 1%%: docs/multi_gpu.md, "
+                             "runs 21-22), so step times and speedups come from off")
+
+
+def resolve_attention_timing(args):
+    """`auto` -> off on CUDA (step times without the syncs), on elsewhere (nothing to wait for)."""
+    if args.sync_attention_timing == "auto":
+        args.sync_attention_timing = "off" if args.device == "cuda" else "on"
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attention", choices=["local", "torch_varlen", "cad"], default="cad",
@@ -1198,10 +1216,8 @@ def parse_args(argv=None):
                    help="what splitting costs, as a share of the step (default 0.07: on 2 and 4 H200s at 64K-128K "
                         "tokens per GPU ping-pong lost 0.1-3%% of the step where the unsplit stall was 2.5-4.2%%, "
                         "docs/multi_gpu.md); below it ping-pong stays off")
-    p.add_argument("--sync-attention-timing", choices=["auto", "on", "off"], default="auto",
-                   help="on: CUDA synchronised around every attention call (not under ping-pong), so attention times "
-                        "are the GPU's; off: no such waits, step times as a trainer without the measurement would "
-                        "have them, attention times count only the enqueue; auto (default): off on CUDA, on elsewhere. The syncs slow an imbalanced step far more than a balanced one (local attention 6-12%% slower on 2 H200s, CAD 1%%: docs/multi_gpu.md, runs 21-22), so step times and speedups come from off")
+    add_attention_timing_option(p, "CUDA synchronised around every attention call (not under ping-pong), so "
+                                   "attention times are the GPU's")
     p.add_argument("--balanced-batches", action="store_true",
                    help="replace every micro-batch by its balanced twin (each rank's tokens as equal-length documents "
                         "whose causal attention work is the mean rank's): with local attention, the measured ideal "
@@ -1309,8 +1325,7 @@ def parse_args(argv=None):
                     f"(local_balanced: none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
-    if args.sync_attention_timing == "auto":
-        args.sync_attention_timing = "off" if args.device == "cuda" else "on"
+    resolve_attention_timing(args)
     return args
 
 

@@ -816,9 +816,8 @@ def parse_args(argv=None):
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="on: each tick's plan asked for one tick ahead and made on CAD's planning thread; off: made "
                         "at its tick's start")
-    p.add_argument("--sync-attention-timing", choices=["auto", "on", "off"], default="auto",
-                   help="on: CUDA synchronised around every attention call, so attention times are the GPU's (and "
-                        "the ideal can be computed); off: step times without those waits; auto (default): off on CUDA, on elsewhere. The syncs slow an imbalanced step far more than a balanced one (local attention 6-12%% slower on 2 H200s, CAD 1%%: docs/multi_gpu.md, runs 21-22), so step times and speedups come from off")
+    base.add_attention_timing_option(p, "CUDA synchronised around every attention call, so attention times are "
+                                        "the GPU's (and the ideal can be computed)")
     p.add_argument("--json-out", default=None,
                    help="every step's record and the summary (rank 0); with --configs it must contain {config}")
     p.add_argument("--configs", default=None,
@@ -857,8 +856,7 @@ def parse_args(argv=None):
             p.error(f"--configs: {bad[0]!r} is not one of {', '.join(CONFIGS)}")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
-    if args.sync_attention_timing == "auto":
-        args.sync_attention_timing = "off" if args.device == "cuda" else "on"
+    base.resolve_attention_timing(args)
     return args
 
 

@@ -97,10 +97,8 @@ def parse_args(argv=None):
                    help="steps left out of the means (default 1). The first configuration of the process still warms "
                         "up in its second step (DDP rebuilds its gradient buckets after the first iteration, the "
                         "allocator grows): 2 compares configurations more fairly (docs/integrations.md, run 23)")
-    p.add_argument("--sync-attention-timing", choices=["auto", "on", "off"], default="auto",
-                   help="on: a CUDA synchronisation around every attention call, so the per-rank attention times "
-                        "are real; off: attention times count only the enqueue, step times are as a trainer "
-                        "without the measurement has them; auto (default): off on CUDA, on elsewhere. The syncs slow an imbalanced step far more than a balanced one (local attention 6-12%% slower on 2 H200s, CAD 1%%: docs/multi_gpu.md, runs 21-22), so step times and speedups come from off")
+    _recipe().add_attention_timing_option(p, "a CUDA synchronisation around every attention call, so the "
+                                             "per-rank attention times are real")
     p.add_argument("--data", default=os.environ.get("CAD_DATA", str(REPO.parent / "shared" / "data" /
                                                                     "doclen_pretrain.json")))
     p.add_argument("--json-out", default=None,
@@ -126,8 +124,7 @@ def parse_args(argv=None):
     unknown = [c for c in args.config_list if c not in known]
     if unknown:
         p.error(f"--configs: unknown {unknown} (known: {sorted(known)})")
-    if args.sync_attention_timing == "auto":
-        args.sync_attention_timing = "off" if args.device == "cuda" else "on"
+    _recipe().resolve_attention_timing(args)
     return args
 
 
