@@ -357,15 +357,17 @@ int run_simulate(int argc, char** argv) {
   }
   if (names.empty()) throw UsageError("--balancers names no balancer");
   for (const auto& n : names) cad::cli::require_balancer("--balancers", n, s.search_path);
+  // Checked here even where no balancer named takes it, so that a bad value is refused before any work.
+  const std::string tolerance_text = args.get("--tolerance", "");
+  const bool has_tolerance = args.has("--tolerance");
+  const double tolerance = has_tolerance ? cad::cli::parse_tolerance(tolerance_text) : 0.0;
   for (const auto& n : names) {
     sim::BalancerSpec b;
     b.name = n;
     const bool cp = std::filesystem::path(n).stem().string().find("per_doc_cp") != std::string::npos;
     b.group_size = n == "colocated" ? 1 : cp ? cp_size : cad_size;
     b.plan_is_layout = cp;
-    if (args.has("--tolerance")) cad::cli::parse_tolerance(args.get("--tolerance", ""));  // refused before any work
-    b.config = cad::cli::balancer_config(n, "{}", args.get("--tolerance", ""),
-                                         args.has("--balance-time") ? rates_path : "");
+    b.config = cad::cli::balancer_config(n, "{}", tolerance_text, args.has("--balance-time") ? rates_path : "");
     s.balancers.push_back(b);
   }
   const std::string pingpong = args.get("--pingpong", "both");
@@ -443,7 +445,7 @@ int run_simulate(int argc, char** argv) {
     out["workload"] = {{"dist", dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
                        {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens},
                        {"balance_time", args.has("--balance-time")}};
-    if (args.has("--tolerance")) out["workload"]["tolerance"] = cad::cli::parse_tolerance(args.get("--tolerance", ""));
+    if (has_tolerance) out["workload"]["tolerance"] = tolerance;
     out["calibration"] = {{"rates", rates->describe()},
                           {"system", cal.path},
                           {"gemm_tflops", cal.gemm_tflops},
@@ -500,7 +502,7 @@ int run_simulate(int argc, char** argv) {
   std::printf("workload: %s, %lld tokens per data-parallel rank, %lld step(s) x %lld micro-batch(es), seed %llu\n",
               dist.c_str(), static_cast<long long>(s.context), static_cast<long long>(s.steps),
               static_cast<long long>(s.microbatches), static_cast<unsigned long long>(s.seed));
-  if (args.has("--tolerance")) std::printf("balancer tolerance: %s (distca, prefix_aware)\n", args.get("--tolerance", "").c_str());
+  if (has_tolerance) std::printf("balancer tolerance: %g (distca, prefix_aware)\n", tolerance);
   std::printf("attention rates: %s\nsystem: %s (GEMM %.0f TFLOP/s, network %.1f GB/s per GPU x %.2f)\n",
               rates->describe().c_str(), cal.path.c_str(), cal.gemm_tflops, cal.net_GBps_per_gpu, cal.net_efficiency);
   if (trainer) {

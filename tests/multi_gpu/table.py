@@ -56,6 +56,7 @@ import argparse
 import json
 import pathlib
 import re
+import statistics
 import sys
 
 BASELINES = ["local", "torch_varlen"]
@@ -255,8 +256,7 @@ def paired_rows(runs, first):
             pairs = list(zip(base["steps"][first:], run["steps"][first:]))
             ratios = sorted(step_time(b) / step_time(r) for b, r in pairs)
             slower = sum(x < 1 for x in ratios)
-            median = ratios[len(ratios) // 2] if len(ratios) % 2 else \
-                (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+            median = statistics.median(ratios)
             gap = "-"
             if ideal_steps and name != MEASURED_IDEAL:
                 gaps = [(step_time(r) - step_time(i)) * 1e3 for r, i in zip(run["steps"][first:], ideal_steps)]
