@@ -163,3 +163,34 @@ def test_plan_one_ahead_plans_each_micro_batch_as_it_loads_one_ahead():
     source = iter(range(3))
     ahead = titan_cad_spec.PlanOneAhead(source, plan, look_ahead=False)
     assert next(ahead) == 0 and planned == [0] and next(source) == 1 and ahead.take_plans() == ["plan 0"]
+
+
+def test_plan_one_ahead_close_waits_for_and_gives_back_the_plan_loaded_ahead():
+    """After the last step one micro-batch is loaded ahead and its plan is being made on every rank: close() (the
+    trainer's, before TorchTitan destroys the process groups) waits for it and releases it; a plan that failed
+    is released too, without raising over the run's own outcome."""
+    import titan_cad_spec
+
+    class FakePlan:
+        def __init__(self, fail=False):
+            self.fail, self.events = fail, []
+
+        def wait(self):
+            self.events.append("wait")
+            if self.fail:
+                raise RuntimeError("planning failed")
+
+        def release(self):
+            self.events.append("release")
+
+    plans = [FakePlan(), FakePlan(), FakePlan(fail=True)]
+    ahead = titan_cad_spec.PlanOneAhead(iter(range(3)), lambda batch: plans[batch])
+    assert next(ahead) == 0 and plans[1].events == []  # micro-batch 1 loaded ahead, its plan outstanding
+    ahead.close()
+    assert plans[1].events == ["wait", "release"] and plans[0].events == []
+    ahead.close()  # nothing left: a second close does nothing
+    assert plans[1].events == ["wait", "release"]
+    ahead = titan_cad_spec.PlanOneAhead(iter(range(3)), lambda batch: plans[batch])
+    next(ahead), next(ahead)  # micro-batch 2 (whose plan fails) loaded ahead
+    ahead.close()
+    assert plans[2].events == ["wait", "release"]

@@ -300,6 +300,21 @@ class PlanOneAhead:
         plans, self._taken_plans = self._taken_plans, []
         return plans
 
+    def close(self):
+        """Wait for the plan of the micro-batch loaded ahead (every rank asked for it, so every rank makes it) and
+        give it back: after the last step one is always outstanding, and its planning collectives must be done
+        before the process group they run on is destroyed (TorchTitan destroys it right after Trainer.close)."""
+        if isinstance(self._next, tuple) and self._next[2] is not None:
+            plan = self._next[2]
+            try:
+                plan.wait()
+            except Exception as exc:  # noqa: BLE001 -- closing after a failure: the failure is what gets reported
+                print(f"titan_cad_spec: the plan of the micro-batch loaded ahead was not made: {exc}", file=sys.stderr,
+                      flush=True)
+            finally:
+                plan.release()
+        self._next = None
+
     def __iter__(self):
         return self
 
@@ -411,6 +426,11 @@ def recording_trainer():
                            "mean_step_s_after_first": sum(steady) / len(steady), "steps": self.records}
                 pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
                 pathlib.Path(path).write_text(json.dumps(summary, indent=1))
+            if getattr(self, "_plan_one_ahead", None) is not None:
+                self._plan_one_ahead.close()
+            # CAD's stacks (their planning thread and its gloo group) go before TorchTitan's main destroys the
+            # process groups, not at exit after them (a planning collective on a destroyed group aborts).
+            cad.shutdown()
             super().close()
 
     return RecordingTrainer
@@ -425,3 +445,10 @@ if __name__ == "__main__":
     sys.modules.setdefault("titan_cad_spec", sys.modules["__main__"])
     from torchtitan.train import main
     main(recording_trainer())
+    # Training is over, its records written and every process group destroyed (TorchTitan's main): leave without
+    # the interpreter's finalization, where gloo's worker threads can still drop tensors and take the GIL of a
+    # dying interpreter (SIGABRT after a successful run: CI saw it once on rank 1 under torch 2.15, cf. PyTorch PR
+    # 179291). A failed run raised above and exits through Python as usual.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
