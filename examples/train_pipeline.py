@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Train a transformers Llama model pipeline parallel (GPipe) x data parallel, with core attention through CAD
-balanced per pipeline tick across every rank (issue 27), or local.
+"""Train a transformers Llama model pipeline parallel (GPipe or 1F1B) x data parallel, with core attention through
+CAD balanced per pipeline tick across every rank (issue 27), or local.
 
     torchrun --nproc-per-node 4 examples/train_pipeline.py --pp 2 --attention cad --pool tick \
         --context 1024 --layers 4 --micro-batches 4 --steps 3 --device cpu
@@ -27,10 +27,23 @@ backward ticks. At forward tick t stage s runs the forward of micro-batch t - s 
 idle (the fill and drain bubbles). Backward tick b mirrors forward tick T - 1 - b: stage s runs the backward of
 micro-batch T - 1 - b - s (the last micro-batch first, as GPipe does). So a backward tick's calls on all stages
 belong to the same micro-batches as one forward tick's, which is what lets CAD reuse that tick's plan (below).
-Why GPipe and not 1F1B: in GPipe every call of a tick on every stage goes the same direction (forwards with
-forwards; backwards, with their checkpoint recomputation, with backwards), so one collective CAD call pairs
-stage s's j-th layer with stage s''s j-th layer of that tick. 1F1B runs a forward on one stage while another
-runs a backward, which would need a CAD call that mixes directions. 1F1B is out of scope here.
+In GPipe every call of a tick on every stage goes the same direction (forwards with forwards; backwards, with
+their checkpoint recomputation, with backwards), so one collective CAD call pairs stage s's j-th layer with stage
+s''s j-th layer of that tick.
+
+--schedule 1f1b: PipeDream-flush's 1F1B in lockstep ticks (one_f_one_b): stage s runs min(S - s - 1, M) warm-up
+forwards, then one forward and one backward in turn, then the rest of its backwards, each at the first tick after
+what it needs; at most S - s micro-batches in flight on stage s (GPipe: M), the same 2 (M + S - 1) ticks. At one
+tick some stages run forwards while others run backwards, so no single plan or call direction serves the tick.
+With CAD over the world each (micro-batch, stage) has a plan of its own over every rank, with documents only from
+that stage's ranks (tag (step x M + m) x S + s), asked for ahead in the timetable's order (the plans of the
+forwards of tick t + 1 during tick t) and used by that stage's forward and backward of the micro-batch. Around
+each tick, cad.CallOrder lists one layer's calls in stage order -- a forward's call, or a backward's (after its
+recomputed forward under --checkpointing full) -- and makes, around this rank's own calls, the other stages'
+calls over zero tokens of its own: every plan is balanced over every rank, so every tick is. A tick's outputs
+(activations forward, gradients backward) travel at its end as one batch of sends and receives
+(dist.batch_isend_irecv): in 1F1B a stage sends both ways at the same ticks. With local attention or --pool
+stage the stages run the same timetable without calls in common.
 
 Attention (--attention, or --configs): local (the project's kernels, no CAD: "cad_local"), torch_varlen
 (torch.nn.attention.varlen.varlen_attn, CUDA only; skipped with a note on the CPU) or cad, with --pool:
@@ -60,7 +73,8 @@ their wait limit, and on CUDA the wait for the tick's GPU work at its end (all f
 watchdog, which would end the process without naming the tick, gets twice that). A tick that fails or stalls ends
 every rank with an error naming the rank, its stage and replica, the tick and its micro-batch (or "idle"); under
 torchrun a failed rank exits at once (train_llama's rule). --test-fault RANK:PHASE:TICK:KIND makes one rank fail
-(raise) or stall (sleep 3 x --timeout-ms) at the start of a tick, for the tests.
+(raise) or stall (sleep 3 x --timeout-ms) at the start of a tick, for the tests (under 1F1B TICK counts every tick
+of the step and PHASE is the rank's own operation there, an idle tick counting as forward).
 
 Measurements (rank 0 prints one line per step, --json-out keeps every record): the step time (slowest rank); per
 tick and rank the attention time (every attention call, forward and backward: local's and CAD's through
@@ -157,6 +171,45 @@ def forward_micro_batch(stage, tick, micro_batches):
 def mirrored_tick(backward_tick, micro_batches, stages):
     """The forward tick whose micro-batches backward tick `backward_tick` runs (on every stage)."""
     return ticks(micro_batches, stages) - 1 - backward_tick
+
+
+def one_f_one_b(micro_batches, stages):
+    """The 1F1B timetable in ticks: per tick, per stage ("forward" | "backward", micro-batch) or None (idle).
+
+    Stage s runs min(S - s - 1, M) warm-up forwards, then alternates one forward and one backward, then the
+    remaining backwards (PipeDream-flush's order); each operation takes the first tick at which what it needs
+    was done at an earlier tick (the activation from stage s - 1, the gradient from stage s + 1, or on the last
+    stage its own forward), since a tick's outputs travel at its end. So at most S - s micro-batches are in
+    flight on stage s (GPipe: all M), and at a tick some stages run forwards while others run backwards."""
+    order = []
+    for s in range(stages):
+        warm = min(stages - s - 1, micro_batches)
+        ops = [("forward", m) for m in range(warm)]
+        for i in range(micro_batches - warm):
+            ops += [("forward", warm + i), ("backward", i)]
+        ops += [("backward", m) for m in range(micro_batches - warm, micro_batches)]
+        order.append(ops)
+    done = {}  # (stage, phase, micro-batch) -> tick
+    table, nxt = [], [0] * stages
+    while any(nxt[s] < len(order[s]) for s in range(stages)):
+        tick = len(table)
+        row = [None] * stages
+        for s in range(stages):
+            if nxt[s] == len(order[s]):
+                continue
+            phase, m = order[s][nxt[s]]
+            if phase == "forward":
+                need = (s - 1, "forward", m) if s > 0 else None
+            else:
+                need = (s + 1, "backward", m) if s < stages - 1 else (s, "forward", m)
+            if need is None or done.get(need, tick) < tick:
+                row[s] = (phase, m)
+        for s, op in enumerate(row):
+            if op is not None:
+                done[(s, op[0], op[1])] = tick
+                nxt[s] += 1
+        table.append(row)
+    return table
 
 
 # ---- the batches -----------------------------------------------------------------------------------------
@@ -337,13 +390,14 @@ def launched_distributed():
 def summary_of(args, layout, device):
     return {"attention": args.attention, "pool": args.pool if args.attention == "cad" else None,
             "balancer": args.balancer if args.attention == "cad" else None, "pp": args.pp, "dp": layout.dp,
-            "ranks": layout.world, "rank_layout": "rank = stage * dp + replica", "schedule": "gpipe",
+            "ranks": layout.world, "rank_layout": "rank = stage * dp + replica", "schedule": args.schedule,
             "context": args.context, "micro_batches": args.micro_batches,
-            "ticks_per_step": 2 * ticks(args.micro_batches, args.pp), "model": args.model, "layers": args.layers,
+            "ticks_per_step": len(one_f_one_b(args.micro_batches, args.pp)) if args.schedule == "1f1b" else
+            2 * ticks(args.micro_batches, args.pp), "model": args.model, "layers": args.layers,
             "layers_per_stage": args.layers // args.pp, "hidden": args.hidden, "intermediate": args.intermediate,
             "heads": args.heads, "kv_heads": args.kv_heads, "vocab": args.vocab, "steps": args.steps,
             "device": str(device), "dtype": args.dtype, "checkpointing": args.checkpointing,
-            "plan_ahead": args.plan_ahead, "sync_attention_timing": args.sync_attention_timing,
+            "plan_ahead": args.plan_ahead, "keep_forward_tensors": args.keep_forward_tensors, "sync_attention_timing": args.sync_attention_timing,
             "peak_tflops": args.peak_tflops}
 
 
@@ -372,7 +426,9 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
     if use_cad:
         # One CAD stack per process, spanning the world (tick) or this stage's replicas (stage).
         group = None if args.pool == "tick" or world == 1 else groups.mine
-        cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms, group=group)
+        keep = {"auto": "auto", "on": True, "off": False}[args.keep_forward_tensors]
+        cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms, group=group,
+                 keep_forward_tensors=keep)
         if args.pool == "stage" and layout.dp == 1 and rank == 0:
             print("note: --pool stage with DP = 1: every CAD group is one rank, so CAD balances nothing here (the "
                   "data-parallel-only path cannot move attention between stages; --pool tick can)", flush=True)
@@ -456,6 +512,127 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                                 f"{current['step']} failed after {time.perf_counter() - started:.1f} s: "
                                 f"{type(exc).__name__}: {exc}") from exc
 
+    # ---- 1F1B (--schedule 1f1b): the timetable's ticks, one operation per stage each --------------------------
+    table = one_f_one_b(M, S) if args.schedule == "1f1b" else None
+    pooled = use_cad and args.pool == "tick"
+    asked_1f1b = {}  # (step, micro-batch, stage) -> (cad.Plan or None, cu_seqlens, time asked)
+
+    def ask_1f1b(step, tick):
+        """The plans of the forwards that tick `tick` of `step` starts (a backward runs with its forward's plan),
+        asked for once, in the timetable's order on every rank. CAD over the world (--pool tick): a plan per
+        (micro-batch, stage) over every rank, with documents only from that stage's ranks (their replica's), so
+        each spreads one stage's attention of one micro-batch over all ranks. CAD per stage: this stage's plan
+        over its replicas. Local attention: cu_seqlens on the device."""
+        if tick >= len(table) or step >= args.steps:
+            return
+        for s, op in enumerate(table[tick]):
+            if op is None or op[0] != "forward" or (step, op[1], s) in asked_1f1b:
+                continue
+            m = op[1]
+            if not pooled and s != layout.stage:
+                continue
+            docs = load(step)[0][m][layout.replica] if s == layout.stage else []
+            if not use_cad:
+                (_, cu, _), = base.make_nanos([docs], args.attention, args, device, dtype)
+                asked_1f1b[(step, m, s)] = (None, cu, time.perf_counter())
+                continue
+            tag = (step * M + m) * S + s if pooled else step * M + m
+            cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            plan = cad.plan(cu, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=head_dim, dtype=dtype,
+                            device=device, ahead=ahead, tag=tag if ahead else None)
+            asked_1f1b[(step, m, s)] = (plan, cu, time.perf_counter())
+
+    def exchange_1f1b(tick, outgoing, docs):
+        """At the end of tick `tick`: this stage's output of the tick goes to its neighbour and the neighbours'
+        outputs of the same tick come in, as one batch of sends and receives (in 1F1B a stage sends forward and
+        backward at the same ticks: single sends waiting for their receives could wait for each other)."""
+        ops, inbox = [], {}
+        if outgoing is not None:
+            to = layout.stage + (1 if outgoing[0] == "activation" else -1)
+            ops.append(dist.P2POp(dist.isend, outgoing[2].contiguous(), layout.rank_of(to, layout.replica),
+                                  group=groups.pipe))
+        before = table[tick][layout.stage - 1] if not layout.first else None
+        after = table[tick][layout.stage + 1] if not layout.last else None
+        for source, op, kind in ((layout.stage - 1, before, "forward"), (layout.stage + 1, after, "backward")):
+            if op is not None and op[0] == kind:
+                m = op[1]
+                buffer = torch.empty((1, sum(docs[m][layout.replica]), args.hidden), dtype=dtype, device=device)
+                inbox[("activation" if kind == "forward" else "gradient", m)] = buffer
+                ops.append(dist.P2POp(dist.irecv, buffer, layout.rank_of(source, layout.replica), group=groups.pipe))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait(timeout=groups.timeout)
+        return inbox
+
+    recomputes = args.checkpointing == "full"
+
+    def step_1f1b(step, docs, inputs):
+        """One step on the 1F1B timetable. Returns (this rank's tick records, the last stage's losses, {tick: the
+        plan of this rank's forward at that tick}, every plan this step's calls used)."""
+        records, losses, kept, inbox, step_plans, own_forward_plans = [], [], {}, {}, {}, {}
+        for t, ops in enumerate(table):
+            op = ops[layout.stage]
+            phase, m = op if op is not None else ("idle", None)
+            with tick_context(phase, t, m):
+                tick_start = time.perf_counter()
+                maybe_fault(args, rank, "backward" if phase == "backward" else "forward", t)
+                ask_1f1b(step, t)  # asked for during the tick before (or the step before), unless --plan-ahead off
+                if ahead:
+                    ask_1f1b(step, t + 1) if t + 1 < len(table) else ask_1f1b(step + 1, 0)
+                for s, o in enumerate(ops):  # the forwards this tick starts: their plans, kept for the backwards
+                    if o is not None and o[0] == "forward" and (step, o[1], s) in asked_1f1b:
+                        step_plans[(o[1], s)] = asked_1f1b.pop((step, o[1], s))
+                plan, cu, asked_at = step_plans.get((m, layout.stage), (None, None, None))
+                order = contextlib.nullcontext()
+                if pooled:  # every rank makes every plan's calls of this tick, in the stages' order
+                    slot = []
+                    for s, o in enumerate(ops):
+                        if o is None:
+                            continue
+                        p, mine = step_plans[(o[1], s)][0], s == layout.stage
+                        if o[0] == "forward" or args.checkpointing == "full":  # (a backward recomputes its forward)
+                            slot.append(("forward", p, mine))
+                        if o[0] == "backward":
+                            slot.append(("backward", p, mine))
+                    order = cad.CallOrder(slot, len(stage.layers))
+                outgoing = None
+                with order:
+                    if phase == "forward":
+                        hidden = None
+                        if not layout.first:
+                            hidden = inbox.pop(("activation", m)).requires_grad_(True)
+                        out = stage.forward(hidden, inputs[m], cu, plan)
+                        if layout.last:
+                            losses.append(out.detach())
+                        else:
+                            outgoing = ("activation", m, out.detach())
+                        kept[m] = (hidden, out)
+                        if plan is not None:
+                            own_forward_plans[t] = plan
+                    elif phase == "backward":
+                        hidden, out = kept.pop(m)
+                        if layout.last:
+                            (out / M).backward()
+                        else:
+                            torch.autograd.backward(out, inbox.pop(("gradient", m)))
+                        if not layout.first:
+                            outgoing = ("gradient", m, hidden.grad)
+                        del hidden, out
+                wait_for_device(device, args.timeout_ms / 1e3)
+                record = tick_record(phase, t, m, tick_start, plan if phase == "forward" else None,
+                                     asked_at if phase == "forward" else None, docs, layout, use_cad)
+                # A tick mixes forwards and backwards: the cost model weighs each by its attention work
+                work = ATTENTION_WORK[phase] + (1.0 if phase == "backward" and recomputes else 0.0)
+                record["colocated_pairs"] *= work
+                if pooled:  # this rank serves a share of every call of the tick (a recomputation is a forward entry)
+                    record["planned_flops"] = sum(ATTENTION_WORK[d] * planned_share(p) for d, p, _ in slot)
+                elif plan is not None:  # CAD per stage: its share of this stage's plan
+                    record["planned_flops"] = work * planned_share(plan)
+                records.append(record)
+                if groups is not None:
+                    inbox.update(exchange_1f1b(t, outgoing, docs))
+        return records, losses, own_forward_plans, [p for p, _, _ in step_plans.values() if p is not None]
+
     # Every step's documents now, outside the timed steps: the pure-Python recipe walks the whole length file for
     # each micro-batch (cached_batch remembers them for the later configurations, which would otherwise not pay).
     for step in range(args.steps):
@@ -465,83 +642,88 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
     for step in range(args.steps):
         current["step"] = step
         docs, inputs = load(step)
-        if ahead:
-            ask(step, 0)  # usually asked for during the step before
+        if ahead:  # usually asked for during the step before
+            (ask_1f1b if table else ask)(step, 0)
         if device.type == "cuda":
             torch.cuda.synchronize()
         cad.attention_time(reset=True)
         base.AttentionClock.take()
         start = time.perf_counter()
-        records = []   # per tick of this rank: dict
-        kept = {}      # micro-batch -> (stage input or None, stage output or loss)
-        idle = {}      # forward tick -> the idle chain's output
-        used_plans = {}
-        losses = []
-        tick_shape = lambda m: (1, sum(docs[m][layout.replica]), args.hidden)  # noqa: E731
-        # ---- forward ticks
-        for t in range(T):
-            m = forward_micro_batch(layout.stage, t, M)
-            with tick_context("forward", t, m):
-                tick_start = time.perf_counter()
-                maybe_fault(args, rank, "forward", t)
-                ask(step, t)  # asked for during the tick before (or at the step before), unless --plan-ahead off
-                if ahead:
-                    ask(step, t + 1)  # one tick ahead: made on CAD's planning thread while this tick computes
-                plan, cu, asked_at = asked.pop((step, t))
-                outgoing = None
-                if m is not None:
-                    hidden = None
-                    if not layout.first:  # waiting for the stage before is part of this tick
-                        hidden = recv(tick_shape(m), layout.rank_of(layout.stage - 1, layout.replica))
-                        hidden.requires_grad_(True)
-                    out = stage.forward(hidden, inputs[m], cu, plan)
-                    if layout.last:
-                        losses.append(out.detach())
-                    else:
-                        outgoing = out.detach()
-                    kept[m] = (hidden, out)
-                elif plan is not None:
-                    idle[t] = idle_attention(plan, len(stage.layers), args.heads, args.kv_heads, head_dim, dtype,
-                                             device, args.checkpointing == "full")
-                wait_for_device(device, args.timeout_ms / 1e3)
-                records.append(tick_record("forward", t, m, tick_start, plan, asked_at, docs, layout, use_cad))
-                if plan is not None:
-                    used_plans[t] = plan
-                # Sent once the tick is timed: over NCCL a send completes only when the next stage receives it,
-                # at its next tick's start, which is that tick's wait, not this one's.
-                if outgoing is not None:
-                    flush_sends()
-                    send(outgoing, layout.rank_of(layout.stage + 1, layout.replica))
-        # ---- backward ticks (mirrored: backward tick b runs forward tick T - 1 - b's micro-batches)
-        for b in range(T):
-            t = mirrored_tick(b, M, S)
-            m = forward_micro_batch(layout.stage, t, M)
-            with tick_context("backward", b, m):
-                tick_start = time.perf_counter()
-                maybe_fault(args, rank, "backward", b)
-                if b == T - 1 and ahead:
-                    ask(step + 1, 0)  # the next step's first plan, while this last tick computes
-                outgoing = None
-                if m is not None:
-                    hidden, out = kept.pop(m)
-                    if layout.last:
-                        (out / M).backward()
-                    else:
-                        grad = recv(out.shape, layout.rank_of(layout.stage + 1, layout.replica))
-                        torch.autograd.backward(out, grad)
-                    if not layout.first:
-                        outgoing = hidden.grad
-                    del hidden, out
-                elif t in idle:
-                    out = idle.pop(t)
-                    torch.autograd.backward(out, torch.zeros_like(out))
-                    del out
-                wait_for_device(device, args.timeout_ms / 1e3)
-                records.append(tick_record("backward", b, m, tick_start, used_plans.get(t), None, docs, layout,
-                                           use_cad))
-                if outgoing is not None:  # (after the tick's timing, as in the forward)
-                    flush_sends()
-                    send(outgoing, layout.rank_of(layout.stage - 1, layout.replica))
+        if table:
+            records, losses, used_plans, step_plans = step_1f1b(step, docs, inputs)
+        else:
+            records = []   # per tick of this rank: dict
+            kept = {}      # micro-batch -> (stage input or None, stage output or loss)
+            idle = {}      # forward tick -> the idle chain's output
+            used_plans = {}
+            losses = []
+            tick_shape = lambda m: (1, sum(docs[m][layout.replica]), args.hidden)  # noqa: E731
+            # ---- forward ticks
+            for t in range(T):
+                m = forward_micro_batch(layout.stage, t, M)
+                with tick_context("forward", t, m):
+                    tick_start = time.perf_counter()
+                    maybe_fault(args, rank, "forward", t)
+                    ask(step, t)  # asked for during the tick before (or at the step before), unless --plan-ahead off
+                    if ahead:
+                        ask(step, t + 1)  # one tick ahead: made on CAD's planning thread while this tick computes
+                    plan, cu, asked_at = asked.pop((step, t))
+                    outgoing = None
+                    if m is not None:
+                        hidden = None
+                        if not layout.first:  # waiting for the stage before is part of this tick
+                            hidden = recv(tick_shape(m), layout.rank_of(layout.stage - 1, layout.replica))
+                            hidden.requires_grad_(True)
+                        out = stage.forward(hidden, inputs[m], cu, plan)
+                        if layout.last:
+                            losses.append(out.detach())
+                        else:
+                            outgoing = out.detach()
+                        kept[m] = (hidden, out)
+                    elif plan is not None:
+                        idle[t] = idle_attention(plan, len(stage.layers), args.heads, args.kv_heads, head_dim, dtype,
+                                                 device, args.checkpointing == "full")
+                    wait_for_device(device, args.timeout_ms / 1e3)
+                    records.append(tick_record("forward", t, m, tick_start, plan, asked_at, docs, layout, use_cad))
+                    if plan is not None:
+                        used_plans[t] = plan
+                    # Sent once the tick is timed: over NCCL a send completes only when the next stage receives it,
+                    # at its next tick's start, which is that tick's wait, not this one's.
+                    if outgoing is not None:
+                        flush_sends()
+                        send(outgoing, layout.rank_of(layout.stage + 1, layout.replica))
+            # ---- backward ticks (mirrored: backward tick b runs forward tick T - 1 - b's micro-batches)
+            for b in range(T):
+                t = mirrored_tick(b, M, S)
+                m = forward_micro_batch(layout.stage, t, M)
+                with tick_context("backward", b, m):
+                    tick_start = time.perf_counter()
+                    maybe_fault(args, rank, "backward", b)
+                    if b == T - 1 and ahead:
+                        ask(step + 1, 0)  # the next step's first plan, while this last tick computes
+                    outgoing = None
+                    if m is not None:
+                        hidden, out = kept.pop(m)
+                        if layout.last:
+                            (out / M).backward()
+                        else:
+                            grad = recv(out.shape, layout.rank_of(layout.stage + 1, layout.replica))
+                            torch.autograd.backward(out, grad)
+                        if not layout.first:
+                            outgoing = hidden.grad
+                        del hidden, out
+                    elif t in idle:
+                        out = idle.pop(t)
+                        torch.autograd.backward(out, torch.zeros_like(out))
+                        del out
+                    wait_for_device(device, args.timeout_ms / 1e3)
+                    records.append(tick_record("backward", b, m, tick_start, used_plans.get(t), None, docs, layout,
+                                               use_cad))
+                    if outgoing is not None:  # (after the tick's timing, as in the forward)
+                        flush_sends()
+                        send(outgoing, layout.rank_of(layout.stage - 1, layout.replica))
+            step_plans = list(used_plans.values())
+            del kept, idle
         try:
             flush_sends()
             average_gradients(parameters, groups.mine if groups else None, layout.dp)
@@ -559,14 +741,14 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         seconds = time.perf_counter() - start
         plan_wait_ms = sum(p.wait_ms for p in used_plans.values())
         # the plans this step's ticks ran with (each made once, ahead or at its tick, never by a layer)
-        plans_made = sum(1 for p in used_plans.values() if p.make_ms is not None)
+        plans_made = sum(1 for p in step_plans if p.make_ms is not None)
         # the plans' own timing, relative to their tick's start: asked (before), make started
         for r in records:
             plan = used_plans.get(r["tick"]) if r["phase"] == "forward" else None
             if plan is not None and plan.make_started_at is not None:
                 r["make_started_ms"] = (plan.make_started_at - r["started_at"]) * 1e3
             r.pop("started_at")
-        del used_plans, kept, idle
+        del used_plans, step_plans
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
         tokens = float(sum(sum(docs[m][layout.replica]) for m in range(M)))
         loss_sum = float(sum(losses)) / M if losses else 0.0
@@ -627,6 +809,18 @@ def tick_record(phase, tick, m, tick_start, plan, asked_at, docs, layout, use_ca
                 record["planned_flops"] = float(servers[me]["forward_flops"])
             record["plan_imbalance"] = stats["imbalance"]
     return record
+
+
+# Attention work of a call by direction, in forwards (a backward's matmuls are 2.5 forwards'): in a 1F1B tick some
+# stages run forwards while others run backwards, so a tick's imbalance weighs them (a recomputation is a forward).
+ATTENTION_WORK = {"forward": 1.0, "backward": 2.5, "idle": 0.0}
+
+
+def planned_share(plan):
+    """This rank's forward FLOPs as a server of `plan` (its stats), or 0."""
+    stats = plan.stats or {}
+    me, servers = stats.get("rank"), stats.get("servers") or []
+    return float(servers[me]["forward_flops"]) if me is not None and me < len(servers) else 0.0
 
 
 def _imbalance(values):
@@ -796,7 +990,11 @@ def parse_args(argv=None):
     p.add_argument("--model", choices=sorted(base.MODELS), default="tiny",
                    help="shape preset (train_llama's): tiny or llama3-8b; the options below override it")
     p.add_argument("--context", type=int, default=2048, help="tokens per micro-batch and replica (one packed buffer)")
-    p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step (GPipe)")
+    p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step")
+    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe",
+                   help="gpipe: all forward ticks, then all backward ticks; 1f1b: one forward, one backward (at most "
+                        "PP - stage micro-batches in flight), forwards and backwards at the same tick on different "
+                        "stages (CAD over the world: cad.CallOrder)")
     for name in ("layers", "hidden", "heads", "kv-heads", "vocab"):
         p.add_argument(f"--{name}", type=int, default=None, help="default: the --model preset's")
     p.add_argument("--intermediate", type=int, default=None, help="MLP width; 0: 3 x --hidden (tiny's default)")
@@ -807,6 +1005,9 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="default: fp32 on CPU, bf16 on CUDA")
     p.add_argument("--checkpointing", choices=["none", "full"], default="none",
                    help="full: every decoder layer recomputed in the backward (transformers' own, non-reentrant)")
+    p.add_argument("--keep-forward-tensors", choices=["auto", "on", "off"], default="auto",
+                   help="CAD's (cad.init): where a forward's Q/K/V/O wait for its backward -- on the servers (on), the "
+                        "owners (off), or on the servers only for a recomputed forward (auto)")
     p.add_argument("--loss-chunk", type=int, default=4096, help="tokens per chunk of the head and cross-entropy")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="for MFU (default 989: H100 SXM bf16)")
     p.add_argument("--timeout-ms", type=int, default=120000,

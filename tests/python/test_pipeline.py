@@ -43,15 +43,25 @@ RUNS = {
              "cad_tick": ["--attention", "cad", "--pool", "tick"],
              "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
              "cad_tick_now": ["--attention", "cad", "--pool", "tick", "--plan-ahead", "off"],
-             "cad_stage": ["--attention", "cad", "--pool", "stage"]}),
+             "cad_stage": ["--attention", "cad", "--pool", "stage"],
+             "1f1b_local": ["--schedule", "1f1b", "--attention", "local"],
+             "1f1b_cad_tick": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick"],
+             "1f1b_cad_tick_full": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick", "--checkpointing",
+                                    "full"],
+             "1f1b_cad_tick_kept": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick",
+                                    "--keep-forward-tensors", "on"],
+             "1f1b_cad_stage": ["--schedule", "1f1b", "--attention", "cad", "--pool", "stage"]}),
     "pp2_dp2": (4, ["--pp", "2", "--layers", "4"],
                 {"local": ["--attention", "local"],
                  "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
-                 "cad_stage": ["--attention", "cad", "--pool", "stage"]}),
+                 "cad_stage": ["--attention", "cad", "--pool", "stage"],
+                 "1f1b_cad_tick_full": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick",
+                                        "--checkpointing", "full"]}),
     # a middle stage: it receives and sends activations, and gradients
     "pp3": (3, ["--pp", "3", "--layers", "3"],
             {"local": ["--attention", "local"],
-             "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"]}),
+             "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
+             "1f1b_cad_tick": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick"]}),
 }
 
 
@@ -246,6 +256,34 @@ def _check_balance(ranks, world):
 
 
 @needs_data
+def test_pp2_1f1b_trains_as_local_and_balances_every_tick(two):
+    """1F1B (forwards and backwards at the same ticks on different stages) trains as GPipe with local attention
+    (_check_same_training covers every case). With CAD over the world every rank makes every plan's calls of a
+    tick (cad.CallOrder): a plan per (micro-batch, stage), made ahead, each balanced over both ranks, so every
+    tick is balanced, the mixed ones included; the local 1F1B's stages are not."""
+    M, S = 4, 2
+    for name in ("1f1b_cad_tick", "1f1b_cad_tick_full", "1f1b_cad_tick_kept"):
+        for rank in range(2):
+            run = _result(two, name, rank)
+            assert run["summary"]["schedule"] == "1f1b" and run["summary"]["ticks_per_step"] == 10
+            assert [r["plans_made"] for r in run["steps"]] == [[M * S] * 2] * 2  # every rank makes every plan
+            for record in run["steps"]:
+                phases = [r["phase"] for r in record["rank_ticks"]]
+                assert phases == (["forward", "forward", "idle", "backward", "forward", "backward", "forward",
+                                   "backward", "idle", "backward"] if rank == 0 else
+                                  ["idle", "forward", "backward", "forward", "backward", "forward", "backward",
+                                   "forward", "backward", "idle"])
+                forward = [r for r in record["rank_ticks"] if r["phase"] == "forward"]
+                assert all(r["asked_ms"] < 0 for r in forward[1:]), forward  # asked during the tick before
+        for record in _result(two, name)["steps"]:
+            assert all(e["planned_imbalance"] < 1.1 for e in record["ticks"]), record["ticks"]
+            mixed = [e for e in record["ticks"] if e["tick"] in (3, 4, 5, 6, 7)]  # a forward beside a backward
+            assert all(e["colocated_imbalance"] > 1.2 for e in mixed)
+    local = _result(two, "1f1b_local")
+    assert all(r["mean_colocated_imbalance"] > 1.2 for r in local["steps"])
+
+
+@needs_data
 def test_plans_are_per_tick_and_made_ahead(two):
     """Each forward tick runs a plan of its own (tag step x T + tick, a new plan id per tick) asked for at the
     start of the tick before it (the first at the step before); backward tick b reuses forward tick T-1-b's
@@ -417,6 +455,21 @@ def test_a_stage_that_raises_ends_every_rank_naming_the_tick():
     assert t0 - t1 < 3.0 + 5.0, (t0, t1)  # within the timeout (and a margin) of rank 1's failure
 
 
+@needs_data
+def test_a_stalled_stage_under_1f1b_ends_every_rank_naming_the_tick():
+    """1F1B, CAD over the world: stage 0 stalls at the start of tick 3 (its backward of micro-batch 0), where
+    stage 1 runs the forward of micro-batch 1 and, by the tick's call order, waits inside the calls it shares
+    with stage 0: it gives up after the timeout naming its stage, tick and micro-batch."""
+    (rc0, t0, err0), (rc1, t1, err1) = _launch(2, FAULT_ARGS + ["--schedule", "1f1b", "--timeout-ms", "2000",
+                                                                "--data", str(DATA), "--test-fault",
+                                                                "0:backward:3:stall"], timeout_s=90)
+    assert rc0 != 0 and rc1 != 0, (rc0, rc1, err0[-3000:], err1[-3000:])
+    assert "pipeline: rank 1 (stage 1, replica 0): forward tick 3 (micro-batch 1) of step 0 failed" in err1, \
+        err1[-3000:]
+    assert "test fault: rank 0 stalls for 6 s at backward tick 3" in err0
+    assert t0 - t1 > 2.0, (t0, t1)  # rank 1 ended by its own timeout, long before rank 0 woke up
+
+
 # ---- the schedule and the command line (in process) ----------------------------------------------------------
 def test_gpipe_schedule():
     t = _trainer_module()
@@ -432,6 +485,36 @@ def test_gpipe_schedule():
     assert layout.stage_ranks(1) == [2, 3] and layout.rank_of(1, 1) == 3
     with pytest.raises(ValueError, match="not divisible by --pp 4"):
         t.Layout(0, 6, 4)
+
+
+@pytest.mark.parametrize("M,S", [(4, 2), (4, 3), (8, 4), (2, 3), (1, 2)])
+def test_one_f_one_b_timetable(M, S):
+    """Every forward and backward of every (stage, micro-batch) exactly once, each after what it needs (the stage
+    before's forward, the stage after's backward, on the last stage its own forward) at an earlier tick; stage s
+    holds at most min(S - s, M) micro-batches in flight (GPipe: M); forwards before backwards, each in order."""
+    t = _trainer_module()
+    table = t.one_f_one_b(M, S)
+    at = {}
+    for tick, row in enumerate(table):
+        assert len(row) == S and any(op is not None for op in row)
+        for s, op in enumerate(row):
+            if op is not None:
+                assert (s, *op) not in at
+                at[(s, *op)] = tick
+    assert len(at) == 2 * M * S
+    for s in range(S):
+        for m in range(M):
+            if s > 0:
+                assert at[(s - 1, "forward", m)] < at[(s, "forward", m)]
+            need = (s + 1, "backward", m) if s < S - 1 else (s, "forward", m)
+            assert at[need] < at[(s, "backward", m)]
+        in_flight = max(sum(1 for m in range(M) if at[(s, "forward", m)] <= tick < at[(s, "backward", m)])
+                        for tick in range(len(table)))
+        assert in_flight == min(S - s, M), (s, in_flight)
+        for phase in ("forward", "backward"):
+            assert [at[(s, phase, m)] for m in range(M)] == sorted(at[(s, phase, m)] for m in range(M))
+    if (M, S) == (4, 2):  # forwards and backwards at the same tick on different stages
+        assert table[3] == [("backward", 0), ("forward", 1)] and len(table) == 10
 
 
 def test_gpu_wait_at_a_tick_end_has_a_deadline(monkeypatch):

@@ -31,6 +31,12 @@ _keys = itertools.count(1)
 # saved by autograd, so the plan lives until the backward ran (or the graph was dropped), also when a compiled
 # graph holds the plan only as its id.
 _saved = {}
+# -> the active cad.CallOrder or None (set by _call_order): a pipeline tick whose ranks make different plans' calls
+call_order = lambda: None  # noqa: E731
+# plan id -> [(key in _saved, key tensor)]: the servers' state this rank kept when it made another rank's forward
+# calls (cad.CallOrder), one per layer, until it makes that plan's backward calls, which run the layers in reverse
+# order: the last kept goes first (see _call_order)
+_served = {}
 
 
 def _release_saved(key):
@@ -87,6 +93,16 @@ def _call_plan(plan_id, q, k):
     return plan
 
 
+def _before_own_call(direction, plan_id):
+    """Within a cad.CallOrder: make the other ranks' calls that come before this one -- before waiting for this
+    call's own plan: a peer can be inside one of those calls, holding its stack while its planning thread waits
+    to make this plan with ours."""
+    order = call_order() if plan_id >= 0 else None
+    if order is not None:
+        order.before_own_call(direction, _plan.lookup(plan_id))
+    return order
+
+
 @torch.library.custom_op("cad::varlen_fwd", mutates_args=())
 def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor], plan_id: int,
                 causal: bool, softmax_scale: float, keep: bool, window_left: int,
@@ -95,6 +111,7 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: O
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((num_heads, tokens), dtype=torch.float32, device=q.device)
     key = torch.zeros(1, dtype=torch.int64)
+    order = _before_own_call("forward", plan_id)
     plan = _call_plan(plan_id, q, k)
     args = _abi.ForwardArgs()
     args.struct_size = C.sizeof(args)
@@ -109,7 +126,10 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: O
     slot = C.c_void_p()
     # keep: the caller needs a backward. Whether the servers keep this forward's tensors for it is the stack's
     # policy (cad.init), decided here at run time, where a recomputation inside a backward is visible.
-    if plan is not None and keep and _runtime.keeps_forward(torch._C._current_graph_task_id() != -1):
+    in_backward = _serving_in_backward[0]
+    if in_backward is None:
+        in_backward = torch._C._current_graph_task_id() != -1
+    if plan is not None and keep and _runtime.keeps_forward(in_backward):
         args.saved = C.pointer(slot)
     with _runtime.timed(q.device):
         host.forward(args)
@@ -119,6 +139,8 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: O
         key[0] = k_id
         host.owns(weakref.finalize(key, _release_saved, k_id))  # also for a forward whose backward never comes
         plan._record_stats()
+    if order is not None:
+        order.after_own_call()
     return o, lse, key
 
 
@@ -136,6 +158,7 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     d_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     d_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     d_v = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    order = _before_own_call("backward", plan_id)
     plan = _call_plan(plan_id, q, k)
     args = _abi.BackwardArgs()
     args.struct_size = C.sizeof(args)
@@ -162,7 +185,43 @@ def _varlen_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
             host.backward(args)
     finally:
         _release_saved(key)
+    if order is not None:
+        order.after_own_call()
     return d_q, d_k, d_v
+
+
+# ---- calls made for other ranks (cad.CallOrder): zero tokens of this rank's, this rank serving -------------------
+_serving_in_backward = [None]  # a served forward: whether its owner's call runs inside a backward (None: look)
+
+
+def serve_forward(q, kv, plan, causal, softmax_scale, window, in_backward):
+    """Make `plan`'s forward call over no token of this rank's; keep the servers' state as the owner's call
+    would (keep_forward_tensors, in_backward: the owner's is a recomputation), for this plan's backward call."""
+    _serving_in_backward[0] = bool(in_backward)
+    try:
+        _, _, key = _varlen_fwd(q, kv, kv, plan.cu_seqlens, plan.id, causal, softmax_scale, True, *window)
+    finally:
+        _serving_in_backward[0] = None
+    k_id = int(key[0])
+    if _saved.get(k_id, (None, None))[1]:
+        _served.setdefault(plan.id, []).append((k_id, key))  # (held here: the key's finalizer would release it)
+    else:
+        _release_saved(k_id)
+
+
+def serve_backward(q, kv, plan, causal, softmax_scale, window):
+    """Make `plan`'s backward call over no token of this rank's, with the servers' state its forward kept."""
+    kept = _served.get(plan.id)
+    k_id, key = kept.pop() if kept else (0, torch.zeros(1, dtype=torch.int64))
+    lse = torch.empty((q.shape[1], 0), dtype=torch.float32, device=q.device)
+    _varlen_bwd(q, q, kv, kv, q, lse, plan.cu_seqlens, plan.id, key, causal, softmax_scale, *window)
+
+
+def release_served(plan_id=None):
+    """Give back the state kept for other ranks' backwards (of one plan, or all of them)."""
+    for pid in ([plan_id] if plan_id is not None else list(_served)):
+        for k_id, _ in _served.pop(pid, []):
+            _release_saved(k_id)
 
 
 @_varlen_bwd.register_fake

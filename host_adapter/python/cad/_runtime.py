@@ -223,6 +223,8 @@ def planning_wait_limit_s():
 def shutdown():
     """Destroy every stack (also done at exit) and forget cad.init's settings: a later stack is built from the
     defaults unless cad.init is called again (a failed or test-only cad.init must not outlive its user)."""
+    from . import _ops
+    _ops.release_served()  # state kept for other ranks' backwards (cad.CallOrder) goes with its stack
     with _lock:
         for rt in list(_runtimes.values()) + list(_locals.values()):
             rt.close()

@@ -1,0 +1,169 @@
+"""One order of collective CAD calls on every rank, when ranks run different plans in different directions.
+
+Every CAD call is collective over the stack's group: all ranks make the same call, with the same plan, in the same
+direction, in the same order. A data-parallel trainer gets that for free; a 1F1B pipeline does not: at one tick a
+stage runs a forward of micro-batch i (its layers' forward calls, plan P(i, s)) while the next stage runs the
+backward of micro-batch j (backward calls, plan P(j, s + 1), each after its layer's recomputed forward under
+activation checkpointing). Each plan spreads its own micro-batch's attention over every rank, so every rank must
+take part in every one of those calls -- in the calls of micro-batches it does not hold, over zero tokens of its
+own, as a server.
+
+cad.CallOrder(slot, repeats) says which calls a tick makes: `slot` lists one layer's calls in the order every rank
+makes them, as (direction, plan, mine) with direction "forward" or "backward" and mine whether this rank holds the
+plan's tokens (its own layers make that call); the tick repeats the slot `repeats` times (the layers per stage).
+Inside `with order:`, this rank's own calls (cad.varlen_attn, forwards and their backwards, recomputations
+included) come from its layers as usual; before each of them the order makes, over zero tokens, every call of the
+slot that comes first and is not this rank's, and after this rank's last call of a slot the rest of it. A rank
+with no call of its own in the tick (idle) makes them all with order.serve_rest(). Leaving the block without an
+error makes what is left; a call of this rank that does not come where the order expects it fails with a
+CadError naming both (never a hang on the other ranks' side: their calls fail by the stack's timeout).
+
+A call made for another rank keeps the servers' state exactly as that rank's own call does (cad.init's
+keep_forward_tensors, with the owner's recomputation counted as inside a backward), and hands it to the backward
+call of the same plan and layer, in this tick or a later one (the last kept to the first backward: backwards run
+the layers in reverse). A plan's backward calls all run in one tick; what is still kept for the plan when that
+tick ends (a first forward that its owner recomputed) is given back then; cad.shutdown gives back the rest.
+"""
+import torch
+
+from . import _ops
+from ._errors import CadError
+
+# The CallOrder of the tick now running in this process, or None. Process-wide, not per thread: on CUDA the
+# autograd engine runs the backwards (and their calls) on a device thread of its own.
+_current = [None]
+
+
+def current():
+    return _current[0]
+
+
+class CallOrder:
+    """The collective calls of one tick, in the order every rank makes them (see the module doc)."""
+
+    def __init__(self, slot, repeats):
+        self.slot = []
+        for entry in slot:
+            direction, plan, mine = entry
+            if direction not in ("forward", "backward"):
+                raise CadError(f"cad.CallOrder: a call's direction must be 'forward' or 'backward', got {direction!r}",
+                               "INVALID_ARGUMENT")
+            self.slot.append((direction, plan, bool(mine)))
+        if repeats < 0:
+            raise CadError(f"cad.CallOrder: repeats must be >= 0, got {repeats}", "INVALID_ARGUMENT")
+        self.repeats = int(repeats)
+        self._position = 0  # calls made so far in this tick (all repeats), own and served
+        self._total = len(self.slot) * self.repeats
+        self._serving = False
+
+    # ---- what the tick has made so far -------------------------------------------------------------------------
+    def _entry(self, position):
+        return self.slot[position % len(self.slot)]
+
+    def _describe(self, direction, plan):
+        tag = f" (tag {plan.tag})" if getattr(plan, "tag", None) is not None else ""
+        return f"the {direction} call of plan #{plan.id}{tag}"
+
+    def _serve_until_mine(self):
+        while self._position < self._total and not self._entry(self._position)[2]:
+            direction, plan, _ = self._entry(self._position)
+            self._serve(direction, plan)
+            self._position += 1
+
+    def _serve_slot_rest(self, made):
+        """After this rank's call at position `made`: the rest of its slot, if none of it is this rank's."""
+        end = (made // len(self.slot) + 1) * len(self.slot)
+        if any(self._entry(p)[2] for p in range(self._position, end)):
+            return
+        while self._position < end:
+            direction, plan, _ = self._entry(self._position)
+            self._serve(direction, plan)
+            self._position += 1
+
+    # ---- hooks of cad::varlen_fwd / cad::varlen_bwd -----------------------------------------------------------
+    def before_own_call(self, direction, plan):
+        if self._serving:
+            return
+        self._serve_until_mine()
+        if self._position >= self._total:
+            raise CadError(f"cad.CallOrder: rank {_rank()}: {self._describe(direction, plan)} came after every call "
+                           f"of this tick's order ({self.repeats} x {len(self.slot)} calls) was made",
+                           "INVALID_ARGUMENT")
+        want_direction, want_plan, _ = self._entry(self._position)
+        if (want_direction, want_plan.id) != (direction, plan.id):
+            raise CadError(f"cad.CallOrder: rank {_rank()}: call {self._position} of this tick is "
+                           f"{self._describe(want_direction, want_plan)} by the order every rank follows, but this "
+                           f"rank's layers made {self._describe(direction, plan)}", "INVALID_ARGUMENT")
+
+    def after_own_call(self):
+        if self._serving:
+            return
+        made = self._position
+        self._position += 1
+        self._serve_slot_rest(made)
+
+    # ---- the calls made for other ranks ----------------------------------------------------------------------
+    def _serve(self, direction, plan):
+        plan.wait()
+        if plan.shape is None:
+            raise CadError(f"cad.CallOrder: rank {_rank()}: plan #{plan.id} has no shapes yet; make it ahead "
+                           f"(cad.plan(..., ahead=True) with its shapes) or give its owner's shapes to cad.plan",
+                           "INVALID_ARGUMENT")
+        heads, kv_heads, head_dim, dtype, device = plan.shape
+        q = torch.empty(0, heads, head_dim, dtype=dtype, device=device)
+        kv = torch.empty(0, kv_heads, head_dim, dtype=dtype, device=device)
+        scale = head_dim ** -0.5  # (no token of this rank's: the scale only has to be a number)
+        window = (plan.window_left, -1)
+        self._serving = True
+        try:
+            if direction == "forward":
+                # The owner's forward keeps the servers' state as its own context decides: a recomputation (the
+                # slot has this plan's backward after it) counts as inside a backward.
+                in_backward = any(d == "backward" and p.id == plan.id for d, p, _ in self.slot)
+                _ops.serve_forward(q, kv, plan, plan.causal, scale, window, in_backward)
+            else:
+                _ops.serve_backward(q, kv, plan, plan.causal, scale, window)
+        finally:
+            self._serving = False
+
+    def serve_rest(self):
+        """Make every call of the tick not yet made (a rank with no call of its own in this tick)."""
+        while self._position < self._total:
+            direction, plan, mine = self._entry(self._position)
+            if mine:
+                raise CadError(f"cad.CallOrder: rank {_rank()}: call {self._position} of this tick is this rank's "
+                               f"own ({self._describe(direction, plan)}) and its layers never made it",
+                               "INVALID_ARGUMENT")
+            self._serve(direction, plan)
+            self._position += 1
+
+    def __enter__(self):
+        if current() is not None:
+            raise CadError("cad.CallOrder: another tick's call order is active in this process", "INVALID_ARGUMENT")
+        _current[0] = self
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None:
+                self.serve_rest()
+                # A plan's backward calls all run in one tick: what is still kept for them now is a first forward's
+                # whose owner recomputed it (activation checkpointing dropped the owner's own copy long ago).
+                for plan_id in {p.id for d, p, _ in self.slot if d == "backward"}:
+                    _ops.release_served(plan_id)
+        finally:
+            _current[0] = None
+        return False
+
+
+def _rank():
+    from ._plan import _rank as rank
+    return rank()
+
+
+def release_served(plan_id=None):
+    """Give back the servers' state kept for other ranks' backwards (of one plan, or all)."""
+    _ops.release_served(plan_id)
+
+
+_ops.call_order = current  # the op's hooks look the tick's order up here

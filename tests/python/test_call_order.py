@@ -1,0 +1,80 @@
+"""cad.CallOrder on one process (a CAD stack of one rank): the calls of a tick made in the order it lists, this
+rank's own from its layers and the others' made for them over zero tokens; a call that comes out of order, or
+never, is refused naming both calls; the state kept for another rank's backward goes to that plan's backward,
+the last layer's first. The order across ranks (1F1B pipelines) is tested by test_pipeline.py."""
+import pytest
+import torch
+
+import cad
+from cad import _ops
+from reference import random_batch, sdpa_varlen
+
+HEADS, KV_HEADS, DIM = 2, 1, 8
+
+
+@pytest.fixture(autouse=True)
+def fresh_stacks():
+    cad.init(timeout_ms=20000)
+    yield
+    cad.shutdown()
+
+
+def _plan(lengths):
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return cad.plan(cu, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM, dtype=torch.float32,
+                    device="cpu"), cu
+
+
+def test_own_calls_between_calls_made_for_others_compute_as_without_an_order():
+    q, k, v, cu = random_batch([5, 9], HEADS, KV_HEADS, DIM)
+    mine, _ = _plan([5, 9])
+    mine_cu = mine.cu_seqlens
+    other, _ = _plan([])  # another stage's micro-batch: no token of this rank's
+    calls = cad.attention_calls()
+    q.requires_grad_(True)
+    with cad.CallOrder([("forward", other, False), ("forward", mine, True), ("backward", other, False)], 2) as order:
+        x = q
+        for _ in range(2):  # two layers: each makes the slot's three calls
+            x = cad.varlen_attn(x, k, v, mine_cu, plan=mine)
+    assert order._position == 6
+    assert cad.attention_calls() - calls == 6
+    expected = sdpa_varlen(sdpa_varlen(q.detach(), k, v, cu, True), k, v, cu, True)
+    torch.testing.assert_close(x.detach(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_out_of_order_is_refused_naming_both():
+    q, k, v, cu = random_batch([5, 9], HEADS, KV_HEADS, DIM)
+    first, _ = _plan([5, 9])
+    second, _ = _plan([5, 9])
+    with pytest.raises(cad.CadError, match=f"call 0 of this tick is the forward call of plan #{first.id} by the "
+                                           f"order every rank follows, but this rank's layers made the forward "
+                                           f"call of plan #{second.id}"):
+        with cad.CallOrder([("forward", first, True), ("forward", second, True)], 1):
+            cad.varlen_attn(q, k, v, cu, plan=second)
+    assert cad._call_order.current() is None  # the failed tick's order is gone: the next tick can start
+
+
+def test_an_own_call_that_never_comes_is_refused():
+    mine, _ = _plan([5, 9])
+    with pytest.raises(cad.CadError, match=f"call 0 of this tick is this rank's own \\(the forward call of plan "
+                                           f"#{mine.id}\\) and its layers never made it"):
+        with cad.CallOrder([("forward", mine, True)], 1):
+            pass
+    with pytest.raises(cad.CadError, match="direction must be 'forward' or 'backward'"):
+        cad.CallOrder([("sideways", mine, True)], 1)
+
+
+def test_state_kept_for_another_ranks_backward_goes_to_it_last_layer_first():
+    """keep_forward_tensors=True: a forward made for another rank keeps the servers' state, per layer, until the
+    plan's backward calls, which take the last layer's first; at the end of that tick nothing is left."""
+    cad.init(timeout_ms=20000, keep_forward_tensors=True)
+    other, _ = _plan([])
+    with cad.CallOrder([("forward", other, False)], 3):
+        pass  # an idle rank: every call made for the other
+    kept = [k for k, _ in _ops._served[other.id]]
+    assert len(kept) == 3 and all(_ops._saved[k][1] for k in kept)
+    with cad.CallOrder([("backward", other, False)], 1) as order:
+        order.serve_rest()
+        assert [k for k, _ in _ops._served[other.id]] == kept[:2]  # the last layer's went first
+        assert kept[2] not in _ops._saved
+    assert other.id not in _ops._served and not any(k in _ops._saved for k in kept)  # the rest at the tick's end
