@@ -120,10 +120,17 @@ def _load_train_llama():
 
 base = _load_train_llama()
 
-CONFIGS = {  # --configs name -> (attention, pool)
-    "local": ("local", None), "torch_varlen": ("torch_varlen", None), "cad_tick": ("cad", "tick"),
-    "cad_stage": ("cad", "stage"),
+CONFIGS = {  # --configs name -> (attention, pool, schedule: None = --schedule's)
+    "local": ("local", None, None), "torch_varlen": ("torch_varlen", None, None), "cad_tick": ("cad", "tick", None),
+    "cad_stage": ("cad", "stage", None),
+    "1f1b_local": ("local", None, "1f1b"), "1f1b_torch_varlen": ("torch_varlen", None, "1f1b"),
+    "1f1b_cad_tick": ("cad", "tick", "1f1b"), "1f1b_cad_stage": ("cad", "stage", "1f1b"),
 }
+
+
+def baseline_name(config):
+    """The local-attention configuration a configuration's speedup is measured against: the same schedule's."""
+    return "1f1b_local" if config.startswith("1f1b_") else "local"
 
 
 class PipelineError(RuntimeError):
@@ -397,8 +404,8 @@ def summary_of(args, layout, device):
             "layers_per_stage": args.layers // args.pp, "hidden": args.hidden, "intermediate": args.intermediate,
             "heads": args.heads, "kv_heads": args.kv_heads, "vocab": args.vocab, "steps": args.steps,
             "device": str(device), "dtype": args.dtype, "checkpointing": args.checkpointing,
-            "plan_ahead": args.plan_ahead, "keep_forward_tensors": args.keep_forward_tensors, "sync_attention_timing": args.sync_attention_timing,
-            "peak_tflops": args.peak_tflops}
+            "plan_ahead": args.plan_ahead, "keep_forward_tensors": args.keep_forward_tensors,
+            "sync_attention_timing": args.sync_attention_timing, "peak_tflops": args.peak_tflops}
 
 
 def write_json(path, result):
@@ -886,16 +893,17 @@ def summarise(history):
 
 # ---- the comparison table --------------------------------------------------------------------------------
 def comparison(summaries):
-    """Rows of the table from each configuration's summary (name -> summary); speedups over "local"."""
-    local = summaries.get("local")
+    """Rows of the table from each configuration's summary (name -> summary); speedups over the local attention of
+    the same schedule ("local", or "1f1b_local" for the 1f1b_ configurations)."""
     rows = []
-    ideal = None
     # Attention times without CUDA waits around the calls (--sync-attention-timing off) count only the enqueue:
     # no ideal and no measured tick imbalance from them.
     timed = lambda s: s.get("sync_attention_timing", "on") == "on"  # noqa: E731
-    if local and "skipped" not in local and timed(local):
-        ideal = local["mean_step_ms_after_step0"] / local["mean_ideal_step_ms_after_step0"]
     for name, s in summaries.items():
+        local = summaries.get(baseline_name(name))
+        ideal = None
+        if local and "skipped" not in local and timed(local):
+            ideal = local["mean_step_ms_after_step0"] / local["mean_ideal_step_ms_after_step0"]
         if "skipped" in s:
             rows.append({"config": name, "skipped": s["skipped"]})
             continue
@@ -914,7 +922,8 @@ def comparison(summaries):
 
 def comparison_table(summaries):
     """The table as markdown text."""
-    lines = ["| config | step ms | tokens/s | speedup vs local | ideal | realised share | tick imbalance measured | "
+    lines = ["| config | step ms | tokens/s | speedup vs local (same schedule) | ideal | realised share | "
+             "tick imbalance measured | "
              "planned (after) | colocated (before) | peak GiB |", "|" + "---|" * 10]
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for row in comparison(summaries):
@@ -937,8 +946,9 @@ def configurations(args):
     runs = []
     for name in args.configs.split(","):
         run = argparse.Namespace(**vars(args))
-        run.attention, pool = CONFIGS[name]
+        run.attention, pool, schedule = CONFIGS[name]
         run.pool = pool or args.pool
+        run.schedule = schedule or args.schedule
         run.json_out = args.json_out.replace("{config}", name) if args.json_out else None
         runs.append((name, run))
     return runs
@@ -1023,7 +1033,8 @@ def parse_args(argv=None):
                    help="every step's record and the summary (rank 0); with --configs it must contain {config}")
     p.add_argument("--configs", default=None,
                    help="train several configurations in turn in this process, same weights and batches: a comma "
-                        "list of local, torch_varlen, cad_tick, cad_stage; ends with a comparison table")
+                        "list of local, torch_varlen, cad_tick, cad_stage (--schedule's) and 1f1b_local, "
+                        "1f1b_torch_varlen, 1f1b_cad_tick, 1f1b_cad_stage (1F1B); ends with a comparison table")
     p.add_argument("--test-fault", default=None,
                    help="for tests: RANK:PHASE:TICK:KIND, PHASE forward|backward, KIND raise (that rank raises at "
                         "the tick's start) or stall (sleeps 3 x --timeout-ms there)")

@@ -387,6 +387,23 @@ def test_comparison_table(two, tmp_path):
     assert cells[7] == f"{cad['mean_planned_imbalance']:.3f}"
 
 
+@needs_data
+def test_comparison_table_measures_1f1b_against_1f1b_local(two):
+    """1F1B configurations (--configs 1f1b_...) are compared with local attention on the same schedule."""
+    t = _trainer_module()
+    summaries = {name: _result(two, name)["summary"] for name in ("local", "cad_tick", "1f1b_local", "1f1b_cad_tick")}
+    rows = {row["config"]: row for row in t.comparison(summaries)}
+    for name, base in (("cad_tick", "local"), ("1f1b_cad_tick", "1f1b_local"), ("1f1b_local", "1f1b_local")):
+        assert rows[name]["speedup"] == pytest.approx(summaries[base]["mean_step_ms_after_step0"] /
+                                                      summaries[name]["mean_step_ms_after_step0"], rel=1e-12)
+        assert rows[name]["ideal"] == pytest.approx(summaries[base]["mean_step_ms_after_step0"] /
+                                                    summaries[base]["mean_ideal_step_ms_after_step0"], rel=1e-12)
+    args = t.parse_args(["--configs", "local,1f1b_cad_tick", "--pp", "2", "--layers", "4"])
+    (_, gpipe), (_, one_f_one_b) = t.configurations(args)
+    assert (gpipe.schedule, one_f_one_b.schedule, one_f_one_b.attention, one_f_one_b.pool) == \
+        ("gpipe", "1f1b", "cad", "tick")
+
+
 # ---- failures: a stage that stalls or raises in a tick ---------------------------------------------------
 def _free_port():
     import socket
