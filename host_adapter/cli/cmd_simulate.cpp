@@ -44,14 +44,18 @@ const char* kUsage =
     "  --gpus-per-node N   (default 8; at most 1024)\n"
     "  --tp N              tensor-parallel size, inside a node (default 1): divides linear work and heads\n"
     "  --pp N              pipeline stages (default 1): divides layers, adds the 1F1B fill/drain\n"
-    "  --schedule 1f1b|gpipe   with --pp: 1f1b (default) is the kernel-level 1F1B model with CAD over the\n"
-    "                      data-parallel ranks; gpipe prices the pipeline trainer (examples/train_pipeline.py)\n"
-    "                      tick by tick: T = microbatches + pp - 1 forward ticks, then T backward; needs --pp >= 2\n"
-    "                      and --trainer FILE; balancers colocated,distca,prefix_aware by default (not per_doc_cp);\n"
+    "  --schedule 1f1b|gpipe|1f1b_ticks   with --pp: 1f1b (default) is the kernel-level 1F1B model with CAD over\n"
+    "                      the data-parallel ranks; gpipe and 1f1b_ticks price the pipeline trainer\n"
+    "                      (examples/train_pipeline.py --schedule gpipe / 1f1b) tick by tick: gpipe T = microbatches\n"
+    "                      + pp - 1 forward ticks, then T backward; 1f1b_ticks the trainer's 1F1B timetable, each\n"
+    "                      stage a forward or a backward per tick (as many ticks); both need --pp >= 2 and\n"
+    "                      --trainer FILE; balancers colocated,distca,prefix_aware by default (not per_doc_cp);\n"
     "                      ping-pong is not modelled (on = off)\n"
-    "  --pool tick|stage   with --schedule gpipe, how CAD balancers pool attention (colocated stays local):\n"
-    "                      tick (default) = one plan per tick over every rank of every stage, idle stages serving;\n"
-    "                      stage = within each stage's data-parallel ranks (with one replica: colocated)\n"
+    "  --pool tick|stage   with --schedule gpipe or 1f1b_ticks, how CAD balancers pool attention (colocated stays\n"
+    "                      local): tick (default) = over every rank of every stage, idle stages serving (gpipe: one\n"
+    "                      plan per tick; 1f1b_ticks: one per micro-batch and stage, every rank making every\n"
+    "                      stage's calls of a tick); stage = within each stage's data-parallel ranks (with one\n"
+    "                      replica: colocated)\n"
     "                      data-parallel ranks = gpus / (tp * pp), at most 8192 (as cad plan --ranks)\n"
     "workload:\n"
     "  --dist FILE         document lengths (JSON list or CSV), e.g. ../shared/data/doclen_pretrain.json\n"
@@ -212,9 +216,16 @@ nlohmann::json ticks_json(const std::vector<sim::TickDetail>& ticks) {
                        {"attention_per_layer_s", r.attention}, {"exchange_per_layer_s", r.exchange},
                        {"head_s", r.head}});
     }
-    out.push_back({{"step", t.step}, {"phase", t.tick.backward ? "backward" : "forward"}, {"tick", t.tick.index},
-                   {"micro_batch", t.tick.micro_batch}, {"seconds", t.seconds},
-                   {"plan_documents", t.plan_documents}, {"ranks", ranks}});
+    // GPipe: one phase for the tick; 1F1B: each stage's own ("idle" where it runs nothing).
+    nlohmann::json phase = t.tick.backward ? "backward" : "forward";
+    if (!t.ops.empty()) {
+      phase = nlohmann::json::array();
+      for (const sim::StageOp& op : t.ops) {
+        phase.push_back(op.micro_batch < 0 ? "idle" : op.backward ? "backward" : "forward");
+      }
+    }
+    out.push_back({{"step", t.step}, {"phase", phase}, {"tick", t.tick.index}, {"micro_batch", t.tick.micro_batch},
+                   {"seconds", t.seconds}, {"plan_documents", t.plan_documents}, {"ranks", ranks}});
   }
   return out;
 }
@@ -331,26 +342,30 @@ int run_simulate(int argc, char** argv) {
     throw UsageError("--balance-time needs the rate table; it cannot go with --attention-tflops");
   }
   const std::string schedule = args.get("--schedule", "1f1b");
-  if (schedule != "1f1b" && schedule != "gpipe") {
-    throw UsageError("--schedule: expected 1f1b or gpipe, got '" + schedule + "'");
+  if (schedule != "1f1b" && schedule != "gpipe" && schedule != "1f1b_ticks") {
+    throw UsageError("--schedule: expected 1f1b, gpipe or 1f1b_ticks, got '" + schedule + "'");
   }
-  if (schedule == "gpipe" && s.layout.pp < 2) {
-    throw UsageError("--schedule gpipe needs --pp >= 2 (pipeline stages), got --pp " + std::to_string(s.layout.pp));
+  s.schedule = schedule == "gpipe"        ? sim::Schedule::kGpipe
+               : schedule == "1f1b_ticks" ? sim::Schedule::k1f1bTicks
+                                          : sim::Schedule::k1f1b;
+  const bool trainer_pipeline = sim::is_trainer_pipeline(s.schedule);
+  if (trainer_pipeline && s.layout.pp < 2) {
+    throw UsageError("--schedule " + schedule + " needs --pp >= 2 (pipeline stages), got --pp " +
+                     std::to_string(s.layout.pp));
   }
   if (args.has("--schedule") && s.layout.pp < 2) {
     throw UsageError("--schedule needs --pp >= 2 (pipeline stages)");
   }
-  s.schedule = schedule == "gpipe" ? sim::Schedule::kGpipe : sim::Schedule::k1f1b;
   if (args.has("--pool")) {
-    if (s.schedule != sim::Schedule::kGpipe) throw UsageError("--pool needs --schedule gpipe");
+    if (!trainer_pipeline) throw UsageError("--pool needs --schedule gpipe or 1f1b_ticks (the pipeline trainer)");
     const std::string pool = args.get("--pool", "tick");
     if (pool != "tick" && pool != "stage") throw UsageError("--pool: expected tick or stage, got '" + pool + "'");
     s.pool = pool == "tick" ? sim::PipelinePool::kTick : sim::PipelinePool::kStage;
   }
   const std::vector<std::string> names =
       args.has("--balancers") ? split(args.get("--balancers", ""), ',')
-      : s.schedule == sim::Schedule::kGpipe ? std::vector<std::string>{"colocated", "distca", "prefix_aware"}
-                                            : kDefaultBalancers;
+      : trainer_pipeline ? std::vector<std::string>{"colocated", "distca", "prefix_aware"}
+                         : kDefaultBalancers;
   if (args.has("--pool") &&
       std::all_of(names.begin(), names.end(), [](const std::string& n) { return n == "colocated"; })) {
     throw UsageError("--pool pools CAD's attention; --balancers names no CAD balancer (colocated is local attention)");
@@ -398,9 +413,9 @@ int run_simulate(int argc, char** argv) {
   std::unique_ptr<sim::TrainerCalibration> trainer;
   if (args.has("--trainer")) {
     trainer = std::make_unique<sim::TrainerCalibration>(sim::load_trainer_calibration(args.get("--trainer", "")));
-    if (s.layout.pp != 1 && s.schedule != sim::Schedule::kGpipe) {
+    if (s.layout.pp != 1 && !trainer_pipeline) {
       throw UsageError("--trainer models a data-parallel trainer (FSDP2); with --pp it needs --schedule gpipe "
-                       "(the pipeline trainer)");
+                       "or 1f1b_ticks (the pipeline trainer)");
     }
     const std::string ck = args.get("--checkpointing", "full");
     if (ck != "full" && ck != "none") throw UsageError("--checkpointing: expected full or none, got '" + ck + "'");
@@ -416,9 +431,9 @@ int run_simulate(int argc, char** argv) {
     for (const char* option : {"--checkpointing", "--kernel"}) {
       if (args.has(option)) throw UsageError(std::string(option) + " needs --trainer FILE (the trainer's calibration)");
     }
-    if (s.schedule == sim::Schedule::kGpipe) {
-      throw UsageError("--schedule gpipe prices the pipeline trainer's ticks with the trainer calibration; it needs "
-                       "--trainer FILE (e.g. docs/simulate/trainer_h200.json)");
+    if (trainer_pipeline) {
+      throw UsageError("--schedule " + schedule + " prices the pipeline trainer's ticks with the trainer "
+                       "calibration; it needs --trainer FILE (e.g. docs/simulate/trainer_h200.json)");
     }
   }
   const bool json = args.has("--json");
@@ -439,9 +454,7 @@ int run_simulate(int argc, char** argv) {
                     {"mlp", s.shape.mlp},         {"vocab", s.shape.vocab}};
     out["layout"] = {{"gpus", s.layout.gpus}, {"gpus_per_node", s.layout.gpus_per_node}, {"tp", s.layout.tp},
                      {"pp", s.layout.pp},     {"dp", s.layout.dp()}, {"schedule", schedule}};
-    if (s.schedule == sim::Schedule::kGpipe) {
-      out["layout"]["pool"] = s.pool == sim::PipelinePool::kTick ? "tick" : "stage";
-    }
+    if (trainer_pipeline) out["layout"]["pool"] = s.pool == sim::PipelinePool::kTick ? "tick" : "stage";
     out["workload"] = {{"dist", dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
                        {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens},
                        {"balance_time", args.has("--balance-time")}};
@@ -477,8 +490,8 @@ int run_simulate(int argc, char** argv) {
                           {"plan_ms", r.plan_ms},
                           {"off", mode_json(r.off)},
                           {"on", mode_json(r.on)}};
-      if (s.detail && s.schedule != sim::Schedule::kGpipe) b["detail"] = detail_json(r.detail);
-      if (s.detail && s.schedule == sim::Schedule::kGpipe) b["ticks"] = ticks_json(r.ticks);
+      if (s.detail && !trainer_pipeline) b["detail"] = detail_json(r.detail);
+      if (s.detail && trainer_pipeline) b["ticks"] = ticks_json(r.ticks);
       for (const bool pp : {false, true}) {
         const std::string mode = pp ? "on" : "off";
         if (colocated != nullptr) b[mode]["speedup_vs_colocated"] = speedup(colocated, r, pp);
@@ -511,11 +524,12 @@ int run_simulate(int argc, char** argv) {
                 trainer->path.c_str(), trainer->fitted_on.c_str(), s.trainer_options.checkpointing ? "full" : "none",
                 s.trainer_options.kernel_scale);
   }
-  if (s.schedule == sim::Schedule::kGpipe) {
-    std::printf("schedule: gpipe, %lld ticks per step (2 x (%lld micro-batches + %lld stages - 1)), CAD pooled per "
+  if (trainer_pipeline) {
+    std::printf("schedule: %s, %lld ticks per step (2 x (%lld micro-batches + %lld stages - 1)), CAD pooled per "
                 "%s; ping-pong not modelled (on = off); linear/attn/comm: along each tick's critical path\n",
-                static_cast<long long>(2 * (s.microbatches + s.layout.pp - 1)), static_cast<long long>(s.microbatches),
-                static_cast<long long>(s.layout.pp), s.pool == sim::PipelinePool::kTick ? "tick" : "stage");
+                schedule.c_str(), static_cast<long long>(2 * (s.microbatches + s.layout.pp - 1)),
+                static_cast<long long>(s.microbatches), static_cast<long long>(s.layout.pp),
+                s.pool == sim::PipelinePool::kTick ? "tick" : "stage");
   }
   std::printf("\n");
   for (const bool pp : {false, true}) {

@@ -1,9 +1,10 @@
-// pipeline_model.h -- the GPipe pipeline trainer (examples/train_pipeline.py) as `cad simulate --schedule
-// gpipe` prices it: PP stages x DP replicas (rank = stage x DP + replica), M micro-batches per step, the
-// trainer calibration's terms (trainer_calibration.h) split by tick.
+// pipeline_model.h -- the pipeline trainer (examples/train_pipeline.py) as `cad simulate --schedule gpipe` and
+// `--schedule 1f1b_ticks` price it: PP stages x DP replicas (rank = stage x DP + replica), M micro-batches per
+// step, the trainer calibration's terms (trainer_calibration.h) split by tick.
 //
-// Schedule: T = M + PP - 1 forward ticks, then T backward ticks. At forward tick t stage s runs micro-batch
-// t - s (idle outside [0, M)); backward tick b mirrors forward tick T - 1 - b (the last micro-batch first).
+// GPipe schedule: T = M + PP - 1 forward ticks, then T backward ticks. At forward tick t stage s runs
+// micro-batch t - s (idle outside [0, M)); backward tick b mirrors forward tick T - 1 - b (the last micro-batch
+// first).
 //
 // One stage-tick of a rank with n tokens, its layers l = L / PP, P = 1 + (full checkpointing):
 //   non-attention per layer: n x layer_us_per_token / 4 in a forward tick, n x layer_us_per_token x (P + 1)
@@ -34,6 +35,24 @@
 // their own (nothing couples replicas before the step's gradient all-reduce), so the step is the slowest
 // replica's sum of its ticks (each tick priced over that replica's stages). Ping-pong is not modelled for this
 // schedule (priced as off).
+//
+// 1F1B (train_pipeline.py --schedule 1f1b, priced by --schedule 1f1b_ticks): the timetable
+// one_f_one_b_schedule gives, per tick, each stage's operation -- the forward or the backward of one
+// micro-batch, or nothing -- so one tick mixes directions. Plans: one per (micro-batch m, stage s), used by
+// that stage's forward of m and its backward of m: under --pool tick over every rank, only stage s's ranks
+// holding documents (replica r holds buffer r of m); under --pool stage over the stage's DP replicas;
+// colocated local. A rank's own operation costs what it costs in GPipe (non-attention 1 or P + 1 units, the
+// head's 1/4 or 3/4 on the last stage); each operation makes, per layer, its calls: a forward one forward call,
+// a backward P calls (the recomputed forward, then the backward).
+//   tick pooling: every rank makes every stage's calls of the tick in stage order (cad.CallOrder), its own
+//          with its tokens and the others' as a server, so each call is collective over all ranks: a call
+//          waits for its slowest server. tick = l x (max over ranks of non-attention + sum over the calls of
+//          max over ranks of (that call's attention + exchange)) + max head. A rank's attention in a call is
+//          its server share of that call's plan in the call's direction, + attention_call_us.
+//   local / stage: a rank makes only its own operation's calls; stages meet only at the batched send/recv at
+//          the tick's end: tick = max over ranks of l x (non-attention + attention + exchange) + head, as in
+//          GPipe (and local replicas again form pipelines of their own).
+// The step is again the sum over its ticks (2 (M + PP - 1) of them) + step_fixed_ms.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +79,19 @@ struct GpipeTick {
 // micro-batches < 1.
 std::vector<GpipeTick> gpipe_schedule(int64_t stages, int64_t microbatches);
 
+// One stage's operation in one tick of the 1F1B timetable.
+struct StageOp {
+  bool backward = false;
+  int64_t micro_batch = -1;  // -1: idle
+};
+
+// The 1F1B timetable of one step (train_pipeline.py one_f_one_b): per tick, per stage its operation. Stage s
+// runs min(S - s - 1, M) warm-up forwards, then a forward and a backward in turn, then its remaining backwards;
+// each operation takes the first tick at which what it needs was done at an earlier tick (a tick's outputs
+// travel at its end): forward m on s needs forward m on s - 1, backward m on s needs backward m on s + 1 (on the
+// last stage its own forward m). Throws std::invalid_argument for stages < 1 or micro-batches < 1.
+std::vector<std::vector<StageOp>> one_f_one_b_schedule(int64_t stages, int64_t microbatches);
+
 // What one rank does in one tick, per layer of its stage (seconds), and its head.
 struct TickRankTime {
   int64_t tokens = 0;
@@ -68,7 +100,28 @@ struct TickRankTime {
   double exchange = 0;       // per layer
   double head = 0;           // once, last stage only
   double total = 0;          // per layer: non-attention + attention + exchange (the rank alone)
+  double kernel = 0;         // per layer: the kernel seconds of the calls it joins (the rate table's, unscaled)
 };
+
+// One attention call of one rank, per layer: the kernel seconds of the shards it serves in the call's
+// direction, its attention (kernel_scale x those + attention_call_us) and, when the plan moves work, one
+// exchange pass.
+struct CallTime {
+  double kernel = 0;
+  double attention = 0;
+  double exchange = 0;
+};
+CallTime call_time(const RankWork& work, bool backward, bool moves_work, const SystemCalibration& cal,
+                   const TrainerCalibration& tcal, const TrainerOptions& options);
+
+// The attention calls one operation makes per layer, in order (true: a backward call): a forward's one forward
+// call; a backward's recomputed forward (with full checkpointing) and its backward call.
+std::vector<bool> op_calls(bool backward, const TrainerOptions& options);
+
+// A rank's own operation over `tokens` without its attention: non-attention per layer and, on the last stage,
+// the head (see above).
+TickRankTime op_time(int64_t tokens, bool backward, bool last_stage, const TrainerCalibration& tcal,
+                     const TrainerOptions& options);
 
 // `work`: the rank's tokens and the shards it serves (one layer); `joins_calls`: it makes this tick's
 // attention calls (it runs a micro-batch, or it serves under tick pooling); `moves_work`: the plan ships work
@@ -77,7 +130,30 @@ TickRankTime tick_rank_time(const RankWork& work, bool backward, bool joins_call
                             const SystemCalibration& cal, const TrainerCalibration& tcal,
                             const TrainerOptions& options);
 
-// One tick's seconds from its ranks (stage-major: rank = stage x DP + replica) and the stage's layer count.
+// One tick along its critical path, by part (seconds; tp_comm and plan 0): linear = non-attention and head,
+// attention = the calls' attention, comm = the exchange (under tick pooling: the rest of the calls' time, the
+// slowest server's exchange and its wait), total = the tick's seconds. `ranks` stage-major (rank = stage x DP +
+// replica); `calls[c][r]`: rank r's part of the tick's c-th collective call (used under tick pooling, where
+// each call waits for its slowest server; GPipe's calls of a tick all belong to one plan and are taken as one).
+RankTime tick_critical_path(const std::vector<TickRankTime>& ranks, const std::vector<std::vector<CallTime>>& calls,
+                            int64_t layers_per_stage, PipelinePool pool);
+
+// One GPipe tick from its ranks and the stage's layer count: tick_critical_path with each rank's calls taken as
+// one (they are all one plan's, in one direction); tick_seconds is its total.
+RankTime gpipe_tick_critical_path(const std::vector<TickRankTime>& ranks, int64_t layers_per_stage,
+                                  PipelinePool pool);
 double tick_seconds(const std::vector<TickRankTime>& ranks, int64_t layers_per_stage, PipelinePool pool);
+
+// One 1F1B tick priced: every rank's own operation and the calls it joins, and the tick's critical path.
+struct PricedTick {
+  std::vector<TickRankTime> ranks;  // stage-major
+  RankTime critical;                // critical.total: the tick's seconds
+};
+// `ops`: per stage its operation; `plans[m x stages + s]`: every rank's work (stage-major) in the plan of
+// micro-batch m on stage s -- under tick pooling over every rank, else only stage s's ranks have any (the
+// others' entries are empty). A rank's tokens are its entry in its own operation's plan.
+PricedTick one_f_one_b_tick(const std::vector<StageOp>& ops, const std::vector<std::vector<RankWork>>& plans,
+                            int64_t dp, int64_t layers_per_stage, PipelinePool pool, const SystemCalibration& cal,
+                            const TrainerCalibration& tcal, const TrainerOptions& options);
 
 }  // namespace cad::simulate

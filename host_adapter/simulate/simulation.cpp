@@ -6,9 +6,11 @@
 #include <memory>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 
 #include "balancer_runner.h"
 #include "batch_recipe.h"
+#include "one_f_one_b_simulation.h"
 #include "pipeline_simulation.h"
 #include "plan_work.h"
 
@@ -50,13 +52,14 @@ void check_scenario(const Scenario& s, const AttentionRates& rates) {
                                 " seeds is not a whole number of steps of --microbatches " +
                                 std::to_string(s.microbatches));
   }
-  if (s.schedule == Schedule::kGpipe) {
+  if (is_trainer_pipeline(s.schedule)) {
+    const std::string schedule = std::string("--schedule ") + schedule_name(s.schedule);
     if (s.layout.pp < 2) {
-      throw std::invalid_argument("--schedule gpipe needs --pp >= 2 (pipeline stages), got --pp " +
+      throw std::invalid_argument(schedule + " needs --pp >= 2 (pipeline stages), got --pp " +
                                   std::to_string(s.layout.pp));
     }
     if (s.trainer == nullptr) {
-      throw std::invalid_argument("--schedule gpipe prices the pipeline trainer's ticks with the trainer calibration; "
+      throw std::invalid_argument(schedule + " prices the pipeline trainer's ticks with the trainer calibration; "
                                   "it needs --trainer FILE");
     }
     if (s.pool == PipelinePool::kLocal) {
@@ -64,15 +67,15 @@ void check_scenario(const Scenario& s, const AttentionRates& rates) {
     }
     for (const auto& b : s.balancers) {
       if (b.plan_is_layout) {
-        throw std::invalid_argument("--schedule gpipe: balancer '" + b.name +
+        throw std::invalid_argument(schedule + ": balancer '" + b.name +
                                     "' (its plan is the token layout) is not modelled for the pipeline; "
                                     "name --balancers without it");
       }
     }
   } else if (s.trainer != nullptr && s.layout.pp != 1) {
     throw std::invalid_argument("--trainer models a data-parallel trainer (FSDP2); it cannot go with --pp " +
-                                std::to_string(s.layout.pp) + " and the 1F1B schedule (--schedule gpipe: the "
-                                "pipeline trainer)");
+                                std::to_string(s.layout.pp) + " and the kernel-level 1F1B schedule (--schedule "
+                                "gpipe or 1f1b_ticks: the pipeline trainer)");
   }
   if (!(s.trainer_options.kernel_scale > 0)) throw std::invalid_argument("the attention kernel scale must be > 0");
   if (rates.head_dim() != 0 && rates.head_dim() != s.shape.head_dim) {
@@ -86,6 +89,22 @@ void check_scenario(const Scenario& s, const AttentionRates& rates) {
 }
 
 }  // namespace
+
+const char* schedule_name(Schedule schedule) {
+  switch (schedule) {
+    case Schedule::kGpipe:
+      return "gpipe";
+    case Schedule::k1f1bTicks:
+      return "1f1b_ticks";
+    case Schedule::k1f1b:
+      break;
+  }
+  return "1f1b";
+}
+
+bool is_trainer_pipeline(Schedule schedule) {
+  return schedule == Schedule::kGpipe || schedule == Schedule::k1f1bTicks;
+}
 
 std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration& cal, const AttentionRates& rates) {
   check_scenario(s, rates);
@@ -102,6 +121,7 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
   const cad::plan::ModelParams params = cad::plan::model_params(cost);
 
   if (s.schedule == Schedule::kGpipe) return simulate_gpipe(s, cal, rates, cost);
+  if (s.schedule == Schedule::k1f1bTicks) return simulate_1f1b_ticks(s, cal, rates, cost);
 
   std::vector<std::unique_ptr<BalancerRunner>> runners;
   std::vector<BalancerResult> results;

@@ -32,9 +32,16 @@ struct BalancerSpec {
   bool plan_is_layout = false;
 };
 
-// How a step with pp > 1 runs: k1f1b is the kernel-level model's 1F1B (step_model.h); kGpipe the pipeline
-// trainer (examples/train_pipeline.py) tick by tick with the trainer calibration (pipeline_model.h).
-enum class Schedule { k1f1b, kGpipe };
+// How a step with pp > 1 runs: k1f1b is the kernel-level model's 1F1B (step_model.h); kGpipe and k1f1bTicks
+// the pipeline trainer (examples/train_pipeline.py, --schedule gpipe and 1f1b) tick by tick with the trainer
+// calibration (pipeline_model.h).
+enum class Schedule { k1f1b, kGpipe, k1f1bTicks };
+
+// The schedule's --schedule name: "1f1b", "gpipe", "1f1b_ticks".
+const char* schedule_name(Schedule schedule);
+// Whether it prices the pipeline trainer tick by tick (gpipe, 1f1b_ticks): it then needs the trainer
+// calibration and takes a PipelinePool.
+bool is_trainer_pipeline(Schedule schedule);
 
 struct Scenario {
   ModelShape shape;
@@ -55,7 +62,8 @@ struct Scenario {
   const TrainerCalibration* trainer = nullptr;
   TrainerOptions trainer_options;
   Schedule schedule = Schedule::k1f1b;
-  // With kGpipe: how CAD balancers pool attention (colocated is always local); kLocal is not valid here.
+  // With kGpipe or k1f1bTicks: how CAD balancers pool attention (colocated is always local); kLocal is not
+  // valid here.
   PipelinePool pool = PipelinePool::kTick;
   // Keep each micro-batch's per-rank parts in BalancerResult::detail (small runs: one entry per rank).
   bool detail = false;
@@ -88,14 +96,15 @@ struct MicroBatchDetail {
   std::vector<RankDetail> ranks;
 };
 
-// One tick of a --schedule gpipe step (Scenario::detail): which micro-batch each stage runs, every rank's
-// parts (rank = stage x DP + replica) and the tick's seconds.
+// One tick of a --schedule gpipe or 1f1b_ticks step (Scenario::detail): which micro-batch each stage runs,
+// every rank's parts (rank = stage x DP + replica) and the tick's seconds.
 struct TickDetail {
   int64_t step = 0;
-  GpipeTick tick;
+  GpipeTick tick;              // 1f1b_ticks: index = the tick in the step, micro_batch per stage, backward unused
+  std::vector<StageOp> ops;    // 1f1b_ticks: each stage's operation (empty for gpipe)
   std::vector<TickRankTime> ranks;
   double seconds = 0;
-  int64_t plan_documents = 0;  // documents in the tick's plans (tick pooling: the union of the stages')
+  int64_t plan_documents = 0;  // documents in the tick's plans (gpipe tick pooling: the union of the stages')
 };
 
 struct BalancerResult {
@@ -106,7 +115,7 @@ struct BalancerResult {
   double plan_ms = 0;              // mean planning time per micro-batch (all groups)
   ModeResult off, on;              // without / with ping-pong
   std::vector<MicroBatchDetail> detail;  // with Scenario::detail
-  std::vector<TickDetail> ticks;         // with Scenario::detail and Schedule::kGpipe
+  std::vector<TickDetail> ticks;         // with Scenario::detail and Schedule::kGpipe or k1f1bTicks
 };
 
 // Sets every result's off/on mean_step_seconds, the mean of its step_seconds (each driver's last step).

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "batch_recipe.h"
-#include "calibration_fixture.h"
+#include "pipeline_fixture.h"
 #include "pipeline_model.h"
 #include "plan_work.h"
 #include "simulation.h"
@@ -19,57 +19,10 @@ namespace sim = cad::simulate;
 
 namespace {
 
-sim::TrainerCalibration trainer() {
-  sim::TrainerCalibration c;
-  c.path = "test";
-  c.layer_us_per_token = 4.0;
-  c.head_us_per_token = 9.0;
-  c.step_fixed_ms = 7.0;
-  c.attention_scale = 1.0;
-  c.torch_varlen_attention_scale = 1.5;
-  c.attention_call_us = 1000.0;
-  c.exchange_fixed_us = 100.0;
-  c.pingpong_compute_factor = 1.0;
-  return c;
-}
-
-sim::SystemCalibration system() { return sim::testing::calibration(1, 1, 0, {{1e6, 10}, {1e8, 100}}); }
-
-// PP stages x DP replicas of a 4-layer Llama-8B shape, 4 micro-batches of 16K tokens per replica.
-sim::Scenario pipeline(int64_t pp, int64_t dp, const std::vector<std::string>& balancers, sim::PipelinePool pool,
-                       const sim::TrainerCalibration* tcal) {
-  sim::Scenario s;
-  s.shape = sim::model_preset("llama-8b");
-  s.shape.layers = 4;
-  s.layout = sim::Layout{pp * dp, pp * dp, 1, pp};
-  for (int i = 0; i < 200; ++i) s.lengths.push_back(300 + (i * 7919) % 6000);
-  for (int i = 0; i < 6; ++i) s.lengths.push_back(16384 + i * 500);
-  s.context = 16384;
-  s.microbatches = 4;
-  s.batch_seeds = {1001, 1002, 1003, 1004};
-  for (const auto& n : balancers) {
-    sim::BalancerSpec b;
-    b.name = n;
-    b.group_size = n == "colocated" ? 1 : 0;
-    s.balancers.push_back(b);
-  }
-  s.search_path = CAD_BALANCER_PLUGIN_DIR;
-  s.schedule = sim::Schedule::kGpipe;
-  s.pool = pool;
-  s.trainer = tcal;
-  s.detail = true;
-  return s;
-}
-
-std::string refusal(const sim::Scenario& s) {
-  const auto rates = sim::constant_rates(600, 400, 2.5);
-  try {
-    sim::simulate(s, system(), *rates);
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(not refused)";
-}
+sim::TrainerCalibration trainer() { return sim::testing::pipeline_trainer(); }
+sim::SystemCalibration system() { return sim::testing::pipeline_system(); }
+using sim::testing::pipeline;
+using sim::testing::refusal;
 
 }  // namespace
 

@@ -1,0 +1,86 @@
+// one_f_one_b_simulation.cpp -- the --schedule 1f1b_ticks driver (see one_f_one_b_simulation.h).
+#include "one_f_one_b_simulation.h"
+
+#include "pipeline_driver.h"
+
+namespace cad::simulate {
+
+std::vector<BalancerResult> simulate_1f1b_ticks(const Scenario& s, const SystemCalibration& cal,
+                                                const AttentionRates& rates, const cad_cost_params_v1_t& cost) {
+  const int64_t dp = s.layout.dp();
+  const int64_t pp = s.layout.pp;
+  const int64_t layers = s.shape.layers / pp;
+  const int64_t micro_batches = s.microbatches;
+  const cad::plan::ModelParams params = cad::plan::model_params(cost);
+  const std::vector<std::vector<StageOp>> table = one_f_one_b_schedule(pp, micro_batches);
+
+  const int64_t steps = pipeline_steps(s);
+  const double per_tick = 1.0 / static_cast<double>(steps * static_cast<int64_t>(table.size()));
+  const double per_micro_batch = 1.0 / static_cast<double>(steps * micro_batches);
+  // Bytes per GPipe forward tick (M + PP - 1 of them per step), so that the two schedules' bytes compare: both
+  // plan every (micro-batch, stage)'s documents once per step.
+  const double per_forward_tick = 1.0 / static_cast<double>(steps * (micro_batches + pp - 1));
+  return run_pipeline(s, [&](int64_t step, const std::vector<cad::plan::RankPieces>& batches, BalancerResult& res,
+                             BalancerRunner& runner, PipelinePool pool) {
+    // The plan of micro-batch m on stage st at m x PP + st: every rank's work in it (stage-major).
+    std::vector<std::vector<RankWork>> plans(static_cast<size_t>(micro_batches * pp));
+    std::vector<int64_t> documents(plans.size(), 0);
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      for (int64_t st = 0; st < pp; ++st) {
+        PipelinePlan plan;
+        if (pool == PipelinePool::kTick) {
+          // Over every rank, only stage st's holding documents: its replicas' buffers of micro-batch m.
+          std::vector<cad::plan::RankPieces> stage_pieces(static_cast<size_t>(pp),
+                                                          cad::plan::RankPieces(static_cast<size_t>(dp)));
+          stage_pieces[static_cast<size_t>(st)] = batches[static_cast<size_t>(m)];
+          plan_every_rank(runner, stage_pieces, cost, params, s.layout, rates, plan);
+        } else {
+          // Stage st's replicas alone; the other stages' entries stay empty (they take no part in its calls).
+          plan.work.resize(static_cast<size_t>(st * dp));
+          plan_stage(runner, batches[static_cast<size_t>(m)], st, res.group_size, cost, params, s.layout, rates,
+                     plan);
+          plan.work.resize(static_cast<size_t>(pp * dp));
+        }
+        res.bytes_per_layer += per_forward_tick * plan.bytes;
+        res.plan_ms += per_micro_batch * plan.plan_ms;
+        const size_t i = static_cast<size_t>(m * pp + st);
+        documents[i] = plan.documents;
+        plans[i] = std::move(plan.work);
+      }
+    }
+
+    StepClock clock(pool, dp, layers);
+    for (size_t t = 0; t < table.size(); ++t) {
+      const std::vector<StageOp>& ops = table[t];
+      PricedTick priced = one_f_one_b_tick(ops, plans, dp, layers, pool, cal, *s.trainer, s.trainer_options);
+      // Imbalance over the ranks that do attention in this tick: all of them under tick pooling (every rank
+      // serves every call), else the ranks running an operation (an idle stage's zeros would only measure the
+      // bubble).
+      std::vector<double> kernels;
+      for (size_t r = 0; r < priced.ranks.size(); ++r) {
+        if (pool != PipelinePool::kTick && ops[r / static_cast<size_t>(dp)].micro_batch < 0) continue;
+        kernels.push_back(priced.ranks[r].kernel);
+      }
+      res.attention_imbalance += per_tick * kernel_imbalance(kernels);
+      clock.add(priced.ranks, priced.critical.total);
+      add_tick(res, priced.ranks, priced.critical, layers, per_micro_batch);
+      if (s.detail) {
+        TickDetail d;
+        d.step = step;
+        d.tick.index = static_cast<int64_t>(t);
+        for (int64_t st = 0; st < pp; ++st) {
+          const int64_t m = ops[static_cast<size_t>(st)].micro_batch;
+          d.tick.micro_batch.push_back(m);
+          if (m >= 0) d.plan_documents += documents[static_cast<size_t>(m * pp + st)];
+        }
+        d.ops = ops;
+        d.ranks = std::move(priced.ranks);
+        d.seconds = priced.critical.total;
+        res.ticks.push_back(std::move(d));
+      }
+    }
+    return clock.seconds();
+  });
+}
+
+}  // namespace cad::simulate
