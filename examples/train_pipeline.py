@@ -429,6 +429,10 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         return result
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     groups = Groups(layout, args.backend, args.timeout_ms) if world > 1 else None
+    if groups is not None and args.schedule == "1f1b":
+        # 1F1B's batched sends and receives: over NCCL, the first call on a communicator must include every rank
+        # of its group, and at tick 0 only the first two stages exchange.
+        dist.barrier(group=groups.pipe)
     use_cad = args.attention == "cad"
     if use_cad:
         # One CAD stack per process, spanning the world (tick) or this stage's replicas (stage).
