@@ -596,16 +596,8 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                 plan, cu, asked_at = step_plans.get((m, layout.stage), (None, None, None))
                 order = contextlib.nullcontext()
                 if pooled:  # every rank makes every plan's calls of this tick, in the stages' order
-                    slot = []
-                    for s, o in enumerate(ops):
-                        if o is None:
-                            continue
-                        p, mine = step_plans[(o[1], s)][0], s == layout.stage
-                        if o[0] == "forward" or args.checkpointing == "full":  # (a backward recomputes its forward)
-                            slot.append(("forward", p, mine))
-                        if o[0] == "backward":
-                            slot.append(("backward", p, mine))
-                    order = cad.CallOrder(slot, len(stage.layers))
+                    order = cad.CallOrder.for_tick(ops, layout.stage, {k: v[0] for k, v in step_plans.items()},
+                                                   len(stage.layers), recomputes)
                 outgoing = None
                 with order:
                     if phase == "forward":
@@ -636,7 +628,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                 work = ATTENTION_WORK[phase] + (1.0 if phase == "backward" and recomputes else 0.0)
                 record["colocated_pairs"] *= work
                 if pooled:  # this rank serves a share of every call of the tick (a recomputation is a forward entry)
-                    record["planned_flops"] = sum(ATTENTION_WORK[d] * planned_share(p) for d, p, _ in slot)
+                    record["planned_flops"] = sum(ATTENTION_WORK[d] * planned_share(p) for d, p, _ in order.slot)
                 elif plan is not None:  # CAD per stage: its share of this stage's plan
                     record["planned_flops"] = work * planned_share(plan)
                 records.append(record)

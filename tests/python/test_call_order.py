@@ -78,3 +78,17 @@ def test_state_kept_for_another_ranks_backward_goes_to_it_last_layer_first():
         assert [k for k, _ in _ops._served[other.id]] == kept[:2]  # the last layer's went first
         assert kept[2] not in _ops._saved
     assert other.id not in _ops._served and not any(k in _ops._saved for k in kept)  # the rest at the tick's end
+
+
+def test_for_tick_lists_the_stages_calls_in_stage_order():
+    """A 1F1B tick, stage 0 backward of micro-batch 0 and stage 1 forward of micro-batch 1, seen from stage 1: with
+    recomputation stage 0's recomputed forward and backward, then stage 1's forward; stage 2 idle adds nothing."""
+    plans = {(0, 0): _plan([])[0], (1, 1): _plan([5, 9])[0]}
+    ops = [("backward", 0), ("forward", 1), None]
+    order = cad.CallOrder.for_tick(ops, 1, plans, 3, recomputes=True)
+    first, second = plans[(0, 0)].id, plans[(1, 1)].id
+    assert [(d, p.id, mine) for d, p, mine in order.slot] == [
+        ("forward", first, False), ("backward", first, False), ("forward", second, True)]
+    assert order.repeats == 3
+    order = cad.CallOrder.for_tick(ops, 0, plans, 1, recomputes=False)
+    assert [(d, mine) for d, _, mine in order.slot] == [("backward", True), ("forward", False)]

@@ -56,6 +56,25 @@ class CallOrder:
         self._total = len(self.slot) * self.repeats
         self._serving = False
 
+    @classmethod
+    def for_tick(cls, operations, stage, plans, layers, recomputes):
+        """The order of a pipeline tick: `operations` per stage, ("forward" | "backward", micro-batch) or None
+        (idle); `stage` this rank's; `plans[(micro-batch, stage)]` the plan of that stage's micro-batch (its
+        forward's and its backward's); `layers` per stage; `recomputes`: a backward first recomputes its forward
+        (activation checkpointing). Per layer the stages' calls in stage order: a forward's forward call, a
+        backward's (recomputed forward and) backward call."""
+        slot = []
+        for s, op in enumerate(operations):
+            if op is None:
+                continue
+            direction, micro_batch = op
+            plan, mine = plans[(micro_batch, s)], s == stage
+            if direction == "forward" or recomputes:
+                slot.append(("forward", plan, mine))
+            if direction == "backward":
+                slot.append(("backward", plan, mine))
+        return cls(slot, layers)
+
     # ---- what the tick has made so far -------------------------------------------------------------------------
     def _entry(self, position):
         return self.slot[position % len(self.slot)]
