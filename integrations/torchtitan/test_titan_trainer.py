@@ -165,6 +165,7 @@ def test_plan_one_ahead_plans_each_micro_batch_as_it_loads_one_ahead():
     assert next(ahead) == 0 and planned == [0] and next(source) == 1 and ahead.take_plans() == ["plan 0"]
 
 
+@pytest.mark.skipif(V03, reason="the 0.2.x launcher's trainer (titan_cad_spec.py)")
 def test_plan_one_ahead_close_waits_for_and_gives_back_the_plan_loaded_ahead():
     """After the last step one micro-batch is loaded ahead and its plan is being made on every rank: close() (the
     trainer's, before TorchTitan destroys the process groups) waits for it and releases it; a plan that failed

@@ -445,10 +445,4 @@ if __name__ == "__main__":
     sys.modules.setdefault("titan_cad_spec", sys.modules["__main__"])
     from torchtitan.train import main
     main(recording_trainer())
-    # Training is over, its records written and every process group destroyed (TorchTitan's main): leave without
-    # the interpreter's finalization, where gloo's worker threads can still drop tensors and take the GIL of a
-    # dying interpreter (SIGABRT after a successful run: CI saw it once on rank 1 under torch 2.15, cf. PyTorch PR
-    # 179291). A failed run raised above and exits through Python as usual.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    titan_common.leave_after_training()

@@ -122,6 +122,16 @@ def prepare():
 
 
 # ---- data ---------------------------------------------------------------------------------------------------------
+def leave_after_training():
+    """End a launcher's process after TorchTitan's main returned (training over, records written, process groups
+    destroyed) without the interpreter's finalization, where gloo's worker threads can still drop tensors and
+    take the GIL of a dying interpreter: CI saw rank 1 abort (SIGABRT) there after a successful run under torch
+    2.15 (cf. PyTorch PR 179291). A failed run raises before this and exits through Python as usual."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _recipe():
     spec = importlib.util.spec_from_file_location("cad_train_llama", REPO / "examples" / "train_llama.py")
     module = importlib.util.module_from_spec(spec)

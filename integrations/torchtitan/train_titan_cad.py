@@ -234,6 +234,7 @@ class RecordingTrainer(Trainer):
                        "mean_step_s_after_first": sum(steady) / len(steady), "steps": self.records}
             pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
             pathlib.Path(path).write_text(json.dumps(summary, indent=1))
+        cad.shutdown()  # CAD's stacks (their gloo groups) before TorchTitan's main destroys the process groups
         super().close()
 
 
@@ -347,3 +348,4 @@ if __name__ == "__main__":
     sys.modules.setdefault("train_titan_cad", sys.modules["__main__"])
     from torchtitan.train import main
     main()
+    titan_common.leave_after_training()
