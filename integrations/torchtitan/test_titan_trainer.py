@@ -60,9 +60,15 @@ def _losses(summary):
     return [r["loss"] for r in summary["steps"]]
 
 
-def test_cad_plans_match_local_attention_in_torchtitans_trainer(tmp_path):
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """TorchTitan's trainer with the local attention, default options: the reference of two tests (trained once)."""
+    return _train(tmp_path_factory.mktemp("local"), "local")
+
+
+def test_cad_plans_match_local_attention_in_torchtitans_trainer(tmp_path, local_run):
     cad = _train(tmp_path, "cad")
-    local = _train(tmp_path, "local")
+    local = local_run
     assert cad["world"] == 2 and len(cad["steps"]) == 3
     if V03:
         assert cad["attention"] == local["attention"] == "CadVarlenAttention.Config"
@@ -94,8 +100,8 @@ def test_plans_are_made_when_micro_batches_load(tmp_path):
     assert _losses(cad) == pytest.approx(_losses(local), rel=1e-4)
 
 
-def test_cad_under_torchtitans_compile(tmp_path):
-    local = _train(tmp_path, "local")
+def test_cad_under_torchtitans_compile(tmp_path, local_run):
+    local = local_run
     compiled = _train(tmp_path, "cad", "--compile.enable", "--compile.backend", "aot_eager")
     assert compiled["compile"] is True
     assert _losses(compiled) == pytest.approx(_losses(local), rel=1e-5)
