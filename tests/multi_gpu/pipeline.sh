@@ -2,7 +2,8 @@
 # pipeline.sh -- the pipeline-parallel trainer (examples/train_pipeline.py, issue 27) on 2 GPUs of one host: GPipe
 # with PP=2 (DP=1), --model llama3-8b with --layers 4 (2 decoder layers per stage), full activation checkpointing,
 # Pretrain-recipe micro-batches of CONTEXTS tokens (default 32768 65536) and MICRO_BATCHES per step (default 4 8),
-# every configuration of CONFIGS (default local,torch_varlen,cad_tick,cad_stage) trained in turn by one torchrun
+# every configuration of CONFIGS (default local,torch_varlen,cad_tick,cad_stage; the trainer's --configs names, so
+# 1f1b_local,1f1b_cad_tick,... run the 1F1B schedule beside the GPipe ones) trained in turn by one torchrun
 # per (context, micro-batches) from the same weights on the same batches, STEPS steps each (default 3: step 0
 # warms up). Then tests/multi_gpu/pipeline_table.py prints a table per (context, micro-batches): step ms, tokens/s,
 # speedup over local, the ideal speedup, the realised share, and the mean per-tick attention imbalance measured,
