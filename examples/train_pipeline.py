@@ -588,8 +588,11 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                 tick_start = time.perf_counter()
                 maybe_fault(args, rank, "backward" if phase == "backward" else "forward", t)
                 ask_1f1b(step, t)  # asked for during the tick before (or the step before), unless --plan-ahead off
-                if ahead:
-                    ask_1f1b(step, t + 1) if t + 1 < len(table) else ask_1f1b(step + 1, 0)
+                if ahead:  # the next tick's plans (after the last tick: the next step's first), made meanwhile
+                    if t + 1 < len(table):
+                        ask_1f1b(step, t + 1)
+                    else:
+                        ask_1f1b(step + 1, 0)
                 for s, o in enumerate(ops):  # the forwards this tick starts: their plans, kept for the backwards
                     if o is not None and o[0] == "forward" and (step, o[1], s) in asked_1f1b:
                         step_plans[(o[1], s)] = asked_1f1b.pop((step, o[1], s))

@@ -56,7 +56,8 @@ RUNS = {
                  "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
                  "cad_stage": ["--attention", "cad", "--pool", "stage"],
                  "1f1b_cad_tick_full": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick",
-                                        "--checkpointing", "full"]}),
+                                        "--checkpointing", "full"],
+                 "1f1b_cad_stage": ["--schedule", "1f1b", "--attention", "cad", "--pool", "stage"]}),
     # a middle stage: it receives and sends activations, and gradients
     "pp3": (3, ["--pp", "3", "--layers", "3"],
             {"local": ["--attention", "local"],
@@ -230,6 +231,10 @@ def test_pp2_tick_pool_balances_every_tick(two):
 @needs_data
 def test_pp2_dp2_tick_pool_balances_every_tick(four):
     _check_balance(four, 4)
+    # 1F1B with CAD per stage: each stage's two replicas balanced (the stages' ops are their own)
+    for record in _result(four, "1f1b_cad_stage")["steps"]:
+        assert record["mean_planned_imbalance"] < record["mean_colocated_imbalance"]
+        assert record["plans_made"] == [4] * 4  # one per micro-batch on every rank (its stage's replicas)
 
 
 def _check_balance(ranks, world):
