@@ -92,3 +92,6 @@ def test_for_tick_lists_the_stages_calls_in_stage_order():
     assert order.repeats == 3
     order = cad.CallOrder.for_tick(ops, 0, plans, 1, recomputes=False)
     assert [(d, mine) for d, _, mine in order.slot] == [("backward", True), ("forward", False)]
+    with pytest.raises(cad.CadError, match=r"stage 1 runs the forward of micro-batch 2 but `plans` has no plan for "
+                                           r"\(micro-batch 2, stage 1\)"):
+        cad.CallOrder.for_tick([None, ("forward", 2)], 0, plans, 1, recomputes=False)

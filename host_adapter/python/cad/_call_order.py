@@ -68,7 +68,11 @@ class CallOrder:
             if op is None:
                 continue
             direction, micro_batch = op
-            plan, mine = plans[(micro_batch, s)], s == stage
+            plan, mine = plans.get((micro_batch, s)), s == stage
+            if plan is None:
+                raise CadError(f"cad.CallOrder.for_tick: stage {s} runs the {direction} of micro-batch {micro_batch} "
+                               f"but `plans` has no plan for (micro-batch {micro_batch}, stage {s}); it has "
+                               f"{sorted(plans)}", "INVALID_ARGUMENT")
             if direction == "forward" or recomputes:
                 slot.append(("forward", plan, mine))
             if direction == "backward":
