@@ -11,7 +11,8 @@ schedule: local, or 1f1b_local for the 1f1b_ rows), ideal = local's step / local
 attention at the ranks' mean instead of their max), realised share = (speedup - 1) / (ideal - 1), the mean
 per-tick attention imbalance measured (max/mean over ranks of each tick's attention time), planned (the cost
 model's, after CAD's plans; local: the colocated one) and colocated (before: each rank's own documents),
-peak GiB."""
+peak GiB, and the speedup over the fastest run with local attention (ours or torch's varlen, either schedule): the
+best alternative a user has."""
 import importlib.util
 import json
 import pathlib

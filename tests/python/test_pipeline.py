@@ -403,6 +403,12 @@ def test_comparison_table_measures_1f1b_against_1f1b_local(two):
                                                       summaries[name]["mean_step_ms_after_step0"], rel=1e-12)
         assert rows[name]["ideal"] == pytest.approx(summaries[base]["mean_step_ms_after_step0"] /
                                                     summaries[base]["mean_ideal_step_ms_after_step0"], rel=1e-12)
+    fastest = min(summaries[n]["mean_step_ms_after_step0"] for n in ("local", "1f1b_local"))
+    for name in summaries:  # against the best alternative: the fastest local attention of either schedule
+        assert rows[name]["speedup_vs_fastest_local"] == pytest.approx(
+            fastest / summaries[name]["mean_step_ms_after_step0"], rel=1e-12)
+    table = t.comparison_table(summaries).splitlines()
+    assert table[0].endswith("| speedup vs fastest local |") and len(table) == 2 + len(summaries)
     args = t.parse_args(["--configs", "local,1f1b_cad_tick", "--pp", "2", "--layers", "4"])
     (_, gpipe), (_, one_f_one_b) = t.configurations(args)
     assert (gpipe.schedule, one_f_one_b.schedule, one_f_one_b.attention, one_f_one_b.pool) == \
