@@ -28,6 +28,7 @@ import torch
 
 from . import _ops
 from ._errors import CadError
+from ._plan import _rank
 
 # The CallOrder of the tick now running in this process, or None. Process-wide, not per thread: on CUDA the
 # autograd engine runs the backwards (and their calls) on a device thread of its own.
@@ -84,21 +85,12 @@ class CallOrder:
         return self.slot[position % len(self.slot)]
 
     def _describe(self, direction, plan):
-        tag = f" (tag {plan.tag})" if getattr(plan, "tag", None) is not None else ""
+        tag = f" (tag {plan.tag})" if plan.tag is not None else ""
         return f"the {direction} call of plan #{plan.id}{tag}"
 
-    def _serve_until_mine(self):
-        while self._position < self._total and not self._entry(self._position)[2]:
-            direction, plan, _ = self._entry(self._position)
-            self._serve(direction, plan)
-            self._position += 1
-
-    def _serve_slot_rest(self, made):
-        """After this rank's call at position `made`: the rest of its slot, if none of it is this rank's."""
-        end = (made // len(self.slot) + 1) * len(self.slot)
-        if any(self._entry(p)[2] for p in range(self._position, end)):
-            return
-        while self._position < end:
+    def _serve_until(self, end):
+        """Make the other ranks' calls from here up to position `end`, stopping at this rank's own next call."""
+        while self._position < end and not self._entry(self._position)[2]:
             direction, plan, _ = self._entry(self._position)
             self._serve(direction, plan)
             self._position += 1
@@ -107,7 +99,7 @@ class CallOrder:
     def before_own_call(self, direction, plan):
         if self._serving:
             return
-        self._serve_until_mine()
+        self._serve_until(self._total)
         if self._position >= self._total:
             raise CadError(f"cad.CallOrder: rank {_rank()}: {self._describe(direction, plan)} came after every call "
                            f"of this tick's order ({self.repeats} x {len(self.slot)} calls) was made",
@@ -121,9 +113,11 @@ class CallOrder:
     def after_own_call(self):
         if self._serving:
             return
-        made = self._position
+        # The rest of this call's slot, if none of it is this rank's (else its next own call makes them).
+        end = (self._position // len(self.slot) + 1) * len(self.slot)
         self._position += 1
-        self._serve_slot_rest(made)
+        if not any(self._entry(p)[2] for p in range(self._position, end)):
+            self._serve_until(end)
 
     # ---- the calls made for other ranks ----------------------------------------------------------------------
     def _serve(self, direction, plan):
@@ -151,14 +145,12 @@ class CallOrder:
 
     def serve_rest(self):
         """Make every call of the tick not yet made (a rank with no call of its own in this tick)."""
-        while self._position < self._total:
-            direction, plan, mine = self._entry(self._position)
-            if mine:
-                raise CadError(f"cad.CallOrder: rank {_rank()}: call {self._position} of this tick is this rank's "
-                               f"own ({self._describe(direction, plan)}) and its layers never made it",
-                               "INVALID_ARGUMENT")
-            self._serve(direction, plan)
-            self._position += 1
+        self._serve_until(self._total)
+        if self._position < self._total:  # stopped at a call of this rank's own
+            direction, plan, _ = self._entry(self._position)
+            raise CadError(f"cad.CallOrder: rank {_rank()}: call {self._position} of this tick is this rank's "
+                           f"own ({self._describe(direction, plan)}) and its layers never made it",
+                           "INVALID_ARGUMENT")
 
     def __enter__(self):
         if current() is not None:
@@ -178,15 +170,6 @@ class CallOrder:
             _current[0] = None
         return False
 
-
-def _rank():
-    from ._plan import _rank as rank
-    return rank()
-
-
-def release_served(plan_id=None):
-    """Give back the servers' state kept for other ranks' backwards (of one plan, or all)."""
-    _ops.release_served(plan_id)
 
 
 _ops.call_order = current  # the op's hooks look the tick's order up here
