@@ -471,6 +471,20 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         m = forward_micro_batch(layout.stage, tick, M)
         return m, ([] if m is None else load(step)[0][m][layout.replica])
 
+    def request(docs, tag):
+        """(plan or None, cu_seqlens, time asked) for attention over `docs`: local attention, train_llama's
+        cu_seqlens on the device (and torch_varlen's longest document); CAD, a plan over cu_seqlens on the host
+        (the plan reads it there, no GPU read-back, and so does every layer's call), tagged `tag` (unique per plan
+        of the CAD group, the same on every rank of it), made ahead on CAD's planning thread (--plan-ahead on)
+        or now."""
+        if not use_cad:
+            (_, cu, _), = base.make_nanos([docs], args.attention, args, device, dtype)
+            return None, cu, time.perf_counter()
+        cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        plan = cad.plan(cu, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=head_dim, dtype=dtype,
+                        device=device, ahead=ahead, tag=tag if ahead else None)
+        return plan, cu, time.perf_counter()
+
     def ask(step, tick):
         """The plan (and cu_seqlens) this rank runs forward tick `tick` of `step` with, asked for once: with CAD
         over the world one per tick (over no documents when idle), with CAD per stage one per active tick; made
@@ -482,18 +496,9 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         if m is None and not (use_cad and args.pool == "tick"):
             asked[key] = (None, None, time.perf_counter())
             return
-        if not use_cad:  # train_llama's: cu_seqlens on the device (and torch_varlen's longest document)
-            (_, cu, _), = base.make_nanos([docs], args.attention, args, device, dtype)
-            asked[key] = (None, cu, time.perf_counter())
-            return
-        # A tag unique per plan of this CAD group, the same on every rank of it: the tick (world) or the
-        # micro-batch (a stage's replicas run the same micro-batches at the same ticks).
-        tag = step * T + tick if args.pool == "tick" else step * M + m
-        # On the host: the plan reads it there (no GPU read-back), and so does every layer's call.
-        cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        plan = cad.plan(cu, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=head_dim, dtype=dtype,
-                        device=device, ahead=ahead, tag=tag if ahead else None)
-        asked[key] = (plan, cu, time.perf_counter())
+        # The tag: the tick (CAD over the world) or the micro-batch (a stage's replicas run the same micro-batches
+        # at the same ticks).
+        asked[key] = request(docs, step * T + tick if args.pool == "tick" else step * M + m)
 
     pending_sends = []
 
@@ -543,15 +548,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
             if not pooled and s != layout.stage:
                 continue
             docs = load(step)[0][m][layout.replica] if s == layout.stage else []
-            if not use_cad:
-                (_, cu, _), = base.make_nanos([docs], args.attention, args, device, dtype)
-                asked_1f1b[(step, m, s)] = (None, cu, time.perf_counter())
-                continue
-            tag = (step * M + m) * S + s if pooled else step * M + m
-            cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-            plan = cad.plan(cu, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=head_dim, dtype=dtype,
-                            device=device, ahead=ahead, tag=tag if ahead else None)
-            asked_1f1b[(step, m, s)] = (plan, cu, time.perf_counter())
+            asked_1f1b[(step, m, s)] = request(docs, (step * M + m) * S + s if pooled else step * M + m)
 
     def exchange_1f1b(tick, outgoing, docs):
         """At the end of tick `tick`: this stage's output of the tick goes to its neighbour and the neighbours'
