@@ -125,12 +125,21 @@ CONFIGS = {  # --configs name -> (attention, pool, schedule: None = --schedule's
     "cad_stage": ("cad", "stage", None),
     "1f1b_local": ("local", None, "1f1b"), "1f1b_torch_varlen": ("torch_varlen", None, "1f1b"),
     "1f1b_cad_tick": ("cad", "tick", "1f1b"), "1f1b_cad_stage": ("cad", "stage", "1f1b"),
+    "local_balanced": ("local", None, None), "1f1b_local_balanced": ("local", None, "1f1b"),
 }
+# The measured ideal (--balanced-batches): local attention on the step's buffers made equal in attention work (every
+# tick's attention at the mean, at no communication cost), not an alternative a user has.
+BALANCED = ("local_balanced", "1f1b_local_balanced")
 
 
 def baseline_name(config):
     """The local-attention configuration a configuration's speedup is measured against: the same schedule's."""
     return "1f1b_local" if config.startswith("1f1b_") else "local"
+
+
+def balanced_name(config):
+    """The configuration that measures the ideal of a configuration's schedule (local attention, balanced buffers)."""
+    return "1f1b_local_balanced" if config.startswith("1f1b_") else "local_balanced"
 
 
 class PipelineError(RuntimeError):
@@ -221,11 +230,18 @@ def one_f_one_b(micro_batches, stages):
 
 # ---- the batches -----------------------------------------------------------------------------------------
 def micro_batch_documents(lengths, args, dp, step):
-    """Per micro-batch, per replica, the document lengths of its buffer (train_llama's recipe and seeds)."""
+    """Per micro-batch, per replica, the document lengths of its buffer (train_llama's recipe and seeds). With
+    --balanced-batches every buffer of the step (all micro-batches and replicas) keeps its tokens but gets
+    documents of equal length chosen so that its causal attention work is nearest the step's mean buffer
+    (train_llama's balanced_documents over the step's buffers): then the stages' micro-batches at any tick do
+    equal attention work, the ideal that CAD per tick aims at, measured rather than computed."""
     out = []
     for m in range(args.micro_batches):
         batch = base.cached_batch(lengths, args.context, dp, args.seed + 1000 * step + m)
         out.append([docs or [args.context] for docs in batch])
+    if getattr(args, "balanced_batches", False):
+        flat = base.balanced_documents([docs for micro in out for docs in micro])
+        out = [flat[m * dp:(m + 1) * dp] for m in range(args.micro_batches)]
     return out
 
 
@@ -398,6 +414,7 @@ def summary_of(args, layout, device):
     return {"attention": args.attention, "pool": args.pool if args.attention == "cad" else None,
             "balancer": args.balancer if args.attention == "cad" else None, "pp": args.pp, "dp": layout.dp,
             "ranks": layout.world, "rank_layout": "rank = stage * dp + replica", "schedule": args.schedule,
+            "balanced_batches": bool(getattr(args, "balanced_batches", False)),
             "context": args.context, "micro_batches": args.micro_batches,
             "ticks_per_step": len(one_f_one_b(args.micro_batches, args.pp)) if args.schedule == "1f1b" else
             2 * ticks(args.micro_batches, args.pp), "model": args.model, "layers": args.layers,
@@ -898,12 +915,17 @@ def comparison(summaries):
     # The best alternative a user has: the fastest run with local attention (ours or torch's varlen, either
     # schedule; lockstep 1F1B can be slower than GPipe, so its own local alone would flatter CAD under 1F1B).
     local_steps = [s["mean_step_ms_after_step0"] for n, s in summaries.items()
-                   if CONFIGS.get(n, ("",))[0] in ("local", "torch_varlen") and "skipped" not in s]
+                   if CONFIGS.get(n, ("",))[0] in ("local", "torch_varlen") and n not in BALANCED
+                   and "skipped" not in s]
     fastest_local = min(local_steps) if local_steps else None
     for name, s in summaries.items():
         local = summaries.get(baseline_name(name))
         ideal = None
-        if local and "skipped" not in local and timed(local):
+        balanced = summaries.get(balanced_name(name))
+        if local and "skipped" not in local and balanced and "skipped" not in balanced:
+            # measured: the same schedule's local attention on balanced buffers (preferred: no timing syncs needed)
+            ideal = local["mean_step_ms_after_step0"] / balanced["mean_step_ms_after_step0"]
+        elif local and "skipped" not in local and timed(local):
             ideal = local["mean_step_ms_after_step0"] / local["mean_ideal_step_ms_after_step0"]
         if "skipped" in s:
             rows.append({"config": name, "skipped": s["skipped"]})
@@ -952,6 +974,7 @@ def configurations(args):
         run.attention, pool, schedule = CONFIGS[name]
         run.pool = pool or args.pool
         run.schedule = schedule or args.schedule
+        run.balanced_batches = args.balanced_batches or name in BALANCED
         run.json_out = args.json_out.replace("{config}", name) if args.json_out else None
         runs.append((name, run))
     return runs
@@ -1037,7 +1060,12 @@ def parse_args(argv=None):
     p.add_argument("--configs", default=None,
                    help="train several configurations in turn in this process, same weights and batches: a comma "
                         "list of local, torch_varlen, cad_tick, cad_stage (--schedule's) and 1f1b_local, "
-                        "1f1b_torch_varlen, 1f1b_cad_tick, 1f1b_cad_stage (1F1B); ends with a comparison table")
+                        "1f1b_torch_varlen, 1f1b_cad_tick, 1f1b_cad_stage (1F1B), and local_balanced, 1f1b_local_balanced (the "
+                        "measured ideal: --balanced-batches); ends with a comparison table")
+    p.add_argument("--balanced-batches", action="store_true",
+                   help="the measured ideal: every buffer of a step keeps its tokens but holds equal-length documents "
+                        "with its causal attention work nearest the step's mean buffer (the local_balanced "
+                        "configurations set it)")
     p.add_argument("--test-fault", default=None,
                    help="for tests: RANK:PHASE:TICK:KIND, PHASE forward|backward, KIND raise (that rank raises at "
                         "the tick's start) or stall (sleeps 3 x --timeout-ms there)")

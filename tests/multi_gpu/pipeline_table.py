@@ -7,8 +7,10 @@ steps after step 0).
     python3 tests/multi_gpu/pipeline_table.py OUT_DIR
 
 Columns: step ms (slowest rank), tokens/s, speedup = local's step / this step (the local attention of the row's
-schedule: local, or 1f1b_local for the 1f1b_ rows), ideal = local's step / local's ideal step (every tick's
-attention at the ranks' mean instead of their max), realised share = (speedup - 1) / (ideal - 1), the mean
+schedule: local, or 1f1b_local for the 1f1b_ rows), ideal = local's step / the same schedule's local_balanced step
+(measured: every buffer of the step made equal in attention work) where that ran, else local's step / local's
+computed ideal step (every tick's attention at the ranks' mean instead of their max; needs synchronised timing),
+realised share = (speedup - 1) / (ideal - 1), the mean
 per-tick attention imbalance measured (max/mean over ranks of each tick's attention time), planned (the cost
 model's, after CAD's plans; local: the colocated one) and colocated (before: each rank's own documents),
 peak GiB, and the speedup over the fastest run with local attention (ours or torch's varlen, either schedule): the
@@ -33,8 +35,8 @@ def trainer():
 def tables(out_dir):
     """{(context, micro-batches): {config: summary}} from the JSON files in out_dir, in the trainer's order."""
     found = {}
-    order = ["local", "torch_varlen", "cad_tick", "cad_stage", "1f1b_local", "1f1b_torch_varlen", "1f1b_cad_tick",
-             "1f1b_cad_stage"]
+    order = ["local", "local_balanced", "torch_varlen", "cad_tick", "cad_stage", "1f1b_local", "1f1b_local_balanced",
+             "1f1b_torch_varlen", "1f1b_cad_tick", "1f1b_cad_stage"]
     for path in sorted(pathlib.Path(out_dir).glob("pipe_*_*_*.json")):
         match = NAME.search(path.name)
         if not match:
