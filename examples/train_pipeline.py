@@ -54,13 +54,21 @@ Attention (--attention, or --configs): local (the project's kernels, no CAD: "ca
   stage  CAD only within each stage's data-parallel group (cad.init(group=that group)): one plan per micro-batch
          over its DP replicas. This is the data-parallel-only path; it cannot move work between stages, and with
          DP = 1 it balances nothing (the trainer says so).
+  bubble GPipe only (refused with --schedule 1f1b): CAD over ALL ranks as tick, but only in the forward ticks where
+         some stage is idle (the fill ticks t < PP - 1 and the drain ticks t >= M) and their mirrored backward
+         ticks; every other tick runs local attention ("cad_local", the local configuration's kernel), no plan and
+         no CAD call. Why: in GPipe the stages are coupled only by their send/recv, so the imbalance between the
+         micro-batches of a steady tick costs nothing measurable (local_balanced, every micro-batch equal in
+         attention work, measured no faster than local), while pooling a steady tick couples the stages at every
+         attention call; a bubble tick's idle stage is free capacity, which CAD gives half the busy stage's work.
+         The stage model's attention implementation is switched per tick (attention_for_tick).
 Plans are made ahead from the schedule (the tick -> micro-batch map is known before the step): the plan of forward
 tick t + 1 is asked for (cad.plan(..., ahead=True, tag=<unique per tick>)) when tick t starts, the next step's
 first during this step's last backward tick, and CAD's planning thread makes them meanwhile. --plan-ahead off
 makes each at its tick's start instead (collective, on the training thread).
 
-Idle ticks under --pool tick: CAD's calls are collective over every rank, so an idle stage still takes part in
-every call of the tick, in the same order as the others: per local decoder layer one attention forward (and,
+Idle ticks under --pool tick (and bubble): CAD's calls are collective over every rank, so an idle stage still takes
+part in every call of the tick, in the same order as the others: per local decoder layer one attention forward (and,
 at the mirrored backward tick, its backward, after its recomputation with --checkpointing full) over 0 tokens,
 with the tick's plan over no documents. transformers' Llama decoder layer does not take 0 tokens (its
 attention reshapes [1, 0, -1, D], which PyTorch refuses), so an idle stage calls cad.varlen_attn directly on
@@ -122,7 +130,7 @@ base = _load_train_llama()
 
 CONFIGS = {  # --configs name -> (attention, pool, schedule: None = --schedule's)
     "local": ("local", None, None), "torch_varlen": ("torch_varlen", None, None), "cad_tick": ("cad", "tick", None),
-    "cad_stage": ("cad", "stage", None),
+    "cad_stage": ("cad", "stage", None), "cad_bubble": ("cad", "bubble", None),
     "1f1b_local": ("local", None, "1f1b"), "1f1b_torch_varlen": ("torch_varlen", None, "1f1b"),
     "1f1b_cad_tick": ("cad", "tick", "1f1b"), "1f1b_cad_stage": ("cad", "stage", "1f1b"),
     "local_balanced": ("local", None, None), "1f1b_local_balanced": ("local", None, "1f1b"),
@@ -182,6 +190,12 @@ def forward_micro_batch(stage, tick, micro_batches):
     """The micro-batch stage `stage` runs at forward tick `tick`, or None (idle)."""
     m = tick - stage
     return m if 0 <= m < micro_batches else None
+
+
+def bubble_tick(tick, micro_batches, stages):
+    """Whether some stage is idle at GPipe forward tick `tick` (the fill and drain bubbles): the ticks --pool bubble
+    runs CAD in."""
+    return any(forward_micro_batch(s, tick, micro_batches) is None for s in range(stages))
 
 
 def mirrored_tick(backward_tick, micro_batches, stages):
@@ -452,8 +466,8 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         dist.barrier(group=groups.pipe)
     use_cad = args.attention == "cad"
     if use_cad:
-        # One CAD stack per process, spanning the world (tick) or this stage's replicas (stage).
-        group = None if args.pool == "tick" or world == 1 else groups.mine
+        # One CAD stack per process, spanning the world (tick, bubble) or this stage's replicas (stage).
+        group = None if args.pool in ("tick", "bubble") or world == 1 else groups.mine
         keep = {"auto": "auto", "on": True, "off": False}[args.keep_forward_tensors]
         cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms, group=group,
                  keep_forward_tensors=keep)
@@ -488,34 +502,70 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         m = forward_micro_batch(layout.stage, tick, M)
         return m, ([] if m is None else load(step)[0][m][layout.replica])
 
-    def request(docs, tag):
-        """(plan or None, cu_seqlens, time asked) for attention over `docs`: local attention, train_llama's
-        cu_seqlens on the device (and torch_varlen's longest document); CAD, a plan over cu_seqlens on the host
+    def request(docs, tag, attention=None):
+        """(plan or None, cu_seqlens, time asked) for attention over `docs` with `attention` (default
+        --attention's; "local" for --pool bubble's steady ticks): local attention, train_llama's cu_seqlens on
+        the device (and torch_varlen's longest document), `tag` unused; CAD, a plan over cu_seqlens on the host
         (the plan reads it there, no GPU read-back, and so does every layer's call), tagged `tag` (unique per plan
         of the CAD group, the same on every rank of it), made ahead on CAD's planning thread (--plan-ahead on)
         or now."""
-        if not use_cad:
-            (_, cu, _), = base.make_nanos([docs], args.attention, args, device, dtype)
+        attention = attention or args.attention
+        if attention != "cad":
+            (_, cu, _), = base.make_nanos([docs], attention, args, device, dtype)
             return None, cu, time.perf_counter()
         cu = torch.tensor([0] + docs, dtype=torch.int32).cumsum(0, dtype=torch.int32)
         plan = cad.plan(cu, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=head_dim, dtype=dtype,
                         device=device, ahead=ahead, tag=tag if ahead else None)
         return plan, cu, time.perf_counter()
 
+    def pooled_tick(tick):
+        """Whether GPipe forward tick `tick` (and the backward tick mirroring it) runs CAD over every rank: every
+        tick under --pool tick, only the bubble ticks (some stage idle) under --pool bubble."""
+        return use_cad and (args.pool == "tick" or (args.pool == "bubble" and bubble_tick(tick, M, S)))
+
+    def steady_tick_under_bubble(tick):
+        """Whether forward tick `tick` (and its mirrored backward tick) is one of --pool bubble's steady ticks:
+        every stage busy, local attention."""
+        return use_cad and args.pool == "bubble" and not bubble_tick(tick, M, S)
+
+    @contextlib.contextmanager
+    def attention_for_tick(tick):
+        """The stage model's attention implementation during GPipe forward tick `tick` and during the backward
+        tick that mirrors it: under --pool bubble "cad" in a bubble tick, "cad_local" (the local configuration's
+        kernel) in a steady one; other pools keep the model's own. transformers' attention modules look the
+        implementation up in the model's config at every call (LlamaAttention.forward reads
+        config._attn_implementation; every layer shares the model's config object), so setting it here switches
+        every layer of the stage. The backward tick must set what its forward tick set: with --checkpointing full
+        its recomputation calls the layers' forward again, which looks the implementation up then (a steady tick
+        recomputed under "cad" would have cu_seqlens but no plan, and raise). Restored after the tick."""
+        if not (use_cad and args.pool == "bubble"):
+            yield
+            return
+        config = stage.lm.config
+        config._attn_implementation = base.IMPLEMENTATIONS["cad" if pooled_tick(tick) else "local"]
+        try:
+            yield
+        finally:
+            config._attn_implementation = base.IMPLEMENTATIONS["cad"]
+
     def ask(step, tick):
         """The plan (and cu_seqlens) this rank runs forward tick `tick` of `step` with, asked for once: with CAD
-        over the world one per tick (over no documents when idle), with CAD per stage one per active tick; made
-        ahead on CAD's planning thread (--plan-ahead on) or now. Local attention: cu_seqlens on the device."""
+        over the world one per pooled tick (over no documents when idle), with CAD per stage one per active tick;
+        made ahead on CAD's planning thread (--plan-ahead on) or now. Local attention (and --pool bubble's steady
+        ticks): cu_seqlens on the device."""
         key = (step, tick)
         if key in asked or tick >= T or step >= args.steps:
             return
         m, docs = tick_documents(step, tick)
-        if m is None and not (use_cad and args.pool == "tick"):
+        if steady_tick_under_bubble(tick):  # every stage busy: no plan, the local kernel
+            asked[key] = request(docs, None, attention="local")
+            return
+        if m is None and not pooled_tick(tick):
             asked[key] = (None, None, time.perf_counter())
             return
-        # The tag: the tick (CAD over the world) or the micro-batch (a stage's replicas run the same micro-batches
-        # at the same ticks).
-        asked[key] = request(docs, step * T + tick if args.pool == "tick" else step * M + m)
+        # The tag: the tick (CAD over the world; under --pool bubble only its bubble ticks have plans, still one
+        # tag per tick) or the micro-batch (a stage's replicas run the same micro-batches at the same ticks).
+        asked[key] = request(docs, step * T + tick if pooled_tick(tick) else step * M + m)
 
     pending_sends = []
 
@@ -681,7 +731,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
             # ---- forward ticks
             for t in range(T):
                 m = forward_micro_batch(layout.stage, t, M)
-                with tick_context("forward", t, m):
+                with tick_context("forward", t, m), attention_for_tick(t):
                     tick_start = time.perf_counter()
                     maybe_fault(args, rank, "forward", t)
                     ask(step, t)  # asked for during the tick before (or at the step before), unless --plan-ahead off
@@ -716,7 +766,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
             for b in range(T):
                 t = mirrored_tick(b, M, S)
                 m = forward_micro_batch(layout.stage, t, M)
-                with tick_context("backward", b, m):
+                with tick_context("backward", b, m), attention_for_tick(t):  # t: the mirrored forward tick
                     tick_start = time.perf_counter()
                     maybe_fault(args, rank, "backward", b)
                     if b == T - 1 and ahead:
@@ -1016,9 +1066,11 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pp", type=int, default=2, help="pipeline stages; the world must divide by it (DP = world / PP)")
     p.add_argument("--attention", choices=["local", "torch_varlen", "cad"], default="cad")
-    p.add_argument("--pool", choices=["tick", "stage"], default="tick",
+    p.add_argument("--pool", choices=["tick", "stage", "bubble"], default="tick",
                    help="with --attention cad: tick = one CAD group over every rank, a plan per tick; stage = CAD "
-                        "within each stage's data-parallel group only")
+                        "within each stage's data-parallel group only; bubble (GPipe only) = CAD over every rank in "
+                        "the fill and drain ticks only (an idle stage's free capacity), local attention in the "
+                        "steady ticks (there the micro-batches' imbalance costs GPipe nothing, measured)")
     p.add_argument("--balancer", default="prefix_aware", help="colocated, per_doc_cp, distca, prefix_aware")
     p.add_argument("--communicator", choices=["host", "nccl"], default=None,
                    help="CAD's: host (torch.distributed's gloo, CPU) or nccl (CUDA); default: host on CPU, nccl on "
@@ -1059,9 +1111,10 @@ def parse_args(argv=None):
                    help="every step's record and the summary (rank 0); with --configs it must contain {config}")
     p.add_argument("--configs", default=None,
                    help="train several configurations in turn in this process, same weights and batches: a comma "
-                        "list of local, torch_varlen, cad_tick, cad_stage (--schedule's) and 1f1b_local, "
-                        "1f1b_torch_varlen, 1f1b_cad_tick, 1f1b_cad_stage (1F1B), and local_balanced, 1f1b_local_balanced (the "
-                        "measured ideal: --balanced-batches); ends with a comparison table")
+                        "list of local, torch_varlen, cad_tick, cad_stage, cad_bubble (--schedule's; cad_bubble: "
+                        "GPipe only, CAD in the fill and drain ticks only, local attention in the steady ones) and "
+                        "1f1b_local, 1f1b_torch_varlen, 1f1b_cad_tick, 1f1b_cad_stage (1F1B), and local_balanced, "
+                        "1f1b_local_balanced (the measured ideal: --balanced-batches); ends with a comparison table")
     p.add_argument("--balanced-batches", action="store_true",
                    help="the measured ideal: every buffer of a step keeps its tokens but holds equal-length documents "
                         "with its causal attention work nearest the step's mean buffer (the local_balanced "
@@ -1099,6 +1152,12 @@ def parse_args(argv=None):
             p.error(f"--configs: {bad[0]!r} is not one of {', '.join(CONFIGS)}")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
+    # --pool bubble pools GPipe's fill and drain ticks; 1F1B's idle ticks are elsewhere and mix forwards with
+    # backwards (its CAD runs through cad.CallOrder): not implemented, so refused rather than run as something else.
+    for name, run in configurations(args):
+        if run.attention == "cad" and run.pool == "bubble" and run.schedule == "1f1b":
+            which = f" ({name})" if name else ""
+            p.error(f"--pool bubble{which} runs with --schedule gpipe only, not --schedule 1f1b")
     base.resolve_attention_timing(args)
     return args
 

@@ -4,6 +4,9 @@
   every rank (--pool tick), and CAD per stage (--pool stage), give the same losses and every parameter's gradient
   as the same pipeline with local attention, and the pipeline with local attention gives those of the whole model
   run in one process on the same micro-batches (the pipeline itself is right).
+- --pool bubble (cad_bubble) pools only the fill and drain ticks: there the idle stage serves attention and the
+  tick is balanced; the steady ticks run local attention, with no plan (checkpointed too: the recomputation in the
+  backward runs the attention of its forward tick), and it trains as local attention.
 - Plans are per tick and made ahead: each forward tick has a plan of its own, tagged with its tick, asked for
   during the tick before; its mirrored backward tick reuses it; the step makes exactly one plan per tick.
 - A stage that stalls or raises in a tick ends every rank with an error naming its stage, tick, micro-batch and
@@ -44,6 +47,8 @@ RUNS = {
              "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
              "cad_tick_now": ["--attention", "cad", "--pool", "tick", "--plan-ahead", "off"],
              "cad_stage": ["--attention", "cad", "--pool", "stage"],
+             "cad_bubble": ["--attention", "cad", "--pool", "bubble"],
+             "cad_bubble_full": ["--attention", "cad", "--pool", "bubble", "--checkpointing", "full"],
              "1f1b_local": ["--schedule", "1f1b", "--attention", "local"],
              "1f1b_cad_tick": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick"],
              "1f1b_cad_tick_full": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick", "--checkpointing",
@@ -258,6 +263,45 @@ def _check_balance(ranks, world):
         for record in stage["steps"]:
             assert record["mean_planned_imbalance"] < record["mean_colocated_imbalance"]
             assert record["mean_planned_imbalance"] > max(r["mean_planned_imbalance"] for r in tick["steps"])
+
+
+@needs_data
+def test_pp2_bubble_pool_pools_only_the_bubble_ticks(two):
+    """--pool bubble (M = 4, PP = 2: forward ticks 0 and 4 have an idle stage, 1-3 are steady; backward tick b
+    mirrors forward tick 4 - b). Bubble ticks: a plan over both ranks (tag step x T + tick), the idle rank serves
+    attention and the tick is balanced; the backward reuses the forward tick's plan. Steady ticks: no plan at all
+    (local attention), so their planned imbalance is the colocated one. One plan make per bubble tick, none for the
+    steady ticks (cad's own counter: no layer made a plan of its own). Losses and gradients equal local attention's
+    (test_pp2_cad_trains_as_local_and_as_the_whole_model)."""
+    M, S = 4, 2
+    T = M + S - 1
+    bubble = [0, T - 1]
+    for name in ("cad_bubble", "cad_bubble_full"):
+        for rank in range(2):
+            run = _result(two, name, rank)
+            assert run["summary"]["pool"] == "bubble"
+            assert run["summary"]["plan_makes_total"] == 2 * len(bubble)
+            assert [r["plans_made"] for r in run["steps"]] == [[len(bubble)] * 2] * 2
+            for record in run["steps"]:
+                forward = [r for r in record["rank_ticks"] if r["phase"] == "forward"]
+                backward = [r for r in record["rank_ticks"] if r["phase"] == "backward"]
+                assert [(r["tick"], r["plan_tag"]) for r in forward if "plan_id" in r] == \
+                    [(t, record["step"] * T + t) for t in bubble], (name, rank, forward)
+                assert [r["tick"] for r in backward if "plan_id" in r] == [T - 1 - t for t in bubble[::-1]]
+                ids = {r["tick"]: r["plan_id"] for r in forward if "plan_id" in r}
+                assert [r["plan_id"] for r in backward if "plan_id" in r] == [ids[t] for t in bubble[::-1]]
+        for record in _result(two, name)["steps"]:
+            assert len(record["ticks"]) == 2 * T
+            steady = 0
+            for entry in record["ticks"]:
+                forward_tick = entry["tick"] if entry["phase"] == "forward" else T - 1 - entry["tick"]
+                if forward_tick in bubble:  # the idle stage serves; one stage holds every token before balancing
+                    assert min(entry["attention_s"]) > 0.0, (name, entry)
+                    assert entry["planned_imbalance"] < 1.1 < entry["colocated_imbalance"], (name, entry)
+                else:  # local attention: nothing planned, nothing moved
+                    assert "planned_imbalance" not in entry and "plan_imbalance" not in entry, (name, entry)
+                    steady += 1
+            assert steady == 2 * (T - len(bubble))  # forward and backward
 
 
 @needs_data
@@ -550,6 +594,10 @@ def test_gpipe_schedule():
     # backward tick b runs forward tick T-1-b's micro-batches on every stage: the last stage starts
     assert [t.forward_micro_batch(1, t.mirrored_tick(b, M, S), M) for b in range(5)] == [3, 2, 1, 0, None]
     assert [t.forward_micro_batch(0, t.mirrored_tick(b, M, S), M) for b in range(5)] == [None, 3, 2, 1, 0]
+    # the ticks --pool bubble pools: some stage idle (fill t < S - 1, drain t >= M)
+    assert [t.bubble_tick(k, M, S) for k in range(5)] == [True, False, False, False, True]
+    assert [t.bubble_tick(k, 4, 3) for k in range(6)] == [True, True, False, False, True, True]
+    assert [t.bubble_tick(k, 2, 3) for k in range(4)] == [True] * 4  # fewer micro-batches than stages: no steady tick
     layout = t.Layout(5, 6, 3)  # 3 stages x 2 replicas, stage-major
     assert (layout.stage, layout.replica, layout.dp) == (2, 1, 2) and layout.last and not layout.first
     assert layout.stage_ranks(1) == [2, 3] and layout.rank_of(1, 1) == 3
@@ -642,6 +690,22 @@ def test_attention_timing_defaults_to_no_syncs_on_cuda():
     assert t.parse_args(["--device", "cuda", "--data", str(DATA)]).sync_attention_timing == "off"
     on = t.parse_args(["--device", "cuda", "--sync-attention-timing", "on", "--data", str(DATA)])
     assert on.sync_attention_timing == "on"
+
+
+def test_bubble_pool_is_gpipe_only(capsys):
+    """--pool bubble pools GPipe's fill and drain ticks; with --schedule 1f1b it is refused (as an option or as
+    cad_bubble under --schedule 1f1b), naming both options. cad_bubble is GPipe's CAD over the world, bubble ticks
+    only; a 1f1b_ configuration keeps its own pool under --pool bubble."""
+    t = _trainer_module()
+    err = _refused(t, capsys, ["--pool", "bubble", "--schedule", "1f1b"])
+    assert "--pool bubble runs with --schedule gpipe only, not --schedule 1f1b" in err, err
+    err = _refused(t, capsys, ["--configs", "local,cad_bubble", "--schedule", "1f1b"])
+    assert "--pool bubble (cad_bubble) runs with --schedule gpipe only, not --schedule 1f1b" in err, err
+    (_, bubble), = t.configurations(t.parse_args(["--configs", "cad_bubble"]))
+    assert (bubble.attention, bubble.pool, bubble.schedule) == ("cad", "bubble", "gpipe")
+    (_, kept), = t.configurations(t.parse_args(["--configs", "1f1b_cad_tick", "--pool", "bubble"]))
+    assert (kept.pool, kept.schedule) == ("tick", "1f1b")
+    assert t.parse_args(["--pool", "bubble"]).pool == "bubble"
 
 
 def test_bad_options_are_refused(capsys, monkeypatch):
