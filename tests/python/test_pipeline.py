@@ -125,12 +125,14 @@ def _train_cases(rank, world, out_dir, run):
             results[name] = {"error": traceback.format_exc()[-4000:], "stdout": printed.getvalue()}
     args = t.parse_args(TINY + layout + ["--data", str(DATA)])
     ref_loss, ref_grads = _reference(t, args, lengths, world // args.pp)
-    comparisons = {"reference_loss": ref_loss, "names": {}, "vs_local": {}, "vs_reference": {}}
+    comparisons = {"reference_loss": ref_loss, "names": {}, "vs_local": {}, "vs_local_after_step": {},
+                   "vs_reference": {}}
     for name, by_step in grads.items():
         comparisons["names"][name] = sorted(by_step[0])
         if "local" in grads:  # every step: the same weights and batches, so the same gradients
-            comparisons["vs_local"][name] = max(_relative_error(g[n], l[n]) for g, l in zip(by_step, grads["local"])
-                                                for n in g)
+            per_step = [max(_relative_error(g[n], l[n]) for n in g) for g, l in zip(by_step, grads["local"])]
+            comparisons["vs_local"][name] = per_step[0]
+            comparisons["vs_local_after_step"][name] = max(per_step[1:], default=0.0)
         comparisons["vs_reference"][name] = max(_relative_error(g, ref_grads[n]) for n, g in by_step[0].items())
     pathlib.Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"results": results, "compare": comparisons}))
 
@@ -167,11 +169,15 @@ def _result(ranks, name, rank=0):
 
 # fp32 on CPU. Against local attention CAD computes the same attention, its partial results combined in another
 # order; the whole model in one process sums the micro-batches' and replicas' gradients in another order than the
-# pipeline's accumulation and all-reduce. Gradients are compared as ||a - b|| / ||b|| per parameter; seen: <= 1.1e-6
-# against local attention (step 1 included, after an AdamW step on the step-0 differences), <= 1.4e-7 against the
-# whole model. A wrong loss scale, micro-batch or stage boundary is off by O(1). Losses: train_llama's CAD_RTOL.
+# pipeline's accumulation and all-reduce. Gradients are compared as ||a - b|| / ||b|| per parameter; seen (torch
+# 2.15, CPU): <= 1.7e-7 against local attention and against the whole model at step 0. Step 1 starts from weights
+# that one AdamW step moved from the step-0 gradients, and AdamW normalises each update (m / sqrt(v)), so the
+# step-0 rounding differences of small-gradient entries come back up to ~50x larger: seen <= 7.9e-6 (GPipe local
+# against 1F1B local, which differ only in accumulation order, alike). A wrong loss scale, micro-batch or stage
+# boundary is off by O(1) at either step. Losses: train_llama's CAD_RTOL.
 LOSS_RTOL = 1e-5
-GRAD_RTOL = 1e-5
+GRAD_RTOL = 1e-6
+GRAD_RTOL_AFTER_ADAMW_STEP = 1e-4
 
 
 def _check_same_training(ranks, run):
@@ -194,6 +200,8 @@ def _check_same_training(ranks, run):
             compare = data["compare"]
             assert compare["vs_reference"][name] <= GRAD_RTOL, (name, rank, compare["vs_reference"][name])
             assert compare["vs_local"][name] <= GRAD_RTOL, (name, rank, compare["vs_local"][name])
+            assert compare["vs_local_after_step"][name] <= GRAD_RTOL_AFTER_ADAMW_STEP, \
+                (name, rank, compare["vs_local_after_step"][name])
         # every parameter of the whole model is some rank's: embeddings on stage 0, norm and head on the last
         names = set().union(*(set(d["compare"]["names"][name]) for d in ranks))
         assert len(names) == 3 + layers * 9, sorted(names)  # embed, norm, head; 9 tensors per decoder layer
@@ -221,6 +229,7 @@ def test_pp2_dp2_cad_trains_as_local_and_as_the_whole_model(four):
             a, b = (four[stage * 2 + r]["compare"] for r in (0, 1))
             assert a["names"][name] == b["names"][name]
             assert a["vs_reference"][name] == b["vs_reference"][name] and a["vs_local"][name] == b["vs_local"][name]
+            assert a["vs_local_after_step"][name] == b["vs_local_after_step"][name]
 
 
 @needs_data
