@@ -51,11 +51,12 @@ const char* kUsage =
     "                      stage a forward or a backward per tick (as many ticks); both need --pp >= 2 and\n"
     "                      --trainer FILE; balancers colocated,distca,prefix_aware by default (not per_doc_cp);\n"
     "                      ping-pong is not modelled (on = off)\n"
-    "  --pool tick|stage   with --schedule gpipe or 1f1b_ticks, how CAD balancers pool attention (colocated stays\n"
-    "                      local): tick (default) = over every rank of every stage, idle stages serving (gpipe: one\n"
-    "                      plan per tick; 1f1b_ticks: one per micro-batch and stage, every rank making every\n"
-    "                      stage's calls of a tick); stage = within each stage's data-parallel ranks (with one\n"
-    "                      replica: colocated)\n"
+    "  --pool tick|stage|bubble   with --schedule gpipe or 1f1b_ticks, how CAD balancers pool attention\n"
+    "                      (colocated stays local): tick (default) = over every rank of every stage, idle stages\n"
+    "                      serving (gpipe: one plan per tick; 1f1b_ticks: one per micro-batch and stage, every rank\n"
+    "                      making every stage's calls of a tick); stage = within each stage's data-parallel ranks\n"
+    "                      (with one replica: colocated); bubble (gpipe only) = as tick in the fill and drain ticks\n"
+    "                      (some stage idle) and their mirrored backward ticks, local attention in the others\n"
     "                      data-parallel ranks = gpus / (tp * pp), at most 8192 (as cad plan --ranks)\n"
     "workload:\n"
     "  --dist FILE         document lengths (JSON list or CSV), e.g. ../shared/data/doclen_pretrain.json\n"
@@ -207,6 +208,20 @@ nlohmann::json detail_json(const std::vector<sim::MicroBatchDetail>& detail) {
   return out;
 }
 
+const char* pool_name(sim::PipelinePool pool) {
+  switch (pool) {
+    case sim::PipelinePool::kTick:
+      return "tick";
+    case sim::PipelinePool::kStage:
+      return "stage";
+    case sim::PipelinePool::kBubble:
+      return "bubble";
+    case sim::PipelinePool::kLocal:
+      break;
+  }
+  return "local";
+}
+
 nlohmann::json ticks_json(const std::vector<sim::TickDetail>& ticks) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& t : ticks) {
@@ -224,8 +239,13 @@ nlohmann::json ticks_json(const std::vector<sim::TickDetail>& ticks) {
         phase.push_back(op.micro_batch < 0 ? "idle" : op.backward ? "backward" : "forward");
       }
     }
-    out.push_back({{"step", t.step}, {"phase", phase}, {"tick", t.tick.index}, {"micro_batch", t.tick.micro_batch},
-                   {"seconds", t.seconds}, {"plan_documents", t.plan_documents}, {"ranks", ranks}});
+    nlohmann::json tick = {{"step", t.step},         {"phase", phase},
+                           {"tick", t.tick.index},   {"micro_batch", t.tick.micro_batch},
+                           {"seconds", t.seconds},   {"plan_documents", t.plan_documents},
+                           {"ranks", ranks},         {"pool", pool_name(t.pool)}};
+    // 1F1B without tick pooling: the stages are not in lockstep, so each rank's own clock after the tick.
+    if (!t.rank_ends.empty()) tick["rank_end_s"] = t.rank_ends;
+    out.push_back(tick);
   }
   return out;
 }
@@ -359,8 +379,16 @@ int run_simulate(int argc, char** argv) {
   if (args.has("--pool")) {
     if (!trainer_pipeline) throw UsageError("--pool needs --schedule gpipe or 1f1b_ticks (the pipeline trainer)");
     const std::string pool = args.get("--pool", "tick");
-    if (pool != "tick" && pool != "stage") throw UsageError("--pool: expected tick or stage, got '" + pool + "'");
-    s.pool = pool == "tick" ? sim::PipelinePool::kTick : sim::PipelinePool::kStage;
+    if (pool != "tick" && pool != "stage" && pool != "bubble") {
+      throw UsageError("--pool: expected tick, stage or bubble, got '" + pool + "'");
+    }
+    if (pool == "bubble" && schedule != "gpipe") {
+      throw UsageError("--pool bubble runs with --schedule gpipe only (it pools GPipe's fill and drain ticks, as "
+                       "train_pipeline.py --pool bubble), not --schedule " + schedule);
+    }
+    s.pool = pool == "tick"    ? sim::PipelinePool::kTick
+             : pool == "stage" ? sim::PipelinePool::kStage
+                               : sim::PipelinePool::kBubble;
   }
   const std::vector<std::string> names =
       args.has("--balancers") ? split(args.get("--balancers", ""), ',')
@@ -454,7 +482,7 @@ int run_simulate(int argc, char** argv) {
                     {"mlp", s.shape.mlp},         {"vocab", s.shape.vocab}};
     out["layout"] = {{"gpus", s.layout.gpus}, {"gpus_per_node", s.layout.gpus_per_node}, {"tp", s.layout.tp},
                      {"pp", s.layout.pp},     {"dp", s.layout.dp()}, {"schedule", schedule}};
-    if (trainer_pipeline) out["layout"]["pool"] = s.pool == sim::PipelinePool::kTick ? "tick" : "stage";
+    if (trainer_pipeline) out["layout"]["pool"] = pool_name(s.pool);
     out["workload"] = {{"dist", dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
                        {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens},
                        {"balance_time", args.has("--balance-time")}};
@@ -529,7 +557,8 @@ int run_simulate(int argc, char** argv) {
                 "%s; ping-pong not modelled (on = off); linear/attn/comm: along each tick's critical path\n",
                 schedule.c_str(), static_cast<long long>(2 * (s.microbatches + s.layout.pp - 1)),
                 static_cast<long long>(s.microbatches), static_cast<long long>(s.layout.pp),
-                s.pool == sim::PipelinePool::kTick ? "tick" : "stage");
+                s.pool == sim::PipelinePool::kBubble ? "tick in the bubble ticks (some stage idle), local in the others"
+                                                     : pool_name(s.pool));
   }
   std::printf("\n");
   for (const bool pp : {false, true}) {

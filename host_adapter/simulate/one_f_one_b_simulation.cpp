@@ -1,6 +1,8 @@
 // one_f_one_b_simulation.cpp -- the --schedule 1f1b_ticks driver (see one_f_one_b_simulation.h).
 #include "one_f_one_b_simulation.h"
 
+#include <memory>
+
 #include "pipeline_driver.h"
 
 namespace cad::simulate {
@@ -49,7 +51,11 @@ std::vector<BalancerResult> simulate_1f1b_ticks(const Scenario& s, const SystemC
       }
     }
 
-    StepClock clock(pool, dp, layers);
+    // Tick pooling: every call meets every rank, so the step is the sum of its ticks. Local and per stage: the
+    // stages meet only where they send to each other (pipeline_model.h OneFOneBClocks).
+    double tick_sum = 0;
+    std::unique_ptr<OneFOneBClocks> clocks;
+    if (pool != PipelinePool::kTick) clocks = std::make_unique<OneFOneBClocks>(pool, pp, dp, layers);
     for (size_t t = 0; t < table.size(); ++t) {
       const std::vector<StageOp>& ops = table[t];
       PricedTick priced = one_f_one_b_tick(ops, plans, dp, layers, pool, cal, *s.trainer, s.trainer_options);
@@ -62,7 +68,8 @@ std::vector<BalancerResult> simulate_1f1b_ticks(const Scenario& s, const SystemC
         kernels.push_back(priced.ranks[r].kernel);
       }
       res.attention_imbalance += per_tick * kernel_imbalance(kernels);
-      clock.add(priced.ranks, priced.critical.total);
+      tick_sum += priced.critical.total;
+      if (clocks) clocks->add(ops, priced.ranks);
       add_tick(res, priced.ranks, priced.critical, layers, per_micro_batch);
       if (s.detail) {
         TickDetail d;
@@ -76,10 +83,12 @@ std::vector<BalancerResult> simulate_1f1b_ticks(const Scenario& s, const SystemC
         d.ops = ops;
         d.ranks = std::move(priced.ranks);
         d.seconds = priced.critical.total;
+        if (clocks) d.rank_ends = clocks->ends();
+        d.pool = pool;
         res.ticks.push_back(std::move(d));
       }
     }
-    return clock.seconds();
+    return clocks ? clocks->seconds() : tick_sum;
   });
 }
 

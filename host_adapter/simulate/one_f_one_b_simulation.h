@@ -12,6 +12,8 @@
 //                     documents
 //   CAD, --pool stage one plan over stage s's DP replicas (in groups of the balancer's group size); with DP = 1
 //                     nothing moves and it is priced as local
+// Step: under --pool tick the sum of its ticks; local and --pool stage the last rank's end on OneFOneBClocks
+// (the stages meet only at the ticks where they send to each other), each tick's detail giving every rank's end.
 #pragma once
 
 #include <vector>

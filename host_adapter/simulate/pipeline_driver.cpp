@@ -45,7 +45,9 @@ std::vector<BalancerResult> run_pipeline(const Scenario& s, const PriceStep& pri
     const int64_t stage_group = b.group_size == 0 ? dp : std::min(b.group_size, dp);
     PipelinePool pool = s.pool;
     if (r.name == "colocated" || (pool == PipelinePool::kStage && stage_group == 1)) pool = PipelinePool::kLocal;
-    r.group_size = pool == PipelinePool::kTick ? s.layout.pp * dp : pool == PipelinePool::kStage ? stage_group : 1;
+    // Under --pool bubble the pooled ticks' plans are over every rank (the steady ticks are local).
+    const bool every_rank = pool == PipelinePool::kTick || pool == PipelinePool::kBubble;
+    r.group_size = every_rank ? s.layout.pp * dp : pool == PipelinePool::kStage ? stage_group : 1;
     r.off.pingpong = false;
     r.on.pingpong = true;
     pools.push_back(pool);
@@ -137,22 +139,24 @@ void add_tick(BalancerResult& result, const std::vector<TickRankTime>& ranks, co
   }
 }
 
-StepClock::StepClock(PipelinePool pool, int64_t dp, int64_t layers_per_stage)
-    : pool_(pool), dp_(dp), layers_(layers_per_stage), replica_(static_cast<size_t>(dp), 0.0) {}
+StepClock::StepClock(int64_t dp, int64_t layers_per_stage)
+    : dp_(dp), layers_(layers_per_stage), replica_(static_cast<size_t>(dp), 0.0) {}
 
-void StepClock::add(const std::vector<TickRankTime>& ranks, double tick_seconds) {
-  sum_ += tick_seconds;
-  if (pool_ != PipelinePool::kLocal) return;
+void StepClock::add(const std::vector<TickRankTime>& ranks, PipelinePool tick_pool, double tick_seconds) {
+  if (tick_pool != PipelinePool::kLocal) {
+    // A tick whose calls couple the replicas: its first call waits for the last replica to get there.
+    sum_ += *std::max_element(replica_.begin(), replica_.end()) + tick_seconds;
+    std::fill(replica_.begin(), replica_.end(), 0.0);
+    return;
+  }
   const int64_t stages = static_cast<int64_t>(ranks.size()) / dp_;
   for (int64_t r = 0; r < dp_; ++r) {
     std::vector<TickRankTime> replica;
     for (int64_t st = 0; st < stages; ++st) replica.push_back(ranks[static_cast<size_t>(st * dp_ + r)]);
-    replica_[static_cast<size_t>(r)] += simulate::tick_seconds(replica, layers_, pool_);
+    replica_[static_cast<size_t>(r)] += simulate::tick_seconds(replica, layers_, PipelinePool::kLocal);
   }
 }
 
-double StepClock::seconds() const {
-  return pool_ == PipelinePool::kLocal ? *std::max_element(replica_.begin(), replica_.end()) : sum_;
-}
+double StepClock::seconds() const { return sum_ + *std::max_element(replica_.begin(), replica_.end()); }
 
 }  // namespace cad::simulate

@@ -61,18 +61,20 @@ double kernel_imbalance(const std::vector<double>& kernel_seconds);
 void add_tick(BalancerResult& result, const std::vector<TickRankTime>& ranks, const RankTime& critical,
               int64_t layers_per_stage, double per_micro_batch);
 
-// A step's clock. Under CAD every tick's calls couple the replicas of a stage (or every rank): the step is the
-// sum of its ticks. Local attention couples nothing across replicas: replica r's stages form a pipeline of
-// their own, which meets the others only at the step's gradient all-reduce, so the step is the slowest
-// replica's sum of its ticks, each priced over that replica's stages.
+// A GPipe step's clock. Under CAD a tick's calls couple the replicas of a stage (or every rank): such a tick
+// starts when the last replica gets there and adds its seconds. Local attention couples nothing across
+// replicas: replica r's stages form a pipeline of their own, which meets the others only at the next coupled
+// tick or the step's gradient all-reduce, so a run of local ticks costs the slowest replica's sum of them, each
+// tick priced over that replica's stages. (All ticks local: the slowest replica's sum; none: the ticks' sum;
+// --pool bubble mixes the two.)
 class StepClock {
  public:
-  StepClock(PipelinePool pool, int64_t dp, int64_t layers_per_stage);
-  void add(const std::vector<TickRankTime>& ranks, double tick_seconds);
+  StepClock(int64_t dp, int64_t layers_per_stage);
+  // `tick_pool`: the pool the tick was priced with (gpipe_tick_pool), kLocal or one that couples replicas.
+  void add(const std::vector<TickRankTime>& ranks, PipelinePool tick_pool, double tick_seconds);
   double seconds() const;
 
  private:
-  PipelinePool pool_;
   int64_t dp_, layers_;
   double sum_ = 0;
   std::vector<double> replica_;

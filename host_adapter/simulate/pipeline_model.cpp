@@ -48,6 +48,21 @@ std::vector<GpipeTick> gpipe_schedule(int64_t stages, int64_t microbatches) {
   return out;
 }
 
+bool gpipe_bubble_tick(int64_t stages, int64_t microbatches, int64_t forward_tick) {
+  check_shape("gpipe_bubble_tick", stages, microbatches);
+  if (forward_tick < 0 || forward_tick >= microbatches + stages - 1) {
+    throw std::invalid_argument("gpipe_bubble_tick: forward tick " + std::to_string(forward_tick) +
+                                " outside the step's " + std::to_string(microbatches + stages - 1));
+  }
+  // Stage s runs micro-batch t - s: all stages busy iff t - (PP - 1) >= 0 and t < M.
+  return forward_tick < stages - 1 || forward_tick >= microbatches;
+}
+
+PipelinePool gpipe_tick_pool(PipelinePool pool, int64_t stages, int64_t microbatches, int64_t forward_tick) {
+  if (pool != PipelinePool::kBubble) return pool;
+  return gpipe_bubble_tick(stages, microbatches, forward_tick) ? PipelinePool::kTick : PipelinePool::kLocal;
+}
+
 std::vector<std::vector<StageOp>> one_f_one_b_schedule(int64_t stages, int64_t microbatches) {
   check_shape("one_f_one_b_schedule", stages, microbatches);
   // Each stage's operations in PipeDream-flush's order.
@@ -156,6 +171,10 @@ RankTime tick_critical_path(const std::vector<TickRankTime>& ranks, const std::v
                             int64_t layers_per_stage, PipelinePool pool) {
   if (ranks.empty()) throw std::invalid_argument("tick_critical_path: no ranks");
   if (layers_per_stage < 1) throw std::invalid_argument("tick_critical_path: layers per stage must be >= 1");
+  if (pool == PipelinePool::kBubble) {
+    throw std::invalid_argument("tick_critical_path: a tick is priced as tick-pooled or local, not as bubble "
+                                "(gpipe_tick_pool)");
+  }
   const double layers = static_cast<double>(layers_per_stage);
   RankTime t;
   if (pool != PipelinePool::kTick) {
@@ -208,6 +227,71 @@ RankTime gpipe_tick_critical_path(const std::vector<TickRankTime>& ranks, int64_
 double tick_seconds(const std::vector<TickRankTime>& ranks, int64_t layers_per_stage, PipelinePool pool) {
   return gpipe_tick_critical_path(ranks, layers_per_stage, pool).total;
 }
+
+bool stages_exchange(const std::vector<StageOp>& ops, int64_t stage) {
+  const int64_t stages = static_cast<int64_t>(ops.size());
+  if (stage < 0 || stage + 1 >= stages) throw std::invalid_argument("stages_exchange: no stage after this one");
+  const StageOp& before = ops[static_cast<size_t>(stage)];
+  const StageOp& after = ops[static_cast<size_t>(stage + 1)];
+  // train_pipeline.py exchange_1f1b: a forward sends its activation on (the last stage's forward ends in the
+  // loss, but it has no stage after it), a backward its gradient back (the first stage's has no stage before).
+  return (before.micro_batch >= 0 && !before.backward) || (after.micro_batch >= 0 && after.backward);
+}
+
+OneFOneBClocks::OneFOneBClocks(PipelinePool pool, int64_t stages, int64_t dp, int64_t layers_per_stage)
+    : pool_(pool), stages_(stages), dp_(dp), layers_(layers_per_stage) {
+  if (pool == PipelinePool::kTick || pool == PipelinePool::kBubble) {
+    throw std::invalid_argument("OneFOneBClocks: only for local attention and --pool stage (under tick pooling "
+                                "every call meets every rank; bubble is GPipe's)");
+  }
+  if (stages < 1 || dp < 1 || layers_per_stage < 1) {
+    throw std::invalid_argument("OneFOneBClocks: needs >= 1 stage, replica and layer per stage");
+  }
+  clock_.assign(static_cast<size_t>(stages * dp), 0.0);
+}
+
+void OneFOneBClocks::add(const std::vector<StageOp>& ops, const std::vector<TickRankTime>& ranks) {
+  if (static_cast<int64_t>(ops.size()) != stages_ || static_cast<int64_t>(ranks.size()) != stages_ * dp_) {
+    throw std::invalid_argument("OneFOneBClocks::add: expected " + std::to_string(stages_) + " stages of " +
+                                std::to_string(dp_) + " ranks");
+  }
+  const double layers = static_cast<double>(layers_);
+  const auto rank = [&](int64_t s, int64_t r) { return static_cast<size_t>(s * dp_ + r); };
+  // Where each rank's own work of the tick ends (an idle rank's clock stays).
+  std::vector<double> done = clock_;
+  for (int64_t s = 0; s < stages_; ++s) {
+    if (ops[static_cast<size_t>(s)].micro_batch < 0) continue;
+    if (pool_ == PipelinePool::kStage) {
+      // The stage's replicas meet at every call of their plan: the first call waits for the last of them to
+      // arrive, each layer for the slowest. Taken as: they start at the latest clock, take the slowest's time.
+      double start = 0, slowest = 0;
+      for (int64_t r = 0; r < dp_; ++r) {
+        start = std::max(start, clock_[rank(s, r)]);
+        slowest = std::max(slowest, layers * ranks[rank(s, r)].total + ranks[rank(s, r)].head);
+      }
+      for (int64_t r = 0; r < dp_; ++r) done[rank(s, r)] = start + slowest;
+    } else {
+      for (int64_t r = 0; r < dp_; ++r) {
+        done[rank(s, r)] = clock_[rank(s, r)] + layers * ranks[rank(s, r)].total + ranks[rank(s, r)].head;
+      }
+    }
+  }
+  // The tick's batched send/recv: the trainer waits for it on the host (work.wait with a timeout), so a rank's
+  // next tick starts when every transfer of its batch is done, i.e. when each neighbour it exchanges with has
+  // finished its own work of the tick. A middle stage's transfers with its two neighbours progress
+  // independently, so it waits for each neighbour's own end, not for that neighbour's other transfer.
+  clock_ = done;
+  for (int64_t s = 0; s + 1 < stages_; ++s) {
+    if (!stages_exchange(ops, s)) continue;
+    for (int64_t r = 0; r < dp_; ++r) {
+      const double both = std::max(done[rank(s, r)], done[rank(s + 1, r)]);
+      clock_[rank(s, r)] = std::max(clock_[rank(s, r)], both);
+      clock_[rank(s + 1, r)] = std::max(clock_[rank(s + 1, r)], both);
+    }
+  }
+}
+
+double OneFOneBClocks::seconds() const { return *std::max_element(clock_.begin(), clock_.end()); }
 
 PricedTick one_f_one_b_tick(const std::vector<StageOp>& ops, const std::vector<std::vector<RankWork>>& plans,
                             int64_t dp, int64_t layers_per_stage, PipelinePool pool, const SystemCalibration& cal,

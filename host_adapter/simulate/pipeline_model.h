@@ -31,10 +31,14 @@
 //          ranks hold none but serve): every attention call is collective over all stages, so they move in
 //          lockstep through their layers: tick = l x (max over ranks of non-attention + max over ranks of
 //          attention + exchange) + head (the other stages wait for the head at the next tick's first call)
+//   bubble (GPipe only; train_pipeline.py --pool bubble): tick pooling in the fill and drain ticks (some stage
+//          idle, its ranks serving) and their mirrored backward ticks, local attention in the others (every
+//          stage busy: no plan, no CAD call), each tick priced as its pool says
 // Step = sum over the 2T ticks + step_fixed_ms; with local attention each replica's stages are a pipeline of
 // their own (nothing couples replicas before the step's gradient all-reduce), so the step is the slowest
-// replica's sum of its ticks (each tick priced over that replica's stages). Ping-pong is not modelled for this
-// schedule (priced as off).
+// replica's sum of its ticks (each tick priced over that replica's stages); under --pool bubble the replicas
+// run so between the pooled ticks, whose calls they all join (pipeline_driver.h StepClock). Ping-pong is not
+// modelled for this schedule (priced as off).
 //
 // 1F1B (train_pipeline.py --schedule 1f1b, priced by --schedule 1f1b_ticks): the timetable
 // one_f_one_b_schedule gives, per tick, each stage's operation -- the forward or the backward of one
@@ -49,10 +53,24 @@
 //          waits for its slowest server. tick = l x (max over ranks of non-attention + sum over the calls of
 //          max over ranks of (that call's attention + exchange)) + max head. A rank's attention in a call is
 //          its server share of that call's plan in the call's direction, + attention_call_us.
-//   local / stage: a rank makes only its own operation's calls; stages meet only at the batched send/recv at
-//          the tick's end: tick = max over ranks of l x (non-attention + attention + exchange) + head, as in
-//          GPipe (and local replicas again form pipelines of their own).
-// The step is again the sum over its ticks (2 (M + PP - 1) of them) + step_fixed_ms.
+//          The step is the sum over its ticks (2 (M + PP - 1) of them) + step_fixed_ms.
+//   local / stage: a rank makes only its own operation's calls, so the stages meet only at the batched
+//          send/recv at a tick's end (exchange_1f1b), and only where something is sent: stages s and s + 1 meet
+//          at the end of tick t when s runs a forward there (it sends the activation) or s + 1 a backward (it
+//          sends the gradient); each then posts the matching receive. At every other tick neither waits for
+//          the other. In PP = 2's mixed ticks (stage 0 backward, stage 1 forward: ticks 3, 5, 7 at M = 4) nothing
+//          is sent (the first stage's backward has no one to send to, the last stage's forward ends in the
+//          loss), so stage 1 runs its forward and the backward of the next tick back to back while stage 0 runs
+//          its backward and its next forward. The step is therefore not a sum of per-tick maxima:
+//          OneFOneBClocks keeps one clock per rank, advances it by the rank's own time in the tick (l x
+//          (non-attention + attention + exchange) + head; under --pool stage a stage's replicas, which meet at
+//          every call of their plan, start together and end with the slowest) and, at a tick's end, sets both
+//          ranks of each pair that exchanges to the later of their two ends. Step = the last rank's end +
+//          step_fixed_ms. (Pricing each tick as its slowest rank and summing, the first version of this model,
+//          over-predicted run 25's 1F1B local step by 12%: tick by tick the ranks' own times were within a few
+//          percent, but stage 0's long backwards and stage 1's long backwards fell in different ticks and were
+//          both counted in full.) The send itself (an activation of n x hidden values) is not priced, as in
+//          GPipe. This replaces GPipe's per-replica pipelines: an exchange couples only (s, r) and (s + 1, r).
 #pragma once
 
 #include <cstdint>
@@ -66,7 +84,8 @@
 
 namespace cad::simulate {
 
-enum class PipelinePool { kLocal, kStage, kTick };
+// kBubble (GPipe only): kTick in the ticks where some stage is idle, kLocal in the others (gpipe_bubble_tick).
+enum class PipelinePool { kLocal, kStage, kTick, kBubble };
 
 // One tick of the GPipe schedule: which micro-batch each stage runs (-1: idle).
 struct GpipeTick {
@@ -78,6 +97,14 @@ struct GpipeTick {
 // The 2 (M + PP - 1) ticks of one step, forward ticks first. Throws std::invalid_argument for stages < 1 or
 // micro-batches < 1.
 std::vector<GpipeTick> gpipe_schedule(int64_t stages, int64_t microbatches);
+
+// Whether some stage is idle at GPipe forward tick `forward_tick` (t < PP - 1: the fill; t >= M: the drain), as
+// train_pipeline.py bubble_tick: the ticks, and their mirrored backward ticks, that --pool bubble pools.
+bool gpipe_bubble_tick(int64_t stages, int64_t microbatches, int64_t forward_tick);
+
+// The pool a GPipe tick is priced with: `pool`, except under kBubble kTick in a bubble tick and kLocal in a
+// steady one (every stage busy: the trainer runs local attention there, no plan and no CAD call).
+PipelinePool gpipe_tick_pool(PipelinePool pool, int64_t stages, int64_t microbatches, int64_t forward_tick);
 
 // One stage's operation in one tick of the 1F1B timetable.
 struct StageOp {
@@ -143,6 +170,32 @@ RankTime tick_critical_path(const std::vector<TickRankTime>& ranks, const std::v
 RankTime gpipe_tick_critical_path(const std::vector<TickRankTime>& ranks, int64_t layers_per_stage,
                                   PipelinePool pool);
 double tick_seconds(const std::vector<TickRankTime>& ranks, int64_t layers_per_stage, PipelinePool pool);
+
+// Whether stages s and s + 1 send to each other at the end of a 1F1B tick (train_pipeline.py exchange_1f1b):
+// s sends its forward's activation or s + 1 its backward's gradient (and the other posts the receive).
+bool stages_exchange(const std::vector<StageOp>& ops, int64_t stage);
+
+// The clocks of a 1F1B step whose stages meet only at their send/recv: local attention and --pool stage (see
+// above). Not for --pool tick, whose calls meet at every layer (its step is the sum of its ticks).
+class OneFOneBClocks {
+ public:
+  // Throws std::invalid_argument for pool kTick or kBubble, stages or dp < 1, or layers_per_stage < 1.
+  OneFOneBClocks(PipelinePool pool, int64_t stages, int64_t dp, int64_t layers_per_stage);
+  // One tick: `ops` per stage, `ranks` stage-major (rank = stage x DP + replica), as one_f_one_b_tick prices
+  // them. Each rank that runs an operation moves on by its own time (layers x total + head; under kStage its
+  // stage's replicas start at the latest of their clocks and take the slowest one's time); then each pair
+  // (s, r), (s + 1, r) that exchanges (stages_exchange) ends at the later of the two.
+  void add(const std::vector<StageOp>& ops, const std::vector<TickRankTime>& ranks);
+  // Per rank, seconds from the step's start to the end of the last tick added (its send/recv included).
+  const std::vector<double>& ends() const { return clock_; }
+  // The step's ticks: the last rank's end.
+  double seconds() const;
+
+ private:
+  PipelinePool pool_;
+  int64_t stages_, dp_, layers_;
+  std::vector<double> clock_;
+};
 
 // One 1F1B tick priced: every rank's own operation and the calls it joins, and the tick's critical path.
 struct PricedTick {

@@ -10,6 +10,8 @@
 //   CAD, --pool tick  one plan over every rank of every stage (PP x DP servers), idle ranks with no documents
 //   CAD, --pool stage one plan per stage over its DP replicas (in groups of the balancer's group size);
 //                     with DP = 1 nothing moves and it is priced as local
+//   CAD, --pool bubble --pool tick's plan in the bubble ticks (some stage idle: forward ticks t < PP - 1 or
+//                     t >= M), colocated's in the steady ones, each tick priced as its pool (gpipe_tick_pool)
 #pragma once
 
 #include <vector>

@@ -63,7 +63,15 @@ void check_scenario(const Scenario& s, const AttentionRates& rates) {
                                   "it needs --trainer FILE");
     }
     if (s.pool == PipelinePool::kLocal) {
-      throw std::invalid_argument("--pool: expected tick or stage (local attention is the colocated balancer)");
+      throw std::invalid_argument("--pool: expected tick, stage or bubble (local attention is the colocated "
+                                  "balancer)");
+    }
+    // The trainer refuses it too: 1F1B's idle ticks are not GPipe's fill and drain, and mix forwards with
+    // backwards (train_pipeline.py --pool bubble).
+    if (s.pool == PipelinePool::kBubble && s.schedule != Schedule::kGpipe) {
+      throw std::invalid_argument("--pool bubble runs with --schedule gpipe only (it pools GPipe's fill and drain "
+                                  "ticks, as train_pipeline.py --pool bubble), not --schedule " +
+                                  std::string(schedule_name(s.schedule)));
     }
     for (const auto& b : s.balancers) {
       if (b.plan_is_layout) {

@@ -63,7 +63,7 @@ struct Scenario {
   TrainerOptions trainer_options;
   Schedule schedule = Schedule::k1f1b;
   // With kGpipe or k1f1bTicks: how CAD balancers pool attention (colocated is always local); kLocal is not
-  // valid here.
+  // valid here, kBubble only with kGpipe (as the trainer's --pool bubble).
   PipelinePool pool = PipelinePool::kTick;
   // Keep each micro-batch's per-rank parts in BalancerResult::detail (small runs: one entry per rank).
   bool detail = false;
@@ -105,6 +105,13 @@ struct TickDetail {
   std::vector<TickRankTime> ranks;
   double seconds = 0;
   int64_t plan_documents = 0;  // documents in the tick's plans (gpipe tick pooling: the union of the stages')
+  // 1f1b_ticks, local and --pool stage: each rank's clock (seconds from the step's start) after this tick's
+  // send/recv (pipeline_model.h OneFOneBClocks); `seconds` is then the slowest rank's own time in the tick, and
+  // the step is not the sum of the ticks' seconds. Empty otherwise.
+  std::vector<double> rank_ends;
+  // The pool the tick was priced with: the run's, or under --pool bubble kTick (a bubble tick) or kLocal;
+  // colocated's is kLocal.
+  PipelinePool pool = PipelinePool::kLocal;
 };
 
 struct BalancerResult {

@@ -32,6 +32,37 @@ sim::RankWork work(int64_t tokens, double fwd, double bwd) {
   return w;
 }
 
+// A rank's own time in a tick as OneFOneBClocks reads it: per-layer total and the head.
+sim::TickRankTime own(double per_layer, double head = 0) {
+  sim::TickRankTime t;
+  t.total = per_layer;
+  t.head = head;
+  return t;
+}
+
+// The trainer's rule for PP = 2 (exchange_1f1b), written out: the two stages send to each other at the end of a
+// tick when stage 0 runs a forward or stage 1 a backward. Replays a priced step's ticks (2 stages x dp ranks) on
+// per-rank clocks, each rank alone (local attention); returns every rank's end after each tick.
+std::vector<std::vector<double>> two_stage_clocks(const std::vector<sim::TickDetail>& ticks, int64_t dp,
+                                                  double layers) {
+  std::vector<double> clock(static_cast<size_t>(2 * dp), 0.0);
+  std::vector<std::vector<double>> out;
+  for (const sim::TickDetail& t : ticks) {
+    for (size_t r = 0; r < clock.size(); ++r) clock[r] += layers * t.ranks[r].total + t.ranks[r].head;
+    const bool forward_on_0 = t.ops[0].micro_batch >= 0 && !t.ops[0].backward;
+    const bool backward_on_1 = t.ops[1].micro_batch >= 0 && t.ops[1].backward;
+    const bool meet = forward_on_0 || backward_on_1;
+    if (meet) {
+      for (int64_t r = 0; r < dp; ++r) {
+        const double both = std::max(clock[static_cast<size_t>(r)], clock[static_cast<size_t>(dp + r)]);
+        clock[static_cast<size_t>(r)] = clock[static_cast<size_t>(dp + r)] = both;
+      }
+    }
+    out.push_back(clock);
+  }
+  return out;
+}
+
 sim::Scenario one_f_one_b(int64_t pp, int64_t dp, const std::vector<std::string>& balancers, sim::PipelinePool pool,
                           const sim::TrainerCalibration* tcal) {
   return sim::testing::pipeline(pp, dp, balancers, pool, tcal, sim::Schedule::k1f1bTicks);
@@ -140,6 +171,8 @@ TEST(OneFOneBTick, MixedTickByHand) {
 
   // The same plans, each rank making only its own operation's calls: locally (no exchange) the slowest rank
   // alone, 2 x (0.006 + (0.005 + 0.001) + (0.010 + 0.001)) + head; per stage with the exchange of its 2 calls.
+  // (This is the tick's slowest rank, its `seconds` in the detail; the step is no longer the sum of these but
+  // the ranks' clocks, OneFOneBClocks, since the stages meet only where they send to each other.)
   const sim::PricedTick local = sim::one_f_one_b_tick(ops, pooled, 1, 2, sim::PipelinePool::kLocal, cal, tcal, options);
   EXPECT_NEAR(local.ranks[0].attention, 0.011, 1e-12);
   EXPECT_DOUBLE_EQ(local.ranks[0].exchange, 0);
@@ -171,6 +204,81 @@ TEST(OneFOneBTick, MixedTickByHand) {
                std::invalid_argument);
 }
 
+TEST(OneFOneBClocks, StagesSendAtTheTrainersTicks) {
+  // exchange_1f1b for M = 4, PP = 2 ([F0,-] [F1,F0] [-,B0] [B0,F1] [F2,B1] [B1,F2] [F3,B2] [B2,F3] [-,B3] [B3,-]):
+  // a send when stage 0 runs a forward or stage 1 a backward; none in the mixed ticks (stage 0's backward has no
+  // one to send to, stage 1's forward ends in the loss) nor in the last (stage 0's last backward).
+  const std::vector<bool> expected = {true, true, true, false, true, false, true, false, true, false};
+  const std::vector<std::vector<sim::StageOp>> table = sim::one_f_one_b_schedule(2, 4);
+  ASSERT_EQ(table.size(), expected.size());
+  for (size_t t = 0; t < table.size(); ++t) EXPECT_EQ(sim::stages_exchange(table[t], 0), expected[t]) << "tick " << t;
+  EXPECT_THROW(sim::stages_exchange(table[0], 1), std::invalid_argument);  // the last stage has no stage after it
+}
+
+TEST(OneFOneBClocks, StagesMeetOnlyWhereTheySendByHand) {
+  // PP = 2, DP = 1, 2 layers per stage; the first 5 ticks of the M = 4 timetable. Per layer a forward costs
+  // 0.1 s, a backward 0.3 s; the last stage's head 0.3 s forward, 0.9 s backward.
+  const std::vector<std::vector<sim::StageOp>> table = sim::one_f_one_b_schedule(2, 4);
+  const sim::TickRankTime idle, fwd = own(0.1), bwd = own(0.3), last_fwd = own(0.1, 0.3), last_bwd = own(0.3, 0.9);
+  const std::vector<std::vector<sim::TickRankTime>> ticks = {
+      {fwd, idle}, {fwd, last_fwd}, {idle, last_bwd}, {bwd, last_fwd}, {fwd, last_bwd}};
+  const std::vector<std::vector<double>> ends = {
+      {0.2, 0.2},  // [F0,-]: stage 1 receives F0's activation, so it waits for stage 0 (0.2)
+      {0.7, 0.7},  // [F1,F0]: 0.4 and 0.2 + 2 x 0.1 + 0.3 = 0.7; stage 0 sends F1's activation: both 0.7
+      {2.2, 2.2},  // [-,B0]: 0.7 + 0.6 + 0.9; stage 1 sends B0's gradient
+      {2.8, 2.7},  // [B0,F1]: nothing sent, so neither waits: 2.2 + 0.6 and 2.2 + 0.5
+      {4.2, 4.2},  // [F2,B1]: 2.8 + 0.2 = 3.0 and 2.7 + 1.5 = 4.2, then they meet
+  };
+  sim::OneFOneBClocks clocks(sim::PipelinePool::kLocal, 2, 1, 2);
+  double tick_maxima = 0;
+  for (size_t t = 0; t < ticks.size(); ++t) {
+    clocks.add(table[t], ticks[t]);
+    ASSERT_EQ(clocks.ends().size(), 2u);
+    EXPECT_NEAR(clocks.ends()[0], ends[t][0], 1e-12) << "tick " << t;
+    EXPECT_NEAR(clocks.ends()[1], ends[t][1], 1e-12) << "tick " << t;
+    tick_maxima += std::max(2 * ticks[t][0].total + ticks[t][0].head, 2 * ticks[t][1].total + ticks[t][1].head);
+  }
+  EXPECT_NEAR(clocks.seconds(), 4.2, 1e-12);
+  // Summing the ticks' slowest ranks (the first version of the model) counts stage 0's backward of tick 3 and
+  // stage 1's backward of tick 4 both in full: 0.2 + 0.5 + 1.5 + 0.6 + 1.5.
+  EXPECT_NEAR(tick_maxima, 4.3, 1e-12);
+
+  // Three stages: the middle one exchanges with both neighbours, each pair meets at the later of its own two
+  // ends. [F,F,B] with own times 0.1, 0.2, 0.9 (1 layer): stage 0 waits only for stage 1 (0.2), not for
+  // stage 1's transfer with stage 2 (0.9).
+  sim::OneFOneBClocks three(sim::PipelinePool::kLocal, 3, 1, 1);
+  three.add({{false, 2}, {false, 1}, {true, 0}}, {own(0.1), own(0.2), own(0.9)});
+  EXPECT_NEAR(three.ends()[0], 0.2, 1e-12);
+  EXPECT_NEAR(three.ends()[1], 0.9, 1e-12);
+  EXPECT_NEAR(three.ends()[2], 0.9, 1e-12);
+
+  // Tick pooling meets at every call: not these clocks. Wrong sizes are refused.
+  EXPECT_THROW(sim::OneFOneBClocks(sim::PipelinePool::kTick, 2, 1, 2), std::invalid_argument);
+  EXPECT_THROW(clocks.add(table[5], {fwd}), std::invalid_argument);
+}
+
+TEST(OneFOneBClocks, ReplicasAlonePerStageTogetherUnderStagePooling) {
+  // PP = 2, DP = 2 (rank = stage x 2 + replica), 1 layer. [-,B]: stage 1's replicas take 0.3 and 0.5, and send
+  // back to stage 0's. Then [F,-]: stage 0's take 0.4 and 0.1, and send on.
+  const std::vector<sim::StageOp> drain = {{false, -1}, {true, 0}}, fill = {{false, 1}, {false, -1}};
+  const sim::TickRankTime idle;
+  const std::vector<sim::TickRankTime> first = {idle, idle, own(0.3), own(0.5)};
+  const std::vector<sim::TickRankTime> second = {own(0.4), own(0.1), idle, idle};
+  // Local: each replica a pipeline of its own. Replica 0: 0.3, then 0.3 + 0.4; replica 1: 0.5, then 0.6.
+  sim::OneFOneBClocks local(sim::PipelinePool::kLocal, 2, 2, 1);
+  local.add(drain, first);
+  local.add(fill, second);
+  const std::vector<double> local_ends = {0.7, 0.6, 0.7, 0.6};
+  for (size_t r = 0; r < 4; ++r) EXPECT_NEAR(local.ends()[r], local_ends[r], 1e-12) << "rank " << r;
+  EXPECT_NEAR(local.seconds(), 0.7, 1e-12);
+  // Per stage: a stage's replicas meet at every call of their plan, so they start at the later clock and end with
+  // the slower: 0.5, then 0.5 + 0.4 on every rank.
+  sim::OneFOneBClocks stage(sim::PipelinePool::kStage, 2, 2, 1);
+  stage.add(drain, first);
+  stage.add(fill, second);
+  for (size_t r = 0; r < 4; ++r) EXPECT_NEAR(stage.ends()[r], 0.9, 1e-12) << "rank " << r;
+}
+
 TEST(OneFOneBRun, StagePoolWithOneReplicaPricesLikeColocated) {
   const sim::TrainerCalibration tcal = sim::testing::pipeline_trainer();
   const auto rates = sim::constant_rates(600, 400, 2.5);
@@ -180,13 +288,15 @@ TEST(OneFOneBRun, StagePoolWithOneReplicaPricesLikeColocated) {
   EXPECT_EQ(r[1].group_size, 1);
   EXPECT_NEAR(r[1].off.mean_step_seconds, r[0].off.mean_step_seconds, 1e-9 * r[0].off.mean_step_seconds);
   EXPECT_DOUBLE_EQ(r[1].bytes_per_layer, 0);
-  // The step is the sum of its 10 ticks plus the fixed part; the ticks are the timetable's.
+  // The ticks are the timetable's; the step is the last rank's end on the clocks (the stages meeting only where
+  // they send to each other, as written out in two_stage_clocks) plus the fixed part, each tick's detail giving
+  // the clocks after it.
   const std::vector<std::vector<sim::StageOp>> table = sim::one_f_one_b_schedule(2, 4);
   ASSERT_EQ(r[0].ticks.size(), table.size());
-  double sum = tcal.step_fixed_ms * 1e-3;
+  double tick_sum = 0;
   for (size_t t = 0; t < table.size(); ++t) {
     const sim::TickDetail& d = r[0].ticks[t];
-    sum += d.seconds;
+    tick_sum += d.seconds;
     EXPECT_EQ(d.tick.index, static_cast<int64_t>(t));
     ASSERT_EQ(d.ops.size(), 2u);
     for (size_t st = 0; st < 2; ++st) {
@@ -194,7 +304,15 @@ TEST(OneFOneBRun, StagePoolWithOneReplicaPricesLikeColocated) {
       EXPECT_EQ(d.tick.micro_batch[st], table[t][st].micro_batch);
     }
   }
-  EXPECT_NEAR(r[0].off.mean_step_seconds, sum, 1e-12);
+  const std::vector<std::vector<double>> ends = two_stage_clocks(r[0].ticks, 1, 2);
+  for (size_t t = 0; t < table.size(); ++t) {
+    ASSERT_EQ(r[0].ticks[t].rank_ends.size(), 2u);
+    for (size_t k = 0; k < 2; ++k) EXPECT_NEAR(r[0].ticks[t].rank_ends[k], ends[t][k], 1e-12) << "tick " << t;
+  }
+  const double step = std::max(ends.back()[0], ends.back()[1]) + tcal.step_fixed_ms * 1e-3;
+  EXPECT_NEAR(r[0].off.mean_step_seconds, step, 1e-12);
+  // Stage 1's forwards overlap stage 0's backwards in the mixed ticks: shorter than the ticks' sum.
+  EXPECT_LT(r[0].off.mean_step_seconds, tick_sum + tcal.step_fixed_ms * 1e-3 - 1e-6);
   EXPECT_DOUBLE_EQ(r[0].on.mean_step_seconds, r[0].off.mean_step_seconds);
 }
 
@@ -210,16 +328,13 @@ TEST(OneFOneBRun, LocalRanksDoTheSameWorkAsUnderGpipe) {
   EXPECT_NEAR(a[0].off.mean.linear, g[0].off.mean.linear, 1e-12);
   EXPECT_NEAR(a[0].off.mean.attention, g[0].off.mean.attention, 1e-12);
   EXPECT_NEAR(a[0].off.mean.total, g[0].off.mean.total, 1e-12);
-  // Each replica a pipeline of its own: the step is the slowest replica's sum of ticks.
-  double replica[2] = {0, 0};
-  for (const auto& t : a[0].ticks) {
-    ASSERT_EQ(t.ranks.size(), 4u);
-    for (int rep = 0; rep < 2; ++rep) {
-      replica[rep] += sim::tick_seconds({t.ranks[static_cast<size_t>(rep)], t.ranks[static_cast<size_t>(2 + rep)]}, 2,
-                                        sim::PipelinePool::kLocal);
-    }
-  }
-  EXPECT_NEAR(a[0].off.mean_step_seconds, std::max(replica[0], replica[1]) + tcal.step_fixed_ms * 1e-3, 1e-12);
+  // Each replica a pipeline of its own, its two stages meeting where they send to each other: the step is the
+  // last rank's end, the replicas never waiting for each other.
+  for (const auto& t : a[0].ticks) ASSERT_EQ(t.ranks.size(), 4u);
+  const std::vector<std::vector<double>> ends = two_stage_clocks(a[0].ticks, 2, 2);
+  const double last = *std::max_element(ends.back().begin(), ends.back().end());
+  EXPECT_NEAR(a[0].off.mean_step_seconds, last + tcal.step_fixed_ms * 1e-3, 1e-12);
+  EXPECT_NE(ends.back()[0], ends.back()[1]);  // the replicas' batches differ, and so do their ends
 }
 
 TEST(OneFOneBRun, TickPoolPlansEachMicroBatchAndStageOverEveryRank) {
@@ -255,6 +370,13 @@ TEST(OneFOneBRun, TickPoolPlansEachMicroBatchAndStageOverEveryRank) {
           << "tick " << t.tick.index << " stage " << st;
     }
   }
+  // Under tick pooling every call meets every rank: the step is the sum of its ticks, no per-rank clocks.
+  double sum = tcal.step_fixed_ms * 1e-3;
+  for (const sim::TickDetail& t : r[1].ticks) {
+    sum += t.seconds;
+    EXPECT_TRUE(t.rank_ends.empty());
+  }
+  EXPECT_NEAR(r[1].off.mean_step_seconds, sum, 1e-12);
   // Colocated: an idle stage does nothing.
   EXPECT_EQ(name(r[0].ticks[0].ops[1]), "-");
   EXPECT_DOUBLE_EQ(r[0].ticks[0].ranks[1].total, 0);
@@ -281,5 +403,12 @@ TEST(OneFOneBRun, RefusalsNameTheSchedule) {
       << refusal(cp);
   sim::Scenario local_pool = s;
   local_pool.pool = sim::PipelinePool::kLocal;
-  EXPECT_NE(refusal(local_pool).find("--pool: expected tick or stage"), std::string::npos) << refusal(local_pool);
+  EXPECT_NE(refusal(local_pool).find("--pool: expected tick, stage or bubble"), std::string::npos)
+      << refusal(local_pool);
+  // --pool bubble pools GPipe's fill and drain ticks: refused here, as the trainer refuses it with 1F1B.
+  sim::Scenario bubble = s;
+  bubble.pool = sim::PipelinePool::kBubble;
+  EXPECT_NE(refusal(bubble).find("--pool bubble runs with --schedule gpipe only"), std::string::npos)
+      << refusal(bubble);
+  EXPECT_NE(refusal(bubble).find("not --schedule 1f1b_ticks"), std::string::npos) << refusal(bubble);
 }

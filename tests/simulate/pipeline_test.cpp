@@ -10,6 +10,7 @@
 #include <string>
 
 #include "batch_recipe.h"
+#include "pipeline_driver.h"
 #include "pipeline_fixture.h"
 #include "pipeline_model.h"
 #include "plan_work.h"
@@ -212,6 +213,96 @@ TEST(GpipeRun, TickPoolPlansTheUnionOfTheStagesDocuments) {
   EXPECT_GT(r[1].bytes_per_layer, 0);
 }
 
+TEST(GpipeBubble, BubbleTicksAreTheFillAndDrain) {
+  // train_pipeline.py bubble_tick: some stage idle at forward tick t, i.e. t < PP - 1 or t >= M.
+  const std::vector<bool> two_by_four = {true, false, false, false, true};  // PP = 2, M = 4: [0,-] ... [-,3]
+  for (int64_t t = 0; t < 5; ++t) {
+    EXPECT_EQ(sim::gpipe_bubble_tick(2, 4, t), two_by_four[static_cast<size_t>(t)]) << "tick " << t;
+    EXPECT_EQ(sim::gpipe_tick_pool(sim::PipelinePool::kBubble, 2, 4, t),
+              two_by_four[static_cast<size_t>(t)] ? sim::PipelinePool::kTick : sim::PipelinePool::kLocal);
+    // The other pools are left as they are.
+    EXPECT_EQ(sim::gpipe_tick_pool(sim::PipelinePool::kStage, 2, 4, t), sim::PipelinePool::kStage);
+  }
+  // Against the schedule itself, for several shapes: a bubble tick is one where some stage is idle.
+  for (int64_t pp : {1, 2, 3, 4}) {
+    for (int64_t m : {1, 2, 5, 8}) {
+      const std::vector<sim::GpipeTick> schedule = sim::gpipe_schedule(pp, m);
+      for (int64_t t = 0; t < m + pp - 1; ++t) {
+        const std::vector<int64_t>& mb = schedule[static_cast<size_t>(t)].micro_batch;
+        const bool idle = std::any_of(mb.begin(), mb.end(), [](int64_t x) { return x < 0; });
+        EXPECT_EQ(sim::gpipe_bubble_tick(pp, m, t), idle) << "pp " << pp << " m " << m << " tick " << t;
+      }
+    }
+  }
+  EXPECT_THROW(sim::gpipe_bubble_tick(2, 4, 5), std::invalid_argument);  // past the forward ticks
+  // A tick is priced tick-pooled or local, never "bubble".
+  EXPECT_THROW(sim::tick_seconds({sim::TickRankTime{}}, 2, sim::PipelinePool::kBubble), std::invalid_argument);
+}
+
+TEST(GpipeBubble, BubbleTicksPricedAsTickPoolingSteadyTicksAsLocal) {
+  // PP = 2, DP = 1, M = 4: forward ticks 0 and 4 (and backward ticks 4 and 0, which mirror them) are bubble
+  // ticks; ticks 1-3 steady. Under --pool bubble a bubble tick must be priced exactly as the --pool tick run
+  // prices it, a steady tick exactly as colocated (no plan moves anything, no exchange).
+  const sim::TrainerCalibration tcal = trainer();
+  const auto rates = sim::constant_rates(600, 400, 2.5);
+  const auto bubble =
+      sim::simulate(pipeline(2, 1, {"colocated", "prefix_aware"}, sim::PipelinePool::kBubble, &tcal), system(), *rates);
+  const auto tick =
+      sim::simulate(pipeline(2, 1, {"colocated", "prefix_aware"}, sim::PipelinePool::kTick, &tcal), system(), *rates);
+  ASSERT_EQ(bubble.size(), 2u);
+  EXPECT_EQ(bubble[1].group_size, 2);  // its pooled ticks plan over every rank
+  const std::vector<sim::TickDetail>& b = bubble[1].ticks;
+  ASSERT_EQ(b.size(), 10u);
+  int pooled = 0;
+  double sum = tcal.step_fixed_ms * 1e-3;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const int64_t forward_tick = b[i].tick.backward ? 4 - b[i].tick.index : b[i].tick.index;
+    const bool is_bubble = forward_tick == 0 || forward_tick == 4;
+    const sim::TickDetail& same = is_bubble ? tick[1].ticks[i] : bubble[0].ticks[i];  // tick-pooled or colocated
+    EXPECT_EQ(b[i].pool, is_bubble ? sim::PipelinePool::kTick : sim::PipelinePool::kLocal) << "tick " << i;
+    EXPECT_NEAR(b[i].seconds, same.seconds, 1e-12) << "tick " << i;
+    ASSERT_EQ(b[i].ranks.size(), 2u);
+    for (size_t r = 0; r < 2; ++r) {
+      EXPECT_NEAR(b[i].ranks[r].attention, same.ranks[r].attention, 1e-12) << "tick " << i << " rank " << r;
+      EXPECT_NEAR(b[i].ranks[r].exchange, same.ranks[r].exchange, 1e-12) << "tick " << i << " rank " << r;
+      // In a bubble tick the idle stage serves (attention, exchange); in a steady one nothing is exchanged.
+      if (is_bubble) {
+        EXPECT_GT(b[i].ranks[r].exchange, 0) << "tick " << i << " rank " << r;
+      } else {
+        EXPECT_DOUBLE_EQ(b[i].ranks[r].exchange, 0) << "tick " << i << " rank " << r;
+      }
+    }
+    pooled += is_bubble ? 1 : 0;
+    sum += b[i].seconds;
+  }
+  EXPECT_EQ(pooled, 4);
+  // DP = 1: the step is the sum of its ticks, and it sits between the two runs it borrows from tick by tick.
+  EXPECT_NEAR(bubble[1].off.mean_step_seconds, sum, 1e-12);
+  EXPECT_NE(bubble[1].off.mean_step_seconds, tick[1].off.mean_step_seconds);
+  EXPECT_NE(bubble[1].off.mean_step_seconds, bubble[0].off.mean_step_seconds);
+}
+
+TEST(GpipeBubble, StepClockLocalRunsBetweenCoupledTicks) {
+  // DP = 2 (ranks stage-major: s0r0, s0r1, s1r0, s1r1), 1 layer. Two local ticks: replica 0 takes max(0.1, 0.2)
+  // then 0.4, replica 1 max(0.3, 0.1) then 0.1: 0.6 and 0.4. A coupled tick of 1.0 starts when the slower
+  // replica arrives (0.6). Then a local tick: replica 0 0.2, replica 1 0.5. Step = 0.6 + 1.0 + 0.5 = 2.1
+  // (summing the slowest rank of every tick would give 0.3 + 0.4 + 1.0 + 0.5 = 2.2).
+  const auto own = [](double total) {
+    sim::TickRankTime t;
+    t.total = total;
+    return t;
+  };
+  const sim::TickRankTime idle;
+  sim::StepClock clock(2, 1);
+  clock.add({own(0.1), own(0.3), own(0.2), own(0.1)}, sim::PipelinePool::kLocal, 0.3);
+  clock.add({own(0.4), own(0.1), idle, idle}, sim::PipelinePool::kLocal, 0.4);
+  EXPECT_NEAR(clock.seconds(), 0.6, 1e-12);
+  clock.add({own(0.5), own(0.5), own(0.5), own(0.5)}, sim::PipelinePool::kTick, 1.0);
+  EXPECT_NEAR(clock.seconds(), 1.6, 1e-12);
+  clock.add({own(0.2), own(0.5), idle, idle}, sim::PipelinePool::kLocal, 0.5);
+  EXPECT_NEAR(clock.seconds(), 2.1, 1e-12);
+}
+
 TEST(GpipeRun, RefusalsNameTheProblem) {
   const sim::TrainerCalibration tcal = trainer();
   sim::Scenario s = pipeline(2, 1, {"colocated", "prefix_aware"}, sim::PipelinePool::kTick, &tcal);
@@ -228,7 +319,8 @@ TEST(GpipeRun, RefusalsNameTheProblem) {
       << refusal(cp);
   sim::Scenario local_pool = s;
   local_pool.pool = sim::PipelinePool::kLocal;
-  EXPECT_NE(refusal(local_pool).find("--pool: expected tick or stage"), std::string::npos) << refusal(local_pool);
+  EXPECT_NE(refusal(local_pool).find("--pool: expected tick, stage or bubble"), std::string::npos)
+      << refusal(local_pool);
   // 1F1B with the trainer calibration stays refused, and says what to use.
   sim::Scenario one_f_one_b = s;
   one_f_one_b.schedule = sim::Schedule::k1f1b;
