@@ -2,8 +2,9 @@
 # pipeline.sh -- the pipeline-parallel trainer (examples/train_pipeline.py, issue 27) on 2 GPUs of one host: GPipe
 # with PP=2 (DP=1), --model llama3-8b with --layers 4 (2 decoder layers per stage), full activation checkpointing,
 # Pretrain-recipe micro-batches of CONTEXTS tokens (default 32768 65536) and MICRO_BATCHES per step (default 4 8),
-# every configuration of CONFIGS (default local,torch_varlen,cad_tick,cad_stage; the trainer's --configs names, so
-# 1f1b_local,1f1b_cad_tick,... run the 1F1B schedule beside the GPipe ones) trained in turn by one torchrun
+# every configuration of CONFIGS (default local,local_balanced,torch_varlen,cad_tick,cad_bubble,cad_stage: the
+# trainer's --configs names; local_balanced is the measured ideal, and 1f1b_local,1f1b_local_balanced,
+# 1f1b_cad_tick,... run the 1F1B schedule beside the GPipe ones) trained in turn by one torchrun
 # per (context, micro-batches) from the same weights on the same batches, STEPS steps each (default 3: step 0
 # warms up). Then tests/multi_gpu/pipeline_table.py prints a table per (context, micro-batches): step ms, tokens/s,
 # speedup over local, the ideal speedup, the realised share, and the mean per-tick attention imbalance measured,
@@ -19,11 +20,10 @@
 # STEPS, LAYERS (default 4), CHECKPOINTING (default full), TRAINER_ARGS (added to every run), CAD_DATA (default
 # ../shared/data/doclen_pretrain.json, as run.sh), TAR (pack OUT into this file after every run).
 #
-# Time (estimates from docs/multi_gpu.md's one-layer timings, to be replaced by the first run's): a Llama-8B layer's
-# forward + backward with recomputation ~0.2 s at 32K and ~0.4 s at 64K tokens; a step is (M + 1) ticks x 2 layers
-# per stage, plus the 128256-token head on the last stage, so ~3 s at 32K x 4 up to ~10 s at 64K x 8; three
-# configurations (torch_varlen included) x 3 steps plus start-up: ~1-2 minutes per torchrun at 32K, 2-4 at 64K.
-# The default budget covers the 32K runs and the first 64K one; PIPE_BUDGET_S=900 covers all four.
+# Time (measured on 2 H200s, docs/multi_gpu.md runs 17 and 25): a step takes ~2.4 s at 32K x 4, ~5 s at 64K x 4,
+# ~9.8 s at 64K x 8 and ~11.8 s at 128K x 4 (GPipe; 1F1B ~3% more); a torchrun spends ~30 s starting, then per
+# configuration STEPS steps and ~10 s of set-up: at 64K x 8 three configurations took 120 s, at 128K x 4 six took
+# 240 s. The default budget (300 s) covers the 32K runs and part of the 64K ones; PIPE_BUDGET_S=900 covers all four.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/pipeline_out}"
@@ -47,7 +47,7 @@ if [ ! -f "$CAD_PLUGIN_PATH/cad_cad.so" ] || [ ! -f "$CAD_HOST_LIBRARY" ]; then
   exit 1
 fi
 
-CONFIGS="${CONFIGS:-local,torch_varlen,cad_tick,cad_stage}"
+CONFIGS="${CONFIGS:-local,local_balanced,torch_varlen,cad_tick,cad_bubble,cad_stage}"
 deadline=$(( $(date +%s) + ${PIPE_BUDGET_S:-300} ))
 for ctx in ${CONTEXTS:-32768 65536}; do
   for mb in ${MICRO_BATCHES:-4 8}; do
