@@ -5,7 +5,8 @@ CAD balanced per pipeline tick across every rank (issue 27), or local.
     torchrun --nproc-per-node 4 examples/train_pipeline.py --pp 2 --attention cad --pool tick \
         --context 1024 --layers 4 --micro-batches 4 --steps 3 --device cpu
     torchrun --nproc-per-node 2 examples/train_pipeline.py --device cuda --pp 2 --model llama3-8b --layers 4 \
-        --context 32768 --micro-batches 4 --configs local,torch_varlen,cad_tick,cad_stage --json-out 'out_{config}.json'
+        --context 32768 --micro-batches 4 --configs local,local_balanced,torch_varlen,cad_tick,cad_bubble,cad_stage \
+        --json-out 'out_{config}.json'
 
 Layout: world = PP x DP ranks, rank = stage * DP + replica (stage-major: the ranks of one stage are neighbours,
 [s * DP, (s + 1) * DP)). Stage s holds the decoder layers [s * L / PP, (s + 1) * L / PP) (L must divide by PP);
