@@ -475,6 +475,10 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         if args.pool == "stage" and layout.dp == 1 and rank == 0:
             print("note: --pool stage with DP = 1: every CAD group is one rank, so CAD balances nothing here (the "
                   "data-parallel-only path cannot move attention between stages; --pool tick can)", flush=True)
+        if args.pool == "bubble" and layout.dp > 1 and rank == 0:
+            print(f"note: --pool bubble with DP = {layout.dp}: the steady ticks run local attention, so the imbalance "
+                  f"between a stage's replicas there stays (cad simulate --pool bubble predicts --pool tick or stage "
+                  f"ahead wherever DP > 1; docs/simulate.md)", flush=True)
     synced = args.sync_attention_timing == "on"
     cad.timing(sync_cuda=synced)
     base.AttentionClock.sync = synced

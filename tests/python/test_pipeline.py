@@ -60,6 +60,7 @@ RUNS = {
                 {"local": ["--attention", "local"],
                  "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
                  "cad_stage": ["--attention", "cad", "--pool", "stage"],
+                 "cad_bubble_full": ["--attention", "cad", "--pool", "bubble", "--checkpointing", "full"],
                  "1f1b_cad_tick_full": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick",
                                         "--checkpointing", "full"],
                  "1f1b_cad_stage": ["--schedule", "1f1b", "--attention", "cad", "--pool", "stage"]}),
@@ -230,6 +231,19 @@ def test_pp2_dp2_cad_trains_as_local_and_as_the_whole_model(four):
             assert a["names"][name] == b["names"][name]
             assert a["vs_reference"][name] == b["vs_reference"][name] and a["vs_local"][name] == b["vs_local"][name]
             assert a["vs_local_after_step"][name] == b["vs_local_after_step"][name]
+
+
+@needs_data
+def test_pp2_dp2_bubble_pool_says_the_replicas_stay_unbalanced_in_steady_ticks(four):
+    """With DP > 1 --pool bubble still trains as local attention (above) and pools its bubble ticks over all four
+    ranks, but leaves the steady ticks' imbalance between a stage's replicas: the trainer says so once."""
+    printed = _result(four, "cad_bubble_full")["stdout"]
+    assert printed.count("note: --pool bubble with DP = 2") == 1, printed[-2000:]
+    assert "note: --pool bubble" not in _result(four, "cad_tick_full")["stdout"]
+    for record in _result(four, "cad_bubble_full")["steps"]:
+        pooled = [e for e in record["ticks"] if "planned_imbalance" in e]
+        assert len(pooled) == 4  # forward ticks 0 and 4, backward ticks 0 and 4
+        assert all(len(e["attention_s"]) == 4 and min(e["attention_s"]) > 0.0 for e in pooled)
 
 
 @needs_data
