@@ -55,8 +55,10 @@ const char* kUsage =
     "                      (colocated stays local): tick (default) = over every rank of every stage, idle stages\n"
     "                      serving (gpipe: one plan per tick; 1f1b_ticks: one per micro-batch and stage, every rank\n"
     "                      making every stage's calls of a tick); stage = within each stage's data-parallel ranks\n"
-    "                      (with one replica: colocated); bubble (gpipe only) = as tick in the fill and drain ticks\n"
-    "                      (some stage idle) and their mirrored backward ticks, local attention in the others\n"
+    "                      (with one replica: colocated); bubble = as tick in the ticks where some stage is idle,\n"
+    "                      local attention in the others (gpipe: the fill and drain ticks and their mirrored\n"
+    "                      backward ticks; 1f1b_ticks: needs --checkpointing full, each such tick's operations\n"
+    "                      with their own plans, a backward recomputing under its own tick's pool)\n"
     "                      data-parallel ranks = gpus / (tp * pp), at most 8192 (as cad plan --ranks)\n"
     "workload:\n"
     "  --dist FILE         document lengths (JSON list or CSV), e.g. ../shared/data/doclen_pretrain.json\n"
@@ -382,10 +384,6 @@ int run_simulate(int argc, char** argv) {
     if (pool != "tick" && pool != "stage" && pool != "bubble") {
       throw UsageError("--pool: expected tick, stage or bubble, got '" + pool + "'");
     }
-    if (pool == "bubble" && schedule != "gpipe") {
-      throw UsageError("--pool bubble runs with --schedule gpipe only (it pools GPipe's fill and drain ticks, as "
-                       "train_pipeline.py --pool bubble), not --schedule " + schedule);
-    }
     s.pool = pool == "tick"    ? sim::PipelinePool::kTick
              : pool == "stage" ? sim::PipelinePool::kStage
                                : sim::PipelinePool::kBubble;
@@ -453,6 +451,10 @@ int run_simulate(int argc, char** argv) {
     }
     s.trainer = trainer.get();
     s.trainer_options.checkpointing = ck == "full";
+    if (s.pool == sim::PipelinePool::kBubble && s.schedule == sim::Schedule::k1f1bTicks &&
+        !s.trainer_options.checkpointing) {
+      throw UsageError(sim::kBubble1f1bNeedsCheckpointing);
+    }
     s.trainer_options.kernel_scale =
         kernel == "ours" ? trainer->attention_scale : trainer->torch_varlen_attention_scale;
   } else {

@@ -12,8 +12,12 @@
 //                     documents
 //   CAD, --pool stage one plan over stage s's DP replicas (in groups of the balancer's group size); with DP = 1
 //                     nothing moves and it is priced as local
+//   CAD, --pool bubble (full checkpointing only) an operation in a tick where some stage is idle uses --pool
+//                     tick's plan of its (m, s), one in a steady tick local attention (each rank its own); a
+//                     forward and its backward can differ, each recomputing under its own tick's pool
 // Step: under --pool tick the sum of its ticks; local and --pool stage the last rank's end on OneFOneBClocks
-// (the stages meet only at the ticks where they send to each other), each tick's detail giving every rank's end.
+// (the stages meet only at the ticks where they send to each other), each tick's detail giving every rank's end;
+// --pool bubble the same clocks, every rank meeting at a bubble tick (OneFOneBClocks::add_pooled).
 #pragma once
 
 #include <vector>

@@ -118,6 +118,16 @@ std::vector<std::vector<StageOp>> one_f_one_b_schedule(int64_t stages, int64_t m
   return table;
 }
 
+bool one_f_one_b_bubble_tick(const std::vector<StageOp>& ops) {
+  if (ops.empty()) throw std::invalid_argument("one_f_one_b_bubble_tick: no stage");
+  return std::any_of(ops.begin(), ops.end(), [](const StageOp& op) { return op.micro_batch < 0; });
+}
+
+PipelinePool one_f_one_b_tick_pool(PipelinePool pool, const std::vector<StageOp>& ops) {
+  if (pool != PipelinePool::kBubble) return pool;
+  return one_f_one_b_bubble_tick(ops) ? PipelinePool::kTick : PipelinePool::kLocal;
+}
+
 CallTime call_time(const RankWork& work, bool backward, bool moves_work, const SystemCalibration& cal,
                    const TrainerCalibration& tcal, const TrainerOptions& options) {
   CallTime c;
@@ -240,9 +250,9 @@ bool stages_exchange(const std::vector<StageOp>& ops, int64_t stage) {
 
 OneFOneBClocks::OneFOneBClocks(PipelinePool pool, int64_t stages, int64_t dp, int64_t layers_per_stage)
     : pool_(pool), stages_(stages), dp_(dp), layers_(layers_per_stage) {
-  if (pool == PipelinePool::kTick || pool == PipelinePool::kBubble) {
-    throw std::invalid_argument("OneFOneBClocks: only for local attention and --pool stage (under tick pooling "
-                                "every call meets every rank; bubble is GPipe's)");
+  if (pool == PipelinePool::kTick) {
+    throw std::invalid_argument("OneFOneBClocks: not for --pool tick (every call meets every rank: its step is the "
+                                "sum of its ticks)");
   }
   if (stages < 1 || dp < 1 || layers_per_stage < 1) {
     throw std::invalid_argument("OneFOneBClocks: needs >= 1 stage, replica and layer per stage");
@@ -255,9 +265,14 @@ void OneFOneBClocks::add(const std::vector<StageOp>& ops, const std::vector<Tick
     throw std::invalid_argument("OneFOneBClocks::add: expected " + std::to_string(stages_) + " stages of " +
                                 std::to_string(dp_) + " ranks");
   }
+  if (pool_ == PipelinePool::kBubble && one_f_one_b_bubble_tick(ops)) {
+    throw std::invalid_argument("OneFOneBClocks::add: under --pool bubble a tick with an idle stage is pooled "
+                                "(add_pooled)");
+  }
   const double layers = static_cast<double>(layers_);
   const auto rank = [&](int64_t s, int64_t r) { return static_cast<size_t>(s * dp_ + r); };
-  // Where each rank's own work of the tick ends (an idle rank's clock stays).
+  // Where each rank's own work of the tick ends (an idle rank's clock stays). Under kBubble this is a steady
+  // tick, local attention: each rank alone, as under kLocal.
   std::vector<double> done = clock_;
   for (int64_t s = 0; s < stages_; ++s) {
     if (ops[static_cast<size_t>(s)].micro_batch < 0) continue;
@@ -289,6 +304,20 @@ void OneFOneBClocks::add(const std::vector<StageOp>& ops, const std::vector<Tick
       clock_[rank(s + 1, r)] = std::max(clock_[rank(s + 1, r)], both);
     }
   }
+}
+
+void OneFOneBClocks::add_pooled(double tick_seconds) {
+  if (pool_ != PipelinePool::kBubble) {
+    throw std::invalid_argument("OneFOneBClocks::add_pooled: only --pool bubble pools some ticks");
+  }
+  // Every rank makes every call of a pooled tick and each call waits for its slowest server, so no rank gets
+  // past the tick's first call before the last rank arrives: all start at the latest clock. From there the
+  // tick's pooled price (one_f_one_b_tick under kTick) already moves every rank in lockstep, so all end
+  // together; the send at the tick's end then has both sides ready and adds no wait. (An early rank could run
+  // its first layer's projections before that first call; the tick's price, the slowest non-attention of every
+  // layer plus its calls, does not credit it.)
+  const double start = *std::max_element(clock_.begin(), clock_.end());
+  std::fill(clock_.begin(), clock_.end(), start + tick_seconds);
 }
 
 double OneFOneBClocks::seconds() const { return *std::max_element(clock_.begin(), clock_.end()); }

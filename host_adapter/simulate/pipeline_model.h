@@ -31,9 +31,9 @@
 //          ranks hold none but serve): every attention call is collective over all stages, so they move in
 //          lockstep through their layers: tick = l x (max over ranks of non-attention + max over ranks of
 //          attention + exchange) + head (the other stages wait for the head at the next tick's first call)
-//   bubble (GPipe only; train_pipeline.py --pool bubble): tick pooling in the fill and drain ticks (some stage
+//   bubble (GPipe; train_pipeline.py --pool bubble): tick pooling in the fill and drain ticks (some stage
 //          idle, its ranks serving) and their mirrored backward ticks, local attention in the others (every
-//          stage busy: no plan, no CAD call), each tick priced as its pool says
+//          stage busy: no plan, no CAD call), each tick priced as its pool says (1F1B: see below)
 // Step = sum over the 2T ticks + step_fixed_ms; with local attention each replica's stages are a pipeline of
 // their own (nothing couples replicas before the step's gradient all-reduce), so the step is the slowest
 // replica's sum of its ticks (each tick priced over that replica's stages); under --pool bubble the replicas
@@ -71,6 +71,17 @@
 //          percent, but stage 0's long backwards and stage 1's long backwards fell in different ticks and were
 //          both counted in full.) The send itself (an activation of n x hidden values) is not priced, as in
 //          GPipe. This replaces GPipe's per-replica pipelines: an exchange couples only (s, r) and (s + 1, r).
+//   bubble (train_pipeline.py --schedule 1f1b --pool bubble, full checkpointing only): tick pooling in the ticks
+//          where some stage is idle (one_f_one_b_bubble_tick; M = 4, PP = 2: ticks 0 [F0,-], 2 [-,B0], 8 [-,B3],
+//          9 [B3,-]), local attention in the others. A bubble tick is priced exactly as tick pooling prices it
+//          (each operation with its (micro-batch, stage) plan over every rank, only its stage's ranks holding
+//          documents), a steady tick exactly as local. A micro-batch's forward and backward on a stage can fall
+//          one in a bubble tick and the other in a steady one; with full checkpointing the backward recomputes
+//          its forward under its own tick's attention, so each operation only needs its own tick's plan (and the
+//          trainer refuses --pool bubble without it). Step: OneFOneBClocks in the steady ticks (the stages
+//          meeting only where they send); at a bubble tick every rank meets at its calls: every rank starts the
+//          tick at the latest of all ranks' clocks and all end together, start + the tick's pooled seconds
+//          (OneFOneBClocks::add_pooled), so the send at its end is already consistent.
 #pragma once
 
 #include <cstdint>
@@ -84,7 +95,8 @@
 
 namespace cad::simulate {
 
-// kBubble (GPipe only): kTick in the ticks where some stage is idle, kLocal in the others (gpipe_bubble_tick).
+// kBubble: kTick in the ticks where some stage is idle, kLocal in the others (gpipe_bubble_tick,
+// one_f_one_b_bubble_tick).
 enum class PipelinePool { kLocal, kStage, kTick, kBubble };
 
 // One tick of the GPipe schedule: which micro-batch each stage runs (-1: idle).
@@ -118,6 +130,14 @@ struct StageOp {
 // travel at its end): forward m on s needs forward m on s - 1, backward m on s needs backward m on s + 1 (on the
 // last stage its own forward m). Throws std::invalid_argument for stages < 1 or micro-batches < 1.
 std::vector<std::vector<StageOp>> one_f_one_b_schedule(int64_t stages, int64_t microbatches);
+
+// Whether some stage is idle in this 1F1B tick (`ops`: one_f_one_b_schedule's row), as train_pipeline.py's 1F1B
+// --pool bubble decides which ticks it pools: with PP = 1 none is. Throws std::invalid_argument for no stage.
+bool one_f_one_b_bubble_tick(const std::vector<StageOp>& ops);
+
+// The pool a 1F1B tick is priced with: `pool`, except under kBubble kTick in a bubble tick and kLocal in a
+// steady one (every stage busy: local attention, no plan, no CAD call).
+PipelinePool one_f_one_b_tick_pool(PipelinePool pool, const std::vector<StageOp>& ops);
 
 // What one rank does in one tick, per layer of its stage (seconds), and its head.
 struct TickRankTime {
@@ -176,16 +196,23 @@ double tick_seconds(const std::vector<TickRankTime>& ranks, int64_t layers_per_s
 bool stages_exchange(const std::vector<StageOp>& ops, int64_t stage);
 
 // The clocks of a 1F1B step whose stages meet only at their send/recv: local attention and --pool stage (see
-// above). Not for --pool tick, whose calls meet at every layer (its step is the sum of its ticks).
+// above), and --pool bubble, whose steady ticks are local and whose bubble ticks meet every rank (add_pooled).
+// Not for --pool tick, whose calls meet at every layer (its step is the sum of its ticks).
 class OneFOneBClocks {
  public:
-  // Throws std::invalid_argument for pool kTick or kBubble, stages or dp < 1, or layers_per_stage < 1.
+  // Throws std::invalid_argument for pool kTick, stages or dp < 1, or layers_per_stage < 1.
   OneFOneBClocks(PipelinePool pool, int64_t stages, int64_t dp, int64_t layers_per_stage);
-  // One tick: `ops` per stage, `ranks` stage-major (rank = stage x DP + replica), as one_f_one_b_tick prices
-  // them. Each rank that runs an operation moves on by its own time (layers x total + head; under kStage its
-  // stage's replicas start at the latest of their clocks and take the slowest one's time); then each pair
-  // (s, r), (s + 1, r) that exchanges (stages_exchange) ends at the later of the two.
+  // One tick where the stages meet only where they send: `ops` per stage, `ranks` stage-major (rank = stage x
+  // DP + replica), as one_f_one_b_tick prices them (under kBubble: a steady tick, priced as local). Each rank
+  // that runs an operation moves on by its own time (layers x total + head; under kStage its stage's replicas
+  // start at the latest of their clocks and take the slowest one's time); then each pair (s, r), (s + 1, r)
+  // that exchanges (stages_exchange) ends at the later of the two. Under kBubble a bubble tick is refused (it
+  // goes to add_pooled).
   void add(const std::vector<StageOp>& ops, const std::vector<TickRankTime>& ranks);
+  // Under kBubble, one bubble tick priced under tick pooling (`tick_seconds`: one_f_one_b_tick's critical
+  // total): every rank starts it at the latest clock of all and all end together at start + tick_seconds.
+  // Throws std::invalid_argument under another pool.
+  void add_pooled(double tick_seconds);
   // Per rank, seconds from the step's start to the end of the last tick added (its send/recv included).
   const std::vector<double>& ends() const { return clock_; }
   // The step's ticks: the last rank's end.

@@ -66,12 +66,11 @@ void check_scenario(const Scenario& s, const AttentionRates& rates) {
       throw std::invalid_argument("--pool: expected tick, stage or bubble (local attention is the colocated "
                                   "balancer)");
     }
-    // The trainer refuses it too: 1F1B's idle ticks are not GPipe's fill and drain, and mix forwards with
-    // backwards (train_pipeline.py --pool bubble).
-    if (s.pool == PipelinePool::kBubble && s.schedule != Schedule::kGpipe) {
-      throw std::invalid_argument("--pool bubble runs with --schedule gpipe only (it pools GPipe's fill and drain "
-                                  "ticks, as train_pipeline.py --pool bubble), not --schedule " +
-                                  std::string(schedule_name(s.schedule)));
+    // 1F1B --pool bubble: a micro-batch's forward and backward on a stage can fall one in a pooled tick and the
+    // other in a local one; only full checkpointing (the backward recomputing its forward under its own tick's
+    // attention) makes them independent. The trainer refuses it otherwise too (train_pipeline.py --pool bubble).
+    if (s.pool == PipelinePool::kBubble && s.schedule == Schedule::k1f1bTicks && !s.trainer_options.checkpointing) {
+      throw std::invalid_argument(kBubble1f1bNeedsCheckpointing);
     }
     for (const auto& b : s.balancers) {
       if (b.plan_is_layout) {

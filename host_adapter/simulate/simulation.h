@@ -37,6 +37,13 @@ struct BalancerSpec {
 // calibration (pipeline_model.h).
 enum class Schedule { k1f1b, kGpipe, k1f1bTicks };
 
+// Why --pool bubble with --schedule 1f1b_ticks is refused without full checkpointing (the command says it too).
+inline constexpr const char* kBubble1f1bNeedsCheckpointing =
+    "--pool bubble with --schedule 1f1b_ticks needs --checkpointing full: a micro-batch's forward and backward on a "
+    "stage can fall one in a bubble tick (CAD over every rank) and the other in a steady tick (local attention), "
+    "so the backward must recompute its forward under its own tick's attention (train_pipeline.py --schedule 1f1b "
+    "--pool bubble needs it too)";
+
 // The schedule's --schedule name: "1f1b", "gpipe", "1f1b_ticks".
 const char* schedule_name(Schedule schedule);
 // Whether it prices the pipeline trainer tick by tick (gpipe, 1f1b_ticks): it then needs the trainer
@@ -63,7 +70,8 @@ struct Scenario {
   TrainerOptions trainer_options;
   Schedule schedule = Schedule::k1f1b;
   // With kGpipe or k1f1bTicks: how CAD balancers pool attention (colocated is always local); kLocal is not
-  // valid here, kBubble only with kGpipe (as the trainer's --pool bubble).
+  // valid here, kBubble with kGpipe, and with k1f1bTicks under full checkpointing only (as the trainer's
+  // --pool bubble).
   PipelinePool pool = PipelinePool::kTick;
   // Keep each micro-batch's per-rank parts in BalancerResult::detail (small runs: one entry per rank).
   bool detail = false;
@@ -105,7 +113,7 @@ struct TickDetail {
   std::vector<TickRankTime> ranks;
   double seconds = 0;
   int64_t plan_documents = 0;  // documents in the tick's plans (gpipe tick pooling: the union of the stages')
-  // 1f1b_ticks, local and --pool stage: each rank's clock (seconds from the step's start) after this tick's
+  // 1f1b_ticks, local, --pool stage and --pool bubble: each rank's clock (seconds from the step's start) after this tick's
   // send/recv (pipeline_model.h OneFOneBClocks); `seconds` is then the slowest rank's own time in the tick, and
   // the step is not the sum of the ticks' seconds. Empty otherwise.
   std::vector<double> rank_ends;

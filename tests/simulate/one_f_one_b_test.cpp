@@ -1,7 +1,7 @@
 // The pipeline trainer's 1F1B model (--schedule 1f1b_ticks; host_adapter/simulate/pipeline_model.h,
 // one_f_one_b_simulation.h): the timetable as train_pipeline.py's one_f_one_b makes it, a mixed tick (one stage
-// forward, the other backward) priced by hand under tick pooling and locally, and the driver with the real
-// balancer plugins and its refusals.
+// forward, the other backward) priced by hand under tick pooling and locally, the clocks, --pool bubble (tick
+// pooling only where some stage is idle), and the driver with the real balancer plugins and its refusals.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -405,10 +405,199 @@ TEST(OneFOneBRun, RefusalsNameTheSchedule) {
   local_pool.pool = sim::PipelinePool::kLocal;
   EXPECT_NE(refusal(local_pool).find("--pool: expected tick, stage or bubble"), std::string::npos)
       << refusal(local_pool);
-  // --pool bubble pools GPipe's fill and drain ticks: refused here, as the trainer refuses it with 1F1B.
+  // --pool bubble needs full checkpointing (a forward and its backward can be pooled differently): refused
+  // without it, priced with it.
   sim::Scenario bubble = s;
   bubble.pool = sim::PipelinePool::kBubble;
-  EXPECT_NE(refusal(bubble).find("--pool bubble runs with --schedule gpipe only"), std::string::npos)
+  bubble.trainer_options.checkpointing = false;
+  EXPECT_NE(refusal(bubble).find("--pool bubble with --schedule 1f1b_ticks needs --checkpointing full"),
+            std::string::npos)
       << refusal(bubble);
-  EXPECT_NE(refusal(bubble).find("not --schedule 1f1b_ticks"), std::string::npos) << refusal(bubble);
+  bubble.trainer_options.checkpointing = true;
+  EXPECT_EQ(refusal(bubble), "(not refused)");
+}
+
+TEST(OneFOneBBubble, BubbleTicksAreThoseWithAnIdleStage) {
+  // M = 4, PP = 2: [F0,-] [F1,F0] [-,B0] [B0,F1] [F2,B1] [B1,F2] [F3,B2] [B2,F3] [-,B3] [B3,-].
+  const std::vector<bool> two_by_four = {true, false, true, false, false, false, false, false, true, true};
+  const std::vector<std::vector<sim::StageOp>> table = sim::one_f_one_b_schedule(2, 4);
+  ASSERT_EQ(table.size(), two_by_four.size());
+  for (size_t t = 0; t < table.size(); ++t) {
+    EXPECT_EQ(sim::one_f_one_b_bubble_tick(table[t]), two_by_four[t]) << "tick " << t;
+    EXPECT_EQ(sim::one_f_one_b_tick_pool(sim::PipelinePool::kBubble, table[t]),
+              two_by_four[t] ? sim::PipelinePool::kTick : sim::PipelinePool::kLocal)
+        << "tick " << t;
+    // The other pools price every tick as they say.
+    for (const sim::PipelinePool p : {sim::PipelinePool::kTick, sim::PipelinePool::kStage, sim::PipelinePool::kLocal}) {
+      EXPECT_EQ(sim::one_f_one_b_tick_pool(p, table[t]), p) << "tick " << t;
+    }
+  }
+  // M = 2 < PP = 3: [F0,-,-] [F1,F0,-] [-,F1,F0] [-,-,B0] [-,B0,F1] [B0,-,B1] [-,B1,-] [B1,-,-]: some stage
+  // idle at every tick, so --pool bubble pools them all (it is --pool tick).
+  const std::vector<std::vector<sim::StageOp>> short_table = sim::one_f_one_b_schedule(3, 2);
+  ASSERT_EQ(short_table.size(), 8u);
+  for (size_t t = 0; t < short_table.size(); ++t) {
+    EXPECT_TRUE(sim::one_f_one_b_bubble_tick(short_table[t])) << "tick " << t;
+  }
+  // PP = 1: the one stage is never idle (the trainer's pipeline needs PP >= 2; this only pins the edge).
+  for (const std::vector<sim::StageOp>& ops : sim::one_f_one_b_schedule(1, 3)) {
+    EXPECT_FALSE(sim::one_f_one_b_bubble_tick(ops));
+  }
+  EXPECT_THROW(sim::one_f_one_b_bubble_tick({}), std::invalid_argument);
+}
+
+TEST(OneFOneBBubble, EveryRankMeetsAtABubbleTickByHand) {
+  // PP = 2, DP = 1, 2 layers per stage, the M = 4 timetable; own times as in StagesMeetOnlyWhereTheySendByHand
+  // (per layer a forward 0.1 s, a backward 0.3 s; the last stage's head 0.3 s forward, 0.9 s backward). The
+  // bubble ticks 0, 2, 8, 9 are given pooled prices of 0.5, 1.7, 2.0 and 0.8 s.
+  const std::vector<std::vector<sim::StageOp>> table = sim::one_f_one_b_schedule(2, 4);
+  const sim::TickRankTime fwd = own(0.1), bwd = own(0.3), last_fwd = own(0.1, 0.3), last_bwd = own(0.3, 0.9);
+  sim::OneFOneBClocks clocks(sim::PipelinePool::kBubble, 2, 1, 2);
+  const auto expect_ends = [&](double stage0, double stage1, const char* what) {
+    ASSERT_EQ(clocks.ends().size(), 2u);
+    EXPECT_NEAR(clocks.ends()[0], stage0, 1e-12) << what;
+    EXPECT_NEAR(clocks.ends()[1], stage1, 1e-12) << what;
+  };
+  clocks.add_pooled(0.5);  // [F0,-]: both start at 0, end at 0.5
+  expect_ends(0.5, 0.5, "tick 0");
+  clocks.add(table[1], {fwd, last_fwd});  // [F1,F0]: 0.7 and 1.0; stage 0 sends F1's activation: both 1.0
+  expect_ends(1.0, 1.0, "tick 1");
+  clocks.add_pooled(1.7);  // [-,B0]
+  expect_ends(2.7, 2.7, "tick 2");
+  clocks.add(table[3], {bwd, last_fwd});  // [B0,F1]: nothing sent, neither waits
+  expect_ends(3.3, 3.2, "tick 3");
+  clocks.add(table[4], {fwd, last_bwd});  // [F2,B1]: 3.5 and 4.7, then they meet
+  expect_ends(4.7, 4.7, "tick 4");
+  clocks.add(table[5], {bwd, last_fwd});  // [B1,F2]: nothing sent
+  expect_ends(5.3, 5.2, "tick 5");
+  clocks.add(table[6], {fwd, last_bwd});  // [F3,B2]: 5.5 and 6.7, then they meet
+  expect_ends(6.7, 6.7, "tick 6");
+  clocks.add(table[7], {bwd, last_fwd});  // [B2,F3]: nothing sent
+  expect_ends(7.3, 7.2, "tick 7");
+  // [-,B3]: stage 1 is done at 7.2, but the tick's first call waits for stage 0 (7.3): both end at 7.3 + 2.0,
+  // not stage 1 at 7.2 + 2.0.
+  clocks.add_pooled(2.0);
+  expect_ends(9.3, 9.3, "tick 8");
+  clocks.add_pooled(0.8);  // [B3,-]
+  expect_ends(10.1, 10.1, "tick 9");
+  EXPECT_NEAR(clocks.seconds(), 10.1, 1e-12);
+
+  // With replicas every rank of every stage meets: 2 stages x 2 replicas after a steady tick with no send.
+  sim::OneFOneBClocks replicas(sim::PipelinePool::kBubble, 2, 2, 1);
+  replicas.add(table[3], {own(0.4), own(0.2), own(0.1), own(0.3)});
+  const std::vector<double> apart = {0.4, 0.2, 0.1, 0.3};
+  for (size_t r = 0; r < 4; ++r) EXPECT_NEAR(replicas.ends()[r], apart[r], 1e-12) << "rank " << r;
+  replicas.add_pooled(1.0);
+  for (size_t r = 0; r < 4; ++r) EXPECT_NEAR(replicas.ends()[r], 1.4, 1e-12) << "rank " << r;
+
+  // A bubble tick is pooled, not added as a steady one; only --pool bubble pools some ticks.
+  EXPECT_THROW(clocks.add(table[0], {fwd, sim::TickRankTime{}}), std::invalid_argument);
+  sim::OneFOneBClocks local(sim::PipelinePool::kLocal, 2, 1, 2);
+  EXPECT_THROW(local.add_pooled(1.0), std::invalid_argument);
+}
+
+TEST(OneFOneBBubble, BubbleTicksPricedAsTickPoolingSteadyTicksAsLocal) {
+  // PP = 2, DP = 1, M = 4: ticks 0, 2, 8, 9 pooled, the others local. A bubble tick must be priced exactly as the
+  // --pool tick run prices it (its operations' plans over every rank, the idle stage serving), a steady tick
+  // exactly as colocated (no plan moves anything, no exchange) -- including tick 3's B0 on stage 0, whose F0 ran
+  // pooled at tick 0, and tick 2's B0 on stage 1, pooled with its recomputed forward though its F0 ran locally.
+  const sim::TrainerCalibration tcal = sim::testing::pipeline_trainer();
+  const auto rates = sim::constant_rates(600, 400, 2.5);
+  const sim::SystemCalibration cal = sim::testing::pipeline_system();
+  const auto bubble =
+      sim::simulate(one_f_one_b(2, 1, {"colocated", "prefix_aware"}, sim::PipelinePool::kBubble, &tcal), cal, *rates);
+  const auto tick =
+      sim::simulate(one_f_one_b(2, 1, {"colocated", "prefix_aware"}, sim::PipelinePool::kTick, &tcal), cal, *rates);
+  ASSERT_EQ(bubble.size(), 2u);
+  EXPECT_EQ(bubble[1].group_size, 2);  // its pooled ticks plan over every rank
+  const std::vector<sim::TickDetail>& b = bubble[1].ticks;
+  ASSERT_EQ(b.size(), 10u);
+  const std::vector<bool> is_bubble = {true, false, true, false, false, false, false, false, true, true};
+  // The step written out: steady ticks as two_stage_clocks (each rank alone, the stages meeting where they
+  // send), a bubble tick starting every rank at the latest clock, all ending together after its seconds.
+  std::vector<double> clock(2, 0.0);
+  for (size_t i = 0; i < b.size(); ++i) {
+    const sim::TickDetail& same = is_bubble[i] ? tick[1].ticks[i] : bubble[0].ticks[i];  // tick-pooled or colocated
+    EXPECT_EQ(b[i].pool, is_bubble[i] ? sim::PipelinePool::kTick : sim::PipelinePool::kLocal) << "tick " << i;
+    EXPECT_NEAR(b[i].seconds, same.seconds, 1e-12) << "tick " << i;
+    EXPECT_EQ(b[i].plan_documents, same.plan_documents) << "tick " << i;
+    ASSERT_EQ(b[i].ranks.size(), 2u);
+    for (size_t r = 0; r < 2; ++r) {
+      EXPECT_NEAR(b[i].ranks[r].non_attention, same.ranks[r].non_attention, 1e-12) << "tick " << i << " rank " << r;
+      EXPECT_NEAR(b[i].ranks[r].attention, same.ranks[r].attention, 1e-12) << "tick " << i << " rank " << r;
+      EXPECT_NEAR(b[i].ranks[r].exchange, same.ranks[r].exchange, 1e-12) << "tick " << i << " rank " << r;
+      // In a bubble tick the idle stage serves too (one exchange per call); in a steady one nothing moves.
+      if (is_bubble[i]) {
+        EXPECT_GT(b[i].ranks[r].exchange, 0) << "tick " << i << " rank " << r;
+      } else {
+        EXPECT_DOUBLE_EQ(b[i].ranks[r].exchange, 0) << "tick " << i << " rank " << r;
+      }
+    }
+    if (is_bubble[i]) {
+      const double start = std::max(clock[0], clock[1]);
+      clock = {start + b[i].seconds, start + b[i].seconds};
+    } else {
+      for (size_t r = 0; r < 2; ++r) clock[r] += 2 * b[i].ranks[r].total + b[i].ranks[r].head;
+      const bool meet = (b[i].ops[0].micro_batch >= 0 && !b[i].ops[0].backward) ||
+                        (b[i].ops[1].micro_batch >= 0 && b[i].ops[1].backward);
+      if (meet) clock[0] = clock[1] = std::max(clock[0], clock[1]);
+    }
+    ASSERT_EQ(b[i].rank_ends.size(), 2u) << "tick " << i;
+    for (size_t r = 0; r < 2; ++r) EXPECT_NEAR(b[i].rank_ends[r], clock[r], 1e-12) << "tick " << i << " rank " << r;
+  }
+  EXPECT_NEAR(bubble[1].off.mean_step_seconds, std::max(clock[0], clock[1]) + tcal.step_fixed_ms * 1e-3, 1e-12);
+  // It borrows from both runs tick by tick, and is neither.
+  EXPECT_NE(bubble[1].off.mean_step_seconds, tick[1].off.mean_step_seconds);
+  EXPECT_NE(bubble[1].off.mean_step_seconds, bubble[0].off.mean_step_seconds);
+  EXPECT_GT(bubble[1].bytes_per_layer, 0);
+  EXPECT_LT(bubble[1].bytes_per_layer, tick[1].bytes_per_layer);  // fewer plans move work
+}
+
+TEST(OneFOneBBubble, WithFewerMicroBatchesThanStagesEveryTickIsPooled) {
+  // M = 2, PP = 3: some stage is idle at every tick, so --pool bubble is --pool tick, step and all.
+  const sim::TrainerCalibration tcal = sim::testing::pipeline_trainer();
+  const auto rates = sim::constant_rates(600, 400, 2.5);
+  const sim::SystemCalibration cal = sim::testing::pipeline_system();
+  const auto run = [&](sim::PipelinePool pool) {
+    sim::Scenario s = one_f_one_b(3, 1, {"prefix_aware"}, pool, &tcal);
+    s.shape.layers = 6;  // 2 per stage
+    s.microbatches = 2;
+    s.batch_seeds = {1001, 1002};
+    return sim::simulate(s, cal, *rates);
+  };
+  const auto bubble = run(sim::PipelinePool::kBubble);
+  const auto tick = run(sim::PipelinePool::kTick);
+  ASSERT_EQ(bubble[0].ticks.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(bubble[0].ticks[i].pool, sim::PipelinePool::kTick) << "tick " << i;
+    EXPECT_NEAR(bubble[0].ticks[i].seconds, tick[0].ticks[i].seconds, 1e-12) << "tick " << i;
+  }
+  EXPECT_NEAR(bubble[0].off.mean_step_seconds, tick[0].off.mean_step_seconds, 1e-12);
+  EXPECT_NEAR(bubble[0].bytes_per_layer, tick[0].bytes_per_layer, 1e-6);
+}
+
+TEST(OneFOneBBubble, ReplicasMeetOnlyAtBubbleTicks) {
+  // PP = 2, DP = 2: in a bubble tick all four ranks end together at the latest clock before it + its seconds; in
+  // the steady ticks each replica is a pipeline of its own, so the replicas' clocks part.
+  const sim::TrainerCalibration tcal = sim::testing::pipeline_trainer();
+  const auto rates = sim::constant_rates(600, 400, 2.5);
+  const auto r = sim::simulate(one_f_one_b(2, 2, {"prefix_aware"}, sim::PipelinePool::kBubble, &tcal),
+                               sim::testing::pipeline_system(), *rates);
+  ASSERT_EQ(r[0].group_size, 4);
+  const std::vector<sim::TickDetail>& t = r[0].ticks;
+  ASSERT_EQ(t.size(), 10u);
+  bool parted = false;
+  std::vector<double> before(4, 0.0);
+  for (size_t i = 0; i < t.size(); ++i) {
+    ASSERT_EQ(t[i].rank_ends.size(), 4u);
+    if (t[i].pool == sim::PipelinePool::kTick) {
+      const double start = *std::max_element(before.begin(), before.end());
+      for (size_t k = 0; k < 4; ++k) EXPECT_NEAR(t[i].rank_ends[k], start + t[i].seconds, 1e-12) << "tick " << i;
+    } else {
+      parted = parted || t[i].rank_ends[0] != t[i].rank_ends[1];
+    }
+    before = t[i].rank_ends;
+  }
+  EXPECT_TRUE(parted);  // the replicas' batches differ, and so do their steady ticks
+  EXPECT_NEAR(r[0].off.mean_step_seconds, t.back().rank_ends[0] + tcal.step_fixed_ms * 1e-3, 1e-12);
 }
