@@ -55,7 +55,7 @@ Attention (--attention, or --configs): local (the project's kernels, no CAD: "ca
   stage  CAD only within each stage's data-parallel group (cad.init(group=that group)): one plan per micro-batch
          over its DP replicas. This is the data-parallel-only path; it cannot move work between stages, and with
          DP = 1 it balances nothing (the trainer says so).
-  bubble GPipe only (refused with --schedule 1f1b): CAD over ALL ranks as tick, but only in the forward ticks where
+  bubble GPipe: CAD over ALL ranks as tick, but only in the forward ticks where
          some stage is idle (the fill ticks t < PP - 1 and the drain ticks t >= M) and their mirrored backward
          ticks; every other tick runs local attention ("cad_local", the local configuration's kernel), no plan and
          no CAD call. Why: in GPipe the stages are coupled only by their send/recv, so the imbalance between the
@@ -63,6 +63,12 @@ Attention (--attention, or --configs): local (the project's kernels, no CAD: "ca
          attention work, measured no faster than local), while pooling a steady tick couples the stages at every
          attention call; a bubble tick's idle stage is free capacity, which CAD gives half the busy stage's work.
          The stage model's attention implementation is switched per tick (attention_for_tick).
+         1F1B (1f1b_cad_bubble; needs --checkpointing full): CAD over ALL ranks only in the ticks with an idle stage,
+         each operation there (a forward or a backward of (micro-batch, stage)) with a plan of its own over every
+         rank (documents from that stage's ranks), made through cad.CallOrder with the idle rank serving; local
+         attention in the other ticks. A micro-batch's forward and backward may fall in different kinds of tick;
+         the backward recomputes its forward in its own tick, with that tick's kind and plan
+         (Stage.tick_attention), so the first forward's kind does not matter.
 Plans are made ahead from the schedule (the tick -> micro-batch map is known before the step): the plan of forward
 tick t + 1 is asked for (cad.plan(..., ahead=True, tag=<unique per tick>)) when tick t starts, the next step's
 first during this step's last backward tick, and CAD's planning thread makes them meanwhile. --plan-ahead off
@@ -134,6 +140,7 @@ CONFIGS = {  # --configs name -> (attention, pool, schedule: None = --schedule's
     "cad_stage": ("cad", "stage", None), "cad_bubble": ("cad", "bubble", None),
     "1f1b_local": ("local", None, "1f1b"), "1f1b_torch_varlen": ("torch_varlen", None, "1f1b"),
     "1f1b_cad_tick": ("cad", "tick", "1f1b"), "1f1b_cad_stage": ("cad", "stage", "1f1b"),
+    "1f1b_cad_bubble": ("cad", "bubble", "1f1b"),  # needs --checkpointing full (parse_args)
     "local_balanced": ("local", None, None), "1f1b_local_balanced": ("local", None, "1f1b"),
 }
 # The measured ideal (--balanced-batches): local attention on the step's buffers made equal in attention work (every
@@ -243,6 +250,24 @@ def one_f_one_b(micro_batches, stages):
     return table
 
 
+def one_f_one_b_bubble_tick(table, tick):
+    """Whether some stage is idle at tick `tick` of a 1F1B timetable (one_f_one_b's): the ticks --pool bubble runs
+    CAD in under --schedule 1f1b."""
+    return any(op is None for op in table[tick])
+
+
+# 1F1B --pool bubble's plan tags start here: above every other scheme's (GPipe's step x T + tick, a stage's
+# step x M + m, 1F1B tick pool's (step x M + m) x S + s), so that no two plans of this process share a tag.
+BUBBLE_1F1B_TAGS = 1 << 40
+
+
+def bubble_1f1b_tag(step, direction, micro_batch, stage, micro_batches, stages):
+    """The tag of the plan of one operation (the forward or the backward of (micro_batch, stage)) in a 1F1B bubble
+    tick: the same on every rank, a different one per operation."""
+    operation = (step * micro_batches + micro_batch) * stages + stage
+    return BUBBLE_1F1B_TAGS + 2 * operation + (1 if direction == "backward" else 0)
+
+
 # ---- the batches -----------------------------------------------------------------------------------------
 def micro_batch_documents(lengths, args, dp, step):
     """Per micro-batch, per replica, the document lengths of its buffer (train_llama's recipe and seeds). With
@@ -275,8 +300,15 @@ class Stage:
         self.matmul_params = base.count_matmul_parameters(lm)  # of the whole model, for the model FLOPs
         per = args.layers // args.pp
         self.layer_ids = list(range(layout.stage * per, (layout.stage + 1) * per))
+        # 1F1B --pool bubble: a backward's attention calls run under its own tick's kind and plan, not its forward's
+        per_tick = args.schedule == "1f1b" and args.attention == "cad" and args.pool == "bubble"
         if args.checkpointing == "full":  # (before the embeddings go: transformers looks for them here)
-            base.apply_checkpointing(lm, "full", False)  # transformers' own, non-reentrant, as train_llama's
+            # transformers' own, non-reentrant as train_llama's; reentrant under 1F1B --pool bubble. Why: the
+            # non-reentrant one backpropagates through the first forward's autograd nodes (only their saved tensors
+            # are recomputed), so each attention backward would take its first forward's plan (or none, local);
+            # the reentrant one runs the layer's forward again inside the backward and backpropagates through
+            # that, so the recomputed forward's plan -- the backward tick's -- serves the backward call too.
+            base.apply_checkpointing(lm, "full", per_tick)
         inner = lm.model
         for i in range(args.layers):  # the other stages' layers go; names of ours stay
             if i not in self.layer_ids:
@@ -289,8 +321,39 @@ class Stage:
         lm.train()
         self.lm, self.inner, self.layout, self.args = lm, inner, layout, args
         self.layers = [inner.layers[i] for i in self.layer_ids]
+        self.tick_arguments = None  # (cu_seqlens, plan) of this rank's operation in the tick now running
+        if per_tick:
+            self._attention_arguments_per_tick()
         # The last stage's loss: train_llama's chunked token cross-entropy (logits recomputed per chunk).
         self.loss = base.MicroBatchLoss(lm, args.loss_chunk) if layout.last else None
+
+    def _attention_arguments_per_tick(self):
+        """1F1B --pool bubble: every attention call of the stage takes its cu_seqlens and plan from the tick now
+        running (tick_attention), not from the layer's arguments. Why: activation checkpointing recomputes a layer
+        with the arguments its first forward got, but a micro-batch's backward may run in another kind of tick
+        than its forward (pooled under its own plan, or local), and the backward tick decides both of its calls:
+        the recomputed forward and (reentrant checkpointing, see __init__) the backward."""
+        for layer in self.layers:
+            attention = layer.self_attn
+            own_forward = attention.forward
+
+            def forward(*args, _own_forward=own_forward, **kwargs):
+                if self.tick_arguments is None:
+                    raise RuntimeError("pipeline: an attention call outside a tick (no tick_attention active)")
+                cu, plan = self.tick_arguments
+                return _own_forward(*args, **dict(kwargs, cad_cu_seqlens=cu, cad_plan=plan))
+
+            attention.forward = forward
+
+    @contextlib.contextmanager
+    def tick_attention(self, cu, plan):
+        """The cu_seqlens and plan of this rank's operation in a tick (1F1B --pool bubble; see
+        _attention_arguments_per_tick), for the calls made during the tick, recomputations included."""
+        self.tick_arguments = (cu, plan)
+        try:
+            yield
+        finally:
+            self.tick_arguments = None
 
     def parameters(self):
         return [p for p in self.lm.parameters()]
@@ -534,20 +597,22 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         return use_cad and args.pool == "bubble" and not bubble_tick(tick, M, S)
 
     @contextlib.contextmanager
-    def attention_for_tick(tick):
-        """The stage model's attention implementation during GPipe forward tick `tick` and during the backward
-        tick that mirrors it: under --pool bubble "cad" in a bubble tick, "cad_local" (the local configuration's
-        kernel) in a steady one; other pools keep the model's own. transformers' attention modules look the
-        implementation up in the model's config at every call (LlamaAttention.forward reads
-        config._attn_implementation; every layer shares the model's config object), so setting it here switches
-        every layer of the stage. The backward tick must set what its forward tick set: with --checkpointing full
-        its recomputation calls the layers' forward again, which looks the implementation up then (a steady tick
-        recomputed under "cad" would have cu_seqlens but no plan, and raise). Restored after the tick."""
+    def attention_for_tick(pooled_now):
+        """The stage model's attention implementation during a tick: under --pool bubble "cad" in a pooled tick
+        (pooled_now: GPipe, a bubble tick or the backward tick mirroring one; 1F1B, a tick with an idle stage),
+        "cad_local" (the local configuration's kernel) in a steady one; other pools keep the model's own.
+        transformers' attention modules look the implementation up in the model's config at every call
+        (LlamaAttention.forward reads config._attn_implementation; every layer shares the model's config object),
+        so setting it here switches every layer of the stage. With --checkpointing full a backward's
+        recomputation calls the layers' forward again, which looks the implementation up then: so in GPipe the
+        backward tick must set what its forward tick set (a steady tick recomputed under "cad" would have
+        cu_seqlens but no plan, and raise); in 1F1B the backward tick's own kind decides, with its own plan
+        (Stage.tick_attention). Restored after the tick."""
         if not (use_cad and args.pool == "bubble"):
             yield
             return
         config = stage.lm.config
-        config._attn_implementation = base.IMPLEMENTATIONS["cad" if pooled_tick(tick) else "local"]
+        config._attn_implementation = base.IMPLEMENTATIONS["cad" if pooled_now else "local"]
         try:
             yield
         finally:
@@ -603,15 +668,20 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
     # ---- 1F1B (--schedule 1f1b): the timetable's ticks, one operation per stage each --------------------------
     table = one_f_one_b(M, S) if args.schedule == "1f1b" else None
     pooled = use_cad and args.pool == "tick"
+    bubble_1f1b = table is not None and use_cad and args.pool == "bubble"
     asked_1f1b = {}  # (step, micro-batch, stage) -> (cad.Plan or None, cu_seqlens, time asked)
+    asked_ops = {}   # --pool bubble: (step, tick, stage) -> (cad.Plan or None, cu_seqlens, time asked)
 
     def ask_1f1b(step, tick):
         """The plans of the forwards that tick `tick` of `step` starts (a backward runs with its forward's plan),
         asked for once, in the timetable's order on every rank. CAD over the world (--pool tick): a plan per
         (micro-batch, stage) over every rank, with documents only from that stage's ranks (their replica's), so
         each spreads one stage's attention of one micro-batch over all ranks. CAD per stage: this stage's plan
-        over its replicas. Local attention: cu_seqlens on the device."""
+        over its replicas. Local attention: cu_seqlens on the device. --pool bubble: see ask_bubble_1f1b."""
         if tick >= len(table) or step >= args.steps:
+            return
+        if bubble_1f1b:
+            ask_bubble_1f1b(step, tick)
             return
         for s, op in enumerate(table[tick]):
             if op is None or op[0] != "forward" or (step, op[1], s) in asked_1f1b:
@@ -621,6 +691,24 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                 continue
             docs = load(step)[0][m][layout.replica] if s == layout.stage else []
             asked_1f1b[(step, m, s)] = request(docs, (step * M + m) * S + s if pooled else step * M + m)
+
+    def ask_bubble_1f1b(step, tick):
+        """--pool bubble under 1F1B (--checkpointing full): in a tick with an idle stage every operation (the
+        forward or the backward of (micro-batch, stage)) gets a plan of its own over every rank, with documents
+        only from that stage's ranks, asked for on every rank in stage order (tag bubble_1f1b_tag: one per
+        operation, the same on every rank). A backward's plan serves its recomputed forward and its backward: the
+        backward tick decides both, however the forward ran. In a steady tick this stage's own operation runs
+        local attention: cu_seqlens on the device, no plan, nothing asked of the other ranks."""
+        pooled_now = one_f_one_b_bubble_tick(table, tick)
+        for s, op in enumerate(table[tick]):
+            if op is None or (step, tick, s) in asked_ops or not (pooled_now or s == layout.stage):
+                continue
+            direction, m = op
+            docs = load(step)[0][m][layout.replica] if s == layout.stage else []
+            if pooled_now:
+                asked_ops[(step, tick, s)] = request(docs, bubble_1f1b_tag(step, direction, m, s, M, S))
+            else:
+                asked_ops[(step, tick, s)] = request(docs, None, attention="local")
 
     def exchange_1f1b(tick, outgoing, docs):
         """At the end of tick `tick`: this stage's output of the tick goes to its neighbour and the neighbours'
@@ -648,8 +736,9 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
 
     def step_1f1b(step, docs, inputs):
         """One step on the 1F1B timetable. Returns (this rank's tick records, the last stage's losses, {tick: the
-        plan of this rank's forward at that tick}, every plan this step's calls used)."""
-        records, losses, kept, inbox, step_plans, own_forward_plans = [], [], {}, {}, {}, {}
+        plan of this rank's forward at that tick (--pool bubble: of its operation)}, every plan this step's calls
+        used)."""
+        records, losses, kept, inbox, step_plans, own_plans, bubble_plans = [], [], {}, {}, {}, {}, []
         for t, ops in enumerate(table):
             op = ops[layout.stage]
             phase, m = op if op is not None else ("idle", None)
@@ -662,16 +751,28 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                         ask_1f1b(step, t + 1)
                     else:
                         ask_1f1b(step + 1, 0)
-                for s, o in enumerate(ops):  # the forwards this tick starts: their plans, kept for the backwards
-                    if o is not None and o[0] == "forward" and (step, o[1], s) in asked_1f1b:
-                        step_plans[(o[1], s)] = asked_1f1b.pop((step, o[1], s))
-                plan, cu, asked_at = step_plans.get((m, layout.stage), (None, None, None))
+                pooled_now = pooled or (bubble_1f1b and one_f_one_b_bubble_tick(table, t))
+                if bubble_1f1b:  # this tick's operations' own plans (a bubble tick) or this stage's cu_seqlens
+                    tick_plans = {(o[1], s): asked_ops.pop((step, t, s)) for s, o in enumerate(ops)
+                                  if (step, t, s) in asked_ops}
+                    plan, cu, asked_at = tick_plans.get((m, layout.stage), (None, None, None))
+                    plans = {k: v[0] for k, v in tick_plans.items()}
+                    bubble_plans += [p for p in plans.values() if p is not None]
+                else:
+                    for s, o in enumerate(ops):  # the forwards this tick starts: their plans, kept for the backwards
+                        if o is not None and o[0] == "forward" and (step, o[1], s) in asked_1f1b:
+                            step_plans[(o[1], s)] = asked_1f1b.pop((step, o[1], s))
+                    plan, cu, asked_at = step_plans.get((m, layout.stage), (None, None, None))
+                    plans = {k: v[0] for k, v in step_plans.items()}
                 order = contextlib.nullcontext()
-                if pooled:  # every rank makes every plan's calls of this tick, in the stages' order
-                    order = cad.CallOrder.for_tick(ops, layout.stage, {k: v[0] for k, v in step_plans.items()},
-                                                   len(stage.layers), recomputes)
+                if pooled_now:  # every rank makes every plan's calls of this tick, in the stages' order (an idle
+                    # rank all of them, as a server, when the block ends)
+                    order = cad.CallOrder.for_tick(ops, layout.stage, plans, len(stage.layers), recomputes)
+                # (--pool bubble: the tick's attention implementation and this rank's operation's arguments, also
+                # for the recomputation inside a backward)
+                arguments = stage.tick_attention(cu, plan) if bubble_1f1b else contextlib.nullcontext()
                 outgoing = None
-                with order:
+                with order, attention_for_tick(pooled_now), arguments:
                     if phase == "forward":
                         hidden = None
                         if not layout.first:
@@ -682,8 +783,6 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                         else:
                             outgoing = ("activation", m, out.detach())
                         kept[m] = (hidden, out)
-                        if plan is not None:
-                            own_forward_plans[t] = plan
                     elif phase == "backward":
                         hidden, out = kept.pop(m)
                         if layout.last:
@@ -693,20 +792,26 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                         if not layout.first:
                             outgoing = ("gradient", m, hidden.grad)
                         del hidden, out
+                # this rank's plan of the tick: its forward's (a backward reuses it), or under --pool bubble its
+                # operation's own (forward or backward)
+                recorded = plan if phase == "forward" or bubble_1f1b else None
+                if recorded is not None:
+                    own_plans[t] = recorded
                 wait_for_device(device, args.timeout_ms / 1e3)
-                record = tick_record(phase, t, m, tick_start, plan if phase == "forward" else None,
-                                     asked_at if phase == "forward" else None, docs, layout, use_cad)
+                record = tick_record(phase, t, m, tick_start, recorded, asked_at if recorded is not None else None,
+                                     docs, layout, use_cad)
                 # A tick mixes forwards and backwards: the cost model weighs each by its attention work
                 work = ATTENTION_WORK[phase] + (1.0 if phase == "backward" and recomputes else 0.0)
                 record["colocated_pairs"] *= work
-                if pooled:  # this rank serves a share of every call of the tick (a recomputation is a forward entry)
+                if pooled_now:  # this rank serves a share of every call of the tick (a recomputation: a forward)
                     record["planned_flops"] = sum(ATTENTION_WORK[d] * planned_share(p) for d, p, _ in order.slot)
                 elif plan is not None:  # CAD per stage: its share of this stage's plan
                     record["planned_flops"] = work * planned_share(plan)
                 records.append(record)
                 if groups is not None:
                     inbox.update(exchange_1f1b(t, outgoing, docs))
-        return records, losses, own_forward_plans, [p for p, _, _ in step_plans.values() if p is not None]
+        used = bubble_plans if bubble_1f1b else [p for p, _, _ in step_plans.values() if p is not None]
+        return records, losses, own_plans, used
 
     # Every step's documents now, outside the timed steps: the pure-Python recipe walks the whole length file for
     # each micro-batch (cached_batch remembers them for the later configurations, which would otherwise not pay).
@@ -736,7 +841,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
             # ---- forward ticks
             for t in range(T):
                 m = forward_micro_batch(layout.stage, t, M)
-                with tick_context("forward", t, m), attention_for_tick(t):
+                with tick_context("forward", t, m), attention_for_tick(pooled_tick(t)):
                     tick_start = time.perf_counter()
                     maybe_fault(args, rank, "forward", t)
                     ask(step, t)  # asked for during the tick before (or at the step before), unless --plan-ahead off
@@ -771,7 +876,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
             for b in range(T):
                 t = mirrored_tick(b, M, S)
                 m = forward_micro_batch(layout.stage, t, M)
-                with tick_context("backward", b, m), attention_for_tick(t):  # t: the mirrored forward tick
+                with tick_context("backward", b, m), attention_for_tick(pooled_tick(t)):  # t: the mirrored forward tick
                     tick_start = time.perf_counter()
                     maybe_fault(args, rank, "backward", b)
                     if b == T - 1 and ahead:
@@ -1073,9 +1178,10 @@ def parse_args(argv=None):
     p.add_argument("--attention", choices=["local", "torch_varlen", "cad"], default="cad")
     p.add_argument("--pool", choices=["tick", "stage", "bubble"], default="tick",
                    help="with --attention cad: tick = one CAD group over every rank, a plan per tick; stage = CAD "
-                        "within each stage's data-parallel group only; bubble (GPipe only) = CAD over every rank in "
-                        "the fill and drain ticks only (an idle stage's free capacity), local attention in the "
-                        "steady ticks (there the micro-batches' imbalance costs GPipe nothing, measured)")
+                        "within each stage's data-parallel group only; bubble = CAD over every rank in the ticks "
+                        "with an idle stage only (GPipe's fill and drain; an idle stage's free capacity), local "
+                        "attention in the steady ticks (there the micro-batches' imbalance costs GPipe nothing, "
+                        "measured); with --schedule 1f1b it needs --checkpointing full")
     p.add_argument("--balancer", default="prefix_aware", help="colocated, per_doc_cp, distca, prefix_aware")
     p.add_argument("--communicator", choices=["host", "nccl"], default=None,
                    help="CAD's: host (torch.distributed's gloo, CPU) or nccl (CUDA); default: host on CPU, nccl on "
@@ -1097,7 +1203,8 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="default: fp32 on CPU, bf16 on CUDA")
     p.add_argument("--checkpointing", choices=["none", "full"], default="none",
-                   help="full: every decoder layer recomputed in the backward (transformers' own, non-reentrant)")
+                   help="full: every decoder layer recomputed in the backward (transformers' own, non-reentrant; "
+                        "reentrant under --schedule 1f1b --pool bubble, whose backwards run their own tick's plan)")
     p.add_argument("--keep-forward-tensors", choices=["auto", "on", "off"], default="auto",
                    help="CAD's (cad.init): where a forward's Q/K/V/O wait for its backward -- on the servers (on), the "
                         "owners (off), or on the servers only for a recomputed forward (auto)")
@@ -1117,8 +1224,9 @@ def parse_args(argv=None):
     p.add_argument("--configs", default=None,
                    help="train several configurations in turn in this process, same weights and batches: a comma "
                         "list of local, torch_varlen, cad_tick, cad_stage, cad_bubble (--schedule's; cad_bubble: "
-                        "GPipe only, CAD in the fill and drain ticks only, local attention in the steady ones) and "
-                        "1f1b_local, 1f1b_torch_varlen, 1f1b_cad_tick, 1f1b_cad_stage (1F1B), and local_balanced, "
+                        "CAD in the ticks with an idle stage only, local attention in the steady ones) and "
+                        "1f1b_local, 1f1b_torch_varlen, 1f1b_cad_tick, 1f1b_cad_stage, 1f1b_cad_bubble (1F1B; "
+                        "1f1b_cad_bubble needs --checkpointing full), and local_balanced, "
                         "1f1b_local_balanced (the measured ideal: --balanced-batches); ends with a comparison table")
     p.add_argument("--balanced-batches", action="store_true",
                    help="the measured ideal: every buffer of a step keeps its tokens but holds equal-length documents "
@@ -1157,12 +1265,24 @@ def parse_args(argv=None):
             p.error(f"--configs: {bad[0]!r} is not one of {', '.join(CONFIGS)}")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
-    # --pool bubble pools GPipe's fill and drain ticks; 1F1B's idle ticks are elsewhere and mix forwards with
-    # backwards (its CAD runs through cad.CallOrder): not implemented, so refused rather than run as something else.
+    # --pool bubble under 1F1B pools only the ticks with an idle stage, where a micro-batch's forward and backward
+    # may fall in different kinds of tick: only a backward that recomputes its forward (--checkpointing full)
+    # makes all of its attention calls in its own tick, under that tick's kind. GPipe's bubble ticks mirror each
+    # other, so it runs with or without checkpointing.
     for name, run in configurations(args):
         if run.attention == "cad" and run.pool == "bubble" and run.schedule == "1f1b":
             which = f" ({name})" if name else ""
-            p.error(f"--pool bubble{which} runs with --schedule gpipe only, not --schedule 1f1b")
+            if run.checkpointing != "full":
+                p.error(f"--pool bubble{which} with --schedule 1f1b needs --checkpointing full: a micro-batch's "
+                        f"forward and backward can fall in different kinds of tick (pooled or local), so the "
+                        f"backward's attention calls must all be made in its own tick, its forward's recomputed "
+                        f"there")
+            if run.keep_forward_tensors == "on":
+                # the servers would keep every pooled first forward's tensors for a backward that never comes
+                # under that plan (the backward recomputes under its own), until cad.shutdown
+                p.error(f"--pool bubble{which} with --schedule 1f1b takes --keep-forward-tensors auto or off, not "
+                        f"on: its backwards recompute their forwards under plans of their own, so a forward's kept "
+                        f"tensors would never be used")
     base.resolve_attention_timing(args)
     return args
 

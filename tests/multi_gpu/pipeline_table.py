@@ -36,7 +36,7 @@ def tables(out_dir):
     """{(context, micro-batches): {config: summary}} from the JSON files in out_dir, in the trainer's order."""
     found = {}
     order = ["local", "local_balanced", "torch_varlen", "cad_tick", "cad_bubble", "cad_stage", "1f1b_local",
-             "1f1b_local_balanced", "1f1b_torch_varlen", "1f1b_cad_tick", "1f1b_cad_stage"]
+             "1f1b_local_balanced", "1f1b_torch_varlen", "1f1b_cad_tick", "1f1b_cad_bubble", "1f1b_cad_stage"]
     for path in sorted(pathlib.Path(out_dir).glob("pipe_*_*_*.json")):
         match = NAME.search(path.name)
         if not match:

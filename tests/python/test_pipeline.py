@@ -6,7 +6,9 @@
   run in one process on the same micro-batches (the pipeline itself is right).
 - --pool bubble (cad_bubble) pools only the fill and drain ticks: there the idle stage serves attention and the
   tick is balanced; the steady ticks run local attention, with no plan (checkpointed too: the recomputation in the
-  backward runs the attention of its forward tick), and it trains as local attention.
+  backward runs the attention of its forward tick), and it trains as local attention. Under 1F1B
+  (1f1b_cad_bubble, --checkpointing full only) each operation of a tick with an idle stage has a plan of its own;
+  the other ticks run local attention, and a backward recomputes under its own tick's kind.
 - Plans are per tick and made ahead: each forward tick has a plan of its own, tagged with its tick, asked for
   during the tick before; its mirrored backward tick reuses it; the step makes exactly one plan per tick.
 - A stage that stalls or raises in a tick ends every rank with an error naming its stage, tick, micro-batch and
@@ -55,7 +57,9 @@ RUNS = {
                                     "full"],
              "1f1b_cad_tick_kept": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick",
                                     "--keep-forward-tensors", "on"],
-             "1f1b_cad_stage": ["--schedule", "1f1b", "--attention", "cad", "--pool", "stage"]}),
+             "1f1b_cad_stage": ["--schedule", "1f1b", "--attention", "cad", "--pool", "stage"],
+             "1f1b_cad_bubble_full": ["--schedule", "1f1b", "--attention", "cad", "--pool", "bubble",
+                                      "--checkpointing", "full"]}),
     "pp2_dp2": (4, ["--pp", "2", "--layers", "4"],
                 {"local": ["--attention", "local"],
                  "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
@@ -68,7 +72,9 @@ RUNS = {
     "pp3": (3, ["--pp", "3", "--layers", "3"],
             {"local": ["--attention", "local"],
              "cad_tick_full": ["--attention", "cad", "--pool", "tick", "--checkpointing", "full"],
-             "1f1b_cad_tick": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick"]}),
+             "1f1b_cad_tick": ["--schedule", "1f1b", "--attention", "cad", "--pool", "tick"],
+             "1f1b_cad_bubble_full": ["--schedule", "1f1b", "--attention", "cad", "--pool", "bubble",
+                                      "--checkpointing", "full"]}),
 }
 
 
@@ -353,6 +359,46 @@ def test_pp2_1f1b_trains_as_local_and_balances_every_tick(two):
             assert all(e["colocated_imbalance"] > 1.2 for e in mixed)
     local = _result(two, "1f1b_local")
     assert all(r["mean_colocated_imbalance"] > 1.2 for r in local["steps"])
+
+
+@needs_data
+def test_pp2_1f1b_bubble_pool_pools_only_the_ticks_with_an_idle_stage(two):
+    """1F1B --pool bubble (M = 4, PP = 2; --checkpointing full): the timetable [F0,-] [F1,F0] [-,B0] [B0,F1]
+    [F2,B1] [B1,F2] [F3,B2] [B2,F3] [-,B3] [B3,-] has an idle stage at ticks 0, 2, 8, 9. There each operation has a
+    plan of its own over both ranks (tag bubble_1f1b_tag: forward and backward apart), the idle rank serves
+    attention and the tick is balanced; the other ticks run local attention, no plan, nothing planned. Stage 1's
+    F0 (steady tick 1) and B0 (bubble tick 2), and stage 0's F0 (bubble tick 0) and B0 (steady tick 3), run their
+    forward and backward in different kinds of tick, and train as local attention
+    (test_pp2_cad_trains_as_local_and_as_the_whole_model)."""
+    t = _trainer_module()
+    M, S = 4, 2
+    bubble = [0, 2, 8, 9]
+    table = t.one_f_one_b(M, S)
+    assert [k for k in range(len(table)) if t.one_f_one_b_bubble_tick(table, k)] == bubble
+    name = "1f1b_cad_bubble_full"
+    for rank in range(2):
+        run = _result(two, name, rank)
+        assert (run["summary"]["pool"], run["summary"]["schedule"]) == ("bubble", "1f1b")
+        assert run["summary"]["plan_makes_total"] == 2 * len(bubble)  # every rank makes every plan, no other
+        assert [r["plans_made"] for r in run["steps"]] == [[len(bubble)] * 2] * 2
+        for record in run["steps"]:
+            step = record["step"]
+            planned = {r["tick"]: r["plan_tag"] for r in record["rank_ticks"] if "plan_id" in r}
+            # this rank's own operations in the bubble ticks, each with its own tag; the idle rank's tick none
+            expected = {k: t.BUBBLE_1F1B_TAGS + 2 * ((step * M + table[k][rank][1]) * S + rank) +
+                        (table[k][rank][0] == "backward") for k in bubble if table[k][rank] is not None}
+            assert planned == expected, (rank, record["rank_ticks"])
+            assert len(set(planned.values())) == len(planned)
+    tags = [_result(two, name, r)["steps"][0]["rank_ticks"][0].get("plan_tag") for r in range(2)]
+    assert tags == [t.BUBBLE_1F1B_TAGS + 0, None]  # stage 0's F0 at tick 0; stage 1 idle there
+    for record in _result(two, name)["steps"]:
+        assert len(record["ticks"]) == len(table)
+        for entry in record["ticks"]:
+            if entry["tick"] in bubble:  # the idle rank serves; one rank holds every token before balancing
+                assert min(entry["attention_s"]) > 0.0, entry
+                assert entry["planned_imbalance"] < 1.1 < entry["colocated_imbalance"], entry
+            else:  # local attention: nothing planned, nothing moved
+                assert "planned_imbalance" not in entry and "plan_imbalance" not in entry, entry
 
 
 @needs_data
@@ -715,17 +761,28 @@ def test_attention_timing_defaults_to_no_syncs_on_cuda():
     assert on.sync_attention_timing == "on"
 
 
-def test_bubble_pool_is_gpipe_only(capsys):
-    """--pool bubble pools GPipe's fill and drain ticks; with --schedule 1f1b it is refused (as an option or as
-    cad_bubble under --schedule 1f1b), naming both options. cad_bubble is GPipe's CAD over the world, bubble ticks
-    only; a 1f1b_ configuration keeps its own pool under --pool bubble."""
+def test_bubble_pool_under_1f1b_needs_full_checkpointing(capsys):
+    """--pool bubble with --schedule 1f1b (as options, as 1f1b_cad_bubble, or as cad_bubble under --schedule 1f1b)
+    runs only with --checkpointing full (a backward must make all of its attention calls in its own tick) and not
+    with --keep-forward-tensors on; the message names the configuration. GPipe's bubble runs with or without
+    checkpointing; a 1f1b_ configuration keeps its own pool under --pool bubble."""
     t = _trainer_module()
     err = _refused(t, capsys, ["--pool", "bubble", "--schedule", "1f1b"])
-    assert "--pool bubble runs with --schedule gpipe only, not --schedule 1f1b" in err, err
+    assert "--pool bubble with --schedule 1f1b needs --checkpointing full" in err, err
+    err = _refused(t, capsys, ["--configs", "local,1f1b_cad_bubble"])
+    assert "--pool bubble (1f1b_cad_bubble) with --schedule 1f1b needs --checkpointing full" in err, err
     err = _refused(t, capsys, ["--configs", "local,cad_bubble", "--schedule", "1f1b"])
-    assert "--pool bubble (cad_bubble) runs with --schedule gpipe only, not --schedule 1f1b" in err, err
+    assert "--pool bubble (cad_bubble) with --schedule 1f1b needs --checkpointing full" in err, err
+    err = _refused(t, capsys, ["--pool", "bubble", "--schedule", "1f1b", "--checkpointing", "full",
+                               "--keep-forward-tensors", "on"])
+    assert "takes --keep-forward-tensors auto or off, not on" in err, err
+    args = t.parse_args(["--pool", "bubble", "--schedule", "1f1b", "--checkpointing", "full"])
+    assert (args.pool, args.schedule) == ("bubble", "1f1b")
+    (_, one), = t.configurations(t.parse_args(["--configs", "1f1b_cad_bubble", "--checkpointing", "full"]))
+    assert (one.attention, one.pool, one.schedule) == ("cad", "bubble", "1f1b")
     (_, bubble), = t.configurations(t.parse_args(["--configs", "cad_bubble"]))
-    assert (bubble.attention, bubble.pool, bubble.schedule) == ("cad", "bubble", "gpipe")
+    assert (bubble.attention, bubble.pool, bubble.schedule, bubble.checkpointing) == ("cad", "bubble", "gpipe",
+                                                                                      "none")
     (_, kept), = t.configurations(t.parse_args(["--configs", "1f1b_cad_tick", "--pool", "bubble"]))
     assert (kept.pool, kept.schedule) == ("tick", "1f1b")
     assert t.parse_args(["--pool", "bubble"]).pool == "bubble"
