@@ -23,6 +23,12 @@ keep_forward_tensors, with the owner's recomputation counted as inside a backwar
 call of the same plan and layer, in this tick or a later one (the last kept to the first backward: backwards run
 the layers in reverse). A plan's backward calls all run in one tick; what is still kept for the plan when that
 tick ends (a first forward that its owner recomputed) is given back then; cad.shutdown gives back the rest.
+
+A backward call runs with the plan of the forward whose autograd node it differentiates. Under non-reentrant
+activation checkpointing that is the layer's first forward (only its saved tensors are recomputed), so the plan of
+a backward is its first forward's; a trainer whose backward must run under a plan of its own tick recomputes with
+reentrant checkpointing, which differentiates the recomputed forward (examples/train_pipeline.py, 1F1B with
+--pool bubble).
 """
 import torch
 
