@@ -135,13 +135,14 @@ def _load_train_llama():
 
 base = _load_train_llama()
 
-CONFIGS = {  # --configs name -> (attention, pool, schedule: None = --schedule's)
+CONFIGS = {  # --configs name -> (attention, pool, schedule: None = --schedule's); in the comparison table's order
     "local": ("local", None, None), "torch_varlen": ("torch_varlen", None, None), "cad_tick": ("cad", "tick", None),
     "cad_stage": ("cad", "stage", None), "cad_bubble": ("cad", "bubble", None),
+    "local_balanced": ("local", None, None),
     "1f1b_local": ("local", None, "1f1b"), "1f1b_torch_varlen": ("torch_varlen", None, "1f1b"),
     "1f1b_cad_tick": ("cad", "tick", "1f1b"), "1f1b_cad_stage": ("cad", "stage", "1f1b"),
     "1f1b_cad_bubble": ("cad", "bubble", "1f1b"),  # needs --checkpointing full (parse_args)
-    "local_balanced": ("local", None, None), "1f1b_local_balanced": ("local", None, "1f1b"),
+    "1f1b_local_balanced": ("local", None, "1f1b"),
 }
 # The measured ideal (--balanced-batches): local attention on the step's buffers made equal in attention work (every
 # tick's attention at the mean, at no communication cost), not an alternative a user has.
@@ -279,7 +280,7 @@ def micro_batch_documents(lengths, args, dp, step):
     for m in range(args.micro_batches):
         batch = base.cached_batch(lengths, args.context, dp, args.seed + 1000 * step + m)
         out.append([docs or [args.context] for docs in batch])
-    if getattr(args, "balanced_batches", False):
+    if args.balanced_batches:
         flat = base.balanced_documents([docs for micro in out for docs in micro])
         out = [flat[m * dp:(m + 1) * dp] for m in range(args.micro_batches)]
     return out
@@ -492,7 +493,7 @@ def summary_of(args, layout, device):
     return {"attention": args.attention, "pool": args.pool if args.attention == "cad" else None,
             "balancer": args.balancer if args.attention == "cad" else None, "pp": args.pp, "dp": layout.dp,
             "ranks": layout.world, "rank_layout": "rank = stage * dp + replica", "schedule": args.schedule,
-            "balanced_batches": bool(getattr(args, "balanced_batches", False)),
+            "balanced_batches": args.balanced_batches,
             "context": args.context, "micro_batches": args.micro_batches,
             "ticks_per_step": len(one_f_one_b(args.micro_batches, args.pp)) if args.schedule == "1f1b" else
             2 * ticks(args.micro_batches, args.pp), "model": args.model, "layers": args.layers,
@@ -591,11 +592,6 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         tick under --pool tick, only the bubble ticks (some stage idle) under --pool bubble."""
         return use_cad and (args.pool == "tick" or (args.pool == "bubble" and bubble_tick(tick, M, S)))
 
-    def steady_tick_under_bubble(tick):
-        """Whether forward tick `tick` (and its mirrored backward tick) is one of --pool bubble's steady ticks:
-        every stage busy, local attention."""
-        return use_cad and args.pool == "bubble" and not bubble_tick(tick, M, S)
-
     @contextlib.contextmanager
     def attention_for_tick(pooled_now):
         """The stage model's attention implementation during a tick: under --pool bubble "cad" in a pooled tick
@@ -627,7 +623,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         if key in asked or tick >= T or step >= args.steps:
             return
         m, docs = tick_documents(step, tick)
-        if steady_tick_under_bubble(tick):  # every stage busy: no plan, the local kernel
+        if use_cad and args.pool == "bubble" and not pooled_tick(tick):  # a steady tick: no plan, the local kernel
             asked[key] = request(docs, None, attention="local")
             return
         if m is None and not pooled_tick(tick):

@@ -15,6 +15,7 @@ per-tick attention imbalance measured (max/mean over ranks of each tick's attent
 model's, after CAD's plans; local: the colocated one) and colocated (before: each rank's own documents),
 peak GiB, and the speedup over the fastest run with local attention (ours or torch's varlen, either schedule): the
 best alternative a user has."""
+import functools
 import importlib.util
 import json
 import pathlib
@@ -25,7 +26,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 NAME = re.compile(r"pipe_(\d+)_(\d+)_(.+)\.json$")
 
 
+@functools.lru_cache(maxsize=None)
 def trainer():
+    """examples/train_pipeline.py as a module, loaded once (tables() and main() both use it)."""
     spec = importlib.util.spec_from_file_location("train_pipeline", REPO / "examples" / "train_pipeline.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -35,8 +38,7 @@ def trainer():
 def tables(out_dir):
     """{(context, micro-batches): {config: summary}} from the JSON files in out_dir, in the trainer's order."""
     found = {}
-    order = ["local", "local_balanced", "torch_varlen", "cad_tick", "cad_bubble", "cad_stage", "1f1b_local",
-             "1f1b_local_balanced", "1f1b_torch_varlen", "1f1b_cad_tick", "1f1b_cad_bubble", "1f1b_cad_stage"]
+    order = list(trainer().CONFIGS)
     for path in sorted(pathlib.Path(out_dir).glob("pipe_*_*_*.json")):
         match = NAME.search(path.name)
         if not match:
