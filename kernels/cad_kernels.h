@@ -209,8 +209,10 @@ cudaError_t copy_strided_rows_f32(const float* src, int64_t src_row_stride, int6
 // For i < num_rows: out row owner_rows[i] = the fp32 sum, in index order, of the rows src_rows[j] of `src`
 // for j in [first[i], first[i+1]); stored as bf16 or fp32 (`bf16`, src and out alike). CAD's owners sum the
 // partial dK/dV of every server that read a key/value row this way: one pass, a fixed order (bitwise
-// reproducible), no accumulator in memory. The three index arrays are in DEVICE memory.
+// reproducible), no accumulator in memory. The three index arrays are in DEVICE memory. `accumulate`: the sum
+// starts from the out row's value (an owner's own partial sums) instead of 0.
 cudaError_t sum_rows(const void* src, bool bf16, int64_t row_elems, const int64_t* first, const int64_t* src_rows,
-                     const int64_t* owner_rows, int64_t num_rows, void* out, cudaStream_t stream);
+                     const int64_t* owner_rows, int64_t num_rows, void* out, cudaStream_t stream,
+                     bool accumulate = false);
 
 }  // namespace cad::kernels

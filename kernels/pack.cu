@@ -73,12 +73,12 @@ __global__ void copy_strided_rows_kernel(const float* src, int64_t src_rs, int64
 // row is read once, coalesced, and the sum is written once.
 template <class T>
 __global__ void sum_rows_kernel(const T* src, int64_t row_elems, const int64_t* first, const int64_t* src_rows,
-                                const int64_t* owner_rows, int64_t num_rows, T* out) {
+                                const int64_t* owner_rows, int64_t num_rows, T* out, bool accumulate) {
   for (int64_t r = blockIdx.x; r < num_rows; r += gridDim.x) {
     const int64_t begin = first[r], end = first[r + 1];
     T* d = out + owner_rows[r] * row_elems;
     for (int64_t e = threadIdx.x; e < row_elems; e += blockDim.x) {
-      float acc = 0.f;
+      float acc = accumulate ? to_float(d[e]) : 0.f;
       for (int64_t j = begin; j < end; ++j) acc += to_float(src[src_rows[j] * row_elems + e]);
       d[e] = from_float<T>(acc);
     }
@@ -132,7 +132,7 @@ cudaError_t copy_strided_rows_f32(const float* src, int64_t src_row_stride, int6
 }
 
 cudaError_t sum_rows(const void* src, bool bf16, int64_t row_elems, const int64_t* first, const int64_t* src_rows,
-                     const int64_t* owner_rows, int64_t num_rows, void* out, cudaStream_t stream) {
+                     const int64_t* owner_rows, int64_t num_rows, void* out, cudaStream_t stream, bool accumulate) {
   if (num_rows == 0 || row_elems == 0) return cudaSuccess;
   if (src == nullptr || out == nullptr || first == nullptr || src_rows == nullptr || owner_rows == nullptr ||
       num_rows < 0 || row_elems < 0) {
@@ -143,10 +143,10 @@ cudaError_t sum_rows(const void* src, bool bf16, int64_t row_elems, const int64_
   if (bf16) {
     sum_rows_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), row_elems,
                                                                    first, src_rows, owner_rows, num_rows,
-                                                                   static_cast<__nv_bfloat16*>(out));
+                                                                   static_cast<__nv_bfloat16*>(out), accumulate);
   } else {
     sum_rows_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<const float*>(src), row_elems, first, src_rows,
-                                                           owner_rows, num_rows, static_cast<float*>(out));
+                                                           owner_rows, num_rows, static_cast<float*>(out), accumulate);
   }
   return cudaGetLastError();
 }

@@ -41,6 +41,16 @@ void store_sums(const std::vector<float>& sums, const CallShape& shape, void* ou
   for (size_t i = 0; i < sums.size(); ++i) dst[i] = float_to_bf16(sums[i]);
 }
 
+// The host's dK/dV (its dtype) -> fp32 sums.
+void load_sums(const void* in, const CallShape& shape, std::vector<float>& sums) {
+  if (!shape.bf16) {
+    if (!sums.empty()) std::memcpy(sums.data(), in, sums.size() * sizeof(float));
+    return;
+  }
+  const uint16_t* src = static_cast<const uint16_t*>(in);
+  for (size_t i = 0; i < sums.size(); ++i) sums[i] = bf16_to_float(src[i]);
+}
+
 Part accumulate(std::vector<float>& sums, const CallShape& shape) {
   Part part;
   part.runs = RunSet::KV;
@@ -83,24 +93,48 @@ void cpu_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const 
              stats);
   }
 
-  // 2. The server batch's backward. dK/dV of a shared KV prefix come out summed over its segments.
+  // 2. The server batch's backward. dK/dV of a shared KV prefix come out summed over its segments. And the
+  // tasks this rank runs in place (layout.own), on its own tensors, or on their copies where the forward kept
+  // them (the host may then pass stand-ins for q/k/v/o): they write every row of the host's dQ/dK/dV (0 where
+  // they read nothing), before the servers' results come back.
+  const ServerBatch& own = step.layout.own[static_cast<size_t>(comm.rank())];
   std::vector<std::byte> server_d_q = rows_buffer(batch.q_rows, q_bytes);
   std::vector<std::byte> server_d_k = rows_buffer(batch.kv_rows, kv_bytes);
   std::vector<std::byte> server_d_v = rows_buffer(batch.kv_rows, kv_bytes);
   run_on_server(ctx, "server backend backward", stats, [&]() -> cad_status_t {
-    if (batch.q_rows == 0) return CAD_STATUS_OK;
     // The server backend only reads its inputs; the descriptors are non-const by type only.
     auto mut = [](const std::vector<std::byte>& b) { return const_cast<std::byte*>(b.data()); };
+    if (!own.segments.empty()) {
+      ServerBatchTensors t;
+      if (kept) {
+        t.q = mut(in.own_q), t.k = mut(in.own_k), t.v = mut(in.own_v), t.o = mut(in.own_o);
+        t.lse = const_cast<float*>(in.own_lse.data());
+      } else {
+        t.q = tensor_data(args->q), t.k = tensor_data(args->k), t.v = tensor_data(args->v), t.o = tensor_data(args->o);
+        t.lse = static_cast<float*>(tensor_data(args->lse));
+      }
+      t.d_o = tensor_data(args->d_o), t.d_q = tensor_data(args->d_q), t.d_k = tensor_data(args->d_k);
+      t.d_v = tensor_data(args->d_v);
+      const cad_status_t status = call_server_backward(ctx, plan, Batch::Own, shape, t,
+                                                       cad_device_v1_t{CAD_DEVICE_CPU, 0}, nullptr);
+      if (status != CAD_STATUS_OK) return status;
+    }
+    if (batch.q_rows == 0) return CAD_STATUS_OK;
     ServerBatchTensors t;
     t.q = mut(in.q), t.k = mut(in.k), t.v = mut(in.v), t.o = mut(in.o), t.lse = const_cast<float*>(in.lse.data());
     t.d_o = server_d_o.data(), t.d_q = server_d_q.data(), t.d_k = server_d_k.data(), t.d_v = server_d_v.data();
-    return call_server_backward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CPU, 0}, nullptr);
+    return call_server_backward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CPU, 0}, nullptr);
   });
 
   // 3. dQ to the query owners (each row from exactly one server); dK/dV partial sums to the key/value
-  // owners, added up in server order so that the result does not depend on arrival order.
+  // owners, added up in server order so that the result does not depend on arrival order (after this rank's
+  // own tasks' sums, where it ran any).
   const size_t kv_elements = static_cast<size_t>(shape.tokens * shape.num_kv_heads * shape.head_dim);
   std::vector<float> sum_k(kv_elements, 0.0f), sum_v(kv_elements, 0.0f);
+  if (!own.segments.empty()) {
+    load_sums(tensor_data(args->d_k), shape, sum_k);
+    load_sums(tensor_data(args->d_v), shape, sum_v);
+  }
   exchange(comm, step.layout, Direction::ToOwners,
            {rows(RunSet::Q, server_d_q.data(), q_bytes), rows(RunSet::KV, server_d_k.data(), kv_bytes),
             rows(RunSet::KV, server_d_v.data(), kv_bytes)},

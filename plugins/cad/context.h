@@ -29,6 +29,10 @@ struct Config {
   // device_path.cpp's runtime(): highest lets an exchange take the next free SMs instead of queueing behind
   // compute, but an exchange that then waits for a late peer holds them meanwhile.
   bool comm_stream_highest_priority = true;
+  // A server runs the tasks on documents it holds whole in place on its own tensors (layout.h: Layout::own),
+  // on the CUDA path on a stream of their own while the moved rows are in flight, instead of sending them to
+  // itself through the exchange and waiting for it.
+  bool own_tasks_in_place = true;
   PlanKnobs knobs;                   // min_shard_tokens, memory_cap_bytes for the balancer's cost model
 };
 
@@ -44,10 +48,13 @@ struct ServerBackend {
   }
 };
 
-// A CPU server batch kept from a forward for its backward (keep_forward_tensors).
+// A CPU server batch kept from a forward for its backward (keep_forward_tensors), with the owner's own rows for
+// the tasks it runs in place (its backward may be handed stand-ins for q/k/v/o: plugins/cad/README.md).
 struct KeptBatch {
   std::vector<std::byte> q, k, v, o;
   std::vector<float> lse;
+  std::vector<std::byte> own_q, own_k, own_v, own_o;
+  std::vector<float> own_lse;
 };
 
 struct DeviceSaved;  // device_path.h

@@ -68,38 +68,43 @@ struct ServerViews {
 };
 
 template <class Args>
-void describe_server_batch(Args& a, const CadPlan& plan, const ServerBatch& batch, const CallShape& shape,
+void describe_server_batch(Args& a, void* server_plan, const ServerBatch& batch, const CallShape& shape,
                            void* stream) {
   a.struct_size = sizeof(a);
-  a.segments = plan.server_plan != nullptr ? nullptr : batch.segments.data();
-  a.num_segments = plan.server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
+  a.segments = server_plan != nullptr ? nullptr : batch.segments.data();
+  a.num_segments = server_plan != nullptr ? 0 : static_cast<int64_t>(batch.segments.size());
   a.softmax_scale = shape.softmax_scale;
   a.causal = shape.causal ? 1 : 0;
   a.window_flags = CAD_WINDOW_GIVEN;  // -1 = no limit
   a.window_left = shape.window_left;
   a.window_right = -1;
   a.stream = stream;
-  a.plan = plan.server_plan;
+  a.plan = server_plan;
+}
+
+const ServerBatch& batch_of(const CadPlan& plan, Batch which, int32_t me) {
+  const Layout& layout = plan.step.layout;
+  return (which == Batch::Own ? layout.own : layout.servers)[static_cast<size_t>(me)];
 }
 
 }  // namespace
 
-cad_status_t call_server_forward(CadContext& ctx, const CadPlan& plan, const CallShape& shape,
+cad_status_t call_server_forward(CadContext& ctx, const CadPlan& plan, Batch which, const CallShape& shape,
                                  const ServerBatchTensors& t, cad_device_v1_t device, void* stream) {
-  const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
+  const ServerBatch& batch = batch_of(plan, which, ctx.comm->rank());
   ServerViews views(batch, shape, t, device);
   cad_attention_forward_args_v1_t a{};  // describe_server_batch sets every scalar, the window too
-  describe_server_batch(a, plan, batch, shape, stream);
+  describe_server_batch(a, which == Batch::Own ? plan.own_server_plan : plan.server_plan, batch, shape, stream);
   a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
   return ctx.server.table->forward(ctx.server.instance, &a);
 }
 
-cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, const CallShape& shape,
+cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, Batch which, const CallShape& shape,
                                   const ServerBatchTensors& t, cad_device_v1_t device, void* stream) {
-  const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
+  const ServerBatch& batch = batch_of(plan, which, ctx.comm->rank());
   ServerViews views(batch, shape, t, device);
   cad_attention_backward_args_v1_t a{};
-  describe_server_batch(a, plan, batch, shape, stream);
+  describe_server_batch(a, which == Batch::Own ? plan.own_server_plan : plan.server_plan, batch, shape, stream);
   a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
   a.d_o = views.d_o.get(), a.d_q = views.d_q.get(), a.d_k = views.d_k.get(), a.d_v = views.d_v.get();
   return ctx.server.table->backward(ctx.server.instance, &a);

@@ -102,12 +102,17 @@ struct ServerBatchTensors {
   void *d_o = nullptr, *d_q = nullptr, *d_k = nullptr, *d_v = nullptr;
 };
 
-// One call of the server backend on this rank's batch of `plan`: with the backend's own plan of the batch
-// when it made one, else the batch's segment table. Returns the backend's status (its message is its
+// Which of this rank's batches a server backend call runs: the server batch (the rows the exchange brings,
+// layout.servers) or the tasks it runs in place on its own tensors (layout.own; ServerBatchTensors are then the
+// owner's tensors: its tokens' rows).
+enum class Batch { Served, Own };
+
+// One call of the server backend on one of this rank's batches of `plan`: with the backend's own plan of the
+// batch when it made one, else the batch's segment table. Returns the backend's status (its message is its
 // last_error). The CPU and the CUDA data paths both call the backend through these.
-cad_status_t call_server_forward(CadContext& ctx, const CadPlan& plan, const CallShape& shape,
+cad_status_t call_server_forward(CadContext& ctx, const CadPlan& plan, Batch which, const CallShape& shape,
                                  const ServerBatchTensors& t, cad_device_v1_t device, void* stream);
-cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, const CallShape& shape,
+cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, Batch which, const CallShape& shape,
                                   const ServerBatchTensors& t, cad_device_v1_t device, void* stream);
 
 // Byte vectors sized for server-batch tensors.

@@ -76,6 +76,11 @@ struct ExchangeEvents {
 struct DeviceRuntime {
   int device = -1;
   cudaStream_t comm_stream = nullptr;
+  // The tasks a rank runs in place on its own tensors (layout.own) run here, forked from the call's stream at its
+  // start and joined back before the results that come back overwrite or add to theirs: the GPU computes them
+  // while the exchanges move the other rows.
+  cudaStream_t own_stream = nullptr;
+  cudaEvent_t own_fork = nullptr, own_join = nullptr;
   kernels::HostStaging staging;  // the plans' table uploads: never a wait for the plan's stream (host_staging.h)
   cudaEvent_t ready = nullptr, done = nullptr;
   std::deque<ExchangeEvents> timed;  // enqueued exchanges, oldest first, until harvested
@@ -83,6 +88,9 @@ struct DeviceRuntime {
   ~DeviceRuntime() {
     if (ready != nullptr) cudaEventDestroy(ready);
     if (done != nullptr) cudaEventDestroy(done);
+    if (own_fork != nullptr) cudaEventDestroy(own_fork);
+    if (own_join != nullptr) cudaEventDestroy(own_join);
+    if (own_stream != nullptr) cudaStreamDestroy(own_stream);
     for (const ExchangeEvents& e : spare) destroy(e);
     for (const ExchangeEvents& e : timed) destroy(e);
     if (comm_stream != nullptr) cudaStreamDestroy(comm_stream);
@@ -164,6 +172,7 @@ struct DevicePlan {
   WorkspaceSizes sizes;                // of the per-call buffers (CallScratch)
   DeviceBuffer sum_index;  // owner-side dK/dV rows read by several servers (wire_tables.h: shared_*)
   int64_t shared_kv_rows = 0;
+  bool own_in_place = false;  // this rank runs tasks in place (layout.own): returning dK/dV rows are added
   // The tables are uploaded in the order of the plan's stream through the runtime's pinned staging, without
   // waiting on the host (a plan made ahead on another thread must not wait for the training stream to drain,
   // and it holds the instance's lock while it uploads); `ready` marks the uploads' end for calls on other
@@ -243,7 +252,11 @@ struct DeviceSaved {
   int device = 0;
   void* stream = nullptr;  // the stream of the last call that used it
   DeviceBuffer q, k, v, o, lse;
-  std::array<DeviceBuffer*, 5> buffers() { return {&q, &k, &v, &o, &lse}; }
+  // The owner's own tensors for the tasks it runs in place (its backward may be handed stand-ins for q/k/v/o).
+  DeviceBuffer own_q, own_k, own_v, own_o, own_lse;
+  std::array<DeviceBuffer*, 10> buffers() {
+    return {&q, &k, &v, &o, &lse, &own_q, &own_k, &own_v, &own_o, &own_lse};
+  }
 };
 
 // Bytes of device memory in a list of buffers.
@@ -325,6 +338,9 @@ DeviceRuntime& runtime(CadContext& ctx, int device) {
              "creating the communication stream");
   check_cuda(cudaEventCreateWithFlags(&rt->ready, cudaEventDisableTiming), "cudaEventCreate");
   check_cuda(cudaEventCreateWithFlags(&rt->done, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaStreamCreateWithFlags(&rt->own_stream, cudaStreamNonBlocking), "creating the own tasks' stream");
+  check_cuda(cudaEventCreateWithFlags(&rt->own_fork, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventCreateWithFlags(&rt->own_join, cudaEventDisableTiming), "cudaEventCreate");
   ctx.device = std::move(rt);
   return *ctx.device;
 }
@@ -342,7 +358,10 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   const int32_t me = ctx.comm->rank();
   std::vector<RowCopy> to_wire, from_wire;
   plan->tables[OwnerQ] = append_table(build_wire_table(layout, me, true, true), to_wire, from_wire, plan->owner_q_rows);
-  const WireTable owner_kv = build_wire_table(layout, me, true, false, step.shape.tokens);
+  // Where this rank runs tasks in place, their partial dK/dV are in its tensors before the servers' come back:
+  // every returning row is added to them.
+  plan->own_in_place = !layout.own[static_cast<size_t>(me)].segments.empty();
+  const WireTable owner_kv = build_wire_table(layout, me, true, false, step.shape.tokens, plan->own_in_place);
   plan->tables[OwnerKv] = append_table(owner_kv, to_wire, from_wire, plan->owner_kv_rows);
   // The dK/dV return lists go into both arrays at the same offsets (only one direction is used).
   auto append_list = [&](const std::vector<WireCopy>& copies, const std::vector<int64_t>& peer_first) {
@@ -474,7 +493,7 @@ class Mover {
     const int64_t n = plan_.shared_kv_rows;
     const int64_t* index = static_cast<const int64_t*>(plan_.sum_index.ptr);
     check_cuda(kernels::sum_rows(recv, s.bf16, int64_t{s.num_kv_heads} * s.head_dim, index + n, index + 2 * n + 1, index,
-                                 n, out, stream_),
+                                 n, out, stream_, plan_.own_in_place),
                "sum dK/dV");
     scratch_.release_wire();
   }
@@ -607,6 +626,44 @@ template <class Drained>
   throw;
 }
 
+// The own tasks' stream for one call (DeviceRuntime::own_stream): fork() makes it wait for what the call's stream
+// has enqueued so far; join() makes the call's stream wait for what it was given. A forked stream is joined
+// at the latest when the call ends, also when it throws, so that nothing it reads or writes is released or
+// handed back to the application under it.
+class OwnWork {
+ public:
+  OwnWork(DeviceRuntime& rt, cudaStream_t stream) : rt_(rt), stream_(stream) {}
+  OwnWork(const OwnWork&) = delete;
+  OwnWork& operator=(const OwnWork&) = delete;
+  ~OwnWork() {
+    if (forked_) {
+      cudaEventRecord(rt_.own_join, rt_.own_stream);
+      cudaStreamWaitEvent(stream_, rt_.own_join, 0);
+    }
+  }
+  cudaStream_t fork() {
+    check_cuda(cudaEventRecord(rt_.own_fork, stream_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(rt_.own_stream, rt_.own_fork, 0), "cudaStreamWaitEvent");
+    forked_ = true;
+    return rt_.own_stream;
+  }
+  void join() {
+    if (!forked_) return;
+    forked_ = false;
+    check_cuda(cudaEventRecord(rt_.own_join, rt_.own_stream), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, rt_.own_join, 0), "cudaStreamWaitEvent");
+  }
+
+ private:
+  DeviceRuntime& rt_;
+  cudaStream_t stream_;
+  bool forked_ = false;
+};
+
+void copy_tensor(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "keeping the own tasks' tensors");
+}
+
 }  // namespace
 
 // A call on another stream than the plan's waits for the plan's uploads (on the GPU, not the host).
@@ -625,9 +682,11 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
   const cudaStream_t stream = static_cast<cudaStream_t>(call_stream);
   const int32_t me = ctx.comm->rank();
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(me)];
+  const ServerBatch& own = plan.step.layout.own[static_cast<size_t>(me)];
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes(), hq = shape.num_q_heads;
   wait_for_tables(dp, stream);
   CallScratch scratch(ctx, dp, call_stream);
+  OwnWork own_work(*ctx.device, stream);  // declared after the scratch: joined before it is handed back
 
   // The server batch: in the saved state (kept for backward) or in this call's scratch.
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
@@ -645,6 +704,15 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
         s.o = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * q_bytes), call_stream, "the kept server O");
         s.lse = allocate(ctx, dp.device, static_cast<size_t>(batch.q_rows * hq) * sizeof(float), call_stream,
                          "the kept server LSE");
+        if (!own.segments.empty()) {
+          const int64_t t = shape.tokens;
+          s.own_q = allocate(ctx, dp.device, static_cast<size_t>(t * q_bytes), call_stream, "the kept own Q");
+          s.own_k = allocate(ctx, dp.device, static_cast<size_t>(t * kv_bytes), call_stream, "the kept own K");
+          s.own_v = allocate(ctx, dp.device, static_cast<size_t>(t * kv_bytes), call_stream, "the kept own V");
+          s.own_o = allocate(ctx, dp.device, static_cast<size_t>(t * q_bytes), call_stream, "the kept own O");
+          s.own_lse = allocate(ctx, dp.device, static_cast<size_t>(t * hq) * sizeof(float), call_stream,
+                               "the kept own LSE");
+        }
         q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
         stats.saved_bytes = total_bytes(s.buffers());
       } else {
@@ -658,22 +726,45 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
       });
     }
   }
+  // The tasks this rank runs in place, on its own stream while the exchanges below move the other rows. They
+  // write every row of the host's O and LSE (0 and -inf where they have none), so the results coming back are
+  // joined after them.
+  bool failed = false;
+  if (!own.segments.empty() && !drain) {
+    const cudaStream_t own_stream = own_work.fork();
+    ServerBatchTensors t;
+    t.q = data(args->q), t.k = data(args->k), t.v = data(args->v), t.o = data(args->o);
+    t.lse = static_cast<float*>(data(args->lse));
+    failed = call_server_forward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
+                                 own_stream) != CAD_STATUS_OK;
+    if (!failed && keep != nullptr) {  // its backward may be handed stand-ins for q/k/v/o
+      DeviceSaved& s = *keep->device;
+      const size_t t_rows = static_cast<size_t>(shape.tokens);
+      copy_tensor(s.own_q.ptr, t.q, t_rows * static_cast<size_t>(q_bytes), own_stream);
+      copy_tensor(s.own_k.ptr, t.k, t_rows * static_cast<size_t>(kv_bytes), own_stream);
+      copy_tensor(s.own_v.ptr, t.v, t_rows * static_cast<size_t>(kv_bytes), own_stream);
+      copy_tensor(s.own_o.ptr, t.o, t_rows * static_cast<size_t>(q_bytes), own_stream);
+      copy_tensor(s.own_lse.ptr, t.lse, t_rows * static_cast<size_t>(hq) * sizeof(float), own_stream);
+    }
+  }
   Mover move(ctx, dp, scratch, stream, drain, stats);
   move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
   move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
   move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
 
-  if (batch.q_rows > 0 && !drain) {
+  if (!failed && batch.q_rows > 0 && !drain) {
     ServerBatchTensors t;
     t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
-    if (call_server_forward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device}, call_stream) !=
-        CAD_STATUS_OK) {
-      // Peers wait for this rank's results: finish the collectives (drained) before reporting.
-      CallStats ignored;
-      Mover(ctx, dp, scratch, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
-      Mover(ctx, dp, scratch, stream, true, ignored).lse(Direction::ToOwners, nullptr, 0, nullptr, 0, hq);
-      server_failed(ctx, "forward");
-    }
+    failed = call_server_forward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
+                                 call_stream) != CAD_STATUS_OK;
+  }
+  own_work.join();
+  if (failed) {
+    // Peers wait for this rank's results: finish the collectives (drained) before reporting.
+    CallStats ignored;
+    Mover(ctx, dp, scratch, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
+    Mover(ctx, dp, scratch, stream, true, ignored).lse(Direction::ToOwners, nullptr, 0, nullptr, 0, hq);
+    server_failed(ctx, "forward");
   }
   if (keep == nullptr) {  // the server batch's Q/K/V scratch is done once its forward ran
     scratch.give_back(q);
@@ -697,8 +788,10 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(me)];
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes(), hq = shape.num_q_heads;
   const bool kept = saved != nullptr && saved->device != nullptr;
+  const ServerBatch& own = plan.step.layout.own[static_cast<size_t>(me)];
   wait_for_tables(dp, stream);
   CallScratch scratch(ctx, dp, call_stream);
+  OwnWork own_work(*ctx.device, stream);  // declared after the scratch: joined before it is handed back
 
   // The server batch's gradients, and its forward tensors unless they were kept: this call's scratch.
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
@@ -718,6 +811,25 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
       });
     }
   }
+  // The tasks this rank runs in place, on its own stream while the exchanges below move the other rows, from the
+  // owner's tensors or, where the forward kept state, from its copies of them (the host may pass stand-ins for
+  // q/k/v/o then). They write every row of the host's dQ/dK/dV (0 where they read none): the servers' dQ rows
+  // come back over them and their dK/dV rows are added (the plan's sum_every_row tables).
+  bool failed = false;
+  if (!own.segments.empty() && !drain) {
+    const cudaStream_t own_stream = own_work.fork();
+    ServerBatchTensors t;
+    if (kept) {
+      const DeviceSaved& s = *saved->device;
+      t.q = s.own_q.ptr, t.k = s.own_k.ptr, t.v = s.own_v.ptr, t.o = s.own_o.ptr, t.lse = static_cast<float*>(s.own_lse.ptr);
+    } else {
+      t.q = data(args->q), t.k = data(args->k), t.v = data(args->v), t.o = data(args->o);
+      t.lse = static_cast<float*>(data(args->lse));
+    }
+    t.d_o = data(args->d_o), t.d_q = data(args->d_q), t.d_k = data(args->d_k), t.d_v = data(args->d_v);
+    failed = call_server_backward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
+                                  own_stream) != CAD_STATUS_OK;
+  }
   Mover move(ctx, dp, scratch, stream, drain, stats);
   move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes);
   if (kept) {
@@ -733,14 +845,14 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
     move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
   }
 
-  bool failed = false;
-  if (batch.q_rows > 0 && !drain) {
+  if (!failed && batch.q_rows > 0 && !drain) {
     ServerBatchTensors t;
     t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
     t.d_o = d_o, t.d_q = d_q, t.d_k = d_k, t.d_v = d_v;
-    failed = call_server_backward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device}, call_stream) !=
-             CAD_STATUS_OK;
+    failed = call_server_backward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
+                                  call_stream) != CAD_STATUS_OK;
   }
+  own_work.join();  // before the kept state goes back and the results come back over the own tasks' ones
   // What the server backward read is no longer needed: dO and, where they were kept, the forward's tensors
   // go back before the gradients travel (the return exchanges' wire buffers then reuse that memory).
   scratch.give_back(d_o);

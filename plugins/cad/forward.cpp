@@ -26,16 +26,39 @@ void cpu_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const c
             rows(RunSet::KV, server.v.data(), kv_bytes)},
            stats);
 
-  // 2. The server batch: one varlen call; segments of one document share its KV prefix.
+  // 2. The server batch: one varlen call; segments of one document share its KV prefix. And the tasks this
+  // rank runs in place on its own tensors (layout.own): they write every row of the host's O and LSE (0 and
+  // -inf where they have no segment), so they run before the exchange brings the other rows back.
+  const ServerBatch& own = step.layout.own[static_cast<size_t>(comm.rank())];
   server.o = rows_buffer(batch.q_rows, q_bytes);
   server.lse.assign(static_cast<size_t>(batch.q_rows * shape.num_q_heads), 0.0f);
   run_on_server(ctx, "server backend forward", stats, [&]() -> cad_status_t {
+    if (!own.segments.empty()) {
+      ServerBatchTensors t;
+      t.q = tensor_data(args->q), t.k = tensor_data(args->k), t.v = tensor_data(args->v), t.o = tensor_data(args->o);
+      t.lse = static_cast<float*>(tensor_data(args->lse));
+      const cad_status_t status = call_server_forward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CPU, 0},
+                                                      nullptr);
+      if (status != CAD_STATUS_OK) return status;
+    }
     if (batch.q_rows == 0) return CAD_STATUS_OK;  // nothing to serve
     ServerBatchTensors t;
     t.q = server.q.data(), t.k = server.k.data(), t.v = server.v.data(), t.o = server.o.data();
     t.lse = server.lse.data();
-    return call_server_forward(ctx, plan, shape, t, cad_device_v1_t{CAD_DEVICE_CPU, 0}, nullptr);
+    return call_server_forward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CPU, 0}, nullptr);
   });
+  if (keep != nullptr && !own.segments.empty()) {  // the backward may get stand-ins for q/k/v/o
+    const auto copy = [](const cad_tensor_v1_t* t, int64_t bytes) {
+      const std::byte* p = static_cast<const std::byte*>(tensor_data(t));
+      return std::vector<std::byte>(p, p + bytes);
+    };
+    server.own_q = copy(args->q, shape.tokens * q_bytes);
+    server.own_k = copy(args->k, shape.tokens * kv_bytes);
+    server.own_v = copy(args->v, shape.tokens * kv_bytes);
+    server.own_o = copy(args->o, shape.tokens * q_bytes);
+    const float* lse = static_cast<const float*>(tensor_data(args->lse));
+    server.own_lse.assign(lse, lse + shape.tokens * shape.num_q_heads);
+  }
 
   // 3. O and LSE back to the owners. The plan covers every token exactly once, so every row of the
   // host's O and every column of its LSE is written.

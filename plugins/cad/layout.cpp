@@ -55,6 +55,20 @@ void append_run(std::vector<RowRun>& runs, int64_t src_row, int64_t dst_row, int
   runs.push_back(RowRun{src_row, dst_row, count});
 }
 
+// A server's tasks of a document it holds whole in one piece, as segments over its own rows: each task's
+// queries, and the keys it needs where they lie (the causal prefix from the first key its window reaches,
+// or the whole document), so no copy is shared or made.
+void add_own_segments(ServerBatch& own, const DocPlacement& doc, const cad_task_v1_t* begin, const cad_task_v1_t* end,
+                      bool causal, int64_t window_left) {
+  const int64_t row = doc.pieces[0].owner_row;  // of document position 0
+  for (const cad_task_v1_t* t = begin; t != end; ++t) {
+    if (t->q_end <= t->q_begin) continue;
+    const int64_t kv_lo = causal && window_left >= 0 ? std::max<int64_t>(0, t->q_begin - window_left) : 0;
+    const int64_t kv_end = plan::task_kv_end(t->q_begin, t->q_end, doc.doc_len, causal);
+    own.segments.push_back(cad_segment_v1_t{row + t->q_begin, t->q_end - t->q_begin, row + kv_lo, kv_end - kv_lo});
+  }
+}
+
 }  // namespace
 
 int64_t rows_in(const std::vector<RowRun>& runs) {
@@ -64,12 +78,13 @@ int64_t rows_in(const std::vector<RowRun>& runs) {
 }
 
 Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks_in, bool causal,
-                    int64_t window_left) {
+                    int64_t window_left, bool own_in_place) {
   const int32_t world = static_cast<int32_t>(tables.size());
   Layout layout;
   layout.world = world;
   layout.routes.resize(static_cast<size_t>(world) * static_cast<size_t>(world));
   layout.servers.resize(static_cast<size_t>(world));
+  layout.own.resize(static_cast<size_t>(world));
 
   const std::map<int64_t, DocPlacement> docs = index_documents(tables);
 
@@ -89,6 +104,11 @@ Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>&
     }
     const int32_t server = tasks[first].server;
     const DocPlacement& doc = docs.at(tasks[first].doc_id);
+    if (own_in_place && doc.pieces.size() == 1 && doc.pieces[0].owner == server) {
+      add_own_segments(layout.own[static_cast<size_t>(server)], doc, &tasks[first], &tasks[end], causal, window_left);
+      first = end;
+      continue;
+    }
     ServerBatch& batch = layout.servers[static_cast<size_t>(server)];
 
     // One shared copy of the KV range [kv_lo, kv_need) that this server's tasks of the document need: the
@@ -129,6 +149,12 @@ Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>&
       }
     }
     first = end;
+  }
+  for (size_t rank = 0; rank < layout.own.size(); ++rank) {
+    ServerBatch& own = layout.own[rank];
+    if (own.segments.empty()) continue;
+    for (const cad_piece_v1_t& p : tables[rank]) own.q_rows += p.len;
+    own.kv_rows = own.q_rows;
   }
   return layout;
 }

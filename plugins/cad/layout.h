@@ -55,6 +55,10 @@ struct Layout {
   int32_t world = 0;
   std::vector<Route> routes;  // world * world, index owner * world + server
   std::vector<ServerBatch> servers;
+  // Per rank, the tasks it runs in place on its own tensors (build_layout's `own_in_place`): segments over its
+  // own token rows (q_rows = kv_rows = its tokens where it has any, else 0). They are in no route and in no
+  // server batch: nothing of them moves, and a server can compute them while the moved rows are in flight.
+  std::vector<ServerBatch> own;
 
   const Route& route(int32_t owner, int32_t server) const {
     return routes[static_cast<size_t>(owner) * static_cast<size_t>(world) + static_cast<size_t>(server)];
@@ -67,8 +71,11 @@ struct Layout {
 // Builds the layout. `tables` must be valid (see validate.h: check_piece_tables) and `tasks` a valid
 // plan over them (check_plan); servers are 0..tables.size()-1. Deterministic; task order in the input
 // does not matter.
+// `own_in_place`: a task whose server holds its whole document in one piece goes to `own[server]` (a
+// segment per task over the server's own rows, reading the keys it needs where they lie) instead of the
+// server batch. The rule that decides what a server can compute before anything arrives lives here only.
 Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>& tasks, bool causal,
-                    int64_t window_left = -1);
+                    int64_t window_left = -1, bool own_in_place = false);
 
 // Rows a run list covers.
 int64_t rows_in(const std::vector<RowRun>& runs);

@@ -19,25 +19,24 @@ void PlanDeleter::operator()(CadPlan* plan) const {
   // A plan that fails while being made ahead goes back from the planning thread: the server backend and the
   // device memory are shared with the other thread's calls.
   std::lock_guard<std::recursive_mutex> shared(ctx->state_mutex);
-  if (plan->server_plan != nullptr && ctx->server.has_plans()) {
-    ctx->server.table->release_plan(ctx->server.instance, plan->server_plan);
+  for (void* server_plan : {plan->server_plan, plan->own_server_plan}) {
+    if (server_plan != nullptr && ctx->server.has_plans()) ctx->server.table->release_plan(ctx->server.instance, server_plan);
   }
   delete plan;  // the device plan goes back through its own deleter
 }
 
 namespace {
 
-// The server backend's plan of this rank's batch, where the backend makes plans and the batch is not
-// empty (an empty batch never calls the backend).
-void* make_server_plan(CadContext& ctx, const Step& step, void* stream) {
-  const ServerBatch& batch = step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
-  if (!ctx.server.has_plans() || batch.q_rows == 0) return nullptr;
+// The server backend's plan of one of this rank's batches (layout.servers or layout.own), where the backend
+// makes plans and the batch is not empty (an empty batch never calls the backend).
+void* make_server_plan(CadContext& ctx, const Step& step, const ServerBatch& batch, void* stream) {
+  if (!ctx.server.has_plans() || batch.segments.empty()) return nullptr;
   const cad_attention_plan_args_v1_t args = server_plan_args(batch, step.shape, stream);
   void* plan = nullptr;
   if (ctx.server.table->make_plan(ctx.server.instance, &args, &plan) != CAD_STATUS_OK) {
     const char* message = ctx.server.table->last_error(ctx.server.instance);
     fail(CAD_STATUS_INTERNAL, "server backend instance '" + ctx.server.name +
-                                  "': make_plan of this rank's batch failed: " + (message ? message : "(no message)"));
+"': make_plan of this rank's batch failed: " + (message ? message : "(no message)"));
   }
   return plan;
 }
@@ -100,11 +99,14 @@ PlanPtr make_cad_plan(CadContext& ctx, Comm& comm, const AgreedCall& call, int64
                       const cad_piece_v1_t* pieces, void* stream, bool concurrent) {
   PlanPtr plan(new CadPlan, PlanDeleter{&ctx});
   plan->device = std::unique_ptr<DevicePlan, DevicePlanDeleter>(nullptr, DevicePlanDeleter{&ctx});
-  plan->step = prepare_step(comm, ctx.balancer, call, pieces, ctx.config.knobs, [&](Step& step) {
+  plan->step = prepare_step(comm, ctx.balancer, call, pieces, ctx.config.knobs, ctx.config.own_tasks_in_place,
+                            [&](Step& step) {
     // The server backend and the device runtime are shared with the calls another thread may be making.
     std::unique_lock<std::recursive_mutex> shared(ctx.state_mutex, std::defer_lock);
     if (concurrent) shared.lock();
-    plan->server_plan = make_server_plan(ctx, step, stream);
+    const size_t me = static_cast<size_t>(ctx.comm->rank());
+    plan->server_plan = make_server_plan(ctx, step, step.layout.servers[me], stream);
+    plan->own_server_plan = make_server_plan(ctx, step, step.layout.own[me], stream);
     if (step.shape.device_type == CAD_DEVICE_CUDA) {
       plan->device.reset(make_device_plan(ctx, step, stream));
     }

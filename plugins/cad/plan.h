@@ -27,6 +27,7 @@ struct CadPlan {
   Step step;                                 // shape (softmax_scale unset: it is per call), tables, layout
   std::vector<cad_piece_v1_t> local_pieces;  // to recognise a call's pieces as the plan's
   void* server_plan = nullptr;               // the server backend's plan of this rank's batch, if it makes plans
+  void* own_server_plan = nullptr;           // the same for the tasks it runs in place (layout.own)
   std::unique_ptr<DevicePlan, DevicePlanDeleter> device;  // CUDA data path only
   CallStats model;                           // servers' work and the cost model's bytes, computed once
   PlanStamp stamp;                           // what it was made for (serial, documents, shape): handles.h

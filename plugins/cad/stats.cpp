@@ -24,7 +24,8 @@ void describe_step(const PieceTables& tables, const std::vector<cad_task_v1_t>& 
     ServerWork& w = call.servers[s];
     w.q_rows = layout.servers[s].q_rows;
     w.kv_rows = layout.servers[s].kv_rows;
-    w.segments = static_cast<int64_t>(layout.servers[s].segments.size());
+    w.segments = static_cast<int64_t>(layout.servers[s].segments.size() + layout.own[s].segments.size());
+    for (const cad_segment_v1_t& g : layout.own[s].segments) w.own_q_rows += g.q_len;
     w.score_entries = model.cost[s];
     w.forward_flops = model.flops[s];
   }
@@ -56,6 +57,7 @@ nlohmann::json call_json(const CallStats& c) {
                        {"q_rows", w.q_rows},
                        {"kv_rows", w.kv_rows},
                        {"segments", w.segments},
+                       {"own_q_rows", w.own_q_rows},
                        {"score_entries", w.score_entries},
                        {"forward_flops", w.forward_flops}});
   }

@@ -169,7 +169,7 @@ AgreedCall agree_on_call(Comm& comm, const LocalCall& local, const char* what) {
 }
 
 Step prepare_step(Comm& comm, const BalancerRef& balancer, const AgreedCall& call, const cad_piece_v1_t* pieces,
-                  const PlanKnobs& knobs, const std::function<void(Step&)>& finish) {
+                  const PlanKnobs& knobs, bool own_in_place, const std::function<void(Step&)>& finish) {
   Step step;
   step.shape = call.shape;
   step.tables = gather_piece_tables(comm, pieces, call.num_pieces);
@@ -181,7 +181,7 @@ Step prepare_step(Comm& comm, const BalancerRef& balancer, const AgreedCall& cal
   try {
     step.tasks = run_balancer(balancer, step.tables, step.shape, knobs);
     check_plan(step.tables, step.tasks, comm.world(), balancer.name);
-    step.layout = build_layout(step.tables, step.tasks, step.shape.causal, step.shape.window_left);
+    step.layout = build_layout(step.tables, step.tasks, step.shape.causal, step.shape.window_left, own_in_place);
     step.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (finish) finish(step);
   } catch (const plugin::Failure& f) {

@@ -57,10 +57,10 @@ struct Step {
   double plan_ms = 0.0;  // balancer time on this rank
 };
 
-// Gathers the tables, validates them, plans and lays out, then runs `finish` (rank-local preparation
-// such as device buffers, may throw) and agrees on the outcome. Collective; same result on every rank,
-// or the same failure on every rank.
+// Gathers the tables, validates them, plans and lays out (`own_in_place`: build_layout's), then runs `finish`
+// (rank-local preparation such as device buffers, may throw) and agrees on the outcome. Collective; same result
+// on every rank, or the same failure on every rank.
 Step prepare_step(Comm& comm, const BalancerRef& balancer, const AgreedCall& call, const cad_piece_v1_t* pieces,
-                  const PlanKnobs& knobs, const std::function<void(Step&)>& finish = nullptr);
+                  const PlanKnobs& knobs, bool own_in_place, const std::function<void(Step&)>& finish = nullptr);
 
 }  // namespace cad::cad_plugin

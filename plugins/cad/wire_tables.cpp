@@ -18,7 +18,8 @@ void append(std::vector<WireCopy>& copies, int64_t src, int64_t dst, int64_t n) 
 }
 
 // Fills single / shared_* of an owner-side key/value table (see wire_tables.h).
-void split_by_readers(WireTable& t, int64_t tokens) {
+void split_by_readers(WireTable& t, int64_t tokens, bool sum_every_row) {
+  const int32_t shared_from = sum_every_row ? 1 : 2;  // readers
   std::vector<int32_t> readers(static_cast<size_t>(tokens), 0);
   for (const WireCopy& c : t.to_wire) {
     for (int64_t r = c.src_row; r < c.src_row + c.num_rows; ++r) {
@@ -27,7 +28,7 @@ void split_by_readers(WireTable& t, int64_t tokens) {
   }
   std::vector<int64_t> index(static_cast<size_t>(tokens), -1);  // each shared owner row's place
   for (int64_t r = 0; r < tokens; ++r) {
-    if (readers[static_cast<size_t>(r)] > 1) {
+    if (readers[static_cast<size_t>(r)] >= shared_from) {
       index[static_cast<size_t>(r)] = t.shared_rows++;
       t.shared_owner_rows.push_back(r);
     }
@@ -61,7 +62,8 @@ int64_t WireTable::rows() const {
   return n;
 }
 
-WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs, int64_t tokens) {
+WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs, int64_t tokens,
+                           bool sum_every_row) {
   WireTable t;
   t.rows_per_peer.assign(static_cast<size_t>(layout.world), 0);
   int64_t wire = 0;
@@ -83,7 +85,7 @@ WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bo
     t.rows_per_peer[static_cast<size_t>(peer)] = q_runs ? route.q_rows : route.kv_rows;
   }
   t.peer_first.push_back(static_cast<int64_t>(t.to_wire.size()));
-  if (owner_side && tokens >= 0) split_by_readers(t, tokens);
+  if (owner_side && tokens >= 0) split_by_readers(t, tokens, sum_every_row);
   return t;
 }
 

@@ -36,7 +36,8 @@ struct WireTable {
   // that read the row. Rows read by one server only are moved (`single`: wire row -> owner row). A row read
   // by several ("shared", i-th of shared_rows) is the fp32 sum of its wire rows
   // shared_wire_rows[shared_first[i] .. shared_first[i+1]), in peer order, stored at shared_owner_rows[i].
-  // `exclusive`: no row is shared.
+  // `exclusive`: no row is shared. `sum_every_row` (build_wire_table): every row that comes back is treated as
+  // shared, so that it is added to what the owner's tensor already holds (its own tasks' partial sums).
   bool exclusive = false;
   std::vector<WireCopy> single;
   std::vector<int64_t> shared_owner_rows, shared_first, shared_wire_rows;
@@ -46,8 +47,9 @@ struct WireTable {
 
 // `owner_side`: this rank's tensor rows are its own tokens (RowRun::src_row) or its server batch's
 // rows (RowRun::dst_row). `q_runs`: query rows (Q, O, LSE, dO, dQ) or key/value rows (K, V, dK, dV).
-// `tokens`: the owner's row count (owner side: decides `exclusive`).
-WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs, int64_t tokens = -1);
+// `tokens`: the owner's row count (owner side: decides `exclusive`). `sum_every_row`: see WireTable.
+WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs, int64_t tokens = -1,
+                           bool sum_every_row = false);
 
 // Device memory the CUDA data path holds per plan on one rank, buffer by buffer (bytes).
 struct WorkspaceSizes {

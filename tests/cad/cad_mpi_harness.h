@@ -67,6 +67,16 @@ inline std::string stack_config() {
                            {"server_backend", "server"},
                            {"min_shard_tokens", 8}}}});
   }
+  // The first balancer with every task sent through the exchange, also the tasks a server could run in place on
+  // its own tensors (own_tasks_in_place false): the path the in-place one must agree with.
+  instances.push_back({{"name", "cad_exchange_own"},
+                       {"plugin", "cad"},
+                       {"config",
+                        {{"communicator", "comm"},
+                         {"balancer", "bal_" + balancers().front()},
+                         {"server_backend", "server"},
+                         {"own_tasks_in_place", false},
+                         {"min_shard_tokens", 8}}}});
   // A server may receive at most 1 byte: any plan that moves data is refused by the balancer.
   instances.push_back({{"name", "cad_capped"},
                        {"plugin", "cad"},

@@ -239,9 +239,9 @@ TEST(CadMpi, StatsCountTheWorkAndTheBytes) {
   int64_t q_rows = 0;
   for (const auto& s : fwd.at("servers")) {
     entries += s.at("score_entries").get<double>();
-    q_rows += s.at("q_rows").get<int64_t>();
+    q_rows += s.at("q_rows").get<int64_t>() + s.at("own_q_rows").get<int64_t>();
   }
-  EXPECT_EQ(q_rows, b.total_tokens) << "every token is a query on exactly one server";
+  EXPECT_EQ(q_rows, b.total_tokens) << "every token is a query on exactly one server (in its batch or in place)";
   for (const auto& doc : b.docs) want += static_cast<double>(doc.len) * static_cast<double>(doc.len + 1) / 2.0;
   EXPECT_EQ(entries, want) << "the servers together compute exactly the causal attention of the batch";
   uint64_t sent = 0, received = 0;
@@ -280,6 +280,63 @@ TEST(CadMpi, ResultsAreBitwiseReproducibleAndIndependentOfKeepMode) {
   };
   EXPECT_TRUE(same_bits(runs[0], runs[1])) << "rank " << g_rank << ": a repeated step differs";
   EXPECT_TRUE(same_bits(runs[0], runs[2])) << "rank " << g_rank << ": keep and resend modes differ";
+}
+
+TEST(CadMpi, TasksRunInPlaceGiveTheResultsOfTheExchangedPath) {
+  // A server runs the tasks on documents it holds whole on its own tensors (own_tasks_in_place, the default) and
+  // adds the other servers' dK/dV to theirs: the results are the exchanged path's (and the reference's, which
+  // expect_step_matches checks) up to the order of the fp32 sums, in both keep modes, causal or not.
+  uint64_t seed = 400;
+  for (bool causal : {true, false}) {
+    for (bool keep : {true, false}) {
+      SCOPED_TRACE(std::string(causal ? "causal" : "non-causal") + (keep ? " keep" : " resend"));
+      const GlobalBatch b = cad_test::make_batch(spec_for(++seed));
+      const Attention in_place = cad_instance(balancers().front(), keep);
+      const Attention exchanged = cad_instance_named("cad_exchange_own");
+      expect_step_matches(in_place, b, causal);
+      LocalCall x(b, causal), y(b, causal);
+      ASSERT_EQ(x.forward(in_place), CAD_STATUS_OK) << in_place.table->last_error(in_place.ctx);
+      ASSERT_EQ(x.backward(in_place), CAD_STATUS_OK) << in_place.table->last_error(in_place.ctx);
+      ASSERT_EQ(y.forward(exchanged), CAD_STATUS_OK) << exchanged.table->last_error(exchanged.ctx);
+      ASSERT_EQ(y.backward(exchanged), CAD_STATUS_OK) << exchanged.table->last_error(exchanged.ctx);
+      expect_close(x.o.data, y.o.data, "O");
+      expect_close(x.lse.data, y.lse.data, "LSE");
+      expect_close(x.d_q.data, y.d_q.data, "dQ");
+      expect_close(x.d_k.data, y.d_k.data, "dK");
+      expect_close(x.d_v.data, y.d_v.data, "dV");
+    }
+  }
+}
+
+TEST(CadMpi, StatsTellTheTasksRunInPlace) {
+  // Where a rank holds whole documents and its balancer keeps some of their queries home, those run in place
+  // (own_q_rows), outside the server batch; with own_tasks_in_place false nothing does.
+  const GlobalBatch b = cad_test::make_batch(spec_for(17));
+  int64_t whole_on_one_rank = 0;  // documents held in one piece
+  for (const auto& rank : b.pieces) {
+    for (const cad_piece_v1_t& p : rank) whole_on_one_rank += p.len == p.doc_len ? 1 : 0;
+  }
+  for (const char* name : {"in place", "cad_exchange_own"}) {
+    const Attention a = std::string(name) == "in place" ? cad_instance(balancers().front(), true) : cad_instance_named(name);
+    LocalCall call(b, true);
+    ASSERT_EQ(call.forward(a), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+    size_t needed = 0;
+    a.table->get_stats_json(a.ctx, nullptr, 0, &needed);
+    std::string buffer(needed, '\0');
+    ASSERT_EQ(a.table->get_stats_json(a.ctx, buffer.data(), buffer.size(), &needed), CAD_STATUS_OK);
+    const nlohmann::json stats = nlohmann::json::parse(buffer.c_str());
+    int64_t own = 0, q_rows = 0;
+    for (const auto& s : stats.at("forward").at("servers")) {
+      own += s.at("own_q_rows").get<int64_t>();
+      q_rows += s.at("q_rows").get<int64_t>();
+    }
+    EXPECT_EQ(own + q_rows, b.total_tokens) << name;
+    if (std::string(name) != "in place") {
+      EXPECT_EQ(own, 0) << name;
+    } else if (whole_on_one_rank > 0) {
+      EXPECT_GT(own, 0) << name;
+    }
+  }
 }
 
 TEST(CadMpi, MemoryCapRefusalReachesEveryRank) {

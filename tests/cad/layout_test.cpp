@@ -382,6 +382,49 @@ TEST(WireTables, ServerBatchIsInWireOrderForSequentialPacking) {
   }
 }
 
+bool same_segments(const std::vector<cad_segment_v1_t>& got, const std::vector<cad_segment_v1_t>& want) {
+  return got.size() == want.size() &&
+         std::equal(got.begin(), got.end(), want.begin(), [](const cad_segment_v1_t& a, const cad_segment_v1_t& b) {
+           return a.q_offset == b.q_offset && a.q_len == b.q_len && a.kv_offset == b.kv_offset && a.kv_len == b.kv_len;
+         });
+}
+
+TEST(Layout, TasksOnDocumentsTheServerHoldsWholeRunInPlace) {
+  // Rank 0 holds document 0 whole (rows 0-5) and document 1's head (rows 6-8); rank 1 document 1's tail (rows
+  // 0-1) and document 2 whole (rows 2-5).
+  const cp::PieceTables tables = {{{0, 6, 0, 6}, {1, 5, 0, 3}}, {{1, 5, 3, 2}, {2, 4, 0, 4}}};
+  const std::vector<cad_task_v1_t> tasks = {
+      {0, 0, 4, 0, 0}, {0, 4, 6, 1, 0}, {1, 0, 5, 0, 0}, {2, 0, 2, 1, 0}, {2, 2, 4, 1, 0}, {2, 4, 4, 0, 0}};
+  const cp::Layout off = cp::build_layout(tables, tasks, true);
+  EXPECT_TRUE(off.own[0].segments.empty() && off.own[1].segments.empty());
+  const cp::Layout layout = cp::build_layout(tables, tasks, true, -1, true);
+  // Document 0's head stays on rank 0 and reads its prefix where it lies; document 2's two tasks stay on rank 1
+  // (the empty task makes no segment); document 1 is split over the ranks, so it is routed as before.
+  EXPECT_TRUE(same_segments(layout.own[0].segments, {{0, 4, 0, 4}}));
+  EXPECT_TRUE(same_segments(layout.own[1].segments, {{2, 2, 2, 2}, {4, 2, 2, 4}}));
+  EXPECT_EQ(layout.own[0].q_rows, 9);
+  EXPECT_EQ(layout.own[1].kv_rows, 6);
+  // What moves: document 0's tail (2 queries, its 6-key prefix) to server 1; document 1's tail to server 0.
+  EXPECT_EQ(layout.route(0, 1).q_rows, 2);
+  EXPECT_EQ(layout.route(0, 1).kv_rows, 6);
+  EXPECT_EQ(layout.route(1, 0).q_rows, 2);
+  EXPECT_EQ(layout.route(1, 1).q_rows, 0);  // rank 1 sends itself nothing
+  EXPECT_EQ(layout.servers[0].q_rows, 5);
+  EXPECT_EQ(layout.servers[1].q_rows, 2);
+  EXPECT_EQ(layout.servers[0].q_rows + layout.servers[1].q_rows + 4 + 4, off.servers[0].q_rows + off.servers[1].q_rows);
+  // A window of 1 key to the left: document 2's second task reads keys [1, 4); non-causal: the whole document.
+  const cp::Layout windowed = cp::build_layout(tables, tasks, true, 1, true);
+  EXPECT_TRUE(same_segments(windowed.own[1].segments, {{2, 2, 2, 2}, {4, 2, 3, 3}}));
+  const cp::Layout full = cp::build_layout(tables, tasks, false, -1, true);
+  EXPECT_TRUE(same_segments(full.own[1].segments, {{2, 2, 2, 4}, {4, 2, 2, 4}}));
+  // Their dK/dV: where a rank runs tasks in place, every returning key/value row is summed onto its own.
+  const cp::WireTable summed = cp::build_wire_table(layout, 0, true, false, 9, true);
+  EXPECT_FALSE(summed.exclusive);
+  EXPECT_TRUE(summed.single.empty());
+  EXPECT_EQ(summed.shared_rows, 9);  // document 0's prefix (server 1) and document 1's head (server 0 itself)
+  EXPECT_TRUE(cp::build_wire_table(layout, 0, true, false, 9).exclusive);
+}
+
 TEST(WireTables, KeyValueRowsAreExclusiveUnlessAPrefixIsShared) {
   // Each document on its owner: every key/value row comes back from one server.
   const cp::PieceTables tables = {{{0, 5, 0, 5}}, {{1, 4, 0, 4}}};
