@@ -758,12 +758,15 @@ def configurations(args):
             run.plan_ahead = "off"
         if "blocking" in modes:  # CAD's exchanges launched on the calling thread (--cad-nccl-blocking)
             run.cad_nccl_blocking = True
+        if "sendown" in modes:  # every task through the exchange, also those a rank could run in place
+            run.cad_own_tasks = "off"
         tolerance = [m for m in modes if m.startswith("tol")]
         if tolerance:  # +tol0.005: the balancer's tolerance (--balancer-tolerance)
             run.balancer_tolerance = float(tolerance[0][3:])
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
             ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
-            ("_ncclblocking" if "blocking" in modes else "") + "".join("_" + m for m in tolerance)
+            ("_ncclblocking" if "blocking" in modes else "") + ("_sendown" if "sendown" in modes else "") + \
+            "".join("_" + m for m in tolerance)
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -845,7 +848,7 @@ def summary_of(args, world, device):
             "ping_pong_lanes": args.ping_pong_lanes if args.ping_pong else None,
             "balanced_batches": args.balanced_batches, "cad_comm_priority": args.cad_comm_priority,
             "cad_nccl_max_ctas": args.cad_nccl_max_ctas, "cad_nccl_blocking": args.cad_nccl_blocking,
-            "balancer_tolerance": args.balancer_tolerance,
+            "cad_own_tasks": args.cad_own_tasks, "balancer_tolerance": args.balancer_tolerance,
             "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
@@ -874,7 +877,7 @@ def train_one(args, rank, world, device, lengths):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms,
              comm_stream_priority=args.cad_comm_priority, nccl_max_ctas=args.cad_nccl_max_ctas,
-             nccl_blocking_comm=args.cad_nccl_blocking,
+             nccl_blocking_comm=args.cad_nccl_blocking, own_tasks_in_place=args.cad_own_tasks == "on",
              balancer_config=None if args.balancer_tolerance is None else {"tolerance": args.balancer_tolerance})
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
@@ -1234,6 +1237,10 @@ def parse_args(argv=None):
     p.add_argument("--cad-nccl-blocking", action="store_true",
                    help="CAD's NCCL communicator blocking (cad.init's nccl_blocking_comm): exchanges launch on the "
                         "calling thread instead of NCCL's job thread")
+    p.add_argument("--cad-own-tasks", choices=["on", "off"], default="on",
+                   help="on (default): a rank runs the tasks on documents it holds whole in place on its own tensors, "
+                        "on a stream of their own while the exchanges move the other rows (cad.init's "
+                        "own_tasks_in_place); off: they go through the exchange to itself")
     p.add_argument("--ping-pong-lanes", type=int, choices=[1, 2], default=2,
                    help="with --ping-pong: 2 (default) runs each nano-batch's plans on its own CAD lane (its own "
                         "communicator and communication stream: cad.plan's lane), 1 runs both on one, where "
@@ -1247,12 +1254,13 @@ def parse_args(argv=None):
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
                         "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
-                        "(--plan-ahead off), '+blocking' (--cad-nccl-blocking) and/or '+tolT' (--balancer-tolerance T), e.g. "
+                        "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+sendown' (--cad-own-tasks off) and/or '+tolT' "
+                        "(--balancer-tolerance T), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
                         "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
-                        "'_ncclblocking' with +blocking, + '_tolT' with +tolT. Overrides --attention, --balancer, --ping-pong, "
-                        "--plan-ahead, --cad-nccl-blocking, --balancer-tolerance")
+                        "'_ncclblocking' with +blocking, + '_sendown' with +sendown, + '_tolT' with +tolT. Overrides --attention, "
+                        "--balancer, --ping-pong, --plan-ahead, --cad-nccl-blocking, --cad-own-tasks, --balancer-tolerance")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -1311,17 +1319,17 @@ def parse_args(argv=None):
             base, *modes = name.split("+")
             splits = {"pp", "pp1", "ppauto"} & set(modes)
             tolerances = [m for m in modes if re.fullmatch(r"tol(\d+(\.\d*)?|\.\d+)", m)]
-            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking") and m not in tolerances
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "sendown") and m not in tolerances
                                     for m in modes)
                     or len(set(modes)) != len(modes) or len(splits) > 1 or (base == "local_balanced" and modes)
-                    or (base in ("local", "torch_varlen") and "blocking" in modes)
+                    or (base in ("local", "torch_varlen") and ("blocking" in modes or "sendown" in modes))
                     or (tolerances and (base not in ("distca", "prefix_aware") or len(tolerances) > 1
                                         or float(tolerances[0][3:]) > 10)))
         bad = [n for n in names if refused(n)]
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'local_balanced', 'torch_varlen' or a balancer name, "
                     f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now', and/or (a balancer) "
-                    f"'+blocking', and/or (distca, prefix_aware) one '+tolT' with T in [0, 10] "
+                    f"'+blocking', '+sendown', and/or (distca, prefix_aware) one '+tolT' with T in [0, 10] "
                     f"(local_balanced: none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")

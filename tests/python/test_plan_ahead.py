@@ -211,6 +211,11 @@ def test_init_passes_the_communication_knobs_to_the_stack(fresh_stacks):
         cad.init(comm_stream_priority="low")
     with pytest.raises(cad.CadError, match=r"nccl_max_ctas must be an int in \[0, 64\]"):
         cad.init(nccl_max_ctas=65)
+    assert default["cad"]["config"]["own_tasks_in_place"] is True
+    off = cad.stack_config(torch.device("cpu"), dict(cad._runtime._settings, own_tasks_in_place=False))
+    assert {i["name"]: i for i in off["instances"]}["cad"]["config"]["own_tasks_in_place"] is False
+    with pytest.raises(cad.CadError, match="own_tasks_in_place must be True or False"):
+        cad.init(own_tasks_in_place="yes")
 
 
 def test_init_passes_the_balancers_config_to_the_stack(fresh_stacks, capfd):

@@ -39,7 +39,8 @@ _settings = {
     "log_level": "warn",
     "comm_stream_priority": "highest",  # CAD's CUDA communication stream ("highest" or "normal")
     "nccl_max_ctas": 0,           # CTAs of CAD's NCCL operations at most (0: NCCL's default)
-    "nccl_blocking_comm": False,  # CAD's NCCL communicator blocking (launches on the calling thread)
+    "nccl_blocking_comm": False,
+    "own_tasks_in_place": True,  # a server runs the tasks on documents it holds whole on its own tensors  # CAD's NCCL communicator blocking (launches on the calling thread)
 }
 _DEFAULTS = dict(_settings)  # what cad.shutdown() goes back to
 _runtimes = {}  # (device, lane) -> Host
@@ -50,7 +51,7 @@ _lock = threading.Lock()
 
 def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
          timeout_ms=60000, group=None, log_level="warn", comm_stream_priority="highest", nccl_max_ctas=0,
-         nccl_blocking_comm=False, balancer_config=None):
+         nccl_blocking_comm=False, balancer_config=None, own_tasks_in_place=True):
     """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
 
     config: a full stack config (dict, JSON file path) whose "attention" names the CAD instance; the other
@@ -71,7 +72,10 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     SMs (plugins/cad/README.md, docs/nccl.md). nccl_blocking_comm: a blocking NCCL communicator for CAD (the
     nccl plugin's blocking_comm): its operations launch on the calling thread instead of a job thread of NCCL's
     own that the caller waits for (measured 2.4-5 ms per exchange under ping-pong, docs/multi_gpu.md), at the
-    price of no deadline while an enqueue waits for a peer (docs/nccl.md).
+    price of no deadline while an enqueue waits for a peer (docs/nccl.md). own_tasks_in_place: True (default): a
+    rank runs the tasks on documents it holds whole in place on its own tensors, on GPUs on a stream of their own
+    while the exchanges move the other rows; False: they go through the exchange to itself like every other task
+    (the plugin's own_tasks_in_place, plugins/cad/README.md).
     """
     if keep_forward_tensors not in (True, False, "auto"):
         raise CadError(f"cad.init: keep_forward_tensors must be True, False or 'auto', got {keep_forward_tensors!r}")
@@ -79,6 +83,8 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
         raise CadError(f"cad.init: comm_stream_priority must be 'highest' or 'normal', got {comm_stream_priority!r}")
     if isinstance(nccl_max_ctas, bool) or not isinstance(nccl_max_ctas, int) or not 0 <= nccl_max_ctas <= 64:
         raise CadError(f"cad.init: nccl_max_ctas must be an int in [0, 64] (0: NCCL's default), got {nccl_max_ctas!r}")
+    if not isinstance(own_tasks_in_place, bool):
+        raise CadError(f"cad.init: own_tasks_in_place must be True or False, got {own_tasks_in_place!r}")
     if balancer_config is not None and (not isinstance(balancer_config, dict) or
                                         not all(isinstance(k, str) for k in balancer_config)):
         raise CadError(f"cad.init: balancer_config must be a dict of the balancer's config keys (e.g. "
@@ -91,7 +97,7 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
                          keep_forward_tensors=keep_forward_tensors, min_shard_tokens=min_shard_tokens,
                          timeout_ms=timeout_ms, group=group, log_level=log_level,
                          comm_stream_priority=comm_stream_priority, nccl_max_ctas=nccl_max_ctas,
-                         nccl_blocking_comm=bool(nccl_blocking_comm))
+                         nccl_blocking_comm=bool(nccl_blocking_comm), own_tasks_in_place=own_tasks_in_place)
         for runtime in _runtimes.values():
             runtime.close()
         _runtimes.clear()
@@ -125,7 +131,8 @@ def stack_config(device, settings=None):
     cad_config = {"communicator": "comm", "balancer": "balancer", "server_backend": "server",
                   "keep_forward_tensors": s["keep_forward_tensors"] is not False,
                   "min_shard_tokens": int(s["min_shard_tokens"]),
-                  "comm_stream_priority": s.get("comm_stream_priority", "highest")}
+                  "comm_stream_priority": s.get("comm_stream_priority", "highest"),
+                  "own_tasks_in_place": bool(s.get("own_tasks_in_place", True))}
     if comm != "mpi":
         # Plans made ahead (cad.plan(ahead=True)) gather over torch.distributed's gloo on a thread of their own:
         # a communicator instance of their own, never the data path's.
