@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "cad_kernels.h"
@@ -76,11 +77,6 @@ struct ExchangeEvents {
 struct DeviceRuntime {
   int device = -1;
   cudaStream_t comm_stream = nullptr;
-  // The tasks a rank runs in place on its own tensors (layout.own) run here, forked from the call's stream at its
-  // start and joined back before the results that come back overwrite or add to theirs: the GPU computes them
-  // while the exchanges move the other rows.
-  cudaStream_t own_stream = nullptr;
-  cudaEvent_t own_fork = nullptr, own_join = nullptr;
   kernels::HostStaging staging;  // the plans' table uploads: never a wait for the plan's stream (host_staging.h)
   cudaEvent_t ready = nullptr, done = nullptr;
   std::deque<ExchangeEvents> timed;  // enqueued exchanges, oldest first, until harvested
@@ -88,9 +84,6 @@ struct DeviceRuntime {
   ~DeviceRuntime() {
     if (ready != nullptr) cudaEventDestroy(ready);
     if (done != nullptr) cudaEventDestroy(done);
-    if (own_fork != nullptr) cudaEventDestroy(own_fork);
-    if (own_join != nullptr) cudaEventDestroy(own_join);
-    if (own_stream != nullptr) cudaStreamDestroy(own_stream);
     for (const ExchangeEvents& e : spare) destroy(e);
     for (const ExchangeEvents& e : timed) destroy(e);
     if (comm_stream != nullptr) cudaStreamDestroy(comm_stream);
@@ -173,6 +166,9 @@ struct DevicePlan {
   DeviceBuffer sum_index;  // owner-side dK/dV rows read by several servers (wire_tables.h: shared_*)
   int64_t shared_kv_rows = 0;
   bool own_in_place = false;  // this rank runs tasks in place (layout.own): returning dK/dV rows are added
+  // Some rank runs tasks in place: every rank moves a call's inbound rows in one collective (rows_to_servers),
+  // the same on every rank since the layout is.
+  bool fused_inbound = false;
   // The tables are uploaded in the order of the plan's stream through the runtime's pinned staging, without
   // waiting on the host (a plan made ahead on another thread must not wait for the training stream to drain,
   // and it holds the instance's lock while it uploads); `ready` marks the uploads' end for calls on other
@@ -338,9 +334,6 @@ DeviceRuntime& runtime(CadContext& ctx, int device) {
              "creating the communication stream");
   check_cuda(cudaEventCreateWithFlags(&rt->ready, cudaEventDisableTiming), "cudaEventCreate");
   check_cuda(cudaEventCreateWithFlags(&rt->done, cudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(cudaStreamCreateWithFlags(&rt->own_stream, cudaStreamNonBlocking), "creating the own tasks' stream");
-  check_cuda(cudaEventCreateWithFlags(&rt->own_fork, cudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(cudaEventCreateWithFlags(&rt->own_join, cudaEventDisableTiming), "cudaEventCreate");
   ctx.device = std::move(rt);
   return *ctx.device;
 }
@@ -361,6 +354,7 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
   // Where this rank runs tasks in place, their partial dK/dV are in its tensors before the servers' come back:
   // every returning row is added to them.
   plan->own_in_place = !layout.own[static_cast<size_t>(me)].segments.empty();
+  for (const ServerBatch& own : layout.own) plan->fused_inbound = plan->fused_inbound || !own.segments.empty();
   const WireTable owner_kv = build_wire_table(layout, me, true, false, step.shape.tokens, plan->own_in_place);
   plan->tables[OwnerKv] = append_table(owner_kv, to_wire, from_wire, plan->owner_kv_rows);
   // The dK/dV return lists go into both arrays at the same offsets (only one direction is used).
@@ -448,6 +442,72 @@ class Mover {
     scratch_.release_wire();
   }
 
+  // Several tensors' rows, owners -> servers, in ONE all_to_all_v: each peer's bytes are the parts' rows one after
+  // another, packed per peer and unpacked after (never in place). `meanwhile` runs on the caller's stream once
+  // the collective is enqueued and before the caller waits for it: work that needs none of the moved rows (this
+  // rank's own tasks) then runs while they are in flight, and the collective -- one kernel on the higher-priority
+  // stream, placed on the GPU first -- is not queued behind that work's persistent kernels, which hold every SM
+  // they get until they end (one collective per tensor was: the second waited for the whole of that work).
+  struct Part {
+    RunSet set;
+    const void* src;  // the owner's tensor
+    void* dst;        // the server batch's
+    int64_t row_bytes;
+  };
+  void rows_to_servers(const std::vector<Part>& parts, const std::function<void()>& meanwhile) {
+    const size_t world = plan_.owner_q_rows.size();
+    Transfer t;
+    t.send_counts.assign(world, 0), t.send_displs.assign(world, 0);
+    t.recv_counts.assign(world, 0), t.recv_displs.assign(world, 0);
+    // Where each part's rows for (from) each peer start in the send (receive) buffer.
+    std::vector<std::vector<uint64_t>> send_at(parts.size(), std::vector<uint64_t>(world));
+    std::vector<std::vector<uint64_t>> recv_at = send_at;
+    for (size_t p = 0; p < world; ++p) {
+      t.send_displs[p] = t.send_bytes;
+      t.recv_displs[p] = t.recv_bytes;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const bool q = parts[i].set == RunSet::Q;
+        send_at[i][p] = t.send_bytes;
+        recv_at[i][p] = t.recv_bytes;
+        t.send_bytes += static_cast<uint64_t>((q ? plan_.owner_q_rows : plan_.owner_kv_rows)[p] * parts[i].row_bytes);
+        t.recv_bytes += static_cast<uint64_t>((q ? plan_.server_q_rows : plan_.server_kv_rows)[p] * parts[i].row_bytes);
+      }
+      t.send_counts[p] = t.send_bytes - t.send_displs[p];
+      t.recv_counts[p] = t.recv_bytes - t.recv_displs[p];
+    }
+    std::byte* send = t.send_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.send_bytes, "the send buffer")) : nullptr;
+    std::byte* recv = t.recv_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.recv_bytes, "the receive buffer")) : nullptr;
+    // A table's copies of peer p address that tensor's own wire rows, which start after the rows of the peers
+    // before p: shifting the buffer back by those puts them at the part's place in p's range.
+    for (size_t i = 0; i < parts.size() && !drain_; ++i) {
+      const bool q = parts[i].set == RunSet::Q;
+      const Table& table = plan_.tables[q ? OwnerQ : OwnerKv];
+      const std::vector<int64_t>& rows = q ? plan_.owner_q_rows : plan_.owner_kv_rows;
+      int64_t wire_row = 0;  // the tensor's first wire row for peer p
+      for (size_t p = 0; p < world; wire_row += rows[p], ++p) {
+        const int64_t first = table.peer_first[p], n = table.peer_first[p + 1] - first;
+        std::byte* base = offset(send, static_cast<int64_t>(send_at[i][p]) - wire_row * parts[i].row_bytes);
+        check_cuda(kernels::copy_row_ranges(parts[i].src, base, parts[i].row_bytes, to_wire(table) + first, n, stream_),
+                   "pack (gather kernel)");
+      }
+    }
+    run_transfer(send, t, recv, meanwhile);
+    for (size_t i = 0; i < parts.size() && !drain_; ++i) {
+      const bool q = parts[i].set == RunSet::Q;
+      const Table& table = plan_.tables[q ? ServerQ : ServerKv];
+      const std::vector<int64_t>& rows = q ? plan_.server_q_rows : plan_.server_kv_rows;
+      int64_t wire_row = 0;
+      for (size_t p = 0; p < world; wire_row += rows[p], ++p) {
+        const int64_t first = table.peer_first[p], n = table.peer_first[p + 1] - first;
+        const std::byte* base = offset(recv, static_cast<int64_t>(recv_at[i][p]) - wire_row * parts[i].row_bytes);
+        check_cuda(kernels::copy_row_ranges(base, parts[i].dst, parts[i].row_bytes, from_wire(table) + first, n, stream_),
+                   "unpack (scatter kernel)");
+      }
+    }
+    scratch_.give_back(send);
+    scratch_.give_back(recv);
+  }
+
   // LSE ([Hq, rows] fp32, a column per row) of the sending side -> the receiving side's, as wire rows
   // [rows, Hq] (always through the wire buffers): server -> owners after the forward, owners -> server when
   // re-sending for the backward.
@@ -499,6 +559,9 @@ class Mover {
   }
 
  private:
+  static std::byte* offset(std::byte* buffer, int64_t bytes) {
+    return reinterpret_cast<std::byte*>(reinterpret_cast<uintptr_t>(buffer) + static_cast<uintptr_t>(bytes));
+  }
   const RowCopy* to_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.to_wire.ptr) + t.offset; }
   const RowCopy* from_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.from_wire.ptr) + t.offset; }
 
@@ -525,7 +588,8 @@ class Mover {
   // One all_to_all_v of `row_bytes`-byte rows between owners and servers. `send_rows` / `recv_rows`: where
   // each peer's rows start in the buffer (in place), else the wire order's cumulative offsets.
   void exchange(const std::byte* send, std::byte* recv, Direction direction, RunSet set, int64_t row_bytes,
-                const std::vector<int64_t>* send_rows = nullptr, const std::vector<int64_t>* recv_rows = nullptr) {
+                const std::vector<int64_t>* send_rows = nullptr, const std::vector<int64_t>* recv_rows = nullptr,
+                const std::function<void()>& meanwhile = nullptr) {
     const bool q = set == RunSet::Q;
     const bool to_servers = direction == Direction::ToServers;
     const std::vector<int64_t>& out = to_servers ? (q ? plan_.owner_q_rows : plan_.owner_kv_rows)
@@ -546,6 +610,13 @@ class Mover {
       t.send_bytes += t.send_counts[p];
       t.recv_bytes += t.recv_counts[p];
     }
+    run_transfer(send, t, recv, meanwhile);
+  }
+
+  // One all_to_all_v of `t`, counted in the call's bytes. `meanwhile`: enqueued on the caller's stream after the
+  // collective and before the caller waits for it.
+  void run_transfer(const std::byte* send, const Transfer& t, std::byte* recv, const std::function<void()>& meanwhile) {
+    const size_t world = t.send_counts.size();
     const size_t me = static_cast<size_t>(ctx_.comm->rank());
     stats_.bytes_sent += t.send_bytes - t.send_counts[me];
     stats_.bytes_received += t.recv_bytes - t.recv_counts[me];
@@ -571,6 +642,7 @@ class Mover {
                                      t.recv_counts[p], cudaMemcpyHostToDevice, stream_), "staging H2D");
         }
       }
+      if (meanwhile) meanwhile();  // the staged exchange is synchronous: nothing runs beside it
       return;
     }
     // On the communication stream, joined to the caller's with events (and timed: stats.h ExchangeTimes).
@@ -582,6 +654,7 @@ class Mover {
     ctx_.comm->all_to_all_v(send, t, recv, rt_.comm_stream);
     check_cuda(cudaEventRecord(rt_.done, rt_.comm_stream), "cudaEventRecord");
     if (timing != nullptr) check_cuda(cudaEventRecord(timing->comm_end, rt_.comm_stream), "cudaEventRecord");
+    if (meanwhile) meanwhile();
     check_cuda(cudaStreamWaitEvent(stream_, rt_.done, 0), "cudaStreamWaitEvent");
   }
 
@@ -626,40 +699,6 @@ template <class Drained>
   throw;
 }
 
-// The own tasks' stream for one call (DeviceRuntime::own_stream): fork() makes it wait for what the call's stream
-// has enqueued so far; join() makes the call's stream wait for what it was given. A forked stream is joined
-// at the latest when the call ends, also when it throws, so that nothing it reads or writes is released or
-// handed back to the application under it.
-class OwnWork {
- public:
-  OwnWork(DeviceRuntime& rt, cudaStream_t stream) : rt_(rt), stream_(stream) {}
-  OwnWork(const OwnWork&) = delete;
-  OwnWork& operator=(const OwnWork&) = delete;
-  ~OwnWork() {
-    if (forked_) {
-      cudaEventRecord(rt_.own_join, rt_.own_stream);
-      cudaStreamWaitEvent(stream_, rt_.own_join, 0);
-    }
-  }
-  cudaStream_t fork() {
-    check_cuda(cudaEventRecord(rt_.own_fork, stream_), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(rt_.own_stream, rt_.own_fork, 0), "cudaStreamWaitEvent");
-    forked_ = true;
-    return rt_.own_stream;
-  }
-  void join() {
-    if (!forked_) return;
-    forked_ = false;
-    check_cuda(cudaEventRecord(rt_.own_join, rt_.own_stream), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream_, rt_.own_join, 0), "cudaStreamWaitEvent");
-  }
-
- private:
-  DeviceRuntime& rt_;
-  cudaStream_t stream_;
-  bool forked_ = false;
-};
-
 void copy_tensor(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "keeping the own tasks' tensors");
 }
@@ -686,7 +725,6 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes(), hq = shape.num_q_heads;
   wait_for_tables(dp, stream);
   CallScratch scratch(ctx, dp, call_stream);
-  OwnWork own_work(*ctx.device, stream);  // declared after the scratch: joined before it is handed back
 
   // The server batch: in the saved state (kept for backward) or in this call's scratch.
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
@@ -726,31 +764,38 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
       });
     }
   }
-  // The tasks this rank runs in place, on its own stream while the exchanges below move the other rows. They
-  // write every row of the host's O and LSE (0 and -inf where they have none), so the results coming back are
-  // joined after them.
+  // The tasks this rank runs in place, on the call's stream while the collective moves the other rows (where
+  // some rank runs any, every rank moves Q/K/V in one collective: Mover::rows_to_servers). They write every row
+  // of the host's O and LSE (0 and -inf where they have none), before the results coming back land.
   bool failed = false;
-  if (!own.segments.empty() && !drain) {
-    const cudaStream_t own_stream = own_work.fork();
+  const auto own_forward = [&] {
+    if (own.segments.empty() || drain) return;
     ServerBatchTensors t;
     t.q = data(args->q), t.k = data(args->k), t.v = data(args->v), t.o = data(args->o);
     t.lse = static_cast<float*>(data(args->lse));
     failed = call_server_forward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
-                                 own_stream) != CAD_STATUS_OK;
+                                 call_stream) != CAD_STATUS_OK;
     if (!failed && keep != nullptr) {  // its backward may be handed stand-ins for q/k/v/o
       DeviceSaved& s = *keep->device;
       const size_t t_rows = static_cast<size_t>(shape.tokens);
-      copy_tensor(s.own_q.ptr, t.q, t_rows * static_cast<size_t>(q_bytes), own_stream);
-      copy_tensor(s.own_k.ptr, t.k, t_rows * static_cast<size_t>(kv_bytes), own_stream);
-      copy_tensor(s.own_v.ptr, t.v, t_rows * static_cast<size_t>(kv_bytes), own_stream);
-      copy_tensor(s.own_o.ptr, t.o, t_rows * static_cast<size_t>(q_bytes), own_stream);
-      copy_tensor(s.own_lse.ptr, t.lse, t_rows * static_cast<size_t>(hq) * sizeof(float), own_stream);
+      copy_tensor(s.own_q.ptr, t.q, t_rows * static_cast<size_t>(q_bytes), stream);
+      copy_tensor(s.own_k.ptr, t.k, t_rows * static_cast<size_t>(kv_bytes), stream);
+      copy_tensor(s.own_v.ptr, t.v, t_rows * static_cast<size_t>(kv_bytes), stream);
+      copy_tensor(s.own_o.ptr, t.o, t_rows * static_cast<size_t>(q_bytes), stream);
+      copy_tensor(s.own_lse.ptr, t.lse, t_rows * static_cast<size_t>(hq) * sizeof(float), stream);
     }
-  }
+  };
   Mover move(ctx, dp, scratch, stream, drain, stats);
-  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
-  move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
-  move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
+  if (dp.fused_inbound) {
+    move.rows_to_servers({{RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes},
+                          {RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes},
+                          {RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes}},
+                         own_forward);
+  } else {
+    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
+    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
+    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
+  }
 
   if (!failed && batch.q_rows > 0 && !drain) {
     ServerBatchTensors t;
@@ -758,7 +803,6 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
     failed = call_server_forward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
                                  call_stream) != CAD_STATUS_OK;
   }
-  own_work.join();
   if (failed) {
     // Peers wait for this rank's results: finish the collectives (drained) before reporting.
     CallStats ignored;
@@ -791,7 +835,6 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   const ServerBatch& own = plan.step.layout.own[static_cast<size_t>(me)];
   wait_for_tables(dp, stream);
   CallScratch scratch(ctx, dp, call_stream);
-  OwnWork own_work(*ctx.device, stream);  // declared after the scratch: joined before it is handed back
 
   // The server batch's gradients, and its forward tensors unless they were kept: this call's scratch.
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
@@ -811,13 +854,13 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
       });
     }
   }
-  // The tasks this rank runs in place, on its own stream while the exchanges below move the other rows, from the
-  // owner's tensors or, where the forward kept state, from its copies of them (the host may pass stand-ins for
-  // q/k/v/o then). They write every row of the host's dQ/dK/dV (0 where they read none): the servers' dQ rows
-  // come back over them and their dK/dV rows are added (the plan's sum_every_row tables).
+  // The tasks this rank runs in place, on the call's stream while the collective moves the other rows (as in the
+  // forward), from the owner's tensors or, where the forward kept state, from its copies of them (the host may
+  // pass stand-ins for q/k/v/o then). They write every row of the host's dQ/dK/dV (0 where they read none): the
+  // servers' dQ rows come back over them and their dK/dV rows are added (the plan's sum_every_row tables).
   bool failed = false;
-  if (!own.segments.empty() && !drain) {
-    const cudaStream_t own_stream = own_work.fork();
+  const auto own_backward = [&] {
+    if (own.segments.empty() || drain) return;
     ServerBatchTensors t;
     if (kept) {
       const DeviceSaved& s = *saved->device;
@@ -828,21 +871,36 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
     }
     t.d_o = data(args->d_o), t.d_q = data(args->d_q), t.d_k = data(args->d_k), t.d_v = data(args->d_v);
     failed = call_server_backward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
-                                  own_stream) != CAD_STATUS_OK;
-  }
+                                  call_stream) != CAD_STATUS_OK;
+  };
   Mover move(ctx, dp, scratch, stream, drain, stats);
-  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes);
   if (kept) {
     DeviceSaved& s = *saved->device;
     q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
     s.stream = call_stream;  // released after this backward, in its stream order
-  } else {
+  } else if (!dp.fused_inbound) {
     move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
     move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes);
+  }
+  if (!kept) {
     move.lse(Direction::ToServers, drain ? nullptr : static_cast<const float*>(data(args->lse)), shape.tokens,
              static_cast<float*>(lse), batch.q_rows, hq);
-    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
-    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
+  }
+  if (dp.fused_inbound) {
+    std::vector<Mover::Part> parts = {{RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes}};
+    if (!kept) {
+      parts.push_back({RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes});
+      parts.push_back({RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes});
+      parts.push_back({RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes});
+      parts.push_back({RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes});
+    }
+    move.rows_to_servers(parts, own_backward);
+  } else {
+    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes);
+    if (!kept) {
+      move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
+      move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
+    }
   }
 
   if (!failed && batch.q_rows > 0 && !drain) {
@@ -852,7 +910,6 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
     failed = call_server_backward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
                                   call_stream) != CAD_STATUS_OK;
   }
-  own_work.join();  // before the kept state goes back and the results come back over the own tasks' ones
   // What the server backward read is no longer needed: dO and, where they were kept, the forward's tensors
   // go back before the gradients travel (the return exchanges' wire buffers then reuse that memory).
   scratch.give_back(d_o);
