@@ -760,13 +760,16 @@ def configurations(args):
             run.cad_nccl_blocking = True
         if "sendown" in modes:  # every task through the exchange, also those a rank could run in place
             run.cad_own_tasks = "off"
+        reserve = [m for m in modes if re.fullmatch(r"res\d+", m)]
+        if reserve:  # +res16: SMs the own tasks' forward leaves to the collective (--cad-own-reserve-sms)
+            run.cad_own_reserve_sms = int(reserve[0][3:])
         tolerance = [m for m in modes if m.startswith("tol")]
         if tolerance:  # +tol0.005: the balancer's tolerance (--balancer-tolerance)
             run.balancer_tolerance = float(tolerance[0][3:])
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
             ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
             ("_ncclblocking" if "blocking" in modes else "") + ("_sendown" if "sendown" in modes else "") + \
-            "".join("_" + m for m in tolerance)
+            "".join("_" + m for m in tolerance + reserve)
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -848,7 +851,7 @@ def summary_of(args, world, device):
             "ping_pong_lanes": args.ping_pong_lanes if args.ping_pong else None,
             "balanced_batches": args.balanced_batches, "cad_comm_priority": args.cad_comm_priority,
             "cad_nccl_max_ctas": args.cad_nccl_max_ctas, "cad_nccl_blocking": args.cad_nccl_blocking,
-            "cad_own_tasks": args.cad_own_tasks, "balancer_tolerance": args.balancer_tolerance,
+            "cad_own_tasks": args.cad_own_tasks, "cad_own_reserve_sms": args.cad_own_reserve_sms, "balancer_tolerance": args.balancer_tolerance,
             "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
@@ -878,6 +881,7 @@ def train_one(args, rank, world, device, lengths):
     cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms,
              comm_stream_priority=args.cad_comm_priority, nccl_max_ctas=args.cad_nccl_max_ctas,
              nccl_blocking_comm=args.cad_nccl_blocking, own_tasks_in_place=args.cad_own_tasks == "on",
+             own_tasks_reserve_sms=args.cad_own_reserve_sms,
              balancer_config=None if args.balancer_tolerance is None else {"tolerance": args.balancer_tolerance})
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
@@ -1241,6 +1245,9 @@ def parse_args(argv=None):
                    help="on (default): a rank runs the tasks on documents it holds whole in place on its own tensors, "
                         "on a stream of their own while the exchanges move the other rows (cad.init's "
                         "own_tasks_in_place); off: they go through the exchange to itself")
+    p.add_argument("--cad-own-reserve-sms", type=int, default=16,
+                   help="SMs the own tasks' forward kernel leaves free for the collective running beside it "
+                        "(cad.init's own_tasks_reserve_sms; default 16; 0: every SM)")
     p.add_argument("--ping-pong-lanes", type=int, choices=[1, 2], default=2,
                    help="with --ping-pong: 2 (default) runs each nano-batch's plans on its own CAD lane (its own "
                         "communicator and communication stream: cad.plan's lane), 1 runs both on one, where "
@@ -1254,12 +1261,13 @@ def parse_args(argv=None):
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
                         "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
-                        "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+sendown' (--cad-own-tasks off) and/or '+tolT' "
+                        "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+sendown' (--cad-own-tasks off), '+resN' "
+                        "(--cad-own-reserve-sms N) and/or '+tolT' "
                         "(--balancer-tolerance T), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
                         "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
-                        "'_ncclblocking' with +blocking, + '_sendown' with +sendown, + '_tolT' with +tolT. Overrides --attention, "
+                        "'_ncclblocking' with +blocking, + '_sendown' with +sendown, + '_tolT' with +tolT, + '_resN' with +resN. Overrides --attention, "
                         "--balancer, --ping-pong, --plan-ahead, --cad-nccl-blocking, --cad-own-tasks, --balancer-tolerance")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
@@ -1319,8 +1327,11 @@ def parse_args(argv=None):
             base, *modes = name.split("+")
             splits = {"pp", "pp1", "ppauto"} & set(modes)
             tolerances = [m for m in modes if re.fullmatch(r"tol(\d+(\.\d*)?|\.\d+)", m)]
-            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "sendown") and m not in tolerances
-                                    for m in modes)
+            reserves = [m for m in modes if re.fullmatch(r"res\d+", m)]
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "sendown")
+                                    and m not in tolerances + reserves for m in modes)
+                    or len(reserves) > 1 or (reserves and (base in ("local", "torch_varlen", "local_balanced")
+                                                           or "sendown" in modes or int(reserves[0][3:]) > 64))
                     or len(set(modes)) != len(modes) or len(splits) > 1 or (base == "local_balanced" and modes)
                     or (base in ("local", "torch_varlen") and ("blocking" in modes or "sendown" in modes))
                     or (tolerances and (base not in ("distca", "prefix_aware") or len(tolerances) > 1

@@ -134,6 +134,7 @@ cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, c
   p.window_left = pr.window_left;
   p.window_right = pr.window_right;
   p.block_m = plan.block_m;  // (every kernel masks windows)
+  p.max_blocks = plan.max_blocks;
   if (plan.block_m != fwd_block_m(pr)) return cudaErrorInvalidValue;
 
   CAD_CUDA_TRY(detail::launch_fill_uncovered(reinterpret_cast<const RowRange*>(ws + plan.uncovered_offset),

@@ -34,6 +34,7 @@ struct FwdParams {
   int window_right;
   int block_m;  // queries per work item: the kernel's tile height
   int kv_head_bands;  // Hopper forward: walk units in bands of items by KV head (set by its launcher)
+  int max_blocks;     // Hopper forward: at most this many persistent blocks (ForwardPlan::max_blocks; 0: one per SM)
 };
 
 struct BwdParams {

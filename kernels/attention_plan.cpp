@@ -131,6 +131,7 @@ bool window_hides_keys(const AttentionProblem& problem, const Segment* segments,
 ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* segments, int64_t num_segments,
                               int num_sms) {
   ForwardPlan plan;
+  plan.max_blocks = std::max(1, num_sms);
   // The Hopper forward masks windows (sm90/fwd_softmax.cuh): its items are the same query tiles with the same
   // key ranges [kv_begin, kv_end) (128 x 128 tiles instead of 64 x 64), and it masks the partial blocks.
   plan.problem = kernel_problem(problem, segments, num_segments);

@@ -103,6 +103,10 @@ struct ForwardPlan {
   std::vector<RowRange> uncovered;   // rows of Q outside every segment
   int32_t block_m = kFwdBlockM;      // queries per item (and per partial slot)
   int32_t num_slots = 0;
+  // The Hopper kernel's persistent grid: at most this many blocks, one per SM (make_forward_plan's num_sms). Fewer
+  // than the device's SMs leave some free for work beside it: a collective's kernel that must not wait for all of
+  // this kernel's work (CAD's own tasks while their rows are in flight).
+  int32_t max_blocks = 0;
   // Workspace layout (byte offsets into one buffer of workspace_bytes, 256-byte aligned).
   size_t items_offset = 0, combines_offset = 0, uncovered_offset = 0, partial_o_offset = 0,
          partial_lse_offset = 0, workspace_bytes = 0;

@@ -35,7 +35,7 @@ cudaError_t launch_attention_fwd_sm90_stages(const FwdParams& p, int num_items, 
   if (err != cudaSuccess) return err;
   const int64_t units = static_cast<int64_t>(num_items) * p.hq;
   if (units > INT32_MAX / 2) return cudaErrorInvalidValue;
-  const int grid = fwd90_grid(units, sms);
+  const int grid = fwd90_grid(units, p.max_blocks > 0 && p.max_blocks < sms ? p.max_blocks : sms);
   FwdParams params = p;
   params.kv_head_bands = fwd90_kv_head_bands(p, num_items, grid);
   attention_fwd_sm90_kernel<D, STAGES, WINDOW>

@@ -48,6 +48,31 @@ std::string required_name(plugin::ConfigReader& reader, const char* key) {
   return value;
 }
 
+// A server backend instance the host lends (`name` in its config), checked for what server batches need.
+ServerBackend borrow_server_backend(const cad_host_services_v1_t* services, const std::string& name) {
+  ServerBackend server;
+  server.table = static_cast<const cad_attention_v1_t*>(lookup(services, name, CAD_PLUGIN_KIND_ATTENTION, &server.instance));
+  server.name = name;
+  if (server.table->get_capabilities == nullptr || server.table->forward == nullptr ||
+      server.table->backward == nullptr || server.table->last_error == nullptr) {
+    fail(CAD_STATUS_ABI_MISMATCH, "plugin 'cad': server backend instance '" + server.name + "' lacks functions");
+  }
+  server.caps.struct_size = sizeof(server.caps);
+  if (server.table->get_capabilities(server.instance, &server.caps) != CAD_STATUS_OK) {
+    fail(CAD_STATUS_INTERNAL, "plugin 'cad': server backend instance '" + server.name +
+                                  "': get_capabilities failed: " + server.table->last_error(server.instance));
+  }
+  if (server.caps.flags & CAD_ATTENTION_CAP_PIECES) {
+    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
+                                     "' is itself distributed (takes pieces); it must take segments");
+  }
+  if (!(server.caps.flags & CAD_ATTENTION_CAP_SHARED_KV)) {
+    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
+                                     "' does not support segments that share K/V, which server batches use");
+  }
+  return server;
+}
+
 }  // namespace
 
 CadContext::CadContext(const cad_host_services_v1_t* services, const char* config_json)
@@ -57,6 +82,7 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   config.plan_communicator = reader.get_string("plan_communicator", "");
   config.balancer = required_name(reader, "balancer");
   config.server_backend = required_name(reader, "server_backend");
+  config.own_server_backend = reader.get_string("own_server_backend", "");
   config.keep_forward_tensors = reader.get_bool("keep_forward_tensors", true);
   config.comm_stream_highest_priority =
       reader.get_choice("comm_stream_priority", "highest", {"highest", "normal"}) == "highest";
@@ -95,25 +121,19 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
     fail(CAD_STATUS_ABI_MISMATCH, "plugin 'cad': balancer instance '" + balancer.name + "' lacks plan functions");
   }
 
-  server.table = static_cast<const cad_attention_v1_t*>(
-      lookup(services, config.server_backend, CAD_PLUGIN_KIND_ATTENTION, &server.instance));
-  server.name = config.server_backend;
-  if (server.table->get_capabilities == nullptr || server.table->forward == nullptr ||
-      server.table->backward == nullptr || server.table->last_error == nullptr) {
-    fail(CAD_STATUS_ABI_MISMATCH, "plugin 'cad': server backend instance '" + server.name + "' lacks functions");
-  }
-  server.caps.struct_size = sizeof(server.caps);
-  if (server.table->get_capabilities(server.instance, &server.caps) != CAD_STATUS_OK) {
-    fail(CAD_STATUS_INTERNAL, "plugin 'cad': server backend instance '" + server.name +
-                                  "': get_capabilities failed: " + server.table->last_error(server.instance));
-  }
-  if (server.caps.flags & CAD_ATTENTION_CAP_PIECES) {
-    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
-                                     "' is itself distributed (takes pieces); it must take segments");
-  }
-  if (!(server.caps.flags & CAD_ATTENTION_CAP_SHARED_KV)) {
-    fail(CAD_STATUS_UNSUPPORTED, "plugin 'cad': server backend instance '" + server.name +
-                                     "' does not support segments that share K/V, which server batches use");
+  server = borrow_server_backend(services, config.server_backend);
+  own_server = server;
+  if (!config.own_server_backend.empty()) {
+    own_server = borrow_server_backend(services, config.own_server_backend);
+    const cad_attention_capabilities_v1_t& a = server.caps;
+    const cad_attention_capabilities_v1_t& b = own_server.caps;
+    if (a.device_type != b.device_type || a.dtype_mask != b.dtype_mask || a.flags != b.flags ||
+        a.max_head_dim != b.max_head_dim || server.has_plans() != own_server.has_plans()) {
+      fail(CAD_STATUS_INVALID_CONFIG,
+           "plugin 'cad' config: 'own_server_backend' names '" + own_server.name + "', whose capabilities or plans "
+           "differ from the server backend '" + server.name + "'s; it must be an instance of the same kind (e.g. the "
+           "same plugin with another 'reserve_sms')");
+    }
   }
   // Where the data path runs follows the server backend: CPU tensors with a CPU backend; CUDA tensors
   // with a CUDA backend, over a CUDA communicator (NCCL) or staged through pinned host memory over a

@@ -24,6 +24,7 @@ struct Config {
   std::string plan_communicator;   // optional: make_plan's collectives go here (see CadContext::planning_comm)
   std::string balancer;
   std::string server_backend;
+  std::string own_server_backend;  // optional: the instance that runs the tasks run in place (else server_backend)
   bool keep_forward_tensors = true;  // servers keep Q/K/V/O/LSE of the last forward for backward
   // The CUDA data path's communication stream: "highest" (the device's greatest priority) or "normal". See
   // device_path.cpp's runtime(): highest lets an exchange take the next free SMs instead of queueing behind
@@ -102,6 +103,7 @@ struct CadContext : plugin::ErrorState {
   std::mutex planning_mutex;
   BalancerRef balancer;
   ServerBackend server;
+  ServerBackend own_server;  // runs the tasks a rank runs in place (Config::own_server_backend; else `server`)
   Accepts accepts;  // what the server backend takes, hence what CAD takes
   std::unique_ptr<LastForward> last_forward;
   Stats stats;

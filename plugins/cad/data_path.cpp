@@ -96,7 +96,8 @@ cad_status_t call_server_forward(CadContext& ctx, const CadPlan& plan, Batch whi
   cad_attention_forward_args_v1_t a{};  // describe_server_batch sets every scalar, the window too
   describe_server_batch(a, which == Batch::Own ? plan.own_server_plan : plan.server_plan, batch, shape, stream);
   a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
-  return ctx.server.table->forward(ctx.server.instance, &a);
+  const ServerBackend& server = which == Batch::Own ? ctx.own_server : ctx.server;
+  return server.table->forward(server.instance, &a);
 }
 
 cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, Batch which, const CallShape& shape,
@@ -107,7 +108,8 @@ cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, Batch wh
   describe_server_batch(a, which == Batch::Own ? plan.own_server_plan : plan.server_plan, batch, shape, stream);
   a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
   a.d_o = views.d_o.get(), a.d_q = views.d_q.get(), a.d_k = views.d_k.get(), a.d_v = views.d_v.get();
-  return ctx.server.table->backward(ctx.server.instance, &a);
+  const ServerBackend& server = which == Batch::Own ? ctx.own_server : ctx.server;
+  return server.table->backward(server.instance, &a);
 }
 
 void exchange(Comm& comm, const Layout& layout, Direction direction, const std::vector<Part>& send,

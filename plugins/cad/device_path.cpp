@@ -667,9 +667,9 @@ class Mover {
   DeviceRuntime& rt_;
 };
 
-void server_failed(CadContext& ctx, const char* what) {
-  const char* message = ctx.server.table->last_error(ctx.server.instance);
-  fail(CAD_STATUS_DEVICE_ERROR, format("server backend instance '%s': %s failed: %s", ctx.server.name.c_str(), what,
+void server_failed(const ServerBackend& server, const char* what) {
+  const char* message = server.table->last_error(server.instance);
+  fail(CAD_STATUS_DEVICE_ERROR, format("server backend instance '%s': %s failed: %s", server.name.c_str(), what,
                                        message != nullptr ? message : "(no message)"));
 }
 
@@ -767,15 +767,17 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
   // The tasks this rank runs in place, on the call's stream while the collective moves the other rows (where
   // some rank runs any, every rank moves Q/K/V in one collective: Mover::rows_to_servers). They write every row
   // of the host's O and LSE (0 and -inf where they have none), before the results coming back land.
-  bool failed = false;
+  const ServerBackend* failed = nullptr;  // the backend whose call failed
   const auto own_forward = [&] {
     if (own.segments.empty() || drain) return;
     ServerBatchTensors t;
     t.q = data(args->q), t.k = data(args->k), t.v = data(args->v), t.o = data(args->o);
     t.lse = static_cast<float*>(data(args->lse));
-    failed = call_server_forward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
-                                 call_stream) != CAD_STATUS_OK;
-    if (!failed && keep != nullptr) {  // its backward may be handed stand-ins for q/k/v/o
+    if (call_server_forward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device}, call_stream) !=
+        CAD_STATUS_OK) {
+      failed = &ctx.own_server;
+    }
+    if (failed == nullptr && keep != nullptr) {  // its backward may be handed stand-ins for q/k/v/o
       DeviceSaved& s = *keep->device;
       const size_t t_rows = static_cast<size_t>(shape.tokens);
       copy_tensor(s.own_q.ptr, t.q, t_rows * static_cast<size_t>(q_bytes), stream);
@@ -797,18 +799,20 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
     move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
   }
 
-  if (!failed && batch.q_rows > 0 && !drain) {
+  if (failed == nullptr && batch.q_rows > 0 && !drain) {
     ServerBatchTensors t;
     t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
-    failed = call_server_forward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
-                                 call_stream) != CAD_STATUS_OK;
+    if (call_server_forward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
+                            call_stream) != CAD_STATUS_OK) {
+      failed = &ctx.server;
+    }
   }
-  if (failed) {
+  if (failed != nullptr) {
     // Peers wait for this rank's results: finish the collectives (drained) before reporting.
     CallStats ignored;
     Mover(ctx, dp, scratch, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
     Mover(ctx, dp, scratch, stream, true, ignored).lse(Direction::ToOwners, nullptr, 0, nullptr, 0, hq);
-    server_failed(ctx, "forward");
+    server_failed(*failed, "forward");
   }
   if (keep == nullptr) {  // the server batch's Q/K/V scratch is done once its forward ran
     scratch.give_back(q);
@@ -858,7 +862,7 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   // forward), from the owner's tensors or, where the forward kept state, from its copies of them (the host may
   // pass stand-ins for q/k/v/o then). They write every row of the host's dQ/dK/dV (0 where they read none): the
   // servers' dQ rows come back over them and their dK/dV rows are added (the plan's sum_every_row tables).
-  bool failed = false;
+  const ServerBackend* failed = nullptr;  // the backend whose call failed
   const auto own_backward = [&] {
     if (own.segments.empty() || drain) return;
     ServerBatchTensors t;
@@ -870,8 +874,10 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
       t.lse = static_cast<float*>(data(args->lse));
     }
     t.d_o = data(args->d_o), t.d_q = data(args->d_q), t.d_k = data(args->d_k), t.d_v = data(args->d_v);
-    failed = call_server_backward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
-                                  call_stream) != CAD_STATUS_OK;
+    if (call_server_backward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
+                             call_stream) != CAD_STATUS_OK) {
+      failed = &ctx.own_server;
+    }
   };
   Mover move(ctx, dp, scratch, stream, drain, stats);
   if (kept) {
@@ -903,24 +909,26 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
     }
   }
 
-  if (!failed && batch.q_rows > 0 && !drain) {
+  if (failed == nullptr && batch.q_rows > 0 && !drain) {
     ServerBatchTensors t;
     t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
     t.d_o = d_o, t.d_q = d_q, t.d_k = d_k, t.d_v = d_v;
-    failed = call_server_backward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
-                                  call_stream) != CAD_STATUS_OK;
+    if (call_server_backward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
+                             call_stream) != CAD_STATUS_OK) {
+      failed = &ctx.server;
+    }
   }
   // What the server backward read is no longer needed: dO and, where they were kept, the forward's tensors
   // go back before the gradients travel (the return exchanges' wire buffers then reuse that memory).
   scratch.give_back(d_o);
   if (kept) saved->device.reset();
-  const bool skip = drain || failed;
+  const bool skip = drain || failed != nullptr;
   Mover back(ctx, dp, scratch, stream, skip, stats);
   back.rows(Direction::ToOwners, RunSet::Q, d_q, skip ? nullptr : data(args->d_q), q_bytes);
   back.kv_sums_to_owners(d_k, skip ? nullptr : data(args->d_k), shape);
   back.kv_sums_to_owners(d_v, skip ? nullptr : data(args->d_v), shape);
   stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
-  if (failed) server_failed(ctx, "backward");
+  if (failed != nullptr) server_failed(*failed, "backward");
 }
 
 }  // namespace cad::cad_plugin

@@ -19,8 +19,11 @@ void PlanDeleter::operator()(CadPlan* plan) const {
   // A plan that fails while being made ahead goes back from the planning thread: the server backend and the
   // device memory are shared with the other thread's calls.
   std::lock_guard<std::recursive_mutex> shared(ctx->state_mutex);
-  for (void* server_plan : {plan->server_plan, plan->own_server_plan}) {
-    if (server_plan != nullptr && ctx->server.has_plans()) ctx->server.table->release_plan(ctx->server.instance, server_plan);
+  if (plan->server_plan != nullptr && ctx->server.has_plans()) {
+    ctx->server.table->release_plan(ctx->server.instance, plan->server_plan);
+  }
+  if (plan->own_server_plan != nullptr && ctx->own_server.has_plans()) {
+    ctx->own_server.table->release_plan(ctx->own_server.instance, plan->own_server_plan);
   }
   delete plan;  // the device plan goes back through its own deleter
 }
@@ -29,13 +32,13 @@ namespace {
 
 // The server backend's plan of one of this rank's batches (layout.servers or layout.own), where the backend
 // makes plans and the batch is not empty (an empty batch never calls the backend).
-void* make_server_plan(CadContext& ctx, const Step& step, const ServerBatch& batch, void* stream) {
-  if (!ctx.server.has_plans() || batch.segments.empty()) return nullptr;
+void* make_server_plan(const ServerBackend& server, const Step& step, const ServerBatch& batch, void* stream) {
+  if (!server.has_plans() || batch.segments.empty()) return nullptr;
   const cad_attention_plan_args_v1_t args = server_plan_args(batch, step.shape, stream);
   void* plan = nullptr;
-  if (ctx.server.table->make_plan(ctx.server.instance, &args, &plan) != CAD_STATUS_OK) {
-    const char* message = ctx.server.table->last_error(ctx.server.instance);
-    fail(CAD_STATUS_INTERNAL, "server backend instance '" + ctx.server.name +
+  if (server.table->make_plan(server.instance, &args, &plan) != CAD_STATUS_OK) {
+    const char* message = server.table->last_error(server.instance);
+    fail(CAD_STATUS_INTERNAL, "server backend instance '" + server.name +
 "': make_plan of this rank's batch failed: " + (message ? message : "(no message)"));
   }
   return plan;
@@ -105,8 +108,8 @@ PlanPtr make_cad_plan(CadContext& ctx, Comm& comm, const AgreedCall& call, int64
     std::unique_lock<std::recursive_mutex> shared(ctx.state_mutex, std::defer_lock);
     if (concurrent) shared.lock();
     const size_t me = static_cast<size_t>(ctx.comm->rank());
-    plan->server_plan = make_server_plan(ctx, step, step.layout.servers[me], stream);
-    plan->own_server_plan = make_server_plan(ctx, step, step.layout.own[me], stream);
+    plan->server_plan = make_server_plan(ctx.server, step, step.layout.servers[me], stream);
+    plan->own_server_plan = make_server_plan(ctx.own_server, step, step.layout.own[me], stream);
     if (step.shape.device_type == CAD_DEVICE_CUDA) {
       plan->device.reset(make_device_plan(ctx, step, stream));
     }

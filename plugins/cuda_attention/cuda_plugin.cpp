@@ -4,6 +4,7 @@
 // caller's stream; nothing here synchronises the device.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -53,11 +54,15 @@ struct CudaContext {
     check_cuda(cudaGetDevice(&current), "cudaGetDevice");
     device = static_cast<int>(config.get_int("device", current, 0, count - 1));
     const bool allow_hopper = config.get_bool("hopper_kernels", true);
+    // SMs the persistent forward kernel leaves free (its grid is the rest): for an instance whose work runs beside
+    // a collective (CAD's own tasks while their rows are in flight), so that the collective's kernel never waits
+    // for all of it. Bounded below by 1 SM used.
+    const int64_t reserve_sms = config.get_int("reserve_sms", 0, 0, 1024);
     config.finish(logger);
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     compute_capability = prop.major * 10 + prop.minor;
-    num_sms = prop.multiProcessorCount;
+    num_sms = std::max(1, prop.multiProcessorCount - static_cast<int>(reserve_sms));
     device_name = prop.name;
     if (compute_capability < kMinComputeCapability) {
       fail(CAD_STATUS_UNSUPPORTED, format("cuda backend: device %d (%s) has compute capability %d.%d; needs 8.0 or newer",
@@ -68,8 +73,9 @@ struct CudaContext {
       hopper = allow_hopper && cad::kernels::hopper_kernels_available();
       last_forward_hopper = hopper;
     }
-    logger.info(format("device %d: %s, sm_%d, %d SMs, %s forward kernel", device, prop.name, compute_capability,
-                       num_sms, hopper ? "wgmma (sm_90a)" : "mma.sync"));
+    logger.info(format("device %d: %s, sm_%d, %d SMs (%d used by the persistent forward), %s forward kernel", device,
+                       prop.name, compute_capability, prop.multiProcessorCount, num_sms,
+                       hopper ? "wgmma (sm_90a)" : "mma.sync"));
   }
 
   // Workspace lent by the host for one call, handed back in stream order when the call's work is enqueued.

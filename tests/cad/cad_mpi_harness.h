@@ -67,6 +67,16 @@ inline std::string stack_config() {
                            {"server_backend", "server"},
                            {"min_shard_tokens", 8}}}});
   }
+  // The tasks run in place go to a server backend instance of their own (own_server_backend).
+  instances.push_back({{"name", "server_own"}, {"plugin", "reference"}, {"config", {{"num_threads", 1}}}});
+  instances.push_back({{"name", "cad_own_backend"},
+                       {"plugin", "cad"},
+                       {"config",
+                        {{"communicator", "comm"},
+                         {"balancer", "bal_" + balancers().front()},
+                         {"server_backend", "server"},
+                         {"own_server_backend", "server_own"},
+                         {"min_shard_tokens", 8}}}});
   // The first balancer with every task sent through the exchange, also the tasks a server could run in place on
   // its own tensors (own_tasks_in_place false): the path the in-place one must agree with.
   instances.push_back({{"name", "cad_exchange_own"},

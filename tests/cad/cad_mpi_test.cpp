@@ -308,6 +308,15 @@ TEST(CadMpi, TasksRunInPlaceGiveTheResultsOfTheExchangedPath) {
   }
 }
 
+TEST(CadMpi, TasksRunInPlaceOnABackendInstanceOfTheirOwn) {
+  // own_server_backend: the tasks run in place go to that instance (on GPUs one that leaves SMs to the collective).
+  uint64_t seed = 420;
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    expect_step_matches(cad_instance_named("cad_own_backend"), cad_test::make_batch(spec_for(++seed)), causal);
+  }
+}
+
 TEST(CadMpi, StatsTellTheTasksRunInPlace) {
   // Where a rank holds whole documents and its balancer keeps some of their queries home, those run in place
   // (own_q_rows), outside the server batch; with own_tasks_in_place false nothing does.

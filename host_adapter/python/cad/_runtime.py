@@ -40,7 +40,8 @@ _settings = {
     "comm_stream_priority": "highest",  # CAD's CUDA communication stream ("highest" or "normal")
     "nccl_max_ctas": 0,           # CTAs of CAD's NCCL operations at most (0: NCCL's default)
     "nccl_blocking_comm": False,
-    "own_tasks_in_place": True,  # a server runs the tasks on documents it holds whole on its own tensors  # CAD's NCCL communicator blocking (launches on the calling thread)
+    "own_tasks_in_place": True,  # a server runs the tasks on documents it holds whole on its own tensors
+    "own_tasks_reserve_sms": 16,  # on GPUs: SMs their forward kernel leaves to the collective beside it  # CAD's NCCL communicator blocking (launches on the calling thread)
 }
 _DEFAULTS = dict(_settings)  # what cad.shutdown() goes back to
 _runtimes = {}  # (device, lane) -> Host
@@ -51,7 +52,7 @@ _lock = threading.Lock()
 
 def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
          timeout_ms=60000, group=None, log_level="warn", comm_stream_priority="highest", nccl_max_ctas=0,
-         nccl_blocking_comm=False, balancer_config=None, own_tasks_in_place=True):
+         nccl_blocking_comm=False, balancer_config=None, own_tasks_in_place=True, own_tasks_reserve_sms=16):
     """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
 
     config: a full stack config (dict, JSON file path) whose "attention" names the CAD instance; the other
@@ -75,7 +76,9 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     price of no deadline while an enqueue waits for a peer (docs/nccl.md). own_tasks_in_place: True (default): a
     rank runs the tasks on documents it holds whole in place on its own tensors, on GPUs on a stream of their own
     while the exchanges move the other rows; False: they go through the exchange to itself like every other task
-    (the plugin's own_tasks_in_place, plugins/cad/README.md).
+    (the plugin's own_tasks_in_place, plugins/cad/README.md). own_tasks_reserve_sms: on GPUs, the SMs their
+    forward kernel (persistent, one block per SM) leaves free for the collective that runs beside it (a second
+    'cuda' backend instance with that 'reserve_sms' runs them); 0: every SM.
     """
     if keep_forward_tensors not in (True, False, "auto"):
         raise CadError(f"cad.init: keep_forward_tensors must be True, False or 'auto', got {keep_forward_tensors!r}")
@@ -85,6 +88,9 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
         raise CadError(f"cad.init: nccl_max_ctas must be an int in [0, 64] (0: NCCL's default), got {nccl_max_ctas!r}")
     if not isinstance(own_tasks_in_place, bool):
         raise CadError(f"cad.init: own_tasks_in_place must be True or False, got {own_tasks_in_place!r}")
+    if isinstance(own_tasks_reserve_sms, bool) or not isinstance(own_tasks_reserve_sms, int) or \
+            not 0 <= own_tasks_reserve_sms <= 64:
+        raise CadError(f"cad.init: own_tasks_reserve_sms must be an int in [0, 64], got {own_tasks_reserve_sms!r}")
     if balancer_config is not None and (not isinstance(balancer_config, dict) or
                                         not all(isinstance(k, str) for k in balancer_config)):
         raise CadError(f"cad.init: balancer_config must be a dict of the balancer's config keys (e.g. "
@@ -97,7 +103,8 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
                          keep_forward_tensors=keep_forward_tensors, min_shard_tokens=min_shard_tokens,
                          timeout_ms=timeout_ms, group=group, log_level=log_level,
                          comm_stream_priority=comm_stream_priority, nccl_max_ctas=nccl_max_ctas,
-                         nccl_blocking_comm=bool(nccl_blocking_comm), own_tasks_in_place=own_tasks_in_place)
+                         nccl_blocking_comm=bool(nccl_blocking_comm), own_tasks_in_place=own_tasks_in_place,
+                         own_tasks_reserve_sms=own_tasks_reserve_sms)
         for runtime in _runtimes.values():
             runtime.close()
         _runtimes.clear()
@@ -141,8 +148,12 @@ def stack_config(device, settings=None):
     instances += [
         {"name": "balancer", "plugin": s["balancer"], "config": dict(s.get("balancer_config") or {})},
         {"name": "server", "plugin": "cuda" if device.type == "cuda" else "reference", "config": {}},
-        {"name": "cad", "plugin": "cad", "config": cad_config},
     ]
+    reserve = int(s.get("own_tasks_reserve_sms", 0))
+    if device.type == "cuda" and cad_config["own_tasks_in_place"] and reserve > 0:
+        instances.append({"name": "server_own", "plugin": "cuda", "config": {"reserve_sms": reserve}})
+        cad_config["own_server_backend"] = "server_own"
+    instances.append({"name": "cad", "plugin": "cad", "config": cad_config})
     return {"log_level": s["log_level"], "instances": instances, "attention": "cad"}
 
 
