@@ -758,8 +758,8 @@ def configurations(args):
             run.plan_ahead = "off"
         if "blocking" in modes:  # CAD's exchanges launched on the calling thread (--cad-nccl-blocking)
             run.cad_nccl_blocking = True
-        if "sendown" in modes:  # every task through the exchange, also those a rank could run in place
-            run.cad_own_tasks = "off"
+        if "own" in modes:  # a rank runs the tasks on documents it holds whole in place (--cad-own-tasks on)
+            run.cad_own_tasks = "on"
         reserve = [m for m in modes if re.fullmatch(r"res\d+", m)]
         if reserve:  # +res16: SMs the own tasks' forward leaves to the collective (--cad-own-reserve-sms)
             run.cad_own_reserve_sms = int(reserve[0][3:])
@@ -768,7 +768,7 @@ def configurations(args):
             run.balancer_tolerance = float(tolerance[0][3:])
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
             ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
-            ("_ncclblocking" if "blocking" in modes else "") + ("_sendown" if "sendown" in modes else "") + \
+            ("_ncclblocking" if "blocking" in modes else "") + ("_own" if "own" in modes else "") + \
             "".join("_" + m for m in tolerance + reserve)
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
@@ -851,7 +851,8 @@ def summary_of(args, world, device):
             "ping_pong_lanes": args.ping_pong_lanes if args.ping_pong else None,
             "balanced_batches": args.balanced_batches, "cad_comm_priority": args.cad_comm_priority,
             "cad_nccl_max_ctas": args.cad_nccl_max_ctas, "cad_nccl_blocking": args.cad_nccl_blocking,
-            "cad_own_tasks": args.cad_own_tasks, "cad_own_reserve_sms": args.cad_own_reserve_sms, "balancer_tolerance": args.balancer_tolerance,
+            "cad_own_tasks": args.cad_own_tasks, "cad_own_reserve_sms": args.cad_own_reserve_sms,
+            "balancer_tolerance": args.balancer_tolerance,
             "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
@@ -1241,10 +1242,10 @@ def parse_args(argv=None):
     p.add_argument("--cad-nccl-blocking", action="store_true",
                    help="CAD's NCCL communicator blocking (cad.init's nccl_blocking_comm): exchanges launch on the "
                         "calling thread instead of NCCL's job thread")
-    p.add_argument("--cad-own-tasks", choices=["on", "off"], default="on",
-                   help="on (default): a rank runs the tasks on documents it holds whole in place on its own tensors, "
-                        "on a stream of their own while the exchanges move the other rows (cad.init's "
-                        "own_tasks_in_place); off: they go through the exchange to itself")
+    p.add_argument("--cad-own-tasks", choices=["on", "off"], default="off",
+                   help="on: a rank runs the tasks on documents it holds whole in place on its own tensors while one "
+                        "collective moves the other rows (cad.init's own_tasks_in_place; measured no faster, "
+                        "docs/multi_gpu.md runs 30-32); off (default): they go through the exchange to itself")
     p.add_argument("--cad-own-reserve-sms", type=int, default=16,
                    help="SMs the own tasks' forward kernel leaves free for the collective running beside it "
                         "(cad.init's own_tasks_reserve_sms; default 16; 0: every SM)")
@@ -1261,13 +1262,13 @@ def parse_args(argv=None):
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
                         "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
-                        "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+sendown' (--cad-own-tasks off), '+resN' "
+                        "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+own' (--cad-own-tasks on), '+resN' "
                         "(--cad-own-reserve-sms N) and/or '+tolT' "
                         "(--balancer-tolerance T), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
                         "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
-                        "'_ncclblocking' with +blocking, + '_sendown' with +sendown, + '_tolT' with +tolT, + '_resN' with +resN. Overrides --attention, "
+                        "'_ncclblocking' with +blocking, + '_own' with +own, + '_tolT' with +tolT, + '_resN' with +resN. Overrides --attention, "
                         "--balancer, --ping-pong, --plan-ahead, --cad-nccl-blocking, --cad-own-tasks, --balancer-tolerance")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
@@ -1328,19 +1329,19 @@ def parse_args(argv=None):
             splits = {"pp", "pp1", "ppauto"} & set(modes)
             tolerances = [m for m in modes if re.fullmatch(r"tol(\d+(\.\d*)?|\.\d+)", m)]
             reserves = [m for m in modes if re.fullmatch(r"res\d+", m)]
-            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "sendown")
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own")
                                     and m not in tolerances + reserves for m in modes)
                     or len(reserves) > 1 or (reserves and (base in ("local", "torch_varlen", "local_balanced")
-                                                           or "sendown" in modes or int(reserves[0][3:]) > 64))
+                                                           or "own" not in modes or int(reserves[0][3:]) > 64))
                     or len(set(modes)) != len(modes) or len(splits) > 1 or (base == "local_balanced" and modes)
-                    or (base in ("local", "torch_varlen") and ("blocking" in modes or "sendown" in modes))
+                    or (base in ("local", "torch_varlen") and ("blocking" in modes or "own" in modes))
                     or (tolerances and (base not in ("distca", "prefix_aware") or len(tolerances) > 1
                                         or float(tolerances[0][3:]) > 10)))
         bad = [n for n in names if refused(n)]
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'local_balanced', 'torch_varlen' or a balancer name, "
                     f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now', and/or (a balancer) "
-                    f"'+blocking', '+sendown', and/or (distca, prefix_aware) one '+tolT' with T in [0, 10] "
+                    f"'+blocking', '+own' (with it '+resN', N <= 64), and/or (distca, prefix_aware) one '+tolT' with T in [0, 10] "
                     f"(local_balanced: none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")

@@ -86,7 +86,7 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   config.keep_forward_tensors = reader.get_bool("keep_forward_tensors", true);
   config.comm_stream_highest_priority =
       reader.get_choice("comm_stream_priority", "highest", {"highest", "normal"}) == "highest";
-  config.own_tasks_in_place = reader.get_bool("own_tasks_in_place", true);
+  config.own_tasks_in_place = reader.get_bool("own_tasks_in_place", false);
   config.knobs.min_shard_tokens = reader.get_int("min_shard_tokens", 0, 0, std::numeric_limits<int32_t>::max());
   config.knobs.memory_cap_bytes = reader.get_int("memory_cap_bytes", 0, 0, std::numeric_limits<int64_t>::max());
   reader.finish(logger);

@@ -31,9 +31,9 @@ struct Config {
   // compute, but an exchange that then waits for a late peer holds them meanwhile.
   bool comm_stream_highest_priority = true;
   // A server runs the tasks on documents it holds whole in place on its own tensors (layout.h: Layout::own),
-  // on the CUDA path on a stream of their own while the moved rows are in flight, instead of sending them to
-  // itself through the exchange and waiting for it.
-  bool own_tasks_in_place = true;
+  // on the CUDA path while the moved rows are in flight, instead of sending them to itself through the exchange.
+  // Off by default: measured no faster on 2 H200s (docs/multi_gpu.md, runs 30-32).
+  bool own_tasks_in_place = false;
   PlanKnobs knobs;                   // min_shard_tokens, memory_cap_bytes for the balancer's cost model
 };
 

@@ -112,6 +112,12 @@ cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, Batch wh
   return server.table->backward(server.instance, &a);
 }
 
+void own_server_failed(CadContext& ctx, cad_status_t status) {
+  const char* message = ctx.own_server.table->last_error(ctx.own_server.instance);
+  plugin::fail(status, "server backend instance '" + ctx.own_server.name + "' (the tasks run in place): " +
+                           (message != nullptr ? message : "(no message)"));
+}
+
 void exchange(Comm& comm, const Layout& layout, Direction direction, const std::vector<Part>& send,
               const std::vector<Part>& recv, CallStats& stats) {
   const int32_t me = comm.rank();

@@ -54,6 +54,7 @@ inline std::string stack_config() {
                              {"balancer", "bal_" + b},
                              {"server_backend", "server"},
                              {"keep_forward_tensors", keep},
+                             {"own_tasks_in_place", true},  // off by default: these cover it on every balancer
                              {"min_shard_tokens", 8}}}});
     }
   }
@@ -75,10 +76,11 @@ inline std::string stack_config() {
                         {{"communicator", "comm"},
                          {"balancer", "bal_" + balancers().front()},
                          {"server_backend", "server"},
+                         {"own_tasks_in_place", true},
                          {"own_server_backend", "server_own"},
                          {"min_shard_tokens", 8}}}});
   // The first balancer with every task sent through the exchange, also the tasks a server could run in place on
-  // its own tensors (own_tasks_in_place false): the path the in-place one must agree with.
+  // its own tensors (own_tasks_in_place false, the default): the path the in-place one must agree with.
   instances.push_back({{"name", "cad_exchange_own"},
                        {"plugin", "cad"},
                        {"config",

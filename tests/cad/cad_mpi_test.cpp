@@ -283,7 +283,7 @@ TEST(CadMpi, ResultsAreBitwiseReproducibleAndIndependentOfKeepMode) {
 }
 
 TEST(CadMpi, TasksRunInPlaceGiveTheResultsOfTheExchangedPath) {
-  // A server runs the tasks on documents it holds whole on its own tensors (own_tasks_in_place, the default) and
+  // A server runs the tasks on documents it holds whole on its own tensors (own_tasks_in_place) and
   // adds the other servers' dK/dV to theirs: the results are the exchanged path's (and the reference's, which
   // expect_step_matches checks) up to the order of the fp32 sums, in both keep modes, causal or not.
   uint64_t seed = 400;

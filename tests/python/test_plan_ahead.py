@@ -211,16 +211,19 @@ def test_init_passes_the_communication_knobs_to_the_stack(fresh_stacks):
         cad.init(comm_stream_priority="low")
     with pytest.raises(cad.CadError, match=r"nccl_max_ctas must be an int in \[0, 64\]"):
         cad.init(nccl_max_ctas=65)
-    assert default["cad"]["config"]["own_tasks_in_place"] is True
-    off = cad.stack_config(torch.device("cpu"), dict(cad._runtime._settings, own_tasks_in_place=False))
-    assert {i["name"]: i for i in off["instances"]}["cad"]["config"]["own_tasks_in_place"] is False
+    assert default["cad"]["config"]["own_tasks_in_place"] is False
+    assert "server_own" not in {i["name"] for i in cuda["instances"]}
     with pytest.raises(cad.CadError, match="own_tasks_in_place must be True or False"):
         cad.init(own_tasks_in_place="yes")
-    # On GPUs the tasks run in place get a cuda instance of their own that leaves SMs to the collective beside them.
-    assert instances["server_own"]["config"] == {"reserve_sms": 16}
-    assert instances["cad"]["config"]["own_server_backend"] == "server_own"
+    # With the tasks run in place, on GPUs they get a cuda instance of their own that leaves SMs to the collective.
+    own = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
+                                                         own_tasks_in_place=True))
+    own_instances = {i["name"]: i for i in own["instances"]}
+    assert own_instances["cad"]["config"]["own_tasks_in_place"] is True
+    assert own_instances["server_own"]["config"] == {"reserve_sms": 16}
+    assert own_instances["cad"]["config"]["own_server_backend"] == "server_own"
     every_sm = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
-                                                              own_tasks_reserve_sms=0))
+                                                              own_tasks_in_place=True, own_tasks_reserve_sms=0))
     assert "server_own" not in {i["name"] for i in every_sm["instances"]}
     assert "own_server_backend" not in {i["name"]: i for i in every_sm["instances"]}["cad"]["config"]
     with pytest.raises(cad.CadError, match=r"own_tasks_reserve_sms must be an int in \[0, 64\]"):

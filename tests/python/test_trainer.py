@@ -190,6 +190,11 @@ def test_balanced_batches_keep_tokens_and_give_every_rank_the_mean_work():
     runs = dict(t.configurations(args))
     assert runs["prefix_aware_tol0.005"].balancer_tolerance == 0.005 and runs["prefix_aware"].balancer_tolerance is None
     assert runs["distca_pingpong_tol0"].balancer_tolerance == 0.0 and runs["distca_pingpong_tol0"].ping_pong
+    # +own (and with it +resN): the tasks on a rank's own documents run in place, its forward leaving N SMs
+    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+own,prefix_aware+own+res32", "--json-out", "x_{config}.json"])
+    runs = dict(t.configurations(args))
+    assert runs["prefix_aware"].cad_own_tasks == "off" and runs["prefix_aware_own"].cad_own_tasks == "on"
+    assert runs["prefix_aware_own"].cad_own_reserve_sms == 16 and runs["prefix_aware_own_res32"].cad_own_reserve_sms == 32
 
 
 def test_split_at_the_document_boundary_nearest_half():
@@ -571,7 +576,8 @@ def test_bad_options_are_refused(capsys):
         _refused(t, capsys, ["--balanced-batches", "--window", "8"])
     for configs in ("prefix_aware+pp+pp1", "local_balanced+pp", "distca+pp1+ppauto", "local+blocking",
                     "prefix_aware+blocking+blocking", "local+tol0.01", "per_doc_cp+tol0.01", "prefix_aware+tol",
-                    "prefix_aware+tol11", "prefix_aware+tol0.1+tol0.2", "prefix_aware+tolx"):
+                    "prefix_aware+tol11", "prefix_aware+tol0.1+tol0.2", "prefix_aware+tolx", "local+own",
+                    "prefix_aware+res16", "prefix_aware+own+res65", "prefix_aware+own+res8+res16"):
         assert f"{configs!r} is not" in _refused(t, capsys, ["--configs", configs]), configs
 
 

@@ -40,7 +40,7 @@ _settings = {
     "comm_stream_priority": "highest",  # CAD's CUDA communication stream ("highest" or "normal")
     "nccl_max_ctas": 0,           # CTAs of CAD's NCCL operations at most (0: NCCL's default)
     "nccl_blocking_comm": False,
-    "own_tasks_in_place": True,  # a server runs the tasks on documents it holds whole on its own tensors
+    "own_tasks_in_place": False,  # a server runs the tasks on documents it holds whole on its own tensors
     "own_tasks_reserve_sms": 16,  # on GPUs: SMs their forward kernel leaves to the collective beside it  # CAD's NCCL communicator blocking (launches on the calling thread)
 }
 _DEFAULTS = dict(_settings)  # what cad.shutdown() goes back to
@@ -52,7 +52,7 @@ _lock = threading.Lock()
 
 def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
          timeout_ms=60000, group=None, log_level="warn", comm_stream_priority="highest", nccl_max_ctas=0,
-         nccl_blocking_comm=False, balancer_config=None, own_tasks_in_place=True, own_tasks_reserve_sms=16):
+         nccl_blocking_comm=False, balancer_config=None, own_tasks_in_place=False, own_tasks_reserve_sms=16):
     """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
 
     config: a full stack config (dict, JSON file path) whose "attention" names the CAD instance; the other
@@ -73,10 +73,10 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     SMs (plugins/cad/README.md, docs/nccl.md). nccl_blocking_comm: a blocking NCCL communicator for CAD (the
     nccl plugin's blocking_comm): its operations launch on the calling thread instead of a job thread of NCCL's
     own that the caller waits for (measured 2.4-5 ms per exchange under ping-pong, docs/multi_gpu.md), at the
-    price of no deadline while an enqueue waits for a peer (docs/nccl.md). own_tasks_in_place: True (default): a
-    rank runs the tasks on documents it holds whole in place on its own tensors, on GPUs on a stream of their own
-    while the exchanges move the other rows; False: they go through the exchange to itself like every other task
-    (the plugin's own_tasks_in_place, plugins/cad/README.md). own_tasks_reserve_sms: on GPUs, the SMs their
+    price of no deadline while an enqueue waits for a peer (docs/nccl.md). own_tasks_in_place: True: a rank runs
+    the tasks on documents it holds whole in place on its own tensors, on GPUs while one collective moves the other
+    rows; False (default): they go through the exchange to itself like every other task (the plugin's
+    own_tasks_in_place, plugins/cad/README.md; measured no faster on 2 H200s, docs/multi_gpu.md runs 30-32). own_tasks_reserve_sms: on GPUs, the SMs their
     forward kernel (persistent, one block per SM) leaves free for the collective that runs beside it (a second
     'cuda' backend instance with that 'reserve_sms' runs them); 0: every SM.
     """
@@ -139,7 +139,7 @@ def stack_config(device, settings=None):
                   "keep_forward_tensors": s["keep_forward_tensors"] is not False,
                   "min_shard_tokens": int(s["min_shard_tokens"]),
                   "comm_stream_priority": s.get("comm_stream_priority", "highest"),
-                  "own_tasks_in_place": bool(s.get("own_tasks_in_place", True))}
+                  "own_tasks_in_place": bool(s.get("own_tasks_in_place", False))}
     if comm != "mpi":
         # Plans made ahead (cad.plan(ahead=True)) gather over torch.distributed's gloo on a thread of their own:
         # a communicator instance of their own, never the data path's.
