@@ -10,6 +10,9 @@
 // moves as wire rows [T, Hq] through a strided copy. Partial dK/dV coming back to a key/value owner: a row
 // read by one server is moved; a row read by several is summed in fp32 over them in rank order, in one
 // pass (bitwise reproducible).
+// With own_tasks_in_place (off by default; context.h) and a rank running tasks in place, the inbound rows of a
+// call move in ONE collective instead, packed per peer, and the own tasks are enqueued between its enqueue and
+// the wait; every dK/dV row coming back is then added to the owner's own partial sums.
 //
 // The collectives run on the instance's communication stream, joined to the caller's stream with events
 // (NCCL), or are staged through pinned host buffers when the communicator works on host memory (MPI),

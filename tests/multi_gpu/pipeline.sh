@@ -2,9 +2,9 @@
 # pipeline.sh -- the pipeline-parallel trainer (examples/train_pipeline.py, issue 27) on 2 GPUs of one host: GPipe
 # with PP=2 (DP=1), --model llama3-8b with --layers 4 (2 decoder layers per stage), full activation checkpointing,
 # Pretrain-recipe micro-batches of CONTEXTS tokens (default 32768 65536) and MICRO_BATCHES per step (default 4 8),
-# every configuration of CONFIGS (default local,local_balanced,torch_varlen,cad_tick,cad_bubble,cad_stage: the
-# trainer's --configs names; local_balanced is the measured ideal, and 1f1b_local,1f1b_local_balanced,
-# 1f1b_cad_tick,... run the 1F1B schedule beside the GPipe ones) trained in turn by one torchrun
+# every configuration of CONFIGS (default local,local_balanced,torch_varlen,cad_tick,cad_bubble,cad_stage,
+# 1f1b_local,1f1b_cad_bubble: the trainer's --configs names; local_balanced is the measured ideal, the 1f1b_ ones
+# run the 1F1B schedule beside the GPipe ones; the bubble pools were the fastest at 4 x 128K, runs 28-29) trained in turn by one torchrun
 # per (context, micro-batches) from the same weights on the same batches, STEPS steps each (default 3: step 0
 # warms up). Then tests/multi_gpu/pipeline_table.py prints a table per (context, micro-batches): step ms, tokens/s,
 # speedup over local, the ideal speedup, the realised share, and the mean per-tick attention imbalance measured,
@@ -47,7 +47,7 @@ if [ ! -f "$CAD_PLUGIN_PATH/cad_cad.so" ] || [ ! -f "$CAD_HOST_LIBRARY" ]; then
   exit 1
 fi
 
-CONFIGS="${CONFIGS:-local,local_balanced,torch_varlen,cad_tick,cad_bubble,cad_stage}"
+CONFIGS="${CONFIGS:-local,local_balanced,torch_varlen,cad_tick,cad_bubble,cad_stage,1f1b_local,1f1b_cad_bubble}"
 deadline=$(( $(date +%s) + ${PIPE_BUDGET_S:-300} ))
 for ctx in ${CONTEXTS:-32768 65536}; do
   for mb in ${MICRO_BATCHES:-4 8}; do
