@@ -514,9 +514,9 @@ def shape_scaled_calibration(path, shape):
 def pipeline_scale(args):
     cal, layer_ratio, head_ratio = shape_scaled_calibration(pathlib.Path(args.tmp) / "trainer_h200_34b.json", "34b")
     lines = ["| PP | GPUs (DP) | tokens/GPU | micro-batches | step local (s) | CAD per tick (s) | CAD per stage (s) | "
-             "CAD in bubbles (s) | tick vs local | stage vs local | bubble vs local | "
-             "attention imbalance local / tick / stage |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "CAD in bubbles (s) | bubbles + per stage (s) | tick vs local | stage vs local | bubble vs local | "
+             "bubble_stage vs local | attention imbalance local / tick / stage |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for pp in args.pipeline_pp:
         for g in args.pipeline_gpus:
             for ctx in args.pipeline_contexts:
@@ -526,7 +526,7 @@ def pipeline_scale(args):
                         "--steps", "1", "--trainer", str(cal), "--json", "--quiet"]
                 res = {}
                 for pool, names in (("tick", "colocated,prefix_aware"), ("stage", "prefix_aware"),
-                                    ("bubble", "prefix_aware")):
+                                    ("bubble", "prefix_aware"), ("bubble_stage", "prefix_aware")):
                     out = json.loads(subprocess.run(base + ["--balancers", names, "--pool", pool],
                                                     capture_output=True, text=True, check=True).stdout)
                     b = {x["name"]: x for x in out["balancers"]}
@@ -534,13 +534,14 @@ def pipeline_scale(args):
                     res[pool] = b["prefix_aware"]
                 st = {k: v["off"]["mean_step_seconds"] for k, v in res.items()}
                 lines.append(f"| {pp} | {g} ({g // pp}) | {ctx // 1024}K | {m} | {st['local']:.1f} | {st['tick']:.1f} | "
-                             f"{st['stage']:.1f} | {st['bubble']:.1f} | {st['local'] / st['tick']:.2f} | "
-                             f"{st['local'] / st['stage']:.2f} | {st['local'] / st['bubble']:.2f} | "
+                             f"{st['stage']:.1f} | {st['bubble']:.1f} | {st['bubble_stage']:.1f} | "
+                             f"{st['local'] / st['tick']:.2f} | {st['local'] / st['stage']:.2f} | "
+                             f"{st['local'] / st['bubble']:.2f} | {st['local'] / st['bubble_stage']:.2f} | "
                              f"{res['local']['attention_imbalance']:.2f} / {res['tick']['attention_imbalance']:.2f} / "
                              f"{res['stage']['attention_imbalance']:.2f} |")
                 print(lines[-1], flush=True)
     cmd = ("build/bin/cad simulate --model 34b --gpus G --pp PP --schedule gpipe --dist /work/shared/data/doclen_pretrain.json "
-           "--context C --microbatches 2PP --steps 1 --trainer TRAINER_34B --balancers colocated,prefix_aware --pool tick|stage|bubble "
+           "--context C --microbatches 2PP --steps 1 --trainer TRAINER_34B --balancers colocated,prefix_aware --pool tick|stage|bubble|bubble_stage "
            "--json")
     body = "\n".join([f"Command: `python3 docs/simulate/trainer_check.py --pipeline-scale`, i.e. for each cell `{cmd}`, "
                       f"where TRAINER_34B is docs/simulate/trainer_h200.json with its per-token terms scaled to the 34B "

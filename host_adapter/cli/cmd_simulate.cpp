@@ -51,14 +51,17 @@ const char* kUsage =
     "                      stage a forward or a backward per tick (as many ticks); both need --pp >= 2 and\n"
     "                      --trainer FILE; balancers colocated,distca,prefix_aware by default (not per_doc_cp);\n"
     "                      ping-pong is not modelled (on = off)\n"
-    "  --pool tick|stage|bubble   with --schedule gpipe or 1f1b_ticks, how CAD balancers pool attention\n"
+    "  --pool tick|stage|bubble|bubble_stage\n"
+    "                      with --schedule gpipe or 1f1b_ticks, how CAD balancers pool attention\n"
     "                      (colocated stays local): tick (default) = over every rank of every stage, idle stages\n"
     "                      serving (gpipe: one plan per tick; 1f1b_ticks: one per micro-batch and stage, every rank\n"
     "                      making every stage's calls of a tick); stage = within each stage's data-parallel ranks\n"
     "                      (with one replica: colocated); bubble = as tick in the ticks where some stage is idle,\n"
     "                      local attention in the others (gpipe: the fill and drain ticks and their mirrored\n"
     "                      backward ticks; 1f1b_ticks: needs --checkpointing full, each such tick's operations\n"
-    "                      with their own plans, a backward recomputing under its own tick's pool)\n"
+    "                      with their own plans, a backward recomputing under its own tick's pool);\n"
+    "                      bubble_stage (gpipe only; a prediction, the trainer has no such pool yet) = as tick in\n"
+    "                      the bubble ticks, as stage in the others\n"
     "                      data-parallel ranks = gpus / (tp * pp), at most 8192 (as cad plan --ranks)\n"
     "workload:\n"
     "  --dist FILE         document lengths (JSON list or CSV), e.g. ../shared/data/doclen_pretrain.json\n"
@@ -218,6 +221,8 @@ const char* pool_name(sim::PipelinePool pool) {
       return "stage";
     case sim::PipelinePool::kBubble:
       return "bubble";
+    case sim::PipelinePool::kBubbleStage:
+      return "bubble_stage";
     case sim::PipelinePool::kLocal:
       break;
   }
@@ -381,12 +386,13 @@ int run_simulate(int argc, char** argv) {
   if (args.has("--pool")) {
     if (!trainer_pipeline) throw UsageError("--pool needs --schedule gpipe or 1f1b_ticks (the pipeline trainer)");
     const std::string pool = args.get("--pool", "tick");
-    if (pool != "tick" && pool != "stage" && pool != "bubble") {
-      throw UsageError("--pool: expected tick, stage or bubble, got '" + pool + "'");
+    if (pool != "tick" && pool != "stage" && pool != "bubble" && pool != "bubble_stage") {
+      throw UsageError("--pool: expected tick, stage, bubble or bubble_stage, got '" + pool + "'");
     }
-    s.pool = pool == "tick"    ? sim::PipelinePool::kTick
-             : pool == "stage" ? sim::PipelinePool::kStage
-                               : sim::PipelinePool::kBubble;
+    s.pool = pool == "tick"     ? sim::PipelinePool::kTick
+             : pool == "stage"  ? sim::PipelinePool::kStage
+             : pool == "bubble" ? sim::PipelinePool::kBubble
+                                : sim::PipelinePool::kBubbleStage;
   }
   const std::vector<std::string> names =
       args.has("--balancers") ? split(args.get("--balancers", ""), ',')
@@ -454,6 +460,9 @@ int run_simulate(int argc, char** argv) {
     if (s.pool == sim::PipelinePool::kBubble && s.schedule == sim::Schedule::k1f1bTicks &&
         !s.trainer_options.checkpointing) {
       throw UsageError(sim::kBubble1f1bNeedsCheckpointing);
+    }
+    if (s.pool == sim::PipelinePool::kBubbleStage && s.schedule != sim::Schedule::kGpipe) {
+      throw UsageError(sim::kBubbleStageNeedsGpipe);
     }
     s.trainer_options.kernel_scale =
         kernel == "ours" ? trainer->attention_scale : trainer->torch_varlen_attention_scale;
@@ -559,8 +568,9 @@ int run_simulate(int argc, char** argv) {
                 "%s; ping-pong not modelled (on = off); linear/attn/comm: along each tick's critical path\n",
                 schedule.c_str(), static_cast<long long>(2 * (s.microbatches + s.layout.pp - 1)),
                 static_cast<long long>(s.microbatches), static_cast<long long>(s.layout.pp),
-                s.pool == sim::PipelinePool::kBubble ? "tick in the bubble ticks (some stage idle), local in the others"
-                                                     : pool_name(s.pool));
+                s.pool == sim::PipelinePool::kBubble        ? "tick in the bubble ticks (some stage idle), local in the others"
+                : s.pool == sim::PipelinePool::kBubbleStage ? "tick in the bubble ticks (some stage idle), stage in the others"
+                                                            : pool_name(s.pool));
   }
   std::printf("\n");
   for (const bool pp : {false, true}) {

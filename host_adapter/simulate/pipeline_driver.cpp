@@ -45,9 +45,12 @@ std::vector<BalancerResult> run_pipeline(const Scenario& s, const PriceStep& pri
     const int64_t stage_group = b.group_size == 0 ? dp : std::min(b.group_size, dp);
     PipelinePool pool = s.pool;
     if (r.name == "colocated" || (pool == PipelinePool::kStage && stage_group == 1)) pool = PipelinePool::kLocal;
-    // Under --pool bubble the pooled ticks' plans are over every rank (the steady ticks are local).
-    const bool every_rank = pool == PipelinePool::kTick || pool == PipelinePool::kBubble;
+    if (pool == PipelinePool::kBubbleStage && stage_group == 1) pool = PipelinePool::kBubble;  // stage pooling: local
+    // Under --pool bubble(_stage) the pooled ticks' plans are over every rank (the steady ticks local or per stage).
+    const bool every_rank = pool == PipelinePool::kTick || pool == PipelinePool::kBubble ||
+                            pool == PipelinePool::kBubbleStage;
     r.group_size = every_rank ? s.layout.pp * dp : pool == PipelinePool::kStage ? stage_group : 1;
+    r.stage_group_size = pool == PipelinePool::kStage || pool == PipelinePool::kBubbleStage ? stage_group : 1;
     r.off.pingpong = false;
     r.on.pingpong = true;
     pools.push_back(pool);

@@ -59,8 +59,9 @@ bool gpipe_bubble_tick(int64_t stages, int64_t microbatches, int64_t forward_tic
 }
 
 PipelinePool gpipe_tick_pool(PipelinePool pool, int64_t stages, int64_t microbatches, int64_t forward_tick) {
-  if (pool != PipelinePool::kBubble) return pool;
-  return gpipe_bubble_tick(stages, microbatches, forward_tick) ? PipelinePool::kTick : PipelinePool::kLocal;
+  if (pool != PipelinePool::kBubble && pool != PipelinePool::kBubbleStage) return pool;
+  if (gpipe_bubble_tick(stages, microbatches, forward_tick)) return PipelinePool::kTick;
+  return pool == PipelinePool::kBubble ? PipelinePool::kLocal : PipelinePool::kStage;
 }
 
 std::vector<std::vector<StageOp>> one_f_one_b_schedule(int64_t stages, int64_t microbatches) {
@@ -181,9 +182,9 @@ RankTime tick_critical_path(const std::vector<TickRankTime>& ranks, const std::v
                             int64_t layers_per_stage, PipelinePool pool) {
   if (ranks.empty()) throw std::invalid_argument("tick_critical_path: no ranks");
   if (layers_per_stage < 1) throw std::invalid_argument("tick_critical_path: layers per stage must be >= 1");
-  if (pool == PipelinePool::kBubble) {
-    throw std::invalid_argument("tick_critical_path: a tick is priced as tick-pooled or local, not as bubble "
-                                "(gpipe_tick_pool)");
+  if (pool == PipelinePool::kBubble || pool == PipelinePool::kBubbleStage) {
+    throw std::invalid_argument("tick_critical_path: a tick is priced as tick-pooled, stage-pooled or local, not "
+                                "as a mix (gpipe_tick_pool)");
   }
   const double layers = static_cast<double>(layers_per_stage);
   RankTime t;

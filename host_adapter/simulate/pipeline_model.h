@@ -96,8 +96,11 @@
 namespace cad::simulate {
 
 // kBubble: kTick in the ticks where some stage is idle, kLocal in the others (gpipe_bubble_tick,
-// one_f_one_b_bubble_tick).
-enum class PipelinePool { kLocal, kStage, kTick, kBubble };
+// one_f_one_b_bubble_tick). kBubbleStage (GPipe only; a prediction: the trainer has no such pool yet): kTick in
+// the bubble ticks, kStage (CAD within each stage's data-parallel replicas) in the others -- what pooling per
+// tick wins in the fill and drain, and what pooling per stage wins where DP > 1, without coupling the stages at
+// every call in the steady ticks.
+enum class PipelinePool { kLocal, kStage, kTick, kBubble, kBubbleStage };
 
 // One tick of the GPipe schedule: which micro-batch each stage runs (-1: idle).
 struct GpipeTick {
@@ -115,7 +118,8 @@ std::vector<GpipeTick> gpipe_schedule(int64_t stages, int64_t microbatches);
 bool gpipe_bubble_tick(int64_t stages, int64_t microbatches, int64_t forward_tick);
 
 // The pool a GPipe tick is priced with: `pool`, except under kBubble kTick in a bubble tick and kLocal in a
-// steady one (every stage busy: the trainer runs local attention there, no plan and no CAD call).
+// steady one (every stage busy: the trainer runs local attention there, no plan and no CAD call), and under
+// kBubbleStage kTick in a bubble tick and kStage in a steady one.
 PipelinePool gpipe_tick_pool(PipelinePool pool, int64_t stages, int64_t microbatches, int64_t forward_tick);
 
 // One stage's operation in one tick of the 1F1B timetable.

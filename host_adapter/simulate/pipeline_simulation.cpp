@@ -36,7 +36,7 @@ std::vector<BalancerResult> simulate_gpipe(const Scenario& s, const SystemCalibr
         plan_every_rank(runner, stage_pieces, cost, params, s.layout, rates, plan);
       } else {
         // Each stage on its own, in groups of group_size replicas (1 for local: each rank its own documents).
-        const int64_t group = tick_pool == PipelinePool::kLocal ? 1 : res.group_size;
+        const int64_t group = tick_pool == PipelinePool::kLocal ? 1 : res.stage_group_size;
         for (int64_t st = 0; st < pp; ++st) {
           if (tick.micro_batch[static_cast<size_t>(st)] < 0) {  // idle: no documents, no plan, no calls
             plan.work.insert(plan.work.end(), static_cast<size_t>(dp), RankWork{});

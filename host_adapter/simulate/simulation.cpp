@@ -63,14 +63,17 @@ void check_scenario(const Scenario& s, const AttentionRates& rates) {
                                   "it needs --trainer FILE");
     }
     if (s.pool == PipelinePool::kLocal) {
-      throw std::invalid_argument("--pool: expected tick, stage or bubble (local attention is the colocated "
-                                  "balancer)");
+      throw std::invalid_argument("--pool: expected tick, stage, bubble or bubble_stage (local attention is the "
+                                  "colocated balancer)");
     }
     // 1F1B --pool bubble: a micro-batch's forward and backward on a stage can fall one in a pooled tick and the
     // other in a local one; only full checkpointing (the backward recomputing its forward under its own tick's
     // attention) makes them independent. The trainer refuses it otherwise too (train_pipeline.py --pool bubble).
     if (s.pool == PipelinePool::kBubble && s.schedule == Schedule::k1f1bTicks && !s.trainer_options.checkpointing) {
       throw std::invalid_argument(kBubble1f1bNeedsCheckpointing);
+    }
+    if (s.pool == PipelinePool::kBubbleStage && s.schedule != Schedule::kGpipe) {
+      throw std::invalid_argument(kBubbleStageNeedsGpipe);
     }
     for (const auto& b : s.balancers) {
       if (b.plan_is_layout) {

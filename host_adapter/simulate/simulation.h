@@ -38,6 +38,8 @@ struct BalancerSpec {
 enum class Schedule { k1f1b, kGpipe, k1f1bTicks };
 
 // Why --pool bubble with --schedule 1f1b_ticks is refused without full checkpointing (the command says it too).
+inline constexpr const char* kBubbleStageNeedsGpipe =
+    "--pool bubble_stage is modelled for --schedule gpipe only (1F1B's steady ticks mix directions; not modelled)";
 inline constexpr const char* kBubble1f1bNeedsCheckpointing =
     "--pool bubble with --schedule 1f1b_ticks needs --checkpointing full: a micro-batch's forward and backward on a "
     "stage can fall one in a bubble tick (CAD over every rank) and the other in a steady tick (local attention), "
@@ -125,6 +127,7 @@ struct TickDetail {
 struct BalancerResult {
   std::string name;
   int64_t group_size = 0;
+  int64_t stage_group_size = 0;  // pipeline: the replicas a stage-pooled tick plans over (1: local)
   double attention_imbalance = 0;  // max / mean attention seconds over ranks, averaged over micro-batches
   double bytes_per_layer = 0;      // forward all_to_all_v bytes of one layer, all ranks, mean per micro-batch
   double plan_ms = 0;              // mean planning time per micro-batch (all groups)

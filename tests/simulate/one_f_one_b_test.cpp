@@ -403,7 +403,7 @@ TEST(OneFOneBRun, RefusalsNameTheSchedule) {
       << refusal(cp);
   sim::Scenario local_pool = s;
   local_pool.pool = sim::PipelinePool::kLocal;
-  EXPECT_NE(refusal(local_pool).find("--pool: expected tick, stage or bubble"), std::string::npos)
+  EXPECT_NE(refusal(local_pool).find("--pool: expected tick, stage, bubble or bubble_stage"), std::string::npos)
       << refusal(local_pool);
   // --pool bubble needs full checkpointing (a forward and its backward can be pooled differently): refused
   // without it, priced with it.

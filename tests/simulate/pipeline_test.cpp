@@ -282,6 +282,44 @@ TEST(GpipeBubble, BubbleTicksPricedAsTickPoolingSteadyTicksAsLocal) {
   EXPECT_NE(bubble[1].off.mean_step_seconds, bubble[0].off.mean_step_seconds);
 }
 
+TEST(GpipeBubbleStage, BubbleTicksPricedAsTickPoolingSteadyTicksAsStagePooling) {
+  // PP = 2, DP = 2, M = 4: --pool bubble_stage prices a bubble tick exactly as the --pool tick run prices it and a
+  // steady tick exactly as the --pool stage run does (CAD within each stage's two replicas).
+  EXPECT_EQ(sim::gpipe_tick_pool(sim::PipelinePool::kBubbleStage, 2, 4, 0), sim::PipelinePool::kTick);
+  EXPECT_EQ(sim::gpipe_tick_pool(sim::PipelinePool::kBubbleStage, 2, 4, 2), sim::PipelinePool::kStage);
+  EXPECT_EQ(sim::gpipe_tick_pool(sim::PipelinePool::kBubbleStage, 2, 4, 4), sim::PipelinePool::kTick);
+  const sim::TrainerCalibration tcal = trainer();
+  const auto rates = sim::constant_rates(600, 400, 2.5);
+  const std::vector<std::string> balancers = {"colocated", "prefix_aware"};
+  const auto both = sim::simulate(pipeline(2, 2, balancers, sim::PipelinePool::kBubbleStage, &tcal), system(), *rates);
+  const auto tick = sim::simulate(pipeline(2, 2, balancers, sim::PipelinePool::kTick, &tcal), system(), *rates);
+  const auto stage = sim::simulate(pipeline(2, 2, balancers, sim::PipelinePool::kStage, &tcal), system(), *rates);
+  ASSERT_EQ(both[1].ticks.size(), 10u);
+  EXPECT_EQ(both[1].group_size, 4);        // the bubble ticks plan over every rank
+  EXPECT_EQ(both[1].stage_group_size, 2);  // the steady ones over a stage's replicas
+  for (size_t i = 0; i < both[1].ticks.size(); ++i) {
+    const sim::TickDetail& b = both[1].ticks[i];
+    const int64_t forward_tick = b.tick.backward ? 4 - b.tick.index : b.tick.index;
+    const bool is_bubble = forward_tick == 0 || forward_tick == 4;
+    const sim::TickDetail& same = is_bubble ? tick[1].ticks[i] : stage[1].ticks[i];
+    EXPECT_EQ(b.pool, is_bubble ? sim::PipelinePool::kTick : sim::PipelinePool::kStage) << "tick " << i;
+    EXPECT_NEAR(b.seconds, same.seconds, 1e-12) << "tick " << i;
+    ASSERT_EQ(b.ranks.size(), 4u);
+    for (size_t r = 0; r < 4; ++r) {
+      EXPECT_NEAR(b.ranks[r].attention, same.ranks[r].attention, 1e-12) << "tick " << i << " rank " << r;
+      EXPECT_NEAR(b.ranks[r].exchange, same.ranks[r].exchange, 1e-12) << "tick " << i << " rank " << r;
+    }
+  }
+  // With one replica per stage, pooling per stage is local: bubble_stage is bubble.
+  const auto one = sim::simulate(pipeline(2, 1, balancers, sim::PipelinePool::kBubbleStage, &tcal), system(), *rates);
+  const auto bubble = sim::simulate(pipeline(2, 1, balancers, sim::PipelinePool::kBubble, &tcal), system(), *rates);
+  EXPECT_NEAR(one[1].off.mean_step_seconds, bubble[1].off.mean_step_seconds, 1e-12);
+  // 1F1B is not modelled with it.
+  EXPECT_NE(refusal(pipeline(2, 2, balancers, sim::PipelinePool::kBubbleStage, &tcal, sim::Schedule::k1f1bTicks))
+                .find("gpipe only"),
+            std::string::npos);
+}
+
 TEST(GpipeBubble, StepClockLocalRunsBetweenCoupledTicks) {
   // DP = 2 (ranks stage-major: s0r0, s0r1, s1r0, s1r1), 1 layer. Two local ticks: replica 0 takes max(0.1, 0.2)
   // then 0.4, replica 1 max(0.3, 0.1) then 0.1: 0.6 and 0.4. A coupled tick of 1.0 starts when the slower
@@ -319,7 +357,7 @@ TEST(GpipeRun, RefusalsNameTheProblem) {
       << refusal(cp);
   sim::Scenario local_pool = s;
   local_pool.pool = sim::PipelinePool::kLocal;
-  EXPECT_NE(refusal(local_pool).find("--pool: expected tick, stage or bubble"), std::string::npos)
+  EXPECT_NE(refusal(local_pool).find("--pool: expected tick, stage, bubble or bubble_stage"), std::string::npos)
       << refusal(local_pool);
   // 1F1B with the trainer calibration stays refused, and says what to use.
   sim::Scenario one_f_one_b = s;
