@@ -80,12 +80,14 @@ std::string stack_config() {
   instances.push_back({{"name", "server"}, {"plugin", "cuda"}, {"config", {{"device", g_device}}}});
   for (const std::string& b : balancers()) {
     instances.push_back({{"name", "bal_" + b}, {"plugin", b}, {"config", nlohmann::json::object()}});
+    // The keep instances also run the tasks on a rank's own documents in place (own_tasks_in_place, off by default:
+    // the resend ones keep the default), so every test here covers both data paths.
     for (bool keep : {true, false}) {
       instances.push_back({{"name", cad_name(b, keep)},
                            {"plugin", "cad"},
                            {"config",
                             {{"communicator", "comm"}, {"balancer", "bal_" + b}, {"server_backend", "server"},
-                             {"keep_forward_tensors", keep}}}});
+                             {"keep_forward_tensors", keep}, {"own_tasks_in_place", keep}}}});
     }
   }
   return nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
