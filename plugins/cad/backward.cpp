@@ -117,7 +117,7 @@ void cpu_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const 
       t.d_v = tensor_data(args->d_v);
       const cad_status_t status = call_server_backward(ctx, plan, Batch::Own, shape, t,
                                                        cad_device_v1_t{CAD_DEVICE_CPU, 0}, nullptr);
-      if (status != CAD_STATUS_OK) own_server_failed(ctx, status);
+      if (status != CAD_STATUS_OK) server_failed(ctx.own_server, status, "backward of the tasks run in place");
     }
     if (batch.q_rows == 0) return CAD_STATUS_OK;
     ServerBatchTensors t;

@@ -82,40 +82,46 @@ void describe_server_batch(Args& a, void* server_plan, const ServerBatch& batch,
   a.plan = server_plan;
 }
 
-const ServerBatch& batch_of(const CadPlan& plan, Batch which, int32_t me) {
-  const Layout& layout = plan.step.layout;
-  return (which == Batch::Own ? layout.own : layout.servers)[static_cast<size_t>(me)];
+// One of this rank's batches, the backend's plan of it and the backend instance that runs it.
+struct ServerCall {
+  const ServerBatch& batch;
+  void* plan;
+  const ServerBackend& server;
+};
+
+ServerCall server_call(CadContext& ctx, const CadPlan& plan, Batch which) {
+  const size_t me = static_cast<size_t>(ctx.comm->rank());
+  if (which == Batch::Own) return {plan.step.layout.own[me], plan.own_server_plan, ctx.own_server};
+  return {plan.step.layout.servers[me], plan.server_plan, ctx.server};
 }
 
 }  // namespace
 
 cad_status_t call_server_forward(CadContext& ctx, const CadPlan& plan, Batch which, const CallShape& shape,
                                  const ServerBatchTensors& t, cad_device_v1_t device, void* stream) {
-  const ServerBatch& batch = batch_of(plan, which, ctx.comm->rank());
-  ServerViews views(batch, shape, t, device);
+  const ServerCall c = server_call(ctx, plan, which);
+  ServerViews views(c.batch, shape, t, device);
   cad_attention_forward_args_v1_t a{};  // describe_server_batch sets every scalar, the window too
-  describe_server_batch(a, which == Batch::Own ? plan.own_server_plan : plan.server_plan, batch, shape, stream);
+  describe_server_batch(a, c.plan, c.batch, shape, stream);
   a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
-  const ServerBackend& server = which == Batch::Own ? ctx.own_server : ctx.server;
-  return server.table->forward(server.instance, &a);
+  return c.server.table->forward(c.server.instance, &a);
 }
 
 cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, Batch which, const CallShape& shape,
                                   const ServerBatchTensors& t, cad_device_v1_t device, void* stream) {
-  const ServerBatch& batch = batch_of(plan, which, ctx.comm->rank());
-  ServerViews views(batch, shape, t, device);
+  const ServerCall c = server_call(ctx, plan, which);
+  ServerViews views(c.batch, shape, t, device);
   cad_attention_backward_args_v1_t a{};
-  describe_server_batch(a, which == Batch::Own ? plan.own_server_plan : plan.server_plan, batch, shape, stream);
+  describe_server_batch(a, c.plan, c.batch, shape, stream);
   a.q = views.q.get(), a.k = views.k.get(), a.v = views.v.get(), a.o = views.o.get(), a.lse = views.lse.get();
   a.d_o = views.d_o.get(), a.d_q = views.d_q.get(), a.d_k = views.d_k.get(), a.d_v = views.d_v.get();
-  const ServerBackend& server = which == Batch::Own ? ctx.own_server : ctx.server;
-  return server.table->backward(server.instance, &a);
+  return c.server.table->backward(c.server.instance, &a);
 }
 
-void own_server_failed(CadContext& ctx, cad_status_t status) {
-  const char* message = ctx.own_server.table->last_error(ctx.own_server.instance);
-  plugin::fail(status, "server backend instance '" + ctx.own_server.name + "' (the tasks run in place): " +
-                           (message != nullptr ? message : "(no message)"));
+void server_failed(const ServerBackend& server, cad_status_t status, const char* what) {
+  const char* message = server.table->last_error(server.instance);
+  plugin::fail(status, plugin::format("server backend instance '%s': %s failed: %s", server.name.c_str(), what,
+                                      message != nullptr ? message : "(no message)"));
 }
 
 void exchange(Comm& comm, const Layout& layout, Direction direction, const std::vector<Part>& send,

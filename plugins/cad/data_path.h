@@ -115,9 +115,9 @@ cad_status_t call_server_forward(CadContext& ctx, const CadPlan& plan, Batch whi
 cad_status_t call_server_backward(CadContext& ctx, const CadPlan& plan, Batch which, const CallShape& shape,
                                   const ServerBatchTensors& t, cad_device_v1_t device, void* stream);
 
-// Throws `status` with the message of the instance that runs the tasks run in place (ctx.own_server), for
-// run_on_server to report (its own message names ctx.server).
-[[noreturn]] void own_server_failed(CadContext& ctx, cad_status_t status);
+// Throws `status`: `what` failed on `server`, with that instance's last_error (for run_on_server to report a
+// call that is not ctx.server's, and for the CUDA path, which reports a failed call after draining).
+[[noreturn]] void server_failed(const ServerBackend& server, cad_status_t status, const char* what);
 
 // Byte vectors sized for server-batch tensors.
 inline std::vector<std::byte> rows_buffer(int64_t rows, int64_t row_bytes) {

@@ -477,33 +477,31 @@ class Mover {
     }
     std::byte* send = t.send_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.send_bytes, "the send buffer")) : nullptr;
     std::byte* recv = t.recv_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.recv_bytes, "the receive buffer")) : nullptr;
-    // A table's copies of peer p address that tensor's own wire rows, which start after the rows of the peers
-    // before p: shifting the buffer back by those puts them at the part's place in p's range.
-    for (size_t i = 0; i < parts.size() && !drain_; ++i) {
-      const bool q = parts[i].set == RunSet::Q;
-      const Table& table = plan_.tables[q ? OwnerQ : OwnerKv];
-      const std::vector<int64_t>& rows = q ? plan_.owner_q_rows : plan_.owner_kv_rows;
-      int64_t wire_row = 0;  // the tensor's first wire row for peer p
-      for (size_t p = 0; p < world; wire_row += rows[p], ++p) {
-        const int64_t first = table.peer_first[p], n = table.peer_first[p + 1] - first;
-        std::byte* base = offset(send, static_cast<int64_t>(send_at[i][p]) - wire_row * parts[i].row_bytes);
-        check_cuda(kernels::copy_row_ranges(parts[i].src, base, parts[i].row_bytes, to_wire(table) + first, n, stream_),
-                   "pack (gather kernel)");
+    // Each part's copies for peer p, from its table: they address that tensor's own wire rows, which start after
+    // the rows of the peers before p, so the buffer shifted back by those puts them at the part's place in p's
+    // range. `owner_side`: pack (tensor -> send buffer) with the owner tables, else unpack with the server ones.
+    const auto copy_parts = [&](bool owner_side, std::byte* buffer, const std::vector<std::vector<uint64_t>>& at) {
+      for (size_t i = 0; i < parts.size() && !drain_; ++i) {
+        const bool q = parts[i].set == RunSet::Q;
+        const Table& table = plan_.tables[owner_side ? (q ? OwnerQ : OwnerKv) : (q ? ServerQ : ServerKv)];
+        const std::vector<int64_t>& rows = owner_side ? (q ? plan_.owner_q_rows : plan_.owner_kv_rows)
+                                                      : (q ? plan_.server_q_rows : plan_.server_kv_rows);
+        const int64_t row_bytes = parts[i].row_bytes;
+        int64_t wire_row = 0;  // the tensor's first wire row for peer p
+        for (size_t p = 0; p < world; wire_row += rows[p], ++p) {
+          const int64_t first = table.peer_first[p], n = table.peer_first[p + 1] - first;
+          std::byte* base = offset(buffer, static_cast<int64_t>(at[i][p]) - wire_row * row_bytes);
+          check_cuda(owner_side ? kernels::copy_row_ranges(parts[i].src, base, row_bytes, to_wire(table) + first, n,
+                                                           stream_)
+                                : kernels::copy_row_ranges(base, parts[i].dst, row_bytes, from_wire(table) + first, n,
+                                                           stream_),
+                     owner_side ? "pack (gather kernel)" : "unpack (scatter kernel)");
+        }
       }
-    }
+    };
+    copy_parts(true, send, send_at);
     run_transfer(send, t, recv, meanwhile);
-    for (size_t i = 0; i < parts.size() && !drain_; ++i) {
-      const bool q = parts[i].set == RunSet::Q;
-      const Table& table = plan_.tables[q ? ServerQ : ServerKv];
-      const std::vector<int64_t>& rows = q ? plan_.server_q_rows : plan_.server_kv_rows;
-      int64_t wire_row = 0;
-      for (size_t p = 0; p < world; wire_row += rows[p], ++p) {
-        const int64_t first = table.peer_first[p], n = table.peer_first[p + 1] - first;
-        const std::byte* base = offset(recv, static_cast<int64_t>(recv_at[i][p]) - wire_row * parts[i].row_bytes);
-        check_cuda(kernels::copy_row_ranges(base, parts[i].dst, parts[i].row_bytes, from_wire(table) + first, n, stream_),
-                   "unpack (scatter kernel)");
-      }
-    }
+    copy_parts(false, recv, recv_at);
     scratch_.give_back(send);
     scratch_.give_back(recv);
   }
@@ -588,8 +586,7 @@ class Mover {
   // One all_to_all_v of `row_bytes`-byte rows between owners and servers. `send_rows` / `recv_rows`: where
   // each peer's rows start in the buffer (in place), else the wire order's cumulative offsets.
   void exchange(const std::byte* send, std::byte* recv, Direction direction, RunSet set, int64_t row_bytes,
-                const std::vector<int64_t>* send_rows = nullptr, const std::vector<int64_t>* recv_rows = nullptr,
-                const std::function<void()>& meanwhile = nullptr) {
+                const std::vector<int64_t>* send_rows = nullptr, const std::vector<int64_t>* recv_rows = nullptr) {
     const bool q = set == RunSet::Q;
     const bool to_servers = direction == Direction::ToServers;
     const std::vector<int64_t>& out = to_servers ? (q ? plan_.owner_q_rows : plan_.owner_kv_rows)
@@ -610,7 +607,7 @@ class Mover {
       t.send_bytes += t.send_counts[p];
       t.recv_bytes += t.recv_counts[p];
     }
-    run_transfer(send, t, recv, meanwhile);
+    run_transfer(send, t, recv, nullptr);
   }
 
   // One all_to_all_v of `t`, counted in the call's bytes. `meanwhile`: enqueued on the caller's stream after the
@@ -666,12 +663,6 @@ class Mover {
   CallStats& stats_;
   DeviceRuntime& rt_;
 };
-
-void server_failed(const ServerBackend& server, const char* what) {
-  const char* message = server.table->last_error(server.instance);
-  fail(CAD_STATUS_DEVICE_ERROR, format("server backend instance '%s': %s failed: %s", server.name.c_str(), what,
-                                       message != nullptr ? message : "(no message)"));
-}
 
 void* data(const cad_tensor_v1_t* t) { return plugin::tensor_data(t); }
 
@@ -812,7 +803,7 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
     CallStats ignored;
     Mover(ctx, dp, scratch, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
     Mover(ctx, dp, scratch, stream, true, ignored).lse(Direction::ToOwners, nullptr, 0, nullptr, 0, hq);
-    server_failed(*failed, "forward");
+    server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "forward");
   }
   if (keep == nullptr) {  // the server batch's Q/K/V scratch is done once its forward ran
     scratch.give_back(q);
@@ -884,15 +875,14 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
     DeviceSaved& s = *saved->device;
     q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
     s.stream = call_stream;  // released after this backward, in its stream order
-  } else if (!dp.fused_inbound) {
-    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
-    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes);
   }
-  if (!kept) {
+  // dO, and unless the servers kept them Q, O, LSE, K, V; LSE always on its own (a strided copy).
+  const auto move_lse = [&] {
     move.lse(Direction::ToServers, drain ? nullptr : static_cast<const float*>(data(args->lse)), shape.tokens,
              static_cast<float*>(lse), batch.q_rows, hq);
-  }
+  };
   if (dp.fused_inbound) {
+    if (!kept) move_lse();
     std::vector<Mover::Part> parts = {{RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes}};
     if (!kept) {
       parts.push_back({RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes});
@@ -904,6 +894,9 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   } else {
     move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes);
     if (!kept) {
+      move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
+      move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes);
+      move_lse();
       move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
       move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
     }
@@ -928,7 +921,7 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   back.kv_sums_to_owners(d_k, skip ? nullptr : data(args->d_k), shape);
   back.kv_sums_to_owners(d_v, skip ? nullptr : data(args->d_v), shape);
   stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
-  if (failed != nullptr) server_failed(*failed, "backward");
+  if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "backward");
 }
 
 }  // namespace cad::cad_plugin

@@ -39,7 +39,7 @@ void cpu_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, const c
       t.lse = static_cast<float*>(tensor_data(args->lse));
       const cad_status_t status = call_server_forward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CPU, 0},
                                                       nullptr);
-      if (status != CAD_STATUS_OK) own_server_failed(ctx, status);
+      if (status != CAD_STATUS_OK) server_failed(ctx.own_server, status, "forward of the tasks run in place");
     }
     if (batch.q_rows == 0) return CAD_STATUS_OK;  // nothing to serve
     ServerBatchTensors t;

@@ -39,7 +39,7 @@ void* make_server_plan(const ServerBackend& server, const Step& step, const Serv
   if (server.table->make_plan(server.instance, &args, &plan) != CAD_STATUS_OK) {
     const char* message = server.table->last_error(server.instance);
     fail(CAD_STATUS_INTERNAL, "server backend instance '" + server.name +
-"': make_plan of this rank's batch failed: " + (message ? message : "(no message)"));
+                                  "': make_plan of this rank's batch failed: " + (message ? message : "(no message)"));
   }
   return plan;
 }
