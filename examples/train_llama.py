@@ -1268,8 +1268,9 @@ def parse_args(argv=None):
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
                         "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
-                        "'_ncclblocking' with +blocking, + '_own' with +own, + '_tolT' with +tolT, + '_resN' with +resN. Overrides --attention, "
-                        "--balancer, --ping-pong, --plan-ahead, --cad-nccl-blocking, --cad-own-tasks, --balancer-tolerance")
+                        "'_ncclblocking' with +blocking, + '_own' with +own, + '_tolT' with +tolT, + '_resN' with +resN. "
+                        "Overrides --attention, --balancer, --ping-pong, --plan-ahead, --cad-nccl-blocking, "
+                        "--cad-own-tasks, --cad-own-reserve-sms, --balancer-tolerance")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -1341,8 +1342,8 @@ def parse_args(argv=None):
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'local_balanced', 'torch_varlen' or a balancer name, "
                     f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now', and/or (a balancer) "
-                    f"'+blocking', '+own' (with it '+resN', N <= 64), and/or (distca, prefix_aware) one '+tolT' with T in [0, 10] "
-                    f"(local_balanced: none)")
+                    f"'+blocking', '+own' (with it '+resN', N <= 64), and/or (distca, prefix_aware) one '+tolT' with "
+                    f"T in [0, 10] (local_balanced: none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     resolve_attention_timing(args)

@@ -39,9 +39,9 @@ _settings = {
     "log_level": "warn",
     "comm_stream_priority": "highest",  # CAD's CUDA communication stream ("highest" or "normal")
     "nccl_max_ctas": 0,           # CTAs of CAD's NCCL operations at most (0: NCCL's default)
-    "nccl_blocking_comm": False,
+    "nccl_blocking_comm": False,  # CAD's NCCL communicator blocking (launches on the calling thread)
     "own_tasks_in_place": False,  # a server runs the tasks on documents it holds whole on its own tensors
-    "own_tasks_reserve_sms": 16,  # on GPUs: SMs their forward kernel leaves to the collective beside it  # CAD's NCCL communicator blocking (launches on the calling thread)
+    "own_tasks_reserve_sms": 16,  # on GPUs: SMs their forward kernel leaves to the collective beside it
 }
 _DEFAULTS = dict(_settings)  # what cad.shutdown() goes back to
 _runtimes = {}  # (device, lane) -> Host
@@ -76,9 +76,10 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     price of no deadline while an enqueue waits for a peer (docs/nccl.md). own_tasks_in_place: True: a rank runs
     the tasks on documents it holds whole in place on its own tensors, on GPUs while one collective moves the other
     rows; False (default): they go through the exchange to itself like every other task (the plugin's
-    own_tasks_in_place, plugins/cad/README.md; measured no faster on 2 H200s, docs/multi_gpu.md runs 30-32). own_tasks_reserve_sms: on GPUs, the SMs their
-    forward kernel (persistent, one block per SM) leaves free for the collective that runs beside it (a second
-    'cuda' backend instance with that 'reserve_sms' runs them); 0: every SM.
+    own_tasks_in_place, plugins/cad/README.md; measured no faster on 2 H200s, docs/multi_gpu.md runs 30-32).
+    own_tasks_reserve_sms: on GPUs, the SMs their forward kernel (persistent, one block per SM) leaves free for the
+    collective that runs beside it (a second 'cuda' backend instance with that 'reserve_sms' runs them); 0: every
+    SM.
     """
     if keep_forward_tensors not in (True, False, "auto"):
         raise CadError(f"cad.init: keep_forward_tensors must be True, False or 'auto', got {keep_forward_tensors!r}")
