@@ -44,59 +44,31 @@ inline std::string stack_config() {
   nlohmann::json instances = nlohmann::json::array();
   instances.push_back({{"name", "comm"}, {"plugin", "mpi"}, {"config", {{"timeout_ms", 60000}}}});
   instances.push_back({{"name", "server"}, {"plugin", "reference"}, {"config", {{"num_threads", 1}}}});
+  // A CAD instance over `balancer` (a plugin name) with the keys every one here has, plus `extra`.
+  const auto add_cad = [&](const std::string& name, const std::string& balancer, const nlohmann::json& extra) {
+    nlohmann::json config = {{"communicator", "comm"}, {"balancer", "bal_" + balancer}, {"server_backend", "server"}};
+    config.update(extra);
+    instances.push_back({{"name", name}, {"plugin", "cad"}, {"config", config}});
+  };
   for (const std::string& b : balancers()) {
     instances.push_back({{"name", "bal_" + b}, {"plugin", b}, {"config", nlohmann::json::object()}});
     for (bool keep : {true, false}) {
-      instances.push_back({{"name", instance_name(b, keep)},
-                           {"plugin", "cad"},
-                           {"config",
-                            {{"communicator", "comm"},
-                             {"balancer", "bal_" + b},
-                             {"server_backend", "server"},
-                             {"keep_forward_tensors", keep},
-                             {"own_tasks_in_place", true},  // off by default: these cover it on every balancer
-                             {"min_shard_tokens", 8}}}});
+      // own_tasks_in_place is off by default: these cover it on every balancer.
+      add_cad(instance_name(b, keep), b,
+              {{"keep_forward_tensors", keep}, {"own_tasks_in_place", true}, {"min_shard_tokens", 8}});
     }
   }
   // Two instances alike (keep mode), for handles taken to the wrong instance (cad_handle_test.cpp).
-  for (const char* twin : {"cad_twin_a", "cad_twin_b"}) {
-    instances.push_back({{"name", twin},
-                         {"plugin", "cad"},
-                         {"config",
-                          {{"communicator", "comm"},
-                           {"balancer", "bal_" + balancers().front()},
-                           {"server_backend", "server"},
-                           {"min_shard_tokens", 8}}}});
-  }
+  for (const char* twin : {"cad_twin_a", "cad_twin_b"}) add_cad(twin, balancers().front(), {{"min_shard_tokens", 8}});
   // The tasks run in place go to a server backend instance of their own (own_server_backend).
   instances.push_back({{"name", "server_own"}, {"plugin", "reference"}, {"config", {{"num_threads", 1}}}});
-  instances.push_back({{"name", "cad_own_backend"},
-                       {"plugin", "cad"},
-                       {"config",
-                        {{"communicator", "comm"},
-                         {"balancer", "bal_" + balancers().front()},
-                         {"server_backend", "server"},
-                         {"own_tasks_in_place", true},
-                         {"own_server_backend", "server_own"},
-                         {"min_shard_tokens", 8}}}});
+  add_cad("cad_own_backend", balancers().front(),
+          {{"own_tasks_in_place", true}, {"own_server_backend", "server_own"}, {"min_shard_tokens", 8}});
   // The first balancer with every task sent through the exchange, also the tasks a server could run in place on
   // its own tensors (own_tasks_in_place false, the default): the path the in-place one must agree with.
-  instances.push_back({{"name", "cad_exchange_own"},
-                       {"plugin", "cad"},
-                       {"config",
-                        {{"communicator", "comm"},
-                         {"balancer", "bal_" + balancers().front()},
-                         {"server_backend", "server"},
-                         {"own_tasks_in_place", false},
-                         {"min_shard_tokens", 8}}}});
+  add_cad("cad_exchange_own", balancers().front(), {{"own_tasks_in_place", false}, {"min_shard_tokens", 8}});
   // A server may receive at most 1 byte: any plan that moves data is refused by the balancer.
-  instances.push_back({{"name", "cad_capped"},
-                       {"plugin", "cad"},
-                       {"config",
-                        {{"communicator", "comm"},
-                         {"balancer", "bal_" + balancers().back()},
-                         {"server_backend", "server"},
-                         {"memory_cap_bytes", 1}}}});
+  add_cad("cad_capped", balancers().back(), {{"memory_cap_bytes", 1}});
   return nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
 }
 

@@ -439,6 +439,20 @@ TEST(CadMpi, CreateNamesTheMissingInstanceOrBadKey) {
     c["comm_stream_priority"] = "normal";
     EXPECT_EQ(create_stack(c).first, CAD_STATUS_OK) << create_stack(c).second;
   }
+  {
+    nlohmann::json c = good;
+    c["own_server_backend"] = "comm";  // the tasks run in place need an attention instance too
+    const auto [status, message] = create_stack(c);
+    EXPECT_EQ(status, CAD_STATUS_NOT_FOUND) << message;
+    EXPECT_NE(message.find("no attention instance named 'comm'"), std::string::npos) << message;
+  }
+  {
+    nlohmann::json c = good;
+    c["own_tasks_in_place"] = "yes";
+    const auto [status, message] = create_stack(c);
+    EXPECT_EQ(status, CAD_STATUS_INVALID_CONFIG) << message;
+    EXPECT_NE(message.find("key 'own_tasks_in_place'"), std::string::npos) << message;
+  }
 }
 
 TEST(CadMpi, CapabilitiesAreTheServerBackendsPlusPieces) {
