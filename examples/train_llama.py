@@ -760,6 +760,11 @@ def configurations(args):
             run.cad_nccl_blocking = True
         if "own" in modes:  # a rank runs the tasks on documents it holds whole in place (--cad-own-tasks on)
             run.cad_own_tasks = "on"
+        if "dyn" in modes:  # the server's forward walks its units dynamically (--cad-forward-walk dynamic)
+            run.cad_forward_walk = "dynamic"
+        ctas = [m for m in modes if re.fullmatch(r"ctas\d+", m)]
+        if ctas:  # +ctas8: CTAs per NCCL operation of CAD's communicator at most (--cad-nccl-max-ctas)
+            run.cad_nccl_max_ctas = int(ctas[0][4:])
         reserve = [m for m in modes if re.fullmatch(r"res\d+", m)]
         if reserve:  # +res16: SMs the own tasks' forward leaves to the collective (--cad-own-reserve-sms)
             run.cad_own_reserve_sms = int(reserve[0][3:])
@@ -769,7 +774,7 @@ def configurations(args):
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
             ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
             ("_ncclblocking" if "blocking" in modes else "") + ("_own" if "own" in modes else "") + \
-            "".join("_" + m for m in tolerance + reserve)
+            ("_dyn" if "dyn" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas)
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -852,7 +857,7 @@ def summary_of(args, world, device):
             "balanced_batches": args.balanced_batches, "cad_comm_priority": args.cad_comm_priority,
             "cad_nccl_max_ctas": args.cad_nccl_max_ctas, "cad_nccl_blocking": args.cad_nccl_blocking,
             "cad_own_tasks": args.cad_own_tasks, "cad_own_reserve_sms": args.cad_own_reserve_sms,
-            "balancer_tolerance": args.balancer_tolerance,
+            "cad_forward_walk": args.cad_forward_walk, "balancer_tolerance": args.balancer_tolerance,
             "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
@@ -882,7 +887,7 @@ def train_one(args, rank, world, device, lengths):
     cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms,
              comm_stream_priority=args.cad_comm_priority, nccl_max_ctas=args.cad_nccl_max_ctas,
              nccl_blocking_comm=args.cad_nccl_blocking, own_tasks_in_place=args.cad_own_tasks == "on",
-             own_tasks_reserve_sms=args.cad_own_reserve_sms,
+             own_tasks_reserve_sms=args.cad_own_reserve_sms, forward_walk=args.cad_forward_walk,
              balancer_config=None if args.balancer_tolerance is None else {"tolerance": args.balancer_tolerance})
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
@@ -1249,6 +1254,9 @@ def parse_args(argv=None):
     p.add_argument("--cad-own-reserve-sms", type=int, default=16,
                    help="SMs the own tasks' forward kernel leaves free for the collective running beside it "
                         "(cad.init's own_tasks_reserve_sms; default 16; 0: every SM)")
+    p.add_argument("--cad-forward-walk", choices=["static", "dynamic"], default="static",
+                   help="on GPUs, how the server's forward kernel walks its units (cad.init's forward_walk): static "
+                        "(default; a fixed share per block) or dynamic (each block takes the next untaken unit)")
     p.add_argument("--ping-pong-lanes", type=int, choices=[1, 2], default=2,
                    help="with --ping-pong: 2 (default) runs each nano-batch's plans on its own CAD lane (its own "
                         "communicator and communication stream: cad.plan's lane), 1 runs both on one, where "
@@ -1263,14 +1271,15 @@ def parse_args(argv=None):
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
                         "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
                         "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+own' (--cad-own-tasks on), '+resN' "
-                        "(--cad-own-reserve-sms N) and/or '+tolT' "
-                        "(--balancer-tolerance T), e.g. "
+                        "(--cad-own-reserve-sms N), '+dyn' (--cad-forward-walk dynamic), '+ctasN' "
+                        "(--cad-nccl-max-ctas N) and/or '+tolT' (--balancer-tolerance T), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
                         "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
-                        "'_ncclblocking' with +blocking, + '_own' with +own, + '_tolT' with +tolT, + '_resN' with +resN. "
-                        "Overrides --attention, --balancer, --ping-pong, --plan-ahead, --cad-nccl-blocking, "
-                        "--cad-own-tasks, --cad-own-reserve-sms, --balancer-tolerance")
+                        "'_ncclblocking' with +blocking, + '_own' with +own, + '_dyn' with +dyn, + '_tolT' with +tolT, "
+                        "+ '_resN' with +resN, + '_ctasN' with +ctasN. Overrides --attention, --balancer, --ping-pong, "
+                        "--plan-ahead, --cad-nccl-blocking, --cad-own-tasks, --cad-own-reserve-sms, --cad-forward-walk, "
+                        "--cad-nccl-max-ctas, --balancer-tolerance")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -1330,10 +1339,13 @@ def parse_args(argv=None):
             splits = {"pp", "pp1", "ppauto"} & set(modes)
             tolerances = [m for m in modes if re.fullmatch(r"tol(\d+(\.\d*)?|\.\d+)", m)]
             reserves = [m for m in modes if re.fullmatch(r"res\d+", m)]
-            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own")
-                                    and m not in tolerances + reserves for m in modes)
+            ctas = [m for m in modes if re.fullmatch(r"ctas\d+", m)]
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own", "dyn")
+                                    and m not in tolerances + reserves + ctas for m in modes)
                     or len(reserves) > 1 or (reserves and (base in ("local", "torch_varlen", "local_balanced")
                                                            or "own" not in modes or int(reserves[0][3:]) > 64))
+                    or len(ctas) > 1 or (ctas and int(ctas[0][4:]) > 64)
+                    or (base in ("local", "torch_varlen", "local_balanced") and ("dyn" in modes or ctas))
                     or len(set(modes)) != len(modes) or len(splits) > 1 or (base == "local_balanced" and modes)
                     or (base in ("local", "torch_varlen") and ("blocking" in modes or "own" in modes))
                     or (tolerances and (base not in ("distca", "prefix_aware") or len(tolerances) > 1
@@ -1342,8 +1354,8 @@ def parse_args(argv=None):
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'local_balanced', 'torch_varlen' or a balancer name, "
                     f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now', and/or (a balancer) "
-                    f"'+blocking', '+own' (with it '+resN', N <= 64), and/or (distca, prefix_aware) one '+tolT' with "
-                    f"T in [0, 10] (local_balanced: none)")
+                    f"'+blocking', '+own' (with it '+resN', N <= 64), '+dyn', '+ctasN' (N <= 64), and/or (distca, "
+                    f"prefix_aware) one '+tolT' with T in [0, 10] (local_balanced: none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     resolve_attention_timing(args)

@@ -142,6 +142,10 @@ cudaError_t attention_forward_resident(const ForwardPlan& plan, const void* q, c
                                              pr.head_dim, stream));
   const int n = static_cast<int>(plan.items.size());
   if (pr.hopper) {
+    if (plan.dynamic_walk && n > 0) {
+      p.unit_counter = reinterpret_cast<int*>(ws + plan.unit_counter_offset);
+      CAD_CUDA_TRY(cudaMemsetAsync(p.unit_counter, 0, sizeof(int), stream));
+    }
     CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_fwd_sm90<64>(p, n, stream)
                                    : detail::launch_attention_fwd_sm90<128>(p, n, stream));
   } else {

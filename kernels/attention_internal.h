@@ -35,6 +35,7 @@ struct FwdParams {
   int block_m;  // queries per work item: the kernel's tile height
   int kv_head_bands;  // Hopper forward: walk units in bands of items by KV head (set by its launcher)
   int max_blocks;     // Hopper forward: at most this many persistent blocks (ForwardPlan::max_blocks; 0: one per SM)
+  int* unit_counter;  // Hopper forward: the dynamic walk's next free unit, zeroed before the launch; null: static walk
 };
 
 struct BwdParams {

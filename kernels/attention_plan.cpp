@@ -217,6 +217,8 @@ ForwardPlan make_forward_plan(const AttentionProblem& problem, const Segment* se
   at = align_up(at + partial_rows * static_cast<size_t>(pr.head_dim) * sizeof(float));
   plan.partial_lse_offset = at;
   at = align_up(at + partial_rows * sizeof(float));
+  plan.unit_counter_offset = at;
+  at = align_up(at + sizeof(int32_t));
   plan.workspace_bytes = at;
   return plan;
 }

@@ -107,9 +107,14 @@ struct ForwardPlan {
   // than the device's SMs leave some free for work beside it: a collective's kernel that must not wait for all of
   // this kernel's work (CAD's own tasks while their rows are in flight).
   int32_t max_blocks = 0;
+  // The Hopper kernel's walk over its units: false, each block a fixed share (the default: what the planner's KV
+  // split and `cad simulate` model); true, each block takes the next untaken unit (a counter in the workspace), so
+  // that blocks which start late because a kernel beside this one holds their SM take fewer units. Set by the
+  // caller after make_forward_plan.
+  bool dynamic_walk = false;
   // Workspace layout (byte offsets into one buffer of workspace_bytes, 256-byte aligned).
   size_t items_offset = 0, combines_offset = 0, uncovered_offset = 0, partial_o_offset = 0,
-         partial_lse_offset = 0, workspace_bytes = 0;
+         partial_lse_offset = 0, unit_counter_offset = 0, workspace_bytes = 0;
 };
 
 // Builds the work list on the host. `num_sms` (the device's multiprocessor count) decides how far

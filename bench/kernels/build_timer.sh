@@ -7,9 +7,11 @@
 # `git worktree`.
 # Linked with -Bsymbolic: two builds loaded into one process (ab_bench.py) each call their own kernels.
 # Runs here or on the GPU machine (CUDA code compiles without a GPU). Log: BUILD_DIR/build_timer.log.
+# CAD_TIMER_DEFINES (e.g. -DCAD_TIMER_DYNAMIC_WALK: the forward's dynamic walk) compiles the timer with those
+# macros, into libcad_kernel_timer${CAD_TIMER_SUFFIX}.so: two timers of one kernel library for an A/B of options.
 set -euo pipefail
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
   [ $# -ge 1 ] && exit 0 || exit 2
 fi
 BUILD=$1
@@ -27,7 +29,9 @@ if [ ! -f "$BUILD/CMakeCache.txt" ]; then
 fi
 # Always (incremental): a library left from an earlier tree would otherwise be timed as this one.
 cmake --build "$BUILD" -j"$(nproc)" --target cad_kernels >> "$LOG" 2>&1 || { tail -20 "$LOG" >&2; exit 1; }
+LIB="$BUILD/lib/libcad_kernel_timer${CAD_TIMER_SUFFIX:-}.so"
+# shellcheck disable=SC2086  # CAD_TIMER_DEFINES: several flags, split on purpose
 nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC -Xlinker -Bsymbolic -gencode "arch=compute_${ARCH},code=sm_${ARCH}" \
-  -I "$ROOT/kernels" "$ROOT/bench/kernels/case_timer.cu" "$ROOT/bench/kernels/case_timer_capi.cu" \
-  -L "$BUILD/lib" -lcad_kernels -o "$BUILD/lib/libcad_kernel_timer.so" >> "$LOG" 2>&1 || { tail -20 "$LOG" >&2; exit 1; }
-echo "$BUILD/lib/libcad_kernel_timer.so"
+  ${CAD_TIMER_DEFINES:-} -I "$ROOT/kernels" "$ROOT/bench/kernels/case_timer.cu" "$ROOT/bench/kernels/case_timer_capi.cu" \
+  -L "$BUILD/lib" -lcad_kernels -o "$LIB" >> "$LOG" 2>&1 || { tail -20 "$LOG" >&2; exit 1; }
+echo "$LIB"

@@ -129,6 +129,9 @@ struct Plans {
     const auto n = static_cast<int64_t>(c.segments.size());
     const auto pr = problem_of(c, cad::kernels::hopper_kernels_available());
     fwd = cad::kernels::make_forward_plan(pr, seg, n, sms);
+#ifdef CAD_TIMER_DYNAMIC_WALK  // build_timer.sh with CAD_TIMER_DEFINES=-DCAD_TIMER_DYNAMIC_WALK: an A/B of the walks
+    fwd.dynamic_walk = true;
+#endif
     bwd = cad::kernels::make_backward_plan(pr, seg, n);  // also when not timed: it reports kv_exclusive
     workspace = std::max(fwd.workspace_bytes, o.backward ? bwd.workspace_bytes : 0);
     if (o.portable) {

@@ -3,13 +3,14 @@
 // file is the skeleton -- shared memory, barriers, the roles of the warpgroups and their walk over the
 // units; each concern it calls is a file of its own:
 //   sm90/fwd_traits.cuh     tile sizes, stages, register split, shared-memory map, named-barrier ids
-//   sm90/fwd_scheduler.cuh  the grid and which units each persistent block runs, in what order
+//   sm90/fwd_scheduler.cuh  the grid, which units each persistent block runs (a fixed share or the next
+//                           untaken one) and the hand-off of each unit's number to the consumers
 //   sm90/fwd_mainloop.cuh   producer (TMA loads of Q and the K/V ring) and consumer (wgmma S and PV)
 //   sm90/fwd_softmax.cuh    masking and the online softmax
 //   sm90/fwd_epilogue.cuh   O/LSE, or the split-KV partials
 //   sm90/fwd_launch.cuh     TMA descriptors, grid and launch
 //
-// One persistent block per SM walks (work item, query head) units. Three warpgroups: a producer (one
+// One persistent block per SM walks (work item, query head) units; its producer picks them. Three warpgroups: a producer (one
 // thread issues everything) and two consumers of 64 queries each. Register budget: setmaxnreg moves
 // registers from the producer to the consumers (S 64 + O 64 + P 32 live). Tiles sit in shared memory in
 // wgmma's 128-byte-swizzled layout (atoms of 64 head-dim columns), which is what TMA writes with 128-byte
@@ -62,6 +63,10 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
       mbar_init(sm.v_full(s), 1);
       mbar_init(sm.v_empty(s), kConsumerWarps);
     }
+    for (int slot = 0; slot < 2; ++slot) {
+      mbar_init(sm.unit_full(slot), 1);
+      mbar_init(sm.unit_empty(slot), kConsumerWarps);
+    }
     mbar_fence_init();
   }
   __syncthreads();
@@ -73,8 +78,11 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
     tma_prefetch_descriptor(&tm_q);
     tma_prefetch_descriptor(&tm_k);
     tma_prefetch_descriptor(&tm_v);
-    int tiles_issued = 0, units_done = 0;
-    for (int u; (u = fwd_unit_of(units_done, blockIdx.x, gridDim.x)) < num_units; ++units_done) {
+    int tiles_issued = 0;
+    for (int units_done = 0;; ++units_done) {
+      const int u = fwd90_next_unit(p, units_done, num_units);
+      fwd90_publish_unit(sm, units_done, u);
+      if (u < 0) break;
       const FwdUnit unit = fwd90_unit(p, u, num_units);
       const FwdItem item = p.items[unit.item];
       const int head = unit.head, kv_head = head / p.group;
@@ -94,7 +102,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
   const float scale_eff = fold_scale ? p.scale_log2 : 1.f;
   int tiles_used = 0, units_done = 0;  // declared before the barrier: after it, ptxas allocates differently
   if (cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // consumer 0 takes the first turn
-  for (int u; (u = fwd_unit_of(units_done, blockIdx.x, gridDim.x)) < num_units; ++units_done) {
+  for (int u; (u = fwd90_take_unit(sm, units_done, lane)) >= 0; ++units_done) {
     const FwdUnit unit = fwd90_unit(p, u, num_units);
     const FwdItem item = p.items[unit.item];
     const int head = unit.head;

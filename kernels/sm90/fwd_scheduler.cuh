@@ -1,15 +1,21 @@
 // sm90/fwd_scheduler.cuh -- which (work item, query head) units each persistent block of the Hopper
 // forward runs, and in what order: the grid (one block per SM, or fewer when there are fewer units),
-// the walk of each block over the units (rounds of alternating direction) and the optional bands by KV
-// head. The producer and both consumers of a block walk the same sequence, so they agree on every unit
-// without talking. The work items themselves (query tiles, KV splits, heaviest first) come from the
-// host plan (attention_plan.cpp).
+// the walk over the units and the optional bands by KV head. Two walks (ForwardPlan::dynamic_walk):
+//  - static: each block a fixed share, rounds of alternating direction (fwd_unit_of);
+//  - dynamic: each block takes the next unit nobody has taken (an atomic counter in the workspace, zeroed
+//    before the launch), so that a block that starts late -- its SM held by a kernel beside this one, a
+//    collective -- takes fewer units and the grid still ends together.
+// The block's producer picks the unit and hands its number to both consumers through two slots in shared
+// memory (fwd90_publish_unit / fwd90_take_unit). The work items themselves (query tiles, KV splits,
+// heaviest first) come from the host plan (attention_plan.cpp).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
 #include "attention_internal.h"
+#include "sm90/async.cuh"
+#include "sm90/fwd_traits.cuh"
 
 namespace cad::kernels::detail {
 
@@ -49,10 +55,38 @@ __device__ __forceinline__ FwdUnit fwd_unit_coords(int u, int num_items, int hq,
   return {band_first + r2 / group, kv_head * group + r2 % group};
 }
 
-// Unit u's coordinates under this launch's walk (every role's loop:
-// `for (int u; (u = fwd_unit_of(round, blockIdx.x, gridDim.x)) < num_units; ++round)`).
+// Unit u's coordinates under this launch's bands.
 __device__ __forceinline__ FwdUnit fwd90_unit(const FwdParams& p, int u, int num_units) {
   return fwd_unit_coords(u, num_units / p.hq, p.hq, p.group, gridDim.x, p.kv_head_bands != 0);
+}
+
+// ---- device: the hand-off from the producer to the consumers ------------------------------------------
+// The producer's k-th unit (k = its units so far): the static walk's, or the next untaken one of the grid
+// (p.unit_counter: the dynamic walk). -1 when none is left.
+__device__ __forceinline__ int fwd90_next_unit(const FwdParams& p, int k, int num_units) {
+  const int u = p.unit_counter != nullptr ? atomicAdd(p.unit_counter, 1) : fwd_unit_of(k, blockIdx.x, gridDim.x);
+  return u < num_units ? u : -1;
+}
+
+// Slot k % 2 carries the k-th unit's number (or -1: the block is done). The producer waits until every
+// consumer warp has read the slot's previous number (unit k - 2); the consumers wait for the number. The
+// mbarrier arrive (release) and wait (acquire) order the slot's store before its loads.
+template <typename T>
+__device__ __forceinline__ void fwd90_publish_unit(const Fwd90Smem<T>& sm, int k, int u) {
+  const int slot = k & 1;
+  mbar_wait(sm.unit_empty(slot), ((k >> 1) & 1) ^ 1);
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sm.unit_slot(slot)), "r"(u) : "memory");
+  mbar_arrive(sm.unit_full(slot));
+}
+template <typename T>
+__device__ __forceinline__ int fwd90_take_unit(const Fwd90Smem<T>& sm, int k, int lane) {
+  const int slot = k & 1;
+  mbar_wait(sm.unit_full(slot), (k >> 1) & 1);
+  int u;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(u) : "r"(sm.unit_slot(slot)) : "memory");
+  __syncwarp();
+  if (lane == 0) mbar_arrive(sm.unit_empty(slot));
+  return u;
 }
 
 }  // namespace cad::kernels::detail

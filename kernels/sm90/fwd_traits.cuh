@@ -19,7 +19,8 @@ struct Fwd90Traits {
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 = 384*168
   static constexpr uint32_t kQBytes = kBlockM * D * 2, kTileBytes = kBlockN * D * 2;
   static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kTileBytes;
-  static constexpr int kSmemBytes = kBarrierOffset + (2 + 4 * kStages) * 8 + 1024;  // + alignment slack
+  static constexpr int kBarriers = 2 + 4 * kStages + 4;  // Q, K/V stages, the unit hand-off's two slots
+  static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8 + 2 * 4 + 1024;  // + unit slots, alignment slack
 };
 
 // K/V stages in shared memory (head dim 128: 32 KiB of Q + 3 x 2 x 32 KiB = 224 KiB; 3 stages measured
@@ -32,7 +33,8 @@ constexpr int kTurnBarrier = 1, kWarpgroupBarrier = 3;
 
 // Shared-memory byte addresses of one block: Q (kBlockM rows), then kStages K tiles, then kStages V
 // tiles (each in wgmma's 128-byte-swizzled atoms of 64 head-dim columns, as TMA writes them), then the
-// mbarriers: Q full/empty and a full/empty pair per K and per V stage.
+// mbarriers: Q full/empty, a full/empty pair per K and per V stage, a full/empty pair per unit slot; then the
+// two unit slots (the producer hands each unit's number to the consumers through them: sm90/fwd_scheduler.cuh).
 template <typename T>
 struct Fwd90Smem {
   uint32_t q, k, v, bars;
@@ -44,6 +46,9 @@ struct Fwd90Smem {
   __device__ __forceinline__ uint32_t k_empty(int s) const { return bars + 16 + 8 * (T::kStages + s); }
   __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 8 * (2 * T::kStages + s); }
   __device__ __forceinline__ uint32_t v_empty(int s) const { return bars + 16 + 8 * (3 * T::kStages + s); }
+  __device__ __forceinline__ uint32_t unit_full(int slot) const { return bars + 16 + 8 * (4 * T::kStages + slot); }
+  __device__ __forceinline__ uint32_t unit_empty(int slot) const { return bars + 16 + 8 * (4 * T::kStages + 2 + slot); }
+  __device__ __forceinline__ uint32_t unit_slot(int slot) const { return bars + 8 * T::kBarriers + 4 * slot; }
   __device__ __forceinline__ uint32_t k_tile(int s) const { return k + s * T::kTileBytes; }
   __device__ __forceinline__ uint32_t v_tile(int s) const { return v + s * T::kTileBytes; }
 };

@@ -58,6 +58,10 @@ struct CudaContext {
     // a collective (CAD's own tasks while their rows are in flight), so that the collective's kernel never waits
     // for all of it. Bounded below by 1 SM used.
     const int64_t reserve_sms = config.get_int("reserve_sms", 0, 0, 1024);
+    // The Hopper forward's walk over its units (ForwardPlan::dynamic_walk): "static" (a fixed share per block, what
+    // the planner and `cad simulate` model) or "dynamic" (each block takes the next untaken unit), for an instance
+    // whose forward shares the GPU with a collective: its late blocks then take fewer units.
+    dynamic_walk = config.get_choice("forward_walk", "static", {"static", "dynamic"}) == "dynamic";
     config.finish(logger);
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
@@ -73,9 +77,9 @@ struct CudaContext {
       hopper = allow_hopper && cad::kernels::hopper_kernels_available();
       last_forward_hopper = hopper;
     }
-    logger.info(format("device %d: %s, sm_%d, %d SMs (%d used by the persistent forward), %s forward kernel", device,
-                       prop.name, compute_capability, prop.multiProcessorCount, num_sms,
-                       hopper ? "wgmma (sm_90a)" : "mma.sync"));
+    logger.info(format("device %d: %s, sm_%d, %d SMs (%d used by the persistent forward, %s walk), %s forward kernel",
+                       device, prop.name, compute_capability, prop.multiProcessorCount, num_sms,
+                       dynamic_walk ? "dynamic" : "static", hopper ? "wgmma (sm_90a)" : "mma.sync"));
   }
 
   // Workspace lent by the host for one call, handed back in stream order when the call's work is enqueued.
@@ -109,6 +113,7 @@ struct CudaContext {
   int device = 0;
   int compute_capability = 0;
   int num_sms = 1;
+  bool dynamic_walk = false;  // config "forward_walk"; every forward plan of this instance gets it
   bool hopper = false;  // forward on the sm_90a wgmma kernel (config "hopper_kernels", default true, where loaded)
   std::string device_name;
   // Statistics of the last successful call.
@@ -216,6 +221,7 @@ cad_status_t make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, void
     plan->window_left = pr.window_left;
     plan->window_right = pr.window_right;
     plan->forward = cad::kernels::make_forward_plan(problem, as_segments(args->segments), args->num_segments, self.num_sms);
+    plan->forward.dynamic_walk = self.dynamic_walk;
     plan->backward = cad::kernels::make_backward_plan(problem, as_segments(args->segments), args->num_segments);
     plan->stream = args->stream;
     DeviceScope scope(self.device);
@@ -295,8 +301,9 @@ cad_status_t forward(void* ctx, const cad_attention_forward_args_v1_t* args) {
       return;
     }
     pr.hopper = self.hopper;
-    const cad::kernels::ForwardPlan plan =
+    cad::kernels::ForwardPlan plan =
         cad::kernels::make_forward_plan(pr, as_segments(args->segments), args->num_segments, self.num_sms);
+    plan.dynamic_walk = self.dynamic_walk;
     DeviceScope scope(self.device);
     CudaContext::Workspace ws(self, plan.workspace_bytes, args->stream);
     check_cuda(cad::kernels::attention_forward(plan, cad::plugin::tensor_data(args->q), cad::plugin::tensor_data(args->k),

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -269,6 +270,86 @@ INSTANTIATE_TEST_SUITE_P(Gpu, WindowVsReference,
                                                               WindowCase{false, 4000, 4000}),
                                             ::testing::Bool()),
                          window_case_name);
+
+// The Hopper forward's dynamic walk (the cuda backend's forward_walk: each block takes the next untaken unit)
+// computes every unit as the static walk does, so O and LSE are bitwise the same: on the full grid, and on a grid
+// of one block (reserve_sms past the device's SMs), whose producer hands every unit of the batch to its consumers
+// through the two slots in turn. (The backward, the same in both, sums dQ in whatever order its blocks end: not
+// compared bitwise.)
+struct Outputs {
+  std::vector<float> o, lse;
+};
+
+void run_on(const char* config, const Batch& b, int d, bool causal, int hq, int hkv, int64_t window_left, uint64_t seed,
+            Outputs* out) {
+  AttentionPlugin gpu(plugin_path("cuda"), config);
+  EXPECT_EQ(gpu.error(), "") << config;
+  std::mt19937_64 rng(seed);
+  const size_t nq = static_cast<size_t>(b.tq) * hq * d, nk = static_cast<size_t>(b.tk) * hkv * d;
+  const size_t nl = static_cast<size_t>(b.tq) * hq;
+  const auto q = random_bf16(nq, rng, nullptr), k = random_bf16(nk, rng, nullptr), v = random_bf16(nk, rng, nullptr);
+  const auto d_o = random_bf16(nq, rng, nullptr);
+  DeviceBuffer dq_in(nq * 2), dk_in(nk * 2), dv_in(nk * 2), ddo(nq * 2), dout(nq * 2), dlse(nl * 4);
+  DeviceBuffer ddq(nq * 2), ddk(nk * 2), ddv(nk * 2);
+  cudaMemcpy(dq_in.get(), q.data(), nq * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(dk_in.get(), k.data(), nk * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(dv_in.get(), v.data(), nk * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(ddo.get(), d_o.data(), nq * 2, cudaMemcpyHostToDevice);
+  for (DeviceBuffer* out : {&dout, &dlse, &ddq, &ddk, &ddv}) cudaMemset(out->get(), 0xff, out->bytes());
+  cudaStream_t stream;
+  CAD_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const AttentionShape shape{b.tq, b.tk, hq, hkv, d, window_left, -1};
+  const AttentionData on_gpu{dq_in.get(), dk_in.get(), dv_in.get(), dout.get(), ddo.get(),
+                             ddq.get(),   ddk.get(),   ddv.get(),   static_cast<float*>(dlse.get())};
+  EXPECT_EQ(run_attention(gpu, b.segments, shape, causal, CAD_DEVICE_CUDA, kBf16, on_gpu, stream), "") << config;
+  CAD_CHECK_CUDA(cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+  *out = {download_bf16(dout, nq), download_f32(dlse, nl)};
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+class DynamicWalk : public ::testing::TestWithParam<std::tuple<Kind, int, bool, int64_t>> {};
+
+TEST_P(DynamicWalk, SameOutputsAsTheStaticWalk) {
+  if (!cad::kernels::hopper_kernels_available()) GTEST_SKIP() << "no sm_90a kernels on this device";
+  const auto [kind, d, causal, window_left] = GetParam();
+  for (uint64_t seed = 1; seed <= 2; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed * 31 + d + (causal ? 3 : 0) + static_cast<int>(kind) * 7);
+    const Batch b = kind == Kind::kTiny ? tiny_segments(rng, causal)
+                    : kind == Kind::kSharedKv ? shared_kv(rng, causal)
+                                              : long_kv(rng, causal);
+    for (const auto& [fixed, taken] :
+         {std::pair<const char*, const char*>{R"({})", R"({"forward_walk": "dynamic"})"},
+          {R"({"reserve_sms": 1024})", R"({"reserve_sms": 1024, "forward_walk": "dynamic"})"}}) {
+      SCOPED_TRACE(taken);
+      Outputs want, got;
+      ASSERT_NO_FATAL_FAILURE(run_on(fixed, b, d, causal, 8, 2, window_left, seed, &want));
+      ASSERT_NO_FATAL_FAILURE(run_on(taken, b, d, causal, 8, 2, window_left, seed, &got));
+      // A forward that wrote nothing would leave the 0xff poison (NaN) in both: the static walk's O is finite.
+      bool finite = true;
+      for (float x : want.o) finite = finite && std::isfinite(x);
+      EXPECT_TRUE(finite);
+      EXPECT_TRUE(bitwise_equal(got.o, want.o));
+      EXPECT_TRUE(bitwise_equal(got.lse, want.lse));
+    }
+  }
+}
+
+std::string walk_case_name(const ::testing::TestParamInfo<DynamicWalk::ParamType>& info) {
+  const auto [kind, d, causal, left] = info.param;
+  return std::string(kind_name(kind)) + "_d" + std::to_string(d) + (causal ? "_causal" : "_full") +
+         (left >= 0 ? "_left" + std::to_string(left) : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, DynamicWalk,
+                         ::testing::Combine(::testing::Values(Kind::kTiny, Kind::kSharedKv, Kind::kLongKv),
+                                            ::testing::Values(64, 128), ::testing::Bool(),
+                                            ::testing::Values(int64_t{-1}, int64_t{100})),
+                         walk_case_name);
 
 }  // namespace
 }  // namespace cad::gpu_test

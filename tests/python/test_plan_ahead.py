@@ -215,19 +215,32 @@ def test_init_passes_the_communication_knobs_to_the_stack(fresh_stacks):
     assert "server_own" not in {i["name"] for i in cuda["instances"]}
     with pytest.raises(cad.CadError, match="own_tasks_in_place must be True or False"):
         cad.init(own_tasks_in_place="yes")
-    # With the tasks run in place, on GPUs they get a cuda instance of their own that leaves SMs to the collective.
+    # With the tasks run in place, on GPUs they get a cuda instance of their own, whose forward leaves SMs to the
+    # collective and walks its units dynamically.
     own = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
                                                          own_tasks_in_place=True))
     own_instances = {i["name"]: i for i in own["instances"]}
     assert own_instances["cad"]["config"]["own_tasks_in_place"] is True
-    assert own_instances["server_own"]["config"] == {"reserve_sms": 16}
+    assert own_instances["server_own"]["config"] == {"reserve_sms": 16, "forward_walk": "dynamic"}
     assert own_instances["cad"]["config"]["own_server_backend"] == "server_own"
+    assert own_instances["server"]["config"] == {}
     every_sm = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
                                                               own_tasks_in_place=True, own_tasks_reserve_sms=0))
-    assert "server_own" not in {i["name"] for i in every_sm["instances"]}
-    assert "own_server_backend" not in {i["name"]: i for i in every_sm["instances"]}["cad"]["config"]
+    every_sm_instances = {i["name"]: i for i in every_sm["instances"]}
+    assert every_sm_instances["server_own"]["config"] == {"reserve_sms": 0, "forward_walk": "dynamic"}
+    # On the CPU the server's own instance runs them: no second instance.
+    cpu_own = cad.stack_config(torch.device("cpu"), dict(cad._runtime._settings, own_tasks_in_place=True))
+    assert "server_own" not in {i["name"] for i in cpu_own["instances"]}
+    assert "own_server_backend" not in {i["name"]: i for i in cpu_own["instances"]}["cad"]["config"]
     with pytest.raises(cad.CadError, match=r"own_tasks_reserve_sms must be an int in \[0, 64\]"):
         cad.init(own_tasks_reserve_sms=-1)
+    # The server's forward walk: the cuda backend's forward_walk, only on GPUs and only where it is not the default.
+    dynamic = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
+                                                             forward_walk="dynamic"))
+    assert {i["name"]: i for i in dynamic["instances"]}["server"]["config"] == {"forward_walk": "dynamic"}
+    assert default["server"]["config"] == {}
+    with pytest.raises(cad.CadError, match="forward_walk must be 'static' or 'dynamic'"):
+        cad.init(forward_walk="greedy")
 
 
 def test_init_passes_the_balancers_config_to_the_stack(fresh_stacks, capfd):

@@ -195,6 +195,13 @@ def test_balanced_batches_keep_tokens_and_give_every_rank_the_mean_work():
     runs = dict(t.configurations(args))
     assert runs["prefix_aware"].cad_own_tasks == "off" and runs["prefix_aware_own"].cad_own_tasks == "on"
     assert runs["prefix_aware_own"].cad_own_reserve_sms == 16 and runs["prefix_aware_own_res32"].cad_own_reserve_sms == 32
+    # +dyn: the server's forward walks dynamically; +ctasN: CAD's NCCL operations on at most N CTAs
+    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+dyn,prefix_aware+own+res0+ctas8", "--json-out", "x_{config}.json"])
+    runs = dict(t.configurations(args))
+    assert runs["prefix_aware"].cad_forward_walk == "static" and runs["prefix_aware_dyn"].cad_forward_walk == "dynamic"
+    assert runs["prefix_aware_own_res0_ctas8"].cad_nccl_max_ctas == 8 and runs["prefix_aware"].cad_nccl_max_ctas == 0
+    assert runs["prefix_aware_own_res0_ctas8"].cad_own_reserve_sms == 0
+    assert runs["prefix_aware_dyn"].json_out == "x_prefix_aware_dyn.json"
 
 
 def test_split_at_the_document_boundary_nearest_half():
@@ -558,7 +565,9 @@ def test_bad_options_are_refused(capsys):
     assert "--profile-step must name one of the 3 steps (0..2), got 3" in \
         _refused(t, capsys, ["--steps", "3", "--profile-step", "3"])
     for configs, message in (("local,bogus+x", "'bogus+x' is not"), ("+pp", "'+pp' is not"),
-                             ("local,,prefix_aware", "'' is not"), ("prefix_aware+pp+pp", "'prefix_aware+pp+pp' is not")):
+                             ("local,,prefix_aware", "'' is not"), ("prefix_aware+pp+pp", "'prefix_aware+pp+pp' is not"),
+                             ("local+dyn", "'local+dyn' is not"), ("prefix_aware+ctas65", "'prefix_aware+ctas65' is not"),
+                             ("distca+ctas8+ctas4", "'distca+ctas8+ctas4' is not")):
         assert message in _refused(t, capsys, ["--configs", configs]), configs
     assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
     assert "applies to --checkpointing full only" in _refused(t, capsys, ["--checkpoint-reentrant"])

@@ -42,6 +42,7 @@ _settings = {
     "nccl_blocking_comm": False,  # CAD's NCCL communicator blocking (launches on the calling thread)
     "own_tasks_in_place": False,  # a server runs the tasks on documents it holds whole on its own tensors
     "own_tasks_reserve_sms": 16,  # on GPUs: SMs their forward kernel leaves to the collective beside it
+    "forward_walk": "static",     # on GPUs: the server's forward kernel's walk ("static" or "dynamic")
 }
 _DEFAULTS = dict(_settings)  # what cad.shutdown() goes back to
 _runtimes = {}  # (device, lane) -> Host
@@ -52,7 +53,8 @@ _lock = threading.Lock()
 
 def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
          timeout_ms=60000, group=None, log_level="warn", comm_stream_priority="highest", nccl_max_ctas=0,
-         nccl_blocking_comm=False, balancer_config=None, own_tasks_in_place=False, own_tasks_reserve_sms=16):
+         nccl_blocking_comm=False, balancer_config=None, own_tasks_in_place=False, own_tasks_reserve_sms=16,
+         forward_walk="static"):
     """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
 
     config: a full stack config (dict, JSON file path) whose "attention" names the CAD instance; the other
@@ -78,8 +80,10 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     rows; False (default): they go through the exchange to itself like every other task (the plugin's
     own_tasks_in_place, plugins/cad/README.md; measured no faster on 2 H200s, docs/multi_gpu.md runs 30-32).
     own_tasks_reserve_sms: on GPUs, the SMs their forward kernel (persistent, one block per SM) leaves free for the
-    collective that runs beside it (a second 'cuda' backend instance with that 'reserve_sms' runs them); 0: every
-    SM.
+    collective that runs beside it; 0: every SM. A second 'cuda' backend instance runs them, with that 'reserve_sms'
+    and the dynamic walk (its blocks take the next untaken unit, so that those whose SM the collective holds at
+    first take fewer). forward_walk: on GPUs, the walk of the server's forward kernel: "static" (default; each
+    block a fixed share, what `cad simulate` models) or "dynamic" (the 'cuda' backend's forward_walk).
     """
     if keep_forward_tensors not in (True, False, "auto"):
         raise CadError(f"cad.init: keep_forward_tensors must be True, False or 'auto', got {keep_forward_tensors!r}")
@@ -92,6 +96,8 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     if isinstance(own_tasks_reserve_sms, bool) or not isinstance(own_tasks_reserve_sms, int) or \
             not 0 <= own_tasks_reserve_sms <= 64:
         raise CadError(f"cad.init: own_tasks_reserve_sms must be an int in [0, 64], got {own_tasks_reserve_sms!r}")
+    if forward_walk not in ("static", "dynamic"):
+        raise CadError(f"cad.init: forward_walk must be 'static' or 'dynamic', got {forward_walk!r}")
     if balancer_config is not None and (not isinstance(balancer_config, dict) or
                                         not all(isinstance(k, str) for k in balancer_config)):
         raise CadError(f"cad.init: balancer_config must be a dict of the balancer's config keys (e.g. "
@@ -105,7 +111,7 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
                          timeout_ms=timeout_ms, group=group, log_level=log_level,
                          comm_stream_priority=comm_stream_priority, nccl_max_ctas=nccl_max_ctas,
                          nccl_blocking_comm=bool(nccl_blocking_comm), own_tasks_in_place=own_tasks_in_place,
-                         own_tasks_reserve_sms=own_tasks_reserve_sms)
+                         own_tasks_reserve_sms=own_tasks_reserve_sms, forward_walk=forward_walk)
         for runtime in _runtimes.values():
             runtime.close()
         _runtimes.clear()
@@ -148,11 +154,13 @@ def stack_config(device, settings=None):
         cad_config["plan_communicator"] = "plan_comm"
     instances += [
         {"name": "balancer", "plugin": s["balancer"], "config": dict(s.get("balancer_config") or {})},
-        {"name": "server", "plugin": "cuda" if device.type == "cuda" else "reference", "config": {}},
+        {"name": "server", "plugin": "cuda" if device.type == "cuda" else "reference",
+         "config": {"forward_walk": s["forward_walk"]} if device.type == "cuda" and
+         s.get("forward_walk", "static") != "static" else {}},
     ]
-    reserve = int(s.get("own_tasks_reserve_sms", 0))
-    if device.type == "cuda" and cad_config["own_tasks_in_place"] and reserve > 0:
-        instances.append({"name": "server_own", "plugin": "cuda", "config": {"reserve_sms": reserve}})
+    if device.type == "cuda" and cad_config["own_tasks_in_place"]:
+        instances.append({"name": "server_own", "plugin": "cuda",
+                          "config": {"reserve_sms": int(s.get("own_tasks_reserve_sms", 0)), "forward_walk": "dynamic"}})
         cad_config["own_server_backend"] = "server_own"
     instances.append({"name": "cad", "plugin": "cad", "config": cad_config})
     return {"log_level": s["log_level"], "instances": instances, "attention": "cad"}
