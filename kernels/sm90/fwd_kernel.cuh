@@ -80,8 +80,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
     tma_prefetch_descriptor(&tm_v);
     int tiles_issued = 0;
     for (int units_done = 0;; ++units_done) {
-      const int u = fwd90_next_unit(p, units_done, num_units);
-      fwd90_publish_unit(sm, units_done, u);
+      const int u = fwd90_producer_unit(p, sm, units_done, num_units);
       if (u < 0) break;
       const FwdUnit unit = fwd90_unit(p, u, num_units);
       const FwdItem item = p.items[unit.item];
@@ -102,7 +101,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
   const float scale_eff = fold_scale ? p.scale_log2 : 1.f;
   int tiles_used = 0, units_done = 0;  // declared before the barrier: after it, ptxas allocates differently
   if (cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // consumer 0 takes the first turn
-  for (int u; (u = fwd90_take_unit(sm, units_done, lane)) >= 0; ++units_done) {
+  for (int u; (u = fwd90_consumer_unit(p, sm, units_done, num_units, lane)) >= 0; ++units_done) {
     const FwdUnit unit = fwd90_unit(p, u, num_units);
     const FwdItem item = p.items[unit.item];
     const int head = unit.head;

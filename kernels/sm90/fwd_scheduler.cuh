@@ -5,8 +5,8 @@
 //  - dynamic: each block takes the next unit nobody has taken (an atomic counter in the workspace, zeroed
 //    before the launch), so that a block that starts late -- its SM held by a kernel beside this one, a
 //    collective -- takes fewer units and the grid still ends together.
-// The block's producer picks the unit and hands its number to both consumers through two slots in shared
-// memory (fwd90_publish_unit / fwd90_take_unit). The work items themselves (query tiles, KV splits,
+// Under the dynamic walk the block's producer picks the unit and hands its number to both consumers through
+// two slots in shared memory (fwd90_publish_unit / fwd90_take_unit). The work items themselves (query tiles, KV splits,
 // heaviest first) come from the host plan (attention_plan.cpp).
 #pragma once
 
@@ -61,16 +61,10 @@ __device__ __forceinline__ FwdUnit fwd90_unit(const FwdParams& p, int u, int num
 }
 
 // ---- device: the hand-off from the producer to the consumers ------------------------------------------
-// The producer's k-th unit (k = its units so far): the static walk's, or the next untaken one of the grid
-// (p.unit_counter: the dynamic walk). -1 when none is left.
-__device__ __forceinline__ int fwd90_next_unit(const FwdParams& p, int k, int num_units) {
-  const int u = p.unit_counter != nullptr ? atomicAdd(p.unit_counter, 1) : fwd_unit_of(k, blockIdx.x, gridDim.x);
-  return u < num_units ? u : -1;
-}
-
-// Slot k % 2 carries the k-th unit's number (or -1: the block is done). The producer waits until every
-// consumer warp has read the slot's previous number (unit k - 2); the consumers wait for the number. The
-// mbarrier arrive (release) and wait (acquire) order the slot's store before its loads.
+// Under the dynamic walk (p.unit_counter), slot k % 2 carries the block's k-th unit (or -1: the block is done).
+// The producer waits until every consumer warp has read the slot's previous number (unit k - 2); the consumers
+// wait for the number. The mbarrier arrive (release) and wait (acquire) order the slot's store before its loads.
+// The static walk needs no hand-off: every role computes the same sequence.
 template <typename T>
 __device__ __forceinline__ void fwd90_publish_unit(const Fwd90Smem<T>& sm, int k, int u) {
   const int slot = k & 1;
@@ -87,6 +81,26 @@ __device__ __forceinline__ int fwd90_take_unit(const Fwd90Smem<T>& sm, int k, in
   __syncwarp();
   if (lane == 0) mbar_arrive(sm.unit_empty(slot));
   return u;
+}
+
+// The block's k-th unit, -1 when it has none left: the producer's (under the dynamic walk it takes the next
+// untaken unit of the grid and hands it on) and the consumers'.
+__device__ __forceinline__ int fwd90_static_unit(int k, int num_units) {
+  const int u = fwd_unit_of(k, blockIdx.x, gridDim.x);
+  return u < num_units ? u : -1;
+}
+template <typename T>
+__device__ __forceinline__ int fwd90_producer_unit(const FwdParams& p, const Fwd90Smem<T>& sm, int k, int num_units) {
+  if (p.unit_counter == nullptr) return fwd90_static_unit(k, num_units);
+  int u = atomicAdd(p.unit_counter, 1);
+  if (u >= num_units) u = -1;
+  fwd90_publish_unit(sm, k, u);
+  return u;
+}
+template <typename T>
+__device__ __forceinline__ int fwd90_consumer_unit(const FwdParams& p, const Fwd90Smem<T>& sm, int k, int num_units,
+                                                   int lane) {
+  return p.unit_counter == nullptr ? fwd90_static_unit(k, num_units) : fwd90_take_unit(sm, k, lane);
 }
 
 }  // namespace cad::kernels::detail
