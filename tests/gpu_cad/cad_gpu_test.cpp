@@ -78,16 +78,20 @@ std::string stack_config() {
     instances.push_back({{"name", "comm"}, {"plugin", "mpi"}, {"config", {{"timeout_ms", g_timeout_ms}}}});
   }
   instances.push_back({{"name", "server"}, {"plugin", "cuda"}, {"config", {{"device", g_device}}}});
+  // What the Python package gives the own tasks on GPUs (cad.init(own_tasks_in_place=True)): a cuda instance whose
+  // forward leaves 16 SMs to the collective and walks its units dynamically.
+  instances.push_back({{"name", "server_own"},
+                       {"plugin", "cuda"},
+                       {"config", {{"device", g_device}, {"reserve_sms", 16}, {"forward_walk", "dynamic"}}}});
   for (const std::string& b : balancers()) {
     instances.push_back({{"name", "bal_" + b}, {"plugin", b}, {"config", nlohmann::json::object()}});
     // The keep instances also run the tasks on a rank's own documents in place (own_tasks_in_place, off by default:
     // the resend ones keep the default), so every test here covers both data paths.
     for (bool keep : {true, false}) {
-      instances.push_back({{"name", cad_name(b, keep)},
-                           {"plugin", "cad"},
-                           {"config",
-                            {{"communicator", "comm"}, {"balancer", "bal_" + b}, {"server_backend", "server"},
-                             {"keep_forward_tensors", keep}, {"own_tasks_in_place", keep}}}});
+      nlohmann::json config = {{"communicator", "comm"}, {"balancer", "bal_" + b}, {"server_backend", "server"},
+                               {"keep_forward_tensors", keep}, {"own_tasks_in_place", keep}};
+      if (keep) config["own_server_backend"] = "server_own";
+      instances.push_back({{"name", cad_name(b, keep)}, {"plugin", "cad"}, {"config", config}});
     }
   }
   return nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
