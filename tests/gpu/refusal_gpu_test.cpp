@@ -181,6 +181,15 @@ TEST_F(CudaRefusals, UnknownConfigKeyWarnsButBadDeviceFails) {
   EXPECT_NE(bad.error().find("device"), std::string::npos) << bad.error();
 }
 
+TEST_F(CudaRefusals, BadForwardWalkAndReserveAreRefusedNamingTheKey) {
+  AttentionPlugin walk(plugin_path("cuda"), R"({"forward_walk": "greedy"})");
+  EXPECT_NE(walk.error().find("forward_walk"), std::string::npos) << walk.error();
+  AttentionPlugin reserve(plugin_path("cuda"), R"({"reserve_sms": -1})");
+  EXPECT_NE(reserve.error().find("reserve_sms"), std::string::npos) << reserve.error();
+  AttentionPlugin both(plugin_path("cuda"), R"({"forward_walk": "dynamic", "reserve_sms": 16})");
+  EXPECT_EQ(both.error(), "");
+}
+
 TEST_F(CudaRefusals, ForwardIsDeterministic) {
   SmallProblem p(128, kBf16, 8, 2);
   p.args.causal = 1;
