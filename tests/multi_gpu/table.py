@@ -3,6 +3,14 @@
 one row per configuration from the trainer's --json-out files (train_<config>_<context>.json), as markdown.
 
     python3 tests/multi_gpu/table.py OUT_DIR [--steps-from 1]
+    python3 tests/multi_gpu/table.py OUT_DIR OUT_DIR2 ... [--steps-from 1]
+
+With several folders (runs of the same configurations, e.g. on different machines or days) it prints one table
+pooled over them instead: per configuration its mean step over the runs (and the runs' min / max), and the
+speedup and realised share of the pooled means (each run's faster local baseline and its local_balanced, the
+measured ideal, averaged over the runs that have them), beside each run's own share. At 64K tokens per GPU on 2
+H200s the same configuration's share moved from 0.64 to 0.84 between identical runs (docs/multi_gpu.md, runs
+33-37): one run's share is not a number to quote there.
 
 Every number is a mean over the steps from --steps-from on (step 0 warms up); the trainer's --profile-step run
 is kept outside "steps" ("profiled_step") and so counts in none. Per step:
@@ -308,11 +316,66 @@ def profile_rows(out, runs):
     return lines
 
 
+POOLED_COLUMNS = ["tokens/GPU", "config", "runs", "step ms, mean (min / max)", "speedup vs baseline",
+                  "measured ideal", "realised share (pooled)", "share per run"]
+
+
+def mean_step(run, first):
+    """A trained run's mean step time from step `first` on (seconds), or None."""
+    steps = run["steps"][first:] if trained(run) else []
+    return mean(step_time(s) for s in steps) if steps else None
+
+
+def pooled_rows(all_runs, first):
+    """The pooled table's rows (POOLED_COLUMNS) over several folders' runs ({(context, name): run} each): per
+    (context, configuration), its mean step over the folders that trained it; speedup and share from the means of
+    the folders that have the configuration, a baseline and local_balanced (see the module doc)."""
+    keys = in_order(set().union(*all_runs))
+    lines = []
+    for context, name in keys:
+        own = [mean_step(runs.get((context, name)), first) for runs in all_runs]
+        have = [t for t in own if t is not None]
+        if not have:
+            continue
+        bases, ideals, mine, shares = [], [], [], []
+        for runs, t in zip(all_runs, own):
+            _, base = baseline_of(context, runs, first)
+            b = mean_step(base, first) if base is not None else None
+            i = mean_step(runs.get((context, MEASURED_IDEAL)), first)
+            if t is None or b is None or i is None:
+                shares.append("-")
+                continue
+            bases.append(b), ideals.append(i), mine.append(t)
+            gain = b / i - 1
+            shares.append(f"{(b / t - 1) / gain:.2f}" if gain >= 0.01 and name != MEASURED_IDEAL else "-")
+        speedup = ideal = share = "-"
+        if mine:
+            b, i, t = mean(bases), mean(ideals), mean(mine)
+            speedup, ideal = f"{b / t:.3f}", f"{b / i:.3f}"
+            if b / i - 1 >= 0.01 and name != MEASURED_IDEAL:
+                share = f"{(b / t - 1) / (b / i - 1):.2f}"
+        cells = [tokens_label(context), name, str(len(have)),
+                 f"{mean(have) * 1e3:.0f} ({min(have) * 1e3:.0f} / {max(have) * 1e3:.0f})", speedup, ideal, share,
+                 " ".join(shares)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", help="the folder holding train_<config>_<context>.json")
+    parser.add_argument("out", nargs="+", help="the folder holding train_<config>_<context>.json (several: pooled)")
     parser.add_argument("--steps-from", type=int, default=1, help="first step counted (default 1: skip warm-up)")
     args = parser.parse_args()
+    if len(args.out) > 1:
+        all_runs = [load(out) for out in args.out]
+        empty = [out for out, runs in zip(args.out, all_runs) if not runs]
+        if empty:
+            sys.exit(f"table.py: no train_<config>_<context>.json in {empty[0]}")
+        print_table(pooled_rows(all_runs, args.steps_from),
+                    f"Pooled over {len(args.out)} runs ({', '.join(args.out)}); steps from {args.steps_from}:",
+                    POOLED_COLUMNS)
+        return
+    args.out = args.out[0]
     runs = load(args.out)
     if not runs:
         sys.exit(f"table.py: no train_<config>_<context>.json in {args.out}")

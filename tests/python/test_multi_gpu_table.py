@@ -280,3 +280,33 @@ def test_titan_bench_table(tmp_path):
     empty.mkdir()
     out = subprocess.run([sys.executable, str(TITAN_TABLE), str(empty)], capture_output=True, text=True)
     assert out.returncode == 1 and "no <config>.json" in out.stderr
+
+
+def test_several_folders_give_one_table_pooled_over_the_runs(tmp_path):
+    # Two runs of local / local_balanced / prefix_aware (steps 1-2 counted; step 0 warms up), a third with
+    # prefix_aware only. Run a: local 2.5, ideal 2.0, ours 2.1 -> share (2.5/2.1 - 1) / (2.5/2.0 - 1) = 0.76;
+    # run b: 2.7, 2.2, 2.2 -> 1.00. Pooled means 2.6, 2.1, 2.15: speedup 1.209, ideal 1.238, share 0.88.
+    runs = {"a": (2.5, 2.0, 2.1), "b": (2.7, 2.2, 2.2)}
+    for folder, (local, ideal, ours) in runs.items():
+        (tmp_path / folder).mkdir()
+        for name, t in (("local", local), ("local_balanced", ideal), ("prefix_aware", ours)):
+            write(tmp_path / folder, name, [record(i, [x, x], [0.5, 0.5]) for i, x in enumerate([9.0, t, t])])
+    (tmp_path / "c").mkdir()
+    write(tmp_path / "c", "prefix_aware", [record(i, [x, x], [0.5, 0.5]) for i, x in enumerate([9.0, 2.3, 2.3])])
+    done = subprocess.run([sys.executable, str(TABLE), str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Pooled over 3 runs" in done.stdout
+    rows = {c[1]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in done.stdout.splitlines()
+                              if line.startswith("| 64K"))}
+    # columns: context, config, runs, step mean (min / max), speedup, measured ideal, pooled share, share per run
+    ours = rows["prefix_aware"]
+    assert ours[2] == "3" and ours[3] == "2200 (2100 / 2300)"   # every run that trained it
+    assert ours[4] == "1.209" and ours[5] == "1.238" and ours[6] == "0.88"  # the runs with a baseline and ideal
+    assert ours[7] == "0.76 1.00 -"
+    assert rows["local"][6] == "0.00" and rows["local_balanced"][6] == "-"
+    # A folder without records is named.
+    (tmp_path / "empty").mkdir()
+    done = subprocess.run([sys.executable, str(TABLE), str(tmp_path / "a"), str(tmp_path / "empty")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "empty" in done.stderr
