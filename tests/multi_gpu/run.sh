@@ -30,6 +30,9 @@
 # ~140 s at 128K and ~250 s at 256K. Each context's torchrun gets the budget left minus 90 s per context still
 # to come; configurations are trained in CONFIGS' order (ping-pong ones last), so when time runs out the table
 # lacks the last ones and the summary says which. More: TRAIN_BUDGET_S=900 STEPS=4 LAYERS='65536:8 ...'.
+# ROUNDS=N trains the contexts N times (records in $OUT/round1..N) and writes $OUT/table_pooled.md, the table
+# pooled over the rounds (tests/multi_gpu/table.py with several folders): where one run's share of the gain
+# varies (64K on 2 GPUs), quote the pooled one.
 # TRAINER_ARGS adds trainer options to every run (e.g. '--gc freeze', or a Gemma-3-like layer pattern:
 # '--window 4096 --global-every 6', or '--profile-trace' for a timeline of the profiled step); PROFILE_STEP=N (default off: it costs one
 # more step per configuration) profiles step N's batch again after the timed steps, per rank, into
@@ -81,7 +84,8 @@ if want faults && [ "$NGPU" -ge 2 ]; then
 fi
 
 if want train; then
-  export CAD_PLUGIN_PATH="$PWD/$BUILD/lib/cad/plugins" CAD_HOST_LIBRARY="$PWD/$BUILD/lib/libcad_host.so"
+  build_dir="$BUILD"; [[ "$build_dir" = /* ]] || build_dir="$PWD/$BUILD"  # BUILD may be relative or absolute
+  export CAD_PLUGIN_PATH="$build_dir/lib/cad/plugins" CAD_HOST_LIBRARY="$build_dir/lib/libcad_host.so"
   export PYTHONPATH="$PWD/host_adapter/python"
   # Long-context training fragments PyTorch's caching allocator: 32 layers at 64K on 4 H100s ran out of memory
   # with 8.5 GiB reserved but unallocated. Growable segments, as long-context users set them (same for every
@@ -109,46 +113,61 @@ if want train; then
     echo "+ timeout $seconds ${cmd[*]}" | tee -a "$SUMMARY"
     timeout "$seconds" "${cmd[@]}" > "$log" 2>&1
   }
+  # Each configuration's JSON name, as the trainer names it (config<TAB>name lines; it also refuses bad CONFIGS).
+  names=$(python3 examples/train_llama.py --configs "$CONFIGS" --list-configs) || {
+    record "train: CONFIGS=$CONFIGS refused by the trainer" 1; exit 1; }
+  # ROUNDS=N: the contexts N times, round k's records in $OUT/round<k> (N = 1: in $OUT), then one table pooled
+  # over the rounds (table.py with several folders): at 64K the same configuration's share of the gain moved
+  # 0.64-0.84 between identical runs on 2 H200s (docs/multi_gpu.md, runs 33-37).
+  rounds="${ROUNDS:-1}"
   set -- $CONTEXTS
-  while [ $# -gt 0 ]; do
-    ctx="$1"; shift
-    layers=$(layers_for "$ctx")
-    allowed=$(( deadline - $(date +%s) - 90 * $# ))
-    if [ "$allowed" -lt 60 ]; then
-      echo "train at $ctx: not run, the ${TRAIN_BUDGET_S:-480} s budget is spent" | tee -a "$SUMMARY"; continue
-    fi
-    trainer "$allowed" "$OUT/train_all_${ctx}.log" --configs "$CONFIGS" --context "$ctx" --layers "$layers" \
-      --json-out "$OUT/train_{config}_${ctx}.json"
-    rc=$?
-    if [ "$rc" = 124 ]; then  # the budget, not a failure: the table has what finished
-      echo "train at $ctx tokens/GPU and micro-batch, $layers layers: stopped by the budget after ${allowed} s" \
-        "[$(date +%H:%M:%S)]" | tee -a "$SUMMARY"
-    else
-      record "train $CONFIGS at $ctx tokens/GPU and micro-batch, $layers layers (one process)" $rc
-    fi
-    for config in ${CONFIGS//,/ }; do
-      name="${config%%+*}"  # the trainer's label: base, then _plannow (+now), then _pingpong (+pp)
-      [[ "+$config+" == *"+now+"* ]] && name+="_plannow"
-      [[ "+$config+" == *"+pp+"* ]] && name+="_pingpong"
-      [[ "+$config+" == *"+ppauto+"* ]] && name+="_autopingpong"
-      if [ -f "$OUT/train_${name}_${ctx}.json" ]; then
-        python3 -c "import json,sys; print('summary', json.dumps(json.load(open(sys.argv[1]))['summary']))" \
-          "$OUT/train_${name}_${ctx}.json" | tee -a "$SUMMARY"
+  contexts_left=$(( rounds * $# ))
+  round_dirs=()
+  for round in $(seq 1 "$rounds"); do
+    ROUT="$OUT"
+    if [ "$rounds" -gt 1 ]; then ROUT="$OUT/round$round"; mkdir -p "$ROUT"; round_dirs+=("$ROUT"); fi
+    for ctx in $CONTEXTS; do
+      contexts_left=$(( contexts_left - 1 ))
+      layers=$(layers_for "$ctx")
+      allowed=$(( deadline - $(date +%s) - 90 * contexts_left ))
+      if [ "$allowed" -lt 60 ]; then
+        echo "train at $ctx (round $round): not run, the ${TRAIN_BUDGET_S:-480} s budget is spent" | tee -a "$SUMMARY"
         continue
       fi
-      # Missing after a failure (e.g. out of memory ends the process): alone again, if there is time for it.
-      allowed=$(( deadline - $(date +%s) - 90 * $# ))
-      if [ "$rc" != 124 ] && [ "$allowed" -ge 120 ]; then
-        trainer "$allowed" "$OUT/train_${name}_${ctx}.log" --configs "$config" --context "$ctx" --layers "$layers" \
-          --json-out "$OUT/train_{config}_${ctx}.json"
-        record "train $name at $ctx alone (missing after the shared run)" $?
+      trainer "$allowed" "$ROUT/train_all_${ctx}.log" --configs "$CONFIGS" --context "$ctx" --layers "$layers" \
+        --json-out "$ROUT/train_{config}_${ctx}.json"
+      rc=$?
+      if [ "$rc" = 124 ]; then  # the budget, not a failure: the table has what finished
+        echo "train at $ctx tokens/GPU and micro-batch, $layers layers (round $round): stopped by the budget after" \
+          "${allowed} s [$(date +%H:%M:%S)]" | tee -a "$SUMMARY"
       else
-        echo "train $name at $ctx: not run (budget)" | tee -a "$SUMMARY"
+        record "train $CONFIGS at $ctx tokens/GPU and micro-batch, $layers layers (one process, round $round)" $rc
       fi
+      while IFS=$'\t' read -r config name; do
+        if [ -f "$ROUT/train_${name}_${ctx}.json" ]; then
+          python3 -c "import json,sys; print('summary', json.dumps(json.load(open(sys.argv[1]))['summary']))" \
+            "$ROUT/train_${name}_${ctx}.json" | tee -a "$SUMMARY"
+          continue
+        fi
+        # Missing after a failure (e.g. out of memory ends the process): alone again, if there is time for it.
+        allowed=$(( deadline - $(date +%s) - 90 * contexts_left ))
+        if [ "$rc" != 124 ] && [ "$allowed" -ge 120 ]; then
+          trainer "$allowed" "$ROUT/train_${name}_${ctx}.log" --configs "$config" --context "$ctx" --layers "$layers" \
+            --json-out "$ROUT/train_{config}_${ctx}.json"
+          record "train $name at $ctx alone (missing after the shared run, round $round)" $?
+        else
+          echo "train $name at $ctx (round $round): not run (budget)" | tee -a "$SUMMARY"
+        fi
+      done <<< "$names"
+      python3 tests/multi_gpu/table.py "$ROUT" > "$ROUT/table.md" 2>&1; pack
     done
-    python3 tests/multi_gpu/table.py "$OUT" > "$OUT/table.md" 2>&1; pack
   done
-  cat "$OUT/table.md"
+  if [ "$rounds" -gt 1 ]; then
+    python3 tests/multi_gpu/table.py "${round_dirs[@]}" > "$OUT/table_pooled.md" 2>&1; pack
+    cat "$OUT/table_pooled.md"
+  else
+    cat "$OUT/table.md"
+  fi
 fi
 
 if want bandwidth && [ "$NGPU" -ge 2 ]; then  # the wire: ours against torch's all-to-all, same bytes (bench/nccl)

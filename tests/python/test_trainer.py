@@ -632,3 +632,19 @@ def test_kernel_families():
     assert t.kernel_family("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "gemm"
     assert t.kernel_family("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT") == "gemm"
     assert t.kernel_family("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"
+
+
+def test_list_configs_names_each_configurations_records():
+    """--list-configs: each of --configs with the name its JSON gets (what tests/multi_gpu/run.sh looks for),
+    training nothing; without --configs it is refused."""
+    done = subprocess.run([sys.executable, str(TRAINER), "--configs",
+                           "local,local_balanced,prefix_aware+own+res0+dyn,distca+pp+tol0.01,prefix_aware+now+ctas8",
+                           "--list-configs"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [line.split("\t") for line in done.stdout.splitlines()] == [
+        ["local", "local"], ["local_balanced", "local_balanced"],
+        ["prefix_aware+own+res0+dyn", "prefix_aware_own_dyn_res0"], ["distca+pp+tol0.01", "distca_pingpong_tol0.01"],
+        ["prefix_aware+now+ctas8", "prefix_aware_plannow_ctas8"]]
+    refused = subprocess.run([sys.executable, str(TRAINER), "--list-configs"], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and "give --configs" in refused.stderr
