@@ -123,6 +123,25 @@ double lse_error(const std::vector<float>& got, const std::vector<float>& want) 
   return worst;
 }
 
+// One call's device tensors: the bf16 inputs uploaded, every output poisoned (0xff bytes = NaN) so that
+// unwritten elements show.
+struct OnDevice {
+  DeviceBuffer q, k, v, d_o, o, lse, dq, dk, dv;
+  OnDevice(const std::vector<uint16_t>& q_host, const std::vector<uint16_t>& k_host, const std::vector<uint16_t>& v_host,
+           const std::vector<uint16_t>& d_o_host, size_t nl)
+      : q(q_host.size() * 2), k(k_host.size() * 2), v(v_host.size() * 2), d_o(d_o_host.size() * 2),
+        o(q_host.size() * 2), lse(nl * 4), dq(q_host.size() * 2), dk(k_host.size() * 2), dv(v_host.size() * 2) {
+    cudaMemcpy(q.get(), q_host.data(), q.bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(k.get(), k_host.data(), k.bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(v.get(), v_host.data(), v.bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_o.get(), d_o_host.data(), d_o.bytes(), cudaMemcpyHostToDevice);
+    for (DeviceBuffer* out : {&o, &lse, &dq, &dk, &dv}) cudaMemset(out->get(), 0xff, out->bytes());
+  }
+  AttentionData data() {
+    return {q.get(), k.get(), v.get(), o.get(), d_o.get(), dq.get(), dk.get(), dv.get(), static_cast<float*>(lse.get())};
+  }
+};
+
 // The last parameter picks the kernels, forward and backward, at both head dims: true = the default
 // (wgmma on Hopper), false = the portable mma.sync kernels forced through the config.
 class AttentionVsReference
@@ -152,20 +171,12 @@ void compare_with_reference(Kind kind, int d, bool causal, int hq, int hkv, bool
     const auto q = random_bf16(nq, rng, &qf), k = random_bf16(nk, rng, &kf), v = random_bf16(nk, rng, &vf);
     const auto d_o = random_bf16(nq, rng, &dof);
 
-    // ---- GPU: inputs in, outputs poisoned (0xff bytes = NaN) so that unwritten elements show.
-    DeviceBuffer dq_in(nq * 2), dk_in(nk * 2), dv_in(nk * 2), ddo(nq * 2), dout(nq * 2), dlse(nl * 4);
-    DeviceBuffer ddq(nq * 2), ddk(nk * 2), ddv(nk * 2);
-    cudaMemcpy(dq_in.get(), q.data(), nq * 2, cudaMemcpyHostToDevice);
-    cudaMemcpy(dk_in.get(), k.data(), nk * 2, cudaMemcpyHostToDevice);
-    cudaMemcpy(dv_in.get(), v.data(), nk * 2, cudaMemcpyHostToDevice);
-    cudaMemcpy(ddo.get(), d_o.data(), nq * 2, cudaMemcpyHostToDevice);
-    for (DeviceBuffer* out : {&dout, &dlse, &ddq, &ddk, &ddv}) cudaMemset(out->get(), 0xff, out->bytes());
+    // ---- GPU
+    OnDevice dev(q, k, v, d_o, nl);
     cudaStream_t stream;
     CAD_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const AttentionShape shape{b.tq, b.tk, hq, hkv, d, window_left, window_right};
-    const AttentionData on_gpu{dq_in.get(), dk_in.get(), dv_in.get(), dout.get(), ddo.get(),
-                               ddq.get(),   ddk.get(),   ddv.get(),   static_cast<float*>(dlse.get())};
-    ASSERT_EQ(run_attention(gpu, b.segments, shape, causal, CAD_DEVICE_CUDA, kBf16, on_gpu, stream), "");
+    ASSERT_EQ(run_attention(gpu, b.segments, shape, causal, CAD_DEVICE_CUDA, kBf16, dev.data(), stream), "");
     {
       // The backward runs the kernels the forward runs: the Hopper ones unless the config forbids them,
       // windowed or not (they mask windows; a window that hides no key of the batch is no window: the plans
@@ -182,8 +193,9 @@ void compare_with_reference(Kind kind, int d, bool causal, int hq, int hkv, bool
     }
     CAD_CHECK_CUDA(cudaGetLastError());
     EXPECT_EQ(gpu.outstanding_device_bytes(), 0) << "workspace not handed back";
-    const auto o_gpu = download_bf16(dout, nq), lse_gpu = download_f32(dlse, nl);
-    const auto dq_gpu = download_bf16(ddq, nq), dk_gpu = download_bf16(ddk, nk), dv_gpu = download_bf16(ddv, nk);
+    const auto o_gpu = download_bf16(dev.o, nq), lse_gpu = download_f32(dev.lse, nl);
+    const auto dq_gpu = download_bf16(dev.dq, nq), dk_gpu = download_bf16(dev.dk, nk);
+    const auto dv_gpu = download_bf16(dev.dv, nk);
     cudaStreamDestroy(stream);
 
     // ---- CPU reference in fp32 on the same (bf16-rounded) values.
@@ -289,22 +301,14 @@ void run_on(const char* config, const Batch& b, int d, bool causal, int hq, int 
   const size_t nl = static_cast<size_t>(b.tq) * hq;
   const auto q = random_bf16(nq, rng, nullptr), k = random_bf16(nk, rng, nullptr), v = random_bf16(nk, rng, nullptr);
   const auto d_o = random_bf16(nq, rng, nullptr);
-  DeviceBuffer dq_in(nq * 2), dk_in(nk * 2), dv_in(nk * 2), ddo(nq * 2), dout(nq * 2), dlse(nl * 4);
-  DeviceBuffer ddq(nq * 2), ddk(nk * 2), ddv(nk * 2);
-  cudaMemcpy(dq_in.get(), q.data(), nq * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(dk_in.get(), k.data(), nk * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(dv_in.get(), v.data(), nk * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(ddo.get(), d_o.data(), nq * 2, cudaMemcpyHostToDevice);
-  for (DeviceBuffer* out : {&dout, &dlse, &ddq, &ddk, &ddv}) cudaMemset(out->get(), 0xff, out->bytes());
+  OnDevice dev(q, k, v, d_o, nl);
   cudaStream_t stream;
   CAD_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const AttentionShape shape{b.tq, b.tk, hq, hkv, d, window_left, -1};
-  const AttentionData on_gpu{dq_in.get(), dk_in.get(), dv_in.get(), dout.get(), ddo.get(),
-                             ddq.get(),   ddk.get(),   ddv.get(),   static_cast<float*>(dlse.get())};
-  EXPECT_EQ(run_attention(gpu, b.segments, shape, causal, CAD_DEVICE_CUDA, kBf16, on_gpu, stream), "") << config;
+  EXPECT_EQ(run_attention(gpu, b.segments, shape, causal, CAD_DEVICE_CUDA, kBf16, dev.data(), stream), "") << config;
   CAD_CHECK_CUDA(cudaStreamSynchronize(stream));
   cudaStreamDestroy(stream);
-  *out = {download_bf16(dout, nq), download_f32(dlse, nl)};
+  *out = {download_bf16(dev.o, nq), download_f32(dev.lse, nl)};
 }
 
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
