@@ -5,6 +5,8 @@
 //   "needs": string     an attention instance looked up at create (NOT_FOUND if the host has none)
 //   "allocate_bytes": n CPU bytes allocated through the host at create, freed at destroy
 //   "leak": bool        keep (do not free) that allocation at destroy
+//   "shared_kv": bool   claim CAD_ATTENTION_CAP_SHARED_KV (what CAD asks of a server backend), so that CAD's tests
+//                       can offer it as a server backend whose other capabilities differ from the reference's
 #include <cstring>
 #include <string>
 
@@ -26,6 +28,7 @@ struct Context {
   std::string tag;
   void* block = nullptr;
   bool leak = false;
+  bool shared_kv = false;
 
   Context(const cad_host_services_v1_t* s, const char* config_json) : services(s), logger(s, "test_attention") {
     ConfigReader config(config_json, "plugin 'test_attention' config");
@@ -33,6 +36,7 @@ struct Context {
     const std::string needs = config.get_string("needs", "");
     const int64_t bytes = config.get_int("allocate_bytes", 0, 0, int64_t{1} << 30);
     leak = config.get_bool("leak", false);
+    shared_kv = config.get_bool("shared_kv", false);
     config.finish(logger);
     if (!needs.empty()) {
       const void* table = nullptr;
@@ -68,6 +72,7 @@ cad_status_t get_capabilities(void* ctx, cad_attention_capabilities_v1_t* out) {
     caps.device_type = CAD_DEVICE_CPU;
     caps.dtype_mask = CAD_ATTENTION_DTYPE_FP32;
     caps.flags = CAD_ATTENTION_CAP_CAUSAL | CAD_ATTENTION_CAP_NONCAUSAL | CAD_ATTENTION_CAP_GQA | CAD_ATTENTION_CAP_BACKWARD;
+    if (static_cast<Context*>(ctx)->shared_kv) caps.flags |= CAD_ATTENTION_CAP_SHARED_KV;
     caps.head_dim_mask = 0xffffffffu;
     caps.max_head_dim = 512;
     const size_t n = out->struct_size < sizeof caps ? out->struct_size : sizeof caps;

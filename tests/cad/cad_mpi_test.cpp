@@ -371,12 +371,15 @@ TEST(CadMpi, MemoryCapRefusalReachesEveryRank) {
 }
 
 namespace {
-// Builds a stack whose CAD instance has `cad_config`; returns the host's error (status + message).
-std::pair<cad_status_t, std::string> create_stack(const nlohmann::json& cad_config) {
+// Builds a stack whose CAD instance has `cad_config` (after `extra` instances); returns the host's error (status +
+// message).
+std::pair<cad_status_t, std::string> create_stack(const nlohmann::json& cad_config,
+                                                  const nlohmann::json& extra = nlohmann::json::array()) {
   nlohmann::json instances = nlohmann::json::array();
   instances.push_back({{"name", "comm"}, {"plugin", "mpi"}, {"config", nlohmann::json::object()}});
   instances.push_back({{"name", "server"}, {"plugin", "reference"}, {"config", nlohmann::json::object()}});
   instances.push_back({{"name", "bal"}, {"plugin", balancers().front()}, {"config", nlohmann::json::object()}});
+  for (const auto& instance : extra) instances.push_back(instance);
   instances.push_back({{"name", "cad"}, {"plugin", "cad"}, {"config", cad_config}});
   const std::string config = nlohmann::json{{"log_level", "error"}, {"instances", instances}}.dump();
   cad_host_options_v1_t options{};
@@ -445,6 +448,33 @@ TEST(CadMpi, CreateNamesTheMissingInstanceOrBadKey) {
     const auto [status, message] = create_stack(c);
     EXPECT_EQ(status, CAD_STATUS_NOT_FOUND) << message;
     EXPECT_NE(message.find("no attention instance named 'comm'"), std::string::npos) << message;
+  }
+  {
+    // An own_server_backend of another kind cannot run the tasks run in place. One that lacks what server batches
+    // need is refused as a server backend would be; one that has it but differs otherwise (tests/adapter's
+    // fixture with shared_kv: fp32 only, no plans) is refused naming both instances. One of the same kind is taken.
+    nlohmann::json extra = nlohmann::json::array(
+        {{{"name", "server_own"}, {"plugin", "reference"}, {"config", {{"num_threads", 1}}}}});
+    nlohmann::json c = good;
+    c["own_tasks_in_place"] = true;
+#ifdef CAD_TEST_OTHER_ATTENTION
+    extra.push_back({{"name", "fixture"}, {"plugin", CAD_TEST_OTHER_ATTENTION}, {"config", nlohmann::json::object()}});
+    extra.push_back({{"name", "fixture_kv"}, {"plugin", CAD_TEST_OTHER_ATTENTION}, {"config", {{"shared_kv", true}}}});
+    c["own_server_backend"] = "fixture_kv";
+    const auto [status, message] = create_stack(c, extra);
+    EXPECT_EQ(status, CAD_STATUS_INVALID_CONFIG) << message;
+    EXPECT_NE(message.find("'own_server_backend' names 'fixture_kv', whose capabilities or plans differ from the "
+                           "server backend 'server'"),
+              std::string::npos)
+        << message;
+    c["own_server_backend"] = "fixture";
+    const auto [no_kv_status, no_kv_message] = create_stack(c, extra);
+    EXPECT_EQ(no_kv_status, CAD_STATUS_UNSUPPORTED) << no_kv_message;
+    EXPECT_NE(no_kv_message.find("instance 'fixture' does not support segments that share K/V"), std::string::npos)
+        << no_kv_message;
+#endif
+    c["own_server_backend"] = "server_own";
+    EXPECT_EQ(create_stack(c, extra).first, CAD_STATUS_OK) << create_stack(c, extra).second;
   }
   {
     nlohmann::json c = good;
