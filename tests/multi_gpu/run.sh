@@ -30,9 +30,9 @@
 # ~140 s at 128K and ~250 s at 256K. Each context's torchrun gets the budget left minus 90 s per context still
 # to come; configurations are trained in CONFIGS' order (ping-pong ones last), so when time runs out the table
 # lacks the last ones and the summary says which. More: TRAIN_BUDGET_S=900 STEPS=4 LAYERS='65536:8 ...'.
-# ROUNDS=N trains the contexts N times (records in $OUT/round1..N) and writes $OUT/table_pooled.md, the table
-# pooled over the rounds (tests/multi_gpu/table.py with several folders): where one run's share of the gain
-# varies (64K on 2 GPUs), quote the pooled one.
+# ROUNDS=N trains the contexts N times (records in $OUT/round1..N; round k's configurations rotated by k - 1) and
+# writes $OUT/table_pooled.md, the table pooled over the rounds (tests/multi_gpu/table.py with several folders):
+# where one run's share of the gain varies (64K on 2 GPUs), quote the pooled one.
 # TRAINER_ARGS adds trainer options to every run (e.g. '--gc freeze', or a Gemma-3-like layer pattern:
 # '--window 4096 --global-every 6', or '--profile-trace' for a timeline of the profiled step); PROFILE_STEP=N (default off: it costs one
 # more step per configuration) profiles step N's batch again after the timed steps, per rank, into
@@ -123,9 +123,15 @@ if want train; then
   set -- $CONTEXTS
   contexts_left=$(( rounds * $# ))
   round_dirs=()
+  IFS=, read -r -a config_list <<< "$CONFIGS"
   for round in $(seq 1 "$rounds"); do
     ROUT="$OUT"
     if [ "$rounds" -gt 1 ]; then ROUT="$OUT/round$round"; mkdir -p "$ROUT"; round_dirs+=("$ROUT"); fi
+    # Round k trains the configurations rotated by k - 1, so that no configuration always runs first (on a cold
+    # GPU) or last.
+    shift_by=$(( (round - 1) % ${#config_list[@]} ))
+    round_configs=$(IFS=,; echo "${config_list[*]:shift_by},${config_list[*]:0:shift_by}")
+    round_configs="${round_configs%,}"
     for ctx in $CONTEXTS; do
       contexts_left=$(( contexts_left - 1 ))
       layers=$(layers_for "$ctx")
@@ -134,14 +140,14 @@ if want train; then
         echo "train at $ctx (round $round): not run, the ${TRAIN_BUDGET_S:-480} s budget is spent" | tee -a "$SUMMARY"
         continue
       fi
-      trainer "$allowed" "$ROUT/train_all_${ctx}.log" --configs "$CONFIGS" --context "$ctx" --layers "$layers" \
+      trainer "$allowed" "$ROUT/train_all_${ctx}.log" --configs "$round_configs" --context "$ctx" --layers "$layers" \
         --json-out "$ROUT/train_{config}_${ctx}.json"
       rc=$?
       if [ "$rc" = 124 ]; then  # the budget, not a failure: the table has what finished
         echo "train at $ctx tokens/GPU and micro-batch, $layers layers (round $round): stopped by the budget after" \
           "${allowed} s [$(date +%H:%M:%S)]" | tee -a "$SUMMARY"
       else
-        record "train $CONFIGS at $ctx tokens/GPU and micro-batch, $layers layers (one process, round $round)" $rc
+        record "train $round_configs at $ctx tokens/GPU and micro-batch, $layers layers (one process, round $round)" $rc
       fi
       while IFS=$'\t' read -r config name; do
         if [ -f "$ROUT/train_${name}_${ctx}.json" ]; then

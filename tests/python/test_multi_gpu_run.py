@@ -1,6 +1,6 @@
 """tests/multi_gpu/run.sh's train stage on the CPU (a stand-in nvidia-smi, the trainer's --device cpu through
-TRAINER_ARGS, two processes over gloo): ROUNDS=2 trains the contexts twice into round1/round2 and pools them
-(table_pooled.md); every configuration's records are found under the name the trainer gives them, options after
+TRAINER_ARGS, two processes over gloo): ROUNDS=2 trains the contexts twice into round1/round2, the second round's
+configurations rotated by one, and pools them (table_pooled.md); every configuration's records are found under the name the trainer gives them, options after
 the base included (+dyn), so none is retrained or reported missing."""
 import os
 import pathlib
@@ -38,6 +38,9 @@ def test_rounds_train_twice_and_pool(tmp_path):
     summary = (out / "summary.txt").read_text()
     assert summary.count("(one process, round 1): passed") == 1 and summary.count("(one process, round 2): passed") == 1
     assert "alone (missing" not in summary and "not run" not in summary
+    # Round 2 trains the configurations rotated by one: no configuration always first.
+    assert "train local,local_balanced,prefix_aware+dyn at 256 " in summary
+    assert "train local_balanced,prefix_aware+dyn,local at 256 " in summary
     assert '"cad_forward_walk": "dynamic"' in summary  # +dyn's own summary, not the base configuration's
     pooled = (out / "table_pooled.md").read_text()
     assert "Pooled over 2 runs" in pooled
