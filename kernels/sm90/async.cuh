@@ -31,6 +31,14 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+#ifdef __CUDACC__  // __syncwarp is nvcc's (sm90/tma_descriptor.cpp, plain C++, includes this file for its host part)
+// Arrives once for the whole warp, after every lane of it is here (done with what the barrier guards): for
+// barriers that count warps.
+__device__ __forceinline__ void mbar_arrive_warp(uint32_t bar, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+}
+#endif
 // Blocks until the phase with the given parity has completed. Waiting for parity 1 on a fresh barrier
 // returns at once (the phase "before" the first one counts as complete): producers rely on that to
 // find every stage empty at the start.

@@ -233,8 +233,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     uint32_t ap[BM / 16][4], as[BM / 16][4];
     bwd90_fragments_and_ds<T>(st, dpt, ap, as,
                               reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes), key_local, t);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(ds_bar(b, wg));
+    mbar_arrive_warp(ds_bar(b, wg), lane);
 
     // dV += P^T dO and dK += dS^T Q.
     bwd90_issue_dv_dk<T>(dv, dk, ap, as, do_buf, q_buf);

@@ -50,11 +50,7 @@ __device__ __forceinline__ void fwd90_load_unit(const Fwd90Smem<T>& sm, const CU
 }
 
 // ---- consumer ------------------------------------------------------------------------------------------
-// Releases a stage (or Q) once every lane of this warp is done with it.
-__device__ __forceinline__ void fwd90_release(uint32_t bar, int lane) {
-  __syncwarp();
-  if (lane == 0) mbar_arrive(bar);
-}
+// A stage (or Q) is released once every lane of a warp is done with it (mbar_arrive_warp).
 
 // S = Q K^T for one K stage (consumer cw's 64 queries x BN keys), one wgmma group.
 template <typename T, int D>
@@ -121,8 +117,8 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
     named_barrier_arrive(kTurnBarrier + (1 - cw), 256);
     wgmma_wait<0>();
     fence_registers(s);
-    fwd90_release(sm.k_empty(stage), lane);
-    if (n_tiles == 1) fwd90_release(sm.q_empty(), lane);  // the unit's last S: Q is free (see the loop)
+    mbar_arrive_warp(sm.k_empty(stage), lane);
+    if (n_tiles == 1) mbar_arrive_warp(sm.q_empty(), lane);  // the unit's last S: Q is free (see the loop)
     softmax_tile(s, 0, alpha);
     accumulator_to_a_fragments(s, pa);
     // Tile j: S_j and O += P_{j-1} V_{j-1} in flight together; softmax of S_j under the PV product.
@@ -138,14 +134,14 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
       named_barrier_arrive(kTurnBarrier + (1 - cw), 256);
       wgmma_wait<1>();
       fence_registers(s);
-      fwd90_release(sm.k_empty(stage), lane);
+      mbar_arrive_warp(sm.k_empty(stage), lane);
       // The unit's last S is done: Q goes back now, so the producer loads the next unit's Q (and then its
       // first K/V tiles) under this tile's softmax, the last PV product and the epilogue, instead of after them.
-      if (j == n_tiles - 1) fwd90_release(sm.q_empty(), lane);
+      if (j == n_tiles - 1) mbar_arrive_warp(sm.q_empty(), lane);
       softmax_tile(s, j, alpha);
       wgmma_wait<0>();
       fence_registers(o_acc);
-      fwd90_release(sm.v_empty(prev), lane);
+      mbar_arrive_warp(sm.v_empty(prev), lane);
       fwd90_rescale_o(o_acc, alpha);
       accumulator_to_a_fragments(s, pa);
     }
@@ -169,10 +165,10 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
     fwd90_issue_pv<T, D>(o_acc, pa, sm, stage);
     wgmma_wait<0>();
     fence_registers(o_acc);
-    fwd90_release(sm.v_empty(stage), lane);
+    mbar_arrive_warp(sm.v_empty(stage), lane);
     tiles_used += n_tiles;
   } else {
-    fwd90_release(sm.q_empty(), lane);  // no keys: Q was never read
+    mbar_arrive_warp(sm.q_empty(), lane);  // no keys: Q was never read
   }
 }
 

@@ -78,8 +78,7 @@ __device__ __forceinline__ int fwd90_take_unit(const Fwd90Smem<T>& sm, int k, in
   mbar_wait(sm.unit_full(slot), (k >> 1) & 1);
   int u;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(u) : "r"(sm.unit_slot(slot)) : "memory");
-  __syncwarp();
-  if (lane == 0) mbar_arrive(sm.unit_empty(slot));
+  mbar_arrive_warp(sm.unit_empty(slot), lane);
   return u;
 }
 
