@@ -125,10 +125,24 @@ def trained(run):
     return run is not None and not run["summary"].get("skipped") and run["steps"]
 
 
+def mean_step(run, first):
+    """A trained run's mean step time from step `first` on (seconds), or None."""
+    steps = run["steps"][first:] if trained(run) else []
+    return mean(step_time(s) for s in steps) if steps else None
+
+
+def share_cell(speedup, ideal_speedup, name):
+    """The realised share (speedup - 1) / (ideal speedup - 1), formatted; "-" where either is unknown, where the
+    ideal gains under 1% (nothing to gain) and for the measured ideal itself."""
+    if speedup is None or ideal_speedup is None or ideal_speedup < 1.01 or name == MEASURED_IDEAL:
+        return "-"
+    return f"{(speedup - 1) / (ideal_speedup - 1):.2f}"
+
+
 def baseline_of(context, runs, first):
     """(name, run) of the faster local baseline of this context (lower mean step time), or (None, None)."""
-    candidates = [(mean(step_time(s) for s in runs[(context, n)]["steps"][first:]), n) for n in BASELINES
-                  if trained(runs.get((context, n))) and runs[(context, n)]["steps"][first:]]
+    candidates = [(mean_step(runs.get((context, n)), first), n) for n in BASELINES
+                  if mean_step(runs.get((context, n)), first) is not None]
     if not candidates:
         return None, None
     name = min(candidates)[1]
@@ -159,9 +173,8 @@ def rows_for(context, runs, first):
         t_base = mean(step_time(s) for s in steps_base)
         t_ideal = mean(step_time(s) - imbalance_cost(s) for s in steps_base)
         ideal = t_base / t_ideal
-    balanced = runs.get((context, MEASURED_IDEAL))
-    measured_ideal = t_base / mean(step_time(s) for s in balanced["steps"][first:]) \
-        if t_base and trained(balanced) and balanced["steps"][first:] else None
+    t_balanced = mean_step(runs.get((context, MEASURED_IDEAL)), first)
+    measured_ideal = t_base / t_balanced if t_base and t_balanced is not None else None
     per_doc = runs.get((context, "per_doc_cp"))
     t_per_doc = mean(step_time(s) for s in per_doc["steps"][first:]) if trained(per_doc) else None
     for key in in_order({k: None for k in runs if k[0] == context}):
@@ -179,16 +192,11 @@ def rows_for(context, runs, first):
         tokens = mean(s["tokens_per_s"] for s in steps)
         mfu = f"{mean(s['mfu'] for s in steps) * 100:.1f}" if all("mfu" in s for s in steps) else "-"
         speedup = t_base / t if t_base else None
-
-        def share_of(ideal_speedup):
-            if speedup is None or ideal_speedup is None or ideal_speedup < 1.01 or name == MEASURED_IDEAL:
-                return "-"
-            return f"{(speedup - 1) / (ideal_speedup - 1):.2f}"
-        share = share_of(ideal)
+        share = share_cell(speedup, ideal, name)
         ideal_cell = "-" if ideal is None else f"{ideal:.3f}"
         if measured_ideal is not None:  # computed / measured
             ideal_cell += f" / {measured_ideal:.3f}"
-            share += f" / {share_of(measured_ideal)}"
+            share += f" / {share_cell(speedup, measured_ideal, name)}"
         synced = summary.get("attention_timing", "synchronized") == "synchronized"
         measured = mean(max(s["attention_s"]) / mean(s["attention_s"]) for s in steps) \
             if synced and all(mean(s["attention_s"]) > 0 for s in steps) else None
@@ -320,12 +328,6 @@ POOLED_COLUMNS = ["tokens/GPU", "config", "runs", "step ms, mean (min / max)", "
                   "measured ideal", "realised share (pooled)", "share per run"]
 
 
-def mean_step(run, first):
-    """A trained run's mean step time from step `first` on (seconds), or None."""
-    steps = run["steps"][first:] if trained(run) else []
-    return mean(step_time(s) for s in steps) if steps else None
-
-
 def pooled_rows(all_runs, first):
     """The pooled table's rows (POOLED_COLUMNS) over several folders' runs ({(context, name): run} each): per
     (context, configuration), its mean step over the folders that trained it; speedup and share from the means of
@@ -346,14 +348,11 @@ def pooled_rows(all_runs, first):
                 shares.append("-")
                 continue
             bases.append(b), ideals.append(i), mine.append(t)
-            gain = b / i - 1
-            shares.append(f"{(b / t - 1) / gain:.2f}" if gain >= 0.01 and name != MEASURED_IDEAL else "-")
+            shares.append(share_cell(b / t, b / i, name))
         speedup = ideal = share = "-"
         if mine:
             b, i, t = mean(bases), mean(ideals), mean(mine)
-            speedup, ideal = f"{b / t:.3f}", f"{b / i:.3f}"
-            if b / i - 1 >= 0.01 and name != MEASURED_IDEAL:
-                share = f"{(b / t - 1) / (b / i - 1):.2f}"
+            speedup, ideal, share = f"{b / t:.3f}", f"{b / i:.3f}", share_cell(b / t, b / i, name)
         cells = [tokens_label(context), name, str(len(have)),
                  f"{mean(have) * 1e3:.0f} ({min(have) * 1e3:.0f} / {max(have) * 1e3:.0f})", speedup, ideal, share,
                  " ".join(shares)]
