@@ -736,6 +736,17 @@ def profile_summary(profiler, top=25):
                         for n, (c, ms) in ranked]}
 
 
+# The numbered parts of a --configs name: '+tolT' (balancer tolerance), '+resN' (SMs the own tasks leave free),
+# '+ctasN' (CAD's NCCL CTAs).
+NUMBERED_MODES = {"tol": r"tol(\d+(\.\d*)?|\.\d+)", "res": r"res\d+", "ctas": r"ctas\d+"}
+
+
+def numbered_modes(modes):
+    """The modes of a --configs name (its '+' parts) that are numbered, by kind (NUMBERED_MODES): one parse for
+    the validation and for what each configuration sets."""
+    return {kind: [m for m in modes if re.fullmatch(pattern, m)] for kind, pattern in NUMBERED_MODES.items()}
+
+
 def configurations(args):
     """What to train, as (name, args): the one configuration of --attention/--balancer/--ping-pong, or each of
     --configs with --json-out's {config} filled in by its name."""
@@ -762,13 +773,12 @@ def configurations(args):
             run.cad_own_tasks = "on"
         if "dyn" in modes:  # the server's forward walks its units dynamically (--cad-forward-walk dynamic)
             run.cad_forward_walk = "dynamic"
-        ctas = [m for m in modes if re.fullmatch(r"ctas\d+", m)]
+        numbered = numbered_modes(modes)
+        ctas, reserve, tolerance = numbered["ctas"], numbered["res"], numbered["tol"]
         if ctas:  # +ctas8: CTAs per NCCL operation of CAD's communicator at most (--cad-nccl-max-ctas)
             run.cad_nccl_max_ctas = int(ctas[0][4:])
-        reserve = [m for m in modes if re.fullmatch(r"res\d+", m)]
         if reserve:  # +res16: SMs the own tasks' forward leaves to the collective (--cad-own-reserve-sms)
             run.cad_own_reserve_sms = int(reserve[0][3:])
-        tolerance = [m for m in modes if m.startswith("tol")]
         if tolerance:  # +tol0.005: the balancer's tolerance (--balancer-tolerance)
             run.balancer_tolerance = float(tolerance[0][3:])
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
@@ -1342,9 +1352,8 @@ def parse_args(argv=None):
         def refused(name):
             base, *modes = name.split("+")
             splits = {"pp", "pp1", "ppauto"} & set(modes)
-            tolerances = [m for m in modes if re.fullmatch(r"tol(\d+(\.\d*)?|\.\d+)", m)]
-            reserves = [m for m in modes if re.fullmatch(r"res\d+", m)]
-            ctas = [m for m in modes if re.fullmatch(r"ctas\d+", m)]
+            numbered = numbered_modes(modes)
+            tolerances, reserves, ctas = numbered["tol"], numbered["res"], numbered["ctas"]
             return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own", "dyn")
                                     and m not in tolerances + reserves + ctas for m in modes)
                     or len(reserves) > 1 or (reserves and (base in ("local", "torch_varlen", "local_balanced")
