@@ -152,11 +152,11 @@ def stack_config(device, settings=None):
         # a communicator instance of their own, never the data path's.
         instances.append({"name": "plan_comm", "plugin": "host", "config": {"timeout_ms": timeout}})
         cad_config["plan_communicator"] = "plan_comm"
+    walk = s.get("forward_walk", "static")  # the cuda backend's key, given only where it is not its default
     instances += [
         {"name": "balancer", "plugin": s["balancer"], "config": dict(s.get("balancer_config") or {})},
         {"name": "server", "plugin": "cuda" if device.type == "cuda" else "reference",
-         "config": {"forward_walk": s["forward_walk"]} if device.type == "cuda" and
-         s.get("forward_walk", "static") != "static" else {}},
+         "config": {"forward_walk": walk} if device.type == "cuda" and walk != "static" else {}},
     ]
     if device.type == "cuda" and cad_config["own_tasks_in_place"]:
         instances.append({"name": "server_own", "plugin": "cuda",
