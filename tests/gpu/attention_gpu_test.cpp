@@ -90,6 +90,9 @@ Batch long_kv(std::mt19937_64& rng, bool causal) {
 
 enum class Kind { kTiny, kSharedKv, kLongKv };
 const char* kind_name(Kind k) { return k == Kind::kTiny ? "tiny" : k == Kind::kSharedKv ? "shared_kv" : "long_kv"; }
+Batch make_batch(Kind k, std::mt19937_64& rng, bool causal) {
+  return k == Kind::kTiny ? tiny_segments(rng, causal) : k == Kind::kSharedKv ? shared_kv(rng, causal) : long_kv(rng, causal);
+}
 
 struct Case {
   Kind kind;
@@ -162,9 +165,7 @@ void compare_with_reference(Kind kind, int d, bool causal, int hq, int hkv, bool
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed * 1000 + d + (causal ? 7 : 0) + static_cast<int>(kind) * 100 + hq +
                         (windowed ? 31 * window_left + 17 * window_right + 5000 : 0));
-    const Batch b = kind == Kind::kTiny ? tiny_segments(rng, causal)
-                    : kind == Kind::kSharedKv ? shared_kv(rng, causal)
-                                              : long_kv(rng, causal);
+    const Batch b = make_batch(kind, rng, causal);
     const size_t nq = static_cast<size_t>(b.tq) * hq * d, nk = static_cast<size_t>(b.tk) * hkv * d;
     const size_t nl = static_cast<size_t>(b.tq) * hq;
     std::vector<float> qf, kf, vf, dof;
@@ -323,9 +324,7 @@ TEST_P(DynamicWalk, SameOutputsAsTheStaticWalk) {
   for (uint64_t seed = 1; seed <= 2; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed * 31 + d + (causal ? 3 : 0) + static_cast<int>(kind) * 7);
-    const Batch b = kind == Kind::kTiny ? tiny_segments(rng, causal)
-                    : kind == Kind::kSharedKv ? shared_kv(rng, causal)
-                                              : long_kv(rng, causal);
+    const Batch b = make_batch(kind, rng, causal);
     for (const auto& [fixed, taken] :
          {std::pair<const char*, const char*>{R"({})", R"({"forward_walk": "dynamic"})"},
           {R"({"reserve_sms": 1024})", R"({"reserve_sms": 1024, "forward_walk": "dynamic"})"}}) {
