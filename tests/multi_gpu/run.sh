@@ -120,6 +120,9 @@ if want train; then
   # over the rounds (table.py with several folders): at 64K the same configuration's share of the gain moved
   # 0.64-0.84 between identical runs on 2 H200s (docs/multi_gpu.md, runs 33-37).
   rounds="${ROUNDS:-1}"
+  if ! [[ "$rounds" =~ ^[1-9][0-9]*$ ]]; then
+    record "train: ROUNDS=$rounds is not a positive whole number" 1; exit 1
+  fi
   set -- $CONTEXTS
   contexts_left=$(( rounds * $# ))
   round_dirs=()

@@ -47,3 +47,10 @@ def test_rounds_train_twice_and_pool(tmp_path):
     rows = [line for line in pooled.splitlines() if line.startswith("| 256 |")]
     assert [r.split("|")[2].strip() for r in rows] == ["local", "local_balanced", "prefix_aware_dyn"]
     assert all(r.split("|")[3].strip() == "2" for r in rows)  # each configuration in both rounds
+    # A ROUNDS that is no positive whole number is refused before anything trains, naming it.
+    env.update(ROUNDS="0", OUT=str(tmp_path / "refused"))
+    (tmp_path / "refused").mkdir()
+    done = subprocess.run(["bash", str(REPO / "tests" / "multi_gpu" / "run.sh")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "ROUNDS=0 is not a positive whole number" in done.stdout
+    assert not list((tmp_path / "refused").glob("round*")) and not list((tmp_path / "refused").glob("train_*"))
