@@ -737,8 +737,8 @@ def profile_summary(profiler, top=25):
 
 
 # The numbered parts of a --configs name: '+tolT' (balancer tolerance), '+resN' (SMs the own tasks leave free),
-# '+ctasN' (CAD's NCCL CTAs).
-NUMBERED_MODES = {"tol": r"tol(\d+(\.\d*)?|\.\d+)", "res": r"res\d+", "ctas": r"ctas\d+"}
+# '+ctasN' (CAD's NCCL CTAs), '+hgN' (CAD's head groups).
+NUMBERED_MODES = {"tol": r"tol(\d+(\.\d*)?|\.\d+)", "res": r"res\d+", "ctas": r"ctas\d+", "hg": r"hg\d+"}
 
 
 def numbered_modes(modes):
@@ -774,7 +774,9 @@ def configurations(args):
         if "dyn" in modes:  # the server's forward walks its units dynamically (--cad-forward-walk dynamic)
             run.cad_forward_walk = "dynamic"
         numbered = numbered_modes(modes)
-        ctas, reserve, tolerance = numbered["ctas"], numbered["res"], numbered["tol"]
+        ctas, reserve, tolerance, groups = numbered["ctas"], numbered["res"], numbered["tol"], numbered["hg"]
+        if groups:  # +hg2: the server batch's heads in 2 pipelined groups (--cad-head-groups)
+            run.cad_head_groups = int(groups[0][2:])
         if ctas:  # +ctas8: CTAs per NCCL operation of CAD's communicator at most (--cad-nccl-max-ctas)
             run.cad_nccl_max_ctas = int(ctas[0][4:])
         if reserve:  # +res16: SMs the own tasks' forward leaves to the collective (--cad-own-reserve-sms)
@@ -784,7 +786,7 @@ def configurations(args):
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
             ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
             ("_ncclblocking" if "blocking" in modes else "") + ("_own" if "own" in modes else "") + \
-            ("_dyn" if "dyn" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas)
+            ("_dyn" if "dyn" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas + groups)
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -867,7 +869,8 @@ def summary_of(args, world, device):
             "balanced_batches": args.balanced_batches, "cad_comm_priority": args.cad_comm_priority,
             "cad_nccl_max_ctas": args.cad_nccl_max_ctas, "cad_nccl_blocking": args.cad_nccl_blocking,
             "cad_own_tasks": args.cad_own_tasks, "cad_own_reserve_sms": args.cad_own_reserve_sms,
-            "cad_forward_walk": args.cad_forward_walk, "balancer_tolerance": args.balancer_tolerance,
+            "cad_forward_walk": args.cad_forward_walk, "cad_head_groups": args.cad_head_groups,
+            "balancer_tolerance": args.balancer_tolerance,
             "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
@@ -898,6 +901,7 @@ def train_one(args, rank, world, device, lengths):
              comm_stream_priority=args.cad_comm_priority, nccl_max_ctas=args.cad_nccl_max_ctas,
              nccl_blocking_comm=args.cad_nccl_blocking, own_tasks_in_place=args.cad_own_tasks == "on",
              own_tasks_reserve_sms=args.cad_own_reserve_sms, forward_walk=args.cad_forward_walk,
+             head_groups=args.cad_head_groups,
              balancer_config=None if args.balancer_tolerance is None else {"tolerance": args.balancer_tolerance})
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
@@ -1267,6 +1271,10 @@ def parse_args(argv=None):
     p.add_argument("--cad-forward-walk", choices=["static", "dynamic"], default="static",
                    help="on GPUs, how the server's forward kernel walks its units (cad.init's forward_walk): static "
                         "(default; a fixed share per block) or dynamic (each block takes the next untaken unit)")
+    p.add_argument("--cad-head-groups", type=int, default=1,
+                   help="on GPUs over NCCL, each CAD call's heads in this many pipelined groups (cad.init's "
+                        "head_groups; a divisor of --heads and --kv-heads): the server computes one group while the "
+                        "next one's rows arrive and the last one's results leave; 1 (default): unsplit")
     p.add_argument("--ping-pong-lanes", type=int, choices=[1, 2], default=2,
                    help="with --ping-pong: 2 (default) runs each nano-batch's plans on its own CAD lane (its own "
                         "communicator and communication stream: cad.plan's lane), 1 runs both on one, where "
@@ -1282,14 +1290,16 @@ def parse_args(argv=None):
                         "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
                         "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+own' (--cad-own-tasks on), '+resN' "
                         "(--cad-own-reserve-sms N), '+dyn' (--cad-forward-walk dynamic), '+ctasN' "
-                        "(--cad-nccl-max-ctas N) and/or '+tolT' (--balancer-tolerance T), e.g. "
+                        "(--cad-nccl-max-ctas N), '+hgN' (--cad-head-groups N) and/or '+tolT' (--balancer-tolerance "
+                        "T), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
                         "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
                         "'_ncclblocking' with +blocking, + '_own' with +own, + '_dyn' with +dyn, + '_tolT' with +tolT, "
-                        "+ '_resN' with +resN, + '_ctasN' with +ctasN. Overrides --attention, --balancer, --ping-pong, "
-                        "--plan-ahead, --cad-nccl-blocking, --cad-own-tasks, --cad-own-reserve-sms, --cad-forward-walk, "
-                        "--cad-nccl-max-ctas, --balancer-tolerance")
+                        "+ '_resN' with +resN, + '_ctasN' with +ctasN, + '_hgN' with +hgN. Overrides --attention, "
+                        "--balancer, --ping-pong, --plan-ahead, --cad-nccl-blocking, --cad-own-tasks, "
+                        "--cad-own-reserve-sms, --cad-forward-walk, --cad-nccl-max-ctas, --cad-head-groups, "
+                        "--balancer-tolerance")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -1340,6 +1350,9 @@ def parse_args(argv=None):
         p.error(f"--ping-pong-min-stall-share must be in [0, 1), got {args.ping_pong_min_stall_share}")
     if args.balancer_tolerance is not None and not 0 <= args.balancer_tolerance <= 10:
         p.error(f"--balancer-tolerance must be in [0, 10], got {args.balancer_tolerance}")
+    if not 1 <= args.cad_head_groups <= 64 or args.heads % args.cad_head_groups or args.kv_heads % args.cad_head_groups:
+        p.error(f"--cad-head-groups must be in [1, 64] and divide --heads ({args.heads}) and --kv-heads "
+                f"({args.kv_heads}), got {args.cad_head_groups}")
     if args.checkpoint_reentrant and args.checkpointing != "full":
         p.error("--checkpoint-reentrant applies to --checkpointing full only (selective checkpointing is "
                 "non-reentrant)")
@@ -1353,9 +1366,12 @@ def parse_args(argv=None):
             base, *modes = name.split("+")
             splits = {"pp", "pp1", "ppauto"} & set(modes)
             numbered = numbered_modes(modes)
-            tolerances, reserves, ctas = numbered["tol"], numbered["res"], numbered["ctas"]
+            tolerances, reserves, ctas, groups = numbered["tol"], numbered["res"], numbered["ctas"], numbered["hg"]
             return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own", "dyn")
-                                    and m not in tolerances + reserves + ctas for m in modes)
+                                    and m not in tolerances + reserves + ctas + groups for m in modes)
+                    or len(groups) > 1 or (groups and not 1 <= int(groups[0][2:]) <= 64)
+                    or (groups and (args.heads % int(groups[0][2:]) or args.kv_heads % int(groups[0][2:])))
+                    or (groups and base in ("local", "torch_varlen", "local_balanced"))
                     or len(reserves) > 1 or (reserves and (base in ("local", "torch_varlen", "local_balanced")
                                                            or "own" not in modes or int(reserves[0][3:]) > 64))
                     or len(ctas) > 1 or (ctas and int(ctas[0][4:]) > 64)
@@ -1368,7 +1384,8 @@ def parse_args(argv=None):
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'local_balanced', 'torch_varlen' or a balancer name, "
                     f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now', and/or (a balancer) "
-                    f"'+blocking', '+own' (with it '+resN', N <= 64), '+dyn', '+ctasN' (N <= 64), and/or (distca, "
+                    f"'+blocking', '+own' (with it '+resN', N <= 64), '+dyn', '+ctasN' (N <= 64), '+hgN' (N "
+                    f"dividing --heads and --kv-heads), and/or (distca, "
                     f"prefix_aware) one '+tolT' with T in [0, 10] (local_balanced: none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")

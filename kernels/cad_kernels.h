@@ -201,6 +201,12 @@ struct RowCopy {
 cudaError_t copy_row_ranges(const void* src, void* dst, int64_t row_bytes, const RowCopy* copies, int64_t num_copies,
                             cudaStream_t stream);
 
+// The same where a copied row is a `row_bytes` slice of rows that lie `src_row_stride` / `dst_row_stride` bytes
+// apart (strides >= row_bytes; src and dst point at the slice in row 0): CAD's head groups move some heads of
+// every [T, H, D] row. copy_row_ranges is the case of both strides equal to row_bytes.
+cudaError_t copy_row_slices(const void* src, int64_t src_row_stride, void* dst, int64_t dst_row_stride,
+                            int64_t row_bytes, const RowCopy* copies, int64_t num_copies, cudaStream_t stream);
+
 // out[i] = (accumulate ? out[i] : 0) + partials[0][i] + partials[1][i] + ... in fp32, in that fixed
 // order (deterministic), for i < numel; partial p starts at partials + p * partial_stride (elements).
 cudaError_t sum_partials_bf16(const void* partials, int num_partials, int64_t partial_stride, int64_t numel,
@@ -219,9 +225,10 @@ cudaError_t copy_strided_rows_f32(const float* src, int64_t src_row_stride, int6
 // for j in [first[i], first[i+1]); stored as bf16 or fp32 (`bf16`, src and out alike). CAD's owners sum the
 // partial dK/dV of every server that read a key/value row this way: one pass, a fixed order (bitwise
 // reproducible), no accumulator in memory. The three index arrays are in DEVICE memory. `accumulate`: the sum
-// starts from the out row's value (an owner's own partial sums) instead of 0.
+// starts from the out row's value (an owner's own partial sums) instead of 0. `out_row_stride`: elements
+// between out rows where a row's `row_elems` are a slice of a longer row (a head group's); 0: row_elems.
 cudaError_t sum_rows(const void* src, bool bf16, int64_t row_elems, const int64_t* first, const int64_t* src_rows,
                      const int64_t* owner_rows, int64_t num_rows, void* out, cudaStream_t stream,
-                     bool accumulate = false);
+                     bool accumulate = false, int64_t out_row_stride = 0);
 
 }  // namespace cad::kernels

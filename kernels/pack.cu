@@ -27,6 +27,25 @@ __global__ void copy_row_ranges_kernel(const char* src, char* dst, int64_t row_b
   }
 }
 
+// The same walk where a row's `row_bytes` are a slice of a longer row on either side (a head group's heads):
+// the range is num_rows pieces, each thread takes (row, vector) pairs of it.
+template <class Vec>
+__global__ void copy_row_slices_kernel(const char* src, int64_t src_stride, char* dst, int64_t dst_stride,
+                                       int64_t row_bytes, const RowCopy* copies, int64_t num_copies) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t per_row = row_bytes / static_cast<int64_t>(sizeof(Vec));
+  for (int64_t c = 0; c < num_copies; ++c) {
+    const RowCopy rc = copies[c];
+    const int64_t n = rc.num_rows * per_row;
+    for (int64_t i = first; i < n; i += stride) {
+      const int64_t r = i / per_row, e = i % per_row;
+      reinterpret_cast<Vec*>(dst + (rc.dst_row + r) * dst_stride)[e] =
+          reinterpret_cast<const Vec*>(src + (rc.src_row + r) * src_stride)[e];
+    }
+  }
+}
+
 template <class In>
 __device__ __forceinline__ float to_float(In x);
 template <>
@@ -73,10 +92,11 @@ __global__ void copy_strided_rows_kernel(const float* src, int64_t src_rs, int64
 // row is read once, coalesced, and the sum is written once.
 template <class T>
 __global__ void sum_rows_kernel(const T* src, int64_t row_elems, const int64_t* first, const int64_t* src_rows,
-                                const int64_t* owner_rows, int64_t num_rows, T* out, bool accumulate) {
+                                const int64_t* owner_rows, int64_t num_rows, T* out, int64_t out_stride,
+                                bool accumulate) {
   for (int64_t r = blockIdx.x; r < num_rows; r += gridDim.x) {
     const int64_t begin = first[r], end = first[r + 1];
-    T* d = out + owner_rows[r] * row_elems;
+    T* d = out + owner_rows[r] * out_stride;
     for (int64_t e = threadIdx.x; e < row_elems; e += blockDim.x) {
       float acc = accumulate ? to_float(d[e]) : 0.f;
       for (int64_t j = begin; j < end; ++j) acc += to_float(src[src_rows[j] * row_elems + e]);
@@ -97,27 +117,46 @@ bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(
 
 }  // namespace
 
-cudaError_t copy_row_ranges(const void* src, void* dst, int64_t row_bytes, const RowCopy* copies, int64_t num_copies,
-                            cudaStream_t stream) {
+cudaError_t copy_row_slices(const void* src, int64_t src_row_stride, void* dst, int64_t dst_row_stride,
+                            int64_t row_bytes, const RowCopy* copies, int64_t num_copies, cudaStream_t stream) {
   if (num_copies == 0 || row_bytes == 0) return cudaSuccess;
-  if (src == nullptr || dst == nullptr || copies == nullptr || row_bytes < 0 || num_copies < 0) {
+  if (src == nullptr || dst == nullptr || copies == nullptr || row_bytes < 0 || num_copies < 0 ||
+      src_row_stride < row_bytes || dst_row_stride < row_bytes) {
     return cudaErrorInvalidValue;
   }
   const auto* s = static_cast<const char*>(src);
   auto* d = static_cast<char*>(dst);
   constexpr int kThreads = 256;
+  const int blocks = grid_size(1 << 20, kThreads);
   // The widest access every row start allows: 16 bytes for any [T, H, D] bf16 tensor with H*D % 8 == 0.
-  if (row_bytes % 16 == 0 && aligned(src, 16) && aligned(dst, 16)) {
-    copy_row_ranges_kernel<uint4><<<grid_size(1 << 20, kThreads), kThreads, 0, stream>>>(s, d, row_bytes, copies,
-                                                                                          num_copies);
-  } else if (row_bytes % 4 == 0 && aligned(src, 4) && aligned(dst, 4)) {
-    copy_row_ranges_kernel<uint32_t><<<grid_size(1 << 20, kThreads), kThreads, 0, stream>>>(s, d, row_bytes, copies,
-                                                                                             num_copies);
+  const auto fits = [&](int64_t bytes) {
+    return row_bytes % bytes == 0 && src_row_stride % bytes == 0 && dst_row_stride % bytes == 0 &&
+           aligned(src, bytes) && aligned(dst, bytes);
+  };
+  if (src_row_stride == row_bytes && dst_row_stride == row_bytes) {  // whole rows: each range is one block of bytes
+    if (fits(16)) {
+      copy_row_ranges_kernel<uint4><<<blocks, kThreads, 0, stream>>>(s, d, row_bytes, copies, num_copies);
+    } else if (fits(4)) {
+      copy_row_ranges_kernel<uint32_t><<<blocks, kThreads, 0, stream>>>(s, d, row_bytes, copies, num_copies);
+    } else {
+      copy_row_ranges_kernel<uint8_t><<<blocks, kThreads, 0, stream>>>(s, d, row_bytes, copies, num_copies);
+    }
+  } else if (fits(16)) {
+    copy_row_slices_kernel<uint4><<<blocks, kThreads, 0, stream>>>(s, src_row_stride, d, dst_row_stride, row_bytes,
+                                                                   copies, num_copies);
+  } else if (fits(4)) {
+    copy_row_slices_kernel<uint32_t><<<blocks, kThreads, 0, stream>>>(s, src_row_stride, d, dst_row_stride, row_bytes,
+                                                                      copies, num_copies);
   } else {
-    copy_row_ranges_kernel<uint8_t><<<grid_size(1 << 20, kThreads), kThreads, 0, stream>>>(s, d, row_bytes, copies,
-                                                                                            num_copies);
+    copy_row_slices_kernel<uint8_t><<<blocks, kThreads, 0, stream>>>(s, src_row_stride, d, dst_row_stride, row_bytes,
+                                                                     copies, num_copies);
   }
   return cudaGetLastError();
+}
+
+cudaError_t copy_row_ranges(const void* src, void* dst, int64_t row_bytes, const RowCopy* copies, int64_t num_copies,
+                            cudaStream_t stream) {
+  return copy_row_slices(src, row_bytes, dst, row_bytes, row_bytes, copies, num_copies, stream);
 }
 
 cudaError_t copy_strided_rows_f32(const float* src, int64_t src_row_stride, int64_t src_head_stride, float* dst,
@@ -132,10 +171,12 @@ cudaError_t copy_strided_rows_f32(const float* src, int64_t src_row_stride, int6
 }
 
 cudaError_t sum_rows(const void* src, bool bf16, int64_t row_elems, const int64_t* first, const int64_t* src_rows,
-                     const int64_t* owner_rows, int64_t num_rows, void* out, cudaStream_t stream, bool accumulate) {
+                     const int64_t* owner_rows, int64_t num_rows, void* out, cudaStream_t stream, bool accumulate,
+                     int64_t out_row_stride) {
   if (num_rows == 0 || row_elems == 0) return cudaSuccess;
+  if (out_row_stride == 0) out_row_stride = row_elems;
   if (src == nullptr || out == nullptr || first == nullptr || src_rows == nullptr || owner_rows == nullptr ||
-      num_rows < 0 || row_elems < 0) {
+      num_rows < 0 || row_elems < 0 || out_row_stride < row_elems) {
     return cudaErrorInvalidValue;
   }
   const int threads = row_elems >= 256 ? 256 : 128;
@@ -143,10 +184,12 @@ cudaError_t sum_rows(const void* src, bool bf16, int64_t row_elems, const int64_
   if (bf16) {
     sum_rows_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), row_elems,
                                                                    first, src_rows, owner_rows, num_rows,
-                                                                   static_cast<__nv_bfloat16*>(out), accumulate);
+                                                                   static_cast<__nv_bfloat16*>(out), out_row_stride,
+                                                                   accumulate);
   } else {
     sum_rows_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<const float*>(src), row_elems, first, src_rows,
-                                                           owner_rows, num_rows, static_cast<float*>(out), accumulate);
+                                                           owner_rows, num_rows, static_cast<float*>(out), out_row_stride,
+                                                           accumulate);
   }
   return cudaGetLastError();
 }

@@ -157,6 +157,7 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
   ctx.stats.backward = CallStats{};
 
   LocalCall local;
+  local.head_groups = ctx.config.head_groups;
   local.ticket.call = ++ctx.calls;
   local.ticket.kind = kBackward;
   try {

@@ -87,6 +87,7 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   config.comm_stream_highest_priority =
       reader.get_choice("comm_stream_priority", "highest", {"highest", "normal"}) == "highest";
   config.own_tasks_in_place = reader.get_bool("own_tasks_in_place", false);
+  config.head_groups = static_cast<int32_t>(reader.get_int("head_groups", 1, 1, 64));
   config.knobs.min_shard_tokens = reader.get_int("min_shard_tokens", 0, 0, std::numeric_limits<int32_t>::max());
   config.knobs.memory_cap_bytes = reader.get_int("memory_cap_bytes", 0, 0, std::numeric_limits<int64_t>::max());
   reader.finish(logger);
@@ -159,11 +160,16 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
   accepts.max_head_dim = server.caps.max_head_dim;
   // One line per job is enough at info level; the other ranks say it at debug level.
   const std::string summary =
-      format("rank %d of %d: communicator '%s'%s%s, balancer '%s', server backend '%s', keep_forward_tensors %s, %s data path",
+      format("rank %d of %d: communicator '%s'%s%s, balancer '%s', server backend '%s', keep_forward_tensors %s, %s data "
+             "path%s",
              comm->rank(), comm->world(), config.communicator.c_str(), plan_comm ? ", plans over '" : "",
              plan_comm ? (config.plan_communicator + "'").c_str() : "", config.balancer.c_str(),
              config.server_backend.c_str(), config.keep_forward_tensors ? "true" : "false",
-             accepts.device_type == CAD_DEVICE_CPU ? "CPU" : (host_staged ? "CUDA (host-staged)" : "CUDA"));
+             accepts.device_type == CAD_DEVICE_CPU ? "CPU" : (host_staged ? "CUDA (host-staged)" : "CUDA"),
+             config.head_groups == 1 ? ""
+             : accepts.device_type == CAD_DEVICE_CUDA && !host_staged
+                 ? format(", %d head groups", config.head_groups).c_str()
+                 : ", head_groups ignored (only the NCCL data path pipelines head groups)");
   logger.log(comm->rank() == 0 ? CAD_LOG_INFO : CAD_LOG_DEBUG, summary);
 }
 

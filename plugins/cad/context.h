@@ -34,6 +34,10 @@ struct Config {
   // on the CUDA path while the moved rows are in flight, instead of sending them to itself through the exchange.
   // Off by default: measured no faster on 2 H200s (docs/multi_gpu.md, runs 30-32).
   bool own_tasks_in_place = false;
+  // The CUDA data path (NCCL) splits each call's heads into this many groups and pipelines them: the server
+  // computes group g while group g+1's rows arrive and group g-1's results leave (device_path.h). 1: one exchange
+  // per tensor, unsplit. Must divide Hq and Hkv; every rank must give the same number (agreed at each plan).
+  int32_t head_groups = 1;
   PlanKnobs knobs;                   // min_shard_tokens, memory_cap_bytes for the balancer's cost model
 };
 

@@ -81,9 +81,11 @@ struct DeviceRuntime {
   cudaEvent_t ready = nullptr, done = nullptr;
   std::deque<ExchangeEvents> timed;  // enqueued exchanges, oldest first, until harvested
   std::vector<ExchangeEvents> spare;  // harvested, for reuse
+  std::vector<cudaEvent_t> spare_done;  // the end events of exchanges joined later (Mover::start), for reuse
   ~DeviceRuntime() {
     if (ready != nullptr) cudaEventDestroy(ready);
     if (done != nullptr) cudaEventDestroy(done);
+    for (cudaEvent_t e : spare_done) cudaEventDestroy(e);
     for (const ExchangeEvents& e : spare) destroy(e);
     for (const ExchangeEvents& e : timed) destroy(e);
     if (comm_stream != nullptr) cudaStreamDestroy(comm_stream);
@@ -169,6 +171,10 @@ struct DevicePlan {
   // Some rank runs tasks in place: every rank moves a call's inbound rows in one collective (rows_to_servers),
   // the same on every rank since the layout is.
   bool fused_inbound = false;
+  // The server batch runs a head group at a time, its rows moving group by group (device_path.h): laid out group
+  // after group, [G][rows][H/G][D] (its LSE [G][H/G][rows], i.e. [H][rows] as ungrouped).
+  int32_t head_groups = 1;
+  bool bf16 = false;  // the calls' dtype (else fp32): the dK/dV sums' element
   // The tables are uploaded in the order of the plan's stream through the runtime's pinned staging, without
   // waiting on the host (a plan made ahead on another thread must not wait for the training stream to drain,
   // and it holds the instance's lock while it uploads); `ready` marks the uploads' end for calls on other
@@ -340,13 +346,15 @@ DeviceRuntime& runtime(CadContext& ctx, int device) {
 
 }  // namespace
 
-DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream) {
+DevicePlan* make_device_plan(CadContext& ctx, const Step& step, int32_t head_groups, void* stream) {
   const int device = step.shape.device_id;
   DeviceScope scope(device);
   DeviceRuntime& rt = runtime(ctx, device);
   std::unique_ptr<DevicePlan, DevicePlanDeleter> plan(new DevicePlan, DevicePlanDeleter{&ctx});
   plan->device = device;
   plan->stream = stream;
+  plan->head_groups = head_groups;
+  plan->bf16 = step.shape.bf16;
   const Layout& layout = step.layout;
   const int32_t me = ctx.comm->rank();
   std::vector<RowCopy> to_wire, from_wire;
@@ -542,21 +550,162 @@ class Mover {
     const std::byte* send = pack(st, server_partial, row_bytes, &send_rows);
     std::byte* recv = scratch_.recv();
     exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes, send_rows, nullptr);
-    if (drain_) {
-      scratch_.release_wire();
-      return;
-    }
-    const Table& single = plan_.tables[OwnerKvSingle];
-    check_cuda(kernels::copy_row_ranges(recv, out, row_bytes, to_wire(single), single.count, stream_), "move dK/dV");
-    const int64_t n = plan_.shared_kv_rows;
-    const int64_t* index = static_cast<const int64_t*>(plan_.sum_index.ptr);
-    check_cuda(kernels::sum_rows(recv, s.bf16, int64_t{s.num_kv_heads} * s.head_dim, index + n, index + 2 * n + 1, index,
-                                 n, out, stream_, plan_.own_in_place),
-               "sum dK/dV");
+    if (!drain_) sum_kv_rows(recv, Slice{RunSet::KV, nullptr, out, row_bytes, row_bytes, row_bytes});
     scratch_.release_wire();
   }
 
+  // A head group's share of one tensor in a grouped exchange (DevicePlan::head_groups): `row_bytes` bytes of each
+  // row, rows `src_stride` / `dst_stride` bytes apart (a slice of the owner's full rows, the server batch's group
+  // rows whole). An LSE slice (`lse`) is the group's heads of [H, rows] fp32 instead: src / dst at its first
+  // head, row_bytes = heads * 4, and the strides are the two tensors' row counts (their head strides).
+  struct Slice {
+    RunSet set;
+    const void* src;
+    void* dst;
+    int64_t row_bytes;
+    int64_t src_stride, dst_stride;
+    bool lse = false;
+  };
+  // An exchange enqueued on the communication stream and joined to the caller's stream only by finish(): the
+  // caller enqueues other work (the server batch's previous head group) in between.
+  struct InFlight {
+    Direction direction = Direction::ToServers;
+    std::vector<Slice> slices;
+    bool kv_sums = false;  // one dK or dV slice to its owners: moved or summed as kv_sums_to_owners does
+    std::byte* send = nullptr;
+    std::byte* recv = nullptr;
+    std::vector<std::vector<uint64_t>> recv_at;  // per slice and peer: where its rows start in `recv`
+    cudaEvent_t done = nullptr;
+  };
+
+  // Packs the slices into one send buffer (per peer: each slice's rows in turn, as rows_to_servers does) and
+  // enqueues their all_to_all_v; the receiving side is unpacked by finish().
+  InFlight start(Direction direction, std::vector<Slice> slices, bool kv_sums = false) {
+    const bool to_servers = direction == Direction::ToServers;
+    const size_t world = plan_.owner_q_rows.size();
+    InFlight f;
+    f.direction = direction;
+    f.slices = std::move(slices);
+    f.kv_sums = kv_sums;
+    Transfer t;
+    t.send_counts.assign(world, 0), t.send_displs.assign(world, 0);
+    t.recv_counts.assign(world, 0), t.recv_displs.assign(world, 0);
+    std::vector<std::vector<uint64_t>> send_at(f.slices.size(), std::vector<uint64_t>(world));
+    f.recv_at = send_at;
+    for (size_t p = 0; p < world; ++p) {
+      t.send_displs[p] = t.send_bytes;
+      t.recv_displs[p] = t.recv_bytes;
+      for (size_t i = 0; i < f.slices.size(); ++i) {
+        send_at[i][p] = t.send_bytes;
+        f.recv_at[i][p] = t.recv_bytes;
+        const int64_t row_bytes = f.slices[i].row_bytes;
+        t.send_bytes += static_cast<uint64_t>(wire_rows(f.slices[i].set, to_servers)[p] * row_bytes);
+        t.recv_bytes += static_cast<uint64_t>(wire_rows(f.slices[i].set, !to_servers)[p] * row_bytes);
+      }
+      t.send_counts[p] = t.send_bytes - t.send_displs[p];
+      t.recv_counts[p] = t.recv_bytes - t.recv_displs[p];
+    }
+    f.send = t.send_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.send_bytes, "the send buffer")) : nullptr;
+    f.recv = t.recv_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.recv_bytes, "the receive buffer")) : nullptr;
+    for (size_t i = 0; i < f.slices.size() && !drain_; ++i) {
+      const Slice& s = f.slices[i];
+      const Table& table = plan_.tables[table_of(s.set, to_servers)];
+      const std::vector<int64_t>& rows = wire_rows(s.set, to_servers);
+      int64_t wire_row = 0;  // the slice's first wire row for peer p
+      for (size_t p = 0; p < world; wire_row += rows[p], ++p) {
+        const RowCopy* copies = to_wire(table) + table.peer_first[p];
+        const int64_t n = table.peer_first[p + 1] - table.peer_first[p];
+        std::byte* base = offset(f.send, static_cast<int64_t>(send_at[i][p]) - wire_row * s.row_bytes);
+        const int64_t heads = s.row_bytes / static_cast<int64_t>(sizeof(float));
+        check_cuda(s.lse ? kernels::copy_strided_rows_f32(static_cast<const float*>(s.src), 1, s.src_stride,
+                                                          reinterpret_cast<float*>(base), heads, 1, heads, copies, n,
+                                                          stream_)
+                         : kernels::copy_row_slices(s.src, s.src_stride, base, s.row_bytes, s.row_bytes, copies, n,
+                                                    stream_),
+                   "pack a head group (gather kernel)");
+      }
+    }
+    enqueue_transfer(f.send, t, f.recv);
+    if (!ctx_.host_staged) {  // a staged exchange is complete on the caller's stream already
+      f.done = done_event();
+      check_cuda(cudaEventRecord(f.done, rt_.comm_stream), "cudaEventRecord");
+    }
+    return f;
+  }
+
+  // Joins `f` to the caller's stream, unpacks its slices into their tensors and gives its buffers back.
+  void finish(InFlight& f) {
+    if (f.done != nullptr) {
+      check_cuda(cudaStreamWaitEvent(stream_, f.done, 0), "cudaStreamWaitEvent");
+      rt_.spare_done.push_back(f.done);  // a later record does not change what this wait waits for
+      f.done = nullptr;
+    }
+    const bool to_servers = f.direction == Direction::ToServers;
+    const size_t world = plan_.owner_q_rows.size();
+    for (size_t i = 0; i < f.slices.size() && !drain_; ++i) {
+      const Slice& s = f.slices[i];
+      const Table& table = plan_.tables[table_of(s.set, !to_servers)];
+      if (f.kv_sums && !table.exclusive) {  // the recv buffer holds this one slice, in wire order
+        sum_kv_rows(f.recv, s);
+        continue;
+      }
+      const std::vector<int64_t>& rows = wire_rows(s.set, !to_servers);
+      int64_t wire_row = 0;
+      for (size_t p = 0; p < world; wire_row += rows[p], ++p) {
+        const RowCopy* copies = from_wire(table) + table.peer_first[p];
+        const int64_t n = table.peer_first[p + 1] - table.peer_first[p];
+        std::byte* base = offset(f.recv, static_cast<int64_t>(f.recv_at[i][p]) - wire_row * s.row_bytes);
+        const int64_t heads = s.row_bytes / static_cast<int64_t>(sizeof(float));
+        check_cuda(s.lse ? kernels::copy_strided_rows_f32(reinterpret_cast<const float*>(base), heads, 1,
+                                                          static_cast<float*>(s.dst), 1, s.dst_stride, heads, copies,
+                                                          n, stream_)
+                         : kernels::copy_row_slices(base, s.row_bytes, s.dst, s.dst_stride, s.row_bytes, copies, n,
+                                                    stream_),
+                   "unpack a head group (scatter kernel)");
+      }
+    }
+    scratch_.give_back(f.send);
+    scratch_.give_back(f.recv);
+    f.send = f.recv = nullptr;
+  }
+
  private:
+  // The table of one side of an exchange: the owners' (to their servers, or back to them) or the server's.
+  static TableId table_of(RunSet set, bool owner_side) {
+    const bool q = set == RunSet::Q;
+    return owner_side ? (q ? OwnerQ : OwnerKv) : (q ? ServerQ : ServerKv);
+  }
+  const std::vector<int64_t>& wire_rows(RunSet set, bool owner_side) const {
+    const bool q = set == RunSet::Q;
+    return owner_side ? (q ? plan_.owner_q_rows : plan_.owner_kv_rows) : (q ? plan_.server_q_rows : plan_.server_kv_rows);
+  }
+
+  // The key/value owner's side of partial dK or dV in `recv` (wire order): the rows read by one server moved, the
+  // rows read by several summed (kv_sums_to_owners' rule), into `s.dst` with rows `s.dst_stride` bytes apart.
+  void sum_kv_rows(const std::byte* recv, const Slice& s) {
+    const Table& single = plan_.tables[OwnerKvSingle];
+    check_cuda(kernels::copy_row_slices(recv, s.row_bytes, s.dst, s.dst_stride, s.row_bytes, to_wire(single),
+                                        single.count, stream_),
+               "move dK/dV");
+    const int64_t n = plan_.shared_kv_rows;
+    const int64_t* index = static_cast<const int64_t*>(plan_.sum_index.ptr);
+    const int64_t element = plan_.bf16 ? 2 : 4;
+    check_cuda(kernels::sum_rows(recv, plan_.bf16, s.row_bytes / element, index + n, index + 2 * n + 1, index, n, s.dst,
+                                 stream_, plan_.own_in_place, s.dst_stride / element),
+               "sum dK/dV");
+  }
+
+  cudaEvent_t done_event() {
+    if (!rt_.spare_done.empty()) {
+      cudaEvent_t e = rt_.spare_done.back();
+      rt_.spare_done.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    return e;
+  }
+
   static std::byte* offset(std::byte* buffer, int64_t bytes) {
     return reinterpret_cast<std::byte*>(reinterpret_cast<uintptr_t>(buffer) + static_cast<uintptr_t>(bytes));
   }
@@ -613,6 +762,14 @@ class Mover {
   // One all_to_all_v of `t`, counted in the call's bytes. `meanwhile`: enqueued on the caller's stream after the
   // collective and before the caller waits for it.
   void run_transfer(const std::byte* send, const Transfer& t, std::byte* recv, const std::function<void()>& meanwhile) {
+    enqueue_transfer(send, t, recv);
+    if (meanwhile) meanwhile();
+    if (!ctx_.host_staged) check_cuda(cudaStreamWaitEvent(stream_, rt_.done, 0), "cudaStreamWaitEvent");
+  }
+
+  // The all_to_all_v of `t` on the communication stream after the caller's work so far; its end is rt_.done. A
+  // staged exchange (host_staged) runs here, to its end on the caller's stream.
+  void enqueue_transfer(const std::byte* send, const Transfer& t, std::byte* recv) {
     const size_t world = t.send_counts.size();
     const size_t me = static_cast<size_t>(ctx_.comm->rank());
     stats_.bytes_sent += t.send_bytes - t.send_counts[me];
@@ -639,8 +796,7 @@ class Mover {
                                      t.recv_counts[p], cudaMemcpyHostToDevice, stream_), "staging H2D");
         }
       }
-      if (meanwhile) meanwhile();  // the staged exchange is synchronous: nothing runs beside it
-      return;
+      return;  // the staged exchange is synchronous: nothing runs beside it
     }
     // On the communication stream, joined to the caller's with events (and timed: stats.h ExchangeTimes).
     const ExchangeEvents* timing = drain_ ? nullptr : begin_timing(rt_, ctx_.stats.gpu_exchange);
@@ -651,8 +807,6 @@ class Mover {
     ctx_.comm->all_to_all_v(send, t, recv, rt_.comm_stream);
     check_cuda(cudaEventRecord(rt_.done, rt_.comm_stream), "cudaEventRecord");
     if (timing != nullptr) check_cuda(cudaEventRecord(timing->comm_end, rt_.comm_stream), "cudaEventRecord");
-    if (meanwhile) meanwhile();
-    check_cuda(cudaStreamWaitEvent(stream_, rt_.done, 0), "cudaStreamWaitEvent");
   }
 
   CadContext& ctx_;
@@ -692,6 +846,124 @@ template <class Drained>
 
 void copy_tensor(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "keeping the own tasks' tensors");
+}
+
+// Where head group g of a call's tensors lies (DevicePlan::head_groups): in an owner's [T, H, D] tensor a slice
+// of each row; in the server batch group g's rows, whole ([G][rows][H/G][D]); in an LSE ([H, rows] on both
+// sides) its heads. Each returns NULL for a NULL tensor (a drained call's).
+struct HeadGroups {
+  int64_t groups, q_bytes, kv_bytes, tokens, server_q_rows, server_kv_rows, heads;  // bytes: a full row's
+  int64_t q_slice() const { return q_bytes / groups; }
+  int64_t kv_slice() const { return kv_bytes / groups; }
+  static std::byte* at(const void* base, int64_t bytes) {
+    return base == nullptr ? nullptr : const_cast<std::byte*>(static_cast<const std::byte*>(base)) + bytes;
+  }
+  // Owner rows -> server batch group (`to_servers`) or back, for a Q-row or a KV-row tensor.
+  Mover::Slice rows(RunSet set, int64_t g, const void* owner, void* server, bool to_servers) const {
+    const bool q = set == RunSet::Q;
+    const int64_t slice = q ? q_slice() : kv_slice(), full = q ? q_bytes : kv_bytes;
+    std::byte* o = at(owner, g * slice);
+    std::byte* s = at(server, g * slice * (q ? server_q_rows : server_kv_rows));
+    return to_servers ? Mover::Slice{set, o, s, slice, full, slice} : Mover::Slice{set, s, o, slice, slice, full};
+  }
+  Mover::Slice lse(int64_t g, const float* owner, float* server, bool to_servers) const {
+    const int64_t h = heads / groups;
+    std::byte* o = at(owner, g * h * tokens * 4);
+    std::byte* s = at(server, g * h * server_q_rows * 4);
+    return to_servers ? Mover::Slice{RunSet::Q, o, s, h * 4, tokens, server_q_rows, true}
+                      : Mover::Slice{RunSet::Q, s, o, h * 4, server_q_rows, tokens, true};
+  }
+  // The server batch's tensors of group g.
+  ServerBatchTensors server(int64_t g, const ServerBatchTensors& all) const {
+    ServerBatchTensors t;
+    const int64_t q = g * q_slice() * server_q_rows, kv = g * kv_slice() * server_kv_rows;
+    t.q = at(all.q, q), t.o = at(all.o, q), t.d_o = at(all.d_o, q), t.d_q = at(all.d_q, q);
+    t.k = at(all.k, kv), t.v = at(all.v, kv), t.d_k = at(all.d_k, kv), t.d_v = at(all.d_v, kv);
+    t.lse = reinterpret_cast<float*>(at(all.lse, g * (heads / groups) * server_q_rows * 4));
+    return t;
+  }
+};
+
+HeadGroups head_groups_of(const DevicePlan& dp, const CallShape& shape, const ServerBatch& batch) {
+  return HeadGroups{dp.head_groups, shape.q_row_bytes(), shape.kv_row_bytes(), shape.tokens, batch.q_rows,
+                    batch.kv_rows, shape.num_q_heads};
+}
+
+// The forward by head groups: every group's Q/K/V leave at once (one collective each, in group order), then the
+// server computes group g once its rows are in while the later groups' rows still travel, and sends its O and LSE
+// back while it computes group g + 1. `own`: the tasks run in place, enqueued behind the outbound collectives.
+// Returns the backend that failed, or NULL (after a failure the later groups' exchanges still run, unused).
+const ServerBackend* forward_by_head_groups(CadContext& ctx, CadPlan& plan, const CallShape& shape,
+                                            const cad_attention_forward_args_v1_t* args, const ServerBatchTensors& server,
+                                            Mover& move, bool drain, const std::function<void()>& own) {
+  const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
+  const HeadGroups hg = head_groups_of(*plan.device, shape, batch);
+  const CallShape group_shape = head_group_shape(shape, plan.device->head_groups);
+  using Args = cad_attention_forward_args_v1_t;
+  const auto owner = [&](auto member) { return drain ? nullptr : data(args->*member); };
+  std::vector<Mover::InFlight> inbound, outbound;
+  for (int64_t g = 0; g < hg.groups; ++g) {
+    inbound.push_back(move.start(Direction::ToServers, {hg.rows(RunSet::Q, g, owner(&Args::q), server.q, true),
+                                                        hg.rows(RunSet::KV, g, owner(&Args::k), server.k, true),
+                                                        hg.rows(RunSet::KV, g, owner(&Args::v), server.v, true)}));
+  }
+  own();
+  const ServerBackend* failed = nullptr;
+  for (int64_t g = 0; g < hg.groups; ++g) {
+    move.finish(inbound[static_cast<size_t>(g)]);
+    if (failed == nullptr && batch.q_rows > 0 && !drain &&
+        call_server_forward(ctx, plan, Batch::Served, group_shape, hg.server(g, server),
+                            cad_device_v1_t{CAD_DEVICE_CUDA, plan.device->device}, args->stream) != CAD_STATUS_OK) {
+      failed = &ctx.server;
+    }
+    outbound.push_back(move.start(Direction::ToOwners,
+                                  {hg.rows(RunSet::Q, g, owner(&Args::o), server.o, false),
+                                   hg.lse(g, static_cast<float*>(owner(&Args::lse)), server.lse, false)}));
+  }
+  for (Mover::InFlight& f : outbound) move.finish(f);
+  return failed;
+}
+
+// The backward by head groups, as the forward: dO (and Q, O, LSE, K, V where the forward kept nothing) leave group
+// by group; group g's dQ, dK, dV go back while the server computes group g + 1.
+const ServerBackend* backward_by_head_groups(CadContext& ctx, CadPlan& plan, const CallShape& shape,
+                                             const cad_attention_backward_args_v1_t* args,
+                                             const ServerBatchTensors& server, bool kept, Mover& move, bool drain,
+                                             const std::function<void()>& own) {
+  const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
+  const HeadGroups hg = head_groups_of(*plan.device, shape, batch);
+  const CallShape group_shape = head_group_shape(shape, plan.device->head_groups);
+  using Args = cad_attention_backward_args_v1_t;
+  const auto owner = [&](auto member) { return drain ? nullptr : data(args->*member); };
+  std::vector<Mover::InFlight> inbound, outbound;
+  for (int64_t g = 0; g < hg.groups; ++g) {
+    std::vector<Mover::Slice> slices = {hg.rows(RunSet::Q, g, owner(&Args::d_o), server.d_o, true)};
+    if (!kept) {
+      slices.push_back(hg.rows(RunSet::Q, g, owner(&Args::q), server.q, true));
+      slices.push_back(hg.rows(RunSet::Q, g, owner(&Args::o), server.o, true));
+      slices.push_back(hg.lse(g, static_cast<const float*>(owner(&Args::lse)), server.lse, true));
+      slices.push_back(hg.rows(RunSet::KV, g, owner(&Args::k), server.k, true));
+      slices.push_back(hg.rows(RunSet::KV, g, owner(&Args::v), server.v, true));
+    }
+    inbound.push_back(move.start(Direction::ToServers, std::move(slices)));
+  }
+  own();
+  const ServerBackend* failed = nullptr;
+  for (int64_t g = 0; g < hg.groups; ++g) {
+    move.finish(inbound[static_cast<size_t>(g)]);
+    if (failed == nullptr && batch.q_rows > 0 && !drain &&
+        call_server_backward(ctx, plan, Batch::Served, group_shape, hg.server(g, server),
+                             cad_device_v1_t{CAD_DEVICE_CUDA, plan.device->device}, args->stream) != CAD_STATUS_OK) {
+      failed = &ctx.server;
+    }
+    outbound.push_back(move.start(Direction::ToOwners, {hg.rows(RunSet::Q, g, owner(&Args::d_q), server.d_q, false)}));
+    outbound.push_back(
+        move.start(Direction::ToOwners, {hg.rows(RunSet::KV, g, owner(&Args::d_k), server.d_k, false)}, true));
+    outbound.push_back(
+        move.start(Direction::ToOwners, {hg.rows(RunSet::KV, g, owner(&Args::d_v), server.d_v, false)}, true));
+  }
+  for (Mover::InFlight& f : outbound) move.finish(f);
+  return failed;
 }
 
 }  // namespace
@@ -779,6 +1051,20 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
     }
   };
   Mover move(ctx, dp, scratch, stream, drain, stats);
+  if (dp.head_groups > 1) {
+    ServerBatchTensors server;
+    server.q = q, server.k = k, server.v = v, server.o = o, server.lse = static_cast<float*>(lse);
+    const ServerBackend* group_failed = forward_by_head_groups(ctx, plan, shape, args, server, move, drain, own_forward);
+    if (keep == nullptr) {
+      scratch.give_back(q);
+      scratch.give_back(k);
+      scratch.give_back(v);
+    }
+    stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
+    if (failed == nullptr) failed = group_failed;
+    if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "forward");
+    return;
+  }
   if (dp.fused_inbound) {
     move.rows_to_servers({{RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes},
                           {RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes},
@@ -881,6 +1167,18 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
     move.lse(Direction::ToServers, drain ? nullptr : static_cast<const float*>(data(args->lse)), shape.tokens,
              static_cast<float*>(lse), batch.q_rows, hq);
   };
+  if (dp.head_groups > 1) {
+    ServerBatchTensors server;
+    server.q = q, server.k = k, server.v = v, server.o = o, server.lse = static_cast<float*>(lse);
+    server.d_o = d_o, server.d_q = d_q, server.d_k = d_k, server.d_v = d_v;
+    const ServerBackend* group_failed =
+        backward_by_head_groups(ctx, plan, shape, args, server, kept, move, drain, own_backward);
+    if (kept) saved->device.reset();
+    stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
+    if (failed == nullptr) failed = group_failed;
+    if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "backward");
+    return;
+  }
   if (dp.fused_inbound) {
     if (!kept) move_lse();
     std::vector<Mover::Part> parts = {{RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes}};

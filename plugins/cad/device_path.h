@@ -36,7 +36,8 @@ void check_call_stream(void* stream, int device_id, const char* what);
 // Device resources of a plan: index tables, staging and scratch buffers. Rank-local; throws on failure
 // (make_cad_plan agrees on the outcome). The tables go up in `stream`'s order without a host wait; a call on
 // another stream waits for the plan's ready event on the GPU.
-DevicePlan* make_device_plan(CadContext& ctx, const Step& step, void* stream);
+// `head_groups`: the calls' server batch runs (and its rows move) a head group at a time (1: all heads at once).
+DevicePlan* make_device_plan(CadContext& ctx, const Step& step, int32_t head_groups, void* stream);
 void release_device_plan(CadContext& ctx, DevicePlan* plan);
 int64_t device_plan_bytes(DevicePlan& plan);
 

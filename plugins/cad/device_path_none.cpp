@@ -14,7 +14,7 @@ struct DeviceRuntime {};
 void DeviceSavedDeleter::operator()(DeviceSaved* saved) const { delete saved; }
 void DeviceRuntimeDeleter::operator()(DeviceRuntime* runtime) const { delete runtime; }
 
-DevicePlan* make_device_plan(CadContext&, const Step&, void*) {
+DevicePlan* make_device_plan(CadContext&, const Step&, int32_t, void*) {
   plugin::fail(CAD_STATUS_UNSUPPORTED, "cad: this build has no CUDA data path (CAD_ENABLE_CUDA=OFF)");
 }
 void release_device_plan(CadContext&, DevicePlan* plan) { delete plan; }

@@ -81,6 +81,7 @@ void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args) {
   ctx.stats.backward = CallStats{};
 
   LocalCall local;
+  local.head_groups = ctx.config.head_groups;
   local.ticket.call = ++ctx.calls;
   local.ticket.kind = kForward;
   try {

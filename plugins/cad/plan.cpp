@@ -32,9 +32,9 @@ namespace {
 
 // The server backend's plan of one of this rank's batches (layout.servers or layout.own), where the backend
 // makes plans and the batch is not empty (an empty batch never calls the backend).
-void* make_server_plan(const ServerBackend& server, const Step& step, const ServerBatch& batch, void* stream) {
+void* make_server_plan(const ServerBackend& server, const CallShape& shape, const ServerBatch& batch, void* stream) {
   if (!server.has_plans() || batch.segments.empty()) return nullptr;
-  const cad_attention_plan_args_v1_t args = server_plan_args(batch, step.shape, stream);
+  const cad_attention_plan_args_v1_t args = server_plan_args(batch, shape, stream);
   void* plan = nullptr;
   if (server.table->make_plan(server.instance, &args, &plan) != CAD_STATUS_OK) {
     const char* message = server.table->last_error(server.instance);
@@ -108,10 +108,14 @@ PlanPtr make_cad_plan(CadContext& ctx, Comm& comm, const AgreedCall& call, int64
     std::unique_lock<std::recursive_mutex> shared(ctx.state_mutex, std::defer_lock);
     if (concurrent) shared.lock();
     const size_t me = static_cast<size_t>(ctx.comm->rank());
-    plan->server_plan = make_server_plan(ctx.server, step, step.layout.servers[me], stream);
-    plan->own_server_plan = make_server_plan(ctx.own_server, step, step.layout.own[me], stream);
+    // The server batch runs a head group at a time where the data path pipelines groups (the tasks run in place
+    // move nothing: they run on all heads at once).
+    const int32_t groups = step.shape.device_type == CAD_DEVICE_CUDA && !ctx.host_staged ? ctx.config.head_groups : 1;
+    plan->server_plan = make_server_plan(ctx.server, head_group_shape(step.shape, groups), step.layout.servers[me],
+                                         stream);
+    plan->own_server_plan = make_server_plan(ctx.own_server, step.shape, step.layout.own[me], stream);
     if (step.shape.device_type == CAD_DEVICE_CUDA) {
-      plan->device.reset(make_device_plan(ctx, step, stream));
+      plan->device.reset(make_device_plan(ctx, step, groups, stream));
     }
   });
   if (num_local_pieces > 0) plan->local_pieces.assign(pieces, pieces + num_local_pieces);

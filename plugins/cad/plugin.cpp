@@ -84,6 +84,7 @@ cad_status_t cad_make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, 
     std::unique_lock<std::recursive_mutex> state(c.state_mutex, std::defer_lock);
     if (!concurrent) state.lock();
     cad::cad_plugin::LocalCall local;
+    local.head_groups = c.config.head_groups;
     try {
       if (out_plan == nullptr) plugin::fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: out_plan is NULL");
       local.shape = cad::cad_plugin::check_plan_args(args, c.accepts);

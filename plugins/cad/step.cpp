@@ -27,6 +27,7 @@ struct RankHeader {
   int32_t causal;
   float softmax_scale;
   int64_t window_left;
+  int32_t head_groups;
   CallTicket ticket;
   char message[240];
 };
@@ -53,6 +54,10 @@ void check_same_shape(const RankHeader& h0, const RankHeader& h, size_t rank) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("ranks disagree on window_left: rank 0 has %lld, rank %zu has %lld",
                                              static_cast<long long>(h0.window_left), rank,
                                              static_cast<long long>(h.window_left)));
+  }
+  if (h.head_groups != h0.head_groups) {  // the exchanges of a grouped call differ in number and size
+    fail(CAD_STATUS_INVALID_CONFIG, format("ranks disagree on the plugin's head_groups: rank 0 has %d, rank %zu has %d",
+                                           h0.head_groups, rank, h.head_groups));
   }
   if (std::memcmp(&h.softmax_scale, &h0.softmax_scale, sizeof(float)) != 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("ranks disagree on softmax_scale: rank 0 has %.9g, rank %zu has %.9g",
@@ -132,6 +137,7 @@ AgreedCall agree_on_call(Comm& comm, const LocalCall& local, const char* what) {
   mine.status = local.status;
   mine.matches_last_forward = local.matches_last_forward ? 1 : 0;
   mine.ticket = local.ticket;
+  mine.head_groups = local.head_groups;
   if (local.status == CAD_STATUS_OK) {
     mine.num_pieces = local.num_pieces;
     mine.tokens = local.shape.tokens;

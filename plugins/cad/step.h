@@ -24,6 +24,7 @@ struct LocalCall {
   int64_t num_pieces = 0;
   bool matches_last_forward = false;    // backward: same pieces and shape as the last forward
   CallTicket ticket;                    // compared across ranks wherever the call agrees on the host
+  int32_t head_groups = 0;              // this rank's config (context.h), where the call may plan; else 0
 };
 
 // The agreed view of a call.

@@ -366,6 +366,18 @@ void check_plan(const PieceTables& tables, const std::vector<cad_task_v1_t>& tas
   }
 }
 
+CallShape head_group_shape(const CallShape& shape, int32_t groups) {
+  if (groups < 1 || shape.num_q_heads % groups != 0 || shape.num_kv_heads % groups != 0) {
+    fail(CAD_STATUS_INVALID_CONFIG,
+         format("plugin 'cad' config: head_groups %d does not divide the call's heads (Hq=%d, Hkv=%d); give a "
+                "divisor of both", groups, shape.num_q_heads, shape.num_kv_heads));
+  }
+  CallShape group = shape;
+  group.num_q_heads = shape.num_q_heads / groups;
+  group.num_kv_heads = shape.num_kv_heads / groups;
+  return group;
+}
+
 cad_attention_plan_args_v1_t server_plan_args(const ServerBatch& batch, const CallShape& shape, void* stream) {
   cad_attention_plan_args_v1_t args{};
   args.struct_size = sizeof(args);

@@ -57,6 +57,11 @@ CallShape check_plan_args(const cad_attention_plan_args_v1_t* args, const Accept
 // point into `batch`, which must outlive the args).
 cad_attention_plan_args_v1_t server_plan_args(const ServerBatch& batch, const CallShape& shape, void* stream);
 
+// One of `groups` head groups of a call: Hq / groups query heads over Hkv / groups key/value heads (a query
+// head keeps its key/value head, GQA's groups being consecutive). Throws INVALID_CONFIG naming the config key
+// where `groups` does not divide both.
+CallShape head_group_shape(const CallShape& shape, int32_t groups);
+
 // The pieces of every rank must tile each document [0, doc_len) exactly once, with one doc_len per
 // document and lengths >= 1. Throws INVALID_ARGUMENT naming the rank, piece and document.
 void check_piece_tables(const PieceTables& tables);

@@ -69,6 +69,8 @@ inline std::string stack_config() {
   add_cad("cad_exchange_own", balancers().front(), {{"own_tasks_in_place", false}, {"min_shard_tokens", 8}});
   // A server may receive at most 1 byte: any plan that moves data is refused by the balancer.
   add_cad("cad_capped", balancers().back(), {{"memory_cap_bytes", 1}});
+  // The last rank configures another head_groups than the others (each rank builds its own config).
+  add_cad("cad_head_groups_differ", balancers().front(), {{"head_groups", g_rank == g_world - 1 ? 2 : 1}});
   return nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
 }
 

@@ -483,6 +483,32 @@ TEST(CadMpi, CreateNamesTheMissingInstanceOrBadKey) {
     EXPECT_EQ(status, CAD_STATUS_INVALID_CONFIG) << message;
     EXPECT_NE(message.find("key 'own_tasks_in_place'"), std::string::npos) << message;
   }
+  for (const nlohmann::json& groups : {nlohmann::json(0), nlohmann::json(65), nlohmann::json("2")}) {
+    nlohmann::json c = good;
+    c["head_groups"] = groups;  // a whole number in [1, 64]
+    const auto [status, message] = create_stack(c);
+    EXPECT_EQ(status, CAD_STATUS_INVALID_CONFIG) << groups << ": " << message;
+    EXPECT_NE(message.find("key 'head_groups'"), std::string::npos) << message;
+  }
+  {
+    nlohmann::json c = good;
+    c["head_groups"] = 2;  // taken on the CPU data path, where it changes nothing (only NCCL's pipelines groups)
+    EXPECT_EQ(create_stack(c).first, CAD_STATUS_OK) << create_stack(c).second;
+  }
+}
+
+// The exchanges of a call by head groups differ in number and size from an unsplit one's: ranks configured with
+// different head_groups are refused at the plan, on every rank, before any exchange could pair wrong.
+TEST(CadMpi, RanksWithDifferentHeadGroupsAreRefused) {
+  if (g_world < 2) GTEST_SKIP() << "needs 2 ranks or more";
+  const Attention a = cad_instance_named("cad_head_groups_differ");
+  LocalCall call(cad_test::make_batch(spec_for(13)), true);
+  EXPECT_EQ(call.forward(a), CAD_STATUS_INVALID_CONFIG);
+  const std::string message = a.table->last_error(a.ctx);
+  const std::string expected = "ranks disagree on the plugin's head_groups: rank 0 has 1, rank " +
+                               std::to_string(g_world - 1) + " has 2";
+  EXPECT_NE(message.find(expected), std::string::npos) << message;
+  EXPECT_TRUE(same_on_every_rank(message)) << "rank " << g_rank << " got '" << message << "'";
 }
 
 TEST(CadMpi, CapabilitiesAreTheServerBackendsPlusPieces) {

@@ -67,7 +67,10 @@ std::vector<std::string> balancers() {
   return names;
 }
 
-std::string cad_name(const std::string& balancer, bool keep) { return "cad_" + balancer + (keep ? "_keep" : "_resend"); }
+// `groups`: the instance's head_groups (the batches' Hq = 8, Hkv = 2 divide by 2).
+std::string cad_name(const std::string& balancer, bool keep, int groups = 1) {
+  return "cad_" + balancer + (keep ? "_keep" : "_resend") + (groups > 1 ? "_hg" + std::to_string(groups) : "");
+}
 
 std::string stack_config() {
   nlohmann::json instances = nlohmann::json::array();
@@ -86,12 +89,17 @@ std::string stack_config() {
   for (const std::string& b : balancers()) {
     instances.push_back({{"name", "bal_" + b}, {"plugin", b}, {"config", nlohmann::json::object()}});
     // The keep instances also run the tasks on a rank's own documents in place (own_tasks_in_place, off by default:
-    // the resend ones keep the default), so every test here covers both data paths.
+    // the resend ones keep the default), so every test here covers both data paths; each also with its heads in
+    // two pipelined groups (head_groups; over NCCL only, the host-staged path runs them unsplit), and in three,
+    // which do not divide the batches' heads (refused at the plan).
     for (bool keep : {true, false}) {
-      nlohmann::json config = {{"communicator", "comm"}, {"balancer", "bal_" + b}, {"server_backend", "server"},
-                               {"keep_forward_tensors", keep}, {"own_tasks_in_place", keep}};
-      if (keep) config["own_server_backend"] = "server_own";
-      instances.push_back({{"name", cad_name(b, keep)}, {"plugin", "cad"}, {"config", config}});
+      for (int groups : {1, 2, 3}) {
+        nlohmann::json config = {{"communicator", "comm"}, {"balancer", "bal_" + b}, {"server_backend", "server"},
+                                 {"keep_forward_tensors", keep}, {"own_tasks_in_place", keep},
+                                 {"head_groups", groups}};
+        if (keep) config["own_server_backend"] = "server_own";
+        instances.push_back({{"name", cad_name(b, keep, groups)}, {"plugin", "cad"}, {"config", config}});
+      }
     }
   }
   return nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
@@ -332,7 +340,8 @@ bool same_on_every_rank(const std::string& text) {
 
 }  // namespace
 
-// Every balancer, both masks, keep and re-send, head dims 64 and 128, one-shot calls and planned calls.
+// Every balancer, both masks, keep and re-send, head dims 64 and 128, one-shot calls and planned calls, heads
+// unsplit and in two groups.
 TEST(CadGpu, MatchesLocalCudaAndTheOracle) {
   uint64_t seed = 500;
   for (int64_t d : {64, 128}) {
@@ -344,23 +353,26 @@ TEST(CadGpu, MatchesLocalCudaAndTheOracle) {
       expect_close(local, want, "oracle (local cuda backend)");
       for (const std::string& balancer : balancers()) {
         for (bool keep : {true, false}) {
-          for (bool planned : {false, true}) {
-            SCOPED_TRACE(balancer + " D=" + std::to_string(d) + (causal ? " causal" : " full") +
-                         (keep ? " keep" : " resend") + (planned ? " planned" : " one-shot"));
-            const Api api = instance(cad_name(balancer, keep));
-            Call call(b, causal);
-            void* plan = nullptr;
-            void* saved = nullptr;
-            if (planned) {
-              ASSERT_EQ(make_plan(api, call, &plan), CAD_STATUS_OK) << api.error();
+          for (int groups : {1, 2}) {
+            for (bool planned : {false, true}) {
+              SCOPED_TRACE(balancer + " D=" + std::to_string(d) + (causal ? " causal" : " full") +
+                           (keep ? " keep" : " resend") + (planned ? " planned" : " one-shot") +
+                           (groups > 1 ? " 2 head groups" : ""));
+              const Api api = instance(cad_name(balancer, keep, groups));
+              Call call(b, causal);
+              void* plan = nullptr;
+              void* saved = nullptr;
+              if (planned) {
+                ASSERT_EQ(make_plan(api, call, &plan), CAD_STATUS_OK) << api.error();
+              }
+              ASSERT_EQ(call.forward(api, plan, planned ? &saved : nullptr), CAD_STATUS_OK) << api.error();
+              ASSERT_EQ(call.backward(api, plan, saved), CAD_STATUS_OK) << api.error();
+              api.table->release_saved(api.ctx, saved);
+              api.table->release_plan(api.ctx, plan);
+              const Results got = call.results();
+              expect_close(got, local, "the local cuda backend");
+              expect_close(got, want, "the CPU oracle");
             }
-            ASSERT_EQ(call.forward(api, plan, planned ? &saved : nullptr), CAD_STATUS_OK) << api.error();
-            ASSERT_EQ(call.backward(api, plan, saved), CAD_STATUS_OK) << api.error();
-            api.table->release_saved(api.ctx, saved);
-            api.table->release_plan(api.ctx, plan);
-            const Results got = call.results();
-            expect_close(got, local, "the local cuda backend");
-            expect_close(got, want, "the CPU oracle");
           }
         }
       }
@@ -383,6 +395,46 @@ TEST(CadGpu, BitwiseReproducible) {
   EXPECT_EQ(runs[0].d_k, runs[1].d_k);
   EXPECT_EQ(runs[0].d_v, runs[1].d_v);
   EXPECT_EQ(runs[0].o, runs[1].o);
+}
+
+// Heads in two pipelined groups compute every head as the unsplit call does: O and LSE bit for bit (each head's
+// forward is the same arithmetic whatever the other heads), the gradients within the tolerance of the other tests
+// (the backward's dQ adds tiles in the order they finish).
+TEST(CadGpu, HeadGroupsGiveTheUnsplitResults) {
+  if (!g_nccl) GTEST_SKIP() << "head groups are pipelined on the nccl communicator only";
+  for (bool keep : {true, false}) {
+    SCOPED_TRACE(keep ? "keep" : "resend");
+    const GlobalBatch b = rounded(cad_test::make_batch(spec(650, 128)));
+    std::vector<Results> runs;
+    for (int groups : {1, 2}) {
+      const Api api = instance(cad_name(balancers().back(), keep, groups));
+      Call call(b, true);
+      void* plan = nullptr;
+      void* saved = nullptr;
+      ASSERT_EQ(make_plan(api, call, &plan), CAD_STATUS_OK) << api.error();
+      ASSERT_EQ(call.forward(api, plan, &saved), CAD_STATUS_OK) << api.error();
+      ASSERT_EQ(call.backward(api, plan, saved), CAD_STATUS_OK) << api.error();
+      api.table->release_saved(api.ctx, saved);
+      api.table->release_plan(api.ctx, plan);
+      runs.push_back(call.results());
+    }
+    EXPECT_EQ(runs[0].o, runs[1].o);
+    EXPECT_EQ(runs[0].lse, runs[1].lse);
+    expect_close(runs[1], runs[0], "the unsplit call", 1e-2);
+  }
+}
+
+// A head_groups that does not divide the call's heads is refused on every rank at the plan, naming the key.
+TEST(CadGpu, HeadGroupsThatDoNotDivideTheHeadsAreRefused) {
+  if (!g_nccl) GTEST_SKIP() << "head groups are pipelined on the nccl communicator only";
+  const GlobalBatch b = rounded(cad_test::make_batch(spec(660, 64)));
+  const Api api = instance(cad_name(balancers().back(), false, 3));
+  Call call(b, true);
+  void* plan = nullptr;
+  EXPECT_EQ(make_plan(api, call, &plan), CAD_STATUS_INVALID_CONFIG);
+  EXPECT_NE(api.error().find("head_groups 3 does not divide the call's heads (Hq=8, Hkv=2)"), std::string::npos)
+      << api.error();
+  EXPECT_EQ(plan, nullptr);
 }
 
 // With a plan and NCCL, a layer's forward and backward are only enqueued: capture them into a CUDA graph,

@@ -241,6 +241,13 @@ def test_init_passes_the_communication_knobs_to_the_stack(fresh_stacks):
     assert default["server"]["config"] == {}
     with pytest.raises(cad.CadError, match="forward_walk must be 'static' or 'dynamic'"):
         cad.init(forward_walk="greedy")
+    # Head groups: the plugin's head_groups, given only where it is not its default.
+    grouped = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl", head_groups=2))
+    assert {i["name"]: i for i in grouped["instances"]}["cad"]["config"]["head_groups"] == 2
+    assert "head_groups" not in default["cad"]["config"]
+    for bad in (0, 65, 2.0, True):
+        with pytest.raises(cad.CadError, match=r"head_groups must be an int in \[1, 64\]"):
+            cad.init(head_groups=bad)
 
 
 def test_init_passes_the_balancers_config_to_the_stack(fresh_stacks, capfd):

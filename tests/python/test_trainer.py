@@ -202,6 +202,10 @@ def test_balanced_batches_keep_tokens_and_give_every_rank_the_mean_work():
     assert runs["prefix_aware_own_res0_ctas8"].cad_nccl_max_ctas == 8 and runs["prefix_aware"].cad_nccl_max_ctas == 0
     assert runs["prefix_aware_own_res0_ctas8"].cad_own_reserve_sms == 0
     assert runs["prefix_aware_dyn"].json_out == "x_prefix_aware_dyn.json"
+    # +hgN: CAD's calls by N head groups
+    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+hg2", "--json-out", "x_{config}.json"])
+    runs = dict(t.configurations(args))
+    assert runs["prefix_aware_hg2"].cad_head_groups == 2 and runs["prefix_aware"].cad_head_groups == 1
 
 
 def test_split_at_the_document_boundary_nearest_half():
@@ -567,7 +571,9 @@ def test_bad_options_are_refused(capsys):
     for configs, message in (("local,bogus+x", "'bogus+x' is not"), ("+pp", "'+pp' is not"),
                              ("local,,prefix_aware", "'' is not"), ("prefix_aware+pp+pp", "'prefix_aware+pp+pp' is not"),
                              ("local+dyn", "'local+dyn' is not"), ("prefix_aware+ctas65", "'prefix_aware+ctas65' is not"),
-                             ("distca+ctas8+ctas4", "'distca+ctas8+ctas4' is not")):
+                             ("distca+ctas8+ctas4", "'distca+ctas8+ctas4' is not"),
+                             ("local+hg2", "'local+hg2' is not"), ("prefix_aware+hg3", "'prefix_aware+hg3' is not"),
+                             ("prefix_aware+hg0", "'prefix_aware+hg0' is not")):
         assert message in _refused(t, capsys, ["--configs", configs]), configs
     assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
     assert "applies to --checkpointing full only" in _refused(t, capsys, ["--checkpoint-reentrant"])
@@ -576,6 +582,8 @@ def test_bad_options_are_refused(capsys):
         assert f"--ping-pong-min-stall-share must be in [0, 1), got {float(share)}" in \
             _refused(t, capsys, ["--ping-pong-min-stall-share", share])
     assert "needs NCCL" in _refused(t, capsys, ["--device", "cuda", "--communicator", "host", "--parallel", "fsdp2"])
+    assert "--cad-head-groups must be in [1, 64] and divide --heads (4) and --kv-heads (2), got 4" in \
+        _refused(t, capsys, ["--cad-head-groups", "4"])
     assert "--window must be -1 (no window) or at least 0" in _refused(t, capsys, ["--window", "-2"])
     assert "--global-every needs --window" in _refused(t, capsys, ["--global-every", "6"])
     assert "--balancer-tolerance must be in [0, 10]" in _refused(t, capsys, ["--balancer-tolerance", "-0.1"])
