@@ -68,10 +68,13 @@ enum TableId {
 
 }  // namespace
 
-// Timing events of one exchange (stats.h: ExchangeTimes): the caller's data ready, the collective's start and
-// end on the communication stream.
+// Timing events of one exchange (stats.h: ExchangeTimes): the caller's stream where it waits for the exchange
+// (`caller_ready`), the collective's start and end on the communication stream. An exchange joined later
+// (Mover::start) records caller_ready only when the caller joins it (`joined`), after the work in between: its
+// stall is then what the caller still waited.
 struct ExchangeEvents {
   cudaEvent_t caller_ready = nullptr, comm_start = nullptr, comm_end = nullptr;
+  bool joined = true;
 };
 
 struct DeviceRuntime {
@@ -99,11 +102,14 @@ struct DeviceRuntime {
 
 namespace {
 
-// Folds the completed exchanges at the front of `rt.timed` into `times`; stops at the first still running.
+// Folds the completed exchanges at the front of `rt.timed` into `times`; stops at the first still running (or not
+// yet joined by its caller).
 void harvest(DeviceRuntime& rt, ExchangeTimes& times) {
   while (!rt.timed.empty()) {
     const ExchangeEvents e = rt.timed.front();
-    const cudaError_t state = cudaEventQuery(e.comm_end);
+    if (!e.joined) break;
+    cudaError_t state = cudaEventQuery(e.comm_end);
+    if (state == cudaSuccess) state = cudaEventQuery(e.caller_ready);
     if (state == cudaErrorNotReady) break;
     rt.timed.pop_front();
     if (state == cudaSuccess) {
@@ -111,7 +117,7 @@ void harvest(DeviceRuntime& rt, ExchangeTimes& times) {
       if (cudaEventElapsedTime(&comm, e.comm_start, e.comm_end) == cudaSuccess &&
           cudaEventElapsedTime(&stall, e.caller_ready, e.comm_end) == cudaSuccess) {
         times.comm_ms += comm;
-        times.stall_ms += stall;
+        times.stall_ms += std::max(stall, 0.0f);  // a caller joining after the end did not wait
         ++times.exchanges;
       }
     } else {
@@ -431,6 +437,16 @@ class Mover {
  public:
   Mover(CadContext& ctx, DevicePlan& plan, CallScratch& scratch, cudaStream_t stream, bool drain, CallStats& stats)
       : ctx_(ctx), plan_(plan), scratch_(scratch), stream_(stream), drain_(drain), stats_(stats), rt_(*ctx.device) {}
+  Mover(const Mover&) = delete;
+  Mover& operator=(const Mover&) = delete;
+  // An exchange started but never finished (a call that failed in between) is joined here for its timing, so that
+  // the runtime's queue of timed exchanges does not stop at it.
+  ~Mover() {
+    for (ExchangeEvents* e : unjoined_) {
+      (void)cudaEventRecord(e->caller_ready, stream_);
+      e->joined = true;
+    }
+  }
 
   // Rows of one tensor, owners -> servers (src: an owner tensor, dst: a server batch tensor) or back.
   void rows(Direction direction, RunSet set, const void* src, void* dst, int64_t row_bytes) {
@@ -576,6 +592,7 @@ class Mover {
     std::byte* recv = nullptr;
     std::vector<std::vector<uint64_t>> recv_at;  // per slice and peer: where its rows start in `recv`
     cudaEvent_t done = nullptr;
+    ExchangeEvents* timing = nullptr;  // in the runtime's queue until finish() joins it, or NULL (untimed)
   };
 
   // Packs the slices into one send buffer (per peer: each slice's rows in turn, as rows_to_servers does) and
@@ -625,7 +642,7 @@ class Mover {
                    "pack a head group (gather kernel)");
       }
     }
-    enqueue_transfer(f.send, t, f.recv);
+    enqueue_transfer(f.send, t, f.recv, &f.timing);
     if (!ctx_.host_staged) {  // a staged exchange is complete on the caller's stream already
       f.done = done_event();
       check_cuda(cudaEventRecord(f.done, rt_.comm_stream), "cudaEventRecord");
@@ -635,6 +652,12 @@ class Mover {
 
   // Joins `f` to the caller's stream, unpacks its slices into their tensors and gives its buffers back.
   void finish(InFlight& f) {
+    if (f.timing != nullptr) {
+      unjoined_.erase(std::find(unjoined_.begin(), unjoined_.end(), f.timing));
+      f.timing->joined = true;
+      check_cuda(cudaEventRecord(f.timing->caller_ready, stream_), "cudaEventRecord");
+      f.timing = nullptr;
+    }
     if (f.done != nullptr) {
       check_cuda(cudaStreamWaitEvent(stream_, f.done, 0), "cudaStreamWaitEvent");
       rt_.spare_done.push_back(f.done);  // a later record does not change what this wait waits for
@@ -768,8 +791,10 @@ class Mover {
   }
 
   // The all_to_all_v of `t` on the communication stream after the caller's work so far; its end is rt_.done. A
-  // staged exchange (host_staged) runs here, to its end on the caller's stream.
-  void enqueue_transfer(const std::byte* send, const Transfer& t, std::byte* recv) {
+  // staged exchange (host_staged) runs here, to its end on the caller's stream. `joined_later`: the caller joins
+  // it after other work (Mover::start): its timing events are handed out there, caller_ready left to the join.
+  void enqueue_transfer(const std::byte* send, const Transfer& t, std::byte* recv,
+                        ExchangeEvents** joined_later = nullptr) {
     const size_t world = t.send_counts.size();
     const size_t me = static_cast<size_t>(ctx_.comm->rank());
     stats_.bytes_sent += t.send_bytes - t.send_counts[me];
@@ -799,9 +824,15 @@ class Mover {
       return;  // the staged exchange is synchronous: nothing runs beside it
     }
     // On the communication stream, joined to the caller's with events (and timed: stats.h ExchangeTimes).
-    const ExchangeEvents* timing = drain_ ? nullptr : begin_timing(rt_, ctx_.stats.gpu_exchange);
+    ExchangeEvents* timing = drain_ ? nullptr : begin_timing(rt_, ctx_.stats.gpu_exchange);
     check_cuda(cudaEventRecord(rt_.ready, stream_), "cudaEventRecord");
-    if (timing != nullptr) check_cuda(cudaEventRecord(timing->caller_ready, stream_), "cudaEventRecord");
+    if (timing != nullptr && joined_later != nullptr) {
+      timing->joined = false;
+      unjoined_.push_back(timing);
+      *joined_later = timing;
+    } else if (timing != nullptr) {
+      check_cuda(cudaEventRecord(timing->caller_ready, stream_), "cudaEventRecord");
+    }
     check_cuda(cudaStreamWaitEvent(rt_.comm_stream, rt_.ready, 0), "cudaStreamWaitEvent");
     if (timing != nullptr) check_cuda(cudaEventRecord(timing->comm_start, rt_.comm_stream), "cudaEventRecord");
     ctx_.comm->all_to_all_v(send, t, recv, rt_.comm_stream);
@@ -816,6 +847,7 @@ class Mover {
   bool drain_;
   CallStats& stats_;
   DeviceRuntime& rt_;
+  std::vector<ExchangeEvents*> unjoined_;  // timed exchanges started here and not yet finished
 };
 
 void* data(const cad_tensor_v1_t* t) { return plugin::tensor_data(t); }

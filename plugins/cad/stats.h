@@ -41,8 +41,9 @@ struct CallStats {
 
 // The CUDA data path's exchanges as the GPU ran them (timing events around each all_to_all_v), summed since the
 // instance was made over the exchanges that have completed: `comm_ms` the collectives' own time on the
-// communication stream, `stall_ms` how long the calling stream waited for them (from the point it had its
-// data ready to the collective's end: the exposed part unless another stream had work meanwhile).
+// communication stream, `stall_ms` how long the calling stream waited for them (from the point where it waits --
+// where it had its data ready, or with head groups where it joins an exchange started before the work it did
+// meanwhile -- to the collective's end, 0 where that came first: the exposed part unless another stream had work).
 struct ExchangeTimes {
   bool timed = false;     // a CUDA exchange ran on this instance
   int64_t exchanges = 0;  // completed and counted
