@@ -437,7 +437,8 @@ TEST(CadGpu, HeadGroupsThatDoNotDivideTheHeadsAreRefused) {
   EXPECT_EQ(plan, nullptr);
 }
 
-// With a plan and NCCL, a layer's forward and backward are only enqueued: capture them into a CUDA graph,
+// With a plan and NCCL, a layer's forward and backward are only enqueued (head groups too: their exchanges are
+// joined by events, their buffers taken and given back in stream order): capture them into a CUDA graph,
 // replay it, and get the eager results bit for bit -- except dQ: the sm_90a backward adds every key tile's dQ
 // into an fp32 accumulator with TMA reductions, in the order the tiles finish, so dQ is equal up to that
 // order's rounding (at most one bf16 step of each element; BitwiseReproducible leaves it out too). On 4 GPUs
@@ -445,10 +446,10 @@ TEST(CadGpu, HeadGroupsThatDoNotDivideTheHeadsAreRefused) {
 // this check bounds it).
 TEST(CadGpu, GraphReplayGivesTheEagerResults) {
   if (!g_nccl) GTEST_SKIP() << "host-staged exchanges synchronise the stream: graphs need the nccl communicator";
-  for (bool keep : {true, false}) {
-    SCOPED_TRACE(keep ? "keep" : "resend");
+  for (const auto& [keep, groups] : {std::pair{true, 1}, std::pair{false, 1}, std::pair{true, 2}, std::pair{false, 2}}) {
+    SCOPED_TRACE(std::string(keep ? "keep" : "resend") + (groups > 1 ? ", 2 head groups" : ""));
     const GlobalBatch b = rounded(cad_test::make_batch(spec(700, 128)));
-    const Api api = instance(cad_name(balancers().back(), keep));
+    const Api api = instance(cad_name(balancers().back(), keep, groups));
     Call call(b, true);
     check(cudaStreamCreateWithFlags(&call.stream, cudaStreamNonBlocking), "cudaStreamCreate");
     void* plan = nullptr;
