@@ -13,6 +13,12 @@
 // With own_tasks_in_place (off by default; context.h) and a rank running tasks in place, the inbound rows of a
 // call move in ONE collective instead, packed per peer, and the own tasks are enqueued between its enqueue and
 // the wait; every dK/dV row coming back is then added to the owner's own partial sums.
+// With head_groups G > 1 (off by default; context.h) a call runs by head groups instead: the server batch is laid
+// out group after group ([G][rows][H/G][D]); each group's inbound slices (a head slice of every moved row, packed:
+// copy_row_slices) leave in one collective per group, all enqueued at once; the server computes group g once its
+// collective is joined, then enqueues group g's outbound collective (O and LSE; dQ, and dK and dV each with the
+// moved/summed rule) and goes on with group g + 1; the outbound ones are joined at the end. The same tables serve
+// both ways: a group changes a row's bytes and stride, never which rows move.
 //
 // The collectives run on the instance's communication stream, joined to the caller's stream with events
 // (NCCL), or are staged through pinned host buffers when the communicator works on host memory (MPI),
