@@ -921,10 +921,25 @@ HeadGroups head_groups_of(const DevicePlan& dp, const CallShape& shape, const Se
                     batch.kv_rows, shape.num_q_heads};
 }
 
-// The forward by head groups: every group's Q/K/V leave at once (one collective each, in group order), then the
-// server computes group g once its rows are in while the later groups' rows still travel, and sends its O and LSE
-// back while it computes group g + 1. `own`: the tasks run in place, enqueued behind the outbound collectives.
-// Returns the backend that failed, or NULL (after a failure the later groups' exchanges still run, unused).
+// The pipeline of a call by head groups: every group's inbound exchange started (in group order), the tasks run in
+// place (`own`), then per group: join its inbound, `compute` it, start its outbound exchanges (`send_back`); the
+// outbound ones are joined at the end. Each group's inbound slices come from `inbound`.
+void pipeline_head_groups(Mover& move, int64_t groups, const std::function<std::vector<Mover::Slice>(int64_t)>& inbound,
+                          const std::function<void()>& own, const std::function<void(int64_t)>& compute,
+                          const std::function<void(int64_t, std::vector<Mover::InFlight>&)>& send_back) {
+  std::vector<Mover::InFlight> in, out;
+  for (int64_t g = 0; g < groups; ++g) in.push_back(move.start(Direction::ToServers, inbound(g)));
+  own();
+  for (int64_t g = 0; g < groups; ++g) {
+    move.finish(in[static_cast<size_t>(g)]);
+    compute(g);
+    send_back(g, out);
+  }
+  for (Mover::InFlight& f : out) move.finish(f);
+}
+
+// The forward by head groups: Q/K/V in, O and LSE back (one collective per group each way). Returns the backend
+// that failed, or NULL (after a failure the later groups' exchanges still run, their results unused).
 const ServerBackend* forward_by_head_groups(CadContext& ctx, CadPlan& plan, const CallShape& shape,
                                             const cad_attention_forward_args_v1_t* args, const ServerBatchTensors& server,
                                             Mover& move, bool drain, const std::function<void()>& own) {
@@ -933,31 +948,32 @@ const ServerBackend* forward_by_head_groups(CadContext& ctx, CadPlan& plan, cons
   const CallShape group_shape = head_group_shape(shape, plan.device->head_groups);
   using Args = cad_attention_forward_args_v1_t;
   const auto owner = [&](auto member) { return drain ? nullptr : data(args->*member); };
-  std::vector<Mover::InFlight> inbound, outbound;
-  for (int64_t g = 0; g < hg.groups; ++g) {
-    inbound.push_back(move.start(Direction::ToServers, {hg.rows(RunSet::Q, g, owner(&Args::q), server.q, true),
-                                                        hg.rows(RunSet::KV, g, owner(&Args::k), server.k, true),
-                                                        hg.rows(RunSet::KV, g, owner(&Args::v), server.v, true)}));
-  }
-  own();
   const ServerBackend* failed = nullptr;
-  for (int64_t g = 0; g < hg.groups; ++g) {
-    move.finish(inbound[static_cast<size_t>(g)]);
-    if (failed == nullptr && batch.q_rows > 0 && !drain &&
-        call_server_forward(ctx, plan, Batch::Served, group_shape, hg.server(g, server),
-                            cad_device_v1_t{CAD_DEVICE_CUDA, plan.device->device}, args->stream) != CAD_STATUS_OK) {
-      failed = &ctx.server;
-    }
-    outbound.push_back(move.start(Direction::ToOwners,
-                                  {hg.rows(RunSet::Q, g, owner(&Args::o), server.o, false),
-                                   hg.lse(g, static_cast<float*>(owner(&Args::lse)), server.lse, false)}));
-  }
-  for (Mover::InFlight& f : outbound) move.finish(f);
+  pipeline_head_groups(
+      move, hg.groups,
+      [&](int64_t g) -> std::vector<Mover::Slice> {
+        return {hg.rows(RunSet::Q, g, owner(&Args::q), server.q, true),
+                hg.rows(RunSet::KV, g, owner(&Args::k), server.k, true),
+                hg.rows(RunSet::KV, g, owner(&Args::v), server.v, true)};
+      },
+      own,
+      [&](int64_t g) {
+        if (failed == nullptr && batch.q_rows > 0 && !drain &&
+            call_server_forward(ctx, plan, Batch::Served, group_shape, hg.server(g, server),
+                                cad_device_v1_t{CAD_DEVICE_CUDA, plan.device->device}, args->stream) != CAD_STATUS_OK) {
+          failed = &ctx.server;
+        }
+      },
+      [&](int64_t g, std::vector<Mover::InFlight>& out) {
+        out.push_back(move.start(Direction::ToOwners,
+                                 {hg.rows(RunSet::Q, g, owner(&Args::o), server.o, false),
+                                  hg.lse(g, static_cast<float*>(owner(&Args::lse)), server.lse, false)}));
+      });
   return failed;
 }
 
-// The backward by head groups, as the forward: dO (and Q, O, LSE, K, V where the forward kept nothing) leave group
-// by group; group g's dQ, dK, dV go back while the server computes group g + 1.
+// The backward by head groups: dO (and Q, O, LSE, K, V where the forward kept nothing) in; dQ back, and dK and dV
+// each with the moved / summed rule (kv_sums_to_owners'). Returns as the forward does.
 const ServerBackend* backward_by_head_groups(CadContext& ctx, CadPlan& plan, const CallShape& shape,
                                              const cad_attention_backward_args_v1_t* args,
                                              const ServerBatchTensors& server, bool kept, Mover& move, bool drain,
@@ -967,34 +983,34 @@ const ServerBackend* backward_by_head_groups(CadContext& ctx, CadPlan& plan, con
   const CallShape group_shape = head_group_shape(shape, plan.device->head_groups);
   using Args = cad_attention_backward_args_v1_t;
   const auto owner = [&](auto member) { return drain ? nullptr : data(args->*member); };
-  std::vector<Mover::InFlight> inbound, outbound;
-  for (int64_t g = 0; g < hg.groups; ++g) {
-    std::vector<Mover::Slice> slices = {hg.rows(RunSet::Q, g, owner(&Args::d_o), server.d_o, true)};
-    if (!kept) {
-      slices.push_back(hg.rows(RunSet::Q, g, owner(&Args::q), server.q, true));
-      slices.push_back(hg.rows(RunSet::Q, g, owner(&Args::o), server.o, true));
-      slices.push_back(hg.lse(g, static_cast<const float*>(owner(&Args::lse)), server.lse, true));
-      slices.push_back(hg.rows(RunSet::KV, g, owner(&Args::k), server.k, true));
-      slices.push_back(hg.rows(RunSet::KV, g, owner(&Args::v), server.v, true));
-    }
-    inbound.push_back(move.start(Direction::ToServers, std::move(slices)));
-  }
-  own();
   const ServerBackend* failed = nullptr;
-  for (int64_t g = 0; g < hg.groups; ++g) {
-    move.finish(inbound[static_cast<size_t>(g)]);
-    if (failed == nullptr && batch.q_rows > 0 && !drain &&
-        call_server_backward(ctx, plan, Batch::Served, group_shape, hg.server(g, server),
-                             cad_device_v1_t{CAD_DEVICE_CUDA, plan.device->device}, args->stream) != CAD_STATUS_OK) {
-      failed = &ctx.server;
-    }
-    outbound.push_back(move.start(Direction::ToOwners, {hg.rows(RunSet::Q, g, owner(&Args::d_q), server.d_q, false)}));
-    outbound.push_back(
-        move.start(Direction::ToOwners, {hg.rows(RunSet::KV, g, owner(&Args::d_k), server.d_k, false)}, true));
-    outbound.push_back(
-        move.start(Direction::ToOwners, {hg.rows(RunSet::KV, g, owner(&Args::d_v), server.d_v, false)}, true));
-  }
-  for (Mover::InFlight& f : outbound) move.finish(f);
+  pipeline_head_groups(
+      move, hg.groups,
+      [&](int64_t g) {
+        std::vector<Mover::Slice> slices = {hg.rows(RunSet::Q, g, owner(&Args::d_o), server.d_o, true)};
+        if (!kept) {
+          slices.push_back(hg.rows(RunSet::Q, g, owner(&Args::q), server.q, true));
+          slices.push_back(hg.rows(RunSet::Q, g, owner(&Args::o), server.o, true));
+          slices.push_back(hg.lse(g, static_cast<const float*>(owner(&Args::lse)), server.lse, true));
+          slices.push_back(hg.rows(RunSet::KV, g, owner(&Args::k), server.k, true));
+          slices.push_back(hg.rows(RunSet::KV, g, owner(&Args::v), server.v, true));
+        }
+        return slices;
+      },
+      own,
+      [&](int64_t g) {
+        if (failed == nullptr && batch.q_rows > 0 && !drain &&
+            call_server_backward(ctx, plan, Batch::Served, group_shape, hg.server(g, server),
+                                 cad_device_v1_t{CAD_DEVICE_CUDA, plan.device->device}, args->stream) != CAD_STATUS_OK) {
+          failed = &ctx.server;
+        }
+      },
+      [&](int64_t g, std::vector<Mover::InFlight>& out) {
+        out.push_back(move.start(Direction::ToOwners, {hg.rows(RunSet::Q, g, owner(&Args::d_q), server.d_q, false)}));
+        for (auto [partial, grad] : {std::pair{server.d_k, &Args::d_k}, std::pair{server.d_v, &Args::d_v}}) {
+          out.push_back(move.start(Direction::ToOwners, {hg.rows(RunSet::KV, g, owner(grad), partial, false)}, true));
+        }
+      });
   return failed;
 }
 

@@ -34,57 +34,10 @@ std::vector<RowCopy> random_ranges(std::mt19937_64& rng, int64_t rows, int64_t* 
   return copies;
 }
 
-void pack_round_trip(int64_t row_bytes, int64_t byte_shift) {
-  std::mt19937_64 rng(static_cast<uint64_t>(row_bytes * 31 + byte_shift));
-  const int64_t rows = 5000;
-  int64_t packed_rows = 0;
-  const std::vector<RowCopy> copies = random_ranges(rng, rows, &packed_rows);
-  std::vector<unsigned char> src(static_cast<size_t>(rows * row_bytes));
-  for (auto& b : src) b = static_cast<unsigned char>(rng());
-
-  DeviceBuffer d_src(src.size() + 16), d_packed(static_cast<size_t>(packed_rows * row_bytes) + 16),
-      d_back(src.size() + 16), d_copies(copies.size() * sizeof(RowCopy));
-  char* s = static_cast<char*>(d_src.get()) + byte_shift;
-  char* pk = static_cast<char*>(d_packed.get()) + byte_shift;
-  char* bk = static_cast<char*>(d_back.get()) + byte_shift;
-  cudaMemcpy(s, src.data(), src.size(), cudaMemcpyHostToDevice);
-  cudaMemcpy(d_copies.get(), copies.data(), d_copies.bytes(), cudaMemcpyHostToDevice);
-  cudaMemset(bk, 0, src.size());
-  const auto* dev_copies = static_cast<const RowCopy*>(d_copies.get());
-  ASSERT_EQ(kernels::copy_row_ranges(s, pk, row_bytes, dev_copies, static_cast<int64_t>(copies.size()), nullptr),
-            cudaSuccess);
-  // Unpack = the same ranges with source and destination swapped.
-  std::vector<RowCopy> reverse = copies;
-  for (RowCopy& c : reverse) std::swap(c.src_row, c.dst_row);
-  DeviceBuffer d_reverse(reverse.size() * sizeof(RowCopy));
-  cudaMemcpy(d_reverse.get(), reverse.data(), d_reverse.bytes(), cudaMemcpyHostToDevice);
-  ASSERT_EQ(kernels::copy_row_ranges(pk, bk, row_bytes, static_cast<const RowCopy*>(d_reverse.get()),
-                                     static_cast<int64_t>(reverse.size()), nullptr),
-            cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-
-  std::vector<unsigned char> packed(static_cast<size_t>(packed_rows * row_bytes)), back(src.size());
-  cudaMemcpy(packed.data(), pk, packed.size(), cudaMemcpyDeviceToHost);
-  cudaMemcpy(back.data(), bk, back.size(), cudaMemcpyDeviceToHost);
-  std::vector<unsigned char> want_back(src.size(), 0);
-  for (const RowCopy& c : copies) {
-    const size_t n = static_cast<size_t>(c.num_rows * row_bytes);
-    ASSERT_TRUE(std::equal(src.begin() + c.src_row * row_bytes, src.begin() + c.src_row * row_bytes + n,
-                           packed.begin() + c.dst_row * row_bytes))
-        << "range at row " << c.src_row;
-    std::copy(src.begin() + c.src_row * row_bytes, src.begin() + c.src_row * row_bytes + n,
-              want_back.begin() + c.src_row * row_bytes);
-  }
-  EXPECT_EQ(back, want_back);
-}
-
-TEST(GpuPack, RoundTripWide) { pack_round_trip(8 * 128 * 2, 0); }       // [T, 8, 128] bf16 rows: 16-byte path
-TEST(GpuPack, RoundTripWordAligned) { pack_round_trip(36, 4); }         // 4-byte path
-TEST(GpuPack, RoundTripUnaligned) { pack_round_trip(7, 1); }            // byte path
-
-// A head group's slice of every row (`slice` bytes at `offset` of `full`-byte rows) packed back to back and
-// unpacked into a zeroed tensor: the slices land where they came from, every other byte stays 0.
-void slice_round_trip(int64_t full, int64_t slice, int64_t offset, int64_t byte_shift) {
+// Rows packed back to back (pack) and unpacked into a zeroed tensor (the same ranges, source and destination
+// swapped): whole rows (slice == full: copy_row_ranges) or a head group's slice of every row (`slice` bytes at
+// `offset` of `full`-byte rows: copy_row_slices). What was copied lands where it came from, every other byte stays 0.
+void round_trip(int64_t full, int64_t slice, int64_t offset, int64_t byte_shift) {
   std::mt19937_64 rng(static_cast<uint64_t>(full * 7 + slice * 3 + offset));
   const int64_t rows = 3000;
   int64_t packed_rows = 0;
@@ -100,16 +53,19 @@ void slice_round_trip(int64_t full, int64_t slice, int64_t offset, int64_t byte_
   cudaMemcpy(d_copies.get(), copies.data(), d_copies.bytes(), cudaMemcpyHostToDevice);
   cudaMemset(bk, 0, src.size());
   const int64_t n = static_cast<int64_t>(copies.size());
-  ASSERT_EQ(kernels::copy_row_slices(s + offset, full, pk, slice, slice, static_cast<const RowCopy*>(d_copies.get()),
-                                     n, nullptr),
-            cudaSuccess);
   std::vector<RowCopy> reverse = copies;
   for (RowCopy& c : reverse) std::swap(c.src_row, c.dst_row);
   DeviceBuffer d_reverse(reverse.size() * sizeof(RowCopy));
   cudaMemcpy(d_reverse.get(), reverse.data(), d_reverse.bytes(), cudaMemcpyHostToDevice);
-  ASSERT_EQ(kernels::copy_row_slices(pk, slice, bk + offset, full, slice,
-                                     static_cast<const RowCopy*>(d_reverse.get()), n, nullptr),
-            cudaSuccess);
+  const auto* forth = static_cast<const RowCopy*>(d_copies.get());
+  const auto* back_copies = static_cast<const RowCopy*>(d_reverse.get());
+  if (slice == full) {
+    ASSERT_EQ(kernels::copy_row_ranges(s, pk, full, forth, n, nullptr), cudaSuccess);
+    ASSERT_EQ(kernels::copy_row_ranges(pk, bk, full, back_copies, n, nullptr), cudaSuccess);
+  } else {
+    ASSERT_EQ(kernels::copy_row_slices(s + offset, full, pk, slice, slice, forth, n, nullptr), cudaSuccess);
+    ASSERT_EQ(kernels::copy_row_slices(pk, slice, bk + offset, full, slice, back_copies, n, nullptr), cudaSuccess);
+  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<unsigned char> packed(static_cast<size_t>(packed_rows * slice)), back(src.size());
   cudaMemcpy(packed.data(), pk, packed.size(), cudaMemcpyDeviceToHost);
@@ -126,9 +82,12 @@ void slice_round_trip(int64_t full, int64_t slice, int64_t offset, int64_t byte_
   EXPECT_EQ(back, want_back);
 }
 
-TEST(GpuPack, SlicesWide) { slice_round_trip(8 * 128 * 2, 2 * 128 * 2, 4 * 128 * 2, 0); }  // heads 4-5 of 8: 16 bytes
-TEST(GpuPack, SlicesWordAligned) { slice_round_trip(36, 12, 12, 4); }                     // 4-byte path
-TEST(GpuPack, SlicesUnaligned) { slice_round_trip(21, 7, 7, 1); }                         // byte path
+TEST(GpuPack, RoundTripWide) { round_trip(8 * 128 * 2, 8 * 128 * 2, 0, 0); }  // [T, 8, 128] bf16 rows: 16-byte path
+TEST(GpuPack, RoundTripWordAligned) { round_trip(36, 36, 0, 4); }             // 4-byte path
+TEST(GpuPack, RoundTripUnaligned) { round_trip(7, 7, 0, 1); }                 // byte path
+TEST(GpuPack, SlicesWide) { round_trip(8 * 128 * 2, 2 * 128 * 2, 4 * 128 * 2, 0); }  // heads 4-5 of 8: 16 bytes
+TEST(GpuPack, SlicesWordAligned) { round_trip(36, 12, 12, 4); }                     // 4-byte path
+TEST(GpuPack, SlicesUnaligned) { round_trip(21, 7, 7, 1); }                         // byte path
 TEST(GpuPack, SlicesRefuseAStrideShorterThanTheSlice) {
   EXPECT_EQ(kernels::copy_row_slices(reinterpret_cast<void*>(16), 8, reinterpret_cast<void*>(32), 16, 12,
                                      reinterpret_cast<const RowCopy*>(64), 1, nullptr),
