@@ -466,70 +466,6 @@ class Mover {
     scratch_.release_wire();
   }
 
-  // Several tensors' rows, owners -> servers, in ONE all_to_all_v: each peer's bytes are the parts' rows one after
-  // another, packed per peer and unpacked after (never in place). `meanwhile` runs on the caller's stream once
-  // the collective is enqueued and before the caller waits for it: work that needs none of the moved rows (this
-  // rank's own tasks) then runs while they are in flight, and the collective -- one kernel on the higher-priority
-  // stream, placed on the GPU first -- is not queued behind that work's persistent kernels, which hold every SM
-  // they get until they end (one collective per tensor was: the second waited for the whole of that work).
-  struct Part {
-    RunSet set;
-    const void* src;  // the owner's tensor
-    void* dst;        // the server batch's
-    int64_t row_bytes;
-  };
-  void rows_to_servers(const std::vector<Part>& parts, const std::function<void()>& meanwhile) {
-    const size_t world = plan_.owner_q_rows.size();
-    Transfer t;
-    t.send_counts.assign(world, 0), t.send_displs.assign(world, 0);
-    t.recv_counts.assign(world, 0), t.recv_displs.assign(world, 0);
-    // Where each part's rows for (from) each peer start in the send (receive) buffer.
-    std::vector<std::vector<uint64_t>> send_at(parts.size(), std::vector<uint64_t>(world));
-    std::vector<std::vector<uint64_t>> recv_at = send_at;
-    for (size_t p = 0; p < world; ++p) {
-      t.send_displs[p] = t.send_bytes;
-      t.recv_displs[p] = t.recv_bytes;
-      for (size_t i = 0; i < parts.size(); ++i) {
-        const bool q = parts[i].set == RunSet::Q;
-        send_at[i][p] = t.send_bytes;
-        recv_at[i][p] = t.recv_bytes;
-        t.send_bytes += static_cast<uint64_t>((q ? plan_.owner_q_rows : plan_.owner_kv_rows)[p] * parts[i].row_bytes);
-        t.recv_bytes += static_cast<uint64_t>((q ? plan_.server_q_rows : plan_.server_kv_rows)[p] * parts[i].row_bytes);
-      }
-      t.send_counts[p] = t.send_bytes - t.send_displs[p];
-      t.recv_counts[p] = t.recv_bytes - t.recv_displs[p];
-    }
-    std::byte* send = t.send_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.send_bytes, "the send buffer")) : nullptr;
-    std::byte* recv = t.recv_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.recv_bytes, "the receive buffer")) : nullptr;
-    // Each part's copies for peer p, from its table: they address that tensor's own wire rows, which start after
-    // the rows of the peers before p, so the buffer shifted back by those puts them at the part's place in p's
-    // range. `owner_side`: pack (tensor -> send buffer) with the owner tables, else unpack with the server ones.
-    const auto copy_parts = [&](bool owner_side, std::byte* buffer, const std::vector<std::vector<uint64_t>>& at) {
-      for (size_t i = 0; i < parts.size() && !drain_; ++i) {
-        const bool q = parts[i].set == RunSet::Q;
-        const Table& table = plan_.tables[owner_side ? (q ? OwnerQ : OwnerKv) : (q ? ServerQ : ServerKv)];
-        const std::vector<int64_t>& rows = owner_side ? (q ? plan_.owner_q_rows : plan_.owner_kv_rows)
-                                                      : (q ? plan_.server_q_rows : plan_.server_kv_rows);
-        const int64_t row_bytes = parts[i].row_bytes;
-        int64_t wire_row = 0;  // the tensor's first wire row for peer p
-        for (size_t p = 0; p < world; wire_row += rows[p], ++p) {
-          const int64_t first = table.peer_first[p], n = table.peer_first[p + 1] - first;
-          std::byte* base = offset(buffer, static_cast<int64_t>(at[i][p]) - wire_row * row_bytes);
-          check_cuda(owner_side ? kernels::copy_row_ranges(parts[i].src, base, row_bytes, to_wire(table) + first, n,
-                                                           stream_)
-                                : kernels::copy_row_ranges(base, parts[i].dst, row_bytes, from_wire(table) + first, n,
-                                                           stream_),
-                     owner_side ? "pack (gather kernel)" : "unpack (scatter kernel)");
-        }
-      }
-    };
-    copy_parts(true, send, send_at);
-    run_transfer(send, t, recv, meanwhile);
-    copy_parts(false, recv, recv_at);
-    scratch_.give_back(send);
-    scratch_.give_back(recv);
-  }
-
   // LSE ([Hq, rows] fp32, a column per row) of the sending side -> the receiving side's, as wire rows
   // [rows, Hq] (always through the wire buffers): server -> owners after the forward, owners -> server when
   // re-sending for the backward.
@@ -595,8 +531,8 @@ class Mover {
     ExchangeEvents* timing = nullptr;  // in the runtime's queue until finish() joins it, or NULL (untimed)
   };
 
-  // Packs the slices into one send buffer (per peer: each slice's rows in turn, as rows_to_servers does) and
-  // enqueues their all_to_all_v; the receiving side is unpacked by finish().
+  // Packs the slices into one send buffer (per peer: each slice's rows in turn) and enqueues their all_to_all_v;
+  // the receiving side is unpacked by finish().
   InFlight start(Direction direction, std::vector<Slice> slices, bool kv_sums = false) {
     const bool to_servers = direction == Direction::ToServers;
     const size_t world = plan_.owner_q_rows.size();
@@ -690,6 +626,22 @@ class Mover {
     scratch_.give_back(f.send);
     scratch_.give_back(f.recv);
     f.send = f.recv = nullptr;
+  }
+
+  // Several tensors' rows, owners -> servers, in ONE all_to_all_v (start(): each peer's bytes are the tensors' rows
+  // one after another, packed per peer and unpacked after, never in place). `meanwhile` runs on the caller's stream
+  // once the collective is enqueued and before the caller joins it: work that needs none of the moved rows (this
+  // rank's own tasks) then runs while they are in flight, and the collective -- one kernel on the higher-priority
+  // stream, placed on the GPU first -- is not queued behind that work's persistent kernels, which hold every SM
+  // they get until they end (one collective per tensor was: the second waited for the whole of that work).
+  void rows_to_servers(std::vector<Slice> tensors, const std::function<void()>& meanwhile) {
+    InFlight f = start(Direction::ToServers, std::move(tensors));
+    if (meanwhile) meanwhile();
+    finish(f);
+  }
+  // A whole tensor's rows for rows_to_servers (start's slice of every row, all of it).
+  static Slice whole(RunSet set, const void* src, void* dst, int64_t row_bytes) {
+    return Slice{set, src, dst, row_bytes, row_bytes, row_bytes};
   }
 
  private:
@@ -1114,9 +1066,9 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
     return;
   }
   if (dp.fused_inbound) {
-    move.rows_to_servers({{RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes},
-                          {RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes},
-                          {RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes}},
+    move.rows_to_servers({Mover::whole(RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes),
+                          Mover::whole(RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes),
+                          Mover::whole(RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes)},
                          own_forward);
   } else {
     move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
@@ -1229,14 +1181,14 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   }
   if (dp.fused_inbound) {
     if (!kept) move_lse();
-    std::vector<Mover::Part> parts = {{RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes}};
+    std::vector<Mover::Slice> tensors = {Mover::whole(RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes)};
     if (!kept) {
-      parts.push_back({RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes});
-      parts.push_back({RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes});
-      parts.push_back({RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes});
-      parts.push_back({RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes});
+      tensors.push_back(Mover::whole(RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes));
+      tensors.push_back(Mover::whole(RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes));
+      tensors.push_back(Mover::whole(RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes));
+      tensors.push_back(Mover::whole(RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes));
     }
-    move.rows_to_servers(parts, own_backward);
+    move.rows_to_servers(std::move(tensors), own_backward);
   } else {
     move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes);
     if (!kept) {
