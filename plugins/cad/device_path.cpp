@@ -506,10 +506,11 @@ class Mover {
     scratch_.release_wire();
   }
 
-  // A head group's share of one tensor in a grouped exchange (DevicePlan::head_groups): `row_bytes` bytes of each
-  // row, rows `src_stride` / `dst_stride` bytes apart (a slice of the owner's full rows, the server batch's group
-  // rows whole). An LSE slice (`lse`) is the group's heads of [H, rows] fp32 instead: src / dst at its first
-  // head, row_bytes = heads * 4, and the strides are the two tensors' row counts (their head strides).
+  // One tensor's share of an exchange started with start(): `row_bytes` bytes of each row, rows `src_stride` /
+  // `dst_stride` bytes apart -- whole rows (all three equal: whole()), or a head group's (DevicePlan::head_groups:
+  // a slice of the owner's full rows, the server batch's group rows whole). An LSE slice (`lse`) is a group's heads
+  // of [H, rows] fp32 instead: src / dst at its first head, row_bytes = heads * 4, and the strides are the two
+  // tensors' row counts (their head strides).
   struct Slice {
     RunSet set;
     const void* src;
@@ -561,22 +562,7 @@ class Mover {
     f.send = t.send_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.send_bytes, "the send buffer")) : nullptr;
     f.recv = t.recv_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.recv_bytes, "the receive buffer")) : nullptr;
     for (size_t i = 0; i < f.slices.size() && !drain_; ++i) {
-      const Slice& s = f.slices[i];
-      const Table& table = plan_.tables[table_of(s.set, to_servers)];
-      const std::vector<int64_t>& rows = wire_rows(s.set, to_servers);
-      int64_t wire_row = 0;  // the slice's first wire row for peer p
-      for (size_t p = 0; p < world; wire_row += rows[p], ++p) {
-        const RowCopy* copies = to_wire(table) + table.peer_first[p];
-        const int64_t n = table.peer_first[p + 1] - table.peer_first[p];
-        std::byte* base = offset(f.send, static_cast<int64_t>(send_at[i][p]) - wire_row * s.row_bytes);
-        const int64_t heads = s.row_bytes / static_cast<int64_t>(sizeof(float));
-        check_cuda(s.lse ? kernels::copy_strided_rows_f32(static_cast<const float*>(s.src), 1, s.src_stride,
-                                                          reinterpret_cast<float*>(base), heads, 1, heads, copies, n,
-                                                          stream_)
-                         : kernels::copy_row_slices(s.src, s.src_stride, base, s.row_bytes, s.row_bytes, copies, n,
-                                                    stream_),
-                   "pack a head group (gather kernel)");
-      }
+      copy_slice(f.slices[i], /*pack=*/true, to_servers, f.send, send_at[i]);
     }
     enqueue_transfer(f.send, t, f.recv, &f.timing);
     if (!ctx_.host_staged) {  // a staged exchange is complete on the caller's stream already
@@ -599,28 +585,12 @@ class Mover {
       rt_.spare_done.push_back(f.done);  // a later record does not change what this wait waits for
       f.done = nullptr;
     }
-    const bool to_servers = f.direction == Direction::ToServers;
-    const size_t world = plan_.owner_q_rows.size();
+    const bool owner_side = f.direction == Direction::ToOwners;  // the receiving side
     for (size_t i = 0; i < f.slices.size() && !drain_; ++i) {
-      const Slice& s = f.slices[i];
-      const Table& table = plan_.tables[table_of(s.set, !to_servers)];
-      if (f.kv_sums && !table.exclusive) {  // the recv buffer holds this one slice, in wire order
-        sum_kv_rows(f.recv, s);
-        continue;
-      }
-      const std::vector<int64_t>& rows = wire_rows(s.set, !to_servers);
-      int64_t wire_row = 0;
-      for (size_t p = 0; p < world; wire_row += rows[p], ++p) {
-        const RowCopy* copies = from_wire(table) + table.peer_first[p];
-        const int64_t n = table.peer_first[p + 1] - table.peer_first[p];
-        std::byte* base = offset(f.recv, static_cast<int64_t>(f.recv_at[i][p]) - wire_row * s.row_bytes);
-        const int64_t heads = s.row_bytes / static_cast<int64_t>(sizeof(float));
-        check_cuda(s.lse ? kernels::copy_strided_rows_f32(reinterpret_cast<const float*>(base), heads, 1,
-                                                          static_cast<float*>(s.dst), 1, s.dst_stride, heads, copies,
-                                                          n, stream_)
-                         : kernels::copy_row_slices(base, s.row_bytes, s.dst, s.dst_stride, s.row_bytes, copies, n,
-                                                    stream_),
-                   "unpack a head group (scatter kernel)");
+      if (f.kv_sums && !plan_.tables[table_of(f.slices[i].set, owner_side)].exclusive) {
+        sum_kv_rows(f.recv, f.slices[i]);  // the recv buffer holds this one slice, in wire order
+      } else {
+        copy_slice(f.slices[i], /*pack=*/false, owner_side, f.recv, f.recv_at[i]);
       }
     }
     scratch_.give_back(f.send);
@@ -645,6 +615,34 @@ class Mover {
   }
 
  private:
+  // One slice's rows between its tensor and an exchange buffer, peer by peer: `pack` (s.src -> buffer, with the
+  // sending side's table) or unpack (buffer -> s.dst, with the receiving side's); `owner_side`: that side is the
+  // owners'. A table's copies for peer p address the slice's own wire rows, which start after the rows of the peers
+  // before p, so the buffer shifted back by those puts them at the slice's place in p's range (`at[p]`).
+  void copy_slice(const Slice& s, bool pack, bool owner_side, std::byte* buffer, const std::vector<uint64_t>& at) {
+    const Table& table = plan_.tables[table_of(s.set, owner_side)];
+    const std::vector<int64_t>& rows = wire_rows(s.set, owner_side);
+    const int64_t heads = s.row_bytes / static_cast<int64_t>(sizeof(float));  // an LSE slice's
+    int64_t wire_row = 0;  // the slice's first wire row for peer p
+    for (size_t p = 0; p < rows.size(); wire_row += rows[p], ++p) {
+      const RowCopy* copies = (pack ? to_wire(table) : from_wire(table)) + table.peer_first[p];
+      const int64_t n = table.peer_first[p + 1] - table.peer_first[p];
+      std::byte* base = offset(buffer, static_cast<int64_t>(at[p]) - wire_row * s.row_bytes);
+      float* wire_lse = reinterpret_cast<float*>(base);
+      cudaError_t e;
+      if (pack) {
+        e = s.lse ? kernels::copy_strided_rows_f32(static_cast<const float*>(s.src), 1, s.src_stride, wire_lse, heads,
+                                                   1, heads, copies, n, stream_)
+                  : kernels::copy_row_slices(s.src, s.src_stride, base, s.row_bytes, s.row_bytes, copies, n, stream_);
+      } else {
+        e = s.lse ? kernels::copy_strided_rows_f32(wire_lse, heads, 1, static_cast<float*>(s.dst), 1, s.dst_stride,
+                                                   heads, copies, n, stream_)
+                  : kernels::copy_row_slices(base, s.row_bytes, s.dst, s.dst_stride, s.row_bytes, copies, n, stream_);
+      }
+      check_cuda(e, pack ? "pack (gather kernel)" : "unpack (scatter kernel)");
+    }
+  }
+
   // The table of one side of an exchange: the owners' (to their servers, or back to them) or the server's.
   static TableId table_of(RunSet set, bool owner_side) {
     const bool q = set == RunSet::Q;
