@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <numeric>
 #include <vector>
 
 #include "cad_kernels.h"
@@ -167,19 +168,21 @@ struct DevicePlan {
   DeviceBuffer to_wire, from_wire;  // RowCopy arrays, one per direction, tables at their offsets
   // Rows on the wire per peer: owner side (to / from each server) and server side (from / to each owner).
   std::vector<int64_t> owner_q_rows, owner_kv_rows, server_q_rows, server_kv_rows;
-  void* pinned_send = nullptr;         // host-staged mode only
+  void* pinned_send = nullptr;         // host-staged mode only: staged_bytes each
   void* pinned_recv = nullptr;
+  size_t staged_bytes = 0;             // the largest exchange's bytes (a pipelined one moves several tensors)
   size_t wire_bytes = 0;               // one wire staging buffer: the largest exchange
   WorkspaceSizes sizes;                // of the per-call buffers (CallScratch)
   DeviceBuffer sum_index;  // owner-side dK/dV rows read by several servers (wire_tables.h: shared_*)
   int64_t shared_kv_rows = 0;
   bool own_in_place = false;  // this rank runs tasks in place (layout.own): returning dK/dV rows are added
-  // Some rank runs tasks in place: every rank moves a call's inbound rows in one collective (rows_to_servers),
-  // the same on every rank since the layout is.
-  bool fused_inbound = false;
   // The server batch runs a head group at a time, its rows moving group by group (device_path.h): laid out group
   // after group, [G][rows][H/G][D] (its LSE [G][H/G][rows], i.e. [H][rows] as ungrouped).
   int32_t head_groups = 1;
+  // The calls run pipeline_head_groups (one collective per direction and group, packed per peer): with head
+  // groups, or (with one group) where some rank runs tasks in place -- its own tasks then compute while the
+  // inbound collective is in flight. The same on every rank, since the layout and head_groups are.
+  bool pipelined = false;
   bool bf16 = false;  // the calls' dtype (else fp32): the dK/dV sums' element
   // The tables are uploaded in the order of the plan's stream through the runtime's pinned staging, without
   // waiting on the host (a plan made ahead on another thread must not wait for the training stream to drain,
@@ -368,7 +371,8 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, int32_t head_gro
   // Where this rank runs tasks in place, their partial dK/dV are in its tensors before the servers' come back:
   // every returning row is added to them.
   plan->own_in_place = !layout.own[static_cast<size_t>(me)].segments.empty();
-  for (const ServerBatch& own : layout.own) plan->fused_inbound = plan->fused_inbound || !own.segments.empty();
+  plan->pipelined = head_groups > 1;
+  for (const ServerBatch& own : layout.own) plan->pipelined = plan->pipelined || !own.segments.empty();
   const WireTable owner_kv = build_wire_table(layout, me, true, false, step.shape.tokens, plan->own_in_place);
   plan->tables[OwnerKv] = append_table(owner_kv, to_wire, from_wire, plan->owner_kv_rows);
   // The dK/dV return lists go into both arrays at the same offsets (only one direction is used).
@@ -407,9 +411,19 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, int32_t head_gro
                                                static_cast<int64_t>(sum_index.size()));
   plan->wire_bytes = static_cast<size_t>(sizes.wire);
   plan->sizes = sizes;
-  if (ctx.host_staged && plan->wire_bytes > 0) {
-    check_cuda(cudaHostAlloc(&plan->pinned_send, plan->wire_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
-    check_cuda(cudaHostAlloc(&plan->pinned_recv, plan->wire_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
+  plan->staged_bytes = plan->wire_bytes;
+  if (plan->pipelined) {  // at most dO, Q, O, LSE, K and V in one collective (a backward that re-sends them)
+    const auto most = [](const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+      return std::max(std::accumulate(a.begin(), a.end(), int64_t{0}), std::accumulate(b.begin(), b.end(), int64_t{0}));
+    };
+    const CallShape& s = step.shape;
+    plan->staged_bytes = static_cast<size_t>(
+        most(plan->owner_q_rows, plan->server_q_rows) * (3 * s.q_row_bytes() + int64_t{s.num_q_heads} * 4) +
+        most(plan->owner_kv_rows, plan->server_kv_rows) * 2 * s.kv_row_bytes());
+  }
+  if (ctx.host_staged && plan->staged_bytes > 0) {
+    check_cuda(cudaHostAlloc(&plan->pinned_send, plan->staged_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
+    check_cuda(cudaHostAlloc(&plan->pinned_recv, plan->staged_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
   }
   if (owner_kv.shared_rows > 0) {
     plan->sum_index = allocate(ctx, device, static_cast<size_t>(sizes.sum_index), stream, "the dK/dV sum index");
@@ -598,22 +612,6 @@ class Mover {
     f.send = f.recv = nullptr;
   }
 
-  // Several tensors' rows, owners -> servers, in ONE all_to_all_v (start(): each peer's bytes are the tensors' rows
-  // one after another, packed per peer and unpacked after, never in place). `meanwhile` runs on the caller's stream
-  // once the collective is enqueued and before the caller joins it: work that needs none of the moved rows (this
-  // rank's own tasks) then runs while they are in flight, and the collective -- one kernel on the higher-priority
-  // stream, placed on the GPU first -- is not queued behind that work's persistent kernels, which hold every SM
-  // they get until they end (one collective per tensor was: the second waited for the whole of that work).
-  void rows_to_servers(std::vector<Slice> tensors, const std::function<void()>& meanwhile) {
-    InFlight f = start(Direction::ToServers, std::move(tensors));
-    if (meanwhile) meanwhile();
-    finish(f);
-  }
-  // A whole tensor's rows for rows_to_servers (start's slice of every row, all of it).
-  static Slice whole(RunSet set, const void* src, void* dst, int64_t row_bytes) {
-    return Slice{set, src, dst, row_bytes, row_bytes, row_bytes};
-  }
-
  private:
   // One slice's rows between its tensor and an exchange buffer, peer by peer: `pack` (s.src -> buffer, with the
   // sending side's table) or unpack (buffer -> s.dst, with the receiving side's); `owner_side`: that side is the
@@ -753,6 +751,11 @@ class Mover {
       // Through pinned host memory, where the MPI communicator reads and writes: each peer's bytes are copied
       // from (to) where they lie on the device -- the same per-peer displacements NCCL would use -- into
       // (from) consecutive staging ranges.
+      if (t.send_bytes > plan_.staged_bytes || t.recv_bytes > plan_.staged_bytes) {
+        fail(CAD_STATUS_INTERNAL, format("cad: a staged exchange of %llu / %llu bytes exceeds the plan's %zu-byte pinned "
+                                         "staging buffers", static_cast<unsigned long long>(t.send_bytes),
+                                         static_cast<unsigned long long>(t.recv_bytes), plan_.staged_bytes));
+      }
       Transfer staged = t;
       for (size_t p = 0, s = 0, r = 0; p < world; s += t.send_counts[p], r += t.recv_counts[p], ++p) {
         staged.send_displs[p] = s;
@@ -888,9 +891,10 @@ void pipeline_head_groups(Mover& move, int64_t groups, const std::function<std::
   for (Mover::InFlight& f : out) move.finish(f);
 }
 
-// The forward by head groups: Q/K/V in, O and LSE back (one collective per group each way). Returns the backend
-// that failed, or NULL (after a failure the later groups' exchanges still run, their results unused).
-const ServerBackend* forward_by_head_groups(CadContext& ctx, CadPlan& plan, const CallShape& shape,
+// A pipelined forward (DevicePlan::pipelined: by head groups, or in one group where tasks run in place): Q/K/V in,
+// O and LSE back, one collective per group each way. Returns the backend that failed, or NULL (after a failure the
+// later groups' exchanges still run, their results unused).
+const ServerBackend* forward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape,
                                             const cad_attention_forward_args_v1_t* args, const ServerBatchTensors& server,
                                             Mover& move, bool drain, const std::function<void()>& own) {
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
@@ -922,9 +926,9 @@ const ServerBackend* forward_by_head_groups(CadContext& ctx, CadPlan& plan, cons
   return failed;
 }
 
-// The backward by head groups: dO (and Q, O, LSE, K, V where the forward kept nothing) in; dQ back, and dK and dV
-// each with the moved / summed rule (kv_sums_to_owners'). Returns as the forward does.
-const ServerBackend* backward_by_head_groups(CadContext& ctx, CadPlan& plan, const CallShape& shape,
+// A pipelined backward: dO (and Q, O, LSE, K, V where the forward kept nothing) in; dQ back, and dK and dV each with
+// the moved / summed rule (kv_sums_to_owners'). Returns as the forward does.
+const ServerBackend* backward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape,
                                              const cad_attention_backward_args_v1_t* args,
                                              const ServerBatchTensors& server, bool kept, Mover& move, bool drain,
                                              const std::function<void()>& own) {
@@ -1026,8 +1030,8 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
     }
   }
   // The tasks this rank runs in place, on the call's stream while the collective moves the other rows (where
-  // some rank runs any, every rank moves Q/K/V in one collective: Mover::rows_to_servers). They write every row
-  // of the host's O and LSE (0 and -inf where they have none), before the results coming back land.
+  // some rank runs any, every call is pipelined: pipeline_head_groups). They write every row of the host's O and
+  // LSE (0 and -inf where they have none), before the results coming back land.
   const ServerBackend* failed = nullptr;  // the backend whose call failed
   const auto own_forward = [&] {
     if (own.segments.empty() || drain) return;
@@ -1049,10 +1053,10 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
     }
   };
   Mover move(ctx, dp, scratch, stream, drain, stats);
-  if (dp.head_groups > 1) {
+  if (dp.pipelined) {
     ServerBatchTensors server;
     server.q = q, server.k = k, server.v = v, server.o = o, server.lse = static_cast<float*>(lse);
-    const ServerBackend* group_failed = forward_by_head_groups(ctx, plan, shape, args, server, move, drain, own_forward);
+    const ServerBackend* group_failed = forward_pipelined(ctx, plan, shape, args, server, move, drain, own_forward);
     if (keep == nullptr) {
       scratch.give_back(q);
       scratch.give_back(k);
@@ -1063,16 +1067,10 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
     if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "forward");
     return;
   }
-  if (dp.fused_inbound) {
-    move.rows_to_servers({Mover::whole(RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes),
-                          Mover::whole(RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes),
-                          Mover::whole(RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes)},
-                         own_forward);
-  } else {
-    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
-    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
-    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
-  }
+  // Unpipelined: one collective per tensor, each side in place where its rows for each peer are one range.
+  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
+  move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
+  move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
 
   if (failed == nullptr && batch.q_rows > 0 && !drain) {
     ServerBatchTensors t;
@@ -1165,37 +1163,26 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
     move.lse(Direction::ToServers, drain ? nullptr : static_cast<const float*>(data(args->lse)), shape.tokens,
              static_cast<float*>(lse), batch.q_rows, hq);
   };
-  if (dp.head_groups > 1) {
+  if (dp.pipelined) {
     ServerBatchTensors server;
     server.q = q, server.k = k, server.v = v, server.o = o, server.lse = static_cast<float*>(lse);
     server.d_o = d_o, server.d_q = d_q, server.d_k = d_k, server.d_v = d_v;
     const ServerBackend* group_failed =
-        backward_by_head_groups(ctx, plan, shape, args, server, kept, move, drain, own_backward);
+        backward_pipelined(ctx, plan, shape, args, server, kept, move, drain, own_backward);
     if (kept) saved->device.reset();
     stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
     if (failed == nullptr) failed = group_failed;
     if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "backward");
     return;
   }
-  if (dp.fused_inbound) {
-    if (!kept) move_lse();
-    std::vector<Mover::Slice> tensors = {Mover::whole(RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes)};
-    if (!kept) {
-      tensors.push_back(Mover::whole(RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes));
-      tensors.push_back(Mover::whole(RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes));
-      tensors.push_back(Mover::whole(RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes));
-      tensors.push_back(Mover::whole(RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes));
-    }
-    move.rows_to_servers(std::move(tensors), own_backward);
-  } else {
-    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes);
-    if (!kept) {
-      move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
-      move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes);
-      move_lse();
-      move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
-      move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
-    }
+  // Unpipelined: one collective per tensor, each side in place where its rows for each peer are one range.
+  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes);
+  if (!kept) {
+    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
+    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes);
+    move_lse();
+    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
+    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
   }
 
   if (failed == nullptr && batch.q_rows > 0 && !drain) {

@@ -10,15 +10,15 @@
 // moves as wire rows [T, Hq] through a strided copy. Partial dK/dV coming back to a key/value owner: a row
 // read by one server is moved; a row read by several is summed in fp32 over them in rank order, in one
 // pass (bitwise reproducible).
-// With own_tasks_in_place (off by default; context.h) and a rank running tasks in place, the inbound rows of a
-// call move in ONE collective instead, packed per peer, and the own tasks are enqueued between its enqueue and
-// the wait; every dK/dV row coming back is then added to the owner's own partial sums.
-// With head_groups G > 1 (off by default; context.h) a call runs by head groups instead: the server batch is laid
-// out group after group ([G][rows][H/G][D]); each group's inbound slices (a head slice of every moved row, packed:
-// copy_row_slices) leave in one collective per group, all enqueued at once; the server computes group g once its
-// collective is joined, then enqueues group g's outbound collective (O and LSE; dQ, and dK and dV each with the
-// moved/summed rule) and goes on with group g + 1; the outbound ones are joined at the end. The same tables serve
-// both ways: a group changes a row's bytes and stride, never which rows move.
+// Pipelined calls (with head_groups G > 1, or in one group where some rank runs tasks in place; both off by
+// default, context.h) move each direction's tensors in ONE collective per head group instead, packed per peer
+// (copy_row_slices: a group is a head slice of every moved row): the server batch is laid out group after group
+// ([G][rows][H/G][D]); every group's inbound collective is enqueued at once, then the tasks run in place (on the
+// owner's own tensors, while the rows are in flight); the server computes group g once its collective is joined,
+// enqueues group g's outbound collective (O and LSE; dQ, and dK and dV each with the moved/summed rule) and goes on
+// with group g + 1; the outbound ones are joined at the end. Where tasks run in place, every dK/dV row coming back
+// is added to the owner's own partial sums. The same tables serve every path: a group changes a row's bytes and
+// stride, never which rows move.
 //
 // The collectives run on the instance's communication stream, joined to the caller's stream with events
 // (NCCL), or are staged through pinned host buffers when the communicator works on host memory (MPI),
