@@ -453,6 +453,8 @@ class Mover {
       : ctx_(ctx), plan_(plan), scratch_(scratch), stream_(stream), drain_(drain), stats_(stats), rt_(*ctx.device) {}
   Mover(const Mover&) = delete;
   Mover& operator=(const Mover&) = delete;
+  // After a failure: the exchanges still run (the peers wait for them), nothing more is packed or unpacked.
+  void stop_writing() { drain_ = true; }
   // An exchange started but never finished (a call that failed in between) is joined here for its timing, so that
   // the runtime's queue of timed exchanges does not stop at it.
   ~Mover() {
@@ -892,17 +894,17 @@ void pipeline_head_groups(Mover& move, int64_t groups, const std::function<std::
 }
 
 // A pipelined forward (DevicePlan::pipelined: by head groups, or in one group where tasks run in place): Q/K/V in,
-// O and LSE back, one collective per group each way. Returns the backend that failed, or NULL (after a failure the
-// later groups' exchanges still run, their results unused).
-const ServerBackend* forward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape,
-                                            const cad_attention_forward_args_v1_t* args, const ServerBatchTensors& server,
-                                            Mover& move, bool drain, const std::function<void()>& own) {
+// O and LSE back, one collective per group each way. `failed`: the backend whose call failed (`own`, the tasks run
+// in place, sets it too); from the first failure on nothing more is computed or written to the caller's tensors,
+// but every exchange still runs (the peers wait for them).
+void forward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape, const cad_attention_forward_args_v1_t* args,
+                       const ServerBatchTensors& server, Mover& move, bool drain, const std::function<void()>& own,
+                       const ServerBackend*& failed) {
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
   const HeadGroups hg = head_groups_of(*plan.device, shape, batch);
   const CallShape group_shape = head_group_shape(shape, plan.device->head_groups);
   using Args = cad_attention_forward_args_v1_t;
   const auto owner = [&](auto member) { return drain ? nullptr : data(args->*member); };
-  const ServerBackend* failed = nullptr;
   pipeline_head_groups(
       move, hg.groups,
       [&](int64_t g) -> std::vector<Mover::Slice> {
@@ -919,25 +921,23 @@ const ServerBackend* forward_pipelined(CadContext& ctx, CadPlan& plan, const Cal
         }
       },
       [&](int64_t g, std::vector<Mover::InFlight>& out) {
+        if (failed != nullptr) move.stop_writing();
         out.push_back(move.start(Direction::ToOwners,
                                  {hg.rows(RunSet::Q, g, owner(&Args::o), server.o, false),
                                   hg.lse(g, static_cast<float*>(owner(&Args::lse)), server.lse, false)}));
       });
-  return failed;
 }
 
 // A pipelined backward: dO (and Q, O, LSE, K, V where the forward kept nothing) in; dQ back, and dK and dV each with
-// the moved / summed rule (kv_sums_to_owners'). Returns as the forward does.
-const ServerBackend* backward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape,
-                                             const cad_attention_backward_args_v1_t* args,
-                                             const ServerBatchTensors& server, bool kept, Mover& move, bool drain,
-                                             const std::function<void()>& own) {
+// the moved / summed rule (kv_sums_to_owners'). Failures as in the forward.
+void backward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape,
+                        const cad_attention_backward_args_v1_t* args, const ServerBatchTensors& server, bool kept,
+                        Mover& move, bool drain, const std::function<void()>& own, const ServerBackend*& failed) {
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
   const HeadGroups hg = head_groups_of(*plan.device, shape, batch);
   const CallShape group_shape = head_group_shape(shape, plan.device->head_groups);
   using Args = cad_attention_backward_args_v1_t;
   const auto owner = [&](auto member) { return drain ? nullptr : data(args->*member); };
-  const ServerBackend* failed = nullptr;
   pipeline_head_groups(
       move, hg.groups,
       [&](int64_t g) {
@@ -960,12 +960,12 @@ const ServerBackend* backward_pipelined(CadContext& ctx, CadPlan& plan, const Ca
         }
       },
       [&](int64_t g, std::vector<Mover::InFlight>& out) {
+        if (failed != nullptr) move.stop_writing();
         out.push_back(move.start(Direction::ToOwners, {hg.rows(RunSet::Q, g, owner(&Args::d_q), server.d_q, false)}));
         for (auto [partial, grad] : {std::pair{server.d_k, &Args::d_k}, std::pair{server.d_v, &Args::d_v}}) {
           out.push_back(move.start(Direction::ToOwners, {hg.rows(RunSet::KV, g, owner(grad), partial, false)}, true));
         }
       });
-  return failed;
 }
 
 }  // namespace
@@ -1056,14 +1056,13 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
   if (dp.pipelined) {
     ServerBatchTensors server;
     server.q = q, server.k = k, server.v = v, server.o = o, server.lse = static_cast<float*>(lse);
-    const ServerBackend* group_failed = forward_pipelined(ctx, plan, shape, args, server, move, drain, own_forward);
+    forward_pipelined(ctx, plan, shape, args, server, move, drain, own_forward, failed);
     if (keep == nullptr) {
       scratch.give_back(q);
       scratch.give_back(k);
       scratch.give_back(v);
     }
     stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
-    if (failed == nullptr) failed = group_failed;
     if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "forward");
     return;
   }
@@ -1167,11 +1166,9 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
     ServerBatchTensors server;
     server.q = q, server.k = k, server.v = v, server.o = o, server.lse = static_cast<float*>(lse);
     server.d_o = d_o, server.d_q = d_q, server.d_k = d_k, server.d_v = d_v;
-    const ServerBackend* group_failed =
-        backward_pipelined(ctx, plan, shape, args, server, kept, move, drain, own_backward);
+    backward_pipelined(ctx, plan, shape, args, server, kept, move, drain, own_backward, failed);
     if (kept) saved->device.reset();
     stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
-    if (failed == nullptr) failed = group_failed;
     if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "backward");
     return;
   }
