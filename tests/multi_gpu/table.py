@@ -285,9 +285,11 @@ def paired_rows(runs, first):
 def exchange_rows(runs, first):
     """Per CAD (context, configuration) whose records have exchange_stall_ms (CUDA, trainer since 2026-11-26),
     means over the steps from `first`: the GPU time of CAD's collectives per step and how long the calling
-    streams stalled for them (largest rank), the stall's share of the step and of the slowest rank's attention
-    time, plans' wait (plan_wait_ms: forwards waiting for plans made ahead), and --ping-pong-when worthwhile's
-    decision."""
+    streams stalled for them (largest rank), the stall's share of the step, the share of the collectives' time
+    hidden (not stalled for: head groups join an exchange after the work beside it; an unsplit exchange is waited
+    for whole), the stall's share of the slowest rank's attention time, plans' wait (plan_wait_ms: forwards
+    waiting for plans made ahead), and --ping-pong-when worthwhile's decision. Under ping-pong a lane's stall
+    includes the other lane's compute: no hidden share or attention share there."""
     lines = []
     for context, name in in_order(runs):
         run = runs[(context, name)]
@@ -303,8 +305,10 @@ def exchange_rows(runs, first):
         wait = mean(max(s.get("plan_wait_ms", [0.0])) for s in steps)
         decision = run["summary"].get("ping_pong_decision") or "-"
         timed = run["summary"].get("attention_timing", "synchronized") == "synchronized"  # else enqueue-only times
+        hidden = f"{max(0.0, 1.0 - stall / comm):.0%}" if not split else "-"
         lines.append(f"| {tokens_label(context)} | {name} | {comm:.1f} | {stall:.1f} | {stall / step_ms:.1%} | "
-                     f"{f'{stall / attention:.1%}' if timed and not split else '-'} | {wait:.1f} | {decision} |")
+                     f"{hidden} | {f'{stall / attention:.1%}' if timed and not split else '-'} | {wait:.1f} | "
+                     f"{decision} |")
     return lines
 
 
@@ -403,10 +407,11 @@ def main():
                  "ms behind the ideal, min / max"])
     print_table(exchange_rows(runs, args.steps_from),
                 "CAD's exchanges on the GPU (timing events), ms per step, largest rank: the collectives' time and the "
-                "calling streams' stall for them; the stall's share of the step and (unsplit runs) of attention; the "
-                "forwards' wait for plans made ahead; the ping-pong decision (--ping-pong-when worthwhile):",
-                ["tokens/GPU", "config", "comm ms", "stall ms", "stall / step", "stall / attention", "plan wait ms",
-                 "ping-pong decision"])
+                "calling streams' stall for them; the stall's share of the step, the share of the collectives' time "
+                "hidden (not stalled for; head groups hide some) and (unsplit runs) the stall's share of attention; "
+                "the forwards' wait for plans made ahead; the ping-pong decision (--ping-pong-when worthwhile):",
+                ["tokens/GPU", "config", "comm ms", "stall ms", "stall / step", "hidden", "stall / attention",
+                 "plan wait ms", "ping-pong decision"])
     print_table(profile_rows(args.out, runs),
                 "GPU kernel time of the profiled step, largest rank, ms (kernels on different streams overlap):",
                 ["tokens/GPU", "config", "step", "ranks"] + list(FAMILIES))

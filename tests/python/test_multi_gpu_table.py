@@ -181,11 +181,19 @@ def test_exchange_table_leaves_out_the_attention_share_of_enqueue_only_times(tmp
     write(tmp_path, "local", [record(i, [2.5, 2.5], [0.4, 0.5]) for i in range(3)])
     write(tmp_path, "prefix_aware", [with_exchange(i) for i in range(3)])
     _, out = table(tmp_path)
-    assert "| 64K | prefix_aware | 50.0 | 100.0 | 5.0% | 40.0% |" in out, out
+    assert "| 64K | prefix_aware | 50.0 | 100.0 | 5.0% | 0% | 40.0% |" in out, out  # waited for whole: none hidden
     write(tmp_path, "prefix_aware", [with_exchange(i) for i in range(3)],
           timing="enqueue only (--sync-attention-timing off)")
     _, out = table(tmp_path)
-    assert "| 64K | prefix_aware | 50.0 | 100.0 | 5.0% | - |" in out, out
+    assert "| 64K | prefix_aware | 50.0 | 100.0 | 5.0% | 0% | - |" in out, out
+    # Head groups: exchanges joined after the work beside them, 20 of 50 ms still waited for: 60% hidden.
+    def grouped(step):
+        r = with_exchange(step)
+        r.update(exchange_stall_ms=[20.0, 10.0])
+        return r
+    write(tmp_path, "prefix_aware", [grouped(i) for i in range(3)])
+    _, out = table(tmp_path)
+    assert "| 64K | prefix_aware | 50.0 | 20.0 | 1.0% | 60% | 8.0% |" in out, out
 
 
 def test_ideal_counts_the_imbalance_of_every_micro_batch(tmp_path):
