@@ -570,3 +570,37 @@ TEST(ServerPlanArgs, DescribeTheBatchAndTheShape) {
   EXPECT_TRUE(cad::plugin::dtype_is(b.dtype, cad::plugin::DType::F32));
   EXPECT_EQ(b.causal, 1);
 }
+
+// A head group's shape: a divisor of both head counts gives each group Hq/G over Hkv/G heads (the query heads of
+// a key/value head stay together) and changes nothing else; anything else is refused naming the config key.
+TEST(HeadGroupShape, DividesBothHeadCountsOrIsRefusedNamingTheKey) {
+  cad::cad_plugin::CallShape shape;
+  shape.tokens = 1000;
+  shape.num_q_heads = 32;
+  shape.num_kv_heads = 8;
+  shape.head_dim = 128;
+  shape.bf16 = true;
+  shape.softmax_scale = 0.25f;
+  for (int32_t groups : {1, 2, 4, 8}) {
+    const cad::cad_plugin::CallShape g = cad::cad_plugin::head_group_shape(shape, groups);
+    EXPECT_EQ(g.num_q_heads, 32 / groups);
+    EXPECT_EQ(g.num_kv_heads, 8 / groups);
+    EXPECT_EQ(g.num_q_heads / g.num_kv_heads, 4);  // the GQA ratio a kernel sees is the call's
+    EXPECT_EQ(g.tokens, 1000);
+    EXPECT_EQ(g.head_dim, 128);
+    EXPECT_EQ(g.softmax_scale, 0.25f);
+    EXPECT_EQ(g.q_row_bytes() * groups, shape.q_row_bytes());
+  }
+  for (int32_t groups : {0, 3, 16, -2}) {  // 16 divides Hq, not Hkv
+    try {
+      cad::cad_plugin::head_group_shape(shape, groups);
+      ADD_FAILURE() << groups << " groups were accepted";
+    } catch (const cad::plugin::Failure& f) {
+      EXPECT_EQ(f.status(), CAD_STATUS_INVALID_CONFIG);
+      EXPECT_NE(std::string(f.what()).find("head_groups " + std::to_string(groups) +
+                                           " does not divide the call's heads (Hq=32, Hkv=8)"),
+                std::string::npos)
+          << f.what();
+    }
+  }
+}
