@@ -466,10 +466,9 @@ class Mover {
 
   // Rows of one tensor, owners -> servers (src: an owner tensor, dst: a server batch tensor) or back.
   void rows(Direction direction, RunSet set, const void* src, void* dst, int64_t row_bytes) {
-    const bool q = set == RunSet::Q;
     const bool to_servers = direction == Direction::ToServers;
-    const Table& send_table = plan_.tables[to_servers ? (q ? OwnerQ : OwnerKv) : (q ? ServerQ : ServerKv)];
-    const Table& recv_table = plan_.tables[to_servers ? (q ? ServerQ : ServerKv) : (q ? OwnerQ : OwnerKv)];
+    const Table& send_table = plan_.tables[table_of(set, to_servers)];
+    const Table& recv_table = plan_.tables[table_of(set, !to_servers)];
     const std::vector<int64_t>* send_rows = nullptr;
     const std::byte* send = pack(send_table, src, row_bytes, &send_rows);
     const bool recv_in_place = in_place(recv_table);
@@ -487,8 +486,8 @@ class Mover {
   // re-sending for the backward.
   void lse(Direction direction, const float* src, int64_t src_rows, float* dst, int64_t dst_rows, int64_t heads) {
     const bool to_servers = direction == Direction::ToServers;
-    const Table& from = plan_.tables[to_servers ? OwnerQ : ServerQ];
-    const Table& to = plan_.tables[to_servers ? ServerQ : OwnerQ];
+    const Table& from = plan_.tables[table_of(RunSet::Q, to_servers)];
+    const Table& to = plan_.tables[table_of(RunSet::Q, !to_servers)];
     float* send = reinterpret_cast<float*>(scratch_.send());
     float* recv = reinterpret_cast<float*>(scratch_.recv());
     if (!drain_) {
@@ -523,7 +522,7 @@ class Mover {
   }
 
   // One tensor's share of an exchange started with start(): `row_bytes` bytes of each row, rows `src_stride` /
-  // `dst_stride` bytes apart -- whole rows (all three equal: whole()), or a head group's (DevicePlan::head_groups:
+  // `dst_stride` bytes apart -- whole rows (all three equal), or a head group's (DevicePlan::head_groups:
   // a slice of the owner's full rows, the server batch's group rows whole). An LSE slice (`lse`) is a group's heads
   // of [H, rows] fp32 instead: src / dst at its first head, row_bytes = heads * 4, and the strides are the two
   // tensors' row counts (their head strides).
@@ -709,12 +708,9 @@ class Mover {
   // each peer's rows start in the buffer (in place), else the wire order's cumulative offsets.
   void exchange(const std::byte* send, std::byte* recv, Direction direction, RunSet set, int64_t row_bytes,
                 const std::vector<int64_t>* send_rows = nullptr, const std::vector<int64_t>* recv_rows = nullptr) {
-    const bool q = set == RunSet::Q;
     const bool to_servers = direction == Direction::ToServers;
-    const std::vector<int64_t>& out = to_servers ? (q ? plan_.owner_q_rows : plan_.owner_kv_rows)
-                                                 : (q ? plan_.server_q_rows : plan_.server_kv_rows);
-    const std::vector<int64_t>& in = to_servers ? (q ? plan_.server_q_rows : plan_.server_kv_rows)
-                                                : (q ? plan_.owner_q_rows : plan_.owner_kv_rows);
+    const std::vector<int64_t>& out = wire_rows(set, to_servers);
+    const std::vector<int64_t>& in = wire_rows(set, !to_servers);
     Transfer t;
     const size_t world = out.size();
     t.send_counts.resize(world);
@@ -1196,10 +1192,10 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   scratch.give_back(d_o);
   if (kept) saved->device.reset();
   const bool skip = drain || failed != nullptr;
-  Mover back(ctx, dp, scratch, stream, skip, stats);
-  back.rows(Direction::ToOwners, RunSet::Q, d_q, skip ? nullptr : data(args->d_q), q_bytes);
-  back.kv_sums_to_owners(d_k, skip ? nullptr : data(args->d_k), shape);
-  back.kv_sums_to_owners(d_v, skip ? nullptr : data(args->d_v), shape);
+  if (skip) move.stop_writing();
+  move.rows(Direction::ToOwners, RunSet::Q, d_q, skip ? nullptr : data(args->d_q), q_bytes);
+  move.kv_sums_to_owners(d_k, skip ? nullptr : data(args->d_k), shape);
+  move.kv_sums_to_owners(d_v, skip ? nullptr : data(args->d_v), shape);
   stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
   if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "backward");
 }
