@@ -773,6 +773,8 @@ def configurations(args):
             run.cad_own_tasks = "on"
         if "dyn" in modes:  # the server's forward walks its units dynamically (--cad-forward-walk dynamic)
             run.cad_forward_walk = "dynamic"
+        if "time" in modes:  # prefix_aware balances predicted time (--balance-time)
+            run.balance_time = True
         numbered = numbered_modes(modes)
         ctas, reserve, tolerance, groups = numbered["ctas"], numbered["res"], numbered["tol"], numbered["hg"]
         if groups:  # +hg2: the server batch's heads in 2 pipelined groups (--cad-head-groups)
@@ -786,10 +788,22 @@ def configurations(args):
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
             ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
             ("_ncclblocking" if "blocking" in modes else "") + ("_own" if "own" in modes else "") + \
-            ("_dyn" if "dyn" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas + groups)
+            ("_dyn" if "dyn" in modes else "") + ("_time" if "time" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas + groups)
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
+
+
+def balancer_config(args):
+    """cad.init's balancer_config from --balancer-tolerance and --balance-time (None: the balancer's defaults)."""
+    config = {}
+    if args.balancer_tolerance is not None:
+        config["tolerance"] = args.balancer_tolerance
+    if args.balance_time:
+        config["rate_table"] = str(pathlib.Path(args.balancer_rate_table).resolve())
+        if args.balancer_min_time_gain is not None:
+            config["min_time_gain"] = args.balancer_min_time_gain
+    return config or None
 
 
 class GcPauses:
@@ -871,6 +885,8 @@ def summary_of(args, world, device):
             "cad_own_tasks": args.cad_own_tasks, "cad_own_reserve_sms": args.cad_own_reserve_sms,
             "cad_forward_walk": args.cad_forward_walk, "cad_head_groups": args.cad_head_groups,
             "balancer_tolerance": args.balancer_tolerance,
+            "balancer_rate_table": args.balancer_rate_table if args.balance_time else None,
+            "balancer_min_time_gain": args.balancer_min_time_gain if args.balance_time else None,
             "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
@@ -902,7 +918,7 @@ def train_one(args, rank, world, device, lengths):
              nccl_blocking_comm=args.cad_nccl_blocking, own_tasks_in_place=args.cad_own_tasks == "on",
              own_tasks_reserve_sms=args.cad_own_reserve_sms, forward_walk=args.cad_forward_walk,
              head_groups=args.cad_head_groups,
-             balancer_config=None if args.balancer_tolerance is None else {"tolerance": args.balancer_tolerance})
+             balancer_config=balancer_config(args))
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
         if args.ping_pong and args.ping_pong_when == "worthwhile" else None
@@ -979,6 +995,7 @@ def train_one(args, rank, world, device, lengths):
     loaded = {}  # schedule index -> its micro-batches, loaded while the step before it ran
     # CAD's exchanges on the GPU, cumulative (cad.exchange_times): the last step's end, for this step's share.
     exchanged = {} if device.type == "cuda" and args.attention == "cad" else None
+    called = {} if exchanged is not None else None  # CAD's calls on the GPU (cad.call_times), the same way
     retries_before = allocator_retries(device)
     for index, (step, profiling) in enumerate(schedule):
         micro = loaded.pop(index, None) or load(step)
@@ -1061,6 +1078,13 @@ def train_one(args, rank, world, device, lengths):
             comm_ms = now.get("comm_ms", 0.0) - exchanged.get("comm_ms", 0.0)
             stall_ms = now.get("stall_ms", 0.0) - exchanged.get("stall_ms", 0.0)
             exchanged = now
+        # CAD's calls in this step as the GPU ran them: each direction's calls and the server compute inside them.
+        call_ms = [0.0] * 4  # forward, forward server, backward, backward server
+        if called is not None:
+            now = cad.call_times(device) or {}
+            keys = ("forward_ms", "forward_server_ms", "backward_ms", "backward_server_ms")
+            call_ms = [now.get(k, 0.0) - called.get(k, 0.0) for k in keys]
+            called = now
         # Host time from the step's start to its first plan make (which waits for every rank): a rank that
         # arrives late shows here.
         pre_plan_ms = (min(make_starts) - start) * 1e3 if make_starts and not ahead else 0.0
@@ -1072,7 +1096,7 @@ def train_one(args, rank, world, device, lengths):
         gathered = all_gather_floats([float(loss_sum), seconds, attention, float(mine), peak,
                                       stats["plan_ms"] if stats else 0.0, stats["make_ms"] if stats else 0.0,
                                       pre_plan_ms, gc_ms, float(gc_full), plan_wait_ms, comm_ms, stall_ms,
-                                      float(alloc_retries)] + attention_by_mb, world)
+                                      float(alloc_retries)] + call_ms + attention_by_mb, world)
         costs = [sum(attention_pairs(args, docs_by_rank[r]) for docs_by_rank, _, _, _ in micro) for r in range(world)]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
@@ -1090,7 +1114,9 @@ def train_one(args, rank, world, device, lengths):
                   "plan_wait_ms": [g[10] for g in gathered], "exchange_comm_ms": [g[11] for g in gathered],
                   "exchange_stall_ms": [g[12] for g in gathered],
                   "alloc_retries": [int(g[13]) for g in gathered],
-                  "attention_s_by_micro_batch": [[g[14 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
+                  "call_forward_ms": [g[14] for g in gathered], "call_forward_server_ms": [g[15] for g in gathered],
+                  "call_backward_ms": [g[16] for g in gathered], "call_backward_server_ms": [g[17] for g in gathered],
+                  "attention_s_by_micro_batch": [[g[18 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
                   "ping_pong": split, "nano_tokens": [[[sum(d) for d in n] for n in nanos] for _, nanos, _, _ in micro],
                   "profiled": profiling}
         if stats:
@@ -1258,6 +1284,16 @@ def parse_args(argv=None):
                    help="the CAD balancer's tolerance (distca, prefix_aware; cad.init's balancer_config): prefix_aware "
                         "fills servers up to mean x (1 + T), default 0.02; a smaller T balances tighter and moves more "
                         "bytes (docs/balancers.md)")
+    p.add_argument("--balance-time", action="store_true",
+                   help="prefix_aware balances the servers' predicted attention time (forward + backward, from "
+                        "--balancer-rate-table) instead of FLOPs, where that predicts a max/mean lower by more than "
+                        "--balancer-min-time-gain (docs/balancers.md)")
+    p.add_argument("--balancer-rate-table", default=str(REPO / "configs" / "calibration" / "h200.json"),
+                   help="the kernel-rate table --balance-time predicts with (default configs/calibration/h200.json)")
+    p.add_argument("--balancer-min-time-gain", type=float, default=None,
+                   help="with --balance-time: keep the time-balanced plan only where it predicts a max/mean lower "
+                        "than the FLOP plan's by more than this (prefix_aware's min_time_gain, default 0.015; 0: "
+                        "always)")
     p.add_argument("--cad-nccl-blocking", action="store_true",
                    help="CAD's NCCL communicator blocking (cad.init's nccl_blocking_comm): exchanges launch on the "
                         "calling thread instead of NCCL's job thread")
@@ -1289,17 +1325,18 @@ def parse_args(argv=None):
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
                         "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
                         "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+own' (--cad-own-tasks on), '+resN' "
-                        "(--cad-own-reserve-sms N), '+dyn' (--cad-forward-walk dynamic), '+ctasN' "
+                        "(--cad-own-reserve-sms N), '+dyn' (--cad-forward-walk dynamic), '+time' (--balance-time), '+ctasN' "
                         "(--cad-nccl-max-ctas N), '+hgN' (--cad-head-groups N) and/or '+tolT' (--balancer-tolerance "
                         "T), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
                         "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
-                        "'_ncclblocking' with +blocking, + '_own' with +own, + '_dyn' with +dyn, + '_tolT' with +tolT, "
+                        "'_ncclblocking' with +blocking, + '_own' with +own, + '_dyn' with +dyn, + '_time' with +time, "
+                        "+ '_tolT' with +tolT, "
                         "+ '_resN' with +resN, + '_ctasN' with +ctasN, + '_hgN' with +hgN. Overrides --attention, "
                         "--balancer, --ping-pong, --plan-ahead, --cad-nccl-blocking, --cad-own-tasks, "
                         "--cad-own-reserve-sms, --cad-forward-walk, --cad-nccl-max-ctas, --cad-head-groups, "
-                        "--balancer-tolerance")
+                        "--balancer-tolerance, --balance-time")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -1348,6 +1385,12 @@ def parse_args(argv=None):
                     f"make every layer global: drop --window instead), got {args.global_every}")
     if not 0.0 <= args.ping_pong_min_stall_share < 1.0:
         p.error(f"--ping-pong-min-stall-share must be in [0, 1), got {args.ping_pong_min_stall_share}")
+    if (args.balance_time or (args.configs and "+time" in args.configs)) and \
+            not pathlib.Path(args.balancer_rate_table).is_file():
+        p.error(f"--balancer-rate-table: {args.balancer_rate_table} is not a file (the kernel-rate table --balance-time "
+                f"and '+time' predict with)")
+    if args.balancer_min_time_gain is not None and not 0 <= args.balancer_min_time_gain <= 1:
+        p.error(f"--balancer-min-time-gain must be in [0, 1], got {args.balancer_min_time_gain}")
     if args.balancer_tolerance is not None and not 0 <= args.balancer_tolerance <= 10:
         p.error(f"--balancer-tolerance must be in [0, 10], got {args.balancer_tolerance}")
     if not 1 <= args.cad_head_groups <= 64 or args.heads % args.cad_head_groups or args.kv_heads % args.cad_head_groups:
@@ -1367,7 +1410,7 @@ def parse_args(argv=None):
             splits = {"pp", "pp1", "ppauto"} & set(modes)
             numbered = numbered_modes(modes)
             tolerances, reserves, ctas, groups = numbered["tol"], numbered["res"], numbered["ctas"], numbered["hg"]
-            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own", "dyn")
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own", "dyn", "time")
                                     and m not in tolerances + reserves + ctas + groups for m in modes)
                     or len(groups) > 1 or (groups and not 1 <= int(groups[0][2:]) <= 64)
                     or (groups and (args.heads % int(groups[0][2:]) or args.kv_heads % int(groups[0][2:])))
@@ -1378,6 +1421,7 @@ def parse_args(argv=None):
                     or (base in ("local", "torch_varlen", "local_balanced") and ("dyn" in modes or ctas))
                     or len(set(modes)) != len(modes) or len(splits) > 1 or (base == "local_balanced" and modes)
                     or (base in ("local", "torch_varlen") and ("blocking" in modes or "own" in modes))
+                    or ("time" in modes and base != "prefix_aware")
                     or (tolerances and (base not in ("distca", "prefix_aware") or len(tolerances) > 1
                                         or float(tolerances[0][3:]) > 10)))
         bad = [n for n in names if refused(n)]
@@ -1386,7 +1430,8 @@ def parse_args(argv=None):
                     f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now', and/or (a balancer) "
                     f"'+blocking', '+own' (with it '+resN', N <= 64), '+dyn', '+ctasN' (N <= 64), '+hgN' (N "
                     f"dividing --heads and --kv-heads), and/or (distca, "
-                    f"prefix_aware) one '+tolT' with T in [0, 10] (local_balanced: none)")
+                    f"prefix_aware) one '+tolT' with T in [0, 10], and/or (prefix_aware) '+time' (local_balanced: "
+                    f"none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
     resolve_attention_timing(args)

@@ -78,6 +78,14 @@ struct ExchangeEvents {
   bool joined = true;
 };
 
+// Timing events of one call on its stream (stats.h: CallTimes): its first and last enqueued work, and each server
+// backend call inside it.
+struct CallEvents {
+  cudaEvent_t start = nullptr, end = nullptr;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> server;
+  bool backward = false;
+};
+
 struct DeviceRuntime {
   int device = -1;
   cudaStream_t comm_stream = nullptr;
@@ -86,10 +94,18 @@ struct DeviceRuntime {
   std::deque<ExchangeEvents> timed;  // enqueued exchanges, oldest first, until harvested
   std::vector<ExchangeEvents> spare;  // harvested, for reuse
   std::vector<cudaEvent_t> spare_done;  // the end events of exchanges joined later (Mover::start), for reuse
+  std::deque<CallEvents> calls;         // timed calls, oldest first, until harvested
+  CallEvents* current = nullptr;        // the call being enqueued (CallTimer), where its server calls are timed
+  std::vector<cudaEvent_t> spare_timing;  // the call timing's events, for reuse
   ~DeviceRuntime() {
     if (ready != nullptr) cudaEventDestroy(ready);
     if (done != nullptr) cudaEventDestroy(done);
     for (cudaEvent_t e : spare_done) cudaEventDestroy(e);
+    for (cudaEvent_t e : spare_timing) cudaEventDestroy(e);
+    for (const CallEvents& c : calls) {
+      for (cudaEvent_t e : {c.start, c.end}) cudaEventDestroy(e);
+      for (auto [a, b] : c.server) cudaEventDestroy(a), cudaEventDestroy(b);
+    }
     for (const ExchangeEvents& e : spare) destroy(e);
     for (const ExchangeEvents& e : timed) destroy(e);
     if (comm_stream != nullptr) cudaStreamDestroy(comm_stream);
@@ -152,10 +168,133 @@ ExchangeEvents* begin_timing(DeviceRuntime& rt, ExchangeTimes& times) {
   return &rt.timed.back();
 }
 
+// A timing event from the runtime's spares or a new one; NULL when none can be made (timing is best effort).
+cudaEvent_t timing_event(DeviceRuntime& rt) {
+  cudaEvent_t e = nullptr;
+  if (!rt.spare_timing.empty()) {
+    e = rt.spare_timing.back();
+    rt.spare_timing.pop_back();
+  } else if (cudaEventCreate(&e) != cudaSuccess) {
+    (void)cudaGetLastError();
+    e = nullptr;
+  }
+  return e;
+}
+
+// Folds the completed calls at the front of `rt.calls` into `times`; stops at the first still running.
+void harvest_calls(DeviceRuntime& rt, CallTimes& times) {
+  while (!rt.calls.empty()) {
+    CallEvents& c = rt.calls.front();
+    const cudaError_t state = cudaEventQuery(c.end);
+    if (state == cudaErrorNotReady) break;
+    float call = 0.0f, server = 0.0f, part = 0.0f;
+    bool ok = state == cudaSuccess && cudaEventElapsedTime(&call, c.start, c.end) == cudaSuccess;
+    for (auto [a, b] : c.server) {
+      ok = ok && cudaEventElapsedTime(&part, a, b) == cudaSuccess;
+      server += part;
+    }
+    if (ok) {
+      (c.backward ? times.backward_ms : times.forward_ms) += call;
+      (c.backward ? times.backward_server_ms : times.forward_server_ms) += server;
+      ++(c.backward ? times.backwards : times.forwards);
+    } else {
+      (void)cudaGetLastError();  // a failed call reports itself; here it is not counted
+    }
+    rt.spare_timing.push_back(c.start);
+    rt.spare_timing.push_back(c.end);
+    for (auto [a, b] : c.server) rt.spare_timing.push_back(a), rt.spare_timing.push_back(b);
+    rt.calls.pop_front();
+  }
+  times.pending = static_cast<int64_t>(rt.calls.size());
+}
+
+// Times one call of the CUDA data path on its stream from construction (before its first enqueued work) to
+// destruction (after its last), and the server backend calls run through timed_server meanwhile. Drained calls and
+// calls beyond the pending limit are not timed.
+class CallTimer {
+ public:
+  CallTimer(CadContext& ctx, bool backward, cudaStream_t stream, bool drain) : stream_(stream) {
+    constexpr size_t kMaxPending = 4096;
+    if (drain || !ctx.device) return;
+    rt_ = ctx.device.get();
+    times_ = &ctx.stats.gpu_calls;
+    times_->timed = true;
+    if (rt_->calls.size() >= kMaxPending) harvest_calls(*rt_, *times_);
+    if (rt_->calls.size() >= kMaxPending || (events_.start = timing_event(*rt_)) == nullptr) {
+      ++times_->untimed;
+      rt_ = nullptr;
+      return;
+    }
+    events_.backward = backward;
+    if (cudaEventRecord(events_.start, stream_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      ++times_->untimed;
+      rt_->spare_timing.push_back(events_.start);
+      rt_ = nullptr;
+      return;
+    }
+    rt_->current = &events_;
+  }
+  ~CallTimer() {
+    if (rt_ == nullptr) return;
+    rt_->current = nullptr;
+    events_.end = timing_event(*rt_);
+    if (events_.end == nullptr || cudaEventRecord(events_.end, stream_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      ++times_->untimed;
+      if (events_.end != nullptr) rt_->spare_timing.push_back(events_.end);
+      rt_->spare_timing.push_back(events_.start);
+      for (auto [a, b] : events_.server) rt_->spare_timing.push_back(a), rt_->spare_timing.push_back(b);
+      return;
+    }
+    rt_->calls.push_back(std::move(events_));
+  }
+  CallTimer(const CallTimer&) = delete;
+  CallTimer& operator=(const CallTimer&) = delete;
+
+ private:
+  cudaStream_t stream_;
+  DeviceRuntime* rt_ = nullptr;
+  CallTimes* times_ = nullptr;
+  CallEvents events_;
+};
+
+// Runs a server backend call (enqueued on `stream`) between two timing events of the current CallTimer, if any.
+cad_status_t timed_server(CadContext& ctx, void* stream, const std::function<cad_status_t()>& call) {
+  DeviceRuntime* rt = ctx.device.get();
+  CallEvents* current = rt != nullptr ? rt->current : nullptr;
+  cudaEvent_t a = current != nullptr ? timing_event(*rt) : nullptr;
+  cudaEvent_t b = a != nullptr ? timing_event(*rt) : nullptr;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool timed = b != nullptr && cudaEventRecord(a, s) == cudaSuccess;
+  const cad_status_t status = call();
+  if (timed && cudaEventRecord(b, s) == cudaSuccess) {
+    current->server.emplace_back(a, b);
+  } else {
+    (void)cudaGetLastError();
+    for (cudaEvent_t e : {a, b}) {
+      if (e != nullptr) rt->spare_timing.push_back(e);
+    }
+  }
+  return status;
+}
+
+// call_server_forward / call_server_backward (data_path.h), timed inside the current call.
+cad_status_t timed_server_forward(CadContext& ctx, const CadPlan& plan, Batch which, const CallShape& shape,
+                                  const ServerBatchTensors& t, cad_device_v1_t device, void* stream) {
+  return timed_server(ctx, stream, [&] { return call_server_forward(ctx, plan, which, shape, t, device, stream); });
+}
+cad_status_t timed_server_backward(CadContext& ctx, const CadPlan& plan, Batch which, const CallShape& shape,
+                                   const ServerBatchTensors& t, cad_device_v1_t device, void* stream) {
+  return timed_server(ctx, stream, [&] { return call_server_backward(ctx, plan, which, shape, t, device, stream); });
+}
+
 }  // namespace
 
-void harvest_exchange_times(CadContext& ctx) {
-  if (ctx.device) harvest(*ctx.device, ctx.stats.gpu_exchange);
+void harvest_gpu_times(CadContext& ctx) {
+  if (!ctx.device) return;
+  harvest(*ctx.device, ctx.stats.gpu_exchange);
+  harvest_calls(*ctx.device, ctx.stats.gpu_calls);
 }
 
 void DeviceRuntimeDeleter::operator()(DeviceRuntime* runtime) const { delete runtime; }
@@ -911,7 +1050,7 @@ void forward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape, c
       own,
       [&](int64_t g) {
         if (failed == nullptr && batch.q_rows > 0 && !drain &&
-            call_server_forward(ctx, plan, Batch::Served, group_shape, hg.server(g, server),
+            timed_server_forward(ctx, plan, Batch::Served, group_shape, hg.server(g, server),
                                 cad_device_v1_t{CAD_DEVICE_CUDA, plan.device->device}, args->stream) != CAD_STATUS_OK) {
           failed = &ctx.server;
         }
@@ -950,7 +1089,7 @@ void backward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape,
       own,
       [&](int64_t g) {
         if (failed == nullptr && batch.q_rows > 0 && !drain &&
-            call_server_backward(ctx, plan, Batch::Served, group_shape, hg.server(g, server),
+            timed_server_backward(ctx, plan, Batch::Served, group_shape, hg.server(g, server),
                                  cad_device_v1_t{CAD_DEVICE_CUDA, plan.device->device}, args->stream) != CAD_STATUS_OK) {
           failed = &ctx.server;
         }
@@ -985,6 +1124,7 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
   const ServerBatch& own = plan.step.layout.own[static_cast<size_t>(me)];
   const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes(), hq = shape.num_q_heads;
   wait_for_tables(dp, stream);
+  const CallTimer timer(ctx, /*backward=*/false, stream, drain);
   CallScratch scratch(ctx, dp, call_stream);
 
   // The server batch: in the saved state (kept for backward) or in this call's scratch.
@@ -1034,7 +1174,7 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
     ServerBatchTensors t;
     t.q = data(args->q), t.k = data(args->k), t.v = data(args->v), t.o = data(args->o);
     t.lse = static_cast<float*>(data(args->lse));
-    if (call_server_forward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device}, call_stream) !=
+    if (timed_server_forward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device}, call_stream) !=
         CAD_STATUS_OK) {
       failed = &ctx.own_server;
     }
@@ -1070,7 +1210,7 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
   if (failed == nullptr && batch.q_rows > 0 && !drain) {
     ServerBatchTensors t;
     t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
-    if (call_server_forward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
+    if (timed_server_forward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
                             call_stream) != CAD_STATUS_OK) {
       failed = &ctx.server;
     }
@@ -1106,6 +1246,7 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   const bool kept = saved != nullptr && saved->device != nullptr;
   const ServerBatch& own = plan.step.layout.own[static_cast<size_t>(me)];
   wait_for_tables(dp, stream);
+  const CallTimer timer(ctx, /*backward=*/true, stream, drain);
   CallScratch scratch(ctx, dp, call_stream);
 
   // The server batch's gradients, and its forward tensors unless they were kept: this call's scratch.
@@ -1142,7 +1283,7 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
       t.lse = static_cast<float*>(data(args->lse));
     }
     t.d_o = data(args->d_o), t.d_q = data(args->d_q), t.d_k = data(args->d_k), t.d_v = data(args->d_v);
-    if (call_server_backward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
+    if (timed_server_backward(ctx, plan, Batch::Own, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
                              call_stream) != CAD_STATUS_OK) {
       failed = &ctx.own_server;
     }
@@ -1182,7 +1323,7 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
     ServerBatchTensors t;
     t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
     t.d_o = d_o, t.d_q = d_q, t.d_k = d_k, t.d_v = d_v;
-    if (call_server_backward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
+    if (timed_server_backward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
                              call_stream) != CAD_STATUS_OK) {
       failed = &ctx.server;
     }

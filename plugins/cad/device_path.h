@@ -47,8 +47,9 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, int32_t head_gro
 void release_device_plan(CadContext& ctx, DevicePlan* plan);
 int64_t device_plan_bytes(DevicePlan& plan);
 
-// Adds the exchanges that completed since the last look to ctx.stats.gpu_exchange (never waits for the GPU).
-void harvest_exchange_times(CadContext& ctx);
+// Adds the exchanges and calls that completed since the last look to ctx.stats.gpu_exchange and gpu_calls (never
+// waits for the GPU).
+void harvest_gpu_times(CadContext& ctx);
 
 // One forward / backward on CUDA tensors (already checked against the plan). `keep` (forward): where
 // the server batch's Q/K/V/O/LSE go for the backward, or NULL (they stay in the plan's scratch).

@@ -19,7 +19,7 @@ DevicePlan* make_device_plan(CadContext&, const Step&, int32_t, void*) {
 }
 void release_device_plan(CadContext&, DevicePlan* plan) { delete plan; }
 int64_t device_plan_bytes(DevicePlan&) { return 0; }
-void harvest_exchange_times(CadContext&) {}
+void harvest_gpu_times(CadContext&) {}
 
 void device_forward(CadContext&, CadPlan&, const CallShape&, const cad_attention_forward_args_v1_t*, Saved*, CallStats&,
                     bool) {

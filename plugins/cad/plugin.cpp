@@ -66,7 +66,7 @@ cad_status_t cad_get_stats_json(void* ctx, char* buffer, size_t capacity, size_t
   CadContext& c = *as_ctx(ctx);
   return plugin::guarded(c, [&] {
     std::lock_guard<std::recursive_mutex> lock(c.state_mutex);
-    cad::cad_plugin::harvest_exchange_times(c);
+    cad::cad_plugin::harvest_gpu_times(c);
     c.stats.rank = c.comm->rank();
     c.stats.world = c.comm->world();
     plugin::write_json_result(cad::cad_plugin::stats_json(c.stats), buffer, capacity, needed);

@@ -94,6 +94,12 @@ std::string stats_json(const Stats& stats) {
     j["gpu_exchange"] = {{"exchanges", x.exchanges}, {"pending", x.pending}, {"untimed", x.untimed},
                          {"comm_ms", x.comm_ms}, {"stall_ms", x.stall_ms}};
   }
+  if (stats.gpu_calls.timed) {
+    const CallTimes& c = stats.gpu_calls;
+    j["gpu_calls"] = {{"forwards", c.forwards}, {"backwards", c.backwards}, {"pending", c.pending},
+                      {"untimed", c.untimed}, {"forward_ms", c.forward_ms}, {"forward_server_ms", c.forward_server_ms},
+                      {"backward_ms", c.backward_ms}, {"backward_server_ms", c.backward_server_ms}};
+  }
   return j.dump();
 }
 

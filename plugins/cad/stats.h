@@ -52,11 +52,25 @@ struct ExchangeTimes {
   double comm_ms = 0.0, stall_ms = 0.0;
 };
 
+// The CUDA data path's calls as the GPU ran them (timing events on the calling stream), summed since the instance
+// was made over the calls that have completed: per direction, `*_ms` from a call's first enqueued work to its last
+// (exchanges, packing, the server's compute) and `*_server_ms` the server backend's compute inside it (the tasks
+// run in place and the served batch, every head group). What the ranks' server times say against the plan's
+// predicted balance, and what a call costs beside its compute, measured without synchronising.
+struct CallTimes {
+  bool timed = false;
+  int64_t forwards = 0, backwards = 0;  // completed and counted
+  int64_t pending = 0;                  // enqueued, not yet completed when last looked at
+  int64_t untimed = 0;                  // not timed (too many pending: stats never read)
+  double forward_ms = 0.0, forward_server_ms = 0.0, backward_ms = 0.0, backward_server_ms = 0.0;
+};
+
 struct Stats {
   int32_t rank = 0;
   int32_t world = 1;
   CallStats forward, backward;
   ExchangeTimes gpu_exchange;
+  CallTimes gpu_calls;
   CallStats plan;  // the cost model's view of the last plan made with make_plan (no times but plan_ms)
 };
 

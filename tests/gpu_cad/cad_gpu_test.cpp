@@ -424,6 +424,59 @@ TEST(CadGpu, HeadGroupsGiveTheUnsplitResults) {
   }
 }
 
+namespace {
+nlohmann::json stats_of(const Api& api) {
+  std::string text(1 << 16, '\0');
+  size_t needed = 0;
+  EXPECT_EQ(api.table->get_stats_json(api.ctx, text.data(), text.size(), &needed), CAD_STATUS_OK) << api.error();
+  text.resize(std::min(needed, text.size()));
+  while (!text.empty() && text.back() == '\0') text.pop_back();
+  return nlohmann::json::parse(text);
+}
+}  // namespace
+
+// get_stats_json's gpu_calls: once the GPU finished them, every forward and backward is counted, with the server
+// backend's compute inside each call's time (the tasks run in place and every head group included); the ranks'
+// server compute adds up to more than nothing.
+TEST(CadGpu, CallTimesCountEveryCall) {
+  for (int groups : {1, 2}) {
+    if (groups > 1 && !g_nccl) continue;  // head groups are pipelined on the nccl communicator only
+    for (bool keep : {true, false}) {
+      SCOPED_TRACE(std::string(keep ? "keep" : "resend") + ", head groups " + std::to_string(groups));
+      const GlobalBatch b = rounded(cad_test::make_batch(spec(680, 128)));
+      const Api api = instance(cad_name(balancers().back(), keep, groups));
+      Call call(b, true);
+      void* plan = nullptr;
+      ASSERT_EQ(make_plan(api, call, &plan), CAD_STATUS_OK) << api.error();
+      check(cudaDeviceSynchronize(), "sync");
+      const nlohmann::json before = stats_of(api).value("gpu_calls", nlohmann::json::object());
+      constexpr int kSteps = 3;
+      for (int i = 0; i < kSteps; ++i) {
+        void* saved = nullptr;
+        ASSERT_EQ(call.forward(api, plan, &saved), CAD_STATUS_OK) << api.error();
+        ASSERT_EQ(call.backward(api, plan, saved), CAD_STATUS_OK) << api.error();
+        api.table->release_saved(api.ctx, saved);
+      }
+      check(cudaDeviceSynchronize(), "sync");
+      const nlohmann::json after = stats_of(api).at("gpu_calls");
+      const auto delta = [&](const char* key) { return after.at(key).get<double>() - before.value(key, 0.0); };
+      EXPECT_EQ(delta("forwards"), kSteps) << "rank " << g_rank << ": " << after.dump();
+      EXPECT_EQ(delta("backwards"), kSteps) << "rank " << g_rank << ": " << after.dump();
+      EXPECT_EQ(after.at("pending").get<int64_t>(), 0) << "rank " << g_rank;
+      for (const char* pass : {"forward", "backward"}) {
+        const double call_ms = delta((std::string(pass) + "_ms").c_str());
+        const double server_ms = delta((std::string(pass) + "_server_ms").c_str());
+        EXPECT_GE(server_ms, 0.0) << "rank " << g_rank << " " << pass;
+        EXPECT_GE(call_ms * 1.001 + 1e-3, server_ms) << "rank " << g_rank << " " << pass << ": " << after.dump();
+        double all_server_ms = 0.0;
+        MPI_Allreduce(&server_ms, &all_server_ms, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        EXPECT_GT(all_server_ms, 0.0) << pass;
+      }
+      api.table->release_plan(api.ctx, plan);
+    }
+  }
+}
+
 // A head_groups that does not divide the call's heads is refused on every rank at the plan, naming the key.
 TEST(CadGpu, HeadGroupsThatDoNotDivideTheHeadsAreRefused) {
   if (!g_nccl) GTEST_SKIP() << "head groups are pipelined on the nccl communicator only";

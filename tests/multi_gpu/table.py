@@ -312,6 +312,33 @@ def exchange_rows(runs, first):
     return lines
 
 
+def call_rows(runs, first):
+    """Per CAD (context, configuration) whose records have call_*_server_ms (CUDA, trainer since 2026-11-28), means
+    over the steps from `first`, from timing events on the calling streams: each rank's server compute per step
+    (forward calls, recomputations included, and backward; slowest / fastest rank), the measured max/mean of the
+    ranks' server compute beside the plan's predicted imbalance (its cost model), the slowest rank's compute above
+    the mean rank's (what imbalance costs the ranks that wait for it, per step), and the calls' time beyond their
+    server compute on the rank where it is largest (exchanges, packing, the waits for the other ranks)."""
+    lines = []
+    for context, name in in_order(runs):
+        steps = runs[(context, name)]["steps"][first:]
+        if not steps or not all("call_forward_server_ms" in s for s in steps) or \
+                not any(max(s["call_forward_server_ms"]) > 0 for s in steps):
+            continue
+        fwd = [s["call_forward_server_ms"] for s in steps]
+        bwd = [s["call_backward_server_ms"] for s in steps]
+        total = [[f + b for f, b in zip(fs, bs)] for fs, bs in zip(fwd, bwd)]
+        measured = mean(max(t) / mean(t) if mean(t) else 1.0 for t in total)
+        above = mean(max(t) - mean(t) for t in total)
+        beyond = mean(max(cf + cb - t for cf, cb, t in zip(s["call_forward_ms"], s["call_backward_ms"], tot))
+                      for s, tot in zip(steps, total))
+        predicted = mean(s.get("imbalance", 1.0) for s in steps)
+        lines.append(f"| {tokens_label(context)} | {name} | {mean(max(f) for f in fwd):.1f} / {mean(min(f) for f in fwd):.1f}"
+                     f" | {mean(max(b) for b in bwd):.1f} / {mean(min(b) for b in bwd):.1f} | {measured:.3f} | "
+                     f"{predicted:.3f} | {above:.1f} | {beyond:.1f} |")
+    return lines
+
+
 FAMILIES = ("attention", "cad data path", "nccl", "gemm", "other")
 
 
@@ -412,6 +439,12 @@ def main():
                 "the forwards' wait for plans made ahead; the ping-pong decision (--ping-pong-when worthwhile):",
                 ["tokens/GPU", "config", "comm ms", "stall ms", "stall / step", "hidden", "stall / attention",
                  "plan wait ms", "ping-pong decision"])
+    print_table(call_rows(runs, args.steps_from),
+                "CAD's calls on the GPU (timing events), ms per step: the ranks' server compute (slowest / fastest "
+                "rank), its measured max/mean beside the plan's predicted imbalance, the slowest rank's compute above "
+                "the mean rank's, and the calls' time beyond their compute (exchanges, packing, waits; largest rank):",
+                ["tokens/GPU", "config", "server fwd ms", "server bwd ms", "measured max/mean", "plan's max/mean",
+                 "slowest above mean ms", "call beyond compute ms"])
     print_table(profile_rows(args.out, runs),
                 "GPU kernel time of the profiled step, largest rank, ms (kernels on different streams overlap):",
                 ["tokens/GPU", "config", "step", "ranks"] + list(FAMILIES))

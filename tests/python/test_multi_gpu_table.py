@@ -196,6 +196,25 @@ def test_exchange_table_leaves_out_the_attention_share_of_enqueue_only_times(tmp
     assert "| 64K | prefix_aware | 50.0 | 20.0 | 1.0% | 60% | 8.0% |" in out, out
 
 
+def test_call_table_gives_the_measured_server_balance(tmp_path):
+    """CAD's calls table: the ranks' server compute per step (slowest / fastest), its measured max/mean beside the
+    plan's, the slowest rank's compute above the mean, and the calls' time beyond their compute (largest rank)."""
+    def with_calls(step):
+        r = record(step, [2.0, 2.0], [0.2, 0.25])
+        r.update(call_forward_ms=[150.0, 140.0], call_forward_server_ms=[110.0, 90.0],
+                 call_backward_ms=[260.0, 250.0], call_backward_server_ms=[220.0, 200.0])
+        return r
+    write(tmp_path, "local", [record(i, [2.5, 2.5], [0.4, 0.5]) for i in range(3)])
+    write(tmp_path, "prefix_aware", [with_calls(i) for i in range(3)])
+    _, out = table(tmp_path)
+    # Server totals 330 and 290 ms: max/mean 330 / 310; 20 ms above the mean; beyond compute 410 - 330 = 80 (rank
+    # 0), 390 - 290 = 100 (rank 1). The plan predicted 1.5 (record()'s imbalance).
+    assert "| 64K | prefix_aware | 110.0 / 90.0 | 220.0 / 200.0 | 1.065 | 1.500 | 20.0 | 100.0 |" in out, out
+    write(tmp_path, "prefix_aware", [record(i, [2.0, 2.0], [0.2, 0.25]) for i in range(3)])  # no call times
+    _, out = table(tmp_path)
+    assert "server fwd ms" not in out, out
+
+
 def test_ideal_counts_the_imbalance_of_every_micro_batch(tmp_path):
     # Two micro-batches, a different rank slow in each: per step the sums are even (1.2 / 1.2), but each micro-
     # batch waits for its slow rank: 1.0 - 0.6 and 1.0 - 0.6 -> the ideal step is 3.0 - 0.8 = 2.2 s.

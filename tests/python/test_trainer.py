@@ -190,6 +190,17 @@ def test_balanced_batches_keep_tokens_and_give_every_rank_the_mean_work():
     runs = dict(t.configurations(args))
     assert runs["prefix_aware_tol0.005"].balancer_tolerance == 0.005 and runs["prefix_aware"].balancer_tolerance is None
     assert runs["distca_pingpong_tol0"].balancer_tolerance == 0.0 and runs["distca_pingpong_tol0"].ping_pong
+    # +time: prefix_aware balances predicted time with --balancer-rate-table (an absolute path in its config: the
+    # plugin opens it relative to the process's directory), the guard only where asked for
+    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+time+tol0.01", "--json-out", "x_{config}.json"])
+    runs = dict(t.configurations(args))
+    assert t.balancer_config(runs["prefix_aware"]) is None
+    table = str((pathlib.Path(t.__file__).resolve().parents[1] / "configs" / "calibration" / "h200.json"))
+    assert t.balancer_config(runs["prefix_aware_time_tol0.01"]) == {"tolerance": 0.01, "rate_table": table}
+    assert runs["prefix_aware_time_tol0.01"].json_out == "x_prefix_aware_time_tol0.01.json"
+    args = t.parse_args(["--configs", "prefix_aware+time", "--balancer-min-time-gain", "0"])
+    assert t.balancer_config(dict(t.configurations(args))["prefix_aware_time"]) == {"rate_table": table,
+                                                                                   "min_time_gain": 0.0}
     # +own (and with it +resN): the tasks on a rank's own documents run in place, its forward leaving N SMs
     args = t.parse_args(["--configs", "prefix_aware,prefix_aware+own,prefix_aware+own+res32", "--json-out", "x_{config}.json"])
     runs = dict(t.configurations(args))
@@ -587,6 +598,9 @@ def test_bad_options_are_refused(capsys):
     assert "--window must be -1 (no window) or at least 0" in _refused(t, capsys, ["--window", "-2"])
     assert "--global-every needs --window" in _refused(t, capsys, ["--global-every", "6"])
     assert "--balancer-tolerance must be in [0, 10]" in _refused(t, capsys, ["--balancer-tolerance", "-0.1"])
+    assert "--balancer-rate-table: /nonexistent.json is not a file" in \
+        _refused(t, capsys, ["--configs", "prefix_aware+time", "--balancer-rate-table", "/nonexistent.json"])
+    assert "--balancer-min-time-gain must be in [0, 1]" in _refused(t, capsys, ["--balancer-min-time-gain", "2"])
     for every in ("1", "0", "-3"):
         assert f"--global-every must be at least 2" in _refused(t, capsys, ["--window", "8", "--global-every", every])
     assert "--balanced-batches balances causal attention work" in \
@@ -594,7 +608,8 @@ def test_bad_options_are_refused(capsys):
     for configs in ("prefix_aware+pp+pp1", "local_balanced+pp", "distca+pp1+ppauto", "local+blocking",
                     "prefix_aware+blocking+blocking", "local+tol0.01", "per_doc_cp+tol0.01", "prefix_aware+tol",
                     "prefix_aware+tol11", "prefix_aware+tol0.1+tol0.2", "prefix_aware+tolx", "local+own",
-                    "prefix_aware+res16", "prefix_aware+own+res65", "prefix_aware+own+res8+res16"):
+                    "prefix_aware+res16", "prefix_aware+own+res65", "prefix_aware+own+res8+res16", "distca+time",
+                    "local+time", "prefix_aware+time+time"):
         assert f"{configs!r} is not" in _refused(t, capsys, ["--configs", configs]), configs
 
 

@@ -276,18 +276,15 @@ def shutdown():
 atexit.register(shutdown)
 
 
-def exchange_times(device=None):
-    """The CUDA data path's exchanges as the GPU ran them, summed since the device's CAD stack was made (None
-    without one): {"exchanges", "comm_ms" (the collectives on CAD's communication stream), "stall_ms" (how long
-    the calling streams waited for them, from their data being ready), "pending" (enqueued, not finished: not
-    counted yet), "untimed"}, summed over the device's lanes. Reads only what completed: never waits for the
-    GPU (synchronise first to count everything). Take differences between two calls for a step's share."""
+def _gpu_times(key, device):
+    """A get_stats_json section that sums over lanes (`key`: gpu_exchange, gpu_calls), summed over the device's
+    CAD stacks; None without one or where none has that section."""
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     device = _key(device)
     with _lock:
         hosts = [h for (d, _), h in sorted(_runtimes.items(), key=lambda kv: kv[0][1]) if d == device and not h.closed]
-    times = [t for t in (h.stats().get("gpu_exchange") for h in hosts) if t is not None]
+    times = [t for t in (h.stats().get(key) for h in hosts) if t is not None]
     if not times:
         return None
     total = dict(times[0])
@@ -296,6 +293,25 @@ def exchange_times(device=None):
             if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(total.get(k), (int, float)):
                 total[k] = total[k] + v
     return total
+
+
+def exchange_times(device=None):
+    """The CUDA data path's exchanges as the GPU ran them, summed since the device's CAD stack was made (None
+    without one): {"exchanges", "comm_ms" (the collectives on CAD's communication stream), "stall_ms" (how long
+    the calling streams waited for them, from their data being ready), "pending" (enqueued, not finished: not
+    counted yet), "untimed"}, summed over the device's lanes. Reads only what completed: never waits for the
+    GPU (synchronise first to count everything). Take differences between two calls for a step's share."""
+    return _gpu_times("gpu_exchange", device)
+
+
+def call_times(device=None):
+    """The CUDA data path's calls as the GPU ran them (timing events on the calling stream), summed since the
+    device's CAD stack was made (None without one): {"forwards", "backwards", "forward_ms", "backward_ms" (each
+    call from its first enqueued work to its last: exchanges, packing, compute), "forward_server_ms",
+    "backward_server_ms" (the server backend's compute inside them), "pending", "untimed"}, summed over the
+    device's lanes. The ranks' server times show the balance the GPUs got, against the plan's prediction. Like
+    exchange_times: never waits for the GPU; take differences between two calls."""
+    return _gpu_times("gpu_calls", device)
 
 
 # ---- attention time, as trainers report it -----------------------------------------------------------
