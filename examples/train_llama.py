@@ -775,8 +775,6 @@ def configurations(args):
             run.cad_forward_walk = "dynamic"
         if "time" in modes:  # prefix_aware balances predicted time (--balance-time)
             run.balance_time = True
-        if "packed" in modes:  # a call's tensors move in one collective per direction (--cad-packed-exchange)
-            run.cad_packed_exchange = True
         numbered = numbered_modes(modes)
         ctas, reserve, tolerance, groups = numbered["ctas"], numbered["res"], numbered["tol"], numbered["hg"]
         if groups:  # +hg2: the server batch's heads in 2 pipelined groups (--cad-head-groups)
@@ -790,8 +788,7 @@ def configurations(args):
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
             ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
             ("_ncclblocking" if "blocking" in modes else "") + ("_own" if "own" in modes else "") + \
-            ("_dyn" if "dyn" in modes else "") + ("_time" if "time" in modes else "") + \
-            ("_packed" if "packed" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas + groups)
+            ("_dyn" if "dyn" in modes else "") + ("_time" if "time" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas + groups)
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -887,7 +884,6 @@ def summary_of(args, world, device):
             "cad_nccl_max_ctas": args.cad_nccl_max_ctas, "cad_nccl_blocking": args.cad_nccl_blocking,
             "cad_own_tasks": args.cad_own_tasks, "cad_own_reserve_sms": args.cad_own_reserve_sms,
             "cad_forward_walk": args.cad_forward_walk, "cad_head_groups": args.cad_head_groups,
-            "cad_packed_exchange": args.cad_packed_exchange,
             "balancer_tolerance": args.balancer_tolerance,
             "balancer_rate_table": args.balancer_rate_table if args.balance_time else None,
             "balancer_min_time_gain": args.balancer_min_time_gain if args.balance_time else None,
@@ -921,7 +917,7 @@ def train_one(args, rank, world, device, lengths):
              comm_stream_priority=args.cad_comm_priority, nccl_max_ctas=args.cad_nccl_max_ctas,
              nccl_blocking_comm=args.cad_nccl_blocking, own_tasks_in_place=args.cad_own_tasks == "on",
              own_tasks_reserve_sms=args.cad_own_reserve_sms, forward_walk=args.cad_forward_walk,
-             head_groups=args.cad_head_groups, packed_exchange=args.cad_packed_exchange,
+             head_groups=args.cad_head_groups,
              balancer_config=balancer_config(args))
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
@@ -1315,9 +1311,6 @@ def parse_args(argv=None):
                    help="on GPUs over NCCL, each CAD call's heads in this many pipelined groups (cad.init's "
                         "head_groups; a divisor of --heads and --kv-heads): the server computes one group while the "
                         "next one's rows arrive and the last one's results leave; 1 (default): unsplit")
-    p.add_argument("--cad-packed-exchange", action="store_true",
-                   help="on GPUs, each CAD call moves its tensors in one collective per direction, packed per peer "
-                        "(cad.init's packed_exchange): fewer, larger collectives for a copy of every moved row")
     p.add_argument("--ping-pong-lanes", type=int, choices=[1, 2], default=2,
                    help="with --ping-pong: 2 (default) runs each nano-batch's plans on its own CAD lane (its own "
                         "communicator and communication stream: cad.plan's lane), 1 runs both on one, where "
@@ -1332,20 +1325,18 @@ def parse_args(argv=None):
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
                         "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
                         "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+own' (--cad-own-tasks on), '+resN' "
-                        "(--cad-own-reserve-sms N), '+dyn' (--cad-forward-walk dynamic), '+time' (--balance-time), '+packed' "
-                        "(--cad-packed-exchange), '+ctasN' "
+                        "(--cad-own-reserve-sms N), '+dyn' (--cad-forward-walk dynamic), '+time' (--balance-time), '+ctasN' "
                         "(--cad-nccl-max-ctas N), '+hgN' (--cad-head-groups N) and/or '+tolT' (--balancer-tolerance "
                         "T), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
                         "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
                         "'_ncclblocking' with +blocking, + '_own' with +own, + '_dyn' with +dyn, + '_time' with +time, "
-                        "+ '_packed' with +packed, "
                         "+ '_tolT' with +tolT, "
                         "+ '_resN' with +resN, + '_ctasN' with +ctasN, + '_hgN' with +hgN. Overrides --attention, "
                         "--balancer, --ping-pong, --plan-ahead, --cad-nccl-blocking, --cad-own-tasks, "
                         "--cad-own-reserve-sms, --cad-forward-walk, --cad-nccl-max-ctas, --cad-head-groups, "
-                        "--balancer-tolerance, --balance-time, --cad-packed-exchange")
+                        "--balancer-tolerance, --balance-time")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -1419,7 +1410,7 @@ def parse_args(argv=None):
             splits = {"pp", "pp1", "ppauto"} & set(modes)
             numbered = numbered_modes(modes)
             tolerances, reserves, ctas, groups = numbered["tol"], numbered["res"], numbered["ctas"], numbered["hg"]
-            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own", "dyn", "time", "packed")
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own", "dyn", "time")
                                     and m not in tolerances + reserves + ctas + groups for m in modes)
                     or len(groups) > 1 or (groups and not 1 <= int(groups[0][2:]) <= 64)
                     or (groups and (args.heads % int(groups[0][2:]) or args.kv_heads % int(groups[0][2:])))
@@ -1429,8 +1420,7 @@ def parse_args(argv=None):
                     or len(ctas) > 1 or (ctas and int(ctas[0][4:]) > 64)
                     or (base in ("local", "torch_varlen", "local_balanced") and ("dyn" in modes or ctas))
                     or len(set(modes)) != len(modes) or len(splits) > 1 or (base == "local_balanced" and modes)
-                    or (base in ("local", "torch_varlen") and ("blocking" in modes or "own" in modes
-                                                              or "packed" in modes))
+                    or (base in ("local", "torch_varlen") and ("blocking" in modes or "own" in modes))
                     or ("time" in modes and base != "prefix_aware")
                     or (tolerances and (base not in ("distca", "prefix_aware") or len(tolerances) > 1
                                         or float(tolerances[0][3:]) > 10)))
@@ -1438,7 +1428,7 @@ def parse_args(argv=None):
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'local_balanced', 'torch_varlen' or a balancer name, "
                     f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now', and/or (a balancer) "
-                    f"'+blocking', '+own' (with it '+resN', N <= 64), '+dyn', '+packed', '+ctasN' (N <= 64), '+hgN' (N "
+                    f"'+blocking', '+own' (with it '+resN', N <= 64), '+dyn', '+ctasN' (N <= 64), '+hgN' (N "
                     f"dividing --heads and --kv-heads), and/or (distca, "
                     f"prefix_aware) one '+tolT' with T in [0, 10], and/or (prefix_aware) '+time' (local_balanced: "
                     f"none)")

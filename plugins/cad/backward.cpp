@@ -158,7 +158,6 @@ void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args)
 
   LocalCall local;
   local.head_groups = ctx.config.head_groups;
-  local.packed_exchange = ctx.config.packed_exchange ? 1 : 0;
   local.ticket.call = ++ctx.calls;
   local.ticket.kind = kBackward;
   try {

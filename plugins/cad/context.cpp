@@ -88,7 +88,6 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
       reader.get_choice("comm_stream_priority", "highest", {"highest", "normal"}) == "highest";
   config.own_tasks_in_place = reader.get_bool("own_tasks_in_place", false);
   config.head_groups = static_cast<int32_t>(reader.get_int("head_groups", 1, 1, 64));
-  config.packed_exchange = reader.get_bool("packed_exchange", false);
   config.knobs.min_shard_tokens = reader.get_int("min_shard_tokens", 0, 0, std::numeric_limits<int32_t>::max());
   config.knobs.memory_cap_bytes = reader.get_int("memory_cap_bytes", 0, 0, std::numeric_limits<int64_t>::max());
   reader.finish(logger);
@@ -170,8 +169,7 @@ CadContext::CadContext(const cad_host_services_v1_t* services, const char* confi
              config.head_groups == 1 ? ""
              : accepts.device_type == CAD_DEVICE_CUDA && !host_staged
                  ? format(", %d head groups", config.head_groups).c_str()
-                 : ", head_groups ignored (only the NCCL data path pipelines head groups)") +
-      std::string(config.packed_exchange && accepts.device_type == CAD_DEVICE_CUDA ? ", packed exchanges" : "");
+                 : ", head_groups ignored (only the NCCL data path pipelines head groups)");
   logger.log(comm->rank() == 0 ? CAD_LOG_INFO : CAD_LOG_DEBUG, summary);
 }
 

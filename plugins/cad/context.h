@@ -38,11 +38,6 @@ struct Config {
   // computes group g while group g+1's rows arrive and group g-1's results leave (device_path.h). 1: one exchange
   // per tensor, unsplit. Must divide Hq and Hkv; every rank must give the same number (agreed at each plan).
   int32_t head_groups = 1;
-  // The CUDA data path moves each call's tensors packed into one collective per direction (the pipeline of
-  // head_groups with one group: Q, K and V in together; O and LSE back together) instead of one collective per
-  // tensor: fewer, larger collectives for a copy of every moved row into and out of the wire buffers. Implied by
-  // head_groups > 1 and by own_tasks_in_place; every rank must give the same (agreed at each plan).
-  bool packed_exchange = false;
   PlanKnobs knobs;                   // min_shard_tokens, memory_cap_bytes for the balancer's cost model
 };
 

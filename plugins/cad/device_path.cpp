@@ -319,9 +319,8 @@ struct DevicePlan {
   // after group, [G][rows][H/G][D] (its LSE [G][H/G][rows], i.e. [H][rows] as ungrouped).
   int32_t head_groups = 1;
   // The calls run pipeline_head_groups (one collective per direction and group, packed per peer): with head
-  // groups, with packed_exchange, or (with one group) where some rank runs tasks in place -- its own tasks then
-  // compute while the inbound collective is in flight. The same on every rank, since the layout and the config are
-  // (agreed at the plan).
+  // groups, or (with one group) where some rank runs tasks in place -- its own tasks then compute while the
+  // inbound collective is in flight. The same on every rank, since the layout and head_groups are.
   bool pipelined = false;
   bool bf16 = false;  // the calls' dtype (else fp32): the dK/dV sums' element
   // The tables are uploaded in the order of the plan's stream through the runtime's pinned staging, without
@@ -511,7 +510,7 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, int32_t head_gro
   // Where this rank runs tasks in place, their partial dK/dV are in its tensors before the servers' come back:
   // every returning row is added to them.
   plan->own_in_place = !layout.own[static_cast<size_t>(me)].segments.empty();
-  plan->pipelined = head_groups > 1 || ctx.config.packed_exchange;
+  plan->pipelined = head_groups > 1;
   for (const ServerBatch& own : layout.own) plan->pipelined = plan->pipelined || !own.segments.empty();
   const WireTable owner_kv = build_wire_table(layout, me, true, false, step.shape.tokens, plan->own_in_place);
   plan->tables[OwnerKv] = append_table(owner_kv, to_wire, from_wire, plan->owner_kv_rows);

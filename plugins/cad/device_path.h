@@ -10,8 +10,8 @@
 // moves as wire rows [T, Hq] through a strided copy. Partial dK/dV coming back to a key/value owner: a row
 // read by one server is moved; a row read by several is summed in fp32 over them in rank order, in one
 // pass (bitwise reproducible).
-// Pipelined calls (with head_groups G > 1, or in one group with packed_exchange or where some rank runs tasks in
-// place; all off by default, context.h) move each direction's tensors in ONE collective per head group instead, packed per peer
+// Pipelined calls (with head_groups G > 1, or in one group where some rank runs tasks in place; both off by
+// default, context.h) move each direction's tensors in ONE collective per head group instead, packed per peer
 // (copy_row_slices: a group is a head slice of every moved row): the server batch is laid out group after group
 // ([G][rows][H/G][D]); every group's inbound collective is enqueued at once, then the tasks run in place (on the
 // owner's own tensors, while the rows are in flight); the server computes group g once its collective is joined,

@@ -85,7 +85,6 @@ cad_status_t cad_make_plan(void* ctx, const cad_attention_plan_args_v1_t* args, 
     if (!concurrent) state.lock();
     cad::cad_plugin::LocalCall local;
     local.head_groups = c.config.head_groups;
-    local.packed_exchange = c.config.packed_exchange ? 1 : 0;
     try {
       if (out_plan == nullptr) plugin::fail(CAD_STATUS_INVALID_ARGUMENT, "make_plan: out_plan is NULL");
       local.shape = cad::cad_plugin::check_plan_args(args, c.accepts);

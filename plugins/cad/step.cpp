@@ -28,7 +28,6 @@ struct RankHeader {
   float softmax_scale;
   int64_t window_left;
   int32_t head_groups;
-  int32_t packed_exchange;
   CallTicket ticket;
   char message[240];
 };
@@ -59,11 +58,6 @@ void check_same_shape(const RankHeader& h0, const RankHeader& h, size_t rank) {
   if (h.head_groups != h0.head_groups) {  // the exchanges of a grouped call differ in number and size
     fail(CAD_STATUS_INVALID_CONFIG, format("ranks disagree on the plugin's head_groups: rank 0 has %d, rank %zu has %d",
                                            h0.head_groups, rank, h.head_groups));
-  }
-  if (h.packed_exchange != h0.packed_exchange) {  // packed calls move their tensors in fewer, larger collectives
-    fail(CAD_STATUS_INVALID_CONFIG,
-         format("ranks disagree on the plugin's packed_exchange: rank 0 has %s, rank %zu has %s",
-                h0.packed_exchange ? "true" : "false", rank, h.packed_exchange ? "true" : "false"));
   }
   if (std::memcmp(&h.softmax_scale, &h0.softmax_scale, sizeof(float)) != 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("ranks disagree on softmax_scale: rank 0 has %.9g, rank %zu has %.9g",
@@ -144,7 +138,6 @@ AgreedCall agree_on_call(Comm& comm, const LocalCall& local, const char* what) {
   mine.matches_last_forward = local.matches_last_forward ? 1 : 0;
   mine.ticket = local.ticket;
   mine.head_groups = local.head_groups;
-  mine.packed_exchange = local.packed_exchange;
   if (local.status == CAD_STATUS_OK) {
     mine.num_pieces = local.num_pieces;
     mine.tokens = local.shape.tokens;

@@ -25,7 +25,6 @@ struct LocalCall {
   bool matches_last_forward = false;    // backward: same pieces and shape as the last forward
   CallTicket ticket;                    // compared across ranks wherever the call agrees on the host
   int32_t head_groups = 0;              // this rank's config (context.h), where the call may plan; else 0
-  int32_t packed_exchange = 0;          // this rank's config (context.h): 1 = packed_exchange
 };
 
 // The agreed view of a call.

@@ -71,7 +71,6 @@ inline std::string stack_config() {
   add_cad("cad_capped", balancers().back(), {{"memory_cap_bytes", 1}});
   // The last rank configures another head_groups than the others (each rank builds its own config).
   add_cad("cad_head_groups_differ", balancers().front(), {{"head_groups", g_rank == g_world - 1 ? 2 : 1}});
-  add_cad("cad_packed_differs", balancers().front(), {{"packed_exchange", g_rank == g_world - 1}});
   return nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
 }
 

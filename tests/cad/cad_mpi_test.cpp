@@ -492,13 +492,6 @@ TEST(CadMpi, CreateNamesTheMissingInstanceOrBadKey) {
   }
   {
     nlohmann::json c = good;
-    c["packed_exchange"] = 1;  // a bool
-    const auto [status, message] = create_stack(c);
-    EXPECT_EQ(status, CAD_STATUS_INVALID_CONFIG) << message;
-    EXPECT_NE(message.find("key 'packed_exchange'"), std::string::npos) << message;
-  }
-  {
-    nlohmann::json c = good;
     c["head_groups"] = 2;  // taken on the CPU data path, where it changes nothing (only NCCL's pipelines groups)
     EXPECT_EQ(create_stack(c).first, CAD_STATUS_OK) << create_stack(c).second;
   }
@@ -514,19 +507,6 @@ TEST(CadMpi, RanksWithDifferentHeadGroupsAreRefused) {
   const std::string message = a.table->last_error(a.ctx);
   const std::string expected = "ranks disagree on the plugin's head_groups: rank 0 has 1, rank " +
                                std::to_string(g_world - 1) + " has 2";
-  EXPECT_NE(message.find(expected), std::string::npos) << message;
-  EXPECT_TRUE(same_on_every_rank(message)) << "rank " << g_rank << " got '" << message << "'";
-}
-
-// Packed calls move their tensors in other collectives than per-tensor ones: refused at the plan on every rank too.
-TEST(CadMpi, RanksWithDifferentPackedExchangeAreRefused) {
-  if (g_world < 2) GTEST_SKIP() << "needs 2 ranks or more";
-  const Attention a = cad_instance_named("cad_packed_differs");
-  LocalCall call(cad_test::make_batch(spec_for(14)), true);
-  EXPECT_EQ(call.forward(a), CAD_STATUS_INVALID_CONFIG);
-  const std::string message = a.table->last_error(a.ctx);
-  const std::string expected = "ranks disagree on the plugin's packed_exchange: rank 0 has false, rank " +
-                               std::to_string(g_world - 1) + " has true";
   EXPECT_NE(message.find(expected), std::string::npos) << message;
   EXPECT_TRUE(same_on_every_rank(message)) << "rank " << g_rank << " got '" << message << "'";
 }

@@ -100,13 +100,6 @@ std::string stack_config() {
         if (keep) config["own_server_backend"] = "server_own";
         instances.push_back({{"name", cad_name(b, keep, groups)}, {"plugin", "cad"}, {"config", config}});
       }
-      // Packed exchanges (one collective per direction, one group) without tasks in place: the resend instance.
-      if (!keep) {
-        instances.push_back({{"name", cad_name(b, false) + "_packed"},
-                             {"plugin", "cad"},
-                             {"config", {{"communicator", "comm"}, {"balancer", "bal_" + b}, {"server_backend", "server"},
-                                         {"keep_forward_tensors", false}, {"packed_exchange", true}}}});
-      }
     }
   }
   return nlohmann::json{{"log_level", "warn"}, {"instances", instances}}.dump();
@@ -481,32 +474,6 @@ TEST(CadGpu, CallTimesCountEveryCall) {
       }
       api.table->release_plan(api.ctx, plan);
     }
-  }
-}
-
-// Packed exchanges move the same rows in other collectives: O and LSE bit for bit the per-tensor call's (the same
-// server batch, the same kernel), the gradients within the backward's tile-order rounding, and all against the
-// oracle as the other tests.
-TEST(CadGpu, PackedExchangesGiveThePerTensorResults) {
-  for (const std::string& balancer : balancers()) {
-    SCOPED_TRACE(balancer);
-    const GlobalBatch b = rounded(cad_test::make_batch(spec(690, 128)));
-    std::vector<Results> runs;
-    for (const std::string& name : {cad_name(balancer, false), cad_name(balancer, false) + "_packed"}) {
-      const Api api = instance(name);
-      Call call(b, true);
-      ASSERT_EQ(call.forward(api), CAD_STATUS_OK) << api.error();
-      ASSERT_EQ(call.backward(api), CAD_STATUS_OK) << api.error();
-      runs.push_back(call.results());
-    }
-    EXPECT_EQ(runs[0].o, runs[1].o);
-    EXPECT_EQ(runs[0].lse, runs[1].lse);
-    for (const auto& [name, got, want] : {std::tuple{"dQ", &runs[1].d_q, &runs[0].d_q},
-                                          std::tuple{"dK", &runs[1].d_k, &runs[0].d_k},
-                                          std::tuple{"dV", &runs[1].d_v, &runs[0].d_v}}) {
-      EXPECT_LE(cad_test::relative_error(*got, *want), 1.0 / 128) << "rank " << g_rank << " " << name;
-    }
-    expect_close(runs[1], oracle(b, true, 1.0f / std::sqrt(128.0f)), "the oracle");
   }
 }
 

@@ -248,13 +248,6 @@ def test_init_passes_the_communication_knobs_to_the_stack(fresh_stacks):
     for bad in (0, 65, 2.0, True):
         with pytest.raises(cad.CadError, match=r"head_groups must be an int in \[1, 64\]"):
             cad.init(head_groups=bad)
-    # Packed exchanges: the plugin's packed_exchange, given only where asked for.
-    packed = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
-                                                            packed_exchange=True))
-    assert {i["name"]: i for i in packed["instances"]}["cad"]["config"]["packed_exchange"] is True
-    assert "packed_exchange" not in default["cad"]["config"]
-    with pytest.raises(cad.CadError, match="packed_exchange must be True or False"):
-        cad.init(packed_exchange=1)
 
 
 def test_init_passes_the_balancers_config_to_the_stack(fresh_stacks, capfd):

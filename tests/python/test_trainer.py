@@ -201,10 +201,6 @@ def test_balanced_batches_keep_tokens_and_give_every_rank_the_mean_work():
     args = t.parse_args(["--configs", "prefix_aware+time", "--balancer-min-time-gain", "0"])
     assert t.balancer_config(dict(t.configurations(args))["prefix_aware_time"]) == {"rate_table": table,
                                                                                    "min_time_gain": 0.0}
-    # +packed: CAD's calls move their tensors in one collective per direction
-    args = t.parse_args(["--configs", "prefix_aware,distca+packed", "--json-out", "x_{config}.json"])
-    runs = dict(t.configurations(args))
-    assert runs["distca_packed"].cad_packed_exchange and not runs["prefix_aware"].cad_packed_exchange
     # +own (and with it +resN): the tasks on a rank's own documents run in place, its forward leaving N SMs
     args = t.parse_args(["--configs", "prefix_aware,prefix_aware+own,prefix_aware+own+res32", "--json-out", "x_{config}.json"])
     runs = dict(t.configurations(args))
@@ -613,7 +609,7 @@ def test_bad_options_are_refused(capsys):
                     "prefix_aware+blocking+blocking", "local+tol0.01", "per_doc_cp+tol0.01", "prefix_aware+tol",
                     "prefix_aware+tol11", "prefix_aware+tol0.1+tol0.2", "prefix_aware+tolx", "local+own",
                     "prefix_aware+res16", "prefix_aware+own+res65", "prefix_aware+own+res8+res16", "distca+time",
-                    "local+time", "prefix_aware+time+time", "local+packed"):
+                    "local+time", "prefix_aware+time+time"):
         assert f"{configs!r} is not" in _refused(t, capsys, ["--configs", configs]), configs
 
 

@@ -44,7 +44,6 @@ _settings = {
     "own_tasks_reserve_sms": 16,  # on GPUs: SMs their forward kernel leaves to the collective beside it
     "forward_walk": "static",     # on GPUs: the server's forward kernel's walk ("static" or "dynamic")
     "head_groups": 1,             # on GPUs: the server batch's heads run and move in this many pipelined groups
-    "packed_exchange": False,     # on GPUs: a call's tensors move in one collective per direction, packed
 }
 _DEFAULTS = dict(_settings)  # what cad.shutdown() goes back to
 _runtimes = {}  # (device, lane) -> Host
@@ -56,7 +55,7 @@ _lock = threading.Lock()
 def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
          timeout_ms=60000, group=None, log_level="warn", comm_stream_priority="highest", nccl_max_ctas=0,
          nccl_blocking_comm=False, balancer_config=None, own_tasks_in_place=False, own_tasks_reserve_sms=16,
-         forward_walk="static", head_groups=1, packed_exchange=False):
+         forward_walk="static", head_groups=1):
     """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
 
     config: a full stack config (dict, JSON file path) whose "attention" names the CAD instance; the other
@@ -90,9 +89,6 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     and key/value heads): the server computes group g while group g + 1's rows arrive and group g - 1's results
     leave, so that only the first group's inbound and the last group's outbound exchange are left exposed
     (the plugin's head_groups, plugins/cad/README.md); 1 (default): one exchange per tensor, unsplit.
-    packed_exchange: on GPUs, each call moves its tensors in one collective per direction, packed per peer (Q, K, V
-    in together; O and LSE back together), instead of one per tensor: fewer, larger collectives for a copy of every
-    moved row (the plugin's packed_exchange). False (default).
     """
     if keep_forward_tensors not in (True, False, "auto"):
         raise CadError(f"cad.init: keep_forward_tensors must be True, False or 'auto', got {keep_forward_tensors!r}")
@@ -109,8 +105,6 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
         raise CadError(f"cad.init: forward_walk must be 'static' or 'dynamic', got {forward_walk!r}")
     if isinstance(head_groups, bool) or not isinstance(head_groups, int) or not 1 <= head_groups <= 64:
         raise CadError(f"cad.init: head_groups must be an int in [1, 64] dividing the model's heads, got {head_groups!r}")
-    if not isinstance(packed_exchange, bool):
-        raise CadError(f"cad.init: packed_exchange must be True or False, got {packed_exchange!r}")
     if balancer_config is not None and (not isinstance(balancer_config, dict) or
                                         not all(isinstance(k, str) for k in balancer_config)):
         raise CadError(f"cad.init: balancer_config must be a dict of the balancer's config keys (e.g. "
@@ -125,7 +119,7 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
                          comm_stream_priority=comm_stream_priority, nccl_max_ctas=nccl_max_ctas,
                          nccl_blocking_comm=bool(nccl_blocking_comm), own_tasks_in_place=own_tasks_in_place,
                          own_tasks_reserve_sms=own_tasks_reserve_sms, forward_walk=forward_walk,
-                         head_groups=head_groups, packed_exchange=packed_exchange)
+                         head_groups=head_groups)
         for runtime in _runtimes.values():
             runtime.close()
         _runtimes.clear()
@@ -163,8 +157,6 @@ def stack_config(device, settings=None):
                   "own_tasks_in_place": bool(s.get("own_tasks_in_place", False))}
     if int(s.get("head_groups", 1)) != 1:  # the plugin's default otherwise
         cad_config["head_groups"] = int(s["head_groups"])
-    if s.get("packed_exchange"):
-        cad_config["packed_exchange"] = True
     if comm != "mpi":
         # Plans made ahead (cad.plan(ahead=True)) gather over torch.distributed's gloo on a thread of their own:
         # a communicator instance of their own, never the data path's.
