@@ -769,6 +769,8 @@ def configurations(args):
             run.plan_ahead = "off"
         if "blocking" in modes:  # CAD's exchanges launched on the calling thread (--cad-nccl-blocking)
             run.cad_nccl_blocking = True
+        if "ce" in modes:  # CAD's all-to-alls by the copy engines (--cad-nccl-copy-engines)
+            run.cad_nccl_copy_engines = True
         if "own" in modes:  # a rank runs the tasks on documents it holds whole in place (--cad-own-tasks on)
             run.cad_own_tasks = "on"
         if "dyn" in modes:  # the server's forward walks its units dynamically (--cad-forward-walk dynamic)
@@ -788,7 +790,8 @@ def configurations(args):
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
             ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
             ("_ncclblocking" if "blocking" in modes else "") + ("_own" if "own" in modes else "") + \
-            ("_dyn" if "dyn" in modes else "") + ("_time" if "time" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas + groups)
+            ("_dyn" if "dyn" in modes else "") + ("_time" if "time" in modes else "") + \
+            ("_ce" if "ce" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas + groups)
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -882,6 +885,7 @@ def summary_of(args, world, device):
             "ping_pong_lanes": args.ping_pong_lanes if args.ping_pong else None,
             "balanced_batches": args.balanced_batches, "cad_comm_priority": args.cad_comm_priority,
             "cad_nccl_max_ctas": args.cad_nccl_max_ctas, "cad_nccl_blocking": args.cad_nccl_blocking,
+            "cad_nccl_copy_engines": args.cad_nccl_copy_engines,
             "cad_own_tasks": args.cad_own_tasks, "cad_own_reserve_sms": args.cad_own_reserve_sms,
             "cad_forward_walk": args.cad_forward_walk, "cad_head_groups": args.cad_head_groups,
             "balancer_tolerance": args.balancer_tolerance,
@@ -915,7 +919,8 @@ def train_one(args, rank, world, device, lengths):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms,
              comm_stream_priority=args.cad_comm_priority, nccl_max_ctas=args.cad_nccl_max_ctas,
-             nccl_blocking_comm=args.cad_nccl_blocking, own_tasks_in_place=args.cad_own_tasks == "on",
+             nccl_blocking_comm=args.cad_nccl_blocking, nccl_copy_engines=args.cad_nccl_copy_engines,
+             own_tasks_in_place=args.cad_own_tasks == "on",
              own_tasks_reserve_sms=args.cad_own_reserve_sms, forward_walk=args.cad_forward_walk,
              head_groups=args.cad_head_groups,
              balancer_config=balancer_config(args))
@@ -1297,6 +1302,9 @@ def parse_args(argv=None):
     p.add_argument("--cad-nccl-blocking", action="store_true",
                    help="CAD's NCCL communicator blocking (cad.init's nccl_blocking_comm): exchanges launch on the "
                         "calling thread instead of NCCL's job thread")
+    p.add_argument("--cad-nccl-copy-engines", action="store_true",
+                   help="CAD's all-to-alls through the GPUs' copy engines and CUDA IPC (cad.init's nccl_copy_engines; "
+                        "every rank on one host): no SM, so they can run beside the attention kernels")
     p.add_argument("--cad-own-tasks", choices=["on", "off"], default="off",
                    help="on: a rank runs the tasks on documents it holds whole in place on its own tensors while one "
                         "collective moves the other rows (cad.init's own_tasks_in_place; measured no faster, "
@@ -1325,18 +1333,20 @@ def parse_args(argv=None):
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
                         "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
                         "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+own' (--cad-own-tasks on), '+resN' "
-                        "(--cad-own-reserve-sms N), '+dyn' (--cad-forward-walk dynamic), '+time' (--balance-time), '+ctasN' "
+                        "(--cad-own-reserve-sms N), '+dyn' (--cad-forward-walk dynamic), '+time' (--balance-time), '+ce' "
+                        "(--cad-nccl-copy-engines), '+ctasN' "
                         "(--cad-nccl-max-ctas N), '+hgN' (--cad-head-groups N) and/or '+tolT' (--balancer-tolerance "
                         "T), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
                         "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
                         "'_ncclblocking' with +blocking, + '_own' with +own, + '_dyn' with +dyn, + '_time' with +time, "
+                        "+ '_ce' with +ce, "
                         "+ '_tolT' with +tolT, "
                         "+ '_resN' with +resN, + '_ctasN' with +ctasN, + '_hgN' with +hgN. Overrides --attention, "
                         "--balancer, --ping-pong, --plan-ahead, --cad-nccl-blocking, --cad-own-tasks, "
                         "--cad-own-reserve-sms, --cad-forward-walk, --cad-nccl-max-ctas, --cad-head-groups, "
-                        "--balancer-tolerance, --balance-time")
+                        "--balancer-tolerance, --balance-time, --cad-nccl-copy-engines")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
                    help="CAD's plans: on (default): a micro-batch's plans are asked for when the micro-batch before "
                         "it starts (the next step's first during this step's last) and made on CAD's planning "
@@ -1410,7 +1420,7 @@ def parse_args(argv=None):
             splits = {"pp", "pp1", "ppauto"} & set(modes)
             numbered = numbered_modes(modes)
             tolerances, reserves, ctas, groups = numbered["tol"], numbered["res"], numbered["ctas"], numbered["hg"]
-            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own", "dyn", "time")
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own", "dyn", "time", "ce")
                                     and m not in tolerances + reserves + ctas + groups for m in modes)
                     or len(groups) > 1 or (groups and not 1 <= int(groups[0][2:]) <= 64)
                     or (groups and (args.heads % int(groups[0][2:]) or args.kv_heads % int(groups[0][2:])))
@@ -1420,7 +1430,8 @@ def parse_args(argv=None):
                     or len(ctas) > 1 or (ctas and int(ctas[0][4:]) > 64)
                     or (base in ("local", "torch_varlen", "local_balanced") and ("dyn" in modes or ctas))
                     or len(set(modes)) != len(modes) or len(splits) > 1 or (base == "local_balanced" and modes)
-                    or (base in ("local", "torch_varlen") and ("blocking" in modes or "own" in modes))
+                    or (base in ("local", "torch_varlen", "local_balanced") and ("blocking" in modes or "own" in modes
+                                                                                 or "ce" in modes))
                     or ("time" in modes and base != "prefix_aware")
                     or (tolerances and (base not in ("distca", "prefix_aware") or len(tolerances) > 1
                                         or float(tolerances[0][3:]) > 10)))
@@ -1428,7 +1439,7 @@ def parse_args(argv=None):
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'local_balanced', 'torch_varlen' or a balancer name, "
                     f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now', and/or (a balancer) "
-                    f"'+blocking', '+own' (with it '+resN', N <= 64), '+dyn', '+ctasN' (N <= 64), '+hgN' (N "
+                    f"'+blocking', '+own' (with it '+resN', N <= 64), '+dyn', '+ce', '+ctasN' (N <= 64), '+hgN' (N "
                     f"dividing --heads and --kv-heads), and/or (distca, "
                     f"prefix_aware) one '+tolT' with T in [0, 10], and/or (prefix_aware) '+time' (local_balanced: "
                     f"none)")

@@ -18,6 +18,8 @@ NcclConfig read_config(const char* config_json, const plugin::Logger& logger) {
   config.blocking_comm = reader.get_bool("blocking_comm", config.blocking_comm);
   config.connect_peers = reader.get_bool("connect_peers", config.connect_peers);
   config.max_ctas = static_cast<int>(reader.get_int("max_ctas", config.max_ctas, 0, 64));
+  config.copy_engines = reader.get_bool("copy_engines", config.copy_engines);
+  config.copy_engine_slot_mib = reader.get_int("copy_engine_slot_mib", config.copy_engine_slot_mib, 1, 4096);
   reader.finish(logger);
   return config;
 }

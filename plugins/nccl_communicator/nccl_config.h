@@ -29,6 +29,11 @@ struct NcclConfig {
   // 0: NCCL's default. An all-to-all that runs beside compute (CAD's ping-pong) and waits for a late peer spins
   // on its SMs for that long, taking them from the compute it was meant to hide under; fewer CTAs bound that.
   int max_ctas = 0;
+  // all_to_all_v through the GPUs' copy engines and CUDA IPC instead of NCCL's kernels (nccl_copy_engine.h): for
+  // ranks on one host whose GPUs reach each other; no SM is used, so an exchange runs beside a persistent kernel.
+  // Each rank holds 2 * world slots of copy_engine_slot_mib MiB. Off by default.
+  bool copy_engines = false;
+  int64_t copy_engine_slot_mib = 64;
 };
 
 NcclConfig read_config(const char* config_json, const plugin::Logger& logger);

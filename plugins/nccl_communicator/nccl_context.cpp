@@ -38,17 +38,27 @@ NcclContext::NcclContext(const cad_host_services_v1_t* services, const char* con
     comm_ = std::make_unique<GuardedComm>(device_, rank_, world_size_, boot.id, config_.timeout_ms,
                                           config_.blocking_comm, config_.max_ctas, logger_);
     if (config_.connect_peers) connect_peers(*this);
+    if (config_.copy_engines && world_size_ > 1) {
+      copy_engine_ = std::make_unique<CopyEngineExchange>(*this, static_cast<uint64_t>(config_.copy_engine_slot_mib) << 20);
+      CopyEngineExchange* exchange = copy_engine_.get();
+      comm_->set_on_abort([exchange] { exchange->release(); });
+    }
   } catch (...) {
+    if (comm_) comm_->set_on_abort(nullptr);
+    copy_engine_.reset();
     comm_.reset();
     cudaFree(barrier_word_);
     cudaFree(count_table_);
     throw;
   }
-  logger_.debug(format("rank %d of %d on CUDA device %d (bootstrap: %s%s)", rank_, world_size_, device_,
-                       boot.method.c_str(), config_.connect_peers ? ", every peer connected" : ""));
+  logger_.debug(format("rank %d of %d on CUDA device %d (bootstrap: %s%s%s)", rank_, world_size_, device_,
+                       boot.method.c_str(), config_.connect_peers ? ", every peer connected" : "",
+                       copy_engine_ ? ", all_to_all_v by the copy engines" : ""));
 }
 
 NcclContext::~NcclContext() {
+  if (comm_) comm_->set_on_abort(nullptr);
+  copy_engine_.reset();  // releases its waits first: a peer that is gone cannot hang it
   comm_.reset();  // joins the watchdog, then finalises or aborts the NCCL communicator
   cudaFree(barrier_word_);
   cudaFree(count_table_);

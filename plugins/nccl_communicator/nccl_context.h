@@ -6,6 +6,7 @@
 
 #include "nccl_bootstrap.h"
 #include "nccl_config.h"
+#include "nccl_copy_engine.h"
 #include "nccl_guarded_comm.h"
 
 namespace cad::nccl_comm {
@@ -26,6 +27,8 @@ class NcclContext {
   int32_t* barrier_word() const { return barrier_word_; }
   // Device memory for verify_counts: (world + 1) rows of 2 * world words (NULL unless verify_counts).
   uint64_t* count_table() const { return count_table_; }
+  // The copy-engine exchange (config copy_engines), or NULL.
+  CopyEngineExchange* copy_engine() const { return copy_engine_.get(); }
 
  private:
   plugin::Logger logger_;
@@ -36,6 +39,7 @@ class NcclContext {
   int32_t* barrier_word_ = nullptr;  // device memory, one int, reduced in place by barrier()
   uint64_t* count_table_ = nullptr;
   std::unique_ptr<GuardedComm> comm_;
+  std::unique_ptr<CopyEngineExchange> copy_engine_;  // made after comm_, gone before it
 };
 
 }  // namespace cad::nccl_comm

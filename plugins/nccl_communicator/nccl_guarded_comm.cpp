@@ -77,6 +77,7 @@ void GuardedComm::abort_locked(cad_status_t status, const std::string& reason) {
   if (comm_ != nullptr) {
     ncclCommAbort(comm_);
     comm_ = nullptr;
+    if (on_abort_) on_abort_();
   }
   logger_.log(CAD_LOG_ERROR, reason + "; communicator aborted");
 }
@@ -125,7 +126,21 @@ void GuardedComm::launch(const char* operation, cudaStream_t stream,
     fail(CAD_STATUS_COMMUNICATION, format("%s: enqueue failed: %s", operation, nccl_text(result, comm_).c_str()));
   }
   wait_host_side(operation, deadline);
+  watch_locked(operation, stream, deadline);
+  lock.unlock();
+  wake_.notify_all();
+}
 
+void GuardedComm::watch_enqueued(const char* operation, cudaStream_t stream) {
+  DeviceScope scope(device_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (failure_status_ != CAD_STATUS_OK) fail(failure_status_, failure_ + "; the communicator was aborted");
+  watch_locked(operation, stream, Clock::now() + std::chrono::milliseconds(timeout_ms_));
+  lock.unlock();
+  wake_.notify_all();
+}
+
+void GuardedComm::watch_locked(const char* operation, cudaStream_t stream, Clock::time_point deadline) {
   // Under CUDA-graph capture the operation only becomes a graph node: nothing runs now, and an event
   // recorded into the capture cannot be polled. The watchdog guards the eager calls; a replayed graph's
   // collectives are the graph owner's to wait for.
@@ -149,8 +164,6 @@ void GuardedComm::launch(const char* operation, cudaStream_t stream,
     check_cuda(recorded, std::string(operation) + ": cudaEventRecord on the caller's stream");
   }
   pending_.push_back(Pending{event, operation, deadline});
-  lock.unlock();
-  wake_.notify_all();
 }
 
 void GuardedComm::watch() {

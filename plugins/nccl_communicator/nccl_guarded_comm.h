@@ -45,12 +45,24 @@ class GuardedComm {
   // communicator was aborted, or a new one if the enqueue fails or outlives the deadline.
   void launch(const char* operation, cudaStream_t stream, const std::function<ncclResult_t(ncclComm_t)>& enqueue);
 
+  // Hands work already enqueued on `stream` (an operation that is not NCCL's: the copy-engine exchange) to the
+  // watchdog under the same deadline. Throws the recorded failure if the communicator was aborted.
+  void watch_enqueued(const char* operation, cudaStream_t stream);
+
+  // Called (with the watchdog's lock held, once) when the communicator is aborted: lets work outside NCCL that
+  // waits for peers return (CopyEngineExchange::release). An empty function clears it (before what it calls goes).
+  void set_on_abort(std::function<void()> on_abort) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    on_abort_ = std::move(on_abort);
+  }
+
   // Throws the recorded failure, if any.
   void check_usable();
 
  private:
   void wait_host_side(const char* operation, Clock::time_point deadline);  // with mutex_ held
   void abort_locked(cad_status_t status, const std::string& reason);
+  void watch_locked(const char* operation, cudaStream_t stream, Clock::time_point deadline);
   void watch();
 
   int device_;
@@ -69,6 +81,7 @@ class GuardedComm {
   std::deque<Pending> pending_;
   std::vector<cudaEvent_t> spare_events_;
   bool stop_ = false;
+  std::function<void()> on_abort_;
   std::thread watchdog_;
 };
 

@@ -1,6 +1,7 @@
 // cad_gpu_test.cpp -- CAD on CUDA tensors, on ONE GPU (not run by CI; tests/gpu_cad/run.sh runs it):
 //   mpirun -np N cad_gpu_cad_tests            N processes share the GPU, host-staged over the mpi communicator
 //   mpirun -np 1 cad_gpu_cad_tests --nccl     NCCL with one rank (the graph-capture test needs it)
+//   ... --nccl --copy-engines                  the nccl communicator's all-to-alls by the copy engines (2+ ranks)
 // Every rank builds the same random global batch (documents cut across ranks, odd lengths, empty ranks),
 // runs CAD forward and backward on its own pieces (bf16, GQA, head dims 64 and 128, causal and not, every
 // balancer, keep and re-send modes, with and without a plan), and compares O, LSE, dQ, dK, dV of its tokens
@@ -34,6 +35,7 @@ namespace {
 int g_rank = 0, g_world = 1;
 int g_device = 0;  // rank % visible GPUs: one GPU per rank where there are enough, else shared
 bool g_nccl = false;
+bool g_copy_engines = false;  // --copy-engines: the nccl communicator's config copy_engines
 int64_t g_timeout_ms = 60000;
 std::string g_fault;  // CAD_TEST_FAULT: "skip" (rank 1 skips a forward) or "kill" (rank 1 exits mid-step)
 cad::Host* g_host = nullptr;
@@ -76,7 +78,8 @@ std::string stack_config() {
   nlohmann::json instances = nlohmann::json::array();
   if (g_nccl) {
     instances.push_back({{"name", "comm"}, {"plugin", "nccl"},
-                         {"config", {{"timeout_ms", g_timeout_ms}, {"bootstrap", "mpi"}, {"device", g_device}}}});
+                         {"config", {{"timeout_ms", g_timeout_ms}, {"bootstrap", "mpi"}, {"device", g_device},
+                                     {"copy_engines", g_copy_engines}}}});
   } else {
     instances.push_back({{"name", "comm"}, {"plugin", "mpi"}, {"config", {{"timeout_ms", g_timeout_ms}}}});
   }
@@ -692,6 +695,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   for (int i = 1; i < argc; ++i) g_nccl = g_nccl || std::strcmp(argv[i], "--nccl") == 0;
+  for (int i = 1; i < argc; ++i) g_copy_engines = g_copy_engines || std::strcmp(argv[i], "--copy-engines") == 0;
   ::testing::InitGoogleTest(&argc, argv);
   int devices = 1;
   cudaGetDeviceCount(&devices);

@@ -248,6 +248,13 @@ def test_init_passes_the_communication_knobs_to_the_stack(fresh_stacks):
     for bad in (0, 65, 2.0, True):
         with pytest.raises(cad.CadError, match=r"head_groups must be an int in \[1, 64\]"):
             cad.init(head_groups=bad)
+    # The copy engines: the nccl plugin's copy_engines, given only where asked for.
+    by_copy_engines = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
+                                                                     nccl_copy_engines=True))
+    assert {i["name"]: i for i in by_copy_engines["instances"]}["comm"]["config"]["copy_engines"] is True
+    assert "copy_engines" not in default["comm"]["config"]
+    with pytest.raises(cad.CadError, match="nccl_copy_engines must be True or False"):
+        cad.init(nccl_copy_engines=1)
 
 
 def test_init_passes_the_balancers_config_to_the_stack(fresh_stacks, capfd):

@@ -201,6 +201,11 @@ def test_balanced_batches_keep_tokens_and_give_every_rank_the_mean_work():
     args = t.parse_args(["--configs", "prefix_aware+time", "--balancer-min-time-gain", "0"])
     assert t.balancer_config(dict(t.configurations(args))["prefix_aware_time"]) == {"rate_table": table,
                                                                                    "min_time_gain": 0.0}
+    # +ce: CAD's all-to-alls by the copy engines
+    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+hg2+ce", "--json-out", "x_{config}.json"])
+    runs = dict(t.configurations(args))
+    assert runs["prefix_aware_ce_hg2"].cad_nccl_copy_engines and not runs["prefix_aware"].cad_nccl_copy_engines
+    assert runs["prefix_aware_ce_hg2"].cad_head_groups == 2
     # +own (and with it +resN): the tasks on a rank's own documents run in place, its forward leaving N SMs
     args = t.parse_args(["--configs", "prefix_aware,prefix_aware+own,prefix_aware+own+res32", "--json-out", "x_{config}.json"])
     runs = dict(t.configurations(args))
@@ -609,7 +614,8 @@ def test_bad_options_are_refused(capsys):
                     "prefix_aware+blocking+blocking", "local+tol0.01", "per_doc_cp+tol0.01", "prefix_aware+tol",
                     "prefix_aware+tol11", "prefix_aware+tol0.1+tol0.2", "prefix_aware+tolx", "local+own",
                     "prefix_aware+res16", "prefix_aware+own+res65", "prefix_aware+own+res8+res16", "distca+time",
-                    "local+time", "prefix_aware+time+time"):
+                    "local+time", "prefix_aware+time+time", "local+ce",
+                    "local_balanced+ce", "prefix_aware+ce+ce"):
         assert f"{configs!r} is not" in _refused(t, capsys, ["--configs", configs]), configs
 
 

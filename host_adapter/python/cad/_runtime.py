@@ -40,6 +40,7 @@ _settings = {
     "comm_stream_priority": "highest",  # CAD's CUDA communication stream ("highest" or "normal")
     "nccl_max_ctas": 0,           # CTAs of CAD's NCCL operations at most (0: NCCL's default)
     "nccl_blocking_comm": False,  # CAD's NCCL communicator blocking (launches on the calling thread)
+    "nccl_copy_engines": False,   # CAD's all-to-alls by the GPUs' copy engines (one host), not NCCL's kernels
     "own_tasks_in_place": False,  # a server runs the tasks on documents it holds whole on its own tensors
     "own_tasks_reserve_sms": 16,  # on GPUs: SMs their forward kernel leaves to the collective beside it
     "forward_walk": "static",     # on GPUs: the server's forward kernel's walk ("static" or "dynamic")
@@ -54,7 +55,7 @@ _lock = threading.Lock()
 
 def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
          timeout_ms=60000, group=None, log_level="warn", comm_stream_priority="highest", nccl_max_ctas=0,
-         nccl_blocking_comm=False, balancer_config=None, own_tasks_in_place=False, own_tasks_reserve_sms=16,
+         nccl_blocking_comm=False, nccl_copy_engines=False, balancer_config=None, own_tasks_in_place=False, own_tasks_reserve_sms=16,
          forward_walk="static", head_groups=1):
     """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
 
@@ -76,7 +77,10 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     SMs (plugins/cad/README.md, docs/nccl.md). nccl_blocking_comm: a blocking NCCL communicator for CAD (the
     nccl plugin's blocking_comm): its operations launch on the calling thread instead of a job thread of NCCL's
     own that the caller waits for (measured 2.4-5 ms per exchange under ping-pong, docs/multi_gpu.md), at the
-    price of no deadline while an enqueue waits for a peer (docs/nccl.md). own_tasks_in_place: True: a rank runs
+    price of no deadline while an enqueue waits for a peer (docs/nccl.md). nccl_copy_engines: CAD's all-to-alls
+    move through the GPUs' copy engines and CUDA IPC (the nccl plugin's copy_engines; every rank on one host, its
+    GPUs reaching each other): no SM is used, so an exchange can run beside the persistent attention kernels that
+    NCCL's kernels wait behind (head_groups). own_tasks_in_place: True: a rank runs
     the tasks on documents it holds whole in place on its own tensors, on GPUs while one collective moves the other
     rows; False (default): they go through the exchange to itself like every other task (the plugin's
     own_tasks_in_place, plugins/cad/README.md; measured no faster on 2 H200s, docs/multi_gpu.md runs 30-32).
@@ -103,6 +107,8 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
         raise CadError(f"cad.init: own_tasks_reserve_sms must be an int in [0, 64], got {own_tasks_reserve_sms!r}")
     if forward_walk not in ("static", "dynamic"):
         raise CadError(f"cad.init: forward_walk must be 'static' or 'dynamic', got {forward_walk!r}")
+    if not isinstance(nccl_copy_engines, bool):
+        raise CadError(f"cad.init: nccl_copy_engines must be True or False, got {nccl_copy_engines!r}")
     if isinstance(head_groups, bool) or not isinstance(head_groups, int) or not 1 <= head_groups <= 64:
         raise CadError(f"cad.init: head_groups must be an int in [1, 64] dividing the model's heads, got {head_groups!r}")
     if balancer_config is not None and (not isinstance(balancer_config, dict) or
@@ -117,7 +123,8 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
                          keep_forward_tensors=keep_forward_tensors, min_shard_tokens=min_shard_tokens,
                          timeout_ms=timeout_ms, group=group, log_level=log_level,
                          comm_stream_priority=comm_stream_priority, nccl_max_ctas=nccl_max_ctas,
-                         nccl_blocking_comm=bool(nccl_blocking_comm), own_tasks_in_place=own_tasks_in_place,
+                         nccl_blocking_comm=bool(nccl_blocking_comm), nccl_copy_engines=nccl_copy_engines,
+                         own_tasks_in_place=own_tasks_in_place,
                          own_tasks_reserve_sms=own_tasks_reserve_sms, forward_walk=forward_walk,
                          head_groups=head_groups)
         for runtime in _runtimes.values():
@@ -145,6 +152,8 @@ def stack_config(device, settings=None):
             comm_config["max_ctas"] = int(s["nccl_max_ctas"])
         if s.get("nccl_blocking_comm"):
             comm_config["blocking_comm"] = True
+        if s.get("nccl_copy_engines"):
+            comm_config["copy_engines"] = True
     elif comm in ("host", "mpi"):
         comm_config = {"timeout_ms": timeout}
     else:
