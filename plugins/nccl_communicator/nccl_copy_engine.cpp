@@ -170,12 +170,14 @@ void CopyEngineExchange::all_to_all_v(const void* send, const uint64_t* send_cou
   const char* from = static_cast<const char*>(send);
   char* to = static_cast<char*>(recv);
   const size_t w = static_cast<size_t>(world_);
+  // The peers' streams start before the message to self, so that it copies while they move (a rank's message to
+  // itself, the tasks it serves on its own rows, is often the largest).
+  check_cuda(cudaEventRecord(fork_, stream), "all_to_all_v (copy_engines): cudaEventRecord");
   if (send_counts[rank_] > 0) {
     check_cuda(cudaMemcpyAsync(to + recv_displs[rank_], from + send_displs[rank_], send_counts[rank_],
                                cudaMemcpyDeviceToDevice, stream),
                "all_to_all_v (copy_engines): the message to self");
   }
-  check_cuda(cudaEventRecord(fork_, stream), "all_to_all_v (copy_engines): cudaEventRecord");
   // Peers in the order rank + 1, rank + 2, ...: every rank starts with a different partner.
   for (size_t step = 1; step < w; ++step) {
     const int p = static_cast<int>((static_cast<size_t>(rank_) + step) % w);
