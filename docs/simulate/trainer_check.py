@@ -46,7 +46,13 @@ HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4
                  "trainer_h200x2_run34/a", "trainer_h200x2_run35/a", "trainer_h200x2_run36/a", "trainer_h200x2_run37/a",
                  "trainer_h200x2_run38/a/round1", "trainer_h200x2_run38/a/round2", "trainer_h200x2_run39/a",
                  "trainer_h200x2_run40/a/round1", "trainer_h200x2_run40/a/round2", "trainer_h200x2_run42/nvlink",
-                 "trainer_h200x4_run43/a/round1", "trainer_h200x4_run43/a/round2"]
+                 "trainer_h200x4_run43/a/round1", "trainer_h200x4_run43/a/round2",
+                 # runs 46-51 (2026-11-28, session h): 64K on 2 H200s, one folder per round
+                 "trainer_h200x2_run46/a/round1", "trainer_h200x2_run46/a/round2",
+                 "trainer_h200x2_run47/a/round1", "trainer_h200x2_run47/a/round2",
+                 "trainer_h200x2_run49/a/round1", "trainer_h200x2_run49/a/round2",
+                 "trainer_h200x2_run50/a/round1", "trainer_h200x2_run50/a/round2", "trainer_h200x2_run50/a/round3",
+                 "trainer_h200x2_run51/a/round1", "trainer_h200x2_run51/a/round2"]
 RECENT_RUNS = set(HELD_OUT_RUNS[HELD_OUT_RUNS.index("trainer_h200x2_run34/a"):])
 # What the model has terms for: the attention (local, torch_varlen) or balancer, and ping-pong. The recent runs also
 # tried the dynamic forward walk, the own tasks in place, head groups, NCCL options and balancer tolerances.
