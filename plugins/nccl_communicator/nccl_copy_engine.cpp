@@ -1,6 +1,8 @@
 // nccl_copy_engine.cpp -- see nccl_copy_engine.h.
 #include "nccl_copy_engine.h"
 
+#include "copy_engine_schedule.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -147,8 +149,8 @@ void CopyEngineExchange::free_resources() noexcept {
 }
 
 char* CopyEngineExchange::slot(int owner, int sender, uint64_t round) const {
-  const uint64_t index = static_cast<uint64_t>(sender) * 2 + round % 2;
-  return static_cast<char*>(base_of_[static_cast<size_t>(owner)]) + flag_bytes_ + index * slot_bytes_;
+  return static_cast<char*>(base_of_[static_cast<size_t>(owner)]) + flag_bytes_ +
+         copy_engine::slot_index(sender, round) * slot_bytes_;
 }
 
 void CopyEngineExchange::wait_at_least(cudaStream_t stream, const uint64_t* word, uint64_t value) {
@@ -178,38 +180,40 @@ void CopyEngineExchange::all_to_all_v(const void* send, const uint64_t* send_cou
                                cudaMemcpyDeviceToDevice, stream),
                "all_to_all_v (copy_engines): the message to self");
   }
+  using copy_engine::Op;
+  const std::vector<copy_engine::PeerOps> ops = copy_engine::schedule(rank_, world_, send_counts, recv_counts,
+                                                                      slot_bytes_, sent_rounds_, received_rounds_);
+  uint64_t* my_flags = flags_of(rank_);
   // Peers in the order rank + 1, rank + 2, ...: every rank starts with a different partner.
   for (size_t step = 1; step < w; ++step) {
     const int p = static_cast<int>((static_cast<size_t>(rank_) + step) % w);
     const size_t pi = static_cast<size_t>(p);
-    uint64_t* my_flags = flags_of(rank_);
-    if (send_counts[pi] > 0) {
-      cudaStream_t s = send_streams_[pi];
+    for (const bool sending : {true, false}) {
+      const std::vector<Op>& list = sending ? ops[pi].send : ops[pi].receive;
+      if (list.empty()) continue;
+      cudaStream_t s = sending ? send_streams_[pi] : recv_streams_[pi];
       check_cuda(cudaStreamWaitEvent(s, fork_, 0), "all_to_all_v (copy_engines): cudaStreamWaitEvent");
-      for (uint64_t done = 0; done < send_counts[pi]; done += slot_bytes_) {
-        const uint64_t k = ++sent_rounds_[pi];
-        if (k > 2) wait_at_least(s, my_flags + w + pi, k - 2);  // p consumed the slot's last round
-        const size_t n = static_cast<size_t>(std::min(slot_bytes_, send_counts[pi] - done));
-        check_cuda(cudaMemcpyAsync(slot(p, rank_, k), from + send_displs[pi] + done, n, cudaMemcpyDeviceToDevice, s),
-                   format("all_to_all_v (copy_engines): the copy to rank %d", p));
-        write(s, flags_of(p) + rank_, k);  // full[me] in p's flags
+      for (const Op& op : list) {
+        switch (op.kind) {
+          case Op::WaitConsumed: wait_at_least(s, my_flags + w + pi, op.round); break;
+          case Op::CopyToSlot:
+            check_cuda(cudaMemcpyAsync(slot(p, rank_, op.round), from + send_displs[pi] + op.offset, op.bytes,
+                                       cudaMemcpyDeviceToDevice, s),
+                       format("all_to_all_v (copy_engines): the copy to rank %d", p));
+            break;
+          case Op::SignalFull: write(s, flags_of(p) + rank_, op.round); break;
+          case Op::WaitFull: wait_at_least(s, my_flags + pi, op.round); break;
+          case Op::CopyFromSlot:
+            check_cuda(cudaMemcpyAsync(to + recv_displs[pi] + op.offset, slot(rank_, p, op.round), op.bytes,
+                                       cudaMemcpyDeviceToDevice, s),
+                       format("all_to_all_v (copy_engines): the copy out of rank %d's slot", p));
+            break;
+          case Op::SignalConsumed: write(s, flags_of(p) + w + static_cast<size_t>(rank_), op.round); break;
+        }
       }
-      check_cuda(cudaEventRecord(send_done_[pi], s), "all_to_all_v (copy_engines): cudaEventRecord");
-      check_cuda(cudaStreamWaitEvent(stream, send_done_[pi], 0), "all_to_all_v (copy_engines): joining a send");
-    }
-    if (recv_counts[pi] > 0) {
-      cudaStream_t s = recv_streams_[pi];
-      check_cuda(cudaStreamWaitEvent(s, fork_, 0), "all_to_all_v (copy_engines): cudaStreamWaitEvent");
-      for (uint64_t done = 0; done < recv_counts[pi]; done += slot_bytes_) {
-        const uint64_t k = ++received_rounds_[pi];
-        wait_at_least(s, my_flags + pi, k);  // p's round k is in my slot
-        const size_t n = static_cast<size_t>(std::min(slot_bytes_, recv_counts[pi] - done));
-        check_cuda(cudaMemcpyAsync(to + recv_displs[pi] + done, slot(rank_, p, k), n, cudaMemcpyDeviceToDevice, s),
-                   format("all_to_all_v (copy_engines): the copy out of rank %d's slot", p));
-        write(s, flags_of(p) + w + static_cast<size_t>(rank_), k);  // consumed[me] in p's flags
-      }
-      check_cuda(cudaEventRecord(recv_done_[pi], s), "all_to_all_v (copy_engines): cudaEventRecord");
-      check_cuda(cudaStreamWaitEvent(stream, recv_done_[pi], 0), "all_to_all_v (copy_engines): joining a receive");
+      cudaEvent_t done = sending ? send_done_[pi] : recv_done_[pi];
+      check_cuda(cudaEventRecord(done, s), "all_to_all_v (copy_engines): cudaEventRecord");
+      check_cuda(cudaStreamWaitEvent(stream, done, 0), "all_to_all_v (copy_engines): joining a peer's stream");
     }
   }
 }

@@ -6,7 +6,7 @@
 // (bench/comm/copy_engine_overlap.py on 2 H200s: 126 GB/s beside the kernel; the copy engines 373 GB/s, costing
 // the kernel about 12% of the time they overlap it). A copy engine needs no SM.
 //
-// How: every rank owns, in its GPU memory, a flag area and a staging area shared with its peers through CUDA IPC at
+// How (the rounds themselves: copy_engine_schedule.h): every rank owns, in its GPU memory, a flag area and a staging area shared with its peers through CUDA IPC at
 // create. Flags: full[s] (the last round sender s finished into my slots) and consumed[p] (the last round of mine
 // that receiver p copied out), one 64-bit word each. Staging: two slots of `slot_bytes` per sender. A message from
 // s to p moves in rounds of at most slot_bytes through p's slots for s, alternating: the sender waits (on the GPU)
