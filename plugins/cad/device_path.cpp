@@ -266,15 +266,21 @@ cad_status_t timed_server(CadContext& ctx, void* stream, const std::function<cad
   cudaEvent_t a = current != nullptr ? timing_event(*rt) : nullptr;
   cudaEvent_t b = a != nullptr ? timing_event(*rt) : nullptr;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const bool timed = b != nullptr && cudaEventRecord(a, s) == cudaSuccess;
+  bool timed = false;
+  if (b != nullptr) {
+    timed = cudaEventRecord(a, s) == cudaSuccess;
+    if (!timed) (void)cudaGetLastError();  // only the timing's own failure is cleared, never the call's
+  }
   const cad_status_t status = call();
-  if (timed && cudaEventRecord(b, s) == cudaSuccess) {
-    current->server.emplace_back(a, b);
-  } else {
-    (void)cudaGetLastError();
-    for (cudaEvent_t e : {a, b}) {
-      if (e != nullptr) rt->spare_timing.push_back(e);
+  if (timed) {
+    if (cudaEventRecord(b, s) == cudaSuccess) {
+      current->server.emplace_back(a, b);
+      return status;
     }
+    (void)cudaGetLastError();
+  }
+  for (cudaEvent_t e : {a, b}) {
+    if (e != nullptr) rt->spare_timing.push_back(e);
   }
   return status;
 }
