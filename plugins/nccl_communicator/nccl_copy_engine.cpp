@@ -3,9 +3,9 @@
 
 #include "copy_engine_schedule.h"
 
-#include <algorithm>
+#include <unistd.h>
+
 #include <cstring>
-#include <limits>
 
 #include "nccl_context.h"
 #include "nccl_errors.h"
@@ -29,8 +29,23 @@ CopyEngineExchange::StreamValue64 driver_entry(const char* name) {
   return reinterpret_cast<CopyEngineExchange::StreamValue64>(fn);
 }
 
-// Every rank's IPC handle of its area, all-gathered through the NCCL communicator (collective; waits).
-std::vector<cudaIpcMemHandle_t> all_gather_handles(NcclContext& ctx, const cudaIpcMemHandle_t& mine) {
+// What a rank tells the others at create: the IPC handle of its area and where it runs.
+struct Peer {
+  cudaIpcMemHandle_t handle;
+  char host[64];
+  int32_t device;
+};
+
+Peer this_peer(const cudaIpcMemHandle_t& handle, int device) {
+  Peer me{};
+  me.handle = handle;
+  if (gethostname(me.host, sizeof(me.host) - 1) != 0) std::strcpy(me.host, "?");
+  me.device = device;
+  return me;
+}
+
+// Every rank's Peer, all-gathered through the NCCL communicator (collective; waits).
+std::vector<Peer> all_gather_peers(NcclContext& ctx, const Peer& mine) {
   const size_t w = static_cast<size_t>(ctx.world_size());
   struct Resources {
     cudaStream_t stream = nullptr;
@@ -40,18 +55,19 @@ std::vector<cudaIpcMemHandle_t> all_gather_handles(NcclContext& ctx, const cudaI
       if (stream != nullptr) cudaStreamDestroy(stream);
     }
   } r;
-  const size_t h = sizeof(cudaIpcMemHandle_t);
+  const size_t h = sizeof(Peer);
   check_cuda(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking), "copy_engines: cudaStreamCreate");
   check_cuda(cudaMalloc(&r.bytes, h * (w + 1)), "copy_engines: cudaMalloc of the handle exchange");
   check_cuda(cudaMemcpyAsync(r.bytes, &mine, h, cudaMemcpyHostToDevice, r.stream), "copy_engines: handle upload");
   ctx.comm().launch("create (copy_engines: IPC handles)", r.stream, [&](ncclComm_t comm) {
     return ncclAllGather(r.bytes, r.bytes + h, h, ncclUint8, comm, r.stream);
   });
-  std::vector<cudaIpcMemHandle_t> all(w);
+  std::vector<Peer> all(w);
   const cudaError_t copied = cudaMemcpyAsync(all.data(), r.bytes + h, h * w, cudaMemcpyDeviceToHost, r.stream);
   const cudaError_t synced = copied == cudaSuccess ? cudaStreamSynchronize(r.stream) : copied;
   ctx.comm().check_usable();
   check_cuda(synced, "copy_engines: waiting for the handle exchange");
+  for (Peer& p : all) p.host[sizeof(p.host) - 1] = '\0';
   return all;
 }
 
@@ -73,22 +89,32 @@ CopyEngineExchange::CopyEngineExchange(NcclContext& ctx, uint64_t slot_bytes)
                format("copy_engines: cudaMalloc of %zu bytes (flags and 2 slots of %llu bytes per rank; key "
                       "'copy_engine_slot_mib')", area_bytes, static_cast<unsigned long long>(slot_bytes_)));
     check_cuda(cudaMemset(area_, 0, flag_bytes_), "copy_engines: zeroing the flags");
-    cudaIpcMemHandle_t mine{};
-    check_cuda(cudaIpcGetMemHandle(&mine, area_), "copy_engines: cudaIpcGetMemHandle");
-    const std::vector<cudaIpcMemHandle_t> all = all_gather_handles(ctx, mine);
+    cudaIpcMemHandle_t handle{};
+    check_cuda(cudaIpcGetMemHandle(&handle, area_), "copy_engines: cudaIpcGetMemHandle");
+    const std::vector<Peer> peers = all_gather_peers(ctx, this_peer(handle, device_));
+    const Peer& mine = peers[static_cast<size_t>(rank_)];
+    for (int r = 0; r < world_; ++r) {  // every rank sees the same table: all refuse alike
+      const Peer& other = peers[static_cast<size_t>(r)];
+      if (std::strcmp(other.host, peers[0].host) != 0) {
+        fail(CAD_STATUS_UNSUPPORTED,
+             format("plugin 'nccl' config: key 'copy_engines' needs every rank on one host, but rank 0 runs on '%s' "
+                    "and rank %d on '%s' (leave copy_engines off across hosts)", peers[0].host, r, other.host));
+      }
+    }
     for (int r = 0; r < world_; ++r) {
       if (r == rank_) {
         base_of_[static_cast<size_t>(r)] = area_;
         continue;
       }
       void* mapped = nullptr;
-      const cudaError_t opened = cudaIpcOpenMemHandle(&mapped, all[static_cast<size_t>(r)],
-                                                      cudaIpcMemLazyEnablePeerAccess);
+      const Peer& other = peers[static_cast<size_t>(r)];
+      const cudaError_t opened = cudaIpcOpenMemHandle(&mapped, other.handle, cudaIpcMemLazyEnablePeerAccess);
       if (opened != cudaSuccess) {
         cudaGetLastError();
         fail(CAD_STATUS_UNSUPPORTED,
              format("plugin 'nccl' config: key 'copy_engines' needs every rank's GPU memory mapped into the others "
-                    "(one host, peer access): rank %d could not map rank %d's: %s", rank_, r, cudaGetErrorString(opened)));
+                    "(peer access between the GPUs): rank %d (CUDA device %d on '%s') could not map rank %d's "
+                    "(device %d): %s", rank_, mine.device, mine.host, r, other.device, cudaGetErrorString(opened)));
       }
       base_of_[static_cast<size_t>(r)] = mapped;
     }
