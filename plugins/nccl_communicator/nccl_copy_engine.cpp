@@ -1,12 +1,11 @@
 // nccl_copy_engine.cpp -- see nccl_copy_engine.h.
 #include "nccl_copy_engine.h"
 
-#include "copy_engine_schedule.h"
-
 #include <unistd.h>
 
 #include <cstring>
 
+#include "copy_engine_schedule.h"
 #include "nccl_context.h"
 #include "nccl_errors.h"
 
