@@ -4,9 +4,10 @@
 #   build        (CUDA, sm_90a) the plugins, libcad_host, the GPU tests and the benchmarks the stages below need;
 #   correctness  mpirun -np NGPU cad_gpu_cad_tests --nccl (one process per GPU: every balancer, bf16, GQA, odd
 #                lengths, documents cut across ranks, keep/re-send, planned/one-shot, the CUDA-graph replay, bad
-#                calls, a stream of another GPU), and CAD's staged host all-gather (fake communicator);
+#                calls, a stream of another GPU), and CAD's staged host all-gather (fake communicator); with 2+ GPUs
+#                also the nccl plugin's copy_engines: `cad conformance` and the same CAD tests over it;
 #   faults       over NCCL: rank 1 skips a forward, or dies mid-step; every survivor must exit with an error within
-#                the timeout (3 s) plus a margin -- never hang;
+#                the timeout (3 s) plus a margin -- never hang; the skip also over copy_engines (its GPU waits);
 #   train        the trainer users run: examples/train_llama.py under torchrun, one process per context training
 #                every configuration in turn (--configs): --model llama3-8b (hidden 4096, 32 heads, 8 KV heads,
 #                MLP 14336, vocab 128256), FSDP2 (bf16 compute, fp32 master weights), full activation
@@ -55,7 +56,7 @@ echo "stages: $ONLY" | tee -a "$SUMMARY"
 if want build; then
   targets=(cad_host cad_plugin_cad cad_plugin_cuda cad_plugin_nccl cad_plugin_host cad_plugin_reference
            cad_plugin_colocated cad_plugin_per_doc_cp cad_plugin_distca cad_plugin_prefix_aware)
-  { want correctness || want faults; } && targets+=(cad_gpu_cad_tests test_cad_comm cad_plugin_mpi)
+  { want correctness || want faults; } && targets+=(cad_gpu_cad_tests test_cad_comm cad_plugin_mpi cad)
   want bandwidth && targets+=(bench_nccl_all_to_all)
   { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
     cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}"; } > "$OUT/build.log" 2>&1
@@ -69,6 +70,17 @@ if want correctness; then
   timeout 600 "${MPIRUN[@]}" "$BUILD/bin/cad_gpu_cad_tests" --nccl > "$OUT/cad_nccl.log" 2>&1
   record "CAD over NCCL on $NGPU GPUs (one process per GPU)" $?
   grep -E "worst relative|FAILED|Failure" "$OUT/cad_nccl.log" | head -20 | tee -a "$SUMMARY"
+  if [ "$NGPU" -ge 2 ]; then  # all-to-alls by the copy engines (config copy_engines): one host, 2+ GPUs
+    timeout 120 "${MPIRUN[@]}" "$BUILD/bin/cad" conformance "$BUILD/lib/cad/plugins/cad_nccl.so" \
+      --config '{"copy_engines": true}' > "$OUT/conformance_copy_engines.log" 2>&1
+    rc=$?
+    record "conformance of cad_nccl.so with copy_engines ($NGPU ranks): $(grep -m1 -o 'conformance: .*' \
+      "$OUT/conformance_copy_engines.log")" $rc
+    timeout 600 "${MPIRUN[@]}" "$BUILD/bin/cad_gpu_cad_tests" --nccl --copy-engines --gtest_filter='-CadGpuFault.*' \
+      > "$OUT/cad_copy_engines.log" 2>&1
+    record "CAD over the copy engines on $NGPU GPUs" $?
+    grep -E "worst relative|FAILED|Failure" "$OUT/cad_copy_engines.log" | head -20 | tee -a "$SUMMARY"
+  fi
 fi
 
 if want faults && [ "$NGPU" -ge 2 ]; then
@@ -81,6 +93,14 @@ if want faults && [ "$NGPU" -ge 2 ]; then
     record "fault '$fault' on rank 1 over NCCL: job exit $rc after $(( $(date +%s) - start )) s" $ok
     grep "after rank 1's fault" "$OUT/fault_$fault.log" | tee -a "$SUMMARY"
   done
+  # The copy engines' waits are the GPU's: rank 0 must still come back (the watchdog releases them) and exit.
+  start=$(date +%s)
+  CAD_TEST_FAULT=skip timeout 120 "${MPIRUN[@]}" -x CAD_TEST_FAULT "$BUILD/bin/cad_gpu_cad_tests" --nccl \
+    --copy-engines --gtest_filter='CadGpuFault.*' > "$OUT/fault_skip_copy_engines.log" 2>&1
+  rc=$?
+  ok=1; { [ "$rc" != 0 ] && [ "$rc" != 124 ]; } && ok=0
+  record "fault 'skip' on rank 1 over the copy engines: job exit $rc after $(( $(date +%s) - start )) s" $ok
+  grep "after rank 1's fault" "$OUT/fault_skip_copy_engines.log" | tee -a "$SUMMARY"
 fi
 
 if want train; then
