@@ -317,8 +317,9 @@ def call_rows(runs, first):
     over the steps from `first`, from timing events on the calling streams: each rank's server compute per step
     (forward calls, recomputations included, and backward; slowest / fastest rank), the measured max/mean of the
     ranks' server compute beside the plan's predicted imbalance (its cost model), the slowest rank's compute above
-    the mean rank's (what imbalance costs the ranks that wait for it, per step), and the calls' time beyond their
-    server compute on the rank where it is largest (exchanges, packing, the waits for the other ranks)."""
+    the mean rank's (what imbalance costs the ranks that wait for it, per step), the max/mean of each direction alone
+    (the ranks meet at every call), and the calls' time beyond their server compute on the rank where it is largest
+    (exchanges, packing, the waits for the other ranks)."""
     lines = []
     for context, name in in_order(runs):
         steps = runs[(context, name)]["steps"][first:]
@@ -329,12 +330,16 @@ def call_rows(runs, first):
         bwd = [s["call_backward_server_ms"] for s in steps]
         total = [[f + b for f, b in zip(fs, bs)] for fs, bs in zip(fwd, bwd)]
         measured = mean(max(t) / mean(t) if mean(t) else 1.0 for t in total)
+        # Each direction on its own: the ranks meet at every call, so a forward's imbalance is not made up by the
+        # backward's (the step pays both maxima).
+        by_direction = " / ".join(f"{mean(max(x) / mean(x) if mean(x) else 1.0 for x in d):.3f}" for d in (fwd, bwd))
         above = mean(max(t) - mean(t) for t in total)
         beyond = mean(max(cf + cb - t for cf, cb, t in zip(s["call_forward_ms"], s["call_backward_ms"], tot))
                       for s, tot in zip(steps, total))
         predicted = mean(s.get("imbalance", 1.0) for s in steps)
         lines.append(f"| {tokens_label(context)} | {name} | {mean(max(f) for f in fwd):.1f} / {mean(min(f) for f in fwd):.1f}"
                      f" | {mean(max(b) for b in bwd):.1f} / {mean(min(b) for b in bwd):.1f} | {measured:.3f} | "
+                     f"{by_direction} | "
                      f"{predicted:.3f} | {above:.1f} | {beyond:.1f} |")
     return lines
 
@@ -441,9 +446,11 @@ def main():
                  "plan wait ms", "ping-pong decision"])
     print_table(call_rows(runs, args.steps_from),
                 "CAD's calls on the GPU (timing events), ms per step: the ranks' server compute (slowest / fastest "
-                "rank), its measured max/mean beside the plan's predicted imbalance, the slowest rank's compute above "
+                "rank), its measured max/mean (over both directions, and each direction alone) beside the plan's "
+                "predicted imbalance, the slowest rank's compute above "
                 "the mean rank's, and the calls' time beyond their compute (exchanges, packing, waits; largest rank):",
-                ["tokens/GPU", "config", "server fwd ms", "server bwd ms", "measured max/mean", "plan's max/mean",
+                ["tokens/GPU", "config", "server fwd ms", "server bwd ms", "measured max/mean", "fwd / bwd max/mean",
+                 "plan's max/mean",
                  "slowest above mean ms", "call beyond compute ms"])
     print_table(profile_rows(args.out, runs),
                 "GPU kernel time of the profiled step, largest rank, ms (kernels on different streams overlap):",
