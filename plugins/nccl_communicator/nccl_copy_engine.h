@@ -6,19 +6,21 @@
 // (bench/comm/copy_engine_overlap.py on 2 H200s: 126 GB/s beside the kernel; the copy engines 373 GB/s, costing
 // the kernel about 12% of the time they overlap it). A copy engine needs no SM.
 //
-// How (the rounds themselves: copy_engine_schedule.h): every rank owns, in its GPU memory, a flag area and a staging area shared with its peers through CUDA IPC at
-// create. Flags: full[s] (the last round sender s finished into my slots) and consumed[p] (the last round of mine
+// How (the rounds themselves: copy_engine_schedule.h): every rank owns, in its GPU memory, a flag area and a staging
+// area shared with its peers through CUDA IPC at create (every rank on one host: create refuses others, naming the
+// hosts). Flags: full[s] (the last round sender s finished into my slots) and consumed[p] (the last round of mine
 // that receiver p copied out), one 64-bit word each. Staging: two slots of `slot_bytes` per sender. A message from
 // s to p moves in rounds of at most slot_bytes through p's slots for s, alternating: the sender waits (on the GPU)
 // until p consumed round k - 2, copies round k into p's slot (cudaMemcpyAsync across devices: a copy engine) and
 // writes full[s] = k into p's flags; the receiver waits for full[s] >= k, copies the slot into its recv buffer and
 // writes consumed[p] = k into s's flags. Waits and writes are stream memory operations (cuStreamWaitValue64 /
 // cuStreamWriteValue64, no SM either). Every peer has a send and a receive stream of its own, forked from and
-// joined back to the caller's stream: a pair's rounds never wait for another pair's (with one stream per
-// direction for all peers, a cycle of ranks each waiting for the next could deadlock). Round numbers count up
-// over the instance's life on both sides of a pair alike: the calls are collective and a pair's counts agree.
+// joined back to the caller's stream (the fork comes before the message to self, which copies meanwhile): a pair's
+// rounds never wait for another pair's (with one stream per direction for all peers, a cycle of ranks each waiting
+// for the next could deadlock). Round numbers count up over the instance's life on both sides of a pair alike: the
+// calls are collective and a pair's counts agree. Under CUDA-graph capture the calls go through NCCL instead.
 //
-// Failures: each exchange is watched like an NCCL operation (GuardedComm::watch). When one times out, release()
+// Failures: each exchange is watched like an NCCL operation (GuardedComm::watch_enqueued). When one times out, release()
 // sets every flag word of this rank to the largest value, so that this GPU's waits return (the received bytes are
 // garbage by then) and the communicator reports the timeout from then on.
 #pragma once
