@@ -20,9 +20,9 @@
 // for the next could deadlock). Round numbers count up over the instance's life on both sides of a pair alike: the
 // calls are collective and a pair's counts agree. Under CUDA-graph capture the calls go through NCCL instead.
 //
-// Failures: each exchange is watched like an NCCL operation (GuardedComm::watch_enqueued). When one times out, release()
-// sets every flag word of this rank to the largest value, so that this GPU's waits return (the received bytes are
-// garbage by then) and the communicator reports the timeout from then on.
+// Failures: each exchange is watched like an NCCL operation (GuardedComm::watch_enqueued). When one times out,
+// release() sets every flag word of this rank to the largest value, so that this GPU's waits return (the received
+// bytes are garbage by then) and the communicator reports the timeout from then on.
 #pragma once
 
 #include <cstdint>
