@@ -181,6 +181,14 @@ cudaEvent_t timing_event(DeviceRuntime& rt) {
   return e;
 }
 
+// A call's timing events back to the runtime's spares (NULL ones skipped).
+void recycle(DeviceRuntime& rt, const CallEvents& c) {
+  for (cudaEvent_t e : {c.start, c.end}) {
+    if (e != nullptr) rt.spare_timing.push_back(e);
+  }
+  for (auto [a, b] : c.server) rt.spare_timing.push_back(a), rt.spare_timing.push_back(b);
+}
+
 // Folds the completed calls at the front of `rt.calls` into `times`; stops at the first still running.
 void harvest_calls(DeviceRuntime& rt, CallTimes& times) {
   while (!rt.calls.empty()) {
@@ -200,9 +208,7 @@ void harvest_calls(DeviceRuntime& rt, CallTimes& times) {
     } else {
       (void)cudaGetLastError();  // a failed call reports itself; here it is not counted
     }
-    rt.spare_timing.push_back(c.start);
-    rt.spare_timing.push_back(c.end);
-    for (auto [a, b] : c.server) rt.spare_timing.push_back(a), rt.spare_timing.push_back(b);
+    recycle(rt, c);
     rt.calls.pop_front();
   }
   times.pending = static_cast<int64_t>(rt.calls.size());
@@ -242,9 +248,7 @@ class CallTimer {
     if (events_.end == nullptr || cudaEventRecord(events_.end, stream_) != cudaSuccess) {
       (void)cudaGetLastError();
       ++times_->untimed;
-      if (events_.end != nullptr) rt_->spare_timing.push_back(events_.end);
-      rt_->spare_timing.push_back(events_.start);
-      for (auto [a, b] : events_.server) rt_->spare_timing.push_back(a), rt_->spare_timing.push_back(b);
+      recycle(*rt_, events_);
       return;
     }
     rt_->calls.push_back(std::move(events_));
@@ -870,14 +874,8 @@ class Mover {
       t.send_bytes += t.send_counts[p];
       t.recv_bytes += t.recv_counts[p];
     }
-    run_transfer(send, t, recv, nullptr);
-  }
-
-  // One all_to_all_v of `t`, counted in the call's bytes. `meanwhile`: enqueued on the caller's stream after the
-  // collective and before the caller waits for it.
-  void run_transfer(const std::byte* send, const Transfer& t, std::byte* recv, const std::function<void()>& meanwhile) {
+    // One all_to_all_v, waited for by the caller's stream (a staged one already ran on it).
     enqueue_transfer(send, t, recv);
-    if (meanwhile) meanwhile();
     if (!ctx_.host_staged) check_cuda(cudaStreamWaitEvent(stream_, rt_.done, 0), "cudaStreamWaitEvent");
   }
 
