@@ -69,12 +69,7 @@ void all_to_all_v(NcclContext& ctx, const void* send, const uint64_t* send_count
   // The copy engines (config copy_engines), except under CUDA-graph capture: their round numbers live on the
   // host, and a replayed graph would repeat them (the captured calls are the same on every rank, so every rank
   // takes NCCL for them alike).
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (ctx.copy_engine() != nullptr && cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
-    cudaGetLastError();
-    capture = cudaStreamCaptureStatusActive;
-  }
-  if (ctx.copy_engine() != nullptr && capture == cudaStreamCaptureStatusNone) {
+  if (ctx.copy_engine() != nullptr && !stream_capturing(stream, /*if_unknown=*/true)) {
     ctx.copy_engine()->all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, stream);
     ctx.comm().watch_enqueued("all_to_all_v (copy engines)", stream);
     return;

@@ -26,6 +26,16 @@ inline void check_cuda(cudaError_t status, const std::string& what) {
   }
 }
 
+// Whether `stream` is being captured into a CUDA graph; `if_unknown` where CUDA cannot tell (its error is cleared).
+inline bool stream_capturing(cudaStream_t stream, bool if_unknown) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    cudaGetLastError();
+    return if_unknown;
+  }
+  return capture != cudaStreamCaptureStatusNone;
+}
+
 // Makes `device` current for the scope of one call and gives the caller's device back afterwards
 // (kernels/device_scope.h: the plugin must not change the host thread's current device behind its back, nor
 // open a context on another GPU when giving it back); a failure to switch throws.

@@ -144,12 +144,7 @@ void GuardedComm::watch_locked(const char* operation, cudaStream_t stream, Clock
   // Under CUDA-graph capture the operation only becomes a graph node: nothing runs now, and an event
   // recorded into the capture cannot be polled. The watchdog guards the eager calls; a replayed graph's
   // collectives are the graph owner's to wait for.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
-    cudaGetLastError();
-    capture = cudaStreamCaptureStatusNone;
-  }
-  if (capture != cudaStreamCaptureStatusNone) return;
+  if (stream_capturing(stream, /*if_unknown=*/false)) return;
 
   cudaEvent_t event = nullptr;
   if (!spare_events_.empty()) {
