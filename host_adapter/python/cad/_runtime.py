@@ -55,8 +55,8 @@ _lock = threading.Lock()
 
 def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
          timeout_ms=60000, group=None, log_level="warn", comm_stream_priority="highest", nccl_max_ctas=0,
-         nccl_blocking_comm=False, nccl_copy_engines=False, balancer_config=None, own_tasks_in_place=False, own_tasks_reserve_sms=16,
-         forward_walk="static", head_groups=1):
+         nccl_blocking_comm=False, nccl_copy_engines=False, balancer_config=None, own_tasks_in_place=False,
+         own_tasks_reserve_sms=16, forward_walk="static", head_groups=1):
     """Choose how CAD stacks are built (call before the first plan; drops stacks made with older settings).
 
     config: a full stack config (dict, JSON file path) whose "attention" names the CAD instance; the other
