@@ -57,6 +57,7 @@ struct Table {
   bool identity = true;
   bool direct = false;              // one contiguous tensor range per peer (wire_tables.h)
   std::vector<int64_t> peer_row;    // its first row, per peer
+  std::vector<bool> peer_direct;    // per peer: its rows are one contiguous range
   bool exclusive = false;           // owner KV: dK/dV rows come back from one server each (no sum)
   std::vector<int64_t> peer_first;  // per peer: first entry, relative to offset (world + 1 entries)
 };
@@ -319,8 +320,7 @@ struct DevicePlan {
   std::vector<int64_t> owner_q_rows, owner_kv_rows, server_q_rows, server_kv_rows;
   void* pinned_send = nullptr;         // host-staged mode only: staged_bytes each
   void* pinned_recv = nullptr;
-  size_t staged_bytes = 0;             // the largest exchange's bytes (a pipelined one moves several tensors)
-  size_t wire_bytes = 0;               // one wire staging buffer: the largest exchange
+  size_t staged_bytes = 0;             // the largest exchange's bytes (it moves several tensors)
   WorkspaceSizes sizes;                // of the per-call buffers (CallScratch)
   DeviceBuffer sum_index;  // owner-side dK/dV rows read by several servers (wire_tables.h: shared_*)
   int64_t shared_kv_rows = 0;
@@ -328,10 +328,6 @@ struct DevicePlan {
   // The server batch runs a head group at a time, its rows moving group by group (device_path.h): laid out group
   // after group, [G][rows][H/G][D] (its LSE [G][H/G][rows], i.e. [H][rows] as ungrouped).
   int32_t head_groups = 1;
-  // The calls run pipeline_head_groups (one collective per direction and group, packed per peer): with head
-  // groups, or (with one group) where some rank runs tasks in place -- its own tasks then compute while the
-  // inbound collective is in flight. The same on every rank, since the layout and head_groups are.
-  bool pipelined = false;
   bool bf16 = false;  // the calls' dtype (else fp32): the dK/dV sums' element
   // The tables are uploaded in the order of the plan's stream through the runtime's pinned staging, without
   // waiting on the host (a plan made ahead on another thread must not wait for the training stream to drain,
@@ -346,9 +342,9 @@ struct DevicePlan {
   std::array<DeviceBuffer*, 3> buffers() { return {&to_wire, &from_wire, &sum_index}; }
 };
 
-// The device memory one call works in: the wire staging buffers (allocated where an exchange first needs
-// them) and the server batch's scratch, from the host's allocator on the call's stream, given back in that
-// stream's order when the call ends. Every exchange on the communication stream is joined back to the call's
+// The device memory one call works in: each exchange's send and receive buffers and the server batch's scratch,
+// from the host's allocator on the call's stream, given back in that stream's order where the call no longer needs
+// them or when it ends. Every exchange on the communication stream is joined back to the call's
 // stream before the call returns, so that stream-ordered release cannot hand memory to later work too early.
 class CallScratch {
  public:
@@ -356,7 +352,6 @@ class CallScratch {
   CallScratch(const CallScratch&) = delete;
   CallScratch& operator=(const CallScratch&) = delete;
   ~CallScratch() {
-    release_wire();
     for (DeviceBuffer& b : owned_) release(ctx_, plan_.device, b, stream_);
   }
 
@@ -375,27 +370,9 @@ class CallScratch {
       }
     }
   }
-  std::byte* send() { return wire(send_, "the send buffer"); }
-  std::byte* recv() { return wire(recv_, "the receive buffer"); }
-  // The wire buffers serve one exchange at a time: given back after each, so that they never sit beside the
-  // server batch's largest moment (the server backward).
-  void release_wire() {
-    for (DeviceBuffer* b : {&send_, &recv_}) {
-      live_ -= b->bytes;
-      release(ctx_, plan_.device, *b, stream_);
-      b->bytes = 0;
-    }
-  }
   int64_t peak_bytes() const { return static_cast<int64_t>(peak_); }
 
  private:
-  std::byte* wire(DeviceBuffer& slot, const char* what) {
-    if (slot.ptr == nullptr) {
-      slot = allocate(ctx_, plan_.device, plan_.wire_bytes, stream_, what);
-      count(slot.bytes);
-    }
-    return static_cast<std::byte*>(slot.ptr);
-  }
   void count(size_t bytes) {
     live_ += bytes;
     peak_ = std::max(peak_, live_);
@@ -404,7 +381,6 @@ class CallScratch {
   const DevicePlan& plan_;
   void* stream_;
   std::vector<DeviceBuffer> owned_;
-  DeviceBuffer send_, recv_;
   size_t live_ = 0, peak_ = 0;  // bytes held now and at most during the call
 };
 
@@ -473,6 +449,7 @@ Table append_table(const WireTable& w, std::vector<RowCopy>& to_wire, std::vecto
   t.identity = w.identity;
   t.direct = w.direct;
   t.peer_row = w.peer_row;
+  t.peer_direct = w.peer_direct;
   t.exclusive = w.exclusive;
   t.peer_first = w.peer_first;
   for (const WireCopy& c : w.to_wire) to_wire.push_back(RowCopy{c.src_row, c.dst_row, c.num_rows});
@@ -520,8 +497,6 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, int32_t head_gro
   // Where this rank runs tasks in place, their partial dK/dV are in its tensors before the servers' come back:
   // every returning row is added to them.
   plan->own_in_place = !layout.own[static_cast<size_t>(me)].segments.empty();
-  plan->pipelined = head_groups > 1;
-  for (const ServerBatch& own : layout.own) plan->pipelined = plan->pipelined || !own.segments.empty();
   const WireTable owner_kv = build_wire_table(layout, me, true, false, step.shape.tokens, plan->own_in_place);
   plan->tables[OwnerKv] = append_table(owner_kv, to_wire, from_wire, plan->owner_kv_rows);
   // The dK/dV return lists go into both arrays at the same offsets (only one direction is used).
@@ -558,10 +533,8 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, int32_t head_gro
   const WorkspaceSizes sizes = workspace_sizes(layout, me, step.shape, ctx.config.keep_forward_tensors,
                                                static_cast<int64_t>(to_wire.size()),
                                                static_cast<int64_t>(sum_index.size()));
-  plan->wire_bytes = static_cast<size_t>(sizes.wire);
   plan->sizes = sizes;
-  plan->staged_bytes = plan->wire_bytes;
-  if (plan->pipelined) {  // at most dO, Q, O, LSE, K and V in one collective (a backward that re-sends them)
+  {  // at most dO, Q, O, LSE, K and V in one collective (a backward that re-sends them)
     const auto most = [](const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
       return std::max(std::accumulate(a.begin(), a.end(), int64_t{0}), std::accumulate(b.begin(), b.end(), int64_t{0}));
     };
@@ -613,63 +586,6 @@ class Mover {
     }
   }
 
-  // Rows of one tensor, owners -> servers (src: an owner tensor, dst: a server batch tensor) or back.
-  void rows(Direction direction, RunSet set, const void* src, void* dst, int64_t row_bytes) {
-    const bool to_servers = direction == Direction::ToServers;
-    const Table& send_table = plan_.tables[table_of(set, to_servers)];
-    const Table& recv_table = plan_.tables[table_of(set, !to_servers)];
-    const std::vector<int64_t>* send_rows = nullptr;
-    const std::byte* send = pack(send_table, src, row_bytes, &send_rows);
-    const bool recv_in_place = in_place(recv_table);
-    std::byte* recv = recv_in_place ? static_cast<std::byte*>(dst) : scratch_.recv();
-    exchange(send, recv, direction, set, row_bytes, send_rows, recv_in_place ? &recv_table.peer_row : nullptr);
-    if (!recv_in_place && !drain_) {
-      check_cuda(kernels::copy_row_ranges(recv, dst, row_bytes, from_wire(recv_table), recv_table.count, stream_),
-                 "unpack (scatter kernel)");
-    }
-    scratch_.release_wire();
-  }
-
-  // LSE ([Hq, rows] fp32, a column per row) of the sending side -> the receiving side's, as wire rows
-  // [rows, Hq] (always through the wire buffers): server -> owners after the forward, owners -> server when
-  // re-sending for the backward.
-  void lse(Direction direction, const float* src, int64_t src_rows, float* dst, int64_t dst_rows, int64_t heads) {
-    const bool to_servers = direction == Direction::ToServers;
-    const Table& from = plan_.tables[table_of(RunSet::Q, to_servers)];
-    const Table& to = plan_.tables[table_of(RunSet::Q, !to_servers)];
-    float* send = reinterpret_cast<float*>(scratch_.send());
-    float* recv = reinterpret_cast<float*>(scratch_.recv());
-    if (!drain_) {
-      check_cuda(kernels::copy_strided_rows_f32(src, 1, src_rows, send, heads, 1, heads, to_wire(from), from.count,
-                                                stream_), "pack LSE");
-    }
-    exchange(reinterpret_cast<std::byte*>(send), reinterpret_cast<std::byte*>(recv), direction, RunSet::Q,
-             heads * static_cast<int64_t>(sizeof(float)));
-    if (!drain_) {
-      check_cuda(kernels::copy_strided_rows_f32(recv, heads, 1, dst, 1, dst_rows, heads, from_wire(to), to.count,
-                                                stream_), "unpack LSE");
-    }
-    scratch_.release_wire();
-  }
-
-  // Partial dK or dV of the server batch -> the key/value owners. A row read by one server is moved; a
-  // row read by several is summed in fp32, peer after peer in rank order (bitwise reproducible).
-  void kv_sums_to_owners(const void* server_partial, void* out, const CallShape& s) {
-    const Table& st = plan_.tables[ServerKv];
-    const Table& ot = plan_.tables[OwnerKv];
-    if (ot.exclusive) {
-      rows(Direction::ToOwners, RunSet::KV, server_partial, out, s.kv_row_bytes());
-      return;
-    }
-    const int64_t row_bytes = s.kv_row_bytes();
-    const std::vector<int64_t>* send_rows = nullptr;
-    const std::byte* send = pack(st, server_partial, row_bytes, &send_rows);
-    std::byte* recv = scratch_.recv();
-    exchange(send, recv, Direction::ToOwners, RunSet::KV, row_bytes, send_rows, nullptr);
-    if (!drain_) sum_kv_rows(recv, Slice{RunSet::KV, nullptr, out, row_bytes, row_bytes, row_bytes});
-    scratch_.release_wire();
-  }
-
   // One tensor's share of an exchange started with start(): `row_bytes` bytes of each row, rows `src_stride` /
   // `dst_stride` bytes apart -- whole rows (all three equal), or a head group's (DevicePlan::head_groups:
   // a slice of the owner's full rows, the server batch's group rows whole). An LSE slice (`lse`) is a group's heads
@@ -688,23 +604,29 @@ class Mover {
   struct InFlight {
     Direction direction = Direction::ToServers;
     std::vector<Slice> slices;
-    bool kv_sums = false;  // one dK or dV slice to its owners: moved or summed as kv_sums_to_owners does
+    bool kv_sums = false;  // one dK or dV slice to its owners: a row read by one server moved, by several summed
     std::byte* send = nullptr;
     std::byte* recv = nullptr;
     std::vector<std::vector<uint64_t>> recv_at;  // per slice and peer: where its rows start in `recv`
+    std::vector<bool> self_direct;               // per slice: this rank's own rows copied by start() (no buffer)
     cudaEvent_t done = nullptr;
     ExchangeEvents* timing = nullptr;  // in the runtime's queue until finish() joins it, or NULL (untimed)
   };
 
-  // Packs the slices into one send buffer (per peer: each slice's rows in turn) and enqueues their all_to_all_v;
-  // the receiving side is unpacked by finish().
+  // Packs the slices' rows for the other ranks into one send buffer (per peer: each slice's rows in turn) and
+  // enqueues their all_to_all_v; the receiving side is unpacked by finish(). The rows a rank sends itself never
+  // travel: beside the collective they are copied from the source tensor straight into the destination where one
+  // side holds them as one range (`self_direct`), else (LSE, summed dK/dV) packed into the receive buffer's place
+  // for them and unpacked with the rest.
   InFlight start(Direction direction, std::vector<Slice> slices, bool kv_sums = false) {
     const bool to_servers = direction == Direction::ToServers;
     const size_t world = plan_.owner_q_rows.size();
+    const size_t me = static_cast<size_t>(ctx_.comm->rank());
     InFlight f;
     f.direction = direction;
     f.slices = std::move(slices);
     f.kv_sums = kv_sums;
+    for (const Slice& slice : f.slices) f.self_direct.push_back(self_direct(slice, to_servers, kv_sums));
     Transfer t;
     t.send_counts.assign(world, 0), t.send_displs.assign(world, 0);
     t.recv_counts.assign(world, 0), t.recv_displs.assign(world, 0);
@@ -717,21 +639,30 @@ class Mover {
         send_at[i][p] = t.send_bytes;
         f.recv_at[i][p] = t.recv_bytes;
         const int64_t row_bytes = f.slices[i].row_bytes;
-        t.send_bytes += static_cast<uint64_t>(wire_rows(f.slices[i].set, to_servers)[p] * row_bytes);
-        t.recv_bytes += static_cast<uint64_t>(wire_rows(f.slices[i].set, !to_servers)[p] * row_bytes);
+        if (p != me) t.send_bytes += static_cast<uint64_t>(wire_rows(f.slices[i].set, to_servers)[p] * row_bytes);
+        if (p != me || !f.self_direct[i]) {
+          t.recv_bytes += static_cast<uint64_t>(wire_rows(f.slices[i].set, !to_servers)[p] * row_bytes);
+        }
       }
       t.send_counts[p] = t.send_bytes - t.send_displs[p];
-      t.recv_counts[p] = t.recv_bytes - t.recv_displs[p];
+      t.recv_counts[p] = p == me ? 0 : t.recv_bytes - t.recv_displs[p];
     }
     f.send = t.send_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.send_bytes, "the send buffer")) : nullptr;
     f.recv = t.recv_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.recv_bytes, "the receive buffer")) : nullptr;
     for (size_t i = 0; i < f.slices.size() && !drain_; ++i) {
-      copy_slice(f.slices[i], /*pack=*/true, to_servers, f.send, send_at[i]);
+      copy_slice(f.slices[i], /*pack=*/true, to_servers, f.send, send_at[i], Peers::Others);
     }
     enqueue_transfer(f.send, t, f.recv, &f.timing);
     if (!ctx_.host_staged) {  // a staged exchange is complete on the caller's stream already
       f.done = done_event();
       check_cuda(cudaEventRecord(f.done, rt_.comm_stream), "cudaEventRecord");
+    }
+    for (size_t i = 0; i < f.slices.size() && !drain_; ++i) {  // this rank's own rows, while the others travel
+      if (f.self_direct[i]) {
+        copy_self(f.slices[i], to_servers);
+      } else {
+        copy_slice(f.slices[i], /*pack=*/true, to_servers, f.recv, f.recv_at[i], Peers::Self);
+      }
     }
     return f;
   }
@@ -754,7 +685,8 @@ class Mover {
       if (f.kv_sums && !plan_.tables[table_of(f.slices[i].set, owner_side)].exclusive) {
         sum_kv_rows(f.recv, f.slices[i]);  // the recv buffer holds this one slice, in wire order
       } else {
-        copy_slice(f.slices[i], /*pack=*/false, owner_side, f.recv, f.recv_at[i]);
+        copy_slice(f.slices[i], /*pack=*/false, owner_side, f.recv, f.recv_at[i],
+                   f.self_direct[i] ? Peers::Others : Peers::All);
       }
     }
     scratch_.give_back(f.send);
@@ -767,12 +699,16 @@ class Mover {
   // sending side's table) or unpack (buffer -> s.dst, with the receiving side's); `owner_side`: that side is the
   // owners'. A table's copies for peer p address the slice's own wire rows, which start after the rows of the peers
   // before p, so the buffer shifted back by those puts them at the slice's place in p's range (`at[p]`).
-  void copy_slice(const Slice& s, bool pack, bool owner_side, std::byte* buffer, const std::vector<uint64_t>& at) {
+  enum class Peers { All, Others, Self };  // which peers' rows copy_slice copies (Self: this rank's own)
+  void copy_slice(const Slice& s, bool pack, bool owner_side, std::byte* buffer, const std::vector<uint64_t>& at,
+                  Peers peers) {
     const Table& table = plan_.tables[table_of(s.set, owner_side)];
     const std::vector<int64_t>& rows = wire_rows(s.set, owner_side);
+    const size_t me = static_cast<size_t>(ctx_.comm->rank());
     const int64_t heads = s.row_bytes / static_cast<int64_t>(sizeof(float));  // an LSE slice's
     int64_t wire_row = 0;  // the slice's first wire row for peer p
     for (size_t p = 0; p < rows.size(); wire_row += rows[p], ++p) {
+      if ((peers == Peers::Others && p == me) || (peers == Peers::Self && p != me)) continue;
       const RowCopy* copies = (pack ? to_wire(table) : from_wire(table)) + table.peer_first[p];
       const int64_t n = table.peer_first[p + 1] - table.peer_first[p];
       std::byte* base = offset(buffer, static_cast<int64_t>(at[p]) - wire_row * s.row_bytes);
@@ -791,6 +727,41 @@ class Mover {
     }
   }
 
+  // Can a slice's rows for this rank itself go straight from its source tensor to its destination? Where the
+  // receiving side holds them as one range (packed into it with the sending side's table) or the sending side
+  // does (unpacked from it with the receiving side's); not an LSE (a strided copy) nor dK/dV the owner sums.
+  bool self_direct(const Slice& s, bool to_servers, bool kv_sums) const {
+    const size_t me = static_cast<size_t>(ctx_.comm->rank());
+    if (s.lse || (kv_sums && !plan_.tables[OwnerKv].exclusive)) return false;
+    return plan_.tables[table_of(s.set, !to_servers)].peer_direct[me] ||
+           plan_.tables[table_of(s.set, to_servers)].peer_direct[me];
+  }
+  // The self_direct copy of a slice's own rows (the table's copies address wire rows: the range's start is
+  // shifted back by the wire rows of the peers before this rank, as copy_slice does with a buffer).
+  void copy_self(const Slice& s, bool to_servers) {
+    const size_t me = static_cast<size_t>(ctx_.comm->rank());
+    const Table& sender = plan_.tables[table_of(s.set, to_servers)];
+    const Table& receiver = plan_.tables[table_of(s.set, !to_servers)];
+    const auto wire_before = [&](bool owner_side) {
+      const std::vector<int64_t>& rows = wire_rows(s.set, owner_side);
+      return std::accumulate(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(me), int64_t{0});
+    };
+    cudaError_t e;
+    if (receiver.peer_direct[me]) {
+      const int64_t shift = receiver.peer_row[me] - wire_before(to_servers);
+      e = kernels::copy_row_slices(s.src, s.src_stride, offset(static_cast<std::byte*>(s.dst), shift * s.dst_stride),
+                                   s.dst_stride, s.row_bytes, to_wire(sender) + sender.peer_first[me],
+                                   sender.peer_first[me + 1] - sender.peer_first[me], stream_);
+    } else {
+      const int64_t shift = sender.peer_row[me] - wire_before(!to_servers);
+      e = kernels::copy_row_slices(offset(static_cast<std::byte*>(const_cast<void*>(s.src)), shift * s.src_stride),
+                                   s.src_stride, s.dst, s.dst_stride, s.row_bytes,
+                                   from_wire(receiver) + receiver.peer_first[me],
+                                   receiver.peer_first[me + 1] - receiver.peer_first[me], stream_);
+    }
+    check_cuda(e, "this rank's own rows (copy kernel)");
+  }
+
   // The table of one side of an exchange: the owners' (to their servers, or back to them) or the server's.
   static TableId table_of(RunSet set, bool owner_side) {
     const bool q = set == RunSet::Q;
@@ -802,7 +773,8 @@ class Mover {
   }
 
   // The key/value owner's side of partial dK or dV in `recv` (wire order): the rows read by one server moved, the
-  // rows read by several summed (kv_sums_to_owners' rule), into `s.dst` with rows `s.dst_stride` bytes apart.
+  // rows read by several summed in fp32, peer after peer in rank order (bitwise reproducible), into `s.dst` with
+  // rows `s.dst_stride` bytes apart.
   void sum_kv_rows(const std::byte* recv, const Slice& s) {
     const Table& single = plan_.tables[OwnerKvSingle];
     check_cuda(kernels::copy_row_slices(recv, s.row_bytes, s.dst, s.dst_stride, s.row_bytes, to_wire(single),
@@ -832,52 +804,6 @@ class Mover {
   }
   const RowCopy* to_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.to_wire.ptr) + t.offset; }
   const RowCopy* from_wire(const Table& t) const { return static_cast<const RowCopy*>(plan_.from_wire.ptr) + t.offset; }
-
-  // Where the collective reads one tensor's rows for `table`: the tensor itself where it can (then
-  // *peer_rows = where each peer's range starts), else the send buffer, gathered into first.
-  const std::byte* pack(const Table& table, const void* src, int64_t row_bytes, const std::vector<int64_t>** peer_rows) {
-    if (in_place(table)) {
-      *peer_rows = &table.peer_row;
-      return static_cast<const std::byte*>(src);
-    }
-    *peer_rows = nullptr;
-    std::byte* send = scratch_.send();
-    if (!drain_) {
-      check_cuda(kernels::copy_row_ranges(src, send, row_bytes, to_wire(table), table.count, stream_),
-                 "pack (gather kernel)");
-    }
-    return send;
-  }
-
-  // Can the collective use the tensor itself on this side? Where each peer's rows are one range of it: NCCL
-  // reads and writes those ranges; a staged exchange copies them to and from its pinned buffers.
-  bool in_place(const Table& t) const { return !drain_ && t.direct; }
-
-  // One all_to_all_v of `row_bytes`-byte rows between owners and servers. `send_rows` / `recv_rows`: where
-  // each peer's rows start in the buffer (in place), else the wire order's cumulative offsets.
-  void exchange(const std::byte* send, std::byte* recv, Direction direction, RunSet set, int64_t row_bytes,
-                const std::vector<int64_t>* send_rows = nullptr, const std::vector<int64_t>* recv_rows = nullptr) {
-    const bool to_servers = direction == Direction::ToServers;
-    const std::vector<int64_t>& out = wire_rows(set, to_servers);
-    const std::vector<int64_t>& in = wire_rows(set, !to_servers);
-    Transfer t;
-    const size_t world = out.size();
-    t.send_counts.resize(world);
-    t.send_displs.resize(world);
-    t.recv_counts.resize(world);
-    t.recv_displs.resize(world);
-    for (size_t p = 0; p < world; ++p) {
-      t.send_counts[p] = static_cast<uint64_t>(out[p] * row_bytes);
-      t.recv_counts[p] = static_cast<uint64_t>(in[p] * row_bytes);
-      t.send_displs[p] = send_rows != nullptr ? static_cast<uint64_t>((*send_rows)[p] * row_bytes) : t.send_bytes;
-      t.recv_displs[p] = recv_rows != nullptr ? static_cast<uint64_t>((*recv_rows)[p] * row_bytes) : t.recv_bytes;
-      t.send_bytes += t.send_counts[p];
-      t.recv_bytes += t.recv_counts[p];
-    }
-    // One all_to_all_v, waited for by the caller's stream (a staged one already ran on it).
-    enqueue_transfer(send, t, recv);
-    if (!ctx_.host_staged) check_cuda(cudaStreamWaitEvent(stream_, rt_.done, 0), "cudaStreamWaitEvent");
-  }
 
   // The all_to_all_v of `t` on the communication stream after the caller's work so far; its end is rt_.done. A
   // staged exchange (host_staged) runs here, to its end on the caller's stream. `joined_later`: the caller joins
@@ -1015,11 +941,13 @@ HeadGroups head_groups_of(const DevicePlan& dp, const CallShape& shape, const Se
                     batch.kv_rows, shape.num_q_heads};
 }
 
-// The pipeline of a call by head groups: every group's inbound exchange started (in group order), the tasks run in
-// place (`own`), then per group: join its inbound, `compute` it, start its outbound exchanges (`send_back`); the
-// outbound ones are joined at the end. Each group's inbound slices come from `inbound`.
+// The pipeline of a call by head groups (one group: the whole call): every group's inbound exchange started (in
+// group order), the tasks run in place (`own`), then per group: join its inbound, `compute` it, start its outbound
+// exchanges (`send_back`); `computed` runs after the last group's compute (what only the compute read can go), and
+// the outbound exchanges are joined at the end. Each group's inbound slices come from `inbound`.
 void pipeline_head_groups(Mover& move, int64_t groups, const std::function<std::vector<Mover::Slice>(int64_t)>& inbound,
                           const std::function<void()>& own, const std::function<void(int64_t)>& compute,
+                          const std::function<void()>& computed,
                           const std::function<void(int64_t, std::vector<Mover::InFlight>&)>& send_back) {
   std::vector<Mover::InFlight> in, out;
   for (int64_t g = 0; g < groups; ++g) in.push_back(move.start(Direction::ToServers, inbound(g)));
@@ -1027,18 +955,18 @@ void pipeline_head_groups(Mover& move, int64_t groups, const std::function<std::
   for (int64_t g = 0; g < groups; ++g) {
     move.finish(in[static_cast<size_t>(g)]);
     compute(g);
+    if (g == groups - 1) computed();
     send_back(g, out);
   }
   for (Mover::InFlight& f : out) move.finish(f);
 }
 
-// A pipelined forward (DevicePlan::pipelined: by head groups, or in one group where tasks run in place): Q/K/V in,
-// O and LSE back, one collective per group each way. `failed`: the backend whose call failed (`own`, the tasks run
+// A forward: Q/K/V in, O and LSE back, one collective per head group each way. `failed`: the backend whose call failed (`own`, the tasks run
 // in place, sets it too); from the first failure on nothing more is computed or written to the caller's tensors,
 // but every exchange still runs (the peers wait for them).
-void forward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape, const cad_attention_forward_args_v1_t* args,
+void forward_groups(CadContext& ctx, CadPlan& plan, const CallShape& shape, const cad_attention_forward_args_v1_t* args,
                        const ServerBatchTensors& server, Mover& move, bool drain, const std::function<void()>& own,
-                       const ServerBackend*& failed) {
+                       const std::function<void()>& computed, const ServerBackend*& failed) {
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
   const HeadGroups hg = head_groups_of(*plan.device, shape, batch);
   const CallShape group_shape = head_group_shape(shape, plan.device->head_groups);
@@ -1059,6 +987,7 @@ void forward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape, c
           failed = &ctx.server;
         }
       },
+      computed,
       [&](int64_t g, std::vector<Mover::InFlight>& out) {
         if (failed != nullptr) move.stop_writing();
         out.push_back(move.start(Direction::ToOwners,
@@ -1067,11 +996,12 @@ void forward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape, c
       });
 }
 
-// A pipelined backward: dO (and Q, O, LSE, K, V where the forward kept nothing) in; dQ back, and dK and dV each with
-// the moved / summed rule (kv_sums_to_owners'). Failures as in the forward.
-void backward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape,
+// A backward: dO (and Q, O, LSE, K, V where the forward kept nothing) in; dQ back, and dK and dV each with
+// the moved / summed rule (Mover::sum_kv_rows). Failures as in the forward.
+void backward_groups(CadContext& ctx, CadPlan& plan, const CallShape& shape,
                         const cad_attention_backward_args_v1_t* args, const ServerBatchTensors& server, bool kept,
-                        Mover& move, bool drain, const std::function<void()>& own, const ServerBackend*& failed) {
+                        Mover& move, bool drain, const std::function<void()>& own,
+                        const std::function<void()>& computed, const ServerBackend*& failed) {
   const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(ctx.comm->rank())];
   const HeadGroups hg = head_groups_of(*plan.device, shape, batch);
   const CallShape group_shape = head_group_shape(shape, plan.device->head_groups);
@@ -1098,6 +1028,7 @@ void backward_pipelined(CadContext& ctx, CadPlan& plan, const CallShape& shape,
           failed = &ctx.server;
         }
       },
+      computed,
       [&](int64_t g, std::vector<Mover::InFlight>& out) {
         if (failed != nullptr) move.stop_writing();
         out.push_back(move.start(Direction::ToOwners, {hg.rows(RunSet::Q, g, owner(&Args::d_q), server.d_q, false)}));
@@ -1169,9 +1100,9 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
       });
     }
   }
-  // The tasks this rank runs in place, on the call's stream while the collective moves the other rows (where
-  // some rank runs any, every call is pipelined: pipeline_head_groups). They write every row of the host's O and
-  // LSE (0 and -inf where they have none), before the results coming back land.
+  // The tasks this rank runs in place, on the call's stream while the collective moves the other rows
+  // (pipeline_head_groups). They write every row of the host's O and LSE (0 and -inf where they have none), before
+  // the results coming back land.
   const ServerBackend* failed = nullptr;  // the backend whose call failed
   const auto own_forward = [&] {
     if (own.segments.empty() || drain) return;
@@ -1192,49 +1123,19 @@ void device_forward(CadContext& ctx, CadPlan& plan, const CallShape& shape, cons
       copy_tensor(s.own_lse.ptr, t.lse, t_rows * static_cast<size_t>(hq) * sizeof(float), stream);
     }
   };
-  Mover move(ctx, dp, scratch, stream, drain, stats);
-  if (dp.pipelined) {
-    ServerBatchTensors server;
-    server.q = q, server.k = k, server.v = v, server.o = o, server.lse = static_cast<float*>(lse);
-    forward_pipelined(ctx, plan, shape, args, server, move, drain, own_forward, failed);
-    if (keep == nullptr) {
-      scratch.give_back(q);
-      scratch.give_back(k);
-      scratch.give_back(v);
-    }
-    stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
-    if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "forward");
-    return;
-  }
-  // Unpipelined: one collective per tensor, each side in place where its rows for each peer are one range.
-  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
-  move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
-  move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
-
-  if (failed == nullptr && batch.q_rows > 0 && !drain) {
-    ServerBatchTensors t;
-    t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
-    if (timed_server_forward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
-                            call_stream) != CAD_STATUS_OK) {
-      failed = &ctx.server;
-    }
-  }
-  if (failed != nullptr) {
-    // Peers wait for this rank's results: finish the collectives (drained) before reporting.
-    CallStats ignored;
-    Mover(ctx, dp, scratch, stream, true, ignored).rows(Direction::ToOwners, RunSet::Q, nullptr, nullptr, q_bytes);
-    Mover(ctx, dp, scratch, stream, true, ignored).lse(Direction::ToOwners, nullptr, 0, nullptr, 0, hq);
-    server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "forward");
-  }
-  if (keep == nullptr) {  // the server batch's Q/K/V scratch is done once its forward ran
+  // The server batch's Q/K/V scratch is done once its forward ran: given back before O and LSE travel.
+  const auto computed = [&] {
+    if (keep != nullptr) return;
     scratch.give_back(q);
     scratch.give_back(k);
     scratch.give_back(v);
-  }
-  move.rows(Direction::ToOwners, RunSet::Q, o, drain ? nullptr : data(args->o), q_bytes);
-  move.lse(Direction::ToOwners, static_cast<float*>(lse), batch.q_rows,
-           drain ? nullptr : static_cast<float*>(data(args->lse)), shape.tokens, hq);
+  };
+  Mover move(ctx, dp, scratch, stream, drain, stats);
+  ServerBatchTensors server;
+  server.q = q, server.k = k, server.v = v, server.o = o, server.lse = static_cast<float*>(lse);
+  forward_groups(ctx, plan, shape, args, server, move, drain, own_forward, computed, failed);
   stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
+  if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "forward");
 }
 
 void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
@@ -1245,8 +1146,6 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
   void* const call_stream = args != nullptr ? args->stream : nullptr;
   const cudaStream_t stream = static_cast<cudaStream_t>(call_stream);
   const int32_t me = ctx.comm->rank();
-  const ServerBatch& batch = plan.step.layout.servers[static_cast<size_t>(me)];
-  const int64_t q_bytes = shape.q_row_bytes(), kv_bytes = shape.kv_row_bytes(), hq = shape.num_q_heads;
   const bool kept = saved != nullptr && saved->device != nullptr;
   const ServerBatch& own = plan.step.layout.own[static_cast<size_t>(me)];
   wait_for_tables(dp, stream);
@@ -1298,49 +1197,17 @@ void device_backward(CadContext& ctx, CadPlan& plan, const CallShape& shape,
     q = s.q.ptr, k = s.k.ptr, v = s.v.ptr, o = s.o.ptr, lse = s.lse.ptr;
     s.stream = call_stream;  // released after this backward, in its stream order
   }
-  // dO, and unless the servers kept them Q, O, LSE, K, V; LSE always on its own (a strided copy).
-  const auto move_lse = [&] {
-    move.lse(Direction::ToServers, drain ? nullptr : static_cast<const float*>(data(args->lse)), shape.tokens,
-             static_cast<float*>(lse), batch.q_rows, hq);
-  };
-  if (dp.pipelined) {
-    ServerBatchTensors server;
-    server.q = q, server.k = k, server.v = v, server.o = o, server.lse = static_cast<float*>(lse);
-    server.d_o = d_o, server.d_q = d_q, server.d_k = d_k, server.d_v = d_v;
-    backward_pipelined(ctx, plan, shape, args, server, kept, move, drain, own_backward, failed);
+  // What the server backward read is no longer needed: dO and, where they were kept, the forward's tensors go
+  // back before the gradients travel (the return exchanges' buffers then reuse that memory).
+  const auto computed = [&] {
+    scratch.give_back(d_o);
     if (kept) saved->device.reset();
-    stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
-    if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "backward");
-    return;
-  }
-  // Unpipelined: one collective per tensor, each side in place where its rows for each peer are one range.
-  move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->d_o), d_o, q_bytes);
-  if (!kept) {
-    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->q), q, q_bytes);
-    move.rows(Direction::ToServers, RunSet::Q, drain ? nullptr : data(args->o), o, q_bytes);
-    move_lse();
-    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->k), k, kv_bytes);
-    move.rows(Direction::ToServers, RunSet::KV, drain ? nullptr : data(args->v), v, kv_bytes);
-  }
-
-  if (failed == nullptr && batch.q_rows > 0 && !drain) {
-    ServerBatchTensors t;
-    t.q = q, t.k = k, t.v = v, t.o = o, t.lse = static_cast<float*>(lse);
-    t.d_o = d_o, t.d_q = d_q, t.d_k = d_k, t.d_v = d_v;
-    if (timed_server_backward(ctx, plan, Batch::Served, shape, t, cad_device_v1_t{CAD_DEVICE_CUDA, dp.device},
-                             call_stream) != CAD_STATUS_OK) {
-      failed = &ctx.server;
-    }
-  }
-  // What the server backward read is no longer needed: dO and, where they were kept, the forward's tensors
-  // go back before the gradients travel (the return exchanges' wire buffers then reuse that memory).
-  scratch.give_back(d_o);
+  };
+  ServerBatchTensors server;
+  server.q = q, server.k = k, server.v = v, server.o = o, server.lse = static_cast<float*>(lse);
+  server.d_o = d_o, server.d_q = d_q, server.d_k = d_k, server.d_v = d_v;
+  backward_groups(ctx, plan, shape, args, server, kept, move, drain, own_backward, computed, failed);
   if (kept) saved->device.reset();
-  const bool skip = drain || failed != nullptr;
-  if (skip) move.stop_writing();
-  move.rows(Direction::ToOwners, RunSet::Q, d_q, skip ? nullptr : data(args->d_q), q_bytes);
-  move.kv_sums_to_owners(d_k, skip ? nullptr : data(args->d_k), shape);
-  move.kv_sums_to_owners(d_v, skip ? nullptr : data(args->d_v), shape);
   stats.workspace_bytes = device_plan_bytes(dp) + scratch.peak_bytes();
   if (failed != nullptr) server_failed(*failed, CAD_STATUS_DEVICE_ERROR, "backward");
 }

@@ -1,24 +1,22 @@
 // device_path.h -- CAD's CUDA data path (DESIGN.md steps 3-5 on the GPU).
 //
-// Every exchange moves ONE tensor with one all_to_all_v, so that each side can use its tensor in place
-// when each peer's rows are one range of it (then the collective reads or writes the tensor with per-peer
-// displacements; otherwise they go through a copy):
-//   owner tensor --gather--> send buffer --all_to_all_v--> receive buffer --scatter--> server batch tensor
-// and back. Gathers and scatters are row-range copy kernels over index tables built once per plan and kept
-// in device memory (wire_tables.h). The server batch is laid out in owner order (layout.h), so the servers'
-// side is mostly in place; KV prefixes leave their owner in place (one range per server). LSE ([Hq, T] fp32)
-// moves as wire rows [T, Hq] through a strided copy. Partial dK/dV coming back to a key/value owner: a row
-// read by one server is moved; a row read by several is summed in fp32 over them in rank order, in one
-// pass (bitwise reproducible).
-// Pipelined calls (with head_groups G > 1, or in one group where some rank runs tasks in place; both off by
-// default, context.h) move each direction's tensors in ONE collective per head group instead, packed per peer
-// (copy_row_slices: a group is a head slice of every moved row): the server batch is laid out group after group
-// ([G][rows][H/G][D]); every group's inbound collective is enqueued at once, then the tasks run in place (on the
-// owner's own tensors, while the rows are in flight); the server computes group g once its collective is joined,
-// enqueues group g's outbound collective (O and LSE; dQ, and dK and dV each with the moved/summed rule) and goes on
-// with group g + 1; the outbound ones are joined at the end. Where tasks run in place, every dK/dV row coming back
-// is added to the owner's own partial sums. The same tables serve every path: a group changes a row's bytes and
-// stride, never which rows move.
+// A call moves each direction's tensors in ONE all_to_all_v per head group (one group unless head_groups asks for
+// more; context.h), the rows for each peer packed together (row-range copy kernels over index tables built once
+// per plan and kept in device memory, wire_tables.h):
+//   owner tensors --pack--> send buffer --all_to_all_v--> receive buffer --unpack--> server batch tensors
+// and back. The rows a rank sends itself never travel: they are copied from the source tensor straight into the
+// destination (the server batch is laid out in owner order, layout.h, so its side holds them as one range), beside
+// the collective. LSE ([Hq, T] fp32) moves as wire rows [T, Hq] through a strided copy. Partial dK/dV coming back to
+// a key/value owner: a row read by one server is moved; a row read by several is summed in fp32 over them in rank
+// order, in one pass (bitwise reproducible). Measured on 2 H200s over the copy engines (docs/multi_gpu.md, run 55):
+// one collective per tensor, each waited for before the next was packed, left the link idle between tensors.
+// With head groups G > 1 the server batch is laid out group after group ([G][rows][H/G][D]; copy_row_slices moves
+// a head slice of every row); every group's inbound collective is enqueued at once, then the tasks run in place
+// (on the owner's own tensors, while the rows are in flight; own_tasks_in_place); the server computes group g once
+// its collective is joined, enqueues group g's outbound collective (O and LSE; dQ, and dK and dV each with the
+// moved/summed rule) and goes on with group g + 1; the outbound ones are joined at the end. Where tasks run in
+// place, every dK/dV row coming back is added to the owner's own partial sums. The same tables serve every group
+// count: a group changes a row's bytes and stride, never which rows move.
 //
 // The collectives run on the instance's communication stream, joined to the caller's stream with events
 // (NCCL), or are staged through pinned host buffers when the communicator works on host memory (MPI),

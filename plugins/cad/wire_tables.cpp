@@ -72,10 +72,12 @@ WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bo
     const Route& route = owner_side ? layout.route(me, peer) : layout.route(peer, me);
     int64_t next = -1;  // the tensor row that continues this peer's range
     t.peer_row.push_back(0);
+    t.peer_direct.push_back(true);
     for (const RowRun& run : q_runs ? route.q : route.kv) {
       const int64_t row = owner_side ? run.src_row : run.dst_row;
       if (next < 0) t.peer_row.back() = row;
-      t.direct = t.direct && (next < 0 || row == next);
+      if (next >= 0 && row != next) t.peer_direct.back() = false;
+      t.direct = t.direct && t.peer_direct.back();
       next = row + run.count;
       t.to_wire.push_back(WireCopy{row, wire, run.count});
       t.from_wire.push_back(WireCopy{wire, row, run.count});

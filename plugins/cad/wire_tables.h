@@ -32,6 +32,7 @@ struct WireTable {
   // where those ranges also follow each other in peer order (what a contiguous staging copy needs).
   bool direct = true;
   std::vector<int64_t> peer_row;
+  std::vector<bool> peer_direct;  // per peer: its rows are one range (`direct` is all of them)
   // Owner side of key/value rows (built when `tokens` is given): partial dK/dV come back from every server
   // that read the row. Rows read by one server only are moved (`single`: wire row -> owner row). A row read
   // by several ("shared", i-th of shared_rows) is the fp32 sum of its wire rows

@@ -520,14 +520,19 @@ TEST(WireTables, DirectWhenEveryPeerIsOneRangeAndIdentityImpliesDirect) {
         for (bool q : {true, false}) {
           const cp::WireTable t = cp::build_wire_table(l, me, owner, q);
           EXPECT_TRUE(!t.identity || t.direct) << "identity implies direct";
-          if (!t.direct) continue;
-          for (size_t p = 0; p + 1 < t.peer_first.size(); ++p) {  // one range per peer, starting at peer_row
+          ASSERT_EQ(t.peer_direct.size() + 1, t.peer_first.size());
+          bool all = true;
+          for (size_t p = 0; p + 1 < t.peer_first.size(); ++p) {  // peer_direct: one range, starting at peer_row
+            bool one_range = true;
             int64_t next = t.peer_row[p];
             for (int64_t i = t.peer_first[p]; i < t.peer_first[p + 1]; ++i) {
-              EXPECT_EQ(t.to_wire[static_cast<size_t>(i)].src_row, next);
+              one_range = one_range && t.to_wire[static_cast<size_t>(i)].src_row == next;
               next += t.to_wire[static_cast<size_t>(i)].num_rows;
             }
+            EXPECT_EQ(t.peer_direct[p], one_range) << "peer " << p;
+            all = all && one_range;
           }
+          EXPECT_EQ(t.direct, all) << "direct: every peer one range";
         }
       }
     }
