@@ -37,7 +37,8 @@
 # TRAINER_ARGS adds trainer options to every run (e.g. '--gc freeze', or a Gemma-3-like layer pattern:
 # '--window 4096 --global-every 6', or '--profile-trace' for a timeline of the profiled step); PROFILE_STEP=N (default off: it costs one
 # more step per configuration) profiles step N's batch again after the timed steps, per rank, into
-# train_<config>_<context>_profile_rank<R>.json.
+# train_<config>_<context>_profile_rank<R>.json (with '--profile-trace' also its timeline, _trace_rank<R>.json:
+# `python3 tests/multi_gpu/trace_calls.py` says per CAD call what it paid beyond its attention on that rank).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/multi_gpu_out}"
