@@ -52,7 +52,13 @@ HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4
                  "trainer_h200x2_run47/a/round1", "trainer_h200x2_run47/a/round2",
                  "trainer_h200x2_run49/a/round1", "trainer_h200x2_run49/a/round2",
                  "trainer_h200x2_run50/a/round1", "trainer_h200x2_run50/a/round2", "trainer_h200x2_run50/a/round3",
-                 "trainer_h200x2_run51/a/round1", "trainer_h200x2_run51/a/round2"]
+                 "trainer_h200x2_run51/a/round1", "trainer_h200x2_run51/a/round2",
+                 # runs 53-57 (2026-11-28, session i): the old per-tensor path (53; 56's old*), then one collective
+                 # per direction with own rows off the wire (55-57's new*); 128K (56) and 256K (57), one round
+                 "trainer_h200x2_run53/a/round1", "trainer_h200x2_run53/a/round2",
+                 "trainer_h200x2_run55/new1", "trainer_h200x2_run55/new2",
+                 "trainer_h200x2_run56/new1", "trainer_h200x2_run56/new2", "trainer_h200x2_run56/old1",
+                 "trainer_h200x2_run56/old2", "trainer_h200x2_run56/k128", "trainer_h200x2_run57/k256"]
 RECENT_RUNS = set(HELD_OUT_RUNS[HELD_OUT_RUNS.index("trainer_h200x2_run34/a"):])
 # What the model has terms for: the attention (local, torch_varlen) or balancer, and ping-pong. The recent runs also
 # tried the dynamic forward walk, the own tasks in place, head groups, NCCL options and balancer tolerances.
