@@ -925,11 +925,19 @@ def train_one(args, rank, world, device, lengths):
              head_groups=args.cad_head_groups,
              balancer_config=balancer_config(args))
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
+    # The decision, made after step `decided_at` of the schedule, takes effect from the second step after it: the
+    # next step's first micro-batch was asked for (its plans made ahead) while the step ran, undecided, i.e.
+    # unsplit. Waiting for the decision before asking made that plan at the micro-batch's start instead, on the
+    # critical path (18-34 ms in the step after the decision, 2 H200s at 64K: docs/multi_gpu.md, run 53).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
         if args.ping_pong and args.ping_pong_when == "worthwhile" else None
+    decided_at = None  # the schedule index after which choice decided
 
-    def splitting():
-        return bool(args.ping_pong) and (choice is None or choice.split is True)
+    def splitting(index):
+        """Whether step `index` of the schedule splits its micro-batches (the same on every rank)."""
+        if not args.ping_pong or choice is None:
+            return bool(args.ping_pong)
+        return choice.split is True and decided_at is not None and index >= decided_at + 2
 
     def set_split(split):
         # Attention times wait for the GPU around every call, except with ping-pong on CUDA, where waiting would
@@ -983,11 +991,11 @@ def train_one(args, rank, world, device, lengths):
         return micro
 
     def ask(micro, index, mb):
-        """Micro-batch mb's nano-batches (split or not: splitting()), parts and plans (collective with CAD, in
+        """Micro-batch mb's nano-batches (split or not: splitting(index)), parts and plans (collective with CAD, in
         the same order on every rank): with --plan-ahead on, queued on CAD's planning thread; otherwise made now."""
         if micro[mb][3] is None:
             docs_by_rank = micro[mb][0]
-            split = splitting()
+            split = splitting(index)
             nanos = micro[mb][1] = nano_batches(docs_by_rank, split)
             if split and len(nanos[rank]) < 2 and rank == 0:
                 print(f"step {schedule[index][0]}: ping-pong off for micro-batch {mb}: rank(s) "
@@ -1004,7 +1012,7 @@ def train_one(args, rank, world, device, lengths):
     retries_before = allocator_retries(device)
     for index, (step, profiling) in enumerate(schedule):
         micro = loaded.pop(index, None) or load(step)
-        synced_timing = set_split(splitting())
+        synced_timing = set_split(splitting(index))
         if ahead:
             ask(micro, index, 0)  # usually asked for during the step before
         if device.type == "cuda":
@@ -1030,7 +1038,7 @@ def train_one(args, rank, world, device, lengths):
                     ask(micro, index, mb + 1)
             elif index + 1 < len(schedule):
                 loaded[index + 1] = load(schedule[index + 1][0])
-                if ahead and (choice is None or choice.split is not None):  # undecided: split unknown yet
+                if ahead:
                     ask(loaded[index + 1], index + 1, 0)
             ask(micro, index, mb)  # without --plan-ahead: made here, at the micro-batch's start
             docs_by_rank, nanos, inputs, parts = entry
@@ -1134,6 +1142,7 @@ def train_one(args, rank, world, device, lengths):
             history.append(record)
         if choice is not None and choice.split is None and index >= 1 and not split and not profiling:
             choice.observe(slowest * 1e3, max(record["exchange_stall_ms"]))  # step 0 warms up
+            decided_at = index
             if rank == 0:
                 print(f"step {step}: {choice.reason}", flush=True)
         if rank == 0:
@@ -1269,7 +1278,8 @@ def parse_args(argv=None):
                    help="with --ping-pong: always split, or worthwhile: run unsplit until one measured step (after "
                         "the warm-up) says whether CAD's exchanges stall the step long enough to be worth hiding "
                         "(cad.PingPongChoice: at least --ping-pong-min-stall-share of the step), then split or not "
-                        "for good, saying why (the summary's ping_pong_decision)")
+                        "for good from the second step after it (the next one's plans were made ahead, unsplit), "
+                        "saying why (the summary's ping_pong_decision)")
     p.add_argument("--ping-pong-min-stall-share", type=float, default=0.07,
                    help="what splitting costs, as a share of the step (default 0.07: on 2 and 4 H200s at 64K-128K "
                         "tokens per GPU ping-pong lost 0.1-3%% of the step where the unsplit stall was 2.5-4.2%%, "

@@ -72,10 +72,10 @@ def _cases():
                                                                      "--seed", seed, *PING_PONG_ARGS, *pp]
     cases["pp/one_lane"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1", *PING_PONG_ARGS,
                             "--ping-pong", "--ping-pong-lanes", "1"]
-    for share in ("0.07", "0"):  # CPU: no GPU exchanges, so no stall: off at 0.07, on from step 2 at 0
+    for share in ("0.07", "0"):  # CPU: no GPU exchanges, so no stall: off at 0.07, on from step 3 at 0
         cases[f"pp/worthwhile/{share}"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1",
                                            "--ping-pong", "--ping-pong-when", "worthwhile",
-                                           "--ping-pong-min-stall-share", share, *PING_PONG_ARGS]
+                                           "--ping-pong-min-stall-share", share, *PING_PONG_ARGS, "--steps", "4"]
     cases["gc/freeze"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1", "--gc", "freeze",
                           *PING_PONG_ARGS]
     cases["timing/unsynced"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1",
@@ -293,10 +293,11 @@ def test_ping_pong_on_one_lane_or_two_computes_the_same(trained):
 def test_ping_pong_when_worthwhile_decides_from_a_measured_step(trained):
     """--ping-pong-when worthwhile: unsplit for the warm-up and one measured step, then split for good only if the
     exchanges stalled that step for at least the given share (on CPU there are no GPU exchanges: a stall of 0),
-    saying why; the losses stay those of the plain run either way."""
+    saying why; the losses stay those of the plain run either way. The decision after step 1 takes effect at
+    step 3: step 2's first micro-batch was asked for (planned ahead) while step 1 ran, undecided."""
     plain = _result(trained, "pp/cad/prefix_aware/1/False")
-    for share, splits, verdict in (("0.07", [False, False, False], "ping-pong off"),
-                                   ("0", [False, False, True], "ping-pong on")):
+    for share, splits, verdict in (("0.07", [False, False, False, False], "ping-pong off"),
+                                   ("0", [False, False, False, True], "ping-pong on")):
         run = _result(trained, f"pp/worthwhile/{share}")
         assert [r["ping_pong"] for r in run["steps"]] == splits, share
         assert run["summary"]["ping_pong_decision"].startswith(verdict), run["summary"]["ping_pong_decision"]
