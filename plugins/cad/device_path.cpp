@@ -613,40 +613,27 @@ class Mover {
     ExchangeEvents* timing = nullptr;  // in the runtime's queue until finish() joins it, or NULL (untimed)
   };
 
-  // Packs the slices' rows for the other ranks into one send buffer (per peer: each slice's rows in turn) and
-  // enqueues their all_to_all_v; the receiving side is unpacked by finish(). The rows a rank sends itself never
-  // travel: beside the collective they are copied from the source tensor straight into the destination where one
-  // side holds them as one range (`self_direct`), else (LSE, summed dK/dV) packed into the receive buffer's place
-  // for them and unpacked with the rest.
+  // Packs the slices' rows for the other ranks into one send buffer (per peer: each slice's rows in turn,
+  // place_wire_parts) and enqueues their all_to_all_v; the receiving side is unpacked by finish(). The rows a rank
+  // sends itself never travel: beside the collective they are copied from the source tensor straight into the
+  // destination where one side holds them as one range (`self_direct`), else (LSE, summed dK/dV) packed into the
+  // receive buffer's place for them and unpacked with the rest.
   InFlight start(Direction direction, std::vector<Slice> slices, bool kv_sums = false) {
     const bool to_servers = direction == Direction::ToServers;
-    const size_t world = plan_.owner_q_rows.size();
-    const size_t me = static_cast<size_t>(ctx_.comm->rank());
     InFlight f;
     f.direction = direction;
     f.slices = std::move(slices);
     f.kv_sums = kv_sums;
-    for (const Slice& slice : f.slices) f.self_direct.push_back(self_direct(slice, to_servers, kv_sums));
-    Transfer t;
-    t.send_counts.assign(world, 0), t.send_displs.assign(world, 0);
-    t.recv_counts.assign(world, 0), t.recv_displs.assign(world, 0);
-    std::vector<std::vector<uint64_t>> send_at(f.slices.size(), std::vector<uint64_t>(world));
-    f.recv_at = send_at;
-    for (size_t p = 0; p < world; ++p) {
-      t.send_displs[p] = t.send_bytes;
-      t.recv_displs[p] = t.recv_bytes;
-      for (size_t i = 0; i < f.slices.size(); ++i) {
-        send_at[i][p] = t.send_bytes;
-        f.recv_at[i][p] = t.recv_bytes;
-        const int64_t row_bytes = f.slices[i].row_bytes;
-        if (p != me) t.send_bytes += static_cast<uint64_t>(wire_rows(f.slices[i].set, to_servers)[p] * row_bytes);
-        if (p != me || !f.self_direct[i]) {
-          t.recv_bytes += static_cast<uint64_t>(wire_rows(f.slices[i].set, !to_servers)[p] * row_bytes);
-        }
-      }
-      t.send_counts[p] = t.send_bytes - t.send_displs[p];
-      t.recv_counts[p] = p == me ? 0 : t.recv_bytes - t.recv_displs[p];
+    std::vector<WirePart> parts;
+    for (const Slice& slice : f.slices) {
+      f.self_direct.push_back(self_direct(slice, to_servers, kv_sums));
+      parts.push_back(WirePart{slice.row_bytes, &wire_rows(slice.set, to_servers), &wire_rows(slice.set, !to_servers),
+                               f.self_direct.back()});
     }
+    WirePlacement placed = place_wire_parts(parts, static_cast<int32_t>(plan_.owner_q_rows.size()), ctx_.comm->rank());
+    const Transfer& t = placed.transfer;
+    const std::vector<std::vector<uint64_t>>& send_at = placed.send_at;
+    f.recv_at = std::move(placed.recv_at);
     f.send = t.send_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.send_bytes, "the send buffer")) : nullptr;
     f.recv = t.recv_bytes > 0 ? static_cast<std::byte*>(scratch_.take(t.recv_bytes, "the receive buffer")) : nullptr;
     for (size_t i = 0; i < f.slices.size() && !drain_; ++i) {
@@ -706,11 +693,11 @@ class Mover {
     const std::vector<int64_t>& rows = wire_rows(s.set, owner_side);
     const size_t me = static_cast<size_t>(ctx_.comm->rank());
     const int64_t heads = s.row_bytes / static_cast<int64_t>(sizeof(float));  // an LSE slice's
-    int64_t wire_row = 0;  // the slice's first wire row for peer p
-    for (size_t p = 0; p < rows.size(); wire_row += rows[p], ++p) {
+    for (size_t p = 0; p < rows.size(); ++p) {
       if ((peers == Peers::Others && p == me) || (peers == Peers::Self && p != me)) continue;
       const RowCopy* copies = (pack ? to_wire(table) : from_wire(table)) + table.peer_first[p];
       const int64_t n = table.peer_first[p + 1] - table.peer_first[p];
+      const int64_t wire_row = wire_rows_before(rows, static_cast<int32_t>(p));
       std::byte* base = offset(buffer, static_cast<int64_t>(at[p]) - wire_row * s.row_bytes);
       float* wire_lse = reinterpret_cast<float*>(base);
       cudaError_t e;
@@ -739,13 +726,11 @@ class Mover {
   // The self_direct copy of a slice's own rows (the table's copies address wire rows: the range's start is
   // shifted back by the wire rows of the peers before this rank, as copy_slice does with a buffer).
   void copy_self(const Slice& s, bool to_servers) {
-    const size_t me = static_cast<size_t>(ctx_.comm->rank());
+    const int32_t rank = ctx_.comm->rank();
+    const size_t me = static_cast<size_t>(rank);
     const Table& sender = plan_.tables[table_of(s.set, to_servers)];
     const Table& receiver = plan_.tables[table_of(s.set, !to_servers)];
-    const auto wire_before = [&](bool owner_side) {
-      const std::vector<int64_t>& rows = wire_rows(s.set, owner_side);
-      return std::accumulate(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(me), int64_t{0});
-    };
+    const auto wire_before = [&](bool owner_side) { return wire_rows_before(wire_rows(s.set, owner_side), rank); };
     cudaError_t e;
     if (receiver.peer_direct[me]) {
       const int64_t shift = receiver.peer_row[me] - wire_before(to_servers);

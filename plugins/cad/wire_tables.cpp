@@ -91,6 +91,37 @@ WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bo
   return t;
 }
 
+WirePlacement place_wire_parts(const std::vector<WirePart>& parts, int32_t world_size, int32_t me) {
+  const size_t world = static_cast<size_t>(world_size);
+  const size_t self = static_cast<size_t>(me);
+  WirePlacement w;
+  Transfer& t = w.transfer;
+  t.send_counts.assign(world, 0), t.send_displs.assign(world, 0);
+  t.recv_counts.assign(world, 0), t.recv_displs.assign(world, 0);
+  w.send_at.assign(parts.size(), std::vector<uint64_t>(world, 0));
+  w.recv_at = w.send_at;
+  for (size_t p = 0; p < world; ++p) {
+    t.send_displs[p] = t.send_bytes;
+    t.recv_displs[p] = t.recv_bytes;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const WirePart& part = parts[i];
+      w.send_at[i][p] = t.send_bytes;
+      w.recv_at[i][p] = t.recv_bytes;
+      if (p != self) t.send_bytes += static_cast<uint64_t>((*part.send_rows)[p] * part.row_bytes);
+      if (p != self || !part.self_direct) t.recv_bytes += static_cast<uint64_t>((*part.recv_rows)[p] * part.row_bytes);
+    }
+    t.send_counts[p] = t.send_bytes - t.send_displs[p];
+    t.recv_counts[p] = p == self ? 0 : t.recv_bytes - t.recv_displs[p];
+  }
+  return w;
+}
+
+int64_t wire_rows_before(const std::vector<int64_t>& rows_per_peer, int32_t peer) {
+  int64_t rows = 0;
+  for (int32_t p = 0; p < peer; ++p) rows += rows_per_peer[static_cast<size_t>(p)];
+  return rows;
+}
+
 int64_t WorkspaceSizes::plan_total() const {
   int64_t total = 2 * tables + 2 * wire + 2 * server_q + 2 * server_kv + sum_index;  // dO dQ, dK dV
   if (!keep_forward_tensors) total += 2 * server_q + 2 * server_kv + server_lse;  // Q O, K V, LSE

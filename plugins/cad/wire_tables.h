@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "exchange.h"
 #include "layout.h"
 #include "validate.h"
 
@@ -51,6 +52,27 @@ struct WireTable {
 // `tokens`: the owner's row count (owner side: decides `exclusive`). `sum_every_row`: see WireTable.
 WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs, int64_t tokens = -1,
                            bool sum_every_row = false);
+
+// ---- One exchange of the CUDA data path (device_path.cpp; tests run the same arithmetic on the host) ----
+// Its tensors' rows ("parts": Q, K and V; O and LSE; ...) lie per peer one after another, in both buffers (as
+// exchange.h's on the CPU path). A rank's rows to itself never enter the collective: where `self_direct` they are
+// copied from tensor to tensor beside it (one side holds them as one range: WireTable::peer_direct), else the
+// rank packs them into the receive buffer at their place, outside the collective's counts.
+struct WirePart {
+  int64_t row_bytes = 0;
+  const std::vector<int64_t>* send_rows = nullptr;  // rows this rank sends each peer (its side's rows_per_peer)
+  const std::vector<int64_t>* recv_rows = nullptr;  // rows it receives from each peer
+  bool self_direct = false;
+};
+struct WirePlacement {
+  Transfer transfer;  // the collective's counts and displacements; send_bytes / recv_bytes: the buffers' sizes
+  std::vector<std::vector<uint64_t>> send_at, recv_at;  // [part][peer]: where the part's rows for the peer start
+};
+WirePlacement place_wire_parts(const std::vector<WirePart>& parts, int32_t world, int32_t me);
+
+// A table's copies address its own wire rows, which for `peer` start after the rows of the peers before it:
+// a buffer (or tensor) shifted back by that many rows puts the peer's rows where they belong.
+int64_t wire_rows_before(const std::vector<int64_t>& rows_per_peer, int32_t peer);
 
 // Device memory the CUDA data path holds per plan on one rank, buffer by buffer (bytes).
 struct WorkspaceSizes {

@@ -539,6 +539,200 @@ TEST(WireTables, DirectWhenEveryPeerIsOneRangeAndIdentityImpliesDirect) {
   }
 }
 
+// ---- One exchange of the CUDA data path, run on the host (device_path.cpp's Mover::start / finish) ----------
+// Every rank's tensors and buffers as byte arrays and the collective as copies between them; the copies the kernels
+// make as bounds-checked row copies over the plan's wire tables, placed by place_wire_parts and shifted by
+// wire_rows_before as the device path does. What arrives must be each destination row's source row, written once.
+namespace wire_exchange {
+
+using Bytes = std::vector<std::byte>;
+
+// copy_row_slices on the host: copy c moves c.num_rows rows of `row_bytes` from src row c.src_row to dst row c.dst_row
+// (rows `row_bytes` apart), each side from a byte offset (`src_at`, `dst_at`; negative where a table's first wire
+// row lies before the buffer's start, as in the device path). `written` counts the destination rows written.
+void copy_rows(const Bytes& src, int64_t src_at, Bytes& dst, int64_t dst_at, int64_t row_bytes,
+               const std::vector<cp::WireCopy>& copies, int64_t first, int64_t last, std::vector<int>* written) {
+  for (int64_t i = first; i < last; ++i) {
+    const cp::WireCopy& c = copies[static_cast<size_t>(i)];
+    for (int64_t r = 0; r < c.num_rows; ++r) {
+      const int64_t from = src_at + (c.src_row + r) * row_bytes, to = dst_at + (c.dst_row + r) * row_bytes;
+      ASSERT_TRUE(from >= 0 && from + row_bytes <= static_cast<int64_t>(src.size())) << "read outside the source";
+      ASSERT_TRUE(to >= 0 && to + row_bytes <= static_cast<int64_t>(dst.size())) << "write outside the destination";
+      std::memcpy(dst.data() + to, src.data() + from, static_cast<size_t>(row_bytes));
+      if (written != nullptr) ++(*written)[static_cast<size_t>(to / row_bytes)];
+    }
+  }
+}
+
+// Recognisable rows: byte j of row `row` of tensor `tensor` on rank `rank`.
+Bytes tensor(int64_t rows, int64_t row_bytes, int rank, int tensor) {
+  Bytes t(static_cast<size_t>(rows * row_bytes));
+  for (size_t i = 0; i < t.size(); ++i) {
+    const int64_t row = static_cast<int64_t>(i) / row_bytes, j = static_cast<int64_t>(i) % row_bytes;
+    t[i] = static_cast<std::byte>((rank * 131 + tensor * 61 + row * 7 + j * 3 + (row >> 5)) & 0xff);
+  }
+  return t;
+}
+
+struct Part {
+  bool q;             // query rows (else key/value rows)
+  int64_t row_bytes;
+};
+
+// One exchange of `parts` in `direction`, every rank at once, as Mover::start / finish run it: `src[r][i]` is rank
+// r's tensor of part i on the sending side, `dst[r][i]` on the receiving side, `written[r][i]` counts its rows
+// written. `direct`: a part's own rows skip the buffers where one side holds them as one range (else all of them
+// go through the receive buffer, the device path's fallback for LSE and summed dK/dV).
+void exchange(const cp::Layout& layout, cp::Direction direction, const std::vector<Part>& parts,
+              const std::vector<std::vector<Bytes>>& src, std::vector<std::vector<Bytes>>& dst, bool direct,
+              std::vector<std::vector<std::vector<int>>>& written) {
+  const int32_t world = layout.world;
+  const bool to_servers = direction == cp::Direction::ToServers;
+  struct Rank {
+    std::vector<cp::WireTable> sender, receiver;  // per part
+    std::vector<bool> self_direct;
+    cp::WirePlacement placed;
+    Bytes send, recv;
+  };
+  std::vector<Rank> ranks(static_cast<size_t>(world));
+  for (int32_t me = 0; me < world; ++me) {  // start(): place, pack the others' rows
+    Rank& r = ranks[static_cast<size_t>(me)];
+    std::vector<cp::WirePart> wire;
+    for (const Part& part : parts) {
+      r.sender.push_back(cp::build_wire_table(layout, me, to_servers, part.q));
+      r.receiver.push_back(cp::build_wire_table(layout, me, !to_servers, part.q));
+    }
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const size_t m = static_cast<size_t>(me);
+      r.self_direct.push_back(direct && (r.receiver[i].peer_direct[m] || r.sender[i].peer_direct[m]));
+      wire.push_back(cp::WirePart{parts[i].row_bytes, &r.sender[i].rows_per_peer, &r.receiver[i].rows_per_peer,
+                                  r.self_direct[i]});
+    }
+    r.placed = cp::place_wire_parts(wire, world, me);
+    const cp::Transfer& t = r.placed.transfer;
+    EXPECT_EQ(t.send_counts[static_cast<size_t>(me)], 0u) << "rank " << me << " sends itself nothing";
+    EXPECT_EQ(t.recv_counts[static_cast<size_t>(me)], 0u) << "rank " << me << " receives nothing from itself";
+    r.send.assign(t.send_bytes, std::byte{0});
+    r.recv.assign(t.recv_bytes, std::byte{0});
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const cp::WireTable& s = r.sender[i];
+      for (int32_t p = 0; p < world; ++p) {
+        if (p == me) continue;
+        const size_t pp = static_cast<size_t>(p);
+        const int64_t at = static_cast<int64_t>(r.placed.send_at[i][pp]) -
+                           cp::wire_rows_before(s.rows_per_peer, p) * parts[i].row_bytes;
+        copy_rows(src[static_cast<size_t>(me)][i], 0, r.send, at, parts[i].row_bytes, s.to_wire, s.peer_first[pp],
+                  s.peer_first[pp + 1], nullptr);
+      }
+    }
+  }
+  for (int32_t a = 0; a < world; ++a) {  // the collective
+    for (int32_t b = 0; b < world; ++b) {
+      const cp::Transfer& ta = ranks[static_cast<size_t>(a)].placed.transfer;
+      const cp::Transfer& tb = ranks[static_cast<size_t>(b)].placed.transfer;
+      const uint64_t bytes = ta.send_counts[static_cast<size_t>(b)];
+      ASSERT_EQ(bytes, tb.recv_counts[static_cast<size_t>(a)]) << "rank " << a << " -> rank " << b;
+      if (bytes == 0) continue;
+      std::memcpy(ranks[static_cast<size_t>(b)].recv.data() + tb.recv_displs[static_cast<size_t>(a)],
+                  ranks[static_cast<size_t>(a)].send.data() + ta.send_displs[static_cast<size_t>(b)], bytes);
+    }
+  }
+  for (int32_t me = 0; me < world; ++me) {  // start(): the own rows; finish(): unpack
+    Rank& r = ranks[static_cast<size_t>(me)];
+    const size_t m = static_cast<size_t>(me);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const cp::WireTable& s = r.sender[i];
+      const cp::WireTable& d = r.receiver[i];
+      const int64_t rb = parts[i].row_bytes;
+      std::vector<int>* w = &written[m][i];
+      if (r.self_direct[i] && d.peer_direct[m]) {  // pack with the sender's table straight into the receiver's range
+        copy_rows(src[m][i], 0, dst[m][i], (d.peer_row[m] - cp::wire_rows_before(s.rows_per_peer, me)) * rb, rb,
+                  s.to_wire, s.peer_first[m], s.peer_first[m + 1], w);
+      } else if (r.self_direct[i]) {  // unpack with the receiver's table from the sender's range
+        copy_rows(src[m][i], (s.peer_row[m] - cp::wire_rows_before(d.rows_per_peer, me)) * rb, dst[m][i], 0, rb,
+                  d.from_wire, d.peer_first[m], d.peer_first[m + 1], w);
+      } else {  // pack into the receive buffer's place for them
+        copy_rows(src[m][i], 0, r.recv,
+                  static_cast<int64_t>(r.placed.recv_at[i][m]) - cp::wire_rows_before(s.rows_per_peer, me) * rb, rb,
+                  s.to_wire, s.peer_first[m], s.peer_first[m + 1], nullptr);
+      }
+      for (int32_t p = 0; p < world; ++p) {
+        const size_t pp = static_cast<size_t>(p);
+        if (p == me && r.self_direct[i]) continue;
+        const int64_t at = static_cast<int64_t>(r.placed.recv_at[i][pp]) - cp::wire_rows_before(d.rows_per_peer, p) * rb;
+        copy_rows(r.recv, at, dst[m][i], 0, rb, d.from_wire, d.peer_first[pp], d.peer_first[pp + 1], w);
+      }
+    }
+  }
+}
+
+}  // namespace wire_exchange
+
+// Q, K and V to the servers in one exchange, O back, on 2-5 ranks with random plans: every server row holds its
+// owner's row and every owner row its server's, each written once; the own rows straight from tensor to tensor
+// or (the fallback) through the receive buffer alike.
+TEST(WireExchange, PartsPerPeerAndOwnRowsOffTheWireDeliverEveryRowOnce) {
+  using wire_exchange::Bytes;
+  for (uint64_t seed = 30; seed <= 45; ++seed) {
+    BatchSpec spec;
+    spec.seed = seed;
+    spec.world = 2 + static_cast<int32_t>(seed % 4);
+    const GlobalBatch b = cad_test::make_batch(spec);
+    const cp::Layout layout = cp::build_layout(b.pieces, random_plan(b, seed), true);
+    const int32_t world = layout.world;
+    const int64_t q_bytes = 48, kv_bytes = 16;  // different row sizes: the parts' offsets are not row-aligned
+    const std::vector<wire_exchange::Part> in = {{true, q_bytes}, {false, kv_bytes}, {false, kv_bytes}};
+    for (bool direct : {true, false}) {
+      std::vector<std::vector<Bytes>> owner(static_cast<size_t>(world)), server(static_cast<size_t>(world));
+      std::vector<std::vector<std::vector<int>>> written(static_cast<size_t>(world));
+      for (int32_t r = 0; r < world; ++r) {
+        const size_t m = static_cast<size_t>(r);
+        int64_t tokens = 0;
+        for (const auto& piece : b.pieces[m]) tokens += piece.len;
+        const cp::ServerBatch& batch = layout.servers[m];
+        owner[m] = {wire_exchange::tensor(tokens, q_bytes, r, 0), wire_exchange::tensor(tokens, kv_bytes, r, 1),
+                    wire_exchange::tensor(tokens, kv_bytes, r, 2)};
+        server[m] = {Bytes(static_cast<size_t>(batch.q_rows * q_bytes)), Bytes(static_cast<size_t>(batch.kv_rows * kv_bytes)),
+                     Bytes(static_cast<size_t>(batch.kv_rows * kv_bytes))};
+        written[m] = {std::vector<int>(static_cast<size_t>(batch.q_rows)), std::vector<int>(static_cast<size_t>(batch.kv_rows)),
+                      std::vector<int>(static_cast<size_t>(batch.kv_rows))};
+      }
+      wire_exchange::exchange(layout, cp::Direction::ToServers, in, owner, server, direct, written);
+      for (int32_t s = 0; s < world; ++s) {
+        for (int32_t o = 0; o < world; ++o) {
+          const cp::Route& route = layout.route(o, s);
+          for (size_t i = 0; i < in.size(); ++i) {
+            const int64_t rb = in[i].row_bytes;
+            for (const cp::RowRun& run : in[i].q ? route.q : route.kv) {
+              ASSERT_EQ(std::memcmp(server[static_cast<size_t>(s)][i].data() + run.dst_row * rb,
+                                    owner[static_cast<size_t>(o)][i].data() + run.src_row * rb,
+                                    static_cast<size_t>(run.count * rb)), 0)
+                  << "seed " << seed << " part " << i << " owner " << o << " -> server " << s << " direct " << direct;
+            }
+          }
+        }
+        for (size_t i = 0; i < in.size(); ++i) {
+          for (int n : written[static_cast<size_t>(s)][i]) ASSERT_EQ(n, 1) << "a server row written " << n << " times";
+        }
+      }
+      // O back to the owners (the server batch's Q tensor stands in for it).
+      std::vector<std::vector<Bytes>> out(static_cast<size_t>(world)), back(static_cast<size_t>(world));
+      std::vector<std::vector<std::vector<int>>> written_back(static_cast<size_t>(world));
+      for (int32_t r = 0; r < world; ++r) {
+        const size_t m = static_cast<size_t>(r);
+        out[m] = {server[m][0]};
+        back[m] = {Bytes(owner[m][0].size())};
+        written_back[m] = {std::vector<int>(owner[m][0].size() / static_cast<size_t>(q_bytes))};
+      }
+      wire_exchange::exchange(layout, cp::Direction::ToOwners, {{true, q_bytes}}, out, back, direct, written_back);
+      for (int32_t r = 0; r < world; ++r) {
+        EXPECT_EQ(back[static_cast<size_t>(r)][0], owner[static_cast<size_t>(r)][0]) << "seed " << seed << " rank " << r;
+        for (int n : written_back[static_cast<size_t>(r)][0]) ASSERT_EQ(n, 1) << "an owner row written " << n << " times";
+      }
+    }
+  }
+}
+
 // The server backend's make_plan args of a server batch: the batch's table and the calls' shape, unchanged.
 TEST(ServerPlanArgs, DescribeTheBatchAndTheShape) {
   cad::cad_plugin::ServerBatch batch;
