@@ -310,11 +310,10 @@ struct DeviceTable {
   RowCopy* to = nullptr;
   RowCopy* from = nullptr;
   int64_t n = 0;
-  bool identity = true, exclusive = false;
+  bool exclusive = false;
   std::vector<int64_t> peer_first;
-  // As the NCCL data path: a side whose rows form one range per peer is read/written in place.
-  explicit DeviceTable(const cp::WireTable& t) : n(static_cast<int64_t>(t.to_wire.size())), identity(t.direct),
-                                                  exclusive(t.exclusive), peer_first(t.peer_first) {
+  explicit DeviceTable(const cp::WireTable& t) : n(static_cast<int64_t>(t.to_wire.size())), exclusive(t.exclusive),
+                                                  peer_first(t.peer_first) {
     const size_t bytes = std::max<size_t>(1, t.to_wire.size()) * sizeof(RowCopy);
     check(cudaMalloc(&to, bytes), "cudaMalloc");
     check(cudaMalloc(&from, bytes), "cudaMalloc");
@@ -337,9 +336,10 @@ cp::WireTable list_table(const std::vector<cp::WireCopy>& copies, const std::vec
 }
 
 // The copies the CUDA data path (device_path.cpp, Mover) makes on rank `me` in one forward or one
-// backward (keep mode) over NCCL, with the same skips: a side whose rows form one range per peer moves
-// nothing (the collective reads or writes the tensor), and dK/dV rows that come back from one server each
-// are moved, not summed.
+// backward (keep mode): every row a side sends is copied once (packed for the other ranks, or its own rows
+// straight into their destination), every row received from another rank is unpacked once, and dK/dV rows that
+// come back from one server each are moved, not summed. (The own rows of LSE and summed dK/dV go through the
+// receive buffer, a second pass over them: not counted, LSE is small.)
 double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShape& s, Buffers& buf, int reps,
                         bool backward) {
   const DeviceTable oq(cp::build_wire_table(layout, me, true, true)),
@@ -367,10 +367,12 @@ double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShap
   void* send = buf.get("send", wire);
   void* recv = buf.get("recv", wire);
   auto gather = [&](const DeviceTable& t, const void* src, int64_t rb) {
-    if (!t.identity) check(cad::kernels::copy_row_ranges(src, send, rb, t.to, t.n, nullptr), "gather");
+    check(cad::kernels::copy_row_ranges(src, send, rb, t.to, t.n, nullptr), "gather");
   };
-  auto scatter = [&](const DeviceTable& t, void* dst, int64_t rb) {
-    if (!t.identity) check(cad::kernels::copy_row_ranges(recv, dst, rb, t.from, t.n, nullptr), "scatter");
+  auto scatter = [&](const DeviceTable& t, void* dst, int64_t rb) {  // the other ranks' rows: before and after mine
+    const int64_t mine = t.peer_first[static_cast<size_t>(me)], next = t.peer_first[static_cast<size_t>(me) + 1];
+    check(cad::kernels::copy_row_ranges(recv, dst, rb, t.from, mine, nullptr), "scatter");
+    check(cad::kernels::copy_row_ranges(recv, dst, rb, t.from + next, t.n - next, nullptr), "scatter");
   };
   return time_ms(reps, [&] {
     if (!backward) {

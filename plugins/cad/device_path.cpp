@@ -54,10 +54,8 @@ void release(CadContext& ctx, int device, DeviceBuffer& b, void* stream) {
 struct Table {
   int64_t offset = 0;  // first entry in the plan's device table arrays
   int64_t count = 0;
-  bool identity = true;
-  bool direct = false;              // one contiguous tensor range per peer (wire_tables.h)
-  std::vector<int64_t> peer_row;    // its first row, per peer
-  std::vector<bool> peer_direct;    // per peer: its rows are one contiguous range
+  std::vector<int64_t> peer_row;    // per peer: its first row (wire_tables.h)
+  std::vector<bool> peer_direct;    // per peer: its rows are one contiguous range, from peer_row
   bool exclusive = false;           // owner KV: dK/dV rows come back from one server each (no sum)
   std::vector<int64_t> peer_first;  // per peer: first entry, relative to offset (world + 1 entries)
 };
@@ -446,8 +444,6 @@ Table append_table(const WireTable& w, std::vector<RowCopy>& to_wire, std::vecto
   Table t;
   t.offset = static_cast<int64_t>(to_wire.size());
   t.count = static_cast<int64_t>(w.to_wire.size());
-  t.identity = w.identity;
-  t.direct = w.direct;
   t.peer_row = w.peer_row;
   t.peer_direct = w.peer_direct;
   t.exclusive = w.exclusive;
@@ -504,7 +500,6 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, int32_t head_gro
     Table t;
     t.offset = static_cast<int64_t>(to_wire.size());
     t.count = static_cast<int64_t>(copies.size());
-    t.identity = false;
     t.peer_first = peer_first;
     for (const WireCopy& c : copies) {
       to_wire.push_back(RowCopy{c.src_row, c.dst_row, c.num_rows});
