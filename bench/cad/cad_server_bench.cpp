@@ -349,7 +349,14 @@ double time_pack_unpack(const cp::Layout& layout, int32_t me, const cp::CallShap
   const cp::ServerBatch& batch = layout.servers[static_cast<size_t>(me)];
   const int64_t tokens = s.tokens;
   const cp::WireTable okv_host = cp::build_wire_table(layout, me, true, false, s.tokens);
-  const size_t wire = static_cast<size_t>(cp::workspace_sizes(layout, me, s, true, 0, 0).wire);
+  // The copies gather a whole tensor's rows (own rows included) into one buffer: as large as the largest side.
+  int64_t owner_rows_q = 0, owner_rows_kv = 0, server_rows_q = 0, server_rows_kv = 0;
+  for (int32_t peer = 0; peer < layout.world; ++peer) {
+    owner_rows_q += layout.route(me, peer).q_rows, owner_rows_kv += layout.route(me, peer).kv_rows;
+    server_rows_q += layout.route(peer, me).q_rows, server_rows_kv += layout.route(peer, me).kv_rows;
+  }
+  const size_t wire = static_cast<size_t>(std::max(std::max(owner_rows_q, server_rows_q) * (qb + hq * 4),
+                                                   std::max(owner_rows_kv, server_rows_kv) * kvb));
   // The owner's dK/dV return: moved rows, and the shared rows' sum index (as the data path uploads it).
   const DeviceTable single(list_table(okv_host.single, {}));
   std::vector<int64_t> index = okv_host.shared_owner_rows;

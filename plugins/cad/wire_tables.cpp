@@ -2,6 +2,7 @@
 #include "wire_tables.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace cad::cad_plugin {
 
@@ -15,6 +16,17 @@ void append(std::vector<WireCopy>& copies, int64_t src, int64_t dst, int64_t n) 
   } else {
     copies.push_back(WireCopy{src, dst, n});
   }
+}
+
+// Whether a run list's rows on one side (the owner's: src rows, else the server's: dst rows) are one range, in
+// run order (WireTable::peer_direct).
+bool one_range(const std::vector<RowRun>& runs, bool owner_side) {
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const RowRun& a = runs[i - 1];
+    const RowRun& b = runs[i];
+    if ((owner_side ? b.src_row : b.dst_row) != (owner_side ? a.src_row : a.dst_row) + a.count) return false;
+  }
+  return true;
 }
 
 // Fills single / shared_* of an owner-side key/value table (see wire_tables.h).
@@ -72,12 +84,11 @@ WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bo
     const Route& route = owner_side ? layout.route(me, peer) : layout.route(peer, me);
     int64_t next = -1;  // the tensor row that continues this peer's range
     t.peer_row.push_back(0);
-    t.peer_direct.push_back(true);
+    t.peer_direct.push_back(one_range(q_runs ? route.q : route.kv, owner_side));
+    t.direct = t.direct && t.peer_direct.back();
     for (const RowRun& run : q_runs ? route.q : route.kv) {
       const int64_t row = owner_side ? run.src_row : run.dst_row;
       if (next < 0) t.peer_row.back() = row;
-      if (next >= 0 && row != next) t.peer_direct.back() = false;
-      t.direct = t.direct && t.peer_direct.back();
       next = row + run.count;
       t.to_wire.push_back(WireCopy{row, wire, run.count});
       t.from_wire.push_back(WireCopy{wire, row, run.count});
@@ -135,19 +146,40 @@ int64_t WorkspaceSizes::saved_per_forward() const {
 WorkspaceSizes workspace_sizes(const Layout& layout, int32_t me, const CallShape& s, bool keep_forward_tensors,
                                int64_t table_entries, int64_t sum_index_entries) {
   const ServerBatch& batch = layout.servers[static_cast<size_t>(me)];
-  int64_t owner_q = 0, owner_kv = 0, server_q = 0, server_kv = 0;
+  int64_t owner_q = 0, owner_kv = 0, server_q = 0, server_kv = 0;  // rows to / from the other ranks
   for (int32_t peer = 0; peer < layout.world; ++peer) {
+    if (peer == me) continue;
     owner_q += layout.route(me, peer).q_rows;
     owner_kv += layout.route(me, peer).kv_rows;
     server_q += layout.route(peer, me).q_rows;
     server_kv += layout.route(peer, me).kv_rows;
   }
+  // The calls' exchanges (device_path.cpp: per direction one collective of the rows for the other ranks), each the
+  // larger of its two buffers. A rank's own rows pass through the receive buffer where neither side holds them
+  // as one range, and always for LSE and summed dK/dV (counted for every dK/dV: an upper bound).
+  const Route& own = layout.route(me, me);
+  const int64_t own_q = (one_range(own.q, true) || one_range(own.q, false)) ? 0 : own.q_rows;
+  const int64_t own_kv = (one_range(own.kv, true) || one_range(own.kv, false)) ? 0 : own.kv_rows;
+  const int64_t qb = s.q_row_bytes(), kvb = s.kv_row_bytes(), lse = int64_t{s.num_q_heads} * 4;
+  const int64_t resent = keep_forward_tensors ? 0 : 1;  // a backward without kept state re-sends Q, O, LSE, K, V
+  const int64_t exchanges[] = {
+      // Q, K, V in
+      std::max(owner_q * qb + 2 * owner_kv * kvb, (server_q + own_q) * qb + 2 * (server_kv + own_kv) * kvb),
+      // O, LSE back
+      std::max(server_q * (qb + lse), (owner_q + own_q) * qb + (owner_q + own.q_rows) * lse),
+      // dO (and Q, O, LSE, K, V) in
+      std::max(owner_q * (qb + resent * (2 * qb + lse)) + resent * 2 * owner_kv * kvb,
+               (server_q + own_q) * qb * (1 + 2 * resent) +
+                   resent * ((server_q + own.q_rows) * lse + 2 * (server_kv + own_kv) * kvb)),
+      std::max(server_q, owner_q + own_q) * qb,               // dQ back
+      std::max(server_kv, owner_kv + own.kv_rows) * kvb,      // dK, dV back (each)
+  };
   WorkspaceSizes w;
   w.tables = table_entries * static_cast<int64_t>(sizeof(WireCopy));
-  w.wire = std::max(std::max(owner_q, server_q) * s.q_row_bytes(), std::max(owner_kv, server_kv) * s.kv_row_bytes());
-  w.server_q = batch.q_rows * s.q_row_bytes();
-  w.server_kv = batch.kv_rows * s.kv_row_bytes();
-  w.server_lse = batch.q_rows * int64_t{s.num_q_heads} * 4;
+  w.wire = *std::max_element(std::begin(exchanges), std::end(exchanges));
+  w.server_q = batch.q_rows * qb;
+  w.server_kv = batch.kv_rows * kvb;
+  w.server_lse = batch.q_rows * lse;
   w.sum_index = sum_index_entries * static_cast<int64_t>(sizeof(int64_t));
   w.keep_forward_tensors = keep_forward_tensors;
   return w;

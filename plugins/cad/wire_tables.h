@@ -77,7 +77,7 @@ int64_t wire_rows_before(const std::vector<int64_t>& rows_per_peer, int32_t peer
 // Device memory the CUDA data path holds per plan on one rank, buffer by buffer (bytes).
 struct WorkspaceSizes {
   int64_t tables = 0;        // the index tables, both directions
-  int64_t wire = 0;          // one of the send / receive staging buffers
+  int64_t wire = 0;          // the largest send or receive buffer of one of a call's exchanges
   int64_t server_q = 0;      // one Q-shaped server buffer (Q, O, dO, dQ)
   int64_t server_kv = 0;     // one K-shaped server buffer (K, V, dK, dV)
   int64_t server_lse = 0;

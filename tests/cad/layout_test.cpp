@@ -733,6 +733,57 @@ TEST(WireExchange, PartsPerPeerAndOwnRowsOffTheWireDeliverEveryRowOnce) {
   }
 }
 
+// workspace_sizes' `wire` bounds every buffer of a call's exchanges as the device path places them (the parts of
+// each direction, own rows off the wire where a side holds them as one range), with and without kept state.
+TEST(WireExchange, WorkspaceWireBoundsEveryExchangeBuffer) {
+  for (uint64_t seed = 50; seed <= 65; ++seed) {
+    BatchSpec spec;
+    spec.seed = seed;
+    spec.world = 2 + static_cast<int32_t>(seed % 4);
+    const GlobalBatch b = cad_test::make_batch(spec);
+    const cp::Layout layout = cp::build_layout(b.pieces, random_plan(b, seed), true);
+    cp::CallShape shape;
+    shape.num_q_heads = 4, shape.num_kv_heads = 2, shape.head_dim = 16, shape.bf16 = true;
+    for (int32_t me = 0; me < layout.world; ++me) {
+      const size_t m = static_cast<size_t>(me);
+      int64_t tokens = 0;
+      for (const auto& piece : b.pieces[m]) tokens += piece.len;
+      shape.tokens = tokens;
+      const cp::WireTable oq = cp::build_wire_table(layout, me, true, true),
+                          okv = cp::build_wire_table(layout, me, true, false, tokens),
+                          sq = cp::build_wire_table(layout, me, false, true),
+                          skv = cp::build_wire_table(layout, me, false, false);
+      const int64_t qb = shape.q_row_bytes(), kvb = shape.kv_row_bytes(), lse = shape.num_q_heads * 4;
+      // A part as Mover::start makes it: `from` sends, `to` receives; own rows direct unless LSE or summed.
+      const auto part = [&](const cp::WireTable& from, const cp::WireTable& to, int64_t bytes, bool direct) {
+        return cp::WirePart{bytes, &from.rows_per_peer, &to.rows_per_peer,
+                            direct && (from.peer_direct[m] || to.peer_direct[m])};
+      };
+      for (bool keep : {true, false}) {
+        std::vector<std::vector<cp::WirePart>> calls = {
+            {part(oq, sq, qb, true), part(okv, skv, kvb, true), part(okv, skv, kvb, true)},  // Q, K, V in
+            {part(sq, oq, qb, true), part(sq, oq, lse, false)},                              // O, LSE back
+            {part(oq, sq, qb, true)},                                                        // dO in
+            {part(sq, oq, qb, true)},                                                        // dQ back
+            {part(skv, okv, kvb, okv.exclusive)},                                            // dK (dV) back
+        };
+        if (!keep) {
+          for (auto p : {part(oq, sq, qb, true), part(oq, sq, qb, true), part(oq, sq, lse, false),
+                         part(okv, skv, kvb, true), part(okv, skv, kvb, true)}) {
+            calls[2].push_back(p);  // Q, O, LSE, K, V re-sent with dO
+          }
+        }
+        const cp::WorkspaceSizes w = cp::workspace_sizes(layout, me, shape, keep, 0, 0);
+        for (size_t c = 0; c < calls.size(); ++c) {
+          const cp::Transfer t = cp::place_wire_parts(calls[c], layout.world, me).transfer;
+          EXPECT_LE(static_cast<int64_t>(t.send_bytes), w.wire) << "seed " << seed << " rank " << me << " exchange " << c;
+          EXPECT_LE(static_cast<int64_t>(t.recv_bytes), w.wire) << "seed " << seed << " rank " << me << " exchange " << c;
+        }
+      }
+    }
+  }
+}
+
 // The server backend's make_plan args of a server batch: the batch's table and the calls' shape, unchanged.
 TEST(ServerPlanArgs, DescribeTheBatchAndTheShape) {
   cad::cad_plugin::ServerBatch batch;
