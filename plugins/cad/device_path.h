@@ -5,8 +5,8 @@
 // per plan and kept in device memory, wire_tables.h):
 //   owner tensors --pack--> send buffer --all_to_all_v--> receive buffer --unpack--> server batch tensors
 // and back. The rows a rank sends itself never travel: they are copied from the source tensor straight into the
-// destination (the server batch is laid out in owner order, layout.h, so its side holds them as one range), beside
-// the collective. LSE ([Hq, T] fp32) moves as wire rows [T, Hq] through a strided copy. Partial dK/dV coming back to
+// destination beside the collective where one side holds them as one range (the server batch is laid out in
+// document id order, layout.h: one range for documents numbered rank by rank), else packed into the receive buffer. LSE ([Hq, T] fp32) moves as wire rows [T, Hq] through a strided copy. Partial dK/dV coming back to
 // a key/value owner: a row read by one server is moved; a row read by several is summed in fp32 over them in rank
 // order, in one pass (bitwise reproducible). Measured on 2 H200s over the copy engines (docs/multi_gpu.md, run 55):
 // one collective per tensor, each waited for before the next was packed, left the link idle between tensors.
