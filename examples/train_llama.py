@@ -702,8 +702,8 @@ def plan_summary(stats, shares=None):
 # ---- --profile-step: where one step's GPU time goes, by kernel family ----------------------------------
 KERNEL_FAMILIES = (  # first match wins; names as the CUDA profiler reports them
     ("attention", ("attention_fwd", "attention_bwd", "bwd_preprocess", "fwd_combine", "flash", "fmha", "cudnn")),
-    ("cad data path", ("copy_row_ranges", "copy_strided_rows", "sum_rows", "sum_partials", "fill_uncovered",
-                       "f32_to_bf16")),
+    ("cad data path", ("copy_row_ranges", "copy_row_slices", "copy_strided_rows", "sum_rows", "sum_partials",
+                       "fill_uncovered", "f32_to_bf16")),
     ("nccl", ("nccl",)),
     ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "sm90_", "sm80_")),
 )

@@ -7,8 +7,8 @@
 
 Per trace, on the compute stream (the stream with the most kernel time: the trainer's, where CAD's calls run):
 - the step's span, the stream's busy time and its gaps (time it waited: for an exchange, another stream, the host);
-- the busy time by kernel family (attention; copies: CAD's copy kernels, device-to-device copies and memsets;
-  GEMMs; other);
+- the busy time by kernel family (the trainer's: attention, cad data path -- here with device-to-device copies
+  and memsets --, nccl, gemm, other);
 - per CAD call (its attention kernels with the CAD copies and gaps between and around them): the attention time
   and the time the call adds beyond it: the gap before its first attention kernel since the last kernel that is
   not CAD's, the gap after its last one until the next such kernel, and CAD's own copy kernels inside. Summed
@@ -20,15 +20,24 @@ the other is one where the first waited for the second (its compute ran longer) 
 """
 import argparse
 import gzip
+import importlib.util
 import json
 import pathlib
 import sys
 
-ATTENTION = ("attention_fwd", "attention_bwd", "bwd_preprocess", "fwd_combine", "flash", "fmha", "cudnn")
-CAD_COPIES = ("copy_row_ranges", "copy_row_slices", "copy_strided_rows", "sum_rows", "sum_partials", "fill_uncovered",
-              "f32_to_bf16")
-GEMM = ("gemm", "xmma", "cutlass", "nvjet", "sm90_", "sm80_")
 GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
+TRAINER = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_llama.py"
+
+
+def _trainer_kernel_family():
+    """The trainer's kernel families (its --profile-step summary's): one list of kernel names for both tools."""
+    spec = importlib.util.spec_from_file_location("train_llama", TRAINER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.kernel_family
+
+
+kernel_family = _trainer_kernel_family()
 
 
 class TraceError(Exception):
@@ -36,18 +45,11 @@ class TraceError(Exception):
 
 
 def family(name):
-    lowered = name.lower()
-    if any(n in lowered for n in ATTENTION):
-        return "attention"
-    if any(n in lowered for n in CAD_COPIES) or name.startswith(("Memcpy DtoD", "Memset")):
-        return "copies"
-    if any(n in lowered for n in GEMM):
-        return "gemm"
-    return "other"
-
-
-def is_attention(name):
-    return family(name) == "attention"
+    """The trainer's family of a GPU event, with device-to-device copies and memsets counted as CAD's data path (a
+    call's own rows and its scratch: what a CAD call adds beside its attention on the compute stream)."""
+    if name.startswith(("Memcpy DtoD", "Memset")):
+        return "cad data path"
+    return kernel_family(name)
 
 
 def load(path):
@@ -106,12 +108,12 @@ def analyse(gpu):
         # The call: its attention kernels and the CAD copies before, between and after them.
         first = last = i
         stop = i
-        while stop + 1 < len(ops) and kinds[stop + 1] in ("attention", "copies"):
+        while stop + 1 < len(ops) and kinds[stop + 1] in ("attention", "cad data path"):
             stop += 1
             if kinds[stop] == "attention":
                 last = stop
         start = first
-        while start > 0 and kinds[start - 1] == "copies":
+        while start > 0 and kinds[start - 1] == "cad data path":
             start -= 1
         # From the end of the kernel before it (not CAD's) to the start of the one after it.
         begin = ends[start - 1] if start > 0 else ops[start][0]

@@ -659,6 +659,8 @@ def test_kernel_families():
     assert t.kernel_family("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
     assert t.kernel_family("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == "nccl"
     assert t.kernel_family("void cad::kernels::copy_row_ranges_kernel(RowCopy const*, long)") == "cad data path"
+    assert t.kernel_family("void cad::kernels::(anonymous namespace)::copy_row_slices_kernel<uint4>(...)") == \
+        "cad data path"  # every call's pack and unpack
     assert t.kernel_family("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "gemm"
     assert t.kernel_family("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT") == "gemm"
     assert t.kernel_family("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"
