@@ -9,7 +9,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <numeric>
 #include <vector>
 
 #include "cad_kernels.h"
@@ -529,15 +528,10 @@ DevicePlan* make_device_plan(CadContext& ctx, const Step& step, int32_t head_gro
                                                static_cast<int64_t>(to_wire.size()),
                                                static_cast<int64_t>(sum_index.size()));
   plan->sizes = sizes;
-  {  // at most dO, Q, O, LSE, K and V in one collective (a backward that re-sends them)
-    const auto most = [](const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
-      return std::max(std::accumulate(a.begin(), a.end(), int64_t{0}), std::accumulate(b.begin(), b.end(), int64_t{0}));
-    };
-    const CallShape& s = step.shape;
-    plan->staged_bytes = static_cast<size_t>(
-        most(plan->owner_q_rows, plan->server_q_rows) * (3 * s.q_row_bytes() + int64_t{s.num_q_heads} * 4) +
-        most(plan->owner_kv_rows, plan->server_kv_rows) * 2 * s.kv_row_bytes());
-  }
+  // The host-staged pinned buffers hold a call's largest exchange, a backward that re-sends its forward's tensors
+  // included: workspace_sizes' `wire` without kept state (tested as a bound on every exchange the calls place).
+  plan->staged_bytes = static_cast<size_t>(
+      workspace_sizes(layout, me, step.shape, /*keep_forward_tensors=*/false, 0, 0).wire);
   if (ctx.host_staged && plan->staged_bytes > 0) {
     check_cuda(cudaHostAlloc(&plan->pinned_send, plan->staged_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
     check_cuda(cudaHostAlloc(&plan->pinned_recv, plan->staged_bytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");

@@ -82,14 +82,12 @@ WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bo
   for (int32_t peer = 0; peer < layout.world; ++peer) {
     t.peer_first.push_back(static_cast<int64_t>(t.to_wire.size()));
     const Route& route = owner_side ? layout.route(me, peer) : layout.route(peer, me);
-    int64_t next = -1;  // the tensor row that continues this peer's range
-    t.peer_row.push_back(0);
-    t.peer_direct.push_back(one_range(q_runs ? route.q : route.kv, owner_side));
+    const std::vector<RowRun>& runs = q_runs ? route.q : route.kv;
+    t.peer_row.push_back(runs.empty() ? 0 : owner_side ? runs.front().src_row : runs.front().dst_row);
+    t.peer_direct.push_back(one_range(runs, owner_side));
     t.direct = t.direct && t.peer_direct.back();
-    for (const RowRun& run : q_runs ? route.q : route.kv) {
+    for (const RowRun& run : runs) {
       const int64_t row = owner_side ? run.src_row : run.dst_row;
-      if (next < 0) t.peer_row.back() = row;
-      next = row + run.count;
       t.to_wire.push_back(WireCopy{row, wire, run.count});
       t.from_wire.push_back(WireCopy{wire, row, run.count});
       t.identity = t.identity && row == wire;
