@@ -95,10 +95,10 @@ def analyse(gpu):
         if i > 0:
             idle += max(0.0, ts - ends[-1])
         ends.append(max(ts + dur, ends[-1] if ends else ts + dur))
-    families = {}
-    for _, dur, name, _ in ops:
-        families[family(name)] = families.get(family(name), 0.0) + dur / 1e3
     kinds = [family(name) for _, _, name, _ in ops]
+    families = {}
+    for (_, dur, _, _), kind in zip(ops, kinds):
+        families[kind] = families.get(kind, 0.0) + dur / 1e3
     calls = []
     i = 0
     while i < len(ops):
