@@ -43,7 +43,12 @@ reduces each layer once per micro-batch. The loss is the token-weighted mean ove
 the same loss and gradients as without --ping-pong, up to rounding. A micro-batch in which some rank holds
 fewer than 2 documents cannot be split; it runs as one nano-batch (one plan, layers in order), says so, and its
 step's record has "ping_pong": false. Every rank knows every rank's documents, so all agree without
-communicating.
+communicating. Each half is balanced by a plan of its own, which moves more than balancing the whole: at 64K
+tokens on 2 ranks, the halves' plans send 1.5x the bytes of the unsplit ones (698 against 458 MiB per layer,
+docs/multi_gpu.md, run 53). --ping-pong-nanos micro-batches instead runs the step's micro-batches in pairs, each
+pair's two as the two nano-batches of one forward and backward (one buffer, the second after the first), each with
+its unsplit plan on a lane of its own: the unsplit step's bytes, two micro-batches' activations held at once; the
+loss is the sum of the two micro-batches' own means, so the gradients are those of one at a time.
 
 Sliding windows (--window LEFT, --global-every N): the windowed decoder layers attend, per query at document
 position p, to the keys [p - LEFT, p] (window_size=(LEFT, 0); transformers' sliding_window = LEFT + 1, set in
@@ -491,7 +496,8 @@ class MicroBatchLoss(torch.nn.Module):
     see the whole forward, including ping-pong's nano-batch schedule and the chunked loss.
 
     forward(input_ids, position_ids, labels, nanos): nanos = [(tokens, cu_seqlens, plan)], one entry (the whole
-    buffer) or two (ping-pong), each a slice of the buffer in order; plan None for local attention, a tuple of
+    buffer) or two (ping-pong: two halves of the buffer, or two micro-batches' buffers one after the other), each
+    a slice of the buffer in order; plan None for local attention, a tuple of
     plans (one per mask, cad.hf picks each layer's) for a model with windowed and global layers. The loss is
     the token-weighted mean over the micro-batch: every nano-batch's summed token losses over the micro-batch's
     count of predicted tokens. A nano-batch's last token predicts nothing, as a document's last token does
@@ -502,7 +508,9 @@ class MicroBatchLoss(torch.nn.Module):
         self.lm = lm
         self.loss_chunk = loss_chunk
 
-    def forward(self, input_ids, position_ids, labels, nanos):
+    def forward(self, input_ids, position_ids, labels, nanos, paired=False):
+        """paired: the two nano-batches are two micro-batches (--ping-pong-nanos micro-batches): the sum of their
+        own token-weighted means, as two separate calls would add up."""
         if len(nanos) == 1:
             _, cu, plan = nanos[0]
             # The transformers call: the keywords reach every layer's attention function (cad.hf).
@@ -511,6 +519,8 @@ class MicroBatchLoss(torch.nn.Module):
             states, label_parts = [hidden], [labels]
         else:
             states, label_parts = self._ping_pong(input_ids, position_ids, labels, nanos)
+        if paired:
+            return sum(self._summed_token_losses(h, y) / (y[:, 1:] != -100).sum() for h, y in zip(states, label_parts))
         predicted = (labels[:, 1:] != -100).sum()  # a tensor: reading it back would sync CUDA
         total = sum(self._summed_token_losses(h, y) for h, y in zip(states, label_parts))
         return total / predicted
@@ -574,7 +584,7 @@ def to_device(t, device):
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def make_nanos(nano_docs, attention, args, device, dtype, tag=None):
+def make_nanos(nano_docs, attention, args, device, dtype, tag=None, lane=None):
     """This rank's nano-batches of one micro-batch as MicroBatchLoss takes them: (tokens, cu_seqlens, plan).
     Collective with CAD: every rank asks for the same plans in the same order: per mask the layers use (masks():
     the first layer's first), nano-batch 0's plan, then nano-batch 1's. One mask: each nano-batch's plan is a
@@ -584,7 +594,8 @@ def make_nanos(nano_docs, attention, args, device, dtype, tag=None):
     caller goes on, each with its own tag (masks x (2 x tag + nano-batch) + mask: unique, and the same on every
     rank); otherwise now. With two nano-batches and --ping-pong-lanes 2, nano-batch i's plans go on CAD lane i
     (cad.plan's lane: its own communicator and stream, so neither nano-batch's exchanges queue behind the
-    other's). CAD's cu_seqlens stay on the host, where the plan reads them (no GPU read-back); the
+    other's); `lane` puts all of them on that lane (a micro-batch that is one of a pair's nano-batches, --ping-pong-nanos
+    micro-batches: the pair's second on lane 1). CAD's cu_seqlens stay on the host, where the plan reads them (no GPU read-back); the
     local attentions get theirs on the device."""
     import cad
     kinds = masks(args)
@@ -598,7 +609,8 @@ def make_nanos(nano_docs, attention, args, device, dtype, tag=None):
                                        num_kv_heads=args.kv_heads, head_dim=args.hidden // args.heads, dtype=dtype,
                                        device=device, ahead=ahead,
                                        tag=len(kinds) * (2 * tag + i) + k if ahead else None,
-                                       lane=i % args.ping_pong_lanes if len(cus) == 2 else 0)
+                                       lane=lane if lane is not None else
+                                       i % args.ping_pong_lanes if len(cus) == 2 else 0)
     nanos = []
     for i, (docs, cu) in enumerate(zip(nano_docs, cus)):
         plan = None
@@ -760,7 +772,9 @@ def configurations(args):
             base, run.balanced_batches = "local", True
         run.attention = base if base in ("local", "torch_varlen") else "cad"
         run.balancer = base if run.attention == "cad" else args.balancer
-        run.ping_pong = "pp" in modes or "ppauto" in modes or "pp1" in modes
+        run.ping_pong = "pp" in modes or "ppauto" in modes or "pp1" in modes or "ppmb" in modes
+        if "ppmb" in modes:  # the step's micro-batches paired as the nano-batches (--ping-pong-nanos micro-batches)
+            run.ping_pong_nanos = "micro-batches"
         if "pp1" in modes:
             run.ping_pong_lanes = 1
         if "ppauto" in modes:
@@ -788,6 +802,7 @@ def configurations(args):
         if tolerance:  # +tol0.005: the balancer's tolerance (--balancer-tolerance)
             run.balancer_tolerance = float(tolerance[0][3:])
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
+            ("_pingpongmb" if "ppmb" in modes else "") + \
             ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
             ("_ncclblocking" if "blocking" in modes else "") + ("_own" if "own" in modes else "") + \
             ("_dyn" if "dyn" in modes else "") + ("_time" if "time" in modes else "") + \
@@ -883,6 +898,7 @@ def summary_of(args, world, device):
             "checkpointing": args.checkpointing, "checkpoint_reentrant": args.checkpoint_reentrant,
             "compile": args.compile, "ping_pong": args.ping_pong,
             "ping_pong_lanes": args.ping_pong_lanes if args.ping_pong else None,
+            "ping_pong_nanos": args.ping_pong_nanos if args.ping_pong else None,
             "balanced_batches": args.balanced_batches, "cad_comm_priority": args.cad_comm_priority,
             "cad_nccl_max_ctas": args.cad_nccl_max_ctas, "cad_nccl_blocking": args.cad_nccl_blocking,
             "cad_nccl_copy_engines": args.cad_nccl_copy_engines,
@@ -938,6 +954,16 @@ def train_one(args, rank, world, device, lengths):
         if not args.ping_pong or choice is None:
             return bool(args.ping_pong)
         return choice.split is True and decided_at is not None and index >= decided_at + 2
+
+    def pairing(index):
+        """Whether step `index` runs its micro-batches in pairs, each pair's two as the nano-batches of one call."""
+        return splitting(index) and args.ping_pong_nanos == "micro-batches"
+
+    def groups_of(index, count):
+        """The micro-batches of step `index` in the order they run: pairs (--ping-pong-nanos micro-batches) or
+        one at a time."""
+        size = 2 if pairing(index) else 1
+        return [list(range(g, min(g + size, count))) for g in range(0, count, size)]
 
     def set_split(split):
         # Attention times wait for the GPU around every call, except with ping-pong on CUDA, where waiting would
@@ -995,14 +1021,15 @@ def train_one(args, rank, world, device, lengths):
         the same order on every rank): with --plan-ahead on, queued on CAD's planning thread; otherwise made now."""
         if micro[mb][3] is None:
             docs_by_rank = micro[mb][0]
-            split = splitting(index)
-            nanos = micro[mb][1] = nano_batches(docs_by_rank, split)
-            if split and len(nanos[rank]) < 2 and rank == 0:
+            halves = splitting(index) and not pairing(index)
+            nanos = micro[mb][1] = nano_batches(docs_by_rank, halves)
+            if halves and len(nanos[rank]) < 2 and rank == 0:
                 print(f"step {schedule[index][0]}: ping-pong off for micro-batch {mb}: rank(s) "
                       f"{[r for r, d in enumerate(docs_by_rank) if len(d) < 2]} hold one document, which cannot be "
                       f"split into two nano-batches; it runs as one nano-batch", flush=True)
             micro[mb][3] = make_nanos(nanos[rank], args.attention, args, device, dtype,
-                                      tag=index * args.micro_batches + mb)
+                                      tag=index * args.micro_batches + mb,
+                                      lane=mb % args.ping_pong_lanes if pairing(index) else None)
 
     ahead = args.attention == "cad" and args.plan_ahead == "on"
     loaded = {}  # schedule index -> its micro-batches, loaded while the step before it ran
@@ -1013,8 +1040,10 @@ def train_one(args, rank, world, device, lengths):
     for index, (step, profiling) in enumerate(schedule):
         micro = loaded.pop(index, None) or load(step)
         synced_timing = set_split(splitting(index))
+        groups = groups_of(index, len(micro))
         if ahead:
-            ask(micro, index, 0)  # usually asked for during the step before
+            for mb in groups[0]:
+                ask(micro, index, mb)  # usually asked for during the step before
         if device.type == "cuda":
             torch.cuda.synchronize()
         profiler = None
@@ -1029,32 +1058,39 @@ def train_one(args, rank, world, device, lengths):
         cad.attention_time(reset=True)
         AttentionClock.take()
         loss_sum, attention_by_mb, plans = 0.0, [], []
-        for mb, entry in enumerate(micro):
-            # What the next micro-batch needs is loaded (and, with --plan-ahead, its plans asked for) before this
-            # one computes; after the step's last micro-batch comes the next step's first. Every configuration
-            # loads at the same point, so the comparison is fair.
-            if mb + 1 < len(micro):
+        for g, group in enumerate(groups):
+            # What the next micro-batches need are loaded (and, with --plan-ahead, their plans asked for) before
+            # these compute; after the step's last come the next step's first. Every configuration loads at the
+            # same point, so the comparison is fair.
+            if g + 1 < len(groups):
                 if ahead:
-                    ask(micro, index, mb + 1)
+                    for mb in groups[g + 1]:
+                        ask(micro, index, mb)
             elif index + 1 < len(schedule):
                 loaded[index + 1] = load(schedule[index + 1][0])
                 if ahead:
-                    ask(loaded[index + 1], index + 1, 0)
-            ask(micro, index, mb)  # without --plan-ahead: made here, at the micro-batch's start
-            docs_by_rank, nanos, inputs, parts = entry
-            entry[3] = None  # the step holds its parts only while they run
+                    for mb in groups_of(index + 1, len(loaded[index + 1]))[0]:
+                        ask(loaded[index + 1], index + 1, mb)
+            parts = []
+            for mb in group:
+                ask(micro, index, mb)  # without --plan-ahead: made here, at the micro-batch's start
+                parts += micro[mb][3]
+                micro[mb][3] = None  # the step holds its parts only while they run
+            # A pair's two micro-batches one after the other in one buffer, each its own nano-batch.
+            inputs = micro[group[0]][2] if len(group) == 1 else \
+                {key: torch.cat([micro[mb][2][key] for mb in group], dim=1) for key in micro[group[0]][2]}
             # DDP all-reduces once per step: the last micro-batch's backward; the others only accumulate.
-            quiet = model.no_sync() if ddp and mb < args.micro_batches - 1 else contextlib.nullcontext()
+            quiet = model.no_sync() if ddp and g < len(groups) - 1 else contextlib.nullcontext()
             with quiet:
-                loss = model(**inputs, nanos=parts)
+                loss = model(**inputs, nanos=parts, paired=len(group) == 2)
                 (loss / args.micro_batches).backward()
             for _, _, plan in parts:  # a plan, a tuple of plans (one per mask), or None (local attention)
                 plans += [] if plan is None else list(plan) if isinstance(plan, tuple) else [plan]
-            # Per micro-batch: the ranks wait for each other at least once per micro-batch (FSDP2's
+            # Per micro-batch (pair): the ranks wait for each other at least once per micro-batch (FSDP2's
             # reduce-scatter after its backward, every layer's gathers), so imbalance costs per micro-batch.
             attention_by_mb.append(cad.attention_time(reset=True) + AttentionClock.take())
             loss_sum = loss_sum + loss.detach() / args.micro_batches
-            del parts, loss  # the plans go back once nothing (autograd included) refers to them
+            del parts, loss, inputs  # the plans go back once nothing (autograd included) refers to them
         plan_stats = [plan.stats for plan in plans]
         layers_of = dict(masks(args))  # window left -> the decoder layers that run its plans
         plan_windows = [plan.window_left for plan in plans]
@@ -1115,7 +1151,7 @@ def train_one(args, rank, world, device, lengths):
         imbalance = stats["imbalance"] if stats else colocated
         slowest = max(g[1] for g in gathered)
         flops = model_flops(args, params, [docs_by_rank for docs_by_rank, _, _, _ in micro])
-        split = all(len(nanos[rank]) == 2 for _, nanos, _, _ in micro)
+        split = len(groups) < len(micro) or all(len(nanos[rank]) == 2 for _, nanos, _, _ in micro)
         record = {"step": step, "loss": sum(g[0] for g in gathered) / world,
                   "losses": [g[0] for g in gathered], "grad_norm": norm.item(),
                   "tokens_per_s": sum(g[3] for g in gathered) / slowest, "step_s": [g[1] for g in gathered],
@@ -1280,6 +1316,12 @@ def parse_args(argv=None):
                         "(cad.PingPongChoice: at least --ping-pong-min-stall-share of the step), then split or not "
                         "for good from the second step after it (the next one's plans were made ahead, unsplit), "
                         "saying why (the summary's ping_pong_decision)")
+    p.add_argument("--ping-pong-nanos", choices=["halves", "micro-batches"], default="halves",
+                   help="with --ping-pong, what the two nano-batches are: halves (default: every micro-batch "
+                        "split in two, each half balanced by a plan of its own) or micro-batches (micro-batches "
+                        "2j and 2j+1 of the step run as the two nano-batches of one forward and backward, each "
+                        "with its unsplit plan: no document moves that the unsplit step would not move, at the "
+                        "cost of holding two micro-batches' activations at once; needs an even --micro-batches)")
     p.add_argument("--ping-pong-min-stall-share", type=float, default=0.07,
                    help="what splitting costs, as a share of the step (default 0.07: on 2 and 4 H200s at 64K-128K "
                         "tokens per GPU ping-pong lost 0.1-3%% of the step where the unsplit stall was 2.5-4.2%%, "
@@ -1341,7 +1383,7 @@ def parse_args(argv=None):
                         "made balanced: --balanced-batches), 'torch_varlen' (torch's varlen_attn; "
                         "skipped with a note on CPU or without it) or a balancer name (CAD: per_doc_cp, distca, "
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
-                        "--ping-pong-lanes 1), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
+                        "--ping-pong-lanes 1), '+ppmb' (--ping-pong --ping-pong-nanos micro-batches), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
                         "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+own' (--cad-own-tasks on), '+resN' "
                         "(--cad-own-reserve-sms N), '+dyn' (--cad-forward-walk dynamic), '+time' (--balance-time), '+ce' "
                         "(--cad-nccl-copy-engines), '+ctasN' "
@@ -1349,12 +1391,12 @@ def parse_args(argv=None):
                         "T), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
-                        "'_pingpong' with +pp, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
+                        "'_pingpong' with +pp, + '_pingpongmb' with +ppmb, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
                         "'_ncclblocking' with +blocking, + '_own' with +own, + '_dyn' with +dyn, + '_time' with +time, "
                         "+ '_ce' with +ce, "
                         "+ '_tolT' with +tolT, "
                         "+ '_resN' with +resN, + '_ctasN' with +ctasN, + '_hgN' with +hgN. Overrides --attention, "
-                        "--balancer, --ping-pong, --plan-ahead, --cad-nccl-blocking, --cad-own-tasks, "
+                        "--balancer, --ping-pong, --ping-pong-nanos, --plan-ahead, --cad-nccl-blocking, --cad-own-tasks, "
                         "--cad-own-reserve-sms, --cad-forward-walk, --cad-nccl-max-ctas, --cad-head-groups, "
                         "--balancer-tolerance, --balance-time, --cad-nccl-copy-engines")
     p.add_argument("--plan-ahead", choices=["on", "off"], default="on",
@@ -1403,6 +1445,10 @@ def parse_args(argv=None):
         if args.global_every < 2:
             p.error(f"--global-every must be at least 2 (every N-th layer global, the others windowed; 1 would "
                     f"make every layer global: drop --window instead), got {args.global_every}")
+    if args.ping_pong_nanos == "micro-batches" and (args.micro_batches % 2 or not (args.ping_pong or args.configs)):
+        p.error(f"--ping-pong-nanos micro-batches pairs the step's micro-batches: it needs --ping-pong and an even "
+                f"--micro-batches, got --micro-batches {args.micro_batches}"
+                + ("" if args.ping_pong or args.configs else " without --ping-pong"))
     if not 0.0 <= args.ping_pong_min_stall_share < 1.0:
         p.error(f"--ping-pong-min-stall-share must be in [0, 1), got {args.ping_pong_min_stall_share}")
     if (args.balance_time or (args.configs and "+time" in args.configs)) and \
@@ -1427,10 +1473,10 @@ def parse_args(argv=None):
         names = args.configs.split(",")
         def refused(name):
             base, *modes = name.split("+")
-            splits = {"pp", "pp1", "ppauto"} & set(modes)
+            splits = {"pp", "pp1", "ppauto", "ppmb"} & set(modes)
             numbered = numbered_modes(modes)
             tolerances, reserves, ctas, groups = numbered["tol"], numbered["res"], numbered["ctas"], numbered["hg"]
-            return (not base or any(m not in ("pp", "pp1", "ppauto", "now", "blocking", "own", "dyn", "time", "ce")
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "ppmb", "now", "blocking", "own", "dyn", "time", "ce")
                                     and m not in tolerances + reserves + ctas + groups for m in modes)
                     or len(groups) > 1 or (groups and not 1 <= int(groups[0][2:]) <= 64)
                     or (groups and (args.heads % int(groups[0][2:]) or args.kv_heads % int(groups[0][2:])))
@@ -1443,12 +1489,14 @@ def parse_args(argv=None):
                     or (base in ("local", "torch_varlen", "local_balanced") and ("blocking" in modes or "own" in modes
                                                                                  or "ce" in modes))
                     or ("time" in modes and base != "prefix_aware")
+                    or ("ppmb" in modes and args.micro_batches % 2)
                     or (tolerances and (base not in ("distca", "prefix_aware") or len(tolerances) > 1
                                         or float(tolerances[0][3:]) > 10)))
         bad = [n for n in names if refused(n)]
         if bad:
             p.error(f"--configs: {bad[0]!r} is not 'local', 'local_balanced', 'torch_varlen' or a balancer name, "
-                    f"optionally with one of '+pp', '+pp1', '+ppauto', and/or '+now', and/or (a balancer) "
+                    f"optionally with one of '+pp', '+pp1', '+ppauto', '+ppmb' (even "
+                    f"--micro-batches), and/or '+now', and/or (a balancer) "
                     f"'+blocking', '+own' (with it '+resN', N <= 64), '+dyn', '+ce', '+ctasN' (N <= 64), '+hgN' (N "
                     f"dividing --heads and --kv-heads), and/or (distca, "
                     f"prefix_aware) one '+tolT' with T in [0, 10], and/or (prefix_aware) '+time' (local_balanced: "

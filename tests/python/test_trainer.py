@@ -76,6 +76,15 @@ def _cases():
         cases[f"pp/worthwhile/{share}"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1",
                                            "--ping-pong", "--ping-pong-when", "worthwhile",
                                            "--ping-pong-min-stall-share", share, *PING_PONG_ARGS, "--steps", "4"]
+    # The step's two micro-batches as the two nano-batches of one call (--ping-pong-nanos micro-batches), against
+    # the matrix's cases trained one micro-batch at a time; and paired only from step 3 (worthwhile, share 0).
+    PAIRS = ["--ping-pong", "--ping-pong-nanos", "micro-batches"]
+    for parallel in PARALLEL:
+        cases[f"pp/pairs/{parallel}"] = ["--attention", "cad", "--balancer", "prefix_aware", "--parallel", parallel,
+                                         *CHECKPOINTING["full"], *MATRIX_ARGS, *PAIRS]
+    cases["pp/pairs/worthwhile"] = ["--attention", "cad", "--balancer", "prefix_aware", "--parallel", "ddp",
+                                    *MATRIX_ARGS, *PAIRS, "--ping-pong-when", "worthwhile",
+                                    "--ping-pong-min-stall-share", "0", "--steps", "4"]
     cases["gc/freeze"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1", "--gc", "freeze",
                           *PING_PONG_ARGS]
     cases["timing/unsynced"] = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1",
@@ -305,6 +314,41 @@ def test_ping_pong_when_worthwhile_decides_from_a_measured_step(trained):
         for a, b in zip(plain["steps"], run["steps"]):
             for x, y in zip(a["losses"], b["losses"]):
                 _assert_close(x, y, PING_PONG_RTOL, f"share {share} step {a['step']} loss")
+
+
+@needs_data
+@pytest.mark.parametrize("parallel", PARALLEL)
+def test_micro_batches_paired_as_nano_batches_train_the_same(trained, parallel):
+    """--ping-pong-nanos micro-batches: micro-batches 0 and 1 run as the two nano-batches of one forward and
+    backward, each with its own unsplit plan (on lanes 0 and 1): the same losses and gradient norms as the same
+    micro-batches one after the other, and the same plans (each micro-batch balanced as a whole)."""
+    plain, pairs = _result(trained, f"{parallel}/full/cad"), _result(trained, f"pp/pairs/{parallel}")
+    assert len(plain["steps"]) == len(pairs["steps"]) == 2
+    for a, b in zip(plain["steps"], pairs["steps"]):
+        for x, y in zip(a["losses"], b["losses"]):
+            _assert_close(x, y, PING_PONG_RTOL, f"step {a['step']} loss")
+        _assert_close(a["grad_norm"], b["grad_norm"], PING_PONG_RTOL, f"step {a['step']} grad norm")
+        assert b["ping_pong"] and not a["ping_pong"]
+        assert b["nano_tokens"] == a["nano_tokens"]  # per micro-batch one nano-batch per rank: nothing split
+        assert all(len(n) == 1 for mb in b["nano_tokens"] for n in mb)
+        assert b["nano_imbalance"] == a["nano_imbalance"]  # the unsplit plans, one per micro-batch
+        assert b["forward_bytes_sent_by_rank"] == a["forward_bytes_sent_by_rank"]
+        assert len(b["attention_s_by_micro_batch"]) == 1 and len(a["attention_s_by_micro_batch"]) == 2  # one call
+    assert pairs["summary"]["ping_pong_nanos"] == "micro-batches" and plain["summary"]["ping_pong_nanos"] is None
+    assert pairs["summary"]["ping_pong_steps"] == 2
+
+
+@needs_data
+def test_micro_batch_pairs_when_worthwhile(trained):
+    """Pairs under --ping-pong-when worthwhile: one at a time until the decision after step 1, paired from step 3
+    (share 0: any stall is worth hiding); the losses of the steps both ran are the plain run's."""
+    plain, run = _result(trained, "ddp/none/cad"), _result(trained, "pp/pairs/worthwhile")
+    assert [r["ping_pong"] for r in run["steps"]] == [False, False, False, True]
+    assert [len(r["attention_s_by_micro_batch"]) for r in run["steps"]] == [2, 2, 2, 1]
+    assert run["summary"]["ping_pong_decision"].startswith("ping-pong on")
+    for a, b in zip(plain["steps"], run["steps"]):
+        for x, y in zip(a["losses"], b["losses"]):
+            _assert_close(x, y, PING_PONG_RTOL, f"step {a['step']} loss")
 
 
 def test_ping_pong_choice():
@@ -595,6 +639,10 @@ def test_bad_options_are_refused(capsys):
     assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
     assert "applies to --checkpointing full only" in _refused(t, capsys, ["--checkpoint-reentrant"])
     assert "at least 1" in _refused(t, capsys, ["--micro-batches", "0"])
+    assert "needs --ping-pong and an even --micro-batches, got --micro-batches 3" in \
+        _refused(t, capsys, ["--ping-pong", "--ping-pong-nanos", "micro-batches", "--micro-batches", "3"])
+    assert "got --micro-batches 2 without --ping-pong" in \
+        _refused(t, capsys, ["--ping-pong-nanos", "micro-batches", "--micro-batches", "2"])
     for share in ("1", "-0.1"):
         assert f"--ping-pong-min-stall-share must be in [0, 1), got {float(share)}" in \
             _refused(t, capsys, ["--ping-pong-min-stall-share", share])
@@ -616,7 +664,7 @@ def test_bad_options_are_refused(capsys):
                     "prefix_aware+tol11", "prefix_aware+tol0.1+tol0.2", "prefix_aware+tolx", "local+own",
                     "prefix_aware+res16", "prefix_aware+own+res65", "prefix_aware+own+res8+res16", "distca+time",
                     "local+time", "prefix_aware+time+time", "local+ce",
-                    "local_balanced+ce", "prefix_aware+ce+ce"):
+                    "local_balanced+ce", "prefix_aware+ce+ce", "prefix_aware+pp+ppmb", "prefix_aware+ppmb"):
         assert f"{configs!r} is not" in _refused(t, capsys, ["--configs", configs]), configs
 
 
