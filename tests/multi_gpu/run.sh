@@ -136,7 +136,7 @@ if want train; then
   }
   # Each configuration's JSON name, as the trainer names it (config<TAB>name lines; it also refuses bad CONFIGS,
   # against the model the training runs: +hgN must divide its heads).
-  names=$(python3 examples/train_llama.py --model llama3-8b ${TRAINER_ARGS:-} --configs "$CONFIGS" --list-configs) || {
+  names=$(python3 examples/train_llama.py --model llama3-8b --micro-batches "${MICRO_BATCHES:-2}" ${TRAINER_ARGS:-} --configs "$CONFIGS" --list-configs) || {
     record "train: CONFIGS=$CONFIGS refused by the trainer" 1; exit 1; }
   # ROUNDS=N: the contexts N times, round k's records in $OUT/round<k> (N = 1: in $OUT), then one table pooled
   # over the rounds (table.py with several folders): at 64K the same configuration's share of the gain moved
