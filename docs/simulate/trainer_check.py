@@ -58,7 +58,12 @@ HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4
                  "trainer_h200x2_run53/a/round1", "trainer_h200x2_run53/a/round2",
                  "trainer_h200x2_run55/new1", "trainer_h200x2_run55/new2",
                  "trainer_h200x2_run56/new1", "trainer_h200x2_run56/new2", "trainer_h200x2_run56/old1",
-                 "trainer_h200x2_run56/old2", "trainer_h200x2_run56/k128", "trainer_h200x2_run57/k256"]
+                 "trainer_h200x2_run56/old2", "trainer_h200x2_run56/k128", "trainer_h200x2_run57/k256",
+                 # runs 60-64 (2026-11-28, session j): the same code at 64K (2 rounds each in 60 and 63), 128K with 1
+                 # and 2 layers (61, 62); their micro-batch pairs (_pingpongmb) have no term in the model
+                 "trainer_h200x2_run60/train/a/round1", "trainer_h200x2_run60/train/a/round2",
+                 "trainer_h200x2_run61/a", "trainer_h200x2_run62/a", "trainer_h200x2_run63/a/round1",
+                 "trainer_h200x2_run63/a/round2", "trainer_h200x2_run64/a"]
 RECENT_RUNS = set(HELD_OUT_RUNS[HELD_OUT_RUNS.index("trainer_h200x2_run34/a"):])
 # What the model has terms for: the attention (local, torch_varlen) or balancer, and ping-pong. The recent runs also
 # tried the dynamic forward walk, the own tasks in place, head groups, NCCL options and balancer tolerances.
