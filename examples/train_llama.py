@@ -1305,8 +1305,8 @@ def parse_args(argv=None):
     p.add_argument("--data", default=os.environ.get("CAD_DATA", str(REPO.parent / "shared" / "data" /
                                                                     "doclen_pretrain.json")))
     p.add_argument("--ping-pong", action="store_true",
-                   help="split every rank's buffer into two nano-batches at the document boundary nearest half "
-                        "its tokens (whole documents; a document cut across ranks counts as one document of "
+                   help="two nano-batches per decoder-layer call (see --ping-pong-nanos; by default every rank's "
+                        "buffer split at the document boundary nearest half its tokens: whole documents; a document cut across ranks counts as one document of "
                         "each rank and stays whole in its nano-batch), one plan each, decoder layers through "
                         "cad.ping_pong; same loss and gradients as without. A micro-batch where a rank holds one "
                         "document runs unsplit, with a note (its step's record says \"ping_pong\": false)")
