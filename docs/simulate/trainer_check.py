@@ -60,14 +60,17 @@ HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4
                  "trainer_h200x2_run56/new1", "trainer_h200x2_run56/new2", "trainer_h200x2_run56/old1",
                  "trainer_h200x2_run56/old2", "trainer_h200x2_run56/k128", "trainer_h200x2_run57/k256",
                  # runs 60-64 (2026-11-28, session j): the same code at 64K (2 rounds each in 60 and 63), 128K with 1
-                 # and 2 layers (61, 62); their micro-batch pairs (_pingpongmb) have no term in the model
+                 # and 2 layers (61, 62); micro-batch pairs (_pingpongmb) priced as ping-pong
                  "trainer_h200x2_run60/train/a/round1", "trainer_h200x2_run60/train/a/round2",
                  "trainer_h200x2_run61/a", "trainer_h200x2_run62/a", "trainer_h200x2_run63/a/round1",
                  "trainer_h200x2_run63/a/round2", "trainer_h200x2_run64/a"]
 RECENT_RUNS = set(HELD_OUT_RUNS[HELD_OUT_RUNS.index("trainer_h200x2_run34/a"):])
 # What the model has terms for: the attention (local, torch_varlen) or balancer, and ping-pong. The recent runs also
 # tried the dynamic forward walk, the own tasks in place, head groups, NCCL options and balancer tolerances.
-RECENT_MODELLED = re.compile(r"(local|torch_varlen|per_doc_cp|distca|prefix_aware)(_pingpong)?")
+# Ping-pong is priced on the micro-batch's unsplit plan (its bytes and work, overlapped by the fitted compute factor):
+# what micro-batch pairs (_pingpongmb, --ping-pong-nanos micro-batches) run; halves move more (docs/multi_gpu.md,
+# runs 58-64), which the model does not count.
+RECENT_MODELLED = re.compile(r"(local|torch_varlen|per_doc_cp|distca|prefix_aware)(_pingpong(mb)?)?")
 # Ping-pong as it runs since 70d9028 (cad.PingPongLayer: one call per layer for both nano-batches) is fitted on run
 # 19 and checked on the runs after it; the ping-pong rows of earlier runs measured a superseded implementation (a
 # stage loop with per-layer host syncs, 7-15% slower than unsplit) and are reported apart.
