@@ -43,7 +43,9 @@ reduces each layer once per micro-batch. The loss is the token-weighted mean ove
 the same loss and gradients as without --ping-pong, up to rounding. A micro-batch in which some rank holds
 fewer than 2 documents cannot be split; it runs as one nano-batch (one plan, layers in order), says so, and its
 step's record has "ping_pong": false. Every rank knows every rank's documents, so all agree without
-communicating. Each half is balanced by a plan of its own, which moves more than balancing the whole: at 64K
+communicating. On every rank the heavier half (causal attention work) runs first, its tokens moved to the front
+where it is the buffer's second half (run_order). Each half is balanced by a plan of its own, which moves more than
+balancing the whole: at 64K
 tokens on 2 ranks, the halves' plans send 1.5x the bytes of the unsplit ones (698 against 458 MiB per layer,
 docs/multi_gpu.md, run 53). --ping-pong-nanos micro-batches instead runs the step's micro-batches in pairs, each
 pair's two as the two nano-batches of one forward and backward (one buffer, the second after the first), each with
@@ -680,12 +682,27 @@ def split_point(doc_lengths):
 
 
 def nano_batches(docs_by_rank, ping_pong):
-    """Per rank, its nano-batches (lists of document lengths): two with ping-pong where every rank can be split,
-    else one (the whole buffer). Every rank computes this from the same batch, so all agree."""
+    """Per rank, its nano-batches (lists of document lengths) in the order they run: two with ping-pong where every
+    rank can be split, else one (the whole buffer). Every rank computes this from the same batch, so all agree.
+    The heavier half (causal attention work) runs first on every rank: nano-batch k of all ranks is balanced by one
+    plan, and a rank's light half paired with another's heavy one is imbalance that plan must move away (over a
+    64K run's batches on 2 ranks the halves' plans sent 1.53x the unsplit plans' bytes in buffer order, 1.32x
+    heavier first: bench/balancers/nano_split_bytes.py). run_order puts the buffer's tokens in that order."""
     cuts = [split_point(docs) for docs in docs_by_rank] if ping_pong else [None]
     if None in cuts:
         return [[docs] for docs in docs_by_rank]
-    return [[docs[:k], docs[k:]] for docs, k in zip(docs_by_rank, cuts)]
+    return [[docs[:k], docs[k:]] if causal_cost(docs[:k]) >= causal_cost(docs[k:]) else [docs[k:], docs[:k]]
+            for docs, k in zip(docs_by_rank, cuts)]
+
+
+def run_order(inputs, docs, nanos):
+    """A rank's inputs (make_inputs over `docs`) with its tokens in the order its nano-batches run (`nanos`, from
+    nano_batches): the same tensors where the first half runs first, else the second half's tokens first. Whole
+    documents move (positions and labels with them), so the loss sums the same terms."""
+    if len(nanos) < 2 or nanos[0] == docs[:len(nanos[0])] and nanos[1] == docs[len(nanos[0]):]:
+        return inputs
+    first = sum(nanos[1])  # the buffer's first half, which runs second
+    return {key: torch.cat([t[:, first:], t[:, :first]], dim=1) for key, t in inputs.items()}
 
 
 def plan_summary(stats, shares=None):
@@ -1077,8 +1094,11 @@ def train_one(args, rank, world, device, lengths):
                 parts += micro[mb][3]
                 micro[mb][3] = None  # the step holds its parts only while they run
             # A pair's two micro-batches one after the other in one buffer, each its own nano-batch.
-            inputs = micro[group[0]][2] if len(group) == 1 else \
-                {key: torch.cat([micro[mb][2][key] for mb in group], dim=1) for key in micro[group[0]][2]}
+            if len(group) == 1:
+                docs_by_rank, nanos = micro[group[0]][:2]
+                inputs = run_order(micro[group[0]][2], docs_by_rank[rank], nanos[rank])
+            else:
+                inputs = {key: torch.cat([micro[mb][2][key] for mb in group], dim=1) for key in micro[group[0]][2]}
             # DDP all-reduces once per step: the last micro-batch's backward; the others only accumulate.
             quiet = model.no_sync() if ddp and g < len(groups) - 1 else contextlib.nullcontext()
             with quiet:

@@ -233,6 +233,25 @@ def test_balanced_batches_keep_tokens_and_give_every_rank_the_mean_work():
     assert runs["prefix_aware_hg2"].cad_head_groups == 2 and runs["prefix_aware"].cad_head_groups == 1
 
 
+def test_run_order_moves_whole_documents():
+    """The buffer's tokens in the order the nano-batches run: unchanged where the first half runs first; else the
+    second half's documents first, each document's tokens, positions and labels kept together."""
+    import torch
+    t = _trainer_module()
+    docs = [3, 4, 5, 2]
+    inputs = t.make_inputs(docs, 100, 1, torch.device("cpu"))
+    nanos = t.nano_batches([docs], True)[0]
+    assert nanos == [[5, 2], [3, 4]]  # 15 + 3 against 6 + 10: the buffer's second half runs first
+    moved = t.run_order(inputs, docs, nanos)
+    for key in ("input_ids", "position_ids", "labels"):
+        assert torch.equal(moved[key], torch.cat([inputs[key][:, 7:], inputs[key][:, :7]], dim=1)), key
+    assert moved["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 0, 1, 2, 0, 1, 2, 3]]
+    assert (moved["labels"][0, [0, 5, 7, 10]] == -100).all()  # every document's first token still predicts nothing
+    first_heavy = t.make_inputs([5, 2, 3, 4], 100, 1, torch.device("cpu"))
+    kept = t.nano_batches([[5, 2, 3, 4]], True)[0]
+    assert kept == [[5, 2], [3, 4]] and t.run_order(first_heavy, [5, 2, 3, 4], kept) is first_heavy
+
+
 def test_split_at_the_document_boundary_nearest_half():
     t = _trainer_module()
     assert t.split_point([100, 10, 10, 100]) == 2             # 110 | 110
@@ -240,7 +259,8 @@ def test_split_at_the_document_boundary_nearest_half():
     assert t.split_point([10, 20, 30, 300]) == 3              # the long last document alone
     assert t.split_point([5, 5]) == 1 and t.split_point([7]) is None and t.split_point([]) is None
     assert t.split_point([4, 2, 4]) == 1                      # 4 | 6 and 6 | 4 tie: the first boundary
-    assert t.nano_batches([[3, 4, 5], [1, 9]], True) == [[[3, 4], [5]], [[1], [9]]]
+    # the heavier half (causal work) runs first: rank 0's [3, 4] (16) before [5] (15), rank 1's [9] before [1]
+    assert t.nano_batches([[3, 4, 5], [1, 9]], True) == [[[3, 4], [5]], [[9], [1]]]
     # one rank with one document: nobody splits (the plans are collective), the buffers stay whole
     assert t.nano_batches([[3, 4, 5], [12]], True) == [[[3, 4, 5]], [[12]]]
     assert t.nano_batches([[3, 4, 5], [1, 9]], False) == [[[3, 4, 5]], [[1, 9]]]
