@@ -43,11 +43,11 @@ reduces each layer once per micro-batch. The loss is the token-weighted mean ove
 the same loss and gradients as without --ping-pong, up to rounding. A micro-batch in which some rank holds
 fewer than 2 documents cannot be split; it runs as one nano-batch (one plan, layers in order), says so, and its
 step's record has "ping_pong": false. Every rank knows every rank's documents, so all agree without
-communicating. On every rank the heavier half (causal attention work) runs first, its tokens moved to the front
-where it is the buffer's second half (run_order). Each half is balanced by a plan of its own, which moves more than
-balancing the whole: at 64K
-tokens on 2 ranks, the halves' plans send 1.5x the bytes of the unsplit ones (698 against 458 MiB per layer,
-docs/multi_gpu.md, run 53). --ping-pong-nanos micro-batches instead runs the step's micro-batches in pairs, each
+communicating. Each half is balanced by a plan of its own, which moves more than balancing the whole: at 64K
+tokens on 2 ranks the halves in buffer order sent 1.5x the bytes of the unsplit plans (698 against 458 MiB per
+layer, docs/multi_gpu.md, run 53). So on every rank the heavier half (causal attention work) runs first, its
+tokens moved to the front where it is the buffer's second half (run_order): 1.32x by the planner's count
+(bench/balancers/nano_split_bytes.py). --ping-pong-nanos micro-batches instead runs the step's micro-batches in pairs, each
 pair's two as the two nano-batches of one forward and backward (one buffer, the second after the first), each with
 its unsplit plan on a lane of its own: the unsplit step's bytes, two micro-batches' activations held at once; the
 loss is the sum of the two micro-batches' own means, so the gradients are those of one at a time.
