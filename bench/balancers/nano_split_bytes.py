@@ -6,8 +6,9 @@ The batches are the trainer's (examples/train_llama.py, --seed 1: micro-batch m 
 1 + 1000 s + m). Each plan comes from the `cad plan` CLI on one batch (--lengths: documents packed in order into
 the ranks' buffers); a rank whose nano-batch is shorter than the longest is padded with one-token documents, whose
 attention costs nothing and which no balancer moves. Splits compared, per rank:
-  halves          the trainer's --ping-pong: at the document boundary nearest half the tokens;
-  heavier_first   the same halves, each rank's heavier (causal attention work) as nano-batch 0;
+  halves          at the document boundary nearest half the tokens, in buffer order (the trainer before cca4780);
+  heavier_first   the trainer's --ping-pong (nano_batches): the same halves, each rank's heavier (causal attention
+                  work) as nano-batch 0;
   window          split points with 30-70% of the tokens in the first, the pairing across ranks that minimises
                   the sum over nano-batches of the heaviest rank's work (2 ranks: every combination tried).
 
@@ -25,10 +26,6 @@ import tempfile
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))
 import train_llama  # noqa: E402  (the trainer's batches and split)
-
-
-def work(docs):
-    return sum(n * (n + 1) // 2 for n in docs)
 
 
 def plan_mib(cad, plugins, docs_by_rank, balancer):
@@ -52,8 +49,7 @@ def halves(docs):
 
 
 def heavier_first(docs):
-    a, b = halves(docs)
-    return [a, b] if work(a) >= work(b) else [b, a]
+    return train_llama.nano_batches([docs], True)[0]
 
 
 def window_candidates(docs, lo=0.3, hi=0.7):
@@ -95,7 +91,7 @@ def main():
                                     for k in range(2))
             if args.ranks == 2:
                 best = min(itertools.product(*[window_candidates(d) for d in docs]),
-                           key=lambda c: sum(max(work(x[k]) for x in c) for k in range(2)))
+                           key=lambda c: sum(max(train_llama.causal_cost(x[k]) for x in c) for k in range(2)))
                 totals["window"] += sum(plan_mib(args.cad, args.plugins, [x[k] for x in best], args.balancer)
                                         for k in range(2))
             print(f"step {step} micro-batch {mb}: " + ", ".join(f"{k} {v:.0f}" for k, v in totals.items()),
