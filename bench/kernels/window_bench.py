@@ -40,7 +40,6 @@ usage: window_bench.py [--out results.json] [--build build-gpu] [--windows 4096,
                        [--budget-s 360] [--no-check] [--dry-run] [--tiny] [--device cuda|cpu]
 """
 import argparse
-import importlib.util
 import inspect
 import json
 import os
@@ -83,11 +82,9 @@ def flops(lengths, left, hq, d):
 
 
 def load_recipe():
-    """examples/train_llama.py's sample_batch (the DistCA recipe, as the trainer and `cad demo` sample it)."""
-    spec = importlib.util.spec_from_file_location("train_llama_recipe", REPO / "examples" / "train_llama.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.sample_batch
+    """cad.train.recipe's sample_batch (the DistCA recipe, as the trainers and `cad demo` sample it)."""
+    from cad.train.recipe import sample_batch
+    return sample_batch
 
 
 def data_path(given):

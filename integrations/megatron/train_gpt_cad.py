@@ -40,7 +40,6 @@ every step's record (per rank: step_s, attention_s for local/cad, peak GPU memor
 import argparse
 import datetime
 import functools
-import importlib.util
 import json
 import os
 import pathlib
@@ -62,12 +61,14 @@ MODELS = {
 
 @functools.lru_cache(maxsize=None)
 def _recipe():
-    """examples/train_llama.py as a module (loaded once): its batch recipe (sample_batch), causal cost and rank
-    gather, one of each for every trainer of the project."""
-    spec = importlib.util.spec_from_file_location("cad_train_llama", REPO / "examples" / "train_llama.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The trainers' parts this script uses (cad.train: the batch recipe, causal cost, attention timing option and
+    rank gather), one of each for every trainer of the project."""
+    import types
+    from cad.train import flops, launch, options, recipe
+    return types.SimpleNamespace(
+        causal_cost=flops.causal_cost, cached_batch=recipe.cached_batch, balanced_documents=recipe.balanced_documents,
+        add_attention_timing_option=options.add_attention_timing_option,
+        resolve_attention_timing=options.resolve_attention_timing, all_gather_floats=launch.all_gather_floats)
 
 
 def causal_cost(lengths):
