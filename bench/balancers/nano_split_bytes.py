@@ -4,8 +4,8 @@ micro-batches against the plans of their two nano-batches (a benchmark of the pl
 
 The batches are the trainer's (cad.train.recipe; examples/train_llama.py --seed 1: micro-batch m of step s sampled
 with seed 1 + 1000 s + m). Each plan comes from the `cad plan` CLI on one batch (--lengths: documents packed in
-order into the ranks' buffers); a rank whose nano-batch is shorter than the longest is padded with one-token documents, whose
-attention costs nothing and which no balancer moves. Splits compared, per rank:
+order into the ranks' buffers); a rank whose nano-batch is shorter than the longest is padded with one-token
+documents, whose attention costs nothing and which no balancer moves. Splits compared, per rank:
   halves          at the document boundary nearest half the tokens, in buffer order (the trainer before cca4780);
   heavier_first   the trainer's --ping-pong (nano_batches): the same halves, each rank's heavier (causal attention
                   work) as nano-batch 0;
