@@ -51,7 +51,7 @@ def apply_checkpointing(lm, mode, reentrant):
 
 
 def wrap_data_parallel(module, args, device, world, dtype):
-    """DDP or FSDP2 around the step module (see the module docstring); one process: as is."""
+    """DDP or FSDP2 around the step module (cad.train.llama's documentation says how); one process: as is."""
     if world == 1:
         return module
     if args.parallel == "ddp":

@@ -98,7 +98,7 @@ def parse_args(argv=None, description=None):
     if args.device == "cpu" and args.communicator == "nccl":
         p.error("--communicator nccl needs --device cuda")
     args.backend = "nccl" if args.device == "cuda" else "gloo"
-    # train_llama's helpers read these (make_nanos, model_flops): one global causal mask, no ping-pong
+    # the shared helpers read these (batches.make_nanos, flops.model_flops): one global causal mask, no ping-pong
     args.window, args.global_every, args.ping_pong = -1, None, False
     if args.pp < 1 or args.layers < 1 or args.micro_batches < 1 or args.steps < 1 or args.context < 1:
         p.error("--pp, --layers, --micro-batches, --steps and --context must be at least 1")

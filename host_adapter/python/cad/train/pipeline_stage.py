@@ -19,10 +19,10 @@ class PipelineError(RuntimeError):
 
 
 def micro_batch_documents(lengths, args, dp, step):
-    """Per micro-batch, per replica, the document lengths of its buffer (train_llama's recipe and seeds). With
+    """Per micro-batch, per replica, the document lengths of its buffer (the Llama trainer's recipe and seeds). With
     --balanced-batches every buffer of the step (all micro-batches and replicas) keeps its tokens but gets
     documents of equal length chosen so that its causal attention work is nearest the step's mean buffer
-    (train_llama's balanced_documents over the step's buffers): then the stages' micro-batches at any tick do
+    (recipe.balanced_documents over the step's buffers): then the stages' micro-batches at any tick do
     equal attention work, the ideal that CAD per tick aims at, measured rather than computed."""
     out = []
     for m in range(args.micro_batches):
