@@ -20,8 +20,8 @@ TINY = ["--layers", "2", "--hidden", "64", "--intermediate", "96", "--context", 
 
 
 def _stand_in(available=(True, ""), calls=None):
-    """A cad.fa4 with cad.fa4's interface: available() -> (bool, reason) and varlen_attn(q, k, v, cu_seqlens,
-    max_seqlen, causal, window_size, softmax_scale) -> o, here cad.varlen_attn (local, autograd)."""
+    """A cad.fa4 with cad.fa4's interface: available(device) -> (bool, reason) and varlen_attn(q, k, v,
+    cu_seqlens, max_seqlen, causal, window_size, softmax_scale) -> o, here cad.varlen_attn (local, autograd)."""
     def varlen_attn(q, k, v, cu_seqlens, max_seqlen, causal=True, window_size=(-1, -1), softmax_scale=None):
         assert q.dim() == k.dim() == v.dim() == 3 and q.shape[0] == k.shape[0] == int(cu_seqlens[-1])
         assert max_seqlen == int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
@@ -29,12 +29,12 @@ def _stand_in(available=(True, ""), calls=None):
             calls.append((tuple(q.shape), tuple(k.shape), causal, tuple(window_size), softmax_scale))
         return cad.varlen_attn(q, k, v, cu_seqlens, causal=causal, window_size=window_size,
                                softmax_scale=softmax_scale)
-    return types.SimpleNamespace(available=lambda: available, varlen_attn=varlen_attn)
+    return types.SimpleNamespace(available=lambda device=None: available, varlen_attn=varlen_attn)
 
 
 def test_refused_with_the_reason_where_unavailable(monkeypatch):
     monkeypatch.setitem(sys.modules, "cad.fa4", _stand_in(available=(False, "needs an sm_100 GPU (found none)")))
-    assert attention.fa4_unavailable() == \
+    assert attention.fa4_unavailable(torch.device("cpu")) == \
         "--attention fa4: FlashAttention-4 is not available here: needs an sm_100 GPU (found none)"
     args = parse_args(["--attention", "fa4", *TINY])
     with pytest.raises(cad.CadError, match="needs an sm_100 GPU"):
@@ -43,7 +43,7 @@ def test_refused_with_the_reason_where_unavailable(monkeypatch):
 
 def test_refused_where_cad_has_no_fa4(monkeypatch):
     monkeypatch.setitem(sys.modules, "cad.fa4", None)  # import cad.fa4 raises ImportError
-    reason = attention.fa4_unavailable()
+    reason = attention.fa4_unavailable(torch.device("cpu"))
     assert reason.startswith("--attention fa4: this cad package has no FlashAttention-4 binding")
 
 
@@ -81,3 +81,13 @@ def test_fa4_trains_as_cad_local(monkeypatch, window):
     heads, kv_heads, dim = args.heads, args.kv_heads, args.hidden // args.heads
     windows = [(3, 0), (-1, -1)] if window else [(-1, -1), (-1, -1)]
     assert [c[:4] for c in calls] == [((64, heads, dim), (64, kv_heads, dim), True, w) for w in windows]
+
+
+def test_refused_by_the_package_binding_on_the_cpu():
+    """The package's own cad.fa4 says why FlashAttention-4 cannot run on the CPU, and the trainer refuses with it."""
+    fa4 = pytest.importorskip("cad.fa4")
+    ok, why = fa4.available(torch.device("cpu"))
+    assert not ok and why
+    assert attention.fa4_unavailable(torch.device("cpu")).endswith(why)
+    with pytest.raises(cad.CadError, match="--attention fa4: FlashAttention-4 is not available here"):
+        train_one(parse_args(["--attention", "fa4", *TINY]), 0, 1, torch.device("cpu"), [])

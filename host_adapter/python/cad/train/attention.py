@@ -188,13 +188,14 @@ def fa4_module():
     return importlib.import_module("cad.fa4")
 
 
-def fa4_unavailable():
-    """Why FlashAttention-4 cannot run here (a sentence naming --attention fa4 and cad.fa4's reason), or None."""
+def fa4_unavailable(device):
+    """Why FlashAttention-4 cannot run on `device` (a sentence naming --attention fa4 and cad.fa4's reason), or
+    None."""
     try:
         fa4 = fa4_module()
     except ImportError as exc:
         return f"--attention fa4: this cad package has no FlashAttention-4 binding (cad.fa4: {exc})"
-    ok, reason = fa4.available()
+    ok, reason = fa4.available(device)
     return None if ok else f"--attention fa4: FlashAttention-4 is not available here: {reason}"
 
 

@@ -163,7 +163,7 @@ def train_one(args, rank, world, device, lengths):
             write_json(args, result)
         return result
     if args.attention == "fa4":  # refused, not skipped: FlashAttention-4 was asked for by name
-        reason = fa4_unavailable()
+        reason = fa4_unavailable(device)
         if reason is not None:
             raise cad.CadError(reason)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
