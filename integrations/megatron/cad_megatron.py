@@ -230,9 +230,11 @@ def _window_left(window, causal):
 
 def plan_shape(config, compute_dtype=None, tensor_parallel_size=1):
     """(num_heads, num_kv_heads, head_dim, dtype) of CadCoreAttention's calls for `config` (what cad.plan's ahead
-    planning needs)."""
-    return (config.num_attention_heads // tensor_parallel_size, config.num_query_groups // tensor_parallel_size,
-            config.kv_channels, _compute_dtype(config, compute_dtype))
+    planning needs), read through the layer's own checks. tensor_parallel_size: 1 (CadCoreAttention refuses
+    tensor parallelism)."""
+    checks.refuse_parallel({"plan_shape(tensor_parallel_size=)": tensor_parallel_size}, "plan_shape")
+    heads, kv_heads, head_dim = checks.check_heads(config, "plan_shape")
+    return heads, kv_heads, head_dim, _compute_dtype(config, compute_dtype)
 
 
 def attach_plan(packed_seq_params, config, *, cu_seqlens_host=None, ahead=True, tag=None, device=None,

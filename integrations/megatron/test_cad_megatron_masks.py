@@ -276,3 +276,10 @@ def test_config_windows_and_fields_are_checked_not_truncated():
     packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=4, max_seqlen_kv=4)
     with pytest.raises(ValueError, match=r"attach_plan: TransformerConfig.window_size must be a pair"):
         attach_plan(packed, _config(window_size=(4.5, 0)), ahead=False)
+    # plan_shape (attach_plan's heads and dtype) reads the heads through the same checks
+    from cad_megatron import plan_shape
+    assert plan_shape(_config()) == (HEADS, GROUPS, HEAD_DIM, torch.float32)
+    with pytest.raises(ValueError, match="num_attention_heads 4 is not a multiple of num_query_groups 3"):
+        plan_shape(_config(num_query_groups=3))
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=\)': 2"):
+        plan_shape(_config(), tensor_parallel_size=2)
