@@ -210,7 +210,7 @@ def attend(q, k, v, mask, scale):
     g = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     s = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * scale
-    s = s.masked_fill(~mask, -math.inf)
+    s = s.masked_fill(~mask.to(s.device), -math.inf)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.clamp_min(-1e300).unsqueeze(-1)).nan_to_num(0.0)
     return torch.einsum("hqk,khd->qhd", p, v.double()), lse
@@ -241,14 +241,14 @@ def fake_fa4(fresh):
 def reference_segments(q, k, v, segments, causal, window, scale):
     """O and LSE of a server batch, segment by segment on the original rows (float64); rows outside every
     segment: O 0, LSE -inf."""
-    o = torch.zeros(q.shape, dtype=torch.float64)
-    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float64)
+    o = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float64, device=q.device)
     for q_off, q_len, kv_off, kv_len in segments:
         if q_len == 0 or kv_len == 0:
             continue
         so, sl = attend(q[q_off:q_off + q_len], k[kv_off:kv_off + kv_len], v[kv_off:kv_off + kv_len],
                         allowed(q_len, kv_len, causal, window), scale)
-        o = o.index_copy(0, torch.arange(q_off, q_off + q_len), so)
+        o = o.index_copy(0, torch.arange(q_off, q_off + q_len, device=q.device), so)
         lse[:, q_off:q_off + q_len] = sl.detach()
     return o, lse
 
@@ -334,14 +334,14 @@ def test_fa4_matches_the_float_reference(d, window):
     qkv = [t.clone().requires_grad_(True) for t in (q, k, v)]
     o = fa4.varlen_attn(*qkv, cu.cuda(), max(lengths), causal=True, window_size=window)
     segments = [(a, b - a, a, b - a) for a, b in zip(cu.tolist(), cu.tolist()[1:])]
-    ref = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    ref = [t.detach().double().requires_grad_(True) for t in (q, k, v)]  # float64 on the GPU
     ro, _ = reference_segments(*ref, segments, True, window, 1 / math.sqrt(d))
-    assert rel(o, ro.cuda()) < 1e-2
+    assert rel(o, ro) < 1e-2
     d_o = torch.randn(o.shape, device="cuda", dtype=torch.bfloat16)
     got = torch.autograd.grad(o, qkv, d_o)
-    want = torch.autograd.grad(ro, ref, d_o.double().cpu())
+    want = torch.autograd.grad(ro, ref, d_o.double())
     for name, a, b in zip(("dq", "dk", "dv"), got, want):
-        assert rel(a, b.cuda()) < 2e-2, name
+        assert rel(a, b) < 2e-2, name
 
 
 @gpu
