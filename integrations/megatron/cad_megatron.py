@@ -28,14 +28,19 @@ Plans belong to the micro-batch, as the PackedSeqParams do:
 Either way every forward keeps its plan alive until its backward (cad's rule).
 
 Batches without packed_seq_params ([s, b] sequences, each one document) run CAD's local attention: equal-length
-rows cost every rank the same, so there is nothing to balance. The `attention_mask` argument is ignored for
-causal/no-mask layers (as Transformer Engine's attention ignores it for those mask types); padding or arbitrary
-masks, attention bias, attention dropout, softmax offsets (off-by-one/learnable) and padded THD
-(cu_seqlens_q_padded unlike cu_seqlens_q) are refused at construction or call, naming what. Sliding windows
-(config.window_size, window_attn_skip_freq) run through plans made for the window (one per window kind).
+rows cost every rank the same, so there is nothing to balance. Every Megatron-Core mask type is honoured exactly or
+refused naming it (cad_megatron_checks): causal, causal_bottom_right (the same in self-attention), padding_causal,
+no_mask and padding are computed; arbitrary is refused. An attention_mask is read, never ignored: with causal or
+no_mask it must be that type's own mask; with padding or padding_causal a padding mask ([s, b] input), whose
+padding tokens are left out of their row's document (as Transformer Engine unpads; a padding token's output is
+zero); with packed_seq_params (THD) none (the documents are cu_seqlens). Anything else -- per-document or per-head
+masks, attention bias, attention dropout, softmax offsets (off-by-one/learnable), padded THD (cu_seqlens_q_padded
+unlike cu_seqlens_q), float or look-ahead windows -- is refused at construction or call, naming what. Sliding
+windows (config.window_size, window_attn_skip_freq) run through plans made for the window (one per window kind).
 
 Parallelism: CAD spans the data-parallel group (`init_cad`), with tensor, pipeline and context parallel sizes of 1
-(with TP > 1 each TP rank's DP group would need a CAD stack of its own; not done). CAD replaces context parallelism
+(with TP > 1 each TP rank's DP group would need a CAD stack of its own; not done): init_cad and the layer itself
+(its TransformerConfig and pg_collection) refuse other sizes. CAD replaces context parallelism
 for long documents.
 
 `PerDocumentDotProductAttention` is Megatron-Core's own local attention (`DotProductAttention`, which refuses
@@ -55,8 +60,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 import cad
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
-from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
+
+import cad_megatron_checks as checks
 
 __all__ = ["CadCoreAttention", "CadPackedSeqParams", "PerDocumentDotProductAttention", "attach_plan",
            "cad_gpt_layer_spec", "init_cad", "megatron_cpu_support", "packed_seq_params", "plan_shape", "plans_of",
@@ -69,16 +75,9 @@ class CadPackedSeqParams(PackedSeqParams):
     cad_plan: Optional[Any] = None
 
 
-_CAUSAL = (AttnMaskType.causal, AttnMaskType.padding_causal)
-_FULL = (AttnMaskType.no_mask, AttnMaskType.padding)
-
-
 def _window_of(config, layer_number):
-    """The layer's sliding window as (left, right) (PyTorch's and Megatron's meaning), or None."""
-    from megatron.core.transformer.utils import is_layer_window_attention
-    if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number):
-        return tuple(int(x) for x in config.window_size)
-    return None
+    """The layer's sliding window as (left, 0) (PyTorch's and Megatron's meaning), or None (checked)."""
+    return checks.config_window(config, max(1, layer_number), f"CadCoreAttention (layer {max(1, layer_number)})")
 
 
 def _compute_dtype(config, compute_dtype=None):
@@ -96,91 +95,87 @@ class CadCoreAttention(MegatronModule):
     Megatron-Core's DotProductAttention / TEDotProductAttention; extra keywords (bind them with
     functools.partial, as cad_gpt_layer_spec does): `balance` (False: never plan, CAD's local attention on the
     same kernels -- the unbalanced baseline) and `compute_dtype` (None: the inputs' dtype; CAD's CUDA kernels
-    take bf16)."""
+    take bf16). Mask types and attention masks: cad_megatron_checks (each honoured exactly or refused)."""
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type="self", attention_dropout=None,
                  softmax_scale=None, cp_comm_type=None, pg_collection=None, *, balance=True, compute_dtype=None):
         super().__init__(config=config)
         self.layer_number = max(1, layer_number)
-        self.attn_mask_type = attn_mask_type
         self.attention_type = attention_type
         self.balance = bool(balance)
         self.compute_dtype = compute_dtype
-        what = f"CadCoreAttention (layer {self.layer_number})"
+        what = self._what = f"CadCoreAttention (layer {self.layer_number})"
         if attention_type != "self":
             raise ValueError(f"{what}: attention_type '{attention_type}': CAD computes self-attention over packed "
                              f"documents only")
-        dropout = config.attention_dropout if attention_dropout is None else attention_dropout
-        if dropout:
-            raise ValueError(f"{what}: attention dropout {dropout} is not supported by CAD; set "
-                             f"TransformerConfig(attention_dropout=0.0)")
-        if getattr(config, "softmax_type", "vanilla") != "vanilla":
-            raise ValueError(f"{what}: softmax_type '{config.softmax_type}' is not supported (vanilla only)")
-        if config.context_parallel_size != 1:
-            raise ValueError(f"{what}: context_parallel_size {config.context_parallel_size}: CAD replaces context "
-                             f"parallelism (balanced over the data-parallel group); use context_parallel_size=1")
-        if attn_mask_type not in _CAUSAL + _FULL:
-            raise ValueError(f"{what}: attn_mask_type {attn_mask_type} is not supported (causal or no_mask)")
-        tp = 1 if pg_collection is None or not hasattr(pg_collection, "tp") else pg_collection.tp.size()
-        if config.num_attention_heads % tp or config.num_query_groups % tp:
-            raise ValueError(f"{what}: {config.num_attention_heads} heads / {config.num_query_groups} query groups "
-                             f"do not divide over {tp} tensor-parallel ranks")
-        self.num_heads = config.num_attention_heads // tp
-        self.num_kv_heads = config.num_query_groups // tp
-        self.head_dim = config.kv_channels
+        softmax_scale = checks.check_attention_options(config, attention_dropout, softmax_scale, what)
+        checks.check_parallel(config, pg_collection, what)
+        self.attn_mask_type = checks.mask_type(attn_mask_type, what)
+        self.num_heads, self.num_kv_heads, self.head_dim = checks.check_heads(config, what)
         # Megatron's DotProductAttention divides the scale by layer_number under apply_query_key_layer_scaling and
         # multiplies it back inside its fp32 softmax: the same probabilities. CAD computes in fp32 throughout.
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
         self.window = _window_of(config, layer_number)
+        self._causal(None)  # a window on a layer whose mask type is not causal: refused here, not at the first call
 
     def _causal(self, attn_mask_type):
-        kind = self.attn_mask_type if attn_mask_type is None else attn_mask_type
-        if kind in _CAUSAL:
-            return True
-        if kind in _FULL:
-            if self.window is not None:
-                raise ValueError(f"CadCoreAttention (layer {self.layer_number}): a sliding window with "
-                                 f"attn_mask_type {kind} (CAD computes causal windows only)")
-            return False
-        raise ValueError(f"CadCoreAttention (layer {self.layer_number}): attn_mask_type {kind} is not supported")
+        kind = checks.mask_type(self.attn_mask_type if attn_mask_type is None else attn_mask_type, self._what)
+        if kind in checks.CAUSAL:
+            return kind, True
+        if self.window is not None:
+            raise ValueError(f"{self._what}: a sliding window (TransformerConfig.window_size) with attn_mask_type "
+                             f"{kind.name} (CAD computes causal windows only)")
+        return kind, False
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):
         if kwargs:
             raise TypeError(f"CadCoreAttention.forward: unexpected keywords {sorted(kwargs)}")
+        what = self._what
         if attention_bias is not None:
-            raise ValueError("CadCoreAttention: attention_bias is not supported")
-        causal = self._causal(attn_mask_type)
+            raise ValueError(f"{what}: attention_bias is not supported")
+        kind, causal = self._causal(attn_mask_type)
         window = self.window if self.window is not None else ((-1, 0) if causal else (-1, -1))
-        plan = None
-        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
-            if query.dim() == 4:  # [t, 1, h, d]: the batch dimension Megatron squeezes for THD
-                query, key, value = (t.squeeze(1) for t in (query, key, value))
-            cu = packed_seq_params.cu_seqlens_q
+        shape = (self.num_heads, self.num_kv_heads, self.head_dim, what)
+        if packed_seq_params is not None:
+            if packed_seq_params.qkv_format != "thd":
+                raise ValueError(f"{what}: packed_seq_params.qkv_format '{packed_seq_params.qkv_format}' (only 'thd' "
+                                 f"packs documents)")
+            if attention_mask is not None:
+                raise ValueError(f"{what}: an attention_mask with packed_seq_params (THD): the documents are "
+                                 f"packed_seq_params.cu_seqlens_q, attn_mask_type {kind.name} their mask; pass "
+                                 f"attention_mask=None")
+            q, k, v = checks.thd_inputs(query, key, value, *shape)
             _check_packed(packed_seq_params)
-            tokens = query.shape[0]
-            q, k, v = query, key, value
+            tokens = q.shape[0]
+            cu, plan = packed_seq_params.cu_seqlens_q, None
             if self.balance:
                 plan = _plan_for(packed_seq_params, causal, window, tokens)
                 if plan is not None and plan.cu_seqlens is not None:
                     cu = plan.cu_seqlens  # the plan's own tensor (host copy): no GPU read-back per layer
-            out_shape = (tokens, -1)
-        else:
-            if packed_seq_params is not None:
-                raise ValueError(f"CadCoreAttention: packed_seq_params.qkv_format '{packed_seq_params.qkv_format}' "
-                                 f"(only 'thd' packs documents)")
-            s, b = query.shape[0], query.shape[1]
-            q, k, v = (t.transpose(0, 1).reshape(b * s, t.shape[2], t.shape[3]) for t in (query, key, value))
-            cu = _rows_cu_seqlens(b, s)
-            out_shape = None
+            return self._attend(q, k, v, cu, plan, causal, window).reshape(tokens, -1)
+        s, b = checks.sbhd_inputs(query, key, value, *shape)
+        kept = checks.kept_tokens(attention_mask, kind, s, b, what)
+        q, k, v = (t.transpose(0, 1).reshape(b * s, t.shape[2], t.shape[3]) for t in (query, key, value))
+        if kept is None:  # every row one document of s tokens
+            out = self._attend(q, k, v, _rows_cu_seqlens(b, s), None, causal, window)
+        else:  # padding: each row's real tokens one document; a padding token's output is zero
+            if self.window is not None:
+                raise ValueError(f"{what}: a padding attention_mask on a sliding-window layer (Megatron-Core's "
+                                 f"window mask leaves the padding out; CAD refuses rather than choose)")
+            index = kept.reshape(-1).nonzero().squeeze(1)
+            counts = kept.sum(1, dtype=torch.int32).cpu()
+            cu = torch.cat([torch.zeros(1, dtype=torch.int32), counts.cumsum(0, dtype=torch.int32)])
+            real = self._attend(*(t.index_select(0, index) for t in (q, k, v)), cu, None, causal, window)
+            out = real.new_zeros(b * s, *real.shape[1:]).index_copy(0, index, real)
+        return out.view(b, s, -1).transpose(0, 1).contiguous()  # [s, b, np * hn]
+
+    def _attend(self, q, k, v, cu, plan, causal, window):
         dtype = q.dtype
         if self.compute_dtype is not None:
             q, k, v = (t.to(self.compute_dtype) for t in (q, k, v))
-        out = cad.varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, plan=plan, causal=causal,
-                              window_size=window, softmax_scale=self.softmax_scale).to(dtype)
-        if out_shape is not None:
-            return out.reshape(out_shape)
-        return out.view(b, s, -1).transpose(0, 1).contiguous()  # [s, b, np * hn]
+        return cad.varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, plan=plan, causal=causal,
+                               window_size=window, softmax_scale=self.softmax_scale).to(dtype)
 
 
 @functools.lru_cache(maxsize=64)
@@ -235,9 +230,11 @@ def _window_left(window, causal):
 
 def plan_shape(config, compute_dtype=None, tensor_parallel_size=1):
     """(num_heads, num_kv_heads, head_dim, dtype) of CadCoreAttention's calls for `config` (what cad.plan's ahead
-    planning needs)."""
-    return (config.num_attention_heads // tensor_parallel_size, config.num_query_groups // tensor_parallel_size,
-            config.kv_channels, _compute_dtype(config, compute_dtype))
+    planning needs), read through the layer's own checks. tensor_parallel_size: 1 (CadCoreAttention refuses
+    tensor parallelism)."""
+    checks.refuse_parallel({"plan_shape(tensor_parallel_size=)": tensor_parallel_size}, "plan_shape")
+    heads, kv_heads, head_dim = checks.check_heads(config, "plan_shape")
+    return heads, kv_heads, head_dim, _compute_dtype(config, compute_dtype)
 
 
 def attach_plan(packed_seq_params, config, *, cu_seqlens_host=None, ahead=True, tag=None, device=None,
@@ -252,8 +249,8 @@ def attach_plan(packed_seq_params, config, *, cu_seqlens_host=None, ahead=True, 
     _check_packed(packed_seq_params)
     cu = cu_seqlens_host if cu_seqlens_host is not None else packed_seq_params.cu_seqlens_q
     if window_size is None:
-        window_size = tuple(config.window_size) if config.window_size and config.window_attn_skip_freq is None \
-            else ((-1, 0) if causal else (-1, -1))
+        window = checks.config_window(config, 1, "attach_plan") if config.window_attn_skip_freq is None else None
+        window_size = window if window is not None else ((-1, 0) if causal else (-1, -1))
     heads, kv_heads, head_dim, dtype = plan_shape(config, compute_dtype)
     device = torch.device(device) if device is not None else packed_seq_params.cu_seqlens_q.device
     plan = cad.plan(cu, causal=causal, window_size=window_size, num_heads=heads, num_kv_heads=kv_heads,
@@ -311,10 +308,7 @@ def init_cad(**cad_init_kwargs):
     sizes = {"tensor": ps.get_tensor_model_parallel_world_size(),
              "pipeline": ps.get_pipeline_model_parallel_world_size(),
              "context": ps.get_context_parallel_world_size()}
-    wide = {k: v for k, v in sizes.items() if v != 1}
-    if wide:
-        raise ValueError(f"init_cad: CAD spans the data-parallel group with tensor, pipeline and context parallel "
-                         f"sizes of 1; got {wide}")
+    checks.refuse_parallel(sizes, "init_cad")
     cad.init(group=ps.get_data_parallel_group(), **cad_init_kwargs)
 
 
@@ -332,7 +326,7 @@ class PerDocumentDotProductAttention(DotProductAttention):
             query, key, value = (t.squeeze(1) for t in (query, key, value))
         _check_packed(packed_seq_params)
         kind = self.attn_mask_type if attn_mask_type is None else attn_mask_type
-        causal = kind in _CAUSAL
+        causal = kind in checks.CAUSAL
         cu = packed_seq_params.cu_seqlens_q.tolist()
         out = []
         for a, b in zip(cu, cu[1:]):

@@ -13,11 +13,12 @@ from ._errors import CadError
 from ._ops import varlen_attn
 from ._call_order import CallOrder
 from ._plan import Plan, plan, plan_pieces
+from .packing import RankLayout, pack_documents
 from ._runtime import attention_calls, attention_time, call_times, exchange_times, init, shutdown, stack_config, timing
 from .ping_pong import PingPongChoice, PingPongLayer, ping_pong, ping_pong_layers
 from . import varlen  # noqa: E402 -- cad.varlen.varlen_attn: torch.nn.attention.varlen's signature
 
-__all__ = ["CadError", "CallOrder", "PingPongChoice", "PingPongLayer", "Plan", "attention_calls", "attention_time",
-           "call_times", "exchange_times", "init", "ping_pong", "ping_pong_layers", "plan", "plan_pieces", "shutdown",
+__all__ = ["CadError", "CallOrder", "PingPongChoice", "PingPongLayer", "Plan", "RankLayout", "attention_calls", "attention_time",
+           "call_times", "exchange_times", "init", "pack_documents", "ping_pong", "ping_pong_layers", "plan", "plan_pieces", "shutdown",
            "stack_config", "timing", "varlen", "varlen_attn"]
 __version__ = "0.1.0"
