@@ -15,7 +15,7 @@ An implementation that is not installed, or does not run a case (a window, a bac
 with the reason; one that fails is recorded with its error and the run goes on.
 
 Cases (D 128 and D 64, --head-dims; Hq 32, Hkv 8, bf16, causal): --buffers Pretrain buffers (the trainer's
-recipe, examples/train_llama.py's sample_batch over doclen_pretrain.json: one step's buffers of --buffers ranks)
+recipe, cad.train.recipe.sample_batch over doclen_pretrain.json: one step's buffers of --buffers ranks)
 at each of --contexts tokens, one dense document of each of --dense tokens, and with a causal window
 (--window, left) the Pretrain buffers and the dense documents of --window-dense. A case of several buffers
 counts their time and FLOPs together.

@@ -3,7 +3,7 @@
 local: no plan, no CAD group) and of torch.nn.attention.varlen.varlen_attn, causal windows (left, 0) and plain
 causal attention for reference, at Llama-8B's attention shape (32 query heads, 8 KV heads, D 128, bf16).
 
-Batches: one buffer of the Pretrain recipe (examples/train_llama.py's sample_batch over doclen_pretrain.json, the
+Batches: one buffer of the Pretrain recipe (cad.train.recipe.sample_batch over doclen_pretrain.json, the
 trainer's first micro-batch for --seed) at each of --contexts tokens, and dense single documents of --dense
 tokens. Windows: --windows (left limits; "none" = plain causal is always added).
 
@@ -16,7 +16,7 @@ Implementations (--impls):
                 reference for the windowed times.
   torch         torch.nn.attention.varlen.varlen_attn(..., window_size=(left, 0)) where this torch takes
                 window_size (else 'n/a' with the reason); K/V expanded to 32 heads outside the timing where it
-                does not take GQA (as examples/train_llama.py's torch_varlen does).
+                does not take GQA (as cad.train.attention's torch_varlen does).
 
 FLOPs: a causal query at position p of its document with window left sees min(p + 1, left + 1) keys; forward
 4 * D * Hq per (query, key) pair, backward 2.5x forward (the convention of cudnn_bench.py). Timing: CUDA events,
