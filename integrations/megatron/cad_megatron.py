@@ -35,8 +35,8 @@ no_mask it must be that type's own mask; with padding or padding_causal a paddin
 padding tokens are left out of their row's document (as Transformer Engine unpads; a padding token's output is
 zero); with packed_seq_params (THD) none (the documents are cu_seqlens). Anything else -- per-document or per-head
 masks, attention bias, attention dropout, softmax offsets (off-by-one/learnable), padded THD without context
-parallelism (cu_seqlens_q_padded unlike cu_seqlens_q), float or look-ahead windows -- is refused at construction or call, naming what. Sliding
-windows (config.window_size, window_attn_skip_freq) run through plans made for the window (one per window kind).
+parallelism (cu_seqlens_q_padded unlike cu_seqlens_q), float or look-ahead windows -- is refused at construction
+or call, naming what. Sliding windows (config.window_size, window_attn_skip_freq) run through plans made for the window (one per window kind).
 
 Parallelism: CAD spans the data x context group (`init_cad`: the ranks that hold distinct tokens), with tensor and
 pipeline parallel sizes of 1 (with TP > 1 each TP rank's group would need a CAD stack of its own; not done):
@@ -251,6 +251,9 @@ def _plan_for(p, causal, window, tokens):
 def plans_of(packed_seq_params):
     """The cad.Plans a micro-batch's layers used so far: the attached one, then those its first layers made."""
     plans = [packed_seq_params.cad_plan] if getattr(packed_seq_params, "cad_plan", None) is not None else []
+    layout = getattr(packed_seq_params, "cad_cp", None)
+    if layout is not None:  # context parallelism: the plans its first layers made from the pieces
+        return plans + list(layout.plans.values())
     entry = _lazy_plans.get(packed_seq_params.cu_seqlens_q)
     return plans + (list(entry[1].values()) if entry is not None else [])
 

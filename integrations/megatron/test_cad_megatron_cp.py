@@ -230,3 +230,56 @@ def test_megatron_layout_maps_chunks_to_pieces():
         megatron_layout([0, 6, 7], [0, 8], 2, 0, replica=0)
     with pytest.raises(ValueError, match="cu_seqlens_q must start at 0"):
         megatron_layout([1, 6], None, 2, 0, replica=0)
+
+
+def _train(tmp_path, name, launcher, *args):
+    import json
+    import os
+    import subprocess
+    data = tmp_path / "lengths.json"
+    # Long documents (the recipe scales them by context / 64K): many span both ranks' tokens.
+    data.write_text(json.dumps([65536, 30000, 5000, 40000, 2000, 52000, 900, 12000] * 4))
+    command = launcher + [str(HERE / "train_gpt_cad.py"), "--device", "cpu", "--steps", "2", "--micro-batches", "2",
+                          "--data", str(data), "--hidden", "64", "--ffn", "128",
+                          "--json-out", str(tmp_path / f"{name}_{{config}}.json"), *args]
+    result = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return json.loads((tmp_path / f"{name}_cad.json").read_text())
+
+
+def test_training_script_with_context_parallelism_trains_one_process_losses(tmp_path):
+    """train_gpt_cad.py --context-parallel-size 2 on 2 ranks (each micro-batch's documents laid over both ranks,
+    cut at 256 tokens) trains the losses of one process holding the same documents whole (--layout cad, 512)."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cp = _train(tmp_path, "cp", torchrun, "--configs", "cad", "--context-parallel-size", "2", "--context", "256")
+    one = _train(tmp_path, "one", [sys.executable], "--configs", "cad", "--layout", "cad", "--context", "512")
+    assert cp["summary"]["context_parallel_size"] == 2 and cp["summary"]["ranks"] == 2
+    got, want = cp["summary"]["losses"], one["summary"]["losses"]
+    assert len(got) == len(want) == 2
+    assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(got, want)), (got, want)
+    assert all(s["imbalance"] is not None for s in cp["steps"])
+    # The micro-batches' documents (the script's recipe, its default seed 1): some cross the cut at 256 tokens.
+    import json
+    import train_gpt_cad
+    lengths = json.loads((tmp_path / "lengths.json").read_text())
+    for step in range(2):
+        for index in range(2):
+            docs = train_gpt_cad._recipe().cached_batch(lengths, 512, 1, 1 + 1000 * step + index)[0]
+            starts = [sum(docs[:i]) for i in range(len(docs))]
+            assert any(a < 256 < a + n for a, n in zip(starts, docs)), (step, index, docs)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--context-parallel-size", "2", "--configs", "megatron,cad"],
+     "--configs ['megatron'] with --layout cad / --context-parallel-size 2"),
+    (["--context-parallel-size", "2", "--configs", "cad", "--position-embedding", "rope"],
+     "Megatron's RoPE under context parallelism assumes its head/tail layout"),
+    (["--context-parallel-size", "2", "--layout", "rank"], "--layout rank with --context-parallel-size 2"),
+    (["--context-parallel-size", "0"], "--context-parallel-size 0: expected 1 or more"),
+], ids=["megatron-attention", "rope", "rank-layout", "zero"])
+def test_training_script_refuses_what_context_parallelism_cannot_train(args, message, capsys):
+    import train_gpt_cad
+    with pytest.raises(SystemExit) as exit_info:
+        train_gpt_cad.parse_args(["--device", "cpu", *args])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
