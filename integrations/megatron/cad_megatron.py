@@ -197,7 +197,7 @@ class CadCoreAttention(MegatronModule):
                                   q.device)
         if layout.real is None:
             return self._attend(q, k, v, None, plan, causal, window)
-        real = layout.real.to(q.device)
+        real = layout.real_on(q.device)
         out = self._attend(*(t.index_select(0, real) for t in (q, k, v)), None, plan, causal, window)
         return out.new_zeros(layout.tokens, *out.shape[1:]).index_copy(0, real, out)
 

@@ -41,6 +41,14 @@ class CpLayout:
         self.real = real
         self.real_tokens = sum(p[3] for p in self.pieces)
         self.plans = {}
+        self._real_on = {}
+
+    def real_on(self, device):
+        """`real` on `device`, copied there once (every layer of the micro-batch gathers with it)."""
+        device = torch.device(device)
+        if device not in self._real_on:
+            self._real_on[device] = self.real.to(device)
+        return self._real_on[device]
 
     def __repr__(self):
         return f"CpLayout({len(self.pieces)} pieces, {self.real_tokens} real of {self.tokens} tokens)"

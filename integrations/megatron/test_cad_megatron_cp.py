@@ -4,8 +4,10 @@ value) of one process attending the unsplit documents, for
 - Megatron's own THD layout (each document padded at its end to a multiple of 2 * cp, CP rank r holding chunks r
   and 2 * cp - 1 - r; cu_seqlens_q the real lengths, cu_seqlens_q_padded the padded ones): padding tokens are
   never read, their outputs and gradients are zero; plans made by the first layer and attached ahead;
+  also no_mask layers, a sliding window, and a micro-batch of which a CP rank holds padding only;
 - CAD's layout (cad_megatron_cp.pack_for_context_parallel: the step's documents laid over the data x context
   ranks by cad.pack_documents, no padding), with a document spanning every rank.
+The training script with --context-parallel-size 2 trains the losses of one process holding the documents whole.
 And what CAD cannot do under context parallelism is refused, naming it. CPU, gloo, fp32; skipped where
 megatron.core cannot be imported (run_tests.sh installs it)."""
 import functools
@@ -27,11 +29,11 @@ REPLICA_DOCS = [[37, 8, 1, 22], [12, 50, 5]]
 TOKENS_PER_RANK = 24
 
 
-def _config(cp):
+def _config(cp, **changes):
     from megatron.core.transformer.transformer_config import TransformerConfig
     return TransformerConfig(num_layers=2, hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS,
                              num_query_groups=GROUPS, use_cpu_initialization=True, attention_dropout=0.0,
-                             masked_softmax_fusion=False, context_parallel_size=cp)
+                             masked_softmax_fusion=False, context_parallel_size=cp, **changes)
 
 
 def _document(doc_id, length):
@@ -42,15 +44,18 @@ def _document(doc_id, length):
     return [torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes]
 
 
-def _reference(doc_id, length):
-    """One process's causal attention over the whole document (float64): output and the q/k/v gradients of
-    sum(output * grad)."""
+def _reference(doc_id, length, mask_kind="causal", left=None):
+    """One process's attention over the whole document (float64): output and the q/k/v gradients of
+    sum(output * grad). mask_kind causal (left: a sliding window, keys [i - left, i]) or full."""
     q, k, v, grad = _document(doc_id, length)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
     rep = HEADS // GROUPS
     kk, vv = (t.repeat_interleave(rep, dim=1) for t in (k, v))
     scores = torch.einsum("qhd,khd->hqk", q, kk) / HEAD_DIM ** 0.5
-    mask = torch.ones(length, length, dtype=torch.bool).triu(1)
+    i = torch.arange(length)
+    mask = i[None, :] > i[:, None] if mask_kind == "causal" else torch.zeros(length, length, dtype=torch.bool)
+    if left is not None:
+        mask |= i[None, :] < i[:, None] - left
     out = torch.einsum("hqk,khd->qhd", scores.masked_fill(mask, float("-inf")).softmax(-1), vv).reshape(length, -1)
     (out * grad).sum().backward()
     return out.detach(), q.grad, k.grad, v.grad
@@ -77,7 +82,7 @@ def _rank_tokens(tokens):
     return [t.requires_grad_() for t in (q, k, v)], grad
 
 
-def _check(rank, what, layer, tokens, packed):
+def _check(rank, what, layer, tokens, packed, **reference):
     """The layer's outputs and gradients on this rank's tokens equal the whole documents' reference."""
     (q, k, v), grad = _rank_tokens(tokens)
     out = layer(q, k, v, None, packed_seq_params=packed)
@@ -92,7 +97,7 @@ def _check(rank, what, layer, tokens, packed):
             continue
         doc_id, length, pos = t
         if doc_id not in refs:
-            refs[doc_id] = _reference(doc_id, length)
+            refs[doc_id] = _reference(doc_id, length, **reference)
         for name, x, ref in zip(("output", "dq", "dk", "dv"), got, refs[doc_id]):
             want = ref[pos].reshape(x.shape).float()
             torch.testing.assert_close(x.detach(), want, rtol=1e-4, atol=1e-5,
@@ -158,6 +163,17 @@ def _megatron_layout_equals_whole_documents(cp, rank, world):
     p = PackedSeqParams(qkv_format="thd", cu_seqlens_q=_cumulated(even), cu_seqlens_kv=None,
                         max_seqlen_q=max(even), max_seqlen_kv=max(even))
     _check(rank, "Megatron's layout without padding", layer, even_tokens, p)
+
+    # Full (no_mask) attention and a sliding window through plans from the same pieces.
+    full = CadCoreAttention(_config(cp), 1, AttnMaskType.no_mask, "self")
+    _check(rank, "Megatron's layout, no_mask", full, tokens, packed(), mask_kind="full")
+    windowed = CadCoreAttention(_config(cp, window_size=(5, 0)), 1, AttnMaskType.causal, "self")
+    _check(rank, "Megatron's layout, window 5", windowed, tokens, packed(), left=5)
+    # A micro-batch of which CP rank 1 holds only padding (one 1-token document per replica).
+    lone_tokens, lone_padded = _megatron_tokens([1], cp, cp_rank, replica)
+    lone = PackedSeqParams(qkv_format="thd", cu_seqlens_q=_cumulated([1]), cu_seqlens_q_padded=_cumulated(lone_padded),
+                           max_seqlen_q=1, max_seqlen_kv=1)
+    _check(rank, "Megatron's layout, a rank of padding only", layer, lone_tokens, lone)
 
     # What CAD cannot compute under context parallelism is refused, naming it.
     q, k, v = _rank_tokens(tokens)[0]
