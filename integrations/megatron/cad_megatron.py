@@ -36,7 +36,8 @@ padding tokens are left out of their row's document (as Transformer Engine unpad
 zero); with packed_seq_params (THD) none (the documents are cu_seqlens). Anything else -- per-document or per-head
 masks, attention bias, attention dropout, softmax offsets (off-by-one/learnable), padded THD without context
 parallelism (cu_seqlens_q_padded unlike cu_seqlens_q), float or look-ahead windows -- is refused at construction
-or call, naming what. Sliding windows (config.window_size, window_attn_skip_freq) run through plans made for the window (one per window kind).
+or call, naming what. Sliding windows (config.window_size, window_attn_skip_freq) run through plans made for the
+window (one per window kind).
 
 Parallelism: CAD spans the data x context group (`init_cad`: the ranks that hold distinct tokens), with tensor and
 pipeline parallel sizes of 1 (with TP > 1 each TP rank's group would need a CAD stack of its own; not done):

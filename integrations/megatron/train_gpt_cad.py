@@ -38,9 +38,10 @@ predicts nothing). The loss is the token-weighted mean over every rank's tokens 
 
 Model: TransformerConfig with RMSNorm, SwiGLU, no biases, no dropout; RoPE on CUDA, learned absolute positions on
 the CPU (Megatron-Core's RoPE needs CUDA); bf16 through Megatron's Float16Module (the model in bf16, the loss in
-fp32), AdamW on the bf16 parameters (no fp32 master copy: a minimal script). Data parallel with torch DistributedDataParallel over Megatron's
-data-parallel group (the data x context group under context parallelism; tensor/pipeline parallel 1), AdamW. On the CPU, cad_megatron.megatron_cpu_support()
-lets Megatron's local attention run there (its buffers are allocated on CUDA otherwise).
+fp32), AdamW on the bf16 parameters (no fp32 master copy: a minimal script). Data parallel with torch
+DistributedDataParallel over Megatron's data-parallel group (the data x context group under context parallelism;
+tensor/pipeline parallel 1), AdamW. On the CPU, cad_megatron.megatron_cpu_support() lets Megatron's local
+attention run there (its buffers are allocated on CUDA otherwise).
 
 Per step rank 0 prints the loss, the slowest rank's step time, tokens/s, and the attention imbalance (CAD: the
 plans' max/mean server cost; otherwise each rank's own documents' causal cost, max/mean); --json-out keeps
@@ -351,7 +352,9 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
                "model": {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")},
                "position_embedding": args.position_embedding, "context": args.context,
                "micro_batches": n_micro,
-               "context_parallel_size": args.context_parallel_size, "layout": args.layout, "steps": args.steps, "warmup_steps": args.warmup_steps, "balancer": args.balancer if "cad" in config_name else None,
+               "context_parallel_size": args.context_parallel_size, "layout": args.layout,
+               "steps": args.steps, "warmup_steps": args.warmup_steps,
+               "balancer": args.balancer if "cad" in config_name else None,
                "plans": ("made ahead in the loop (attach_plan)" if plans_in_loop else
                          "made by the first CAD layer" if config_name == "cad+now" else None),
                "mean_step_s_after_first": sum(max(r["step_s"]) for r in timed) / len(timed),
