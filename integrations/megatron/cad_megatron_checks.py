@@ -26,10 +26,10 @@ FULL = frozenset((AttnMaskType.no_mask, AttnMaskType.padding))
 PADDING = frozenset((AttnMaskType.padding, AttnMaskType.padding_causal))
 _SUPPORTED = ", ".join(sorted(m.name for m in CAUSAL | FULL))
 
-# The parallel sizes CAD needs to be 1: it spans the data-parallel group (init_cad) and replaces context
-# parallelism; with tensor parallelism each TP rank's data-parallel group would need a CAD stack of its own (not
+# The parallel sizes CAD needs to be 1: it spans the data x context group (init_cad), which is context parallelism
+# itself (cad_megatron_cp); with tensor parallelism each TP rank's group would need a CAD stack of its own (not
 # done), with pipeline parallelism each stage's.
-PARALLEL_SIZES_OF_ONE = ("tensor", "pipeline", "context")
+PARALLEL_SIZES_OF_ONE = ("tensor", "pipeline")
 _INT64_MAX = 2 ** 63 - 1
 
 
@@ -38,22 +38,39 @@ def refuse_parallel(sizes, what):
     raises unless each is 1."""
     wide = {k: v for k, v in sizes.items() if v != 1}
     if wide:
-        raise ValueError(f"{what}: CAD spans the data-parallel group with tensor, pipeline and context parallel sizes "
-                         f"of 1; got {wide}")
+        raise ValueError(f"{what}: CAD spans the data x context-parallel group with tensor and pipeline parallel "
+                         f"sizes of 1; got {wide}")
 
 
 def check_parallel(config, pg_collection, what):
-    """The layer's own check of the parallel sizes (init_cad checks parallel_state's): the config's sizes and the
-    tensor/context-parallel groups of pg_collection, where given."""
+    """The layer's own check of the parallel sizes (init_cad checks parallel_state's): the config's tensor and
+    pipeline sizes and pg_collection's tensor-parallel group, where given, are 1; returns the context-parallel
+    size, checked against pg_collection's context-parallel group, parallel_state's and the world size."""
     sizes = {}
     for name in PARALLEL_SIZES_OF_ONE:
-        field = f"{name}_model_parallel_size" if name != "context" else "context_parallel_size"
+        field = f"{name}_model_parallel_size"
         sizes[f"TransformerConfig.{field}"] = _int(getattr(config, field, 1), field, what, 1)
-    for name, attribute in (("tensor", "tp"), ("context", "cp")):
-        group = getattr(pg_collection, attribute, None) if pg_collection is not None else None
-        if group is not None and group.size() != 1:
-            sizes[f"pg_collection.{attribute}.size()"] = group.size()
+    group = getattr(pg_collection, "tp", None) if pg_collection is not None else None
+    if group is not None and group.size() != 1:
+        sizes["pg_collection.tp.size()"] = group.size()
     refuse_parallel(sizes, what)
+    context = _int(getattr(config, "context_parallel_size", 1), "context_parallel_size", what, 1)
+    group = getattr(pg_collection, "cp", None) if pg_collection is not None else None
+    if group is not None and group.size() != context:
+        raise ValueError(f"{what}: TransformerConfig.context_parallel_size {context} but pg_collection.cp has "
+                         f"{group.size()} ranks")
+    if context > 1:
+        import torch.distributed as dist
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if world % context:
+            raise ValueError(f"{what}: TransformerConfig.context_parallel_size {context} does not divide the world "
+                             f"size {world}")
+        from megatron.core import parallel_state as ps
+        if ps.model_parallel_is_initialized() and ps.get_context_parallel_world_size() != context:
+            raise ValueError(f"{what}: TransformerConfig.context_parallel_size {context} but parallel_state's "
+                             f"context-parallel group has {ps.get_context_parallel_world_size()} ranks "
+                             f"(initialize_model_parallel(context_parallel_size=...))")
+    return context
 
 
 def _int(value, field, what, minimum):

@@ -223,8 +223,8 @@ def test_inputs_of_the_wrong_shape_are_refused_naming_them():
         layer(q, k, v, None, packed_seq_params=dataclasses.replace(packed, qkv_format="sbhd"))
 
 
-def test_parallel_sizes_are_refused_by_the_layer_itself():
-    for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+def test_parallel_sizes_are_refused_by_the_layer_itself(megatron_state):
+    for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
         changes = {field: 2}
         if field == "pipeline_model_parallel_size":
             changes["num_layers"] = 2
@@ -236,6 +236,14 @@ def test_parallel_sizes_are_refused_by_the_layer_itself():
         from cad_megatron import CadCoreAttention
         with pytest.raises(ValueError, match=f"TransformerConfig.{field}': 2"):
             CadCoreAttention(config, 1, AttnMaskType.causal, "self", balance=False)
+    # Context parallelism is CAD's own (test_cad_megatron_cp.py), but not in a world its size does not divide, nor
+    # with CAD's local attention.
+    from cad_megatron import CadCoreAttention
+    config = _config(context_parallel_size=2)
+    with pytest.raises(ValueError, match="context_parallel_size 2 does not divide the world size 1"):
+        CadCoreAttention(config, 1, AttnMaskType.causal, "self")
+    with pytest.raises(ValueError, match="balance=False with TransformerConfig.context_parallel_size 2"):
+        CadCoreAttention(config, 1, AttnMaskType.causal, "self", balance=False)
 
 
 def test_config_windows_and_fields_are_checked_not_truncated():
