@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "bounded_file.h"
 #include "cad_host.hpp"
 
 namespace cad::demo {
@@ -29,15 +30,15 @@ std::string string_key(const json& object, const char* key) {
 }  // namespace
 
 std::optional<CadStack> read_cad_stack(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
-  json root = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  std::string text, error;  // a regular file of at most 16 MiB (bounded_file.h); the host reports why not
+  if (files::read_regular_file(path, files::kMaxJsonFileBytes, "--config", &text, &error) != files::ReadStatus::kOk) {
+    return std::nullopt;
+  }
+  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!root.is_object()) return std::nullopt;
 
   CadStack stack;
-  stack.config_text = text.str();
+  stack.config_text = text;
   stack.attention = string_key(root, "attention");
   const json* attention = stack.attention.empty() ? nullptr : find_instance(root, stack.attention);
   if (attention == nullptr || !attention->contains("config")) return std::nullopt;

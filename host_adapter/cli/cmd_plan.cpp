@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,8 @@ const char* kUsage =
     "  --memory-cap B    most Q/K/V/O bytes one server may receive (default 0 = no cap)\n"
     "  --noncausal       full attention inside each document\n"
     "  --window LEFT     sliding window: a query at position p sees keys [p - LEFT, p] of its document\n"
-    "                    (with --noncausal, [p - LEFT, end)); default -1 = none. Not with --rate-table\n"
+    "                    default -1 = none. Not with --noncausal (CAD refuses non-causal windows:\n"
+    "                    UNSUPPORTED) nor with --rate-table\n"
     "  --repeat N        plan N times and report the fastest (default 1)\n"
     "  --per-server      print the per-server table even for many ranks (default: up to 16 ranks)\n"
     "  --json            machine-readable output\n"
@@ -262,6 +264,13 @@ int run_plan(int argc, char** argv) {
   cost.window_left = args.get_int("--window", -1, -1, INT64_MAX);
   cost.window_right = -1;
   if (cost.window_left >= 0) cost.window_flags = CAD_WINDOW_GIVEN;
+  if (cost.window_left >= 0 && cost.causal == 0) {
+    // What CAD refuses (plugins/cad/validate.cpp) is not planned here either: a plan for it would describe
+    // a run that cannot happen.
+    throw std::runtime_error("UNSUPPORTED: --window " + std::to_string(cost.window_left) +
+                             " with --noncausal: CAD computes sliding windows with causal attention only (a CAD "
+                             "stack refuses this window with CAD_STATUS_UNSUPPORTED)");
+  }
   if (cost.window_left >= 0 && args.has("--rate-table")) {
     throw UsageError("--window with --rate-table: the rate tables hold no rates for sliding windows");
   }

@@ -152,15 +152,29 @@ double parse_rate(const std::string& option, const std::string& text) {
 // Progress on stderr. A large layout prints every line: each starts a plan that can take seconds, so a
 // skipped line would leave the previous one on screen while other work runs. A small one prints at most
 // one line a second, once the run has lasted a second (many steps or micro-batches of quick plans).
-std::function<void(const std::string&)> progress_printer(bool large) {
+// `units` is how many lines the run will report (steps x micro-batches x balancers; steps x balancers with
+// --pp): once a second has passed, each line also says how long the rest is expected to take at the rate
+// measured so far, so a run of a minute or more (256 ranks x 4096 micro-batches) says so early.
+std::function<void(const std::string&)> progress_printer(bool large, int64_t units) {
   using clock = std::chrono::steady_clock;
   const clock::time_point start = clock::now();
   auto last = std::make_shared<clock::time_point>(start);
-  return [start, last, large](const std::string& line) {
+  auto done = std::make_shared<int64_t>(0);
+  return [start, last, done, large, units](const std::string& line) {
     const clock::time_point now = clock::now();
+    const int64_t finished = (*done)++;  // lines before this one: their work is done
     if (!large && now - *last < std::chrono::seconds(1)) return;
     *last = now;
-    std::fprintf(stderr, "[%6.1f s] %s\n", std::chrono::duration<double>(now - start).count(), line.c_str());
+    const double elapsed = std::chrono::duration<double>(now - start).count();
+    std::string eta;
+    if (elapsed >= 1.0 && finished > 0 && finished < units) {
+      const double left = elapsed * static_cast<double>(units - finished) / static_cast<double>(finished);
+      char text[96];
+      std::snprintf(text, sizeof text, " (%lld/%lld done, about %.0f s left)", static_cast<long long>(finished),
+                    static_cast<long long>(units), left);
+      eta = text;
+    }
+    std::fprintf(stderr, "[%6.1f s] %s%s\n", elapsed, line.c_str(), eta.c_str());
   };
 }
 
@@ -479,7 +493,16 @@ int run_simulate(int argc, char** argv) {
   if (args.has("--detail") && !json) throw UsageError("--detail needs --json");
   s.detail = args.has("--detail");
   const auto start = std::chrono::steady_clock::now();
-  if (!args.has("--quiet")) s.progress = progress_printer(s.layout.dp() >= 128);
+  if (!args.has("--quiet")) {
+    const int64_t units = s.steps * (s.layout.pp > 1 ? 1 : s.microbatches) * static_cast<int64_t>(s.balancers.size());
+    // Plans of 128+ ranks take up to tens of ms each: say up front when the run is long (a minute or more).
+    if (s.layout.dp() >= 128 && units >= 1000) {
+      std::fprintf(stderr, "cad simulate: %lld plans of %lld ranks; this takes about a minute or more (the expected "
+                   "time follows on each line; --quiet hides them)\n", static_cast<long long>(units),
+                   static_cast<long long>(s.layout.dp()));
+    }
+    s.progress = progress_printer(s.layout.dp() >= 128, units);
+  }
   const std::vector<sim::BalancerResult> results = sim::simulate(s, cal, *rates);
   require_finite(results);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <limits>
 
+#include "key_range.h"
+
 namespace cad::conformance {
 
 namespace {
@@ -28,13 +30,12 @@ void for_each_row(const AttentionProblem& p, Visit visit) {
   for (const cad_segment_v1_t& s : p.segments) {
     for (int64_t i = 0; i < s.q_len; ++i) {
       // Bottom-right alignment: query i stands at key position pos = i + (kv_len - q_len); it sees keys
-      // j <= pos when causal, and pos - window_left <= j <= pos + window_right (-1: no limit).
-      const int64_t pos = i + (s.kv_len - s.q_len);
-      int64_t first = 0, end = s.kv_len;
-      if (p.causal) end = std::min(end, pos + 1);
-      if (p.window_left >= 0) first = std::max(first, pos - p.window_left);
-      if (p.window_right >= 0) end = std::min(end, pos + p.window_right + 1);
-      const int64_t visible = end - first;
+      // j <= pos when causal, and pos - window_left <= j <= pos + window_right (-1: no limit), exactly
+      // for any int64 window (key_range.h).
+      const cad::mask::KeyRange keys =
+          cad::mask::segment_visible_keys(i, s.q_len, s.kv_len, p.causal, p.window_left, p.window_right);
+      const int64_t first = keys.begin;
+      const int64_t visible = keys.size();
       const int64_t row = s.q_offset + i;
       for (int64_t h = 0; h < p.hq; ++h) {
         const int64_t hk = h / group;
@@ -56,7 +57,38 @@ void for_each_row(const AttentionProblem& p, Visit visit) {
   }
 }
 
+double max_abs(const std::vector<double>& values) {
+  double m = 0.0;
+  for (double x : values) m = std::max(m, std::fabs(x));
+  return m;
+}
+
 }  // namespace
+
+double max_error(const std::vector<double>& got, const std::vector<double>& want, double floor, double zero_scale) {
+  double max_diff = 0.0, max_want = 0.0;
+  const size_t n = std::min(got.size(), want.size());
+  for (size_t i = 0; i < n; ++i) {
+    const double diff = std::fabs(got[i] - want[i]);
+    max_diff = std::isnan(diff) ? INFINITY : std::max(max_diff, diff);  // NaN: an infinite error
+    max_want = std::max(max_want, std::fabs(want[i]));
+  }
+  if (got.size() != want.size()) return INFINITY;
+  if (max_want <= 1e-9 * zero_scale) return max_diff / zero_scale;  // the oracle's tensor is zero
+  return max_diff / std::max(max_want, floor);
+}
+
+ResultScales result_scales(const AttentionProblem& p, const std::vector<double>& d_o) {
+  const auto positive = [](double x) { return x > 0 && std::isfinite(x) ? x : 1.0; };
+  const double q = max_abs(p.q), k = max_abs(p.k), v = max_abs(p.v), g = max_abs(d_o);
+  const double dot = std::fabs(p.scale) * std::sqrt(static_cast<double>(p.d)) * g * v;
+  ResultScales s;
+  s.o = positive(v);
+  s.d_v = positive(g);
+  s.d_q = positive(dot * k);
+  s.d_k = positive(dot * q);
+  return s;
+}
 
 ForwardResult oracle_forward(const AttentionProblem& p) {
   ForwardResult r;

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bounded_file.h"
+
 namespace cad::simulate {
 
 namespace {
@@ -96,11 +98,13 @@ SystemCalibration parse_system_calibration(const std::string& json_text, const s
 }
 
 SystemCalibration load_system_calibration(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument(path + ": cannot open the system calibration file");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_system_calibration(text.str(), path);
+  // A regular file of at most 16 MiB (bounded_file.h): a FIFO or /dev/zero is refused, not read.
+  std::string text, error;
+  if (files::read_regular_file(path, files::kMaxJsonFileBytes, "system calibration", &text, &error) !=
+      files::ReadStatus::kOk) {
+    throw std::invalid_argument(error);
+  }
+  return parse_system_calibration(text, path);
 }
 
 }  // namespace cad::simulate

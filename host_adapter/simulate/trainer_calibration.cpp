@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bounded_file.h"
+
 namespace cad::simulate {
 
 namespace {
@@ -79,11 +81,13 @@ TrainerCalibration parse_trainer_calibration(const std::string& json_text, const
 }
 
 TrainerCalibration load_trainer_calibration(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument(path + ": cannot open the trainer calibration file");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_trainer_calibration(text.str(), path);
+  // A regular file of at most 16 MiB (bounded_file.h): a FIFO or /dev/zero is refused, not read.
+  std::string text, error;
+  if (files::read_regular_file(path, files::kMaxJsonFileBytes, "trainer calibration", &text, &error) !=
+      files::ReadStatus::kOk) {
+    throw std::invalid_argument(error);
+  }
+  return parse_trainer_calibration(text, path);
 }
 
 }  // namespace cad::simulate

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bounded_file.h"
 #include "cad_host.h"
 #include "host_error.h"
 #include "json_guard.h"
@@ -130,12 +131,16 @@ HostConfig parse_host_config(const std::string& text, const std::string& source,
 }
 
 HostConfig load_host_config_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) raise(CAD_STATUS_NOT_FOUND, "config file " + path + ": cannot be read");
-  std::ostringstream text;
-  text << in.rdbuf();
+  // A regular file of at most 16 MiB (bounded_file.h): a FIFO blocked open() forever, /dev/zero was read
+  // until memory ran out.
+  std::string text, error;
+  const files::ReadStatus read = files::read_regular_file(path, files::kMaxJsonFileBytes, "config file", &text, &error);
+  if (read == files::ReadStatus::kNotFound || read == files::ReadStatus::kCannotRead) {
+    raise(CAD_STATUS_NOT_FOUND, "config file " + path + ": cannot be read");
+  }
+  if (read != files::ReadStatus::kOk) raise(CAD_STATUS_INVALID_CONFIG, error);
   const std::string base_dir = fs::absolute(path).parent_path().string();
-  return parse_host_config(text.str(), path, base_dir);
+  return parse_host_config(text, path, base_dir);
 }
 
 }  // namespace cad::host

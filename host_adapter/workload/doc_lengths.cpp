@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bounded_file.h"
 #include "json_guard.h"
 
 namespace cad::workload {
@@ -87,21 +88,13 @@ std::vector<int64_t> parse_lengths_csv(const std::string& text, const std::strin
 std::vector<int64_t> load_lengths(const std::string& path) {
   // A device or a pipe (/dev/zero, /dev/stdin, a FIFO) has no end to read to: refuse it by type, and
   // read even a regular file only up to the cap (it may grow while it is read).
-  std::error_code ec;
-  const std::filesystem::file_status status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status)) throw LengthsError(path + ": cannot open");
-  if (!std::filesystem::is_regular_file(status)) {
-    throw LengthsError(path + ": not a regular file (expected a JSON list or CSV file of document lengths)");
+  // (bounded_file.h: the one check every file a user names gets.)
+  std::string text, error;
+  const files::ReadStatus read = files::read_regular_file(path, kMaxLengthsFileBytes, "", &text, &error);
+  if (read == files::ReadStatus::kNotRegular) {
+    throw LengthsError(error + "; expected a JSON list or CSV file of document lengths");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw LengthsError(path + ": cannot open");
-  std::string text(static_cast<size_t>(kMaxLengthsFileBytes) + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > static_cast<size_t>(kMaxLengthsFileBytes)) {
-    throw LengthsError(path + ": larger than " + std::to_string(kMaxLengthsFileBytes >> 20) +
-                       " MiB, the most a document-length file may hold");
-  }
+  if (read != files::ReadStatus::kOk) throw LengthsError(error);
   return ends_with(path, ".json") ? parse_lengths_json(text, path) : parse_lengths_csv(text, path);
 }
 

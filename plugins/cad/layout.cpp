@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 
+#include "key_range.h"
 #include "plan_model.h"
 
 namespace cad::cad_plugin {
@@ -63,7 +64,7 @@ void add_own_segments(ServerBatch& own, const DocPlacement& doc, const cad_task_
   const int64_t row = doc.pieces[0].owner_row;  // of document position 0
   for (const cad_task_v1_t* t = begin; t != end; ++t) {
     if (t->q_end <= t->q_begin) continue;
-    const int64_t kv_lo = causal && window_left >= 0 ? std::max<int64_t>(0, t->q_begin - window_left) : 0;
+    const int64_t kv_lo = mask::visible_keys(t->q_begin, doc.doc_len, causal, window_left, -1).begin;  // key_range.h
     const int64_t kv_end = plan::task_kv_end(t->q_begin, t->q_end, doc.doc_len, causal);
     own.segments.push_back(cad_segment_v1_t{row + t->q_begin, t->q_end - t->q_begin, row + kv_lo, kv_end - kv_lo});
   }
@@ -118,7 +119,7 @@ Layout build_layout(const PieceTables& tables, const std::vector<cad_task_v1_t>&
     int64_t kv_lo = windowed ? doc.doc_len : 0;
     for (size_t t = first; t < end; ++t) {
       kv_need = std::max(kv_need, plan::task_kv_end(tasks[t].q_begin, tasks[t].q_end, doc.doc_len, causal));
-      if (windowed) kv_lo = std::min(kv_lo, std::max<int64_t>(0, tasks[t].q_begin - window_left));
+      if (windowed) kv_lo = std::min(kv_lo, mask::visible_keys(tasks[t].q_begin, doc.doc_len, causal, window_left, -1).begin);
     }
     const int64_t kv_base = batch.kv_rows;  // server row of document key kv_lo
     for (const PieceRef& piece : doc.pieces) {

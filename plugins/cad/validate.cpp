@@ -185,6 +185,7 @@ CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const 
     fail(CAD_STATUS_ABI_MISMATCH, format("forward: args.struct_size is %zu, expected >= %zu", args->struct_size,
                                          plugin::abi_v1_0_size(args)));
   }
+  plugin::refuse_partial_v1_1(args, "forward");
   const int64_t window_left = check_window(plugin::read_window(args, args->causal == 1, "forward"), args->causal, accepts);
   if (args->num_segments != 0) {
     fail(CAD_STATUS_INVALID_ARGUMENT, "forward: CAD takes pieces, not segments (num_segments must be 0)");
@@ -206,6 +207,7 @@ CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, cons
     fail(CAD_STATUS_ABI_MISMATCH, format("backward: args.struct_size is %zu, expected >= %zu", args->struct_size,
                                          plugin::abi_v1_0_size(args)));
   }
+  plugin::refuse_partial_v1_1(args, "backward");
   const int64_t window_left = check_window(plugin::read_window(args, args->causal == 1, "backward"), args->causal, accepts);
   if (!(accepts.flags & CAD_ATTENTION_CAP_BACKWARD)) {
     fail(CAD_STATUS_UNSUPPORTED, "backward: the server backend does not support it");

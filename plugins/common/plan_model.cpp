@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cad_plugin_v1.h"  // CAD_HAS_FIELD
+#include "key_range.h"
 
 namespace cad::plan {
 
@@ -47,23 +48,28 @@ int64_t task_cost(int64_t q_begin, int64_t q_end, int64_t doc_len, const ModelPa
   if (q <= 0) return 0;
   // Query p sees keys [lo(p), hi(p)], lo(p) = max(0, p - left), hi(p) = min(doc_len - 1, p + right): the
   // entries are the sum of hi(p) - lo(p) + 1, each sum in closed form around where the clamp starts.
-  const int64_t right = params.causal ? 0 : (params.window_right < 0 ? doc_len : params.window_right);
+  // A limit of doc_len or more hides no key of the document: clamping it there keeps every product below
+  // doc_len^2 (window_right = INT64_MAX would wrap `right * ...` and `p + right`), and changes no sum.
+  const int64_t right = params.causal ? 0 : (params.window_right < 0 ? doc_len : std::min(params.window_right, doc_len));
+  const int64_t left = params.window_left < 0 ? -1 : std::min(params.window_left, doc_len);
   const int64_t hi_split = clamp(doc_len - right, q_begin, q_end);  // first p with p + right > doc_len - 1
   const int64_t sum_hi = sum_range(q_begin, hi_split) + right * (hi_split - q_begin) + (q_end - hi_split) * (doc_len - 1);
   int64_t sum_lo = 0;
-  if (params.window_left >= 0) {
-    const int64_t lo_split = clamp(params.window_left, q_begin, q_end);  // p - left >= 0 from here on
-    sum_lo = sum_range(lo_split, q_end) - params.window_left * (q_end - lo_split);
+  if (left >= 0) {
+    const int64_t lo_split = clamp(left, q_begin, q_end);  // p - left >= 0 from here on
+    sum_lo = sum_range(lo_split, q_end) - left * (q_end - lo_split);
   }
   return sum_hi - sum_lo + q;
 }
 
 KvRange task_kv_range(int64_t q_begin, int64_t q_end, int64_t doc_len, const ModelParams& params) {
   if (q_end <= q_begin) return {};
-  KvRange r{0, task_kv_end(q_begin, q_end, doc_len, params.causal)};
-  if (params.window_left >= 0) r.begin = std::max<int64_t>(0, q_begin - params.window_left);
-  if (!params.causal && params.window_right >= 0) r.end = std::min(doc_len, q_end + params.window_right);
-  return r;
+  // Both ends of a query's key range never decrease with its position (key_range.h): the task needs the
+  // first query's begin to the last query's end.
+  const int64_t right = params.causal ? -1 : params.window_right;
+  const mask::KeyRange first = mask::visible_keys(q_begin, doc_len, params.causal, params.window_left, right);
+  const mask::KeyRange last = mask::visible_keys(q_end - 1, doc_len, params.causal, params.window_left, right);
+  return {first.begin, std::max(first.begin, last.end)};
 }
 
 double entries_to_flops(int64_t entries, const ModelParams& params) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdarg>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -43,6 +44,21 @@ class Failure : public std::exception {
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 [[noreturn]] void fail(cad_status_t status, const std::string& message);
+
+// Forward/backward args whose struct_size ends inside the ABI v1.1 fields (it holds `plan` but not
+// `saved`) are refused, naming the struct and its size: a backend reads the two together, so a caller
+// that passed one of them would otherwise have it ignored (or read) silently.
+inline const char* args_struct_name(const cad_attention_forward_args_v1_t*) { return "cad_attention_forward_args_v1_t"; }
+inline const char* args_struct_name(const cad_attention_backward_args_v1_t*) { return "cad_attention_backward_args_v1_t"; }
+template <class Args>
+void refuse_partial_v1_1(const Args* args, const char* call) {
+  if (args->struct_size > offsetof(Args, plan) && !CAD_HAS_FIELD(Args, args, saved)) {
+    fail(CAD_STATUS_ABI_MISMATCH, format("%s: %s.struct_size is %zu, which ends inside the ABI v1.1 fields (plan, "
+                                         "saved): expected %zu (v1.0) or at least %zu", call, args_struct_name(args),
+                                         args->struct_size, offsetof(Args, plan),
+                                         offsetof(Args, saved) + sizeof(args->saved)));
+  }
+}
 
 // Logging through the host's services; a no-op when the host lent no logger or the level is below
 // the host's threshold.

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bounded_file.h"
+
 namespace cad::plan {
 
 namespace {
@@ -226,11 +228,12 @@ RateTable parse_rate_table(const std::string& json_text, const std::string& name
 }
 
 RateTable load_rate_table(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument(path + ": cannot open the rate table");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  RateTable t = parse_rate_table(ss.str(), path);
+  // A regular file of at most 16 MiB (bounded_file.h): a FIFO or /dev/zero is refused, not read.
+  std::string text, error;
+  if (files::read_regular_file(path, files::kMaxJsonFileBytes, "rate table", &text, &error) != files::ReadStatus::kOk) {
+    throw std::invalid_argument(error);
+  }
+  RateTable t = parse_rate_table(text, path);
   t.path = path;
   return t;
 }

@@ -66,6 +66,7 @@ kernels::AttentionProblem check_common(const Args* args, const char* call, int d
     fail(CAD_STATUS_ABI_MISMATCH, format("%s: args.struct_size is %zu, ABI v1.0 needs at least %zu", call,
                                          args->struct_size, plugin::abi_v1_0_size(args)));
   }
+  plugin::refuse_partial_v1_1(args, call);
   if (args->causal != 0 && args->causal != 1) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: causal must be 0 or 1, got %d", call, args->causal));
   }

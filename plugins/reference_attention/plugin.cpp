@@ -82,6 +82,7 @@ Inputs check_common(const Args* args, const char* call) {
     fail(CAD_STATUS_ABI_MISMATCH, format("%s: args.struct_size is %zu, ABI v1.0 needs at least %zu", call,
                                          args->struct_size, cad::plugin::abi_v1_0_size(args)));
   }
+  cad::plugin::refuse_partial_v1_1(args, call);
   if (args->stream != nullptr) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: stream must be NULL (the reference backend runs on the CPU)", call));
   }

@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "cad_common_v1.h"
+#include "key_range.h"
 
 namespace cad::reference {
 
@@ -45,19 +46,13 @@ struct AttentionBatch {
   int64_t window_right = -1;
 };
 
-// Keys [begin, end) of the segment's KV range that a query sees; begin == end when none.
-struct KeyRange {
-  int64_t begin;
-  int64_t end;
-};
+// Keys [begin, end) of the segment's KV range that a query sees; begin == end when none. Exact for any
+// int64 window (key_range.h, the rule every backend and the cost model share).
+using KeyRange = cad::mask::KeyRange;
 
 inline KeyRange visible_range(const cad_segment_v1_t& segment, int64_t i, const AttentionBatch& batch) {
-  const int64_t p = i + (segment.kv_len - segment.q_len);
-  int64_t begin = 0, end = segment.kv_len;
-  if (batch.causal) end = std::min(end, p + 1);
-  if (batch.window_left >= 0) begin = std::max(begin, p - batch.window_left);
-  if (batch.window_right >= 0) end = std::min(end, p + batch.window_right + 1);
-  return {begin, std::max(begin, end)};  // max keeps `end` non-decreasing down the segment
+  return cad::mask::segment_visible_keys(i, segment.q_len, segment.kv_len, batch.causal, batch.window_left,
+                                         batch.window_right);
 }
 
 // num_threads: 0 = hardware concurrency. Threads are started for the call and joined before return.

@@ -51,6 +51,36 @@ sleep 3
 kill "$sim_pid" 2>/dev/null
 wait "$sim_pid" 2>/dev/null
 contains "s] step "
+contains " s left)"  # and the time the rest is expected to take
+
+# Every file argument gets the regular-file and size check of --dist (bounded_file.h): a FIFO blocked
+# open() forever, /dev/zero was read without bound (4.2 GB in 10 s), and a file past its cap is refused.
+mkfifo "$OUT/fifo"
+truncate -s 17M "$OUT/big.json"
+for bad in "$OUT/fifo" /dev/zero; do
+  expect 1 "$CAD" $sim --gpus 8 --trainer "$bad" && contains "$bad: not a regular file"
+  expect 1 "$CAD" $sim --gpus 8 --rates "$bad" && contains "$bad: not a regular file"
+  expect 1 "$CAD" $sim --gpus 8 --system "$bad" && contains "$bad: not a regular file"
+  expect 1 "$CAD" $sim --gpus 8 --dist "$bad" && contains "$bad: not a regular file"
+  expect 1 "$CAD" plan --lengths "$bad" --ranks 2 && contains "$bad: not a regular file"
+  expect 1 "$CAD" plan --lengths "$OUT/ok.json" --ranks 2 --rate-table "$bad" && contains "$bad: not a regular file"
+  expect 1 "$CAD" check-config "$bad" && contains "$bad: not a regular file"
+done
+expect 1 "$CAD" $sim --gpus 8 --trainer "$OUT/big.json" && contains "larger than 16 MiB"
+expect 1 "$CAD" check-config "$OUT/big.json" && contains "larger than 16 MiB"
+expect 1 "$CAD" plan --lengths "$OUT/ok.json" --ranks 2 --rate-table "$OUT/big.json" && contains "larger than 16 MiB"
+
+# cad plan refuses the windows CAD refuses (a non-causal window is UNSUPPORTED there), rather than planning them.
+expect 1 "$CAD" plan --lengths "$OUT/ok.json" --ranks 2 --window 4 --noncausal && contains "UNSUPPORTED"
+contains "causal attention only"
+expect 0 "$CAD" plan --lengths "$OUT/ok.json" --ranks 2 --window 4 && contains "window 4"
+# A window at the int64 limit plans as no window (the cost model clamps, never wraps): the same costs per server.
+expect 0 "$CAD" plan --lengths "$OUT/ok.json" --ranks 2 --balancer prefix_aware --window 9223372036854775807 &&
+  sed -n '/^server/,$p' "$OUT/out" >"$OUT/costs_at_limit"
+expect 0 "$CAD" plan --lengths "$OUT/ok.json" --ranks 2 --balancer prefix_aware &&
+  sed -n '/^server/,$p' "$OUT/out" >"$OUT/costs_plain"
+[ -s "$OUT/costs_plain" ] && cmp -s "$OUT/costs_plain" "$OUT/costs_at_limit" ||
+  fail "--window 2^63-1 changed the per-server costs: $(cat "$OUT/costs_at_limit")"
 
 # cad plan --plot: the file name reaches matplotlib as a path, never a shell or a plotting script (gnuplot
 # ran '|touch pwned' as a command). Without python3 or matplotlib it fails with a message saying so.

@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <limits>
+#include <map>
 #include <random>
+#include <string>
 
 #include "balancer_harness.h"
 #include "plugin_paths.h"
@@ -28,8 +32,8 @@ int64_t brute_cost(int64_t q_begin, int64_t q_end, int64_t doc_len, const cad::p
   for (int64_t p = q_begin; p < q_end; ++p) {
     for (int64_t j = 0; j < doc_len; ++j) {
       if (m.causal && j > p) continue;
-      if (m.window_left >= 0 && j < p - m.window_left) continue;
-      if (m.window_right >= 0 && j > p + m.window_right) continue;
+      if (m.window_left >= 0 && p - j > m.window_left) continue;  // distances: no overflow at the limits
+      if (m.window_right >= 0 && j - p > m.window_right) continue;
       ++n;
     }
   }
@@ -71,6 +75,40 @@ TEST(WindowCost, KvRangeStartsAtTheWindow) {
   EXPECT_EQ(nc.begin, 95);
   EXPECT_EQ(nc.end, 127);
   EXPECT_TRUE(cad::plan::task_kv_range(5, 5, 500, mask(true, 3, -1)).empty());
+}
+
+// Windows at the int64 limits hide no key of any document: the cost and the KV range are exactly the
+// unwindowed ones (a model computing `q_end + right` or `right * ...` wraps there).
+TEST(WindowCost, LimitsOfInt64AreNoLimit) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const int64_t lens[] = {1, 7, 60, 1000003};
+  for (int64_t len : lens) {
+    for (int64_t a : {int64_t{0}, len / 3, len - 1}) {
+      const int64_t b = len;
+      SCOPED_TRACE("[" + std::to_string(a) + ", " + std::to_string(b) + ") of " + std::to_string(len));
+      for (const auto& m : {mask(false, -1, kMax), mask(false, kMax, -1), mask(false, kMax, kMax),
+                            mask(false, kMax - 1, kMax - 1)}) {
+        EXPECT_EQ(cad::plan::task_cost(a, b, len, m), (b - a) * len);
+        const auto r = cad::plan::task_kv_range(a, b, len, m);
+        EXPECT_EQ(r.begin, 0);
+        EXPECT_EQ(r.end, len);
+      }
+      for (const auto& m : {mask(true, kMax, -1), mask(true, kMax - 1, 0)}) {
+        EXPECT_EQ(cad::plan::task_cost(a, b, len, m), cad::plan::task_cost(a, b, len, true));
+        const auto r = cad::plan::task_kv_range(a, b, len, m);
+        EXPECT_EQ(r.begin, 0);
+        EXPECT_EQ(r.end, b);
+      }
+      if (len <= 60) {  // the key-by-key count at the limits too
+        EXPECT_EQ(cad::plan::task_cost(a, b, len, mask(false, 3, kMax)), brute_cost(a, b, len, mask(false, 3, kMax)));
+        EXPECT_EQ(cad::plan::task_cost(a, b, len, mask(false, kMax, 2)), brute_cost(a, b, len, mask(false, kMax, 2)));
+      }
+    }
+  }
+  // A finite side stays exact next to an infinite one.
+  const auto r = cad::plan::task_kv_range(100, 120, 500, mask(false, 5, kMax));
+  EXPECT_EQ(r.begin, 95);
+  EXPECT_EQ(r.end, 500);
 }
 
 // Two tasks of one document on server 1 away from rank 0: the server holds one copy of the hull of their
@@ -174,6 +212,63 @@ TEST(WindowBalancers, BadWindowsAndOldStructs) {
   cost.window_left = -3;
   plan = balancer.plan(ranks, 4, cost);
   EXPECT_EQ(plan.status, CAD_STATUS_OK) << plan.error;
+}
+
+// Every balancer plans windows at the int64 limits as no window: each server's cost under that window
+// equals its cost without one, and every document is covered once.
+TEST(WindowBalancers, WindowsAtTheInt64LimitsPlanAsNoWindow) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const RankPieces ranks = skewed();
+  for (const auto& name : all_balancers()) {
+    LoadedBalancer balancer(plugin_path(name));
+    for (int causal : {1, 0}) {
+      for (int64_t left : {kMax, kMax - 1, int64_t{-1}}) {
+        auto cost = cost_params(128);
+        cost.causal = causal;
+        cost.window_flags = CAD_WINDOW_GIVEN;
+        cost.window_left = left;
+        cost.window_right = causal ? -1 : kMax;
+        SCOPED_TRACE(name + " causal=" + std::to_string(causal) + " left=" + std::to_string(left));
+        const PlanResult plan = balancer.plan(ranks, 4, cost);
+        ASSERT_EQ(plan.status, CAD_STATUS_OK) << plan.error;
+        auto plain = cost;
+        plain.window_flags = 0;
+        const auto at_limit = cad::plan::evaluate_plan(ranks, 4, plan.tasks.data(),
+                                                       static_cast<int64_t>(plan.tasks.size()), cad::plan::model_params(cost));
+        const auto unwindowed = cad::plan::evaluate_plan(ranks, 4, plan.tasks.data(),
+                                                         static_cast<int64_t>(plan.tasks.size()), cad::plan::model_params(plain));
+        EXPECT_EQ(at_limit.cost, unwindowed.cost);
+        EXPECT_EQ(at_limit.kv_tokens_moved, unwindowed.kv_tokens_moved);
+        std::map<int64_t, int64_t> covered;
+        for (const auto& t : plan.tasks) covered[t.doc_id] += t.q_end - t.q_begin;
+        for (const auto& r : ranks)
+          for (const auto& p : r) EXPECT_EQ(covered[p.doc_id], p.doc_len);
+      }
+    }
+  }
+}
+
+// A cost struct that holds window_flags but not window_right, with CAD_WINDOW_GIVEN set, is refused by
+// every balancer, naming the struct and its size (run as no window it would price other attention).
+TEST(WindowBalancers, CostParamsTooShortForTheirFlagsAreRefused) {
+  const RankPieces ranks = skewed();
+  for (const auto& name : all_balancers()) {
+    LoadedBalancer balancer(plugin_path(name));
+    for (size_t size : {offsetof(cad_cost_params_v1_t, window_flags) + 4, offsetof(cad_cost_params_v1_t, window_left),
+                        offsetof(cad_cost_params_v1_t, window_right)}) {
+      auto cost = cost_params(128);
+      cost.struct_size = size;
+      cost.window_flags = CAD_WINDOW_GIVEN;
+      cost.window_left = 100;
+      cost.window_right = -1;
+      const PlanResult plan = balancer.plan(ranks, 4, cost);
+      EXPECT_EQ(plan.status, CAD_STATUS_ABI_MISMATCH) << name << " size " << size;
+      EXPECT_NE(plan.error.find("cad_cost_params_v1_t.struct_size is " + std::to_string(size)), std::string::npos)
+          << name << ": " << plan.error;
+      cost.window_flags = 0;
+      EXPECT_EQ(balancer.plan(ranks, 4, cost).status, CAD_STATUS_OK) << name << " size " << size;
+    }
+  }
 }
 
 // A zero-initialised v1.2 cost struct (struct_size = sizeof) means no window: the same plan as before the

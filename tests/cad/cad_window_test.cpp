@@ -4,6 +4,8 @@
 // cannot compute (non-causal) are refused on every rank alike.
 //
 // Collective discipline as in cad_mpi_test.cpp: every rank makes the same calls in the same order.
+#include <cstdint>
+
 #include "cad_mpi_harness.h"
 
 using namespace cad_mpi_test;
@@ -18,12 +20,13 @@ struct PlanGuard {
 
 }  // namespace
 
-// Windows from 0 (each query sees itself) past every document (80 tokens per rank at most).
+// Windows from 0 (each query sees itself) past every document (80 tokens per rank at most), up to the int64
+// limit (no window in effect: the cost model, the layout and the server's key ranges must not wrap).
 TEST(CadWindow, MatchesReferenceForEveryBalancerAndKeepMode) {
   uint64_t seed = 700;
   for (const std::string& balancer : balancers()) {
     for (bool keep : {true, false}) {
-      for (int64_t left : {0, 3, 17, 100000}) {
+      for (int64_t left : {int64_t{0}, int64_t{3}, int64_t{17}, int64_t{100000}, INT64_MAX - 1, INT64_MAX}) {
         SCOPED_TRACE(balancer + (keep ? " keep" : " resend") + " window_left=" + std::to_string(left));
         expect_step_matches(cad_instance(balancer, keep), cad_test::make_batch(spec_for(++seed)), true, left);
       }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 #include <tuple>
+#include <vector>
 
 #include "conformance.h"
 #include "oracle.h"
@@ -70,6 +71,46 @@ TEST(Oracle, CausalMaskIsBottomRightAligned) {
   const cc::ForwardResult r = cc::oracle_forward(p);
   EXPECT_NEAR(r.o[0], 6.0, 1e-12);
   EXPECT_NEAR(r.lse[0], std::log(3.0), 1e-12);
+}
+
+// window_left = 0: each query sees only its own key, so the oracle's dQ and dK are exactly zero. A
+// backend's rounding of that zero (bf16: about 1e-3 of the inputs' scale) must pass under the bf16
+// tolerance -- the relative measure divided it by the 1e-6 floor and failed every correct backend -- while
+// a gradient as large as the inputs' scale still fails, and nonzero references keep the relative measure.
+TEST(Measure, ExactZeroReferenceIsMeasuredAgainstTheInputsScale) {
+  cc::AttentionProblem p = tiny_problem(true, 2, 1);
+  p.window_left = 0;
+  p.segments = {{0, 4, 0, 4}};
+  p.tk = 4;
+  p.k.resize(static_cast<size_t>(p.tk * p.hkv * p.d));
+  p.v.resize(static_cast<size_t>(p.tk * p.hkv * p.d));
+  std::vector<double> d_o;
+  double x = 0.3;
+  for (int64_t i = 0; i < p.tq * p.hq * p.d; ++i) d_o.push_back(std::cos(x += 0.61));
+  const cc::BackwardResult g = cc::oracle_backward(p, d_o);
+  for (double v : g.d_q) ASSERT_EQ(v, 0.0);
+  for (double v : g.d_k) ASSERT_EQ(v, 0.0);
+  const cc::ResultScales scales = cc::result_scales(p, d_o);
+  ASSERT_GT(scales.d_q, 0.1);
+  ASSERT_GT(scales.d_k, 0.1);
+
+  std::vector<double> rounded(g.d_q.size());
+  for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = (i % 2 ? 1 : -1) * 1e-3 * scales.d_q;
+  EXPECT_LE(cc::max_error(rounded, g.d_q, 1e-6, scales.d_q), 1e-2);  // bf16's rounding of zero passes
+  EXPECT_GT(cc::max_error(std::vector<double>(rounded.size(), 1e-3), g.d_q, 1e-6, 1e-6), 1e-2)
+      << "a scale of 1e-6 would be the old floor: the same rounding failed";
+  std::vector<double> wrong = rounded;
+  wrong[3] = 0.5 * scales.d_q;  // a real gradient where there is none
+  EXPECT_GT(cc::max_error(wrong, g.d_q, 1e-6, scales.d_q), 1e-2);
+  std::vector<double> nan = rounded;
+  nan[0] = std::nan("");
+  EXPECT_TRUE(std::isinf(cc::max_error(nan, g.d_q, 1e-6, scales.d_q)));
+
+  // A nonzero reference: the relative measure, whatever zero_scale says.
+  const std::vector<double> want = {2.0, -4.0, 1.0};
+  EXPECT_NEAR(cc::max_error({2.0, -4.04, 1.0}, want, 1e-6, 1e6), 0.01, 1e-12);
+  EXPECT_DOUBLE_EQ(cc::max_error({2.0, -4.0, 1.0}, want, 1e-6, 1e6), 0.0);
+  EXPECT_TRUE(std::isinf(cc::max_error({2.0}, want, 1e-6, 1.0)));  // a size mismatch never passes
 }
 
 TEST(Oracle, UncoveredRowsAreZeroWithLseMinusInfinity) {

@@ -28,6 +28,20 @@ class Input {
     if (mode % 4 == 0) return raw;
     return static_cast<int64_t>(static_cast<uint64_t>(raw) % 64) - (mode % 4 == 1 ? 8 : 0);
   }
+  // A sliding-window limit: mostly the edges of int64 and of "no limit" (INT64_MAX, INT64_MAX - 1, -1, -2,
+  // INT64_MIN, 0), sometimes small, sometimes any int64 -- where window arithmetic overflows.
+  int64_t window_limit() {
+    const uint8_t mode = take<uint8_t>();
+    switch (mode % 8) {
+      case 0: return INT64_MAX;
+      case 1: return INT64_MAX - 1;
+      case 2: return -1;
+      case 3: return mode & 0x80 ? INT64_MIN : -2;
+      case 4: return 0;
+      case 5: return take<int64_t>();
+      default: return static_cast<int64_t>(take<uint8_t>() % 80);
+    }
+  }
   bool empty() const { return pos_ >= size_; }
   std::string rest() const { return pos_ < size_ ? std::string(reinterpret_cast<const char*>(data_) + pos_, size_ - pos_) : ""; }
 

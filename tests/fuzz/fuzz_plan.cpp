@@ -2,8 +2,12 @@
 // all ranks, a balancer's plan) and the balancers' input check (plugins/common/balancer_support.cpp,
 // which also asks plan_limits whether the int64 cost model can represent the batch). What they accept
 // is re-checked here in 128-bit arithmetic: each document's pieces tile [0, doc_len) exactly once with
-// one doc_len, and an accepted plan partitions every document's queries on servers [0, world).
+// one doc_len, and an accepted plan partitions every document's queries on servers [0, world). The cost
+// params carry a sliding window read last (fields at the int64 limits, struct sizes cut inside the window):
+// a struct too short for the window it flags must be refused with ABI_MISMATCH, and the windowed cost
+// sums must not overflow (UBSan) nor disagree with the unwindowed ones when the window hides no key.
 #include <algorithm>
+#include <cstddef>
 #include <map>
 #include <vector>
 
@@ -110,6 +114,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cost.head_dim = 128;
   cost.bytes_per_element = 2;
   cost.causal = 1;
+  // The window, after everything else (older seeds leave it zero: no window).
+  cost.window_flags = in.take<uint8_t>() & 1 ? static_cast<uint32_t>(CAD_WINDOW_GIVEN) : 0u;
+  cost.causal = in.take<uint8_t>() & 1 ? 0 : 1;
+  cost.window_left = in.window_limit();
+  cost.window_right = in.window_limit();
+  const size_t sizes[] = {sizeof cost, CAD_COST_PARAMS_V1_1_SIZE, offsetof(cad_cost_params_v1_t, window_flags) + 4,
+                          offsetof(cad_cost_params_v1_t, window_left), offsetof(cad_cost_params_v1_t, window_right)};
+  cost.struct_size = sizes[in.take<uint8_t>() % 5];
+  const bool short_for_flags = cost.window_flags != 0 && cost.struct_size > CAD_COST_PARAMS_V1_1_SIZE &&
+                               !CAD_HAS_FIELD(cad_cost_params_v1_t, &cost, window_right);
   cad_balance_input_v1_t input{};
   input.struct_size = sizeof input;
   input.ranks = views.data();
@@ -119,9 +133,40 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const cad::balancer::Problem problem = cad::balancer::read_input(&input);
     if (!tables_ok) broken("the balancers accepted pieces CAD refused");
+    if (short_for_flags) broken("cost params too short for the window they flag accepted");
     const cad::balancer::Ledger ledger(problem);  // the cost sums must not overflow (UBSan)
+    // A window whose limits are at least every document's length hides no key: its costs are the
+    // unwindowed ones (the cost model clamps such limits; it must never wrap).
+    const cad::plan::ModelParams& m = problem.model;
+    if (m.windowed()) {
+      cad::plan::ModelParams plain = m;
+      plain.window_left = plain.window_right = -1;
+      for (const auto& rank : tables) {
+        for (const auto& p : rank) {
+          const bool hides = (m.window_left >= 0 && m.window_left < p.doc_len) ||
+                             (!m.causal && m.window_right >= 0 && m.window_right < p.doc_len);
+          const int64_t end = p.offset_in_doc + p.len;
+          if (cad::plan::task_cost(p.offset_in_doc, end, p.doc_len, m) < 0) broken("a negative windowed cost");
+          if (!hides && cad::plan::task_cost(p.offset_in_doc, end, p.doc_len, m) !=
+                            cad::plan::task_cost(p.offset_in_doc, end, p.doc_len, plain)) {
+            broken("a window hiding no key changed a task's cost");
+          }
+          const cad::plan::KvRange r = cad::plan::task_kv_range(p.offset_in_doc, end, p.doc_len, m);
+          if (r.begin < 0 || r.end > p.doc_len || r.begin > r.end) broken("a task's KV range outside its document");
+        }
+      }
+    }
   } catch (const cad::plugin::Failure& f) {
-    if (tables_ok && f.status() != CAD_STATUS_UNSUPPORTED) broken("the balancers refused pieces CAD accepted");
+    if (f.status() == CAD_STATUS_ABI_MISMATCH) {
+      if (!short_for_flags) broken("cost params refused as ABI_MISMATCH though they hold the window they flag");
+    } else if (f.status() == CAD_STATUS_INVALID_ARGUMENT) {
+      // A malformed window (left/right < -1, or right > 0 causal) is the caller's error.
+      const bool bad_window = cost.window_flags != 0 && CAD_HAS_FIELD(cad_cost_params_v1_t, &cost, window_right) &&
+                              (cost.window_left < -1 || cost.window_right < -1 || (cost.causal && cost.window_right > 0));
+      if (tables_ok && !bad_window) broken("the balancers refused as INVALID_ARGUMENT what is no bad window");
+    } else if (tables_ok && f.status() != CAD_STATUS_UNSUPPORTED) {
+      broken("the balancers refused pieces CAD accepted");
+    }
   }
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -164,7 +165,9 @@ void compare_with_reference(Kind kind, int d, bool causal, int hq, int hkv, bool
   for (uint64_t seed = 1; seed <= 3; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed * 1000 + d + (causal ? 7 : 0) + static_cast<int>(kind) * 100 + hq +
-                        (windowed ? 31 * window_left + 17 * window_right + 5000 : 0));
+                        // unsigned: the window may sit at the int64 limits
+                        (windowed ? 31 * static_cast<uint64_t>(window_left) + 17 * static_cast<uint64_t>(window_right) +
+                                        5000 : 0));
     const Batch b = make_batch(kind, rng, causal);
     const size_t nq = static_cast<size_t>(b.tq) * hq * d, nk = static_cast<size_t>(b.tk) * hkv * d;
     const size_t nl = static_cast<size_t>(b.tq) * hq;
@@ -251,7 +254,7 @@ INSTANTIATE_TEST_SUITE_P(Gpu, AttentionVsReference,
 // Sliding windows (ABI v1.2) against the reference: causal windows (left only) and non-causal ones (either
 // side), on the same batches (tiny segments with empty and uncovered rows, CAD tasks sharing their document's
 // KV, split long KV), both head dims, GQA; asked of either kernel family, run on it -- a window longer than
-// every segment (4000 > 2600 keys) hides nothing and runs as no window.
+// every segment (4000 > 2600 keys) hides nothing and runs as no window, and so does one at the int64 limits.
 struct WindowCase {
   bool causal;
   int64_t left, right;
@@ -280,7 +283,12 @@ INSTANTIATE_TEST_SUITE_P(Gpu, WindowVsReference,
                                                               WindowCase{false, 50, -1}, WindowCase{false, 0, 0},
                                                               // longer than every segment: no window (wgmma)
                                                               WindowCase{true, 4000, -1},
-                                                              WindowCase{false, 4000, 4000}),
+                                                              WindowCase{false, 4000, 4000},
+                                                              // at the int64 limits: no window either, never
+                                                              // O = 0 or a key range computed from a wrapped sum
+                                                              WindowCase{false, -1, INT64_MAX},
+                                                              WindowCase{false, INT64_MAX, INT64_MAX},
+                                                              WindowCase{true, INT64_MAX, -1}),
                                             ::testing::Bool()),
                          window_case_name);
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -121,6 +123,51 @@ TEST_F(CudaRefusals, SlidingWindowsRunAndBadOnesAreRefused) {
   EXPECT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
   p.args.struct_size = CAD_ATTENTION_FORWARD_ARGS_V1_1_SIZE;
   EXPECT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
+}
+
+// Windows at the int64 limits hide no key: the same O and LSE, bit for bit, as no window -- on a non-causal
+// batch whose segment 1 has more queries (28) than keys (18), where `p - left` wraps for left = INT64_MAX.
+// A struct whose struct_size ends before the window fields CAD_WINDOW_GIVEN promises is refused, naming the
+// struct and its size, before any output is written.
+TEST_F(CudaRefusals, WindowsAtTheInt64LimitsAndShortStructs) {
+  constexpr int64_t kMax = INT64_MAX;
+  SmallProblem p;
+  const auto outputs = [&p] {
+    std::vector<unsigned char> host(p.o.bytes() + p.lse.bytes());
+    cudaDeviceSynchronize();
+    cudaMemcpy(host.data(), p.o.get(), p.o.bytes(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(host.data() + p.o.bytes(), p.lse.get(), p.lse.bytes(), cudaMemcpyDeviceToHost);
+    return host;
+  };
+  ASSERT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
+  const std::vector<unsigned char> plain = outputs();
+  struct Limit {
+    int64_t left, right;
+  };
+  for (const Limit& w : {Limit{-1, kMax}, Limit{kMax, -1}, Limit{kMax, kMax}, Limit{kMax - 1, kMax - 1}}) {
+    SCOPED_TRACE("window=(" + std::to_string(w.left) + ", " + std::to_string(w.right) + ")");
+    cudaMemset(p.o.get(), 0x5a, p.o.bytes());
+    p.args.window_flags = CAD_WINDOW_GIVEN;
+    p.args.window_left = w.left;
+    p.args.window_right = w.right;
+    ASSERT_EQ(forward(p), CAD_STATUS_OK) << gpu.last_error();
+    EXPECT_TRUE(outputs() == plain);
+  }
+  for (size_t size : {offsetof(cad_attention_forward_args_v1_t, window_flags) + 4,
+                      offsetof(cad_attention_forward_args_v1_t, window_left),
+                      offsetof(cad_attention_forward_args_v1_t, window_right)}) {
+    cudaMemset(p.o.get(), 0x5a, p.o.bytes());
+    p.args.struct_size = size;
+    p.args.window_flags = CAD_WINDOW_GIVEN;
+    EXPECT_EQ(forward(p), CAD_STATUS_ABI_MISMATCH) << size;
+    EXPECT_NE(gpu.last_error().find("cad_attention_forward_args_v1_t.struct_size is " + std::to_string(size)),
+              std::string::npos) << gpu.last_error();
+    EXPECT_TRUE(p.output_untouched());
+  }
+  p.args.struct_size = offsetof(cad_attention_forward_args_v1_t, saved);  // inside the v1.1 fields
+  p.args.window_flags = 0;
+  EXPECT_EQ(forward(p), CAD_STATUS_ABI_MISMATCH);
+  EXPECT_TRUE(p.output_untouched());
 }
 
 TEST_F(CudaRefusals, HeadDim96IsUnsupported) {

@@ -3,7 +3,9 @@
 # benchmark-scale correctness test (cad_gpu_large_tests, against an fp32 oracle on the GPU), the
 # conformance kit on cad_cuda.so (where the `cad` tool is buildable), compute-sanitizer memcheck and
 # racecheck on small cases, and (with --bench) the kernel benchmark against cuDNN.
-# Logs go to $OUT (default ./gpu-out); the last lines printed are a summary.
+# Logs go to $OUT (default ./gpu-out); the last lines printed are a summary, ending with the list of the
+# checks that failed. Exits 1 when any check failed (a test program, the conformance kit, a sanitizer, the
+# bench, or a target that did not build), 0 only when every check run passed.
 #   usage: tests/gpu/run_gpu_checks.sh [--bench] [--no-sanitizer]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +25,10 @@ mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
+failed_checks=()
+check() {  # check NAME STATUS: a nonzero status adds NAME to the failures the script exits with
+  [ "$2" = 0 ] || failed_checks+=("$1 (exit $2)")
+}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$SUMMARY"
 
@@ -37,11 +43,14 @@ cmake --build "$BUILD" -j"$(nproc)" --target cad >> "$OUT/build.log" 2>&1; cad_r
 cmake --build "$BUILD" -j"$(nproc)" --target cad_gpu_large_tests >> "$OUT/build.log" 2>&1; large_build_rc=$?
 note "build rc=$build_rc (cad tool rc=$cad_rc, large tests rc=$large_build_rc) in $(( $(date +%s) - start )) s"
 if [ "$build_rc" != 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
+check "build of the cad tool" "$cad_rc"
+check "build of cad_gpu_large_tests" "$large_build_rc"
 
 # ---- correctness ------------------------------------------------------------------------------------
 # Timeouts: a hung kernel must not eat the whole lease.
 timeout 300 "$BUILD/bin/cad_gpu_tests" --gtest_brief=0 > "$OUT/gpu_tests.log" 2>&1
 tests_rc=$?
+check "cad_gpu_tests" "$tests_rc"
 note "gpu tests rc=$tests_rc: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.log" | tr '\n' ' ')"
 grep -E '^\[  FAILED  \]|Failure|Expected|Which is' "$OUT/gpu_tests.log" | head -30 | tee -a "$SUMMARY"
 # The worst of the "O e LSE e dQ e dK e dV e" fields of the result lines matching $1 in log $2, after "$3"
@@ -60,6 +69,7 @@ if [ "$large_build_rc" = 0 ]; then
   start=$(date +%s)
   timeout 300 "$BUILD/bin/cad_gpu_large_tests" > "$OUT/gpu_large_tests.log" 2>&1
   large_rc=$?
+  check "cad_gpu_large_tests" "$large_rc"
   note "large tests rc=$large_rc in $(( $(date +%s) - start )) s: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_large_tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|Failure|Expected|Which is|Value of' "$OUT/gpu_large_tests.log" | head -30 | tee -a "$SUMMARY"
   worst_errors '^\[oracle ' "$OUT/gpu_large_tests.log" "fp32 GPU oracle vs cad_reference.so, worst"
@@ -70,7 +80,13 @@ fi
 
 if [ "$cad_rc" = 0 ] && [ -x "$BUILD/bin/cad" ]; then
   timeout 300 "$BUILD/bin/cad" conformance "$BUILD/lib/cad/plugins/cad_cuda.so" > "$OUT/conformance.log" 2>&1
-  note "conformance rc=$?: $(tail -1 "$OUT/conformance.log")"
+  conformance_rc=$?
+  # The status decides, and so does the report: a FAIL line with exit 0 would be the kit's own defect.
+  fail_lines=$(grep -c '^FAIL' "$OUT/conformance.log")
+  [ "$conformance_rc" = 0 ] && [ "$fail_lines" != 0 ] && conformance_rc=1
+  check "conformance of cad_cuda.so ($fail_lines FAIL lines)" "$conformance_rc"
+  note "conformance rc=$conformance_rc: $(tail -1 "$OUT/conformance.log")"
+  grep '^FAIL' "$OUT/conformance.log" | head -20 | tee -a "$SUMMARY"
 else
   note "conformance: cad tool not built (see build.log)"
 fi
@@ -81,7 +97,9 @@ sanitize() {
   for tool in memcheck racecheck; do
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 17 "$BUILD/bin/$1" --gtest_filter="$2" \
       > "$OUT/sanitizer_$3$tool.log" 2>&1
-    note "compute-sanitizer $tool$4 rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$3$tool.log" | tail -1)"
+    local rc=$?
+    check "compute-sanitizer $tool$4" "$rc"
+    note "compute-sanitizer $tool$4 rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$3$tool.log" | tail -1)"
   done
 }
 if [ "$RUN_SANITIZER" = 1 ]; then
@@ -96,8 +114,17 @@ fi
 
 if [ "$RUN_BENCH" = 1 ]; then
   timeout 400 bash bench/kernels/run_bench.sh "$BUILD" "$OUT" > "$OUT/bench.log" 2>&1
-  note "bench rc=$?"
+  bench_rc=$?
+  check "kernel bench (bench/kernels/run_bench.sh)" "$bench_rc"
+  note "bench rc=$bench_rc"
   cat "$OUT/kernel_table.md" 2>/dev/null || tail -20 "$OUT/bench.log"
+fi
+if [ "${#failed_checks[@]}" = 0 ]; then
+  note "all checks passed"
+else
+  note "FAILED: ${#failed_checks[@]} check(s):"
+  for f in "${failed_checks[@]}"; do note "  $f"; done
 fi
 echo "---- summary ----"
 cat "$SUMMARY"
+[ "${#failed_checks[@]}" = 0 ]

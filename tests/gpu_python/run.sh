@@ -69,18 +69,27 @@ train cad_nccl_1rank 1 --attention cad --communicator nccl
 train local_1rank 1 --attention local
 train cad_host_2ranks_shared_gpu 2 --attention cad --communicator host
 train local_2ranks_shared_gpu 2 --attention local --communicator host
-python3 - "$OUT" <<'PY' | tee -a "$SUMMARY"
+# The loss comparison is a check too: a pair missing or apart by 2e-2 or more fails the run.
+python3 - "$OUT" > "$OUT/losses.txt" 2>&1 <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
+bad = 0
 for a, b in (("cad_nccl_1rank", "local_1rank"), ("cad_host_2ranks_shared_gpu", "local_2ranks_shared_gpu")):
     try:
         x, y = (json.loads((out / f"train_{n}.json").read_text())["steps"] for n in (a, b))
-    except OSError as e:
-        print(f"losses {a} vs {b}: missing ({e})"); continue
+    except (OSError, KeyError, ValueError) as e:
+        print(f"losses {a} vs {b}: missing ({e})"); bad += 1; continue
+    if not x or len(x) != len(y):
+        print(f"losses {a} vs {b}: {len(x)} and {len(y)} steps"); bad += 1; continue
     worst = max(abs(s["loss"] - t["loss"]) / abs(t["loss"]) for s, t in zip(x, y))
+    ok = worst < 2e-2
+    bad += 0 if ok else 1
     print(f"losses {a} vs {b}: worst relative difference over {len(x)} steps {worst:.2e} "
-          f"({'ok' if worst < 2e-2 else 'TOO LARGE'})")
+          f"({'ok' if ok else 'TOO LARGE'})")
+sys.exit(1 if bad else 0)
 PY
+record "losses of CAD against local attention" $? "$OUT/losses.txt"
+cat "$OUT/losses.txt" >> "$SUMMARY"
 echo "---- summary ----"
 cat "$SUMMARY"
 exit $failed

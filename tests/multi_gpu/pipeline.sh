@@ -71,7 +71,7 @@ for ctx in ${CONTEXTS:-32768 65536}; do
       [ "$rc" = 0 ] || tail -20 "$OUT/pipe_${ctx}_${mb}.log" | tee -a "$SUMMARY"
     fi
     python3 tests/multi_gpu/pipeline_table.py "$OUT" > "$OUT/table.md" 2>&1
-    pack
+    record "pipeline table after $ctx x $mb" $?
   done
 done
 cat "$OUT/table.md"

@@ -190,11 +190,13 @@ if want train; then
           echo "train $name at $ctx (round $round): not run (budget)" | tee -a "$SUMMARY"
         fi
       done <<< "$names"
-      python3 tests/multi_gpu/table.py "$ROUT" > "$ROUT/table.md" 2>&1; pack
+      python3 tests/multi_gpu/table.py "$ROUT" > "$ROUT/table.md" 2>&1
+      record "table of the runs at $ctx (round $round)" $?
     done
   done
   if [ "$rounds" -gt 1 ]; then
-    python3 tests/multi_gpu/table.py "${round_dirs[@]}" > "$OUT/table_pooled.md" 2>&1; pack
+    python3 tests/multi_gpu/table.py "${round_dirs[@]}" > "$OUT/table_pooled.md" 2>&1
+    record "pooled table of $rounds rounds" $?
     cat "$OUT/table_pooled.md"
   else
     cat "$OUT/table.md"

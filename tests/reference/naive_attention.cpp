@@ -13,8 +13,10 @@ namespace {
 bool sees(const Problem& pr, const cad_segment_v1_t& s, int64_t i, int64_t j) {
   const int64_t p = (s.kv_len - 1) - (s.q_len - 1 - i);
   if (pr.causal && j > p) return false;
-  if (pr.window_left >= 0 && j < p - pr.window_left) return false;
-  if (pr.window_right >= 0 && j > p + pr.window_right) return false;
+  // Written as distances (p - j, j - p: both well inside int64 for in-range i, j) so that a window at the
+  // int64 limits (INT64_MAX = no limit in effect) is tested without overflow.
+  if (pr.window_left >= 0 && p - j > pr.window_left) return false;
+  if (pr.window_right >= 0 && j - p > pr.window_right) return false;
   return true;
 }
 

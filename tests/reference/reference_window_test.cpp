@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "naive_attention.h"
@@ -211,6 +213,85 @@ TEST(ReferenceWindow, ZeroInitialisedStructsHaveNoWindow) {
     EXPECT_EQ(plugin.api()->forward(instance.ctx(), &given), CAD_STATUS_INVALID_ARGUMENT);
     EXPECT_NE(std::string(instance.last_error()).find("reserved_v1_2"), std::string::npos) << instance.last_error();
   }
+}
+
+// Windows at the int64 limits hide no key: (-1, INT64_MAX) non-causal is full attention, and a left of
+// INT64_MAX on a segment with more queries than keys (query positions p < 0) sees every key from 0. A
+// window computed as `p + right + 1` / `p - left` wraps there (O zero and LSE -inf with OK, or a key range
+// outside the segment); these must equal the unwindowed call bit for bit and the dense mask.
+TEST(ReferenceWindow, WindowsAtTheInt64LimitsHideNoKey) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  PluginUnderTest& plugin = reference_plugin();
+  Instance instance(plugin, "{\"num_threads\": 2}");
+  ASSERT_TRUE(instance.ok()) << instance.create_error();
+  struct Limit {
+    bool causal;
+    int64_t left, right;
+  };
+  for (const Limit& w : {Limit{false, -1, kMax}, Limit{false, kMax, -1}, Limit{false, kMax, kMax},
+                         Limit{false, kMax - 1, kMax - 1}, Limit{false, kMax, 0}, Limit{true, kMax, -1},
+                         Limit{true, kMax, 0}}) {
+    SCOPED_TRACE("causal=" + std::to_string(w.causal) + " window=(" + std::to_string(w.left) + ", " +
+                 std::to_string(w.right) + ")");
+    // Whole documents, and non-causal segments with q_len > kv_len and q_len < kv_len.
+    Problem p = documents(w.causal, w.left, w.right);
+    if (!w.causal) {
+      p.tq = 40;
+      p.tk = 40;
+      p.segments = {{0, 5, 0, 40}, {5, 30, 30, 6}, {35, 5, 36, 4}};
+    }
+    expect_matches_oracle(p);
+    if (w.right == 0) continue;  // (kMax, 0) non-causal hides keys after p: no unwindowed twin
+    Problem plain = p;
+    plain.window_left = plain.window_right = -1;
+    AttentionTensors at_limit(p, Dtype::F32, 5), unwindowed(plain, Dtype::F32, 5);
+    ASSERT_EQ(run_forward_backward(instance, plugin.api(), p, at_limit).forward, CAD_STATUS_OK) << instance.last_error();
+    ASSERT_EQ(run_forward_backward(instance, plugin.api(), plain, unwindowed).backward, CAD_STATUS_OK);
+    EXPECT_TRUE(at_limit.o.bytes() == unwindowed.o.bytes()) << "O";
+    EXPECT_TRUE(at_limit.lse.bytes() == unwindowed.lse.bytes()) << "LSE";
+    EXPECT_TRUE(at_limit.d_q.bytes() == unwindowed.d_q.bytes()) << "dQ";
+    EXPECT_TRUE(at_limit.d_k.bytes() == unwindowed.d_k.bytes()) << "dK";
+    EXPECT_TRUE(at_limit.d_v.bytes() == unwindowed.d_v.bytes()) << "dV";
+  }
+}
+
+// A v1.2 struct that holds window_flags but ends before window_right, with CAD_WINDOW_GIVEN set, promises a
+// window it does not carry: refused, naming the struct and its size, never run as no window. Without the
+// flag the same short struct is plain attention. A size inside the v1.1 fields (plan but not saved) is
+// refused too.
+TEST(ReferenceWindow, StructTooShortForItsFlagsIsRefused) {
+  PluginUnderTest& plugin = reference_plugin();
+  Instance instance(plugin, "{}");
+  ASSERT_TRUE(instance.ok()) << instance.create_error();
+  const Problem p = documents(true, 3, -1);
+  AttentionTensors t(p, Dtype::F32, 4);
+  const size_t fwd_short[] = {offsetof(cad_attention_forward_args_v1_t, window_flags) + 4,
+                              offsetof(cad_attention_forward_args_v1_t, window_left),
+                              offsetof(cad_attention_forward_args_v1_t, window_right),
+                              offsetof(cad_attention_forward_args_v1_t, window_right) + 4};
+  for (size_t size : fwd_short) {
+    SCOPED_TRACE("struct_size=" + std::to_string(size));
+    cad_attention_forward_args_v1_t fwd = forward_args(p, t);
+    fwd.struct_size = size;
+    ASSERT_EQ(fwd.window_flags, static_cast<uint32_t>(CAD_WINDOW_GIVEN));
+    EXPECT_EQ(plugin.api()->forward(instance.ctx(), &fwd), CAD_STATUS_ABI_MISMATCH);
+    const std::string error = instance.last_error();
+    EXPECT_NE(error.find("cad_attention_forward_args_v1_t"), std::string::npos) << error;
+    EXPECT_NE(error.find("struct_size is " + std::to_string(size)), std::string::npos) << error;
+    fwd.window_flags = 0;  // no window promised: the short struct is plain causal attention
+    EXPECT_EQ(plugin.api()->forward(instance.ctx(), &fwd), CAD_STATUS_OK) << instance.last_error();
+  }
+  cad_attention_backward_args_v1_t bwd = backward_args(p, t);
+  bwd.struct_size = offsetof(cad_attention_backward_args_v1_t, window_right);
+  EXPECT_EQ(plugin.api()->backward(instance.ctx(), &bwd), CAD_STATUS_ABI_MISMATCH);
+  EXPECT_NE(std::string(instance.last_error()).find("cad_attention_backward_args_v1_t"), std::string::npos)
+      << instance.last_error();
+
+  cad_attention_forward_args_v1_t partial = forward_args(p, t);
+  partial.struct_size = offsetof(cad_attention_forward_args_v1_t, saved);  // holds plan, not saved
+  EXPECT_EQ(plugin.api()->forward(instance.ctx(), &partial), CAD_STATUS_ABI_MISMATCH);
+  EXPECT_NE(std::string(instance.last_error()).find("struct_size is " + std::to_string(partial.struct_size)),
+            std::string::npos) << instance.last_error();
 }
 
 }  // namespace
