@@ -41,6 +41,7 @@
 #include "batch_recipe.h"
 #include "cad/cad_host.hpp"
 #include "cad_kernels.h"
+#include "pack.h"
 #include "doc_lengths.h"
 #include "layout.h"
 #include "nvml_telemetry.h"

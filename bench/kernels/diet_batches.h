@@ -1,6 +1,6 @@
 // diet_batches.h -- CAD's real kernel diet: the server batches that CAD hands its attention backend when
 // the balancers plan Pretrain-recipe batches. One config = (balancer, servers, tokens per server): the
-// DistCA recipe samples a batch (host_adapter/workload sample_batch), the balancer plugin plans it through
+// DistCA recipe samples a batch (tools/workload sample_batch), the balancer plugin plans it through
 // the ABI (as CAD calls it), and CAD's own layout (plugins/cad/layout.h) turns the plan into one batch per
 // server: segments (q_offset, q_len, kv_offset, kv_len), bottom-right causal, a document's segments on a
 // server sharing one copy of its KV prefix. A few servers per config are kept (lightest, median and
@@ -17,7 +17,7 @@
 
 #include "cad_attention_v1.h"
 #include "cad_balancer_v1.h"
-#include "../../plugins/cad/layout.h"  // CAD's layout (host_adapter/simulate has its own layout.h)
+#include "../../plugins/cad/layout.h"  // CAD's layout (tools/simulate has its own layout.h)
 
 namespace cad::diet {
 

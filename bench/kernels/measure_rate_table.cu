@@ -1,5 +1,5 @@
 // measure_rate_table.cu -- cad_measure_rate_table: measures the kernel-rate table that the balancers and
-// the simulator read (configs/calibration/<gpu>.json, schema in plugins/common/rate_table.h) on the
+// the simulator read (configs/calibration/<gpu>.json, schema in planning/rate_table.h) on the
 // current GPU and writes it as JSON. Which shapes, which batch per shape and the JSON are rate_grid.h's
 // (CPU, tested in tests/rate_grid); this file only times the batches, with case_timer.h's time_case (the
 // timing that cad_kernel_bench and diet_bench.py use), and refuses to write a table it could not complete.
@@ -31,7 +31,7 @@ using cad::rates::Shape;
 const char* const kUsage =
     "usage: cad_measure_rate_table --out FILE [options]\n"
     "Times the project's attention kernels (forward and backward) on the current GPU for every (q, kv) cell of\n"
-    "a grid and writes the kernel-rate table (plugins/common/rate_table.h's schema) to FILE. Each cell is one\n"
+    "a grid and writes the kernel-rate table (planning/rate_table.h's schema) to FILE. Each cell is one\n"
     "batch of n identical causal shards, each the last q queries of its own document of kv tokens; n gives\n"
     "the batch about --target-gflop of forward work and at least --min-units forward units within the row\n"
     "caps. Cells with q > kv cannot occur for\n"

@@ -201,7 +201,7 @@ std::string table_json(const GridSpec& spec, const std::map<Shape, Measurement>&
       " warm-ups. FLOPs: causal forward 4*D*Hq*(q*kv - q(q-1)/2), backward 2.5x. Cells with q > kv "
       "('unreachable') copy the (kv, kv) shape. The dense entry is " +
       std::to_string(shards_for({spec.dense_len, spec.dense_len}, spec)) + " causal document(s) of " +
-      std::to_string(spec.dense_len) + " tokens. Schema: plugins/common/rate_table.h.";
+      std::to_string(spec.dense_len) + " tokens. Schema: planning/rate_table.h.";
   doc["gpu"] = info.gpu;
   doc["head_dim"] = spec.head_dim;
   doc["num_q_heads"] = spec.hq;

@@ -1,6 +1,6 @@
 // rate_grid.h -- the CPU half of cad_measure_rate_table (measure_rate_table.cu): which shapes it times,
 // the batch each shape is timed on, and the kernel-rate table it writes from the measured times, in the
-// schema of plugins/common/rate_table.h. No CUDA here, so that tests/rate_grid checks all of it on a
+// schema of planning/rate_table.h. No CUDA here, so that tests/rate_grid checks all of it on a
 // machine without a GPU; the .cu only times the batches (bench/kernels/case_timer.h).
 //
 // A shape (q, kv) is a causal shard of q queries whose last query sees kv keys: the LAST q queries of a

@@ -10,7 +10,7 @@ and per case the measured vs predicted max/mean. A diet file (one batch per row,
 protocol) counts as one case. A benchmark analysis, not a test.
 
 With --write-table IN OUT it also writes a copy of rate table IN with the "backward_tiles" key
-(plugins/common/rate_table.h) set from the backward "full + partial pairs" fit on the --train rows:
+(planning/rate_table.h) set from the backward "full + partial pairs" fit on the --train rows:
 microseconds per full / partial (128-key tile, 64-query step) pair of ONE query head (the rows count
 pairs per head; --heads is the query heads the benchmark ran, 32 for cad_server_bench's files).
 

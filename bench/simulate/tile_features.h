@@ -5,7 +5,7 @@
 // the sm90 kernels': forward 128 queries x 128 keys, backward 128 keys x 64 queries (kernels/cad_kernels.h,
 // kernels/sm90/bwd_traits.cuh); the walk follows kernels/attention_plan.cpp's work lists (per head;
 // multiply by the head count for the grid's units). Causal, bottom-right aligned segments only.
-// The backward's pairs are plugins/common/tile_pairs.h's closed form, the one the rate table's
+// The backward's pairs are planning/tile_pairs.h's closed form, the one the rate table's
 // "backward_tiles" prices.
 #pragma once
 

@@ -285,7 +285,7 @@ def fit(args):
     n_plain, n_cad = len(plain), sum(c["attention"] == "cad" for c in plain)
     cal = {
         "comment": "The overhead terms of a real training step, for `cad simulate --trainer` (schema: "
-                   "host_adapter/simulate/trainer_calibration.h). Written by `python3 bench/simulate/trainer_check.py "
+                   "tools/simulate/trainer_calibration.h). Written by `python3 bench/simulate/trainer_check.py "
                    "--fit` from the fitted runs only; the other runs are held out (docs/simulate.md).",
         "trainer": TRAINER, "fitted_on": ["docs/data/" + x for x in FIT_RUNS],
         "layer_us_per_token": r(layer_us), "head_us_per_token": r(head_us), "step_fixed_ms": r(fixed_ms),

@@ -27,7 +27,7 @@ struct Config {
   std::string own_server_backend;  // optional: the instance that runs the tasks run in place (else server_backend)
   bool keep_forward_tensors = true;  // servers keep Q/K/V/O/LSE of the last forward for backward
   // The CUDA data path's communication stream: "highest" (the device's greatest priority) or "normal". See
-  // device_path.cpp's runtime(): highest lets an exchange take the next free SMs instead of queueing behind
+  // device_runtime.cpp's runtime(): highest lets an exchange take the next free SMs instead of queueing behind
   // compute, but an exchange that then waits for a late peer holds them meanwhile.
   bool comm_stream_highest_priority = true;
   // A server runs the tasks on documents it holds whole in place on its own tensors (layout.h: Layout::own),
@@ -35,7 +35,7 @@ struct Config {
   // Off by default: measured no faster on 2 H200s (docs/multi_gpu.md, runs 30-32).
   bool own_tasks_in_place = false;
   // The CUDA data path (NCCL) splits each call's heads into this many groups and pipelines them: the server
-  // computes group g while group g+1's rows arrive and group g-1's results leave (device_path.h). 1: one exchange
+  // computes group g while group g+1's rows arrive and group g-1's results leave (schedule.h). 1: one exchange
   // per tensor, unsplit. Must divide Hq and Hkv; every rank must give the same number (agreed at each plan).
   int32_t head_groups = 1;
   PlanKnobs knobs;                   // min_shard_tokens, memory_cap_bytes for the balancer's cost model
@@ -62,7 +62,7 @@ struct KeptBatch {
   std::vector<float> own_lse;
 };
 
-struct DeviceSaved;  // device_path.h
+struct DeviceSaved;  // device_memory.h
 struct DeviceSavedDeleter {
   CadContext* ctx = nullptr;
   void operator()(DeviceSaved* saved) const;
@@ -82,7 +82,7 @@ struct LastForward {
   std::unique_ptr<Saved> saved;  // NULL unless keep_forward_tensors
 };
 
-struct DeviceRuntime;  // device_path.h: the communication stream and its events
+struct DeviceRuntime;  // device_runtime.h: the communication stream and its events
 struct DeviceRuntimeDeleter {
   void operator()(DeviceRuntime* runtime) const;
 };

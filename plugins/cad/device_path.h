@@ -20,8 +20,13 @@
 //
 // The collectives run on the instance's communication stream, joined to the caller's stream with events
 // (NCCL), or are staged through pinned host buffers when the communicator works on host memory (MPI),
-// which synchronises the caller's stream at each exchange. With a plan and NCCL nothing here synchronises
-// the host: a forward and backward can be captured into a CUDA graph.
+// which synchronises the caller's stream at each exchange (wire_device.h). With a plan and NCCL nothing here
+// synchronises the host: a forward and backward can be captured into a CUDA graph.
+//
+// Files: device_path.cpp (the forward and backward below), device_plan.h (a plan's tables), device_memory.h (device
+// buffers, a call's scratch, the kept state), mover.h (the exchange engine), wire_device.h (NCCL and host-staged
+// wires), schedule.h (head groups and the tasks run in place), gpu_timing.h, device_runtime.h, pack.h (the copy
+// kernels).
 #pragma once
 
 #include <cstdint>

@@ -16,7 +16,7 @@
 namespace cad::cad_plugin {
 
 struct CadContext;
-struct DevicePlan;  // device_path.h: CUDA tables and buffers
+struct DevicePlan;  // device_plan.h: CUDA tables and buffers
 
 struct DevicePlanDeleter {
   CadContext* ctx = nullptr;

@@ -18,7 +18,7 @@ struct ServerWork {
   int64_t kv_rows = 0;
   int64_t segments = 0;       // the server batch's and those of the tasks it runs in place (layout.own)
   int64_t own_q_rows = 0;     // query rows of the tasks it runs in place, on its own tensors
-  int64_t score_entries = 0;  // from the project's cost model (plugins/common/plan_model.h)
+  int64_t score_entries = 0;  // from the project's cost model (planning/plan_model.h)
   double forward_flops = 0.0;
 };
 

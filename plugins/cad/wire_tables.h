@@ -53,7 +53,7 @@ struct WireTable {
 WireTable build_wire_table(const Layout& layout, int32_t me, bool owner_side, bool q_runs, int64_t tokens = -1,
                            bool sum_every_row = false);
 
-// ---- One exchange of the CUDA data path (device_path.cpp; tests run the same arithmetic on the host) ----
+// ---- One exchange of the CUDA data path (mover.cpp; tests run the same arithmetic on the host) ----
 // Its tensors' rows ("parts": Q, K and V; O and LSE; ...) lie per peer one after another, in both buffers (as
 // exchange.h's on the CPU path). A rank's rows to itself never enter the collective: where `self_direct` they are
 // copied from tensor to tensor beside it (one side holds them as one range: WireTable::peer_direct), else the

@@ -1,4 +1,4 @@
-// The kernel-rate table reader (plugins/common/rate_table.h): interpolation by hand, clamping, the
+// The kernel-rate table reader (planning/rate_table.h): interpolation by hand, clamping, the
 // seeded H200 table, and errors that name the file and the key.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// tile_pairs_test.cpp -- the backward's (key tile, query step) pairs (plugins/common/tile_pairs.h) by hand
+// tile_pairs_test.cpp -- the backward's (key tile, query step) pairs (planning/tile_pairs.h) by hand
 // and against a per-pair walk written here from the definition; the rate table's optional
 // "backward_tiles" key (reader, errors naming the key); and the time cost with and without it by hand
 // (without it: exactly the old rule entries x relative_time, so existing tables plan as before).

@@ -1,4 +1,4 @@
-// fuzz_doc_lengths.cpp -- the document-length reader (host_adapter/workload/doc_lengths.cpp, JSON and
+// fuzz_doc_lengths.cpp -- the document-length reader (tools/workload/doc_lengths.cpp, JSON and
 // CSV) and what `cad plan` does next with the lengths it accepts: pack them into ranks and ask whether
 // the cost model can represent the batch. Accepted lengths must lie in [1, kMaxDocumentTokens].
 #include <string>

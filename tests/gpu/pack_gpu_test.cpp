@@ -1,5 +1,5 @@
 // pack_gpu_test.cpp -- the pack/unpack row-range copies and the fixed-order partial sums of
-// kernels/cad_kernels.h against host computations on random data.
+// plugins/cad/pack.h against host computations on random data.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "cad_kernels.h"
+#include "pack.h"
 #include "gpu_harness.h"
 
 namespace cad::gpu_test {

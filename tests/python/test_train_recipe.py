@@ -1,4 +1,4 @@
-"""cad.train.recipe: the DistCA batch recipe in Python equals the C++ one (host_adapter/workload/batch_recipe.cpp)
+"""cad.train.recipe: the DistCA batch recipe in Python equals the C++ one (tools/workload/batch_recipe.cpp)
 as the built `cad plan --dist ... --json --tasks` reports its piece tables, seed by seed; and its own rules
 (splitmix64, the balanced twin of a batch, the cache handing out copies)."""
 import json

@@ -1,6 +1,6 @@
 // cad_measure_rate_table's CPU half (bench/kernels/rate_grid.h): the batch each shape is timed on, the
 // number of shards, the q > kv cells, and the table it writes, read back with the balancers' own reader
-// (plugins/common/rate_table.h).
+// (planning/rate_table.h).
 #include "rate_grid.h"
 
 #include <gtest/gtest.h>

@@ -128,7 +128,7 @@ TEST(SimulateModel, AttentionSecondsPerShard) {
 }
 
 // A measured table with "backward_tiles": the simulator prices a shard's backward by its tile pairs
-// (plugins/common/tile_pairs.h), per query head, and its forward by the grid.
+// (planning/tile_pairs.h), per query head, and its forward by the grid.
 TEST(SimulateModel, AttentionSecondsBackwardByTilePairs) {
   const std::string path = ::testing::TempDir() + "pairs_rates.json";
   const std::string r = R"({"tflops": 100, "source": "t"})";

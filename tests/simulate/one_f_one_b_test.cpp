@@ -1,4 +1,4 @@
-// The pipeline trainer's 1F1B model (--schedule 1f1b_ticks; host_adapter/simulate/pipeline_model.h,
+// The pipeline trainer's 1F1B model (--schedule 1f1b_ticks; tools/simulate/pipeline_model.h,
 // one_f_one_b_simulation.h): the timetable as train_pipeline.py's one_f_one_b makes it, a mixed tick (one stage
 // forward, the other backward) priced by hand under tick pooling and locally, the clocks, --pool bubble (tick
 // pooling only where some stage is idle), and the driver with the real balancer plugins and its refusals.

@@ -1,4 +1,4 @@
-// The GPipe pipeline trainer's model (host_adapter/simulate/pipeline_model.h, pipeline_simulation.h): the
+// The GPipe pipeline trainer's model (tools/simulate/pipeline_model.h, pipeline_simulation.h): the
 // schedule's bookkeeping, one tick's price by hand, how the pools compose a tick, and the driver with the real
 // balancer plugins (stage pooling with one replica is colocated, tick pooling plans the union of the stages'
 // documents and lets idle stages serve) and its refusals.

@@ -1,4 +1,4 @@
-// The trainer model's overhead terms (host_adapter/simulate/trainer_model.h) on hand-checked cases: each
+// The trainer model's overhead terms (tools/simulate/trainer_model.h) on hand-checked cases: each
 // term adds what the calibration says, ping-pong hides at most what it can overlap, the step grows with
 // every overhead term, the calibration file's refusals, and --batch-seeds prices exactly the batches named.
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 TorchTitan integrations), one concern per module; import the module you need (nothing is imported here, so
 that `cad.train.recipe` does not pull in transformers):
 
-    recipe           the DistCA batch recipe and document packing (equal to host_adapter/workload's, tested)
+    recipe           the DistCA batch recipe and document packing (equal to tools/workload's, tested)
     flops            documents' attention pairs (causal, windowed), the layers' masks, the model FLOPs of a step
     nano             ping-pong's nano-batch split policy (whole documents, heavier half first)
     schedule         the pipeline's tick schedule (GPipe, 1F1B), beside cad.CallOrder

@@ -8,7 +8,7 @@ CAD or local, under torchrun (or as one process).
         --context 65536 --micro-batches 2 --checkpointing full --configs local,torch_varlen,prefix_aware,distca+pp
 
 Batches follow the DistCA recipe over ../shared/data/doclen_pretrain.json (the same generator as the C++
-host_adapter/workload/batch_recipe.cpp, so a seed gives the batch `cad demo` uses): documents cut at 64K (long
+tools/workload/batch_recipe.cpp, so a seed gives the batch `cad demo` uses): documents cut at 64K (long
 chunks twice), 90% of the rest kept, shuffled, scaled by context/64K, packed into one buffer of --context tokens
 per rank (a document cut by a buffer end continues as its own document on the next rank). Each rank's buffer is
 one packed sequence (position_ids restart per document).

@@ -1,5 +1,5 @@
 """The DistCA batch recipe and document packing, in Python: the same generator as the C++
-host_adapter/workload/batch_recipe.cpp (so a seed gives the batch `cad plan --dist` and `cad demo` use).
+tools/workload/batch_recipe.cpp (so a seed gives the batch `cad plan --dist` and `cad demo` use).
 
 Documents cut at 64K (long chunks twice), 90% of the rest kept, shuffled, scaled by context/64K, packed into
 per-rank buffers of `context` tokens (a document cut by a buffer end continues as its own piece on the next rank).

@@ -6,7 +6,7 @@ namespace cad::conformance {
 
 void run_communicator_conformance(const cad_plugin_v1_t*, const Options&, Report& report) {
   report.fail("communicator.runner", "this kit was built without the communicator runner "
-                                     "(host_adapter/conformance/communicator_conformance.cpp is missing)");
+                                     "(tools/conformance/communicator_conformance.cpp is missing)");
 }
 
 }  // namespace cad::conformance

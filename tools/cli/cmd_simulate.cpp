@@ -1,7 +1,7 @@
 // cmd_simulate.cpp -- `cad simulate`: predicted step time of CAD and its baselines for a model shape
 // and parallel layout at any number of GPUs, from measured parts (attention-kernel rate table, NCCL
 // all_to_all_v curve) and stated assumptions (GEMM rate, network), with the real balancer plugins'
-// plans on batches sampled with DistCA's recipe. The model is host_adapter/simulate/.
+// plans on batches sampled with DistCA's recipe. The model is tools/simulate/.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "cad_kernels.h"
+#include "pack.h"
 
 namespace cad::kernels {
 namespace {

@@ -1,4 +1,4 @@
-// attention_rates_table.cpp -- the measured rate table (plugins/common/rate_table.h) behind the
+// attention_rates_table.cpp -- the measured rate table (planning/rate_table.h) behind the
 // AttentionRates interface.
 #include <memory>
 

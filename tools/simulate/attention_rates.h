@@ -1,5 +1,5 @@
 // attention_rates.h -- the attention kernel's rate by shard shape, as the step model asks for it. An
-// interface, so that the measured table (plugins/common/rate_table.h, configs/calibration/<gpu>.json)
+// interface, so that the measured table (planning/rate_table.h, configs/calibration/<gpu>.json)
 // and the fixed rates of tests and what-if runs are interchangeable.
 #pragma once
 
