@@ -1,0 +1,59 @@
+"""`cad plan`'s long-document layout (host_adapter/workload/long_docs.h) is cad.pack_documents' rule: the same
+pieces for the same lengths, for given batches and for the recipe's sampled stream."""
+import json
+import os
+import subprocess
+
+import pytest
+
+import cad
+
+CAD = os.environ["CAD_EXE"]
+DATA = os.environ["CAD_TEST_DATA"]
+DIST = os.environ["CAD_TEST_DIST"]
+
+
+def cli_layout(*args):
+    done = subprocess.run([CAD, "plan", "--balancer", "colocated", "--json", "--tasks", *args],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rep = json.loads(done.stdout)
+    return rep["stream"], [[tuple(p) for p in rank] for rank in rep["pieces"]]
+
+
+def python_layout(lengths, tokens_per_rank, ranks, **kw):
+    return [list(layout.pieces) for layout in cad.pack_documents(lengths, tokens_per_rank, ranks, **kw)]
+
+
+@pytest.mark.parametrize("name,tokens_per_rank,ranks", [
+    ("one_million_scaled.json", 2048, 8), ("one_million_scaled.json", 1000, 16), ("mixed_spans.json", 2048, 8),
+    ("mixed_spans.json", 777, 5), ("mixed_spans.json", 32792, 1), ("mixed_spans.json", 1, 64)])
+def test_given_lengths(name, tokens_per_rank, ranks):
+    path = os.path.join(DATA, name)
+    with open(path) as f:
+        lengths = json.load(f)
+    stream, pieces = cli_layout("--lengths", path, "--tokens-per-rank", str(tokens_per_rank), "--ranks", str(ranks))
+    assert stream == lengths
+    assert pieces == python_layout(lengths, tokens_per_rank, ranks)
+
+
+@pytest.mark.parametrize("seed,max_doc_len,tokens_per_rank,ranks", [
+    (1, 16384, 2048, 8), (2, 65536, 4096, 16), (3, 8192, 8192, 4), (4, 1 << 20, 1 << 17, 8)])
+def test_sampled_stream(seed, max_doc_len, tokens_per_rank, ranks):
+    stream, pieces = cli_layout("--dist", DIST, "--max-doc-len", str(max_doc_len), "--tokens-per-rank",
+                                str(tokens_per_rank), "--ranks", str(ranks), "--seed", str(seed))
+    assert max(stream) <= max_doc_len
+    assert pieces == python_layout(stream, tokens_per_rank, ranks, max_doc_len=max_doc_len)
+
+
+def test_refusals_agree():
+    path = os.path.join(DATA, "mixed_spans.json")
+    with open(path) as f:
+        lengths = json.load(f)
+    done = subprocess.run([CAD, "plan", "--lengths", path, "--tokens-per-rank", "2048", "--ranks", "8",
+                           "--max-doc-len", "8000"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    with pytest.raises(cad.CadError) as err:
+        cad.pack_documents(lengths, 2048, 8, max_doc_len=8000)
+    message = str(err.value).split("cad.pack_documents: ")[1]
+    assert message in done.stderr, (message, done.stderr)
