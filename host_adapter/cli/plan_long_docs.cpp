@@ -264,7 +264,11 @@ int run_plan_long_docs(int argc, char** argv) {
                                                 static_cast<uint64_t>(seed), &stream);
     } else {
       pieces = cad::workload::pack_whole(lengths, tokens_per_rank, ranks, max_doc_len);
-      stream = lengths;
+      // The documents laid out (ids are indices in the list; the rest were dropped from the end).
+      int64_t laid = 0;
+      for (const auto& r : pieces)
+        for (const auto& p : r) laid = std::max<int64_t>(laid, p.doc_id + 1);
+      stream.assign(lengths.begin(), lengths.begin() + laid);
     }
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(file + ": " + e.what());

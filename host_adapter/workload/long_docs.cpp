@@ -20,7 +20,8 @@ RankPieces pack_whole(const std::vector<int64_t>& docs, int64_t tokens_per_rank,
   }
   const int64_t capacity = tokens_per_rank * ranks;
   int64_t total = 0;
-  for (size_t i = 0; i < docs.size() && total < capacity; ++i) {
+  // Each document is checked up to and including the first that finds the step full (as cad.pack_documents).
+  for (size_t i = 0; i < docs.size(); ++i) {
     if (docs[i] < 1) {
       throw LayoutError("document " + std::to_string(i) + " has length " + std::to_string(docs[i]) +
                         "; lengths must be positive");
@@ -29,6 +30,7 @@ RankPieces pack_whole(const std::vector<int64_t>& docs, int64_t tokens_per_rank,
       throw LayoutError("document " + std::to_string(i) + " has " + std::to_string(docs[i]) +
                         " tokens, above max_doc_len " + std::to_string(max_doc_len));
     }
+    if (total == capacity) break;
     total += std::min(docs[i], capacity - total);
   }
   if (total < capacity) {

@@ -26,9 +26,10 @@ class LayoutError : public std::invalid_argument {
 constexpr int64_t kMaxStepTokens = int64_t{1} << 50;
 
 // Lays `docs` (lengths in tokens, in order) over `ranks` buffers of tokens_per_rank tokens. Throws
-// LayoutError when a length is not positive, a document is longer than max_doc_len (0 = no limit; naming
-// the document), ranks x tokens_per_rank exceeds kMaxStepTokens, or the documents hold fewer tokens than
-// the ranks (every rank is filled, as cad.pack_documents requires).
+// LayoutError when a length is not positive or a document is longer than max_doc_len (0 = no limit; naming
+// the document; checked up to the first document that finds the step full, as cad.pack_documents does),
+// ranks x tokens_per_rank exceeds kMaxStepTokens, or the documents hold fewer tokens than the ranks (every
+// rank is filled, as cad.pack_documents requires).
 RankPieces pack_whole(const std::vector<int64_t>& docs, int64_t tokens_per_rank, int32_t ranks, int64_t max_doc_len = 0);
 
 // A sampled step: DistCA's recipe (batch_recipe.h) with the lengths scaled to max_doc_len (the recipe's

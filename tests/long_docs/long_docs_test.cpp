@@ -84,8 +84,12 @@ TEST(LongDocs, Refusals) {
   EXPECT_THROW(pack_whole({0, 40}, 8, 2), LayoutError);
   EXPECT_THROW(pack_whole({1 << 20}, 0, 2), LayoutError);
   EXPECT_THROW(pack_whole({1 << 20}, int64_t{1} << 40, 8192), LayoutError);  // more than 2^50 tokens
-  // Only the documents that are laid out are checked: a long one after the step is full is dropped.
-  EXPECT_NO_THROW(pack_whole({16, 1000}, 8, 2, 16));
+  // Documents are checked up to the first that finds the step full (cad.pack_documents' order); later ones
+  // are dropped unchecked.
+  EXPECT_THROW(pack_whole({16, 1000}, 8, 2, 16), LayoutError);
+  EXPECT_NO_THROW(pack_whole({16, 8, 1000}, 8, 2, 16));
+  EXPECT_THROW(pack_whole({16, 0}, 8, 2), LayoutError);  // the first document past the step is checked too
+  EXPECT_THROW(pack_whole({15, 0}, 8, 2), LayoutError);
 }
 
 TEST(LongDocs, RecipeScalesToTheLongestDocument) {

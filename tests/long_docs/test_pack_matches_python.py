@@ -33,7 +33,7 @@ def test_given_lengths(name, tokens_per_rank, ranks):
     with open(path) as f:
         lengths = json.load(f)
     stream, pieces = cli_layout("--lengths", path, "--tokens-per-rank", str(tokens_per_rank), "--ranks", str(ranks))
-    assert stream == lengths
+    assert stream == lengths[:len(stream)]  # the documents laid out; the rest dropped from the end
     assert pieces == python_layout(lengths, tokens_per_rank, ranks)
 
 
@@ -46,14 +46,25 @@ def test_sampled_stream(seed, max_doc_len, tokens_per_rank, ranks):
     assert pieces == python_layout(stream, tokens_per_rank, ranks, max_doc_len=max_doc_len)
 
 
-def test_refusals_agree():
-    path = os.path.join(DATA, "mixed_spans.json")
-    with open(path) as f:
-        lengths = json.load(f)
-    done = subprocess.run([CAD, "plan", "--lengths", path, "--tokens-per-rank", "2048", "--ranks", "8",
-                           "--max-doc-len", "8000"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1
-    with pytest.raises(cad.CadError) as err:
-        cad.pack_documents(lengths, 2048, 8, max_doc_len=8000)
-    message = str(err.value).split("cad.pack_documents: ")[1]
-    assert message in done.stderr, (message, done.stderr)
+@pytest.mark.parametrize("lengths,tokens_per_rank,ranks,max_doc_len", [
+    ([1500, 5000, 300, 9000, 700], 2048, 8, 8000),  # a document above max_doc_len
+    ([16, 1000], 8, 2, 16),                          # the first document past a full step is checked too
+    ([16, 8, 1000], 8, 2, 16),                       # later ones are dropped unchecked
+    ([10, 10], 16, 2, None)])                        # too few tokens to fill the ranks
+def test_refusals_agree(tmp_path, lengths, tokens_per_rank, ranks, max_doc_len):
+    path = tmp_path / "lengths.json"
+    path.write_text(json.dumps(lengths))
+    args = [CAD, "plan", "--balancer", "colocated", "--json", "--tasks", "--lengths", str(path), "--tokens-per-rank",
+            str(tokens_per_rank), "--ranks", str(ranks)]
+    if max_doc_len is not None:
+        args += ["--max-doc-len", str(max_doc_len)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    try:
+        expected = python_layout(lengths, tokens_per_rank, ranks, max_doc_len=max_doc_len)
+    except cad.CadError as err:
+        assert done.returncode == 1, done.stdout
+        message = str(err).split("cad.pack_documents: ")[1]
+        assert message in done.stderr, (message, done.stderr)
+        return
+    assert done.returncode == 0, done.stderr
+    assert [[tuple(p) for p in rank] for rank in json.loads(done.stdout)["pieces"]] == expected
