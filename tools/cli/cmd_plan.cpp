@@ -23,6 +23,7 @@
 #include "doc_lengths.h"
 #include "plan_limits.h"
 #include "plan_model.h"
+#include "plan_long_docs.h"
 #include "plan_time.h"
 #include "rate_table.h"
 
@@ -36,7 +37,8 @@ const char* kUsage =
     "                [--balancer NAME|all] [--tolerance T] [--config JSON] [--heads H] [--kv-heads H]\n"
     "                [--head-dim D] [--bytes-per-element B] [--min-shard N] [--memory-cap BYTES]\n"
     "                [--noncausal] [--window LEFT] [--repeat N] [--per-server] [--json] [--plot OUT.png]\n"
-    "                [--path DIRS] [--rate-table FILE [--balance-time]] [--tasks]\n\n"
+    "                [--path DIRS] [--rate-table FILE [--balance-time]] [--tasks]\n"
+    "       cad plan ... --max-doc-len N --tokens-per-rank T   (documents longer than a rank: see below)\n\n"
     "Runs balancer plugins on one step's piece tables and prints, per balancer, the attention cost per\n"
     "server before (colocated) and after, max/mean imbalance, forward bytes moved and the plan time.\n\n"
     "  --dist FILE       document lengths (JSON list or CSV) to sample from with DistCA's recipe: cut at\n"
@@ -224,6 +226,7 @@ nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& 
 }
 
 int run_plan(int argc, char** argv) {
+  if (cad::cli::wants_long_docs(argc, argv)) return cad::cli::run_plan_long_docs(argc, argv);
   const cad::cli::Args args(argc, argv,
                             {"--dist", "--lengths", "--context", "--ranks", "--seed", "--balancer", "--tolerance",
                              "--config", "--heads", "--kv-heads", "--head-dim", "--bytes-per-element", "--min-shard",
@@ -231,6 +234,7 @@ int run_plan(int argc, char** argv) {
                             {"--noncausal", "--json", "--per-server", "--balance-time", "--tasks"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
+    std::fputs(cad::cli::long_docs_usage(), stdout);
     return 0;
   }
   if (!args.positional().empty()) throw UsageError("unexpected argument '" + args.positional()[0] + "'");

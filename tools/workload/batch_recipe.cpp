@@ -80,9 +80,17 @@ RankPieces pack(const std::vector<int64_t>& docs, int64_t context, int32_t ranks
 }
 
 RankPieces sample_batch(const std::vector<int64_t>& lengths, int64_t context, int32_t ranks, uint64_t seed) {
+  return sample_batch_scaled(lengths, context, context, ranks, seed);
+}
+
+RankPieces sample_batch_scaled(const std::vector<int64_t>& lengths, int64_t max_doc_len, int64_t context,
+                               int32_t ranks, uint64_t seed, std::vector<int64_t>* stream) {
   if (lengths.empty()) throw std::invalid_argument("sample_batch: no document lengths");
   if (context < 1 || context > (int64_t{1} << 40) || ranks < 1) {
     throw std::invalid_argument("sample_batch: context must be in [1, 2^40] tokens and ranks >= 1");
+  }
+  if (max_doc_len < 1 || max_doc_len > (int64_t{1} << 40)) {
+    throw std::invalid_argument("sample_batch: max_doc_len must be in [1, 2^40] tokens");
   }
   // Each pass lists at most 2 documents per full 64K chunk plus one remainder per length; refuse,
   // before allocating, a stream longer than kMaxRecipeDocuments (lengths are > 0).
@@ -94,8 +102,8 @@ RankPieces sample_batch(const std::vector<int64_t>& lengths, int64_t context, in
                                   std::to_string(kMaxRecipeDocuments) + " documents; use shorter documents");
     }
   }
-  std::vector<int64_t> docs = recipe_documents(lengths, context, seed);
-  // Saturated: a scaled length is at most `context` <= 2^40, so the sum stays below 2^62 + 2^40.
+  std::vector<int64_t> docs = recipe_documents(lengths, max_doc_len, seed);
+  // Saturated: a scaled length is at most max_doc_len <= 2^40, so the sum stays below 2^62 + 2^40.
   int64_t total = 0;
   for (int64_t d : docs) total = std::min<int64_t>(total + d, int64_t{1} << 62);
   for (uint64_t pass = 1; total < context * ranks && pass < 1024; ++pass) {
@@ -104,12 +112,20 @@ RankPieces sample_batch(const std::vector<int64_t>& lengths, int64_t context, in
                                   std::to_string(context) + " tokens needs more than " +
                                   std::to_string(kMaxRecipeDocuments) + " recipe documents");
     }
-    for (int64_t d : recipe_documents(lengths, context, seed + pass)) {
+    for (int64_t d : recipe_documents(lengths, max_doc_len, seed + pass)) {
       docs.push_back(d);
       total = std::min<int64_t>(total + d, int64_t{1} << 62);
     }
   }
-  return pack(docs, context, ranks);
+  RankPieces out = pack(docs, context, ranks);
+  if (stream != nullptr) {
+    // The documents pack() laid: up to the last one any rank holds (documents are laid in order).
+    int64_t last = -1;
+    for (const auto& r : out)
+      for (const auto& p : r) last = std::max<int64_t>(last, p.doc_id);
+    stream->assign(docs.begin(), docs.begin() + (last + 1));
+  }
+  return out;
 }
 
 std::vector<int64_t> causal_cost_per_rank(const RankPieces& ranks) {

@@ -37,6 +37,14 @@ RankPieces pack(const std::vector<int64_t>& docs, int64_t context, int32_t ranks
 // 3e10 chunks of 64K), or context is outside [1, 2^40].
 RankPieces sample_batch(const std::vector<int64_t>& lengths, int64_t context, int32_t ranks, uint64_t seed);
 
+// The same recipe with the longest document apart from the tokens per rank (long_docs.h): lengths scale by
+// max_doc_len / 65536 in step 2 and pack into `ranks` buffers of tokens_per_rank in step 3, so a document
+// longer than a rank lies on consecutive ranks as pieces of one document. `stream`, when given, receives
+// the documents handed to pack() (the last one before truncation). sample_batch(l, c, r, s) is
+// sample_batch_scaled(l, c, c, r, s).
+RankPieces sample_batch_scaled(const std::vector<int64_t>& lengths, int64_t max_doc_len, int64_t tokens_per_rank,
+                               int32_t ranks, uint64_t seed, std::vector<int64_t>* stream = nullptr);
+
 // Per-rank causal score entries (sum over pieces of q*kv - q*(q-1)/2), for checking the recipe.
 std::vector<int64_t> causal_cost_per_rank(const RankPieces& ranks);
 
