@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import cad
+import cad.hf
 from reference import random_batch, sdpa_varlen
 
 
@@ -208,3 +209,22 @@ def test_a_copy_of_the_plans_cu_seqlens_is_read_back_once(monkeypatch):
     with pytest.raises(cad.CadError, match="pieces differ from those plan #"):
         cad.varlen_attn(q, k, v, copy, plan=plan)
     assert len(reads) == 2
+
+
+@pytest.mark.parametrize("refill", sorted(REFILLS))
+def test_hf_documents_refilled_behind_the_version_counter_are_derived_again(refill):
+    # cad.hf derives a micro-batch's documents once per position_ids tensor; refilled without the version counter
+    # moving, the old documents were served (the attention then ran over the wrong documents, without a word).
+    import types
+    q, k, v, _ = random_batch([5, 9], 2, 1, 8, seed=6)
+    module = types.SimpleNamespace(is_causal=True)
+    positions = torch.cat([torch.arange(5), torch.arange(9)]).unsqueeze(0)
+
+    def attend():
+        out, _ = cad.hf.cad_local_attention(module, *(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)), None,
+                                            position_ids=positions)
+        return out.reshape(q.shape)
+
+    torch.testing.assert_close(attend(), sdpa_varlen(q, k, v, torch.tensor([0, 5, 14]), True), atol=2e-5, rtol=1e-5)
+    REFILLS[refill](positions, torch.cat([torch.arange(11), torch.arange(3)]).unsqueeze(0))
+    torch.testing.assert_close(attend(), sdpa_varlen(q, k, v, torch.tensor([0, 11, 14]), True), atol=2e-5, rtol=1e-5)

@@ -70,14 +70,23 @@ def shutdown():
     _context.default().configure()
 
 
-def plan(cu_seqlens, **kwargs):
-    """The default context's plan (Context.plan: the arguments and what a plan fixes are described there)."""
-    return _context.default().plan(cu_seqlens, **kwargs)
+def plan(cu_seqlens, *, causal=True, window_size=(-1, -1), num_heads=None, num_kv_heads=None, head_dim=None,
+         dtype=None, device=None, ahead=False, tag=None, lane=0):
+    return _context.default().plan(cu_seqlens, causal=causal, window_size=window_size, num_heads=num_heads,
+                                   num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device,
+                                   ahead=ahead, tag=tag, lane=lane)
 
 
-def plan_pieces(pieces, **kwargs):
-    """The default context's plan from pieces (Context.plan_pieces)."""
-    return _context.default().plan_pieces(pieces, **kwargs)
+def plan_pieces(pieces, *, causal=True, window_size=(-1, -1), num_heads=None, num_kv_heads=None, head_dim=None,
+                dtype=None, device=None, ahead=False, tag=None, lane=0):
+    return _context.default().plan_pieces(pieces, causal=causal, window_size=window_size, num_heads=num_heads,
+                                          num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device,
+                                          ahead=ahead, tag=tag, lane=lane)
+
+
+# The facade's plans are the default context's: the same words as Context.plan / Context.plan_pieces.
+plan.__doc__ = "The default context's plan (cad.context().plan). " + _context.Context.plan.__doc__
+plan_pieces.__doc__ = "The default context's plan from pieces. " + _context.Context.plan_pieces.__doc__
 
 
 def stack_config(device, settings=None):

@@ -23,7 +23,7 @@ _read_back = WeakIdKeyDictionary()
 
 def fingerprint(cu_seqlens):
     """The tensor's values as bytes where they can be read without a device synchronisation (None elsewhere)."""
-    if cu_seqlens.device.type != "cpu":
+    if cu_seqlens.device.type != "cpu" or torch.compiler.is_compiling():  # (while tracing: no values to read)
         return None
     return cu_seqlens.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
 
