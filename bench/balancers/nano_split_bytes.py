@@ -2,10 +2,10 @@
 """What ping-pong's nano-batch split costs in bytes: the forward bytes of prefix_aware's plans for the unsplit
 micro-batches against the plans of their two nano-batches (a benchmark of the planner, no GPU).
 
-The batches are the trainer's (examples/train_llama.py, --seed 1: micro-batch m of step s sampled with seed
-1 + 1000 s + m). Each plan comes from the `cad plan` CLI on one batch (--lengths: documents packed in order into
-the ranks' buffers); a rank whose nano-batch is shorter than the longest is padded with one-token documents, whose
-attention costs nothing and which no balancer moves. Splits compared, per rank:
+The batches are the trainer's (cad.train.recipe; examples/train_llama.py --seed 1: micro-batch m of step s sampled
+with seed 1 + 1000 s + m). Each plan comes from the `cad plan` CLI on one batch (--lengths: documents packed in
+order into the ranks' buffers); a rank whose nano-batch is shorter than the longest is padded with one-token
+documents, whose attention costs nothing and which no balancer moves. Splits compared, per rank:
   halves          at the document boundary nearest half the tokens, in buffer order (the trainer before cca4780);
   heavier_first   the trainer's --ping-pong (nano_batches): the same halves, each rank's heavier (causal attention
                   work) as nano-batch 0;
@@ -24,8 +24,8 @@ import sys
 import tempfile
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "examples"))
-import train_llama  # noqa: E402  (the trainer's batches and split)
+sys.path.insert(0, str(REPO / "host_adapter" / "python"))
+from cad.train import flops, nano, recipe  # noqa: E402  (the trainer's batches and split)
 
 
 def plan_mib(cad, plugins, docs_by_rank, balancer):
@@ -44,12 +44,12 @@ def plan_mib(cad, plugins, docs_by_rank, balancer):
 
 
 def halves(docs):
-    k = train_llama.split_point(docs)
+    k = nano.split_point(docs)
     return [docs[:k], docs[k:]]
 
 
 def heavier_first(docs):
-    return train_llama.nano_batches([docs], True)[0]
+    return nano.nano_batches([docs], True)[0]
 
 
 def window_candidates(docs, lo=0.3, hi=0.7):
@@ -81,7 +81,7 @@ def main():
         totals["window"] = 0.0
     for step in range(args.steps):
         for mb in range(args.micro_batches):
-            docs = [d for d in train_llama.sample_batch(lengths, args.context, args.ranks, 1 + 1000 * step + mb)]
+            docs = [d for d in recipe.sample_batch(lengths, args.context, args.ranks, 1 + 1000 * step + mb)]
             if any(len(d) < 2 for d in docs):
                 continue  # a rank with one document cannot be split (the trainer runs it unsplit)
             totals["unsplit"] += plan_mib(args.cad, args.plugins, docs, args.balancer)
@@ -91,7 +91,7 @@ def main():
                                     for k in range(2))
             if args.ranks == 2:
                 best = min(itertools.product(*[window_candidates(d) for d in docs]),
-                           key=lambda c: sum(max(train_llama.causal_cost(x[k]) for x in c) for k in range(2)))
+                           key=lambda c: sum(max(flops.causal_cost(x[k]) for x in c) for k in range(2)))
                 totals["window"] += sum(plan_mib(args.cad, args.plugins, [x[k] for x in best], args.balancer)
                                         for k in range(2))
             print(f"step {step} micro-batch {mb}: " + ", ".join(f"{k} {v:.0f}" for k, v in totals.items()),

@@ -3,7 +3,7 @@
 local: no plan, no CAD group) and of torch.nn.attention.varlen.varlen_attn, causal windows (left, 0) and plain
 causal attention for reference, at Llama-8B's attention shape (32 query heads, 8 KV heads, D 128, bf16).
 
-Batches: one buffer of the Pretrain recipe (examples/train_llama.py's sample_batch over doclen_pretrain.json, the
+Batches: one buffer of the Pretrain recipe (cad.train.recipe.sample_batch over doclen_pretrain.json, the
 trainer's first micro-batch for --seed) at each of --contexts tokens, and dense single documents of --dense
 tokens. Windows: --windows (left limits; "none" = plain causal is always added).
 
@@ -16,7 +16,7 @@ Implementations (--impls):
                 reference for the windowed times.
   torch         torch.nn.attention.varlen.varlen_attn(..., window_size=(left, 0)) where this torch takes
                 window_size (else 'n/a' with the reason); K/V expanded to 32 heads outside the timing where it
-                does not take GQA (as examples/train_llama.py's torch_varlen does).
+                does not take GQA (as cad.train.attention's torch_varlen does).
 
 FLOPs: a causal query at position p of its document with window left sees min(p + 1, left + 1) keys; forward
 4 * D * Hq per (query, key) pair, backward 2.5x forward (the convention of cudnn_bench.py). Timing: CUDA events,
@@ -40,7 +40,6 @@ usage: window_bench.py [--out results.json] [--build build-gpu] [--windows 4096,
                        [--budget-s 360] [--no-check] [--dry-run] [--tiny] [--device cuda|cpu]
 """
 import argparse
-import importlib.util
 import inspect
 import json
 import os
@@ -83,11 +82,9 @@ def flops(lengths, left, hq, d):
 
 
 def load_recipe():
-    """examples/train_llama.py's sample_batch (the DistCA recipe, as the trainer and `cad demo` sample it)."""
-    spec = importlib.util.spec_from_file_location("train_llama_recipe", REPO / "examples" / "train_llama.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.sample_batch
+    """cad.train.recipe's sample_batch (the DistCA recipe, as the trainers and `cad demo` sample it)."""
+    from cad.train.recipe import sample_batch
+    return sample_batch
 
 
 def data_path(given):

@@ -1,7 +1,7 @@
 // trainer_calibration.h -- the overhead terms of a real training step that the kernel-level model
 // (step_model.h) leaves out, each fitted to measured trainer runs (examples/train_llama.py: FSDP2, full
 // activation checkpointing, gradient accumulation; docs/multi_gpu.md). One JSON file per trainer and GPU
-// kind (docs/simulate/trainer_h200.json, written by docs/simulate/trainer_check.py --fit); every value
+// kind (docs/simulate/trainer_h200.json, written by bench/simulate/trainer_check.py --fit); every value
 // names the runs it was fitted to in the file's "source" keys.
 //
 // Schema (every key required, numbers >= 0 unless said otherwise):

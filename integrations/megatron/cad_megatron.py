@@ -28,15 +28,24 @@ Plans belong to the micro-batch, as the PackedSeqParams do:
 Either way every forward keeps its plan alive until its backward (cad's rule).
 
 Batches without packed_seq_params ([s, b] sequences, each one document) run CAD's local attention: equal-length
-rows cost every rank the same, so there is nothing to balance. The `attention_mask` argument is ignored for
-causal/no-mask layers (as Transformer Engine's attention ignores it for those mask types); padding or arbitrary
-masks, attention bias, attention dropout, softmax offsets (off-by-one/learnable) and padded THD
-(cu_seqlens_q_padded unlike cu_seqlens_q) are refused at construction or call, naming what. Sliding windows
-(config.window_size, window_attn_skip_freq) run through plans made for the window (one per window kind).
+rows cost every rank the same, so there is nothing to balance. Every Megatron-Core mask type is honoured exactly or
+refused naming it (cad_megatron_checks): causal, causal_bottom_right (the same in self-attention), padding_causal,
+no_mask and padding are computed; arbitrary is refused. An attention_mask is read, never ignored: with causal or
+no_mask it must be that type's own mask; with padding or padding_causal a padding mask ([s, b] input), whose
+padding tokens are left out of their row's document (as Transformer Engine unpads; a padding token's output is
+zero); with packed_seq_params (THD) none (the documents are cu_seqlens). Anything else -- per-document or per-head
+masks, attention bias, attention dropout, softmax offsets (off-by-one/learnable), padded THD without context
+parallelism (cu_seqlens_q_padded unlike cu_seqlens_q), float or look-ahead windows -- is refused at construction
+or call, naming what. Sliding windows (config.window_size, window_attn_skip_freq) run through plans made for the
+window (one per window kind).
 
-Parallelism: CAD spans the data-parallel group (`init_cad`), with tensor, pipeline and context parallel sizes of 1
-(with TP > 1 each TP rank's DP group would need a CAD stack of its own; not done). CAD replaces context parallelism
-for long documents.
+Parallelism: CAD spans the data x context group (`init_cad`: the ranks that hold distinct tokens), with tensor and
+pipeline parallel sizes of 1 (with TP > 1 each TP rank's group would need a CAD stack of its own; not done):
+init_cad and the layer itself (its TransformerConfig and pg_collection) refuse other sizes. With
+context_parallel_size > 1 CAD is the context parallelism (cad_megatron_cp): the layer maps its THD tokens --
+Megatron's own padded head/tail layout (cu_seqlens_q_padded), or CAD's unpadded layout from
+cad_megatron_cp.pack_for_context_parallel -- to pieces of whole documents and attends each document whole across
+the ranks holding it, balanced over data x context; padding tokens are never read (outputs and gradients zero).
 
 `PerDocumentDotProductAttention` is Megatron-Core's own local attention (`DotProductAttention`, which refuses
 packed input) run once per document of a THD batch: the reference the tests and train_gpt_cad.py compare CAD
@@ -55,8 +64,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 import cad
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
-from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
+
+import cad_megatron_checks as checks
+import cad_megatron_cp as cp
 
 __all__ = ["CadCoreAttention", "CadPackedSeqParams", "PerDocumentDotProductAttention", "attach_plan",
            "cad_gpt_layer_spec", "init_cad", "megatron_cpu_support", "packed_seq_params", "plan_shape", "plans_of",
@@ -65,20 +76,16 @@ __all__ = ["CadCoreAttention", "CadPackedSeqParams", "PerDocumentDotProductAtten
 
 @dataclasses.dataclass
 class CadPackedSeqParams(PackedSeqParams):
-    """Megatron-Core's PackedSeqParams plus the micro-batch's cad.Plan (made by attach_plan)."""
+    """Megatron-Core's PackedSeqParams plus the micro-batch's cad.Plan (made by attach_plan) and, under context
+    parallelism, its tokens as pieces of documents (cad_megatron_cp.CpLayout: CAD's layout, or Megatron's mapped by
+    attach_plan)."""
     cad_plan: Optional[Any] = None
-
-
-_CAUSAL = (AttnMaskType.causal, AttnMaskType.padding_causal)
-_FULL = (AttnMaskType.no_mask, AttnMaskType.padding)
+    cad_cp: Optional[Any] = None
 
 
 def _window_of(config, layer_number):
-    """The layer's sliding window as (left, right) (PyTorch's and Megatron's meaning), or None."""
-    from megatron.core.transformer.utils import is_layer_window_attention
-    if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number):
-        return tuple(int(x) for x in config.window_size)
-    return None
+    """The layer's sliding window as (left, 0) (PyTorch's and Megatron's meaning), or None (checked)."""
+    return checks.config_window(config, max(1, layer_number), f"CadCoreAttention (layer {max(1, layer_number)})")
 
 
 def _compute_dtype(config, compute_dtype=None):
@@ -96,91 +103,111 @@ class CadCoreAttention(MegatronModule):
     Megatron-Core's DotProductAttention / TEDotProductAttention; extra keywords (bind them with
     functools.partial, as cad_gpt_layer_spec does): `balance` (False: never plan, CAD's local attention on the
     same kernels -- the unbalanced baseline) and `compute_dtype` (None: the inputs' dtype; CAD's CUDA kernels
-    take bf16)."""
+    take bf16). Mask types and attention masks: cad_megatron_checks (each honoured exactly or refused)."""
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type="self", attention_dropout=None,
                  softmax_scale=None, cp_comm_type=None, pg_collection=None, *, balance=True, compute_dtype=None):
         super().__init__(config=config)
         self.layer_number = max(1, layer_number)
-        self.attn_mask_type = attn_mask_type
         self.attention_type = attention_type
         self.balance = bool(balance)
         self.compute_dtype = compute_dtype
-        what = f"CadCoreAttention (layer {self.layer_number})"
+        what = self._what = f"CadCoreAttention (layer {self.layer_number})"
         if attention_type != "self":
             raise ValueError(f"{what}: attention_type '{attention_type}': CAD computes self-attention over packed "
                              f"documents only")
-        dropout = config.attention_dropout if attention_dropout is None else attention_dropout
-        if dropout:
-            raise ValueError(f"{what}: attention dropout {dropout} is not supported by CAD; set "
-                             f"TransformerConfig(attention_dropout=0.0)")
-        if getattr(config, "softmax_type", "vanilla") != "vanilla":
-            raise ValueError(f"{what}: softmax_type '{config.softmax_type}' is not supported (vanilla only)")
-        if config.context_parallel_size != 1:
-            raise ValueError(f"{what}: context_parallel_size {config.context_parallel_size}: CAD replaces context "
-                             f"parallelism (balanced over the data-parallel group); use context_parallel_size=1")
-        if attn_mask_type not in _CAUSAL + _FULL:
-            raise ValueError(f"{what}: attn_mask_type {attn_mask_type} is not supported (causal or no_mask)")
-        tp = 1 if pg_collection is None or not hasattr(pg_collection, "tp") else pg_collection.tp.size()
-        if config.num_attention_heads % tp or config.num_query_groups % tp:
-            raise ValueError(f"{what}: {config.num_attention_heads} heads / {config.num_query_groups} query groups "
-                             f"do not divide over {tp} tensor-parallel ranks")
-        self.num_heads = config.num_attention_heads // tp
-        self.num_kv_heads = config.num_query_groups // tp
-        self.head_dim = config.kv_channels
+        softmax_scale = checks.check_attention_options(config, attention_dropout, softmax_scale, what)
+        if not self.balance and getattr(config, "context_parallel_size", 1) != 1:
+            raise ValueError(f"{what}: balance=False with TransformerConfig.context_parallel_size "
+                             f"{config.context_parallel_size}: CAD's local attention cannot attend a document across "
+                             f"the context-parallel ranks (balance=True plans it)")
+        self.cp_size = checks.check_parallel(config, pg_collection, what)
+        self.attn_mask_type = checks.mask_type(attn_mask_type, what)
+        self.num_heads, self.num_kv_heads, self.head_dim = checks.check_heads(config, what)
         # Megatron's DotProductAttention divides the scale by layer_number under apply_query_key_layer_scaling and
         # multiplies it back inside its fp32 softmax: the same probabilities. CAD computes in fp32 throughout.
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
         self.window = _window_of(config, layer_number)
+        self._causal(None)  # a window on a layer whose mask type is not causal: refused here, not at the first call
 
     def _causal(self, attn_mask_type):
-        kind = self.attn_mask_type if attn_mask_type is None else attn_mask_type
-        if kind in _CAUSAL:
-            return True
-        if kind in _FULL:
-            if self.window is not None:
-                raise ValueError(f"CadCoreAttention (layer {self.layer_number}): a sliding window with "
-                                 f"attn_mask_type {kind} (CAD computes causal windows only)")
-            return False
-        raise ValueError(f"CadCoreAttention (layer {self.layer_number}): attn_mask_type {kind} is not supported")
+        kind = checks.mask_type(self.attn_mask_type if attn_mask_type is None else attn_mask_type, self._what)
+        if kind in checks.CAUSAL:
+            return kind, True
+        if self.window is not None:
+            raise ValueError(f"{self._what}: a sliding window (TransformerConfig.window_size) with attn_mask_type "
+                             f"{kind.name} (CAD computes causal windows only)")
+        return kind, False
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):
         if kwargs:
             raise TypeError(f"CadCoreAttention.forward: unexpected keywords {sorted(kwargs)}")
+        what = self._what
         if attention_bias is not None:
-            raise ValueError("CadCoreAttention: attention_bias is not supported")
-        causal = self._causal(attn_mask_type)
+            raise ValueError(f"{what}: attention_bias is not supported")
+        kind, causal = self._causal(attn_mask_type)
         window = self.window if self.window is not None else ((-1, 0) if causal else (-1, -1))
-        plan = None
-        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
-            if query.dim() == 4:  # [t, 1, h, d]: the batch dimension Megatron squeezes for THD
-                query, key, value = (t.squeeze(1) for t in (query, key, value))
-            cu = packed_seq_params.cu_seqlens_q
+        shape = (self.num_heads, self.num_kv_heads, self.head_dim, what)
+        if packed_seq_params is not None:
+            if packed_seq_params.qkv_format != "thd":
+                raise ValueError(f"{what}: packed_seq_params.qkv_format '{packed_seq_params.qkv_format}' (only 'thd' "
+                                 f"packs documents)")
+            if attention_mask is not None:
+                raise ValueError(f"{what}: an attention_mask with packed_seq_params (THD): the documents are "
+                                 f"packed_seq_params.cu_seqlens_q, attn_mask_type {kind.name} their mask; pass "
+                                 f"attention_mask=None")
+            q, k, v = checks.thd_inputs(query, key, value, *shape)
+            tokens = q.shape[0]
+            layout = cp.layout_of(packed_seq_params, self.cp_size, tokens, what)
+            if layout is not None:  # documents across ranks (context parallelism): attended whole through pieces
+                if not self.balance:
+                    raise ValueError(f"{what}: balance=False with packed_seq_params.cad_cp (pieces of documents cut "
+                                     f"across ranks): CAD's local attention cannot attend them whole")
+                return self._attend_layout(q, k, v, layout, packed_seq_params, causal, window).reshape(tokens, -1)
             _check_packed(packed_seq_params)
-            tokens = query.shape[0]
-            q, k, v = query, key, value
+            cu, plan = packed_seq_params.cu_seqlens_q, None
             if self.balance:
                 plan = _plan_for(packed_seq_params, causal, window, tokens)
                 if plan is not None and plan.cu_seqlens is not None:
                     cu = plan.cu_seqlens  # the plan's own tensor (host copy): no GPU read-back per layer
-            out_shape = (tokens, -1)
-        else:
-            if packed_seq_params is not None:
-                raise ValueError(f"CadCoreAttention: packed_seq_params.qkv_format '{packed_seq_params.qkv_format}' "
-                                 f"(only 'thd' packs documents)")
-            s, b = query.shape[0], query.shape[1]
-            q, k, v = (t.transpose(0, 1).reshape(b * s, t.shape[2], t.shape[3]) for t in (query, key, value))
-            cu = _rows_cu_seqlens(b, s)
-            out_shape = None
+            return self._attend(q, k, v, cu, plan, causal, window).reshape(tokens, -1)
+        if self.cp_size > 1:
+            raise ValueError(f"{what}: context_parallel_size {self.cp_size} without packed_seq_params: CAD's context "
+                             f"parallelism takes packed documents (PackedSeqParams with qkv_format 'thd', Megatron's "
+                             f"THD layout or cad_megatron_cp.pack_for_context_parallel's)")
+        s, b = checks.sbhd_inputs(query, key, value, *shape)
+        kept = checks.kept_tokens(attention_mask, kind, s, b, what)
+        q, k, v = (t.transpose(0, 1).reshape(b * s, t.shape[2], t.shape[3]) for t in (query, key, value))
+        if kept is None:  # every row one document of s tokens
+            out = self._attend(q, k, v, _rows_cu_seqlens(b, s), None, causal, window)
+        else:  # padding: each row's real tokens one document; a padding token's output is zero
+            if self.window is not None:
+                raise ValueError(f"{what}: a padding attention_mask on a sliding-window layer (Megatron-Core's "
+                                 f"window mask leaves the padding out; CAD refuses rather than choose)")
+            index = kept.reshape(-1).nonzero().squeeze(1)
+            counts = kept.sum(1, dtype=torch.int32).cpu()
+            cu = torch.cat([torch.zeros(1, dtype=torch.int32), counts.cumsum(0, dtype=torch.int32)])
+            real = self._attend(*(t.index_select(0, index) for t in (q, k, v)), cu, None, causal, window)
+            out = real.new_zeros(b * s, *real.shape[1:]).index_copy(0, index, real)
+        return out.view(b, s, -1).transpose(0, 1).contiguous()  # [s, b, np * hn]
+
+    def _attend_layout(self, q, k, v, layout, p, causal, window):
+        """Attention over the real tokens of `layout` (pieces of whole documents); padding tokens' outputs zero."""
+        plan = cp.plan_for_layout(layout, getattr(p, "cad_plan", None), causal, _window_left(window, causal), window,
+                                  q.device)
+        if layout.real is None:
+            return self._attend(q, k, v, None, plan, causal, window)
+        real = layout.real_on(q.device)
+        out = self._attend(*(t.index_select(0, real) for t in (q, k, v)), None, plan, causal, window)
+        return out.new_zeros(layout.tokens, *out.shape[1:]).index_copy(0, real, out)
+
+    def _attend(self, q, k, v, cu, plan, causal, window):
         dtype = q.dtype
         if self.compute_dtype is not None:
             q, k, v = (t.to(self.compute_dtype) for t in (q, k, v))
-        out = cad.varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, plan=plan, causal=causal,
-                              window_size=window, softmax_scale=self.softmax_scale).to(dtype)
-        if out_shape is not None:
-            return out.reshape(out_shape)
-        return out.view(b, s, -1).transpose(0, 1).contiguous()  # [s, b, np * hn]
+        return cad.varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, plan=plan, causal=causal,
+                               window_size=window, softmax_scale=self.softmax_scale).to(dtype)
 
 
 @functools.lru_cache(maxsize=64)
@@ -225,6 +252,9 @@ def _plan_for(p, causal, window, tokens):
 def plans_of(packed_seq_params):
     """The cad.Plans a micro-batch's layers used so far: the attached one, then those its first layers made."""
     plans = [packed_seq_params.cad_plan] if getattr(packed_seq_params, "cad_plan", None) is not None else []
+    layout = getattr(packed_seq_params, "cad_cp", None)
+    if layout is not None:  # context parallelism: the plans its first layers made from the pieces
+        return plans + list(layout.plans.values())
     entry = _lazy_plans.get(packed_seq_params.cu_seqlens_q)
     return plans + (list(entry[1].values()) if entry is not None else [])
 
@@ -235,31 +265,50 @@ def _window_left(window, causal):
 
 def plan_shape(config, compute_dtype=None, tensor_parallel_size=1):
     """(num_heads, num_kv_heads, head_dim, dtype) of CadCoreAttention's calls for `config` (what cad.plan's ahead
-    planning needs)."""
-    return (config.num_attention_heads // tensor_parallel_size, config.num_query_groups // tensor_parallel_size,
-            config.kv_channels, _compute_dtype(config, compute_dtype))
+    planning needs), read through the layer's own checks. tensor_parallel_size: 1 (CadCoreAttention refuses
+    tensor parallelism)."""
+    checks.refuse_parallel({"plan_shape(tensor_parallel_size=)": tensor_parallel_size}, "plan_shape")
+    heads, kv_heads, head_dim = checks.check_heads(config, "plan_shape")
+    return heads, kv_heads, head_dim, _compute_dtype(config, compute_dtype)
 
 
 def attach_plan(packed_seq_params, config, *, cu_seqlens_host=None, ahead=True, tag=None, device=None,
-                compute_dtype=None, causal=True, window_size=None):
+                compute_dtype=None, causal=True, window_size=None, cu_seqlens_padded_host=None):
     """packed_seq_params (a micro-batch's, qkv_format 'thd') as CadPackedSeqParams carrying cad.plan for its
     documents: on every rank, once per micro-batch, in the same order. cu_seqlens_host: a CPU copy of
     cu_seqlens_q (else it is read back from the device once). ahead=True makes the plan on CAD's planning thread
     (tag: the micro-batch's number, compared across ranks). window_size: the window of the layers this plan serves
-    (default: config.window_size when every layer is windowed, else none)."""
+    (default: config.window_size when every layer is windowed, else none).
+
+    Under context parallelism (config.context_parallel_size > 1, or packed_seq_params from
+    cad_megatron_cp.pack_for_context_parallel) the plan is made from the micro-batch's pieces over the data x
+    context group, and the returned params carry them (cad_cp): cu_seqlens_padded_host is a CPU copy of
+    cu_seqlens_q_padded where Megatron's layout pads (else it is read back once)."""
     if packed_seq_params.qkv_format != "thd":
         raise ValueError(f"attach_plan: qkv_format '{packed_seq_params.qkv_format}' (packed documents are 'thd')")
-    _check_packed(packed_seq_params)
+    cp_size = checks.check_parallel(config, None, "attach_plan")
+    layout = cp.layout_of(packed_seq_params, cp_size, None, "attach_plan", cu_seqlens_host=cu_seqlens_host,
+                          cu_seqlens_padded_host=cu_seqlens_padded_host)
+    if layout is None:
+        _check_packed(packed_seq_params)
     cu = cu_seqlens_host if cu_seqlens_host is not None else packed_seq_params.cu_seqlens_q
     if window_size is None:
-        window_size = tuple(config.window_size) if config.window_size and config.window_attn_skip_freq is None \
-            else ((-1, 0) if causal else (-1, -1))
+        window = checks.config_window(config, 1, "attach_plan") if config.window_attn_skip_freq is None else None
+        window_size = window if window is not None else ((-1, 0) if causal else (-1, -1))
     heads, kv_heads, head_dim, dtype = plan_shape(config, compute_dtype)
     device = torch.device(device) if device is not None else packed_seq_params.cu_seqlens_q.device
-    plan = cad.plan(cu, causal=causal, window_size=window_size, num_heads=heads, num_kv_heads=kv_heads,
-                    head_dim=head_dim, dtype=dtype, device=device, ahead=ahead, tag=tag if ahead else None)
+    shape = dict(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, device=device)
+    if layout is None:
+        plan = cad.plan(cu, causal=causal, window_size=window_size, ahead=ahead, tag=tag if ahead else None, **shape)
+    else:
+        plan = cad.plan_pieces(layout.pieces, causal=causal, window_size=window_size, device=device)
+        if ahead:
+            plan.make_ahead(tag=tag, **shape)
+        else:
+            plan.make(**shape)
     values = {f.name: getattr(packed_seq_params, f.name) for f in dataclasses.fields(packed_seq_params) if f.init}
     values["cad_plan"] = plan
+    values["cad_cp"] = layout
     return CadPackedSeqParams(**values)
 
 
@@ -305,17 +354,17 @@ def cad_gpt_layer_spec(*args, balance=True, compute_dtype=None, **kwargs):
 
 
 def init_cad(**cad_init_kwargs):
-    """cad.init over Megatron-Core's data-parallel group (after parallel_state.initialize_model_parallel); the
-    keywords are cad.init's (balancer=..., timeout_ms=...). Refuses tensor/pipeline/context parallel sizes > 1."""
+    """cad.init over Megatron-Core's data x context group, the ranks that hold distinct tokens (after
+    parallel_state.initialize_model_parallel): the data-parallel group, with the context-parallel ranks where
+    context_parallel_size > 1. The keywords are cad.init's (balancer=..., timeout_ms=...). Refuses tensor and
+    pipeline parallel sizes > 1."""
     from megatron.core import parallel_state as ps
     sizes = {"tensor": ps.get_tensor_model_parallel_world_size(),
-             "pipeline": ps.get_pipeline_model_parallel_world_size(),
-             "context": ps.get_context_parallel_world_size()}
-    wide = {k: v for k, v in sizes.items() if v != 1}
-    if wide:
-        raise ValueError(f"init_cad: CAD spans the data-parallel group with tensor, pipeline and context parallel "
-                         f"sizes of 1; got {wide}")
-    cad.init(group=ps.get_data_parallel_group(), **cad_init_kwargs)
+             "pipeline": ps.get_pipeline_model_parallel_world_size()}
+    checks.refuse_parallel(sizes, "init_cad")
+    context = ps.get_context_parallel_world_size()
+    group = ps.get_data_parallel_group(with_context_parallel=True) if context > 1 else ps.get_data_parallel_group()
+    cad.init(group=group, **cad_init_kwargs)
 
 
 # ---- the reference: Megatron-Core's own local attention, one document at a time ------------------------
@@ -332,7 +381,7 @@ class PerDocumentDotProductAttention(DotProductAttention):
             query, key, value = (t.squeeze(1) for t in (query, key, value))
         _check_packed(packed_seq_params)
         kind = self.attn_mask_type if attn_mask_type is None else attn_mask_type
-        causal = kind in _CAUSAL
+        causal = kind in checks.CAUSAL
         cu = packed_seq_params.cu_seqlens_q.tolist()
         out = []
         for a, b in zip(cu, cu[1:]):

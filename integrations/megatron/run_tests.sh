@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# run_tests.sh PYTHON VENV [pytest arguments] -- the Megatron-Core integration's tests (test_cad_megatron.py), with
+# run_tests.sh PYTHON VENV [pytest arguments] -- the Megatron-Core integration's tests (test_cad_megatron.py,
+# test_cad_megatron_masks.py: every mask type, attention masks, inputs and config fields, and
+# test_cad_megatron_cp.py: context parallelism over data x context ranks), with
 # megatron-core installed as users install it: `pip install megatron-core` (the released package, PyPI) into the
 # virtual environment VENV, made from PYTHON with its site-packages visible (torch, pytest and what the cad package
 # needs come from there; pip adds only what is missing). An environment that already imports megatron.core is
@@ -28,4 +30,5 @@ skip() { echo "SKIP python.megatron: $*"; exit "$SKIP"; }
 python_with_package megatron-core "$PY" "$VENV" "$REQUIREMENT"
 echo "megatron-core $VERSION ($RUN)"
 # -rs: a test skipped inside (e.g. megatron.core installed but not importable) says why.
-exec "$RUN" -m pytest -q -rs -p no:cacheprovider "$HERE/test_cad_megatron.py" "$@"
+exec "$RUN" -m pytest -q -rs -p no:cacheprovider "$HERE/test_cad_megatron.py" "$HERE/test_cad_megatron_masks.py" \
+  "$HERE/test_cad_megatron_cp.py" "$@"

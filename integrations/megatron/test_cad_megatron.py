@@ -201,7 +201,8 @@ def _equal_to_megatron_attention(rank, world):
             assert stats["imbalance"] < min(1.2, colocated), (stats["imbalance"], colocated)
 
     # [s, b] batches without packed_seq_params: each row one document, local CAD attention, equal to
-    # Megatron's DotProductAttention with the causal mask (its attention_mask argument; CAD ignores it as TE does).
+    # Megatron's DotProductAttention with the causal mask (its attention_mask argument; CAD checks that it is the causal
+    # mask: test_cad_megatron_masks.py).
     from megatron.core.transformer.enums import AttnMaskType
     torch.manual_seed(rank)
     dtype = config.params_dtype

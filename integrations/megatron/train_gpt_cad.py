@@ -21,6 +21,15 @@ Configurations (--configs, trained one after another from the same weights):
             before it starts; 'cad+now' makes no plan in the loop: each micro-batch's first CAD layer makes it
             from packed_seq_params.cu_seqlens_q (collective there).
 
+Context parallelism (--context-parallel-size N > 1, cad and cad+now only): CAD is the context parallelism. A step's
+micro-batch is the recipe's documents for the world / N data-parallel replicas at N x --context tokens each, laid
+in order over all ranks (data x context) by cad.pack_documents (cad_megatron_cp.pack_for_context_parallel): a
+document is cut wherever a rank's --context tokens end and CAD attends it whole; positions run on across a cut,
+and the label of a piece's last token is the next rank's first. DDP averages over the data x context group.
+--layout cad gives the same layout at N = 1: one process with --context N x C trains the losses that N ranks with
+--context-parallel-size N --context C train (the documents never cut). Learned absolute positions or none:
+Megatron's RoPE under context parallelism assumes its own head/tail layout.
+
 Data: the DistCA batch recipe of examples/train_llama.py over ../shared/data/doclen_pretrain.json (--data):
 documents cut at 64K, scaled by context/64K, packed into --context tokens per rank and micro-batch; a
 micro-batch is one packed THD sequence per rank (PackedSeqParams qkv_format='thd', position ids restarting per
@@ -29,9 +38,10 @@ predicts nothing). The loss is the token-weighted mean over every rank's tokens 
 
 Model: TransformerConfig with RMSNorm, SwiGLU, no biases, no dropout; RoPE on CUDA, learned absolute positions on
 the CPU (Megatron-Core's RoPE needs CUDA); bf16 through Megatron's Float16Module (the model in bf16, the loss in
-fp32), AdamW on the bf16 parameters (no fp32 master copy: a minimal script). Data parallel with torch DistributedDataParallel over Megatron's
-data-parallel group (tensor/pipeline/context parallel 1), AdamW. On the CPU, cad_megatron.megatron_cpu_support()
-lets Megatron's local attention run there (its buffers are allocated on CUDA otherwise).
+fp32), AdamW on the bf16 parameters (no fp32 master copy: a minimal script). Data parallel with torch
+DistributedDataParallel over Megatron's data-parallel group (the data x context group under context parallelism;
+tensor/pipeline parallel 1), AdamW. On the CPU, cad_megatron.megatron_cpu_support() lets Megatron's local
+attention run there (its buffers are allocated on CUDA otherwise).
 
 Per step rank 0 prints the loss, the slowest rank's step time, tokens/s, and the attention imbalance (CAD: the
 plans' max/mean server cost; otherwise each rank's own documents' causal cost, max/mean); --json-out keeps
@@ -40,7 +50,6 @@ every step's record (per rank: step_s, attention_s for local/cad, peak GPU memor
 import argparse
 import datetime
 import functools
-import importlib.util
 import json
 import os
 import pathlib
@@ -62,12 +71,14 @@ MODELS = {
 
 @functools.lru_cache(maxsize=None)
 def _recipe():
-    """examples/train_llama.py as a module (loaded once): its batch recipe (sample_batch), causal cost and rank
-    gather, one of each for every trainer of the project."""
-    spec = importlib.util.spec_from_file_location("cad_train_llama", REPO / "examples" / "train_llama.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The trainers' parts this script uses (cad.train: the batch recipe, causal cost, attention timing option and
+    rank gather), one of each for every trainer of the project."""
+    import types
+    from cad.train import flops, launch, options, recipe
+    return types.SimpleNamespace(
+        causal_cost=flops.causal_cost, cached_batch=recipe.cached_batch, balanced_documents=recipe.balanced_documents,
+        add_attention_timing_option=options.add_attention_timing_option,
+        resolve_attention_timing=options.resolve_attention_timing, all_gather_floats=launch.all_gather_floats)
 
 
 def causal_cost(lengths):
@@ -87,6 +98,12 @@ def parse_args(argv=None):
     p.add_argument("--position-embedding", choices=["auto", "rope", "learned_absolute", "none"], default="auto",
                    help="auto: rope on CUDA, learned_absolute on the CPU")
     p.add_argument("--context", type=int, default=1024, help="tokens per rank and micro-batch")
+    p.add_argument("--context-parallel-size", type=int, default=1,
+                   help="Megatron's context_parallel_size; > 1 lays the step's documents over the data x context "
+                        "ranks and attends them whole through CAD (cad and cad+now only)")
+    p.add_argument("--layout", choices=["rank", "cad"], default=None,
+                   help="rank: each rank its own documents (default at context parallel size 1); cad: the step's "
+                        "documents over all ranks, cut at the ranks' ends (the only one, and the default, above 1)")
     p.add_argument("--micro-batches", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--lr", type=float, default=3e-4)
@@ -111,8 +128,6 @@ def parse_args(argv=None):
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.position_embedding == "auto":
         args.position_embedding = "rope" if args.device == "cuda" else "learned_absolute"
-    if args.device == "cpu" and args.position_embedding == "rope":
-        p.error("--position-embedding rope needs CUDA (Megatron-Core moves RoPE's frequencies to the GPU)")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no GPU")
     if not 0 <= args.warmup_steps < args.steps:
@@ -124,6 +139,23 @@ def parse_args(argv=None):
     unknown = [c for c in args.config_list if c not in known]
     if unknown:
         p.error(f"--configs: unknown {unknown} (known: {sorted(known)})")
+    cp = args.context_parallel_size
+    if cp < 1:
+        p.error(f"--context-parallel-size {cp}: expected 1 or more")
+    args.layout = args.layout or ("cad" if cp > 1 else "rank")
+    if args.layout == "cad":
+        refused = [c for c in args.config_list if c not in ("cad", "cad+now")]
+        if refused:
+            p.error(f"--configs {refused} with --layout cad / --context-parallel-size {cp}: documents cut across "
+                    f"ranks are attended whole by CAD only (cad, cad+now)")
+        if args.position_embedding == "rope":
+            p.error("--position-embedding rope with --layout cad / --context-parallel-size > 1: Megatron's RoPE "
+                    "under context parallelism assumes its head/tail layout (use learned_absolute or none)")
+    elif cp > 1:
+        p.error(f"--layout rank with --context-parallel-size {cp}: context parallelism lays documents over the "
+                f"ranks (--layout cad)")
+    if args.device == "cpu" and args.position_embedding == "rope":
+        p.error("--position-embedding rope needs CUDA (Megatron-Core moves RoPE's frequencies to the GPU)")
     _recipe().resolve_attention_timing(args)
     return args
 
@@ -142,7 +174,7 @@ def transformer_config(args, dtype):
         # Megatron's fused kernels need CUDA (and some of them apex or TE): the plain PyTorch paths.
         masked_softmax_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
-        cross_entropy_loss_fusion=False)
+        cross_entropy_loss_fusion=False, context_parallel_size=args.context_parallel_size)
 
 
 def layer_spec(config_name):
@@ -160,7 +192,9 @@ def layer_spec(config_name):
 
 def build_model(args, config_name, config, device):
     from megatron.core.models.gpt import GPTModel
-    model = GPTModel(config, layer_spec(config_name), vocab_size=args.vocab, max_sequence_length=args.context,
+    # A document spans up to context_parallel_size ranks: positions up to that many ranks' tokens.
+    model = GPTModel(config, layer_spec(config_name), vocab_size=args.vocab,
+                     max_sequence_length=args.context * args.context_parallel_size,
                      position_embedding_type=args.position_embedding, share_embeddings_and_output_weights=False)
     return model.to(device)
 
@@ -195,6 +229,27 @@ def micro_batch(args, recipe, lengths, rank, world, step, index, device, balance
                 loss_mask=loss_mask.to(device))
 
 
+def cad_layout_micro_batch(args, recipe, lengths, world, step, index, device, config, config_name, tag):
+    """This rank's share of micro-batch `index` of `step` under --layout cad: the recipe's documents for the
+    world / cp replicas at cp x --context tokens each, in order over all ranks (cut at each rank's --context
+    tokens; the step's token stream the same on every rank), with its PackedSeqParams (for 'cad' its plan asked
+    for now, made ahead)."""
+    from cad_megatron_cp import pack_for_context_parallel
+    cp = args.context_parallel_size
+    docs = recipe.cached_batch(lengths, args.context * cp, world // cp, args.seed + 1000 * step + index)
+    flat = [n for d in docs for n in d]
+    g = torch.Generator().manual_seed(args.seed * 7919 + 1000 * step + 17 * index)
+    stream = torch.randint(0, args.vocab, (args.context * world,), generator=g)
+    attach = dict(config=config, ahead=True, tag=tag) if config_name == "cad" else {}
+    mine, p = pack_for_context_parallel(flat, args.context, device=device, drop_remainder=False, **attach)
+    targets = mine.targets(stream)
+    loss_mask = (targets != -100).float()  # a document's last token predicts nothing
+    return dict(docs=docs, predicted=sum(n - 1 for n in flat), packed=p,
+                input_ids=stream[mine.start:mine.stop].unsqueeze(0).to(device),
+                labels=targets.clamp_min(0).unsqueeze(0).to(device),
+                position_ids=mine.position_ids().unsqueeze(0).to(device), loss_mask=loss_mask.unsqueeze(0).to(device))
+
+
 def packed(batch, args, config, config_name, device, tag):
     """The micro-batch's PackedSeqParams; for 'cad', with its plan asked for now (made ahead)."""
     import cad_megatron
@@ -223,8 +278,9 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
         model = Float16Module(config, model)
     module = model
     if world > 1:
-        module = torch.nn.parallel.DistributedDataParallel(
-            model, process_group=parallel_state.get_data_parallel_group(),
+        module = torch.nn.parallel.DistributedDataParallel(  # the ranks holding distinct tokens: data x context
+            model, process_group=parallel_state.get_data_parallel_group(
+                with_context_parallel=args.context_parallel_size > 1),
             device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     plans_in_loop = config_name == "cad"
@@ -234,6 +290,8 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
 
     def load(k):
         s, i = order[k]
+        if args.layout == "cad":
+            return cad_layout_micro_batch(args, recipe, lengths, world, s, i, device, config, config_name, tag=k)
         batch = micro_batch(args, recipe, lengths, rank, world, s, i, device, balanced=config_name == "local_balanced")
         batch["packed"] = packed(batch, args, config, config_name, device, tag=k)
         return batch
@@ -294,7 +352,10 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
     summary = {"config": config_name, "ranks": world, "device": str(device), "dtype": args.dtype,
                "model": {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")},
                "position_embedding": args.position_embedding, "context": args.context,
-               "micro_batches": n_micro, "steps": args.steps, "warmup_steps": args.warmup_steps, "balancer": args.balancer if "cad" in config_name else None,
+               "micro_batches": n_micro,
+               "context_parallel_size": args.context_parallel_size, "layout": args.layout,
+               "steps": args.steps, "warmup_steps": args.warmup_steps,
+               "balancer": args.balancer if "cad" in config_name else None,
                "plans": ("made ahead in the loop (attach_plan)" if plans_in_loop else
                          "made by the first CAD layer" if config_name == "cad+now" else None),
                "mean_step_s_after_first": sum(max(r["step_s"]) for r in timed) / len(timed),
@@ -359,7 +420,9 @@ def _run(args, rank, world, device):
     import megatron.core
     import cad_megatron
 
-    parallel_state.initialize_model_parallel(1, 1)
+    if world % args.context_parallel_size:
+        raise SystemExit(f"--context-parallel-size {args.context_parallel_size} does not divide the {world} ranks")
+    parallel_state.initialize_model_parallel(1, 1, context_parallel_size=args.context_parallel_size)
     if device.type == "cpu":
         cad_megatron.megatron_cpu_support()
     else:
@@ -373,7 +436,8 @@ def _run(args, rank, world, device):
               f"{args.heads}/{args.kv_heads} ffn {args.ffn} vocab {args.vocab}; {args.context} tokens per rank "
               f"and micro-batch, {args.micro_batches} micro-batch(es), {args.steps} steps", flush=True)
     torch.manual_seed(args.seed)
-    first = build_model(args, "local", transformer_config(args, dtype), device)  # the weights every config starts from
+    # The weights every config starts from (the same parameters whatever the core attention).
+    first = build_model(args, "local" if args.layout == "rank" else "cad", transformer_config(args, dtype), device)
     state = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in first.state_dict().items()}
     del first
     summaries = []

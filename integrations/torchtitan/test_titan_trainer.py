@@ -201,3 +201,74 @@ def test_plan_one_ahead_close_waits_for_and_gives_back_the_plan_loaded_ahead():
     next(ahead), next(ahead)  # micro-batch 2 (whose plan fails) loaded ahead
     ahead.close()
     assert plans[2].events == ["wait", "release"]
+
+
+@pytest.mark.skipif(V03, reason="the 0.2.x launcher's trainer (titan_cad_spec.py)")
+def test_plan_one_ahead_hands_back_the_micro_batch_loaded_ahead_at_close_and_then_stops():
+    """close() with micro-batch 1 loaded ahead hands it back (it was not trained) and loads nothing more; next()
+    after close raises instead of going on with micro-batch 2, which would skip micro-batch 1 without a word."""
+    import titan_cad_spec
+
+    class FakePlan:
+        def wait(self):
+            pass
+
+        def release(self):
+            pass
+
+    loaded = []
+    ahead = titan_cad_spec.PlanOneAhead(iter(range(5)), lambda batch: loaded.append(batch) or FakePlan())
+    assert next(ahead) == 0 and loaded == [0, 1]
+    assert ahead.close() == 1  # the micro-batch loaded ahead, handed back
+    with pytest.raises(RuntimeError, match=r"next\(\) on a PlanOneAhead after close\(\)"):
+        next(ahead)
+    assert loaded == [0, 1] and ahead.close() is None  # nothing loaded after close; nothing left to hand back
+    # without looking ahead nothing is held, and next() after close raises all the same
+    ahead = titan_cad_spec.PlanOneAhead(iter(range(5)), lambda batch: None, look_ahead=False)
+    assert next(ahead) == 0 and ahead.close() is None
+    with pytest.raises(RuntimeError, match="after close"):
+        next(ahead)
+    # the end of the data met while looking ahead: nothing is held, close hands back nothing
+    ahead = titan_cad_spec.PlanOneAhead(iter([0]), lambda batch: None)
+    assert next(ahead) == 0 and ahead.close() is None
+
+
+@pytest.mark.skipif(V03, reason="the 0.2.x launcher's trainer (titan_cad_spec.py)")
+def test_plan_one_ahead_a_plan_that_fails_ahead_loses_no_micro_batch():
+    """Asking for micro-batch 1's plan fails while micro-batch 0 is taken: micro-batch 0 (planned) still trains,
+    and the failure is raised when the trainer reaches micro-batch 1."""
+    import titan_cad_spec
+
+    def plan(batch):
+        if batch == 1:
+            raise RuntimeError("the plan of micro-batch 1 failed")
+        return f"plan {batch}"
+    ahead = titan_cad_spec.PlanOneAhead(iter(range(3)), plan)
+    assert next(ahead) == 0 and ahead.take_plans() == ["plan 0"]
+    with pytest.raises(RuntimeError, match="the plan of micro-batch 1 failed"):
+        next(ahead)
+
+
+@pytest.mark.skipif(V03, reason="the 0.2.x launcher's trainer (titan_cad_spec.py)")
+def test_plan_one_ahead_for_another_source_refuses_to_drop_the_micro_batch_loaded_ahead():
+    """The trainer keeps one PlanOneAhead per data iterator (PlanOneAhead.for_source): the same iterator keeps it;
+    another, while a micro-batch of the first is loaded ahead, is refused naming the loss; once nothing is held
+    (the data ended) a new one starts."""
+    import titan_cad_spec
+
+    class Plan(str):  # what plan_ahead returns, as far as close() goes: wait() and release()
+        def wait(self):
+            pass
+
+        def release(self):
+            pass
+    plan = Plan
+    first = titan_cad_spec.PlanOneAhead(iter(range(3)), plan)
+    assert next(first) == 0
+    assert titan_cad_spec.PlanOneAhead.for_source(first, first.source, plan) is first
+    with pytest.raises(RuntimeError, match="another data iterator.*would never train"):
+        titan_cad_spec.PlanOneAhead.for_source(first, iter(range(3)), plan)
+    ended = titan_cad_spec.PlanOneAhead(iter([0]), plan)
+    assert next(ended) == 0
+    fresh = titan_cad_spec.PlanOneAhead.for_source(ended, iter(["a", "b"]), plan)
+    assert fresh is not ended and next(fresh) == "a" and fresh.take_plans() == ["a"]

@@ -157,6 +157,12 @@ class CadTransformer(CadLocalTransformer):
                                                                           plan)))
         return plan
 
+    def forget_planned(self):
+        """Drop the metadata of micro-batches planned ahead that will not run (their look-ahead was closed and their
+        plans released), so that no later micro-batch takes it; returns how many."""
+        planned, self._planned = getattr(self, "_planned", []), []
+        return len(planned)
+
     def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None):
         planned = getattr(self, "_planned", None)
         if planned:
@@ -273,9 +279,12 @@ class PlanOneAhead:
     The data iterator runs one micro-batch ahead of training; `planned_in_an_earlier_step` counts the micro-batches
     that TorchTitan took from here whose plan was asked for before their step began, and take_plans() returns what
     `plan` returned for the micro-batches taken since the last call (the trainer reads both once per step, so
-    nothing here outlives a step's micro-batches but the one loaded ahead). The end of the data (StopIteration, TorchTitan's DataloaderExhaustedError) is raised when the trainer
-    reaches it, not when the look-ahead does. look_ahead=False loads and plans each micro-batch only when TorchTitan
-    asks for it: where checkpoints are saved, since a checkpoint's dataloader state would count the micro-batch
+    nothing here outlives a step's micro-batches but the one loaded ahead). The end of the data (StopIteration,
+    TorchTitan's DataloaderExhaustedError) and a failure to plan the micro-batch loaded ahead are raised when the
+    trainer reaches that micro-batch, not when the look-ahead does: the micro-batch before it still trains.
+    close() hands the micro-batch loaded ahead back (it was not trained); after it, next() raises: no micro-batch
+    is ever skipped without a word. look_ahead=False loads and plans each micro-batch only when TorchTitan asks
+    for it: where checkpoints are saved, since a checkpoint's dataloader state would count the micro-batch
     loaded ahead as trained and a resumed run would skip it."""
 
     def __init__(self, source, plan, look_ahead=True):
@@ -283,15 +292,27 @@ class PlanOneAhead:
         self.step = 0
         self.planned_in_an_earlier_step = 0
         self._taken_plans = []
-        self._next = None  # (step in which it was loaded, micro-batch, its plan) or the exception that ended the data
+        self._next = None  # (step in which it was loaded, micro-batch, its plan), or the exception met loading it
+        self._closed = False
+
+    @classmethod
+    def for_source(cls, current, source, plan, look_ahead=True):
+        """`current` when it looks ahead of `source`; else a new PlanOneAhead over `source`, `current` closed
+        first. A micro-batch that `current` had loaded ahead would then never train: that is refused, naming it."""
+        if current is not None and current.source is source and not current._closed:
+            return current
+        if current is not None and current.close() is not None:
+            raise RuntimeError("titan_cad_spec: the trainer was given another data iterator while a micro-batch of "
+                               "the one before was loaded ahead: that micro-batch would never train (pass the same "
+                               "iterator to every step, or close() the look-ahead and train what it hands back)")
+        return cls(source, plan, look_ahead)
 
     def _load(self):
         try:
             batch = next(self.source)
-        except Exception as exc:  # noqa: BLE001 -- the end of the data, whatever TorchTitan calls it: kept for later
-            self._next = exc
-            return
-        self._next = (self.step, batch, self.plan(batch))
+            self._next = (self.step, batch, self.plan(batch))
+        except Exception as exc:  # noqa: BLE001 -- the end of the data, whatever TorchTitan calls it, or a plan
+            self._next = exc      # that could not be asked for: raised when the trainer reaches this micro-batch
 
     def begin_step(self, step):
         self.step = step
@@ -301,11 +322,17 @@ class PlanOneAhead:
         return plans
 
     def close(self):
-        """Wait for the plan of the micro-batch loaded ahead (every rank asked for it, so every rank makes it) and
-        give it back: after the last step one is always outstanding, and its planning collectives must be done
-        before the process group they run on is destroyed (TorchTitan destroys it right after Trainer.close)."""
-        if isinstance(self._next, tuple) and self._next[2] is not None:
-            plan = self._next[2]
+        """Stop looking ahead. Waits for the plan of the micro-batch loaded ahead (every rank asked for it, so every
+        rank makes it) and gives the plan back: after the last step one is always outstanding, and its planning
+        collectives must be done before the process group they run on is destroyed (TorchTitan destroys it right
+        after Trainer.close). Returns that micro-batch, which no step took (None when there is none): handed back,
+        not dropped. next() raises after close()."""
+        self._closed = True
+        pending, self._next = self._next, None
+        if not isinstance(pending, tuple):
+            return None
+        _, batch, plan = pending
+        if plan is not None:
             try:
                 plan.wait()
             except Exception as exc:  # noqa: BLE001 -- closing after a failure: the failure is what gets reported
@@ -313,12 +340,15 @@ class PlanOneAhead:
                       flush=True)
             finally:
                 plan.release()
-        self._next = None
+        return batch
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._closed:
+            raise RuntimeError("titan_cad_spec: next() on a PlanOneAhead after close() (close() handed back the "
+                               "micro-batch it had loaded ahead; make a new one to go on)")
         if not self.look_ahead:
             batch = next(self.source)
             self._taken_plans.append(self.plan(batch))
@@ -366,7 +396,8 @@ def recording_trainer():
         def _planning(self, data_iterator):
             """The micro-batches one ahead of TorchTitan, each handed to the model's plan_ahead as it loads (CAD);
             one PlanOneAhead for the whole run (TorchTitan passes the same iterator to every step)."""
-            if getattr(self, "_plan_one_ahead", None) is None or self._plan_one_ahead.source is not data_iterator:
+            current = getattr(self, "_plan_one_ahead", None)
+            if current is None or current.source is not data_iterator:
                 model = self.model_parts[0]
 
                 def plan(batch):
@@ -377,7 +408,7 @@ def recording_trainer():
                 if not look_ahead and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
                     print("titan_cad_spec: checkpoints are saved, so micro-batches are planned as they load, not one "
                           "ahead (a checkpoint would count the one loaded ahead as trained)", flush=True)
-                self._plan_one_ahead = PlanOneAhead(data_iterator, plan, look_ahead)
+                self._plan_one_ahead = PlanOneAhead.for_source(current, data_iterator, plan, look_ahead)
             self._plan_one_ahead.begin_step(self.step)
             return self._plan_one_ahead
 
@@ -426,8 +457,11 @@ def recording_trainer():
                            "mean_step_s_after_first": sum(steady) / len(steady), "steps": self.records}
                 pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
                 pathlib.Path(path).write_text(json.dumps(summary, indent=1))
-            if getattr(self, "_plan_one_ahead", None) is not None:
-                self._plan_one_ahead.close()
+            if getattr(self, "_plan_one_ahead", None) is not None and self._plan_one_ahead.close() is not None:
+                self.model_parts[0].forget_planned()  # handed back: the run ends before it
+                if rank0:
+                    print("titan_cad_spec: the run ended with one micro-batch loaded ahead, not trained (its plan was "
+                          "waited for and released)", flush=True)
             # CAD's stacks (their planning thread and its gloo group) go before TorchTitan's main destroys the
             # process groups, not at exit after them (a planning collective on a destroyed group aborts).
             cad.shutdown()

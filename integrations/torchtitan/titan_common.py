@@ -1,7 +1,6 @@
 """What both TorchTitan recipes share (train_titan_cad.py for torchtitan 0.3, titan_cad_spec.py for 0.2.x): running
 TorchTitan on the CPU, stand-ins for the packages it imports but the recipes never use, and the no-download
 packed-document data of the Pretrain recipe. Import this before torchtitan."""
-import importlib.util
 import os
 import pathlib
 import sys
@@ -133,10 +132,8 @@ def leave_after_training():
 
 
 def _recipe():
-    spec = importlib.util.spec_from_file_location("cad_train_llama", REPO / "examples" / "train_llama.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from cad.train import recipe  # the trainers' batch recipe (cached_batch, balanced_documents)
+    return recipe
 
 
 def default_data_path():

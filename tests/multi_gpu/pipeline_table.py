@@ -15,30 +15,22 @@ per-tick attention imbalance measured (max/mean over ranks of each tick's attent
 model's, after CAD's plans; local: the colocated one) and colocated (before: each rank's own documents),
 peak GiB, and the speedup over the fastest run with local attention (ours or torch's varlen, either schedule): the
 best alternative a user has."""
-import functools
-import importlib.util
 import json
 import pathlib
 import re
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.append(str(REPO / "host_adapter" / "python"))  # the package from the checkout, if not installed
+from cad.train.pipeline_report import CONFIGS, comparison_table  # noqa: E402 -- the trainer's order and table
+
 NAME = re.compile(r"pipe_(\d+)_(\d+)_(.+)\.json$")
-
-
-@functools.lru_cache(maxsize=None)
-def trainer():
-    """examples/train_pipeline.py as a module, loaded once (tables() and main() both use it)."""
-    spec = importlib.util.spec_from_file_location("train_pipeline", REPO / "examples" / "train_pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def tables(out_dir):
     """{(context, micro-batches): {config: summary}} from the JSON files in out_dir, in the trainer's order."""
     found = {}
-    order = list(trainer().CONFIGS)
+    order = list(CONFIGS)
     for path in sorted(pathlib.Path(out_dir).glob("pipe_*_*_*.json")):
         match = NAME.search(path.name)
         if not match:
@@ -57,13 +49,12 @@ def main(argv):
     if not found:
         print(f"no pipe_<context>_<micro-batches>_<config>.json in {argv[0]}")
         return 1
-    t = trainer()
     for (context, micro_batches), summaries in found.items():
         any_run = next(iter(summaries.values()))
         print(f"\n### {context} tokens per micro-batch and replica, {micro_batches} micro-batches, "
               f"PP={any_run['pp']} x DP={any_run['dp']}, {any_run['layers']} layers ({any_run['model']}), "
               f"{any_run['device']}\n")
-        print(t.comparison_table(summaries))
+        print(comparison_table(summaries))
     return 0
 
 

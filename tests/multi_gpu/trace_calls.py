@@ -20,24 +20,14 @@ the other is one where the first waited for the second (its compute ran longer) 
 """
 import argparse
 import gzip
-import importlib.util
 import json
 import pathlib
 import sys
 
 GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
-TRAINER = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_llama.py"
-
-
-def _trainer_kernel_family():
-    """The trainer's kernel families (its --profile-step summary's): one list of kernel names for both tools."""
-    spec = importlib.util.spec_from_file_location("train_llama", TRAINER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.kernel_family
-
-
-kernel_family = _trainer_kernel_family()
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[2] / "host_adapter" / "python"))  # if not installed
+# The trainer's kernel families (its --profile-step summary's): one list of kernel names for both tools.
+from cad.train.profiling import kernel_family  # noqa: E402
 
 
 class TraceError(Exception):

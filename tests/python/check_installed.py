@@ -19,5 +19,9 @@ q, k, v = torch.randn(10, 4, 16), torch.randn(10, 2, 16), torch.randn(10, 2, 16)
 local = cad.varlen_attn(q, k, v, cu)
 through_cad = cad.varlen_attn(q, k, v, cu, plan=cad.plan(cu))
 torch.testing.assert_close(local, through_cad)
+# The trainers' parts ship as the subpackage cad.train, beside the rest of the package.
+from cad.train import recipe  # noqa: E402
+assert pathlib.Path(recipe.__file__).resolve().parent == package / "train", recipe.__file__
+assert [sum(rank) for rank in recipe.sample_batch([100, 50, 70000], 64, 2, 1)] == [64, 64]  # two full buffers
 print(f"installed package OK: {package} ({len(plugins)} plugins: {', '.join(plugins)})")
 sys.exit(0)

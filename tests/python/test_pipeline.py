@@ -19,7 +19,6 @@ The training cases of one layout run in one set of spawned processes (tests/pyth
 transformers start once per rank."""
 import argparse
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -32,6 +31,15 @@ import traceback
 import pytest
 
 import harness
+from cad.train.batches import make_inputs, make_nanos
+from cad.train.flops import causal_cost
+from cad.train.model import MicroBatchLoss, build_model
+from cad.train.pipeline import train_one
+from cad.train.pipeline_args import configurations, parse_args
+from cad.train.pipeline_report import comparison, comparison_table
+from cad.train.pipeline_stage import micro_batch_documents, token_seed, wait_for_device
+from cad.train.schedule import BUBBLE_1F1B_TAGS, Layout, bubble_tick, forward_micro_batch, mirrored_tick, \
+    one_f_one_b, one_f_one_b_bubble_tick, ticks
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TRAINER = REPO / "examples" / "train_pipeline.py"
@@ -78,29 +86,22 @@ RUNS = {
 }
 
 
-def _trainer_module():
-    spec = importlib.util.spec_from_file_location("train_pipeline", TRAINER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _reference(t, args, lengths, dp, step=0):
+def _reference(args, lengths, dp, step=0):
     """The whole model in this process, no pipeline: every micro-batch of every replica of `step` through
     train_llama's MicroBatchLoss with local attention, each loss scaled by 1 / (micro-batches x replicas) (the
     pipeline's 1 / M and the replicas' average). Returns (the step's loss, {parameter name: gradient})."""
     import torch
-    base, cpu = t.base, torch.device("cpu")
+    cpu = torch.device("cpu")
     local = argparse.Namespace(**vars(args))
     local.attention = "local"
-    lm = base.build_model(local, cpu, torch.float32)
-    model = base.MicroBatchLoss(lm, args.loss_chunk)
-    docs = t.micro_batch_documents(lengths, args, dp, step)
+    lm = build_model(local, cpu, torch.float32)
+    model = MicroBatchLoss(lm, args.loss_chunk)
+    docs = micro_batch_documents(lengths, args, dp, step)
     total = 0.0
     for m in range(args.micro_batches):
         for r in range(dp):
-            inputs = base.make_inputs(docs[m][r], args.vocab, t.token_seed(args, step, r, m), cpu)
-            loss = model(**inputs, nanos=base.make_nanos([docs[m][r]], "local", local, cpu, torch.float32))
+            inputs = make_inputs(docs[m][r], args.vocab, token_seed(args, step, r, m), cpu)
+            loss = model(**inputs, nanos=make_nanos([docs[m][r]], "local", local, cpu, torch.float32))
             (loss / (args.micro_batches * dp)).backward()
             total += loss.item() / (args.micro_batches * dp)
     return total, {n: p.grad for n, p in lm.named_parameters()}
@@ -115,7 +116,6 @@ def _train_cases(rank, world, out_dir, run):
     """Every case of this run trained on this rank, then the gradients compared here (they are this
     rank's stage's); writes rank<R>.json with each case's records and the comparisons."""
     import torch
-    t = _trainer_module()
     lengths = json.loads(DATA.read_text())
     results, grads = {}, {}
     _, layout, cases = RUNS[run]
@@ -123,15 +123,15 @@ def _train_cases(rank, world, out_dir, run):
         printed = io.StringIO()
         try:
             with contextlib.redirect_stdout(printed):
-                args = t.parse_args(TINY + layout + argv + ["--data", str(DATA)])
+                args = parse_args(TINY + layout + argv + ["--data", str(DATA)])
                 started = time.perf_counter()
-                result = t.train_one(args, rank, world, torch.device("cpu"), lengths, capture_grads=True)
+                result = train_one(args, rank, world, torch.device("cpu"), lengths, capture_grads=True)
             grads[name] = result.pop("grads")
             results[name] = dict(result, stdout=printed.getvalue(), seconds=time.perf_counter() - started)
         except Exception:  # noqa: BLE001 -- reported per case by the tests
             results[name] = {"error": traceback.format_exc()[-4000:], "stdout": printed.getvalue()}
-    args = t.parse_args(TINY + layout + ["--data", str(DATA)])
-    ref_loss, ref_grads = _reference(t, args, lengths, world // args.pp)
+    args = parse_args(TINY + layout + ["--data", str(DATA)])
+    ref_loss, ref_grads = _reference(args, lengths, world // args.pp)
     comparisons = {"reference_loss": ref_loss, "names": {}, "vs_local": {}, "vs_local_after_step": {},
                    "vs_reference": {}}
     for name, by_step in grads.items():
@@ -370,11 +370,10 @@ def test_pp2_1f1b_bubble_pool_pools_only_the_ticks_with_an_idle_stage(two):
     F0 (steady tick 1) and B0 (bubble tick 2), and stage 0's F0 (bubble tick 0) and B0 (steady tick 3), run their
     forward and backward in different kinds of tick, and train as local attention
     (test_pp2_cad_trains_as_local_and_as_the_whole_model)."""
-    t = _trainer_module()
     M, S = 4, 2
     bubble = [0, 2, 8, 9]
-    table = t.one_f_one_b(M, S)
-    assert [k for k in range(len(table)) if t.one_f_one_b_bubble_tick(table, k)] == bubble
+    table = one_f_one_b(M, S)
+    assert [k for k in range(len(table)) if one_f_one_b_bubble_tick(table, k)] == bubble
     name = "1f1b_cad_bubble_full"
     for rank in range(2):
         run = _result(two, name, rank)
@@ -385,12 +384,12 @@ def test_pp2_1f1b_bubble_pool_pools_only_the_ticks_with_an_idle_stage(two):
             step = record["step"]
             planned = {r["tick"]: r["plan_tag"] for r in record["rank_ticks"] if "plan_id" in r}
             # this rank's own operations in the bubble ticks, each with its own tag; the idle rank's tick none
-            expected = {k: t.BUBBLE_1F1B_TAGS + 2 * ((step * M + table[k][rank][1]) * S + rank) +
+            expected = {k: BUBBLE_1F1B_TAGS + 2 * ((step * M + table[k][rank][1]) * S + rank) +
                         (table[k][rank][0] == "backward") for k in bubble if table[k][rank] is not None}
             assert planned == expected, (rank, record["rank_ticks"])
             assert len(set(planned.values())) == len(planned)
     tags = [_result(two, name, r)["steps"][0]["rank_ticks"][0].get("plan_tag") for r in range(2)]
-    assert tags == [t.BUBBLE_1F1B_TAGS + 0, None]  # stage 0's F0 at tick 0; stage 1 idle there
+    assert tags == [BUBBLE_1F1B_TAGS + 0, None]  # stage 0's F0 at tick 0; stage 1 idle there
     for record in _result(two, name)["steps"]:
         assert len(record["ticks"]) == len(table)
         for entry in record["ticks"]:
@@ -508,9 +507,8 @@ def test_comparison_table(two, tmp_path):
 @needs_data
 def test_comparison_table_measures_1f1b_against_1f1b_local(two):
     """1F1B configurations (--configs 1f1b_...) are compared with local attention on the same schedule."""
-    t = _trainer_module()
     summaries = {name: _result(two, name)["summary"] for name in ("local", "cad_tick", "1f1b_local", "1f1b_cad_tick")}
-    rows = {row["config"]: row for row in t.comparison(summaries)}
+    rows = {row["config"]: row for row in comparison(summaries)}
     for name, base in (("cad_tick", "local"), ("1f1b_cad_tick", "1f1b_local"), ("1f1b_local", "1f1b_local")):
         assert rows[name]["speedup"] == pytest.approx(summaries[base]["mean_step_ms_after_step0"] /
                                                       summaries[name]["mean_step_ms_after_step0"], rel=1e-12)
@@ -520,10 +518,10 @@ def test_comparison_table_measures_1f1b_against_1f1b_local(two):
     for name in summaries:  # against the best alternative: the fastest local attention of either schedule
         assert rows[name]["speedup_vs_fastest_local"] == pytest.approx(
             fastest / summaries[name]["mean_step_ms_after_step0"], rel=1e-12)
-    table = t.comparison_table(summaries).splitlines()
+    table = comparison_table(summaries).splitlines()
     assert table[0].endswith("| speedup vs fastest local |") and len(table) == 2 + len(summaries)
-    args = t.parse_args(["--configs", "local,1f1b_cad_tick", "--pp", "2", "--layers", "4"])
-    (_, gpipe), (_, one_f_one_b) = t.configurations(args)
+    args = parse_args(["--configs", "local,1f1b_cad_tick", "--pp", "2", "--layers", "4"])
+    (_, gpipe), (_, one_f_one_b) = configurations(args)
     assert (gpipe.schedule, one_f_one_b.schedule, one_f_one_b.attention, one_f_one_b.pool) == \
         ("gpipe", "1f1b", "cad", "tick")
 
@@ -533,18 +531,17 @@ def test_balanced_batches_give_every_buffer_of_a_step_the_mean_attention_work():
     """local_balanced (--balanced-batches), the measured ideal: every buffer of a step (micro-batches x replicas)
     keeps its tokens, and its causal attention work comes within a few percent of the step's mean buffer, where the
     recipe's buffers differ by much more."""
-    t = _trainer_module()
     lengths = json.loads(DATA.read_text())
-    (_, raw), (_, balanced) = t.configurations(t.parse_args(
+    (_, raw), (_, balanced) = configurations(parse_args(
         ["--configs", "local,local_balanced", "--context", "16384", "--micro-batches", "4"]))
     assert (raw.balanced_batches, balanced.balanced_batches) == (False, True)
     for step in range(2):
-        before = t.micro_batch_documents(lengths, raw, 2, step)
-        after = t.micro_batch_documents(lengths, balanced, 2, step)
+        before = micro_batch_documents(lengths, raw, 2, step)
+        after = micro_batch_documents(lengths, balanced, 2, step)
         assert [[sum(d) for d in m] for m in after] == [[sum(d) for d in m] for m in before] == [[16384] * 2] * 4
         spread = lambda docs: max(docs) / (sum(docs) / len(docs))  # noqa: E731
-        work_before = [t.base.causal_cost(d) for m in before for d in m]
-        work_after = [t.base.causal_cost(d) for m in after for d in m]
+        work_before = [causal_cost(d) for m in before for d in m]
+        work_after = [causal_cost(d) for m in after for d in m]
         assert sum(work_after) == pytest.approx(sum(work_before), rel=0.05)
         assert spread(work_after) < 1.05 < spread(work_before)
 
@@ -552,7 +549,6 @@ def test_balanced_batches_give_every_buffer_of_a_step_the_mean_attention_work():
 def test_comparison_prefers_the_measured_ideal_and_never_counts_it_as_an_alternative():
     """With a local_balanced run of the same schedule the ideal is local / local_balanced (measured, no timing syncs
     needed); the balanced runs are not the fastest local attention a user has (their data differ)."""
-    t = _trainer_module()
 
     def summary(step_ms, ideal_ms, sync="off"):
         return {"mean_step_ms_after_step0": step_ms, "mean_ideal_step_ms_after_step0": ideal_ms,
@@ -561,7 +557,7 @@ def test_comparison_prefers_the_measured_ideal_and_never_counts_it_as_an_alterna
     summaries = {"local": summary(1200, 1100, "on"), "local_balanced": summary(1000, 1000),
                  "cad_tick": summary(1100, 1100), "1f1b_local": summary(1300, 1200, "on"),
                  "1f1b_cad_tick": summary(1250, 1250)}
-    rows = {row["config"]: row for row in t.comparison(summaries)}
+    rows = {row["config"]: row for row in comparison(summaries)}
     assert rows["cad_tick"]["ideal"] == pytest.approx(1.2) and rows["cad_tick"]["realised_share"] == pytest.approx(
         (1200 / 1100 - 1) / 0.2)
     assert rows["local_balanced"]["speedup"] == pytest.approx(1.2)
@@ -655,23 +651,22 @@ def test_a_stalled_stage_under_1f1b_ends_every_rank_naming_the_tick():
 
 # ---- the schedule and the command line (in process) ----------------------------------------------------------
 def test_gpipe_schedule():
-    t = _trainer_module()
     M, S = 4, 2
-    assert t.ticks(M, S) == 5
-    assert [t.forward_micro_batch(0, k, M) for k in range(5)] == [0, 1, 2, 3, None]
-    assert [t.forward_micro_batch(1, k, M) for k in range(5)] == [None, 0, 1, 2, 3]
+    assert ticks(M, S) == 5
+    assert [forward_micro_batch(0, k, M) for k in range(5)] == [0, 1, 2, 3, None]
+    assert [forward_micro_batch(1, k, M) for k in range(5)] == [None, 0, 1, 2, 3]
     # backward tick b runs forward tick T-1-b's micro-batches on every stage: the last stage starts
-    assert [t.forward_micro_batch(1, t.mirrored_tick(b, M, S), M) for b in range(5)] == [3, 2, 1, 0, None]
-    assert [t.forward_micro_batch(0, t.mirrored_tick(b, M, S), M) for b in range(5)] == [None, 3, 2, 1, 0]
+    assert [forward_micro_batch(1, mirrored_tick(b, M, S), M) for b in range(5)] == [3, 2, 1, 0, None]
+    assert [forward_micro_batch(0, mirrored_tick(b, M, S), M) for b in range(5)] == [None, 3, 2, 1, 0]
     # the ticks --pool bubble pools: some stage idle (fill t < S - 1, drain t >= M)
-    assert [t.bubble_tick(k, M, S) for k in range(5)] == [True, False, False, False, True]
-    assert [t.bubble_tick(k, 4, 3) for k in range(6)] == [True, True, False, False, True, True]
-    assert [t.bubble_tick(k, 2, 3) for k in range(4)] == [True] * 4  # fewer micro-batches than stages: no steady tick
-    layout = t.Layout(5, 6, 3)  # 3 stages x 2 replicas, stage-major
+    assert [bubble_tick(k, M, S) for k in range(5)] == [True, False, False, False, True]
+    assert [bubble_tick(k, 4, 3) for k in range(6)] == [True, True, False, False, True, True]
+    assert [bubble_tick(k, 2, 3) for k in range(4)] == [True] * 4  # fewer micro-batches than stages: no steady tick
+    layout = Layout(5, 6, 3)  # 3 stages x 2 replicas, stage-major
     assert (layout.stage, layout.replica, layout.dp) == (2, 1, 2) and layout.last and not layout.first
     assert layout.stage_ranks(1) == [2, 3] and layout.rank_of(1, 1) == 3
     with pytest.raises(ValueError, match="not divisible by --pp 4"):
-        t.Layout(0, 6, 4)
+        Layout(0, 6, 4)
 
 
 @pytest.mark.parametrize("M,S", [(4, 2), (4, 3), (8, 4), (2, 3), (1, 2)])
@@ -679,8 +674,7 @@ def test_one_f_one_b_timetable(M, S):
     """Every forward and backward of every (stage, micro-batch) exactly once, each after what it needs (the stage
     before's forward, the stage after's backward, on the last stage its own forward) at an earlier tick; stage s
     holds at most min(S - s, M) micro-batches in flight (GPipe: M); forwards before backwards, each in order."""
-    t = _trainer_module()
-    table = t.one_f_one_b(M, S)
+    table = one_f_one_b(M, S)
     at = {}
     for tick, row in enumerate(table):
         assert len(row) == S and any(op is not None for op in row)
@@ -708,7 +702,6 @@ def test_gpu_wait_at_a_tick_end_has_a_deadline(monkeypatch):
     """On CUDA a tick ends waiting for its GPU work with a deadline (a peer that never sends would otherwise hold it
     until NCCL's watchdog ends the process); here the GPU is a stand-in event that finishes late or never."""
     import torch
-    t = _trainer_module()
 
     class Event:
         polls = 0
@@ -724,26 +717,25 @@ def test_gpu_wait_at_a_tick_end_has_a_deadline(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", Event)
     cuda = torch.device("cuda", 0)  # a name only: nothing runs on it
     Event.finishes_after = 3
-    t.wait_for_device(cuda, 5.0)
+    wait_for_device(cuda, 5.0)
     assert Event.polls == 4
     Event.finishes_after, started = None, time.monotonic()
     with pytest.raises(TimeoutError, match="did not finish within 0.3 s"):
-        t.wait_for_device(cuda, 0.3)
+        wait_for_device(cuda, 0.3)
     assert 0.3 <= time.monotonic() - started < 2.0
-    t.wait_for_device(torch.device("cpu"), 0.0)  # nothing to wait for on the CPU
+    wait_for_device(torch.device("cpu"), 0.0)  # nothing to wait for on the CPU
 
 
-def _refused(t, capsys, argv):
+def _refused(capsys, argv):
     with pytest.raises(SystemExit) as exit_:
-        t.parse_args(argv)
+        parse_args(argv)
     assert exit_.value.code == 2
     return capsys.readouterr().err
 
 
 def test_help(capsys):
-    t = _trainer_module()
     with pytest.raises(SystemExit) as exit_:
-        t.parse_args(["--help"])
+        parse_args(["--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     for words in ("--pp", "--pool", "--configs", "cad_tick", "GPipe", "1F1B", "rank = stage * DP + replica",
@@ -754,10 +746,9 @@ def test_help(capsys):
 def test_attention_timing_defaults_to_no_syncs_on_cuda():
     # the syncs slow an imbalanced step far more than a balanced one (docs/multi_gpu.md, runs 21-22): step times
     # come without them unless asked for
-    t = _trainer_module()
-    assert t.parse_args(["--data", str(DATA)]).sync_attention_timing == "on"  # CPU: nothing to wait for
-    assert t.parse_args(["--device", "cuda", "--data", str(DATA)]).sync_attention_timing == "off"
-    on = t.parse_args(["--device", "cuda", "--sync-attention-timing", "on", "--data", str(DATA)])
+    assert parse_args(["--data", str(DATA)]).sync_attention_timing == "on"  # CPU: nothing to wait for
+    assert parse_args(["--device", "cuda", "--data", str(DATA)]).sync_attention_timing == "off"
+    on = parse_args(["--device", "cuda", "--sync-attention-timing", "on", "--data", str(DATA)])
     assert on.sync_attention_timing == "on"
 
 
@@ -766,36 +757,34 @@ def test_bubble_pool_under_1f1b_needs_full_checkpointing(capsys):
     runs only with --checkpointing full (a backward must make all of its attention calls in its own tick) and not
     with --keep-forward-tensors on; the message names the configuration. GPipe's bubble runs with or without
     checkpointing; a 1f1b_ configuration keeps its own pool under --pool bubble."""
-    t = _trainer_module()
-    err = _refused(t, capsys, ["--pool", "bubble", "--schedule", "1f1b"])
+    err = _refused(capsys, ["--pool", "bubble", "--schedule", "1f1b"])
     assert "--pool bubble with --schedule 1f1b needs --checkpointing full" in err, err
-    err = _refused(t, capsys, ["--configs", "local,1f1b_cad_bubble"])
+    err = _refused(capsys, ["--configs", "local,1f1b_cad_bubble"])
     assert "--pool bubble (1f1b_cad_bubble) with --schedule 1f1b needs --checkpointing full" in err, err
-    err = _refused(t, capsys, ["--configs", "local,cad_bubble", "--schedule", "1f1b"])
+    err = _refused(capsys, ["--configs", "local,cad_bubble", "--schedule", "1f1b"])
     assert "--pool bubble (cad_bubble) with --schedule 1f1b needs --checkpointing full" in err, err
-    err = _refused(t, capsys, ["--pool", "bubble", "--schedule", "1f1b", "--checkpointing", "full",
+    err = _refused(capsys, ["--pool", "bubble", "--schedule", "1f1b", "--checkpointing", "full",
                                "--keep-forward-tensors", "on"])
     assert "takes --keep-forward-tensors auto or off, not on" in err, err
-    args = t.parse_args(["--pool", "bubble", "--schedule", "1f1b", "--checkpointing", "full"])
+    args = parse_args(["--pool", "bubble", "--schedule", "1f1b", "--checkpointing", "full"])
     assert (args.pool, args.schedule) == ("bubble", "1f1b")
-    (_, one), = t.configurations(t.parse_args(["--configs", "1f1b_cad_bubble", "--checkpointing", "full"]))
+    (_, one), = configurations(parse_args(["--configs", "1f1b_cad_bubble", "--checkpointing", "full"]))
     assert (one.attention, one.pool, one.schedule) == ("cad", "bubble", "1f1b")
-    (_, bubble), = t.configurations(t.parse_args(["--configs", "cad_bubble"]))
+    (_, bubble), = configurations(parse_args(["--configs", "cad_bubble"]))
     assert (bubble.attention, bubble.pool, bubble.schedule, bubble.checkpointing) == ("cad", "bubble", "gpipe",
                                                                                       "none")
-    (_, kept), = t.configurations(t.parse_args(["--configs", "1f1b_cad_tick", "--pool", "bubble"]))
+    (_, kept), = configurations(parse_args(["--configs", "1f1b_cad_tick", "--pool", "bubble"]))
     assert (kept.pool, kept.schedule) == ("tick", "1f1b")
-    assert t.parse_args(["--pool", "bubble"]).pool == "bubble"
+    assert parse_args(["--pool", "bubble"]).pool == "bubble"
 
 
 def test_bad_options_are_refused(capsys, monkeypatch):
-    t = _trainer_module()
-    assert "--layers 3 is not divisible by --pp 2" in _refused(t, capsys, ["--layers", "3", "--pp", "2"])
+    assert "--layers 3 is not divisible by --pp 2" in _refused(capsys, ["--layers", "3", "--pp", "2"])
     assert "'cad' is not one of local, torch_varlen, cad_tick, cad_stage" in \
-        _refused(t, capsys, ["--configs", "local,cad"])
-    assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
-    assert "--test-fault must be RANK:PHASE:TICK:KIND" in _refused(t, capsys, ["--test-fault", "1:sideways:2:stall"])
-    assert "at least 1" in _refused(t, capsys, ["--micro-batches", "0"])
-    assert "needs NCCL" in _refused(t, capsys, ["--device", "cuda", "--communicator", "host"])
+        _refused(capsys, ["--configs", "local,cad"])
+    assert "must contain {config}" in _refused(capsys, ["--configs", "local", "--json-out", "x.json"])
+    assert "--test-fault must be RANK:PHASE:TICK:KIND" in _refused(capsys, ["--test-fault", "1:sideways:2:stall"])
+    assert "at least 1" in _refused(capsys, ["--micro-batches", "0"])
+    assert "needs NCCL" in _refused(capsys, ["--device", "cuda", "--communicator", "host"])
     monkeypatch.setenv("WORLD_SIZE", "3")
-    assert "the world of 3 ranks is not divisible by --pp 2" in _refused(t, capsys, ["--pp", "2"])
+    assert "the world of 3 ranks is not divisible by --pp 2" in _refused(capsys, ["--pp", "2"])

@@ -8,7 +8,6 @@ train_one for every case, so the interpreter and torch start once: the matrix an
 about a second each. The command line end to end runs under torchrun (tests marked `torchrun`: interpreters
 starting take most of their time; ctest runs them as python.trainer.torchrun, the rest as python.trainer)."""
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -20,6 +19,14 @@ import traceback
 import pytest
 
 import harness
+from cad.train import attention as train_attention
+from cad.train.attention import AttentionClock, torch_varlen_unavailable
+from cad.train.batches import make_inputs, make_nanos
+from cad.train.flops import attention_pairs, causal_cost, layer_windows, masks, model_flops
+from cad.train.llama import train_one
+from cad.train.llama_args import balancer_config, configurations, parse_args
+from cad.train.model import MicroBatchLoss, build_model
+from cad.train.recipe import balanced_documents, cached_batch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TRAINER = REPO / "examples" / "train_llama.py"
@@ -27,13 +34,6 @@ DATA = pathlib.Path(os.environ.get("CAD_DATA", REPO.parent / "shared" / "data" /
 needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
 
 TINY = ["--layers", "2", "--hidden", "64", "--intermediate", "96", "--timeout-ms", "20000"]
-
-
-def _trainer_module():
-    spec = importlib.util.spec_from_file_location("train_llama", TRAINER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---- every case trained once, in one pair of gloo processes -------------------------------------------------
@@ -98,14 +98,13 @@ def _train_cases(rank, world, out_path):
     """Every case's result (or its traceback) on this rank; rank 0 writes them to out_path. A case that raises
     is recorded and the next one runs (CAD raises on every rank, so the ranks stay in step)."""
     import torch
-    t = _trainer_module()
     lengths = json.loads(DATA.read_text())
     results = {}
     for name, argv in _cases().items():
         printed = io.StringIO()
         try:
             with contextlib.redirect_stdout(printed):
-                result = t.train_one(t.parse_args(argv + ["--data", str(DATA)]), rank, world, torch.device("cpu"),
+                result = train_one(parse_args(argv + ["--data", str(DATA)]), rank, world, torch.device("cpu"),
                                      lengths)
             results[name] = dict(result, stdout=printed.getvalue())
         except Exception:  # noqa: BLE001 -- reported per case by the tests below
@@ -175,95 +174,61 @@ def test_ddp_and_fsdp2_train_alike(trained):
 
 
 def test_balanced_batches_keep_tokens_and_give_every_rank_the_mean_work():
-    t = _trainer_module()
     docs = [[30000, 20000, 15536], [60000, 5536], [1000] * 65 + [536], [65536]]
-    balanced = t.balanced_documents(docs)
-    mean_work = sum(t.causal_cost(d) for d in docs) / len(docs)
+    balanced = balanced_documents(docs)
+    mean_work = sum(causal_cost(d) for d in docs) / len(docs)
     assert [sum(d) for d in balanced] == [sum(d) for d in docs]
     for d in balanced:
         assert len(set(d[:-1])) <= 1 and d[-1] <= d[0]  # equal lengths and one shorter remainder
-        assert abs(t.causal_cost(d) - mean_work) / mean_work < 1e-3
+        assert abs(causal_cost(d) - mean_work) / mean_work < 1e-3
     # mean work 10.5: length 2 gives 12, length 1 gives 8, length 3 ([3, 3, 2]) 15; the empty rank stays empty
-    assert t.balanced_documents([[5, 3], []]) == [[2, 2, 2, 2], []]
-    args = t.parse_args(["--configs", "local,local_balanced,prefix_aware", "--json-out", "x_{config}.json"])
-    runs = dict(t.configurations(args))
+    assert balanced_documents([[5, 3], []]) == [[2, 2, 2, 2], []]
+    args = parse_args(["--configs", "local,local_balanced,prefix_aware", "--json-out", "x_{config}.json"])
+    runs = dict(configurations(args))
     assert runs["local_balanced"].balanced_batches and runs["local_balanced"].attention == "local"
     assert not runs["local"].balanced_batches and runs["local_balanced"].json_out == "x_local_balanced.json"
     # +blocking: CAD's NCCL communicator blocking for that configuration only, named in its JSON
-    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+blocking", "--json-out", "x_{config}.json"])
-    runs = dict(t.configurations(args))
+    args = parse_args(["--configs", "prefix_aware,prefix_aware+blocking", "--json-out", "x_{config}.json"])
+    runs = dict(configurations(args))
     assert runs["prefix_aware_ncclblocking"].cad_nccl_blocking and not runs["prefix_aware"].cad_nccl_blocking
     assert runs["prefix_aware_ncclblocking"].json_out == "x_prefix_aware_ncclblocking.json"
     # +tolT: the balancer's tolerance for that configuration only
-    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+tol0.005,distca+pp+tol0", "--json-out", "x_{config}.json"])
-    runs = dict(t.configurations(args))
+    args = parse_args(["--configs", "prefix_aware,prefix_aware+tol0.005,distca+pp+tol0", "--json-out", "x_{config}.json"])
+    runs = dict(configurations(args))
     assert runs["prefix_aware_tol0.005"].balancer_tolerance == 0.005 and runs["prefix_aware"].balancer_tolerance is None
     assert runs["distca_pingpong_tol0"].balancer_tolerance == 0.0 and runs["distca_pingpong_tol0"].ping_pong
     # +time: prefix_aware balances predicted time with --balancer-rate-table (an absolute path in its config: the
     # plugin opens it relative to the process's directory), the guard only where asked for
-    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+time+tol0.01", "--json-out", "x_{config}.json"])
-    runs = dict(t.configurations(args))
-    assert t.balancer_config(runs["prefix_aware"]) is None
-    table = str((pathlib.Path(t.__file__).resolve().parents[1] / "configs" / "calibration" / "h200.json"))
-    assert t.balancer_config(runs["prefix_aware_time_tol0.01"]) == {"tolerance": 0.01, "rate_table": table}
+    args = parse_args(["--configs", "prefix_aware,prefix_aware+time+tol0.01", "--json-out", "x_{config}.json"])
+    runs = dict(configurations(args))
+    assert balancer_config(runs["prefix_aware"]) is None
+    table = str(REPO / "configs" / "calibration" / "h200.json")
+    assert balancer_config(runs["prefix_aware_time_tol0.01"]) == {"tolerance": 0.01, "rate_table": table}
     assert runs["prefix_aware_time_tol0.01"].json_out == "x_prefix_aware_time_tol0.01.json"
-    args = t.parse_args(["--configs", "prefix_aware+time", "--balancer-min-time-gain", "0"])
-    assert t.balancer_config(dict(t.configurations(args))["prefix_aware_time"]) == {"rate_table": table,
+    args = parse_args(["--configs", "prefix_aware+time", "--balancer-min-time-gain", "0"])
+    assert balancer_config(dict(configurations(args))["prefix_aware_time"]) == {"rate_table": table,
                                                                                    "min_time_gain": 0.0}
     # +ce: CAD's all-to-alls by the copy engines
-    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+hg2+ce", "--json-out", "x_{config}.json"])
-    runs = dict(t.configurations(args))
+    args = parse_args(["--configs", "prefix_aware,prefix_aware+hg2+ce", "--json-out", "x_{config}.json"])
+    runs = dict(configurations(args))
     assert runs["prefix_aware_ce_hg2"].cad_nccl_copy_engines and not runs["prefix_aware"].cad_nccl_copy_engines
     assert runs["prefix_aware_ce_hg2"].cad_head_groups == 2
     # +own (and with it +resN): the tasks on a rank's own documents run in place, its forward leaving N SMs
-    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+own,prefix_aware+own+res32", "--json-out", "x_{config}.json"])
-    runs = dict(t.configurations(args))
+    args = parse_args(["--configs", "prefix_aware,prefix_aware+own,prefix_aware+own+res32", "--json-out", "x_{config}.json"])
+    runs = dict(configurations(args))
     assert runs["prefix_aware"].cad_own_tasks == "off" and runs["prefix_aware_own"].cad_own_tasks == "on"
     assert runs["prefix_aware_own"].cad_own_reserve_sms == 16 and runs["prefix_aware_own_res32"].cad_own_reserve_sms == 32
     # +dyn: the server's forward walks dynamically; +ctasN: CAD's NCCL operations on at most N CTAs
-    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+dyn,prefix_aware+own+res0+ctas8", "--json-out", "x_{config}.json"])
-    runs = dict(t.configurations(args))
+    args = parse_args(["--configs", "prefix_aware,prefix_aware+dyn,prefix_aware+own+res0+ctas8", "--json-out", "x_{config}.json"])
+    runs = dict(configurations(args))
     assert runs["prefix_aware"].cad_forward_walk == "static" and runs["prefix_aware_dyn"].cad_forward_walk == "dynamic"
     assert runs["prefix_aware_own_res0_ctas8"].cad_nccl_max_ctas == 8 and runs["prefix_aware"].cad_nccl_max_ctas == 0
     assert runs["prefix_aware_own_res0_ctas8"].cad_own_reserve_sms == 0
     assert runs["prefix_aware_dyn"].json_out == "x_prefix_aware_dyn.json"
     # +hgN: CAD's calls by N head groups
-    args = t.parse_args(["--configs", "prefix_aware,prefix_aware+hg2", "--json-out", "x_{config}.json"])
-    runs = dict(t.configurations(args))
+    args = parse_args(["--configs", "prefix_aware,prefix_aware+hg2", "--json-out", "x_{config}.json"])
+    runs = dict(configurations(args))
     assert runs["prefix_aware_hg2"].cad_head_groups == 2 and runs["prefix_aware"].cad_head_groups == 1
-
-
-def test_run_order_moves_whole_documents():
-    """The buffer's tokens in the order the nano-batches run: unchanged where the first half runs first; else the
-    second half's documents first, each document's tokens, positions and labels kept together."""
-    import torch
-    t = _trainer_module()
-    docs = [3, 4, 5, 2]
-    inputs = t.make_inputs(docs, 100, 1, torch.device("cpu"))
-    nanos = t.nano_batches([docs], True)[0]
-    assert nanos == [[5, 2], [3, 4]]  # 15 + 3 against 6 + 10: the buffer's second half runs first
-    moved = t.run_order(inputs, docs, nanos)
-    for key in ("input_ids", "position_ids", "labels"):
-        assert torch.equal(moved[key], torch.cat([inputs[key][:, 7:], inputs[key][:, :7]], dim=1)), key
-    assert moved["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 0, 1, 2, 0, 1, 2, 3]]
-    assert (moved["labels"][0, [0, 5, 7, 10]] == -100).all()  # every document's first token still predicts nothing
-    first_heavy = t.make_inputs([5, 2, 3, 4], 100, 1, torch.device("cpu"))
-    kept = t.nano_batches([[5, 2, 3, 4]], True)[0]
-    assert kept == [[5, 2], [3, 4]] and t.run_order(first_heavy, [5, 2, 3, 4], kept) is first_heavy
-
-
-def test_split_at_the_document_boundary_nearest_half():
-    t = _trainer_module()
-    assert t.split_point([100, 10, 10, 100]) == 2             # 110 | 110
-    assert t.split_point([300, 10, 200]) == 1                 # 300 | 210 is nearer half (255) than 310 | 200
-    assert t.split_point([10, 20, 30, 300]) == 3              # the long last document alone
-    assert t.split_point([5, 5]) == 1 and t.split_point([7]) is None and t.split_point([]) is None
-    assert t.split_point([4, 2, 4]) == 1                      # 4 | 6 and 6 | 4 tie: the first boundary
-    # the heavier half (causal work) runs first: rank 0's [3, 4] (16) before [5] (15), rank 1's [9] before [1]
-    assert t.nano_batches([[3, 4, 5], [1, 9]], True) == [[[3, 4], [5]], [[9], [1]]]
-    # one rank with one document: nobody splits (the plans are collective), the buffers stay whole
-    assert t.nano_batches([[3, 4, 5], [12]], True) == [[[3, 4, 5]], [[12]]]
-    assert t.nano_batches([[3, 4, 5], [1, 9]], False) == [[[3, 4, 5]], [[1, 9]]]
 
 
 # fp32 on CPU: with and without ping-pong the same per-token terms are summed, in another order (two partial
@@ -414,7 +379,6 @@ def test_windowed_layers_train_through_cad_as_local(trained, pattern, local, cad
     per mask and nano-batch: prefix_aware, with ping-pong too, and distca) trains as local attention, and the
     window is applied (the losses are not the all-global model's). The records say which plan has which window;
     the colocated imbalance and MFU count windowed layers with their windowed cost."""
-    t = _trainer_module()
     base = _result(trained, local)
     glob = _result(trained, "window/global/local")
     differs = [abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(base["steps"], glob["steps"])]
@@ -438,14 +402,14 @@ def test_windowed_layers_train_through_cad_as_local(trained, pattern, local, cad
         assert (summary["window"], summary["global_every"], summary["windowed_layers"]) == \
             ((8, 3, 2) if mixed else (8, None, 3))
     # The step's batch again (the trainer's recipe): its model FLOPs and colocated imbalance with windowed costs.
-    args = t.parse_args(WINDOW_CASES[local] + WINDOW_ARGS)
+    args = parse_args(WINDOW_CASES[local] + WINDOW_ARGS)
     lengths = json.loads(DATA.read_text())
     for record, other in zip(base["steps"], glob["steps"]):
-        docs = [d or [512] for d in t.cached_batch(lengths, 512, 2, 1 + 1000 * record["step"])]
-        assert record["model_tflop"] * 1e12 == pytest.approx(t.model_flops(args, base["summary"]["params"], [docs]),
+        docs = [d or [512] for d in cached_batch(lengths, 512, 2, 1 + 1000 * record["step"])]
+        assert record["model_tflop"] * 1e12 == pytest.approx(model_flops(args, base["summary"]["params"], [docs]),
                                                              rel=1e-12)
         assert record["model_tflop"] < other["model_tflop"]
-        costs = [t.attention_pairs(args, d) for d in docs]
+        costs = [attention_pairs(args, d) for d in docs]
         assert record["colocated_imbalance"] == pytest.approx(max(costs) / (sum(costs) / 2), rel=1e-12)
 
 
@@ -474,14 +438,14 @@ def _stand_in_varlen(signature):
     return varlen_attn
 
 
-def _one_micro_batch(t, args, attention, docs):
+def _one_micro_batch(args, attention, docs):
     import torch
     args.attention = attention
     cpu = torch.device("cpu")
-    lm = t.build_model(args, cpu, torch.float32)
-    step = t.MicroBatchLoss(lm, loss_chunk=16)  # several chunks
-    inputs = t.make_inputs(docs, args.vocab, 5, cpu)
-    nanos = t.make_nanos([docs], attention, args, cpu, torch.float32)
+    lm = build_model(args, cpu, torch.float32)
+    step = MicroBatchLoss(lm, loss_chunk=16)  # several chunks
+    inputs = make_inputs(docs, args.vocab, 5, cpu)
+    nanos = make_nanos([docs], attention, args, cpu, torch.float32)
     loss = step(**inputs, nanos=nanos)
     loss.backward()
     return lm, inputs, nanos, loss.detach(), [p.grad.clone() for p in lm.parameters()]
@@ -495,14 +459,13 @@ def test_torch_varlen_attention_trains_as_local(monkeypatch, signature, window):
     3: window_size=(3, 0)) before a global one, and its clock counts forward and backward; the chunked loss is
     transformers' own loss."""
     import torch
-    t = _trainer_module()
-    monkeypatch.setattr(t, "torch_varlen_function", lambda: _stand_in_varlen(signature))
-    args = t.parse_args(["--context", "64", *TINY, *window])
+    monkeypatch.setattr(train_attention, "torch_varlen_function", lambda: _stand_in_varlen(signature))
+    args = parse_args(["--context", "64", *TINY, *window])
     docs = [20, 7, 30, 7]
-    t.AttentionClock.take()
-    _, _, _, loss_a, grads_a = _one_micro_batch(t, args, "torch_varlen", docs)
-    assert t.AttentionClock.take() > 0
-    lm, inputs, nanos, loss_b, grads_b = _one_micro_batch(t, args, "local", docs)
+    AttentionClock.take()
+    _, _, _, loss_a, grads_a = _one_micro_batch(args, "torch_varlen", docs)
+    assert AttentionClock.take() > 0
+    lm, inputs, nanos, loss_b, grads_b = _one_micro_batch(args, "local", docs)
     torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-6)
     for a, b in zip(grads_a, grads_b):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
@@ -515,22 +478,20 @@ def test_documents_from_position_ids():
     # The torch_varlen baseline derives its documents with the package's rule, as cad.hf does.
     import torch
     from cad.hf import cu_seqlens_from_position_ids
-    t = _trainer_module()
     assert cu_seqlens_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0]])).tolist() == [0, 3, 5, 6]
     assert cu_seqlens_from_position_ids(torch.tensor([[3, 4, 0, 1]])).tolist() == [0, 2, 4]  # a continued document
-    assert t.torch_varlen_unavailable(torch.device("cpu")).startswith("torch_varlen: ")
+    assert torch_varlen_unavailable(torch.device("cpu")).startswith("torch_varlen: ")
 
 
 def test_torch_varlen_without_window_size_skips_windowed_models(monkeypatch):
     import torch
-    t = _trainer_module()
-    monkeypatch.setattr(t, "torch_varlen_function", lambda: _stand_in_varlen("is_causal"))
+    monkeypatch.setattr(train_attention, "torch_varlen_function", lambda: _stand_in_varlen("is_causal"))
     cuda = torch.device("cuda")  # a device name only: nothing runs
-    assert t.torch_varlen_unavailable(cuda) is None
-    reason = t.torch_varlen_unavailable(cuda, 4096)
+    assert torch_varlen_unavailable(cuda) is None
+    reason = torch_varlen_unavailable(cuda, 4096)
     assert "takes no window_size (torch >= 2.11), which --window 4096 needs" in reason
-    monkeypatch.setattr(t, "torch_varlen_function", lambda: _stand_in_varlen("window_size"))
-    assert t.torch_varlen_unavailable(cuda, 4096) is None
+    monkeypatch.setattr(train_attention, "torch_varlen_function", lambda: _stand_in_varlen("window_size"))
+    assert torch_varlen_unavailable(cuda, 4096) is None
 
 
 # ---- the command line end to end: --configs, --json-out, --profile-step, the per-step records ------------------
@@ -611,17 +572,16 @@ def test_a_failed_rank_exits_at_once_with_its_traceback():
 
 
 # ---- the command line's options (in process: no interpreter start per case) ----------------------------------
-def _refused(t, capsys, argv):
+def _refused(capsys, argv):
     with pytest.raises(SystemExit) as exit_:
-        t.parse_args(argv)
+        parse_args(argv)
     assert exit_.value.code == 2
     return capsys.readouterr().err
 
 
 def test_help(capsys):
-    t = _trainer_module()
     with pytest.raises(SystemExit) as exit_:
-        t.parse_args(["--help"])
+        parse_args(["--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     for option in ("--attention", "--balancer", "--parallel", "--checkpointing", "--checkpoint-reentrant",
@@ -631,107 +591,76 @@ def test_help(capsys):
 
 
 def test_presets_and_defaults():
-    t = _trainer_module()
-    big = t.parse_args(["--model", "llama3-8b", "--layers", "8", "--device", "cuda"])
+    big = parse_args(["--model", "llama3-8b", "--layers", "8", "--device", "cuda"])
     assert (big.hidden, big.heads, big.kv_heads, big.intermediate, big.vocab, big.layers) == \
         (4096, 32, 8, 14336, 128256, 8)
     assert big.parallel == "fsdp2" and big.dtype == "bf16" and big.peak_tflops == 989.0
-    tiny = t.parse_args([])
+    tiny = parse_args([])
     assert (tiny.hidden, tiny.heads, tiny.kv_heads, tiny.intermediate, tiny.layers) == (128, 4, 2, 384, 2)
     assert tiny.parallel == "ddp" and tiny.micro_batches == 1 and tiny.checkpointing == "none"
     # processes sharing a GPU (communicator host) average gradients over gloo: DDP
-    assert t.parse_args(["--device", "cuda", "--communicator", "host"]).parallel == "ddp"
+    assert parse_args(["--device", "cuda", "--communicator", "host"]).parallel == "ddp"
 
 
 def test_bad_options_are_refused(capsys):
-    t = _trainer_module()
-    err = _refused(t, capsys, ["--intermediate", "-1"])
+    err = _refused(capsys, ["--intermediate", "-1"])
     assert "--intermediate must be positive" in err and "got -1" in err
     assert "--profile-step must name one of the 3 steps (0..2), got 3" in \
-        _refused(t, capsys, ["--steps", "3", "--profile-step", "3"])
+        _refused(capsys, ["--steps", "3", "--profile-step", "3"])
     for configs, message in (("local,bogus+x", "'bogus+x' is not"), ("+pp", "'+pp' is not"),
                              ("local,,prefix_aware", "'' is not"), ("prefix_aware+pp+pp", "'prefix_aware+pp+pp' is not"),
                              ("local+dyn", "'local+dyn' is not"), ("prefix_aware+ctas65", "'prefix_aware+ctas65' is not"),
                              ("distca+ctas8+ctas4", "'distca+ctas8+ctas4' is not"),
                              ("local+hg2", "'local+hg2' is not"), ("prefix_aware+hg3", "'prefix_aware+hg3' is not"),
                              ("prefix_aware+hg0", "'prefix_aware+hg0' is not")):
-        assert message in _refused(t, capsys, ["--configs", configs]), configs
-    assert "must contain {config}" in _refused(t, capsys, ["--configs", "local", "--json-out", "x.json"])
-    assert "applies to --checkpointing full only" in _refused(t, capsys, ["--checkpoint-reentrant"])
-    assert "at least 1" in _refused(t, capsys, ["--micro-batches", "0"])
+        assert message in _refused(capsys, ["--configs", configs]), configs
+    assert "must contain {config}" in _refused(capsys, ["--configs", "local", "--json-out", "x.json"])
+    assert "applies to --checkpointing full only" in _refused(capsys, ["--checkpoint-reentrant"])
+    assert "at least 1" in _refused(capsys, ["--micro-batches", "0"])
     assert "needs --ping-pong and an even --micro-batches, got --micro-batches 3" in \
-        _refused(t, capsys, ["--ping-pong", "--ping-pong-nanos", "micro-batches", "--micro-batches", "3"])
+        _refused(capsys, ["--ping-pong", "--ping-pong-nanos", "micro-batches", "--micro-batches", "3"])
     assert "got --micro-batches 2 without --ping-pong" in \
-        _refused(t, capsys, ["--ping-pong-nanos", "micro-batches", "--micro-batches", "2"])
+        _refused(capsys, ["--ping-pong-nanos", "micro-batches", "--micro-batches", "2"])
     for share in ("1", "-0.1"):
         assert f"--ping-pong-min-stall-share must be in [0, 1), got {float(share)}" in \
-            _refused(t, capsys, ["--ping-pong-min-stall-share", share])
-    assert "needs NCCL" in _refused(t, capsys, ["--device", "cuda", "--communicator", "host", "--parallel", "fsdp2"])
+            _refused(capsys, ["--ping-pong-min-stall-share", share])
+    assert "needs NCCL" in _refused(capsys, ["--device", "cuda", "--communicator", "host", "--parallel", "fsdp2"])
     assert "--cad-head-groups must be in [1, 64] and divide --heads (4) and --kv-heads (2), got 4" in \
-        _refused(t, capsys, ["--cad-head-groups", "4"])
-    assert "--window must be -1 (no window) or at least 0" in _refused(t, capsys, ["--window", "-2"])
-    assert "--global-every needs --window" in _refused(t, capsys, ["--global-every", "6"])
-    assert "--balancer-tolerance must be in [0, 10]" in _refused(t, capsys, ["--balancer-tolerance", "-0.1"])
+        _refused(capsys, ["--cad-head-groups", "4"])
+    assert "--window must be -1 (no window) or at least 0" in _refused(capsys, ["--window", "-2"])
+    assert "--global-every needs --window" in _refused(capsys, ["--global-every", "6"])
+    assert "--balancer-tolerance must be in [0, 10]" in _refused(capsys, ["--balancer-tolerance", "-0.1"])
     assert "--balancer-rate-table: /nonexistent.json is not a file" in \
-        _refused(t, capsys, ["--configs", "prefix_aware+time", "--balancer-rate-table", "/nonexistent.json"])
-    assert "--balancer-min-time-gain must be in [0, 1]" in _refused(t, capsys, ["--balancer-min-time-gain", "2"])
+        _refused(capsys, ["--configs", "prefix_aware+time", "--balancer-rate-table", "/nonexistent.json"])
+    assert "--balancer-min-time-gain must be in [0, 1]" in _refused(capsys, ["--balancer-min-time-gain", "2"])
     for every in ("1", "0", "-3"):
-        assert f"--global-every must be at least 2" in _refused(t, capsys, ["--window", "8", "--global-every", every])
+        assert f"--global-every must be at least 2" in _refused(capsys, ["--window", "8", "--global-every", every])
     assert "--balanced-batches balances causal attention work" in \
-        _refused(t, capsys, ["--balanced-batches", "--window", "8"])
+        _refused(capsys, ["--balanced-batches", "--window", "8"])
     for configs in ("prefix_aware+pp+pp1", "local_balanced+pp", "distca+pp1+ppauto", "local+blocking",
                     "prefix_aware+blocking+blocking", "local+tol0.01", "per_doc_cp+tol0.01", "prefix_aware+tol",
                     "prefix_aware+tol11", "prefix_aware+tol0.1+tol0.2", "prefix_aware+tolx", "local+own",
                     "prefix_aware+res16", "prefix_aware+own+res65", "prefix_aware+own+res8+res16", "distca+time",
                     "local+time", "prefix_aware+time+time", "local+ce",
                     "local_balanced+ce", "prefix_aware+ce+ce", "prefix_aware+pp+ppmb", "prefix_aware+ppmb"):
-        assert f"{configs!r} is not" in _refused(t, capsys, ["--configs", configs]), configs
+        assert f"{configs!r} is not" in _refused(capsys, ["--configs", configs]), configs
 
 
 def test_attention_timing_defaults_to_no_syncs_on_cuda():
     # the syncs slow an imbalanced step far more than a balanced one (docs/multi_gpu.md, runs 21-22): step times
     # come without them unless asked for
-    t = _trainer_module()
-    assert t.parse_args([]).sync_attention_timing == "on"  # CPU: nothing to wait for
-    assert t.parse_args(["--device", "cuda"]).sync_attention_timing == "off"
-    assert t.parse_args(["--device", "cuda", "--sync-attention-timing", "on"]).sync_attention_timing == "on"
+    assert parse_args([]).sync_attention_timing == "on"  # CPU: nothing to wait for
+    assert parse_args(["--device", "cuda"]).sync_attention_timing == "off"
+    assert parse_args(["--device", "cuda", "--sync-attention-timing", "on"]).sync_attention_timing == "on"
 
 
 def test_window_options():
-    t = _trainer_module()
-    assert t.layer_windows(t.parse_args(["--layers", "4"])) == [-1] * 4  # no window: every layer global
-    assert t.layer_windows(t.parse_args(["--layers", "3", "--window", "8"])) == [8, 8, 8]
-    gemma = t.parse_args(["--layers", "12", "--window", "4096", "--global-every", "6"])
-    assert t.layer_windows(gemma) == ([4096] * 5 + [-1]) * 2 and t.masks(gemma) == [(4096, 10), (-1, 2)]
-    oss = t.parse_args(["--layers", "4", "--window", "127", "--global-every", "2"])
-    assert t.layer_windows(oss) == [127, -1, 127, -1]
-
-
-def test_model_flops():
-    """MFU's numerator: 6 * P * tokens + 3 * layers * 4 * hidden * causal pairs (module docstring)."""
-    t = _trainer_module()
-    args = t.parse_args(["--hidden", "64", "--heads", "4", "--layers", "3"])
-    docs = [[[3, 1], [2]], [[4], [1, 1]]]  # micro-batch, rank, documents
-    pairs = 6 + 1 + 3 + 10 + 1 + 1
-    assert t.model_flops(args, 1000, docs) == 6 * 1000 * 12 + 3 * 3 * 4 * 64 * pairs
-    # --window 1 --global-every 3: layers 0 and 1 see min(p + 1, 2) keys (3: 1+2+2, 1: 1, 2: 1+2, 4: 1+2+2+2)
-    windowed = t.parse_args(["--hidden", "64", "--heads", "4", "--layers", "3", "--window", "1", "--global-every", "3"])
-    assert t.window_cost([3, 1, 2, 4, 1, 1], 1) == 5 + 1 + 3 + 7 + 1 + 1
-    assert t.window_cost([3, 4], -1) == t.causal_cost([3, 4]) == t.window_cost([3, 4], 3)
-    assert t.model_flops(windowed, 1000, docs) == 6 * 1000 * 12 + 3 * 4 * 64 * (2 * 18 + pairs)
-
-
-def test_kernel_families():
-    t = _trainer_module()
-    assert t.kernel_family("void cad::kernels::detail::attention_bwd_sm90_ws_kernel<128, 2>(BwdParams)") == "attention"
-    assert t.kernel_family("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
-    assert t.kernel_family("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == "nccl"
-    assert t.kernel_family("void cad::kernels::copy_row_ranges_kernel(RowCopy const*, long)") == "cad data path"
-    assert t.kernel_family("void cad::kernels::(anonymous namespace)::copy_row_slices_kernel<uint4>(...)") == \
-        "cad data path"  # every call's pack and unpack
-    assert t.kernel_family("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "gemm"
-    assert t.kernel_family("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT") == "gemm"
-    assert t.kernel_family("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"
+    assert layer_windows(parse_args(["--layers", "4"])) == [-1] * 4  # no window: every layer global
+    assert layer_windows(parse_args(["--layers", "3", "--window", "8"])) == [8, 8, 8]
+    gemma = parse_args(["--layers", "12", "--window", "4096", "--global-every", "6"])
+    assert layer_windows(gemma) == ([4096] * 5 + [-1]) * 2 and masks(gemma) == [(4096, 10), (-1, 2)]
+    oss = parse_args(["--layers", "4", "--window", "127", "--global-every", "2"])
+    assert layer_windows(oss) == [127, -1, 127, -1]
 
 
 def test_list_configs_names_each_configurations_records():

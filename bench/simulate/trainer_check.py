@@ -16,7 +16,11 @@ Every measured configuration is priced on the very batches it trained on: the tr
 step s with seed 1 + 1000 s + m (examples/train_llama.py, --seed 1), and the measured step time is the mean
 over steps 1.. (step 0 warms up) of the slowest rank's step, as the trainer's summary reports it.
 
-    python3 docs/simulate/trainer_check.py --fit --table --scale
+    python3 bench/simulate/trainer_check.py --fit --table --scale
+
+It lives in bench/simulate/, beside the simulator's other checks and tables (simulate_table.py, fit_rank_model.py):
+docs/ holds text and data, not programs. What it writes stays in docs/ (docs/simulate.md's tables between their
+markers, the calibration docs/simulate/trainer_h200.json).
 """
 import argparse
 import json
@@ -281,7 +285,7 @@ def fit(args):
     n_plain, n_cad = len(plain), sum(c["attention"] == "cad" for c in plain)
     cal = {
         "comment": "The overhead terms of a real training step, for `cad simulate --trainer` (schema: "
-                   "host_adapter/simulate/trainer_calibration.h). Written by `python3 docs/simulate/trainer_check.py "
+                   "host_adapter/simulate/trainer_calibration.h). Written by `python3 bench/simulate/trainer_check.py "
                    "--fit` from the fitted runs only; the other runs are held out (docs/simulate.md).",
         "trainer": TRAINER, "fitted_on": ["docs/data/" + x for x in FIT_RUNS],
         "layer_us_per_token": r(layer_us), "head_us_per_token": r(head_us), "step_fixed_ms": r(fixed_ms),
@@ -388,7 +392,7 @@ def table(args):
     example = ("build/bin/cad simulate --model llama-8b --layers 2 --gpus 2 --gpus-per-node 2 --dist "
                "/work/shared/data/doclen_pretrain.json --context 65536 --microbatches 2 --batch-seeds 1001,1002,2001,2002 "
                "--trainer docs/simulate/trainer_h200.json")
-    body = "\n".join(["Command: `python3 docs/simulate/trainer_check.py --table` (after `--fit`). One configuration, by hand:",
+    body = "\n".join(["Command: `python3 bench/simulate/trainer_check.py --table` (after `--fit`). One configuration, by hand:",
                       "", f"    {example}", "", "The fitted terms (`docs/simulate/trainer_h200.json`):", "",
                       "| term | value | fitted to |", "|---|---:|---|", terms, "", *summary, "", *lines])
     DOC.write_text(replace_between(DOC.read_text(), "trainer-table", body))
@@ -424,7 +428,7 @@ def scale(args):
             print(lines[-1], flush=True)
     cmd = ("build/bin/cad simulate --model llama-8b --gpus N --dist /work/shared/data/doclen_pretrain.json --context C "
            f"--microbatches 2 --steps {args.scale_steps} --trainer docs/simulate/trainer_h200.json --json")
-    body = "\n".join([f"Command: `python3 docs/simulate/trainer_check.py --scale`, i.e. for each cell `{cmd}` (and the "
+    body = "\n".join([f"Command: `python3 bench/simulate/trainer_check.py --scale`, i.e. for each cell `{cmd}` (and the "
                       "same without `--trainer` for the last column).", "", *lines])
     DOC.write_text(replace_between(DOC.read_text(), "trainer-scale", body))
 
@@ -515,7 +519,7 @@ def pipeline_table(args):
              "backward phase (ms) | predicted forward / backward ticks (ms) | measured attention per step, stage 0 / 1 "
              "(ms) | predicted as timed, stage 0 / 1 (ms) |",
              "|---:|---|---:|---:|---:|---|---|---|---|"] + rows
-    body = "\n".join(["Command: `python3 docs/simulate/trainer_check.py --pipeline` (the calibration as fitted on the "
+    body = "\n".join(["Command: `python3 bench/simulate/trainer_check.py --pipeline` (the calibration as fitted on the "
                       "data-parallel run 9, nothing refitted). One configuration, by hand:", "",
                       f"    build/bin/cad {example.replace(str(REPO) + '/', '').replace(args.dist, '/work/shared/data/doclen_pretrain.json')}",
                       "", summary, "", *lines])
@@ -576,7 +580,7 @@ def pipeline_scale(args):
     cmd = ("build/bin/cad simulate --model 34b --gpus G --pp PP --schedule gpipe --dist /work/shared/data/doclen_pretrain.json "
            "--context C --microbatches 2PP --steps 1 --trainer TRAINER_34B --balancers colocated,prefix_aware --pool tick|stage|bubble|bubble_stage "
            "--json")
-    body = "\n".join([f"Command: `python3 docs/simulate/trainer_check.py --pipeline-scale`, i.e. for each cell `{cmd}`, "
+    body = "\n".join([f"Command: `python3 bench/simulate/trainer_check.py --pipeline-scale`, i.e. for each cell `{cmd}`, "
                       f"where TRAINER_34B is docs/simulate/trainer_h200.json with its per-token terms scaled to the 34B "
                       f"shape by FLOPs per token (layer x {layer_ratio:.3f}, head x {head_ratio:.3f}; an assumption: "
                       "the terms were fitted on the 8B shape).", "", *lines])
