@@ -318,6 +318,10 @@ class Context:
     def _forget(self, plan_id):
         self._plans.pop(plan_id, None)
 
+    def find_plan(self, plan_id):
+        """The live plan `plan_id` of this context, or None."""
+        return self._plans.get(plan_id)
+
     def plan_by_id(self, plan_id):
         plan = self._plans.get(plan_id)
         if plan is None:

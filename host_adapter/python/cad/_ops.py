@@ -239,7 +239,7 @@ def _setup_context(ctx, inputs, output):
     # and the backward and the recomputed forward must still find the plan that forward used.
     ctx.plan = None
     if isinstance(plan_id, int) and isinstance(context_id, int) and plan_id != NO_PLAN:
-        ctx.plan = _context.lookup(context_id)._plans.get(plan_id)
+        ctx.plan = _context.lookup(context_id).find_plan(plan_id)
     ctx.ids = (context_id, plan_id)
     ctx.causal, ctx.softmax_scale = causal, softmax_scale
     ctx.window = (window_left, window_right)
