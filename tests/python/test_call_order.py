@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import cad
-from cad import _ops
 from reference import random_batch, sdpa_varlen
 
 HEADS, KV_HEADS, DIM = 2, 1, 8
@@ -51,7 +50,7 @@ def test_a_call_out_of_order_is_refused_naming_both():
                                            f"call of plan #{second.id}"):
         with cad.CallOrder([("forward", first, True), ("forward", second, True)], 1):
             cad.varlen_attn(q, k, v, cu, plan=second)
-    assert cad._call_order.current() is None  # the failed tick's order is gone: the next tick can start
+    assert cad.context().state()["call_order"] is None  # the failed tick's order is gone: the next tick can start
 
 
 def test_an_own_call_that_never_comes_is_refused():
@@ -71,13 +70,16 @@ def test_state_kept_for_another_ranks_backward_goes_to_it_last_layer_first():
     other, _ = _plan([])
     with cad.CallOrder([("forward", other, False)], 3):
         pass  # an idle rank: every call made for the other
-    kept = [k for k, _ in _ops._served[other.id]]
-    assert len(kept) == 3 and all(_ops._saved[k][1] for k in kept)
+    state = cad.context().state()
+    kept = state["served"][other.id]
+    assert len(kept) == 3 and all(state["saved"][k] for k in kept)
     with cad.CallOrder([("backward", other, False)], 1) as order:
         order.serve_rest()
-        assert [k for k, _ in _ops._served[other.id]] == kept[:2]  # the last layer's went first
-        assert kept[2] not in _ops._saved
-    assert other.id not in _ops._served and not any(k in _ops._saved for k in kept)  # the rest at the tick's end
+        state = cad.context().state()
+        assert state["served"][other.id] == kept[:2]  # the last layer's went first
+        assert kept[2] not in state["saved"]
+    state = cad.context().state()
+    assert other.id not in state["served"] and not any(k in state["saved"] for k in kept)  # the rest at the end
 
 
 def test_for_tick_lists_the_stages_calls_in_stage_order():
@@ -95,3 +97,32 @@ def test_for_tick_lists_the_stages_calls_in_stage_order():
     with pytest.raises(cad.CadError, match=r"stage 1 runs the forward of micro-batch 2 but `plans` has no plan for "
                                            r"\(micro-batch 2, stage 1\)"):
         cad.CallOrder.for_tick([None, ("forward", 2)], 0, plans, 1, recomputes=False)
+
+
+@pytest.mark.parametrize("slot, repeats, expected", [
+    ([("forward", None, True)], 1, r"slot\[0\]: plan must be a cad.Plan, got NoneType"),
+    ([("forward", "PLAN", True), ("forward", "plan #1", False)], 1, r"slot\[1\]: plan must be a cad.Plan, got str"),
+    ([("forward", "PLAN", True)], "2", r"repeats must be an int, got str '2'"),
+    ([("forward", "PLAN", True)], 1.5, r"repeats must be an int, got float 1.5"),
+    ([("forward", "PLAN", True)], -1, r"repeats must be an int in \[0, "),
+    ([("forward", "PLAN", True)], 2 ** 64, r"repeats must be an int in \[0, 9223372036854775807\], got 1844674"),
+    ([("forward", "PLAN", True), ("forward", "PLAN")], 1, r"slot\[1\] must be \(direction, plan, mine\), got \("),
+    ([("forward", "PLAN", True), 7], 1, r"slot\[1\] must be \(direction, plan, mine\), got 7"),
+    ([("forward", "PLAN", "yes")], 1, r"slot\[0\]: mine must be True or False, got 'yes'"),
+    (None, 1, r"slot must be a list of \(direction, plan, mine\) entries, got NoneType"),
+])
+def test_bad_entries_are_refused_at_construction_naming_the_entry_and_argument(slot, repeats, expected):
+    mine, _ = _plan([5, 9])
+    if slot is not None:
+        slot = [tuple(mine if x == "PLAN" else x for x in e) if isinstance(e, tuple) else e for e in slot]
+    with pytest.raises(cad.CadError, match=expected):
+        cad.CallOrder(slot, repeats)
+
+
+def test_one_orders_plans_belong_to_one_context():
+    mine, _ = _plan([5, 9])
+    with cad.Context(timeout_ms=20000) as other:
+        theirs = other.plan(mine.cu_seqlens, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM,
+                            dtype=torch.float32, device="cpu")
+        with pytest.raises(cad.CadError, match=r"the slot's plans belong to 2 contexts"):
+            cad.CallOrder([("forward", mine, True), ("forward", theirs, True)], 1)

@@ -40,13 +40,13 @@ def _pipelined(rank, world):
     import cad
     batches = [_micro_batch(rank, i) for i in range(4)]
     plans = [cad.plan(batches[0][3], ahead=True, tag=0, **SHAPE)]
-    before = cad._plan.makes_so_far()
+    before = cad.context().makes
     for i, (q, k, v, cu) in enumerate(batches):
         if i + 1 < len(batches):
             plans.append(cad.plan(batches[i + 1][3], ahead=True, tag=i + 1, **SHAPE))
         _check(q, k, v, cu, plans[i], torch.randn(q.shape, generator=torch.Generator().manual_seed(i)))
         assert plans[i].ready and plans[i].tag == i
-    assert cad._plan.makes_so_far() - before == len(batches)  # the calls made none of their own
+    assert cad.context().makes - before == len(batches)  # the calls made none of their own
     assert plans[0].stats is not None and len(plans[0].stats["servers"]) == world
 
 
@@ -127,7 +127,7 @@ def _dropped_and_closed(rank, world):
     plan = cad.plan(cu, ahead=True, tag=1, **SHAPE)
     _check(q, k, v, cu, plan, torch.ones(q.shape))
     gc.collect()
-    assert dropped_id not in cad._plan._plans
+    assert dropped_id not in cad.context().state()["plans"]
     # Closing the stack with plans queued: each ends made or failed, never hangs.
     queued = [cad.plan(cu, ahead=True, tag=t, **SHAPE) for t in (2, 3, 4)]
     start = time.monotonic()
@@ -198,7 +198,7 @@ def test_plan_ahead_needs_a_plan_communicator(fresh_stacks):
 
 def test_init_passes_the_communication_knobs_to_the_stack(fresh_stacks):
     cad = fresh_stacks
-    cuda = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
+    cuda = cad.stack_config(torch.device("cuda", 0), dict(cad.context().settings, communicator="nccl",
                                                           comm_stream_priority="normal", nccl_max_ctas=8,
                                                           nccl_blocking_comm=True))
     instances = {i["name"]: i for i in cuda["instances"]}
@@ -217,39 +217,39 @@ def test_init_passes_the_communication_knobs_to_the_stack(fresh_stacks):
         cad.init(own_tasks_in_place="yes")
     # With the tasks run in place, on GPUs they get a cuda instance of their own, whose forward leaves SMs to the
     # collective and walks its units dynamically.
-    own = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
+    own = cad.stack_config(torch.device("cuda", 0), dict(cad.context().settings, communicator="nccl",
                                                          own_tasks_in_place=True))
     own_instances = {i["name"]: i for i in own["instances"]}
     assert own_instances["cad"]["config"]["own_tasks_in_place"] is True
     assert own_instances["server_own"]["config"] == {"reserve_sms": 16, "forward_walk": "dynamic"}
     assert own_instances["cad"]["config"]["own_server_backend"] == "server_own"
     assert own_instances["server"]["config"] == {}
-    every_sm = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
+    every_sm = cad.stack_config(torch.device("cuda", 0), dict(cad.context().settings, communicator="nccl",
                                                               own_tasks_in_place=True, own_tasks_reserve_sms=0))
     every_sm_instances = {i["name"]: i for i in every_sm["instances"]}
     assert every_sm_instances["server_own"]["config"] == {"reserve_sms": 0, "forward_walk": "dynamic"}
     # On the CPU the server's own instance runs them: no second instance.
-    cpu_own = cad.stack_config(torch.device("cpu"), dict(cad._runtime._settings, own_tasks_in_place=True))
+    cpu_own = cad.stack_config(torch.device("cpu"), dict(cad.context().settings, own_tasks_in_place=True))
     assert "server_own" not in {i["name"] for i in cpu_own["instances"]}
     assert "own_server_backend" not in {i["name"]: i for i in cpu_own["instances"]}["cad"]["config"]
     with pytest.raises(cad.CadError, match=r"own_tasks_reserve_sms must be an int in \[0, 64\]"):
         cad.init(own_tasks_reserve_sms=-1)
     # The server's forward walk: the cuda backend's forward_walk, only on GPUs and only where it is not the default.
-    dynamic = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
+    dynamic = cad.stack_config(torch.device("cuda", 0), dict(cad.context().settings, communicator="nccl",
                                                              forward_walk="dynamic"))
     assert {i["name"]: i for i in dynamic["instances"]}["server"]["config"] == {"forward_walk": "dynamic"}
     assert default["server"]["config"] == {}
     with pytest.raises(cad.CadError, match="forward_walk must be 'static' or 'dynamic'"):
         cad.init(forward_walk="greedy")
     # Head groups: the plugin's head_groups, given only where it is not its default.
-    grouped = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl", head_groups=2))
+    grouped = cad.stack_config(torch.device("cuda", 0), dict(cad.context().settings, communicator="nccl", head_groups=2))
     assert {i["name"]: i for i in grouped["instances"]}["cad"]["config"]["head_groups"] == 2
     assert "head_groups" not in default["cad"]["config"]
     for bad in (0, 65, 2.0, True):
         with pytest.raises(cad.CadError, match=r"head_groups must be an int in \[1, 64\]"):
             cad.init(head_groups=bad)
     # The copy engines: the nccl plugin's copy_engines, given only where asked for.
-    by_copy_engines = cad.stack_config(torch.device("cuda", 0), dict(cad._runtime._settings, communicator="nccl",
+    by_copy_engines = cad.stack_config(torch.device("cuda", 0), dict(cad.context().settings, communicator="nccl",
                                                                      nccl_copy_engines=True))
     assert {i["name"]: i for i in by_copy_engines["instances"]}["comm"]["config"]["copy_engines"] is True
     assert "copy_engines" not in default["comm"]["config"]
@@ -286,11 +286,10 @@ def test_plan_communicator_must_be_an_instance_of_its_own(fresh_stacks):
 def _groups_destroyed_at_shutdown(rank, world):
     import cad
     import torch.distributed as dist
-    from cad import _runtime
     q, k, v, cu = random_batch([5, 3] if rank == 0 else [7, 1], 4, 2, 8, seed=rank)
     plan = cad.plan(cu, num_heads=4, num_kv_heads=2, head_dim=8, dtype=q.dtype, device=q.device, ahead=True, tag=0)
     cad.varlen_attn(q, k, v, cu, plan=plan)
-    collectives = _runtime.existing(q.device).collectives
+    collectives = cad.context().lane(0).existing(q.device).collectives
     groups = [collectives.group, collectives.planning_group]
     assert all(g is not None for g in groups)
     mapped = dist.distributed_c10d._world.pg_map

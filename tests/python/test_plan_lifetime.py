@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import cad
+import cad.hf
 from reference import random_batch, sdpa_varlen
 
 
@@ -36,7 +37,7 @@ def test_shutdown_forgets_what_init_chose():
     assert chosen != default and chosen["log_level"] == "info"
     assert {"name": "balancer", "plugin": "colocated", "config": {}} in chosen["instances"]
     cad.shutdown()
-    assert cad.stack_config(cpu) == cad.stack_config(cpu, cad._runtime._DEFAULTS)
+    assert cad.stack_config(cpu) == cad.Context().stack_config(cpu)  # a new context's: the defaults
     q, k, v, cu = random_batch([5, 9], 2, 1, 8)  # and a stack made now works
     torch.testing.assert_close(cad.varlen_attn(q, k, v, cu, causal=True), sdpa_varlen(q, k, v, cu, True), atol=2e-5,
                                rtol=1e-5)
@@ -56,8 +57,47 @@ def test_cu_seqlens_refilled_after_plan_refused():
     q, k, v, cu = random_batch([5, 9], 2, 1, 8)
     plan = cad.plan(cu)
     cu[1] = 7  # other documents, same tensor
-    with pytest.raises(cad.CadError, match="modified in place after cad.plan"):
+    with pytest.raises(cad.CadError, match=r"cu_seqlens tensor of plan #\d+ holds other documents \(\[0, 7, 14\]\)"):
         cad.varlen_attn(q, k, v, cu, plan=plan)
+    cu[1] = 5  # the planned documents again: the values decide, not the version counter
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, cu, plan=plan), sdpa_varlen(q, k, v, cu, True), atol=2e-5,
+                               rtol=1e-5)
+
+
+REFILLS = {  # ways to write other documents into cu_seqlens that torch's version counter does not see
+    "data.copy_": lambda cu, new: cu.data.copy_(new),
+    "numpy": lambda cu, new: cu.numpy().__setitem__(slice(None), new.numpy()),
+}
+
+
+@pytest.mark.parametrize("refill", sorted(REFILLS))
+def test_documents_refilled_behind_the_version_counter_are_refused_by_a_plan(refill):
+    q, k, v, cu = random_batch([5, 9], 2, 1, 8)
+    plan = cad.plan(cu, num_heads=2, num_kv_heads=1, head_dim=8, dtype=q.dtype, device="cpu")
+    cad.varlen_attn(q, k, v, cu, plan=plan)
+    version = cu._version
+    REFILLS[refill](cu, torch.tensor([0, 11, 14], dtype=torch.int32))
+    assert cu._version == version  # the counter did not move: only the values can tell
+    with pytest.raises(cad.CadError, match=r"holds other documents \(\[0, 11, 14\]\) than when cad.plan"):
+        cad.varlen_attn(q, k, v, cu, plan=plan)
+    copy = torch.tensor([0, 5, 14], dtype=torch.int32)  # the planned documents in another tensor: accepted
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, copy, plan=plan), sdpa_varlen(q, k, v, copy, True), atol=2e-5,
+                               rtol=1e-5)
+    REFILLS[refill](copy, torch.tensor([0, 11, 14], dtype=torch.int32))  # ... and refilled: its pieces are new
+    with pytest.raises(cad.CadError, match="pieces differ from those plan #"):
+        cad.varlen_attn(q, k, v, copy, plan=plan)
+
+
+@pytest.mark.parametrize("refill", sorted(REFILLS))
+def test_documents_refilled_behind_the_version_counter_are_read_again_locally(refill):
+    q, k, v, cu = random_batch([5, 9], 2, 1, 8, seed=4)
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, cu), sdpa_varlen(q, k, v, cu, True), atol=2e-5, rtol=1e-5)
+    REFILLS[refill](cu, torch.tensor([0, 11, 14], dtype=torch.int32))
+    want = sdpa_varlen(q, k, v, torch.tensor([0, 11, 14]), True)
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, cu), want, atol=2e-5, rtol=1e-5)  # the new documents
+    REFILLS[refill](cu, torch.tensor([0, 11, 15], dtype=torch.int32))  # ... and checked again: T is 14
+    with pytest.raises(cad.CadError, match=r"cu_seqlens must rise from 0 to T = 14"):
+        cad.varlen_attn(q, k, v, cu)
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -128,8 +168,7 @@ def test_auto_keeps_a_recomputed_forward_on_the_servers():
 
     _packed("auto", lambda l, cu, plan: checkpoint(attention, *l, cu, plan, use_reentrant=False))
     assert seen == [False, True]  # the forward, then its recomputation inside the backward
-    from cad import _ops
-    assert not _ops._saved  # every kept state went back after its backward
+    assert not cad.context().state()["saved"]  # every kept state went back after its backward
 
 
 def test_a_second_backward_of_a_kept_forward_is_refused():
@@ -170,3 +209,22 @@ def test_a_copy_of_the_plans_cu_seqlens_is_read_back_once(monkeypatch):
     with pytest.raises(cad.CadError, match="pieces differ from those plan #"):
         cad.varlen_attn(q, k, v, copy, plan=plan)
     assert len(reads) == 2
+
+
+@pytest.mark.parametrize("refill", sorted(REFILLS))
+def test_hf_documents_refilled_behind_the_version_counter_are_derived_again(refill):
+    # cad.hf derives a micro-batch's documents once per position_ids tensor; refilled without the version counter
+    # moving, the old documents were served (the attention then ran over the wrong documents, without a word).
+    import types
+    q, k, v, _ = random_batch([5, 9], 2, 1, 8, seed=6)
+    module = types.SimpleNamespace(is_causal=True)
+    positions = torch.cat([torch.arange(5), torch.arange(9)]).unsqueeze(0)
+
+    def attend():
+        out, _ = cad.hf.cad_local_attention(module, *(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)), None,
+                                            position_ids=positions)
+        return out.reshape(q.shape)
+
+    torch.testing.assert_close(attend(), sdpa_varlen(q, k, v, torch.tensor([0, 5, 14]), True), atol=2e-5, rtol=1e-5)
+    REFILLS[refill](positions, torch.cat([torch.arange(11), torch.arange(3)]).unsqueeze(0))
+    torch.testing.assert_close(attend(), sdpa_varlen(q, k, v, torch.tensor([0, 11, 14]), True), atol=2e-5, rtol=1e-5)

@@ -85,8 +85,8 @@ def _train(rank, implementation, mode, wrap, explicit_plan, steps=2):
 
 
 def _plan_makes():
-    import cad._plan
-    return cad._plan.makes_so_far()
+    import cad
+    return cad.context().makes
 
 
 def _compare(rank, world, cases):

@@ -55,7 +55,7 @@ def test_torch_compile_traces_the_custom_op():
 
 def test_opcheck_fake_implementation():
     q, k, v, cu = random_batch([3, 4], 2, 1, 16)
-    torch.library.opcheck(torch.ops.cad.varlen_fwd.default, (q, k, v, cu, -1, True, 0.25, False, -1, -1),
+    torch.library.opcheck(torch.ops.cad.varlen_fwd.default, (q, k, v, cu, -1, -1, True, 0.25, False, -1, -1, -1),
                           test_utils=("test_schema", "test_faketensor"))
 
 

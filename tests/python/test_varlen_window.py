@@ -83,20 +83,30 @@ def test_cad_plan_with_a_window_matches_the_local_path():
     _assert_all_close(got, want)
 
 
-def test_a_plan_for_another_window_is_refused_naming_it():
-    q, k, v, cu = random_batch([5, 7], 2, 2, 16)
+def test_the_plan_fixes_the_mask_and_a_conflicting_one_is_refused_naming_both():
+    q, k, v, cu = random_batch([5, 7], 2, 2, 16, seed=3)
     plan = cad.plan(cu, window_size=(4, 0))
-    with pytest.raises(cad.CadError, match="window_left"):
-        cad.varlen_attn(q, k, v, cu, plan=plan)  # a global layer with the local layers' plan
-    with pytest.raises(cad.CadError, match="window_left"):
+    want = sdpa_varlen_window(q, k, v, cu, True, (4, 0))
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, cu, plan=plan), want, rtol=1e-5, atol=2e-5)  # the plan's
+    # The same mask given again is accepted; another is refused, naming the argument and the plan's value.
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, cu, plan=plan, causal=True, window_size=(4, 0)), want,
+                               rtol=1e-5, atol=2e-5)
+    with pytest.raises(cad.CadError, match=r"window_size=\(-1, -1\) conflicts with plan #\d+'s window_size=\(4, 0\)"):
+        cad.varlen_attn(q, k, v, cu, plan=plan, window_size=(-1, -1))  # a global layer with the local layers' plan
+    with pytest.raises(cad.CadError, match=r"window_size=\(4, 0\) conflicts with plan #\d+'s window_size=\(-1, 0\)"):
         cad.varlen_attn(q, k, v, cu, plan=cad.plan(cu), window_size=(4, 0))
+    with pytest.raises(cad.CadError, match=r"causal=False conflicts with plan #\d+'s causal=True"):
+        cad.varlen_attn(q, k, v, cu, plan=plan, causal=False)
+    full = cad.plan(cu, causal=False)
+    torch.testing.assert_close(cad.varlen_attn(q, k, v, cu, plan=full), sdpa_varlen(q, k, v, cu, False),
+                               rtol=1e-5, atol=2e-5)
 
 
 def test_cad_plan_refuses_bad_windows():
     _, _, _, cu = random_batch([5, 7], 2, 2, 16)
     with pytest.raises(cad.CadError, match=r"cad.plan: window_size\[0\] \(left\)"):
         cad.plan(cu, window_size=(-3, 0))
-    with pytest.raises(cad.CadError, match=r"cad.plan: window_size\[1\] \(right\)"):
+    with pytest.raises(cad.CadError, match=r"cad.plan_pieces: window_size\[1\] \(right\)"):
         cad.plan_pieces([(7, 12, 0, 12)], window_size=(3, 2))
 
 

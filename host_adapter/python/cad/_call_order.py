@@ -32,36 +32,58 @@ reentrant checkpointing, which differentiates the recomputed forward (examples/t
 """
 import torch
 
-from . import _ops
+from . import _checks, _context, _ops
 from ._errors import CadError
-from ._plan import _rank
-
-# The CallOrder of the tick now running in this process, or None. Process-wide, not per thread: on CUDA the
-# autograd engine runs the backwards (and their calls) on a device thread of its own.
-_current = [None]
+from ._plans import Plan
 
 
-def current():
-    return _current[0]
+def current(context=None):
+    """The CallOrder of the tick now running on `context` (default: the default context), or None. Per context,
+    not per thread: on CUDA the autograd engine runs the backwards (and their calls) on a device thread of its
+    own."""
+    return (context or _context.default()).call_order
 
 
 class CallOrder:
     """The collective calls of one tick, in the order every rank makes them (see the module doc)."""
 
     def __init__(self, slot, repeats):
+        """slot: the calls of one layer, each (direction, plan, mine); repeats: how often the slot repeats (an int
+        >= 0). Each entry is checked here: a CadError names the entry (its index) and the argument."""
+        try:
+            entries = list(slot)
+        except TypeError:
+            raise CadError(f"cad.CallOrder: slot must be a list of (direction, plan, mine) entries, got "
+                           f"{type(slot).__name__}", "INVALID_ARGUMENT") from None
         self.slot = []
-        for entry in slot:
-            direction, plan, mine = entry
+        for i, entry in enumerate(entries):
+            try:
+                fields = tuple(entry)
+            except TypeError:
+                fields = None
+            if fields is None or len(fields) != 3:
+                raise CadError(f"cad.CallOrder: slot[{i}] must be (direction, plan, mine), got {entry!r}",
+                               "INVALID_ARGUMENT")
+            direction, plan, mine = fields
             if direction not in ("forward", "backward"):
-                raise CadError(f"cad.CallOrder: a call's direction must be 'forward' or 'backward', got {direction!r}",
+                raise CadError(f"cad.CallOrder: slot[{i}]: a call's direction must be 'forward' or 'backward', got "
+                               f"{direction!r}", "INVALID_ARGUMENT")
+            if not isinstance(plan, Plan):
+                raise CadError(f"cad.CallOrder: slot[{i}]: plan must be a cad.Plan, got {type(plan).__name__} "
+                               f"{plan!r}", "INVALID_ARGUMENT")
+            if not isinstance(mine, bool) and mine not in (0, 1):
+                raise CadError(f"cad.CallOrder: slot[{i}]: mine must be True or False, got {mine!r}",
                                "INVALID_ARGUMENT")
             self.slot.append((direction, plan, bool(mine)))
-        if repeats < 0:
-            raise CadError(f"cad.CallOrder: repeats must be >= 0, got {repeats}", "INVALID_ARGUMENT")
-        self.repeats = int(repeats)
+        contexts = {id(p.context): p.context for _, p, _ in self.slot}
+        if len(contexts) > 1:
+            raise CadError(f"cad.CallOrder: the slot's plans belong to {len(contexts)} contexts (#"
+                           f"{', #'.join(str(c.id) for c in contexts.values())}); one tick's calls are one group's",
+                           "INVALID_ARGUMENT")
+        self.context = next(iter(contexts.values())) if contexts else _context.default()
+        self.repeats = _checks.integer(repeats, "repeats", "cad.CallOrder", 0)
         self._position = 0  # calls made so far in this tick (all repeats), own and served
         self._total = len(self.slot) * self.repeats
-        self._serving = False
 
     @classmethod
     def for_tick(cls, operations, stage, plans, layers, recomputes):
@@ -103,22 +125,18 @@ class CallOrder:
 
     # ---- hooks of cad::varlen_fwd / cad::varlen_bwd -----------------------------------------------------------
     def before_own_call(self, direction, plan):
-        if self._serving:
-            return
         self._serve_until(self._total)
         if self._position >= self._total:
-            raise CadError(f"cad.CallOrder: rank {_rank()}: {self._describe(direction, plan)} came after every call "
-                           f"of this tick's order ({self.repeats} x {len(self.slot)} calls) was made",
+            raise CadError(f"cad.CallOrder: rank {self.context.rank}: {self._describe(direction, plan)} came after "
+                           f"every call of this tick's order ({self.repeats} x {len(self.slot)} calls) was made",
                            "INVALID_ARGUMENT")
         want_direction, want_plan, _ = self._entry(self._position)
-        if (want_direction, want_plan.id) != (direction, plan.id):
-            raise CadError(f"cad.CallOrder: rank {_rank()}: call {self._position} of this tick is "
+        if (want_direction, want_plan) != (direction, plan):
+            raise CadError(f"cad.CallOrder: rank {self.context.rank}: call {self._position} of this tick is "
                            f"{self._describe(want_direction, want_plan)} by the order every rank follows, but this "
                            f"rank's layers made {self._describe(direction, plan)}", "INVALID_ARGUMENT")
 
     def after_own_call(self):
-        if self._serving:
-            return
         # The rest of this call's slot, if none of it is this rank's (else its next own call makes them).
         end = (self._position // len(self.slot) + 1) * len(self.slot)
         self._position += 1
@@ -129,39 +147,35 @@ class CallOrder:
     def _serve(self, direction, plan):
         plan.wait()
         if plan.shape is None:
-            raise CadError(f"cad.CallOrder: rank {_rank()}: plan #{plan.id} has no shapes yet; make it ahead "
+            raise CadError(f"cad.CallOrder: rank {self.context.rank}: plan #{plan.id} has no shapes yet; make it ahead "
                            f"(cad.plan(..., ahead=True) with its shapes) or give its owner's shapes to cad.plan",
                            "INVALID_ARGUMENT")
         heads, kv_heads, head_dim, dtype, device = plan.shape
         q = torch.empty(0, heads, head_dim, dtype=dtype, device=device)
         kv = torch.empty(0, kv_heads, head_dim, dtype=dtype, device=device)
         scale = head_dim ** -0.5  # (no token of this rank's: the scale only has to be a number)
-        window = (plan.window_left, -1)
-        self._serving = True
-        try:
-            if direction == "forward":
-                # The owner's forward keeps the servers' state as its own context decides: a recomputation (the
-                # slot has this plan's backward after it) counts as inside a backward.
-                in_backward = any(d == "backward" and p.id == plan.id for d, p, _ in self.slot)
-                _ops.serve_forward(q, kv, plan, plan.causal, scale, window, in_backward)
-            else:
-                _ops.serve_backward(q, kv, plan, plan.causal, scale, window)
-        finally:
-            self._serving = False
+        if direction == "forward":
+            # The owner's forward keeps the servers' state as its own context decides: a recomputation (the slot
+            # has this plan's backward after it) counts as inside a backward.
+            in_backward = any(d == "backward" and p is plan for d, p, _ in self.slot)
+            _ops.serve_forward(q, kv, plan, scale, in_backward)
+        else:
+            _ops.serve_backward(q, kv, plan, scale)
 
     def serve_rest(self):
         """Make every call of the tick not yet made (a rank with no call of its own in this tick)."""
         self._serve_until(self._total)
         if self._position < self._total:  # stopped at a call of this rank's own
             direction, plan, _ = self._entry(self._position)
-            raise CadError(f"cad.CallOrder: rank {_rank()}: call {self._position} of this tick is this rank's "
-                           f"own ({self._describe(direction, plan)}) and its layers never made it",
+            raise CadError(f"cad.CallOrder: rank {self.context.rank}: call {self._position} of this tick is this "
+                           f"rank's own ({self._describe(direction, plan)}) and its layers never made it",
                            "INVALID_ARGUMENT")
 
     def __enter__(self):
-        if current() is not None:
-            raise CadError("cad.CallOrder: another tick's call order is active in this process", "INVALID_ARGUMENT")
-        _current[0] = self
+        if self.context.call_order is not None:
+            raise CadError(f"cad.CallOrder: another tick's call order is active on context #{self.context.id}",
+                           "INVALID_ARGUMENT")
+        self.context.call_order = self
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -171,11 +185,7 @@ class CallOrder:
                 # A plan's backward calls all run in one tick: what is still kept for them now is a first forward's
                 # whose owner recomputed it (activation checkpointing dropped the owner's own copy long ago).
                 for plan_id in {p.id for d, p, _ in self.slot if d == "backward"}:
-                    _ops.release_served(plan_id)
+                    self.context.release_served(plan_id)
         finally:
-            _current[0] = None
+            self.context.call_order = None
         return False
-
-
-
-_ops.call_order = current  # the op's hooks look the tick's order up here

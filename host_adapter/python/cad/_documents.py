@@ -2,23 +2,36 @@
 list, so a tensor one path refuses is refused by the other too (the CAD path used to accept a float or 2-D
 cu_seqlens, or one not starting at 0, and compute on whatever it made of it).
 
-Each tensor is read back once (per in-place version), here and nowhere else. Every layer of a micro-batch passes
-the same tensor, and it is often a device copy the caller never asked for: FSDP2's root module moves every tensor
-of its forward's arguments to the GPU, so a plan's host cu_seqlens reaches the attention calls as a new CUDA
-tensor. Reading that back synchronises the host with the stream; at every layer, that left ping-pong's two
-streams no time to overlap (measured on 2 H200s, docs/multi_gpu.md)."""
+Reading back, and what a cache may trust. Every layer of a micro-batch passes the same tensor, so what it holds
+is kept per tensor -- but decided from its values, never from its version counter alone: `cu.data.copy_(...)`
+or a write through `cu.numpy()` refills a tensor without moving `_version`, and a cache keyed on the version
+then served the old documents (OK with wrong numbers). A host tensor's bytes are compared with those read last
+(a few hundred bytes: cheaper than the call) at every call. A device tensor is read back once per version: its
+values cannot be seen without synchronising the host with its stream, and at every layer that left ping-pong's
+two streams no time to overlap (measured on 2 H200s, docs/multi_gpu.md) -- FSDP2's root module moves a plan's
+host cu_seqlens to the GPU, so the calls see such a copy. Keep CAD's cu_seqlens on the host (the plan reads
+them there) to have them checked at every call.
+"""
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ._errors import CadError
 
-# tensor (by identity: tensors do not compare with ==) -> (its _version when read, its offsets as a tuple)
+# tensor (by identity: tensors do not compare with ==) -> (its _version, its bytes (host tensors) or None, offsets)
 _read_back = WeakIdKeyDictionary()
+
+
+def fingerprint(cu_seqlens):
+    """The tensor's values as bytes where they can be read without a device synchronisation (None elsewhere)."""
+    if cu_seqlens.device.type != "cpu" or torch.compiler.is_compiling():  # (while tracing: no values to read)
+        return None
+    return cu_seqlens.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def offsets(cu_seqlens, what, tokens=None):
     """cu_seqlens as a tuple of ints: a 1-D int32/int64 tensor rising from 0 (to `tokens`, the rows of q, when
-    given). Read back to the host and checked once per tensor and version; later calls with it are free."""
+    given). Checked when its values are new; the same tuple object is returned while they are unchanged (callers
+    may compare by identity first)."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise CadError(f"{what}: cu_seqlens must be a torch.Tensor (int32 [num_docs + 1]), got "
                        f"{type(cu_seqlens).__name__}")
@@ -27,12 +40,15 @@ def offsets(cu_seqlens, what, tokens=None):
                        f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
     if cu_seqlens.device.type == "meta":
         raise CadError(f"{what}: cu_seqlens is on the meta device (it has no values)")
+    fingerprint_ = fingerprint(cu_seqlens)
     cached = _read_back.get(cu_seqlens)
-    if cached is not None and cached[0] == cu_seqlens._version:
-        cu = cached[1]
+    if cached is not None and cached[0] == cu_seqlens._version and cached[1] == fingerprint_:
+        cu = cached[2]
     else:
         cu = _checked(cu_seqlens, what)
-        _read_back[cu_seqlens] = (cu_seqlens._version, cu)
+        if cached is not None and cached[2] == cu:
+            cu = cached[2]  # the same documents (rewritten with equal values): the same object
+        _read_back[cu_seqlens] = (cu_seqlens._version, fingerprint_, cu)
     if tokens is not None and cu[-1] != tokens:
         raise CadError(f"{what}: cu_seqlens must rise from 0 to T = {tokens} (q's rows), got {shown(cu)} ending at "
                        f"{cu[-1]}")

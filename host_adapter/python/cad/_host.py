@@ -78,7 +78,7 @@ class Host:
         self.collectives = collectives
         self.releases = []
         self._releases_lock = threading.Lock()  # plans made ahead register their release from the planning thread
-        self.planner = None  # _planner.Planner, made by the stack's first plan ahead (_runtime.planner)
+        self.planner = None  # _planner.Planner, made by the stack's first plan ahead (Context.planner)
         self._lib = lib()
         self._handle = C.c_void_p()
         text = json.dumps(config).encode()

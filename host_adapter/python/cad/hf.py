@@ -39,34 +39,54 @@ import weakref
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import _context
 from . import _documents as _offsets
 from ._errors import CadError
 from ._ops import varlen_attn
-from ._plan import plan as make_plan
+from ._api import plan as make_plan
 
-# Documents source tensor (by identity) -> _Documents. Weak: an entry goes with the micro-batch's tensor.
-_by_source = WeakIdKeyDictionary()
-# plan_ahead's entries that no forward has used yet, oldest first (weak references). A forward may get another
-# tensor than the one plan_ahead was given -- FSDP2's root module moves its forward's tensor arguments to the GPU --
-# and then takes the oldest unused entry with the same documents instead of making a plan at its first layer.
-_unused_ahead = []
-# The plan of the last "cad" call, for current_plan() (statistics): it stays alive until the next call's replaces
-# it. Since plans hold only index tables between calls (their buffers are per call), that costs little.
-_last = {"plan": None}
+
+class _State:
+    """What the attention functions remember, owned by the default context (its `extras["hf"]`): the plans they
+    make are the default context's, and go with it."""
+
+    def __init__(self):
+        # Documents source tensor (by identity) -> _Documents. Weak: an entry goes with the micro-batch's tensor.
+        self.by_source = WeakIdKeyDictionary()
+        # plan_ahead's entries that no forward has used yet, oldest first (weak references). A forward may get
+        # another tensor than the one plan_ahead was given -- FSDP2's root module moves its forward's tensor
+        # arguments to the GPU -- and then takes the oldest unused entry with the same documents instead of making
+        # a plan at its first layer.
+        self.unused_ahead = []
+        # The plan of the last "cad" call, for current_plan() (statistics): it stays alive until the next call's
+        # replaces it. Since plans hold only index tables between calls (their buffers are per call), that costs
+        # little.
+        self.last = None
+
+
+def _state():
+    return _context.default().extras.setdefault("hf", _State())
+
+
+def _stamp(source):
+    """What tells a source tensor's documents apart: its version and, on the host, its values (a refill through
+    .data or .numpy() does not move the version; see cad._documents)."""
+    return source._version, _offsets.fingerprint(source)
 
 
 class _Documents:
     """One micro-batch's documents (cu_seqlens, derived once) and its plans by mask ((causal, window_size))."""
 
-    def __init__(self, version, cu):
-        self.version, self.cu, self.plans = version, cu, {}
-        self.used = False  # by a forward (plan_ahead's entries wait in _unused_ahead until then)
+    def __init__(self, stamp, cu):
+        self.stamp, self.cu, self.plans = stamp, cu, {}
+        self.used = False  # by a forward (plan_ahead's entries wait in unused_ahead until then)
 
 
 def _take_planned_ahead(cu):
     """The oldest unused plan_ahead entry with the documents of `cu`, marked used; None if there is none."""
-    waiting = [entry for entry in (ref() for ref in _unused_ahead) if entry is not None and not entry.used]
-    _unused_ahead[:] = [weakref.ref(entry) for entry in waiting]
+    state = _state()
+    waiting = [entry for entry in (ref() for ref in state.unused_ahead) if entry is not None and not entry.used]
+    state.unused_ahead[:] = [weakref.ref(entry) for entry in waiting]
     if not waiting:
         return None
     wanted = _offsets.offsets(cu, "cad attention")  # one read-back per micro-batch, only when an entry waits
@@ -155,14 +175,16 @@ def _documents(query, kwargs):
         source = kwargs.get("position_ids")
     if source is None:
         return None
-    entry = _by_source.get(source)
-    if entry is None or entry.version != source._version:
+    by_source = _state().by_source
+    entry = by_source.get(source)
+    stamp = _stamp(source)
+    if entry is None or entry.stamp != stamp:
         cu = _cu_seqlens(query, kwargs)
-        entry = _Documents(source._version, cu)
+        entry = _Documents(stamp, cu)
         ahead = _take_planned_ahead(cu)
         if ahead is not None:  # the same documents as a micro-batch planned ahead, in another tensor
             entry.plans = ahead.plans
-        _by_source[source] = entry
+        by_source[source] = entry
     entry.used = True
     return entry
 
@@ -210,7 +232,7 @@ def _attention(module, query, key, value, attention_mask, *, distributed, dropou
                 if plan is None:
                     plan = documents.plans[(causal, window)] = make_plan(cu, causal=causal, window_size=window)
     if distributed:
-        _last["plan"] = plan
+        _state().last = plan
     q = query.transpose(1, 2).reshape(batch * seq, heads, dim).contiguous()
     k = key.transpose(1, 2).reshape(batch * seq, key.shape[1], dim).contiguous()
     v = value.transpose(1, 2).reshape(batch * seq, value.shape[1], dim).contiguous()
@@ -263,10 +285,12 @@ def plan_ahead(model, *, position_ids=None, cu_seq_lens_q=None, dtype=None, devi
     else:
         cu = cu_seqlens_from_position_ids(position_ids)
     heads, kv_heads, head_dim, dtype = attention_shape(model, dtype)
-    entry = _by_source.get(source)
-    if entry is None or entry.version != source._version:
-        entry = _by_source[source] = _Documents(source._version, cu)
-        _unused_ahead.append(weakref.ref(entry))
+    state = _state()
+    entry = state.by_source.get(source)
+    stamp = _stamp(source)
+    if entry is None or entry.stamp != stamp:
+        entry = state.by_source[source] = _Documents(stamp, cu)
+        state.unused_ahead.append(weakref.ref(entry))
     plans = []
     for window in _model_windows(model, causal):
         plan = entry.plans.get((causal, window))
@@ -280,7 +304,7 @@ def plan_ahead(model, *, position_ids=None, cu_seq_lens_q=None, dtype=None, devi
 
 def current_plan():
     """The plan of the last "cad" attention call (for plan.stats), or None."""
-    return _last["plan"]
+    return _state().last
 
 
 def register(name="cad", local_name="cad_local"):

@@ -12,10 +12,11 @@
 cad::varlen_fwd/varlen_bwd custom ops: autograd, torch.compile, activation checkpointing as there). What each
 argument means here:
 
-- window_size: (-1, 0) causal, (-1, -1) full attention (the default, as in PyTorch); a finite one is a sliding
-  window, query i seeing keys [i - left, i + right] of its document (-1 = no limit): (left, 0) is a causal
-  window (cad.varlen_attn(causal=True, window_size=(left, 0))), any other right a non-causal one. With a plan the
-  window must be the plan's (cad.plan(cu, window_size=(left, 0))); CAD plans take causal windows only.
+- window_size: (-1, 0) causal, (-1, -1) full attention (the default without a plan, as in PyTorch); a finite one
+  is a sliding window, query i seeing keys [i - left, i + right] of its document (-1 = no limit): (left, 0) is a
+  causal window (cad.varlen_attn(causal=True, window_size=(left, 0))), any other right a non-causal one. With a
+  plan the mask is the plan's (cad.plan(cu, window_size=(left, 0))): leave window_size out, or give the plan's
+  (another is refused naming both); CAD plans take causal windows only.
 - cu_seq_q, cu_seq_k: self-attention over packed documents, so they must hold the same offsets (the same
   tensor, or equal values: checked once per tensor, not per layer). cu_seq_k=None is refused.
 - max_q, max_k: accepted and checked loosely: ints, and in eager mode not below the longest document (PyTorch's
@@ -29,8 +30,8 @@ argument means here:
 - seqused_k, block_table (a KV cache, inference only in PyTorch too) are refused unless None; num_splits is a
   kernel hint, accepted and ignored.
 - plan: None runs plain local varlen attention on the device's backend; a cad.Plan from cad.plan(cu_seq_q)
-  (every rank, once per micro-batch) runs CAD across the group. The plan's causality and window must match
-  window_size.
+  (every rank, once per micro-batch) runs CAD across the group. The plan's mask is used: window_size, if given,
+  must be the plan's.
   A plan made by cad.plan_pieces (documents cut across ranks) describes the tokens itself: cu_seq_q then only
   has to equal cu_seq_k.
 """
@@ -42,7 +43,7 @@ import torch
 from . import _documents
 from ._errors import CadError
 from ._ops import varlen_attn as _cad_varlen_attn
-from ._plan import Plan
+from ._plans import Plan
 
 try:  # torch >= 2.10: callers may hand torch's own AuxRequest; take it, so both spell the same class
     from torch.nn.attention.varlen import AuxRequest
@@ -57,6 +58,14 @@ except ImportError:  # an older torch: the same named tuple
 __all__ = ["AuxRequest", "varlen_attn", "torch_varlen_attn"]
 
 _WHAT = "cad.varlen.varlen_attn"
+
+
+class _TorchDefault(tuple):
+    """window_size's default: PyTorch's (-1, -1) (equal to it, so the signature is torch's), told apart from a
+    window the caller gave: with a plan, the default means the plan's mask."""
+
+
+_DEFAULT_WINDOW = _TorchDefault((-1, -1))
 
 def torch_varlen_attn():
     """PyTorch's own varlen_attn, or None where the installed torch has none (before 2.10)."""
@@ -98,11 +107,8 @@ def _check_documents(cu_seq_q, cu_seq_k, max_q, max_k, plan):
                            f"documents: cu_seq_k = cu_seq_q)", "INVALID_ARGUMENT")
     if torch.compiler.is_compiling():  # no values while tracing; cad.varlen_attn checks cu_seq_q when it runs
         return
-    if plan is not None and plan.cu_seqlens is cu_seq_q and cu_seq_q._version == plan._cu_version:
-        lengths = [p[3] for p in plan.pieces]  # the plan read this tensor already: no second read-back
-    else:
-        q = _read(cu_seq_q, "cu_seq_q")
-        lengths = [b - a for a, b in zip(q, q[1:])]
+    q = _read(cu_seq_q, "cu_seq_q")  # checked by its values, read back once (see _documents)
+    lengths = [b - a for a, b in zip(q, q[1:])]
     if cu_seq_k is not cu_seq_q:
         q, k = _read(cu_seq_q, "cu_seq_q"), _read(cu_seq_k, "cu_seq_k")
         if q != k:
@@ -125,7 +131,7 @@ def varlen_attn(
     *,
     return_aux: Optional[AuxRequest] = None,
     scale: Optional[float] = None,
-    window_size: tuple[int, int] = (-1, -1),
+    window_size: tuple[int, int] = _DEFAULT_WINDOW,
     enable_gqa: bool = False,
     seqused_k: Optional[torch.Tensor] = None,
     block_table: Optional[torch.Tensor] = None,
@@ -137,6 +143,8 @@ def varlen_attn(
     query [Tq, Hq, D], key and value [Tk, Hkv, D] (Hq % Hkv == 0), cu_seq_q = cu_seq_k int32 [N + 1].
     Returns output [Tq, Hq, D], or (output, lse [Hq, Tq] fp32) when return_aux.lse. Raises CadError.
     """
+    if window_size is _DEFAULT_WINDOW and isinstance(plan, Plan):  # not given: the plan's mask
+        window_size = plan.window_size
     causal, window = _window(window_size)
     for name, given in (("seqused_k", seqused_k), ("block_table", block_table)):
         if given is not None:
@@ -149,8 +157,9 @@ def varlen_attn(
                        "INVALID_ARGUMENT")
     if plan is not None and plan.causal != causal:
         raise CadError(f"{_WHAT}: window_size={tuple(window_size)} is {'causal' if causal else 'full'} attention, "
-                       f"but plan #{plan.id} was made with causal={plan.causal}; make the plan with "
-                       f"cad.plan(..., causal={causal})", "INVALID_ARGUMENT")
+                       f"but plan #{plan.id} was made with causal={plan.causal} (window_size={plan.window_size}); "
+                       f"leave window_size out to take the plan's, or make the plan with cad.plan(..., "
+                       f"causal={causal})", "INVALID_ARGUMENT")
     _check_documents(cu_seq_q, cu_seq_k, max_q, max_k, plan)
     # A plan from cad.plan_pieces carries the token layout itself (documents cut across ranks).
     cu_seqlens = None if plan is not None and plan.cu_seqlens is None else cu_seq_q
