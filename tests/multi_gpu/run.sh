@@ -107,7 +107,9 @@ fi
 if want train; then
   build_dir="$BUILD"; [[ "$build_dir" = /* ]] || build_dir="$PWD/$BUILD"  # BUILD may be relative or absolute
   export CAD_PLUGIN_PATH="$build_dir/lib/cad/plugins" CAD_HOST_LIBRARY="$build_dir/lib/libcad_host.so"
-  export PYTHONPATH="$PWD/host_adapter/python"
+  # The checkout's package first; what the caller's PYTHONPATH holds stays behind it (FlashAttention-4 installed
+  # with `pip install --target`, whose directory only PYTHONPATH names: without it `fa4` configurations fail).
+  export PYTHONPATH="$PWD/host_adapter/python${PYTHONPATH:+:$PYTHONPATH}"
   # Long-context training fragments PyTorch's caching allocator: 32 layers at 64K on 4 H100s ran out of memory
   # with 8.5 GiB reserved but unallocated. Growable segments, as long-context users set them (same for every
   # configuration; a PYTORCH_CUDA_ALLOC_CONF given by the caller is kept).
