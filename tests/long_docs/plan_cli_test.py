@@ -136,6 +136,9 @@ for args, code, text in [
      "document 3 has 9000 tokens, above max_doc_len 8000"),
     (["--lengths", f"{DATA}/mixed_spans.json", "--tokens-per-rank", "2048", "--ranks", "8", "--plot", "x.png"], 2,
      "--plot is not taken"),
+    # the cost options are read where every mode reads them: a window CAD refuses is refused here too
+    (["--lengths", f"{DATA}/mixed_spans.json", "--tokens-per-rank", "2048", "--ranks", "8", "--window", "4",
+      "--noncausal"], 1, "UNSUPPORTED: --window 4 with --noncausal"),
 ]:
     rc, out, err = cad_plan(*args)
     assert rc == code and text in err, (args, rc, err)

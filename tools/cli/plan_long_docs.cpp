@@ -16,6 +16,7 @@
 #include "cli_args.h"
 #include "doc_lengths.h"
 #include "long_docs.h"
+#include "plan_cost_args.h"
 #include "plan_limits.h"
 #include "plan_model.h"
 #include "server_memory.h"
@@ -227,9 +228,6 @@ int run_plan_long_docs(int argc, char** argv) {
   const int64_t tokens_per_rank = args.get_int("--tokens-per-rank", 0, 1, kMaxTokens);
   const int64_t max_doc_len = args.get_int("--max-doc-len", 0, 1, kMaxTokens);  // 0: not given (--lengths)
   const int64_t seed = args.get_int("--seed", 1, 0, INT64_MAX);
-  const int64_t heads = args.get_int("--heads", 32, 1, 4096);
-  const int64_t kv_heads = args.get_int("--kv-heads", std::min<int64_t>(8, heads), 1, heads);
-  if (heads % kv_heads != 0) throw UsageError("--heads must be a multiple of --kv-heads");
   const int repeat = static_cast<int>(args.get_int("--repeat", 1, 1, 1000));
   const std::string which = args.get("--balancer", "all");
   const std::vector<std::string> names = which == "all" ? builtin_balancers() : std::vector<std::string>{which};
@@ -237,19 +235,8 @@ int run_plan_long_docs(int argc, char** argv) {
   const std::string search = args.get("--path", "");
   for (const auto& name : names) require_balancer("--balancer", name, search, {"all"});
 
-  // The cost model: the same options and defaults as the rest of `cad plan`.
-  cad_cost_params_v1_t cost{};
-  cost.struct_size = sizeof cost;
-  cost.num_q_heads = static_cast<int32_t>(heads);
-  cost.num_kv_heads = static_cast<int32_t>(kv_heads);
-  cost.head_dim = static_cast<int32_t>(args.get_int("--head-dim", 128, 1, 4096));
-  cost.bytes_per_element = static_cast<int32_t>(args.get_int("--bytes-per-element", 2, 1, 8));
-  cost.causal = args.has("--noncausal") ? 0 : 1;
-  cost.min_shard_tokens = args.get_int("--min-shard", 128, 0, INT64_MAX);
-  cost.memory_cap_bytes = args.get_int("--memory-cap", 0, 0, INT64_MAX);
-  cost.window_left = args.get_int("--window", -1, -1, INT64_MAX);
-  cost.window_right = -1;
-  if (cost.window_left >= 0) cost.window_flags = CAD_WINDOW_GIVEN;
+  // The cost model: the same options, defaults and refusals as the rest of `cad plan`.
+  const cad_cost_params_v1_t cost = plan_cost_params(args);
   const cad::plan::ModelParams model = cad::plan::model_params(cost);
 
   // The layout.
