@@ -107,28 +107,48 @@ def _longest(cu):
     return cached[1]
 
 
+def _packed_row(name, query, key, value, dropout, cad_cu_seqlens, position_ids):
+    """What both local attention functions take from transformers' call: THD q/k/v of the one packed row, the
+    documents (cad_cu_seqlens, else position_ids restarts), the longest document, and whether the call is timed
+    (the attention clock's host calls stay out of compiled graphs)."""
+    if dropout:
+        raise ValueError(f"{name} attention: attention dropout is not supported")
+    batch, heads, seq, dim = query.shape
+    if batch != 1:
+        raise ValueError(f"{name} attention: expected one packed row, got a batch of {batch}")
+    if cad_cu_seqlens is None:
+        from cad.hf import cu_seqlens_from_position_ids  # the package's one rule for packed documents
+    cu = cad_cu_seqlens if cad_cu_seqlens is not None else cu_seqlens_from_position_ids(position_ids)
+    q = query.transpose(1, 2).reshape(seq, heads, dim)
+    k = key.transpose(1, 2).reshape(seq, key.shape[1], dim)
+    v = value.transpose(1, 2).reshape(seq, value.shape[1], dim)
+    timed = not torch.compiler.is_compiling()
+    if timed and torch.is_grad_enabled():
+        q, k, v = _BackwardEnds.apply(q, k, v)
+    return q, k, v, cu, _longest(cu), timed
+
+
+def _timed(timed, device, attend):
+    """attend()'s output, its time added to the attention clock (and its backward's, through _BackwardStarts)."""
+    start = AttentionClock.now(device) if timed else None
+    out = attend()
+    if timed:
+        AttentionClock.seconds += AttentionClock.now(device) - start
+        if torch.is_grad_enabled():
+            out = _BackwardStarts.apply(out)
+    return out
+
+
 def torch_varlen_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0,
                            cad_cu_seqlens=None, cad_plan=None, position_ids=None, **kwargs):
     """A transformers attention function over torch.nn.attention.varlen.varlen_attn: local causal varlen
     attention, the documents from the cad_cu_seqlens keyword (else position_ids restarts); cad_plan is ignored.
     A windowed layer (layer_window_left) passes window_size=(left, 0). K/V heads are repeated to the query
     heads, since varlen_attn does not take GQA (on every torch this runs on)."""
-    if dropout:
-        raise ValueError("torch_varlen attention: attention dropout is not supported")
-    varlen_attn = torch_varlen_function()
     batch, heads, seq, dim = query.shape
-    if batch != 1:
-        raise ValueError(f"torch_varlen attention: expected one packed row, got a batch of {batch}")
-    if cad_cu_seqlens is None:
-        from cad.hf import cu_seqlens_from_position_ids  # the package's one rule for packed documents
-    cu = cad_cu_seqlens if cad_cu_seqlens is not None else cu_seqlens_from_position_ids(position_ids)
-    longest = _longest(cu)
-    q = query.transpose(1, 2).reshape(seq, heads, dim)
-    k = key.transpose(1, 2).reshape(seq, key.shape[1], dim)
-    v = value.transpose(1, 2).reshape(seq, value.shape[1], dim)
-    timed = not torch.compiler.is_compiling()  # the clock's host calls stay out of compiled graphs
-    if timed and torch.is_grad_enabled():
-        q, k, v = _BackwardEnds.apply(q, k, v)
+    q, k, v, cu, longest, timed = _packed_row("torch_varlen", query, key, value, dropout, cad_cu_seqlens,
+                                              position_ids)
+    varlen_attn = torch_varlen_function()
     repeats = heads // k.shape[1]
     if repeats > 1:
         k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
@@ -145,12 +165,8 @@ def torch_varlen_attention(module, query, key, value, attention_mask, *, scaling
         options["scale"] = scaling
     elif scaling is not None and abs(scaling - dim ** -0.5) > 1e-12:
         raise ValueError(f"torch_varlen attention: this torch's varlen_attn takes no scale (asked {scaling})")
-    start = AttentionClock.now(q.device) if timed else None
-    out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, longest, longest, **options)
-    if timed:
-        AttentionClock.seconds += AttentionClock.now(q.device) - start
-        if torch.is_grad_enabled():
-            out = _BackwardStarts.apply(out)
+    out = _timed(timed, q.device, lambda: varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu,
+                                                      longest, longest, **options))
     return out.reshape(batch, seq, heads, dim), None
 
 
@@ -205,27 +221,11 @@ def fa4_attention(module, query, key, value, attention_mask, *, scaling=None, dr
     row (THD tensors, K/V heads as they are: GQA), the documents from the cad_cu_seqlens keyword (else
     position_ids restarts); cad_plan is ignored. A windowed layer (layer_window_left) passes window_size=(left, 0).
     Timed by the attention clock as torch_varlen_attention is."""
-    if dropout:
-        raise ValueError("fa4 attention: attention dropout is not supported")
     batch, heads, seq, dim = query.shape
-    if batch != 1:
-        raise ValueError(f"fa4 attention: expected one packed row, got a batch of {batch}")
-    if cad_cu_seqlens is None:
-        from cad.hf import cu_seqlens_from_position_ids  # the package's one rule for packed documents
-    cu = cad_cu_seqlens if cad_cu_seqlens is not None else cu_seqlens_from_position_ids(position_ids)
-    longest = _longest(cu)
-    q = query.transpose(1, 2).reshape(seq, heads, dim)
-    k = key.transpose(1, 2).reshape(seq, key.shape[1], dim)
-    v = value.transpose(1, 2).reshape(seq, value.shape[1], dim)
-    timed = not torch.compiler.is_compiling()  # the clock's host calls stay out of compiled graphs
-    if timed and torch.is_grad_enabled():
-        q, k, v = _BackwardEnds.apply(q, k, v)
+    q, k, v, cu, longest, timed = _packed_row("fa4", query, key, value, dropout, cad_cu_seqlens, position_ids)
     left = layer_window_left(module.config, module.layer_idx)
-    start = AttentionClock.now(q.device) if timed else None
-    out = fa4_module().varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, longest, causal=True,
-                                   window_size=(left, 0) if left >= 0 else (-1, -1), softmax_scale=scaling)
-    if timed:
-        AttentionClock.seconds += AttentionClock.now(q.device) - start
-        if torch.is_grad_enabled():
-            out = _BackwardStarts.apply(out)
+    window = (left, 0) if left >= 0 else (-1, -1)
+    out = _timed(timed, q.device, lambda: fa4_module().varlen_attn(
+        q.contiguous(), k.contiguous(), v.contiguous(), cu, longest, causal=True, window_size=window,
+        softmax_scale=scaling))
     return out.reshape(batch, seq, heads, dim), None
