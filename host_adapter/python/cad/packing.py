@@ -109,14 +109,11 @@ def pack_documents(lengths, tokens_per_rank, ranks, *, max_doc_len=None, drop_re
             raise CadError(f"cad.pack_documents: document {i} has length {n}; lengths must be positive")
         if max_doc_len is not None and n > max_doc_len:
             raise CadError(f"cad.pack_documents: document {i} has {n} tokens, above max_doc_len {max_doc_len}")
-        if total >= capacity:
-            if not drop_remainder:
-                raise CadError(f"cad.pack_documents: the documents hold more than {capacity} tokens "
-                               f"({ranks} ranks x {tokens_per_rank}); drop_remainder=False refuses that")
-            break
         if total + n > capacity and not drop_remainder:
             raise CadError(f"cad.pack_documents: the documents hold more than {capacity} tokens "
                            f"({ranks} ranks x {tokens_per_rank}); drop_remainder=False refuses that")
+        if total >= capacity:
+            break
         n = min(n, capacity - total)
         docs.append(n)
         total += n
