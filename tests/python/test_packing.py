@@ -75,9 +75,9 @@ def test_refusals_name_what_is_wrong():
         cad.pack_documents([8, 40], tokens_per_rank=24, ranks=2, max_doc_len=32)
     with pytest.raises(cad.CadError, match="document 1 has length 0"):
         cad.pack_documents([8, 0, 40], tokens_per_rank=24, ranks=2)
-    with pytest.raises(cad.CadError, match=r"lengths\[0\] must be an integer"):
+    with pytest.raises(cad.CadError, match=r"lengths\[0\] must be an int, got float 8.5"):
         cad.pack_documents([8.5, 40], tokens_per_rank=24, ranks=2)
-    with pytest.raises(cad.CadError, match="tokens_per_rank must be an integer"):
+    with pytest.raises(cad.CadError, match="tokens_per_rank must be an int, got str '24'"):
         cad.pack_documents([48], tokens_per_rank="24", ranks=2)
     with pytest.raises(cad.CadError, match="drop_remainder=False"):
         cad.pack_documents([30, 30], tokens_per_rank=24, ranks=2, drop_remainder=False)

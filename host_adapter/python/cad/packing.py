@@ -16,11 +16,11 @@ tokens `[r * tokens_per_rank, (r + 1) * tokens_per_rank)` of it.
 Document ids are the documents' indices in `lengths` (the same on every rank, as plans from pieces need).
 Pure data: no communication, no torch state; every rank computes the same layouts from the same lengths.
 """
-import operator
 from dataclasses import dataclass
 
 import torch
 
+from ._checks import integer
 from ._errors import CadError
 
 __all__ = ["RankLayout", "pack_documents"]
@@ -74,13 +74,7 @@ class RankLayout:
 
 
 def _length(value, what):
-    """value as a Python int (ints and integer tensors' items; bool, float and str refused, naming it)."""
-    if isinstance(value, bool):
-        raise CadError(f"cad.pack_documents: {what} must be an integer, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise CadError(f"cad.pack_documents: {what} must be an integer, got {value!r}") from None
+    return integer(value, what, "cad.pack_documents")  # the package's one integer check (int64, no bool/float)
 
 
 def pack_documents(lengths, tokens_per_rank, ranks, *, max_doc_len=None, drop_remainder=True):
