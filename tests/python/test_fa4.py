@@ -153,6 +153,26 @@ def test_window_and_scale_checks():
     expect("softmax_scale must be a number or None, got str", call, q, k, v, cu, 5, softmax_scale="x")
 
 
+def test_windows_past_int64_are_refused():
+    q, k, v, cu = batch([5, 3])
+    expect("window_size\\[0\\] \\(left\\) must be an int in \\[-1, 9223372036854775807\\], got 9223372036854775808",
+           fa4._window, (2 ** 63, 0), True, "cad.fa4.varlen_attn")
+    expect("window_size\\[1\\] \\(right\\) must be an int in \\[-1, 9223372036854775807\\]", fa4._window,
+           (0, 2 ** 64), False, "cad.fa4.varlen_attn")
+
+
+def test_documents_refilled_behind_the_version_counter_are_read_again():
+    q, k, v, cu = batch([5, 3])
+    on_device, longest = fa4._cu_seqlens(cu, 8, torch.device("cpu"), "x")
+    assert on_device.tolist() == [0, 5, 8] and longest == 5
+    cu.data.copy_(torch.tensor([0, 2, 8], dtype=torch.int32))  # the version counter does not move
+    on_device, longest = fa4._cu_seqlens(cu, 8, torch.device("cpu"), "x")
+    assert on_device.tolist() == [0, 2, 8] and longest == 6
+    cu.numpy()[1] = 7
+    on_device, longest = fa4._cu_seqlens(cu, 8, torch.device("cpu"), "x")
+    assert on_device.tolist() == [0, 7, 8] and longest == 7
+
+
 def test_window_translation():
     assert fa4._window((-1, -1), True, "x") == (None, 0)     # causal
     assert fa4._window((-1, 0), True, "x") == (None, 0)

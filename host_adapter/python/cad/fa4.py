@@ -32,6 +32,8 @@ import operator
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ._checks import integer
+from ._documents import fingerprint
 from ._errors import CadError
 
 __all__ = ["available", "segments_attn", "varlen_attn", "version"]
@@ -176,6 +178,7 @@ def _window(window_size, causal, what):
     for name, value in (("window_size[0] (left)", left), ("window_size[1] (right)", right)):
         if value < -1:
             raise CadError(f"{what}: {name} must be -1 (no limit) or >= 0, got {value}", "INVALID_ARGUMENT")
+        integer(value, name, what, -1)  # and within int64, as every window the package takes
     if causal and right > 0:
         raise CadError(f"{what}: window_size[1] (right) is {right}, but causal=True sees no key after the query: "
                        f"use -1 or 0, or causal=False", "INVALID_ARGUMENT")
@@ -195,7 +198,7 @@ def _scale(softmax_scale, head_dim, what):
     return scale
 
 
-# cu_seqlens tensor -> (its version, tokens, longest document, its copy on the device of the call): every layer of
+# cu_seqlens tensor -> ((its version, its values where readable), tokens, longest document, its copy on the device of the call): every layer of
 # a step passes the same tensor, read back and checked once.
 _documents = WeakIdKeyDictionary()
 
@@ -209,8 +212,12 @@ def _cu_seqlens(cu_seqlens, tokens, device, what):
     if cu_seqlens.device != device and cu_seqlens.device.type != "cpu":
         raise CadError(f"{what}: cu_seqlens is on {cu_seqlens.device}, q on {device} (cu_seqlens may also be on the "
                        f"CPU)", "INVALID_ARGUMENT")
+    # The version counter alone misses a refill through .data or .numpy(): host tensors are also compared by their
+    # values (the package's one rule, _documents.fingerprint; a device tensor's would need a synchronisation).
+    values = fingerprint(cu_seqlens)
     cached = _documents.get(cu_seqlens)
-    if cached is not None and cached[0] == cu_seqlens._version and cached[1] == tokens and cached[3].device == device:
+    if (cached is not None and cached[0] == (cu_seqlens._version, values) and cached[1] == tokens and
+            cached[3].device == device):
         return cached[3], cached[2]
     offsets = cu_seqlens.tolist()
     if not offsets or offsets[0] != 0 or offsets[-1] != tokens:
@@ -223,7 +230,7 @@ def _cu_seqlens(cu_seqlens, tokens, device, what):
                        "INVALID_ARGUMENT")
     on_device = cu_seqlens.to(device, non_blocking=False)
     longest = max(lengths, default=0)
-    _documents[cu_seqlens] = (cu_seqlens._version, tokens, longest, on_device)
+    _documents[cu_seqlens] = ((cu_seqlens._version, values), tokens, longest, on_device)
     return on_device, longest
 
 
