@@ -10,6 +10,8 @@ import json
 import pathlib
 import sys
 
+from cad.train.share import realised_share  # the project's one definition of the headline measure
+
 BASELINES = ("local", "torch_varlen", "flex", "titan_varlen")
 SKIP = 2
 
@@ -44,8 +46,9 @@ def table(runs):
             speedup = f"{step[base] / step[c]:.3f}"
             per_step = [b / x for b, x in zip(steady(runs[base]), steady(r))]
             spread = f"{min(per_step):.3f}-{max(per_step):.3f}"
-            if ideal and ideal > 1 and c != "local_balanced":
-                share = f"{(step[base] / step[c] - 1) / (ideal - 1):.2f}"
+            realised = realised_share(step[base] / step[c], ideal) if c != "local_balanced" else None
+            if realised is not None:
+                share = f"{realised:.2f}"
         calls = r["steps"][-1].get("attention_calls", "-")
         waits = [x["plan_wait_ms"] for x in r["steps"][SKIP:] if "plan_wait_ms" in x]
         wait = f"{mean(waits):.1f}" if waits else "-"
