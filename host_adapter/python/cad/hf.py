@@ -89,9 +89,10 @@ def _take_planned_ahead(cu):
     state.unused_ahead[:] = [weakref.ref(entry) for entry in waiting]
     if not waiting:
         return None
-    wanted = _offsets.offsets(cu, "cad attention")  # one read-back per micro-batch, only when an entry waits
+    documents = _context.default().documents  # what each tensor held when last read (see cad._documents)
+    wanted = documents.offsets(cu, "cad attention")  # one read-back per micro-batch, only when an entry waits
     for entry in waiting:
-        if _offsets.offsets(entry.cu, "cad.hf.plan_ahead") == wanted:
+        if documents.offsets(entry.cu, "cad.hf.plan_ahead") == wanted:
             entry.used = True
             return entry
     return None
