@@ -21,6 +21,7 @@ DEFAULTS = {
     "balancer_config": None,      # the balancer plugin's config keys, e.g. {"tolerance": 0.005} (None: its defaults)
     "keep_forward_tensors": "auto",
     "min_shard_tokens": 0,
+    "memory_cap_bytes": 0,        # most Q/K/V/O bytes a server receives per call (the balancers' cap; 0: none)
     "timeout_ms": 60000,
     "group": None,                # torch.distributed group (None: the default group)
     "log_level": "warn",
@@ -57,6 +58,7 @@ def checked(what="cad.init", config=None, **given):
     _bounded(s, "head_groups", what, 1, 64, "dividing the model's heads")
     s["timeout_ms"] = _checks.integer(s["timeout_ms"], "timeout_ms", what, 1, _checks.INT32_MAX)
     s["min_shard_tokens"] = _checks.integer(s["min_shard_tokens"], "min_shard_tokens", what, 0)
+    s["memory_cap_bytes"] = _checks.integer(s["memory_cap_bytes"], "memory_cap_bytes", what, 0)
     balancer_config = s["balancer_config"]
     if balancer_config is not None and (not isinstance(balancer_config, dict) or
                                         not all(isinstance(k, str) for k in balancer_config)):
@@ -114,6 +116,8 @@ def stack_config(device, settings):
                   "min_shard_tokens": int(s["min_shard_tokens"]),
                   "comm_stream_priority": s.get("comm_stream_priority", "highest"),
                   "own_tasks_in_place": bool(s.get("own_tasks_in_place", False))}
+    if int(s.get("memory_cap_bytes", 0)):  # prefix_aware plans within it; the other balancers refuse a plan over it
+        cad_config["memory_cap_bytes"] = int(s["memory_cap_bytes"])
     if int(s.get("head_groups", 1)) != 1:  # the plugin's default otherwise
         cad_config["head_groups"] = int(s["head_groups"])
     if comm != "mpi":
