@@ -391,7 +391,7 @@ int run_plan(int argc, char** argv) {
                   cost.num_kv_heads, cost.head_dim, static_cast<long long>(cost.min_shard_tokens));
     print_text(line, before, outcomes, time, topology, args.has("--per-server") || ranks <= 16);
     if (topology.given) {
-      std::printf("\nnodes: %d of %d ranks; a byte that leaves its node is priced at %g\n",
+      std::printf("\n%d nodes of %d ranks; a byte that leaves its node is priced at %g\n",
                   topology.nodes.num_nodes(ranks), topology.nodes.ranks_per_node, topology.nodes.inter_node_byte_cost);
     }
   }
