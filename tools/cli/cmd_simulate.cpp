@@ -23,6 +23,7 @@
 #include "doc_lengths.h"
 #include "simulate_limits.h"
 #include "simulation.h"
+#include "tensor_slices.h"
 
 namespace {
 
@@ -42,7 +43,15 @@ const char* kUsage =
     "layout:\n"
     "  --gpus N            GPUs in all (required; at most 2^20)\n"
     "  --gpus-per-node N   (default 8; at most 1024)\n"
-    "  --tp N              tensor-parallel size, inside a node (default 1): divides linear work and heads\n"
+    "  --ranks-per-node R  data-parallel (CAD) ranks per node: sets --gpus-per-node to R x tp (the two must agree\n"
+    "                      when both are given); also handed to every balancer's config as \"ranks_per_node\"\n"
+    "  --inter-node-byte-cost C   handed to every balancer's config as \"inter_node_byte_cost\" (a byte that\n"
+    "                      leaves its node costs C bytes; C in [1, 1000]); a balancer that does not know a key\n"
+    "                      warns and ignores it\n"
+    "  --tp N              tensor-parallel size, inside a node (default 1): divides linear work and heads; each\n"
+    "                      TP index runs CAD over its data group on its head slice (Hq/tp, Hkv/tp heads), so its\n"
+    "                      exchanges carry that slice, and every TP index holds the same plan (made once per\n"
+    "                      group and micro-batch); bytes and seconds are one GPU's\n"
     "  --pp N              pipeline stages (default 1): divides layers, adds the 1F1B fill/drain\n"
     "  --schedule 1f1b|gpipe|1f1b_ticks   with --pp: 1f1b (default) is the kernel-level 1F1B model with CAD over\n"
     "                      the data-parallel ranks; gpipe and 1f1b_ticks price the pipeline trainer\n"
@@ -67,6 +76,14 @@ const char* kUsage =
     "  --dist FILE         document lengths (JSON list or CSV), e.g. ../shared/data/doclen_pretrain.json\n"
     "                      (a regular file of at most 32 MiB)\n"
     "  --context N         tokens per data-parallel rank and micro-batch (= per GPU when tp = 1; at most 2^40)\n"
+    "  --max-doc-len L --tokens-per-rank T   long documents (instead of --context): the recipe's lengths scale\n"
+    "                      to L (its 64K documents become L long) and are laid whole over the ranks at T tokens\n"
+    "                      each, as cad.pack_documents lays them (a document cut where a rank's buffer ends lies\n"
+    "                      on consecutive ranks as pieces of one document), cut only at the edges of groups of\n"
+    "                      --cp-size ranks (default: a node's ranks, raised to the ranks the longest document\n"
+    "                      needs and to a divisor of the data-parallel ranks); colocated then plans over those\n"
+    "                      groups too (the all-gather-KV context parallelism over pieces), --cad-size must be\n"
+    "                      0 or a multiple of --cp-size, and L at most --cp-size x T; --pp 1 only\n"
     "  --steps N           sampled steps (default 1; at most 10000); --seed S (default 1)\n"
     "  --microbatches N    micro-batches per step (default 1; 2 x pp with --pp; at most 4096, and at most\n"
     "                      2^20 micro-batches x data-parallel ranks)\n"
@@ -87,7 +104,16 @@ const char* kUsage =
     "  --system FILE       GEMM, element-wise, all_to_all curve, network (default\n"
     "                      configs/calibration/h200_system.json)\n"
     "  --attention-tflops F,B   fixed forward/backward attention rates instead of the table\n"
-    "  --net-gbps X        network per GPU in Gb/s (overrides the system file's, e.g. 400)\n"
+    "  --link-gbps X       network per GPU in Gb/s (overrides the system file's, e.g. 400; --net-gbps is the\n"
+    "                      same option's old name)\n"
+    "  --link-latency-us U  the network's latency per exchange, microseconds (overrides the file's; [0, 1e6])\n"
+    "  --link-efficiency E  the share of --link-gbps an exchange reaches (overrides the file's; (0, 1])\n"
+    "  --link-curve FILE   a fitted curve {\"source\", \"points\": [{\"bytes\", \"seconds\"}, ...]} of one GPU's\n"
+    "                      exchange with other nodes (the larger of its sent and received bytes) instead of\n"
+    "                      latency + bytes / bandwidth (not with the three options above)\n"
+    "  --overlap F         the share of each pass's exchange the ping-pong mode (\"on\") hides, at most the\n"
+    "                      pass's compute (default 1: all of it, the old unmeasured assumption; docs/simulate.md\n"
+    "                      gives what has been measured); F in [0, 1]\n"
     "  --gemm-tflops X     GEMM rate of the linear layers (overrides the system file's)\n"
     "                      (rates: numbers in [0.001, 1e6])\n"
     "trainer (the step of a real trainer: examples/train_llama.py, FSDP2, gradient accumulation):\n"
@@ -216,6 +242,9 @@ nlohmann::json detail_json(const std::vector<sim::MicroBatchDetail>& detail) {
                        {"attention_bwd_s", r.attention_bwd_s},
                        {"bytes_sent", r.bytes_sent},
                        {"bytes_received", r.bytes_received},
+                       {"bytes_sent_inter_node", r.bytes_sent_inter},
+                       {"kv_bytes", r.kv_bytes},
+                       {"memory_received", r.memory_received},
                        {"total_off_s", r.total_off_s},
                        {"total_on_s", r.total_on_s},
                        {"trainer_off", trainer_time_json(r.trainer_off)},
@@ -292,6 +321,127 @@ double speedup(const sim::BalancerResult* base, const sim::BalancerResult& r, bo
   return m.mean_step_seconds > 0 ? b.mean_step_seconds / m.mean_step_seconds : 0;
 }
 
+// A number in [lo, hi] (finite), or a UsageError naming the option and the range.
+double parse_number(const std::string& option, const std::string& text, double lo, double hi, const char* range) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(v >= lo && v <= hi)) {
+    throw UsageError(option + ": expected a number in " + range + ", got '" + text + "'");
+  }
+  return v;
+}
+
+// The default document group of long documents: a node's data-parallel ranks, raised to the ranks the
+// longest document needs, then to the next divisor of the data-parallel ranks (all of them if none).
+int64_t long_docs_group(int64_t ranks_per_node, const sim::Scenario& s) {
+  const int64_t dp = s.layout.dp();
+  int64_t g = std::max(ranks_per_node, (s.max_doc_len + s.context - 1) / s.context);
+  while (g < dp && dp % g != 0) ++g;
+  return std::min(g, dp);
+}
+
+// The balancer's config with the node map, when the command line gives it (--ranks-per-node,
+// --inter-node-byte-cost): keys the topology-aware balancers read; the others warn and ignore them.
+std::string with_topology(const std::string& config, const cad::cli::Args& args) {
+  if (!args.has("--ranks-per-node") && !args.has("--inter-node-byte-cost")) return config;
+  nlohmann::json c = nlohmann::json::parse(config);
+  if (args.has("--ranks-per-node")) c["ranks_per_node"] = args.get_int("--ranks-per-node", 1, 1, lim::kMaxGpusPerNode);
+  if (args.has("--inter-node-byte-cost")) {
+    c["inter_node_byte_cost"] =
+        parse_number("--inter-node-byte-cost", args.get("--inter-node-byte-cost", ""), 1, 1000, "[1, 1000]");
+  }
+  return c.dump();
+}
+
+// The network term from the command line over the system file's: bandwidth, latency, efficiency or a
+// fitted curve, and the ping-pong mode's overlap. Each value's source says where it came from.
+void set_network(sim::SystemCalibration& cal, const cad::cli::Args& args) {
+  if (args.has("--net-gbps") && args.has("--link-gbps")) {
+    throw UsageError("--net-gbps is --link-gbps's old name; give one of them");
+  }
+  const bool curve = args.has("--link-curve");
+  for (const char* option : {"--net-gbps", "--link-gbps", "--link-latency-us", "--link-efficiency"}) {
+    if (curve && args.has(option)) {
+      throw UsageError(std::string("--link-curve gives the network's seconds by bytes; it cannot go with ") + option);
+    }
+  }
+  std::string given;
+  for (const char* option : {"--net-gbps", "--link-gbps"}) {
+    if (!args.has(option)) continue;
+    cal.net_GBps_per_gpu = parse_rate(option, args.get(option, "")) / 8;
+    given += std::string(" ") + option + " " + args.get(option, "");
+  }
+  if (args.has("--link-latency-us")) {
+    cal.net_latency_us = parse_number("--link-latency-us", args.get("--link-latency-us", ""), 0, 1e6, "[0, 1e6]");
+    given += " --link-latency-us " + args.get("--link-latency-us", "");
+  }
+  if (args.has("--link-efficiency")) {
+    cal.net_efficiency = parse_number("--link-efficiency", args.get("--link-efficiency", ""), 1e-3, 1, "[0.001, 1]");
+    given += " --link-efficiency " + args.get("--link-efficiency", "");
+  }
+  if (!given.empty()) cal.net_source = given.substr(1) + " (the rest from " + cal.path + ")";
+  if (curve) {
+    const std::string path = args.get("--link-curve", "");
+    std::string source;
+    try {
+      cal.net_curve = sim::load_link_curve(path, &source);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    cal.net_source = "--link-curve " + path + " (" + source + ")";
+  }
+  if (args.has("--overlap")) {
+    cal.overlap = parse_number("--overlap", args.get("--overlap", ""), 0, 1, "[0, 1]");
+    cal.overlap_source = "--overlap " + args.get("--overlap", "");
+  }
+}
+
+nlohmann::json network_json(const sim::SystemCalibration& cal) {
+  nlohmann::json n = {{"GBps_per_gpu", cal.net_GBps_per_gpu}, {"efficiency", cal.net_efficiency},
+                      {"latency_us", cal.net_latency_us},     {"source", cal.net_source},
+                      {"overlap", cal.overlap},               {"overlap_source", cal.overlap_source}};
+  if (!cal.net_curve.empty()) {
+    nlohmann::json points = nlohmann::json::array();
+    for (const sim::LinkPoint& p : cal.net_curve) points.push_back({{"bytes", p.bytes}, {"seconds", p.seconds}});
+    n["curve"] = points;
+  }
+  return n;
+}
+
+std::string network_line(const sim::SystemCalibration& cal) {
+  char text[512];
+  if (cal.net_curve.empty()) {
+    std::snprintf(text, sizeof text, "network between nodes: %.1f GB/s per GPU x %.2f, %.0f us per exchange (%s)",
+                  cal.net_GBps_per_gpu, cal.net_efficiency, cal.net_latency_us, cal.net_source.c_str());
+  } else {
+    std::snprintf(text, sizeof text, "network between nodes: a fitted curve of %zu points (%s)", cal.net_curve.size(),
+                  cal.net_source.c_str());
+  }
+  return std::string(text) + "\nping-pong (on) hides " + std::to_string(cal.overlap).substr(0, 4) +
+         " of each pass's exchange, at most its compute (" + cal.overlap_source + ")";
+}
+
+nlohmann::json tensor_parallel_json(const sim::Scenario& s) {
+  const sim::HeadSlice h = sim::head_slice(s.layout, s.shape, 0);
+  return {{"tp", s.layout.tp},
+          {"q_heads_per_gpu", h.q_heads},
+          {"kv_heads_per_gpu", h.kv_heads},
+          {"kv_replicated", h.kv_replicated},
+          {"cad_groups", s.layout.tp},
+          {"plan", "one per data group and micro-batch, the same on every TP index"},
+          {"bytes", "per GPU: each TP index exchanges its own head slice with the same TP index of the other "
+                    "data-parallel ranks"}};
+}
+
+std::string tensor_parallel_line(const sim::Scenario& s) {
+  if (s.layout.tp == 1) return "tensor parallelism: none (every GPU is a data-parallel rank holding all heads)";
+  const sim::HeadSlice h = sim::head_slice(s.layout, s.shape, 0);
+  return "tensor parallelism: " + std::to_string(s.layout.tp) + " TP indices, each CAD over its " +
+         std::to_string(s.layout.dp()) + " data-parallel ranks on " + std::to_string(h.q_heads) + " query / " +
+         std::to_string(h.kv_heads) + (h.kv_replicated ? " (replicated)" : "") +
+         " KV heads, the same plan on every index; bytes and times are one GPU's";
+}
+
 int run_simulate(int argc, char** argv) {
   const cad::cli::Args args(
       argc, argv,
@@ -299,14 +449,23 @@ int run_simulate(int argc, char** argv) {
        "--gpus-per-node", "--tp", "--pp", "--dist", "--context", "--steps", "--seed", "--microbatches", "--balancers",
        "--cp-size", "--cad-size", "--min-shard", "--path", "--rates", "--system", "--attention-tflops", "--net-gbps", "--gemm-tflops",
        "--pingpong", "--trainer", "--checkpointing", "--kernel", "--batch-seeds", "--schedule", "--pool",
-       "--tolerance"},
+       "--tolerance", "--max-doc-len", "--tokens-per-rank", "--ranks-per-node", "--inter-node-byte-cost",
+       "--link-gbps", "--link-latency-us", "--link-efficiency", "--link-curve", "--overlap"},
       {"--json", "--quiet", "--balance-time", "--detail"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
     return 0;
   }
   if (!args.positional().empty()) throw UsageError("unexpected argument '" + args.positional()[0] + "'");
-  for (const char* required : {"--gpus", "--dist", "--context"}) {
+  const bool long_docs = args.has("--max-doc-len") || args.has("--tokens-per-rank");
+  if (long_docs) {
+    for (const char* required : {"--max-doc-len", "--tokens-per-rank"}) {
+      if (!args.has(required)) throw UsageError(std::string("long documents need --max-doc-len and --tokens-per-rank; ") +
+                                                required + " is missing");
+    }
+    if (args.has("--context")) throw UsageError("--tokens-per-rank replaces --context with long documents; give one");
+  }
+  for (const char* required : {"--gpus", "--dist", long_docs ? "--tokens-per-rank" : "--context"}) {
     if (!args.has(required)) throw UsageError(std::string(required) + " is required (see --help)");
   }
   const int64_t big = int64_t{1} << 40;  // model-shape sizes (their products are checked by validate)
@@ -327,6 +486,19 @@ int run_simulate(int argc, char** argv) {
   s.layout.gpus = args.get_int("--gpus", 0, 1, lim::kMaxGpus);
   s.layout.gpus_per_node = args.get_int("--gpus-per-node", 8, 1, lim::kMaxGpusPerNode);
   s.layout.tp = args.get_int("--tp", 1, 1, lim::kMaxTp);
+  if (args.has("--ranks-per-node")) {
+    const int64_t r = args.get_int("--ranks-per-node", 1, 1, lim::kMaxGpusPerNode);
+    if (r > lim::kMaxGpusPerNode / s.layout.tp) {
+      throw UsageError("--ranks-per-node " + std::to_string(r) + " x --tp " + std::to_string(s.layout.tp) +
+                       " is more than 1024 GPUs per node");
+    }
+    if (args.has("--gpus-per-node") && r * s.layout.tp != s.layout.gpus_per_node) {
+      throw UsageError("--ranks-per-node " + std::to_string(r) + " x --tp " + std::to_string(s.layout.tp) + " = " +
+                       std::to_string(r * s.layout.tp) + " GPUs per node, but --gpus-per-node is " +
+                       std::to_string(s.layout.gpus_per_node));
+    }
+    s.layout.gpus_per_node = r * s.layout.tp;
+  }
   s.layout.pp = args.get_int("--pp", 1, 1, lim::kMaxPp);
   try {
     sim::validate(s.shape);
@@ -339,7 +511,13 @@ int run_simulate(int argc, char** argv) {
                      std::to_string(s.layout.dp()) + " data-parallel ranks; at most " +
                      std::to_string(lim::kMaxDataParallel) + " plan together (raise --tp or --pp)");
   }
-  s.context = args.get_int("--context", 0, 1, lim::kMaxContext);
+  if (long_docs) {
+    s.context = args.get_int("--tokens-per-rank", 0, 1, lim::kMaxContext);
+    s.max_doc_len = args.get_int("--max-doc-len", 0, 1, lim::kMaxContext);
+    if (s.layout.pp != 1) throw UsageError("--max-doc-len: long documents are modelled without pipeline stages (--pp 1)");
+  } else {
+    s.context = args.get_int("--context", 0, 1, lim::kMaxContext);
+  }
   s.steps = args.get_int("--steps", 1, 1, lim::kMaxSteps);
   s.seed = static_cast<uint64_t>(args.get_int("--seed", 1, 0, INT64_MAX));
   s.microbatches = args.get_int("--microbatches", std::min(lim::kMaxMicrobatches, s.layout.pp > 1 ? 2 * s.layout.pp : 1),
@@ -376,7 +554,9 @@ int run_simulate(int argc, char** argv) {
   s.min_shard_tokens = args.get_int("--min-shard", 128, 0, big);
   s.search_path = args.get("--path", "");
 
-  const int64_t cp_size = args.get_int("--cp-size", s.layout.gpus_per_node / s.layout.tp, 0, big);
+  const int64_t ranks_per_node = s.layout.gpus_per_node / s.layout.tp;
+  const int64_t cp_size = args.get_int("--cp-size", long_docs ? long_docs_group(ranks_per_node, s) : ranks_per_node, 0, big);
+  if (long_docs) s.document_group = cp_size == 0 ? s.layout.dp() : std::min(cp_size, s.layout.dp());
   const int64_t cad_size = args.get_int("--cad-size", 0, 0, big);
   const std::string rates_path = args.get("--rates", default_calibration("h200.json"));
   if (args.has("--balance-time") && args.has("--attention-tflops")) {
@@ -426,9 +606,11 @@ int run_simulate(int argc, char** argv) {
     sim::BalancerSpec b;
     b.name = n;
     const bool cp = std::filesystem::path(n).stem().string().find("per_doc_cp") != std::string::npos;
-    b.group_size = n == "colocated" ? 1 : cp ? cp_size : cad_size;
+    // With long documents colocated plans over the document groups: the all-gather-KV context parallelism.
+    b.group_size = n == "colocated" ? (long_docs ? s.document_group : 1) : cp ? cp_size : cad_size;
     b.plan_is_layout = cp;
-    b.config = cad::cli::balancer_config(n, "{}", tolerance_text, args.has("--balance-time") ? rates_path : "");
+    b.config = with_topology(cad::cli::balancer_config(n, "{}", tolerance_text, args.has("--balance-time") ? rates_path : ""),
+                             args);
     s.balancers.push_back(b);
   }
   const std::string pingpong = args.get("--pingpong", "both");
@@ -439,10 +621,7 @@ int run_simulate(int argc, char** argv) {
   s.lengths = cad::workload::load_lengths(dist);  // a regular file of at most 32 MiB (doc_lengths.h)
 
   sim::SystemCalibration cal = sim::load_system_calibration(args.get("--system", default_calibration("h200_system.json")));
-  if (args.has("--net-gbps")) {
-    cal.net_GBps_per_gpu = parse_rate("--net-gbps", args.get("--net-gbps", "")) / 8;
-    cal.net_source = "--net-gbps " + args.get("--net-gbps", "") + " (efficiency and latency from " + cal.path + ")";
-  }
+  set_network(cal, args);
   if (args.has("--gemm-tflops")) {
     cal.gemm_tflops = parse_rate("--gemm-tflops", args.get("--gemm-tflops", ""));
     cal.gemm_source = "--gemm-tflops " + args.get("--gemm-tflops", "");
@@ -503,7 +682,8 @@ int run_simulate(int argc, char** argv) {
     }
     s.progress = progress_printer(s.layout.dp() >= 128, units);
   }
-  const std::vector<sim::BalancerResult> results = sim::simulate(s, cal, *rates);
+  sim::BatchSummary summary;
+  const std::vector<sim::BalancerResult> results = sim::simulate(s, cal, *rates, &summary);
   require_finite(results);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const sim::BalancerResult* colocated = find(results, "colocated");
@@ -515,12 +695,24 @@ int run_simulate(int argc, char** argv) {
                     {"heads", s.shape.heads},     {"kv_heads", s.shape.kv_heads}, {"head_dim", s.shape.head_dim},
                     {"mlp", s.shape.mlp},         {"vocab", s.shape.vocab}};
     out["layout"] = {{"gpus", s.layout.gpus}, {"gpus_per_node", s.layout.gpus_per_node}, {"tp", s.layout.tp},
-                     {"pp", s.layout.pp},     {"dp", s.layout.dp()}, {"schedule", schedule}};
+                     {"pp", s.layout.pp},     {"dp", s.layout.dp()}, {"schedule", schedule},
+                    {"ranks_per_node", ranks_per_node}};
+    out["tensor_parallel"] = tensor_parallel_json(s);
+    out["network"] = network_json(cal);
     if (trainer_pipeline) out["layout"]["pool"] = pool_name(s.pool);
     out["workload"] = {{"dist", dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
                        {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens},
                        {"balance_time", args.has("--balance-time")}};
     if (has_tolerance) out["workload"]["tolerance"] = tolerance;
+    if (long_docs) {
+      out["workload"]["max_doc_len"] = s.max_doc_len;
+      out["workload"]["tokens_per_rank"] = s.context;
+      out["workload"]["document_group"] = s.document_group;
+    }
+    out["workload"]["documents_per_micro_batch"] = summary.documents;
+    out["workload"]["documents_cut_at_group_edges"] = summary.cut_documents;
+    out["workload"]["widest_span_ranks"] = summary.widest_span;
+    out["workload"]["longest_document"] = summary.longest;
     out["calibration"] = {{"rates", rates->describe()},
                           {"system", cal.path},
                           {"gemm_tflops", cal.gemm_tflops},
@@ -549,6 +741,12 @@ int run_simulate(int argc, char** argv) {
                           {"group_size", r.group_size},
                           {"attention_imbalance", r.attention_imbalance},
                           {"bytes_per_layer", r.bytes_per_layer},
+                          {"bytes_intra_node_per_layer", r.bytes_intra_per_layer},
+                          {"bytes_inter_node_per_layer", r.bytes_inter_per_layer},
+                          {"max_inter_node_sent_per_gpu", r.max_inter_sent_per_gpu},
+                          {"memory", {{"max_kv_rows", r.max_kv_rows},
+                                      {"max_kv_bytes", r.max_kv_bytes},
+                                      {"max_memory_received", r.max_memory_received}}},
                           {"plan_ms", r.plan_ms},
                           {"off", mode_json(r.off)},
                           {"on", mode_json(r.on)}};
@@ -578,8 +776,15 @@ int run_simulate(int argc, char** argv) {
               dist.c_str(), static_cast<long long>(s.context), static_cast<long long>(s.steps),
               static_cast<long long>(s.microbatches), static_cast<unsigned long long>(s.seed));
   if (has_tolerance) std::printf("balancer tolerance: %g (distca, prefix_aware)\n", tolerance);
-  std::printf("attention rates: %s\nsystem: %s (GEMM %.0f TFLOP/s, network %.1f GB/s per GPU x %.2f)\n",
-              rates->describe().c_str(), cal.path.c_str(), cal.gemm_tflops, cal.net_GBps_per_gpu, cal.net_efficiency);
+  if (long_docs) {
+    std::printf("long documents: up to %lld tokens, laid whole over the ranks in groups of %lld (%.1f documents per "
+                "micro-batch, %.1f cut at group edges, widest over %lld ranks)\n",
+                static_cast<long long>(s.max_doc_len), static_cast<long long>(s.document_group), summary.documents,
+                summary.cut_documents, static_cast<long long>(summary.widest_span));
+  }
+  std::printf("attention rates: %s\nsystem: %s (GEMM %.0f TFLOP/s)\n", rates->describe().c_str(), cal.path.c_str(),
+              cal.gemm_tflops);
+  std::printf("%s\n%s\n", network_line(cal).c_str(), tensor_parallel_line(s).c_str());
   if (trainer) {
     std::printf("trainer: %s (fitted on %s), checkpointing %s, attention kernel x %.3f; linear_s includes the\n"
                 "trainer's non-attention time, comm_s CAD's exchanges with their fixed and pack/unpack costs\n",
@@ -612,7 +817,18 @@ int run_simulate(int argc, char** argv) {
     std::printf("\n");
   }
   std::printf("(linear/attn/comm/exposed: the slowest rank of each micro-batch, seconds per micro-batch; "
-              "simulated in %.2f s)\n", wall);
+              "simulated in %.2f s)\n\n", wall);
+  // One GPU's (one TP index's) exchanges per layer and pass, and the memory its server role needs.
+  std::printf("bytes per layer (all ranks of one TP index) by node (%lld ranks per node), and memory per server:\n",
+              static_cast<long long>(ranks_per_node));
+  std::printf("%-14s %11s %11s %16s %11s %13s\n", "balancer", "intra_GiB", "inter_GiB", "max_inter_GiB/GPU",
+              "max_kv_GiB", "max_recv_GiB");
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  for (const auto& r : results) {
+    std::printf("%-14s %11.3f %11.3f %16.3f %11.3f %13.3f\n", r.name.c_str(), r.bytes_intra_per_layer / gib,
+                r.bytes_inter_per_layer / gib, r.max_inter_sent_per_gpu / gib, static_cast<double>(r.max_kv_bytes) / gib,
+                static_cast<double>(r.max_memory_received) / gib);
+  }
   return 0;
 }
 

@@ -3,7 +3,9 @@
 // all_to_all_v: bytes to and from GPUs of the same node go over NVLink at the measured bus bandwidth for
 // that message size (the curve, interpolated in log(bytes), clamped at its ends, never faster than the
 // smallest measured call); bytes to and from other nodes go over the GPU's own network link
-// (GBps_per_gpu x efficiency, plus a latency). The two run at the same time, and each direction of a
+// (GBps_per_gpu x efficiency, plus a latency; or the fitted (bytes, seconds) curve when the calibration holds
+// one: linear between its points, its first point's seconds below it, its last segment's slope above it).
+// The two run at the same time, and each direction of a
 // link is separate, so a GPU's time is max(intra(max(sent, received)), inter(max(sent, received))).
 #pragma once
 
@@ -22,5 +24,9 @@ double intra_node_seconds(const SystemCalibration& cal, double bytes);
 double inter_node_seconds(const SystemCalibration& cal, double bytes);
 // One GPU's all_to_all_v.
 double all_to_all_seconds(const SystemCalibration& cal, const RankBytes& bytes);
+// A pass of `compute` seconds with an exchange of `exchange` seconds, the exchange hidden under the compute
+// by `overlap` (its share hidden, at most the compute): compute + exchange - min(overlap x exchange, compute).
+// overlap 0 is the exchange fully exposed; overlap 1 is max(compute, exchange).
+double overlapped_seconds(double compute, double exchange, double overlap);
 
 }  // namespace cad::simulate

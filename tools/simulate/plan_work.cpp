@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace cad::simulate {
@@ -17,6 +18,39 @@ cad::plan::RankPieces documents_per_rank(const cad::plan::RankPieces& batch) {
       p.doc_len = p.len;
       p.offset_in_doc = 0;
     }
+  }
+  return out;
+}
+
+cad::plan::RankPieces documents_within_groups(const cad::plan::RankPieces& batch, int64_t unit,
+                                              int64_t* cut_documents) {
+  const auto ranks = static_cast<int64_t>(batch.size());
+  if (unit < 1 || ranks % unit != 0) {
+    throw std::invalid_argument("documents_within_groups: " + std::to_string(ranks) +
+                                " ranks are not whole groups of " + std::to_string(unit));
+  }
+  cad::plan::RankPieces out;
+  out.reserve(batch.size());
+  std::map<int64_t, int64_t> groups_of;  // original document -> groups it lies in
+  int64_t next_id = 0;
+  for (int64_t begin = 0; begin < ranks; begin += unit) {
+    cad::plan::RankPieces group = group_pieces(batch, begin, begin + unit);
+    std::map<int64_t, int64_t> id;  // original id -> new id, in this group
+    for (auto& rank : group) {
+      for (auto& p : rank) {
+        auto it = id.find(p.doc_id);
+        if (it == id.end()) {
+          ++groups_of[p.doc_id];
+          it = id.emplace(p.doc_id, next_id++).first;
+        }
+        p.doc_id = it->second;
+      }
+      out.push_back(std::move(rank));
+    }
+  }
+  if (cut_documents != nullptr) {
+    *cut_documents = 0;
+    for (const auto& [doc, groups] : groups_of) *cut_documents += groups > 1 ? 1 : 0;
   }
   return out;
 }

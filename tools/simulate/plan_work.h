@@ -20,6 +20,15 @@ namespace cad::simulate {
 
 cad::plan::RankPieces documents_per_rank(const cad::plan::RankPieces& batch);
 
+// Long documents (`cad simulate --max-doc-len`): the batch laid whole over the ranks (long_docs.h, the
+// layout of cad.pack_documents), then cut only where a group of `unit` ranks ends ([g*unit, (g+1)*unit)):
+// a document crossing such an edge goes on as a new document in the next group (as group_pieces makes
+// it), so that every balancer, whatever its groups (multiples of `unit`), computes the same attention.
+// Pieces of one document inside a group keep one id, its doc_len and their offsets. Ids are renumbered
+// 0, 1, ... in rank order. `cut_documents` (may be null) receives how many documents an edge cut.
+cad::plan::RankPieces documents_within_groups(const cad::plan::RankPieces& batch, int64_t unit,
+                                              int64_t* cut_documents);
+
 cad::plan::RankPieces group_pieces(const cad::plan::RankPieces& all, int64_t begin, int64_t end);
 
 // Rank s holds exactly the query ranges of the tasks on server s. `pieces` gives the documents' lengths.

@@ -10,9 +10,12 @@
 
 #include "balancer_runner.h"
 #include "batch_recipe.h"
+#include "long_docs.h"
 #include "one_f_one_b_simulation.h"
 #include "pipeline_simulation.h"
 #include "plan_work.h"
+#include "server_memory.h"
+#include "tensor_slices.h"
 
 namespace cad::simulate {
 
@@ -96,6 +99,33 @@ void check_scenario(const Scenario& s, const AttentionRates& rates) {
   for (const auto& b : s.balancers) {
     if (b.group_size < 0) throw std::invalid_argument("balancer '" + b.name + "': group size must be >= 0");
   }
+  if (s.max_doc_len < 0) throw std::invalid_argument("--max-doc-len must be >= 1");
+  if (s.max_doc_len > 0) {
+    const int64_t dp = s.layout.dp();
+    const int64_t g = s.document_group;
+    if (is_trainer_pipeline(s.schedule) || s.layout.pp > 1) {
+      throw std::invalid_argument("--max-doc-len: long documents are modelled without pipeline stages (--pp 1)");
+    }
+    if (g < 1 || dp % g != 0) {
+      throw std::invalid_argument("--max-doc-len: the document group (--cp-size " + std::to_string(g) +
+                                  ") must divide the " + std::to_string(dp) + " data-parallel ranks");
+    }
+    // A document longer than a group would be cut at its edge: its attention would not be the document's.
+    if (s.max_doc_len > g * s.context) {
+      throw std::invalid_argument("--max-doc-len " + std::to_string(s.max_doc_len) + " is more than a group of --cp-size " +
+                                  std::to_string(g) + " ranks x --tokens-per-rank " + std::to_string(s.context) +
+                                  " holds; raise --cp-size to at least " +
+                                  std::to_string((s.max_doc_len + s.context - 1) / s.context));
+    }
+    for (const auto& b : s.balancers) {
+      const int64_t size = b.group_size == 0 ? dp : std::min(b.group_size, dp);
+      if (size % g != 0) {
+        throw std::invalid_argument("--max-doc-len: balancer '" + b.name + "' plans groups of " + std::to_string(size) +
+                                    " ranks, not a multiple of the document group (--cp-size " + std::to_string(g) +
+                                    "): it would cut documents the others keep whole");
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -116,18 +146,26 @@ bool is_trainer_pipeline(Schedule schedule) {
   return schedule == Schedule::kGpipe || schedule == Schedule::k1f1bTicks;
 }
 
-std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration& cal, const AttentionRates& rates) {
+cad::plan::RankPieces scenario_batch(const Scenario& s, int32_t ranks, uint64_t seed, int64_t* cut_documents) {
+  if (cut_documents != nullptr) *cut_documents = 0;
+  if (s.max_doc_len == 0) return documents_per_rank(cad::workload::sample_batch(s.lengths, s.context, ranks, seed));
+  return documents_within_groups(cad::workload::sample_long_batch(s.lengths, s.max_doc_len, s.context, ranks, seed),
+                                 s.document_group, cut_documents);
+}
+
+std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration& cal, const AttentionRates& rates,
+                                     BatchSummary* summary) {
   check_scenario(s, rates);
   const int64_t dp = s.layout.dp();
 
-  cad_cost_params_v1_t cost{};
-  cost.struct_size = sizeof cost;
-  cost.num_q_heads = static_cast<int32_t>(heads_per_gpu(s.layout, s.shape));
-  cost.num_kv_heads = static_cast<int32_t>(kv_heads_per_gpu(s.layout, s.shape));
-  cost.head_dim = static_cast<int32_t>(s.shape.head_dim);
-  cost.bytes_per_element = 2;
-  cost.causal = 1;
-  cost.min_shard_tokens = s.min_shard_tokens;
+  // Every TP index plans its data group on its own head slice; the slices' costs are alike, so one plan
+  // (TP index 0's) is every index's plan, and one index's bytes and seconds are every GPU's.
+  const cad_cost_params_v1_t cost = slice_cost(s.layout, s.shape, 0, s.min_shard_tokens);
+  for (int64_t i = 1; i < s.layout.tp; ++i) {
+    if (!same_cost(cost, slice_cost(s.layout, s.shape, i, s.min_shard_tokens))) {
+      throw std::logic_error("TP index " + std::to_string(i) + " would plan with another cost than index 0");
+    }
+  }
   const cad::plan::ModelParams params = cad::plan::model_params(cost);
 
   if (s.schedule == Schedule::kGpipe) return simulate_gpipe(s, cal, rates, cost);
@@ -148,6 +186,7 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
   const int64_t steps = s.batch_seeds.empty() ? s.steps : static_cast<int64_t>(s.batch_seeds.size()) / s.microbatches;
   const int64_t batches = steps * s.microbatches;
   const double weight = 1.0 / static_cast<double>(batches);
+  if (summary != nullptr) *summary = BatchSummary{};
   // times[balancer][mode][microbatch of this step][rank]
   for (int64_t step = 0; step < steps; ++step) {
     std::vector<std::vector<std::vector<std::vector<double>>>> times(
@@ -155,8 +194,15 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
     for (int64_t m = 0; m < s.microbatches; ++m) {
       const uint64_t seed = s.batch_seeds.empty() ? s.seed + static_cast<uint64_t>(step * s.microbatches + m)
                                                   : s.batch_seeds[static_cast<size_t>(step * s.microbatches + m)];
-      const cad::plan::RankPieces batch = documents_per_rank(
-          cad::workload::sample_batch(s.lengths, s.context, static_cast<int32_t>(dp), seed));
+      int64_t cut = 0;
+      const cad::plan::RankPieces batch = scenario_batch(s, static_cast<int32_t>(dp), seed, &cut);
+      if (summary != nullptr) {
+        const cad::workload::LayoutSummary ls = cad::workload::summarize(batch);
+        summary->documents += weight * static_cast<double>(ls.documents);
+        summary->cut_documents += weight * static_cast<double>(cut);
+        summary->widest_span = std::max<int64_t>(summary->widest_span, ls.widest_span);
+        summary->longest = std::max(summary->longest, ls.longest);
+      }
       for (size_t bi = 0; bi < s.balancers.size(); ++bi) {
         const BalancerSpec& spec = s.balancers[bi];
         BalancerResult& res = results[bi];
@@ -171,6 +217,8 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
         group_tasks.reserve(static_cast<size_t>(dp));
         int64_t all_tasks = 0;
         double bytes = 0, plan_ms = 0;
+        std::vector<int64_t> kv_bytes, memory_received;  // per rank, as a server
+        int64_t max_kv_rows = 0;
         for (int64_t begin = 0; begin < dp; begin += res.group_size) {
           const int64_t end = std::min(dp, begin + res.group_size);
           cad::plan::RankPieces pieces = group_pieces(batch, begin, end);
@@ -182,6 +230,11 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
           std::vector<RankWork> w = rank_work(pieces, tasks, params, s.layout, begin, rates, &group_bytes);
           bytes += group_bytes;
           work.insert(work.end(), w.begin(), w.end());
+          const cad::workload::ServerMemory mem = cad::workload::server_memory(
+              pieces, static_cast<int32_t>(end - begin), tasks.data(), static_cast<int64_t>(tasks.size()), params);
+          kv_bytes.insert(kv_bytes.end(), mem.kv_bytes.begin(), mem.kv_bytes.end());
+          memory_received.insert(memory_received.end(), mem.foreign_bytes.begin(), mem.foreign_bytes.end());
+          for (const int64_t rows : mem.kv_rows) max_kv_rows = std::max(max_kv_rows, rows);
           // The tasks each rank serves: its share of the plan make's device tables (trainer_model.h).
           std::vector<int64_t> served(w.size(), 0);
           for (const cad_task_v1_t& t : tasks) {
@@ -192,6 +245,20 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
         }
         res.plan_ms += weight * plan_ms;
         res.bytes_per_layer += weight * bytes;
+        double intra = 0, inter = 0, max_inter = 0;
+        for (const RankWork& w : work) {
+          intra += w.bytes.sent_intra;
+          inter += w.bytes.sent_inter;
+          max_inter = std::max(max_inter, w.bytes.sent_inter);
+        }
+        res.bytes_intra_per_layer += weight * intra;
+        res.bytes_inter_per_layer += weight * inter;
+        res.max_inter_sent_per_gpu += weight * max_inter;
+        res.max_kv_rows = std::max(res.max_kv_rows, max_kv_rows);
+        for (size_t r = 0; r < kv_bytes.size(); ++r) {
+          res.max_kv_bytes = std::max(res.max_kv_bytes, kv_bytes[r]);
+          res.max_memory_received = std::max(res.max_memory_received, memory_received[r]);
+        }
         double max_attn = 0, sum_attn = 0;
         for (const RankWork& w : work) {
           const double a = w.attention.fwd + w.attention.bwd;
@@ -199,8 +266,9 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
           sum_attn += a;
         }
         res.attention_imbalance += weight * (sum_attn > 0 ? max_attn * static_cast<double>(dp) / sum_attn : 1.0);
-        // Colocated ranks keep their documents: no plan to make, nothing to exchange.
-        const bool moves_work = res.name != "colocated" && res.group_size > 1;
+        // Colocated ranks keep their documents: no plan to make, nothing to exchange -- unless documents span
+        // ranks (long documents), where colocated over pieces gathers the earlier pieces' K/V.
+        const bool moves_work = res.group_size > 1 && (res.name != "colocated" || bytes > 0);
         MicroBatchDetail detail;
         if (s.detail) {
           detail.step = step;
@@ -234,6 +302,9 @@ std::vector<BalancerResult> simulate(const Scenario& s, const SystemCalibration&
               d.attention_bwd_s = work[r].attention.bwd;
               d.bytes_sent = work[r].bytes.sent_intra + work[r].bytes.sent_inter;
               d.bytes_received = work[r].bytes.received_intra + work[r].bytes.received_inter;
+              d.bytes_sent_inter = work[r].bytes.sent_inter;
+              d.kv_bytes = kv_bytes[r];
+              d.memory_received = memory_received[r];
               (pingpong ? d.total_on_s : d.total_off_s) = rt.total;
             }
           }

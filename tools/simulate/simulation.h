@@ -2,7 +2,13 @@
 // every balancer plugin (in its balancing groups), price every rank with the step model, and collect
 // step times with and without ping-pong. A document the packing cuts at a buffer's end goes on as a new
 // document in the next buffer (plan_work.h: documents_per_rank), for every balancer alike: all of them
-// then compute the same attention FLOPs and differ only in where.
+// then compute the same attention FLOPs and differ only in where. With Scenario::max_doc_len (long
+// documents) the documents are laid whole over the ranks instead, as cad.pack_documents lays them, their
+// pieces spanning ranks, and cut only at the edges of Scenario::document_group.
+//
+// Tensor parallelism is priced as it runs (tensor_slices.h): each TP index runs CAD over its data group on
+// its head slice, with the same plan; the plan is made once per group and micro-batch with the slice's cost,
+// and every byte and second below is one GPU's, i.e. one TP index's.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +20,7 @@
 #include "layout.h"
 #include "model_shape.h"
 #include "pipeline_model.h"
+#include "plan_model.h"
 #include "step_model.h"
 #include "system_calibration.h"
 #include "trainer_calibration.h"
@@ -75,6 +82,13 @@ struct Scenario {
   // valid here, kBubble with kGpipe, and with k1f1bTicks under full checkpointing only (as the trainer's
   // --pool bubble).
   PipelinePool pool = PipelinePool::kTick;
+  // Long documents: when > 0, each micro-batch is DistCA's recipe with lengths scaled to max_doc_len, laid
+  // whole over the data-parallel ranks at `context` tokens per rank (long_docs.h sample_long_batch), and cut
+  // only at the edges of groups of document_group ranks (plan_work.h documents_within_groups). Every
+  // balancer's group (colocated's too: it is then the all-gather-KV context parallelism over its group)
+  // must be a multiple of document_group, and max_doc_len at most document_group x context.
+  int64_t max_doc_len = 0;
+  int64_t document_group = 0;
   // Keep each micro-batch's per-rank parts in BalancerResult::detail (small runs: one entry per rank).
   bool detail = false;
   // Called with a line of progress (e.g. "step 2/4: prefix_aware") on long runs; may be empty.
@@ -96,6 +110,9 @@ struct RankDetail {
   int64_t tasks_served = 0;                          // tasks of its group's plan it serves
   double attention_fwd_s = 0, attention_bwd_s = 0;  // the rate table's kernel seconds, one layer, unscaled
   double bytes_sent = 0, bytes_received = 0;         // one exchange pass of one layer
+  double bytes_sent_inter = 0;                       // of bytes_sent, to GPUs of other nodes
+  int64_t kv_bytes = 0;                              // K/V the rank holds as a server (server_memory.h)
+  int64_t memory_received = 0;                       // Q/K/V/O bytes other ranks send it
   double total_off_s = 0, total_on_s = 0;            // the rank's micro-batch, without / with ping-pong
   TrainerRankTime trainer_off, trainer_on;           // the trainer model's parts (with Scenario::trainer)
 };
@@ -131,6 +148,13 @@ struct BalancerResult {
   double attention_imbalance = 0;  // max / mean attention seconds over ranks, averaged over micro-batches
   double bytes_per_layer = 0;      // forward all_to_all_v bytes of one layer, all ranks, mean per micro-batch
   double plan_ms = 0;              // mean planning time per micro-batch (all groups)
+  // bytes_per_layer split by where they go: to GPUs of the same node / of other nodes (sum of every rank's
+  // sent bytes; Layout::node_of), and the most one GPU sends to other nodes; means per micro-batch.
+  double bytes_intra_per_layer = 0, bytes_inter_per_layer = 0;
+  double max_inter_sent_per_gpu = 0;
+  // Memory per server (server_memory.h), the largest over servers and micro-batches: K/V rows and bytes
+  // held (own and received, one copy per document) and the Q/K/V/O bytes received (what a cap bounds).
+  int64_t max_kv_rows = 0, max_kv_bytes = 0, max_memory_received = 0;
   ModeResult off, on;              // without / with ping-pong
   std::vector<MicroBatchDetail> detail;  // with Scenario::detail
   std::vector<TickDetail> ticks;         // with Scenario::detail and Schedule::kGpipe or k1f1bTicks
@@ -139,9 +163,21 @@ struct BalancerResult {
 // Sets every result's off/on mean_step_seconds, the mean of its step_seconds (each driver's last step).
 void set_mean_step_seconds(std::vector<BalancerResult>& results);
 
+// The batches' shape, the same for every balancer (means per micro-batch, widest span the largest).
+struct BatchSummary {
+  double documents = 0;       // documents per micro-batch (after the cuts at group edges)
+  double cut_documents = 0;   // documents a group edge cut (long documents; 0 otherwise)
+  int64_t widest_span = 0;    // most ranks one document lies on
+  int64_t longest = 0;        // longest document, tokens
+};
+
 // Validates the scenario (throws std::invalid_argument naming the option), runs it, returns one result
 // per balancer in the given order.
 std::vector<BalancerResult> simulate(const Scenario& scenario, const SystemCalibration& calibration,
-                                     const AttentionRates& rates);
+                                     const AttentionRates& rates, BatchSummary* summary = nullptr);
+
+// The pieces of micro-batch `seed` over `ranks` data-parallel ranks as the scenario lays them (documents_per_rank
+// of the recipe, or the long-document layout); `cut_documents` as documents_within_groups'.
+cad::plan::RankPieces scenario_batch(const Scenario& scenario, int32_t ranks, uint64_t seed, int64_t* cut_documents);
 
 }  // namespace cad::simulate

@@ -38,7 +38,8 @@ RankTime rank_time(const RankWork& work, const ModelShape& shape, const Layout& 
     const double activation_bytes = tokens * static_cast<double>(shape.hidden) * 2;  // bf16
     tp_comm = 4 * intra_node_seconds(cal, activation_bytes * (tp - 1) / tp);
   }
-  auto pass = [&](double compute) { return pingpong ? std::max(compute, comm) : compute + comm; };
+  // Ping-pong hides cal.overlap of the exchange, at most the pass's compute (comm_model.h).
+  auto pass = [&](double compute) { return pingpong ? overlapped_seconds(compute, comm, cal.overlap) : compute + comm; };
   const double fwd = pass(linear_fwd + work.attention.fwd);
   const double bwd = pass(linear_bwd + work.attention.bwd);
 

@@ -8,8 +8,9 @@
 //              same bytes per link: dO out, dQ and dK/dV back)
 //   tp comm  = 4 ring collectives (sequence parallel: 2 all-gathers + 2 reduce-scatters) of the tokens'
 //              activations per pass, when tp > 1; never hidden
-//   pass     = ping-pong: max(linear + attention, comm) -- two nano-batches, one's communication under
-//              the other's compute; without: linear + attention + comm
+//   pass     = ping-pong: linear + attention + comm - min(overlap x comm, linear + attention) -- two
+//              nano-batches, `overlap` (SystemCalibration::overlap) of one's communication under the other's
+//              compute; overlap 1 is max(linear + attention, comm); without: linear + attention + comm
 // A stage (layers / pp layers) adds the output projection (forward + backward) once.
 //
 // The step: ranks that exchange attention work meet at every layer's all_to_all_v, so a group's

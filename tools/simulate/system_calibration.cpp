@@ -97,6 +97,42 @@ SystemCalibration parse_system_calibration(const std::string& json_text, const s
   return c;
 }
 
+std::vector<LinkPoint> parse_link_curve(const std::string& json_text, const std::string& name, std::string* source) {
+  const json doc = json::parse(json_text, nullptr, false);
+  if (doc.is_discarded()) throw std::invalid_argument(name + ": not valid JSON");
+  if (!doc.is_object()) throw std::invalid_argument(name + ": expected a JSON object at the top level");
+  const Reader r{name};
+  const std::string src = r.text(doc, "source", "source");
+  if (source != nullptr) *source = src;
+  if (!doc.contains("points")) r.fail("points", "is missing (expected a non-empty list of {bytes, seconds})");
+  const json& points = doc.at("points");
+  if (!points.is_array() || points.empty()) r.fail("points", "must be a non-empty list of {bytes, seconds}");
+  std::vector<LinkPoint> out;
+  for (size_t i = 0; i < points.size(); ++i) {
+    const std::string at = "points[" + std::to_string(i) + "]";
+    if (!points[i].is_object()) r.fail(at, "must be an object {bytes, seconds}");
+    LinkPoint p;
+    p.bytes = r.positive(points[i], "bytes", at + ".bytes");
+    p.seconds = r.positive(points[i], "seconds", at + ".seconds");
+    if (!out.empty() && !(p.bytes > out.back().bytes)) {
+      r.fail(at + ".bytes", "must be larger than the previous point's (strictly increasing)");
+    }
+    if (!out.empty() && p.seconds < out.back().seconds) {
+      r.fail(at + ".seconds", "must not be smaller than the previous point's (more bytes never take less time)");
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<LinkPoint> load_link_curve(const std::string& path, std::string* source) {
+  std::string text, error;
+  if (files::read_regular_file(path, files::kMaxJsonFileBytes, "link curve", &text, &error) != files::ReadStatus::kOk) {
+    throw std::invalid_argument(error);
+  }
+  return parse_link_curve(text, path, source);
+}
+
 SystemCalibration load_system_calibration(const std::string& path) {
   // A regular file of at most 16 MiB (bounded_file.h): a FIFO or /dev/zero is refused, not read.
   std::string text, error;

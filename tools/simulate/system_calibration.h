@@ -14,6 +14,13 @@
 //   }
 // "bytes_per_rank" is what one GPU sends to the other GPUs of the call (its message to itself excluded),
 // strictly increasing; busbw = those bytes / time.
+//
+// The network term is explicit (`cad simulate --link-gbps --link-latency-us --link-efficiency --link-curve
+// --overlap`, docs/simulate.md "The network term"): bytes that leave a GPU's node take latency + bytes /
+// (GBps_per_gpu x efficiency), or, with a fitted curve of (bytes, seconds) points, the curve's seconds; the
+// ping-pong mode ("on") hides `overlap` of a pass's exchange, at most the pass's compute. overlap = 1 is the
+// old assumption (ping-pong hides all of it up to the compute); what has been measured is far less
+// (docs/multi_gpu.md runs 41-42).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +32,13 @@ namespace cad::simulate {
 struct CurvePoint {
   double bytes = 0;      // per rank, to other GPUs
   double busbw_GBps = 0;  // 1e9 bytes per second
+};
+
+// One measured or fitted point of the network curve: a GPU's all_to_all_v with `bytes` to and from GPUs of
+// other nodes (the larger of sent and received) took `seconds`.
+struct LinkPoint {
+  double bytes = 0;
+  double seconds = 0;
 };
 
 struct SystemCalibration {
@@ -41,7 +55,17 @@ struct SystemCalibration {
   double net_efficiency = 1;
   double net_latency_us = 0;
   std::string net_source;
+  // When not empty, replaces latency + bytes / bandwidth (load_link_curve); strictly increasing bytes.
+  std::vector<LinkPoint> net_curve;
+  // The share of a pass's exchange the ping-pong mode hides, at most the pass's compute: [0, 1].
+  double overlap = 1;
+  std::string overlap_source = "assumed: ping-pong hides the whole exchange up to the compute (unmeasured)";
 };
+
+// A fitted network curve: {"source": "...", "points": [{"bytes": B, "seconds": S}, ...]} with bytes strictly
+// increasing and seconds > 0 and non-decreasing. Throws std::invalid_argument naming the file and the key.
+std::vector<LinkPoint> load_link_curve(const std::string& path, std::string* source = nullptr);
+std::vector<LinkPoint> parse_link_curve(const std::string& json_text, const std::string& name, std::string* source);
 
 // Throws std::invalid_argument "FILE: key 'a.b' ..." naming the missing or bad key and what was expected.
 SystemCalibration load_system_calibration(const std::string& path);

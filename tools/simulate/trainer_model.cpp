@@ -39,7 +39,7 @@ TrainerRankTime trainer_rank_time(const RankWork& work, bool moves_work, int64_t
   const double compute = layers * (layer_linear + kernel);
   if (pingpong && moves_work) {
     const double slowed = tcal.pingpong_compute_factor * compute;
-    const double layers_time = std::max(slowed, t.exchange);
+    const double layers_time = overlapped_seconds(slowed, t.exchange, cal.overlap);
     t.exchange_exposed = layers_time - slowed;
     t.total = head + layers_time + t.plan;
   } else {

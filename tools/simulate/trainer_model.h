@@ -17,8 +17,9 @@
 //               with half the tokens and tasks); colocated makes no plan
 //   no ping-pong: total = linear + attention + exchange + plan
 //   ping-pong:    the layers' compute (L x T x layer_us + attention) runs pingpong_compute_factor slower
-//                 and hides the exchange up to its own length:
-//                 total = T x head_us + max(factor x layer compute, exchange) + plan
+//                 and hides `overlap` of the exchange (SystemCalibration::overlap), up to its own length:
+//                 total = T x head_us + overlapped(factor x layer compute, exchange, overlap) + plan
+//                 (comm_model.h; overlap 1: max(factor x layer compute, exchange))
 // FSDP2 gathers and reduce-scatters every layer, so every rank waits for the slowest at each layer: the
 // step is the sum over micro-batches of the slowest rank's time, plus step_fixed_ms.
 #pragma once
