@@ -134,6 +134,7 @@ def summary_of(args, world, device):
             "cad_nccl_copy_engines": args.cad_nccl_copy_engines,
             "cad_own_tasks": args.cad_own_tasks, "cad_own_reserve_sms": args.cad_own_reserve_sms,
             "cad_forward_walk": args.cad_forward_walk, "cad_head_groups": args.cad_head_groups,
+            "server_backend": args.server_backend,
             "balancer_tolerance": args.balancer_tolerance,
             "balancer_rate_table": args.balancer_rate_table if args.balance_time else None,
             "balancer_min_time_gain": args.balancer_min_time_gain if args.balance_time else None,
@@ -172,7 +173,7 @@ def train_one(args, rank, world, device, lengths):
              nccl_blocking_comm=args.cad_nccl_blocking, nccl_copy_engines=args.cad_nccl_copy_engines,
              own_tasks_in_place=args.cad_own_tasks == "on",
              own_tasks_reserve_sms=args.cad_own_reserve_sms, forward_walk=args.cad_forward_walk,
-             head_groups=args.cad_head_groups,
+             head_groups=args.cad_head_groups, server_backend=args.server_backend,
              balancer_config=balancer_config(args))
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     # The decision, made after step `decided_at` of the schedule, takes effect from the second step after it: the
