@@ -13,6 +13,7 @@ import torch
 
 from . import _checks
 from ._errors import CadError
+from .server_backend import BACKENDS as SERVER_BACKENDS
 
 DEFAULTS = {
     "config": None,               # a user stack config (dict or path); overrides everything below
@@ -33,6 +34,7 @@ DEFAULTS = {
     "own_tasks_reserve_sms": 16,  # on GPUs: SMs their forward kernel leaves to the collective beside it
     "forward_walk": "static",     # on GPUs: the server's forward kernel's walk ("static" or "dynamic")
     "head_groups": 1,             # on GPUs: the server batch's heads run and move in this many pipelined groups
+    "server_backend": "default",  # what runs the server batches: "default" (ours), "fa4", "torch" (cad.server_backend)
 }
 
 
@@ -56,6 +58,9 @@ def checked(what="cad.init", config=None, **given):
     if not isinstance(s["nccl_copy_engines"], bool):
         raise CadError(f"{what}: nccl_copy_engines must be True or False, got {s['nccl_copy_engines']!r}")
     _bounded(s, "head_groups", what, 1, 64, "dividing the model's heads")
+    if s["server_backend"] not in SERVER_BACKENDS:
+        raise CadError(f"{what}: server_backend must be one of {', '.join(map(repr, SERVER_BACKENDS))}, got "
+                       f"{s['server_backend']!r}")
     s["timeout_ms"] = _checks.integer(s["timeout_ms"], "timeout_ms", what, 1, _checks.INT32_MAX)
     s["min_shard_tokens"] = _checks.integer(s["min_shard_tokens"], "min_shard_tokens", what, 0)
     s["memory_cap_bytes"] = _checks.integer(s["memory_cap_bytes"], "memory_cap_bytes", what, 0)
@@ -131,7 +136,10 @@ def stack_config(device, settings):
         {"name": "server", "plugin": "cuda" if device.type == "cuda" else "reference",
          "config": {"forward_walk": walk} if device.type == "cuda" and walk != "static" else {}},
     ]
-    if device.type == "cuda" and cad_config["own_tasks_in_place"]:
+    if s.get("server_backend", "default") != "default":  # Python's kernels through the callback plugin
+        from . import server_backend
+        instances[-1] = server_backend.instance_config(s["server_backend"], device)
+    elif device.type == "cuda" and cad_config["own_tasks_in_place"]:
         instances.append({"name": "server_own", "plugin": "cuda",
                           "config": {"reserve_sms": int(s.get("own_tasks_reserve_sms", 0)), "forward_walk": "dynamic"}})
         cad_config["own_server_backend"] = "server_own"

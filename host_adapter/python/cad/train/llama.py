@@ -135,6 +135,7 @@ def summary_of(args, world, device):
             "cad_nccl_copy_engines": args.cad_nccl_copy_engines,
             "cad_own_tasks": args.cad_own_tasks, "cad_own_reserve_sms": args.cad_own_reserve_sms,
             "cad_forward_walk": args.cad_forward_walk, "cad_head_groups": args.cad_head_groups,
+            "server_backend": args.server_backend,
             "balancer_tolerance": args.balancer_tolerance,
             "balancer_rate_table": args.balancer_rate_table if args.balance_time else None,
             "balancer_min_time_gain": args.balancer_min_time_gain if args.balance_time else None,
@@ -176,7 +177,7 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
              nccl_blocking_comm=args.cad_nccl_blocking, nccl_copy_engines=args.cad_nccl_copy_engines,
              own_tasks_in_place=args.cad_own_tasks == "on",
              own_tasks_reserve_sms=args.cad_own_reserve_sms, forward_walk=args.cad_forward_walk,
-             head_groups=args.cad_head_groups,
+             head_groups=args.cad_head_groups, server_backend=args.server_backend,
              balancer_config=balancer_config(args), memory_cap_bytes=args.memory_cap)
     long_docs.refuse_local(args, world, "train_llama")
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).

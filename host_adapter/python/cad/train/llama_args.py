@@ -217,6 +217,10 @@ def parse_args(argv=None, description=None):
                    help="on GPUs over NCCL, each CAD call's heads in this many pipelined groups (cad.init's "
                         "head_groups; a divisor of --heads and --kv-heads): the server computes one group while the "
                         "next one's rows arrive and the last one's results leave; 1 (default): unsplit")
+    p.add_argument("--server-backend", choices=["default", "fa4", "torch"], default="default",
+                   help="what computes CAD's server batches (cad.init's server_backend): default (the project's "
+                        "kernel), fa4 (FlashAttention-4 through cad.fa4, on SM90+ with flash-attn-4 installed) or "
+                        "torch (plain torch, fp32 math)")
     p.add_argument("--ping-pong-lanes", type=int, choices=[1, 2], default=2,
                    help="with --ping-pong: 2 (default) runs each nano-batch's plans on its own CAD lane (its own "
                         "communicator and communication stream: cad.plan's lane), 1 runs both on one, where "
