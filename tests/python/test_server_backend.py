@@ -38,6 +38,7 @@ def _torch_server_backend(rank, world):
     assert plan.stats["imbalance"] < 1.5, plan.stats  # the balancer moved work: remote tasks were served
     counts = server_backend.calls["torch_cpu"]
     assert counts["forward"] >= 3 and counts["backward"] >= 3, counts
+    assert not server_backend._alive  # every zero-copy view of a call's tensors went with its call
     # bf16 through the same callbacks (fp32 math inside), against fp32 local attention within bf16 rounding.
     _compare(rank, True, (-1, -1), dtype=torch.bfloat16, tol=3e-2)
 

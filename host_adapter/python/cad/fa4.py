@@ -493,8 +493,9 @@ def segments_attn_backward(q, k, v, o, lse, d_o, segments, causal=True, window_s
         d_q.index_copy_(0, lay.q_index, dq_p.to(q.dtype))
     if lay.kv_index is None:
         return d_q, dk_p.to(k.dtype), dv_p.to(v.dtype)
-    d_k = torch.zeros(k.shape, dtype=torch.float32, device=k.device).index_add_(0, lay.kv_index, dk_p.float())
-    d_v = torch.zeros(v.shape, dtype=torch.float32, device=v.device).index_add_(0, lay.kv_index, dv_p.float())
+    acc = torch.promote_types(k.dtype, torch.float32)  # shared rows summed in fp32 at least
+    d_k = torch.zeros(k.shape, dtype=acc, device=k.device).index_add_(0, lay.kv_index, dk_p.to(acc))
+    d_v = torch.zeros(v.shape, dtype=acc, device=v.device).index_add_(0, lay.kv_index, dv_p.to(acc))
     return d_q, d_k.to(k.dtype), d_v.to(v.dtype)
 
 
