@@ -530,6 +530,10 @@ def recording_trainer():
                            "balancer": os.environ.get("CAD_TT_BALANCER", "prefix_aware"),
                            "world": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
                            "layers": self.model_args.n_layers, "seq_len": jc.training.seq_len,
+                           "context_parallel": self.parallel_dims.cp, "tensor_parallel": self.parallel_dims.tp,
+                           # a row of seq_len tokens per CP group and TP group (the table's tokens/s)
+                           "tokens_per_step": jc.training.seq_len * self.parallel_dims.world_size
+                           // (self.parallel_dims.cp * self.parallel_dims.tp),
                            "compile": jc.compile.enable, "activation_checkpoint": jc.activation_checkpoint.mode,
                            "mean_step_s_after_first": sum(steady) / len(steady), "steps": self.records}
                 pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
