@@ -13,7 +13,9 @@ TorchTitan 0.2.x takes a TOML job file; a model is a registered TrainSpec (`mode
                        mode="max-autotune-no-cudagraphs"; this calls it eagerly, K/V heads repeated);
   llama3_titan         TorchTitan's own model and attention unchanged: flavor 8B_varlen (its VarlenAttentionWrapper),
                        8B_flex (FlexAttention, block_causal document mask), or 8B (sdpa, no document mask);
-all with the no-download packed-document dataloader (the Pretrain recipe's lengths, synthetic tokens, EOS at every
+Context parallelism (`parallelism.context_parallel_degree` > 1, training.dataset "pretrain_stream") and tensor
+parallelism (`parallelism.tensor_parallel_degree` > 1) run through CAD: titan_parallel.py says how.
+All with the no-download packed-document dataloader (the Pretrain recipe's lengths, synthetic tokens, EOS at every
 document's end: 0.2.x finds documents by their EOS) and a tokenizer that reads no files.
 Flavors (every spec): "8B" (Llama 3 8B's shape with $CAD_TT_LAYERS layers, default 4, and a vocabulary of
 $CAD_TT_VOCAB, default 32768) and "debugmodel" (TorchTitan's, $CAD_TT_LAYERS or 2 layers); llama3_titan also

@@ -1,6 +1,7 @@
 """What both TorchTitan recipes share (train_titan_cad.py for torchtitan 0.3, titan_cad_spec.py for 0.2.x): running
 TorchTitan on the CPU, stand-ins for the packages it imports but the recipes never use, and the no-download
-packed-document data of the Pretrain recipe. Import this before torchtitan."""
+packed-document data of the Pretrain recipe (per rank; or PackedStream: packed whole over the data x context ranks).
+Import this before torchtitan."""
 import os
 import pathlib
 import sys
