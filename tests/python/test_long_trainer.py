@@ -326,3 +326,17 @@ def test_options_refused_with_long_documents(capsys):
     long_docs.refuse_local(args, 1, "train_llama")  # one rank holds every document whole
     with pytest.raises(cad.CadError, match="over 2 ranks needs --attention cad: local attention would attend each"):
         long_docs.refuse_local(args, 2, "train_llama")
+
+
+def test_memory_cap_reaches_the_balancers():
+    """cad.init(memory_cap_bytes=B) is the CAD plugin's memory_cap_bytes (the balancers' cost parameter); 0 leaves it
+    out (the plugin's default, no cap); a negative cap is refused naming it."""
+    from cad import _settings
+
+    def cad_config(**given):
+        config = _settings.stack_config(torch.device("cpu"), _settings.checked(**given))
+        return next(i for i in config["instances"] if i["name"] == "cad")["config"]
+    assert cad_config(memory_cap_bytes=4096)["memory_cap_bytes"] == 4096
+    assert "memory_cap_bytes" not in cad_config()
+    with pytest.raises(cad.CadError, match="memory_cap_bytes must be an int in"):
+        _settings.checked(memory_cap_bytes=-1)
