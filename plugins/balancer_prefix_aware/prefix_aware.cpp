@@ -11,6 +11,16 @@
 // least min_shard_tokens unless the range itself is shorter. A receiver pushed over U by a
 // minimum-size shard sheds again in the next round.
 //
+// Topology (config "ranks_per_node", "inter_node_byte_cost": balancer_topology.h): over several nodes the
+// shedding runs in three passes. First only the node-level surplus crosses nodes: a server above the bound
+// sheds no more than what its node holds beyond its servers' bounds, to servers of other nodes, each node
+// taking no more than its room; this pass goes first because the overloaded node's heaviest servers then
+// still hold their most work-dense shards, the fewest bytes per entry to send across. Then every node
+// balances inside itself (receivers on the sender's node only), then anything left goes anywhere. A byte
+// that leaves its node is priced at inter_node_byte_cost bytes throughout, so receivers on the node that
+// already hold part of a document win where there is a choice. With one node (the default) only the last
+// pass runs: the plan is the one before.
+//
 // Time, not FLOPs (config "rate_table"): with a measured kernel-rate table every cost is in dense-rate
 // score entries (plan_time.h), so equal loads are equal predicted time; cutting a range then costs a
 // little extra time (its parts run slower than the whole), which the sender's load is charged with,
@@ -39,6 +49,8 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "balancer_support.h"
 #include "shard_choice.h"
@@ -54,6 +66,7 @@ using cad::plugin::format;
 using cad::prefix_aware::Shard;
 
 constexpr int kRoomiestReceivers = 4;  // receivers with the most room considered at every step
+constexpr int kAcrossReceivers = 8;    // the same across nodes (where bytes cost most, a wider choice pays)
 constexpr int kMaxRounds = 8;          // rounds of shedding (a round ends when every sender has tried)
 constexpr double kSameBytes = 0.01;    // bytes per unit of work this close count as equal (time mode)
 
@@ -84,25 +97,19 @@ class Shedding {
   }
 
   Tasks run() {
-    int64_t excess_before = INT64_MAX;
-    std::vector<int32_t> senders;
-    for (int round = 0; round < kMaxRounds; ++round) {
-      if (p_.rates != nullptr) raise_bound();  // cuts added time: the mean grew
-      senders.clear();
-      int64_t excess = 0;
-      for (int32_t s = 0; s < p_.num_servers; ++s) {
-        if (ledger_.load(s) > bound_) {
-          senders.push_back(s);
-          excess += ledger_.load(s) - bound_;
-        }
-      }
-      if (senders.empty() || excess >= excess_before) break;  // balanced, or no progress
-      excess_before = excess;
-      std::sort(senders.begin(), senders.end(), [&](int32_t a, int32_t b) {
-        return ledger_.load(a) != ledger_.load(b) ? ledger_.load(a) > ledger_.load(b) : a < b;
-      });
-      for (int32_t src : senders) shed(src);
+    if (p_.nodes.multi_node(p_.num_servers)) {
+      node_load_.assign(static_cast<size_t>(p_.nodes.num_nodes(p_.num_servers)), 0);
+      for (int32_t n = 0; n < p_.nodes.num_nodes(p_.num_servers); ++n) sum_node_load(n * p_.nodes.ranks_per_node);
+      // The node-level surplus first, while the servers of an overloaded node still hold their most
+      // work-dense shards (the fewest bytes per entry to send across); then each node inside itself.
+      pass_ = Pass::kAcrossNodes;
+      shed_rounds();
+      pass_ = Pass::kInsideNode;
+      shed_rounds();
+      pass_ = Pass::kAny;
+      memory_stuck_.clear();  // the last pass tries every stuck sender again
     }
+    shed_rounds();
     for (int32_t s : memory_stuck_) {
       if (ledger_.load(s) <= bound_) continue;
       if (worst_stuck_ < 0 || ledger_.load(s) > ledger_.load(worst_stuck_)) worst_stuck_ = s;
@@ -116,6 +123,34 @@ class Shedding {
   }
 
  private:
+  // Rounds of shedding until every server is at or below the bound or a round gains nothing.
+  void shed_rounds() {
+    int64_t excess_before = INT64_MAX;
+    std::vector<int32_t> senders;
+    for (int round = 0; round < kMaxRounds; ++round) {
+      if (p_.rates != nullptr) raise_bound();  // cuts added time: the mean grew
+      senders.clear();
+      int64_t excess = 0;
+      for (int32_t s = 0; s < p_.num_servers; ++s) {
+        if (ledger_.load(s) > bound_ && (pass_ != Pass::kAcrossNodes || node_excess(s) > 0)) {
+          senders.push_back(s);
+          excess += pass_ == Pass::kAcrossNodes ? 0 : ledger_.load(s) - bound_;
+        }
+      }
+      if (pass_ == Pass::kAcrossNodes) {
+        for (int32_t n = 0; n < p_.nodes.num_nodes(p_.num_servers); ++n) {
+          excess += std::max<int64_t>(0, node_excess(n * p_.nodes.ranks_per_node));
+        }
+      }
+      if (senders.empty() || excess >= excess_before) break;  // balanced, or no progress
+      excess_before = excess;
+      std::sort(senders.begin(), senders.end(), [&](int32_t a, int32_t b) {
+        return ledger_.load(a) != ledger_.load(b) ? ledger_.load(a) > ledger_.load(b) : a < b;
+      });
+      for (int32_t src : senders) shed(src);
+    }
+  }
+
   struct Candidate {
     bool valid = false;
     size_t range = 0;
@@ -127,6 +162,33 @@ class Shedding {
   };
 
   int64_t room(int32_t s) const { return bound_ - ledger_.load(s); }
+
+  // The passes over several nodes (run()): across nodes only what a node holds beyond its servers'
+  // bounds, then inside each node, then anywhere (what is left). One node: kAny only.
+  enum class Pass { kAny, kAcrossNodes, kInsideNode };
+
+  // What server s's node holds beyond the bounds of its servers (< 0: the room the node has).
+  int64_t node_excess(int32_t s) const {
+    const int32_t first = p_.nodes.node_of(s) * p_.nodes.ranks_per_node;
+    const int32_t last = std::min(p_.num_servers, first + p_.nodes.ranks_per_node);
+    return node_load_[static_cast<size_t>(p_.nodes.node_of(s))] - static_cast<int64_t>(last - first) * bound_;
+  }
+  void sum_node_load(int32_t s) {
+    const int32_t first = p_.nodes.node_of(s) * p_.nodes.ranks_per_node;
+    const int32_t last = std::min(p_.num_servers, first + p_.nodes.ranks_per_node);
+    int64_t sum = 0;
+    for (int32_t t = first; t < last; ++t) sum += ledger_.load(t);
+    node_load_[static_cast<size_t>(p_.nodes.node_of(s))] = sum;
+  }
+  // What a sender must shed: above its bound, and across nodes no more than its node's excess.
+  int64_t need(int32_t src) const {
+    const int64_t over = ledger_.load(src) - bound_;
+    return pass_ == Pass::kAcrossNodes ? std::min(over, node_excess(src)) : over;
+  }
+  // What a receiver may take: its room, and across nodes no more than its node's room.
+  int64_t take(int32_t dst) const {
+    return pass_ == Pass::kAcrossNodes ? std::min(room(dst), -node_excess(dst)) : room(dst);
+  }
 
   // The bound U = max(ceil(mean), floor(mean * (1 + tolerance))) of the current loads (raised, never
   // lowered: in time units every cut adds a little), and the receivers ordered by room under it.
@@ -158,8 +220,7 @@ class Shedding {
   // Moves shards off `src` until it is at or below the bound or nothing more can move.
   void shed(int32_t src) {
     auto& on_src = ranges_[static_cast<size_t>(src)];
-    for (int64_t guard = 4 * static_cast<int64_t>(on_src.size()) + 64; ledger_.load(src) > bound_ && guard > 0;
-         --guard) {
+    for (int64_t guard = 4 * static_cast<int64_t>(on_src.size()) + 64; need(src) > 0 && guard > 0; --guard) {
       bool memory_blocked = false;
       Candidate best = pick(src, false, memory_blocked);
       if (!best.valid && memory_blocked) best = pick(src, true, memory_blocked);  // every receiver, fitted shards
@@ -180,8 +241,9 @@ class Shedding {
   // cut to fit its memory headroom. Sets memory_blocked if the cap refused some shard.
   Candidate pick(int32_t src, bool wide, bool& memory_blocked) {
     const auto& on_src = ranges_[static_cast<size_t>(src)];
-    const int64_t need = ledger_.load(src) - bound_;
+    const int64_t need = this->need(src);
     Choice choice{Candidate{}, Candidate{}, ledger_.load(src)};
+    roomiest(src, wide);
     for (size_t i = 0; i < on_src.size(); ++i) {
       const Range& r = on_src[i];
       receivers(src, r, wide);
@@ -192,7 +254,7 @@ class Shedding {
           memory_blocked = true;
           continue;
         }
-        cad::prefix_aware::shard_ends(p_, r, ledger_, dst, std::min(need, room(dst)), ends_);
+        cad::prefix_aware::shard_ends(p_, r, ledger_, dst, std::min(need, take(dst)), ends_);
         bool any = false;
         for (int64_t e : ends_) any |= consider(src, i, dst, e, need, wide, memory_blocked, choice);
         if (wide && !any) {  // none of those ends fits: the highest end whose shortest shard does
@@ -215,7 +277,7 @@ class Shedding {
   bool consider(int32_t src, size_t i, int32_t dst, int64_t e, int64_t need, bool wide, bool& memory_blocked,
                 Choice& choice) {
     const Range& r = ranges_[static_cast<size_t>(src)][i];
-    Shard sh = cad::prefix_aware::shard_ending_at(p_, r, e, need, room(dst), min_shard_);
+    Shard sh = cad::prefix_aware::shard_ending_at(p_, r, e, need, take(dst), min_shard_);
     if (sh.begin >= sh.end) return false;
     Ledger::Delta delta = ledger_.delta(r.doc, sh.begin, sh.end, dst);
     if (!ledger_.fits_memory(dst, delta.memory) || (fair_memory_ && !wide && !fair_share(dst, delta.memory, sh, r))) {
@@ -228,9 +290,9 @@ class Shedding {
     }
     const int64_t c = p_.cost(sh.begin, sh.end, p_.docs[static_cast<size_t>(r.doc)]);
     if (c <= 0) return false;
-    const Candidate cand{true, i, dst, sh, c, static_cast<double>(delta.bytes) / static_cast<double>(c),
+    const Candidate cand{true, i, dst, sh, c, delta.priced(p_.nodes) / static_cast<double>(c),
                          static_cast<double>(cut_overhead(r, sh)) / static_cast<double>(c)};
-    if (c <= room(dst)) {
+    if (c <= take(dst)) {
       if (!choice.best.valid || better(cand, choice.best)) choice.best = cand;
     } else {
       const int64_t worst = std::max(ledger_.load(src) - c, ledger_.load(dst) + c);
@@ -256,18 +318,50 @@ class Shedding {
   // Receivers for range r: the few with the most room and the servers already holding part of the
   // document or its prefix; `wide` (under a cap, when those could not take a shard): every server
   // with room (fewer, chosen by free memory, balanced much worse under tight caps at 512 servers).
-  void receivers(int32_t src, const Range& r, bool wide) {
-    receivers_.clear();
-    int n = 0;
-    for (auto it = by_room_.begin(); it != by_room_.end() && (wide || n < kRoomiestReceivers); ++it) {
-      if (it->second != src) {
-        receivers_.push_back(it->second);
-        ++n;
+  // Over several nodes: inside a node only servers on src's node; across nodes only servers of other nodes
+  // whose node has room. The roomiest part does not depend on the range: roomiest() makes it once per pick.
+  void roomiest(int32_t src, bool wide) {
+    roomiest_.clear();
+    if (pass_ == Pass::kAny) {
+      int n = 0;
+      for (auto it = by_room_.begin(); it != by_room_.end() && (wide || n < kRoomiestReceivers); ++it) {
+        if (it->second != src) {
+          roomiest_.push_back(it->second);
+          ++n;
+        }
       }
+      return;
     }
+    // Inside a node: its servers by room. Across nodes: by what they may take (room capped by their node's),
+    // not by room: a roomy server on a nearly full node would cut the shard into slivers, each needing its own
+    // copy of the KV prefix.
+    scratch_.clear();
+    const bool inside = pass_ == Pass::kInsideNode;
+    const int32_t first = inside ? p_.nodes.node_of(src) * p_.nodes.ranks_per_node : 0;
+    const int32_t last = inside ? std::min(p_.num_servers, first + p_.nodes.ranks_per_node) : p_.num_servers;
+    for (int32_t s = first; s < last; ++s) {
+      if (s == src || (!inside && p_.nodes.same_node(s, src))) continue;
+      const int64_t t = take(s);
+      if (t > 0) scratch_.push_back({-t, s});
+    }
+    const size_t limit = inside ? kRoomiestReceivers : kAcrossReceivers;
+    const size_t keep = wide ? scratch_.size() : std::min(scratch_.size(), limit);
+    std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(keep), scratch_.end());
+    for (size_t i = 0; i < keep; ++i) roomiest_.push_back(scratch_[i].second);
+  }
+
+  void receivers(int32_t src, const Range& r, bool wide) {
+    receivers_ = roomiest_;
     if (wide) return;
     for (int32_t s : doc_servers_[static_cast<size_t>(r.doc)]) {
-      if (s != src && room(s) > 0) receivers_.push_back(s);
+      if (s == src || room(s) <= 0) continue;
+      if (pass_ == Pass::kInsideNode && !p_.nodes.same_node(s, src)) continue;
+      if (pass_ == Pass::kAcrossNodes &&
+          (p_.nodes.same_node(s, src) || take(s) <= 0 ||
+           std::find(receivers_.begin(), receivers_.end(), s) != receivers_.end())) {
+        continue;
+      }
+      receivers_.push_back(s);
     }
   }
 
@@ -292,6 +386,10 @@ class Shedding {
     on_src[c.range].end = c.shard.begin;
     if (c.shard.end < r.end) on_src.push_back({r.doc, c.shard.end, r.end});
     if (c.shard.begin == r.begin) on_src.erase(on_src.begin() + static_cast<std::ptrdiff_t>(c.range));
+    if (!node_load_.empty()) {
+      sum_node_load(src);
+      sum_node_load(c.receiver);
+    }
     if (room(c.receiver) > 0) by_room_.insert({-room(c.receiver), c.receiver});
     if (room(src) > 0) by_room_.insert({-room(src), src});
     auto& holders = doc_servers_[static_cast<size_t>(r.doc)];
@@ -310,6 +408,10 @@ class Shedding {
   std::set<std::pair<int64_t, int32_t>> by_room_;   // (-room, server) for servers below the bound
   std::set<int32_t> memory_stuck_;                  // senders the memory cap kept above the bound
   int32_t worst_stuck_ = -1;
+  Pass pass_ = Pass::kAny;
+  std::vector<int64_t> node_load_;                  // per node: the sum of its servers' loads (several nodes)
+  std::vector<int32_t> roomiest_;                   // scratch: the roomiest receivers of this pick
+  std::vector<std::pair<int64_t, int32_t>> scratch_;  // scratch: (-take, server)
   Tasks tasks_;                                     // the shards moved so far
   std::vector<int32_t> receivers_;                  // scratch
   std::vector<int64_t> ends_;                       // scratch

@@ -247,11 +247,13 @@ plan::KvRange Ledger::kv_needed(int32_t doc, int64_t q_begin, int64_t q_end) con
   return plan::task_kv_range(q_begin, q_end, problem_.docs[static_cast<size_t>(doc)].len, problem_.model);
 }
 
-int64_t Ledger::foreign_tokens(const Doc& doc, int64_t begin, int64_t end, int32_t server) const {
-  int64_t n = 0;
+Ledger::Foreign Ledger::foreign(const Doc& doc, int64_t begin, int64_t end, int32_t server) const {
+  Foreign n;
   for (const Span& s : doc.spans) {
     if (s.rank == server) continue;
-    n += std::max<int64_t>(0, std::min(end, s.end) - std::max(begin, s.begin));
+    const int64_t overlap = std::max<int64_t>(0, std::min(end, s.end) - std::max(begin, s.begin));
+    n.tokens += overlap;
+    if (!problem_.nodes.same_node(s.rank, server)) n.inter += overlap;
   }
   return n;
 }
@@ -260,18 +262,25 @@ Ledger::Delta Ledger::delta(int32_t doc, int64_t q_begin, int64_t q_end, int32_t
   const Doc& d = problem_.docs[static_cast<size_t>(doc)];
   const ModelParams& m = problem_.model;
   Delta out;
-  const int64_t rows = foreign_tokens(d, q_begin, q_end, server);
-  out.bytes += rows * m.q_round_trip_bytes();
-  out.memory += rows * m.q_memory_bytes();
+  const Foreign rows = foreign(d, q_begin, q_end, server);
+  out.bytes += rows.tokens * m.q_round_trip_bytes();
+  out.inter_bytes += rows.inter * m.q_round_trip_bytes();
+  out.memory += rows.tokens * m.q_memory_bytes();
   auto it = kv_.find(key(doc, server));
   const plan::KvRange have = it == kv_.end() ? plan::KvRange{} : it->second;
   const plan::KvRange after = have.hull(kv_needed(doc, q_begin, q_end));
   // The tokens the hull gains on either side of what is there (one copy per server and document).
-  const int64_t tokens = have.empty() ? foreign_tokens(d, after.begin, after.end, server)
-                                      : foreign_tokens(d, after.begin, have.begin, server) +
-                                            foreign_tokens(d, have.end, after.end, server);
-  out.bytes += tokens * m.kv_token_bytes();
-  out.memory += tokens * m.kv_token_bytes();
+  Foreign tokens;
+  if (have.empty()) {
+    tokens = foreign(d, after.begin, after.end, server);
+  } else {
+    const Foreign below = foreign(d, after.begin, have.begin, server);
+    const Foreign above = foreign(d, have.end, after.end, server);
+    tokens = {below.tokens + above.tokens, below.inter + above.inter};
+  }
+  out.bytes += tokens.tokens * m.kv_token_bytes();
+  out.inter_bytes += tokens.inter * m.kv_token_bytes();
+  out.memory += tokens.tokens * m.kv_token_bytes();
   return out;
 }
 
@@ -342,6 +351,16 @@ void check_memory_cap(const Problem& problem, const Tasks& tasks) {
                   ll(got), ll(problem.memory_cap)));
     }
   }
+}
+
+void log_node_bytes(const Problem& problem, const Tasks& tasks, const plugin::Logger& log) {
+  if (!problem.nodes.multi_node(problem.num_servers) || !log.enabled(CAD_LOG_DEBUG)) return;
+  const plan::PlanStats st = plan::evaluate_plan(problem.ranks, problem.num_servers, tasks.data(),
+                                                 static_cast<int64_t>(tasks.size()), problem.model);
+  const plan::NodeBytes split = plan::split_by_node(st, problem.nodes);
+  log.debug(format("plan over %d nodes of %d ranks: %lld bytes inside nodes, %lld bytes across nodes",
+                   problem.nodes.num_nodes(problem.num_servers), problem.nodes.ranks_per_node,
+                   ll(split.intra_total), ll(split.inter_total)));
 }
 
 // ---- plan allocation -----------------------------------------------------------------------------

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "balancer_topology.h"
+#include "node_map.h"
 #include "plan_model.h"
 #include "plan_time.h"
 #include "plugin_support.h"
@@ -46,6 +48,9 @@ struct Problem {
   int64_t memory_cap = 0;  // 0 = no cap
   RankPieces ranks;
   std::vector<Doc> docs;   // sorted by id
+  // Which servers share a node (the config's node map, node_map.h); one node unless the config says
+  // otherwise. The Ledger prices a byte that leaves its node at nodes.inter_node_byte_cost.
+  plan::NodeMap nodes;
   // Set by an algorithm that balances predicted time (its prepare()): cost() is then in dense-rate
   // score entries (plan_time.h), which are not additive: a range cut in two costs more than it did.
   const plan::RateTable* rates = nullptr;
@@ -101,8 +106,11 @@ class Ledger {
   explicit Ledger(const Problem& problem);
 
   struct Delta {
-    int64_t bytes = 0;   // forward traffic the move adds (Q out, O + LSE back, new KV tokens)
-    int64_t memory = 0;  // foreign Q/K/V/O bytes the destination would hold in addition
+    int64_t bytes = 0;        // forward traffic the move adds (Q out, O + LSE back, new KV tokens)
+    int64_t inter_bytes = 0;  // the part of `bytes` whose owner lives on another node than the destination
+    int64_t memory = 0;       // foreign Q/K/V/O bytes the destination would hold in addition
+    // `bytes` priced by the problem's node map (node_map.h): = bytes on one node.
+    double priced(const plan::NodeMap& nodes) const { return nodes.priced(bytes, inter_bytes); }
   };
   // What moving queries [q_begin, q_end) of docs[doc] onto `server` would add.
   Delta delta(int32_t doc, int64_t q_begin, int64_t q_end, int32_t server) const;
@@ -125,7 +133,16 @@ class Ledger {
   }
 
  private:
-  int64_t foreign_tokens(const Doc& doc, int64_t begin, int64_t end, int32_t server) const;
+  // Tokens of doc in [begin, end) held by ranks other than `server`, and of those, how many by ranks of
+  // another node.
+  struct Foreign {
+    int64_t tokens = 0;
+    int64_t inter = 0;
+  };
+  Foreign foreign(const Doc& doc, int64_t begin, int64_t end, int32_t server) const;
+  int64_t foreign_tokens(const Doc& doc, int64_t begin, int64_t end, int32_t server) const {
+    return foreign(doc, begin, end, server).tokens;
+  }
   plan::KvRange kv_needed(int32_t doc, int64_t q_begin, int64_t q_end) const;
   const Problem& problem_;
   std::vector<int64_t> load_;
@@ -167,18 +184,27 @@ template <class Algo>
 struct Context {
   plugin::ErrorState error;
   plugin::Logger logger;
+  NodeMapConfig topology;  // every balancer's node-map keys (balancer_topology.h), read beside the algorithm's
   Algo algo;
   Context(const cad_host_services_v1_t* services, const char* config_json)
-      : logger(services, std::string("balancer '") + Algo::kName + "'"), algo(read_config(config_json, logger)) {}
+      : logger(services, std::string("balancer '") + Algo::kName + "'"),
+        algo(read_config(config_json, logger, topology)) {
+    check_node_map_agrees(services, topology, logger);
+  }
 
  private:
-  static Algo read_config(const char* config_json, const plugin::Logger& logger) {
+  static Algo read_config(const char* config_json, const plugin::Logger& logger, NodeMapConfig& topology) {
     plugin::ConfigReader reader(config_json, std::string("plugin '") + Algo::kName + "' config");
+    topology = read_node_map(reader);
     Algo algo(reader);
     reader.finish(logger);
     return algo;
   }
 };
+
+// With a node map over several nodes: the plan's bytes inside and across nodes, for the debug log (every
+// balancer accounts for the topology; prefix_aware also plans by it).
+void log_node_bytes(const Problem& problem, const Tasks& tasks, const plugin::Logger& log);
 
 // Runs the whole plan call: validate, algorithm, canonical form, invariant and memory checks.
 template <class Algo>
@@ -188,11 +214,13 @@ cad_status_t run_plan(void* ctx, const cad_balance_input_v1_t* input, cad_plan_v
   return plugin::guarded(c->error, [&] {
     if (out_plan == nullptr) plugin::fail(CAD_STATUS_INVALID_ARGUMENT, "plan: out_plan is NULL");
     Problem problem = read_input(input);
+    problem.nodes = c->topology.nodes;
     if constexpr (HasPrepare<Algo>::value) c->algo.prepare(problem);
     Tasks tasks = c->algo.plan(problem, c->logger);
     normalize(tasks);
     check_partition(problem, tasks);
     check_memory_cap(problem, tasks);
+    log_node_bytes(problem, tasks, c->logger);
     *out_plan = allocate_plan(problem.num_servers, tasks);
   });
 }

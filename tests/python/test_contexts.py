@@ -95,13 +95,14 @@ def test_a_plan_with_shapes_is_made_when_planned_and_one_without_at_its_first_ca
     assert lazy.ready and cad.context().makes == before + 2 and lazy.num_heads == 4
 
 
-@pytest.mark.parametrize("change, expected", [  # the plugin's words: it refuses alike on every rank
-    (lambda q, k, v: (q[:, :2].contiguous(), k, v), r"the call \(T=14, Hq=2, .*\) does not match plan #\d+ "
-                                                    r"\(T=14, Hq=4"),
-    (lambda q, k, v: (q, k[:, :1].contiguous(), v), r"tensor 'v': dim 1 \(Hkv\) is 2, expected 1"),
-    (lambda q, k, v: (q, k, v[..., :4].contiguous()), r"tensor 'v': dim 2 \(D\) is 4, expected 8"),
-    (lambda q, k, v: (q.double(), k.double(), v.double()), r"tensor 'q': expected dtype fp32 or bf16, got fp64"),
-    (lambda q, k, v: (q, k, v.bfloat16()), r"tensor 'v': expected dtype fp32, got bf16"),
+@pytest.mark.parametrize("change, expected", [  # the package's words, before anything crosses ctypes
+    (lambda q, k, v: (q[:, :2].contiguous(), k, v), r"tensor 'q' has 2 heads \(dim 1 of \(14, 2, 8\)\), but plan #\d+ "
+                                                    r"was made for num_heads=4, .*\(num_heads=4\)"),
+    (lambda q, k, v: (q, k[:, :1].contiguous(), v), r"tensor 'k' has 1 heads .*\(num_kv_heads=2\)"),
+    (lambda q, k, v: (q, k, v[..., :4].contiguous()), r"tensor 'v' has head dim 4 .*\(head_dim=8\)"),
+    (lambda q, k, v: (q.double(), k.double(), v.double()), r"tensor 'q' is torch.float64, but plan #\d+ .*"
+                                                           r"\(dtype=torch.float32\)"),
+    (lambda q, k, v: (q, k, v.bfloat16()), r"tensor 'v' is torch.bfloat16, .*\(dtype=torch.float32\)"),
 ])
 def test_tensors_that_do_not_match_the_plan_are_refused_naming_the_tensor(fresh_stacks, change, expected):
     q, k, v, cu = random_batch([5, 9], 4, 2, 8)
@@ -110,6 +111,24 @@ def test_tensors_that_do_not_match_the_plan_are_refused_naming_the_tensor(fresh_
         cad.varlen_attn(*change(q, k, v), cu, plan=plan)
     torch.testing.assert_close(cad.varlen_attn(q, k, v, None, plan=plan), sdpa_varlen(q, k, v, cu, True),
                                rtol=1e-5, atol=2e-5)  # and the plan still works (cu_seqlens=None: the plan's own)
+
+
+def test_a_mismatch_with_the_plan_is_refused_before_the_plugin_is_called(fresh_stacks, monkeypatch):
+    from cad import _host
+    q, k, v, cu = random_batch([5, 9], 4, 2, 8)
+    plan = cad.plan(cu, **SHAPE)
+    calls = []
+    monkeypatch.setattr(_host.Host, "forward", lambda self, args: calls.append(args))
+    with pytest.raises(cad.CadError, match=r"tensor 'k' has 1 heads") as refused:
+        cad.varlen_attn(q, k[:, :1].contiguous(), v[:, :1].contiguous(), cu, plan=plan)
+    assert refused.value.status == "INVALID_ARGUMENT" and not calls  # nothing crossed ctypes
+
+
+def test_rows_that_differ_from_the_plan_are_left_to_the_plugin_which_agrees_on_the_refusal(fresh_stacks):
+    q, k, v, cu = random_batch([5, 9], 4, 2, 8)
+    plan = cad.plan(cu, **SHAPE)
+    with pytest.raises(cad.CadError, match=r"forward on rank 0: tensor 'q'.* 13.* 14"):  # the agreed refusal
+        cad.varlen_attn(q[:13].contiguous(), k[:13].contiguous(), v[:13].contiguous(), None, plan=plan)
 
 
 def test_partial_shapes_are_refused_naming_what_is_missing(fresh_stacks):

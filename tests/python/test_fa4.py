@@ -383,3 +383,64 @@ def test_fa4_server_batch_with_shared_prefixes():
     want = torch.autograd.grad(ro, ref, d_o.double())
     for name, a, b in zip(("dq", "dk", "dv"), got, want):
         assert rel(a, b.cuda()) < 2e-2, name
+
+
+# ---- the server backward (segments_attn_backward) through a float64 stand-in for FA4's _flash_attn_bwd -----------
+def stand_in_bwd(q, k, v, out, dout, lse, softmax_scale, causal, cu_seqlens_q, cu_seqlens_k, window_size_left=None,
+                 window_size_right=None, max_seqlen_q=None, max_seqlen_k=None):
+    """_flash_attn_bwd's meaning over packed sequences, by autograd through `attend` in float64."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    assert max_seqlen_q == max(b - a for a, b in zip(cq, cq[1:]))
+    window = (-1 if window_size_left is None else window_size_left, -1 if window_size_right is None else
+              window_size_right)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    outs = [attend(leaves[0][a:b], leaves[1][c:d], leaves[2][c:d], allowed(b - a, d - c, causal, window),
+                   softmax_scale)[0] for (a, b), (c, d) in zip(zip(cq, cq[1:]), zip(ck, ck[1:]))]
+    grads = torch.autograd.grad(torch.cat(outs), leaves, dout.double())
+    return tuple(g.to(q.dtype) for g in grads)
+
+
+@pytest.fixture
+def fake_fa4_backward(fake_fa4):
+    interface = type(sys)("flash_attn.cute.interface")
+    interface._flash_attn_bwd = stand_in_bwd
+    fake_fa4.setitem(sys.modules, "flash_attn.cute.interface", interface)
+    saved = list(fa4._loaded_backward)
+    fa4._loaded_backward.clear()
+    yield fake_fa4
+    fa4._loaded_backward[:] = saved
+
+
+@pytest.mark.parametrize("causal, window", [(True, (-1, -1)), (True, (3, 0)), (False, (2, 1))])
+def test_server_backward_gathers_and_sums_shared_kv(fake_fa4_backward, causal, window):
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(18, 4, 16, generator=g, dtype=torch.float64).requires_grad_(True)
+    k = torch.randn(16, 2, 16, generator=g, dtype=torch.float64).requires_grad_(True)
+    v = torch.randn(16, 2, 16, generator=g, dtype=torch.float64).requires_grad_(True)
+    fake_fa4_backward.setattr(fa4, "_DTYPES", (torch.float64,))
+    o, lse = fa4.segments_attn(q, k, v, SHARED, causal=causal, window_size=window)
+    d_o = torch.randn(o.shape, generator=g, dtype=torch.float64)
+    want = torch.autograd.grad(o, (q, k, v), d_o)  # the forward's autograd: index_select's backward sums dK/dV
+    got = fa4.segments_attn_backward(q.detach(), k.detach(), v.detach(), o.detach(), lse, d_o, SHARED, causal=causal,
+                                     window_size=window)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
+    assert (got[0][16:] == 0).all()  # rows no segment covers
+
+
+def test_server_backward_refuses_an_fa4_without_its_keywords(fake_fa4):
+    interface = type(sys)("flash_attn.cute.interface")
+    interface._flash_attn_bwd = lambda q, k, v, out, dout, lse, softmax_scale=None, causal=False: None
+    fake_fa4.setitem(sys.modules, "flash_attn.cute.interface", interface)
+    saved = list(fa4._loaded_backward)
+    fa4._loaded_backward.clear()
+    try:
+        fake_fa4.setattr(fa4, "_DTYPES", (torch.float64,))
+        loaded, why = fa4._load_backward()  # what backward_available reports after the device checks
+        assert loaded is None and "takes no cu_seqlens_q, cu_seqlens_k" in why, why
+        q = torch.zeros(4, 2, 16, dtype=torch.float64)
+        with pytest.raises(cad.CadError, match="backward cannot run") as info:
+            fa4.segments_attn_backward(q, q[:, :1], q[:, :1], q, torch.zeros(2, 4), q, [(0, 4, 0, 4)])
+        assert info.value.status == "UNAVAILABLE"
+    finally:
+        fa4._loaded_backward[:] = saved

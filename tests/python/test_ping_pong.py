@@ -72,7 +72,7 @@ def test_both_nano_batch_streams_start_after_the_calls_pre_hooks(monkeypatch):
 
     module = sys.modules["cad.ping_pong"]  # cad.ping_pong is the function
     monkeypatch.setattr(module, "_device_of", lambda states, device: torch.device("cuda", 0))
-    monkeypatch.setattr(module, "nano_batch_streams", lambda device: (streams["nano0"], streams["nano1"]))
+    monkeypatch.setattr(module, "nano_batch_streams", lambda device, context=None: (streams["nano0"], streams["nano1"]))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams[current[0]])
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "stream", OnStream)
@@ -127,15 +127,20 @@ def test_every_ping_pong_on_a_device_runs_on_the_same_two_streams(monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    monkeypatch.setattr(sys.modules["cad.ping_pong"], "_STREAMS", {})  # cad.ping_pong is the function
     monkeypatch.setattr(torch.cuda, "Stream", CountingStream)
     monkeypatch.setattr(torch.cuda, "stream", UsingStream)
     caller = CountingStream(0)
     made.clear()
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: caller)
     stage = lambda state, i: state + [i]  # noqa: E731 -- states that are not tensors: nothing to record_stream
+    context = cad.Context()  # the streams are a context's (no module holds them): a fresh one makes its own
     for _ in range(3):
-        states = cad.ping_pong([stage, stage], [[], []], device="cuda:0")
+        states = cad.ping_pong([stage, stage], [[], []], device="cuda:0", context=context)
         assert states == [[0, 0], [1, 1]]
-    assert len(made) == 2  # two streams for the process, not two per call
+    assert len(made) == 2  # two streams for the context, not two per call
     assert used == [made[0], made[1]] * 6  # nano-batch i always on stream i
+    assert sys.modules["cad.ping_pong"].nano_batch_streams("cuda:0", context) == (made[0], made[1])
+    other = cad.Context()
+    assert sys.modules["cad.ping_pong"].nano_batch_streams("cuda:0", other) == tuple(made[2:4])  # another context: its own two
+    context.close()
+    other.close()

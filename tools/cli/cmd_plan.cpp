@@ -26,6 +26,7 @@
 #include "plan_model.h"
 #include "plan_long_docs.h"
 #include "plan_time.h"
+#include "plan_topology.h"
 #include "rate_table.h"
 
 namespace {
@@ -39,6 +40,7 @@ const char* kUsage =
     "                [--head-dim D] [--bytes-per-element B] [--min-shard N] [--memory-cap BYTES]\n"
     "                [--noncausal] [--window LEFT] [--repeat N] [--per-server] [--json] [--plot OUT.png]\n"
     "                [--path DIRS] [--rate-table FILE [--balance-time]] [--tasks]\n"
+    "                [--ranks-per-node N [--inter-node-cost C]]\n"
     "       cad plan ... --max-doc-len N --tokens-per-rank T   (documents longer than a rank: see below)\n\n"
     "Runs balancer plugins on one step's piece tables and prints, per balancer, the attention cost per\n"
     "server before (colocated) and after, max/mean imbalance, forward bytes moved and the plan time.\n\n"
@@ -128,8 +130,12 @@ Outcome run_balancer(const std::string& name, const std::string& config, const s
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
+void print_cost_per_server(const std::vector<int64_t>& before, const std::vector<Outcome>& outcomes);
+void print_node_bytes_per_server(size_t servers, const std::vector<Outcome>& outcomes,
+                                 const cad::cli::PlanTopology& topology);
+
 void print_text(const std::string& batch, const std::vector<int64_t>& before, const std::vector<Outcome>& outcomes,
-                const TimeReport& time, bool per_server) {
+                const TimeReport& time, const cad::cli::PlanTopology& topology, bool per_server) {
   std::printf("%s\n", batch.c_str());
   std::printf("colocated (before): max/mean attention cost %.3f", cad::plan::imbalance_of(before));
   if (time.table != nullptr) {
@@ -139,7 +145,9 @@ void print_text(const std::string& batch, const std::vector<int64_t>& before, co
   // "before"/"after": max/mean of FLOPs; "time_before"/"time_after": of predicted time (--rate-table).
   std::printf("\n\n%-14s %9s %9s", "balancer", "before", "after");
   if (time.table != nullptr) std::printf(" %11s %10s", "time_before", "time_after");
-  std::printf(" %12s %14s %8s %10s\n", "bytes_GiB", "max_recv_GiB", "tasks", "plan_ms");
+  std::printf(" %12s %14s", "bytes_GiB", "max_recv_GiB");
+  if (topology.given) std::printf(" %10s %10s", "intra_GiB", "inter_GiB");
+  std::printf(" %8s %10s\n", "tasks", "plan_ms");
   for (const auto& o : outcomes) {
     if (o.status != CAD_STATUS_OK) {
       std::printf("%-14s error (%s): %s\n", o.name.c_str(), cad_status_name(o.status), o.error.c_str());
@@ -150,9 +158,18 @@ void print_text(const std::string& batch, const std::vector<int64_t>& before, co
     if (time.table != nullptr) {
       std::printf(" %11.3f %10.3f", cad::plan::imbalance_of(time.before), cad::plan::imbalance_of(o.seconds));
     }
-    std::printf(" %12.3f %14.3f %8zu %10.3f\n", gib(o.stats.total_bytes), gib(max_recv), o.tasks.size(), o.plan_ms);
+    std::printf(" %12.3f %14.3f", gib(o.stats.total_bytes), gib(max_recv));
+    if (topology.given) {
+      const cad::plan::NodeBytes split = cad::plan::split_by_node(o.stats, topology.nodes);
+      std::printf(" %10.3f %10.3f", gib(split.intra_total), gib(split.inter_total));
+    }
+    std::printf(" %8zu %10.3f\n", o.tasks.size(), o.plan_ms);
   }
-  if (!per_server) return;
+  if (per_server) print_cost_per_server(before, outcomes);
+  if (per_server && topology.given) print_node_bytes_per_server(before.size(), outcomes, topology);
+}
+
+void print_cost_per_server(const std::vector<int64_t>& before, const std::vector<Outcome>& outcomes) {
   std::printf("\nattention cost per server (score entries / 1e9), before and after:\n%-8s %10s", "server", "before");
   for (const auto& o : outcomes) std::printf(" %14s", o.name.c_str());
   std::printf("\n");
@@ -166,9 +183,38 @@ void print_text(const std::string& batch, const std::vector<int64_t>& before, co
   }
 }
 
+// Per server, each plan's forward bytes inside and across nodes (what it sends plus what it receives).
+void print_node_bytes_per_server(size_t servers, const std::vector<Outcome>& outcomes,
+                                 const cad::cli::PlanTopology& topology) {
+  std::printf("\nforward GiB per server inside / across nodes (sent + received; %d ranks per node):\n%-8s %6s",
+              topology.nodes.ranks_per_node, "server", "node");
+  for (const auto& o : outcomes) std::printf(" %20s", o.name.c_str());
+  std::printf("\n");
+  std::vector<cad::plan::NodeBytes> splits;
+  for (const auto& o : outcomes) {
+    splits.push_back(o.status == CAD_STATUS_OK ? cad::plan::split_by_node(o.stats, topology.nodes)
+                                               : cad::plan::NodeBytes{});
+  }
+  for (size_t s = 0; s < servers; ++s) {
+    std::printf("%-8zu %6d", s, topology.nodes.node_of(static_cast<int32_t>(s)));
+    for (size_t i = 0; i < outcomes.size(); ++i) {
+      if (outcomes[i].status != CAD_STATUS_OK) {
+        std::printf(" %20s", "-");
+        continue;
+      }
+      const cad::plan::NodeBytes& b = splits[i];
+      char cell[64];
+      std::snprintf(cell, sizeof cell, "%.3f / %.3f", gib(b.intra_sent[s] + b.intra_received[s]),
+                    gib(b.inter_sent[s] + b.inter_received[s]));
+      std::printf(" %20s", cell);
+    }
+    std::printf("\n");
+  }
+}
+
 nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& before,
                        const std::vector<Outcome>& outcomes, const TimeReport& time,
-                       const cad::plan::RankPieces* pieces) {
+                       const cad::cli::PlanTopology& topology, const cad::plan::RankPieces* pieces) {
   nlohmann::json out;
   out["batch"] = batch;
   if (pieces != nullptr) {
@@ -213,6 +259,7 @@ nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& 
                                              o.stats.link_bytes.begin() + static_cast<std::ptrdiff_t>((s + 1) * n)));
       }
       b["link_bytes"] = links;
+      if (topology.given) b.update(cad::cli::node_bytes_json(o.stats, topology));
       b["tasks"] = o.tasks.size();
       if (pieces != nullptr) {
         nlohmann::json list = nlohmann::json::array();
@@ -231,10 +278,12 @@ int run_plan(int argc, char** argv) {
   const cad::cli::Args args(argc, argv,
                             {"--dist", "--lengths", "--context", "--ranks", "--seed", "--balancer", "--tolerance",
                              "--config", "--heads", "--kv-heads", "--head-dim", "--bytes-per-element", "--min-shard",
-                             "--memory-cap", "--repeat", "--plot", "--path", "--rate-table", "--window"},
+                             "--memory-cap", "--repeat", "--plot", "--path", "--rate-table", "--window",
+                             cad::cli::kRanksPerNode, cad::cli::kInterNodeCost},
                             {"--noncausal", "--json", "--per-server", "--balance-time", "--tasks"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
+    std::fputs(cad::cli::topology_usage(), stdout);
     std::fputs(cad::cli::long_docs_usage(), stdout);
     return 0;
   }
@@ -247,6 +296,7 @@ int run_plan(int argc, char** argv) {
   const int32_t ranks = static_cast<int32_t>(args.get_int("--ranks", 1, 1, kMaxRanks));
   const int64_t seed = args.get_int("--seed", 1, 0, INT64_MAX);
   const int repeat = static_cast<int>(args.get_int("--repeat", 1, 1, 1000));
+  const cad::cli::PlanTopology topology = cad::cli::plan_topology(args, ranks);
   // Balancer names are checked before the batch is read or sampled: a typo costs no work.
   const std::string which = args.get("--balancer", "all");
   const std::vector<std::string> names = which == "all" ? cad::cli::builtin_balancers() : std::vector<std::string>{which};
@@ -291,6 +341,7 @@ int run_plan(int argc, char** argv) {
            {"documents", docs}, {"pieces", piece_count}, {"causal", cost.causal == 1},
            {"window_left", cost.window_left}};
   if (sampled) batch["seed"] = seed;
+  if (topology.given) batch["topology"] = cad::cli::topology_json(topology, ranks);
   // Refuse, with the reason, a batch whose costs or bytes would wrap the model's int64 counters.
   const std::string overflow = cad::plan::model_overflow(pieces, ranks, model);
   if (!overflow.empty()) throw std::runtime_error(file + ": " + overflow);
@@ -317,14 +368,15 @@ int run_plan(int argc, char** argv) {
   // The balancers.
   std::vector<Outcome> outcomes;
   for (const auto& name : names) {
-    const std::string config =
+    const std::string config = cad::cli::with_topology(
         cad::cli::balancer_config(name, args.get("--config", "{}"), args.get("--tolerance", ""),
-                                  args.has("--balance-time") ? args.get("--rate-table", "") : "");
+                                  args.has("--balance-time") ? args.get("--rate-table", "") : ""),
+        topology);
     outcomes.push_back(run_balancer(name, config, search, pieces, cost, model, repeat, rates.get()));
   }
 
   if (args.has("--json")) {
-    const nlohmann::json out = to_json(batch, before, outcomes, time, args.has("--tasks") ? &pieces : nullptr);
+    const nlohmann::json out = to_json(batch, before, outcomes, time, topology, args.has("--tasks") ? &pieces : nullptr);
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     char line[512];
@@ -337,9 +389,13 @@ int run_plan(int argc, char** argv) {
                   cost.window_left >= 0 ? (", window " + std::to_string(cost.window_left)).c_str() : "",
                   cost.num_q_heads,
                   cost.num_kv_heads, cost.head_dim, static_cast<long long>(cost.min_shard_tokens));
-    print_text(line, before, outcomes, time, args.has("--per-server") || ranks <= 16);
+    print_text(line, before, outcomes, time, topology, args.has("--per-server") || ranks <= 16);
+    if (topology.given) {
+      std::printf("\n%d nodes of %d ranks; a byte that leaves its node is priced at %g\n",
+                  topology.nodes.num_nodes(ranks), topology.nodes.ranks_per_node, topology.nodes.inter_node_byte_cost);
+    }
   }
-  if (args.has("--plot")) cad::cli::plot_plan(to_json(batch, before, outcomes, time, nullptr), args.get("--plot", ""));
+  if (args.has("--plot")) cad::cli::plot_plan(to_json(batch, before, outcomes, time, topology, nullptr), args.get("--plot", ""));
   for (const auto& o : outcomes)
     if (o.status != CAD_STATUS_OK) return 1;
   return 0;

@@ -1,5 +1,6 @@
 // plan_long_docs.cpp -- see plan_long_docs.h.
 #include "plan_long_docs.h"
+#include "plan_topology.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -93,7 +94,7 @@ double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 int64_t max_of(const std::vector<int64_t>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
 
 void print_text(const std::string& batch, const std::vector<int64_t>& before, const cad::workload::MemoryFloor& floor,
-                const std::vector<Outcome>& outcomes, bool per_server) {
+                const std::vector<Outcome>& outcomes, const PlanTopology& topology, bool per_server) {
   std::printf("%s\n", batch.c_str());
   std::printf("colocated (before): max/mean attention cost %.3f\n", cad::plan::imbalance_of(before));
   std::printf("least memory any plan needs: document %lld (%lld tokens), %.3f GiB received on rank %d\n\n",
@@ -112,6 +113,15 @@ void print_text(const std::string& batch, const std::vector<int64_t>& before, co
                 gib(max_of(o.stats.bytes_received)), static_cast<long long>(max_of(o.memory.kv_rows)),
                 gib(max_of(o.memory.kv_bytes)), gib(max_of(o.memory.foreign_bytes)), o.tasks.size(), o.plan_ms);
     if (!o.refused.empty()) std::printf("%-14s refused: %s\n", o.name.c_str(), o.refused.c_str());
+  }
+  if (topology.given) {
+    std::printf("\nforward GiB inside / across nodes (%d nodes of %d ranks):\n", topology.nodes.num_nodes(
+                static_cast<int32_t>(before.size())), topology.nodes.ranks_per_node);
+    for (const auto& o : outcomes) {
+      if (o.status != CAD_STATUS_OK) continue;
+      const cad::plan::NodeBytes split = cad::plan::split_by_node(o.stats, topology.nodes);
+      std::printf("%-14s %10.3f / %.3f\n", o.name.c_str(), gib(split.intra_total), gib(split.inter_total));
+    }
   }
   if (!per_server) return;
   std::printf("\nper server: attention cost (score entries / 1e9) and K/V GiB held, before and after:\n%-8s %10s",
@@ -146,7 +156,8 @@ nlohmann::json pieces_json(const cad::plan::RankPieces& pieces) {
 
 nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& before,
                        const cad::workload::MemoryFloor& floor, const std::vector<Outcome>& outcomes,
-                       const cad::plan::RankPieces* pieces, const std::vector<int64_t>* stream) {
+                       const PlanTopology& topology, const cad::plan::RankPieces* pieces,
+                       const std::vector<int64_t>* stream) {
   nlohmann::json out;
   out["batch"] = batch;
   if (pieces != nullptr) out["pieces"] = pieces_json(*pieces);
@@ -167,6 +178,7 @@ nlohmann::json to_json(const nlohmann::json& batch, const std::vector<int64_t>& 
       b["cost"] = o.stats.cost;
       b["bytes_total"] = o.stats.total_bytes;
       b["bytes_received"] = o.stats.bytes_received;
+      if (topology.given) b.update(node_bytes_json(o.stats, topology));
       b["kv_rows"] = o.memory.kv_rows;
       b["kv_bytes"] = o.memory.kv_bytes;
       b["memory_received"] = o.memory.foreign_bytes;
@@ -205,10 +217,12 @@ int run_plan_long_docs(int argc, char** argv) {
   const Args args(argc, argv,
                   {"--dist", "--lengths", "--max-doc-len", "--tokens-per-rank", "--context", "--ranks", "--seed",
                    "--balancer", "--tolerance", "--config", "--heads", "--kv-heads", "--head-dim", "--bytes-per-element",
-                   "--min-shard", "--memory-cap", "--repeat", "--path", "--window", "--rate-table", "--plot"},
+                   "--min-shard", "--memory-cap", "--repeat", "--path", "--window", "--rate-table", "--plot",
+                   kRanksPerNode, kInterNodeCost},
                   {"--noncausal", "--json", "--per-server", "--tasks", "--balance-time"});
   if (args.help()) {
     std::fputs(kLongUsage, stdout);
+    std::fputs(topology_usage(), stdout);
     return 0;
   }
   if (!args.positional().empty()) throw UsageError("unexpected argument '" + args.positional()[0] + "'");
@@ -229,6 +243,7 @@ int run_plan_long_docs(int argc, char** argv) {
   const int64_t max_doc_len = args.get_int("--max-doc-len", 0, 1, kMaxTokens);  // 0: not given (--lengths)
   const int64_t seed = args.get_int("--seed", 1, 0, INT64_MAX);
   const int repeat = static_cast<int>(args.get_int("--repeat", 1, 1, 1000));
+  const PlanTopology topology = plan_topology(args, ranks);
   const std::string which = args.get("--balancer", "all");
   const std::vector<std::string> names = which == "all" ? builtin_balancers() : std::vector<std::string>{which};
   if (args.has("--config") && names.size() != 1) throw UsageError("--config needs a single --balancer");
@@ -268,6 +283,7 @@ int run_plan_long_docs(int argc, char** argv) {
                           {"causal", cost.causal == 1}, {"window_left", cost.window_left},
                           {"memory_cap", cost.memory_cap_bytes}};
   if (sampled) batch["seed"] = seed;
+  if (topology.given) batch["topology"] = topology_json(topology, ranks);
   const std::string overflow = cad::plan::model_overflow(pieces, ranks, model);
   if (!overflow.empty()) throw std::runtime_error(file + ": " + overflow);
   // A layout no plan fits is refused before any balancer runs (never an out-of-memory mid-step).
@@ -278,14 +294,15 @@ int run_plan_long_docs(int argc, char** argv) {
 
   std::vector<Outcome> outcomes;
   for (const auto& name : names) {
-    const std::string config = balancer_config(name, args.get("--config", "{}"), args.get("--tolerance", ""), "");
+    const std::string config =
+        with_topology(balancer_config(name, args.get("--config", "{}"), args.get("--tolerance", ""), ""), topology);
     outcomes.push_back(run_one(name, config, search, pieces, cost, model, repeat));
   }
 
   if (args.has("--json")) {
     const bool tasks = args.has("--tasks");
     const nlohmann::json out =
-        to_json(batch, before, floor, outcomes, tasks ? &pieces : nullptr, tasks ? &stream : nullptr);
+        to_json(batch, before, floor, outcomes, topology, tasks ? &pieces : nullptr, tasks ? &stream : nullptr);
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::string line = "batch: long documents, " + file;
@@ -298,7 +315,7 @@ int run_plan_long_docs(int argc, char** argv) {
     line += "; Hq=" + std::to_string(cost.num_q_heads) + " Hkv=" + std::to_string(cost.num_kv_heads) +
             " D=" + std::to_string(cost.head_dim) + ", min shard " + std::to_string(cost.min_shard_tokens);
     if (cost.memory_cap_bytes > 0) line += ", memory cap " + std::to_string(cost.memory_cap_bytes) + " bytes";
-    print_text(line, before, floor, outcomes, args.has("--per-server") || ranks <= 16);
+    print_text(line, before, floor, outcomes, topology, args.has("--per-server") || ranks <= 16);
   }
   for (const auto& o : outcomes)
     if (!o.ok()) return 1;

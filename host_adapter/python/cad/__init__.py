@@ -20,6 +20,7 @@ from ._api import (attention_calls, attention_time, call_times, context, exchang
                    shutdown, stack_config, timing)
 from .packing import RankLayout, pack_documents
 from .ping_pong import PingPongChoice, PingPongLayer, ping_pong, ping_pong_layers
+from . import mesh  # noqa: E402,F401 -- cad.mesh: CAD's group and heads in a dp/cp/tp/pp layout
 from . import varlen  # noqa: E402 -- cad.varlen.varlen_attn: torch.nn.attention.varlen's signature
 from . import _plan, _runtime  # noqa: F401 -- older names (cad._plan.makes_so_far, cad._runtime.existing)
 

@@ -15,7 +15,8 @@ def context():
 def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forward_tensors="auto", min_shard_tokens=0,
          timeout_ms=60000, group=None, log_level="warn", comm_stream_priority="highest", nccl_max_ctas=0,
          nccl_blocking_comm=False, nccl_copy_engines=False, balancer_config=None, own_tasks_in_place=False,
-         own_tasks_reserve_sms=16, forward_walk="static", head_groups=1):
+         own_tasks_reserve_sms=16, forward_walk="static", head_groups=1, memory_cap_bytes=0,
+         server_backend="default"):
     """Choose how the default context builds its CAD stacks (call before the first plan; gives back the stacks made
     with older settings: plans made before are refused afterwards). cad.Context(group, ...) takes the same settings.
 
@@ -54,13 +55,19 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     and key/value heads): the server computes group g while group g + 1's rows arrive and group g - 1's results
     leave, so that only the first group's inbound and the last group's outbound exchange are left exposed
     (the plugin's head_groups, plugins/cad/README.md); 1 (default): one exchange per tensor, unsplit.
+    memory_cap_bytes: the most foreign Q/K/V/O bytes one server receives in a call (the balancers' memory cap:
+    prefix_aware plans within it, the others refuse a plan over it, naming the server); 0 (default): none.
+    server_backend: what computes the server batches: "default" (the project's kernel; the reference backend on the
+    CPU), "fa4" (FlashAttention-4 through cad.fa4, where cad.server_backend.available says it can run) or "torch"
+    (plain torch, fp32 math, any device): cad.server_backend.
     """
     _context.default().configure(
         config, communicator=communicator, balancer=balancer, keep_forward_tensors=keep_forward_tensors,
         min_shard_tokens=min_shard_tokens, timeout_ms=timeout_ms, group=group, log_level=log_level,
         comm_stream_priority=comm_stream_priority, nccl_max_ctas=nccl_max_ctas, nccl_blocking_comm=nccl_blocking_comm,
         nccl_copy_engines=nccl_copy_engines, balancer_config=balancer_config, own_tasks_in_place=own_tasks_in_place,
-        own_tasks_reserve_sms=own_tasks_reserve_sms, forward_walk=forward_walk, head_groups=head_groups)
+        own_tasks_reserve_sms=own_tasks_reserve_sms, forward_walk=forward_walk, head_groups=head_groups,
+        memory_cap_bytes=memory_cap_bytes, server_backend=server_backend)
 
 
 def shutdown():

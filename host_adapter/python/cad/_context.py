@@ -28,8 +28,9 @@ import threading
 import weakref
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
-from . import _checks, _settings
+from . import _checks, _documents, _settings
 from ._collectives import Collectives
 from ._errors import CadError
 from ._host import Host
@@ -139,6 +140,10 @@ class Context:
         self.makes = 0          # collective plan makes so far (tests check that a backward makes none)
         self.timer = Timer()
         self.extras = {}  # state of the package's integrations kept with the context, by name (cad.hf: "hf")
+        # Per-tensor caches, weakly keyed by the tensor (an entry lives as long as its tensor and this context):
+        self.documents = _documents.ReadBack()       # what each cu_seqlens tensor held when last read
+        self.segment_tables = WeakIdKeyDictionary()  # cu_seqlens -> the local backend's segment table (_ops)
+        self._nano_streams = {}  # CUDA device index -> ping-pong's two nano-batch streams (cad.ping_pong)
         with _registry_lock:
             _contexts[self.id] = self
             _open.add(self)
@@ -230,6 +235,16 @@ class Context:
                 host.planner = Planner(host, host.collectives, int(self._settings["timeout_ms"]))
             return host.planner
 
+    def nano_batch_streams(self, device):
+        """The two CUDA streams nano-batches 0 and 1 of cad.ping_pong run on: the same two at every call on a device,
+        for the context's life (see cad.ping_pong.nano_batch_streams)."""
+        device = torch.device(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with self._lock:
+            if index not in self._nano_streams:
+                self._nano_streams[index] = (torch.cuda.Stream(index), torch.cuda.Stream(index))
+            return self._nano_streams[index]
+
     def planning_wait_limit_s(self):
         """How long a caller waits for a plan made ahead: its three collectives' timeouts, and some slack."""
         return 3 * int(self._settings["timeout_ms"]) / 1e3 + 5.0
@@ -257,8 +272,8 @@ class Context:
         doc)."""
         lane = self.lane(lane)
         what = "cad.plan"
-        p = Plan(self, pieces_from_cu_seqlens(cu_seqlens, self.rank, what), cu_seqlens=cu_seqlens, causal=causal,
-                 device=device, window=_checks.window_of(window_size, bool(causal), what), lane=lane)
+        p = Plan(self, pieces_from_cu_seqlens(self.documents, cu_seqlens, self.rank, what), cu_seqlens=cu_seqlens,
+                 causal=causal, device=device, window=_checks.window_of(window_size, bool(causal), what), lane=lane)
         self._make_if_shaped(p, what, num_heads, num_kv_heads, head_dim, dtype, device, ahead, tag,
                              cu_seqlens.device)
         return p

@@ -17,9 +17,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ._errors import CadError
 
-# tensor (by identity: tensors do not compare with ==) -> (its _version, its bytes (host tensors) or None, offsets)
-_read_back = WeakIdKeyDictionary()
-
 
 def fingerprint(cu_seqlens):
     """The tensor's values as bytes where they can be read without a device synchronisation (None elsewhere)."""
@@ -28,31 +25,39 @@ def fingerprint(cu_seqlens):
     return cu_seqlens.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def offsets(cu_seqlens, what, tokens=None):
-    """cu_seqlens as a tuple of ints: a 1-D int32/int64 tensor rising from 0 (to `tokens`, the rows of q, when
-    given). Checked when its values are new; the same tuple object is returned while they are unchanged (callers
-    may compare by identity first)."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise CadError(f"{what}: cu_seqlens must be a torch.Tensor (int32 [num_docs + 1]), got "
-                       f"{type(cu_seqlens).__name__}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise CadError(f"{what}: cu_seqlens must be a 1-D int32 tensor [num_docs + 1], got "
-                       f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.device.type == "meta":
-        raise CadError(f"{what}: cu_seqlens is on the meta device (it has no values)")
-    fingerprint_ = fingerprint(cu_seqlens)
-    cached = _read_back.get(cu_seqlens)
-    if cached is not None and cached[0] == cu_seqlens._version and cached[1] == fingerprint_:
-        cu = cached[2]
-    else:
-        cu = _checked(cu_seqlens, what)
-        if cached is not None and cached[2] == cu:
-            cu = cached[2]  # the same documents (rewritten with equal values): the same object
-        _read_back[cu_seqlens] = (cu_seqlens._version, fingerprint_, cu)
-    if tokens is not None and cu[-1] != tokens:
-        raise CadError(f"{what}: cu_seqlens must rise from 0 to T = {tokens} (q's rows), got {shown(cu)} ending at "
-                       f"{cu[-1]}")
-    return cu
+class ReadBack:
+    """What each cu_seqlens tensor held when it was last read. One per cad.Context (its `documents`), so that it
+    lives as long as its owner and no module holds state; an entry lives as long as its tensor (weakly keyed, by
+    identity: tensors do not compare with ==) and holds (its _version, its bytes (host tensors) or None, offsets)."""
+
+    def __init__(self):
+        self._by_tensor = WeakIdKeyDictionary()
+
+    def offsets(self, cu_seqlens, what, tokens=None):
+        """cu_seqlens as a tuple of ints: a 1-D int32/int64 tensor rising from 0 (to `tokens`, the rows of q, when
+        given). Checked when its values are new; the same tuple object is returned while they are unchanged
+        (callers may compare by identity first)."""
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise CadError(f"{what}: cu_seqlens must be a torch.Tensor (int32 [num_docs + 1]), got "
+                           f"{type(cu_seqlens).__name__}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise CadError(f"{what}: cu_seqlens must be a 1-D int32 tensor [num_docs + 1], got "
+                           f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.device.type == "meta":
+            raise CadError(f"{what}: cu_seqlens is on the meta device (it has no values)")
+        fingerprint_ = fingerprint(cu_seqlens)
+        cached = self._by_tensor.get(cu_seqlens)
+        if cached is not None and cached[0] == cu_seqlens._version and cached[1] == fingerprint_:
+            cu = cached[2]
+        else:
+            cu = _checked(cu_seqlens, what)
+            if cached is not None and cached[2] == cu:
+                cu = cached[2]  # the same documents (rewritten with equal values): the same object
+            self._by_tensor[cu_seqlens] = (cu_seqlens._version, fingerprint_, cu)
+        if tokens is not None and cu[-1] != tokens:
+            raise CadError(f"{what}: cu_seqlens must rise from 0 to T = {tokens} (q's rows), got {shown(cu)} ending "
+                           f"at {cu[-1]}")
+        return cu
 
 
 def shown(cu):

@@ -19,9 +19,8 @@ import weakref
 from typing import Optional
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
-from . import _abi, _checks, _context, _documents
+from . import _abi, _checks, _context
 from ._errors import CadError
 from ._plans import Plan
 from ._tensors import Described, current_stream
@@ -30,25 +29,22 @@ from ._timing import timed
 NO_PLAN = -1  # plan_id / context_id of a local call (plan=None)
 LOOK = -1     # in_backward: look at autograd (a call of this rank's own); 0 / 1: given (a served call)
 
-# cu_seqlens tensor -> (its offsets, tokens, segment table, count): every layer of a step passes the same tensor;
-# its table is built once per set of values (_documents compares them: see there).
-_segment_tables = WeakIdKeyDictionary()  # by identity: tensors do not compare with ==
-
-
-def _segments(cu_seqlens, tokens):
+def _segments(context, cu_seqlens, tokens):
     """The local backend's segment table: one causal/full segment per document. Checked here, since the local
-    path has no peers to agree with."""
+    path has no peers to agree with. Every layer of a step passes the same tensor: its table is kept in the
+    context's per-tensor cache, cu_seqlens -> (its offsets, tokens, segment table, count), and built again when
+    its values change (context.documents compares them: see _documents)."""
     if cu_seqlens is None:
         raise CadError("cad.varlen_attn: cu_seqlens is required without a plan")
-    cu = _documents.offsets(cu_seqlens, "cad.varlen_attn", tokens)
-    cached = _segment_tables.get(cu_seqlens)
+    cu = context.documents.offsets(cu_seqlens, "cad.varlen_attn", tokens)
+    cached = context.segment_tables.get(cu_seqlens)
     if cached is not None and cached[0] is cu and cached[1] == tokens:
         return cached[2], cached[3]
     n = len(cu) - 1
     table = (_abi.Segment * max(n, 1))()
     for i in range(n):
         table[i] = _abi.Segment(cu[i], cu[i + 1] - cu[i], cu[i], cu[i + 1] - cu[i])
-    _segment_tables[cu_seqlens] = (cu, tokens, table, n)
+    context.segment_tables[cu_seqlens] = (cu, tokens, table, n)
     return table, n
 
 
@@ -62,8 +58,9 @@ def _call_plan(context, plan_id, q, k, v):
     plan = context.plan_by_id(plan_id)
     plan.wait()  # a plan made ahead: usually made long before its first layer
     plan.check_usable(q.device)
-    # Tensors that do not match the plan's shapes and dtype are refused by the plugin, which names the tensor and
-    # agrees on the refusal with every rank (a refusal here, on one rank alone, would leave the others waiting).
+    # The heads, head dim and dtype the plan fixed are checked here, before ctypes (Plan.check_tensors: the model's,
+    # alike on every rank); the rows, a rank's own, by the plugin, which agrees on a refusal with every rank.
+    plan.check_tensors(q, k, v)
     if plan.handle is None:  # a plan made without shapes: made by its first call (not ahead)
         plan.make(q.shape[1], k.shape[1], q.shape[2], q.dtype, q.device)
     return plan
@@ -73,9 +70,11 @@ def _describe_batch(args, context, plan, cu_seqlens, tokens, device):
     """Fill the batch description of forward/backward args: a plan (CAD) or a segment table (local). Returns
     the stack that runs the call."""
     if plan is None:
-        args.segments, args.num_segments = _segments(cu_seqlens, tokens)
+        args.segments, args.num_segments = _segments(context, cu_seqlens, tokens)
         return context.local_backend(device)
     pieces, n = plan.pieces_for(cu_seqlens, context.rank)
+    if pieces is plan.piece_table:
+        pieces, n = None, 0  # the plan's own documents: it fixed them, so the call passes none (plugins/cad/README.md)
     args.pieces, args.num_pieces, args.plan = pieces, n, plan.handle
     return plan.host(device)
 

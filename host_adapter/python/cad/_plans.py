@@ -17,10 +17,11 @@ from ._errors import CadError
 from ._tensors import current_stream, device_of, dtype_of
 
 
-def pieces_from_cu_seqlens(cu_seqlens, rank, what="cad.plan"):
-    """This rank's documents as pieces: one whole document per cu_seqlens interval (empty ones dropped).
-    Document ids are unique across ranks without communication: rank << 32 | index."""
-    cu = _documents.offsets(cu_seqlens, what)
+def pieces_from_cu_seqlens(documents, cu_seqlens, rank, what="cad.plan"):
+    """This rank's documents as pieces: one whole document per cu_seqlens interval (empty ones dropped), read
+    through `documents` (the context's _documents.ReadBack). Document ids are unique across ranks without
+    communication: rank << 32 | index."""
+    cu = documents.offsets(cu_seqlens, what)
     return [(rank << 32 | i, cu[i + 1] - cu[i], 0, cu[i + 1] - cu[i]) for i in range(len(cu) - 1) if cu[i + 1] > cu[i]]
 
 
@@ -59,7 +60,7 @@ class Plan:
         self.pieces = [tuple(p) for p in pieces]
         self.tokens = sum(p[3] for p in self.pieces)
         self.cu_seqlens = cu_seqlens
-        self._documents = _documents.offsets(cu_seqlens, "cad.plan") if cu_seqlens is not None else None
+        self._documents = context.documents.offsets(cu_seqlens, "cad.plan") if cu_seqlens is not None else None
         self.released = False
         self.causal = bool(causal)
         self.window_left, self.window_right = (int(w) for w in window)  # the ABI's (-1 = no limit)
@@ -223,13 +224,45 @@ class Plan:
             raise CadError(f"{what}: plan #{self.id} was made for {self.device}, the call's tensors are on {device}",
                            "INVALID_ARGUMENT")
 
+    def check_tensors(self, q, k, v, what="cad.varlen_attn"):
+        """Refuse q, k, v whose heads, head dim, dtype or device type are not what the plan fixed, naming the tensor
+        and what the plan expected, before anything reaches the plugin. A plan without shapes yet (made by its first
+        call) fixes none of them.
+
+        What is checked here and what is left to the plugin: the fields checked here are the model's, agreed on by
+        every rank when the plan was made (the plugin compares the ranks' heads and dtype then), so a call that
+        differs from them differs alike on every rank and each refuses it on its own. A call's token count (the
+        rows of q, k, v) is this rank's alone: a rank whose rows differ from the plan's is refused by the plugin,
+        which agrees on the refusal with every rank (refused here, on one rank, it would leave its peers waiting in
+        the call's collectives until their timeout)."""
+        if self.shape is None:
+            return
+        heads, kv_heads, dim, dtype, device = self.shape
+        fixed = f"plan #{self.id} was made for num_heads={heads}, num_kv_heads={kv_heads}, head_dim={dim}, {dtype}"
+        for name, t, want_heads, heads_name in (("q", q, heads, "num_heads"), ("k", k, kv_heads, "num_kv_heads"),
+                                                ("v", v, kv_heads, "num_kv_heads")):
+            if t.dim() != 3:
+                raise CadError(f"{what}: tensor '{name}' has shape {tuple(t.shape)}, expected 3 dims [T, H, D]; "
+                               f"{fixed}", "INVALID_ARGUMENT")
+            if t.shape[1] != want_heads:
+                raise CadError(f"{what}: tensor '{name}' has {t.shape[1]} heads (dim 1 of {tuple(t.shape)}), but "
+                               f"{fixed} ({heads_name}={want_heads})", "INVALID_ARGUMENT")
+            if t.shape[2] != dim:
+                raise CadError(f"{what}: tensor '{name}' has head dim {t.shape[2]} (dim 2 of {tuple(t.shape)}), but "
+                               f"{fixed} (head_dim={dim})", "INVALID_ARGUMENT")
+            if t.dtype != dtype:
+                raise CadError(f"{what}: tensor '{name}' is {t.dtype}, but {fixed} (dtype={dtype})", "INVALID_ARGUMENT")
+            if t.device.type != device.type:
+                raise CadError(f"{what}: tensor '{name}' is on {t.device}, but plan #{self.id} was made for {device}",
+                               "INVALID_ARGUMENT")
+
     def pieces_for(self, cu_seqlens, rank):
         """The pieces a call with `cu_seqlens` describes (the plan's own when it holds the plan's documents).
         Decided from the tensor's values, never from its version counter alone (a refill through .data or
         .numpy() does not move it)."""
         if cu_seqlens is None:
             return self._array, len(self.pieces)
-        cu = _documents.offsets(cu_seqlens, "cad.varlen_attn")
+        cu = self.context.documents.offsets(cu_seqlens, "cad.varlen_attn")
         if cu is self._documents or cu == self._documents:
             return self._array, len(self.pieces)
         if cu_seqlens is self.cu_seqlens:
@@ -241,9 +274,14 @@ class Plan:
         # Another tensor with other documents: its pieces go to the plugin, which refuses them naming the plan.
         cached = self._call_pieces.get(cu)
         if cached is None:
-            pieces = pieces_from_cu_seqlens(cu_seqlens, rank, "cad.varlen_attn")
+            pieces = pieces_from_cu_seqlens(self.context.documents, cu_seqlens, rank, "cad.varlen_attn")
             cached = self._call_pieces[cu] = (piece_array(pieces), len(pieces))
         return cached
+
+    @property
+    def piece_table(self):
+        """The ABI array of the pieces the plan was made for (what pieces_for returns for the plan's documents)."""
+        return self._array
 
     @property
     def stats(self):

@@ -13,6 +13,7 @@ import torch
 
 from . import _checks
 from ._errors import CadError
+from .server_backend import BACKENDS as SERVER_BACKENDS
 
 DEFAULTS = {
     "config": None,               # a user stack config (dict or path); overrides everything below
@@ -21,6 +22,7 @@ DEFAULTS = {
     "balancer_config": None,      # the balancer plugin's config keys, e.g. {"tolerance": 0.005} (None: its defaults)
     "keep_forward_tensors": "auto",
     "min_shard_tokens": 0,
+    "memory_cap_bytes": 0,        # most Q/K/V/O bytes a server receives per call (the balancers' cap; 0: none)
     "timeout_ms": 60000,
     "group": None,                # torch.distributed group (None: the default group)
     "log_level": "warn",
@@ -32,6 +34,7 @@ DEFAULTS = {
     "own_tasks_reserve_sms": 16,  # on GPUs: SMs their forward kernel leaves to the collective beside it
     "forward_walk": "static",     # on GPUs: the server's forward kernel's walk ("static" or "dynamic")
     "head_groups": 1,             # on GPUs: the server batch's heads run and move in this many pipelined groups
+    "server_backend": "default",  # what runs the server batches: "default" (ours), "fa4", "torch" (cad.server_backend)
 }
 
 
@@ -55,8 +58,12 @@ def checked(what="cad.init", config=None, **given):
     if not isinstance(s["nccl_copy_engines"], bool):
         raise CadError(f"{what}: nccl_copy_engines must be True or False, got {s['nccl_copy_engines']!r}")
     _bounded(s, "head_groups", what, 1, 64, "dividing the model's heads")
+    if s["server_backend"] not in SERVER_BACKENDS:
+        raise CadError(f"{what}: server_backend must be one of {', '.join(map(repr, SERVER_BACKENDS))}, got "
+                       f"{s['server_backend']!r}")
     s["timeout_ms"] = _checks.integer(s["timeout_ms"], "timeout_ms", what, 1, _checks.INT32_MAX)
     s["min_shard_tokens"] = _checks.integer(s["min_shard_tokens"], "min_shard_tokens", what, 0)
+    s["memory_cap_bytes"] = _checks.integer(s["memory_cap_bytes"], "memory_cap_bytes", what, 0)
     balancer_config = s["balancer_config"]
     if balancer_config is not None and (not isinstance(balancer_config, dict) or
                                         not all(isinstance(k, str) for k in balancer_config)):
@@ -114,6 +121,8 @@ def stack_config(device, settings):
                   "min_shard_tokens": int(s["min_shard_tokens"]),
                   "comm_stream_priority": s.get("comm_stream_priority", "highest"),
                   "own_tasks_in_place": bool(s.get("own_tasks_in_place", False))}
+    if int(s.get("memory_cap_bytes", 0)):  # prefix_aware plans within it; the other balancers refuse a plan over it
+        cad_config["memory_cap_bytes"] = int(s["memory_cap_bytes"])
     if int(s.get("head_groups", 1)) != 1:  # the plugin's default otherwise
         cad_config["head_groups"] = int(s["head_groups"])
     if comm != "mpi":
@@ -127,7 +136,10 @@ def stack_config(device, settings):
         {"name": "server", "plugin": "cuda" if device.type == "cuda" else "reference",
          "config": {"forward_walk": walk} if device.type == "cuda" and walk != "static" else {}},
     ]
-    if device.type == "cuda" and cad_config["own_tasks_in_place"]:
+    if s.get("server_backend", "default") != "default":  # Python's kernels through the callback plugin
+        from . import server_backend
+        instances[-1] = server_backend.instance_config(s["server_backend"], device)
+    elif device.type == "cuda" and cad_config["own_tasks_in_place"]:
         instances.append({"name": "server_own", "plugin": "cuda",
                           "config": {"reserve_sms": int(s.get("own_tasks_reserve_sms", 0)), "forward_walk": "dynamic"}})
         cad_config["own_server_backend"] = "server_own"

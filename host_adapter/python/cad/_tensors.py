@@ -2,7 +2,8 @@
 
 A descriptor keeps its shape/stride arrays alive; the tensor itself must outlive the call it is passed to.
 Whatever the tensor is (dtype, strides, device) is described as it is: the plugin judges it and its refusal
-names the tensor, so that a bad input fails alike on every rank of a distributed call.
+names the tensor, so that a bad input fails alike on every rank of a distributed call (what a plan fixed for
+every rank -- heads, head dim, dtype -- is checked before, by Plan.check_tensors).
 """
 import ctypes as C
 

@@ -36,7 +36,7 @@ from ._checks import integer
 from ._documents import fingerprint
 from ._errors import CadError
 
-__all__ = ["available", "segments_attn", "varlen_attn", "version"]
+__all__ = ["available", "backward_available", "segments_attn", "segments_attn_backward", "varlen_attn", "version"]
 
 # The keywords of flash_attn_varlen_func this module passes: an installed FA4 must take every one.
 REQUIRED_KEYWORDS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal",
@@ -44,8 +44,14 @@ REQUIRED_KEYWORDS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen
 MIN_CAPABILITY = (9, 0)
 _DTYPES = (torch.bfloat16, torch.float16)
 
+# The keywords of FA4's backward function (flash_attn.cute.interface._flash_attn_bwd, private in 4.0.0b36) that
+# segments_attn_backward passes; the window's only for a windowed call, max_seqlen_* where the function has them.
+BACKWARD_KEYWORDS = ("q", "k", "v", "out", "dout", "lse", "softmax_scale", "causal", "cu_seqlens_q", "cu_seqlens_k")
+BACKWARD_WINDOW_KEYWORDS = ("window_size_left", "window_size_right")
+
 # (function, None) once flash_attn.cute loaded and its function has the keywords above, else (None, reason).
 _loaded = []
+_loaded_backward = []  # ((function, its parameter names), None) or (None, reason)
 
 
 def version():
@@ -87,6 +93,44 @@ def _check_function(fn):
                           f"(cad.fa4 supports the 4.0.0b releases whose function takes "
                           f"{', '.join(REQUIRED_KEYWORDS)})")
     return fn, None
+
+
+def _load_backward():
+    """((_flash_attn_bwd, its keyword names), None) or (None, why it cannot be used); checked once per process."""
+    if _loaded_backward:
+        return _loaded_backward[0]
+    installed = f"flash-attn-4 {version() or '(version unknown)'}"
+    try:
+        fn = getattr(importlib.import_module("flash_attn.cute.interface"), "_flash_attn_bwd", None)
+    except Exception as e:  # noqa: BLE001 -- any failure to import is a reason, reported as it is
+        fn, why = None, f"flash_attn.cute.interface is not importable ({type(e).__name__}: {e})"
+    else:
+        why = f"{installed}: flash_attn.cute.interface has no _flash_attn_bwd"
+    result = (None, why)
+    if fn is not None:
+        try:
+            names = set(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            names = None
+        missing = [n for n in BACKWARD_KEYWORDS if names is None or n not in names]
+        if missing:
+            result = (None, f"{installed}: flash_attn.cute.interface._flash_attn_bwd takes no {', '.join(missing)} "
+                            f"(cad.fa4's server backward supports the 4.0.0b releases whose function takes "
+                            f"{', '.join(BACKWARD_KEYWORDS)})")
+        else:
+            result = ((fn, names), None)
+    _loaded_backward.append(result)
+    return result
+
+
+def backward_available(device=None):
+    """(True, what runs) where segments_attn_backward can run on `device`: available() and FA4's backward function
+    with the keywords it passes; else (False, why)."""
+    ok, why = available(device)
+    if not ok:
+        return ok, why
+    loaded, why_not = _load_backward()
+    return (True, f"{why}, backward through its _flash_attn_bwd") if loaded else (False, why_not)
 
 
 def _device_reason(device):
@@ -367,29 +411,92 @@ def segments_attn(q, k, v, segments, causal=True, window_size=(-1, -1), softmax_
     if not rows:
         o = _empty_output(q, k, v)
         return o, torch.full((hq, tq), -math.inf, dtype=torch.float32, device=q.device)
-    rows.sort(key=lambda r: r[0])
-    q_ranges = [(r[0], r[1]) for r in rows]
-    kv_ranges = [(r[2], r[3]) for r in rows]
-    device = q.device
-    q_in_order = _packed_in_order(q_ranges, tq)
-    q_index = None if q_in_order else _rows_index(q_ranges, device)
-    qp = q if q_in_order else q.index_select(0, q_index)
-    if _packed_in_order(kv_ranges, k.shape[0]):
-        kp, vp = k, v
-    else:  # shared or reordered K/V: gathered into sequence order (index_select's backward sums dK/dV back)
-        kv_index = _rows_index(kv_ranges, device)
-        kp, vp = k.index_select(0, kv_index), v.index_select(0, kv_index)
-    cu_q = _offsets([r[1] for r in rows], device)
-    cu_k = _offsets([r[3] for r in rows], device)
-    max_q, max_k = max(r[1] for r in rows), max(r[3] for r in rows)
-    o, lse = _call(fn, qp.contiguous(), kp.contiguous(), vp.contiguous(), cu_q, cu_k, max_q, max_k, causal, window,
-                   scale, True, what)
+    lay = _Layout(rows, tq, k.shape[0], q.device)
+    qp, kp, vp = lay.gather_q(q), lay.gather_kv(k), lay.gather_kv(v)
+    o, lse = _call(fn, qp.contiguous(), kp.contiguous(), vp.contiguous(), lay.cu_q, lay.cu_k, lay.max_q, lay.max_k,
+                   causal, window, scale, True, what)
     lse = lse.detach().float()
-    if q_in_order:
+    if lay.q_index is None:
         return o, lse
-    full_o = torch.zeros_like(q).index_copy(0, q_index, o)  # uncovered rows stay 0; differentiable in o
-    full_lse = torch.full((hq, tq), -math.inf, dtype=torch.float32, device=device).index_copy_(1, q_index, lse)
+    full_o = torch.zeros_like(q).index_copy(0, lay.q_index, o)  # uncovered rows stay 0; differentiable in o
+    full_lse = torch.full((hq, tq), -math.inf, dtype=torch.float32, device=q.device).index_copy_(1, lay.q_index, lse)
     return full_o, full_lse
+
+
+class _Layout:
+    """A server batch in FA4's packed sequence order: the segments (non-empty, sorted by q_offset), FA4's offsets,
+    and the gather indices of Q rows (None when they already tile Q in order) and K/V rows (None likewise).
+    Gathering K/V costs sum(kv_len) rows of each; index_select's backward sums dK/dV of shared rows back."""
+
+    def __init__(self, rows, tq, tk, device):
+        rows = sorted(rows, key=lambda r: r[0])
+        q_ranges, kv_ranges = [(r[0], r[1]) for r in rows], [(r[2], r[3]) for r in rows]
+        self.q_index = None if _packed_in_order(q_ranges, tq) else _rows_index(q_ranges, device)
+        self.kv_index = None if _packed_in_order(kv_ranges, tk) else _rows_index(kv_ranges, device)
+        self.cu_q = _offsets([r[1] for r in rows], device)
+        self.cu_k = _offsets([r[3] for r in rows], device)
+        self.max_q, self.max_k = max(r[1] for r in rows), max(r[3] for r in rows)
+
+    def gather_q(self, t, dim=0):
+        return t if self.q_index is None else t.index_select(dim, self.q_index)
+
+    def gather_kv(self, t):
+        return t if self.kv_index is None else t.index_select(0, self.kv_index)
+
+
+def segments_attn_backward(q, k, v, o, lse, d_o, segments, causal=True, window_size=(-1, -1), softmax_scale=None):
+    """The backward of segments_attn without autograd, through FA4's backward function: (dQ, dK, dV) for the batch
+    whose forward gave O [Tq, Hq, D] and LSE [Hq, Tq] (fp32), given dO. K/V rows are gathered into FA4's sequence
+    order as in the forward and the gradients of shared rows summed back with index_add (fp32 accumulation); rows no
+    segment covers get dQ = 0, K/V rows no segment reads dK = dV = 0. Raises CadError (UNAVAILABLE where
+    backward_available() says no)."""
+    what = "cad.fa4.segments_attn_backward"
+    _check_tensors(q, k, v, what, same_tokens=False)
+    causal = bool(causal)
+    left, right = _window(window_size, causal, what)
+    scale = _scale(softmax_scale, q.shape[2], what)
+    rows = [r for r in _segment_rows(segments, q.shape[0], k.shape[0], causal, what) if r[1] > 0 and r[3] > 0]
+    _require(q.device, what)
+    loaded, why = _load_backward()
+    if loaded is None:
+        raise CadError(f"{what}: FlashAttention-4's backward cannot run: {why}", "UNAVAILABLE")
+    fn, names = loaded
+    d_q = torch.zeros_like(q)
+    if not rows:
+        return d_q, torch.zeros_like(k), torch.zeros_like(v)
+    lay = _Layout(rows, q.shape[0], k.shape[0], q.device)
+    kwargs = dict(q=lay.gather_q(q).contiguous(), k=lay.gather_kv(k).contiguous(), v=lay.gather_kv(v).contiguous(),
+                  out=lay.gather_q(o).contiguous(), dout=lay.gather_q(d_o).contiguous(),
+                  lse=lay.gather_q(lse, dim=1).contiguous(), softmax_scale=scale, causal=causal,
+                  cu_seqlens_q=lay.cu_q, cu_seqlens_k=lay.cu_k)
+    if left is not None or (right is not None and not causal):
+        missing = [n for n in BACKWARD_WINDOW_KEYWORDS if n not in names]
+        if missing:
+            raise CadError(f"{what}: flash-attn-4 {version() or '(version unknown)'}'s _flash_attn_bwd takes no "
+                           f"{', '.join(missing)}, so it cannot run a sliding window", "UNAVAILABLE")
+        kwargs.update(window_size_left=left, window_size_right=right)
+    for name, value in (("max_seqlen_q", lay.max_q), ("max_seqlen_k", lay.max_k)):
+        if name in names:
+            kwargs[name] = value
+    result = fn(**kwargs)
+    if not (isinstance(result, (tuple, list)) and len(result) >= 3 and
+            all(isinstance(t, torch.Tensor) for t in result[:3])):
+        raise CadError(f"{what}: flash-attn-4 {version() or '(version unknown)'}'s _flash_attn_bwd returned "
+                       f"{type(result).__name__}; cad.fa4 takes (dq, dk, dv, ...)", "UNIMPLEMENTED")
+    dq_p, dk_p, dv_p = result[:3]
+    if dq_p.shape != kwargs["q"].shape or dk_p.shape != kwargs["k"].shape or dv_p.shape != kwargs["v"].shape:
+        raise CadError(f"{what}: _flash_attn_bwd returned dq {list(dq_p.shape)}, dk {list(dk_p.shape)}, dv "
+                       f"{list(dv_p.shape)} for q {list(kwargs['q'].shape)}, k/v {list(kwargs['k'].shape)}", "INTERNAL")
+    if lay.q_index is None:
+        d_q = dq_p.to(q.dtype)
+    else:
+        d_q.index_copy_(0, lay.q_index, dq_p.to(q.dtype))
+    if lay.kv_index is None:
+        return d_q, dk_p.to(k.dtype), dv_p.to(v.dtype)
+    acc = torch.promote_types(k.dtype, torch.float32)  # shared rows summed in fp32 at least
+    d_k = torch.zeros(k.shape, dtype=acc, device=k.device).index_add_(0, lay.kv_index, dk_p.to(acc))
+    d_v = torch.zeros(v.shape, dtype=acc, device=v.device).index_add_(0, lay.kv_index, dv_p.to(acc))
+    return d_q, d_k.to(k.dtype), d_v.to(v.dtype)
 
 
 def _offsets(lengths, device):

@@ -44,6 +44,7 @@ from . import _documents as _offsets
 from ._errors import CadError
 from ._ops import varlen_attn
 from ._api import plan as make_plan
+from ._api import plan_pieces as make_pieces_plan
 
 
 class _State:
@@ -89,9 +90,10 @@ def _take_planned_ahead(cu):
     state.unused_ahead[:] = [weakref.ref(entry) for entry in waiting]
     if not waiting:
         return None
-    wanted = _offsets.offsets(cu, "cad attention")  # one read-back per micro-batch, only when an entry waits
+    documents = _context.default().documents  # what each tensor held when last read (see cad._documents)
+    wanted = documents.offsets(cu, "cad attention")  # one read-back per micro-batch, only when an entry waits
     for entry in waiting:
-        if _offsets.offsets(entry.cu, "cad.hf.plan_ahead") == wanted:
+        if documents.offsets(entry.cu, "cad.hf.plan_ahead") == wanted:
             entry.used = True
             return entry
     return None
@@ -206,8 +208,9 @@ def _attention(module, query, key, value, attention_mask, *, distributed, dropou
         raise CadError("cad attention: attention dropout is not supported (set attention_dropout=0)")
     if kwargs.get("output_attentions"):
         raise CadError("cad attention: output_attentions is not supported")
-    if cad_plan is not None and cad_cu_seqlens is None:
-        raise CadError("cad attention: cad_plan was passed without the cad_cu_seqlens it was made for")
+    if cad_plan is not None and cad_cu_seqlens is None and not _from_pieces(cad_plan):
+        raise CadError("cad attention: cad_plan was passed without the cad_cu_seqlens it was made for (only a plan "
+                       "from pieces, cad.plan_pieces or cad.hf.plan_pieces, needs none)")
     if distributed and cad_cu_seqlens is not None and cad_plan is None:
         raise CadError("cad attention: cad_cu_seqlens was passed without its cad_plan (a plan is collective: "
                        "make it with cad.plan on every rank before the forward)")
@@ -217,7 +220,9 @@ def _attention(module, query, key, value, attention_mask, *, distributed, dropou
     if isinstance(cad_plan, (tuple, list)):
         cad_plan = _plan_for_window(cad_plan, causal, window, getattr(module, "layer_idx", None))
     plan, cu = cad_plan, cad_cu_seqlens
-    if cu is None:
+    if cu is None and plan is not None and not distributed:
+        cu = _piece_boundaries(plan)  # local attention over a plan's pieces: each piece alone
+    if cu is None and plan is None:
         documents = _documents(query, kwargs)
         if documents is None:
             if distributed:
@@ -239,6 +244,19 @@ def _attention(module, query, key, value, attention_mask, *, distributed, dropou
     out = varlen_attn(q, k, v, cu, plan=plan if distributed else None, causal=causal, window_size=window,
                       softmax_scale=scaling)
     return out.reshape(batch, seq, heads, dim), None
+
+
+def _from_pieces(plan):
+    """Whether cad_plan (a plan, or one per mask) was made from pieces: its calls take cu_seqlens=None."""
+    plans = plan if isinstance(plan, (tuple, list)) else (plan,)
+    return all(getattr(p, "cu_seqlens", 0) is None for p in plans)
+
+
+def _piece_boundaries(plan):
+    """cu_seqlens (int32, on the host) of a plan's pieces, each piece one document: what local attention ("cad_local")
+    computes over a rank's pieces, with no other rank to reach."""
+    lengths = [p[3] for p in plan.pieces]
+    return torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
 
 def cad_attention(module, query, key, value, attention_mask, **kwargs):
@@ -299,6 +317,24 @@ def plan_ahead(model, *, position_ids=None, cu_seq_lens_q=None, dtype=None, devi
                 entry.cu, causal=causal, window_size=window, num_heads=heads, num_kv_heads=kv_heads,
                 head_dim=head_dim, dtype=dtype, device=device or source.device, ahead=True, tag=tag)
         plans.append(plan)
+    return plans[0] if len(plans) == 1 else tuple(plans)
+
+
+def plan_pieces(model, pieces, *, dtype=None, device=None, causal=True, ahead=False, tag=None, lane=0):
+    """The plans of a micro-batch laid out as pieces (doc_id, doc_len, offset_in_doc, len) -- a document cut across
+    ranks, cad.pack_documents' RankLayout.pieces --, one per mask the model's layers use (as plan_ahead), on every
+    rank in the same order: cad.plan_pieces with the model's attention shapes. Pass the result to the forward as the
+    `cad_plan` keyword (no cad_cu_seqlens: a plan from pieces needs none), and the layout's position_ids, which run
+    on across a cut, so that RoPE sees one document:
+
+        plan = cad.hf.plan_pieces(model, layout.pieces)
+        out = model(input_ids=ids, position_ids=layout.position_ids()[None], cad_plan=plan)
+
+    ahead/tag/lane as cad.plan_pieces. Returns a cad.Plan, or a tuple of plans (windowed and global layers)."""
+    heads, kv_heads, head_dim, dtype = attention_shape(model, dtype)
+    plans = [make_pieces_plan(list(pieces), causal=causal, window_size=window, num_heads=heads, num_kv_heads=kv_heads,
+                              head_dim=head_dim, dtype=dtype, device=device, ahead=ahead, tag=tag, lane=lane)
+             for window in _model_windows(model, causal)]
     return plans[0] if len(plans) == 1 else tuple(plans)
 
 

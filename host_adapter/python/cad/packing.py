@@ -126,3 +126,94 @@ def pack_documents(lengths, tokens_per_rank, ranks, *, max_doc_len=None, drop_re
                 doc, offset = doc + 1, 0
         layouts.append(RankLayout(rank, rank * tokens_per_rank, (rank + 1) * tokens_per_rank, tuple(pieces)))
     return layouts
+
+
+# ---- memory: what a server must hold for a document cut across ranks ------------------------------------------
+# The last query of a document reads every key before it (the window's keys with a sliding window), so the server
+# that runs it holds them all: the last piece of a 1M-token document needs the whole document's K/V there. The
+# rule is tools/workload/server_memory.cpp's (`cad plan --memory-cap`), in the same words, kept equal by
+# tests/python/test_long_trainer.py, which compares the two on the same layouts: the trainers refuse a layout
+# here, before a step, as `cad plan` refuses it, instead of running out of memory inside one.
+
+@dataclass(frozen=True)
+class MemoryFloor:
+    """The least memory any plan needs for one document: the server of its last query receives every key that
+    query reads, `keys` = [begin, end), and the query row itself, less what it holds. `rank` is the rank that
+    would receive least (holding `held` of those keys); `bytes` what it would receive (Q/K/V/O, as a balancer's
+    memory_cap_bytes counts them)."""
+    doc_id: int
+    doc_len: int
+    keys: tuple
+    rank: int
+    held: int
+    bytes: int
+
+    def refusal(self, cap_bytes):
+        """Why no plan of the layout fits `cap_bytes` (a sentence naming the document, the rank and the bytes),
+        or None where it fits (or cap_bytes is 0: no cap)."""
+        if not cap_bytes or self.bytes <= cap_bytes:
+            return None
+        return (f"no plan of this layout fits memory cap {cap_bytes} bytes: document {self.doc_id} ({self.doc_len} "
+                f"tokens) has a last query that reads keys [{self.keys[0]}, {self.keys[1]}) on one server, and the "
+                f"rank that would receive least, rank {self.rank} (holding {self.held} of them), would receive "
+                f"{self.bytes} bytes; raise the cap or lay out fewer tokens of the document per step")
+
+
+def _last_query_keys(doc_len, causal, window_size):
+    """Keys [begin, end) the document's last query reads (cad's visible keys: window_size (left, right), -1 = no
+    limit; causal: right is 0)."""
+    left, right = window_size
+    p = doc_len - 1
+    begin = max(0, p - left) if left >= 0 else 0
+    end = p + 1 if causal else (min(doc_len, p + right + 1) if right >= 0 else doc_len)
+    return begin, end
+
+
+def memory_floors(layouts, *, num_heads, num_kv_heads, head_dim, bytes_per_element, causal=True,
+                  window_size=(-1, -1)):
+    """Per document of the layouts (RankLayouts, or per rank its pieces), in document order, its MemoryFloor. Bytes:
+    a K/V token is 2 * num_kv_heads * head_dim elements, a query row Q and O (2 * num_heads * head_dim), each
+    bytes_per_element wide (the plan model's q_memory_bytes and kv_token_bytes)."""
+    what = "cad.packing.memory_floors"
+    shape = {name: integer(value, name, what, 1) for name, value in (
+        ("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+        ("bytes_per_element", bytes_per_element))}
+    kv_bytes = 2 * shape["num_kv_heads"] * shape["head_dim"] * shape["bytes_per_element"]
+    q_bytes = 2 * shape["num_heads"] * shape["head_dim"] * shape["bytes_per_element"]
+    holders = {}  # doc -> [(rank, offset, len)]
+    for rank, lay in enumerate(layouts):
+        for doc_id, doc_len, offset, n in (lay.pieces if isinstance(lay, RankLayout) else lay):
+            holders.setdefault(doc_id, []).append((rank, offset, n))
+
+    def held_by(pieces, rank, begin, end):
+        return sum(max(0, min(end, o + n) - max(begin, o)) for r, o, n in pieces if r == rank)
+
+    floors = []
+    for doc_id in sorted(holders):
+        pieces = holders[doc_id]
+        doc_len = max(o + n for _, o, n in pieces)
+        begin, end = _last_query_keys(doc_len, causal, window_size)
+        best = None
+        for rank in sorted({r for r, _, _ in pieces}):  # only a holder can receive less than the whole
+            held = held_by(pieces, rank, begin, end)
+            need = (end - begin - held) * kv_bytes + (1 - held_by(pieces, rank, doc_len - 1, doc_len)) * q_bytes
+            if best is None or need < best[2]:
+                best = (rank, held, need)
+        floors.append(MemoryFloor(doc_id, doc_len, (begin, end), *best))
+    return floors
+
+
+def check_memory_cap(layouts, memory_cap_bytes, **shape):
+    """Refuse (cad.CadError) a layout no plan of which fits `memory_cap_bytes` per server: the document whose
+    floor is largest (ties: the lowest id), naming it, the rank and the bytes. 0: no cap. `shape`: memory_floors'
+    keywords. Returns the largest floor (None without documents)."""
+    cap = integer(memory_cap_bytes, "memory_cap_bytes", "cad.packing.check_memory_cap", 0)
+    floors = memory_floors(layouts, **shape)
+    worst = None
+    for f in floors:
+        if worst is None or f.bytes > worst.bytes:
+            worst = f
+    reason = worst.refusal(cap) if worst is not None else None
+    if reason:
+        raise CadError(f"cad.packing.check_memory_cap: {reason}")
+    return worst

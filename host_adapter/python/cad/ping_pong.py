@@ -8,10 +8,11 @@ one stream) the stages simply run in order.
 """
 import torch
 
+from . import _context
 from ._errors import CadError
 
 
-def ping_pong(stages, states, *, device=None):
+def ping_pong(stages, states, *, device=None, context=None):
     """Run every stage on both nano-batches, alternating: for stage in stages: for i in (0, 1):
     states[i] = stage(states[i], i), nano-batch i on CUDA stream i. Returns the final states, ordered after
     both streams on the current stream.
@@ -21,6 +22,7 @@ def ping_pong(stages, states, *, device=None):
     Each stage is called once per nano-batch: right for plain modules (and DDP, whose hooks are per parameter).
     A layer whose module hooks do per-call work on its weights (FSDP2's gather before, free and gradient
     reduce after) must see both nano-batches in one call: wrap it in PingPongLayer and use ping_pong_layers.
+    context: the cad.Context whose two streams the nano-batches run on (default: the default context).
     """
     states = list(states)
     if len(states) != 2:
@@ -32,7 +34,7 @@ def ping_pong(stages, states, *, device=None):
                 states[i] = stage(states[i], i)
         return states
     caller = torch.cuda.current_stream(device)
-    streams = nano_batch_streams(device)
+    streams = nano_batch_streams(device, context)
     for s in streams:
         s.wait_stream(caller)  # inputs were produced on the caller's stream
     for stage in stages:
@@ -57,14 +59,16 @@ class PingPongLayer(torch.nn.Module):
     (NaN and wrong gradient norms on 2 H200s at 64K-128K tokens per GPU). In one call, the gather happens once
     before both, and the post-backward hook, which FSDP2 attaches to all of the call's inputs, waits for both
     nano-batches' gradients. Wrap before fully_shard and checkpointing wrappers; the layer's parameters stay its
-    own (state-dict keys gain the prefix "layer.")."""
+    own (state-dict keys gain the prefix "layer."). context: the cad.Context whose two nano-batch streams it runs
+    on (default: the default context)."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, *, context=None):
         super().__init__()
         if not isinstance(layer, torch.nn.Module):
             raise CadError(f"cad.PingPongLayer: layer must be a torch.nn.Module, got {type(layer).__name__}",
                            "INVALID_ARGUMENT")
         self.layer = layer
+        self.context = context
 
     def forward(self, *args, nano_batches=None, **kwargs):
         if nano_batches is None:
@@ -84,7 +88,7 @@ class PingPongLayer(torch.nn.Module):
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(device))
         outs = []
-        for stream, (nano_args, nano_kwargs) in zip(nano_batch_streams(device), nano_batches):
+        for stream, (nano_args, nano_kwargs) in zip(nano_batch_streams(device, self.context), nano_batches):
             with torch.cuda.stream(stream):
                 stream.wait_event(ready)
                 outs.append(self.layer(*nano_args, **nano_kwargs))
@@ -112,7 +116,13 @@ def ping_pong_layers(layers, states, kwargs=({}, {})):
         states = [out[0] if isinstance(out, tuple) else out for out in outs]
     if caller is None:
         return states
-    return _joined(states, caller, nano_batch_streams(device))
+    joined = []  # each layer's pair of streams (its context's), once
+    for layer in layers:
+        pair = nano_batch_streams(device, layer.context)
+        if all(pair is not seen for seen in joined):
+            joined.append(pair)
+            states = _joined(states, caller, pair)
+    return states
 
 
 def _device_of(states, device):
@@ -132,21 +142,14 @@ def _joined(states, caller, streams):
     return states
 
 
-# device index -> its two nano-batch streams, made at the first ping-pong on that device and kept for the process.
-_STREAMS = {}
-
-
-def nano_batch_streams(device):
-    """The two CUDA streams nano-batches 0 and 1 run on: the same two at every call on a device.
+def nano_batch_streams(device, context=None):
+    """The two CUDA streams nano-batches 0 and 1 run on: the same two at every call on a device, kept by `context`
+    (a cad.Context; default: the default context, cad.context()) for its life.
 
     Why not fresh streams per call: the caching allocator keeps a freed block for the stream it was allocated on,
     and torch.cuda.Stream() hands out the next stream of a pool of 32, so fresh streams per micro-batch would
     leave each step's activations cached for streams no later step uses."""
-    device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _STREAMS:
-        _STREAMS[index] = (torch.cuda.Stream(index), torch.cuda.Stream(index))
-    return _STREAMS[index]
+    return (context if context is not None else _context.default()).nano_batch_streams(device)
 
 
 class PingPongChoice:

@@ -40,7 +40,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import _documents
+from . import _context, _documents
 from ._errors import CadError
 from ._ops import varlen_attn as _cad_varlen_attn
 from ._plans import Plan
@@ -72,8 +72,11 @@ def torch_varlen_attn():
     return getattr(_torch_varlen, "varlen_attn", None)
 
 
-def _read(cu, name):
-    return _documents.offsets(cu, f"{_WHAT} ({name})")  # read back once per tensor (every layer passes the same)
+def _read(cu, name, plan):
+    """cu's offsets, read back once per tensor (every layer passes the same) through the context that runs the
+    call: the plan's, or the default one (which runs plan=None calls)."""
+    context = plan.context if plan is not None else _context.default()
+    return context.documents.offsets(cu, f"{_WHAT} ({name})")
 
 
 def _window(window_size):
@@ -107,10 +110,10 @@ def _check_documents(cu_seq_q, cu_seq_k, max_q, max_k, plan):
                            f"documents: cu_seq_k = cu_seq_q)", "INVALID_ARGUMENT")
     if torch.compiler.is_compiling():  # no values while tracing; cad.varlen_attn checks cu_seq_q when it runs
         return
-    q = _read(cu_seq_q, "cu_seq_q")  # checked by its values, read back once (see _documents)
+    q = _read(cu_seq_q, "cu_seq_q", plan)  # checked by its values, read back once (see _documents)
     lengths = [b - a for a, b in zip(q, q[1:])]
     if cu_seq_k is not cu_seq_q:
-        q, k = _read(cu_seq_q, "cu_seq_q"), _read(cu_seq_k, "cu_seq_k")
+        q, k = _read(cu_seq_q, "cu_seq_q", plan), _read(cu_seq_k, "cu_seq_k", plan)
         if q != k:
             raise CadError(f"{_WHAT}: cu_seq_q {_documents.shown(q)} and cu_seq_k {_documents.shown(k)} differ; CAD "
                            f"runs self-attention over packed documents (cu_seq_k must equal cu_seq_q)",

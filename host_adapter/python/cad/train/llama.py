@@ -87,6 +87,7 @@ import torch
 from .attention import AttentionClock, fa4_unavailable, torch_varlen_unavailable
 from .batches import make_inputs, make_nanos
 from .flops import attention_pairs, count_matmul_parameters, layer_windows, masks, model_flops
+from . import long_docs
 from .launch import all_gather_floats
 from .llama_args import balancer_config
 from .model import MicroBatchLoss, apply_checkpointing, build_model, grad_norm, wrap_data_parallel
@@ -134,12 +135,14 @@ def summary_of(args, world, device):
             "cad_nccl_copy_engines": args.cad_nccl_copy_engines,
             "cad_own_tasks": args.cad_own_tasks, "cad_own_reserve_sms": args.cad_own_reserve_sms,
             "cad_forward_walk": args.cad_forward_walk, "cad_head_groups": args.cad_head_groups,
+            "server_backend": args.server_backend,
             "balancer_tolerance": args.balancer_tolerance,
             "balancer_rate_table": args.balancer_rate_table if args.balance_time else None,
             "balancer_min_time_gain": args.balancer_min_time_gain if args.balance_time else None,
             "plan_ahead": args.plan_ahead, "gc": args.gc,
             "peak_tflops": args.peak_tflops,
             "loss_chunk": args.loss_chunk, "window": args.window, "global_every": args.global_every,
+            "max_doc_len": args.max_doc_len, "memory_cap": args.memory_cap,
             "windowed_layers": sum(left >= 0 for left in layer_windows(args))}
 
 
@@ -150,9 +153,11 @@ def write_json(args, result):
         path.write_text(json.dumps(result, indent=1))
 
 
-def train_one(args, rank, world, device, lengths):
+def train_one(args, rank, world, device, lengths, on_gradients=None):
     """One configuration: a fresh model (the same weights every time), optimizer and CAD stack; its steps; its
-    summary and --json-out (rank 0). Returns {"summary", "steps"[, "profiled_step"]} on every rank."""
+    summary and --json-out (rank 0). Returns {"summary", "steps"[, "profiled_step"]} on every rank.
+    on_gradients(step, model): called on every rank once a step's gradients are complete (averaged over the ranks),
+    before the optimizer uses them (the tests read every gradient there)."""
     import cad
 
     if args.attention == "torch_varlen" and torch_varlen_unavailable(device, args.window):
@@ -172,8 +177,9 @@ def train_one(args, rank, world, device, lengths):
              nccl_blocking_comm=args.cad_nccl_blocking, nccl_copy_engines=args.cad_nccl_copy_engines,
              own_tasks_in_place=args.cad_own_tasks == "on",
              own_tasks_reserve_sms=args.cad_own_reserve_sms, forward_walk=args.cad_forward_walk,
-             head_groups=args.cad_head_groups,
-             balancer_config=balancer_config(args))
+             head_groups=args.cad_head_groups, server_backend=args.server_backend,
+             balancer_config=balancer_config(args), memory_cap_bytes=args.memory_cap)
+    long_docs.refuse_local(args, world, "train_llama")
     # --ping-pong-when worthwhile: unsplit until one measured step says whether splitting pays (cad.PingPongChoice).
     # The decision, made after step `decided_at` of the schedule, takes effect from the second step after it: the
     # next step's first micro-batch was asked for (its plans made ahead) while the step ran, undecided, i.e.
@@ -241,18 +247,29 @@ def train_one(args, rank, world, device, lengths):
         (parts: MicroBatchLoss's nanos with their plans, asked for by `ask`)."""
         micro = []
         for mb in range(args.micro_batches):
+            if args.max_doc_len is not None:  # documents packed over the ranks whole (cad.train.long_docs)
+                long = long_docs.long_step(lengths, args, world, step, mb)
+                long_docs.check_memory(long, args, dtype)  # before the step: refused naming document, rank, bytes
+                micro.append([long_docs.piece_lengths(long), None, long_docs.inputs_of(long, rank, device), None,
+                              long])
+                continue
             batch = cached_batch(lengths, args.context, world, args.seed + 1000 * step + mb)
             docs_by_rank = [docs or [args.context] for docs in batch]
             if args.balanced_batches:
                 docs_by_rank = balanced_documents(docs_by_rank)
             inputs = make_inputs(docs_by_rank[rank], args.vocab, args.seed * 7919 + 31 * step + rank + 100003 * mb,
                                  device)
-            micro.append([docs_by_rank, None, inputs, None])  # nano-batches and parts: ask()
+            micro.append([docs_by_rank, None, inputs, None, None])  # nano-batches and parts: ask(); not long
         return micro
 
     def ask(micro, index, mb):
         """Micro-batch mb's nano-batches (split or not: splitting(index)), parts and plans (collective with CAD, in
         the same order on every rank): with --plan-ahead on, queued on CAD's planning thread; otherwise made now."""
+        if micro[mb][3] is None and micro[mb][4] is not None:  # pieces: one plan per mask from them
+            micro[mb][1] = [[docs] for docs in micro[mb][0]]
+            cu, plan = long_docs.piece_plans(micro[mb][4].layouts[rank].pieces, args.attention, args, device, dtype,
+                                             tag=2 * (index * args.micro_batches + mb))
+            micro[mb][3] = [(micro[mb][4].layouts[rank].tokens, cu, plan)]
         if micro[mb][3] is None:
             docs_by_rank = micro[mb][0]
             halves = splitting(index) and not pairing(index)
@@ -311,7 +328,9 @@ def train_one(args, rank, world, device, lengths):
                 parts += micro[mb][3]
                 micro[mb][3] = None  # the step holds its parts only while they run
             # A pair's two micro-batches one after the other in one buffer, each its own nano-batch.
-            if len(group) == 1:
+            if len(group) == 1 and micro[group[0]][4] is not None:
+                inputs = micro[group[0]][2]  # pieces in the stream's order, one nano-batch
+            elif len(group) == 1:
                 docs_by_rank, nanos = micro[group[0]][:2]
                 inputs = run_order(micro[group[0]][2], docs_by_rank[rank], nanos[rank])
             else:
@@ -328,6 +347,8 @@ def train_one(args, rank, world, device, lengths):
             attention_by_mb.append(cad.attention_time(reset=True) + AttentionClock.take())
             loss_sum = loss_sum + loss.detach() / args.micro_batches
             del parts, loss, inputs  # the plans go back once nothing (autograd included) refers to them
+        if on_gradients is not None:
+            on_gradients(step, model)
         plan_stats = [plan.stats for plan in plans]
         layers_of = dict(masks(args))  # window left -> the decoder layers that run its plans
         plan_windows = [plan.window_left for plan in plans]
@@ -378,17 +399,20 @@ def train_one(args, rank, world, device, lengths):
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
         retries = allocator_retries(device)
         alloc_retries, retries_before = retries - retries_before, retries
-        mine = sum(sum(docs_by_rank[rank]) for docs_by_rank, _, _, _ in micro)
+        mine = sum(sum(docs_by_rank[rank]) for docs_by_rank, *_ in micro)
         gathered = all_gather_floats([float(loss_sum), seconds, attention, float(mine), peak,
                                       stats["plan_ms"] if stats else 0.0, stats["make_ms"] if stats else 0.0,
                                       pre_plan_ms, gc_ms, float(gc_full), plan_wait_ms, comm_ms, stall_ms,
                                       float(alloc_retries)] + call_ms + attention_by_mb, world)
-        costs = [sum(attention_pairs(args, docs_by_rank[r]) for docs_by_rank, _, _, _ in micro) for r in range(world)]
+        costs = [sum(attention_pairs(args, docs_by_rank[r]) if long is None else
+                     long_docs.piece_pairs(args, long.layouts[r].pieces) for docs_by_rank, _, _, _, long in micro)
+                 for r in range(world)]
         colocated = max(costs) / (sum(costs) / len(costs))
         imbalance = stats["imbalance"] if stats else colocated
         slowest = max(g[1] for g in gathered)
-        flops = model_flops(args, params, [docs_by_rank for docs_by_rank, _, _, _ in micro])
-        split = len(groups) < len(micro) or all(len(nanos[rank]) == 2 for _, nanos, _, _ in micro)
+        flops = model_flops(args, params, [docs_by_rank if long is None else [long.documents]
+                                           for docs_by_rank, _, _, _, long in micro])
+        split = len(groups) < len(micro) or all(len(nanos[rank]) == 2 for _, nanos, *_ in micro)
         record = {"step": step, "loss": sum(g[0] for g in gathered) / world,
                   "losses": [g[0] for g in gathered], "grad_norm": norm.item(),
                   "tokens_per_s": sum(g[3] for g in gathered) / slowest, "step_s": [g[1] for g in gathered],
@@ -403,7 +427,7 @@ def train_one(args, rank, world, device, lengths):
                   "call_forward_ms": [g[14] for g in gathered], "call_forward_server_ms": [g[15] for g in gathered],
                   "call_backward_ms": [g[16] for g in gathered], "call_backward_server_ms": [g[17] for g in gathered],
                   "attention_s_by_micro_batch": [[g[18 + mb] for g in gathered] for mb in range(len(attention_by_mb))],
-                  "ping_pong": split, "nano_tokens": [[[sum(d) for d in n] for n in nanos] for _, nanos, _, _ in micro],
+                  "ping_pong": split, "nano_tokens": [[[sum(d) for d in n] for n in nanos] for _, nanos, *_ in micro],
                   "profiled": profiling}
         if stats:
             record["nano_imbalance"] = stats["nano_imbalance"]

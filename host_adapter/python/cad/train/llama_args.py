@@ -4,6 +4,7 @@ import argparse
 import pathlib
 import re
 
+from . import long_docs
 from .options import MODELS, REPO, add_attention_timing_option, apply_model_defaults, default_data, \
     resolve_attention_timing
 
@@ -106,7 +107,9 @@ def parse_args(argv=None, description=None):
                    help="shape preset: tiny (hidden 128, 4 heads, 2 KV heads, 2 layers, vocab 1024) or llama3-8b "
                         "(hidden 4096, 32 heads, 8 KV heads, MLP 14336, vocab 128256, 32 layers); the options "
                         "below override it")
-    p.add_argument("--context", type=int, default=2048, help="tokens per rank and micro-batch (one packed buffer)")
+    p.add_argument("--context", "--tokens-per-rank", dest="context", type=int, default=2048,
+                   help="tokens per rank and micro-batch (one packed buffer)")
+    long_docs.add_options(p)
     p.add_argument("--micro-batches", type=int, default=1,
                    help="micro-batches per optimizer step (gradient accumulation), each its own batch and CAD plan")
     p.add_argument("--layers", type=int, default=None, help="default: the --model preset's")
@@ -214,6 +217,10 @@ def parse_args(argv=None, description=None):
                    help="on GPUs over NCCL, each CAD call's heads in this many pipelined groups (cad.init's "
                         "head_groups; a divisor of --heads and --kv-heads): the server computes one group while the "
                         "next one's rows arrive and the last one's results leave; 1 (default): unsplit")
+    p.add_argument("--server-backend", choices=["default", "fa4", "torch"], default="default",
+                   help="what computes CAD's server batches (cad.init's server_backend): default (the project's "
+                        "kernel), fa4 (FlashAttention-4 through cad.fa4, on SM90+ with flash-attn-4 installed) or "
+                        "torch (plain torch, fp32 math)")
     p.add_argument("--ping-pong-lanes", type=int, choices=[1, 2], default=2,
                    help="with --ping-pong: 2 (default) runs each nano-batch's plans on its own CAD lane (its own "
                         "communicator and communication stream: cad.plan's lane), 1 runs both on one, where "
@@ -348,5 +355,9 @@ def parse_args(argv=None, description=None):
                     f"none)")
         if args.json_out and "{config}" not in args.json_out:
             p.error("--json-out must contain {config} with --configs (one JSON per configuration)")
+    modes = [m for name in (args.configs or "").split(",") for m in name.split("+")[1:]]
+    long_docs.check_options(p, args, [
+        ("--ping-pong", args.ping_pong or any(m.startswith("pp") for m in modes)),
+        ("--balanced-batches (local_balanced)", args.balanced_batches or "local_balanced" in (args.configs or ""))])
     resolve_attention_timing(args)
     return args

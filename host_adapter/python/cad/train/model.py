@@ -19,7 +19,8 @@ def build_model(args, device, dtype):
             "full_attention" if left < 0 else "sliding_attention" for left in layer_windows(args)])
     config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
                          num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.kv_heads, max_position_embeddings=max(args.context, 2048),
+                         num_key_value_heads=args.kv_heads,
+                         max_position_embeddings=max(args.context, getattr(args, "max_doc_len", None) or 0, 2048),
                          attention_dropout=0.0, use_cache=False, **windows)  # no KV cache: it keeps every K/V
     torch.manual_seed(args.seed)  # the same weights on every rank (every GPU's generator is seeded alike)
     with device:  # initialised where it runs: a CPU init of billions of weights took most of a GPU run's start
@@ -99,9 +100,15 @@ class MicroBatchLoss(torch.nn.Module):
         self.lm = lm
         self.loss_chunk = loss_chunk
 
-    def forward(self, input_ids, position_ids, labels, nanos, paired=False):
+    def forward(self, input_ids, position_ids, labels=None, nanos=None, paired=False, targets=None, predicted=None):
         """paired: the two nano-batches are two micro-batches (--ping-pong-nanos micro-batches): the sum of their
-        own token-weighted means, as two separate calls would add up."""
+        own token-weighted means, as two separate calls would add up. targets (instead of labels): token t's label
+        itself, already shifted (documents cut across ranks, cad.train.long_docs: a buffer's last token predicts
+        the next rank's first); predicted: what the summed token losses are divided by (default: this buffer's
+        predicted tokens)."""
+        shifted = targets is not None
+        if shifted:
+            labels = targets
         if len(nanos) == 1:
             _, cu, plan = nanos[0]
             # The transformers call: the keywords reach every layer's attention function (cad.hf).
@@ -112,8 +119,9 @@ class MicroBatchLoss(torch.nn.Module):
             states, label_parts = self._ping_pong(input_ids, position_ids, labels, nanos)
         if paired:
             return sum(self._summed_token_losses(h, y) / (y[:, 1:] != -100).sum() for h, y in zip(states, label_parts))
-        predicted = (labels[:, 1:] != -100).sum()  # a tensor: reading it back would sync CUDA
-        total = sum(self._summed_token_losses(h, y) for h, y in zip(states, label_parts))
+        if predicted is None:
+            predicted = ((labels if shifted else labels[:, 1:]) != -100).sum()  # a tensor: reading it would sync CUDA
+        total = sum(self._summed_token_losses(h, y, shifted) for h, y in zip(states, label_parts))
         return total / predicted
 
     def _ping_pong(self, input_ids, position_ids, labels, nanos):
@@ -138,10 +146,13 @@ class MicroBatchLoss(torch.nn.Module):
         states = cad.ping_pong_layers(inner.layers[:inner.config.num_hidden_layers], states, extras)
         return [inner.norm(h) for h in states], label_parts
 
-    def _summed_token_losses(self, hidden, labels):
-        """Sum of the token cross-entropies (token t predicts label t + 1), --loss-chunk tokens at a time; each
-        chunk's logits are recomputed in the backward instead of kept."""
-        targets = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
+    def _summed_token_losses(self, hidden, labels, shifted=False):
+        """Sum of the token cross-entropies (token t predicts label t + 1; shifted: label t), --loss-chunk tokens at
+        a time; each chunk's logits are recomputed in the backward instead of kept."""
+        if shifted:
+            targets = labels.reshape(-1)
+        else:
+            targets = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
         hidden = hidden.reshape(-1, hidden.shape[-1])
         total = 0
         for at in range(0, hidden.shape[0], self.loss_chunk):

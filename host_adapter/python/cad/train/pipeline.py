@@ -111,6 +111,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from . import long_docs
 from .attention import IMPLEMENTATIONS, AttentionClock, torch_varlen_unavailable
 from .batches import make_inputs, make_nanos
 from .pipeline_report import ATTENTION_WORK, base_makes, planned_share, step_record, summarise, tick_record
@@ -132,7 +133,8 @@ def summary_of(args, layout, device):
             "heads": args.heads, "kv_heads": args.kv_heads, "vocab": args.vocab, "steps": args.steps,
             "device": str(device), "dtype": args.dtype, "checkpointing": args.checkpointing,
             "plan_ahead": args.plan_ahead, "keep_forward_tensors": args.keep_forward_tensors,
-            "sync_attention_timing": args.sync_attention_timing, "peak_tflops": args.peak_tflops}
+            "sync_attention_timing": args.sync_attention_timing, "peak_tflops": args.peak_tflops,
+            "max_doc_len": args.max_doc_len, "memory_cap": args.memory_cap}
 
 
 def write_json(path, result):
@@ -166,7 +168,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         group = None if args.pool in ("tick", "bubble") or world == 1 else groups.mine
         keep = {"auto": "auto", "on": True, "off": False}[args.keep_forward_tensors]
         cad.init(balancer=args.balancer, communicator=args.communicator, timeout_ms=args.timeout_ms, group=group,
-                 keep_forward_tensors=keep)
+                 keep_forward_tensors=keep, memory_cap_bytes=args.memory_cap)
         if args.pool == "stage" and layout.dp == 1 and rank == 0:
             print("note: --pool stage with DP = 1: every CAD group is one rank, so CAD balances nothing here (the "
                   "data-parallel-only path cannot move attention between stages; --pool tick can)", flush=True)
@@ -179,6 +181,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
     AttentionClock.sync = synced
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    long_docs.refuse_local(args, layout.dp, "train_pipeline")
     stage = Stage(args, layout, device, dtype)
     parameters = stage.parameters()
     optimizer = torch.optim.AdamW(parameters, lr=args.lr)
@@ -190,7 +193,18 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
     loaded = {}    # step -> (documents per micro-batch and replica, this replica's inputs per micro-batch)
     asked = {}     # (step, forward tick) -> (cad.Plan or None, cu_seqlens, time asked)
 
+    pieces = {}    # --max-doc-len: (step, micro-batch) -> this replica's pieces, document ids unique per micro-batch
+
     def load(step):
+        if step not in loaded and args.max_doc_len is not None:  # over the stage's replicas whole (long_docs)
+            longs = [long_docs.long_step(lengths, args, layout.dp, step, m) for m in range(M)]
+            for long in longs:
+                long_docs.check_memory(long, args, dtype)  # before the step: refused naming document, rank, bytes
+            for m, long in enumerate(longs):
+                # A tick's plan over every rank holds several micro-batches' pieces: ids are made unique by m.
+                pieces[(step, m)] = tuple((m << 32 | d, n, o, k) for d, n, o, k in long.layouts[layout.replica].pieces)
+            loaded[step] = ([long_docs.piece_lengths(long) for long in longs],
+                            [long_docs.inputs_of(long, layout.replica, device) for long in longs])
         if step not in loaded:
             docs = micro_batch_documents(lengths, args, layout.dp, step)
             inputs = [make_inputs(docs[m][layout.replica], args.vocab, token_seed(args, step, layout.replica, m),
@@ -202,7 +216,13 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         m = forward_micro_batch(layout.stage, tick, M)
         return m, ([] if m is None else load(step)[0][m][layout.replica])
 
-    def request(docs, tag, attention=None):
+    def pieces_of(step, m):
+        """--max-doc-len: the pieces this rank runs micro-batch m of `step` with (none: idle); otherwise None."""
+        if args.max_doc_len is None:
+            return None
+        return () if m is None else pieces[(step, m)]
+
+    def request(docs, tag, attention=None, pieces=None):
         """(plan or None, cu_seqlens, time asked) for attention over `docs` with `attention` (default
         --attention's; "local" for --pool bubble's steady ticks): local attention, train_llama's cu_seqlens on
         the device (and torch_varlen's longest document), `tag` unused; CAD, a plan over cu_seqlens on the host
@@ -210,6 +230,9 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         of the CAD group, the same on every rank of it), made ahead on CAD's planning thread (--plan-ahead on)
         or now."""
         attention = attention or args.attention
+        if pieces is not None:  # a plan from pieces (CAD), or the pieces' boundaries (local, one replica)
+            cu, plan = long_docs.piece_plans(pieces, attention, args, device, dtype, tag=tag)
+            return plan, cu, time.perf_counter()
         if attention != "cad":
             (_, cu, _), = make_nanos([docs], attention, args, device, dtype)
             return None, cu, time.perf_counter()
@@ -255,14 +278,14 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
             return
         m, docs = tick_documents(step, tick)
         if use_cad and args.pool == "bubble" and not pooled_tick(tick):  # a steady tick: no plan, the local kernel
-            asked[key] = request(docs, None, attention="local")
+            asked[key] = request(docs, None, attention="local", pieces=pieces_of(step, m))
             return
         if m is None and not pooled_tick(tick):
             asked[key] = (None, None, time.perf_counter())
             return
         # The tag: the tick (CAD over the world; under --pool bubble only its bubble ticks have plans, still one
         # tag per tick) or the micro-batch (a stage's replicas run the same micro-batches at the same ticks).
-        asked[key] = request(docs, step * T + tick if pooled_tick(tick) else step * M + m)
+        asked[key] = request(docs, step * T + tick if pooled_tick(tick) else step * M + m, pieces=pieces_of(step, m))
 
     pending_sends = []
 
@@ -317,7 +340,8 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
             if not pooled and s != layout.stage:
                 continue
             docs = load(step)[0][m][layout.replica] if s == layout.stage else []
-            asked_1f1b[(step, m, s)] = request(docs, (step * M + m) * S + s if pooled else step * M + m)
+            asked_1f1b[(step, m, s)] = request(docs, (step * M + m) * S + s if pooled else step * M + m,
+                                               pieces=pieces_of(step, m if s == layout.stage else None))
 
     def ask_bubble_1f1b(step, tick):
         """--pool bubble under 1F1B (--checkpointing full): in a tick with an idle stage every operation (the
@@ -332,10 +356,11 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
                 continue
             direction, m = op
             docs = load(step)[0][m][layout.replica] if s == layout.stage else []
+            own = pieces_of(step, m if s == layout.stage else None)
             if pooled_now:
-                asked_ops[(step, tick, s)] = request(docs, bubble_1f1b_tag(step, direction, m, s, M, S))
+                asked_ops[(step, tick, s)] = request(docs, bubble_1f1b_tag(step, direction, m, s, M, S), pieces=own)
             else:
-                asked_ops[(step, tick, s)] = request(docs, None, attention="local")
+                asked_ops[(step, tick, s)] = request(docs, None, attention="local", pieces=own)
 
     def exchange_1f1b(tick, outgoing, docs):
         """At the end of tick `tick`: this stage's output of the tick goes to its neighbour and the neighbours'
@@ -443,7 +468,11 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
     # Every step's documents now, outside the timed steps: the pure-Python recipe walks the whole length file for
     # each micro-batch (cached_batch remembers them for the later configurations, which would otherwise not pay).
     for step in range(args.steps):
-        micro_batch_documents(lengths, args, layout.dp, step)
+        if args.max_doc_len is None:
+            micro_batch_documents(lengths, args, layout.dp, step)
+        else:
+            for m in range(M):
+                long_docs.long_step(lengths, args, layout.dp, step, m)
     current = {"step": 0}
     makes_before = base_makes()
     for step in range(args.steps):
@@ -568,6 +597,8 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         record["rank_ticks"] = records  # this rank's own view (plan ids and tags, when its plans were asked/made)
         history.append(record)
         loaded.pop(step, None)
+        for m in range(M):
+            pieces.pop((step, m), None)
         if rank == 0:
             print(f"step {step:3d}  loss {record['loss']:.5f}  {record['step_ms']:8.1f} ms  ideal "
                   f"{record['ideal_step_ms']:8.1f} ms  {record['tokens_per_s']:9.0f} tok/s  MFU {record['mfu']:6.1%}  "

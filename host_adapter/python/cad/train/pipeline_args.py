@@ -4,6 +4,7 @@ import os
 
 from .options import MODELS, add_attention_timing_option, apply_model_defaults, default_data, \
     resolve_attention_timing
+from . import long_docs
 from .pipeline_report import BALANCED, CONFIGS
 from .pipeline_stage import parse_fault
 from .schedule import check_layout
@@ -46,7 +47,9 @@ def parse_args(argv=None, description=None):
                         "CUDA")
     p.add_argument("--model", choices=sorted(MODELS), default="tiny",
                    help="shape preset (train_llama's): tiny or llama3-8b; the options below override it")
-    p.add_argument("--context", type=int, default=2048, help="tokens per micro-batch and replica (one packed buffer)")
+    p.add_argument("--context", "--tokens-per-rank", dest="context", type=int, default=2048,
+                   help="tokens per micro-batch and replica (one packed buffer)")
+    long_docs.add_options(p)  # --max-doc-len: a micro-batch's documents packed over the stage's replicas whole
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step")
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe",
                    help="gpipe: all forward ticks, then all backward ticks; 1f1b: one forward, one backward (at most "
@@ -140,5 +143,7 @@ def parse_args(argv=None, description=None):
                 p.error(f"--pool bubble{which} with --schedule 1f1b takes --keep-forward-tensors auto or off, not "
                         f"on: its backwards recompute their forwards under plans of their own, so a forward's kept "
                         f"tensors would never be used")
+    long_docs.check_options(p, args, [("--balanced-batches (local_balanced)", args.balanced_batches or any(
+        "balanced" in name for name in (args.configs or "").split(",")))])
     resolve_attention_timing(args)
     return args

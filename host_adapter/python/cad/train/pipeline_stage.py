@@ -122,6 +122,9 @@ class Stage:
             hidden = out[0] if isinstance(out, tuple) else out  # transformers < 4.54 returns a tuple
         if not self.layout.last:
             return hidden
+        if "targets" in inputs:  # documents packed over the replicas whole (cad.train.long_docs): shifted labels
+            hidden = self.inner.norm(hidden)
+            return self.loss._summed_token_losses(hidden, inputs["targets"], shifted=True) / inputs["predicted"]
         labels = inputs["labels"]
         predicted = (labels[:, 1:] != -100).sum()
         return self.loss._summed_token_losses(self.inner.norm(hidden), labels) / predicted

@@ -74,6 +74,19 @@ def sample_batch(lengths, context, ranks, seed):
     return out
 
 
+def long_stream(lengths, max_doc_len, tokens, seed):
+    """The documents of a step whose documents may be longer than a rank (--max-doc-len), in order: the recipe scaled
+    by max_doc_len / 64K (its 64K documents become max_doc_len long) instead of by the tokens per rank, its passes
+    (seed, seed + 1, ...) repeated until they hold `tokens` (every rank's buffer); cad.pack_documents lays them out.
+    The C++ tools/workload sample_batch_scaled's stream (`cad plan --dist ... --max-doc-len`)."""
+    docs = recipe_documents(lengths, max_doc_len, seed)
+    pass_ = 1
+    while sum(docs) < tokens and pass_ < 1024:
+        docs += recipe_documents(lengths, max_doc_len, seed + pass_)
+        pass_ += 1
+    return docs
+
+
 _BATCHES = {}
 
 
