@@ -44,26 +44,26 @@ HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4
                  "trainer_h200x4_run5/256k",
                  # runs 21-22 (2026-11-27, later): pinned uploads; two more rounds on 2 H200s
                  "trainer_h200x2_run21", "trainer_h200x2_run22"] + [
-                 # runs 34-43 (2026-11-28): the code of sessions f and g, 2 and 4 H200s over NVLink (run 42's other
+                 # runs 34-43 (2026-11-28): 2 and 4 H200s over NVLink (run 42's other
                  # half and run 41 moved NCCL through host memory: another link, not modelled); only their
                  # configurations the model prices (RECENT_MODELLED), not the trials of options it has no term for
                  "trainer_h200x2_run34/a", "trainer_h200x2_run35/a", "trainer_h200x2_run36/a", "trainer_h200x2_run37/a",
                  "trainer_h200x2_run38/a/round1", "trainer_h200x2_run38/a/round2", "trainer_h200x2_run39/a",
                  "trainer_h200x2_run40/a/round1", "trainer_h200x2_run40/a/round2", "trainer_h200x2_run42/nvlink",
                  "trainer_h200x4_run43/a/round1", "trainer_h200x4_run43/a/round2",
-                 # runs 46-51 (2026-11-28, session h): 64K on 2 H200s, one folder per round
+                 # runs 46-51 (2026-11-28): 64K on 2 H200s, one folder per round
                  "trainer_h200x2_run46/a/round1", "trainer_h200x2_run46/a/round2",
                  "trainer_h200x2_run47/a/round1", "trainer_h200x2_run47/a/round2",
                  "trainer_h200x2_run49/a/round1", "trainer_h200x2_run49/a/round2",
                  "trainer_h200x2_run50/a/round1", "trainer_h200x2_run50/a/round2", "trainer_h200x2_run50/a/round3",
                  "trainer_h200x2_run51/a/round1", "trainer_h200x2_run51/a/round2",
-                 # runs 53-57 (2026-11-28, session i): the old per-tensor path (53; 56's old*), then one collective
+                 # runs 53-57 (2026-11-28): the old per-tensor path (53; 56's old*), then one collective
                  # per direction with own rows off the wire (55-57's new*); 128K (56) and 256K (57), one round
                  "trainer_h200x2_run53/a/round1", "trainer_h200x2_run53/a/round2",
                  "trainer_h200x2_run55/new1", "trainer_h200x2_run55/new2",
                  "trainer_h200x2_run56/new1", "trainer_h200x2_run56/new2", "trainer_h200x2_run56/old1",
                  "trainer_h200x2_run56/old2", "trainer_h200x2_run56/k128", "trainer_h200x2_run57/k256",
-                 # runs 60-64 (2026-11-28, session j): the same code at 64K (2 rounds each in 60 and 63), 128K with 1
+                 # runs 60-64 (2026-11-28): the same code at 64K (2 rounds each in 60 and 63), 128K with 1
                  # and 2 layers (61, 62); micro-batch pairs (_pingpongmb) priced as ping-pong
                  "trainer_h200x2_run60/train/a/round1", "trainer_h200x2_run60/train/a/round2",
                  "trainer_h200x2_run61/a", "trainer_h200x2_run62/a", "trainer_h200x2_run63/a/round1",
