@@ -1,4 +1,4 @@
-"""Megatron-Core's context parallelism on CAD: with context_parallel_size 2 on 2 ranks (CP 2) and on 4 ranks (CP 2 x
+"""Megatron-Core's context parallelism on CAD: with context_parallel_size 2 on 4 ranks (CP 2 x
 DP 2), CadCoreAttention over a rank's THD tokens gives, token for token, the outputs and the gradients (query, key,
 value) of one process attending the unsplit documents, for
 - Megatron's own THD layout (each document padded at its end to a multiple of 2 * cp, CP rank r holding chunks r
@@ -220,10 +220,10 @@ def _both_layouts(cp, rank, world):
     _cad_layout_equals_whole_documents(cp, rank, world)
 
 
-@pytest.mark.parametrize("world", [2, 4], ids=["cp2", "cp2xdp2"])
-def test_megatron_and_cad_layouts_attend_whole_documents(world):
-    """One launch per world size (starting ranks that import megatron-core is most of the cost)."""
-    _run(functools.partial(_both_layouts, 2), world=world, timeout_s=400)
+def test_megatron_and_cad_layouts_attend_whole_documents():
+    """CP 2 x DP 2 in one launch (starting ranks that import megatron-core is most of the cost; CP 2 alone is its
+    one-replica case, and TP 2 x CP 2 is test_cad_megatron_tp.py's)."""
+    _run(functools.partial(_both_layouts, 2), world=4, timeout_s=400)
 
 
 def test_megatron_layout_maps_chunks_to_pieces():
