@@ -266,3 +266,19 @@ def _layouts(rank, world):
 
 def test_tensor_pipeline_and_context_parallel_layouts_equal_megatrons_attention():
     _run(_layouts, world=4, timeout_s=400)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2 / --pipeline-parallel-size 1 need --trainer megatron"),
+    (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size 2 need --trainer megatron"),
+    (["--trainer", "megatron"], "--trainer megatron needs --device cuda"),
+    (["--tensor-parallel-size", "0"], "--tensor-parallel-size 0 / --pipeline-parallel-size 1: expected 1 or more"),
+    (["--sequence-parallel"], "--sequence-parallel needs --tensor-parallel-size > 1"),
+], ids=["tp-torch", "pp-torch", "megatron-cpu", "zero", "sp-without-tp"])
+def test_training_script_refuses_layouts_its_trainer_cannot_run(args, message, capsys):
+    """train_gpt_cad.py: tensor and pipeline parallelism train through Megatron's schedules (--trainer megatron,
+    CUDA: megatron-core allocates its DDP buffers there); on the CPU's torch trainer they are refused, naming why."""
+    import train_gpt_cad
+    with pytest.raises(SystemExit) as exit_info:
+        train_gpt_cad.parse_args(["--device", "cpu", *args])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
