@@ -1,8 +1,10 @@
 """CAD as Megatron-Core's core attention under tensor, pipeline and context parallelism, on 4 gloo ranks (one launch,
-three layouts one after another), a GPTModel on Megatron's local spec (2 layers, GQA 4/2, learned absolute positions):
-- TP 2 x DP 2 with sequence parallelism: each TP index runs CAD over its data-parallel pair with its head slice
-  (2 query heads, 1 KV head); per document losses and every rank's gradients equal Megatron's own attention
-  (DotProductAttention per document), and the two TP ranks of a pair make the same plan;
+three layouts one after another, after test_cad_megatron_cp.py's CP 2 x DP 2 checks of the attention layer), a
+GPTModel on Megatron's local spec (2 layers, GQA 4/2, learned absolute positions):
+- TP 2 x DP 2: each TP index runs CAD over its data-parallel pair with its head slice (2 query heads, 1 KV head);
+  without sequence parallelism, which Megatron's local (torch) norms refuse (bench_gpu_tp.sh runs it on TE's
+  spec); per document losses and every rank's gradients equal Megatron's own attention (DotProductAttention per
+  document), and the two TP ranks of a pair make the same plan;
 - PP 2 x DP 2: each stage's layer runs CAD over that stage's pair, in 1F1B order (stage 0: F0 F1 B0 B1, stage 1:
   F0 B0 F1 B1, activations and their gradients passed between the stages); losses and gradients equal Megatron's
   attention on the same schedule;
@@ -259,13 +261,21 @@ def _tp2_cp2(rank, want_losses, want_grads):
 
 def _layouts(rank, world):
     assert world == 4
+    from megatron.core import parallel_state as ps
+    import cad_megatron
+    from test_cad_megatron_cp import _both_layouts
+    _both_layouts(2, rank, world)  # CP 2 x DP 2, attention layers alone (test_cad_megatron_cp.py)
+    cad_megatron.shutdown_cad()
+    ps.destroy_model_parallel()
     losses, grads = _tp2_dp2(rank)
     _pp2_dp2(rank)
     _tp2_cp2(rank, losses, grads)
 
 
 def test_tensor_pipeline_and_context_parallel_layouts_equal_megatrons_attention():
-    _run(_layouts, world=4, timeout_s=400)
+    """One launch for every 4-rank layout: test_cad_megatron_cp.py's CP 2 x DP 2, then TP 2 x DP 2, PP 2 x DP 2 and
+    TP 2 x CP 2 (see the module)."""
+    _run(_layouts, world=4, timeout_s=500)
 
 
 @pytest.mark.parametrize("args, message", [
