@@ -218,3 +218,21 @@ def test_trainer_overlap_auto_trains_as_off(tmp_path):
     assert [step["ping_pong"] for step in pp["steps"]] == [False, False, True, True]
     assert pp["head_groups"] == [1, 1, 1, 1]
     assert "confirmed" in pp["summary"]["overlap_decision"]["reason"]
+
+
+def test_trainer_options(capsys):
+    """--overlap auto and the '+ovauto' config suffix; what they do not go with is refused, naming it."""
+    from cad.train.llama_args import configurations, parse_args
+    (label, run), = configurations(parse_args(["--configs", "prefix_aware+ovauto"]))
+    assert label == "prefix_aware_autooverlap" and run.overlap == "auto" and not run.ping_pong
+    assert parse_args([]).overlap == "off"
+    for argv, message in ((["--configs", "local+ovauto"], "'local+ovauto' is not"),
+                          (["--configs", "prefix_aware+ovauto+pp"], "'prefix_aware+ovauto+pp' is not"),
+                          (["--configs", "prefix_aware+ovauto+hg2"], "'prefix_aware+ovauto+hg2' is not"),
+                          (["--overlap", "auto", "--ping-pong"], "--overlap auto chooses ping-pong"),
+                          (["--overlap", "auto", "--cad-head-groups", "2"], "--overlap auto chooses ping-pong"),
+                          (["--overlap", "auto", "--attention", "local"], "--overlap auto chooses ping-pong"),
+                          (["--overlap", "auto", "--max-doc-len", "512"], "--max-doc-len does not go with --overlap")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert message in capsys.readouterr().err, argv

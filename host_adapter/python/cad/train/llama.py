@@ -299,14 +299,14 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
         """Before a step whose overlap changed: wait for the plans asked ahead for it (made on every rank, so no
         collective is left half made), drop them, rebuild the stacks with the chosen head groups (OverlapChoice.apply:
         the old plans are refused from now on), and let ask() make them again, split or not. One step pays for
-        making its first plans at its start."""
+        making its first plans at its start. Returns whether the stacks were rebuilt."""
         for entry in micro:
             for _, _, plan in entry[3] or []:
                 for p in (plan if isinstance(plan, tuple) else (plan,)):
                     if p is not None:
                         p.wait()
             entry[3] = None
-        overlap.apply()
+        return overlap.apply()
     loaded = {}  # schedule index -> its micro-batches, loaded while the step before it ran
     # CAD's exchanges on the GPU, cumulative (cad.exchange_times): the last step's end, for this step's share.
     exchanged = {} if device.type == "cuda" and args.attention == "cad" else None
@@ -315,7 +315,8 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
     for index, (step, profiling) in enumerate(schedule):
         micro = loaded.pop(index, None) or load(step)
         if index in overlap_at:  # the overlap changes here: this step's plans (asked ahead) are made again
-            apply_overlap(micro)
+            if apply_overlap(micro) and exchanged is not None:  # new stacks count their exchanges and calls from 0
+                exchanged, called = {}, {}
         synced_timing = set_split(splitting(index))
         groups = groups_of(index, len(micro))
         if ahead:
