@@ -222,7 +222,8 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
         synced = args.sync_attention_timing == "on" and not (split and device.type == "cuda")
         cad.timing(sync_cuda=synced)
         AttentionClock.sync = synced
-        if (choice is not None or overlap is not None) and hasattr(model, "set_reshard_after_forward"):  # FSDP2, see wrap_data_parallel
+        # FSDP2 (see wrap_data_parallel): the layers stay gathered between a split step's two nano-batch calls.
+        if (choice is not None or overlap is not None) and hasattr(model, "set_reshard_after_forward"):
             for layer in model.lm.model.layers:
                 layer.set_reshard_after_forward(not split)
         return synced
