@@ -111,7 +111,22 @@ def test_apply_sets_the_contexts_head_groups():
 
 
 # ---- 2 gloo ranks -------------------------------------------------------------------------------------------
-def _same_decision(rank, world, out):
+def _on_two_ranks(rank, world, out):
+    """Both 2-rank bodies in one pair of processes (the ranks start once): the decision, then the trainer runs."""
+    results = {"ranks": _same_decision(rank, world)}
+    results.update(_train(rank, world) if DATA.exists() else {})
+    if rank == 0:
+        pathlib.Path(out).write_text(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("overlap") / "ranks.json"
+    harness.run(2, _on_two_ranks, str(out), timeout_s=150)
+    return json.loads(out.read_text())
+
+
+def _same_decision(rank, world):
     """Rank 0 measured a step with little stall, rank 1 one with much: both decide from the slowest rank's."""
     import torch.distributed as dist
     numbers = [(2000.0, 40.0, 40.0, 300.0), (2777.0, 244.0, 244.0, 400.0)][rank]
@@ -135,14 +150,12 @@ def _same_decision(rank, world, out):
                                       "baseline": choice.baseline, "refused": refused,
                                       "same_output": bool(torch.equal(o_before, o_after)),
                                       "head_groups": cad.context().settings["head_groups"]})
-    if rank == 0:
-        pathlib.Path(out).write_text(json.dumps(gathered))
+    cad.init(timeout_ms=20000)  # the harness's settings again
+    return gathered
 
 
-def test_every_rank_decides_alike(tmp_path):
-    out = tmp_path / "ranks.json"
-    harness.run(2, _same_decision, str(out), timeout_s=60)
-    ranks = json.loads(out.read_text())
+def test_every_rank_decides_alike(two_ranks):
+    ranks = two_ranks["ranks"]
     assert ranks[0] == ranks[1]
     assert ranks[0]["mode"] == "head_groups" and ranks[0]["groups"] == 4  # rank 1's numbers decide
     assert ranks[0]["baseline"]["stall_ms"] == 244.0 and ranks[0]["baseline"]["server_ms"] == 400.0
@@ -156,7 +169,7 @@ TRAIN_ARGS = ["--attention", "cad", "--balancer", "prefix_aware", "--seed", "1",
 SCENARIOS = {"head_groups_reverted": (0.07, 1.10), "ping_pong_confirmed": (0.20, 0.90)}
 
 
-def _train(rank, world, out):
+def _train(rank, world):
     from cad.train.llama import train_one
     from cad.train.llama_args import parse_args
     lengths = json.loads(DATA.read_text())
@@ -182,15 +195,12 @@ def _train(rank, world, out):
             cad.OverlapChoice.observe = real
         results[name] = {"steps": result["steps"], "summary": result["summary"], "seen": seen,
                          "head_groups": head_groups}
-    if rank == 0:
-        pathlib.Path(out).write_text(json.dumps(results))
+    return results
 
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"no Pretrain data at {DATA}")
-def test_trainer_overlap_auto_trains_as_off(tmp_path):
-    out = tmp_path / "train.json"
-    harness.run(2, _train, str(out), timeout_s=120)
-    runs = json.loads(out.read_text())
+def test_trainer_overlap_auto_trains_as_off(two_ranks):
+    runs = two_ranks
     off = runs["off"]
     assert off["summary"]["overlap_decision"] is None and off["seen"] == []
     assert not any(step["ping_pong"] for step in off["steps"])
