@@ -19,12 +19,13 @@ from ._plans import Plan
 from ._api import (attention_calls, attention_time, call_times, context, exchange_times, init, plan, plan_pieces,
                    shutdown, stack_config, timing)
 from .packing import RankLayout, pack_documents
+from .overlap import OverlapChoice
 from .ping_pong import PingPongChoice, PingPongLayer, ping_pong, ping_pong_layers
 from . import mesh  # noqa: E402,F401 -- cad.mesh: CAD's group and heads in a dp/cp/tp/pp layout
 from . import varlen  # noqa: E402 -- cad.varlen.varlen_attn: torch.nn.attention.varlen's signature
 from . import _plan, _runtime  # noqa: F401 -- older names (cad._plan.makes_so_far, cad._runtime.existing)
 
-__all__ = ["CadError", "CallOrder", "Context", "Lane", "PingPongChoice", "PingPongLayer", "Plan", "RankLayout",
+__all__ = ["CadError", "CallOrder", "Context", "Lane", "OverlapChoice", "PingPongChoice", "PingPongLayer", "Plan", "RankLayout",
            "attention_calls", "attention_time", "call_times", "context", "exchange_times", "init", "pack_documents",
            "ping_pong", "ping_pong_layers", "plan", "plan_pieces", "shutdown", "stack_config", "timing", "varlen",
            "varlen_attn"]

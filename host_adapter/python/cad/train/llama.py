@@ -134,7 +134,7 @@ def summary_of(args, world, device):
             "heads": args.heads, "kv_heads": args.kv_heads, "vocab": args.vocab, "device": str(device),
             "dtype": args.dtype, "parallel": args.parallel if world > 1 else "none (one process)",
             "checkpointing": args.checkpointing, "checkpoint_reentrant": args.checkpoint_reentrant,
-            "compile": args.compile, "ping_pong": args.ping_pong,
+            "compile": args.compile, "ping_pong": args.ping_pong, "overlap": args.overlap,
             "ping_pong_lanes": args.ping_pong_lanes if args.ping_pong else None,
             "ping_pong_nanos": args.ping_pong_nanos if args.ping_pong else None,
             "balanced_batches": args.balanced_batches, "cad_comm_priority": args.cad_comm_priority,
@@ -195,9 +195,20 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
         if args.ping_pong and args.ping_pong_when == "worthwhile" else None
     decided_at = None  # the schedule index after which choice decided
+    # --overlap auto: cad.OverlapChoice picks none, head groups or ping-pong after one measured unsplit step and
+    # confirms or reverts it after the first step under it; a change takes effect at the next step (overlap_at).
+    overlap = cad.OverlapChoice(heads=(args.heads, args.kv_heads)) \
+        if args.overlap == "auto" and args.attention == "cad" else None
+    overlap_at = {}  # schedule index -> the overlap mode from that step on
+
+    def overlap_mode(index):
+        changes = [i for i in overlap_at if i <= index]
+        return overlap_at[max(changes)] if changes else "off"
 
     def splitting(index):
         """Whether step `index` of the schedule splits its micro-batches (the same on every rank)."""
+        if overlap is not None:
+            return overlap_mode(index) == "ping_pong"
         if not args.ping_pong or choice is None:
             return bool(args.ping_pong)
         return choice.split is True and decided_at is not None and index >= decided_at + 2
@@ -218,7 +229,8 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
         synced = args.sync_attention_timing == "on" and not (split and device.type == "cuda")
         cad.timing(sync_cuda=synced)
         AttentionClock.sync = synced
-        if choice is not None and hasattr(model, "set_reshard_after_forward"):  # FSDP2, see wrap_data_parallel
+        # FSDP2 (see wrap_data_parallel): the layers stay gathered between a split step's two nano-batch calls.
+        if (choice is not None or overlap is not None) and hasattr(model, "set_reshard_after_forward"):
             for layer in model.lm.model.layers:
                 layer.set_reshard_after_forward(not split)
         return synced
@@ -231,7 +243,7 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
     if args.compile:
         for layer in lm.model.layers:
             layer.compile()
-    if args.ping_pong:  # each decoder layer takes both nano-batches in one call (the data-parallel wrapper's unit)
+    if args.ping_pong or overlap is not None:  # each decoder layer takes both nano-batches in one call (the unit)
         import cad
         lm.model.layers = torch.nn.ModuleList(cad.PingPongLayer(layer) for layer in lm.model.layers)
     model = wrap_data_parallel(MicroBatchLoss(lm, args.loss_chunk), args, device, world, dtype)
@@ -290,6 +302,19 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
                                       lane=mb % args.ping_pong_lanes if pairing(index) else None)
 
     ahead = args.attention == "cad" and args.plan_ahead == "on"
+
+    def apply_overlap(micro):
+        """Before a step whose overlap changed: wait for the plans asked ahead for it (made on every rank, so no
+        collective is left half made), drop them, rebuild the stacks with the chosen head groups (OverlapChoice.apply:
+        the old plans are refused from now on), and let ask() make them again, split or not. One step pays for
+        making its first plans at its start. Returns whether the stacks were rebuilt."""
+        for entry in micro:
+            for _, _, plan in entry[3] or []:
+                for p in (plan if isinstance(plan, tuple) else (plan,)):
+                    if p is not None:
+                        p.wait()
+            entry[3] = None
+        return overlap.apply()
     loaded = {}  # schedule index -> its micro-batches, loaded while the step before it ran
     # CAD's exchanges on the GPU, cumulative (cad.exchange_times): the last step's end, for this step's share.
     exchanged = {} if device.type == "cuda" and args.attention == "cad" else None
@@ -297,6 +322,9 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
     retries_before = allocator_retries(device)
     for index, (step, profiling) in enumerate(schedule):
         micro = loaded.pop(index, None) or load(step)
+        if index in overlap_at:  # the overlap changes here: this step's plans (asked ahead) are made again
+            if apply_overlap(micro) and exchanged is not None:  # new stacks count their exchanges and calls from 0
+                exchanged, called = {}, {}
         synced_timing = set_split(splitting(index))
         groups = groups_of(index, len(micro))
         if ahead:
@@ -444,6 +472,17 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
             profiled_record = record
         else:
             history.append(record)
+        if overlap is not None and not overlap.final and index >= 1 and not profiling \
+                and (overlap.mode is None or index >= max(overlap_at)):
+            # The slowest rank's numbers (gathered above): the same decision on every rank.
+            server = max(f + b for f, b in zip(record["call_forward_server_ms"], record["call_backward_server_ms"]))
+            before = overlap.mode
+            overlap.observe(slowest * 1e3, max(record["exchange_stall_ms"]), max(record["exchange_comm_ms"]),
+                            server if called is not None else None)
+            if overlap.mode != before and (before is not None or overlap.mode != "off"):
+                overlap_at[index + 1] = overlap.mode
+            if rank == 0:
+                print(f"step {step}: {overlap.reason}", flush=True)
         if choice is not None and choice.split is None and index >= 1 and not split and not profiling:
             choice.observe(slowest * 1e3, max(record["exchange_stall_ms"]))  # step 0 warms up
             decided_at = index
@@ -475,6 +514,8 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
                    mean_imbalance=sum(r["imbalance"] for r in tail) / len(tail),
                    mean_exchange_stall_ms=sum(max(r["exchange_stall_ms"]) for r in tail) / len(tail),
                    ping_pong_decision=choice.reason if choice is not None else None,
+                   overlap_decision=overlap.record() if overlap is not None else None,
+                   overlap_steps={schedule[i][0]: m for i, m in sorted(overlap_at.items())},
                    ranks_with_contexts_on_other_gpus=strays)
     result = {"summary": summary, "steps": history}
     if profiled_record is not None:

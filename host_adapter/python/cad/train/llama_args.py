@@ -44,6 +44,8 @@ def configurations(args):
             run.ping_pong_lanes = 1
         if "ppauto" in modes:
             run.ping_pong_when = "worthwhile"
+        if "ovauto" in modes:  # none, head groups or ping-pong, chosen from a measured step (--overlap auto)
+            run.overlap = "auto"
         if "now" in modes:
             run.plan_ahead = "off"
         if "blocking" in modes:  # CAD's exchanges launched on the calling thread (--cad-nccl-blocking)
@@ -68,7 +70,7 @@ def configurations(args):
             run.balancer_tolerance = float(tolerance[0][3:])
         label = ("local_balanced" if run.balanced_batches and base == "local" else base) + ("_plannow" if "now" in modes else "") + ("_pingpong" if "pp" in modes else "") + \
             ("_pingpongmb" if "ppmb" in modes else "") + \
-            ("_autopingpong" if "ppauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
+            ("_autopingpong" if "ppauto" in modes else "") + ("_autooverlap" if "ovauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
             ("_ncclblocking" if "blocking" in modes else "") + ("_own" if "own" in modes else "") + \
             ("_dyn" if "dyn" in modes else "") + ("_time" if "time" in modes else "") + \
             ("_ce" if "ce" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas + groups)
@@ -162,6 +164,14 @@ def parse_args(argv=None, description=None):
                         "(cad.PingPongChoice: at least --ping-pong-min-stall-share of the step), then split or not "
                         "for good from the second step after it (the next one's plans were made ahead, unsplit), "
                         "saying why (the summary's ping_pong_decision)")
+    p.add_argument("--overlap", choices=["off", "auto"], default="off",
+                   help="CAD only: auto runs unsplit until one measured step (after the warm-up) and then picks, "
+                        "from its time, exchange stall, exchange and server compute (the slowest rank's), none, "
+                        "head groups 2/4/8 or ping-pong of halves (cad.OverlapChoice, its model and constants from "
+                        "docs/multi_gpu.md), from the next step on; the first step under the choice confirms it or, "
+                        "if it was slower than the unsplit step, reverts to none. Printed, and in the summary's "
+                        "overlap_decision. Not with --ping-pong or --cad-head-groups (it sets them itself). "
+                        "off (default): as the other options say")
     p.add_argument("--ping-pong-nanos", choices=["halves", "micro-batches"], default="halves",
                    help="with --ping-pong, what the two nano-batches are: halves (default: every micro-batch "
                         "split in two, each half balanced by a plan of its own) or micro-batches (micro-batches "
@@ -234,7 +244,7 @@ def parse_args(argv=None, description=None):
                         "skipped with a note on CPU or without it), 'fa4' (FlashAttention-4, refused where it "
                         "cannot run) or a balancer name (CAD: per_doc_cp, distca, "
                         "prefix_aware, colocated), each optionally with '+pp' (--ping-pong), '+pp1' (--ping-pong "
-                        "--ping-pong-lanes 1), '+ppmb' (--ping-pong --ping-pong-nanos micro-batches), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+now' "
+                        "--ping-pong-lanes 1), '+ppmb' (--ping-pong --ping-pong-nanos micro-batches), '+ppauto' (--ping-pong --ping-pong-when worthwhile), '+ovauto' (--overlap auto), '+now' "
                         "(--plan-ahead off), '+blocking' (--cad-nccl-blocking), '+own' (--cad-own-tasks on), '+resN' "
                         "(--cad-own-reserve-sms N), '+dyn' (--cad-forward-walk dynamic), '+time' (--balance-time), '+ce' "
                         "(--cad-nccl-copy-engines), '+ctasN' "
@@ -242,7 +252,7 @@ def parse_args(argv=None, description=None):
                         "T), e.g. "
                         "local,torch_varlen,prefix_aware,prefix_aware+now,distca+pp. Each starts from the same "
                         "weights; its JSON is --json-out with {config} = its name, + '_plannow' with +now, + "
-                        "'_pingpong' with +pp, + '_pingpongmb' with +ppmb, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + "
+                        "'_pingpong' with +pp, + '_pingpongmb' with +ppmb, + '_pingpong1lane' with +pp1, + '_autopingpong' with +ppauto, + '_autooverlap' with +ovauto, + "
                         "'_ncclblocking' with +blocking, + '_own' with +own, + '_dyn' with +dyn, + '_time' with +time, "
                         "+ '_ce' with +ce, "
                         "+ '_tolT' with +tolT, "
@@ -300,6 +310,9 @@ def parse_args(argv=None, description=None):
         p.error(f"--ping-pong-nanos micro-batches pairs the step's micro-batches: it needs --ping-pong and an even "
                 f"--micro-batches, got --micro-batches {args.micro_batches}"
                 + ("" if args.ping_pong or args.configs else " without --ping-pong"))
+    if args.overlap == "auto" and (args.ping_pong or args.cad_head_groups != 1 or args.attention != "cad"):
+        p.error("--overlap auto chooses ping-pong and head groups itself, for CAD attention: it does not go with "
+                "--ping-pong, --cad-head-groups or --attention other than cad")
     if not 0.0 <= args.ping_pong_min_stall_share < 1.0:
         p.error(f"--ping-pong-min-stall-share must be in [0, 1), got {args.ping_pong_min_stall_share}")
     if (args.balance_time or (args.configs and "+time" in args.configs)) and \
@@ -327,7 +340,8 @@ def parse_args(argv=None, description=None):
             splits = {"pp", "pp1", "ppauto", "ppmb"} & set(modes)
             numbered = numbered_modes(modes)
             tolerances, reserves, ctas, groups = numbered["tol"], numbered["res"], numbered["ctas"], numbered["hg"]
-            return (not base or any(m not in ("pp", "pp1", "ppauto", "ppmb", "now", "blocking", "own", "dyn", "time", "ce")
+            return (not base or any(m not in ("pp", "pp1", "ppauto", "ppmb", "ovauto", "now", "blocking", "own", "dyn",
+                                              "time", "ce")
                                     and m not in tolerances + reserves + ctas + groups for m in modes)
                     or len(groups) > 1 or (groups and not 1 <= int(groups[0][2:]) <= 64)
                     or (groups and (args.heads % int(groups[0][2:]) or args.kv_heads % int(groups[0][2:])))
@@ -340,6 +354,7 @@ def parse_args(argv=None, description=None):
                     or (base in NOT_CAD and ("blocking" in modes or "own" in modes
                                                                                  or "ce" in modes))
                     or ("time" in modes and base != "prefix_aware")
+                    or ("ovauto" in modes and (base in NOT_CAD or splits or groups))
                     or ("ppmb" in modes and args.micro_batches % 2)
                     or (tolerances and (base not in ("distca", "prefix_aware") or len(tolerances) > 1
                                         or float(tolerances[0][3:]) > 10)))
@@ -349,7 +364,7 @@ def parse_args(argv=None, description=None):
                     f"name, "
                     f"optionally with one of '+pp', '+pp1', '+ppauto', '+ppmb' (even "
                     f"--micro-batches), and/or '+now', and/or (a balancer) "
-                    f"'+blocking', '+own' (with it '+resN', N <= 64), '+dyn', '+ce', '+ctasN' (N <= 64), '+hgN' (N "
+                    f"'+blocking', '+ovauto' (no '+pp*' or '+hgN' with it), '+own' (with it '+resN', N <= 64), '+dyn', '+ce', '+ctasN' (N <= 64), '+hgN' (N "
                     f"dividing --heads and --kv-heads), and/or (distca, "
                     f"prefix_aware) one '+tolT' with T in [0, 10], and/or (prefix_aware) '+time' (local_balanced: "
                     f"none)")
@@ -358,6 +373,7 @@ def parse_args(argv=None, description=None):
     modes = [m for name in (args.configs or "").split(",") for m in name.split("+")[1:]]
     long_docs.check_options(p, args, [
         ("--ping-pong", args.ping_pong or any(m.startswith("pp") for m in modes)),
+        ("--overlap auto (+ovauto)", args.overlap == "auto" or "ovauto" in modes),
         ("--balanced-batches (local_balanced)", args.balanced_batches or "local_balanced" in (args.configs or ""))])
     resolve_attention_timing(args)
     return args
