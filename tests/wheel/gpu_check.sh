@@ -6,6 +6,9 @@
 #   3. tests/wheel/check_wheel.sh: a fresh environment without a compiler, the CPU smoke test on 2 gloo ranks;
 #   4. in that environment: smoke.py --gpu (local bf16 attention through the package's cuda backend against sdpa,
 #      every CAD library from the package), then tests/gpu_python/test_gpu.py against the installed package.
+# The wheel is built without build isolation (a GPU machine may have no network, and the nccl plugin finds
+# PyTorch's NCCL through the python3 on PATH, which an isolated build hides): scikit-build-core must be importable,
+# or CAD_WHEELHOUSE=DIR must hold its wheels (made where there is a network: pip download scikit-build-core -d DIR).
 # Results under $OUT (default ./wheel_gpu_out): summary.txt, wheel_build.log, the wheel, test logs. Exits
 # non-zero on any failure. Usage: bash tests/wheel/gpu_check.sh
 set -euo pipefail
@@ -21,8 +24,16 @@ export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$summary"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(nvcc --version | tail -1)" | tee -a "$summary"
 
+if ! python3 -c "import scikit_build_core" 2>/dev/null; then
+  if [ -d "${CAD_WHEELHOUSE:-}" ]; then
+    python3 -m pip install -q --no-index --find-links "$CAD_WHEELHOUSE" scikit-build-core
+  else
+    echo "gpu_check.sh: scikit-build-core is not importable; pip install scikit-build-core, or set CAD_WHEELHOUSE" \
+         "to a directory with its wheels (pip download scikit-build-core -d DIR)" | tee -a "$summary"; exit 1
+  fi
+fi
 start=$(date +%s)
-if ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip wheel --no-deps -w "$OUT/wheel" . \
+if ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip wheel --no-deps --no-build-isolation -w "$OUT/wheel" . \
      -C cmake.define.CAD_ENABLE_CUDA=ON > "$OUT/wheel_build.log" 2>&1; then
   tail -30 "$OUT/wheel_build.log" | tee -a "$summary"
   echo "pip wheel: FAILED" | tee -a "$summary"; exit 1
