@@ -2,13 +2,14 @@
 # quickstart.sh -- the README's two commands. On a fresh Debian 12 / Ubuntu 24.04 machine it installs what
 # the build needs (apt), configures and builds, then either runs the main job or every test.
 #
-#   bash .ci/quickstart.sh demo   # set up, build, run `cad demo` (CAD on 4 MPI ranks, CPU)
-#   bash .ci/quickstart.sh test   # set up, build twice (normal; AddressSanitizer+UBSan) and run all tests
+#   bash .ci/quickstart.sh demo   # set up, build what the demo runs (CPU), run `cad demo` (CAD on 4 MPI ranks)
+#   bash .ci/quickstart.sh test   # set up, build twice (normal; AddressSanitizer+UBSan), test, check the wheel
 #
-# Environment: CAD_JOBS (parallel build jobs, default: nproc), CAD_ENABLE_CUDA (ON/OFF, default: ON when
-# nvcc is found), CAD_SKIP_APT=1 (do not touch apt), CAD_SKIP_ASAN=1 (test: normal build only),
-# CAD_SKIP_FUZZ=1 (test: no fuzzing), CAD_FUZZ_SECONDS (test: seconds per fuzz target, default 6),
-# CAD_CUDA_ARCHS (test: CUDA architectures compiled, default 90a; the demo and the package use the project's).
+# Environment: CAD_JOBS (parallel build jobs, default: nproc), CAD_ENABLE_CUDA (ON/OFF; test: default ON when
+# nvcc is found; demo: default OFF, ON builds the whole tree with the CUDA kernels), CAD_SKIP_APT=1 (do not
+# touch apt), CAD_SKIP_ASAN=1 (test: normal build only), CAD_SKIP_FUZZ=1 (test: no fuzzing), CAD_FUZZ_SECONDS
+# (test: seconds per fuzz target, default 6), CAD_CUDA_ARCHS (test: CUDA architectures compiled, default 90a;
+# the demo and the package use the project's). ccache, where installed, is not used (CCACHE_DISABLE=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +17,7 @@ mode="${1:-}"
 case "$mode" in
   demo|test) ;;
   -h|--help|"")
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
     [ -n "$mode" ] && exit 0 || exit 2 ;;
   *) echo "quickstart.sh: unknown mode '$mode' (expected 'demo' or 'test')" >&2; exit 2 ;;
 esac
@@ -24,8 +25,10 @@ esac
 log() { printf '\n== %s [%s]\n' "$*" "$(date +%H:%M:%S)"; }
 
 # ---- 1. packages ----------------------------------------------------------------------------------------
+# The demo needs the compiler, MPI and the libraries the host links; the tests add googletest and clang-14.
 packages=(build-essential cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libltdl-dev
-          nlohmann-json3-dev libspdlog-dev libgtest-dev binutils clang-14 libclang-rt-14-dev)
+          nlohmann-json3-dev libspdlog-dev)
+[ "$mode" = test ] && packages+=(libgtest-dev binutils clang-14 libclang-rt-14-dev)
 if [ "${CAD_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${packages[@]}"; do
@@ -49,9 +52,9 @@ if [ "$mode" = test ] && [ "${CAD_SKIP_PYTHON:-0}" != 1 ] && command -v python3 
     log "pip install torch"
     python3 -m pip install -q torch
   fi
-  if ! python3 -c "import transformers, pytest, matplotlib" 2>/dev/null; then
-    log "pip install transformers pytest matplotlib"
-    python3 -m pip install -q transformers pytest matplotlib
+  if ! python3 -c "import transformers, pytest, matplotlib, scikit_build_core" 2>/dev/null; then
+    log "pip install transformers pytest matplotlib scikit-build-core"
+    python3 -m pip install -q transformers pytest matplotlib scikit-build-core
   fi
   python_ready=1
 fi
@@ -59,6 +62,8 @@ fi
 # ---- 2. build -------------------------------------------------------------------------------------------
 jobs="${CAD_JOBS:-$(nproc)}"
 cuda="${CAD_ENABLE_CUDA:-}"
+# The demo runs on the CPU: it builds without CUDA unless CAD_ENABLE_CUDA=ON asks for the kernels.
+[ "$mode" = demo ] && [ -z "$cuda" ] && cuda=OFF
 if [ -z "$cuda" ]; then
   if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then cuda=ON; else cuda=OFF; fi
 fi
@@ -68,16 +73,23 @@ export CCACHE_DISABLE=1
 # mpirun refuses root unless told; CI runs as root in a container.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
-build() {  # build DIR [cmake args...]
+build() {  # build DIR [cmake args...] [-- targets...]
   local dir="$1"; shift
-  log "configure $dir ($*)"
-  cmake -S . -B "$dir" -G Ninja "$@"
-  log "build $dir with $jobs jobs"
-  cmake --build "$dir" -j "$jobs"
+  local args=() targets=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+  [ $# -gt 0 ] && shift && targets=("$@")
+  log "configure $dir (${args[*]})"
+  cmake -S . -B "$dir" -G Ninja "${args[@]}"
+  log "build $dir with $jobs jobs${targets[*]:+ (${targets[*]})}"
+  cmake --build "$dir" -j "$jobs" ${targets[@]:+--target "${targets[@]}"}
 }
 
 if [ "$mode" = demo ]; then
-  build build -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA="$cuda"
+  # Only what the demo runs: the `cad` command and the plugins configs/cad_cpu.json names, plus the
+  # colocated baseline. With CAD_ENABLE_CUDA=ON the whole tree is built, kernels included.
+  demo_targets=(cad cad_plugin_cad cad_plugin_mpi cad_plugin_reference cad_plugin_prefix_aware cad_plugin_colocated)
+  [ "$cuda" = ON ] && demo_targets=(all)
+  build build -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA="$cuda" -DCAD_BUILD_TESTS=OFF -- "${demo_targets[@]}"
   log "cad demo: CAD on 4 MPI ranks"
   exec mpirun --allow-run-as-root --oversubscribe -np 4 build/bin/cad demo --config configs/cad_cpu.json
 fi
@@ -92,15 +104,18 @@ fi
 # Release build keeps the Python suites, the CUDA programs and the tests that change with CUDA
 # (CAD_CPU_ONLY_TESTS, CMakeLists.txt). With CAD_SKIP_ASAN=1 the Release build runs them all.
 cpu_only_tests=OFF; [ "${CAD_SKIP_ASAN:-0}" = 1 ] && cpu_only_tests=ON
-build build -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA="$cuda" "-DCMAKE_CUDA_ARCHITECTURES=${CAD_CUDA_ARCHS:-90a}" \
+build build -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA="$cuda" -DCAD_BUILD_TESTS=ON "-DCMAKE_CUDA_ARCHITECTURES=${CAD_CUDA_ARCHS:-90a}" \
   -DCAD_CPU_ONLY_TESTS="$cpu_only_tests"
 if [ "$python_ready" = 1 ]; then
-  # The package as a user gets it (CPU build: its CUDA parts are the same sources as the build above),
-  # then checked from outside the source tree.
-  log "pip install . (the Python package cad)"
-  CMAKE_BUILD_PARALLEL_LEVEL="$jobs" python3 -m pip install -q . -C cmake.define.CAD_ENABLE_CUDA=OFF
-  repo="$PWD"
-  (cd / && python3 "$repo/tests/python/check_installed.py")
+  # The wheel, made from the Release build above rather than compiled again (CAD_PACKAGE_FROM_BUILD:
+  # cmake/CadPackageFromBuild.cmake; scikit-build-core installed above, so no build isolation), then installed
+  # into a fresh virtual environment without a compiler and checked there on the CPU (tests/wheel).
+  log "pip wheel . (the Python package cad, from the libraries in build/)"
+  rm -rf build/wheel
+  python3 -m pip wheel -q --no-deps --no-build-isolation -w build/wheel . \
+    -C cmake.define.CAD_PACKAGE_FROM_BUILD="$PWD/build"
+  log "the wheel in a fresh virtual environment"
+  bash tests/wheel/check_wheel.sh build/wheel/cad-*.whl
 fi
 log "tests (normal build)"
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 300

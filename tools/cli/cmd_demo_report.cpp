@@ -5,13 +5,15 @@
 #include <cstdarg>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "demo_compare.h"
 
 namespace cad::demo {
 namespace {
 
-constexpr size_t kTimesPerRun = 4;  // forward ms, backward ms, plan ms, compute CPU ms
+constexpr size_t kTimesPerRun = 5;  // forward ms, backward ms, plan ms, compute CPU ms, compute wall ms
+constexpr int kTextWidth = 108;     // the explanations are wrapped to this many columns
 
 double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
 double mean_of(const std::vector<double>& v) {
@@ -39,6 +41,22 @@ double slowest_compute(const std::vector<std::vector<double>>& times, size_t b) 
   return worst;
 }
 
+// The rank whose server compute took the most CPU time under run b.
+size_t busiest_rank(const std::vector<std::vector<double>>& times, size_t b) {
+  size_t busiest = 0;
+  for (size_t r = 1; r < times.size(); ++r) {
+    if (times[r][b * kTimesPerRun + 3] > times[busiest][b * kTimesPerRun + 3]) busiest = r;
+  }
+  return busiest;
+}
+
+// Server compute CPU time summed over the ranks under run b: the machine's work, wherever it runs.
+double total_compute(const std::vector<std::vector<double>>& times, size_t b) {
+  double sum = 0;
+  for (const auto& mine : times) sum += mine[b * kTimesPerRun + 3];
+  return sum;
+}
+
 // One column per balancer, wide enough for its name.
 int column_width(const std::vector<BalancerRun>& runs) {
   size_t w = 12;
@@ -60,6 +78,40 @@ void append(std::string& out, const char* format, ...) {
 void print_line(std::string line) {
   line.erase(line.find_last_not_of(' ') + 1);
   std::printf("%s\n", line.c_str());
+}
+
+// One explanation: `first` opens its first line, the text is wrapped at word boundaries to kTextWidth
+// columns, and the lines after the first are indented by the width of `first`.
+void print_paragraph(const std::string& first, const std::string& text) {
+  const std::string indent(first.size(), ' ');
+  std::string line = first;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find(' ', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(begin, end - begin);
+    const bool fresh = line.size() == indent.size();  // nothing but the opening or the indent yet
+    if (!fresh && line.size() + 1 + word.size() > static_cast<size_t>(kTextWidth)) {
+      print_line(line);
+      line = indent;
+    }
+    if (line.size() != indent.size()) line += ' ';
+    line += word;
+    begin = end + 1;
+  }
+  print_line(line);
+}
+
+std::string format(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* format, ...) {
+  std::string out;
+  char text[1024];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof text, format, args);
+  va_end(args);
+  out = text;
+  return out;
 }
 
 void print_rank_table(const Batch& batch, const std::vector<BalancerRun>& runs,
@@ -144,12 +196,81 @@ void print_verdict(const std::vector<BalancerRun>& runs, const Verdict& verdict)
               verdict.worst, verdict.agree ? "<=" : "exceeds", kAgreementTolerance);
 }
 
+// What a newcomer should read from the tables, in words and with this run's numbers: the baseline against the
+// last balancer. The times paragraph says why CAD can be slower than the baseline here although it balances:
+// with more ranks than cores, a rank that finishes early waits without using the CPU (the MPI waits block) and
+// the operating system runs the busy ranks on its core, so the wall time follows the work of all ranks
+// together, which balance does not reduce; `cad demo` on 4 ranks and 2 cores shows the busiest colocated
+// rank computing on more than its even share of the cores.
+void print_reading(const std::vector<BalancerRun>& runs, const std::vector<std::vector<double>>& times,
+                   const Verdict& verdict) {
+  const BalancerRun& base = runs.front();
+  const size_t last = runs.size() - 1;
+  const BalancerRun& balanced = runs[last];
+  const char* b0 = base.balancer.c_str();
+  const char* b1 = balanced.balancer.c_str();
+  std::printf("\nhow to read this (%s is the baseline%s):\n", b0,
+              base.balancer == "colocated" ? ": every piece computed by its owner, as without CAD" : "");
+  print_paragraph("- imbalance: ",
+                  format("under %s the busiest rank has %.2fx the mean attention work (max/mean cost); %s brings "
+                         "it to %.2fx (1 is perfect balance). With one GPU per rank the step waits for the busiest, "
+                         "so this is the time balance can win.",
+                         b0, imbalance_of(base), b1, imbalance_of(balanced)));
+  print_paragraph("- bytes: ",
+                  format("%s moved %.2f MB between the ranks (forward + backward: the Q/K/V rows of the shards "
+                         "computed elsewhere, their outputs and gradients back) against %.2f MB under %s: what "
+                         "the balance costs on the wire.",
+                         b1, sum_of(balanced.bytes_sent_by_rank) / 1e6, sum_of(base.bytes_sent_by_rank) / 1e6, b0));
+  print_paragraph("- agreement: ",
+                  format("O, LSE, dQ, dK and dV under %s %s %s's to %.1e of their largest value (tolerance "
+                         "%.0e, fp32)%s.",
+                         b1, verdict.agree ? "equal" : "DIFFER FROM", b0, verdict.worst, kAgreementTolerance,
+                         verdict.agree ? ": the plan changes where attention runs, not what it computes" : ""));
+  const int ranks = static_cast<int>(times.size());
+  const unsigned cores = std::thread::hardware_concurrency();
+  const size_t busy = busiest_rank(times, 0);
+  const double busy_cpu = times[busy][3], busy_wall = times[busy][4];
+  if (cores > 0 && static_cast<unsigned>(ranks) > cores) {
+    print_paragraph(
+        "- times: ",
+        format("%d ranks share %u CPU cores here, so a rank's wall time is not its own work: a rank that "
+               "finishes early waits without using the CPU, and its core goes to the ranks still computing or to "
+               "other programs (under %s the busiest rank, %zu, computed %.1f ms of CPU time in %.1f ms of wall "
+               "time: %.2f cores, where an even share is %.2f). The wall times therefore follow the work of all "
+               "ranks together (server compute CPU summed over the ranks: %s %.1f ms, %s %.1f ms), which balance "
+               "does not reduce, plus CAD's exchanges and the other load on the cores: that is why %s's forward "
+               "or backward can be slower than %s's here. With a core or a GPU per rank each rank's time is its "
+               "own, and the slowest rank's compute (%.1f -> %.1f ms CPU here) is what sets the step.",
+               ranks, cores, b0, busy, busy_cpu, busy_wall, busy_wall > 0 ? busy_cpu / busy_wall : 0.0,
+               static_cast<double>(cores) / ranks, b0, total_compute(times, 0), b1, total_compute(times, last), b1,
+               b0, slowest_compute(times, 0), slowest_compute(times, last)));
+  } else {
+    print_paragraph(
+        "- times: ",
+        format("%d ranks on %u CPU cores: each rank's wall time follows its own work (unless other programs share "
+               "the cores), so the slowest rank's compute (%.1f -> %.1f ms CPU) is what balance shortens, and the "
+               "exchanges of the bytes above are what it adds.",
+               ranks, cores, slowest_compute(times, 0), slowest_compute(times, last)));
+  }
+}
+
+// Where to go from here: one line for the GPU path, one for a trainer.
+void print_next() {
+  std::printf("\n");
+  print_paragraph("next, on GPUs (CUDA kernels, NCCL): ",
+                  "configure with -DCAD_ENABLE_CUDA=ON (CAD_ENABLE_CUDA=ON bash .ci/quickstart.sh demo builds it), "
+                  "then bash tests/gpu_cad/run.sh");
+  print_paragraph("next, in a PyTorch trainer: ",
+                  "pip install the wheel (README), then torchrun --nproc-per-node 4 examples/train_llama.py "
+                  "--attention cad --balancer prefix_aware --device cpu");
+}
+
 }  // namespace
 
 int report(const Communicator& comm, const Batch& batch, const std::vector<BalancerRun>& runs) {
   std::vector<double> mine;
   for (const auto& run : runs) {
-    mine.insert(mine.end(), {run.forward_ms, run.backward_ms, run.plan_ms, run.compute_cpu_ms});
+    mine.insert(mine.end(), {run.forward_ms, run.backward_ms, run.plan_ms, run.compute_cpu_ms, run.compute_ms});
   }
   const size_t times_size = mine.size();
   const std::vector<double> agreement = local_agreement(runs);
@@ -169,6 +290,8 @@ int report(const Communicator& comm, const Batch& batch, const std::vector<Balan
     print_balancer_table(runs, times);
     print_effects(runs, times);
     print_verdict(runs, verdict);
+    if (runs.size() > 1 && comm.world_size > 1) print_reading(runs, times, verdict);
+    print_next();
     std::fflush(stdout);
   }
   return verdict.agree ? 0 : 1;

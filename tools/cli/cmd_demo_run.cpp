@@ -91,6 +91,7 @@ BalancerRun run_balancer(const std::string& balancer, const cad_attention_v1_t* 
   const json& b = stats["backward"];
   run.plan_ms = f.at("plan_ms").get<double>() + b.at("plan_ms").get<double>();
   run.compute_cpu_ms = f.at("compute_cpu_ms").get<double>() + b.at("compute_cpu_ms").get<double>();
+  run.compute_ms = f.at("compute_ms").get<double>() + b.at("compute_ms").get<double>();
   for (const json& server : f.at("servers")) {
     run.server_score_entries.push_back(server.at("score_entries").get<double>());
     run.server_forward_flops.push_back(server.at("forward_flops").get<double>());

@@ -25,6 +25,7 @@ struct BalancerRun {
   std::vector<Tensor> outputs;              // kOutputNames, in that order, for this rank's tokens
   double forward_ms = 0, backward_ms = 0;   // this rank's wall time of each call
   double plan_ms = 0, compute_cpu_ms = 0;   // this rank, forward + backward, from the stats
+  double compute_ms = 0;                    // the same server compute's wall time
   std::vector<double> server_score_entries; // per server, forward (the plan: the same on every rank)
   std::vector<double> server_forward_flops;
   std::vector<double> bytes_sent_by_rank;   // forward + backward, to other ranks
