@@ -31,7 +31,7 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-DATA = REPO / "docs" / "data"
+DATA = REPO / "bench" / "results"
 FIT_RUNS = ["trainer_h200x2_2026-11-26_f420ed7"]
 HELD_OUT_RUNS = ["trainer_h200x2_2026-11-26_f420ed7_2", "trainer_h200x2_2026-11-26_f420ed7_3", "trainer_h200x4_2026-11-26_f420ed7", "trainer_h200x2_2026-11-26_a0e8285",
                  "trainer_h200x2_2026-11-26_a0e8285_2", "trainer_h200x2_2026-11-26_a0e8285_3", "trainer_h200x4_2026-11-26_9f37d93",

@@ -24,7 +24,7 @@ for n in 1 2 3 4; do
 done
 NGPU=2 OUT=$R/a SKIP_BUILD=1 ONLY=train CONTEXTS="65536" STEPS=5 LAYERS="65536:2" ROUNDS=2 \
   CONFIGS=local,local_balanced,prefix_aware,prefix_aware+time \
-  TRAINER_ARGS="--sync-attention-timing off --balancer-rate-table docs/data/rate_table_h200_units_pairs.json --balancer-min-time-gain 0" \
+  TRAINER_ARGS="--sync-attention-timing off --balancer-rate-table bench/results/rate_table_h200/rate_table_h200_units_pairs.json --balancer-min-time-gain 0" \
   TRAIN_BUDGET_S=300 TAR=$T bash tests/multi_gpu/run.sh > $R/a.log 2>&1; t train rc=$?
 rm -f $R/c/build.log; tar -czf $T -C $R .
 python3 tests/multi_gpu/table.py $R/a/round* 2>&1 | tail -6
