@@ -358,7 +358,8 @@ def table(args):
     rows, worst = [], {"fit": (0, None), "held out": (0, None), "superseded ping-pong": (0, None)}
     order = {"local": 0, "torch_varlen": 1, "per_doc_cp": 2, "distca": 3, "prefix_aware": 4}
     configs = measured_configs(FIT_RUNS + HELD_OUT_RUNS)
-    configs.sort(key=lambda c: (c["ranks"], c["run"] not in FIT_RUNS, int(re.search(r"run(\d+)", c["run"]).group(1)),
+    # Records in the order they were made: FIT_RUNS and HELD_OUT_RUNS list them that way.
+    configs.sort(key=lambda c: (c["ranks"], c["run"] not in FIT_RUNS, (FIT_RUNS + HELD_OUT_RUNS).index(c["run"]),
                                 c["run"], c["context"], c["pingpong"], order.get(c["config"].replace("_pingpong", ""), 9)))
     errors = {"fit": [], "held out": [], "superseded ping-pong": []}
     for c in configs:
