@@ -44,26 +44,26 @@ HELD_OUT_RUNS = ["trainer_h200x2_2026-11-26_f420ed7_2", "trainer_h200x2_2026-11-
                  "trainer_h200x4_2026-11-27_00fd4de/256k",
                  # runs 21-22 (2026-11-27, later): pinned uploads; two more rounds on 2 H200s
                  "trainer_h200x2_2026-11-27_24bbc98", "trainer_h200x2_2026-11-27_24bbc98_2"] + [
-                 # runs 34-43 (2026-11-28): the code of sessions f and g, 2 and 4 H200s over NVLink (run 42's other
+                 # runs 34-43 (2026-11-28): 2 and 4 H200s over NVLink (run 42's other
                  # half and run 41 moved NCCL through host memory: another link, not modelled); only their
                  # configurations the model prices (RECENT_MODELLED), not the trials of options it has no term for
                  "trainer_h200x2_2026-11-28_c787de7/a", "trainer_h200x2_2026-11-28_17590da/a", "trainer_h200x2_2026-11-28_17590da_2/a", "trainer_h200x2_2026-11-28_17590da_3/a",
                  "trainer_h200x2_2026-11-28_6fc2a34/a/round1", "trainer_h200x2_2026-11-28_6fc2a34/a/round2", "trainer_h200x2_2026-11-28_6fc2a34_2/a",
                  "trainer_h200x2_2026-11-28_6fc2a34_3/a/round1", "trainer_h200x2_2026-11-28_6fc2a34_3/a/round2", "trainer_h200x2_2026-11-28_6fc2a34_5/nvlink",
                  "trainer_h200x4_2026-11-28_96a28a7/a/round1", "trainer_h200x4_2026-11-28_96a28a7/a/round2",
-                 # runs 46-51 (2026-11-28, session h): 64K on 2 H200s, one folder per round
+                 # runs 46-51 (2026-11-28): 64K on 2 H200s, one folder per round
                  "trainer_h200x2_2026-11-28_2ffe240/a/round1", "trainer_h200x2_2026-11-28_2ffe240/a/round2",
                  "trainer_h200x2_2026-11-28_8181526/a/round1", "trainer_h200x2_2026-11-28_8181526/a/round2",
                  "trainer_h200x2_2026-11-28_1dcb5de/a/round1", "trainer_h200x2_2026-11-28_1dcb5de/a/round2",
                  "trainer_h200x2_2026-11-28_3ece391/a/round1", "trainer_h200x2_2026-11-28_3ece391/a/round2", "trainer_h200x2_2026-11-28_3ece391/a/round3",
                  "trainer_h200x2_2026-11-28_3ece391_2/a/round1", "trainer_h200x2_2026-11-28_3ece391_2/a/round2",
-                 # runs 53-57 (2026-11-28, session i): the old per-tensor path (53; 56's old*), then one collective
+                 # runs 53-57 (2026-11-28): the old per-tensor path (53; 56's old*), then one collective
                  # per direction with own rows off the wire (55-57's new*); 128K (56) and 256K (57), one round
                  "trainer_h200x2_2026-11-28_b8371a0/a/round1", "trainer_h200x2_2026-11-28_b8371a0/a/round2",
                  "trainer_h200x2_2026-11-28_3c8dbea/new1", "trainer_h200x2_2026-11-28_3c8dbea/new2",
                  "trainer_h200x2_2026-11-28_3c8dbea_2/new1", "trainer_h200x2_2026-11-28_3c8dbea_2/new2", "trainer_h200x2_2026-11-28_3c8dbea_2/old1",
                  "trainer_h200x2_2026-11-28_3c8dbea_2/old2", "trainer_h200x2_2026-11-28_3c8dbea_2/k128", "trainer_h200x2_2026-11-28_3c8dbea_3/k256",
-                 # runs 60-64 (2026-11-28, session j): the same code at 64K (2 rounds each in 60 and 63), 128K with 1
+                 # runs 60-64 (2026-11-28): the same code at 64K (2 rounds each in 60 and 63), 128K with 1
                  # and 2 layers (61, 62); micro-batch pairs (_pingpongmb) priced as ping-pong
                  "trainer_h200x2_2026-11-28_76d405a/train/a/round1", "trainer_h200x2_2026-11-28_76d405a/train/a/round2",
                  "trainer_h200x2_2026-11-28_76d405a_2/a", "trainer_h200x2_2026-11-28_76d405a_3/a", "trainer_h200x2_2026-11-28_76d405a_4/a/round1",

@@ -39,13 +39,21 @@ parallelism (cu_seqlens_q_padded unlike cu_seqlens_q), float or look-ahead windo
 or call, naming what. Sliding windows (config.window_size, window_attn_skip_freq) run through plans made for the
 window (one per window kind).
 
-Parallelism: CAD spans the data x context group (`init_cad`: the ranks that hold distinct tokens), with tensor and
-pipeline parallel sizes of 1 (with TP > 1 each TP rank's group would need a CAD stack of its own; not done):
-init_cad and the layer itself (its TransformerConfig and pg_collection) refuse other sizes. With
-context_parallel_size > 1 CAD is the context parallelism (cad_megatron_cp): the layer maps its THD tokens --
-Megatron's own padded head/tail layout (cu_seqlens_q_padded), or CAD's unpadded layout from
-cad_megatron_cp.pack_for_context_parallel -- to pieces of whole documents and attends each document whole across
-the ranks holding it, balanced over data x context; padding tokens are never read (outputs and gradients zero).
+Parallelism: `init_cad()` makes the process's cad.Context over its CAD group (`cad_group()`): Megatron's
+data-parallel group with the context-parallel ranks, i.e. the ranks of this rank's tensor-parallel index and
+pipeline stage that hold distinct tokens. Every plan of the layers and of attach_plan is that context's.
+- Tensor parallelism (size t): the ranks of a TP group hold the same tokens and a slice of the heads each; the layer
+  takes its slice as Megatron's SelfAttention hands it (Hq / t query heads, Hkv / t KV heads, or one KV head
+  replicated where t > Hkv; other sizes refused). Each TP index runs CAD over its own group with the same plan (the
+  same documents, a deterministic balancer), made per micro-batch ahead as without TP: no collective across the TP
+  group, the exchanges move a head slice. Sequence parallelism around attention is unchanged (its gather before
+  linear_qkv hands attention every token).
+- Pipeline parallelism: each stage's layers run CAD over that stage's group, in the schedule's order (1F1B mixes
+  forwards and backwards; every rank of a stage's group runs the same order).
+- Context parallelism (context_parallel_size > 1): CAD is the context parallelism (cad_megatron_cp): the layer maps
+  its THD tokens -- Megatron's own padded head/tail layout (cu_seqlens_q_padded), or CAD's unpadded layout from
+  cad_megatron_cp.pack_for_context_parallel -- to pieces of whole documents and attends each document whole across
+  the ranks holding it, balanced over data x context; padding tokens are never read (outputs and gradients zero).
 
 `PerDocumentDotProductAttention` is Megatron-Core's own local attention (`DotProductAttention`, which refuses
 packed input) run once per document of a THD batch: the reference the tests and train_gpt_cad.py compare CAD
@@ -70,8 +78,8 @@ import cad_megatron_checks as checks
 import cad_megatron_cp as cp
 
 __all__ = ["CadCoreAttention", "CadPackedSeqParams", "PerDocumentDotProductAttention", "attach_plan",
-           "cad_gpt_layer_spec", "init_cad", "megatron_cpu_support", "packed_seq_params", "plan_shape", "plans_of",
-           "use_cad"]
+           "cad_context", "cad_gpt_layer_spec", "cad_group", "init_cad", "megatron_cpu_support", "packed_seq_params",
+           "plan_shape", "plans_of", "shutdown_cad", "use_cad"]
 
 
 @dataclasses.dataclass
@@ -121,9 +129,11 @@ class CadCoreAttention(MegatronModule):
             raise ValueError(f"{what}: balance=False with TransformerConfig.context_parallel_size "
                              f"{config.context_parallel_size}: CAD's local attention cannot attend a document across "
                              f"the context-parallel ranks (balance=True plans it)")
-        self.cp_size = checks.check_parallel(config, pg_collection, what)
+        self.tp_size, self.cp_size = checks.check_parallel(config, pg_collection, what)
         self.attn_mask_type = checks.mask_type(attn_mask_type, what)
-        self.num_heads, self.num_kv_heads, self.head_dim = checks.check_heads(config, what)
+        # This rank's head slice: SelfAttention hands it heads / tp query heads and groups / tp KV heads (its config
+        # says num_query_groups = tp where it replicates fewer KV heads over the TP ranks).
+        self.num_heads, self.num_kv_heads, self.head_dim = checks.check_heads(config, what, self.tp_size)
         # Megatron's DotProductAttention divides the scale by layer_number under apply_query_key_layer_scaling and
         # multiplies it back inside its fp32 softmax: the same probabilities. CAD computes in fp32 throughout.
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
@@ -245,7 +255,7 @@ def _plan_for(p, causal, window, tokens):
     plans = entry[1]
     key = (causal, tuple(window))
     if key not in plans:
-        plans[key] = cad.plan(cu, causal=causal, window_size=window)  # collective at the first use (every rank)
+        plans[key] = cad_context().plan(cu, causal=causal, window_size=window)  # collective here (every rank)
     return plans[key]
 
 
@@ -263,12 +273,14 @@ def _window_left(window, causal):
     return window[0] if window is not None else -1
 
 
-def plan_shape(config, compute_dtype=None, tensor_parallel_size=1):
-    """(num_heads, num_kv_heads, head_dim, dtype) of CadCoreAttention's calls for `config` (what cad.plan's ahead
-    planning needs), read through the layer's own checks. tensor_parallel_size: 1 (CadCoreAttention refuses
-    tensor parallelism)."""
-    checks.refuse_parallel({"plan_shape(tensor_parallel_size=)": tensor_parallel_size}, "plan_shape")
-    heads, kv_heads, head_dim = checks.check_heads(config, "plan_shape")
+def plan_shape(config, compute_dtype=None, tensor_parallel_size=None):
+    """(num_heads, num_kv_heads, head_dim, dtype) of CadCoreAttention's calls for `config` on one tensor-parallel
+    rank (what cad.plan's ahead planning needs), read through the layer's own checks: the rank's head slice.
+    tensor_parallel_size: None reads config.tensor_model_parallel_size."""
+    if tensor_parallel_size is None:
+        tensor_parallel_size = getattr(config, "tensor_model_parallel_size", 1)
+    tensor_parallel_size = checks._int(tensor_parallel_size, "tensor_model_parallel_size", "plan_shape", 1)
+    heads, kv_heads, head_dim = checks.check_heads(config, "plan_shape", tensor_parallel_size)
     return heads, kv_heads, head_dim, _compute_dtype(config, compute_dtype)
 
 
@@ -286,7 +298,7 @@ def attach_plan(packed_seq_params, config, *, cu_seqlens_host=None, ahead=True, 
     cu_seqlens_q_padded where Megatron's layout pads (else it is read back once)."""
     if packed_seq_params.qkv_format != "thd":
         raise ValueError(f"attach_plan: qkv_format '{packed_seq_params.qkv_format}' (packed documents are 'thd')")
-    cp_size = checks.check_parallel(config, None, "attach_plan")
+    _, cp_size = checks.check_parallel(config, None, "attach_plan")
     layout = cp.layout_of(packed_seq_params, cp_size, None, "attach_plan", cu_seqlens_host=cu_seqlens_host,
                           cu_seqlens_padded_host=cu_seqlens_padded_host)
     if layout is None:
@@ -299,9 +311,10 @@ def attach_plan(packed_seq_params, config, *, cu_seqlens_host=None, ahead=True, 
     device = torch.device(device) if device is not None else packed_seq_params.cu_seqlens_q.device
     shape = dict(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, device=device)
     if layout is None:
-        plan = cad.plan(cu, causal=causal, window_size=window_size, ahead=ahead, tag=tag if ahead else None, **shape)
+        plan = cad_context().plan(cu, causal=causal, window_size=window_size, ahead=ahead, tag=tag if ahead else None,
+                                  **shape)
     else:
-        plan = cad.plan_pieces(layout.pieces, causal=causal, window_size=window_size, device=device)
+        plan = cad_context().plan_pieces(layout.pieces, causal=causal, window_size=window_size, device=device)
         if ahead:
             plan.make_ahead(tag=tag, **shape)
         else:
@@ -353,18 +366,51 @@ def cad_gpt_layer_spec(*args, balance=True, compute_dtype=None, **kwargs):
     return use_cad(get_gpt_layer_local_spec(*args, **kwargs), **options)
 
 
-def init_cad(**cad_init_kwargs):
-    """cad.init over Megatron-Core's data x context group, the ranks that hold distinct tokens (after
-    parallel_state.initialize_model_parallel): the data-parallel group, with the context-parallel ranks where
-    context_parallel_size > 1. The keywords are cad.init's (balancer=..., timeout_ms=...). Refuses tensor and
-    pipeline parallel sizes > 1."""
+def cad_group():
+    """(group, ranks): the torch.distributed group CAD spans for this rank, and its global ranks, after
+    parallel_state.initialize_model_parallel. It is Megatron-Core's data-parallel group with the context-parallel
+    ranks: the ranks of this rank's tensor-parallel index and pipeline stage that hold distinct tokens. With
+    tensor parallel size t there are t such groups per stage, one per TP index (each CAD over its head slice);
+    with pipeline parallel size p, p x t of them (each stage's layers over that stage's ranks)."""
     from megatron.core import parallel_state as ps
-    sizes = {"tensor": ps.get_tensor_model_parallel_world_size(),
-             "pipeline": ps.get_pipeline_model_parallel_world_size()}
-    checks.refuse_parallel(sizes, "init_cad")
-    context = ps.get_context_parallel_world_size()
-    group = ps.get_data_parallel_group(with_context_parallel=True) if context > 1 else ps.get_data_parallel_group()
-    cad.init(group=group, **cad_init_kwargs)
+    with_cp = ps.get_context_parallel_world_size() > 1
+    group = ps.get_data_parallel_group(with_context_parallel=with_cp)
+    import torch.distributed as dist
+    return group, tuple(dist.get_process_group_ranks(group))
+
+
+_state = {}  # "context": the cad.Context of this process's CAD group (init_cad), "ranks": its global ranks
+
+
+def init_cad(**cad_init_kwargs):
+    """The cad.Context over this rank's CAD group (cad_group(): the data x context ranks of its tensor-parallel
+    index and pipeline stage), after parallel_state.initialize_model_parallel, for every CadCoreAttention and
+    attach_plan of the process; returns it. The keywords are cad.Context's (balancer=..., timeout_ms=...). Called
+    on every rank (it is collective over each group at its first plan). A second call closes the first context.
+    Every rank of one TP group makes the same plans from the same documents (the balancer is deterministic), so
+    the TP ranks' exchanges carry their own head slices of the same tasks."""
+    group, ranks = cad_group()
+    shutdown_cad()
+    _state["context"], _state["ranks"] = cad.Context(group, **cad_init_kwargs), ranks
+    return _state["context"]
+
+
+def cad_context():
+    """The cad.Context init_cad made (CadCoreAttention's and attach_plan's plans are its plans)."""
+    context = _state.get("context")
+    if context is None:
+        raise ValueError("cad_megatron: no CAD context: call cad_megatron.init_cad() on every rank after "
+                         "parallel_state.initialize_model_parallel(...), before the first balanced CadCoreAttention "
+                         "or attach_plan")
+    return context
+
+
+def shutdown_cad():
+    """Close init_cad's context (its stacks and plans); a later init_cad makes a new one."""
+    context = _state.pop("context", None)
+    _state.pop("ranks", None)
+    if context is not None:
+        context.close()
 
 
 # ---- the reference: Megatron-Core's own local attention, one document at a time ------------------------

@@ -26,51 +26,55 @@ FULL = frozenset((AttnMaskType.no_mask, AttnMaskType.padding))
 PADDING = frozenset((AttnMaskType.padding, AttnMaskType.padding_causal))
 _SUPPORTED = ", ".join(sorted(m.name for m in CAUSAL | FULL))
 
-# The parallel sizes CAD needs to be 1: it spans the data x context group (init_cad), which is context parallelism
-# itself (cad_megatron_cp); with tensor parallelism each TP rank's group would need a CAD stack of its own (not
-# done), with pipeline parallelism each stage's.
-PARALLEL_SIZES_OF_ONE = ("tensor", "pipeline")
+# Parallelism (init_cad): CAD spans the data x context group of this rank's tensor-parallel index and pipeline stage
+# (Megatron's data-parallel group, with the context-parallel ranks: the ranks that hold distinct tokens of the
+# same heads and layers). Under tensor parallelism the ranks of one TP group hold the same tokens and a slice of
+# the heads each; each TP index runs CAD over its own group, with its head slice.
 _INT64_MAX = 2 ** 63 - 1
 
 
-def refuse_parallel(sizes, what):
-    """sizes: {name: size} (the parallel sizes of PARALLEL_SIZES_OF_ONE, named as their source calls them);
-    raises unless each is 1."""
-    wide = {k: v for k, v in sizes.items() if v != 1}
-    if wide:
-        raise ValueError(f"{what}: CAD spans the data x context-parallel group with tensor and pipeline parallel "
-                         f"sizes of 1; got {wide}")
+def tensor_parallel_heads(heads, groups, tp, what):
+    """(query heads, KV heads) of one tensor-parallel rank for a model of `heads` query heads and `groups` KV heads
+    over `tp` ranks, as Megatron-Core's SelfAttention splits them: heads / tp query heads, groups / tp KV heads, or
+    one replicated KV head per rank where tp > groups (tp a multiple of groups). Anything else is refused."""
+    if heads % tp:
+        raise ValueError(f"{what}: num_attention_heads {heads} is not a multiple of the tensor-parallel size {tp}")
+    if groups % tp and tp % groups:
+        raise ValueError(f"{what}: num_query_groups {groups} and the tensor-parallel size {tp}: the KV heads split "
+                         f"over the tensor-parallel ranks (a multiple of {tp}) or are replicated over them (a "
+                         f"divisor of {tp}); neither holds")
+    return heads // tp, max(1, groups // tp)
 
 
 def check_parallel(config, pg_collection, what):
-    """The layer's own check of the parallel sizes (init_cad checks parallel_state's): the config's tensor and
-    pipeline sizes and pg_collection's tensor-parallel group, where given, are 1; returns the context-parallel
-    size, checked against pg_collection's context-parallel group, parallel_state's and the world size."""
-    sizes = {}
-    for name in PARALLEL_SIZES_OF_ONE:
-        field = f"{name}_model_parallel_size"
-        sizes[f"TransformerConfig.{field}"] = _int(getattr(config, field, 1), field, what, 1)
+    """The layer's own check of the parallel sizes (init_cad checks parallel_state's): (tensor-parallel size,
+    context-parallel size), the config's checked against pg_collection's groups and parallel_state's where they
+    exist. Pipeline parallelism needs no check: each stage's layers run CAD over that stage's group."""
+    tensor = _int(getattr(config, "tensor_model_parallel_size", 1), "tensor_model_parallel_size", what, 1)
+    _int(getattr(config, "pipeline_model_parallel_size", 1), "pipeline_model_parallel_size", what, 1)
     group = getattr(pg_collection, "tp", None) if pg_collection is not None else None
-    if group is not None and group.size() != 1:
-        sizes["pg_collection.tp.size()"] = group.size()
-    refuse_parallel(sizes, what)
+    if group is not None and group.size() != tensor:
+        raise ValueError(f"{what}: TransformerConfig.tensor_model_parallel_size {tensor} but pg_collection.tp has "
+                         f"{group.size()} ranks")
     context = _int(getattr(config, "context_parallel_size", 1), "context_parallel_size", what, 1)
     group = getattr(pg_collection, "cp", None) if pg_collection is not None else None
     if group is not None and group.size() != context:
         raise ValueError(f"{what}: TransformerConfig.context_parallel_size {context} but pg_collection.cp has "
                          f"{group.size()} ranks")
-    if context > 1:
-        import torch.distributed as dist
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        if world % context:
-            raise ValueError(f"{what}: TransformerConfig.context_parallel_size {context} does not divide the world "
-                             f"size {world}")
-        from megatron.core import parallel_state as ps
-        if ps.model_parallel_is_initialized() and ps.get_context_parallel_world_size() != context:
-            raise ValueError(f"{what}: TransformerConfig.context_parallel_size {context} but parallel_state's "
-                             f"context-parallel group has {ps.get_context_parallel_world_size()} ranks "
-                             f"(initialize_model_parallel(context_parallel_size=...))")
-    return context
+    import torch.distributed as dist
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world % (context * tensor):
+        raise ValueError(f"{what}: TransformerConfig.tensor_model_parallel_size {tensor} x context_parallel_size "
+                         f"{context} does not divide the world size {world}")
+    from megatron.core import parallel_state as ps
+    if ps.model_parallel_is_initialized():
+        for name, kind, size, theirs in (
+                ("tensor_model_parallel_size", "tensor", tensor, ps.get_tensor_model_parallel_world_size),
+                ("context_parallel_size", "context", context, ps.get_context_parallel_world_size)):
+            if theirs() != size:
+                raise ValueError(f"{what}: TransformerConfig.{name} {size} but parallel_state's {kind}-parallel group "
+                                 f"has {theirs()} ranks (initialize_model_parallel({name}=...))")
+    return tensor, context
 
 
 def _int(value, field, what, minimum):
@@ -80,8 +84,9 @@ def _int(value, field, what, minimum):
     return int(value)
 
 
-def check_heads(config, what):
-    """(num_attention_heads, num_query_groups, kv_channels) as ints, query groups dividing the heads."""
+def check_heads(config, what, tensor_parallel_size=1):
+    """(query heads, KV heads, kv_channels) of one tensor-parallel rank as ints (tensor_parallel_heads), query
+    groups dividing the heads."""
     heads = _int(config.num_attention_heads, "num_attention_heads", what, 1)
     groups = _int(config.num_query_groups if config.num_query_groups is not None else heads, "num_query_groups",
                   what, 1)
@@ -89,7 +94,7 @@ def check_heads(config, what):
     if heads % groups:
         raise ValueError(f"{what}: TransformerConfig.num_attention_heads {heads} is not a multiple of num_query_groups "
                          f"{groups}")
-    return heads, groups, head_dim
+    return (*tensor_parallel_heads(heads, groups, tensor_parallel_size, what), head_dim)
 
 
 def check_attention_options(config, attention_dropout, softmax_scale, what):

@@ -173,7 +173,7 @@ def layout_of(p, cp_size, tokens, what, *, cu_seqlens_host=None, cu_seqlens_padd
 
 def plan_for_layout(layout, attached, causal, window_left, window, device):
     """The plan of the micro-batch whose tokens are `layout`: the attached one (attach_plan) where it is for this
-    causal/window kind, else the one the micro-batch's first layer of this kind made (cad.plan_pieces; collective
+    causal/window kind, else the one the micro-batch's first layer of this kind made (Context.plan_pieces; collective
     at that layer: every rank of the data x context group gets there)."""
     if attached is not None and attached.causal == causal and attached.window_left == window_left:
         if tuple(attached.pieces) != layout.pieces:
@@ -182,5 +182,6 @@ def plan_for_layout(layout, attached, causal, window_left, window, device):
         return attached
     key = (causal, tuple(window))
     if key not in layout.plans:
-        layout.plans[key] = cad.plan_pieces(layout.pieces, causal=causal, window_size=window, device=device)
+        from cad_megatron import cad_context
+        layout.plans[key] = cad_context().plan_pieces(layout.pieces, causal=causal, window_size=window, device=device)
     return layout.plans[key]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_tests.sh PYTHON VENV [pytest arguments] -- the Megatron-Core integration's tests (test_cad_megatron.py,
 # test_cad_megatron_masks.py: every mask type, attention masks, inputs and config fields, and
-# test_cad_megatron_cp.py: context parallelism over data x context ranks), with
+# test_cad_megatron_cp.py: context parallelism over data x context ranks, and test_cad_megatron_tp.py: tensor,
+# pipeline and context parallel layouts on 4 ranks), with
 # megatron-core installed as users install it: `pip install megatron-core` (the released package, PyPI) into the
 # virtual environment VENV, made from PYTHON with its site-packages visible (torch, pytest and what the cad package
 # needs come from there; pip adds only what is missing). An environment that already imports megatron.core is
@@ -31,4 +32,4 @@ python_with_package megatron-core "$PY" "$VENV" "$REQUIREMENT"
 echo "megatron-core $VERSION ($RUN)"
 # -rs: a test skipped inside (e.g. megatron.core installed but not importable) says why.
 exec "$RUN" -m pytest -q -rs -p no:cacheprovider "$HERE/test_cad_megatron.py" "$HERE/test_cad_megatron_masks.py" \
-  "$HERE/test_cad_megatron_cp.py" "$@"
+  "$HERE/test_cad_megatron_cp.py" "$HERE/test_cad_megatron_tp.py" "$@"

@@ -58,6 +58,8 @@ def _worker(rank, world, port, body, errors):
         raise
     finally:
         import cad
+        import cad_megatron
+        cad_megatron.shutdown_cad()
         cad.shutdown()
         dist.barrier()
         dist.destroy_process_group()

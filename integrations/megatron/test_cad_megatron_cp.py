@@ -1,4 +1,4 @@
-"""Megatron-Core's context parallelism on CAD: with context_parallel_size 2 on 2 ranks (CP 2) and on 4 ranks (CP 2 x
+"""Megatron-Core's context parallelism on CAD: with context_parallel_size 2 on 4 ranks (CP 2 x
 DP 2), CadCoreAttention over a rank's THD tokens gives, token for token, the outputs and the gradients (query, key,
 value) of one process attending the unsplit documents, for
 - Megatron's own THD layout (each document padded at its end to a multiple of 2 * cp, CP rank r holding chunks r
@@ -7,10 +7,10 @@ value) of one process attending the unsplit documents, for
   also no_mask layers, a sliding window, and a micro-batch of which a CP rank holds padding only;
 - CAD's layout (cad_megatron_cp.pack_for_context_parallel: the step's documents laid over the data x context
   ranks by cad.pack_documents, no padding), with a document spanning every rank.
+(_both_layouts; launched by test_cad_megatron_tp.py with the other 4-rank layouts.)
 The training script with --context-parallel-size 2 trains the losses of one process holding the documents whole.
 And what CAD cannot do under context parallelism is refused, naming it. CPU, gloo, fp32; skipped where
 megatron.core cannot be imported (run_tests.sh installs it)."""
-import functools
 import sys
 
 import pytest
@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("megatron.core",
                     reason="megatron-core is not installed (pip install megatron-core; run_tests.sh does it)")
 
-from test_cad_megatron import HERE, _run  # noqa: E402 -- the ranks' launcher (spawned, gloo)
+from test_cad_megatron import HERE  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 HEADS, GROUPS, HEAD_DIM = 4, 2, 16
@@ -220,10 +220,8 @@ def _both_layouts(cp, rank, world):
     _cad_layout_equals_whole_documents(cp, rank, world)
 
 
-@pytest.mark.parametrize("world", [2, 4], ids=["cp2", "cp2xdp2"])
-def test_megatron_and_cad_layouts_attend_whole_documents(world):
-    """One launch per world size (starting ranks that import megatron-core is most of the cost)."""
-    _run(functools.partial(_both_layouts, 2), world=world, timeout_s=400)
+# Run at CP 2 x DP 2 (CP 2 alone is its one-replica case) by test_cad_megatron_tp.py, in the same 4-rank launch as
+# the tensor and pipeline parallel layouts: starting ranks that import megatron-core is most of the cost.
 
 
 def test_megatron_layout_maps_chunks_to_pieces():

@@ -223,19 +223,26 @@ def test_inputs_of_the_wrong_shape_are_refused_naming_them():
         layer(q, k, v, None, packed_seq_params=dataclasses.replace(packed, qkv_format="sbhd"))
 
 
-def test_parallel_sizes_are_refused_by_the_layer_itself(megatron_state):
-    for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
-        changes = {field: 2}
-        if field == "pipeline_model_parallel_size":
-            changes["num_layers"] = 2
-        try:
-            config = _config(**changes)
-        except (AssertionError, ValueError) as exc:  # a megatron-core that refuses it itself
-            print(f"{field}=2: TransformerConfig refuses it ({exc})")
-            continue
-        from cad_megatron import CadCoreAttention
-        with pytest.raises(ValueError, match=f"TransformerConfig.{field}': 2"):
-            CadCoreAttention(config, 1, AttnMaskType.causal, "self", balance=False)
+def test_parallel_sizes_are_checked_by_the_layer_itself(megatron_state):
+    from cad_megatron import CadCoreAttention, plan_shape
+    # Tensor parallelism: the layer takes its head slice; sizes that do not fit the world (1 here) or parallel_state
+    # are refused, naming both.
+    with pytest.raises(ValueError, match="tensor_model_parallel_size 2 x context_parallel_size 1 does not divide "
+                                         "the world size 1"):
+        CadCoreAttention(_config(tensor_model_parallel_size=2), 1, AttnMaskType.causal, "self", balance=False)
+    # Pipeline parallelism: each stage's layers over its own group; nothing for the layer to refuse.
+    config = _config(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32)
+    layer = CadCoreAttention(config, 1, AttnMaskType.causal, "self", balance=False)
+    assert (layer.tp_size, layer.num_heads, layer.num_kv_heads) == (1, HEADS, GROUPS)
+    # The head slice of one TP rank, as Megatron's SelfAttention splits them (KV heads replicated where TP > KV heads),
+    # and what cannot be split.
+    config = _config(num_attention_heads=8, num_query_groups=2, hidden_size=8 * HEAD_DIM)
+    assert [plan_shape(config, tensor_parallel_size=t)[:2] for t in (1, 2, 4, 8)] == [(8, 2), (4, 1), (2, 1), (1, 1)]
+    with pytest.raises(ValueError, match="num_attention_heads 8 is not a multiple of the tensor-parallel size 3"):
+        plan_shape(config, tensor_parallel_size=3)
+    config = _config(num_attention_heads=12, num_query_groups=6, hidden_size=12 * HEAD_DIM)
+    with pytest.raises(ValueError, match="num_query_groups 6 and the tensor-parallel size 4"):
+        plan_shape(config, tensor_parallel_size=4)
     # Context parallelism is CAD's own (test_cad_megatron_cp.py), but not in a world its size does not divide, nor
     # with CAD's local attention.
     from cad_megatron import CadCoreAttention
@@ -289,5 +296,4 @@ def test_config_windows_and_fields_are_checked_not_truncated():
     assert plan_shape(_config()) == (HEADS, GROUPS, HEAD_DIM, torch.float32)
     with pytest.raises(ValueError, match="num_attention_heads 4 is not a multiple of num_query_groups 3"):
         plan_shape(_config(num_query_groups=3))
-    with pytest.raises(ValueError, match=r"tensor_parallel_size=\)': 2"):
-        plan_shape(_config(), tensor_parallel_size=2)
+    assert plan_shape(_config(), tensor_parallel_size=2) == (HEADS // 2, GROUPS // 2, HEAD_DIM, torch.float32)

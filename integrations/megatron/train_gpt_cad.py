@@ -6,6 +6,15 @@ Megatron-Core's own attention or CAD as the core attention, under torchrun (or a
     torchrun --nproc-per-node 2 integrations/megatron/train_gpt_cad.py --device cpu --configs megatron,cad
     torchrun --nproc-per-node 2 integrations/megatron/train_gpt_cad.py --device cuda --model llama3-8b \
         --layers 4 --vocab 32768 --context 65536 --configs local,cad --json-out 'run_{config}.json'
+    torchrun --nproc-per-node 8 integrations/megatron/train_gpt_cad.py --device cuda --model llama3-8b \
+        --tensor-parallel-size 2 --pipeline-parallel-size 2 --sequence-parallel --micro-batches 4 --configs te,cad
+
+Trainers (--trainer): 'megatron' (default on CUDA) is Megatron-Core's own: its DistributedDataParallel, its
+distributed optimizer (fp32 master weights) and get_forward_backward_func (1F1B with --pipeline-parallel-size > 1),
+through cad_megatron_schedule; tensor (--tensor-parallel-size, --sequence-parallel: Transformer Engine's layer spec,
+whose norms take sequence parallelism), pipeline and context parallel sizes > 1 train there. 'torch' (the CPU's:
+Megatron-Core 0.16 allocates its DDP buffers and schedule state on CUDA) is torch's DistributedDataParallel and
+AdamW on the model's parameters, tensor and pipeline parallel size 1.
 
 Configurations (--configs, trained one after another from the same weights):
   megatron  Megatron-Core's DotProductAttention (the local spec's core attention) on each document
@@ -38,10 +47,10 @@ predicts nothing). The loss is the token-weighted mean over every rank's tokens 
 
 Model: TransformerConfig with RMSNorm, SwiGLU, no biases, no dropout; RoPE on CUDA, learned absolute positions on
 the CPU (Megatron-Core's RoPE needs CUDA); bf16 through Megatron's Float16Module (the model in bf16, the loss in
-fp32), AdamW on the bf16 parameters (no fp32 master copy: a minimal script). Data parallel with torch
-DistributedDataParallel over Megatron's data-parallel group (the data x context group under context parallelism;
-tensor/pipeline parallel 1), AdamW. On the CPU, cad_megatron.megatron_cpu_support() lets Megatron's local
-attention run there (its buffers are allocated on CUDA otherwise).
+fp32). --trainer megatron: Megatron's DDP over the data x context group of each TP index and stage, its distributed
+optimizer (Adam on fp32 master weights), its schedule. --trainer torch: torch DistributedDataParallel over that group
+and AdamW on the model's parameters (no fp32 master copy). On the CPU, cad_megatron.megatron_cpu_support() lets
+Megatron's local attention run there (its buffers are allocated on CUDA otherwise).
 
 Per step rank 0 prints the loss, the slowest rank's step time, tokens/s, and the attention imbalance (CAD: the
 plans' max/mean server cost; otherwise each rank's own documents' causal cost, max/mean); --json-out keeps
@@ -101,6 +110,13 @@ def parse_args(argv=None):
     p.add_argument("--context-parallel-size", type=int, default=1,
                    help="Megatron's context_parallel_size; > 1 lays the step's documents over the data x context "
                         "ranks and attends them whole through CAD (cad and cad+now only)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="Megatron's tensor_model_parallel_size")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1, help="Megatron's pipeline_model_parallel_size")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="sequence parallelism with tensor parallelism (Transformer Engine's layer spec)")
+    p.add_argument("--trainer", choices=["megatron", "torch"], default=None,
+                   help="megatron: Megatron-Core's DDP, distributed optimizer and schedules (CUDA; the default there); "
+                        "torch: torch DDP and AdamW (the CPU's)")
     p.add_argument("--layout", choices=["rank", "cad"], default=None,
                    help="rank: each rank its own documents (default at context parallel size 1); cad: the step's "
                         "documents over all ranks, cut at the ranks' ends (the only one, and the default, above 1)")
@@ -154,6 +170,19 @@ def parse_args(argv=None):
     elif cp > 1:
         p.error(f"--layout rank with --context-parallel-size {cp}: context parallelism lays documents over the "
                 f"ranks (--layout cad)")
+    args.trainer = args.trainer or ("megatron" if args.device == "cuda" else "torch")
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    if tp < 1 or pp < 1:
+        p.error(f"--tensor-parallel-size {tp} / --pipeline-parallel-size {pp}: expected 1 or more")
+    if args.trainer == "megatron" and args.device != "cuda":
+        p.error("--trainer megatron needs --device cuda (megatron-core allocates its DDP buffers and schedule state on "
+                "CUDA); on the CPU use --trainer torch")
+    if args.trainer == "torch" and (tp > 1 or pp > 1):
+        p.error(f"--tensor-parallel-size {tp} / --pipeline-parallel-size {pp} need --trainer megatron (its "
+                f"schedules and gradient reduction)")
+    if args.sequence_parallel and (tp == 1 or "megatron" in args.config_list):
+        p.error("--sequence-parallel needs --tensor-parallel-size > 1 and Transformer Engine's spec (configs te, "
+                "local, local_balanced, cad, cad+now; Megatron's local norms refuse sequence parallelism)")
     if args.device == "cpu" and args.position_embedding == "rope":
         p.error("--position-embedding rope needs CUDA (Megatron-Core moves RoPE's frequencies to the GPU)")
     _recipe().resolve_attention_timing(args)
@@ -174,12 +203,19 @@ def transformer_config(args, dtype):
         # Megatron's fused kernels need CUDA (and some of them apex or TE): the plain PyTorch paths.
         masked_softmax_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
-        cross_entropy_loss_fusion=False, context_parallel_size=args.context_parallel_size)
+        cross_entropy_loss_fusion=False, context_parallel_size=args.context_parallel_size,
+        tensor_model_parallel_size=args.tensor_parallel_size, pipeline_model_parallel_size=args.pipeline_parallel_size,
+        sequence_parallel=args.sequence_parallel)
 
 
-def layer_spec(config_name):
+def layer_spec(config_name, sequence_parallel=False):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     import cad_megatron
+    if sequence_parallel:  # Transformer Engine's layers (its norms take sequence parallelism), CAD's core attention
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+        spec = get_gpt_layer_with_transformer_engine_spec()
+        return spec if config_name == "te" else cad_megatron.use_cad(
+            spec, **({} if not config_name.startswith("local") else {"balance": False}))
     if config_name == "megatron":
         spec = get_gpt_layer_local_spec(normalization="RMSNorm")
         spec.submodules.self_attention.submodules.core_attention = cad_megatron.PerDocumentDotProductAttention
@@ -193,9 +229,11 @@ def layer_spec(config_name):
 def build_model(args, config_name, config, device):
     from megatron.core.models.gpt import GPTModel
     # A document spans up to context_parallel_size ranks: positions up to that many ranks' tokens.
-    model = GPTModel(config, layer_spec(config_name), vocab_size=args.vocab,
+    from megatron.core import parallel_state as ps
+    model = GPTModel(config, layer_spec(config_name, args.sequence_parallel), vocab_size=args.vocab,
                      max_sequence_length=args.context * args.context_parallel_size,
-                     position_embedding_type=args.position_embedding, share_embeddings_and_output_weights=False)
+                     position_embedding_type=args.position_embedding, share_embeddings_and_output_weights=False,
+                     pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
     return model.to(device)
 
 
@@ -262,15 +300,15 @@ def packed(batch, args, config, config_name, device, tag):
 
 # ---- training -------------------------------------------------------------------------------------------------
 def train_one(args, config_name, state, rank, world, device, dtype, recipe, lengths):
-    import cad
     import cad_megatron
     from megatron.core import parallel_state
 
     config = transformer_config(args, dtype)
+    context = None
     if config_name.startswith("cad") or config_name.startswith("local"):
-        cad_megatron.init_cad(balancer=args.balancer, timeout_ms=args.timeout_ms)
-        cad.timing(sync_cuda=args.sync_attention_timing == "on" and device.type == "cuda")
-        cad.attention_time()
+        context = cad_megatron.init_cad(balancer=args.balancer, timeout_ms=args.timeout_ms)
+        context.timing(sync_cuda=args.sync_attention_timing == "on" and device.type == "cuda")
+        context.attention_time()
     model = build_model(args, config_name, config, device)
     model.load_state_dict(state)
     if config.bf16:  # Megatron's mixed-precision wrapper: the whole model in bf16 (norms too), outputs back in fp32
@@ -331,7 +369,7 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
         if device.type == "cuda":
             torch.cuda.synchronize()
         step_s = time.perf_counter() - start
-        attention_s = cad.attention_time() if config_name != "megatron" and config_name != "te" else None
+        attention_s = context.attention_time() if context is not None else None
         peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else 0.0
         gathered = _gather([float(loss_sum), step_s, -1.0 if attention_s is None else attention_s, peak], world)
         loss = sum(g[0] for g in gathered)
@@ -365,8 +403,75 @@ def train_one(args, config_name, state, rank, world, device, dtype, recipe, leng
         path = pathlib.Path(args.json_out.replace("{config}", config_name.replace("+", "_")))
         path.write_text(json.dumps({"summary": summary, "steps": records}, indent=1))
     del module, model, optimizer
-    if config_name != "megatron" and config_name != "te":
-        cad.shutdown()
+    if context is not None:
+        cad_megatron.shutdown_cad()
+    return summary
+
+
+def train_one_megatron(args, config_name, state, world, device, dtype, recipe, lengths):
+    """--trainer megatron: Megatron-Core's DDP, distributed optimizer and get_forward_backward_func
+    (cad_megatron_schedule), micro-batches loaded by the schedule's iterator, 'cad's plans made ahead there."""
+    import cad_megatron
+    from megatron.core import parallel_state as ps
+    from cad_megatron_schedule import MicroBatch, PlannedMicroBatches, megatron_ddp_and_optimizer, train_step
+    config = transformer_config(args, dtype)
+    uses_cad = config_name.startswith(("cad", "local"))
+    context = cad_megatron.init_cad(balancer=args.balancer, timeout_ms=args.timeout_ms) if uses_cad else None
+    if context is not None:
+        context.timing(sync_cuda=args.sync_attention_timing == "on")
+        context.attention_time()
+    model = build_model(args, config_name, config, device)
+    model.load_state_dict(state)
+    if config.bf16:
+        from megatron.core.transformer.module import Float16Module
+        model = Float16Module(config, model)
+    chunks, optimizer = megatron_ddp_and_optimizer(config, model, lr=args.lr)
+    replicas = ps.get_data_parallel_world_size(with_context_parallel=True)  # the ranks holding distinct tokens
+    replica = ps.get_data_parallel_rank(with_context_parallel=True)
+    n = args.micro_batches
+
+    def load(k):  # every stage and TP rank of a replica loads the same micro-batch k
+        s, i = divmod(k, n)
+        if args.layout == "cad":
+            b = cad_layout_micro_batch(args, recipe, lengths, replicas, s, i, device, config, "cad+now", tag=k)
+        else:
+            b = micro_batch(args, recipe, lengths, replica, replicas, s, i, device,
+                            balanced=config_name == "local_balanced")
+            b["packed"], b["cu_host"] = cad_megatron.packed_seq_params(b["mine"], device)
+        return MicroBatch(b["input_ids"], b["labels"], b["position_ids"], b["loss_mask"], b["packed"], b.get("cu_host"))
+
+    batches = PlannedMicroBatches(load, config, balance=config_name == "cad")
+    losses, steps = [], []
+    for step in range(args.steps):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        dist.barrier()
+        start = time.perf_counter()
+        loss = train_step(chunks, optimizer, batches, num_microbatches=n,
+                          seq_length=args.context * args.context_parallel_size)
+        torch.cuda.synchronize()
+        step_s = time.perf_counter() - start
+        attention_s = context.attention_time() if context is not None else -1.0
+        peak = torch.cuda.max_memory_allocated(device) / 2 ** 30
+        gathered = _gather([-1.0 if loss is None else loss, step_s, attention_s, peak], world)
+        losses.append(max(g[0] for g in gathered))  # the last stage's ranks hold the step's mean token loss
+        steps.append(max(g[1] for g in gathered))
+        if dist.get_rank() == 0:
+            print(f"[{config_name}] step {step}: loss {losses[-1]:.6f} step {steps[-1]:.3f} s (slowest rank) "
+                  f"{args.context * replicas * n / steps[-1]:.0f} tokens/s peak {max(g[3] for g in gathered):.1f} "
+                  f"GiB", flush=True)
+    timed = steps[args.warmup_steps:] or steps[-1:]
+    summary = {"config": config_name, "trainer": "megatron", "ranks": world,
+               "tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
+               "context_parallel_size": args.context_parallel_size, "sequence_parallel": args.sequence_parallel,
+               "micro_batches": n, "context": args.context, "losses": losses, "step_s": steps,
+               "mean_step_s_after_first": sum(timed) / len(timed)}
+    if dist.get_rank() == 0 and args.json_out:
+        pathlib.Path(args.json_out.replace("{config}", config_name.replace("+", "_"))).write_text(
+            json.dumps({"summary": summary}, indent=1))
+    del chunks, model, optimizer, batches
+    if context is not None:
+        cad_megatron.shutdown_cad()
     return summary
 
 
@@ -420,9 +525,11 @@ def _run(args, rank, world, device):
     import megatron.core
     import cad_megatron
 
-    if world % args.context_parallel_size:
-        raise SystemExit(f"--context-parallel-size {args.context_parallel_size} does not divide the {world} ranks")
-    parallel_state.initialize_model_parallel(1, 1, context_parallel_size=args.context_parallel_size)
+    tp, pp, cp = args.tensor_parallel_size, args.pipeline_parallel_size, args.context_parallel_size
+    if world % (tp * pp * cp):
+        raise SystemExit(f"--tensor-parallel-size {tp} x --pipeline-parallel-size {pp} x --context-parallel-size {cp} "
+                         f"does not divide the {world} ranks")
+    parallel_state.initialize_model_parallel(tp, pp, context_parallel_size=cp)
     if device.type == "cpu":
         cad_megatron.megatron_cpu_support()
     else:
@@ -448,7 +555,10 @@ def _run(args, rank, world, device):
                 if rank == 0:
                     print(f"[te] skipped: {reason}", flush=True)
                 continue
-        summaries.append(train_one(args, name, state, rank, world, device, dtype, recipe, lengths))
+        if args.trainer == "megatron":
+            summaries.append(train_one_megatron(args, name, state, world, device, dtype, recipe, lengths))
+        else:
+            summaries.append(train_one(args, name, state, rank, world, device, dtype, recipe, lengths))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if rank == 0 and len(summaries) > 1:

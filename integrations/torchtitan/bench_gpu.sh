@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_gpu.sh -- TorchTitan's own trainer on 2 GPUs with CAD attention against TorchTitan's and PyTorch's attention
+# bench_gpu.sh -- TorchTitan's own trainer on 2 GPUs ($NPROC) with CAD attention against TorchTitan's and PyTorch's attention
 # (issue 29; results in docs/integrations.md). torchtitan 0.2.2 (the PyPI release that runs on torch 2.11) through
 # titan_cad_spec.py (TrainSpecs + launcher = torchtitan.train.main with a step-timing trainer) and llama3_cad.toml:
 # Llama 3 8B shape, $LAYERS layers, vocab $VOCAB, $SEQ tokens per GPU (one packed row of Pretrain-recipe documents,
@@ -14,7 +14,17 @@
 #   flex            llama3_titan flavor 8B_flex: TorchTitan's FlexAttention, block_causal document mask
 #   titan_varlen    llama3_titan flavor 8B_varlen: TorchTitan's VarlenAttentionWrapper as is (compiled varlen_attn,
 #                   K/V not repeated: may fail on GQA with torch 2.11)
-# Knobs: LAYERS=4 SEQ=65536 STEPS=6 VOCAB=32768 COMPILE=0 AC_OPTION=op (selective_ac_option; "2" = every 2nd layer
+# Context and tensor parallelism (not in the default CONFIGS: a set of their own, e.g. NPROC=8 CONFIGS="cad_cp flex_cp"):
+#   cad_cp          llama3_cad with parallelism.context_parallel_degree $CP (default $NPROC) on training.dataset
+#                   pretrain_stream: the step's documents packed whole over the data x context ranks, $SEQ tokens per
+#                   GPU (the CP group's row is $SEQ * $CP), the longest document $MAX_DOC_LEN (default that row):
+#                   NPROC=8 SEQ=131072 trains 1M-token documents over 8 GPUs
+#   flex_cp         TorchTitan's own CP on the same row length: llama3_titan flavor 8B_flex with context_parallel_degree
+#                   $CP (torch's context_parallel, FlexAttention's block_causal mask, EOS-delimited documents)
+#   cad_tp          llama3_cad with parallelism.tensor_parallel_degree $TP (default 2), sequence parallel as TorchTitan
+#                   sets it, FSDP2 over the other $NPROC / $TP ranks; $SEQ tokens per TP group
+#   local_tp        llama3_cad_local with the same TP: the project's kernels without plans, its baseline
+# Knobs: NPROC=2 (GPUs) CP=$NPROC TP=2 MAX_DOC_LEN LAYERS=4 SEQ=65536 STEPS=6 VOCAB=32768 COMPILE=0 AC_OPTION=op (selective_ac_option; "2" = every 2nd layer
 # fully) SHAPE=8B (debugmodel: TorchTitan's small shape, for a CPU dry run with CAD_TT_DEVICE=cpu SKIP_BUILD=1
 # BUILD=<a CPU build> SITE=<a scratch dir>) DEADLINE_S=290 RUN_S=80 WHEELS=.whl.
 # Packages: torchtitan and what it imports, --no-deps into $SITE, from the wheels in $WHEELS where it has them (GPU
@@ -38,6 +48,7 @@ RUN_S=${RUN_S:-80}
 CONFIGS=${CONFIGS:-cad local local_balanced torch_varlen flex titan_varlen}
 LAYERS=${LAYERS:-4} SEQ=${SEQ:-65536} STEPS=${STEPS:-6} VOCAB=${VOCAB:-32768} COMPILE=${COMPILE:-0} AC_OPTION=${AC_OPTION:-op} SHAPE=${SHAPE:-8B}
 SITE=${SITE:-/tmp/site}
+NPROC=${NPROC:-2} CP=${CP:-${NPROC:-2}} TP=${TP:-2}
 SUMMARY=$R/summary.txt
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -105,14 +116,22 @@ for c in $CONFIGS; do
     torch_varlen) model=(--model.name llama3_torch_varlen --model.flavor $SHAPE) ;;
     flex) model=(--model.name llama3_titan --model.flavor ${SHAPE}_flex) ;;
     titan_varlen) model=(--model.name llama3_titan --model.flavor ${SHAPE}_varlen) ;;
+    cad_cp) model=(--model.name llama3_cad --model.flavor $SHAPE --training.dataset pretrain_stream
+                   --parallelism.context_parallel_degree "$CP") ;;
+    flex_cp) model=(--model.name llama3_titan --model.flavor ${SHAPE}_flex --parallelism.context_parallel_degree "$CP") ;;
+    cad_tp) model=(--model.name llama3_cad --model.flavor $SHAPE --parallelism.tensor_parallel_degree "$TP") ;;
+    local_tp) model=(--model.name llama3_cad_local --model.flavor $SHAPE --parallelism.tensor_parallel_degree "$TP") ;;
     *) note "$c: unknown configuration"; continue ;;
   esac
   l=$(left); t=$(( RUN_S < l ? RUN_S : l ))
   if [ "$t" -lt 40 ]; then note "$c: SKIPPED (${l} s left)"; continue; fi
   s=$(date +%s)
-  CAD_TT_JSON=$R/$c.json timeout -k 10 "$t" python3 -m torch.distributed.run --nproc-per-node 2 --master-port $port \
+  seq=$SEQ
+  case "$c" in *_cp) seq=$(( SEQ * CP )) ;; esac  # TorchTitan's seq_len under CP: the CP group's row
+  CAD_TT_MAX_DOC_LEN=${MAX_DOC_LEN:-$seq} CAD_TT_JSON=$R/$c.json timeout -k 10 "$t" \
+    python3 -m torch.distributed.run --nproc-per-node "$NPROC" --master-port $port \
     integrations/torchtitan/titan_cad_spec.py --job.config_file integrations/torchtitan/llama3_cad.toml "${model[@]}" \
-    --training.seq_len "$SEQ" --training.steps "$STEPS" --debug.seed 7 --job.dump_folder "$R/dump_$c" \
+    --training.seq_len "$seq" --training.steps "$STEPS" --debug.seed 7 --job.dump_folder "$R/dump_$c" \
     --activation_checkpoint.selective_ac_option "$AC_OPTION" "${EXTRA[@]}" > "$R/$c.log" 2>&1
   rc=$?
   port=$((port + 1))

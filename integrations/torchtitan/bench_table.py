@@ -39,7 +39,8 @@ def table(runs):
              "min-max | realised share | attention calls/step | plan wait ms/step | last loss |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c, r in runs.items():
-        tokens = r["seq_len"] * r["world"] / step[c] / 1e3  # K tokens/s
+        # K tokens/s; under CP and TP a row spans a CP group and a TP group shares one (tokens_per_step)
+        tokens = r.get("tokens_per_step", r["seq_len"] * r["world"]) / step[c] / 1e3
         peak = max((s.get("peak_gib", 0) for s in r["steps"]), default=0)
         speedup = share = spread = "-"
         if base:

@@ -13,7 +13,9 @@ TorchTitan 0.2.x takes a TOML job file; a model is a registered TrainSpec (`mode
                        mode="max-autotune-no-cudagraphs"; this calls it eagerly, K/V heads repeated);
   llama3_titan         TorchTitan's own model and attention unchanged: flavor 8B_varlen (its VarlenAttentionWrapper),
                        8B_flex (FlexAttention, block_causal document mask), or 8B (sdpa, no document mask);
-all with the no-download packed-document dataloader (the Pretrain recipe's lengths, synthetic tokens, EOS at every
+Context parallelism (`parallelism.context_parallel_degree` > 1, training.dataset "pretrain_stream") and tensor
+parallelism (`parallelism.tensor_parallel_degree` > 1) run through CAD: titan_parallel.py says how.
+All with the no-download packed-document dataloader (the Pretrain recipe's lengths, synthetic tokens, EOS at every
 document's end: 0.2.x finds documents by their EOS) and a tokenizer that reads no files.
 Flavors (every spec): "8B" (Llama 3 8B's shape with $CAD_TT_LAYERS layers, default 4, and a vocabulary of
 $CAD_TT_VOCAB, default 32768) and "debugmodel" (TorchTitan's, $CAD_TT_LAYERS or 2 layers); llama3_titan also
@@ -42,7 +44,8 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import titan_common  # noqa: E402
-from titan_common import default_data_path, packed_documents  # noqa: E402
+from titan_common import CAD_KEYS, STREAM, PackedStream, default_data_path, packed_documents  # noqa: E402
+import titan_parallel  # noqa: E402
 
 titan_common.prepare()
 
@@ -52,6 +55,7 @@ from torchtitan.models import attention as titan_attention  # noqa: E402
 from torchtitan.models.llama3 import get_train_spec as llama3_train_spec  # noqa: E402
 from torchtitan.models.llama3 import llama3_args  # noqa: E402
 from torchtitan.models.llama3.model import model as llama3_model  # noqa: E402
+from torchtitan.models.llama3.model.args import TransformerModelArgs  # noqa: E402
 from torchtitan.models.llama3.model.model import Transformer  # noqa: E402
 from torchtitan.protocols.train_spec import register_train_spec  # noqa: E402
 
@@ -136,22 +140,45 @@ class CadTransformer(CadLocalTransformer):
     that point, from the device's boundaries. Every rank asks in the same order (the tag counts micro-batches)."""
     _micro_batch = 0
     used_ahead = 0  # micro-batches that ran with a plan asked for by plan_ahead (the trainer's records read it)
+    plans_documents = True  # attends whole documents across ranks: context parallelism (titan_parallel)
 
-    def _plan(self, cu_seq_q, device):
+    @property
+    def share(self):
+        """This rank's titan_parallel.Share (set by the spec's parallelize_fn; one rank's whole row otherwise)."""
+        return getattr(self, "cad_share", titan_parallel.Share())
+
+    def _plan(self, cu_seq_q, device, pieces=None):
+        """The micro-batch's plan, made ahead, for this TP rank's heads: from its documents' boundaries cu_seq_q, or
+        from its pieces (documents packed over the data x context ranks, titan_parallel)."""
         args = self.model_args
-        plan = cad.plan(cu_seq_q, causal=True, num_heads=args.n_heads, num_kv_heads=args.n_kv_heads or args.n_heads,
-                        head_dim=args.dim // args.n_heads, dtype=_compute_dtype(), device=device, ahead=True,
-                        tag=CadTransformer._micro_batch)
+        num_heads, num_kv_heads = titan_parallel.heads(args, self.share.tp)
+        shape = dict(causal=True, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=args.dim // args.n_heads,
+                     dtype=_compute_dtype(), device=device, ahead=True, tag=CadTransformer._micro_batch)
+        plan = cad.plan(cu_seq_q, **shape) if pieces is None else cad.plan_pieces(pieces, **shape)
         CadTransformer._micro_batch += 1
         return plan
 
+    def _stream_metadata(self, documents, device):
+        """The metadata of a rank's share of a PackedStream micro-batch (titan_parallel.stream_inputs' documents):
+        the plan from its pieces; cu_seq_q the pieces' boundaries in its tokens."""
+        pieces = titan_parallel.stream_pieces(documents)
+        cu = torch.tensor([0] + [p[3] for p in pieces], dtype=torch.int32).cumsum(0).to(torch.int32)
+        longest = max(p[3] for p in pieces)
+        return CadVarlenMetadata(cu, cu, longest, longest, self._plan(cu, device, pieces))
+
     def plan_ahead(self, input_batch, tokenizer, device, extra_inputs=None):
-        """Ask for the plan of a loaded micro-batch (`input_batch` still on the CPU) that will run on `device`;
-        returns that cad.Plan."""
-        masks = super().get_attention_masks(input_batch, tokenizer, extra_inputs)
-        cu = masks.cu_seq_q.to(torch.int32)  # the plan's tensor: every layer passes it, so no layer reads it back
+        """Ask for the plan of a loaded micro-batch (`input_batch` still on the CPU, the CP group's row) that will
+        run on `device`; returns that cad.Plan."""
         if not hasattr(self, "_planned"):
             self._planned = []
+        if extra_inputs and CAD_KEYS[0] in extra_inputs:
+            inputs, _, _, documents = titan_parallel.stream_inputs({"input": input_batch, **extra_inputs}, None,
+                                                                   self.share)
+            metadata = self._stream_metadata(documents, device)
+            self._planned.append((tuple(inputs.shape), metadata))
+            return metadata.plan
+        masks = super().get_attention_masks(input_batch, tokenizer, extra_inputs)
+        cu = masks.cu_seq_q.to(torch.int32)  # the plan's tensor: every layer passes it, so no layer reads it back
         plan = self._plan(cu, device)
         self._planned.append((tuple(input_batch.shape), CadVarlenMetadata(cu, cu, int(masks.max_q), int(masks.max_k),
                                                                           plan)))
@@ -164,6 +191,8 @@ class CadTransformer(CadLocalTransformer):
         return len(planned)
 
     def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None):
+        """The micro-batch's metadata and plan (the one planned ahead, else made now). With PackedStream's
+        documents, input_batch and extra_inputs are this rank's share (titan_parallel.stream_inputs)."""
         planned = getattr(self, "_planned", None)
         if planned:
             shape, metadata = planned.pop(0)
@@ -172,6 +201,8 @@ class CadTransformer(CadLocalTransformer):
                 raise RuntimeError(f"CadTransformer: the micro-batch planned ahead had shape {shape}, the one being run "
                                    f"{tuple(input_batch.shape)}: micro-batches must run in the order they were loaded")
             return metadata
+        if extra_inputs and CAD_KEYS[0] in extra_inputs:
+            return self._stream_metadata(extra_inputs, input_batch.device)
         masks = super().get_attention_masks(input_batch, tokenizer, extra_inputs)
         return CadVarlenMetadata(masks.cu_seq_q, masks.cu_seq_k, int(masks.max_q), int(masks.max_k),
                                  self._plan(masks.cu_seq_q, input_batch.device))
@@ -208,6 +239,12 @@ def build_packed_document_dataloader(dp_world_size, dp_rank, tokenizer, job_conf
         raise FileNotFoundError("no doclen_pretrain.json: set training.dataset_path or CAD_DATA")
     lengths = json.loads(pathlib.Path(path).read_text())
     seed = job_config.debug.seed if job_config.debug.seed is not None else 1
+    if job_config.training.dataset == STREAM:  # packed whole over the data x context ranks (titan_parallel)
+        dataset = PackedStream(lengths, job_config.training.seq_len, tokenizer.get_vocab_size(), dp_rank,
+                               dp_world_size, job_config.parallelism.context_parallel_degree, seed,
+                               max_doc_len=max_doc_len(job_config), eos_id=tokenizer.eos_id)
+        return ParallelAwareDataloader(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size,
+                                       batch_size=job_config.training.local_batch_size)
     dataset = packed_documents(job_config.training.dataset, lengths, job_config.training.seq_len,
                                tokenizer.get_vocab_size(), dp_rank, dp_world_size, seed, eos_id=tokenizer.eos_id)
     return ParallelAwareDataloader(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size,
@@ -215,6 +252,26 @@ def build_packed_document_dataloader(dp_world_size, dp_rank, tokenizer, job_conf
 
 
 # ---- flavors and specs -----------------------------------------------------------------------------------------------
+def max_doc_len(job_config):
+    """The longest document of dataset "pretrain_stream": $CAD_TT_MAX_DOC_LEN, default the CP group's row
+    (training.seq_len). A document may be longer than a rank's tokens (seq_len / context_parallel_degree)."""
+    return int(os.environ.get("CAD_TT_MAX_DOC_LEN") or job_config.training.seq_len)
+
+
+@dataclasses.dataclass
+class CadModelArgs(TransformerModelArgs):
+    """Llama 3's model args for the CAD specs: context parallelism with varlen attention is CAD's (TorchTitan's
+    update_from_config refuses it, its own CP having no varlen path), and RoPE's table covers the longest
+    document, whose positions run on across ranks."""
+
+    def update_from_config(self, job_config, **kwargs):
+        self.max_seq_len = max(job_config.training.seq_len, max_doc_len(job_config))
+
+
+def _cad_args(args):
+    return CadModelArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init})
+
+
 def _flavor(base, attn_type, layers, vocab=None):
     args = dataclasses.replace(llama3_args[base], attn_type=attn_type, n_layers=layers)
     if attn_type != "sdpa":
@@ -233,11 +290,14 @@ def _flavors(name):
                 "8B_flex": _flavor("8B", "flex", l8, vocab), "debugmodel": _flavor("debugmodel", "sdpa", ld),
                 "debugmodel_varlen": _flavor("debugmodel", "varlen", ld),
                 "debugmodel_flex": _flavor("debugmodel", "flex", ld)}
-    return {"8B": _flavor("8B", "varlen", l8, vocab), "debugmodel": _flavor("debugmodel", "varlen", ld)}
+    return {"8B": _cad_args(_flavor("8B", "varlen", l8, vocab)),
+            "debugmodel": _cad_args(_flavor("debugmodel", "varlen", ld))}
 
 
 def _spec(name, model_cls):
     spec = llama3_train_spec()
+    if name != "llama3_titan":  # CAD's layers: TP with the head check, CP as CAD's layout (titan_parallel)
+        spec = dataclasses.replace(spec, parallelize_fn=titan_parallel.parallelize_cad)
     spec = dataclasses.replace(spec, model_cls=model_cls, model_args=_flavors(name),
                                build_dataloader_fn=build_packed_document_dataloader,
                                build_tokenizer_fn=build_synthetic_tokenizer, build_validator_fn=None)
@@ -387,7 +447,24 @@ def recording_trainer():
             if job_config.model.name.startswith("llama3_cad"):
                 ac = job_config.activation_checkpoint
                 keep = False if (ac.mode, ac.selective_ac_option) == ("selective", "op") else "auto"
-                cad.init(balancer=os.environ.get("CAD_TT_BALANCER", "prefix_aware"), keep_forward_tensors=keep)
+                # CAD's group: this TP index's data x context ranks (the world without TP or PP)
+                cad.init(group=titan_parallel.cad_group(self.parallel_dims),
+                         balancer=os.environ.get("CAD_TT_BALANCER", "prefix_aware"), keep_forward_tensors=keep)
+
+        def post_dataloading_process(self, input_dict, labels):
+            """TorchTitan's, except for PackedStream's micro-batches (documents packed over the data x context
+            ranks): this rank's cp share of the row and the plan from its pieces, in place of TorchTitan's
+            prepare_context_parallel_input (titan_parallel)."""
+            if CAD_KEYS[0] not in input_dict:
+                if self.parallel_dims.cp_enabled and job_uses_cad(self.job_config):
+                    raise ValueError(f"llama3_cad: context_parallel_degree {self.parallel_dims.cp} needs "
+                                     f"training.dataset \"{STREAM}\" (documents packed whole over the data x context "
+                                     f"ranks), got {self.job_config.training.dataset!r}")
+                return super().post_dataloading_process(input_dict, labels)
+            model = self.model_parts[0]
+            inputs, labels, extra_inputs, documents = titan_parallel.stream_inputs(input_dict, labels, model.share)
+            masks = model.get_attention_masks(inputs, self.tokenizer, documents)
+            return inputs, labels, extra_inputs, {"attention_masks": masks}
 
         def _sync(self):
             if self.device.type == "cuda":
@@ -438,6 +515,8 @@ def recording_trainer():
             if self._peak_gib is not None:  # the step's peak, as capture() read it before log() reset it
                 record["peak_gib"], self._peak_gib = self._peak_gib, None
             self.records.append(record)
+            if os.environ.get("CAD_TT_GRADS") and self.step == 1:
+                save_gradients(self.model_parts[0], os.environ["CAD_TT_GRADS"])
             if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
                 print(f"CAD_TT step {self.step} step_s {record['step_s']:.4f} loss {record['loss']}", flush=True)
             return result
@@ -453,6 +532,10 @@ def recording_trainer():
                            "balancer": os.environ.get("CAD_TT_BALANCER", "prefix_aware"),
                            "world": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
                            "layers": self.model_args.n_layers, "seq_len": jc.training.seq_len,
+                           "context_parallel": self.parallel_dims.cp, "tensor_parallel": self.parallel_dims.tp,
+                           # a row of seq_len tokens per CP group and TP group (the table's tokens/s)
+                           "tokens_per_step": jc.training.seq_len * self.parallel_dims.world_size
+                           // (self.parallel_dims.cp * self.parallel_dims.tp),
                            "compile": jc.compile.enable, "activation_checkpoint": jc.activation_checkpoint.mode,
                            "mean_step_s_after_first": sum(steady) / len(steady), "steps": self.records}
                 pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -468,6 +551,23 @@ def recording_trainer():
             super().close()
 
     return RecordingTrainer
+
+
+def job_uses_cad(job_config):
+    return job_config.model.name.startswith("llama3_cad")
+
+
+def save_gradients(model, path):
+    """Every parameter's whole gradient after the first step (FSDP and TP shards gathered: collective), written by
+    rank 0 to `path` ($CAD_TT_GRADS) for a comparison with another layout's run."""
+    grads = {}
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is not None and hasattr(g, "full_tensor"):
+            g = g.full_tensor()
+        grads[name.replace("_checkpoint_wrapped_module.", "")] = None if g is None else g.detach().cpu().clone()
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        torch.save(grads, path)
 
 
 def _version():

@@ -1,6 +1,7 @@
 """What both TorchTitan recipes share (train_titan_cad.py for torchtitan 0.3, titan_cad_spec.py for 0.2.x): running
 TorchTitan on the CPU, stand-ins for the packages it imports but the recipes never use, and the no-download
-packed-document data of the Pretrain recipe. Import this before torchtitan."""
+packed-document data of the Pretrain recipe (per rank; or PackedStream: packed whole over the data x context ranks).
+Import this before torchtitan."""
 import os
 import pathlib
 import sys
@@ -144,15 +145,17 @@ def default_data_path():
     return None
 
 
-# training.dataset / dataloader.dataset names -> PackedDocuments' `balanced`
+# training.dataset / dataloader.dataset names -> PackedDocuments' `balanced`; STREAM: PackedStream
 DATASETS = {"pretrain_synthetic": False, "pretrain_synthetic_balanced": True}
+STREAM = "pretrain_stream"
 
 
 def packed_documents(dataset, lengths, seq_len, vocab_size, dp_rank, dp_world_size, seed, eos_id=None):
     """The PackedDocuments a dataset name selects; an unknown name is refused, naming the accepted ones."""
     if dataset not in DATASETS:
         raise ValueError(f"dataset {dataset!r}: expected one of {', '.join(DATASETS)} (packed Pretrain-recipe "
-                         "documents; _balanced: equal attention work per rank, for the measured ideal)")
+                         "documents; _balanced: equal attention work per rank, for the measured ideal) or "
+                         f"{STREAM} (PackedStream: documents packed whole over the data x context ranks)")
     return PackedDocuments(lengths, seq_len, vocab_size, dp_rank, dp_world_size, seed, eos_id=eos_id,
                            balanced=DATASETS[dataset])
 
@@ -195,6 +198,116 @@ class PackedDocuments(torch.utils.data.IterableDataset):
             labels[ends] = IGNORE_INDEX  # a document's last token predicts nothing
             self.index += 1
             yield {"input": tokens[:-1], "positions": positions}, labels
+
+    def state_dict(self):
+        return {"index": self.index}
+
+    def load_state_dict(self, state):
+        self.index = state["index"]
+
+
+# ---- documents packed whole over the data x context ranks (context parallelism) ------------------------------------
+CAD_KEYS = ("cad_doc", "cad_doc_len")  # PackedStream's per-token document ids and lengths (input_dict keys)
+_STREAMS = {}
+
+
+def stream_documents(lengths, max_doc_len, tokens, seed):
+    """The step's document lengths, in order, at least `tokens` of them: the Pretrain recipe's documents (cut at
+    64K, then scaled so that 64K becomes max_doc_len: the longest document is its own setting, apart from the
+    tokens per rank), more of its passes until they hold `tokens`. Remembered (the recipe walks the whole file)."""
+    key = (id(lengths), max_doc_len, tokens, seed)
+    if key not in _STREAMS:
+        recipe, docs, extra = _recipe(), [], 0
+        while sum(docs) < tokens:
+            docs += recipe.recipe_documents(lengths, max_doc_len, seed * 1024 + extra)
+            extra += 1
+        _STREAMS[key] = (lengths, docs)
+    return list(_STREAMS[key][1])
+
+
+def stream_tokens(capacity, vocab_size, seed, index, eos_id=None, layouts=()):
+    """The step's token stream: capacity + 1 tokens drawn from (seed, index) alone -- the same whatever the ranks'
+    layout, so that one process running the documents unsplit sees the same tokens -- with eos_id (when given) at
+    every document's last token and nowhere else."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + index * 131)
+    high = vocab_size if eos_id is None else eos_id
+    tokens = torch.randint(0, high, (capacity + 1,), generator=g)
+    if eos_id is not None:
+        for layout in layouts:
+            at = layout.start
+            for _, doc_len, offset, n in layout.pieces:
+                at += n
+                if offset + n == doc_len:
+                    tokens[at - 1] = eos_id
+    return tokens
+
+
+def stream_rows(layouts, tokens, doc_base=0):
+    """(input_dict, labels) of the consecutive ranks `layouts` (RankLayouts of one stream) as one row: their tokens,
+    positions continuous across every cut, labels with the next rank's first token after a piece's last one (-100 at
+    a document's end), and per token its document's id (doc_base + its index in the stream) and length, from
+    which any slice of the row gives its pieces (pieces_of)."""
+    ids = tokens[layouts[0].start:layouts[-1].stop]
+    labels = torch.cat([layout.targets(tokens) for layout in layouts])
+    positions = torch.cat([layout.position_ids() for layout in layouts])
+    doc = torch.cat([torch.full((n,), doc_base + d, dtype=torch.int64)
+                     for layout in layouts for d, _, _, n in layout.pieces])
+    doc_len = torch.cat([torch.full((n,), length, dtype=torch.int64)
+                         for layout in layouts for _, length, _, n in layout.pieces])
+    return {"input": ids, "positions": positions, "cad_doc": doc, "cad_doc_len": doc_len}, labels
+
+
+def pieces_of(doc, doc_len, positions):
+    """The pieces (doc_id, doc_len, offset_in_doc, len) of a row's tokens (1-D or [B, L], rows in order) from their
+    document ids, lengths and positions: a new piece wherever the document changes."""
+    doc, doc_len, positions = (t.reshape(-1).tolist() for t in (doc, doc_len, positions))
+    pieces = []
+    for i, (d, n, p) in enumerate(zip(doc, doc_len, positions)):
+        if pieces and pieces[-1][0] == d and i > 0 and positions[i - 1] + 1 == p:
+            last = pieces[-1]
+            pieces[-1] = (d, n, last[2], last[3] + 1)
+        else:
+            pieces.append((d, n, p, 1))
+    return pieces
+
+
+class PackedStream(torch.utils.data.IterableDataset):
+    """dataset "pretrain_stream": per sample, the step's documents (stream_documents) packed whole over the
+    batch_world x cp ranks by cad.pack_documents, seq_len // cp tokens each, in the order of TorchTitan's loss
+    mesh (batch index, then cp index). The row of batch rank b is its cp ranks' tokens, one after the other (what
+    TorchTitan's dataloader gives the ranks of one CP group); each rank then takes its own cp share of it
+    (titan_parallel.context_share). A document cut at a rank boundary stays one document: positions continuous,
+    its label across the cut kept, and its pieces named by the same document id on every rank."""
+
+    def __init__(self, lengths, seq_len, vocab_size, batch_rank, batch_world, cp, seed, max_doc_len=None,
+                 eos_id=None):
+        import cad
+        if seq_len % cp:
+            raise ValueError(f"PackedStream: seq_len {seq_len} is not divisible by context_parallel_degree {cp}")
+        self.cad = cad
+        self.lengths, self.seq_len, self.vocab_size = lengths, seq_len, vocab_size
+        self.batch_rank, self.batch_world, self.cp, self.seed = batch_rank, batch_world, cp, seed
+        self.max_doc_len = max_doc_len or seq_len
+        self.eos_id = eos_id
+        self.index = 0
+
+    def layouts(self, index):
+        ranks = self.batch_world * self.cp
+        docs = stream_documents(self.lengths, self.max_doc_len, ranks * (self.seq_len // self.cp),
+                                self.seed + index)
+        return self.cad.pack_documents(docs, self.seq_len // self.cp, ranks, max_doc_len=self.max_doc_len)
+
+    def sample(self, index):
+        layouts = self.layouts(index)
+        tokens = stream_tokens(layouts[-1].stop, self.vocab_size, self.seed, index, self.eos_id, layouts)
+        mine = layouts[self.batch_rank * self.cp:(self.batch_rank + 1) * self.cp]
+        return stream_rows(mine, tokens, doc_base=index << 32)
+
+    def __iter__(self):
+        while True:
+            sample = self.sample(self.index)
+            self.index += 1
+            yield sample
 
     def state_dict(self):
         return {"index": self.index}

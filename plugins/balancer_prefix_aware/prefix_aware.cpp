@@ -66,6 +66,7 @@ using cad::plugin::format;
 using cad::prefix_aware::Shard;
 
 constexpr int kRoomiestReceivers = 4;  // receivers with the most room considered at every step
+constexpr int kAcrossReceivers = 8;    // the same across nodes (where bytes cost most, a wider choice pays)
 constexpr int kMaxRounds = 8;          // rounds of shedding (a round ends when every sender has tried)
 constexpr double kSameBytes = 0.01;    // bytes per unit of work this close count as equal (time mode)
 
@@ -242,6 +243,7 @@ class Shedding {
     const auto& on_src = ranges_[static_cast<size_t>(src)];
     const int64_t need = this->need(src);
     Choice choice{Candidate{}, Candidate{}, ledger_.load(src)};
+    roomiest(src, wide);
     for (size_t i = 0; i < on_src.size(); ++i) {
       const Range& r = on_src[i];
       receivers(src, r, wide);
@@ -317,42 +319,49 @@ class Shedding {
   // document or its prefix; `wide` (under a cap, when those could not take a shard): every server
   // with room (fewer, chosen by free memory, balanced much worse under tight caps at 512 servers).
   // Over several nodes: inside a node only servers on src's node; across nodes only servers of other nodes
-  // whose node has room.
-  void receivers(int32_t src, const Range& r, bool wide) {
-    receivers_.clear();
-    if (pass_ == Pass::kAcrossNodes) {
-      // The servers that may take the most (room capped by their node's), not the roomiest: a roomy server
-      // on a nearly full node would cut the shard into slivers, each needing its own copy of the KV prefix.
-      across_.clear();
-      for (int32_t s = 0; s < p_.num_servers; ++s) {
-        if (!p_.nodes.same_node(s, src) && take(s) > 0) across_.push_back({-take(s), s});
-      }
-      const size_t keep = wide ? across_.size() : std::min<size_t>(across_.size(), kRoomiestReceivers);
-      std::partial_sort(across_.begin(), across_.begin() + static_cast<std::ptrdiff_t>(keep), across_.end());
-      for (size_t i = 0; i < keep; ++i) receivers_.push_back(across_[i].second);
-      if (wide) return;
-      for (int32_t s : doc_servers_[static_cast<size_t>(r.doc)]) {
-        if (!p_.nodes.same_node(s, src) && take(s) > 0 &&
-            std::find(receivers_.begin(), receivers_.end(), s) == receivers_.end()) {
-          receivers_.push_back(s);
+  // whose node has room. The roomiest part does not depend on the range: roomiest() makes it once per pick.
+  void roomiest(int32_t src, bool wide) {
+    roomiest_.clear();
+    if (pass_ == Pass::kAny) {
+      int n = 0;
+      for (auto it = by_room_.begin(); it != by_room_.end() && (wide || n < kRoomiestReceivers); ++it) {
+        if (it->second != src) {
+          roomiest_.push_back(it->second);
+          ++n;
         }
       }
       return;
     }
-    auto eligible = [&](int32_t s) {
-      if (s == src) return false;
-      return pass_ != Pass::kInsideNode || p_.nodes.same_node(s, src);
-    };
-    int n = 0;
-    for (auto it = by_room_.begin(); it != by_room_.end() && (wide || n < kRoomiestReceivers); ++it) {
-      if (eligible(it->second)) {
-        receivers_.push_back(it->second);
-        ++n;
-      }
+    // Inside a node: its servers by room. Across nodes: by what they may take (room capped by their node's),
+    // not by room: a roomy server on a nearly full node would cut the shard into slivers, each needing its own
+    // copy of the KV prefix.
+    scratch_.clear();
+    const bool inside = pass_ == Pass::kInsideNode;
+    const int32_t first = inside ? p_.nodes.node_of(src) * p_.nodes.ranks_per_node : 0;
+    const int32_t last = inside ? std::min(p_.num_servers, first + p_.nodes.ranks_per_node) : p_.num_servers;
+    for (int32_t s = first; s < last; ++s) {
+      if (s == src || (!inside && p_.nodes.same_node(s, src))) continue;
+      const int64_t t = take(s);
+      if (t > 0) scratch_.push_back({-t, s});
     }
+    const size_t limit = inside ? kRoomiestReceivers : kAcrossReceivers;
+    const size_t keep = wide ? scratch_.size() : std::min(scratch_.size(), limit);
+    std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(keep), scratch_.end());
+    for (size_t i = 0; i < keep; ++i) roomiest_.push_back(scratch_[i].second);
+  }
+
+  void receivers(int32_t src, const Range& r, bool wide) {
+    receivers_ = roomiest_;
     if (wide) return;
     for (int32_t s : doc_servers_[static_cast<size_t>(r.doc)]) {
-      if (eligible(s) && room(s) > 0) receivers_.push_back(s);
+      if (s == src || room(s) <= 0) continue;
+      if (pass_ == Pass::kInsideNode && !p_.nodes.same_node(s, src)) continue;
+      if (pass_ == Pass::kAcrossNodes &&
+          (p_.nodes.same_node(s, src) || take(s) <= 0 ||
+           std::find(receivers_.begin(), receivers_.end(), s) != receivers_.end())) {
+        continue;
+      }
+      receivers_.push_back(s);
     }
   }
 
@@ -401,7 +410,8 @@ class Shedding {
   int32_t worst_stuck_ = -1;
   Pass pass_ = Pass::kAny;
   std::vector<int64_t> node_load_;                  // per node: the sum of its servers' loads (several nodes)
-  std::vector<std::pair<int64_t, int32_t>> across_; // scratch: (-take, server) across nodes
+  std::vector<int32_t> roomiest_;                   // scratch: the roomiest receivers of this pick
+  std::vector<std::pair<int64_t, int32_t>> scratch_;  // scratch: (-take, server)
   Tasks tasks_;                                     // the shards moved so far
   std::vector<int32_t> receivers_;                  // scratch
   std::vector<int64_t> ends_;                       // scratch

@@ -303,3 +303,40 @@ def test_memory_rule_is_cad_plans(tmp_path, lengths, tokens, ranks, window):
         else:
             check_memory_cap(layouts, cap, window_size=window_size, **shape)
             assert "no plan of this layout fits" not in done.stderr, done.stderr
+
+
+# ---- the command lines' refusals ----------------------------------------------------------------------------
+def test_options_refused_with_long_documents(capsys):
+    from cad.train import long_docs
+    from cad.train.llama_args import parse_args
+    from cad.train.pipeline_args import parse_args as pipeline_args
+    for argv, words in ((["--max-doc-len", "4096", "--ping-pong"], "--max-doc-len does not go with --ping-pong"),
+                        (["--max-doc-len", "4096", "--configs", "prefix_aware+pp"], "does not go with --ping-pong"),
+                        (["--max-doc-len", "4096", "--balanced-batches"], "does not go with --balanced-batches"),
+                        (["--max-doc-len", "0"], "--max-doc-len must be at least 1"),
+                        (["--memory-cap", "-1"], "--memory-cap must be at least 0")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert words in capsys.readouterr().err, argv
+    with pytest.raises(SystemExit):
+        pipeline_args(["--max-doc-len", "4096", "--configs", "local_balanced"])
+    assert "does not go with --balanced-batches" in capsys.readouterr().err
+    args = parse_args(["--max-doc-len", "4096", "--tokens-per-rank", "512", "--attention", "local"])
+    assert args.context == 512 and args.max_doc_len == 4096
+    long_docs.refuse_local(args, 1, "train_llama")  # one rank holds every document whole
+    with pytest.raises(cad.CadError, match="over 2 ranks needs --attention cad: local attention would attend each"):
+        long_docs.refuse_local(args, 2, "train_llama")
+
+
+def test_memory_cap_reaches_the_balancers():
+    """cad.init(memory_cap_bytes=B) is the CAD plugin's memory_cap_bytes (the balancers' cost parameter); 0 leaves it
+    out (the plugin's default, no cap); a negative cap is refused naming it."""
+    from cad import _settings
+
+    def cad_config(**given):
+        config = _settings.stack_config(torch.device("cpu"), _settings.checked(**given))
+        return next(i for i in config["instances"] if i["name"] == "cad")["config"]
+    assert cad_config(memory_cap_bytes=4096)["memory_cap_bytes"] == 4096
+    assert "memory_cap_bytes" not in cad_config()
+    with pytest.raises(cad.CadError, match="memory_cap_bytes must be an int in"):
+        _settings.checked(memory_cap_bytes=-1)

@@ -124,17 +124,25 @@ def _check_pieces(rank, world, lengths, tokens_per_rank, balancer, causal, windo
     o.backward(d_o)
     got = [o.detach()] + [t.grad for t in leaves]
     for name, a, b in zip(("o", "dq", "dk", "dv"), got, want):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5, msg=lambda m: f"rank {rank} {name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5,
+                                   msg=lambda m: f"rank {rank} {balancer} causal={causal} window={window} {name}: {m}")
+
+
+def _check_cases(rank, world, cases):
+    """Every case (lengths, tokens_per_rank, balancer, causal, window) in this one process group."""
+    for case in cases:
+        _check_pieces(rank, world, *case)
 
 
 # 2 ranks: document 1 spans both; 3 ranks: document 1 spans all three; 4 ranks: documents over 2 and 3 ranks.
 CASES = {2: ([9, 40, 7], 24), 3: ([4, 50, 8], 20), 4: ([5, 37, 9, 3, 50, 6], 20)}
 
 
-@pytest.mark.parametrize("balancer", ["colocated", "per_doc_cp", "distca", "prefix_aware"])
-def test_pieces_over_ranks_match_one_process(balancer):
-    lengths, tokens = CASES[3]  # document 1 spans all three ranks
-    harness.run(3, _check_pieces, lengths, tokens, balancer, True, (-1, -1))
+def test_pieces_over_ranks_match_one_process():
+    """Every balancer, in one launch of 3 ranks: document 1 spans all three."""
+    lengths, tokens = CASES[3]
+    harness.run(3, _check_cases, [(lengths, tokens, balancer, True, (-1, -1))
+                                  for balancer in ("colocated", "per_doc_cp", "distca", "prefix_aware")])
 
 
 def test_two_ranks():
@@ -144,5 +152,5 @@ def test_two_ranks():
 
 def test_four_ranks_full_and_windowed():
     lengths, tokens = CASES[4]
-    harness.run(4, _check_pieces, lengths, tokens, "prefix_aware", False, (-1, -1))
-    harness.run(4, _check_pieces, lengths, tokens, "prefix_aware", True, (6, 0))
+    harness.run(4, _check_cases, [(lengths, tokens, "prefix_aware", False, (-1, -1)),
+                                  (lengths, tokens, "prefix_aware", True, (6, 0))])

@@ -46,8 +46,8 @@ const char* kUsage =
     "  --ranks-per-node R  data-parallel (CAD) ranks per node: sets --gpus-per-node to R x tp (the two must agree\n"
     "                      when both are given); also handed to every balancer's config as \"ranks_per_node\"\n"
     "  --inter-node-byte-cost C   handed to every balancer's config as \"inter_node_byte_cost\" (a byte that\n"
-    "                      leaves its node costs C bytes; C in [1, 1000]); a balancer that does not know a key\n"
-    "                      warns and ignores it\n"
+    "                      leaves its node costs C bytes; C in [1, 1e6], the balancers' range); a balancer\n"
+    "                      that does not know a key warns and ignores it\n"
     "  --tp N              tensor-parallel size, inside a node (default 1): divides linear work and heads; each\n"
     "                      TP index runs CAD over its data group on its head slice (Hq/tp, Hkv/tp heads), so its\n"
     "                      exchanges carry that slice, and every TP index holds the same plan (made once per\n"
@@ -348,7 +348,7 @@ std::string with_topology(const std::string& config, const cad::cli::Args& args)
   if (args.has("--ranks-per-node")) c["ranks_per_node"] = args.get_int("--ranks-per-node", 1, 1, lim::kMaxGpusPerNode);
   if (args.has("--inter-node-byte-cost")) {
     c["inter_node_byte_cost"] =
-        parse_number("--inter-node-byte-cost", args.get("--inter-node-byte-cost", ""), 1, 1000, "[1, 1000]");
+        parse_number("--inter-node-byte-cost", args.get("--inter-node-byte-cost", ""), 1, 1e6, "[1, 1e6]");
   }
   return c.dump();
 }

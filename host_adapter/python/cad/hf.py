@@ -33,6 +33,12 @@ function: `cad_cu_seqlens` (int32 [documents + 1]) and, for "cad", `cad_plan` (m
 rank). Neither is then derived nor remembered. For a model with windowed and global layers `cad_plan` may be a
 tuple (or list) of plans, one per mask, as plan_ahead returns them: each layer takes the plan made for its own
 window (cad.plan(cu, window_size=(left, 0)) for a layer of sliding_window left + 1; no window for a global layer).
+
+Documents longer than a rank (context parallelism for packed documents): a rank's tokens are pieces of documents
+that go on on other ranks (cad.pack_documents' RankLayout). Pass `cad_plan=cad.hf.plan_pieces(model, layout.pieces)`
+(plans from pieces, one per mask) without `cad_cu_seqlens`, and the layout's `position_ids`, which run on across a
+cut: every layer attends each document whole, and RoPE sees one document. "cad_local" with such a plan attends each
+piece alone (no other rank to reach).
 """
 import weakref
 

@@ -13,6 +13,13 @@ chunks twice), 90% of the rest kept, shuffled, scaled by context/64K, packed int
 per rank (a document cut by a buffer end continues as its own document on the next rank). Each rank's buffer is
 one packed sequence (position_ids restart per document).
 
+Documents longer than a rank (--max-doc-len N, apart from --tokens-per-rank, --context's other name): the recipe's
+documents scaled to N instead of to one rank, each micro-batch's laid over the ranks whole (cad.pack_documents):
+every rank its pieces, positions continuous across a cut, labels across it, attention over each whole document
+through a plan from pieces (cad.plan_pieces, per mask), a rank's loss its summed token losses over the step's
+predicted tokens divided by the ranks (the same losses and gradients as one process over the same documents
+unsplit); --memory-cap refuses a layout no plan fits before its step (cad.train.long_docs says how).
+
 A step is --micro-batches micro-batches (gradient accumulation), each its own recipe batch (seed + 1000 * step +
 micro-batch) and, with CAD, its own plan: cad.plan(cu_seqlens) on every rank, handed to every layer's attention
 through the transformers call as the keywords cad_plan and cad_cu_seqlens (cad.hf). With --plan-ahead on (the

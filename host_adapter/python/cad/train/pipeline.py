@@ -194,6 +194,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
     asked = {}     # (step, forward tick) -> (cad.Plan or None, cu_seqlens, time asked)
 
     pieces = {}    # --max-doc-len: (step, micro-batch) -> this replica's pieces, document ids unique per micro-batch
+    documents = {}  # --max-doc-len: step -> per micro-batch [the documents as packed] (the model FLOPs count them)
 
     def load(step):
         if step not in loaded and args.max_doc_len is not None:  # over the stage's replicas whole (long_docs)
@@ -203,6 +204,7 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
             for m, long in enumerate(longs):
                 # A tick's plan over every rank holds several micro-batches' pieces: ids are made unique by m.
                 pieces[(step, m)] = tuple((m << 32 | d, n, o, k) for d, n, o, k in long.layouts[layout.replica].pieces)
+            documents[step] = [[long.documents] for long in longs]
             loaded[step] = ([long_docs.piece_lengths(long) for long in longs],
                             [long_docs.inputs_of(long, layout.replica, device) for long in longs])
         if step not in loaded:
@@ -593,7 +595,8 @@ def train_one(args, rank, world, device, lengths, capture_grads=False):
         for r in records:
             mine += [r["attention_s"], r["tick_s"], r["colocated_pairs"], r.get("planned_flops", 0.0)]
         gathered = gather_floats(mine, world, groups.records if groups else None)
-        record = step_record(args, step, gathered, records, stage.matmul_params, docs, layout)
+        record = step_record(args, step, gathered, records, stage.matmul_params, docs, layout,
+                             flops_documents=documents.pop(step, None))
         record["rank_ticks"] = records  # this rank's own view (plan ids and tags, when its plans were asked/made)
         history.append(record)
         loaded.pop(step, None)

@@ -80,8 +80,10 @@ def _imbalance(values):
     return max(values) / mean if mean > 0 else 1.0
 
 
-def step_record(args, step, gathered, records, matmul_params, docs, layout):
-    """One step over every rank: the scalars, then per tick the ranks' attention and tick times and costs."""
+def step_record(args, step, gathered, records, matmul_params, docs, layout, flops_documents=None):
+    """One step over every rank: the scalars, then per tick the ranks' attention and tick times and costs.
+    flops_documents: the documents the model FLOPs count, per micro-batch and replica (default `docs`; with
+    --max-doc-len the whole documents, of which `docs` holds each replica's pieces)."""
     world = len(gathered)
     last = [g for g in gathered if g[1] == 1.0]
     step_s = max(g[2] for g in gathered)
@@ -104,7 +106,7 @@ def step_record(args, step, gathered, records, matmul_params, docs, layout):
             entry["plan_imbalance"] = r["plan_imbalance"]  # the balancer's max/mean over its group's servers
         per_tick.append(entry)
     tokens = sum(g[3] for g in gathered)
-    flops = model_flops(args, matmul_params, docs)
+    flops = model_flops(args, matmul_params, docs if flops_documents is None else flops_documents)
     return {"step": step, "loss": sum(g[0] for g in last) / len(last), "losses": [g[0] for g in last],
             "grad_norm": sum(g[7] for g in gathered[::layout.dp]) ** 0.5,
             "step_s": [g[2] for g in gathered], "step_ms": step_s * 1e3,

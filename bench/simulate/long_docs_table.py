@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""docs/simulate.md's long-document table: `cad simulate --max-doc-len L --tokens-per-rank T --json` at 8-1024
+GPUs (documents up to L tokens laid whole over the ranks as cad.pack_documents lays them, per_doc_cp and
+colocated in groups of the ranks the longest document needs), with balance, bytes and memory per server of each
+balancer and prefix_aware's predicted step against per_doc_cp.
+
+usage: python3 bench/simulate/long_docs_table.py [--cad build/bin/cad] [--dist FILE] [--out docs/simulate/long_docs]
+           [--model llama-8b] [--max-doc-len 1048576] [--tokens-per-rank 131072] [--layouts 1:8,1:32,...,8:1024]
+           [--steps 2] [--extra "--overlap 0.25"]
+--layouts lists TP:GPUS pairs. Writes OUT/results.json (every run's --json and its command) and OUT/table.md.
+Exits non-zero when a run fails.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+GIB = 1024.0 ** 3
+
+
+def run(cad, args):
+    cmd = [cad, "simulate"] + args + ["--json", "--quiet"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit("failed (%d): %s\n%s" % (done.returncode, " ".join(cmd), done.stderr))
+    result = json.loads(done.stdout)
+    result["command"] = " ".join(cmd)
+    return result
+
+
+def row(r):
+    b = {x["name"]: x for x in r["balancers"]}
+    names = ["colocated", "per_doc_cp", "distca", "prefix_aware"]
+    w = r["workload"]
+    return "| %d | %d (%d) | %d | %.1f / %d | %s | %s | %s | %s | %.1f | %.2f / %.2f | %.2f |" % (
+        r["layout"]["tp"], r["layout"]["gpus"], r["layout"]["dp"], w["document_group"],
+        w["documents_per_micro_batch"], w["widest_span_ranks"],
+        " / ".join("%.2f" % b[n]["attention_imbalance"] for n in names),
+        " / ".join("%.1f" % (b[n]["bytes_inter_node_per_layer"] / GIB) for n in names),
+        " / ".join("%.1f" % (b[n]["bytes_per_layer"] / GIB) for n in names),
+        " / ".join("%.1f" % (b[n]["memory"]["max_kv_bytes"] / GIB) for n in names),
+        b["per_doc_cp"]["on"]["mean_step_seconds"],
+        b["prefix_aware"]["on"]["speedup_vs_per_doc_cp"], b["prefix_aware"]["off"]["speedup_vs_per_doc_cp"],
+        b["colocated"]["on"]["speedup_vs_per_doc_cp"])
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cad", default=os.path.join(root, "build", "bin", "cad"))
+    p.add_argument("--dist", default=os.path.join(root, "..", "shared", "data", "doclen_pretrain.json"))
+    p.add_argument("--out", default=os.path.join(root, "docs", "simulate", "long_docs"))
+    p.add_argument("--model", default="llama-8b")
+    p.add_argument("--max-doc-len", default="1048576")
+    p.add_argument("--tokens-per-rank", default="131072")
+    p.add_argument("--layouts", default="1:8,1:32,1:128,1:512,1:1024,8:64,8:128,8:512,8:1024")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--extra", default="--link-gbps 400 --overlap 0.25", help="more `cad simulate` arguments")
+    a = p.parse_args()
+    results = []
+    for layout in a.layouts.split(","):
+        tp, gpus = layout.split(":")
+        results.append(run(a.cad, ["--model", a.model, "--gpus", gpus, "--tp", tp, "--dist", a.dist,
+                                   "--max-doc-len", a.max_doc_len, "--tokens-per-rank", a.tokens_per_rank,
+                                   "--steps", str(a.steps)] + shlex.split(a.extra)))
+    header = ("| TP | GPUs (DP ranks) | document group | documents per micro-batch / widest span (ranks) | "
+              "max/mean attention: colocated / per_doc_cp / distca / prefix_aware | inter-node GiB per layer | "
+              "all GiB per layer | most K/V GiB one server holds (per layer) | per_doc_cp step (s) | "
+              "prefix_aware vs per_doc_cp: ping-pong mode / no overlap | colocated (all-gather CP) vs per_doc_cp |")
+    sep = "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    text = "\n".join([header, sep] + [row(r) for r in results]) + "\n"
+    with open(os.path.join(a.out, "table.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+// The network term as named parameters: the overlap rule, the fitted (bytes, seconds) curve and its
+// refusals, the overlap in a rank's pass, and the intra- / inter-node split of a plan's bytes.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "calibration_fixture.h"
+#include "comm_model.h"
+#include "simulation.h"
+#include "step_model.h"
+
+namespace sim = cad::simulate;
+
+namespace {
+
+std::string curve_refusal(const std::string& json) {
+  try {
+    sim::parse_link_curve(json, "curve.json", nullptr);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+}  // namespace
+
+TEST(SimulateNetwork, OverlapHidesItsShareUpToTheCompute) {
+  EXPECT_DOUBLE_EQ(sim::overlapped_seconds(3, 2, 0), 5);       // nothing hidden
+  EXPECT_DOUBLE_EQ(sim::overlapped_seconds(3, 2, 1), 3);       // max(compute, exchange)
+  EXPECT_DOUBLE_EQ(sim::overlapped_seconds(1, 2, 1), 2);
+  EXPECT_DOUBLE_EQ(sim::overlapped_seconds(3, 2, 0.25), 4.5);  // a quarter of the exchange hidden
+  EXPECT_DOUBLE_EQ(sim::overlapped_seconds(0.2, 2, 0.25), 2);  // at most the compute is hidden
+}
+
+TEST(SimulateNetwork, FittedCurveInterpolatesFloorsAndExtends) {
+  sim::SystemCalibration c = sim::testing::calibration(500, 4000, 48, {{1e6, 10}, {1e9, 300}});
+  std::string source;
+  c.net_curve = sim::parse_link_curve(
+      R"({"source": "fitted: test", "points": [{"bytes": 1e6, "seconds": 1e-4}, {"bytes": 1e8, "seconds": 5e-3}]})",
+      "curve.json", &source);
+  EXPECT_EQ(source, "fitted: test");
+  EXPECT_EQ(sim::inter_node_seconds(c, 0), 0);
+  EXPECT_DOUBLE_EQ(sim::inter_node_seconds(c, 1e3), 1e-4);  // below the first point: its seconds
+  EXPECT_NEAR(sim::inter_node_seconds(c, 5.05e7), 0.5 * (1e-4 + 5e-3), 1e-15);  // halfway, linear in bytes
+  // Past the last point: its segment's slope (4.9e-3 s per 9.9e7 B).
+  EXPECT_NEAR(sim::inter_node_seconds(c, 2e8), 5e-3 + 1e8 * 4.9e-3 / 9.9e7, 1e-12);
+  // The curve replaces latency + bytes / bandwidth (which would give 20 us + 1e8 / 40e9).
+  EXPECT_NEAR(sim::inter_node_seconds(c, 1e8), 5e-3, 1e-15);
+}
+
+TEST(SimulateNetwork, BadCurvesAreNamed) {
+  EXPECT_EQ(curve_refusal(R"({"points": [{"bytes": 1, "seconds": 1}]})"),
+            "curve.json: key 'source' is missing (expected a non-empty string)");
+  EXPECT_EQ(curve_refusal(R"({"source": "x", "points": []})"),
+            "curve.json: key 'points' must be a non-empty list of {bytes, seconds}");
+  EXPECT_EQ(curve_refusal(R"({"source": "x", "points": [{"bytes": 2, "seconds": 1}, {"bytes": 2, "seconds": 2}]})"),
+            "curve.json: key 'points[1].bytes' must be larger than the previous point's (strictly increasing)");
+  EXPECT_NE(curve_refusal(R"({"source": "x", "points": [{"bytes": 1, "seconds": 2}, {"bytes": 2, "seconds": 1}]})")
+                .find("key 'points[1].seconds' must not be smaller"),
+            std::string::npos);
+  EXPECT_EQ(curve_refusal(R"({"source": "x", "points": [{"bytes": 1, "seconds": 0}]})"),
+            "curve.json: key 'points[0].seconds' must be a number > 0, got 0");
+}
+
+TEST(SimulateNetwork, PingPongModeHidesTheNamedOverlap) {
+  sim::ModelShape s;
+  s.name = "tiny";
+  s.layers = 2;
+  s.hidden = 4;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = 2;
+  s.mlp = 8;
+  s.vocab = 10;
+  sim::SystemCalibration c = sim::testing::calibration(1, 4000, 0, {{1e6, 10}, {1e9, 300}});
+  sim::RankWork w;
+  w.tokens = 1000;
+  w.attention.fwd = 1e-3;  // each pass's compute is at least the 1 ms exchange: the overlap alone decides
+  w.attention.bwd = 2e-3;
+  w.bytes.sent_inter = 4e7 - 20e-6 * 40e9;  // 1 ms over the network (40 GB/s effective, 20 us latency)
+  const sim::Layout one{1, 8, 1, 1};
+  const sim::RankTime off = sim::rank_time(w, s, one, c, false);
+  c.overlap = 0;
+  EXPECT_NEAR(sim::rank_time(w, s, one, c, true).total, off.total, 1e-15);
+  c.overlap = 1;
+  const sim::RankTime full = sim::rank_time(w, s, one, c, true);
+  c.overlap = 0.25;
+  const sim::RankTime quarter = sim::rank_time(w, s, one, c, true);
+  // 2 layers x 2 passes, each hiding 0.25 ms (a quarter) or the whole 1 ms.
+  EXPECT_NEAR(off.total - quarter.total, 2 * 2 * 0.25e-3, 1e-12);
+  EXPECT_NEAR(off.total - full.total, 2 * 2 * 1e-3, 1e-12);
+  EXPECT_NEAR(quarter.comm_exposed, 2 * 2 * 0.75e-3, 1e-12);
+}
+
+TEST(SimulateNetwork, BytesSplitByNode) {
+  sim::Scenario s;
+  s.shape = sim::model_preset("llama-8b");
+  for (int i = 0; i < 300; ++i) s.lengths.push_back(500 + (i * 7919) % 9000);
+  for (int i = 0; i < 8; ++i) s.lengths.push_back(65536);
+  s.context = 32768;
+  sim::BalancerSpec b;
+  b.name = "prefix_aware";
+  s.balancers.push_back(b);
+  s.search_path = CAD_BALANCER_PLUGIN_DIR;
+  const auto rates = sim::constant_rates(600, 400, 2.5);
+  const sim::SystemCalibration cal = sim::testing::calibration(500, 4000, 48, {{1e6, 10}, {1e9, 300}});
+  auto run = [&](int64_t gpus_per_node) {
+    s.layout = sim::Layout{8, gpus_per_node, 1, 1};
+    return sim::simulate(s, cal, *rates).at(0);
+  };
+  const sim::BalancerResult one_node = run(8), two = run(4), each = run(1);
+  // The same plan in every case: its bytes, only split differently.
+  for (const sim::BalancerResult* r : {&one_node, &two, &each}) {
+    EXPECT_NEAR(r->bytes_intra_per_layer + r->bytes_inter_per_layer, r->bytes_per_layer, 1e-6 * r->bytes_per_layer);
+  }
+  ASSERT_GT(one_node.bytes_per_layer, 0);
+  EXPECT_DOUBLE_EQ(one_node.bytes_inter_per_layer, 0);
+  EXPECT_DOUBLE_EQ(each.bytes_intra_per_layer, 0);
+  EXPECT_GT(two.bytes_inter_per_layer, 0);
+  EXPECT_GT(two.bytes_intra_per_layer, 0);
+  EXPECT_GT(each.max_inter_sent_per_gpu, 0);
+  EXPECT_LE(each.max_inter_sent_per_gpu, each.bytes_inter_per_layer);
+}
