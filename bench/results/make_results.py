@@ -291,6 +291,36 @@ def plots(outdir, steps, bars, server, pred):
     return files
 
 
+# ---- the README's headline table --------------------------------------------------------------------------------
+HEADLINE_BEGIN, HEADLINE_END = "<!-- results-table:begin -->", "<!-- results-table:end -->"
+
+
+def headline(steps):
+    """The README's table: CAD (prefix_aware) per GPU count and context, each row with its machine, date, record."""
+    out = ["| GPUs | tokens/GPU | step speedup over local attention | realised share of the ideal gain | machine, date |"
+           " record |", "|---:|---:|---:|---:|---|---|"]
+    for gpus in sorted(steps):
+        for r in steps[gpus]:
+            if r["config"] != "prefix_aware":
+                continue
+            names = sorted({record_of(folder) for folder in r["folders"]})
+            fields = [index.read_record(n) for n in names]
+            dates = sorted({f["Date"].split()[0] for f in fields})
+            out.append(f"| {gpus} | {table.tokens_label(r['context'])} | {r['speedup']:.3f} | {fmt(r['share'], '.2f')} | "
+                       f"{fields[0]['Machine'].split(' (')[0]}, {', '.join(dates)} | "
+                       + ", ".join(f"[{n}](bench/results/{n}/)" for n in names) + " |")
+    return out
+
+
+def replace_headline(text, lines):
+    """text with the lines between the README's headline markers replaced; fails if the markers are missing."""
+    if HEADLINE_BEGIN not in text or HEADLINE_END not in text:
+        raise ValueError(f"README.md: no {HEADLINE_BEGIN} ... {HEADLINE_END} markers for the headline table")
+    head, rest = text.split(HEADLINE_BEGIN, 1)
+    _, tail = rest.split(HEADLINE_END, 1)
+    return head + HEADLINE_BEGIN + "\n" + "\n".join(lines) + "\n" + HEADLINE_END + tail
+
+
 # ---- the page -------------------------------------------------------------------------------------------------
 def page(steps, kernels, server, pred, with_plots):
     context, times, gpu = server
@@ -372,6 +402,16 @@ def main():
         return 1
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(text + "\n")
+    # The README's headline table: in README.md itself when writing docs/, else beside the page (for comparing).
+    readme = REPO / "README.md"
+    try:
+        if out.resolve() == (REPO / "docs").resolve():
+            readme.write_text(replace_headline(readme.read_text(), headline(steps)))
+        else:
+            (out / "headline.md").write_text("\n".join(headline(steps)) + "\n")
+    except ValueError as e:
+        print(f"make_results.py: {e}", file=sys.stderr)
+        return 1
     written = [] if args.no_plots else plots(out / "results", steps, kernels[1], server, pred)
     print(f"make_results.py: wrote {out / 'results.md'}" + (f" and {len(written)} plots under {out / 'results'}"
                                                                if written else ""))

@@ -58,6 +58,12 @@ def test_results_page_is_made_from_the_records(tmp_path):
     committed = (REPO / "docs" / "results.md").read_text()
     assert _tables(made, with_predicted) == _tables(committed, with_predicted), \
         "docs/results.md differs from what bench/results/make_results.py makes: run it and commit the page"
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- results-table:begin -->\n", 1)[1].split("<!-- results-table:end -->", 1)[0]
+    assert block == (tmp_path / "headline.md").read_text(), \
+        "README.md's results table differs from what bench/results/make_results.py makes: run it and commit README.md"
+    for record in re.findall(r"\]\(bench/results/([^)/]+)/\)", block):
+        assert (RESULTS / record / "README.md").is_file(), f"README.md cites bench/results/{record}, which is missing"
     rows = [line for line in _tables(made, False) if re.match(r"\| (\d+K|\d+) \|", line)]
     assert len(rows) >= 8, "the step, memory and kernel tables are nearly empty"
     for record in re.findall(r"\]\(\.\./bench/results/([^)/]+)/\)", committed):
