@@ -1,7 +1,7 @@
 // cpu_path.h -- CAD's CPU data path (DESIGN.md steps 3-5 on host memory: a CPU server backend over a communicator
 // on host memory). Each exchange is pack -> all_to_all_v over a HostWire -> unpack (exchange.h, wire.h); the parts
 // run in schedule.h's order without overlap: the inbound exchange, the tasks run in place, the server batch, the
-// outbound exchange. Called through run_on_path (call.h) with a plan that has no device tables.
+// outbound exchange. Called by the call path (call.h: run_call's dispatch) with a plan that has no device tables.
 #pragma once
 
 #include "context.h"

@@ -13,9 +13,6 @@
 
 namespace cad::cad_plugin {
 
-void run_forward(CadContext& ctx, const cad_attention_forward_args_v1_t* args);
-void run_backward(CadContext& ctx, const cad_attention_backward_args_v1_t* args);
-
 // A compact row-major CPU tensor descriptor over memory CAD owns. Not copyable: the descriptor
 // points at its own shape array.
 class TensorView {

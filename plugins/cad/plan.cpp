@@ -1,8 +1,6 @@
 // plan.cpp -- see plan.h.
 #include "plan.h"
 
-#include <cstring>
-
 #include "context.h"
 #include "device_path.h"
 #include "plugin_support.h"
@@ -42,11 +40,6 @@ void* make_server_plan(const ServerBackend& server, const CallShape& shape, cons
                                   "': make_plan of this rank's batch failed: " + (message ? message : "(no message)"));
   }
   return plan;
-}
-
-bool same_pieces(const std::vector<cad_piece_v1_t>& mine, const cad_piece_v1_t* pieces, int64_t num_pieces) {
-  return static_cast<int64_t>(mine.size()) == num_pieces &&
-         (num_pieces == 0 || std::memcmp(mine.data(), pieces, mine.size() * sizeof(cad_piece_v1_t)) == 0);
 }
 
 }  // namespace
@@ -127,29 +120,6 @@ PlanPtr make_cad_plan(CadContext& ctx, Comm& comm, const AgreedCall& call, int64
   describe_step(plan->step.tables, plan->step.tasks, plan->step.layout, plan->step.shape, plan->model);
   plan->model.plan_ms = plan->step.plan_ms;
   return plan;
-}
-
-void check_call_matches_plan(const CadPlan& plan, const CallShape& call, const cad_piece_v1_t* pieces,
-                             int64_t num_pieces, const char* what) {
-  const CallShape& p = plan.step.shape;
-  if (call.tokens != p.tokens || call.num_q_heads != p.num_q_heads || call.num_kv_heads != p.num_kv_heads ||
-      call.head_dim != p.head_dim || call.bf16 != p.bf16 || call.causal != p.causal ||
-      call.device_type != p.device_type || call.device_id != p.device_id || call.window_left != p.window_left) {
-    fail(CAD_STATUS_INVALID_ARGUMENT,
-         format("%s: the call (T=%lld, Hq=%d, Hkv=%d, D=%d, %s, causal=%d, window_left=%lld, device %d:%d) does not "
-                "match plan #%llu (T=%lld, Hq=%d, Hkv=%d, D=%d, %s, causal=%d, window_left=%lld, device %d:%d): a plan "
-                "from another micro-batch, or made for another mask (a windowed layer needs its own plan)?",
-                what, static_cast<long long>(call.tokens), call.num_q_heads, call.num_kv_heads, call.head_dim,
-                call.bf16 ? "bf16" : "fp32", call.causal ? 1 : 0, static_cast<long long>(call.window_left),
-                call.device_type, call.device_id, static_cast<unsigned long long>(plan.stamp.serial),
-                static_cast<long long>(p.tokens), p.num_q_heads, p.num_kv_heads, p.head_dim, p.bf16 ? "bf16" : "fp32",
-                p.causal ? 1 : 0, static_cast<long long>(p.window_left), p.device_type, p.device_id));
-  }
-  if (num_pieces > 0 && !same_pieces(plan.local_pieces, pieces, num_pieces)) {
-    fail(CAD_STATUS_INVALID_ARGUMENT, format("%s: the call's pieces differ from those plan #%llu was made for (a plan "
-                                             "from another micro-batch?)",
-                                             what, static_cast<unsigned long long>(plan.stamp.serial)));
-  }
 }
 
 }  // namespace cad::cad_plugin

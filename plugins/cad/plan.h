@@ -25,7 +25,7 @@ struct DevicePlanDeleter {
 
 struct CadPlan {
   Step step;                                 // shape (softmax_scale unset: it is per call), tables, layout
-  std::vector<cad_piece_v1_t> local_pieces;  // to recognise a call's pieces as the plan's
+  std::vector<cad_piece_v1_t> local_pieces;  // to recognise a call's pieces as the plan's (call_check.h)
   void* server_plan = nullptr;               // the server backend's plan of this rank's batch, if it makes plans
   void* own_server_plan = nullptr;           // the same for the tasks it runs in place (layout.own)
   std::unique_ptr<DevicePlan, DevicePlanDeleter> device;  // CUDA data path only
@@ -61,9 +61,5 @@ PlanPtr make_cad_plan(CadContext& ctx, Comm& comm, const AgreedCall& call, int64
 // that call are then undefined. No ticket is compared there. `drain` is empty when the rank has no live plan
 // to drain with (its peers' collectives of that call then never complete).
 void agree_on_plan_call(CadContext& ctx, const LocalCall& local, const char* what, const std::function<void()>& drain);
-
-// Throws INVALID_ARGUMENT when a call's shape or pieces do not match the plan (naming what differs).
-void check_call_matches_plan(const CadPlan& plan, const CallShape& call, const cad_piece_v1_t* pieces,
-                             int64_t num_pieces, const char* what);
 
 }  // namespace cad::cad_plugin

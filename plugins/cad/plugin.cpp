@@ -2,6 +2,7 @@
 // that takes pieces. Every entry point is wrapped by plugin::guarded so that no exception crosses.
 #include <cstring>
 
+#include "call.h"
 #include "context.h"
 #include "data_path.h"
 #include "device_path.h"
@@ -48,7 +49,7 @@ cad_status_t cad_forward(void* ctx, const cad_attention_forward_args_v1_t* args)
   CadContext& c = *as_ctx(ctx);
   return plugin::guarded(c, [&] {
     std::lock_guard<std::recursive_mutex> lock(c.state_mutex);
-    cad::cad_plugin::run_forward(c, args);
+    cad::cad_plugin::run_call(c, cad::cad_plugin::CallArgs::of(args));
   });
 }
 
@@ -57,7 +58,7 @@ cad_status_t cad_backward(void* ctx, const cad_attention_backward_args_v1_t* arg
   CadContext& c = *as_ctx(ctx);
   return plugin::guarded(c, [&] {
     std::lock_guard<std::recursive_mutex> lock(c.state_mutex);
-    cad::cad_plugin::run_backward(c, args);
+    cad::cad_plugin::run_call(c, cad::cad_plugin::CallArgs::of(args));
   });
 }
 

@@ -18,8 +18,8 @@ namespace {
 
 long long ll(int64_t x) { return static_cast<long long>(x); }
 
-// Pieces: non-negative lengths whose sum is the number of local tokens. Everything else about them
-// (gaps, overlaps, doc_len) is checked globally, where the whole table is known.
+}  // namespace
+
 int64_t count_tokens(const cad_piece_v1_t* pieces, int64_t num_pieces) {
   if (num_pieces < 0) fail(CAD_STATUS_INVALID_ARGUMENT, format("num_pieces is %lld, expected >= 0", ll(num_pieces)));
   if (num_pieces > 0 && pieces == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "pieces is NULL but num_pieces > 0");
@@ -44,24 +44,6 @@ std::vector<DType> accepted_dtypes(const Accepts& accepts) {
   return dtypes;
 }
 
-// The call's token count, and where it comes from (its pieces, or its plan), for messages.
-struct Tokens {
-  int64_t count;
-  bool from_plan;
-};
-
-void check_rows(const cad_tensor_v1_t* t, const char* name, Tokens tokens, const char* what) {
-  if (t->shape[0] != tokens.count) {
-    fail(CAD_STATUS_INVALID_ARGUMENT,
-         format(tokens.from_plan ? "tensor '%s' has %lld rows (%s) but its plan was made for %lld tokens (a plan "
-                                     "from another micro-batch?)"
-                                   : "tensor '%s' has %lld rows (%s) but the local pieces hold %lld tokens",
-                name, ll(t->shape[0]), what, ll(tokens.count)));
-  }
-}
-
-// q, k, v against the pieces and each other; fills the shape.
-// The causal flag against what the server backend supports.
 void check_causal(int32_t causal, const Accepts& accepts) {
   if (causal != 0 && causal != 1) fail(CAD_STATUS_INVALID_ARGUMENT, format("causal is %d, expected 0 or 1", causal));
   if (causal == 1 && !(accepts.flags & CAD_ATTENTION_CAP_CAUSAL)) {
@@ -72,7 +54,6 @@ void check_causal(int32_t causal, const Accepts& accepts) {
   }
 }
 
-// Heads and head dim against each other and the server backend.
 void check_heads(int64_t hq, int64_t hkv, int64_t d, const Accepts& accepts) {
   if (hq < 1 || hkv < 1 || d < 1) {
     fail(CAD_STATUS_INVALID_ARGUMENT, format("heads and head dim must be >= 1: Hq=%lld, Hkv=%lld, D=%lld", ll(hq),
@@ -91,11 +72,6 @@ void check_heads(int64_t hq, int64_t hkv, int64_t d, const Accepts& accepts) {
   }
 }
 
-// A call's sliding window against what CAD and its server backend compute; returns window_left. CAD
-// computes causal windows only: a task's queries [q_begin, q_end) then read the keys [q_begin - left,
-// q_end) of their document, and the bottom-right alignment of the server's segments puts every query at
-// its document position. A non-causal window would need keys after q_end, where that alignment no longer
-// holds.
 int64_t check_window(const plugin::Window& window, int32_t causal, const Accepts& accepts) {
   if (!window.finite()) return -1;
   if (causal != 1) {
@@ -108,125 +84,6 @@ int64_t check_window(const plugin::Window& window, int32_t causal, const Accepts
                                         "(no CAD_ATTENTION_CAP_WINDOW)", ll(window.left)));
   }
   return window.left;
-}
-
-CallShape check_qkv(const cad_tensor_v1_t* q, const cad_tensor_v1_t* k, const cad_tensor_v1_t* v, Tokens call_tokens,
-                    int32_t causal, float softmax_scale, void* stream, const Accepts& accepts) {
-  if (stream != nullptr && accepts.device_type == CAD_DEVICE_CPU) {
-    fail(CAD_STATUS_INVALID_ARGUMENT, "stream must be NULL: the server backend, and so CAD's data path, is on the CPU");
-  }
-  check_causal(causal, accepts);
-  const std::vector<DType> dtypes = accepted_dtypes(accepts);
-  const cad_device_type_t dev = accepts.device_type;
-  plugin::check_tensor(q, {"q", dev, {-1, -1, -1}, {"Tq", "Hq", "D"}, dtypes});
-  const int64_t tokens = call_tokens.count;
-  check_rows(q, "q", call_tokens, "Tq");
-  const DType dtype = plugin::dtype_is(q->dtype, DType::BF16) ? DType::BF16 : DType::F32;
-  const int64_t hq = q->shape[1], d = q->shape[2];
-  plugin::check_tensor(k, {"k", dev, {-1, -1, d}, {"Tk", "Hkv", "D"}, {dtype}});
-  check_rows(k, "k", call_tokens, "Tk");
-  const int64_t hkv = k->shape[1];
-  plugin::check_tensor(v, {"v", dev, {tokens, hkv, d}, {"Tk", "Hkv", "D"}, {dtype}});
-  check_heads(hq, hkv, d, accepts);
-  if (dev == CAD_DEVICE_CUDA) {
-    for (const cad_tensor_v1_t* t : {k, v}) {
-      if (t->device.device_id != q->device.device_id) {
-        fail(CAD_STATUS_INVALID_ARGUMENT, format("tensor '%s' is on CUDA device %d but tensor 'q' on device %d",
-                                                 t == k ? "k" : "v", t->device.device_id, q->device.device_id));
-      }
-    }
-  }
-  if (!(softmax_scale > 0.0f) || softmax_scale > 1e30f) {
-    fail(CAD_STATUS_INVALID_ARGUMENT, format("softmax_scale is %g, expected a finite value > 0", softmax_scale));
-  }
-  CallShape shape;
-  shape.tokens = tokens;
-  shape.num_q_heads = static_cast<int32_t>(hq);
-  shape.num_kv_heads = static_cast<int32_t>(hkv);
-  shape.head_dim = static_cast<int32_t>(d);
-  shape.bf16 = dtype == DType::BF16;
-  shape.causal = causal == 1;
-  shape.softmax_scale = softmax_scale;
-  shape.device_type = dev;
-  shape.device_id = dev == CAD_DEVICE_CUDA ? q->device.device_id : 0;
-  return shape;
-}
-
-plugin::TensorSpec q_like(const char* name, const CallShape& s) {
-  return {name, s.device_type, {s.tokens, s.num_q_heads, s.head_dim}, {"Tq", "Hq", "D"},
-          {s.bf16 ? DType::BF16 : DType::F32}};
-}
-plugin::TensorSpec kv_like(const char* name, const CallShape& s) {
-  return {name, s.device_type, {s.tokens, s.num_kv_heads, s.head_dim}, {"Tk", "Hkv", "D"},
-          {s.bf16 ? DType::BF16 : DType::F32}};
-}
-plugin::TensorSpec lse_spec(const CallShape& s) {
-  return {"lse", s.device_type, {s.num_q_heads, s.tokens}, {"Hq", "Tq"}, {DType::F32}};
-}
-
-}  // namespace
-
-// The local token count: the pieces', or with a plan the plan's (pieces, if given, are compared with
-// the plan's by the caller).
-int64_t call_tokens(const cad_piece_v1_t* pieces, int64_t num_pieces, int64_t plan_tokens) {
-  const int64_t tokens = count_tokens(pieces, num_pieces);
-  if (plan_tokens < 0) return tokens;
-  if (num_pieces > 0 && tokens != plan_tokens) {
-    fail(CAD_STATUS_INVALID_ARGUMENT, format("the call's pieces hold %lld tokens but its plan was made for %lld "
-                                             "(a plan from another micro-batch?)", ll(tokens), ll(plan_tokens)));
-  }
-  return plan_tokens;
-}
-
-CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const Accepts& accepts,
-                             int64_t plan_tokens) {
-  if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "forward: args is NULL");
-  if (args->struct_size < plugin::abi_v1_0_size(args)) {
-    fail(CAD_STATUS_ABI_MISMATCH, format("forward: args.struct_size is %zu, expected >= %zu", args->struct_size,
-                                         plugin::abi_v1_0_size(args)));
-  }
-  plugin::refuse_partial_v1_1(args, "forward");
-  const int64_t window_left = check_window(plugin::read_window(args, args->causal == 1, "forward"), args->causal, accepts);
-  if (args->num_segments != 0) {
-    fail(CAD_STATUS_INVALID_ARGUMENT, "forward: CAD takes pieces, not segments (num_segments must be 0)");
-  }
-  const int64_t tokens = call_tokens(args->pieces, args->num_pieces, plan_tokens);
-  CallShape shape =
-      check_qkv(args->q, args->k, args->v, Tokens{tokens, plan_tokens >= 0}, args->causal, args->softmax_scale,
-                args->stream, accepts);
-  shape.window_left = window_left;
-  plugin::check_tensor(args->o, q_like("o", shape));
-  plugin::check_tensor(args->lse, lse_spec(shape));
-  return shape;
-}
-
-CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, const Accepts& accepts,
-                              int64_t plan_tokens) {
-  if (args == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "backward: args is NULL");
-  if (args->struct_size < plugin::abi_v1_0_size(args)) {
-    fail(CAD_STATUS_ABI_MISMATCH, format("backward: args.struct_size is %zu, expected >= %zu", args->struct_size,
-                                         plugin::abi_v1_0_size(args)));
-  }
-  plugin::refuse_partial_v1_1(args, "backward");
-  const int64_t window_left = check_window(plugin::read_window(args, args->causal == 1, "backward"), args->causal, accepts);
-  if (!(accepts.flags & CAD_ATTENTION_CAP_BACKWARD)) {
-    fail(CAD_STATUS_UNSUPPORTED, "backward: the server backend does not support it");
-  }
-  if (args->num_segments != 0) {
-    fail(CAD_STATUS_INVALID_ARGUMENT, "backward: CAD takes pieces, not segments (num_segments must be 0)");
-  }
-  const int64_t tokens = call_tokens(args->pieces, args->num_pieces, plan_tokens);
-  CallShape shape =
-      check_qkv(args->q, args->k, args->v, Tokens{tokens, plan_tokens >= 0}, args->causal, args->softmax_scale,
-                args->stream, accepts);
-  shape.window_left = window_left;
-  plugin::check_tensor(args->o, q_like("o", shape));
-  plugin::check_tensor(args->lse, lse_spec(shape));
-  plugin::check_tensor(args->d_o, q_like("d_o", shape));
-  plugin::check_tensor(args->d_q, q_like("d_q", shape));
-  plugin::check_tensor(args->d_k, kv_like("d_k", shape));
-  plugin::check_tensor(args->d_v, kv_like("d_v", shape));
-  return shape;
 }
 
 CallShape check_plan_args(const cad_attention_plan_args_v1_t* args, const Accepts& accepts) {

@@ -1,5 +1,6 @@
 // validate.h -- the checks CAD runs before it moves any data:
-//  - local: one rank's arguments (pointers, tensors against its own piece table, dtypes, heads);
+//  - local: make_plan's arguments (pieces, dtypes, heads, mask against the server backend), and the parts of them
+//    a call without a plan shares; a forward/backward call's arguments are checked in call_check.h;
 //  - global: the piece tables of all ranks (gaps, overlaps, disagreeing doc_len) and the plan.
 // Every check throws plugin::Failure with a message naming the rank, piece, document or tensor.
 // The global checks are pure functions of data every rank holds identically, so every rank reaches
@@ -13,6 +14,8 @@
 #include "cad_attention_v1.h"
 #include "cad_balancer_v1.h"
 #include "layout.h"
+#include "plugin_support.h"
+#include "window.h"
 
 namespace cad::cad_plugin {
 
@@ -42,13 +45,22 @@ struct Accepts {
   int32_t max_head_dim = 0;
 };
 
-// Local checks of a forward / backward call. Return the call's shape; throw INVALID_ARGUMENT or
-// UNSUPPORTED naming the argument. `plan_tokens` is the plan's token count when the call has a plan
-// (its pieces may then be omitted), else -1.
-CallShape check_forward_args(const cad_attention_forward_args_v1_t* args, const Accepts& accepts,
-                             int64_t plan_tokens = -1);
-CallShape check_backward_args(const cad_attention_backward_args_v1_t* args, const Accepts& accepts,
-                              int64_t plan_tokens = -1);
+// The checks make_plan and a call without a plan share (call_check.h checks a call; a call with a plan is compared
+// with what make_plan checked here, never checked against the backend again). Each throws naming the argument.
+// Pieces: non-negative lengths whose sum (returned) is the number of local tokens; everything else about them
+// (gaps, overlaps, doc_len) is checked globally, where the whole table is known (check_piece_tables).
+int64_t count_tokens(const cad_piece_v1_t* pieces, int64_t num_pieces);
+// The dtypes the server backend computes.
+std::vector<plugin::DType> accepted_dtypes(const Accepts& accepts);
+// The causal flag: 0 or 1, and supported by the server backend.
+void check_causal(int32_t causal, const Accepts& accepts);
+// Heads and head dim against each other and the server backend.
+void check_heads(int64_t hq, int64_t hkv, int64_t d, const Accepts& accepts);
+// A sliding window against what CAD and its server backend compute; returns window_left (-1: none). CAD computes
+// causal windows only: a task's queries [q_begin, q_end) then read the keys [q_begin - left, q_end) of their
+// document, and the bottom-right alignment of the server's segments puts every query at its document position.
+// A non-causal window would need keys after q_end, where that alignment no longer holds.
+int64_t check_window(const plugin::Window& window, int32_t causal, const Accepts& accepts);
 
 // make_plan's arguments: the shape every call made with the plan will have (softmax_scale 0).
 CallShape check_plan_args(const cad_attention_plan_args_v1_t* args, const Accepts& accepts);

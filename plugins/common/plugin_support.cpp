@@ -192,6 +192,11 @@ static std::string shape_string(const cad_tensor_v1_t* t) {
 
 void check_tensor(const cad_tensor_v1_t* t, const TensorSpec& spec) {
   const std::string name = std::string("tensor '") + spec.name + "'";
+  // Where a plan fixed the expected values, the message says so: the tensor more likely belongs to another
+  // micro-batch or layer than it is malformed.
+  const std::string fixed = spec.fixed_by == nullptr ? std::string()
+                                                     : std::string(" (as ") + spec.fixed_by + " fixed: a plan from "
+                                                           "another micro-batch or layer?)";
   if (t == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, name + " is NULL");
   if (t->device.device_type != spec.device_type) {
     fail(CAD_STATUS_INVALID_ARGUMENT, name + ": expected a " + device_name(spec.device_type) +
@@ -207,8 +212,8 @@ void check_tensor(const cad_tensor_v1_t* t, const TensorSpec& spec) {
   for (int i = 0; i < want_rank; ++i) {
     if (t->shape[i] < 0 || (spec.shape[i] >= 0 && t->shape[i] != spec.shape[i])) {
       fail(CAD_STATUS_INVALID_ARGUMENT,
-           format("%s: dim %d (%s) is %lld, expected %lld; shape %s", name.c_str(), i, spec.dims[i],
-                  static_cast<long long>(t->shape[i]), static_cast<long long>(spec.shape[i]),
+           format("%s: dim %d (%s) is %lld, expected %lld%s; shape %s", name.c_str(), i, spec.dims[i],
+                  static_cast<long long>(t->shape[i]), static_cast<long long>(spec.shape[i]), fixed.c_str(),
                   shape_string(t).c_str()));
     }
   }
@@ -219,7 +224,7 @@ void check_tensor(const cad_tensor_v1_t* t, const TensorSpec& spec) {
     accepted += (accepted.empty() ? "" : " or ") + std::string(d == DType::F32 ? "fp32" : "bf16");
   }
   if (!dtype_ok) {
-    fail(CAD_STATUS_INVALID_ARGUMENT, name + ": expected dtype " + accepted + ", got " + dtype_name(t->dtype));
+    fail(CAD_STATUS_INVALID_ARGUMENT, name + ": expected dtype " + accepted + fixed + ", got " + dtype_name(t->dtype));
   }
   // Shape times element size, and data + byte_offset + that size, must be representable: a shape
   // whose byte count wraps would make every later bound check meaningless.

@@ -202,13 +202,15 @@ bool dtype_is(const cad_dtype_v1_t& dtype, DType want);
 
 // Checks one tensor argument: non-NULL, data non-NULL (unless it has zero elements), the expected
 // device type, rank, shape (-1 = any; `dims` names each dim for the message) and dtype, and compact
-// row-major strides. Throws Failure(CAD_STATUS_INVALID_ARGUMENT) naming the tensor.
+// row-major strides. Throws Failure(CAD_STATUS_INVALID_ARGUMENT) naming the tensor (and `fixed_by`, where the
+// expected extents and dtype are a plan's).
 struct TensorSpec {
   const char* name;                 // e.g. "q"
   cad_device_type_t device_type;
   std::vector<int64_t> shape;       // expected extents, -1 = any
   std::vector<const char*> dims;    // names of the dims, e.g. {"Tq", "Hq", "D"}
   std::vector<DType> dtypes;        // accepted dtypes
+  const char* fixed_by = nullptr;   // what fixed the expected shape and dtype, for messages (e.g. "plan #3"), or NULL
 };
 void check_tensor(const cad_tensor_v1_t* tensor, const TensorSpec& spec);
 

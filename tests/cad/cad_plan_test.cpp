@@ -196,3 +196,50 @@ TEST(CadPlan, MakePlanRefusesBadArgumentsOnEveryRankNamingThem) {
     EXPECT_TRUE(same_on_every_rank(message)) << c.name << ": rank " << g_rank << ": " << message;
   }
 }
+
+// A planned call's tensors are checked against its plan in one place (plugins/cad/call_check.h): a tensor that
+// differs on one rank is refused on every rank, once (one message, naming the tensor and the plan), and nothing
+// is written. Cases for both directions, pieces omitted (the plan fixed them).
+TEST(CadPlan, ATensorThatDiffersFromItsPlanIsRefusedOnceOnEveryRankNamingIt) {
+  const Attention a = cad_instance(balancers().front(), true);
+  const GlobalBatch b = cad_test::make_batch(spec_for(370));
+  struct Case {
+    const char* tensor;
+    bool backward;
+    std::function<void(LocalCall&)> edit;  // on the last rank only
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {"k", false, [&](LocalCall& c) { c.k.shape[1] = b.hkv + 1; }, "dim 1 (Hkv)"},
+      {"lse", false, [](LocalCall& c) { std::swap(c.lse.shape[0], c.lse.shape[1]); }, "dim 0 (Hq)"},
+      {"d_o", true, [](LocalCall& c) { c.d_o.shape[0] += 1; }, "dim 0 (Tq)"},
+      {"d_v", true, [&](LocalCall& c) { c.d_v.shape[2] = b.d / 2; }, "dim 2 (D)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tensor);
+    LocalCall call(b, true);
+    PlanGuard guard{a};
+    ASSERT_EQ(make_plan(a, call, b.hq, b.hkv, b.d, &guard.plan), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+    void* saved = nullptr;
+    if (c.backward) {
+      ASSERT_EQ(call.forward(a, guard.plan, &saved, false), CAD_STATUS_OK) << a.table->last_error(a.ctx);
+    }
+    if (g_rank == g_world - 1) c.edit(call);
+    const cad_status_t status = c.backward ? call.backward(a, guard.plan, saved, false)
+                                           : call.forward(a, guard.plan, nullptr, false);
+    const std::string message = a.table->last_error(a.ctx);
+    EXPECT_EQ(status, CAD_STATUS_INVALID_ARGUMENT) << message;
+    const std::string named = std::string("tensor '") + c.tensor + "'";
+    EXPECT_NE(message.find(named + ": " + c.expected), std::string::npos) << message;
+    EXPECT_EQ(message.find(named), message.rfind(named)) << "named once: " << message;
+    EXPECT_NE(message.find("as plan #"), std::string::npos) << message;
+    EXPECT_NE(message.find("rank " + std::to_string(g_world - 1)), std::string::npos) << message;
+    EXPECT_TRUE(same_on_every_rank(message)) << "rank " << g_rank << ": " << message;
+    if (c.backward) {
+      EXPECT_EQ(call.d_q.data, filled({call.tokens, b.hq, b.d}, 7.0f).data) << "d_q written on error";
+      a.table->release_saved(a.ctx, saved);
+    } else {
+      EXPECT_EQ(call.o.data, filled({call.tokens, b.hq, b.d}, 7.0f).data) << "o written on error";
+    }
+  }
+}

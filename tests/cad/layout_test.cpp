@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "call_check.h"
 #include "exchange.h"
 #include "layout.h"
 #include "wire_tables.h"
@@ -445,7 +446,7 @@ TEST(Validate, PieceLengthsWhoseSumOverflowsAreRefused) {
   args.pieces = pieces;
   args.num_pieces = 2;
   try {
-    cp::check_forward_args(&args, cp::Accepts{});
+    cp::check_call(cp::CallArgs::of(&args), cp::Accepts{}, nullptr);
     FAIL() << "pieces holding more than 2^63-1 tokens were accepted";
   } catch (const cad::plugin::Failure& f) {
     EXPECT_EQ(f.status(), CAD_STATUS_INVALID_ARGUMENT);

@@ -92,6 +92,8 @@ def _bad_input(rank, world, kind):
         cad.varlen_attn(q, k, v, cu, plan=plan)
     message = str(info.value)
     assert "rank 1" in message, f"{kind}: {message}"
+    if kind == "dtype":  # the plugin's one check against the plan names the tensor and the plan, on every rank
+        assert "tensor 'q': expected dtype fp32 (as plan #" in message, message
     print(f"rank {rank} {kind}: {message}")
 
 

@@ -185,6 +185,17 @@ class Context:
                 return int(os.environ[name])
         return 0
 
+    @property
+    def world(self):
+        """How many ranks the group has: torch.distributed's, else the MPI launcher's, else 1 (as `rank`)."""
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(self._settings["group"])
+        for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+            if os.environ.get(name, "").isdigit():
+                return int(os.environ[name])
+        return 1
+
     # ---- lanes and stacks -------------------------------------------------------------------------------------
     def lane(self, lane):
         """This context's Lane `lane` (an int in [0, 4) or a Lane of this context)."""

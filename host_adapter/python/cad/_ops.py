@@ -58,8 +58,9 @@ def _call_plan(context, plan_id, q, k, v):
     plan = context.plan_by_id(plan_id)
     plan.wait()  # a plan made ahead: usually made long before its first layer
     plan.check_usable(q.device)
-    # The heads, head dim and dtype the plan fixed are checked here, before ctypes (Plan.check_tensors: the model's,
-    # alike on every rank); the rows, a rank's own, by the plugin, which agrees on a refusal with every rank.
+    # The heads, head dim and dtype the plan fixed are checked here, before ctypes, where no peer waits for the call
+    # (Plan.check_tensors); everything else, and all of it in a group of several ranks, by the plugin, whose refusal
+    # every rank agrees on.
     plan.check_tensors(q, k, v)
     if plan.handle is None:  # a plan made without shapes: made by its first call (not ahead)
         plan.make(q.shape[1], k.shape[1], q.shape[2], q.dtype, q.device)

@@ -229,13 +229,14 @@ class Plan:
         and what the plan expected, before anything reaches the plugin. A plan without shapes yet (made by its first
         call) fixes none of them.
 
-        What is checked here and what is left to the plugin: the fields checked here are the model's, agreed on by
-        every rank when the plan was made (the plugin compares the ranks' heads and dtype then), so a call that
-        differs from them differs alike on every rank and each refuses it on its own. A call's token count (the
-        rows of q, k, v) is this rank's alone: a rank whose rows differ from the plan's is refused by the plugin,
-        which agrees on the refusal with every rank (refused here, on one rank, it would leave its peers waiting in
-        the call's collectives until their timeout)."""
-        if self.shape is None:
+        Where: a refusal here is this rank's alone, so it is made only where no peer waits for the call (a group of
+        one rank). In a group of several, a rank that refused here would leave its peers waiting in the call's
+        collectives until their timeout, and they would fail without a word about this rank (a bad input on one
+        rank must fail every rank, naming it: tests/python/test_varlen_distributed.py); there the plugin's one
+        check of a call against its plan (plugins/cad/call_check.h) refuses the same tensors, naming the tensor and
+        the plan, and every rank agrees on the refusal. A call's token count (the rows of q, k, v) is always left
+        to the plugin."""
+        if self.shape is None or self.context.world > 1:
             return
         heads, kv_heads, dim, dtype, device = self.shape
         fixed = f"plan #{self.id} was made for num_heads={heads}, num_kv_heads={kv_heads}, head_dim={dim}, {dtype}"
