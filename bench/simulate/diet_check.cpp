@@ -1,7 +1,7 @@
 // diet_check.cpp -- how well the rate table (configs/calibration/<gpu>.json, what the time-balancing cost
 // model and `cad simulate` price shards with) predicts the kernels' measured time on CAD's real server
 // batches: the 49 batches of bench/kernels/diet_batches.txt, timed by bench/kernels/diet_bench.py
-// (docs/data/diet_bench_h200.json). Each batch's segments are priced as the step model prices shards
+// (bench/results/diet_bench_h200/diet_bench_h200.json). Each batch's segments are priced as the step model prices shards
 // (FLOPs / the table's interpolated rate, summed) and compared with the measured time of every round at the
 // table's head dim. Prints predicted/measured min / median / max, how many batches fall within 10%, and
 // the batches predicted worst. A benchmark check, not a test.
@@ -39,7 +39,7 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string diet = "bench/kernels/diet_batches.txt", times = "docs/data/diet_bench_h200.json",
+  std::string diet = "bench/kernels/diet_batches.txt", times = "bench/results/diet_bench_h200/diet_bench_h200.json",
               rates_path = "configs/calibration/h200.json";
   int worst = 8;
   bool per_batch = false;

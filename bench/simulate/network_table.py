@@ -3,7 +3,7 @@
 64-1024 GPUs (TP 8, per_doc_cp in groups of 8 data-parallel ranks) for each link bandwidth and overlap, and
 prefix_aware's speedup over per_doc_cp in each. The overlap is the share of each pass's exchange hidden
 (`--overlap`); 1 is the old unmeasured assumption, 0.25 what head groups hid on the slow stand-in
-(docs/multi_gpu.md runs 41-42), 0 no overlap (ping-pong has not been faster than unsplit on any machine).
+(bench/results/trainer_h200x2_2026-11-28_6fc2a34_{4,5}), 0 no overlap (ping-pong has not been faster than unsplit on any machine).
 
 usage: python3 bench/simulate/network_table.py [--cad build/bin/cad] [--dist FILE] [--out docs/simulate/network]
            [--models llama-8b,34b] [--gpus 64,128,512,1024] [--contexts 131072,524288] [--steps 4]

@@ -2,7 +2,7 @@
 """pair_plans.py -- do time-balanced plans change when the rate table prices the backward by tile pairs?
 
 For each batch (Pretrain 8 x 64K seeds 1-6, 8 x 128K seeds 1-3, the given mix batch: the batches of
-docs/data/time_balance_random_*_h200.json), runs `cad plan --balancer prefix_aware --json --tasks` three
+bench/results/time_balance_h200/time_balance_random_*_h200.json), runs `cad plan --balancer prefix_aware --json --tasks` three
 ways -- FLOP-balanced, time-balanced with the table-only table (--table), time-balanced with the
 table + pairs table (--pairs) -- and prints whether the two time plans' tasks are identical, and the
 max/mean of predicted forward + backward time per server of each plan under both tables (cad plan's
@@ -28,8 +28,8 @@ def plan(cad, batch, price_with, plan_with):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cad", default="build/bin/cad")
-    ap.add_argument("--table", default="docs/data/rate_table_h200_units.json")
-    ap.add_argument("--pairs", default="docs/data/rate_table_h200_units_pairs.json")
+    ap.add_argument("--table", default="bench/results/rate_table_h200/rate_table_h200_units.json")
+    ap.add_argument("--pairs", default="bench/results/rate_table_h200/rate_table_h200_units_pairs.json")
     ap.add_argument("--dist", default="/work/shared/data/doclen_pretrain.json")
     ap.add_argument("--mix", default="bench/balancers/time_mix_8x64k.json")
     a = ap.parse_args()

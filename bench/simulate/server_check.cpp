@@ -1,7 +1,7 @@
 // server_check.cpp -- how well `cad simulate`'s attention model predicts CAD's measured server batches.
 // bench/cad/cad_server_bench.cpp timed, on one H200, each rank's server batch (forward and backward) for
 // Pretrain-recipe batches of 4/8 ranks x 64K/128K tokens and every balancer
-// (docs/data/cad_server_bench_h200.json). This tool rebuilds the same batches (tools/workload
+// (bench/results/cad_server_bench_h200/cad_server_bench_h200.json). This tool rebuilds the same batches (tools/workload
 // sample_batch, same seed) and plans (the same balancer plugins, through the ABI, with the same cost
 // parameters and configs), checks that CAD's layout of each rank's server batch has the rows and segment
 // count the benchmark recorded, and prices every rank two ways:
@@ -61,7 +61,7 @@ std::string rank_row(const std::string& label, int32_t rank, double meas_f, doub
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string bench = "docs/data/cad_server_bench_h200.json", rates_path = "configs/calibration/h200.json",
+  std::string bench = "bench/results/cad_server_bench_h200/cad_server_bench_h200.json", rates_path = "configs/calibration/h200.json",
               dist = "/work/shared/data/doclen_pretrain.json", path, mode = "tasks", plan_rates;
   bool per_rank = false;
   for (int i = 1; i < argc; ++i) {

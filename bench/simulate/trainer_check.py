@@ -31,44 +31,44 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-DATA = REPO / "docs" / "data"
-FIT_RUNS = ["trainer_h200x2_run9"]
-HELD_OUT_RUNS = ["trainer_h200x2_run10", "trainer_h200x2_run11", "trainer_h200x4_run1", "trainer_h200x2_run12",
-                 "trainer_h200x2_run13", "trainer_h200x2_run14", "trainer_h200x4_run2",
+DATA = REPO / "bench" / "results"
+FIT_RUNS = ["trainer_h200x2_2026-11-26_f420ed7"]
+HELD_OUT_RUNS = ["trainer_h200x2_2026-11-26_f420ed7_2", "trainer_h200x2_2026-11-26_f420ed7_3", "trainer_h200x4_2026-11-26_f420ed7", "trainer_h200x2_2026-11-26_a0e8285",
+                 "trainer_h200x2_2026-11-26_a0e8285_2", "trainer_h200x2_2026-11-26_a0e8285_3", "trainer_h200x4_2026-11-26_9f37d93",
                  # run 4 (2026-11-27): 64K at 2 layers with ping-pong on one and two lanes, 32 layers, 256K
-                 "trainer_h200x4_run4/a", "trainer_h200x4_run4/b", "trainer_h200x4_run4/c",
+                 "trainer_h200x4_2026-11-27_02b3ee5/a", "trainer_h200x4_2026-11-27_02b3ee5/b", "trainer_h200x4_2026-11-27_02b3ee5/c",
                  # run 18 (2026-11-27): after the per-layer host sync was removed (0457bc7), 64K-256K on 2 H200s
-                 "trainer_h200x2_run18",
+                 "trainer_h200x2_2026-11-27_5c7d4d4",
                  # runs 19-20 and 4-GPU run 5 (2026-11-27): no timing syncs, ping-pong through cad.PingPongLayer
-                 "trainer_h200x2_run19", "trainer_h200x2_run20/rounds", "trainer_h200x4_run5",
-                 "trainer_h200x4_run5/256k",
+                 "trainer_h200x2_2026-11-27_00fd4de", "trainer_h200x2_2026-11-27_13b3af9/rounds", "trainer_h200x4_2026-11-27_00fd4de",
+                 "trainer_h200x4_2026-11-27_00fd4de/256k",
                  # runs 21-22 (2026-11-27, later): pinned uploads; two more rounds on 2 H200s
-                 "trainer_h200x2_run21", "trainer_h200x2_run22"] + [
+                 "trainer_h200x2_2026-11-27_24bbc98", "trainer_h200x2_2026-11-27_24bbc98_2"] + [
                  # runs 34-43 (2026-11-28): 2 and 4 H200s over NVLink (run 42's other
                  # half and run 41 moved NCCL through host memory: another link, not modelled); only their
                  # configurations the model prices (RECENT_MODELLED), not the trials of options it has no term for
-                 "trainer_h200x2_run34/a", "trainer_h200x2_run35/a", "trainer_h200x2_run36/a", "trainer_h200x2_run37/a",
-                 "trainer_h200x2_run38/a/round1", "trainer_h200x2_run38/a/round2", "trainer_h200x2_run39/a",
-                 "trainer_h200x2_run40/a/round1", "trainer_h200x2_run40/a/round2", "trainer_h200x2_run42/nvlink",
-                 "trainer_h200x4_run43/a/round1", "trainer_h200x4_run43/a/round2",
+                 "trainer_h200x2_2026-11-28_c787de7/a", "trainer_h200x2_2026-11-28_17590da/a", "trainer_h200x2_2026-11-28_17590da_2/a", "trainer_h200x2_2026-11-28_17590da_3/a",
+                 "trainer_h200x2_2026-11-28_6fc2a34/a/round1", "trainer_h200x2_2026-11-28_6fc2a34/a/round2", "trainer_h200x2_2026-11-28_6fc2a34_2/a",
+                 "trainer_h200x2_2026-11-28_6fc2a34_3/a/round1", "trainer_h200x2_2026-11-28_6fc2a34_3/a/round2", "trainer_h200x2_2026-11-28_6fc2a34_5/nvlink",
+                 "trainer_h200x4_2026-11-28_96a28a7/a/round1", "trainer_h200x4_2026-11-28_96a28a7/a/round2",
                  # runs 46-51 (2026-11-28): 64K on 2 H200s, one folder per round
-                 "trainer_h200x2_run46/a/round1", "trainer_h200x2_run46/a/round2",
-                 "trainer_h200x2_run47/a/round1", "trainer_h200x2_run47/a/round2",
-                 "trainer_h200x2_run49/a/round1", "trainer_h200x2_run49/a/round2",
-                 "trainer_h200x2_run50/a/round1", "trainer_h200x2_run50/a/round2", "trainer_h200x2_run50/a/round3",
-                 "trainer_h200x2_run51/a/round1", "trainer_h200x2_run51/a/round2",
+                 "trainer_h200x2_2026-11-28_2ffe240/a/round1", "trainer_h200x2_2026-11-28_2ffe240/a/round2",
+                 "trainer_h200x2_2026-11-28_8181526/a/round1", "trainer_h200x2_2026-11-28_8181526/a/round2",
+                 "trainer_h200x2_2026-11-28_1dcb5de/a/round1", "trainer_h200x2_2026-11-28_1dcb5de/a/round2",
+                 "trainer_h200x2_2026-11-28_3ece391/a/round1", "trainer_h200x2_2026-11-28_3ece391/a/round2", "trainer_h200x2_2026-11-28_3ece391/a/round3",
+                 "trainer_h200x2_2026-11-28_3ece391_2/a/round1", "trainer_h200x2_2026-11-28_3ece391_2/a/round2",
                  # runs 53-57 (2026-11-28): the old per-tensor path (53; 56's old*), then one collective
                  # per direction with own rows off the wire (55-57's new*); 128K (56) and 256K (57), one round
-                 "trainer_h200x2_run53/a/round1", "trainer_h200x2_run53/a/round2",
-                 "trainer_h200x2_run55/new1", "trainer_h200x2_run55/new2",
-                 "trainer_h200x2_run56/new1", "trainer_h200x2_run56/new2", "trainer_h200x2_run56/old1",
-                 "trainer_h200x2_run56/old2", "trainer_h200x2_run56/k128", "trainer_h200x2_run57/k256",
+                 "trainer_h200x2_2026-11-28_b8371a0/a/round1", "trainer_h200x2_2026-11-28_b8371a0/a/round2",
+                 "trainer_h200x2_2026-11-28_3c8dbea/new1", "trainer_h200x2_2026-11-28_3c8dbea/new2",
+                 "trainer_h200x2_2026-11-28_3c8dbea_2/new1", "trainer_h200x2_2026-11-28_3c8dbea_2/new2", "trainer_h200x2_2026-11-28_3c8dbea_2/old1",
+                 "trainer_h200x2_2026-11-28_3c8dbea_2/old2", "trainer_h200x2_2026-11-28_3c8dbea_2/k128", "trainer_h200x2_2026-11-28_3c8dbea_3/k256",
                  # runs 60-64 (2026-11-28): the same code at 64K (2 rounds each in 60 and 63), 128K with 1
                  # and 2 layers (61, 62); micro-batch pairs (_pingpongmb) priced as ping-pong
-                 "trainer_h200x2_run60/train/a/round1", "trainer_h200x2_run60/train/a/round2",
-                 "trainer_h200x2_run61/a", "trainer_h200x2_run62/a", "trainer_h200x2_run63/a/round1",
-                 "trainer_h200x2_run63/a/round2", "trainer_h200x2_run64/a"]
-RECENT_RUNS = set(HELD_OUT_RUNS[HELD_OUT_RUNS.index("trainer_h200x2_run34/a"):])
+                 "trainer_h200x2_2026-11-28_76d405a/train/a/round1", "trainer_h200x2_2026-11-28_76d405a/train/a/round2",
+                 "trainer_h200x2_2026-11-28_76d405a_2/a", "trainer_h200x2_2026-11-28_76d405a_3/a", "trainer_h200x2_2026-11-28_76d405a_4/a/round1",
+                 "trainer_h200x2_2026-11-28_76d405a_4/a/round2", "trainer_h200x2_2026-11-28_76d405a_5/a"]
+RECENT_RUNS = set(HELD_OUT_RUNS[HELD_OUT_RUNS.index("trainer_h200x2_2026-11-28_c787de7/a"):])
 # What the model has terms for: the attention (local, torch_varlen) or balancer, and ping-pong. The recent runs also
 # tried the dynamic forward walk, the own tasks in place, head groups, NCCL options and balancer tolerances.
 # Ping-pong is priced on the micro-batch's unsplit plan (its bytes and work, overlapped by the fitted compute factor):
@@ -78,10 +78,10 @@ RECENT_MODELLED = re.compile(r"(local|torch_varlen|per_doc_cp|distca|prefix_awar
 # Ping-pong as it runs since 70d9028 (cad.PingPongLayer: one call per layer for both nano-batches) is fitted on run
 # 19 and checked on the runs after it; the ping-pong rows of earlier runs measured a superseded implementation (a
 # stage loop with per-layer host syncs, 7-15% slower than unsplit) and are reported apart.
-PINGPONG_FIT_RUNS = ["trainer_h200x2_run19"]
-PINGPONG_CURRENT_RUNS = PINGPONG_FIT_RUNS + ["trainer_h200x2_run20/rounds", "trainer_h200x4_run5",
-                                             "trainer_h200x4_run5/256k", "trainer_h200x2_run21",
-                                             "trainer_h200x2_run22"] + sorted(RECENT_RUNS)
+PINGPONG_FIT_RUNS = ["trainer_h200x2_2026-11-27_00fd4de"]
+PINGPONG_CURRENT_RUNS = PINGPONG_FIT_RUNS + ["trainer_h200x2_2026-11-27_13b3af9/rounds", "trainer_h200x4_2026-11-27_00fd4de",
+                                             "trainer_h200x4_2026-11-27_00fd4de/256k", "trainer_h200x2_2026-11-27_24bbc98",
+                                             "trainer_h200x2_2026-11-27_24bbc98_2"] + sorted(RECENT_RUNS)
 CALIBRATION = REPO / "docs" / "simulate" / "trainer_h200.json"
 DOC = REPO / "docs" / "simulate.md"
 TRAINER = ("examples/train_llama.py --model llama3-8b --parallel fsdp2 --checkpointing full --micro-batches 2 "
@@ -95,7 +95,7 @@ def cad_binary(args):
 # ---- the measurements --------------------------------------------------------------------------------------
 # (run, context) left out: run 13's shared 64K and 128K processes failed (a statistics race, fixed since) and
 # their CAD configurations were re-run alone in fresh processes, which are not the measurement the others are.
-EXCLUDED = {("trainer_h200x2_run13", 65536), ("trainer_h200x2_run13", 131072)}
+EXCLUDED = {("trainer_h200x2_2026-11-26_a0e8285_2", 65536), ("trainer_h200x2_2026-11-26_a0e8285_2", 131072)}
 
 
 def measured_configs(runs):
@@ -281,13 +281,13 @@ def fit(args):
     def r(x, n=4):
         return float("%.*g" % (n, x))
 
-    runs = ", ".join("docs/data/" + x for x in FIT_RUNS)
+    runs = ", ".join("bench/results/" + x for x in FIT_RUNS)
     n_plain, n_cad = len(plain), sum(c["attention"] == "cad" for c in plain)
     cal = {
         "comment": "The overhead terms of a real training step, for `cad simulate --trainer` (schema: "
                    "tools/simulate/trainer_calibration.h). Written by `python3 bench/simulate/trainer_check.py "
                    "--fit` from the fitted runs only; the other runs are held out (docs/simulate.md).",
-        "trainer": TRAINER, "fitted_on": ["docs/data/" + x for x in FIT_RUNS],
+        "trainer": TRAINER, "fitted_on": ["bench/results/" + x for x in FIT_RUNS],
         "layer_us_per_token": r(layer_us), "head_us_per_token": r(head_us), "step_fixed_ms": r(fixed_ms),
         "attention_scale": r(scale["local"]), "torch_varlen_attention_scale": r(scale["torch_varlen"]),
         "attention_call_us": r(call_us), "plan_make_ms": r(plan_ms), "plan_make_us_per_task": r(plan_us_task),
@@ -325,7 +325,7 @@ def fit(args):
                                   ("; fixed at 0: " + ", ".join(dropped_l) if dropped_l else ""),
             "head_us_per_token": "the same fit as layer_us_per_token",
             "step_fixed_ms": "the same fit as layer_us_per_token",
-            "pingpong_compute_factor": f"{', '.join('docs/data/' + x for x in PINGPONG_FIT_RUNS)} (ping-pong as "
+            "pingpong_compute_factor": f"{', '.join('bench/results/' + x for x in PINGPONG_FIT_RUNS)} (ping-pong as "
                                        f"cad.PingPongLayer runs it), CAD with ping-pong ({len(pp)} configurations): "
                                        "the factor in "
                                        "1.000-1.200 (steps of 0.005) with the least squared relative step error",
@@ -358,7 +358,8 @@ def table(args):
     rows, worst = [], {"fit": (0, None), "held out": (0, None), "superseded ping-pong": (0, None)}
     order = {"local": 0, "torch_varlen": 1, "per_doc_cp": 2, "distca": 3, "prefix_aware": 4}
     configs = measured_configs(FIT_RUNS + HELD_OUT_RUNS)
-    configs.sort(key=lambda c: (c["ranks"], c["run"] not in FIT_RUNS, int(re.search(r"run(\d+)", c["run"]).group(1)),
+    # Records in the order they were made: FIT_RUNS and HELD_OUT_RUNS list them that way.
+    configs.sort(key=lambda c: (c["ranks"], c["run"] not in FIT_RUNS, (FIT_RUNS + HELD_OUT_RUNS).index(c["run"]),
                                 c["run"], c["context"], c["pingpong"], order.get(c["config"].replace("_pingpong", ""), 9)))
     errors = {"fit": [], "held out": [], "superseded ping-pong": []}
     for c in configs:
@@ -434,7 +435,7 @@ def scale(args):
 
 
 # ---- the pipeline trainer (examples/train_pipeline.py, GPipe; docs/multi_gpu.md "Pipeline parallel") -------------
-PIPE_RUN = "gpu_h200x2_run17/pipe"
+PIPE_RUN = "gpu_h200x2_2026-11-27_c6bcbc7/pipe"
 PIPE_CONFIGS = ["local", "torch_varlen", "cad_tick", "cad_stage"]
 
 

@@ -32,7 +32,7 @@ struct Config {
   bool comm_stream_highest_priority = true;
   // A server runs the tasks on documents it holds whole in place on its own tensors (layout.h: Layout::own),
   // on the CUDA path while the moved rows are in flight, instead of sending them to itself through the exchange.
-  // Off by default: measured no faster on 2 H200s (docs/multi_gpu.md, runs 30-32).
+  // Off by default: measured no faster on 2 H200s (bench/results/trainer_h200x2_2026-11-27_{0a9366b,afdc6f0,c9c0322}).
   bool own_tasks_in_place = false;
   // The CUDA data path (NCCL) splits each call's heads into this many groups and pipelines them: the server
   // computes group g while group g+1's rows arrive and group g-1's results leave (schedule.h). 1: one exchange

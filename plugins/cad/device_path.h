@@ -8,7 +8,7 @@
 // destination beside the collective where one side holds them as one range (the server batch is laid out in
 // document id order, layout.h: one range for documents numbered rank by rank), else packed into the receive buffer. LSE ([Hq, T] fp32) moves as wire rows [T, Hq] through a strided copy. Partial dK/dV coming back to
 // a key/value owner: a row read by one server is moved; a row read by several is summed in fp32 over them in rank
-// order, in one pass (bitwise reproducible). Measured on 2 H200s over the copy engines (docs/multi_gpu.md, run 55):
+// order, in one pass (bitwise reproducible). Measured on 2 H200s over the copy engines (bench/results/trainer_h200x2_2026-11-28_3c8dbea):
 // one collective per tensor, each waited for before the next was packed, left the link idle between tensors.
 // With head groups G > 1 the server batch is laid out group after group ([G][rows][H/G][D]; copy_row_slices moves
 // a head slice of every row); every group's inbound collective is enqueued at once, then the tasks run in place

@@ -102,7 +102,7 @@ TEST(TimeBalance, PrefixAwareEqualisesPredictedTimeNotFlops) {
 // of partial pairs, stalled, and returned 1.060 on seeds 3 and 4 against 1.025-1.035 for FLOP balancing.
 TEST(TimeBalance, PairsTablePlansBeatFlopPlansInPredictedTimeWithoutAMinimumShard) {
   if (!std::filesystem::exists(CAD_PRETRAIN_LENGTHS)) GTEST_SKIP() << CAD_PRETRAIN_LENGTHS << " not found";
-  const std::string path = std::string(CAD_SOURCE_DIR) + "/docs/data/rate_table_h200_units_pairs.json";
+  const std::string path = std::string(CAD_SOURCE_DIR) + "/bench/results/rate_table_h200/rate_table_h200_units_pairs.json";
   const cad::plan::RateTable t = cad::plan::load_rate_table(path);
   ASSERT_TRUE(t.has_backward_tiles);
   EXPECT_EQ(t.shortest_priced_shard(), std::max(t.q_lens.front(), t.backward_tiles.block_m));
@@ -153,7 +153,7 @@ bool same_tasks(const PlanResult& a, const PlanResult& b) {
 // on the GPU; 0.9% at 8 x 128K seed 1, where it was not.
 TEST(TimeBalance, TimePlanOnlyWhereItsPredictedGainExceedsMinTimeGain) {
   if (!std::filesystem::exists(CAD_PRETRAIN_LENGTHS)) GTEST_SKIP() << CAD_PRETRAIN_LENGTHS << " not found";
-  const std::string path = std::string(CAD_SOURCE_DIR) + "/docs/data/rate_table_h200_units_pairs.json";
+  const std::string path = std::string(CAD_SOURCE_DIR) + "/bench/results/rate_table_h200/rate_table_h200_units_pairs.json";
   const cad::plan::RateTable t = cad::plan::load_rate_table(path);
   LoadedBalancer flops(plugin_path("prefix_aware"));
   LoadedBalancer guarded(plugin_path("prefix_aware"), R"({"rate_table": ")" + path + R"("})");

@@ -29,7 +29,7 @@ using cad::plan::RateTable;
 
 const std::string kH200 = std::string(CAD_SOURCE_DIR) + "/configs/calibration/h200.json";
 // A table with "backward_tiles" (the backward priced by tile pairs, rate_table.h).
-const std::string kPairs = std::string(CAD_SOURCE_DIR) + "/docs/data/rate_table_h200_units_pairs.json";
+const std::string kPairs = std::string(CAD_SOURCE_DIR) + "/bench/results/rate_table_h200/rate_table_h200_units_pairs.json";
 
 // rate_table.h's lookup, written out plainly: bilinear interpolation of each rate in (log q, log kv)
 // between the grid lines around the point, q and kv clamped to the grid's edges; the relative time
@@ -241,7 +241,7 @@ TEST(TimeCostFast, BackwardTilesPlansAreDeterministicAndEqualWithoutTheMemo) {
     LoadedBalancer pairs(plugin_path("prefix_aware"), R"({"min_time_gain": 0, "rate_table": ")" + kPairs + R"("})");
     LoadedBalancer grid(plugin_path("prefix_aware"),
                         R"({"min_time_gain": 0, "rate_table": ")" + std::string(CAD_SOURCE_DIR) +
-                            R"(/docs/data/rate_table_h200_units.json"})");
+                            R"(/bench/results/rate_table_h200/rate_table_h200_units.json"})");
     const PlanResult a = pairs.plan(layout, 12, cost_params(64)), b = pairs.plan(layout, 12, cost_params(64));
     const PlanResult c = grid.plan(layout, 12, cost_params(64));
     ASSERT_EQ(a.status, CAD_STATUS_OK) << a.error;

@@ -20,7 +20,7 @@
 # STEPS, LAYERS (default 4), CHECKPOINTING (default full), TRAINER_ARGS (added to every run), CAD_DATA (default
 # ../shared/data/doclen_pretrain.json, as run.sh), TAR (pack OUT into this file after every run).
 #
-# Time (measured on 2 H200s, docs/multi_gpu.md runs 17 and 25): a step takes ~2.4 s at 32K x 4, ~5 s at 64K x 4,
+# Time (measured on 2 H200s, bench/results/gpu_h200x2_2026-11-27_c6bcbc7, pipeline_h200x2_2026-11-27_b11a69a): a step takes ~2.4 s at 32K x 4, ~5 s at 64K x 4,
 # ~9.8 s at 64K x 8 and ~11.8 s at 128K x 4 (GPipe; 1F1B ~3% more); a torchrun spends ~30 s starting, then per
 # configuration STEPS steps and ~10 s of set-up: at 64K x 8 three configurations took 120 s, at 128K x 4 six took
 # 240 s. The default budget (300 s) covers the 32K runs and part of the 64K ones; PIPE_BUDGET_S=900 covers all four.

@@ -22,7 +22,7 @@
 # stage (what the device tool brings back: at most 8 files), so that a run cut short still returns what it did.
 #
 # The train stage's time: a GPU session has about 25 minutes of device time for everything, so this stage
-# stops at TRAIN_BUDGET_S (default 480 s). Measured on 4 H200s (docs/multi_gpu.md, run 3-4: vocab 1024, no
+# stops at TRAIN_BUDGET_S (default 480 s). Measured on 4 H200s (bench/results/multi_gpu_h200x4_2026-11-26_224ecd2{,_2}: vocab 1024, no
 # recomputation, 1 micro-batch) one Llama-8B layer's forward + backward took ~0.3 s at 64K tokens, ~0.9 s at
 # 128K and ~2.7 s at 256K (local attention, slowest rank); recomputation adds a forward (~1.3x), 2
 # micro-batches double it, and the 128256-token head costs about 0.4 s per 64K tokens of a micro-batch. Hence
@@ -142,7 +142,7 @@ if want train; then
     record "train: CONFIGS=$CONFIGS refused by the trainer" 1; exit 1; }
   # ROUNDS=N: the contexts N times, round k's records in $OUT/round<k> (N = 1: in $OUT), then one table pooled
   # over the rounds (table.py with several folders): at 64K the same configuration's share of the gain moved
-  # 0.64-0.84 between identical runs on 2 H200s (docs/multi_gpu.md, runs 33-37).
+  # 0.64-0.84 between identical runs on 2 H200s (bench/results/trainer_h200x2_2026-11-28_{c787de7,17590da*}).
   rounds="${ROUNDS:-1}"
   if ! [[ "$rounds" =~ ^[1-9][0-9]*$ ]]; then
     record "train: ROUNDS=$rounds is not a positive whole number" 1; exit 1

@@ -9,8 +9,7 @@ With several folders (runs of the same configurations, e.g. on different machine
 pooled over them instead: per configuration its mean step over the runs (and the runs' min / max), and the
 speedup and realised share of the pooled means (each run's faster local baseline and its local_balanced, the
 measured ideal, averaged over the runs that have them), beside each run's own share. At 64K tokens per GPU on 2
-H200s the same configuration's share moved from 0.64 to 0.84 between identical runs (docs/multi_gpu.md, runs
-33-37): one run's share is not a number to quote there.
+H200s the same configuration's share moved from 0.64 to 0.84 between identical runs (bench/results/trainer_h200x2_2026-11-28_{c787de7,17590da*}): one run's share is not a number to quote there.
 
 Every number is a mean over the steps from --steps-from on (step 0 warms up); the trainer's --profile-step run
 is kept outside "steps" ("profiled_step") and so counts in none. Per step:

@@ -13,7 +13,7 @@ Per trace, on the compute stream (the stream with the most kernel time: the trai
   and the time the call adds beyond it: the gap before its first attention kernel since the last kernel that is
   not CAD's, the gap after its last one until the next such kernel, and CAD's own copy kernels inside. Summed
   over the calls, "beyond attention" is what the rank paid for CAD beside its attention compute; on the rank that
-  sets the step it is what CAD costs over a perfectly balanced local step (docs/multi_gpu.md, runs 54-55).
+  sets the step it is what CAD costs over a perfectly balanced local step (bench/results/trainer_h200x2_2026-11-28_{b8371a0_2,3c8dbea}).
 
 Timelines of two ranks of one step line up call by call: a call whose "before" is long on one rank and short on
 the other is one where the first waited for the second (its compute ran longer) or for the bytes it received.

@@ -647,7 +647,7 @@ def test_bad_options_are_refused(capsys):
 
 
 def test_attention_timing_defaults_to_no_syncs_on_cuda():
-    # the syncs slow an imbalanced step far more than a balanced one (docs/multi_gpu.md, runs 21-22): step times
+    # the syncs slow an imbalanced step far more than a balanced one (bench/results/trainer_h200x2_2026-11-27_24bbc98{,_2}): step times
     # come without them unless asked for
     assert parse_args([]).sync_attention_timing == "on"  # CPU: nothing to wait for
     assert parse_args(["--device", "cuda"]).sync_attention_timing == "off"

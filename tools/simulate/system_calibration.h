@@ -20,7 +20,7 @@
 // (GBps_per_gpu x efficiency), or, with a fitted curve of (bytes, seconds) points, the curve's seconds; the
 // ping-pong mode ("on") hides `overlap` of a pass's exchange, at most the pass's compute. overlap = 1 is the
 // old assumption (ping-pong hides all of it up to the compute); what has been measured is far less
-// (docs/multi_gpu.md runs 41-42).
+// (bench/results/trainer_h200x2_2026-11-28_6fc2a34_{4,5}).
 #pragma once
 
 #include <cstdint>

@@ -7,7 +7,7 @@
 // Schema (every key required, numbers >= 0 unless said otherwise):
 //   {
 //     "trainer": "examples/train_llama.py ...",
-//     "fitted_on": ["docs/data/trainer_h200x2_run9"],
+//     "fitted_on": ["bench/results/trainer_h200x2_2026-11-26_f420ed7"],
 //     "layer_us_per_token": 4.2,         // a decoder layer's work outside core attention, per token and
 //                                        // micro-batch: forward, recomputed forward, backward (GEMMs,
 //                                        // norms, rotary, FSDP2's gathers and reduce-scatters)

@@ -45,7 +45,7 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     NCCL's kernels wait behind (head_groups). own_tasks_in_place: True: a rank runs
     the tasks on documents it holds whole in place on its own tensors, on GPUs while one collective moves the other
     rows; False (default): they go through the exchange to itself like every other task (the plugin's
-    own_tasks_in_place, plugins/cad/README.md; measured no faster on 2 H200s, docs/multi_gpu.md runs 30-32).
+    own_tasks_in_place, plugins/cad/README.md; measured no faster on 2 H200s, bench/results/trainer_h200x2_2026-11-27_{0a9366b,afdc6f0,c9c0322}).
     own_tasks_reserve_sms: on GPUs, the SMs their forward kernel (persistent, one block per SM) leaves free for the
     collective that runs beside it; 0: every SM. A second 'cuda' backend instance runs them, with that 'reserve_sms'
     and the dynamic walk (its blocks take the next untaken unit, so that those whose SM the collective holds at

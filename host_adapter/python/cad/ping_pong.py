@@ -156,7 +156,7 @@ class PingPongChoice:
     """Whether splitting micro-batches into two nano-batches pays, decided from a measured step instead of
     assumed: ping-pong can hide at most the time the calling streams stall on CAD's exchanges, and splitting
     costs compute efficiency (smaller kernels, NCCL kernels sharing SMs with the other stream's compute; measured
-    on 2 and 4 H200s at 64K-128K tokens per GPU, docs/multi_gpu.md runs 19-20 and 5: the compute kernels take 2.8%
+    on 2 and 4 H200s at 64K-128K tokens per GPU, bench/results/trainer_h200x2_2026-11-27_{00fd4de,13b3af9}, trainer_h200x4_2026-11-27_00fd4de: the compute kernels take 2.8%
     longer split, and ping-pong lost 0.1-3% of the step where the unsplit stall was 2.5-4.2% of it). The default
     threshold, 7%, keeps it off wherever it lost. So a trainer runs unsplit, gives one unsplit step's time and stall to
     observe(), and from then on splits only if the stall is at least `min_stall_share` of the step; `reason`

@@ -51,7 +51,7 @@ fewer than 2 documents cannot be split; it runs as one nano-batch (one plan, lay
 step's record has "ping_pong": false. Every rank knows every rank's documents, so all agree without
 communicating. Each half is balanced by a plan of its own, which moves more than balancing the whole: at 64K
 tokens on 2 ranks the halves in buffer order sent 1.5x the bytes of the unsplit plans (698 against 458 MiB per
-layer, docs/multi_gpu.md, run 53). So on every rank the heavier half (causal attention work) runs first, its
+layer, bench/results/trainer_h200x2_2026-11-28_b8371a0). So on every rank the heavier half (causal attention work) runs first, its
 tokens moved to the front where it is the buffer's second half (run_order): 1.32x by the planner's count
 (bench/balancers/nano_split_bytes.py). --ping-pong-nanos micro-batches instead runs the step's micro-batches in pairs, each
 pair's two as the two nano-batches of one forward and backward (one buffer, the second after the first), each with
@@ -191,7 +191,7 @@ def train_one(args, rank, world, device, lengths, on_gradients=None):
     # The decision, made after step `decided_at` of the schedule, takes effect from the second step after it: the
     # next step's first micro-batch was asked for (its plans made ahead) while the step ran, undecided, i.e.
     # unsplit. Waiting for the decision before asking made that plan at the micro-batch's start instead, on the
-    # critical path (18-34 ms in the step after the decision, 2 H200s at 64K: docs/multi_gpu.md, run 53).
+    # critical path (18-34 ms in the step after the decision, 2 H200s at 64K: bench/results/trainer_h200x2_2026-11-28_b8371a0).
     choice = cad.PingPongChoice(args.ping_pong_min_stall_share) \
         if args.ping_pong and args.ping_pong_when == "worthwhile" else None
     decided_at = None  # the schedule index after which choice decided

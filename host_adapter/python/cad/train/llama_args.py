@@ -216,7 +216,7 @@ def parse_args(argv=None, description=None):
     p.add_argument("--cad-own-tasks", choices=["on", "off"], default="off",
                    help="on: a rank runs the tasks on documents it holds whole in place on its own tensors while one "
                         "collective moves the other rows (cad.init's own_tasks_in_place; measured no faster, "
-                        "docs/multi_gpu.md runs 30-32); off (default): they go through the exchange to itself")
+                        "bench/results/trainer_h200x2_2026-11-27_{0a9366b,afdc6f0,c9c0322}); off (default): they go through the exchange to itself")
     p.add_argument("--cad-own-reserve-sms", type=int, default=16,
                    help="SMs the own tasks' forward kernel leaves free for the collective running beside it "
                         "(cad.init's own_tasks_reserve_sms; default 16; 0: every SM)")

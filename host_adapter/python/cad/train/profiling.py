@@ -74,7 +74,7 @@ def profile_summary(profiler, top=25):
 class GcPauses:
     """Python's garbage-collector pauses on this rank (gc.callbacks): milliseconds and generation-2 collections
     since the last take(). On 4 GPUs CAD's ranks reached the first layer's plan make up to 180 ms apart, a
-    different rank each step (docs/multi_gpu.md, run 7); a collection over the model's and torch's heap is a
+    different rank each step (bench/results/multi_gpu_h200x4_2026-11-26_f1637cc); a collection over the model's and torch's heap is a
     candidate, and this says whether one ran in that step."""
 
     def __init__(self):

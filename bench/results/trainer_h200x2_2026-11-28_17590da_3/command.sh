@@ -1,0 +1,16 @@
+#!/bin/bash
+# On 2 GPUs: forced ping-pong with the server's forward walking dynamically, again at 64K (an earlier run: 2393
+# against 2398 ms unsplit and 2442 static) and at 128K; local, local_balanced (the ideal), prefix_aware, +pp+dyn,
+# +pp; 2 layers, 5 steps.
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 CAD_DATA=$PWD/.bench_data/doclen_pretrain.json
+R=$OUT/r; mkdir -p $R; cp .bench_data/g2o.sh $R/command.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv > $R/gpus.txt
+T=$OUT/all.tgz
+S=$(date +%s); t() { echo "[$(( $(date +%s) - S )) s] $*"; }
+NGPU=2 OUT=$R/c ONLY=build TAR=$T bash tests/multi_gpu/run.sh > $R/c_build.log 2>&1; t build rc=$?
+NGPU=2 OUT=$R/a SKIP_BUILD=1 ONLY=train CONTEXTS="65536 131072" STEPS=5 LAYERS="65536:2 131072:2" \
+  CONFIGS=local,local_balanced,prefix_aware,prefix_aware+pp+dyn,prefix_aware+pp \
+  TRAINER_ARGS="--sync-attention-timing off" TRAIN_BUDGET_S=370 TAR=$T \
+  bash tests/multi_gpu/run.sh > $R/a.log 2>&1; t train rc=$?
+rm -f $R/c/build.log; tar -czf $T -C $R .
+python3 tests/multi_gpu/table.py $R/a 2>&1 | grep -E "^\| (64K|128K)" | cut -d'|' -f2-12
