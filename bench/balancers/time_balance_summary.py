@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""time_balance_summary.py -- FLOP- vs time-balanced prefix_aware in cad_server_bench's JSON (issue 14 sec. 2).
+"""time_balance_summary.py -- FLOP- vs time-balanced prefix_aware in cad_server_bench's JSON.
 
 For every case (ranks x context x seed) of each file: the measured forward + backward max/mean over the
 ranks of `prefix_aware` and `prefix_aware_time` (each rank's time the median of its interleaved rounds),

@@ -5,14 +5,14 @@ Every round, for each head dim: cuDNN's fused attention (torch SDPA under
 sdpa_kernel(SDPBackend.CUDNN_ATTENTION), as cudnn_bench.py runs it) on dense causal 4K/16K/64K, then our
 kernels (libcad_kernel_timer.so, case_timer_capi.cu, through ctypes) on the same dense cases and on every
 server batch of the diet file (bench/kernels/diet_batches.txt, made by cad_diet_batches). A diet batch's
-ratio is our rate on it over cuDNN's dense-16K rate OF THE SAME ROUND and head dim (issue 13's
+ratio is our rate on it over cuDNN's dense-16K rate OF THE SAME ROUND and head dim (the
 yardstick); the dense rows compare like with like. FLOPs per segment and query head: causal forward
 4*d*(q*kv - q*(q-1)/2), backward 2.5x forward.
 
 Writes every measurement to --json (after each round, so a run cut short keeps what it measured) and a
 markdown summary to --md and stdout: the dense ratios per round and their min/median/max over rounds; per
 head dim and direction the min/median/max over the diet batches (per round, and of each batch's median
-over rounds); the five worst batches with their shapes; which of issue 13's targets are met.
+over rounds); the five worst batches with their shapes; which of the kernel targets are met.
 
 usage: diet_bench.py --lib libcad_kernel_timer.so [--batches FILE] [--rounds 3] [--head-dims 64,128]
                      [--hq 32] [--hkv 8] [--reps 3] [--warmups 1] [--deadline 330] [--filter TEXT]
@@ -33,7 +33,7 @@ DENSE = (4096, 16384, 65536)
 REFERENCE = 16384  # the diet's yardstick: cuDNN's dense causal 16K rate
 ASSUMED_TFLOPS = 450.0  # for the time estimate printed before the run
 
-# Issue 13's targets.
+# The kernel targets: dense ratios against cuDNN, the diet's median and minimum ratio.
 DENSE_FWD, DENSE_BWD = 1.0, 0.95
 DIET_MEDIAN = {"fwd": 0.95, "bwd": 0.90}
 DIET_MIN = 0.85
@@ -234,7 +234,7 @@ def summarize(batches, rounds):
 
 
 def targets(summary):
-    """Issue 13's targets, each {"what", "value", "goal", "met"}; dense on the median over rounds, the diet
+    """The kernel targets, each {"what", "value", "goal", "met"}; dense on the median over rounds, the diet
     on each batch's median over rounds."""
     out = []
     for d, s in summary["head_dims"].items():
@@ -303,7 +303,7 @@ def render_markdown(summary, meta):
         if s["skipped"]:
             lines.append(f'\nD={d}: skipped (see the JSON for why): {", ".join(s["skipped"])}')
     met = [t for t in summary["targets"] if t["met"]]
-    lines += ["", f"Targets (issue 13): {len(met)} of {len(summary['targets'])} met", ""]
+    lines += ["", f"Targets: {len(met)} of {len(summary['targets'])} met", ""]
     for t in summary["targets"]:
         lines.append(f'- {"met" if t["met"] else "NOT met"}: {t["what"]}: {t["value"]:.2f} (goal >= {t["goal"]:.2f})')
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fit_rank_model.py -- which simple model explains the measured per-rank server time (issue 14 sec. 2).
+"""fit_rank_model.py -- which simple model explains the measured per-rank server time.
 
 Reads the per-rank tables that `cad_simulate_server_check --per-rank` and `cad_simulate_diet_check
 --per-batch` print (one markdown row per server batch: label, rank, measured and table-predicted fwd/bwd ms,

@@ -7,7 +7,7 @@ Standard library only; runs the `cad` CLI. Three modes:
   --table   predict every measured configuration of every run (fitted and held out) and write the table of
             predicted against measured step time into docs/simulate.md (between the trainer-table markers)
   --scale   re-predict 8-1024 GPUs with the calibrated model and write that table into docs/simulate.md
-  --pipeline        the GPipe pipeline trainer (examples/train_pipeline.py) of run 17 (2 H200s, PP=2) against
+  --pipeline        the GPipe pipeline trainer (examples/train_pipeline.py; gpu_h200x2_2026-11-27_c6bcbc7/pipe, 2 H200s, PP=2) against
                     `cad simulate --schedule gpipe` with the same calibration (not refitted); table into
                     docs/simulate.md (between the pipeline-table markers)
   --pipeline-scale  DistCA's pipeline configurations (34B, PP 4 and 8, 64-512 GPUs, 128K-512K) re-predicted
@@ -35,36 +35,36 @@ DATA = REPO / "bench" / "results"
 FIT_RUNS = ["trainer_h200x2_2026-11-26_f420ed7"]
 HELD_OUT_RUNS = ["trainer_h200x2_2026-11-26_f420ed7_2", "trainer_h200x2_2026-11-26_f420ed7_3", "trainer_h200x4_2026-11-26_f420ed7", "trainer_h200x2_2026-11-26_a0e8285",
                  "trainer_h200x2_2026-11-26_a0e8285_2", "trainer_h200x2_2026-11-26_a0e8285_3", "trainer_h200x4_2026-11-26_9f37d93",
-                 # run 4 (2026-11-27): 64K at 2 layers with ping-pong on one and two lanes, 32 layers, 256K
+                 # 2026-11-27, 4 H200s: 64K at 2 layers with ping-pong on one and two lanes, 32 layers, 256K
                  "trainer_h200x4_2026-11-27_02b3ee5/a", "trainer_h200x4_2026-11-27_02b3ee5/b", "trainer_h200x4_2026-11-27_02b3ee5/c",
-                 # run 18 (2026-11-27): after the per-layer host sync was removed (0457bc7), 64K-256K on 2 H200s
+                 # 2026-11-27: after the per-layer host sync was removed (0457bc7), 64K-256K on 2 H200s
                  "trainer_h200x2_2026-11-27_5c7d4d4",
-                 # runs 19-20 and 4-GPU run 5 (2026-11-27): no timing syncs, ping-pong through cad.PingPongLayer
+                 # 2026-11-27, 2 and 4 H200s: no timing syncs, ping-pong through cad.PingPongLayer
                  "trainer_h200x2_2026-11-27_00fd4de", "trainer_h200x2_2026-11-27_13b3af9/rounds", "trainer_h200x4_2026-11-27_00fd4de",
                  "trainer_h200x4_2026-11-27_00fd4de/256k",
-                 # runs 21-22 (2026-11-27, later): pinned uploads; two more rounds on 2 H200s
+                 # 2026-11-27, later: pinned uploads; two more rounds on 2 H200s
                  "trainer_h200x2_2026-11-27_24bbc98", "trainer_h200x2_2026-11-27_24bbc98_2"] + [
-                 # runs 34-43 (2026-11-28): 2 and 4 H200s over NVLink (run 42's other
-                 # half and run 41 moved NCCL through host memory: another link, not modelled); only their
+                 # 2026-11-28: 2 and 4 H200s over NVLink (the records whose NCCL went through host memory,
+                 # e.g. trainer_h200x2_2026-11-28_6fc2a34_5's other half, are another link, not modelled); only their
                  # configurations the model prices (RECENT_MODELLED), not the trials of options it has no term for
                  "trainer_h200x2_2026-11-28_c787de7/a", "trainer_h200x2_2026-11-28_17590da/a", "trainer_h200x2_2026-11-28_17590da_2/a", "trainer_h200x2_2026-11-28_17590da_3/a",
                  "trainer_h200x2_2026-11-28_6fc2a34/a/round1", "trainer_h200x2_2026-11-28_6fc2a34/a/round2", "trainer_h200x2_2026-11-28_6fc2a34_2/a",
                  "trainer_h200x2_2026-11-28_6fc2a34_3/a/round1", "trainer_h200x2_2026-11-28_6fc2a34_3/a/round2", "trainer_h200x2_2026-11-28_6fc2a34_5/nvlink",
                  "trainer_h200x4_2026-11-28_96a28a7/a/round1", "trainer_h200x4_2026-11-28_96a28a7/a/round2",
-                 # runs 46-51 (2026-11-28): 64K on 2 H200s, one folder per round
+                 # 2026-11-28: 64K on 2 H200s, one folder per round
                  "trainer_h200x2_2026-11-28_2ffe240/a/round1", "trainer_h200x2_2026-11-28_2ffe240/a/round2",
                  "trainer_h200x2_2026-11-28_8181526/a/round1", "trainer_h200x2_2026-11-28_8181526/a/round2",
                  "trainer_h200x2_2026-11-28_1dcb5de/a/round1", "trainer_h200x2_2026-11-28_1dcb5de/a/round2",
                  "trainer_h200x2_2026-11-28_3ece391/a/round1", "trainer_h200x2_2026-11-28_3ece391/a/round2", "trainer_h200x2_2026-11-28_3ece391/a/round3",
                  "trainer_h200x2_2026-11-28_3ece391_2/a/round1", "trainer_h200x2_2026-11-28_3ece391_2/a/round2",
-                 # runs 53-57 (2026-11-28): the old per-tensor path (53; 56's old*), then one collective
-                 # per direction with own rows off the wire (55-57's new*); 128K (56) and 256K (57), one round
+                 # 2026-11-28: the old per-tensor path (b8371a0; 3c8dbea_2's old*), then one collective
+                 # per direction with own rows off the wire (3c8dbea*'s new*); 128K (k128) and 256K (k256), one round
                  "trainer_h200x2_2026-11-28_b8371a0/a/round1", "trainer_h200x2_2026-11-28_b8371a0/a/round2",
                  "trainer_h200x2_2026-11-28_3c8dbea/new1", "trainer_h200x2_2026-11-28_3c8dbea/new2",
                  "trainer_h200x2_2026-11-28_3c8dbea_2/new1", "trainer_h200x2_2026-11-28_3c8dbea_2/new2", "trainer_h200x2_2026-11-28_3c8dbea_2/old1",
                  "trainer_h200x2_2026-11-28_3c8dbea_2/old2", "trainer_h200x2_2026-11-28_3c8dbea_2/k128", "trainer_h200x2_2026-11-28_3c8dbea_3/k256",
-                 # runs 60-64 (2026-11-28): the same code at 64K (2 rounds each in 60 and 63), 128K with 1
-                 # and 2 layers (61, 62); micro-batch pairs (_pingpongmb) priced as ping-pong
+                 # 2026-11-28, 76d405a: the same code at 64K (2 rounds in _76d405a and _76d405a_4), 128K with 1
+                 # and 2 layers (_2, _3); micro-batch pairs (_pingpongmb) priced as ping-pong
                  "trainer_h200x2_2026-11-28_76d405a/train/a/round1", "trainer_h200x2_2026-11-28_76d405a/train/a/round2",
                  "trainer_h200x2_2026-11-28_76d405a_2/a", "trainer_h200x2_2026-11-28_76d405a_3/a", "trainer_h200x2_2026-11-28_76d405a_4/a/round1",
                  "trainer_h200x2_2026-11-28_76d405a_4/a/round2", "trainer_h200x2_2026-11-28_76d405a_5/a"]
@@ -72,11 +72,11 @@ RECENT_RUNS = set(HELD_OUT_RUNS[HELD_OUT_RUNS.index("trainer_h200x2_2026-11-28_c
 # What the model has terms for: the attention (local, torch_varlen) or balancer, and ping-pong. The recent runs also
 # tried the dynamic forward walk, the own tasks in place, head groups, NCCL options and balancer tolerances.
 # Ping-pong is priced on the micro-batch's unsplit plan (its bytes and work, overlapped by the fitted compute factor):
-# what micro-batch pairs (_pingpongmb, --ping-pong-nanos micro-batches) run; halves move more (docs/multi_gpu.md,
-# runs 58-64), which the model does not count.
+# what micro-batch pairs (_pingpongmb, --ping-pong-nanos micro-batches) run; halves move more (the 2026-11-28 records at
+# 76d405a), which the model does not count.
 RECENT_MODELLED = re.compile(r"(local|torch_varlen|per_doc_cp|distca|prefix_aware)(_pingpong(mb)?)?")
-# Ping-pong as it runs since 70d9028 (cad.PingPongLayer: one call per layer for both nano-batches) is fitted on run
-# 19 and checked on the runs after it; the ping-pong rows of earlier runs measured a superseded implementation (a
+# Ping-pong as it runs since 70d9028 (cad.PingPongLayer: one call per layer for both nano-batches) is fitted on
+# trainer_h200x2_2026-11-27_00fd4de and checked on the records after it; the ping-pong rows of earlier runs measured a superseded implementation (a
 # stage loop with per-layer host syncs, 7-15% slower than unsplit) and are reported apart.
 PINGPONG_FIT_RUNS = ["trainer_h200x2_2026-11-27_00fd4de"]
 PINGPONG_CURRENT_RUNS = PINGPONG_FIT_RUNS + ["trainer_h200x2_2026-11-27_13b3af9/rounds", "trainer_h200x4_2026-11-27_00fd4de",
@@ -93,7 +93,7 @@ def cad_binary(args):
 
 
 # ---- the measurements --------------------------------------------------------------------------------------
-# (run, context) left out: run 13's shared 64K and 128K processes failed (a statistics race, fixed since) and
+# (record, context) left out: trainer_h200x2_2026-11-26_a0e8285_2's shared 64K and 128K processes failed (a statistics race, fixed since) and
 # their CAD configurations were re-run alone in fresh processes, which are not the measurement the others are.
 EXCLUDED = {("trainer_h200x2_2026-11-26_a0e8285_2", 65536), ("trainer_h200x2_2026-11-26_a0e8285_2", 131072)}
 
@@ -521,7 +521,7 @@ def pipeline_table(args):
              "(ms) | predicted as timed, stage 0 / 1 (ms) |",
              "|---:|---|---:|---:|---:|---|---|---|---|"] + rows
     body = "\n".join(["Command: `python3 bench/simulate/trainer_check.py --pipeline` (the calibration as fitted on the "
-                      "data-parallel run 9, nothing refitted). One configuration, by hand:", "",
+                      "data-parallel record trainer_h200x2_2026-11-26_f420ed7, nothing refitted). One configuration, by hand:", "",
                       f"    build/bin/cad {example.replace(str(REPO) + '/', '').replace(args.dist, '/work/shared/data/doclen_pretrain.json')}",
                       "", summary, "", *lines])
     DOC.write_text(replace_between(DOC.read_text(), "pipeline-table", body))
@@ -598,7 +598,7 @@ def main():
                                                                     "doclen_pretrain.json")))
     p.add_argument("--tmp", default="/tmp/cad_trainer_check")
     p.add_argument("--scale-steps", type=int, default=2)
-    p.add_argument("--pipeline", action="store_true", help="the GPipe pipeline trainer's run 17 against the model")
+    p.add_argument("--pipeline", action="store_true", help="the GPipe pipeline trainer's record on 2 H200s (gpu_h200x2_2026-11-27_c6bcbc7/pipe) against the model")
     p.add_argument("--pipeline-scale", action="store_true", help="DistCA's pipeline configurations (34B, GPipe)")
     p.add_argument("--pipeline-pp", type=lambda t: [int(x) for x in t.split(",")], default=[4, 8])
     p.add_argument("--pipeline-gpus", type=lambda t: [int(x) for x in t.split(",")], default=[64, 128, 256, 512])

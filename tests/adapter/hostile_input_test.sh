@@ -1,5 +1,5 @@
 #!/bin/sh
-# hostile_input_test.sh CAD -- inputs that used to crash, hang or report garbage (issue 10) are refused
+# hostile_input_test.sh CAD -- inputs that used to crash, hang or report garbage are refused
 # with a message naming the file and the key or entry: `cad plan` on lengths, contexts and rank counts
 # the int64 cost model cannot represent (they printed negative costs or allocated until bad_alloc), a
 # 200K-deep --dist file and a 100K-deep stack config (stack overflow), a number literal beyond a double

@@ -1,6 +1,6 @@
 #!/bin/sh
 # hostile_plugins_test.sh CAD HOSTILE_DIR LENGTHS -- hostile plugins are reported, the `cad` command stays
-# up (issue 10). Each fixture in HOSTILE_DIR misbehaves in one way (see hostile/*.c*).
+# up. Each fixture in HOSTILE_DIR misbehaves in one way (see hostile/*.c*).
 set -u
 CAD=$1 DIR=$2 LENGTHS=$3
 . "$(dirname "$0")/../expect.sh"

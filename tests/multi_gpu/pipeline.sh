@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pipeline.sh -- the pipeline-parallel trainer (examples/train_pipeline.py, issue 27) on 2 GPUs of one host: GPipe
+# pipeline.sh -- the pipeline-parallel trainer (examples/train_pipeline.py) on 2 GPUs of one host: GPipe
 # with PP=2 (DP=1), --model llama3-8b with --layers 4 (2 decoder layers per stage), full activation checkpointing,
 # Pretrain-recipe micro-batches of CONTEXTS tokens (default 32768 65536) and MICRO_BATCHES per step (default 4 8),
 # every configuration of CONFIGS (default local,local_balanced,torch_varlen,cad_tick,cad_bubble,cad_stage,

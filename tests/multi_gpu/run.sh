@@ -21,7 +21,7 @@
 # ONLY without build. Logs under $OUT; with TAR=FILE everything under $OUT is also packed into FILE after every
 # stage (what the device tool brings back: at most 8 files), so that a run cut short still returns what it did.
 #
-# The train stage's time: a GPU session has about 25 minutes of device time for everything, so this stage
+# The train stage's time: a GPU run is given about 25 minutes of device time for everything, so this stage
 # stops at TRAIN_BUDGET_S (default 480 s). Measured on 4 H200s (bench/results/multi_gpu_h200x4_2026-11-26_224ecd2{,_2}: vocab 1024, no
 # recomputation, 1 micro-batch) one Llama-8B layer's forward + backward took ~0.3 s at 64K tokens, ~0.9 s at
 # 128K and ~2.7 s at 256K (local attention, slowest rank); recomputation adds a forward (~1.3x), 2

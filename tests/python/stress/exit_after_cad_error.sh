@@ -1,6 +1,6 @@
 #!/bin/bash
-# Manual stress loop for issue 30 section 4 ("terminate called without an active exception" at exit after a
-# CadError in a 2-rank gloo job; 3 of 53 runs in the report, never reproduced since). Not registered in ctest.
+# Manual stress loop for "terminate called without an active exception" at exit after a
+# CadError in a 2-rank gloo job (once seen in 3 of 53 runs, never reproduced since). Not registered in ctest.
 #   exit_after_cad_error.sh SCENARIO MODE N LOGDIR
 #   SCENARIO: heads | scale | timeout | after_shutdown | backward   (see exit_after_cad_error.py)
 #   MODE:     uncaught (the CadError ends the script) | normal (caught, plain exit) | sysexit | clean
