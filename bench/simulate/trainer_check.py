@@ -44,8 +44,8 @@ HELD_OUT_RUNS = ["trainer_h200x2_2026-11-26_f420ed7_2", "trainer_h200x2_2026-11-
                  "trainer_h200x4_2026-11-27_00fd4de/256k",
                  # 2026-11-27, later: pinned uploads; two more rounds on 2 H200s
                  "trainer_h200x2_2026-11-27_24bbc98", "trainer_h200x2_2026-11-27_24bbc98_2"] + [
-                 # 2026-11-28: 2 and 4 H200s over NVLink (the records whose NCCL went through host memory,
-                 # e.g. trainer_h200x2_2026-11-28_6fc2a34_5's other half, are another link, not modelled); only their
+                 # 2026-11-28: 2 and 4 H200s over NVLink (6fc2a34_4 and 6fc2a34_5's other half moved NCCL
+                 # through host memory: another link, not modelled); only their
                  # configurations the model prices (RECENT_MODELLED), not the trials of options it has no term for
                  "trainer_h200x2_2026-11-28_c787de7/a", "trainer_h200x2_2026-11-28_17590da/a", "trainer_h200x2_2026-11-28_17590da_2/a", "trainer_h200x2_2026-11-28_17590da_3/a",
                  "trainer_h200x2_2026-11-28_6fc2a34/a/round1", "trainer_h200x2_2026-11-28_6fc2a34/a/round2", "trainer_h200x2_2026-11-28_6fc2a34_2/a",

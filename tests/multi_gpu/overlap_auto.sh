@@ -3,7 +3,7 @@
 # NVLink, beside unsplit CAD and the head groups measured best there (+hg4), with local and local_balanced (the
 # measured ideal). 2 GPUs (NGPU to change), Llama-3-8B shapes, 64K tokens per GPU, 2 layers, 5 steps (step 0 warms
 # up, the choice observes step 1, runs from step 2, is confirmed or reverted after it).
-#   p2p_off: NCCL_P2P_DISABLE=1, every byte through host memory (docs/multi_gpu.md runs 41-42: unsplit CAD 0.988x
+#   p2p_off: NCCL_P2P_DISABLE=1, every byte through host memory (bench/results/trainer_h200x2_2026-11-28_6fc2a34_4, _5: unsplit CAD 0.988x
 #            local, stall 8.8% of the step; +hg4 1.010x): the choice should take head groups there;
 #   nvlink:  NCCL as it is (stall 2.5-4.2%): the choice should stay off and cost nothing.
 # Fails (exit 1) where a stage fails, or a +ovauto run wrote no final overlap_decision (tests/multi_gpu/run.sh's

@@ -4,7 +4,7 @@
 # Pretrain-recipe micro-batches of CONTEXTS tokens (default 32768 65536) and MICRO_BATCHES per step (default 4 8),
 # every configuration of CONFIGS (default local,local_balanced,torch_varlen,cad_tick,cad_bubble,cad_stage,
 # 1f1b_local,1f1b_cad_bubble: the trainer's --configs names; local_balanced is the measured ideal, the 1f1b_ ones
-# run the 1F1B schedule beside the GPipe ones; the bubble pools were the fastest at 4 x 128K, runs 28-29) trained in turn by one torchrun
+# run the 1F1B schedule beside the GPipe ones; the bubble pools were the fastest at 4 x 128K in bench/results/pipeline_h200x2_2026-11-27_d2b8a35{,_2}) trained in turn by one torchrun
 # per (context, micro-batches) from the same weights on the same batches, STEPS steps each (default 3: step 0
 # warms up). Then tests/multi_gpu/pipeline_table.py prints a table per (context, micro-batches): step ms, tokens/s,
 # speedup over local, the ideal speedup, the realised share, and the mean per-tick attention imbalance measured,
