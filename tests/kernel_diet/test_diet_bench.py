@@ -204,7 +204,7 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("| 64 | bwd | 500 500 | 0.50 / 0.85 / 1.00; 0.50 / 0.85 / 1.00 | 0.50 / 0.85 / 1.00 |", text)
         self.assertIn("| 64 | fwd | d | 0.50 | 1 | 8 | 8 | 8 / 8 |", text)
         met = sum(t["met"] for t in s["targets"])
-        self.assertIn(f"Targets (issue 13): {met} of {len(s['targets'])} met", text)
+        self.assertIn(f"Targets: {met} of {len(s['targets'])} met", text)
         self.assertIn("- NOT met: D=64 diet bwd minimum vs cuDNN dense 16K: 0.50 (goal >= 0.85)", text)
 
     def test_estimate(self):
