@@ -1,6 +1,6 @@
 """CAD as Megatron-Core's core attention under tensor, pipeline and context parallelism, on 4 gloo ranks (one launch,
 the layouts one after another, after test_cad_megatron_cp.py's CP 2 x DP 2 checks of the attention layer), a
-GPTModel on Megatron's local spec (2 layers, GQA 4/2, learned absolute positions):
+GPTModel on Megatron's local spec (2 layers, GQA 4/2, learned absolute positions unless said):
 - TP 2 x DP 2: each TP index runs CAD over its data-parallel pair with its head slice (2 query heads, 1 KV head);
   without sequence parallelism, which Megatron's local (torch) norms refuse (bench_gpu_tp.sh runs it on TE's
   spec); per document losses and every rank's gradients equal Megatron's own attention (DotProductAttention per
