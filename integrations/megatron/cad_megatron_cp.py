@@ -32,8 +32,9 @@ class CpLayout:
     pieces: (doc_id, doc_len, offset_in_doc, len) of its real tokens, in token order (what cad.plan_pieces takes);
     tokens: the rank's tokens in the layer's input, padding included; real: int64 indices of the real tokens among
     them (None: every token is real); positions: each token's position in its document (int64 [tokens]) where RoPE
-    is to use it (CAD's layout; None: Megatron's layout, whose RoPE Megatron computes). `plans` holds the plans the micro-batch's layers made from it (one per
-    causal/window kind), so that every layer and recomputed layer of the micro-batch shares them."""
+    is to use it (CAD's layout; None: Megatron's layout, whose RoPE Megatron computes). `plans` holds the plans the
+    micro-batch's layers made from it (one per causal/window kind), so that every layer and recomputed layer of the
+    micro-batch shares them."""
 
     def __init__(self, pieces, tokens, real=None, positions=None):
         self.pieces = tuple(tuple(int(x) for x in p) for p in pieces)

@@ -47,10 +47,11 @@ predicts nothing). The loss is the token-weighted mean over every rank's tokens 
 
 Model: TransformerConfig with RMSNorm, SwiGLU, no biases, no dropout; RoPE on CUDA, learned absolute positions on
 the CPU by default (--position-embedding rope computes RoPE on the CPU too, cad_megatron_rope.rope_on_cpu); bf16
-through Megatron's Float16Module (the model in bf16, the loss in fp32). --trainer megatron: Megatron's DDP over the data x context group of each TP index and stage, its distributed
-optimizer (Adam on fp32 master weights), its schedule. --trainer torch: torch DistributedDataParallel over that group
-and AdamW on the model's parameters (no fp32 master copy). On the CPU, cad_megatron.megatron_cpu_support() lets
-Megatron's local attention run there (its buffers are allocated on CUDA otherwise).
+through Megatron's Float16Module (the model in bf16, the loss in fp32). --trainer megatron: Megatron's DDP over the
+data x context group of each TP index and stage, its distributed optimizer (Adam on fp32 master weights), its
+schedule. --trainer torch: torch DistributedDataParallel over that group and AdamW on the model's parameters (no
+fp32 master copy). On the CPU, cad_megatron.megatron_cpu_support() lets Megatron's local attention run there (its
+buffers are allocated on CUDA otherwise).
 
 Per step rank 0 prints the loss, the slowest rank's step time, tokens/s, and the attention imbalance (CAD: the
 plans' max/mean server cost; otherwise each rank's own documents' causal cost, max/mean); --json-out keeps
