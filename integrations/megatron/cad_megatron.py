@@ -54,6 +54,8 @@ pipeline stage that hold distinct tokens. Every plan of the layers and of attach
   its THD tokens -- Megatron's own padded head/tail layout (cu_seqlens_q_padded), or CAD's unpadded layout from
   cad_megatron_cp.pack_for_context_parallel -- to pieces of whole documents and attends each document whole across
   the ranks holding it, balanced over data x context; padding tokens are never read (outputs and gradients zero).
+  RoPE is exact in both layouts: Megatron's own for its layout, each token's position in its document for CAD's
+  (cad_megatron_rope).
 
 `PerDocumentDotProductAttention` is Megatron-Core's own local attention (`DotProductAttention`, which refuses
 packed input) run once per document of a THD batch: the reference the tests and train_gpt_cad.py compare CAD
@@ -76,6 +78,7 @@ from megatron.core.transformer.module import MegatronModule
 
 import cad_megatron_checks as checks
 import cad_megatron_cp as cp
+import cad_megatron_rope as rope
 
 __all__ = ["CadCoreAttention", "CadPackedSeqParams", "PerDocumentDotProductAttention", "attach_plan",
            "cad_context", "cad_gpt_layer_spec", "cad_group", "init_cad", "megatron_cpu_support", "packed_seq_params",
@@ -86,9 +89,11 @@ __all__ = ["CadCoreAttention", "CadPackedSeqParams", "PerDocumentDotProductAtten
 class CadPackedSeqParams(PackedSeqParams):
     """Megatron-Core's PackedSeqParams plus the micro-batch's cad.Plan (made by attach_plan) and, under context
     parallelism, its tokens as pieces of documents (cad_megatron_cp.CpLayout: CAD's layout, or Megatron's mapped by
-    attach_plan)."""
+    attach_plan) and, under CAD's layout with RoPE, each token's (query, key) rotary embedding for core attention to
+    apply (cad_megatron_rope; set by the layer per call)."""
     cad_plan: Optional[Any] = None
     cad_cp: Optional[Any] = None
+    cad_rotary: Optional[Any] = None
 
 
 def _window_of(config, layer_number):
@@ -174,6 +179,9 @@ class CadCoreAttention(MegatronModule):
                 if not self.balance:
                     raise ValueError(f"{what}: balance=False with packed_seq_params.cad_cp (pieces of documents cut "
                                      f"across ranks): CAD's local attention cannot attend them whole")
+                rotary = getattr(packed_seq_params, "cad_rotary", None)
+                if rotary is not None:  # RoPE at each token's position in its document (cad_megatron_rope)
+                    q, k = rope.apply_rotary(q, k, rotary, self.config)
                 return self._attend_layout(q, k, v, layout, packed_seq_params, causal, window).reshape(tokens, -1)
             _check_packed(packed_seq_params)
             cu, plan = packed_seq_params.cu_seqlens_q, None
@@ -322,6 +330,7 @@ def attach_plan(packed_seq_params, config, *, cu_seqlens_host=None, ahead=True, 
     values = {f.name: getattr(packed_seq_params, f.name) for f in dataclasses.fields(packed_seq_params) if f.init}
     values["cad_plan"] = plan
     values["cad_cp"] = layout
+    values["cad_rotary"] = None
     return CadPackedSeqParams(**values)
 
 
@@ -340,7 +349,9 @@ def packed_seq_params(doc_lengths, device, **attach):
 
 def use_cad(layer_spec, **module_options):
     """A copy of a GPT layer spec (a TransformerLayer ModuleSpec, or a block spec with layer_specs) whose
-    self-attention's core_attention is CadCoreAttention (module_options: balance, compute_dtype)."""
+    self-attention's core_attention is CadCoreAttention (module_options: balance, compute_dtype) and whose
+    SelfAttention hands RoPE under CAD's context-parallel layout to it per token (cad_megatron_rope.CadRotary;
+    unchanged otherwise)."""
     spec = copy.deepcopy(layer_spec)
     layers = getattr(getattr(spec, "submodules", None), "layer_specs", None) or getattr(spec, "layer_specs", None)
     for layer in layers if layers is not None else [spec]:
@@ -351,6 +362,7 @@ def use_cad(layer_spec, **module_options):
                              f"SelfAttentionSubmodules.core_attention (multi-latent attention is not supported)")
         submodules.core_attention = functools.partial(CadCoreAttention, **module_options) if module_options \
             else CadCoreAttention
+        attention.module = rope.with_cad_rotary(attention.module)
     return spec
 
 
@@ -458,7 +470,8 @@ def megatron_cpu_support():
     on torch.cuda.current_device() (replaced by one that allocates on the CPU), and forks the CUDA RNG tracker
     around attention dropout (replaced by Megatron's own inference tracker, whose fork does nothing: the models
     here have no attention dropout). RoPE still needs CUDA in megatron-core (its inv_freq moves to
-    torch.cuda.current_device()): on the CPU use position_embedding_type='learned_absolute' or 'none'. Also,
+    torch.cuda.current_device()): on the CPU use position_embedding_type='learned_absolute' or 'none', or
+    cad_megatron_rope.rope_on_cpu(model). Also,
     build DotProductAttention's mask on the CPU (PerDocumentDotProductAttention does; its default causal mask is
     made on "cuda")."""
     from megatron.core import parallel_state

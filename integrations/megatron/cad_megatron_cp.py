@@ -15,9 +15,8 @@ data x context group (init_cad). A rank's THD input under context parallelism co
   `cad.pack_documents`, cut wherever a rank's buffer ends, without padding, positions continuous across a cut.
   Its PackedSeqParams carry the pieces themselves (`cad_cp`).
 
-Megatron's RoPE under context parallelism (thd, cp_group) computes each token's position from its head/tail
-layout: with CAD's layout give positions another way (`position_ids` with learned absolute embeddings, as
-`layout.position_ids()` gives them), or use Megatron's layout.
+RoPE: Megatron's own THD RoPE is exact for its own layout; for CAD's layout each token's angle comes from its
+position in its document (CpLayout.positions, continuous across a cut; cad_megatron_rope).
 """
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -32,16 +31,31 @@ class CpLayout:
 
     pieces: (doc_id, doc_len, offset_in_doc, len) of its real tokens, in token order (what cad.plan_pieces takes);
     tokens: the rank's tokens in the layer's input, padding included; real: int64 indices of the real tokens among
-    them (None: every token is real). `plans` holds the plans the micro-batch's layers made from it (one per
-    causal/window kind), so that every layer and recomputed layer of the micro-batch shares them."""
+    them (None: every token is real); positions: each token's position in its document (int64 [tokens]) where RoPE
+    is to use it (CAD's layout; None: Megatron's layout, whose RoPE Megatron computes). `plans` holds the plans the
+    micro-batch's layers made from it (one per causal/window kind), so that every layer and recomputed layer of the
+    micro-batch shares them."""
 
-    def __init__(self, pieces, tokens, real=None):
+    def __init__(self, pieces, tokens, real=None, positions=None):
         self.pieces = tuple(tuple(int(x) for x in p) for p in pieces)
         self.tokens = int(tokens)
         self.real = real
         self.real_tokens = sum(p[3] for p in self.pieces)
+        if positions is not None and (real is not None or positions.shape != (self.tokens,)):
+            raise ValueError(f"CpLayout: positions of shape {tuple(positions.shape)} for {self.tokens} tokens "
+                             f"(expected [{self.tokens}], every token real)")
+        self.positions = positions
+        self.max_position = max((p[2] + p[3] - 1 for p in self.pieces), default=-1)
         self.plans = {}
         self._real_on = {}
+        self._positions_on = {}
+
+    def positions_on(self, device):
+        """`positions` on `device`, copied there once (every layer of the micro-batch gathers its RoPE with it)."""
+        device = torch.device(device)
+        if device not in self._positions_on:
+            self._positions_on[device] = self.positions.to(device)
+        return self._positions_on[device]
 
     def real_on(self, device):
         """`real` on `device`, copied there once (every layer of the micro-batch gathers with it)."""
@@ -101,7 +115,8 @@ def pack_for_context_parallel(lengths, tokens_per_rank, *, device=None, config=N
     """This rank's share of a step's documents `lengths` laid over the data x context ranks by cad.pack_documents
     (no padding; see the module): (cad.RankLayout, CadPackedSeqParams). The RankLayout gives the rank's tokens of
     the step's stream (start, stop), position_ids() and targets(stream); the CadPackedSeqParams (qkv_format thd,
-    cu_seqlens of the rank's pieces, `cad_cp` the pieces) go to the model. With config (and attach_plan's
+    cu_seqlens of the rank's pieces, max_seqlen the longest document's length -- RoPE's table covers every position
+    of a piece --, `cad_cp` the pieces and their positions) go to the model. With config (and attach_plan's
     keywords: ahead, tag, ...) the micro-batch's plan is attached (collective). After
     parallel_state.initialize_model_parallel; every rank of the data x context group calls it with the same
     lengths."""
@@ -112,9 +127,10 @@ def pack_for_context_parallel(lengths, tokens_per_rank, *, device=None, config=N
     mine = cad.pack_documents(lengths, tokens_per_rank, ranks, max_doc_len=max_doc_len,
                               drop_remainder=drop_remainder)[rank]
     cu = mine.cu_seqlens(device)
-    longest = max(p[3] for p in mine.pieces)
+    longest = max(p[1] for p in mine.pieces)
     packed = CadPackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
-                                max_seqlen_kv=longest, cad_cp=CpLayout(mine.pieces, mine.tokens))
+                                max_seqlen_kv=longest,
+                                cad_cp=CpLayout(mine.pieces, mine.tokens, positions=mine.position_ids()))
     if config is not None:
         packed = attach_plan(packed, config, device=device, **attach)
     elif attach:

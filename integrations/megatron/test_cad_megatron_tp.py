@@ -1,6 +1,6 @@
 """CAD as Megatron-Core's core attention under tensor, pipeline and context parallelism, on 4 gloo ranks (one launch,
-three layouts one after another, after test_cad_megatron_cp.py's CP 2 x DP 2 checks of the attention layer), a
-GPTModel on Megatron's local spec (2 layers, GQA 4/2, learned absolute positions):
+the layouts one after another, after test_cad_megatron_cp.py's CP 2 x DP 2 checks of the attention layer), a
+GPTModel on Megatron's local spec (2 layers, GQA 4/2, learned absolute positions unless said):
 - TP 2 x DP 2: each TP index runs CAD over its data-parallel pair with its head slice (2 query heads, 1 KV head);
   without sequence parallelism, which Megatron's local (torch) norms refuse (bench_gpu_tp.sh runs it on TE's
   spec); per document losses and every rank's gradients equal Megatron's own attention (DotProductAttention per
@@ -11,7 +11,11 @@ GPTModel on Megatron's local spec (2 layers, GQA 4/2, learned absolute positions
 - TP 2 x CP 2: the step's documents laid over the two context-parallel ranks of each TP index by
   cad_megatron_cp.pack_for_context_parallel (one document cut across them, positions continuous), attended whole;
   per document losses and the gradients summed over the group equal the TP 2 x DP 2 run of Megatron's attention
-  on the same documents held whole (each data-parallel rank some of them).
+  on the same documents held whole (each data-parallel rank some of them), with learned absolute positions and
+  with RoPE (each token's angle from its position in its document, cad_megatron_rope);
+- TP 1 x CP 2 (x DP 2) with RoPE: the same over all 4 ranks (three documents cut), equal to one rank running
+  every document whole through Megatron's attention (TP 1 x CP 1); with positions restarting at each cut the cut
+  documents' losses differ (what Megatron's own THD RoPE would give there).
 Very unequal documents per rank, so that the balancer moves work. CPU, fp32; skipped where megatron.core cannot be
 imported (run_tests.sh installs it)."""
 import sys
@@ -45,22 +49,32 @@ def _config(tp=1, pp=1, cp=1):
         context_parallel_size=cp)
 
 
-def _models(config, reference=True):
+def _models(config, reference=True, rope=False, cad=True):
     """(Megatron's attention, CAD's) GPTModels of this rank's stage with the same weights (seeded; reference=False:
-    CAD's only, where Megatron's local attention refuses the layout)."""
+    CAD's only, where Megatron's local attention refuses the layout; cad=False: Megatron's only). rope: rotary
+    position embeddings (Megatron's RotaryEmbedding, computed on the CPU) instead of learned absolute ones."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     import cad_megatron
     reference_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     reference_spec.submodules.self_attention.submodules.core_attention = cad_megatron.PerDocumentDotProductAttention
-    models = [None] if not reference else []
-    for spec in (reference_spec, cad_megatron.cad_gpt_layer_spec(normalization="RMSNorm"))[1 - reference:]:
+    from cad_megatron_rope import rope_on_cpu
+    specs = [reference_spec if reference else None, cad_megatron.cad_gpt_layer_spec(normalization="RMSNorm") if cad
+             else None]
+    models = []
+    for spec in specs:
+        if spec is None:
+            models.append(None)
+            continue
         torch.manual_seed(0)
         models.append(GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=128,
-                               position_embedding_type="learned_absolute", share_embeddings_and_output_weights=False,
+                               position_embedding_type="rope" if rope else "learned_absolute",
+                               share_embeddings_and_output_weights=False,
                                pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage()))
-    if reference:
+        if rope:
+            rope_on_cpu(models[-1])
+    if reference and cad:
         models[1].load_state_dict(models[0].state_dict())
     return models
 
@@ -155,12 +169,21 @@ def _tp2_dp2(rank):
         assert len(got[2]) == 1 and len(got[2][0].stats["servers"]) == 2, got[2]
         assert got[2][0].stats["imbalance"] < 1.1, got[2][0].stats
         _same_on_tensor_parallel_ranks(what, got[2][0].stats)
-    losses, grads = want[0].clone(), want[1]
+    rope_reference, _ = _models(config, rope=True, cad=False)
+    rope_want = _step(rope_reference, batch, cad_megatron.packed_seq_params(DOCS[replica], "cpu")[0])
+    out = [_summed(want, group), _summed(rope_want, group)]
+    cad_megatron.shutdown_cad()
+    ps.destroy_model_parallel()
+    return out
+
+
+def _summed(result, group):
+    """(document losses, gradients) of a _step summed over `group` (every document whole on one of its ranks)."""
+    import torch.distributed as dist
+    losses, grads = result[0].clone(), result[1]
     dist.all_reduce(losses, group=group)
     for g in grads.values():
         dist.all_reduce(g, group=group)
-    cad_megatron.shutdown_cad()
-    ps.destroy_model_parallel()
     return losses, grads
 
 
@@ -221,42 +244,91 @@ def _pp2_dp2(rank):
     ps.destroy_model_parallel()
 
 
-def _tp2_cp2(rank, want_losses, want_grads):
-    """TP 2 x CP 2, CAD's layout: documents cut across the CP ranks, attended whole; equal to TP 2 x DP 2."""
-    import torch.distributed as dist
+def _tp1_reference(rank):
+    """TP 1 x CP 1: Megatron's attention, RoPE, every document of FLAT whole on this rank alone (one packed THD
+    micro-batch): the document losses and gradients TP 1 x CP 2 must reproduce."""
     from megatron.core import parallel_state as ps
     import cad_megatron
-    from cad_megatron_cp import pack_for_context_parallel
-    ps.initialize_model_parallel(2, 1, context_parallel_size=2)
+    ps.initialize_model_parallel(1, 1)
     cad_megatron.megatron_cpu_support()
-    cad_megatron.init_cad(timeout_ms=60000)
-    group, ranks = cad_megatron.cad_group()
-    assert len(ranks) == 2 and all(r % 2 == ps.get_tensor_model_parallel_rank() for r in ranks), ranks
-    config = _config(tp=2, cp=2)
-    _, ours = _models(config, reference=False)
-    mine, packed = pack_for_context_parallel(FLAT, sum(FLAT) // 2, config=config, ahead=True, tag=0)
-    assert any(p[3] < p[1] for p in mine.pieces), mine.pieces  # a document cut across the CP ranks
+    reference, _ = _models(_config(), rope=True, cad=False)
+    tokens = _stream()
+    labels = torch.cat([tokens[1:], tokens[:1]])
+    mask = torch.ones(sum(FLAT))
+    mask[torch.tensor(FLAT).cumsum(0) - 1] = 0.0
+    packed, _ = cad_megatron.packed_seq_params(FLAT, "cpu")
+    token_loss = reference(tokens[None], torch.cat([torch.arange(n) for n in FLAT])[None], None,
+                           labels=labels[None], packed_seq_params=packed)
+    (token_loss.reshape(-1) * mask).sum().backward()
+    losses = _document_losses(token_loss.detach(), mask, torch.repeat_interleave(torch.arange(len(FLAT)),
+                                                                                 torch.tensor(FLAT)))
+    ps.destroy_model_parallel()
+    return losses, _grads(reference)
+
+
+def _cad_cp_step(model, mine, packed):
+    """CAD's layout through `model`: this rank's (document losses, gradients); nothing reduced."""
     stream = _stream()
     targets = mine.targets(stream)
     mask = (targets != -100).float()
-    token_loss = ours(stream[mine.start:mine.stop][None], mine.position_ids()[None], None,
-                      labels=targets.clamp_min(0)[None], packed_seq_params=packed)
+    model.zero_grad(set_to_none=True)
+    token_loss = model(stream[mine.start:mine.stop][None], mine.position_ids()[None], None,
+                       labels=targets.clamp_min(0)[None], packed_seq_params=packed)
     (token_loss.reshape(-1) * mask).sum().backward()
     doc_of_token = torch.repeat_interleave(torch.tensor([p[0] for p in mine.pieces]),
                                            torch.tensor([p[3] for p in mine.pieces]))
-    losses = _document_losses(token_loss.detach(), mask, doc_of_token)
-    grads = _grads(ours)
-    dist.all_reduce(losses, group=group)
-    for g in grads.values():
-        dist.all_reduce(g, group=group)
-    what = f"TP2xCP2 rank {rank}"
-    torch.testing.assert_close(losses, want_losses, rtol=1e-5, atol=1e-5, msg=lambda m: f"{what} losses: {m}")
-    _close(what, grads, want_grads)
-    plans = cad_megatron.plans_of(packed)
-    assert len(plans) == 1 and len(plans[0].stats["servers"]) == 2, plans
-    _same_on_tensor_parallel_ranks(what, plans[0].stats)
+    return _document_losses(token_loss.detach(), mask, doc_of_token), _grads(model)
+
+
+def _restarting(packed):
+    """packed with its layout's positions restarting at every piece (what Megatron's THD RoPE assumes)."""
+    import dataclasses
+    from cad_megatron_cp import CpLayout
+    layout = packed.cad_cp
+    restarted = torch.cat([torch.arange(p[3]) for p in layout.pieces])
+    return dataclasses.replace(packed, cad_cp=CpLayout(layout.pieces, layout.tokens, positions=restarted))
+
+
+def _cad_cp(rank, tp, wants):
+    """TP tp x CP 2, CAD's layout: the step's documents laid over the data x context ranks (one cut across the CP
+    ranks, positions continuous), attended whole; per document losses and the gradients summed over the group equal
+    Megatron's attention on the documents held whole. wants: {'learned_absolute' / 'rope': (losses, gradients)}."""
+    from megatron.core import parallel_state as ps
+    import cad_megatron
+    from cad_megatron_cp import pack_for_context_parallel
+    ps.initialize_model_parallel(tp, 1, context_parallel_size=2)
+    cad_megatron.megatron_cpu_support()
+    cad_megatron.init_cad(timeout_ms=60000)
+    group, ranks = cad_megatron.cad_group()
+    assert len(ranks) == 4 // tp and all(r % tp == ps.get_tensor_model_parallel_rank() for r in ranks), ranks
+    config = _config(tp=tp, cp=2)
+    for tag, (embedding, (want_losses, want_grads)) in enumerate(sorted(wants.items())):
+        what = f"TP{tp}xCP2 rank {rank} ({embedding})"
+        _, ours = _models(config, reference=False, rope=embedding == "rope")
+        mine, packed = pack_for_context_parallel(FLAT, sum(FLAT) // len(ranks), config=config, ahead=True, tag=tag)
+        assert any(p[3] < p[1] for p in mine.pieces), mine.pieces  # a document cut across the ranks
+        losses, grads = _summed(_cad_cp_step(ours, mine, packed), group)
+        torch.testing.assert_close(losses, want_losses, rtol=1e-5, atol=1e-5, msg=lambda m: f"{what} losses: {m}")
+        _close(what, grads, want_grads)
+        plans = cad_megatron.plans_of(packed)
+        assert len(plans) == 1 and len(plans[0].stats["servers"]) == len(ranks), plans
+        _same_on_tensor_parallel_ranks(what, plans[0].stats)
+        if embedding == "rope":  # the same step with positions restarting at each cut: its cut documents differ
+            restarted, _ = _summed(_cad_cp_step(ours, mine, _restarting(packed)), group)
+            cut = sorted(set().union(*_gathered({p[0] for p in mine.pieces if p[3] < p[1]}, group)))
+            whole = [i for i in range(len(FLAT)) if i not in cut]
+            # Each cut document's loss moves 50-100x the tolerance above; the others keep theirs.
+            assert (restarted[cut] - want_losses[cut]).abs().min() > 1e-4, (what, cut, restarted, want_losses)
+            torch.testing.assert_close(restarted[whole], want_losses[whole], rtol=1e-5, atol=1e-5)
     cad_megatron.shutdown_cad()
     ps.destroy_model_parallel()
+
+
+def _gathered(value, group):
+    import torch.distributed as dist
+    values = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    return values
 
 
 def _layouts(rank, world):
@@ -267,15 +339,39 @@ def _layouts(rank, world):
     _both_layouts(2, rank, world)  # CP 2 x DP 2, attention layers alone (test_cad_megatron_cp.py)
     cad_megatron.shutdown_cad()
     ps.destroy_model_parallel()
-    losses, grads = _tp2_dp2(rank)
+    learned, rope = _tp2_dp2(rank)
     _pp2_dp2(rank)
-    _tp2_cp2(rank, losses, grads)
+    _cad_cp(rank, 2, {"learned_absolute": learned, "rope": rope})
+    _cad_cp(rank, 1, {"rope": _tp1_reference(rank)})
 
 
 def test_tensor_pipeline_and_context_parallel_layouts_equal_megatrons_attention():
-    """One launch for every 4-rank layout: test_cad_megatron_cp.py's CP 2 x DP 2, then TP 2 x DP 2, PP 2 x DP 2 and
-    TP 2 x CP 2 (see the module)."""
+    """One launch for every 4-rank layout: test_cad_megatron_cp.py's CP 2 x DP 2, then TP 2 x DP 2, PP 2 x DP 2,
+    TP 2 x CP 2 (learned absolute positions and RoPE) and TP 1 x CP 2 with RoPE (see the module)."""
     _run(_layouts, world=4, timeout_s=500)
+
+
+def test_rotary_angles_under_cads_layout_continue_across_a_cut():
+    """cad_megatron_rope: each token of CAD's layout takes the rotary table's row at its position in its document,
+    so a piece cut from its document's middle goes on from offset_in_doc (positions restarting there fail), and a
+    table shorter than the longest document is refused naming max_seqlen_q."""
+    import cad
+    from cad_megatron_cp import CpLayout
+    from cad_megatron_rope import rotary_for_layout
+    table = torch.randn(64, 1, 1, 8, dtype=torch.float64)
+    for rank in cad.pack_documents(FLAT, sum(FLAT) // 2, 2):
+        layout = CpLayout(rank.pieces, rank.tokens, positions=rank.position_ids())
+        q, k = rotary_for_layout(table, layout)
+        at = 0
+        for _, doc_len, offset, n in rank.pieces:
+            assert torch.equal(q[at:at + n], table[offset:offset + n]) and torch.equal(k[at:at + n], q[at:at + n])
+            at += n
+    second = cad.pack_documents(FLAT, sum(FLAT) // 2, 2)[1]
+    assert second.pieces[0][2] == 28  # the 50-token document goes on at its 28th token on the second rank
+    q, _ = rotary_for_layout(table, CpLayout(second.pieces, second.tokens, positions=second.position_ids()))
+    assert not torch.equal(q[:1], table[:1]) and torch.equal(q[:1], table[28:29])
+    with pytest.raises(ValueError, match="max_seqlen_q must be the longest document"):
+        rotary_for_layout(table[:40], CpLayout(second.pieces, second.tokens, positions=second.position_ids()))
 
 
 @pytest.mark.parametrize("args, message", [

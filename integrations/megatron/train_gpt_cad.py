@@ -36,8 +36,8 @@ in order over all ranks (data x context) by cad.pack_documents (cad_megatron_cp.
 document is cut wherever a rank's --context tokens end and CAD attends it whole; positions run on across a cut,
 and the label of a piece's last token is the next rank's first. DDP averages over the data x context group.
 --layout cad gives the same layout at N = 1: one process with --context N x C trains the losses that N ranks with
---context-parallel-size N --context C train (the documents never cut). Learned absolute positions or none:
-Megatron's RoPE under context parallelism assumes its own head/tail layout.
+--context-parallel-size N --context C train (the documents never cut). RoPE is exact there: each token's angle
+from its position in its document (cad_megatron_rope), not Megatron's head/tail split.
 
 Data: the DistCA batch recipe of examples/train_llama.py over ../shared/data/doclen_pretrain.json (--data):
 documents cut at 64K, scaled by context/64K, packed into --context tokens per rank and micro-batch; a
@@ -46,11 +46,12 @@ document). Tokens are random (seeded); labels are the next token of the same doc
 predicts nothing). The loss is the token-weighted mean over every rank's tokens of the step.
 
 Model: TransformerConfig with RMSNorm, SwiGLU, no biases, no dropout; RoPE on CUDA, learned absolute positions on
-the CPU (Megatron-Core's RoPE needs CUDA); bf16 through Megatron's Float16Module (the model in bf16, the loss in
-fp32). --trainer megatron: Megatron's DDP over the data x context group of each TP index and stage, its distributed
-optimizer (Adam on fp32 master weights), its schedule. --trainer torch: torch DistributedDataParallel over that group
-and AdamW on the model's parameters (no fp32 master copy). On the CPU, cad_megatron.megatron_cpu_support() lets
-Megatron's local attention run there (its buffers are allocated on CUDA otherwise).
+the CPU by default (--position-embedding rope computes RoPE on the CPU too, cad_megatron_rope.rope_on_cpu); bf16
+through Megatron's Float16Module (the model in bf16, the loss in fp32). --trainer megatron: Megatron's DDP over the
+data x context group of each TP index and stage, its distributed optimizer (Adam on fp32 master weights), its
+schedule. --trainer torch: torch DistributedDataParallel over that group and AdamW on the model's parameters (no
+fp32 master copy). On the CPU, cad_megatron.megatron_cpu_support() lets Megatron's local attention run there (its
+buffers are allocated on CUDA otherwise).
 
 Per step rank 0 prints the loss, the slowest rank's step time, tokens/s, and the attention imbalance (CAD: the
 plans' max/mean server cost; otherwise each rank's own documents' causal cost, max/mean); --json-out keeps
@@ -164,9 +165,6 @@ def parse_args(argv=None):
         if refused:
             p.error(f"--configs {refused} with --layout cad / --context-parallel-size {cp}: documents cut across "
                     f"ranks are attended whole by CAD only (cad, cad+now)")
-        if args.position_embedding == "rope":
-            p.error("--position-embedding rope with --layout cad / --context-parallel-size > 1: Megatron's RoPE "
-                    "under context parallelism assumes its head/tail layout (use learned_absolute or none)")
     elif cp > 1:
         p.error(f"--layout rank with --context-parallel-size {cp}: context parallelism lays documents over the "
                 f"ranks (--layout cad)")
@@ -183,8 +181,6 @@ def parse_args(argv=None):
     if args.sequence_parallel and (tp == 1 or "megatron" in args.config_list):
         p.error("--sequence-parallel needs --tensor-parallel-size > 1 and Transformer Engine's spec (configs te, "
                 "local, local_balanced, cad, cad+now; Megatron's local norms refuse sequence parallelism)")
-    if args.device == "cpu" and args.position_embedding == "rope":
-        p.error("--position-embedding rope needs CUDA (Megatron-Core moves RoPE's frequencies to the GPU)")
     _recipe().resolve_attention_timing(args)
     return args
 
@@ -234,6 +230,9 @@ def build_model(args, config_name, config, device):
                      max_sequence_length=args.context * args.context_parallel_size,
                      position_embedding_type=args.position_embedding, share_embeddings_and_output_weights=False,
                      pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
+    if args.position_embedding == "rope" and torch.device(device).type == "cpu":
+        from cad_megatron_rope import rope_on_cpu
+        rope_on_cpu(model)  # Megatron-Core would move RoPE's frequencies to CUDA
     return model.to(device)
 
 
