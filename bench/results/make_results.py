@@ -34,14 +34,10 @@ def _module(path, name):
     return mod
 
 
-# The realised share's one rule (cad.train.share, pure Python), loaded alone: importing the package `cad` would
-# import torch (half a minute on a busy machine) for one function. Registered under its name, so that
-# tests/multi_gpu/table.py's own `from cad.train.share import realised_share` gets this module too.
-if "cad.train.share" not in sys.modules:
-    sys.modules["cad.train.share"] = _module(REPO / "host_adapter" / "python" / "cad" / "train" / "share.py",
-                                             "cad.train.share")
-realised_share = sys.modules["cad.train.share"].realised_share
+# tests/multi_gpu/table.py's rules, with the realised share's (cad.train.share, which it loads alone: importing the
+# package `cad` would import torch for one function).
 table = _module(REPO / "tests" / "multi_gpu" / "table.py", "multi_gpu_table")
+realised_share = table.realised_share
 
 # ---- which records are current -------------------------------------------------------------------------------
 # The example trainer (examples/train_llama.py: Llama-3-8B shape, FSDP2, full checkpointing, 2 micro-batches,

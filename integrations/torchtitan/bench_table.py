@@ -6,11 +6,19 @@ allocates), every configuration on the same batches. Baseline: the fastest confi
 (local, torch_varlen, flex, titan_varlen). Ideal: local / local_balanced, the same kernels on rows whose attention
 work is every rank's mean (the measured ideal of examples/train_llama.py). Realised share: (speedup - 1) / (ideal - 1).
 Per-step speedups (min-max) compare the same step, i.e. the same batch, of CAD and the baseline."""
+import importlib.util
 import json
 import pathlib
 import sys
 
-from cad.train.share import realised_share  # the project's one definition of the headline measure
+# cad.train.share (pure Python, the one rule) loaded alone: importing the package `cad` would import torch (tens
+# of seconds on a busy machine) for one function; registered under its name so that every importer shares it.
+if "cad.train.share" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("cad.train.share", pathlib.Path(__file__).resolve().parents[2] /
+                                                   "host_adapter" / "python" / "cad" / "train" / "share.py")
+    sys.modules["cad.train.share"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["cad.train.share"])
+realised_share = sys.modules["cad.train.share"].realised_share  # DESIGN's headline measure, one rule for every table
 
 BASELINES = ("local", "torch_varlen", "flex", "titan_varlen")
 SKIP = 2

@@ -60,14 +60,21 @@ rounding (and the two local kernels' own differences), which the last-but-one co
 difference over the steps).
 """
 import argparse
+import importlib.util
 import json
 import pathlib
 import re
 import statistics
 import sys
 
-sys.path.append(str(pathlib.Path(__file__).resolve().parents[2] / "host_adapter" / "python"))  # if not installed
-from cad.train.share import realised_share  # noqa: E402 -- DESIGN's headline measure, one rule for every table
+# cad.train.share (pure Python, the one rule) loaded alone: importing the package `cad` would import torch (tens
+# of seconds on a busy machine) for one function; registered under its name so that every importer shares it.
+if "cad.train.share" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("cad.train.share", pathlib.Path(__file__).resolve().parents[2] /
+                                                   "host_adapter" / "python" / "cad" / "train" / "share.py")
+    sys.modules["cad.train.share"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["cad.train.share"])
+realised_share = sys.modules["cad.train.share"].realised_share  # DESIGN's headline measure, one rule for every table
 
 BASELINES = ["local", "torch_varlen"]
 MEASURED_IDEAL = "local_balanced"  # local attention on the batches made balanced (the trainer's --balanced-batches)
