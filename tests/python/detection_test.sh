@@ -39,10 +39,10 @@ configure() { "$CMAKE" -S "$work/src" -B "$work/build" -DPython3_EXECUTABLE="$wo
 # 1. torch missing: every suite is registered, as a skip that names the missing module.
 touch "$work/hide"
 configure
-(cd "$work/build" && ctest -R '^python\.varlen_local$' -V) >"$work/ctest1.log" 2>&1 || true
-grep -q "SKIP python.varlen_local: .*No module named 'torch'" "$work/ctest1.log" ||
-  { cat "$work/ctest1.log"; fail "without torch, python.varlen_local is not a skip naming the missing module"; }
-grep -q "Skipped" "$work/ctest1.log" || { cat "$work/ctest1.log"; fail "ctest does not report python.varlen_local as Skipped"; }
+(cd "$work/build" && ctest -R '^python\.one_process$' -V) >"$work/ctest1.log" 2>&1 || true
+grep -q "SKIP python.one_process: .*No module named 'torch'" "$work/ctest1.log" ||
+  { cat "$work/ctest1.log"; fail "without torch, python.one_process is not a skip naming the missing module"; }
+grep -q "Skipped" "$work/ctest1.log" || { cat "$work/ctest1.log"; fail "ctest does not report python.one_process as Skipped"; }
 
 # 2. torch installed since: the same build directory now registers the real suites.
 rm "$work/hide"
@@ -51,8 +51,8 @@ configure
 "$PYTHON" - "$work/tests.json" <<'EOS' || fail "after torch was installed, the suites were not registered"
 import json, sys
 tests = {t["name"]: t["command"] for t in json.load(open(sys.argv[1]))["tests"]}
-cmd = tests.get("python.varlen_local", [])
-print("python.varlen_local:", " ".join(cmd))
+cmd = tests.get("python.one_process", [])
+print("python.one_process:", " ".join(cmd))
 sys.exit(0 if "pytest" in cmd else 1)
 EOS
 
