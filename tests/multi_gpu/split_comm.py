@@ -18,6 +18,7 @@ at build/lib/libcad_host.so and build/lib/cad/plugins (with cad_split.so, cad_nc
   OUT=/tmp/out python3 tests/multi_gpu/split_comm.py --gpus 4 --inter-ctas 1
 """
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -88,7 +89,7 @@ def _rank(rank, world, name, args):
         n = min(left, int(torch.randint(args.tokens // 8, args.tokens // 2 + 1, (1,), generator=g)))
         lengths.append(n)
         left -= n
-    cu_big = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=dev)
+    cu_big = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32, device=dev)
     big = [torch.randn(args.tokens, h, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
            for h in (HQ, HKV, HKV)]
     grad = torch.randn(args.tokens, HQ, D, device=dev, dtype=torch.bfloat16)
