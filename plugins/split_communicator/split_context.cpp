@@ -136,8 +136,9 @@ SplitContext::SplitContext(const cad_host_services_v1_t* services, const char* c
                                            "size %d of '%s' (every node must be whole)", kSource, rank_,
                                            ranks_per_node_, world_, intra_.name.c_str()));
   }
+  const bool concurrent = reader.get_bool("concurrent", true);
   reader.finish(logger_);
-  if (device_.device_type == CAD_DEVICE_CPU) worker_ = std::make_unique<Worker>();
+  if (device_.device_type == CAD_DEVICE_CPU && concurrent) worker_ = std::make_unique<Worker>();
   logger_.debug(format("rank %d of %d: nodes of %d; pairs inside a node over '%s', across nodes over '%s'", rank_,
                        world_, ranks_per_node_, intra_.name.c_str(), inter_.name.c_str()));
 }
@@ -193,7 +194,8 @@ void SplitContext::all_to_all_v(const void* send, const uint64_t* send_counts, c
     }
   } else {
     // Stream instances only enqueue: both halves go onto the caller's stream, the node-local one first (in
-    // stream order on the device; the calls themselves return at once).
+    // stream order on the device; the calls themselves return at once). With "concurrent": false, CPU instances
+    // run them one after the other on this thread (each bounded by its own instance's timeout).
     local->outcome = outcome_of(intra_, intra_.table->all_to_all_v(intra_.ctx, send, local->send_counts.data(),
                                                                    send_displs, recv, local->recv_counts.data(),
                                                                    recv_displs, stream));

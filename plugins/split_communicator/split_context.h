@@ -52,7 +52,7 @@ class SplitContext {
   int32_t world_ = 1;
   cad_device_v1_t device_{CAD_DEVICE_CPU, 0};
   std::string broken_reason_;
-  std::unique_ptr<Worker> worker_;  // runs the cross-node half on CPU instances; last member: joined first
+  std::unique_ptr<Worker> worker_;  // runs the cross-node half on CPU instances (unless "concurrent": false); last: joined first
 };
 
 }  // namespace cad::split_comm

@@ -29,6 +29,9 @@ std::string split_stack() {
   instances.push_back(mpi_instance("fast"));
   instances.push_back(mpi_instance("slow"));
   instances.push_back({{"name", "split"}, {"plugin", "split"}, {"config", split_config()}});
+  nlohmann::json one_after_the_other = split_config();
+  one_after_the_other["concurrent"] = false;
+  instances.push_back({{"name", "split_seq"}, {"plugin", "split"}, {"config", one_after_the_other}});
   instances.push_back({{"name", "server"}, {"plugin", "reference"}, {"config", {{"num_threads", 1}}}});
   instances.push_back({{"name", "bal"}, {"plugin", "prefix_aware"}, {"config", {{"ranks_per_node", kRanksPerNode}}}});
   instances.push_back({{"name", "cad_split"},
@@ -109,6 +112,9 @@ TEST(SplitMpi, UnevenAllToAllsArriveExactly) {
   EXPECT_EQ(rank, g_rank);
   EXPECT_EQ(world, g_world);
   for (uint64_t seed = 1; seed <= 6; ++seed) expect_all_to_all(split, seed);
+  // The halves one after the other on the calling thread: the same bytes.
+  const Comm seq = g_host->find<cad_communicator_v1_t>("split_seq", CAD_PLUGIN_KIND_COMMUNICATOR);
+  for (uint64_t seed = 7; seed <= 9; ++seed) expect_all_to_all(seq, seed);
 }
 
 TEST(SplitMpi, AllGatherAndBarrier) {
