@@ -139,6 +139,7 @@ SplitContext::SplitContext(const cad_host_services_v1_t* services, const char* c
   const bool concurrent = reader.get_bool("concurrent", true);
   reader.finish(logger_);
   if (device_.device_type == CAD_DEVICE_CPU && concurrent) worker_ = std::make_unique<Worker>();
+  if (device_.device_type == CAD_DEVICE_CUDA) fork_ = std::make_unique<StreamFork>(device_.device_id);
   logger_.debug(format("rank %d of %d: nodes of %d; pairs inside a node over '%s', across nodes over '%s'", rank_,
                        world_, ranks_per_node_, intra_.name.c_str(), inter_.name.c_str()));
 }
@@ -170,15 +171,15 @@ void SplitContext::all_to_all_v(const void* send, const uint64_t* send_counts, c
   std::shared_ptr<Half> cross = half(send_counts, recv_counts, world_, rank_, ranks_per_node_, true);
   const Borrowed inter = inter_;
   auto run_cross = [cross, inter, send, send_displs = std::vector<uint64_t>(send_displs, send_displs + world_), recv,
-                    recv_displs = std::vector<uint64_t>(recv_displs, recv_displs + world_), stream] {
+                    recv_displs = std::vector<uint64_t>(recv_displs, recv_displs + world_)](void* on) {
     cross->outcome = outcome_of(inter, inter.table->all_to_all_v(inter.ctx, send, cross->send_counts.data(),
                                                                  send_displs.data(), recv, cross->recv_counts.data(),
-                                                                 recv_displs.data(), stream));
+                                                                 recv_displs.data(), on));
   };
   const auto started = std::chrono::steady_clock::now();
   if (worker_) {
     // CPU instances block until their bytes moved: the cross-node half runs on the worker meanwhile.
-    worker_->start(run_cross);
+    worker_->start([run_cross] { run_cross(nullptr); });
     local->outcome = outcome_of(intra_, intra_.table->all_to_all_v(intra_.ctx, send, local->send_counts.data(),
                                                                    send_displs, recv, local->recv_counts.data(),
                                                                    recv_displs, stream));
@@ -192,14 +193,22 @@ void SplitContext::all_to_all_v(const void* send, const uint64_t* send_counts, c
                     local->outcome.status == CAD_STATUS_OK ? "" : ("; the pairs inside the node over '" + intra_.name +
                                                                    "' failed too: " + local->outcome.message).c_str()));
     }
-  } else {
-    // Stream instances only enqueue: both halves go onto the caller's stream, the node-local one first (in
-    // stream order on the device; the calls themselves return at once). With "concurrent": false, CPU instances
-    // run them one after the other on this thread (each bounded by its own instance's timeout).
+  } else if (fork_) {
+    // Stream instances only enqueue: the node-local half on the caller's stream, the cross-node half on the side
+    // stream forked from it, joined back before anything the caller enqueues next (no host wait).
+    void* side = fork_->fork(stream);
     local->outcome = outcome_of(intra_, intra_.table->all_to_all_v(intra_.ctx, send, local->send_counts.data(),
                                                                    send_displs, recv, local->recv_counts.data(),
                                                                    recv_displs, stream));
-    if (local->outcome.status == CAD_STATUS_OK) run_cross();
+    if (local->outcome.status == CAD_STATUS_OK) run_cross(side);
+    fork_->join(stream);
+  } else {
+    // "concurrent": false on CPU instances: one after the other on this thread (each bounded by its own
+    // instance's timeout).
+    local->outcome = outcome_of(intra_, intra_.table->all_to_all_v(intra_.ctx, send, local->send_counts.data(),
+                                                                   send_displs, recv, local->recv_counts.data(),
+                                                                   recv_displs, stream));
+    if (local->outcome.status == CAD_STATUS_OK) run_cross(stream);
   }
   std::string failures;
   cad_status_t status = CAD_STATUS_OK;

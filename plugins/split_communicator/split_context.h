@@ -9,6 +9,7 @@
 #include <string>
 
 #include "plugin_support.h"
+#include "split_stream.h"
 #include "split_worker.h"
 
 namespace cad::split_comm {
@@ -52,6 +53,7 @@ class SplitContext {
   int32_t world_ = 1;
   cad_device_v1_t device_{CAD_DEVICE_CPU, 0};
   std::string broken_reason_;
+  std::unique_ptr<StreamFork> fork_;  // the side stream of stream instances (CUDA)
   std::unique_ptr<Worker> worker_;  // runs the cross-node half on CPU instances (unless "concurrent": false); last: joined first
 };
 
