@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <cstring>
 #include <map>
@@ -309,6 +310,57 @@ inline void expect_step_matches(const Attention& a, const GlobalBatch& b, bool c
   expect_close(call.d_q.data, want.d_q, "d_q");
   expect_close(call.d_k.data, want.d_k, "d_k");
   expect_close(call.d_v.data, want.d_v, "d_v");
+}
+
+// Ranks other than 0 print only their failures, prefixed with the rank.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (result.failed()) {
+      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", g_rank, result.file_name() ? result.file_name() : "?",
+                   result.line_number(), result.summary());
+    }
+  }
+};
+
+// The main of a multi-rank test program: MPI (the test owns it, so the mpi plugin neither initialises nor
+// finalises it), gtest with only rank 0's full report, the host stack `config()` describes (built after MPI, so
+// it may depend on the rank), and the worst result over every rank, so that one rank's failure fails the job.
+// `thread_multiple`: refuse to run without MPI_THREAD_MULTIPLE (a stack whose plugins call MPI from two threads).
+inline int run_mpi_tests(int argc, char** argv, const std::function<std::string()>& config, const char* stack,
+                         bool thread_multiple = false) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (g_rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter);
+  }
+  if (thread_multiple && provided < MPI_THREAD_MULTIPLE) {
+    std::fprintf(stderr, "[rank %d] MPI gives no MPI_THREAD_MULTIPLE, which the %s needs\n", g_rank, stack);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  int rc = 1;
+  try {
+    const std::string json = config();
+    cad_host_options_v1_t options{};
+    options.struct_size = sizeof(options);
+    options.config_json = json.c_str();
+    options.search_path = CAD_TEST_PLUGIN_DIR;
+    cad::Host host(options);
+    g_host = &host;
+    rc = RUN_ALL_TESTS();
+    g_host = nullptr;
+  } catch (const cad::Error& e) {
+    std::fprintf(stderr, "[rank %d] cannot build the %s: %s\n", g_rank, stack, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  int worst = rc;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
 }
 
 }  // namespace cad_mpi_test

@@ -528,48 +528,6 @@ TEST(CadMpi, CapabilitiesAreTheServerBackendsPlusPieces) {
   EXPECT_EQ(mine.max_head_dim, theirs.max_head_dim);
 }
 
-namespace {
-// Ranks other than 0 print only their failures, prefixed with the rank.
-class FailurePrinter : public ::testing::EmptyTestEventListener {
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (result.failed()) {
-      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", g_rank, result.file_name() ? result.file_name() : "?",
-                   result.line_number(), result.summary());
-    }
-  }
-};
-}  // namespace
-
 int main(int argc, char** argv) {
-  // The test owns MPI, so the mpi plugin neither initialises nor finalises it.
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (g_rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new FailurePrinter);
-  }
-  int rc = 1;
-  try {
-    const std::string config = stack_config();
-    cad_host_options_v1_t options{};
-    options.struct_size = sizeof(options);
-    options.config_json = config.c_str();
-    options.search_path = CAD_TEST_PLUGIN_DIR;
-    cad::Host host(options);
-    g_host = &host;
-
-    rc = RUN_ALL_TESTS();
-    g_host = nullptr;
-  } catch (const cad::Error& e) {
-    std::fprintf(stderr, "[rank %d] cannot build the CAD stack: %s\n", g_rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  int worst = rc;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  return cad_mpi_test::run_mpi_tests(argc, argv, cad_mpi_test::stack_config, "CAD stack");
 }

@@ -225,47 +225,8 @@ TEST(SplitMpi, ConfigsThatCannotWorkAreRefusedOnEveryRank) {
   }
 }
 
-class FailurePrinter : public ::testing::EmptyTestEventListener {
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed()) std::fprintf(stderr, "[rank %d] %s:%d: %s\n", g_rank, r.file_name(), r.line_number(), r.summary());
-  }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (g_rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new FailurePrinter);
-  }
-  int rc = 1;
-  if (provided < MPI_THREAD_MULTIPLE) {
-    // The split communicator runs its two halves on two threads at once.
-    std::fprintf(stderr, "[rank %d] MPI gives no MPI_THREAD_MULTIPLE\n", g_rank);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  try {
-    const std::string config = split_stack();
-    cad_host_options_v1_t options{};
-    options.struct_size = sizeof(options);
-    options.config_json = config.c_str();
-    options.search_path = CAD_TEST_PLUGIN_DIR;
-    cad::Host host(options);
-    g_host = &host;
-    rc = RUN_ALL_TESTS();
-    g_host = nullptr;
-  } catch (const cad::Error& e) {
-    std::fprintf(stderr, "[rank %d] cannot build the split stack: %s\n", g_rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  int worst = rc;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  return cad_mpi_test::run_mpi_tests(argc, argv, split_stack, "split stack", true);
 }
