@@ -122,3 +122,52 @@ TEST(SimulateNetwork, BytesSplitByNode) {
   EXPECT_GT(each.max_inter_sent_per_gpu, 0);
   EXPECT_LE(each.max_inter_sent_per_gpu, each.bytes_inter_per_layer);
 }
+
+// The split of an exchange's price by where its bytes go: a byte to another node pays the link (latency + bytes /
+// (GB/s x efficiency)), a byte inside the node the NVLink curve, the two at once; and a rank's exchange follows
+// its own bytes, so the step (the slowest rank) follows the busiest GPU's inter-node bytes, not their total.
+TEST(SimulateNetwork, InterNodeBytesPayTheLinkRate) {
+  sim::SystemCalibration cal = sim::testing::calibration(500, 4000, 48, {{1e6, 300}, {1e9, 300}});
+  const double link_s = 20e-6 + 1e9 / (50 * 0.8 * 1e9);  // 1 GB over 50 GB/s x 0.8, plus 20 us
+  sim::RankBytes inter;
+  inter.sent_inter = 1e9;
+  inter.received_inter = 0.5e9;
+  EXPECT_NEAR(sim::all_to_all_seconds(cal, inter), link_s, 1e-12);
+  sim::RankBytes intra;
+  intra.sent_intra = 1e9;
+  EXPECT_NEAR(sim::all_to_all_seconds(cal, intra), 1e9 / 300e9, 1e-12);
+  sim::RankBytes both = inter;
+  both.sent_intra = 1e9;
+  EXPECT_NEAR(sim::all_to_all_seconds(cal, both), link_s, 1e-12);  // the slower half, not the sum
+  // Half the link's bandwidth doubles the inter-node bytes' time and leaves the node's alone.
+  cal.net_GBps_per_gpu = 25;
+  EXPECT_NEAR(sim::all_to_all_seconds(cal, inter), 20e-6 + 1e9 / (25 * 0.8 * 1e9), 1e-12);
+  EXPECT_NEAR(sim::all_to_all_seconds(cal, intra), 1e9 / 300e9, 1e-12);
+  // Moving a GPU's bytes from across to inside the node makes its exchange faster by the ratio of the rates.
+  sim::RankBytes moved;
+  moved.sent_intra = 1e9;
+  moved.received_intra = 0.5e9;
+  EXPECT_LT(sim::all_to_all_seconds(cal, moved), sim::all_to_all_seconds(cal, inter) / 10);
+
+  // In a rank's time: 2 passes per layer, each the exchange above (no ping-pong: nothing hidden).
+  const sim::ModelShape shape = sim::model_preset("llama-8b");
+  const sim::Layout layout{16, 8, 1, 1};
+  sim::RankWork w;
+  w.tokens = 4096;
+  w.bytes = inter;
+  const sim::RankTime t = sim::rank_time(w, shape, layout, cal, false);
+  EXPECT_NEAR(t.comm, static_cast<double>(shape.layers) * 2 * (20e-6 + 1e9 / 20e9), 1e-9);
+  // Two ranks of one group with the same total inter-node bytes, split 90/10 or 50/50: the group's step is the
+  // slower rank's, so the skewed split is slower though it moves no more bytes.
+  auto step_of = [&](double share) {
+    std::vector<std::vector<double>> times(1);
+    for (double part : {share, 1 - share}) {
+      sim::RankWork r = w;
+      r.bytes = sim::RankBytes{};
+      r.bytes.sent_inter = r.bytes.received_inter = 2e9 * part;
+      times[0].push_back(sim::rank_time(r, shape, layout, cal, false).total);
+    }
+    return sim::step_seconds(times, 2, 1);
+  };
+  EXPECT_GT(step_of(0.9), step_of(0.5) + static_cast<double>(shape.layers) * 2 * 0.7e9 / 20e9);
+}
