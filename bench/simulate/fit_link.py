@@ -142,7 +142,9 @@ def simulate(args, cfg, calibration, link, overlap=None):
 
 def calibration_with(base, fixed_ms, tmp, name):
     cal = json.loads(base.read_text())
-    cal["step_fixed_ms"] = cal["step_fixed_ms"] + fixed_ms
+    # The calibration takes no negative fixed term: a link that costs the local step less than the model says
+    # (NVLink, where the model is a little high) is applied as 0.
+    cal["step_fixed_ms"] = max(0.0, cal["step_fixed_ms"] + fixed_ms)
     cal["pingpong_compute_factor"] = 1.0  # head groups: the compute is not slowed by a split (their cost is in F)
     cal["fitted_on"] = cal["fitted_on"] + [f"link_fixed_ms {fixed_ms:.1f} from fit_link.py"]
     path = pathlib.Path(tmp) / name
