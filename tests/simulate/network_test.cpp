@@ -7,6 +7,7 @@
 
 #include "calibration_fixture.h"
 #include "comm_model.h"
+#include "plan_work.h"
 #include "simulation.h"
 #include "step_model.h"
 
@@ -170,4 +171,57 @@ TEST(SimulateNetwork, InterNodeBytesPayTheLinkRate) {
     return sim::step_seconds(times, 2, 1);
   };
   EXPECT_GT(step_of(0.9), step_of(0.5) + static_cast<double>(shape.layers) * 2 * 0.7e9 / 20e9);
+}
+
+// --nic-share node (Layout::rail_routed): 4 ranks in 2 nodes of 2, rails 0 and 1 in each node, by hand.
+TEST(SimulateNetwork, RailRoutingSendsOverTheDestinationsRail) {
+  sim::Layout layout{4, 2, 1, 1};
+  layout.rail_routed = true;
+  std::vector<int64_t> link(16, 0);
+  auto at = [&](int src, int dst) -> int64_t& { return link[static_cast<size_t>(src * 4 + dst)]; };
+  at(0, 2) = 100;  // rail 0 -> rail 0: rank 0's own NIC
+  at(0, 3) = 50;   // rail 0 -> rail 1: relayed over NVLink to rank 1, out of rank 1's NIC
+  at(1, 3) = 10;   // rail 1 -> rail 1: rank 1's own NIC
+  at(2, 0) = 7;
+  at(0, 1) = 5;    // inside node 0: stays intra, no NIC
+  std::vector<sim::RankWork> work(4);
+  for (size_t r = 0; r < 4; ++r) {  // what rank_work gives before routing (the own-NIC split)
+    work[r].bytes.received_inter = 1000.0 + static_cast<double>(r);
+  }
+  work[0].bytes.sent_inter = 150;
+  work[0].bytes.sent_intra = 5;
+  work[1].bytes.received_intra = 5;
+  work[1].bytes.sent_inter = 10;
+  work[2].bytes.sent_inter = 7;
+  sim::route_by_rail(link, 4, layout, 0, work);
+  EXPECT_DOUBLE_EQ(work[0].bytes.sent_inter, 100);
+  EXPECT_DOUBLE_EQ(work[1].bytes.sent_inter, 60);
+  EXPECT_DOUBLE_EQ(work[2].bytes.sent_inter, 7);
+  EXPECT_DOUBLE_EQ(work[3].bytes.sent_inter, 0);
+  EXPECT_DOUBLE_EQ(work[0].bytes.sent_intra, 5 + 50);      // the relay hop
+  EXPECT_DOUBLE_EQ(work[1].bytes.received_intra, 5 + 50);
+  for (size_t r = 0; r < 4; ++r) EXPECT_DOUBLE_EQ(work[r].bytes.received_inter, 1000.0 + static_cast<double>(r));
+
+  // Through the whole model with a real plan (4 nodes of 4): the same bytes leave the nodes, the busiest NIC
+  // carries less than the busiest GPU sent across over its own (its node's bytes spread over the rails), and the
+  // relay hops add NVLink bytes.
+  sim::Scenario s;
+  s.shape = sim::model_preset("llama-8b");
+  for (int i = 0; i < 300; ++i) s.lengths.push_back(500 + (i * 7919) % 9000);
+  for (int i = 0; i < 8; ++i) s.lengths.push_back(65536);
+  s.context = 32768;
+  sim::BalancerSpec b;
+  b.name = "prefix_aware";
+  s.balancers.push_back(b);
+  s.search_path = CAD_BALANCER_PLUGIN_DIR;
+  const auto rates = sim::constant_rates(600, 400, 2.5);
+  const sim::SystemCalibration cal = sim::testing::calibration(500, 4000, 48, {{1e6, 10}, {1e9, 300}});
+  s.layout = sim::Layout{16, 4, 1, 1};
+  const sim::BalancerResult own = sim::simulate(s, cal, *rates).at(0);
+  s.layout.rail_routed = true;
+  const sim::BalancerResult rail = sim::simulate(s, cal, *rates).at(0);
+  EXPECT_NEAR(rail.bytes_inter_per_layer, own.bytes_inter_per_layer, 1e-9 * own.bytes_inter_per_layer);
+  ASSERT_GT(own.max_inter_sent_per_gpu, 0);
+  EXPECT_LT(rail.max_inter_sent_per_gpu, own.max_inter_sent_per_gpu);
+  EXPECT_GT(rail.bytes_intra_per_layer, own.bytes_intra_per_layer);  // the relay hops cross NVLink
 }
