@@ -5,13 +5,15 @@ and the step times of the runs held out predicted with it.
 Two kinds of input:
 
   trainer records (default: the 2-H200 runs of 2026-11-28 through host memory, NCCL_P2P_DISABLE=1; or --host-runs,
-  e.g. the <link>/ folders that tests/multi_gpu/overlap_auto.sh writes): train_<config>_<context>.json files.
+  e.g. the $OUT/<link>/ folders that tests/multi_gpu/overlap_auto.sh writes: it trains local, prefix_aware and
+  prefix_aware_hg4 too): train_<config>_<context>.json files.
     link:    per step, the slowest rank's CAD collective time (exchange_comm_ms) against the bytes its exchanges
              move: passes (forward, recomputed forward, backward: 3 per layer, each moving the forward's bytes, as
              the simulator prices them) x layers x the largest rank's forward bytes per layer (every micro-batch's
              plan added up). With 2 ranks that is max(sent, received) of each rank; with more it is a floor.
-             Least squares of  seconds = collectives x latency + bytes / bandwidth  (collectives = 3 x layers x
-             micro-batches), over the unsplit CAD configurations' steps 1.. of the fitted runs.
+             Least squares of  seconds = exchanges x latency + bytes / bandwidth  (exchanges = 3 x layers x
+             micro-batches: the simulator charges the latency once per pass), over the unsplit CAD configurations'
+             steps 1.. of the fitted runs.
     base:    the stand-in slows FSDP2's own collectives too (the same in every configuration): the measured local
              step minus `cad simulate --trainer`'s local step, mean over the fitted runs, is added as a fixed
              per-step term (named "link_fixed_ms" below).
@@ -214,7 +216,7 @@ def records_mode(args):
 
 
 def print_records(report):
-    print("| held-out run | fitted on | latency us / collective | GB/s | link fixed ms | overlap | config | "
+    print("| held-out run | fitted on | latency us per exchange | GB/s | link fixed ms | overlap | config | "
           "measured step ms | predicted | error | exchange ms measured / predicted | error |")
     print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for name, h in report["held_out"].items():
@@ -229,7 +231,7 @@ def print_records(report):
                   f"{100 * row['step_error']:+.1f}% | {ex} |")
     f = report["final"]
     print(f"\nfit on all {len(report['runs'])} runs ({f['points']} exchange points): latency {f['latency_us']:.0f} us per "
-          f"collective, {f['bandwidth_GBps']:.2f} GB/s, link fixed {f['link_fixed_ms']:.0f} ms per step, overlap "
+          f"exchange, {f['bandwidth_GBps']:.2f} GB/s, link fixed {f['link_fixed_ms']:.0f} ms per step, overlap "
           f"{f['overlap']}\ncad simulate {f['simulate_flags']}")
 
 
