@@ -87,11 +87,17 @@ int main(int argc, char** argv) {
   int gpu = device.device_id;
   if (staged || device_arg >= 0) {
     int count = 0;
-    if (!cuda_ok(cudaGetDeviceCount(&count), "cudaGetDeviceCount") || count < 1) return 1;
+    if (!cuda_ok(cudaGetDeviceCount(&count), "cudaGetDeviceCount") || count < 1) {
+      comm->destroy(ctx);
+      return 1;
+    }
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     gpu = device_arg >= 0 ? device_arg : (local != nullptr ? std::atoi(local) : 0) % count;
   }
-  if (!cuda_ok(cudaSetDevice(gpu), "cudaSetDevice")) return 1;
+  if (!cuda_ok(cudaSetDevice(gpu), "cudaSetDevice")) {
+    comm->destroy(ctx);
+    return 1;
+  }
   if (rank == 0 && staged) std::printf("host-staged through pinned memory, %d ranks, rank 0 on GPU %d\n", world, gpu);
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
