@@ -26,7 +26,8 @@ Two kinds of input:
 
   --curve SUMMARY.json --standin TAG [--impl cad]: a bench/nccl/slow_links.py summary (or host_staged_one_gpu.sh's,
   which holds one per process count: --key np4): latency and bandwidth least squares on the curve (seconds =
-  latency + crossing bytes / bandwidth, relative errors), with each point's error.
+  latency + crossing bytes / bandwidth, relative errors), with each point's error, and its error when the fit
+  leaves it out.
 
 Prints markdown tables and the cad simulate flags of the final fit; --json FILE writes everything.
 
@@ -236,17 +237,9 @@ def print_records(report):
 
 
 # ---- a measured curve ---------------------------------------------------------------------------------------
-def curve_mode(args):
-    data = json.loads(pathlib.Path(args.curve).read_text())
-    if args.key:
-        data = data[args.key]
-    run, results = data["run"], data["results"]
-    if args.standin not in results or args.impl not in results[args.standin]:
-        raise FitError(f"{args.curve}: no {args.standin} / {args.impl} in the summary")
-    world, per_node = run["gpus"], run["gpus_per_node"]
-    share = (world - per_node) / world if args.standin.startswith("split") else (world - 1) / world
-    pts = [(c["bytes_per_rank"] * share, c["seconds"]) for c in results[args.standin][args.impl]["curve"]]
-    # Relative least squares: seconds_i ~ L + x_i / B, each point weighted by 1 / seconds_i^2.
+def fit_curve(pts):
+    """Relative least squares of seconds_i ~ L + x_i / B (each point weighted by 1 / seconds_i^2); a negative
+    latency is fixed at 0. Returns (L seconds, seconds per byte)."""
     w = [1 / y ** 2 for _, y in pts]
     s1 = sum(w)
     sx = sum(wi * x for wi, (x, _) in zip(w, pts))
@@ -259,9 +252,31 @@ def curve_mode(args):
     lat = (sxx * sy - sx * sxy) / det
     per_byte = (s1 * sxy - sx * sy) / det
     if lat < 0:
-        lat, per_byte = 0.0, sum(wi * x * y for wi, (x, y) in zip(w, pts)) / sxx
-    rows = [{"bytes": x, "measured_s": y, "predicted_s": lat + x * per_byte, "error": (lat + x * per_byte) / y - 1}
-            for x, y in pts]
+        lat, per_byte = 0.0, sxy / sxx
+    if per_byte <= 0:
+        raise FitError("the fitted bandwidth is not positive: the curve's time does not grow with the bytes")
+    return lat, per_byte
+
+
+def curve_mode(args):
+    data = json.loads(pathlib.Path(args.curve).read_text())
+    if args.key:
+        data = data[args.key]
+    run, results = data["run"], data["results"]
+    if args.standin not in results or args.impl not in results[args.standin]:
+        raise FitError(f"{args.curve}: no {args.standin} / {args.impl} in the summary")
+    world, per_node = run["gpus"], run["gpus_per_node"]
+    share = (world - per_node) / world if args.standin.startswith("split") else (world - 1) / world
+    pts = [(c["bytes_per_rank"] * share, c["seconds"]) for c in results[args.standin][args.impl]["curve"]]
+    lat, per_byte = fit_curve(pts)
+    rows = []
+    for i, (x, y) in enumerate(pts):
+        row = {"bytes": x, "measured_s": y, "predicted_s": lat + x * per_byte, "error": (lat + x * per_byte) / y - 1}
+        others = pts[:i] + pts[i + 1:]
+        if len(others) >= 2 and len({o[0] for o in others}) >= 2:  # the size predicted by a fit without it
+            l2, p2 = fit_curve(others)
+            row["held_out_error"] = (l2 + x * p2) / y - 1
+        rows.append(row)
     return {"standin": args.standin, "impl": args.impl, "world": world, "latency_us": lat * 1e6,
             "bandwidth_GBps": 1 / per_byte / 1e9, "rows": rows,
             "simulate_flags": f"--link-gbps {8 / per_byte / 1e9:.3g} --link-latency-us {lat * 1e6:.0f} --link-efficiency 1"}
@@ -287,9 +302,12 @@ def main(argv):
         if args.curve:
             report = curve_mode(args)
             print(f"{report['standin']} ({report['impl']}, {report['world']} ranks): latency {report['latency_us']:.1f} us, "
-                  f"{report['bandwidth_GBps']:.2f} GB/s per rank\n| bytes crossing | measured s | predicted s | error |\n|---:|---:|---:|---:|")
+                  f"{report['bandwidth_GBps']:.2f} GB/s per rank\n| bytes crossing | measured s | predicted s | error | "
+                  "error with this size held out |\n|---:|---:|---:|---:|---:|")
             for r in report["rows"]:
-                print(f"| {r['bytes']:.0f} | {r['measured_s']:.6f} | {r['predicted_s']:.6f} | {100 * r['error']:+.1f}% |")
+                held = f"{100 * r['held_out_error']:+.1f}%" if "held_out_error" in r else "-"
+                print(f"| {r['bytes']:.0f} | {r['measured_s']:.6f} | {r['predicted_s']:.6f} | {100 * r['error']:+.1f}% | "
+                      f"{held} |")
             print("cad simulate " + report["simulate_flags"])
         else:
             report = records_mode(args)

@@ -44,6 +44,8 @@ class Fits(unittest.TestCase):
             self.assertAlmostEqual(r["latency_us"], 30.0, places=4)
             self.assertAlmostEqual(r["bandwidth_GBps"], 12.0, places=4)
             self.assertTrue(all(abs(row["error"]) < 1e-9 for row in r["rows"]))
+            # Exact points: each size predicted as well by the other two alone.
+            self.assertTrue(all(abs(row["held_out_error"]) < 1e-9 for row in r["rows"]))
             args.standin = "p2p_off"
             with self.assertRaises(fl.FitError):
                 fl.curve_mode(args)
