@@ -17,6 +17,11 @@ Stand-ins (--standins, comma-separated; default all):
                   time is the whole all-to-all's
   split_host      the same split, the cross-node pairs staged through pinned host memory and exchanged by gloo
                   (device -> host copy, gloo send/recv, host -> device copy)
+  host_staged     CAD's host-staged path alone: bench_nccl_all_to_all over CAD's mpi communicator (cad_mpi.so,
+                  OpenMPI's shared-memory transport), each peer's bytes copied device -> pinned host -> device
+                  around the host all_to_all_v, as plugins/cad's StagedWire does; no torch run. With
+                  --share-gpu every process runs on GPU 0 (the only stand-in that can: NCCL refuses two ranks
+                  on one GPU), so one GPU stands for --gpus GPUs behind a host-bound link
 Every run sets NCCL_NVLS_ENABLE=0. Results: $OUT (or --out) gets <standin>.<impl>.csv per run (the columns of
 bench_all_to_all.cpp), summary.json (per stand-in and implementation: the curve, peak bus bandwidth, latency at
 1 MiB, the nearest InfiniBand class) and summary.md. Exits 1 on any failed run (a CAD benchmark that is not
@@ -24,6 +29,7 @@ built included) or wrong received bytes; a stand-in within 10% of nvlink at 1 Gi
 
   python3 bench/nccl/slow_links.py --gpus 4 [--gpus-per-node 2] [--standins nvlink,p2p_off,split:2]
       [--cad-bench build/bin/bench_nccl_all_to_all] [--plugin build/lib/cad/plugins/cad_nccl.so] [--out DIR]
+  python3 bench/nccl/slow_links.py --gpus 4 --share-gpu --standins host_staged   (one GPU, 4 processes)
   python3 bench/nccl/slow_links.py --gpus 4 --dry-run     (no GPU: prints the runs, the pair map, and exits)
 """
 import argparse
@@ -37,7 +43,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = [1 << e for e in range(20, 31, 2)]  # 1 MiB .. 1 GiB per rank, x4 (bench_all_to_all.cpp's sizes)
 # Per-GPU InfiniBand classes (one NIC per GPU, unidirectional payload bandwidth, ~90% of the line rate).
-IB_CLASSES = [("HDR 200 Gb/s", 22.5), ("NDR 400 Gb/s", 45.0), ("XDR 800 Gb/s", 90.0)]
+IB_CLASSES = [("EDR 100 Gb/s", 11.25), ("HDR 200 Gb/s", 22.5), ("NDR 400 Gb/s", 45.0), ("XDR 800 Gb/s", 90.0)]
 
 
 class UsageError(Exception):
@@ -47,7 +53,7 @@ class UsageError(Exception):
 def parse_standin(text):
     """'p2p_off' -> ('p2p_off', None); 'split:2' -> ('split', 2). UsageError naming the entry otherwise."""
     name, _, arg = text.partition(":")
-    if name in ("nvlink", "p2p_off", "p2p_shm_off", "split_host"):
+    if name in ("nvlink", "p2p_off", "p2p_shm_off", "split_host", "host_staged"):
         if arg:
             raise UsageError(f"stand-in '{text}': '{name}' takes no ':K'")
         return name, None
@@ -55,7 +61,8 @@ def parse_standin(text):
         if not arg.isdigit() or not 1 <= int(arg) <= 64:
             raise UsageError(f"stand-in '{text}': '{name}:K' needs K in 1..64 (channels or CTAs)")
         return name, int(arg)
-    raise UsageError(f"stand-in '{text}': expected nvlink, p2p_off, p2p_shm_off, channels:K, split:K or split_host")
+    raise UsageError(f"stand-in '{text}': expected nvlink, p2p_off, p2p_shm_off, channels:K, split:K, split_host "
+                     "or host_staged")
 
 
 def standin_env(name, k):
@@ -95,9 +102,13 @@ def parse_args(argv):
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--gpus", type=int, required=True)
     p.add_argument("--gpus-per-node", type=int, default=None, help="emulated node size of split:K (default gpus/2)")
-    p.add_argument("--standins", default="nvlink,p2p_off,p2p_shm_off,channels:2,channels:4,split:2,split:4,split_host")
+    p.add_argument("--standins",
+                   default="nvlink,p2p_off,p2p_shm_off,channels:2,channels:4,split:2,split:4,split_host,host_staged")
     p.add_argument("--cad-bench", default=os.path.join(ROOT, "build/bin/bench_nccl_all_to_all"))
     p.add_argument("--plugin", default=os.path.join(ROOT, "build/lib/cad/plugins/cad_nccl.so"))
+    p.add_argument("--mpi-plugin", default=os.path.join(ROOT, "build/lib/cad/plugins/cad_mpi.so"),
+                   help="host_staged's communicator")
+    p.add_argument("--share-gpu", action="store_true", help="every process on GPU 0 (host_staged only)")
     p.add_argument("--mpirun", default="mpirun")
     p.add_argument("--out", default=os.environ.get("OUT", "slow_links_out"))
     p.add_argument("--dry-run", action="store_true", help="print the runs and the pair map; start nothing")
@@ -112,6 +123,9 @@ def parse_args(argv):
         raise UsageError("--standins is empty")
     if any(n in ("split", "split_host") for n, _ in args.parsed):
         pair_map(args.gpus, args.gpus_per_node)
+    if args.share_gpu and any(n != "host_staged" for n, _ in args.parsed):
+        raise UsageError("--share-gpu runs only host_staged (NCCL refuses two ranks on one GPU; torch's runs take "
+                         "one GPU per rank)")
     return args
 
 
@@ -125,6 +139,16 @@ def runs(args):
     for name, k in args.parsed:
         env = standin_env(name, k)
         tag = label(name, k)
+        if name == "host_staged":
+            # OpenMPI's shared-memory transport only (what a host-bound link between a node's GPUs would use);
+            # a generous timeout: 4 processes on one GPU move 4 GiB through one PCIe link per call at 1 GiB.
+            cmd = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
+                   "-np", str(args.gpus), args.cad_bench, args.mpi_plugin, "--csv", os.path.join(args.out, f"{tag}.cad.csv"),
+                   "--config", json.dumps({"timeout_ms": 120000}), "--label", f"cad_{tag}"]
+            if args.share_gpu:
+                cmd += ["--device", "0"]
+            out.append((tag, "cad", env, cmd))
+            continue
         torch_cmd = [sys.executable, os.path.abspath(__file__), "--gpus", str(args.gpus), "--gpus-per-node",
                      str(args.gpus_per_node), "--standins", f"{name}" + (f":{k}" if k else ""), "--out", args.out,
                      "--child", tag]
@@ -319,8 +343,9 @@ def main(argv):
     os.makedirs(args.out, exist_ok=True)
     failures = []
     for tag, impl, env, cmd in planned:
-        if impl == "cad" and not (os.path.exists(args.cad_bench) and os.path.exists(args.plugin)):
-            failures.append(f"{tag} cad: {args.cad_bench} or {args.plugin} not built (a CUDA build with NCCL)")
+        plugin = args.mpi_plugin if tag == "host_staged" else args.plugin
+        if impl == "cad" and not (os.path.exists(args.cad_bench) and os.path.exists(plugin)):
+            failures.append(f"{tag} cad: {args.cad_bench} or {plugin} not built (a CUDA build with NCCL)")
             continue
         print(f"== {tag} ({impl})", flush=True)
         done = subprocess.run(cmd, env={**os.environ, **env})
@@ -328,7 +353,8 @@ def main(argv):
             failures.append(f"{tag} {impl}: exit {done.returncode}")
     tags = [label(n, k) for n, k in args.parsed]
     summary, table = summarize(args.out, tags, args.gpus, args.gpus_per_node)
-    meta = {"gpus": args.gpus, "gpus_per_node": args.gpus_per_node, "standins": tags, "failures": failures}
+    meta = {"gpus": args.gpus, "gpus_per_node": args.gpus_per_node, "standins": tags, "failures": failures,
+            "share_gpu": args.share_gpu}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"run": meta, "results": summary}, f, indent=1)
     with open(os.path.join(args.out, "summary.md"), "w") as f:

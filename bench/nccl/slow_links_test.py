@@ -76,6 +76,27 @@ class Driver(unittest.TestCase):
         self.assertIn("NCCL_NVLS_ENABLE=0", cad_cmd)
         self.assertIn("/tmp/x/channels2.cad.csv", cad_cmd)
 
+    def test_host_staged_shares_one_gpu_over_the_mpi_plugin(self):
+        a = sl.parse_args(["--gpus", "4", "--share-gpu", "--standins", "host_staged", "--out", "/tmp/x",
+                           "--mpi-plugin", "/p/cad_mpi.so"])
+        (tag, impl, _, cmd), = sl.runs(a)  # CAD's bench only: no torch run for the host-staged path
+        self.assertEqual((tag, impl), ("host_staged", "cad"))
+        self.assertEqual(cmd[cmd.index("-np") + 1], "4")
+        self.assertIn("/p/cad_mpi.so", cmd)
+        self.assertEqual(cmd[cmd.index("--device") + 1], "0")
+        self.assertEqual(cmd[cmd.index("btl") + 1], "self,vader")
+        self.assertIn("/tmp/x/host_staged.cad.csv", cmd)
+        # Without --share-gpu each rank takes its local rank's GPU (the bench's default): no --device.
+        (_, _, _, cmd), = sl.runs(sl.parse_args(["--gpus", "2", "--standins", "host_staged"]))
+        self.assertNotIn("--device", cmd)
+        # NCCL and torch take one GPU per rank: sharing is refused for every other stand-in.
+        for other in ("nvlink", "host_staged,p2p_off", "split_host"):
+            with self.assertRaises(sl.UsageError, msg=other) as e:
+                sl.parse_args(["--gpus", "4", "--share-gpu", "--standins", other])
+            self.assertIn("--share-gpu", str(e.exception))
+        with self.assertRaises(sl.UsageError):
+            sl.parse_standin("host_staged:2")
+
     def test_dry_run_prints_the_pair_map_and_starts_nothing(self):
         text = io.StringIO()
         with contextlib.redirect_stdout(text):
@@ -106,6 +127,7 @@ class Driver(unittest.TestCase):
         self.assertEqual(sl.ib_class(48.0), "NDR 400 Gb/s")
         self.assertEqual(sl.ib_class(20.0), "HDR 200 Gb/s")
         self.assertEqual(sl.ib_class(120.0), "XDR 800 Gb/s")
+        self.assertEqual(sl.ib_class(12.0), "EDR 100 Gb/s")  # the host-memory links measured so far (~12 GB/s)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,12 @@
 """docs/simulate.md's TP 8 scale table re-predicted with the network term named: `cad simulate --json` at
 64-1024 GPUs (TP 8, per_doc_cp in groups of 8 data-parallel ranks) for each link bandwidth and overlap, and
 prefix_aware's speedup over per_doc_cp in each. The overlap is the share of each pass's exchange hidden
-(`--overlap`); 1 is the old unmeasured assumption, 0.25 what head groups hid on the slow stand-in
-(bench/results/trainer_h200x2_2026-11-28_6fc2a34_{4,5}), 0 no overlap (ping-pong has not been faster than unsplit on any machine).
+(`--overlap`); 1 is the old unmeasured assumption, 0.24 what head groups hid on the slow stand-in
+(bench/results/trainer_h200x2_2026-11-28_6fc2a34_{4,5}, fitted by bench/simulate/fit_link.py), 0 no overlap (ping-pong has not been faster than unsplit on any machine).
 
 usage: python3 bench/simulate/network_table.py [--cad build/bin/cad] [--dist FILE] [--out docs/simulate/network]
            [--models llama-8b,34b] [--gpus 64,128,512,1024] [--contexts 131072,524288] [--steps 4]
-           [--gbps 200,400,800] [--overlap 0.25] [--extra "ARGS"]
+           [--gbps 200,400,800] [--overlap 0.24] [--extra "ARGS"]
 Writes OUT/results.json (every run's --json and its command) and OUT/table.md. Exits non-zero when a run fails.
 """
 import argparse
@@ -44,7 +44,7 @@ def main():
     p.add_argument("--contexts", default="131072,524288")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--gbps", default="200,400,800")
-    p.add_argument("--overlap", default="0.25", help="the measured overlap (the old assumption, 1, runs too)")
+    p.add_argument("--overlap", default="0.24", help="the measured overlap (the old assumption, 1, runs too)")
     p.add_argument("--extra", default="", help="more `cad simulate` arguments")
     a = p.parse_args()
     gbps = a.gbps.split(",")

@@ -48,6 +48,9 @@ const char* kUsage =
     "  --inter-node-byte-cost C   handed to every balancer's config as \"inter_node_byte_cost\" (a byte that\n"
     "                      leaves its node costs C bytes; C in [1, 1e6], the balancers' range); a balancer\n"
     "                      that does not know a key warns and ignores it\n"
+    "  --nic-share gpu|node  how a GPU's bytes to other nodes reach the network: gpu (default) over its own NIC;\n"
+    "                      node: over the NIC of the sender's node on the destination's rail, relayed there over\n"
+    "                      NVLink (NCCL's PXN), so each NIC carries what its node sends to its rail\n"
     "  --tp N              tensor-parallel size, inside a node (default 1): divides linear work and heads; each\n"
     "                      TP index runs CAD over its data group on its head slice (Hq/tp, Hkv/tp heads), so its\n"
     "                      exchanges carry that slice, and every TP index holds the same plan (made once per\n"
@@ -450,7 +453,7 @@ int run_simulate(int argc, char** argv) {
        "--cp-size", "--cad-size", "--min-shard", "--path", "--rates", "--system", "--attention-tflops", "--net-gbps", "--gemm-tflops",
        "--pingpong", "--trainer", "--checkpointing", "--kernel", "--batch-seeds", "--schedule", "--pool",
        "--tolerance", "--max-doc-len", "--tokens-per-rank", "--ranks-per-node", "--inter-node-byte-cost",
-       "--link-gbps", "--link-latency-us", "--link-efficiency", "--link-curve", "--overlap"},
+       "--link-gbps", "--link-latency-us", "--link-efficiency", "--link-curve", "--overlap", "--nic-share"},
       {"--json", "--quiet", "--balance-time", "--detail"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
@@ -500,6 +503,11 @@ int run_simulate(int argc, char** argv) {
     s.layout.gpus_per_node = r * s.layout.tp;
   }
   s.layout.pp = args.get_int("--pp", 1, 1, lim::kMaxPp);
+  if (args.has("--nic-share")) {
+    const std::string share = args.get("--nic-share", "");
+    if (share != "gpu" && share != "node") throw UsageError("--nic-share must be gpu or node, got '" + share + "'");
+    s.layout.rail_routed = share == "node";
+  }
   try {
     sim::validate(s.shape);
     sim::validate(s.layout, s.shape);
@@ -696,7 +704,7 @@ int run_simulate(int argc, char** argv) {
                     {"mlp", s.shape.mlp},         {"vocab", s.shape.vocab}};
     out["layout"] = {{"gpus", s.layout.gpus}, {"gpus_per_node", s.layout.gpus_per_node}, {"tp", s.layout.tp},
                      {"pp", s.layout.pp},     {"dp", s.layout.dp()}, {"schedule", schedule},
-                    {"ranks_per_node", ranks_per_node}};
+                    {"ranks_per_node", ranks_per_node}, {"nic_share", s.layout.rail_routed ? "node" : "gpu"}};
     out["tensor_parallel"] = tensor_parallel_json(s);
     out["network"] = network_json(cal);
     if (trainer_pipeline) out["layout"]["pool"] = pool_name(s.pool);
@@ -785,6 +793,9 @@ int run_simulate(int argc, char** argv) {
   std::printf("attention rates: %s\nsystem: %s (GEMM %.0f TFLOP/s)\n", rates->describe().c_str(), cal.path.c_str(),
               cal.gemm_tflops);
   std::printf("%s\n%s\n", network_line(cal).c_str(), tensor_parallel_line(s).c_str());
+  if (s.layout.rail_routed) {
+    std::printf("cross-node bytes rail-routed (--nic-share node): each NIC carries what its node sends to its rail\n");
+  }
   if (trainer) {
     std::printf("trainer: %s (fitted on %s), checkpointing %s, attention kernel x %.3f; linear_s includes the\n"
                 "trainer's non-attention time, comm_s CAD's exchanges with their fixed and pack/unpack costs\n",

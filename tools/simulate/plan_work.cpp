@@ -98,6 +98,39 @@ cad::plan::RankPieces context_parallel_layout(const cad::plan::RankPieces& piece
   return layout;
 }
 
+void route_by_rail(const std::vector<int64_t>& link_bytes, size_t stride, const Layout& layout, int64_t first_rank,
+                   std::vector<RankWork>& work) {
+  const size_t n = std::min(stride, work.size());
+  // Rebuilt from the link matrix: each rank's NIC sends what its node sends to ranks of its rail elsewhere;
+  // what a rank sends to another rail first crosses NVLink to the rail's GPU in its node (the relay).
+  std::vector<double> nic_sent(n, 0), relay_out(n, 0), relay_in(n, 0);
+  auto rank = [&](size_t i) { return first_rank + static_cast<int64_t>(i); };
+  std::map<std::pair<int64_t, int64_t>, size_t> by_node_rail;  // (node, rail) -> the group's rank there
+  for (size_t i = 0; i < n; ++i) by_node_rail[{layout.node_of(rank(i)), layout.rail_of(rank(i))}] = i;
+  for (size_t a = 0; a < n; ++a) {
+    const int64_t node = layout.node_of(rank(a));
+    for (size_t b = 0; b < n; ++b) {
+      if (a == b || layout.node_of(rank(b)) == node) continue;
+      const auto bytes = static_cast<double>(link_bytes[a * stride + b]);
+      if (bytes == 0) continue;
+      const auto it = by_node_rail.find({node, layout.rail_of(rank(b))});
+      // A rail of the node outside this group (a group smaller than the node) has no GPU to relay: own NIC.
+      const size_t relay = it == by_node_rail.end() ? a : it->second;
+      nic_sent[relay] += bytes;
+      if (relay != a) {
+        relay_out[a] += bytes;
+        relay_in[relay] += bytes;
+      }
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    RankBytes& b = work[i].bytes;
+    b.sent_inter = nic_sent[i];
+    b.sent_intra += relay_out[i];
+    b.received_intra += relay_in[i];
+  }
+}
+
 std::vector<RankWork> rank_work(const cad::plan::RankPieces& pieces, const std::vector<cad_task_v1_t>& tasks,
                                 const cad::plan::ModelParams& params, const Layout& layout, int64_t first_rank,
                                 const AttentionRates& rates, double* total_bytes) {
@@ -136,6 +169,7 @@ std::vector<RankWork> rank_work(const cad::plan::RankPieces& pieces, const std::
       (same_node ? w.bytes.received_intra : w.bytes.received_inter) += in;
     }
   }
+  if (layout.rail_routed) route_by_rail(stats.link_bytes, nodes, layout, first_rank, work);
   if (total_bytes != nullptr) *total_bytes = static_cast<double>(stats.total_bytes);
   return work;
 }

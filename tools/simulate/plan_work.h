@@ -35,6 +35,14 @@ cad::plan::RankPieces group_pieces(const cad::plan::RankPieces& all, int64_t beg
 cad::plan::RankPieces context_parallel_layout(const cad::plan::RankPieces& pieces,
                                               const std::vector<cad_task_v1_t>& tasks, int32_t servers);
 
+// Layout::rail_routed (layout.h, `--nic-share node`): rebuilds the group's ranks' bytes from the link matrix
+// ([src * stride + dst], the group's ranks from first_rank): each rank's sent_inter becomes what its NIC carries
+// (what its node sends to its rail's ranks in other nodes), and a byte sent to another rail adds to the sender's
+// sent_intra and the relaying rank's received_intra (the NVLink hop). received_inter is left as it is (a byte
+// arrives at its destination's NIC either way). rank_work calls it when the layout says so.
+void route_by_rail(const std::vector<int64_t>& link_bytes, size_t stride, const Layout& layout, int64_t first_rank,
+                   std::vector<RankWork>& work);
+
 // Per rank of the group (ranks [first_rank, first_rank + pieces.size()) of the layout): tokens held,
 // attention seconds of the shards it serves, bytes to and from peers inside / outside its node.
 // Also returns the plan's total forward bytes in `total_bytes`.
