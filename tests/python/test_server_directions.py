@@ -34,8 +34,8 @@ def _per_direction(rank, world):
         for c in CHOICES:
             plan, got[c] = _outputs(contexts[c], rank, causal, window)
             if c == "default":
-                # The servers' batches read shared K/V rows: more K/V rows computed on than received.
-                assert plan.stats["imbalance"] < 1.5, plan.stats
+                # A document cut into shards on a server: its segments read K/V prefix rows beyond their queries.
+                assert any(sv["kv_rows"] > sv["q_rows"] for sv in plan.stats["servers"]), plan.stats
         for c in CHOICES[1:]:
             for name, a, b in zip(("o", "dq", "dk", "dv"), got[c], got["default"]):
                 torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5,
