@@ -31,8 +31,10 @@ SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4 FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
 export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$KEEP/cute_cache"  # FA4's compiled kernels, kept for later stages
-CAD_DATA="$PWD/../shared/data/doclen_pretrain.json"
-[ -f "$CAD_DATA" ] || CAD_DATA="$PWD/.whl/fa4a/doclen_pretrain.json"
+for CAD_DATA in "$PWD/../shared/data/doclen_pretrain.json" "$PWD/.whl/fa4a/doclen_pretrain.json" \
+    "$KEEP/fa4a/doclen_pretrain.json"; do
+  [ -f "$CAD_DATA" ] && break
+done
 export CAD_DATA
 S=$(date +%s)
 failed=0
@@ -80,6 +82,7 @@ case "$stage" in
   build)
     bash bench/fa4/unpack.sh check > "$LOG/unpack_check.log" 2>&1
     record "FA4 part 1 here" $? "$LOG/unpack_check.log"
+    rm -rf "$KEEP/fa4a" && cp -r .whl/fa4a "$KEEP/fa4a"  # kept where no later carry replaces it
     { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
         -DCAD_BUILD_TESTS=OFF -DCAD_PYTHON_TESTS=OFF &&
       timeout 500 cmake --build "$BUILD" -j "$(nproc)" --target cad_host cad_plugin_cad cad_plugin_cuda \
