@@ -28,6 +28,16 @@ def _per_direction(rank, world):
     import cad
     from cad import server_backend
     contexts = {c: cad.Context(server_backend=c, timeout_ms=20000) for c in CHOICES}
+    # Plans through the callback instance: its inner instance ("server_mid", itself a callback instance handing its
+    # forward to the reference backend) makes plans, so CAD's calls carry a plan and no segments, and the outer
+    # instance gives its callbacks the plan's segment table. Both directions end in the torch callbacks.
+    config = contexts["default+torch"].stack_config(torch.device("cpu"))
+    instances = [dict(i) for i in config["instances"]]
+    at = next(n for n, i in enumerate(instances) if i["name"] == "server")
+    instances[at] = dict(instances[at], name="server_mid")
+    instances.insert(at + 1, dict(instances[at], name="server", config={
+        "key": "torch_cpu", "inner": "server_mid", "inner_runs": "backward"}))
+    nested = cad.Context(config=dict(config, instances=instances), timeout_ms=20000)
     for causal, window in ((True, (-1, -1)), (True, (6, 0))):
         before = {k: dict(v) for k, v in server_backend.calls.items()}
         got = {}
@@ -36,22 +46,23 @@ def _per_direction(rank, world):
             if c == "default":
                 # A document cut into shards on a server: its segments read K/V prefix rows beyond their queries.
                 assert any(sv["kv_rows"] > sv["q_rows"] for sv in plan.stats["servers"]), plan.stats
-        for c in CHOICES[1:]:
+        _, got["planned"] = _outputs(nested, rank, causal, window)
+        for c in CHOICES[1:] + ("planned",):
             for name, a, b in zip(("o", "dq", "dk", "dv"), got[c], got["default"]):
                 torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5,
                                            msg=lambda m: f"rank {rank} {c} window {window} {name}: {m}")
         after = server_backend.calls["torch_cpu"]
         was = before.get("torch_cpu", {"forward": 0, "backward": 0})
-        # Each direction went where it was given: torch ran one forward (torch+default) and one backward
-        # (default+torch) per call on this rank's server batch.
-        assert after["forward"] - was["forward"] == 1 and after["backward"] - was["backward"] == 1, (was, after)
+        # Each direction went where it was given: torch ran one forward (torch+default, the nested instance) and
+        # one backward (default+torch, the nested instance) per call on this rank's server batch.
+        assert after["forward"] - was["forward"] == 2 and after["backward"] - was["backward"] == 2, (was, after)
     config = contexts["default+torch"].stack_config(torch.device("cpu"))
     named = {i["name"]: i for i in config["instances"]}
     assert named["server_inner"]["plugin"] == "reference"
     assert named["server"]["config"]["inner"] == "server_inner" and named["server"]["config"]["inner_runs"] == "forward"
     names = [i["name"] for i in config["instances"]]
     assert names.index("server_inner") < names.index("server") < names.index("cad")  # looked up when created
-    for c in contexts.values():
+    for c in list(contexts.values()) + [nested]:
         c.close()
 
 
