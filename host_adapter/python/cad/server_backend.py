@@ -19,19 +19,18 @@ per direction: where one direction is "default", the project's instance is liste
 callback instance hands that direction to it, its config {"key": ..., "inner": "server_inner", "inner_runs":
 "forward" or "backward"}; so CAD sees one server backend, makes one plan of each batch, checked against what both
 directions accept; two Python backends register one key with one's forward and the other's backward). The plugin
-validates each
-call as every backend does; the callbacks here rebuild the call's tensors zero-copy from its descriptors (DLPack
-capsules: CPU and CUDA memory, bf16 included), run on the call's stream (torch.cuda.ExternalStream), write the
-outputs in place and return a status: every exception is caught and returned with its message (nothing crosses
-the C boundary).
+validates each call as every backend does; the callbacks here rebuild the call's tensors zero-copy from its
+descriptors (DLPack capsules: CPU and CUDA memory, bf16 included), run on the call's stream
+(torch.cuda.ExternalStream), write the outputs in place and return a status: every exception is caught and
+returned with its message (nothing crosses the C boundary).
 
 Lifetime: the registrations, the ctypes functions they point to and the plugin object (opened once through the
 host's loader, so the host's stack loads the same object) live until the process ends; the plugin's release
 callback is never needed and not set.
 
-Choice: `available(name, device)` says where a backend may be chosen: "fa4" needs cad.fa4.backward_available
-(FA4 installed, an SM90+ GPU, its forward and backward functions of a known API) and bf16 on CUDA; "torch" runs
-anywhere. The default stays the project's kernel: on one H200 FA4's kernels are faster than ours
+Choice: `available(name, device[, direction])` says where a backend may be chosen: "fa4" needs
+cad.fa4.backward_available (FA4 installed, an SM90+ GPU, its forward and backward functions of a known API; for the
+forward alone cad.fa4.available) and bf16 on CUDA; "torch" runs anywhere. The default stays the project's kernel: on one H200 FA4's kernels are faster than ours
 (docs/kernels_fa4.md), but the gather of shared K/V prefixes costs time and memory on real server batches, which
 bench/cad measures (tests/gpu_python/server_backend_fa4.py).
 """
