@@ -64,15 +64,17 @@ def _per_direction(rank, world):
     assert names.index("server_inner") < names.index("server") < names.index("cad")  # looked up when created
     for c in list(contexts.values()) + [nested]:
         c.close()
+    _plugin_refusals(rank)
 
 
-def test_one_direction_each_matches_the_default_backend():
+def test_one_direction_each_matches_the_default_backend_and_bad_inner_keys_are_refused():
     harness.run(2, _per_direction)
 
 
-def _plugin_refusals(rank, world):
+def _plugin_refusals(rank):
+    """The callback instance's config refused at create, naming the key (every rank alike)."""
     import cad
-    q, k, v, cu = random_batch([5, 3], 2, 2, 16, seed=0)
+    q, k, v, cu = random_batch([5, 3], 2, 2, 16, seed=rank)
     base = cad.Context(server_backend="default+torch", timeout_ms=20000).stack_config(torch.device("cpu"))
     cases = [({"inner_runs": None}, "'inner' is given without 'inner_runs'"),
              ({"inner": None}, "'inner_runs' is given without 'inner'"),
@@ -92,10 +94,6 @@ def _plugin_refusals(rank, world):
             cad.varlen_attn(q, k, v, cu, plan=ctx.plan(cu))
         assert message in str(info.value), (change, str(info.value))
         ctx.close()
-
-
-def test_the_plugin_refuses_bad_inner_keys_naming_them():
-    harness.run(1, _plugin_refusals)
 
 
 def test_choices_spelled_every_way_and_refused_naming_what_is_wrong():
