@@ -8,17 +8,19 @@ and an fp32 reference, then its server batches timed beside ours. Not run by CI 
 
 check: world size 1 (one process, the nccl communicator) and 2 (two processes sharing the GPU, host-staged over the
 "host" communicator), bf16, Hq 16 / Hkv 4, D 128 and 64, causal with and without a window of 256, documents that the
-balancer cuts (so servers get shards sharing K/V prefixes). Every rank runs the same inputs through three CAD
-contexts: server_backend "default" (our kernel), "fa4" and "torch" (fp32 math on the GPU: the reference), and any
+balancer cuts (so servers get shards sharing K/V prefixes). Every rank runs the same inputs through a CAD context
+per choice: server_backend "default" (our kernel), "fa4" and "torch" (fp32 math on the GPU: the reference), and any
 per-direction choice --backends names (e.g. "default+fa4": our forward, FA4's backward given our O and LSE). Passes
 when each of them is within a relative Frobenius difference of 1e-2 of the reference for O, LSE (over the rows
-that see a key), dQ, dK, dV, and FA4's callbacks ran (cad.server_backend.calls).
+that see a key), dQ, dK, dV, and FA4's callbacks ran in exactly the directions given to FA4 (cad.server_backend.calls
+around each context's call).
 
 bench: the Pretrain recipe's buffers (cad.train.recipe over $CAD_DATA, seed 1) of --context tokens per rank, Hq 32 /
 Hkv 8, D 128, bf16, causal, at world size 1 and 2 (2: two processes on one GPU, so their kernels share it: read its
-times as what the batches cost, not as a step). Per round (--rounds, the backends' order alternating) one forward and
+times as what the batches cost, not as a step). Per round (--rounds, the backends' order rotated) one forward and
 one backward per backend; the server backend's compute comes from CAD's own timing events (Context.call_times:
-forward_server_ms, backward_server_ms), medians over rounds, each backend's over "default"'s. The K/V gather's cost is inside fa4's numbers.
+forward_server_ms, backward_server_ms), medians over rounds, each backend's over "default"'s. The K/V gather's
+cost is inside fa4's numbers.
 
 Both write JSON under --out (check.json, bench.json, one file per world size and rank) and exit non-zero on any
 failure (a failed check, a rank that failed or hung, FA4 not available). Needs libcad_host and the plugins built for
@@ -74,6 +76,17 @@ def _run(ctx, q, k, v, d_o, cu, causal, window):
     return {"o": o.detach(), "lse": lse.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
 
 
+def _fa4_calls(server_backend):
+    """FA4's callbacks so far, per direction, over every key whose direction is FA4's (keys NAME_DEVICE or
+    FORWARD-BACKWARD_DEVICE, cad.server_backend._register)."""
+    counts = {d: 0 for d in server_backend.DIRECTIONS}
+    for key, n in server_backend.calls.items():
+        names = key.rsplit("_", 1)[0].split("-")
+        for direction, name in zip(server_backend.DIRECTIONS, (names[0], names[-1])):
+            counts[direction] += n[direction] if name == "fa4" else 0
+    return counts
+
+
 def _check_rank(rank, world, out, backends):
     import cad
     from cad import server_backend
@@ -83,10 +96,17 @@ def _check_rank(rank, world, out, backends):
     contexts = {b: cad.Context(server_backend=b, communicator=comm, timeout_ms=120000) for b in checked + ["torch"]}
     lengths = sum(CHECK_DOCS, []) if world == 1 else CHECK_DOCS[rank]
     cases, failures = [], []
+    ran = {b: {d: 0 for d in server_backend.DIRECTIONS} for b in contexts}  # FA4's callbacks per choice
     for d in (128, 64):
         for causal, window in ((True, (-1, -1)), (True, (256, 0))):
             q, k, v, d_o, cu = _inputs(lengths, 16, 4, d, 10 + rank + d, device)
-            got = {b: _run(contexts[b], q, k, v, d_o, cu, causal, window) for b in contexts}
+            got = {}
+            for b in contexts:
+                before = _fa4_calls(server_backend)
+                got[b] = _run(contexts[b], q, k, v, d_o, cu, causal, window)
+                after = _fa4_calls(server_backend)
+                for direction in server_backend.DIRECTIONS:
+                    ran[b][direction] += after[direction] - before[direction]
             ref = got["torch"]
             seen = torch.isfinite(ref["lse"])
             case = {"d": d, "causal": causal, "window": list(window), "tokens": sum(lengths)}
@@ -103,13 +123,14 @@ def _check_rank(rank, world, out, backends):
                 case["fa4_vs_default"] = {n: _rel(got["fa4"][n], got["default"][n]) for n in ("o", "dq", "dk", "dv")}
             cases.append(case)
     calls = dict(server_backend.calls)
-    for b in checked:  # every direction given to FA4 ran through its callbacks
+    for b in checked:  # FA4's callbacks ran in every direction given to FA4, and in no other
         for direction, name in zip(server_backend.DIRECTIONS, server_backend.directions(b)):
-            if name == "fa4" and sum(c.get(direction, 0) for k, c in calls.items() if k.startswith("fa4")) == 0:
-                failures.append(f"rank {rank}: {b}: FA4's {direction} callback did not run ({calls})")
+            if (ran[b][direction] > 0) != (name == "fa4"):
+                failures.append(f"rank {rank}: {b}: FA4's {direction} callback ran {ran[b][direction]} times ({ran})")
     for c in contexts.values():
         c.close()
-    result = {"rank": rank, "world": world, "cases": cases, "calls": calls, "failures": failures}
+    result = {"rank": rank, "world": world, "cases": cases, "calls": calls, "fa4_calls_by_choice": ran,
+              "failures": failures}
     (out / f"check_w{world}_r{rank}.json").write_text(json.dumps(result, indent=1))
     for line in failures:
         print("FAIL", line, flush=True)
