@@ -4,19 +4,23 @@ and an fp32 reference, then its server batches timed beside ours. Not run by CI 
 
     python3 tests/gpu_python/server_backend_fa4.py check --out DIR   # O, LSE, dQ, dK, dV; world size 1 and 2
     python3 tests/gpu_python/server_backend_fa4.py bench --out DIR   # server compute per call, fa4 vs ours
+    ... --backends default,fa4,default+fa4                          # which server_backend choices (both modes)
 
 check: world size 1 (one process, the nccl communicator) and 2 (two processes sharing the GPU, host-staged over the
 "host" communicator), bf16, Hq 16 / Hkv 4, D 128 and 64, causal with and without a window of 256, documents that the
-balancer cuts (so servers get shards sharing K/V prefixes). Every rank runs the same inputs through three CAD
-contexts: server_backend "default" (our kernel), "fa4" and "torch" (fp32 math on the GPU: the reference). Passes
-when fa4 and ours are each within a relative Frobenius difference of 1e-2 of the reference for O, LSE (over the rows
-that see a key), dQ, dK, dV, and FA4's callbacks ran (cad.server_backend.calls).
+balancer cuts (so servers get shards sharing K/V prefixes). Every rank runs the same inputs through a CAD context
+per choice: server_backend "default" (our kernel), "fa4" and "torch" (fp32 math on the GPU: the reference), and any
+per-direction choice --backends names (e.g. "default+fa4": our forward, FA4's backward given our O and LSE). Passes
+when each of them is within a relative Frobenius difference of 1e-2 of the reference for O, LSE (over the rows
+that see a key), dQ, dK, dV, and FA4's callbacks ran in exactly the directions given to FA4 (cad.server_backend.calls
+around each context's call).
 
 bench: the Pretrain recipe's buffers (cad.train.recipe over $CAD_DATA, seed 1) of --context tokens per rank, Hq 32 /
 Hkv 8, D 128, bf16, causal, at world size 1 and 2 (2: two processes on one GPU, so their kernels share it: read its
-times as what the batches cost, not as a step). Per round (--rounds, the backends' order alternating) one forward and
+times as what the batches cost, not as a step). Per round (--rounds, the backends' order rotated) one forward and
 one backward per backend; the server backend's compute comes from CAD's own timing events (Context.call_times:
-forward_server_ms, backward_server_ms), medians over rounds. The K/V gather's cost is inside fa4's numbers.
+forward_server_ms, backward_server_ms), medians over rounds, each backend's over "default"'s. The K/V gather's
+cost is inside fa4's numbers.
 
 Both write JSON under --out (check.json, bench.json, one file per world size and rank) and exit non-zero on any
 failure (a failed check, a rank that failed or hung, FA4 not available). Needs libcad_host and the plugins built for
@@ -39,7 +43,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 TOLERANCE = 1e-2
-BACKENDS = ("default", "fa4", "torch")
+BACKENDS = ("default", "fa4")  # --backends' default; check adds "torch", the reference
 CHECK_DOCS = [[5000, 1200, 700, 90, 1], [300, 2600, 3900, 185]]  # per rank of 2; world size 1 takes both
 
 
@@ -72,22 +76,41 @@ def _run(ctx, q, k, v, d_o, cu, causal, window):
     return {"o": o.detach(), "lse": lse.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
 
 
-def _check_rank(rank, world, out):
+def _fa4_calls(server_backend):
+    """FA4's callbacks so far, per direction, over every key whose direction is FA4's (keys NAME_DEVICE or
+    FORWARD-BACKWARD_DEVICE, cad.server_backend._register)."""
+    counts = {d: 0 for d in server_backend.DIRECTIONS}
+    for key, n in server_backend.calls.items():
+        names = key.rsplit("_", 1)[0].split("-")
+        for direction, name in zip(server_backend.DIRECTIONS, (names[0], names[-1])):
+            counts[direction] += n[direction] if name == "fa4" else 0
+    return counts
+
+
+def _check_rank(rank, world, out, backends):
     import cad
     from cad import server_backend
     device = torch.device("cuda", 0)
     comm = "nccl" if world == 1 else "host"
-    contexts = {b: cad.Context(server_backend=b, communicator=comm, timeout_ms=120000) for b in BACKENDS}
+    checked = [b for b in backends if b != "torch"]
+    contexts = {b: cad.Context(server_backend=b, communicator=comm, timeout_ms=120000) for b in checked + ["torch"]}
     lengths = sum(CHECK_DOCS, []) if world == 1 else CHECK_DOCS[rank]
     cases, failures = [], []
+    ran = {b: {d: 0 for d in server_backend.DIRECTIONS} for b in contexts}  # FA4's callbacks per choice
     for d in (128, 64):
         for causal, window in ((True, (-1, -1)), (True, (256, 0))):
             q, k, v, d_o, cu = _inputs(lengths, 16, 4, d, 10 + rank + d, device)
-            got = {b: _run(contexts[b], q, k, v, d_o, cu, causal, window) for b in BACKENDS}
+            got = {}
+            for b in contexts:
+                before = _fa4_calls(server_backend)
+                got[b] = _run(contexts[b], q, k, v, d_o, cu, causal, window)
+                after = _fa4_calls(server_backend)
+                for direction in server_backend.DIRECTIONS:
+                    ran[b][direction] += after[direction] - before[direction]
             ref = got["torch"]
             seen = torch.isfinite(ref["lse"])
             case = {"d": d, "causal": causal, "window": list(window), "tokens": sum(lengths)}
-            for b in ("fa4", "default"):
+            for b in checked:
                 errors = {n: _rel(got[b][n], ref[n]) for n in ("o", "dq", "dk", "dv")}
                 errors["lse"] = _rel(got[b]["lse"][seen], ref["lse"][seen])
                 errors["lse_rows_agree"] = bool(torch.equal(torch.isfinite(got[b]["lse"]), seen))
@@ -96,14 +119,18 @@ def _check_rank(rank, world, out):
                 if bad:
                     failures.append(f"rank {rank} of {world}, D {d}, window {window}: {b} differs from the reference "
                                     f"in {bad}: {errors}")
-            case["fa4_vs_default"] = {n: _rel(got["fa4"][n], got["default"][n]) for n in ("o", "dq", "dk", "dv")}
+            if "fa4" in got and "default" in got:
+                case["fa4_vs_default"] = {n: _rel(got["fa4"][n], got["default"][n]) for n in ("o", "dq", "dk", "dv")}
             cases.append(case)
     calls = dict(server_backend.calls)
-    if calls.get("fa4_cuda", {}).get("forward", 0) == 0 or calls.get("fa4_cuda", {}).get("backward", 0) == 0:
-        failures.append(f"rank {rank}: FA4's callbacks did not run ({calls})")
+    for b in checked:  # FA4's callbacks ran in every direction given to FA4, and in no other
+        for direction, name in zip(server_backend.DIRECTIONS, server_backend.directions(b)):
+            if (ran[b][direction] > 0) != (name == "fa4"):
+                failures.append(f"rank {rank}: {b}: FA4's {direction} callback ran {ran[b][direction]} times ({ran})")
     for c in contexts.values():
         c.close()
-    result = {"rank": rank, "world": world, "cases": cases, "calls": calls, "failures": failures}
+    result = {"rank": rank, "world": world, "cases": cases, "calls": calls, "fa4_calls_by_choice": ran,
+              "failures": failures}
     (out / f"check_w{world}_r{rank}.json").write_text(json.dumps(result, indent=1))
     for line in failures:
         print("FAIL", line, flush=True)
@@ -112,7 +139,7 @@ def _check_rank(rank, world, out):
     print(f"rank {rank} of {world}: {len(cases)} cases agree", flush=True)
 
 
-def _bench_rank(rank, world, out, context, rounds):
+def _bench_rank(rank, world, out, context, rounds, backends):
     import cad
     from cad.train.recipe import sample_batch
     device = torch.device("cuda", 0)
@@ -120,13 +147,13 @@ def _bench_rank(rank, world, out, context, rounds):
     lengths = json.loads(pathlib.Path(os.environ["CAD_DATA"]).read_text())
     docs = sample_batch(lengths, context, world, 1)[rank]
     q, k, v, d_o, cu = _inputs(docs, 32, 8, 128, 20 + rank, device)
-    backends = ("default", "fa4")
+    backends = tuple(backends)
     contexts = {b: cad.Context(server_backend=b, communicator=comm, timeout_ms=300000) for b in backends}
     plans = {b: contexts[b].plan(cu, device=device) for b in backends}
     times = {b: {"forward_server_ms": [], "backward_server_ms": [], "call_ms": []} for b in backends}
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     for r in range(rounds + 2):  # 2 untimed rounds: FA4 compiles its kernels, the allocator warms
-        order = backends if r % 2 == 0 else tuple(reversed(backends))
+        order = backends[r % len(backends):] + backends[:r % len(backends)]  # each backend first in turn
         for b in order:
             dist.barrier()
             torch.cuda.synchronize()
@@ -145,13 +172,18 @@ def _bench_rank(rank, world, out, context, rounds):
             for t in leaves:
                 t.grad = None
     medians = {b: {k: statistics.median(v) for k, v in times[b].items()} for b in backends}
-    ratio = {k: medians["fa4"][k] / medians["default"][k] if medians["default"][k] else None
-             for k in medians["default"]}
+    base = "default" if "default" in medians else backends[0]
+    ratios = {b: {k: medians[b][k] / medians[base][k] if medians[base][k] else None for k in medians[base]}
+              for b in backends if b != base}
     result = {"rank": rank, "world": world, "context": context, "documents": docs, "rounds": rounds,
-              "medians_ms": medians, "fa4_over_default": ratio, "times_ms": times,
-              "plan_stats": plans["default"].stats}
-    (out / f"bench_w{world}_r{rank}.json").write_text(json.dumps(result, indent=1))
-    print(f"rank {rank} of {world}: fa4 / default: {ratio}", flush=True)
+              "medians_ms": medians, f"over_{base}": ratios, "times_ms": times,
+              "plan_stats": plans[base].stats}
+    if "fa4" in ratios:
+        result["fa4_over_default"] = ratios["fa4"]
+    (out / f"bench_w{world}_r{rank}_{context}.json").write_text(json.dumps(result, indent=1))
+    for b in backends:
+        print(f"rank {rank} of {world}, {context} tokens: {b}: median ms {medians[b]}"
+              + (f"; {b} / {base}: {ratios[b]}" if b in ratios else ""), flush=True)
     for c in contexts.values():
         c.close()
 
@@ -200,7 +232,10 @@ def main():
     p.add_argument("--worlds", default="1,2", help="world sizes, processes sharing the one GPU (default 1,2)")
     p.add_argument("--context", type=int, default=65536, help="bench: tokens per rank (default 65536)")
     p.add_argument("--rounds", type=int, default=5, help="bench: timed rounds (default 5)")
+    p.add_argument("--backends", default=",".join(BACKENDS),
+                   help="server_backend choices, comma-separated (NAME or FORWARD+BACKWARD; default default,fa4)")
     args = p.parse_args()
+    backends = args.backends.split(",")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from cad import server_backend
@@ -212,9 +247,9 @@ def main():
     passed = True
     for world in (int(w) for w in args.worlds.split(",")):
         if args.what == "check":
-            good = _spawn(world, _check_rank, out)
+            good = _spawn(world, _check_rank, out, backends)
         else:
-            good = _spawn(world, _bench_rank, out, args.context, args.rounds)
+            good = _spawn(world, _bench_rank, out, args.context, args.rounds, backends)
         print(f"{args.what} at world size {world}: {'passed' if good else 'FAILED'}", flush=True)
         passed &= good
     return 0 if passed else 1

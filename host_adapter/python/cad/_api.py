@@ -59,7 +59,8 @@ def init(config=None, *, communicator=None, balancer="prefix_aware", keep_forwar
     prefix_aware plans within it, the others refuse a plan over it, naming the server); 0 (default): none.
     server_backend: what computes the server batches: "default" (the project's kernel; the reference backend on the
     CPU), "fa4" (FlashAttention-4 through cad.fa4, where cad.server_backend.available says it can run) or "torch"
-    (plain torch, fp32 math, any device): cad.server_backend.
+    (plain torch, fp32 math, any device): cad.server_backend. One per direction: {"forward": "default", "backward":
+    "fa4"} or the string "default+fa4" (FORWARD+BACKWARD): our forward, FA4's backward given our O and LSE.
     """
     _context.default().configure(
         config, communicator=communicator, balancer=balancer, keep_forward_tensors=keep_forward_tensors,

@@ -13,7 +13,7 @@ import torch
 
 from . import _checks
 from ._errors import CadError
-from .server_backend import BACKENDS as SERVER_BACKENDS
+from . import server_backend as _server_backend
 
 DEFAULTS = {
     "config": None,               # a user stack config (dict or path); overrides everything below
@@ -34,7 +34,8 @@ DEFAULTS = {
     "own_tasks_reserve_sms": 16,  # on GPUs: SMs their forward kernel leaves to the collective beside it
     "forward_walk": "static",     # on GPUs: the server's forward kernel's walk ("static" or "dynamic")
     "head_groups": 1,             # on GPUs: the server batch's heads run and move in this many pipelined groups
-    "server_backend": "default",  # what runs the server batches: "default" (ours), "fa4", "torch" (cad.server_backend)
+    "server_backend": "default",  # what runs the server batches: "default" (ours), "fa4", "torch", or one per direction
+                                  # ({"forward": ..., "backward": ...} or "FORWARD+BACKWARD"): cad.server_backend
 }
 
 
@@ -58,9 +59,9 @@ def checked(what="cad.init", config=None, **given):
     if not isinstance(s["nccl_copy_engines"], bool):
         raise CadError(f"{what}: nccl_copy_engines must be True or False, got {s['nccl_copy_engines']!r}")
     _bounded(s, "head_groups", what, 1, 64, "dividing the model's heads")
-    if s["server_backend"] not in SERVER_BACKENDS:
-        raise CadError(f"{what}: server_backend must be one of {', '.join(map(repr, SERVER_BACKENDS))}, got "
-                       f"{s['server_backend']!r}")
+    # One name where both directions agree, else {"forward": ..., "backward": ...}: one spelling per choice.
+    forward, backward = _server_backend.directions(s["server_backend"], f"{what}: server_backend")
+    s["server_backend"] = forward if forward == backward else {"forward": forward, "backward": backward}
     s["timeout_ms"] = _checks.integer(s["timeout_ms"], "timeout_ms", what, 1, _checks.INT32_MAX)
     s["min_shard_tokens"] = _checks.integer(s["min_shard_tokens"], "min_shard_tokens", what, 0)
     s["memory_cap_bytes"] = _checks.integer(s["memory_cap_bytes"], "memory_cap_bytes", what, 0)
@@ -137,8 +138,7 @@ def stack_config(device, settings):
          "config": {"forward_walk": walk} if device.type == "cuda" and walk != "static" else {}},
     ]
     if s.get("server_backend", "default") != "default":  # Python's kernels through the callback plugin
-        from . import server_backend
-        instances[-1] = server_backend.instance_config(s["server_backend"], device)
+        instances[-1:] = _server_backend.instances(s["server_backend"], device, instances[-1])
     elif device.type == "cuda" and cad_config["own_tasks_in_place"]:
         instances.append({"name": "server_own", "plugin": "cuda",
                           "config": {"reserve_sms": int(s.get("own_tasks_reserve_sms", 0)), "forward_walk": "dynamic"}})

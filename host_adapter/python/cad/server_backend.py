@@ -3,22 +3,34 @@
     cad.Context(server_backend="fa4")    # CAD's servers run their batches through cad.fa4 (FlashAttention-4)
     cad.Context(server_backend="torch")  # ... through plain torch (fp32 math; CPU or CUDA): the testable path
     cad.Context()                        # server_backend="default": the project's kernel (cuda) / reference (CPU)
+    cad.Context(server_backend={"forward": "default", "backward": "fa4"})  # one backend per direction
+    cad.Context(server_backend="default+fa4")                             # the same, as FORWARD+BACKWARD
+
+A choice per direction: a dict with exactly the keys "forward" and "backward", or the string "FORWARD+BACKWARD"
+(what the trainer's --server-backend takes), each a name of BACKENDS; one name means both directions. The
+backward takes the forward's O and LSE whoever computed them: both cross as the ABI defines them (O [Tq, Hq, D] in
+the batch's dtype, LSE [Hq, Tq] fp32 natural log, -inf on rows no segment covers); cad.fa4 hands FA4 exactly that
+LSE, which is FA4's own convention too (natural log, [Hq, total_q]), gathered into its row order like O.
 
 How: `instance_config(name, device)` registers the implementation's forward and backward with the plugin
 (plugins/callback_attention/cad_callback_attention_v1.h) under a key such as "torch_cpu", once per process, and
-returns the stack config's "server" instance naming the plugin by its path and the key. The plugin validates each
-call as every backend does; the callbacks here rebuild the call's tensors zero-copy from its descriptors (DLPack
-capsules: CPU and CUDA memory, bf16 included), run on the call's stream (torch.cuda.ExternalStream), write the
-outputs in place and return a status: every exception is caught and returned with its message (nothing crosses
-the C boundary).
+returns the stack config's "server" instance naming the plugin by its path and the key (`instances` for a choice
+per direction: where one direction is "default", the project's instance is listed as "server_inner" and the
+callback instance hands that direction to it, its config {"key": ..., "inner": "server_inner", "inner_runs":
+"forward" or "backward"}; so CAD sees one server backend, makes one plan of each batch, checked against what both
+directions accept; two Python backends register one key with one's forward and the other's backward). The plugin
+validates each call as every backend does; the callbacks here rebuild the call's tensors zero-copy from its
+descriptors (DLPack capsules: CPU and CUDA memory, bf16 included), run on the call's stream
+(torch.cuda.ExternalStream), write the outputs in place and return a status: every exception is caught and
+returned with its message (nothing crosses the C boundary).
 
 Lifetime: the registrations, the ctypes functions they point to and the plugin object (opened once through the
 host's loader, so the host's stack loads the same object) live until the process ends; the plugin's release
 callback is never needed and not set.
 
-Choice: `available(name, device)` says where a backend may be chosen: "fa4" needs cad.fa4.backward_available
-(FA4 installed, an SM90+ GPU, its forward and backward functions of a known API) and bf16 on CUDA; "torch" runs
-anywhere. The default stays the project's kernel: on one H200 FA4's kernels are faster than ours
+Choice: `available(name, device[, direction])` says where a backend may be chosen: "fa4" needs
+cad.fa4.backward_available (FA4 installed, an SM90+ GPU, its forward and backward functions of a known API; for the
+forward alone cad.fa4.available) and bf16 on CUDA; "torch" runs anywhere. The default stays the project's kernel: on one H200 FA4's kernels are faster than ours
 (docs/kernels_fa4.md), but the gather of shared K/V prefixes costs time and memory on real server batches, which
 bench/cad measures (tests/gpu_python/server_backend_fa4.py).
 """
@@ -32,9 +44,11 @@ from . import _abi, fa4
 from ._errors import CadError
 from ._lib import lib
 
-__all__ = ["BACKENDS", "available", "instance_config", "segment_attention", "segment_attention_backward"]
+__all__ = ["BACKENDS", "DIRECTIONS", "available", "directions", "instance_config", "instances", "name_of",
+           "segment_attention", "segment_attention_backward"]
 
 BACKENDS = ("default", "torch", "fa4")
+DIRECTIONS = ("forward", "backward")
 
 _CAUSAL, _NONCAUSAL, _GQA, _SHARED_KV, _BACKWARD, _WINDOW = (1 << 0, 1 << 1, 1 << 2, 1 << 3, 1 << 4, 1 << 6)
 _FP32, _BF16 = 1 << 0, 1 << 1
@@ -244,6 +258,39 @@ class _FA4Backend:
 _IMPLEMENTATIONS = {"torch": _TorchBackend, "fa4": _FA4Backend}
 
 
+def directions(choice, what="server_backend"):
+    """(forward, backward) of a server_backend choice: a name of BACKENDS (both directions), "FORWARD+BACKWARD", or
+    {"forward": NAME, "backward": NAME}. Raises CadError naming what is wrong and what is expected."""
+    expected = (f"a name of {', '.join(map(repr, BACKENDS))}, \"FORWARD+BACKWARD\" (e.g. \"default+fa4\") or "
+                f"{{'forward': NAME, 'backward': NAME}}")
+    if isinstance(choice, str):
+        parts = choice.split("+")
+        if len(parts) not in (1, 2):
+            raise CadError(f"{what}: {choice!r} has {len(parts)} parts; expected {expected}", "INVALID_ARGUMENT")
+        pair = (parts[0], parts[-1])
+        named = [(f"{what} {choice!r}: the {d}" if len(parts) == 2 else f"{what}", n) for d, n in zip(DIRECTIONS, pair)]
+    elif isinstance(choice, dict):
+        keys = set(choice)
+        if keys != set(DIRECTIONS):
+            missing, unknown = sorted(set(DIRECTIONS) - keys), sorted(map(repr, keys - set(DIRECTIONS)))
+            raise CadError(f"{what}: a per-direction choice takes exactly the keys 'forward' and 'backward'"
+                           f"{'; missing ' + ', '.join(map(repr, missing)) if missing else ''}"
+                           f"{'; unknown ' + ', '.join(unknown) if unknown else ''}", "INVALID_ARGUMENT")
+        pair = (choice["forward"], choice["backward"])
+        named = [(f"{what}['{d}']", n) for d, n in zip(DIRECTIONS, pair)]
+    else:
+        raise CadError(f"{what}: got {type(choice).__name__} {choice!r}; expected {expected}", "INVALID_ARGUMENT")
+    for where, name in named:
+        if name not in BACKENDS:
+            raise CadError(f"{where} must be one of {', '.join(map(repr, BACKENDS))}, got {name!r}", "INVALID_ARGUMENT")
+    return pair
+
+
+def name_of(forward, backward):
+    """The choice (forward, backward) as one string: "fa4", or "default+fa4" where the directions differ."""
+    return forward if forward == backward else f"{forward}+{backward}"
+
+
 def _status_of(exc):
     if isinstance(exc, CadError):
         return _STATUS.get(getattr(exc, "status", None), 10)
@@ -302,26 +349,28 @@ def _open_plugin():
     return _plugin[0]
 
 
-def _register(name, device_type):
-    key = f"{name}_{device_type}"
+def _register(name, device_type, backward_name=None):
+    """Register backend `name`'s forward and `backward_name`'s backward (default: its own) under a key."""
+    backward_name = backward_name or name
+    key = f"{name}_{device_type}" if backward_name == name else f"{name}-{backward_name}_{device_type}"
     with _lock:
         if key in _registered:
             return _registered[key][0], key
         _, path, plugin = _open_plugin()
-        impl = _IMPLEMENTATIONS[name]
+        impl, back = _IMPLEMENTATIONS[name], _IMPLEMENTATIONS[backward_name]
         fwd = ForwardFn(lambda user, args, error, capacity: _guarded(
             key, "forward", impl.forward, args, error, capacity, ("q", "k", "v", "o", "lse")))
         bwd = BackwardFn(lambda user, args, error, capacity: _guarded(
-            key, "backward", impl.backward, args, error, capacity, ("q", "k", "v", "o", "lse", "d_o", "d_q", "d_k", "d_v")))
+            key, "backward", back.backward, args, error, capacity, ("q", "k", "v", "o", "lse", "d_o", "d_q", "d_k", "d_v")))
         table = CallbackTable()
         table.struct_size = C.sizeof(table)
         table.version = 1
         caps = table.capabilities
         caps.struct_size = C.sizeof(caps)
         caps.device_type = _abi.DEVICE_CUDA if device_type == "cuda" else _abi.DEVICE_CPU
-        caps.dtype_mask = impl.dtype_mask
+        caps.dtype_mask = impl.dtype_mask & back.dtype_mask
         caps.flags = _CAUSAL | _NONCAUSAL | _GQA | _SHARED_KV | _BACKWARD | _WINDOW
-        if name == "fa4":  # what cad.fa4 is checked for: D 64 and 128
+        if "fa4" in (name, backward_name):  # what cad.fa4 is checked for: D 64 and 128
             caps.head_dim_mask, caps.max_head_dim, caps.min_compute_capability = (1 << 3) | (1 << 7), 128, 90
         else:
             caps.head_dim_mask, caps.max_head_dim = 0xFFFF, 256
@@ -335,15 +384,16 @@ def _register(name, device_type):
         return path, key
 
 
-def available(name, device):
-    """(True, what runs) where server backend `name` may serve CAD on `device`, else (False, why)."""
+def available(name, device, direction=None):
+    """(True, what runs) where server backend `name` may serve CAD on `device` (in `direction`, "forward" or
+    "backward"; None: both), else (False, why)."""
     device = torch.device(device)
     if name == "default":
         return True, "the project's kernel (cuda) on CUDA, the reference backend on the CPU"
     if name == "torch":
         return True, f"plain torch (fp32 math) on {device.type}"
     if name == "fa4":
-        return fa4.backward_available(device)
+        return fa4.available(device) if direction == "forward" else fa4.backward_available(device)
     return False, f"'{name}' is not a server backend; the backends are {', '.join(BACKENDS)}"
 
 
@@ -356,3 +406,29 @@ def instance_config(name, device):
         raise CadError(f"cad: server_backend='{name}' cannot serve on {device}: {why}", "UNAVAILABLE")
     path, key = _register(name, "cuda" if device.type == "cuda" else "cpu")
     return {"name": "server", "plugin": path, "config": {"key": key}}
+
+
+def instances(choice, device, default_instance):
+    """The stack config's instances that serve CAD's batches for `choice` (see `directions`), the last one named
+    "server": `default_instance` (the project's "server" instance for `device`) alone for "default"; the callback
+    plugin's instance for one Python backend; for "default" in one direction, `default_instance` renamed
+    "server_inner" and, after it, the callback instance that hands it that direction (its keys "inner" and
+    "inner_runs"); for two Python backends one key with one's forward and the other's backward."""
+    device = torch.device(device)
+    forward, backward = directions(choice)
+    if forward == backward:
+        return [dict(default_instance)] if forward == "default" else [instance_config(forward, device)]
+    for direction, name in zip(DIRECTIONS, (forward, backward)):
+        ok, why = available(name, device, direction)
+        if not ok:
+            raise CadError(f"cad: server_backend={name_of(forward, backward)!r}: '{name}' cannot run the {direction} "
+                           f"on {device}: {why}", "UNAVAILABLE")
+    device_type = "cuda" if device.type == "cuda" else "cpu"
+    if "default" not in (forward, backward):
+        path, key = _register(forward, device_type, backward)
+        return [{"name": "server", "plugin": path, "config": {"key": key}}]
+    python, inner_runs = (backward, "forward") if forward == "default" else (forward, "backward")
+    path, key = _register(python, device_type)
+    inner = dict(default_instance, name="server_inner")
+    return [inner, {"name": "server", "plugin": path,
+                    "config": {"key": key, "inner": "server_inner", "inner_runs": inner_runs}}]

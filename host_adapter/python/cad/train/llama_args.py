@@ -18,6 +18,17 @@ NUMBERED_MODES = {"tol": r"tol(\d+(\.\d*)?|\.\d+)", "res": r"res\d+", "ctas": r"
 NOT_CAD = ("local", "torch_varlen", "fa4", "local_balanced")
 
 
+def server_backend_choice(text):
+    """--server-backend's value: NAME (both directions) or FORWARD+BACKWARD, each a name of
+    cad.server_backend.BACKENDS; kept as that string (what cad.init's server_backend takes)."""
+    from .. import server_backend
+    from .._errors import CadError
+    try:
+        return server_backend.name_of(*server_backend.directions(text, "--server-backend"))
+    except CadError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def numbered_modes(modes):
     """The modes of a --configs name (its '+' parts) that are numbered, by kind (NUMBERED_MODES): one parse for
     the validation and for what each configuration sets."""
@@ -58,6 +69,10 @@ def configurations(args):
             run.cad_forward_walk = "dynamic"
         if "time" in modes:  # prefix_aware balances predicted time (--balance-time)
             run.balance_time = True
+        if "fa4srv" in modes:  # CAD's servers through FlashAttention-4, both directions (--server-backend fa4)
+            run.server_backend = "fa4"
+        if "fa4bwd" in modes:  # our forward, FA4's backward on the servers (--server-backend default+fa4)
+            run.server_backend = "default+fa4"
         numbered = numbered_modes(modes)
         ctas, reserve, tolerance, groups = numbered["ctas"], numbered["res"], numbered["tol"], numbered["hg"]
         if groups:  # +hg2: the server batch's heads in 2 pipelined groups (--cad-head-groups)
@@ -73,7 +88,8 @@ def configurations(args):
             ("_autopingpong" if "ppauto" in modes else "") + ("_autooverlap" if "ovauto" in modes else "") + ("_pingpong1lane" if "pp1" in modes else "") + \
             ("_ncclblocking" if "blocking" in modes else "") + ("_own" if "own" in modes else "") + \
             ("_dyn" if "dyn" in modes else "") + ("_time" if "time" in modes else "") + \
-            ("_ce" if "ce" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas + groups)
+            ("_ce" if "ce" in modes else "") + ("_fa4srv" if "fa4srv" in modes else "") + \
+            ("_fa4bwd" if "fa4bwd" in modes else "") + "".join("_" + m for m in tolerance + reserve + ctas + groups)
         run.json_out = args.json_out.replace("{config}", label) if args.json_out else None
         runs.append((label, run))
     return runs
@@ -227,10 +243,11 @@ def parse_args(argv=None, description=None):
                    help="on GPUs over NCCL, each CAD call's heads in this many pipelined groups (cad.init's "
                         "head_groups; a divisor of --heads and --kv-heads): the server computes one group while the "
                         "next one's rows arrive and the last one's results leave; 1 (default): unsplit")
-    p.add_argument("--server-backend", choices=["default", "fa4", "torch"], default="default",
+    p.add_argument("--server-backend", type=server_backend_choice, default="default", metavar="NAME|FWD+BWD",
                    help="what computes CAD's server batches (cad.init's server_backend): default (the project's "
                         "kernel), fa4 (FlashAttention-4 through cad.fa4, on SM90+ with flash-attn-4 installed) or "
-                        "torch (plain torch, fp32 math)")
+                        "torch (plain torch, fp32 math); FORWARD+BACKWARD chooses per direction, e.g. default+fa4: "
+                        "our forward, FA4's backward")
     p.add_argument("--ping-pong-lanes", type=int, choices=[1, 2], default=2,
                    help="with --ping-pong: 2 (default) runs each nano-batch's plans on its own CAD lane (its own "
                         "communicator and communication stream: cad.plan's lane), 1 runs both on one, where "
@@ -341,7 +358,7 @@ def parse_args(argv=None, description=None):
             numbered = numbered_modes(modes)
             tolerances, reserves, ctas, groups = numbered["tol"], numbered["res"], numbered["ctas"], numbered["hg"]
             return (not base or any(m not in ("pp", "pp1", "ppauto", "ppmb", "ovauto", "now", "blocking", "own", "dyn",
-                                              "time", "ce")
+                                              "time", "ce", "fa4srv", "fa4bwd")
                                     and m not in tolerances + reserves + ctas + groups for m in modes)
                     or len(groups) > 1 or (groups and not 1 <= int(groups[0][2:]) <= 64)
                     or (groups and (args.heads % int(groups[0][2:]) or args.kv_heads % int(groups[0][2:])))
@@ -354,6 +371,8 @@ def parse_args(argv=None, description=None):
                     or (base in NOT_CAD and ("blocking" in modes or "own" in modes
                                                                                  or "ce" in modes))
                     or ("time" in modes and base != "prefix_aware")
+                    or (base in NOT_CAD and ("fa4srv" in modes or "fa4bwd" in modes))
+                    or ("fa4srv" in modes and "fa4bwd" in modes)
                     or ("ovauto" in modes and (base in NOT_CAD or splits or groups))
                     or ("ppmb" in modes and args.micro_batches % 2)
                     or (tolerances and (base not in ("distca", "prefix_aware") or len(tolerances) > 1
@@ -365,7 +384,8 @@ def parse_args(argv=None, description=None):
                     f"optionally with one of '+pp', '+pp1', '+ppauto', '+ppmb' (even "
                     f"--micro-batches), and/or '+now', and/or (a balancer) "
                     f"'+blocking', '+ovauto' (no '+pp*' or '+hgN' with it), '+own' (with it '+resN', N <= 64), '+dyn', '+ce', '+ctasN' (N <= 64), '+hgN' (N "
-                    f"dividing --heads and --kv-heads), and/or (distca, "
+                    f"dividing --heads and --kv-heads), one of '+fa4srv' (FA4 servers) or '+fa4bwd' (FA4's backward on the "
+                    f"servers), and/or (distca, "
                     f"prefix_aware) one '+tolT' with T in [0, 10], and/or (prefix_aware) '+time' (local_balanced: "
                     f"none)")
         if args.json_out and "{config}" not in args.json_out:
