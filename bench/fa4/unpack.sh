@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # unpack.sh -- installs FlashAttention-4 on the GPU machine from what bench/fa4/pack_wheels.sh laid out, run from
-# the repository root there. The wheels travel in two calls to one warm machine (each carries one folder; what an
+# the repository root there. The wheels travel in three calls to one warm machine (each carries one folder; what an
 # earlier call brought stays, .whl/ being ignored through .gitignore):
 #   bash bench/fa4/unpack.sh check     # after the call that carried .whl/fa4a: says what is there, installs nothing
-#   bash bench/fa4/unpack.sh install   # once .whl/fa4a and .whl/fa4b are both there: installs into $FA4_SITE
+#   bash bench/fa4/unpack.sh install   # once .whl/fa4a, fa4b and fa4c are all there: installs into $FA4_SITE
 # install checks the reassembled archive's digest, installs the wheels with pip --target (no index, no deps) and
 # unpacks the repacked -libs-cu13 tree beside them. FA4_SITE (default .whl/site, kept between calls) is then
 # importable with PYTHONPATH=$FA4_SITE:$FA4_SITE/nvidia_cutlass_dsl/dsl_packages (pip --target's .pth is not read);
@@ -22,7 +22,7 @@ case "$mode" in
     fa4_env
     return 0 2>/dev/null || exit 0 ;;
   check)
-    ls -l "$A" "$W/fa4b" 2>&1
+    ls -l "$A" "$W/fa4b" "$W/fa4c" 2>&1
     [ -f "$A/cu13.tar.xz.part0" ] && [ -f "$A/cu13.sha256" ] || { echo "unpack.sh: $A is incomplete" >&2; exit 1; }
     echo "unpack.sh: $A is here ($(ls "$A"/*.whl | wc -l) wheels, part 0 of $(cat "$A/cu13.wheel"))"
     exit 0 ;;
@@ -32,11 +32,12 @@ esac
 if [ -f "$SITE/.installed" ]; then
   echo "unpack.sh: FA4 already installed in $SITE"
 else
-  for f in "$A/cu13.tar.xz.part0" "$W/fa4b/cu13.tar.xz.part1" "$A/cu13.sha256"; do
-    [ -f "$f" ] || { echo "unpack.sh: $f is missing (carry .whl/fa4a, then .whl/fa4b, in two calls to one warm machine)" >&2; exit 1; }
+  parts=("$A/cu13.tar.xz.part0" "$W/fa4b/cu13.tar.xz.part1" "$W/fa4c/cu13.tar.xz.part2")
+  for f in "${parts[@]}" "$A/cu13.sha256"; do
+    [ -f "$f" ] || { echo "unpack.sh: $f is missing (carry .whl/fa4a, .whl/fa4b and .whl/fa4c, one per call, to one warm machine)" >&2; exit 1; }
   done
   tmp=$(mktemp -d)
-  cat "$A/cu13.tar.xz.part0" "$W/fa4b/cu13.tar.xz.part1" > "$tmp/cu13.tar.xz"
+  cat "${parts[@]}" > "$tmp/cu13.tar.xz"
   want=$(cut -d' ' -f1 "$A/cu13.sha256")
   got=$(sha256sum "$tmp/cu13.tar.xz" | cut -d' ' -f1)
   [ "$want" = "$got" ] || { echo "unpack.sh: the reassembled archive's sha256 is $got, expected $want" >&2; rm -rf "$tmp"; exit 1; }
