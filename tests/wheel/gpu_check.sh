@@ -32,7 +32,13 @@ if [ "${CAD_GPU_CHECK_BODY:-0}" != 1 ]; then
   : > "$summary"
   limit="${CAD_GPU_CHECK_LIMIT_S:-540}"
   rc=0
-  CAD_GPU_CHECK_BODY=1 OUT="$OUT" timeout -k 10 "$limit" bash "$0" "$@" || rc=$?
+  # timeout puts the body in a process group of its own (its pid) and kills that group at the limit; the steps'
+  # own limits below are --foreground, so everything they start stays in it, and whatever a step left running is
+  # ended with the group once the body returns.
+  CAD_GPU_CHECK_BODY=1 OUT="$OUT" timeout -k 10 "$limit" bash "$0" "$@" &
+  body=$!
+  wait "$body" || rc=$?
+  kill -KILL -- "-$body" 2>/dev/null || true
   case "$rc" in
     0) echo "gpu_check.sh: passed" | tee -a "$summary" ;;
     124|137) echo "gpu_check.sh: stopped at its limit of $limit s (exit $rc)" | tee -a "$summary" ;;
@@ -71,7 +77,7 @@ say "scikit-build-core $(python3 -c 'import scikit_build_core; print(scikit_buil
 
 # ---- 1. the wheel ---------------------------------------------------------------------------------------------
 start=$(date +%s)
-if ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" timeout 420 python3 -m pip wheel --no-deps --no-index --no-build-isolation \
+if ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" timeout --foreground -k 10 420 python3 -m pip wheel --no-deps --no-index --no-build-isolation \
      -w "$work/wheel" . -C cmake.define.CAD_ENABLE_CUDA=ON > "$OUT/wheel_build.log" 2>&1; then
   tail -30 "$OUT/wheel_build.log" | tee -a "$summary"
   fail "pip wheel: FAILED after $(( $(date +%s) - start )) s"
@@ -94,16 +100,16 @@ say "sm_90a and sm_80 code in cad_cuda.so and cad_cad.so; bundled: $(cd "$work/u
 
 # ---- 3. a fresh environment, the CPU smoke test ---------------------------------------------------------------
 venv="$work/venv"
-timeout 180 bash tests/wheel/check_wheel.sh "$wheel" "$venv" > "$OUT/smoke_cpu.log" 2>&1 \
+timeout --foreground -k 10 180 bash tests/wheel/check_wheel.sh "$wheel" "$venv" > "$OUT/smoke_cpu.log" 2>&1 \
   || { tail -30 "$OUT/smoke_cpu.log" | tee -a "$summary"; fail "CPU smoke test in a fresh environment: FAILED"; }
 say "CPU smoke test in a fresh environment: passed ($(elapsed) so far)"
 
 # ---- 4. the same environment on the GPU -----------------------------------------------------------------------
 clean=(env -u CAD_HOST_LIBRARY -u CAD_PLUGIN_PATH -u PYTHONPATH)
-(cd "$work" && cp "$repo/tests/wheel/smoke.py" . && timeout 120 "${clean[@]}" "$venv/bin/python" smoke.py --gpu) \
+(cd "$work" && cp "$repo/tests/wheel/smoke.py" . && timeout --foreground -k 10 120 "${clean[@]}" "$venv/bin/python" smoke.py --gpu) \
   > "$OUT/smoke_gpu.log" 2>&1 || { tail -30 "$OUT/smoke_gpu.log" | tee -a "$summary"; fail "GPU smoke test: FAILED"; }
 say "GPU smoke test: passed ($(grep -m1 'cuda backend' "$OUT/smoke_gpu.log" | cut -c1-120))"
-(cd tests/gpu_python && timeout 240 "${clean[@]}" "$venv/bin/python" -m pytest -q -p no:cacheprovider test_gpu.py) \
+(cd tests/gpu_python && timeout --foreground -k 10 240 "${clean[@]}" "$venv/bin/python" -m pytest -q -p no:cacheprovider test_gpu.py) \
   > "$OUT/test_gpu.log" 2>&1 || { tail -30 "$OUT/test_gpu.log" | tee -a "$summary"; fail "test_gpu.py: FAILED"; }
 say "test_gpu.py against the installed wheel: $(tail -1 "$OUT/test_gpu.log")"
 say "total $(elapsed)"
