@@ -364,7 +364,7 @@ def page(steps, kernels, server, pred, with_plots):
         lines += [f"`cad simulate` (calibration docs/simulate/trainer_h200.json) on the very batches of the step "
                   f"records above: mean |error| {table.mean(abs(e) for e in errs) * 100:.1f}%, "
                   f"{sum(abs(e) <= 0.10 for e in errs)} of {len(errs)} within 10%. All records: "
-                  f"[simulate.md](simulate.md).", ""]
+                  f"[simulate/trainer_check.md](simulate/trainer_check.md); the model: [simulate.md](simulate.md).", ""]
         if with_plots:
             lines += ["![predicted](results/predicted.png)", ""]
         lines += ["| record | configuration | measured (ms) | predicted (ms) | error |", "|---|---|---:|---:|---:|"]

@@ -5,11 +5,11 @@ Standard library only; runs the `cad` CLI. Three modes:
 
   --fit     fit the trainer's overhead terms (docs/simulate/trainer_h200.json) to the FIT runs only
   --table   predict every measured configuration of every run (fitted and held out) and write the table of
-            predicted against measured step time into docs/simulate.md (between the trainer-table markers)
-  --scale   re-predict 8-1024 GPUs with the calibrated model and write that table into docs/simulate.md
+            predicted against measured step time into docs/simulate/trainer_check.md (trainer-table markers)
+  --scale   re-predict 8-1024 GPUs with the calibrated model and write that table into docs/simulate/trainer_check.md
   --pipeline        the GPipe pipeline trainer (examples/train_pipeline.py; gpu_h200x2_2026-11-27_c6bcbc7/pipe, 2 H200s, PP=2) against
                     `cad simulate --schedule gpipe` with the same calibration (not refitted); table into
-                    docs/simulate.md (between the pipeline-table markers)
+                    docs/simulate/trainer_check.md (pipeline-table markers)
   --pipeline-scale  DistCA's pipeline configurations (34B, PP 4 and 8, 64-512 GPUs, 128K-512K) re-predicted
 
 Every measured configuration is priced on the very batches it trained on: the trainer samples micro-batch m of
@@ -19,8 +19,8 @@ over steps 1.. (step 0 warms up) of the slowest rank's step, as the trainer's su
     python3 bench/simulate/trainer_check.py --fit --table --scale
 
 It lives in bench/simulate/, beside the simulator's other checks and tables (simulate_table.py, fit_rank_model.py):
-docs/ holds text and data, not programs. What it writes stays in docs/ (docs/simulate.md's tables between their
-markers, the calibration docs/simulate/trainer_h200.json).
+docs/ holds text and data, not programs. What it writes stays in docs/ (the tables between their markers in
+docs/simulate/trainer_check.md, the calibration docs/simulate/trainer_h200.json).
 """
 import argparse
 import json
@@ -83,7 +83,8 @@ PINGPONG_CURRENT_RUNS = PINGPONG_FIT_RUNS + ["trainer_h200x2_2026-11-27_13b3af9/
                                              "trainer_h200x4_2026-11-27_00fd4de/256k", "trainer_h200x2_2026-11-27_24bbc98",
                                              "trainer_h200x2_2026-11-27_24bbc98_2"] + sorted(RECENT_RUNS)
 CALIBRATION = REPO / "docs" / "simulate" / "trainer_h200.json"
-DOC = REPO / "docs" / "simulate.md"
+# The check tables live on a data page of their own, linked from docs/simulate.md (the user page).
+CHECK_DOC = REPO / "docs" / "simulate" / "trainer_check.md"
 TRAINER = ("examples/train_llama.py --model llama3-8b --parallel fsdp2 --checkpointing full --micro-batches 2 "
            "(bf16, AdamW, loss chunk 4096), torchrun on H200s with NCCL; docs/multi_gpu.md")
 
@@ -396,7 +397,7 @@ def table(args):
     body = "\n".join(["Command: `python3 bench/simulate/trainer_check.py --table` (after `--fit`). One configuration, by hand:",
                       "", f"    {example}", "", "The fitted terms (`docs/simulate/trainer_h200.json`):", "",
                       "| term | value | fitted to |", "|---|---:|---|", terms, "", *summary, "", *lines])
-    DOC.write_text(replace_between(DOC.read_text(), "trainer-table", body))
+    CHECK_DOC.write_text(replace_between(CHECK_DOC.read_text(), "trainer-table", body))
     print("\n".join(summary))
 
 
@@ -431,7 +432,7 @@ def scale(args):
            f"--microbatches 2 --steps {args.scale_steps} --trainer docs/simulate/trainer_h200.json --json")
     body = "\n".join([f"Command: `python3 bench/simulate/trainer_check.py --scale`, i.e. for each cell `{cmd}` (and the "
                       "same without `--trainer` for the last column).", "", *lines])
-    DOC.write_text(replace_between(DOC.read_text(), "trainer-scale", body))
+    CHECK_DOC.write_text(replace_between(CHECK_DOC.read_text(), "trainer-scale", body))
 
 
 # ---- the pipeline trainer (examples/train_pipeline.py, GPipe; docs/multi_gpu.md "Pipeline parallel") -------------
@@ -524,7 +525,7 @@ def pipeline_table(args):
                       "data-parallel record trainer_h200x2_2026-11-26_f420ed7, nothing refitted). One configuration, by hand:", "",
                       f"    build/bin/cad {example.replace(str(REPO) + '/', '').replace(args.dist, '/work/shared/data/doclen_pretrain.json')}",
                       "", summary, "", *lines])
-    DOC.write_text(replace_between(DOC.read_text(), "pipeline-table", body))
+    CHECK_DOC.write_text(replace_between(CHECK_DOC.read_text(), "pipeline-table", body))
     print(summary)
 
 
@@ -585,7 +586,7 @@ def pipeline_scale(args):
                       f"where TRAINER_34B is docs/simulate/trainer_h200.json with its per-token terms scaled to the 34B "
                       f"shape by FLOPs per token (layer x {layer_ratio:.3f}, head x {head_ratio:.3f}; an assumption: "
                       "the terms were fitted on the 8B shape).", "", *lines])
-    DOC.write_text(replace_between(DOC.read_text(), "pipeline-scale", body))
+    CHECK_DOC.write_text(replace_between(CHECK_DOC.read_text(), "pipeline-scale", body))
 
 
 def main():

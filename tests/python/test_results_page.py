@@ -100,3 +100,27 @@ def test_the_link_check_sees_a_broken_link(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[there](missing.md) and [code](`x`)\n```\n[not a link](nowhere.md)\n```\n")
     assert _links(page) == ["missing.md", "`x`"]
+
+
+# Words of the project's own bookkeeping that a user page must not carry: issue numbers, numbered runs ("run 23";
+# a record is named by its folder instead), branch names of work in progress, and the names of the machinery that
+# schedules work. Records under bench/results keep their history; the user pages say what is current.
+_LABELS = re.compile(r"\bissues? #?\d+|\bruns? \d+(?:-\d+)?(?![\d.x%])|\bwip-[a-z]|\bkernels-\d|\.devrun|"
+                     r"\bsessions?\b|\bagents?\b", re.I)
+
+
+def _labels(md):
+    return [m.group(0) for m in _LABELS.finditer(md.read_text())]
+
+
+def test_user_pages_carry_no_internal_labels():
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    found = [f"{md.relative_to(REPO)}: {label!r}" for md in pages for label in _labels(md)]
+    assert not found, "internal labels on user pages (name the record, the commit or the option instead):\n" + \
+        "\n".join(found)
+
+
+def test_the_label_check_sees_a_label(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("as run 23 showed (issue 14, branch wip-bal); 4 runs, 1.045x; runs 1.5x faster; 2 work items\n")
+    assert _labels(page) == ["run 23", "issue 14", "wip-b"]
