@@ -140,6 +140,10 @@ struct OnDevice {
     cudaMemcpy(v.get(), v_host.data(), v.bytes(), cudaMemcpyHostToDevice);
     cudaMemcpy(d_o.get(), d_o_host.data(), d_o.bytes(), cudaMemcpyHostToDevice);
     for (DeviceBuffer* out : {&o, &lse, &dq, &dk, &dv}) cudaMemset(out->get(), 0xff, out->bytes());
+    // The memsets run on the legacy default stream, which a cudaStreamNonBlocking stream (the calls') does not
+    // wait for: without this, a poison fill delayed on a shared GPU could land after the kernels' writes (seen as
+    // NaN LSE in uncovered rows, where fill_uncovered wrote -inf early, with several test processes on one GPU).
+    cudaDeviceSynchronize();
   }
   AttentionData data() {
     return {q.get(), k.get(), v.get(), o.get(), d_o.get(), dq.get(), dk.get(), dv.get(), static_cast<float*>(lse.get())};
