@@ -13,11 +13,11 @@
 #  5. $OUT/summary.md and $OUT/summary.csv: per case and head dim, each variant's median backward TFLOP/s
 #     over the rounds and its ratio to the first variant; the test results; logs in $OUT/logs.tgz.
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
-#   usage: [OUT=dir] [VARIANTS="0 1 2"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
+#   usage: [OUT=dir] [VARIANTS="0 1 2 3"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
-VARIANTS=${VARIANTS:-"0 1 2"}
+VARIANTS=${VARIANTS:-"0 1 2 3"}
 ROUNDS=${ROUNDS:-3}
 ARCH=${CAD_GPU_ARCH:-90a}
 LOG=$OUT/logs
@@ -61,16 +61,22 @@ t "built: ${built[*]:-none} ($(grep -h '^\[' "$LOG"/build_v*.log | tail -1 | cut
 [ "${#built[@]}" = 0 ] && finish
 
 # ---- 2. correctness per variant ----------------------------------------------------------------------------
+# The small cases' CPU reference is the slow part: the variants' runs go side by side (one process each).
 : > "$OUT/tests.txt"
 for v in "${built[@]}"; do
-  B=build-bwdv$v/bin
-  timeout 150 "$B/cad_gpu_tests" --gtest_filter='Gpu/AttentionVsReference.*:Gpu/WindowVsReference.*-*portable*' \
-    > "$LOG/gpu_tests_v$v.log" 2>&1
-  rc=$?
+  ( timeout 240 "build-bwdv$v/bin/cad_gpu_tests" \
+      --gtest_filter='Gpu/AttentionVsReference.*:Gpu/WindowVsReference.*-*portable*' > "$LOG/gpu_tests_v$v.log" 2>&1
+    echo $? > "$LOG/gpu_tests_v$v.rc" ) &
+done
+wait
+for v in "${built[@]}"; do
+  rc=$(cat "$LOG/gpu_tests_v$v.rc")
   line="variant $v cad_gpu_tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \]' "$LOG/gpu_tests_v$v.log" | tr '\n' ' ')"
   echo "$line" >> "$OUT/tests.txt"; t "$line"
   [ "$rc" = 0 ] || { fail "variant $v: cad_gpu_tests rc=$rc"; grep -E '^\[  FAILED  \]' "$LOG/gpu_tests_v$v.log" | head -10; }
-  timeout 120 "$B/cad_gpu_large_tests" --gtest_filter='Gpu/LargeAttention.*' > "$LOG/large_tests_v$v.log" 2>&1
+done
+for v in "${built[@]}"; do
+  timeout 120 "build-bwdv$v/bin/cad_gpu_large_tests" --gtest_filter='Gpu/LargeAttention.*' > "$LOG/large_tests_v$v.log" 2>&1
   rc=$?
   line="variant $v cad_gpu_large_tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \]' "$LOG/large_tests_v$v.log" | tr '\n' ' ')"
   echo "$line" >> "$OUT/tests.txt"; t "$line"
@@ -81,7 +87,7 @@ done
 n=${#built[@]}
 longest=0
 for r in $(seq 1 "$ROUNDS"); do
-  if [ "$r" -gt 1 ] && [ $(( $(elapsed) + longest )) -gt 390 ]; then
+  if [ "$r" -gt 1 ] && [ $(( $(elapsed) + longest )) -gt 370 ]; then
     t "round $r not started: another (~${longest} s) would pass the time budget"; break
   fi
   rs=$(date +%s)
@@ -97,14 +103,23 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 python3 bench/kernels/bwd_variants_summary.py "$LOG" "$OUT" ${built[*]} || fail "summary (bwd_variants_summary.py)"
 
-# ---- 4. racecheck of the changed schedules (time permitting) ---------------------------------------------------
+# ---- 4. racecheck of the changed schedules (time permitting), side by side --------------------------------------
 small='Gpu/AttentionVsReference.MatchesReference/tiny_d64_causal_h8x2:Gpu/AttentionVsReference.MatchesReference/long_kv_d128_causal_h8x2'
+raced=()
 for v in "${built[@]}"; do
   [ "$v" = 0 ] && continue
-  if [ "$(elapsed)" -gt 400 ]; then t "racecheck of variant $v not started (time budget)"; echo "variant $v racecheck: not run (time)" >> "$OUT/tests.txt"; continue; fi
-  timeout 60 compute-sanitizer --tool racecheck --error-exitcode 17 "build-bwdv$v/bin/cad_gpu_tests" \
-    --gtest_filter="$small" > "$LOG/racecheck_v$v.log" 2>&1
-  rc=$?
+  if [ "$(elapsed)" -gt 380 ]; then
+    t "racecheck of variant $v not started (time budget)"; echo "variant $v racecheck: not run (time)" >> "$OUT/tests.txt"
+    continue
+  fi
+  raced+=("$v")
+  ( timeout 80 compute-sanitizer --tool racecheck --error-exitcode 17 "build-bwdv$v/bin/cad_gpu_tests" \
+      --gtest_filter="$small" > "$LOG/racecheck_v$v.log" 2>&1
+    echo $? > "$LOG/racecheck_v$v.rc" ) &
+done
+wait
+for v in "${raced[@]}"; do
+  rc=$(cat "$LOG/racecheck_v$v.rc")
   line="variant $v racecheck rc=$rc: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$LOG/racecheck_v$v.log" | tail -1)"
   echo "$line" >> "$OUT/tests.txt"; t "$line"
   [ "$rc" = 0 ] || fail "variant $v: racecheck rc=$rc"

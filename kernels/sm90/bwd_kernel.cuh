@@ -248,9 +248,11 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     if (it + S < n_iter) named_barrier_arrive(kBwdBarStageEmpty + s, kBwdStageBarThreads);
   };
 
-  // CAD_BWD90_VARIANT 2 (sm90/bwd_traits.cuh): step `it` whole -- S^T, dP^T, P^T, dS^T, then dV(it) and
-  // dK(it) at once (they need only this warpgroup's P^T and dS^T), dQ(it) once both warpgroups' dS^T(it) are
-  // in shared memory (D=128; at D=64 its own), and dQ(it)'s store. kFirst: V's copies land before dP^T.
+  // CAD_BWD90_VARIANT 2 and 3 (sm90/bwd_traits.cuh): step `it` whole -- S^T, dP^T, P^T, dS^T, then dV(it),
+  // dK(it) and dQ(it) (dQ once both warpgroups' dS^T(it) are in shared memory at D=128, its own at D=64; dS^T
+  // buffer b is rewritten at step it + 2, after both warpgroups have passed step it + 1's wait for theirs,
+  // that is after both have finished this step's dQ), and dQ(it)'s store. kFirst: V's copies land before
+  // dP^T.
   auto step_in_order = [&](const int it, auto first) {
     constexpr bool kFirst = decltype(first)::value;
     const int s = it % S, b = it & 1;
@@ -266,14 +268,21 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
       bwd90_zero_rows_past_end<T>(q_buf, do_buf, valid_q, ctid);
       named_barrier_sync(kBwdBarConsumers, 256);
     }
+    // K's and V's addresses laundered: their per-warpgroup descriptors are then recomputed each step rather
+    // than kept in registers across it (ptxas spilled them in the WINDOW kernel).
+    uint32_t sk = k_addr, sv = v_addr;
+    if constexpr (WINDOW) {
+      launder(sk);
+      launder(sv);
+    }
     float st[BM / 2], dpt[BM / 2];
-    bwd90_issue_keys_x_queries<T>(st, k_addr, q_buf, wg);
+    bwd90_issue_keys_x_queries<T>(st, sk, q_buf, wg);
     if constexpr (kFirst) {
       cp_async_wait<0>();
       fence_proxy_async_smem();
       named_barrier_sync(kBwdBarConsumers, 256);
     }
-    bwd90_issue_keys_x_queries<T>(dpt, v_addr, do_buf, wg);
+    bwd90_issue_keys_x_queries<T>(dpt, sv, do_buf, wg);
     wgmma_wait<1>();
     fence_registers(st);
     // P^T while dP^T is in flight, masked where the mask cuts through this warp's scores (as in step).
@@ -302,35 +311,52 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     bwd90_fragments_and_ds<T>(st, dpt, ap, as,
                               reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes), key_local, t);
     mbar_arrive_warp(ds_bar(b, wg), lane);
-    // dV and dK as two groups, so that dV's end (P^T's registers free again) can be waited for alone: dQ's
-    // accumulators are live only once it has ended, which keeps the step within the consumers' registers
-    // (with dV, dQ and dK all in flight, as FlashAttention-3/4 order them, ptxas spilled). dQ is issued while
-    // dK still runs, so this warpgroup's products follow one another without a gap.
-    bwd90_issue_rs<T>(dv, ap, do_buf);
-    bwd90_issue_rs<T>(dk, as, q_buf);
-    // dS^T buffer b is rewritten at step it + 2, after both warpgroups have passed step it + 1's wait here,
-    // that is after both have finished this step's dQ.
-    mbar_wait(ds_bar(b, wg), (it >> 1) & 1);
-    wgmma_wait<1>();  // dV(it) done, dK(it) in flight
-    fence_registers(dv);
-    float dq[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) dq[i] = 0.f;
-    wgmma_fence();
-    bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_key_step0, it);
-    wgmma_wait<0>();
-    fence_registers(dq);
-    fence_registers(dk);
-    // The store's lane-dependent addresses recomputed here rather than kept across the step (ptxas spilled
-    // them there).
+    // The store's lane-dependent addresses are recomputed (from laundered copies) rather than kept across the
+    // step: ptxas spilled them otherwise.
     uint32_t sw = cwarp, sl = lane;
     launder(sw);
     launder(sl);
-    bwd90_store_dq<T>(p, dq, dq_addr, it, static_cast<int>(sw), wg, static_cast<int>(sl / 4), static_cast<int>(sl % 4));
+    float dq[32];
+    if constexpr (kBwdVariant == 3 && !WINDOW) {
+      // FlashAttention-3/4's order: dV, then (both warpgroups' dS^T(it) in shared memory) dQ and dK, dQ's
+      // store while dK runs. (Not in the WINDOW kernel, whose mask's state ptxas then spilled: it runs 2's.)
+      bwd90_issue_rs<T>(dv, ap, do_buf);
+      mbar_wait(ds_bar(b, wg), (it >> 1) & 1);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+      wgmma_fence();
+      bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_key_step0, it);
+      bwd90_issue_rs<T>(dk, as, q_buf);
+      wgmma_wait<1>();  // dV(it) and dQ(it) done, dK(it) in flight
+      fence_registers(dq);
+      fence_registers(dv);
+      bwd90_store_dq<T>(p, dq, dq_addr, it, static_cast<int>(sw), wg, static_cast<int>(sl / 4),
+                        static_cast<int>(sl % 4));
+      wgmma_wait<0>();
+      fence_registers(dk);
+    } else {
+      // dV and dK as two groups, so that dV's end (P^T's registers free again) can be waited for alone: dQ's
+      // accumulators are live only once it has ended (dV, dQ and dK all in flight hold the most registers).
+      // dQ is issued while dK still runs, so this warpgroup's products follow one another without a gap.
+      bwd90_issue_rs<T>(dv, ap, do_buf);
+      bwd90_issue_rs<T>(dk, as, q_buf);
+      mbar_wait(ds_bar(b, wg), (it >> 1) & 1);
+      wgmma_wait<1>();  // dV(it) done, dK(it) in flight
+      fence_registers(dv);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+      wgmma_fence();
+      bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_key_step0, it);
+      wgmma_wait<0>();
+      fence_registers(dq);
+      fence_registers(dk);
+      bwd90_store_dq<T>(p, dq, dq_addr, it, static_cast<int>(sw), wg, static_cast<int>(sl / 4),
+                        static_cast<int>(sl % 4));
+    }
     __syncwarp();
     if (it + S < n_iter) named_barrier_arrive(kBwdBarStageEmpty + s, kBwdStageBarThreads);
   };
-  if constexpr (kBwdVariant == 2) {
+  if constexpr (kBwdVariant >= 2) {
     if (n_iter > 0) {
       step_in_order(0, std::true_type{});
     } else {

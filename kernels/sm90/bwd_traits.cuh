@@ -60,13 +60,15 @@ constexpr int kBwdStages = D == 128 ? 2 : CAD_BWD64_STAGES;
 //      that neither waits for the other at the dQ store;
 //   2  1's handshakes, and dQ(j) within step j, as FlashAttention-3/4 compute it: dV(j) and dK(j) issued as
 //      soon as P^T(j) and dS^T(j) are in registers, dQ(j) (once both warpgroups' dS^T(j) are in shared
-//      memory) while dK(j) still runs, its store at the step's end. (Their order -- dV, dQ, dK, dQ stored
-//      while dK runs -- holds dV's, dQ's and dK's operands at once and spilled registers here.)
+//      memory) while dK(j) still runs, its store at the step's end;
+//   3  2, in FlashAttention-3/4's order: dV(j), then dQ(j) and dK(j), dQ(j) stored while dK(j) runs (dV's,
+//      dQ's and dK's operands in registers at once: the most registers of the four; the WINDOW kernel,
+//      which spilled so, keeps 2's order).
 #ifndef CAD_BWD90_VARIANT
 #define CAD_BWD90_VARIANT 0
 #endif
 constexpr int kBwdVariant = CAD_BWD90_VARIANT;
-static_assert(kBwdVariant >= 0 && kBwdVariant <= 2, "CAD_BWD90_VARIANT: 0, 1 or 2");
+static_assert(kBwdVariant >= 0 && kBwdVariant <= 3, "CAD_BWD90_VARIANT: 0 to 3");
 constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
 
 // Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
