@@ -12,6 +12,7 @@
 #  4. compute-sanitizer racecheck of every variant but 0 on two small test cases (time permitting);
 #  5. $OUT/summary.md and $OUT/summary.csv: per case and head dim, each variant's median backward TFLOP/s
 #     over the rounds and its ratio to the first variant; the test results; logs in $OUT/logs.tgz.
+# A variant N_sK also sets the D=64 kernel's Q/dO stages to K (-DCAD_BWD64_STAGES=K; default 2), e.g. 2_s4.
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
 #   usage: [OUT=dir] [VARIANTS="0 1 2 3"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
 set -uo pipefail
@@ -40,9 +41,11 @@ t "gpu: $(cat "$OUT/gpu.txt"); variants: $VARIANTS; rounds: $ROUNDS"
 nv=$(echo $VARIANTS | wc -w)
 jobs=$(( ($(nproc) + nv - 1) / nv ))
 for v in $VARIANTS; do
+  flags="-DCAD_BWD90_VARIANT=${v%%_s*}"
+  [ "${v#*_s}" != "$v" ] && flags="$flags -DCAD_BWD64_STAGES=${v#*_s}"
   (
     timeout 120 cmake -S . -B "build-bwdv$v" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_FLAGS="-DCAD_BWD90_VARIANT=$v" &&
+      -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_FLAGS="$flags" &&
       timeout 300 cmake --build "build-bwdv$v" -j"$jobs" --target cad_bwd_variant_bench cad_gpu_tests \
         cad_gpu_large_tests cad_plugin_cuda cad_plugin_reference
     echo $? > "$LOG/build_v$v.rc"
@@ -71,41 +74,52 @@ done
 wait
 for v in "${built[@]}"; do
   rc=$(cat "$LOG/gpu_tests_v$v.rc")
-  line="variant $v cad_gpu_tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \]' "$LOG/gpu_tests_v$v.log" | tr '\n' ' ')"
+  line="variant $v cad_gpu_tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ test' "$LOG/gpu_tests_v$v.log" | tr '\n' ' ')"
   echo "$line" >> "$OUT/tests.txt"; t "$line"
   [ "$rc" = 0 ] || { fail "variant $v: cad_gpu_tests rc=$rc"; grep -E '^\[  FAILED  \]' "$LOG/gpu_tests_v$v.log" | head -10; }
 done
 for v in "${built[@]}"; do
-  timeout 120 "build-bwdv$v/bin/cad_gpu_large_tests" --gtest_filter='Gpu/LargeAttention.*' > "$LOG/large_tests_v$v.log" 2>&1
-  rc=$?
-  line="variant $v cad_gpu_large_tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \]' "$LOG/large_tests_v$v.log" | tr '\n' ' ')"
+  ( timeout 150 "build-bwdv$v/bin/cad_gpu_large_tests" --gtest_filter='Gpu/LargeAttention.*' \
+      > "$LOG/large_tests_v$v.log" 2>&1
+    echo $? > "$LOG/large_tests_v$v.rc" ) &
+done
+wait
+good=()
+for v in "${built[@]}"; do
+  rc=$(cat "$LOG/large_tests_v$v.rc")
+  line="variant $v cad_gpu_large_tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ test' "$LOG/large_tests_v$v.log" | tr '\n' ' ')"
   echo "$line" >> "$OUT/tests.txt"; t "$line"
   [ "$rc" = 0 ] || { fail "variant $v: cad_gpu_large_tests rc=$rc"; grep -E '^\[  FAILED  \]' "$LOG/large_tests_v$v.log" | head -10; }
+  [ "$rc" = 0 ] && [ "$(cat "$LOG/gpu_tests_v$v.rc")" = 0 ] && good+=("$v")
 done
+# Only variants whose results are right are timed (one that fails may also hang).
+t "timed: ${good[*]:-none}"
 
 # ---- 3. timing rounds, interleaved ---------------------------------------------------------------------------
-n=${#built[@]}
+n=${#good[@]}
 longest=0
 for r in $(seq 1 "$ROUNDS"); do
+  [ "$n" = 0 ] && break
   if [ "$r" -gt 1 ] && [ $(( $(elapsed) + longest )) -gt 370 ]; then
     t "round $r not started: another (~${longest} s) would pass the time budget"; break
   fi
   rs=$(date +%s)
   for i in $(seq 0 $((n - 1))); do
-    v=${built[$(( (i + r - 1) % n ))]}
+    v=${good[$(( (i + r - 1) % n ))]}
     timeout 120 "build-bwdv$v/bin/cad_bwd_variant_bench" bench/kernels/pretrain_batches.txt 128,64 3 \
       > "$LOG/bench_v${v}_r$r.csv" 2> "$LOG/bench_v${v}_r$r.err"
     rc=$?
-    [ "$rc" = 0 ] || t "bench variant $v round $r rc=$rc (logs/bench_v${v}_r$r.err)"
+    [ "$rc" = 0 ] || fail "bench of variant $v, round $r: rc=$rc (logs/bench_v${v}_r$r.err)"
   done
   d=$(( $(date +%s) - rs )); [ "$d" -gt "$longest" ] && longest=$d
   t "round $r done in $d s"
 done
-python3 bench/kernels/bwd_variants_summary.py "$LOG" "$OUT" ${built[*]} || fail "summary (bwd_variants_summary.py)"
+[ "$n" -gt 0 ] && { python3 bench/kernels/bwd_variants_summary.py "$LOG" "$OUT" "${good[@]}" || fail "summary (bwd_variants_summary.py)"; }
 
 # ---- 4. racecheck of the changed schedules (time permitting), side by side --------------------------------------
 small='Gpu/AttentionVsReference.MatchesReference/tiny_d64_causal_h8x2:Gpu/AttentionVsReference.MatchesReference/long_kv_d128_causal_h8x2'
 raced=()
+SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 for v in "${built[@]}"; do
   [ "$v" = 0 ] && continue
   if [ "$(elapsed)" -gt 380 ]; then
@@ -113,7 +127,7 @@ for v in "${built[@]}"; do
     continue
   fi
   raced+=("$v")
-  ( timeout 80 compute-sanitizer --tool racecheck --error-exitcode 17 "build-bwdv$v/bin/cad_gpu_tests" \
+  ( timeout 80 "$SANITIZER" --tool racecheck --error-exitcode 17 "build-bwdv$v/bin/cad_gpu_tests" \
       --gtest_filter="$small" > "$LOG/racecheck_v$v.log" 2>&1
     echo $? > "$LOG/racecheck_v$v.rc" ) &
 done
@@ -124,7 +138,7 @@ for v in "${raced[@]}"; do
   echo "$line" >> "$OUT/tests.txt"; t "$line"
   [ "$rc" = 0 ] || fail "variant $v: racecheck rc=$rc"
 done
-cat "$OUT/tests.txt" >> "$OUT/summary.md"
+cat "$OUT/tests.txt" >> "$OUT/summary.md"  # (summary.md exists once a variant was timed)
 echo "---- summary ----"
 cat "$OUT/summary.md"
 finish
