@@ -9,7 +9,7 @@
 #     LargeAttention cases (16K-64K against the fp32 GPU oracle);
 #  3. ROUNDS rounds (default 3) of cad_bwd_variant_bench, every variant once per round, the order rotating
 #     by round (Pretrain 64K/128K buffers, dense causal 16K/64K, dense 64K with a window of 4096; D 128 and 64);
-#  4. compute-sanitizer racecheck of every variant but 0 on two small test cases (time permitting);
+#  4. compute-sanitizer racecheck of every variant but 0 on three small test cases (time permitting);
 #  5. $OUT/summary.md and $OUT/summary.csv: per case and head dim, each variant's median backward TFLOP/s
 #     over the rounds and its ratio to the first variant; the test results; logs in $OUT/logs.tgz.
 # A variant N_sK also sets the D=64 kernel's Q/dO stages to K (-DCAD_BWD64_STAGES=K; default 2), e.g. 2_s4.
@@ -100,7 +100,7 @@ n=${#good[@]}
 longest=0
 for r in $(seq 1 "$ROUNDS"); do
   [ "$n" = 0 ] && break
-  if [ "$r" -gt 1 ] && [ $(( $(elapsed) + longest )) -gt 370 ]; then
+  if [ "$r" -gt 1 ] && [ $(( $(elapsed) + longest )) -gt 350 ]; then
     t "round $r not started: another (~${longest} s) would pass the time budget"; break
   fi
   rs=$(date +%s)
@@ -117,17 +117,19 @@ done
 [ "$n" -gt 0 ] && { python3 bench/kernels/bwd_variants_summary.py "$LOG" "$OUT" "${good[@]}" || fail "summary (bwd_variants_summary.py)"; }
 
 # ---- 4. racecheck of the changed schedules (time permitting), side by side --------------------------------------
-small='Gpu/AttentionVsReference.MatchesReference/tiny_d64_causal_h8x2:Gpu/AttentionVsReference.MatchesReference/long_kv_d128_causal_h8x2'
+# Both head dims and the WINDOW kernel; 8 query heads per KV head, so each block runs 4 steps and reuses its
+# stages, dS^T and dQ buffers.
+small='Gpu/AttentionVsReference.MatchesReference/tiny_d64_causal_h8x2:Gpu/AttentionVsReference.MatchesReference/tiny_d128_causal_h8x2:Gpu/WindowVsReference.MatchesReference/tiny_d128_causal_left5_rightnone'
 raced=()
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 for v in "${built[@]}"; do
   [ "$v" = 0 ] && continue
-  if [ "$(elapsed)" -gt 380 ]; then
+  if [ "$(elapsed)" -gt 360 ]; then
     t "racecheck of variant $v not started (time budget)"; echo "variant $v racecheck: not run (time)" >> "$OUT/tests.txt"
     continue
   fi
   raced+=("$v")
-  ( timeout 80 "$SANITIZER" --tool racecheck --error-exitcode 17 "build-bwdv$v/bin/cad_gpu_tests" \
+  ( timeout 100 "$SANITIZER" --tool racecheck --error-exitcode 17 "build-bwdv$v/bin/cad_gpu_tests" \
       --gtest_filter="$small" > "$LOG/racecheck_v$v.log" 2>&1
     echo $? > "$LOG/racecheck_v$v.rc" ) &
 done
