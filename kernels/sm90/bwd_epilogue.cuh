@@ -18,11 +18,13 @@ namespace cad::kernels::detail {
 
 // ---- dQ ------------------------------------------------------------------------------------------------
 // The dQ writer warp: per step, once buffer b is full, four boxes of 64 rows x 32 columns added into the
-// accumulator (at D=64, boxes 2 and 3 are the second warpgroup's partial of the same columns).
+// accumulator (at D=64, boxes 2 and 3 are the second warpgroup's partial of the same columns). With
+// kBwdDQPerWarpgroup there is one writer warp per consumer warpgroup (`wg`), adding that warpgroup's two boxes
+// as soon as it has filled them, whatever the other one is doing.
 template <typename T>
 __device__ __forceinline__ void bwd90_dq_writer(const BwdParams& p, const BwdItem& item, int kv_head,
                                                 const CUtensorMap* tm_dq, uint32_t dq_addr, int n_qt, int n_iter,
-                                                int lane) {
+                                                int lane, int wg = 0) {
   constexpr int D = T::kD, BM = T::kBlockM, NB = T::kDQBuffers;
   if (lane == 0) tma_prefetch_descriptor(tm_dq);
   for (int it = 0; it < n_iter; ++it) {
@@ -46,8 +48,7 @@ __device__ __forceinline__ void bwd90_dq_writer(const BwdParams& p, const BwdIte
       if (it + NB < n_iter) named_barrier_arrive(bwd_dq_bar(kBwdBarDQEmpty, b, wg), kBwdDQBarThreads);
     };
     if constexpr (kBwdDQPerWarpgroup) {
-      reduce(0, 2, 0);  // warpgroup 0's boxes, then warpgroup 1's
-      reduce(2, 2, 1);
+      reduce(2 * wg, 2, wg);  // this writer's warpgroup's boxes
     } else {
       reduce(0, 4, 0);
     }

@@ -117,8 +117,8 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     if (warp == 0) {
       bwd90_producer<T>(p, item, kv_head, &tm_q, &tm_do, &tm_lse, &tm_delta, q_addr, do_addr, bars,
                         s_base + T::kLseOff, s_base + T::kDeltaOff, n_qt, n_iter, lane);
-    } else if (warp == 1) {
-      bwd90_dq_writer<T>(p, item, kv_head, &tm_dq, dq_addr, n_qt, n_iter, lane);
+    } else if (warp == 1 || (kBwdDQPerWarpgroup && warp == 2)) {  // warp 1 + wg writes warpgroup wg's dQ boxes
+      bwd90_dq_writer<T>(p, item, kv_head, &tm_dq, dq_addr, n_qt, n_iter, lane, warp - 1);
     }
     return;
   }
@@ -269,20 +269,20 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
       named_barrier_sync(kBwdBarConsumers, 256);
     }
     // K's and V's addresses laundered: their per-warpgroup descriptors are then recomputed each step rather
-    // than kept in registers across it (ptxas spilled them in the WINDOW kernel).
-    uint32_t sk = k_addr, sv = v_addr;
-    if constexpr (WINDOW) {
-      launder(sk);
-      launder(sv);
-    }
+    // than kept in registers across it (ptxas spilled them).
+    uint32_t sk = k_addr, sv = v_addr, cw = cwarp;
+    launder(sk);
+    launder(sv);
+    launder(cw);
+    const int wgs = static_cast<int>(cw / 4);  // wg, from the warp index the step keeps anyway
     float st[BM / 2], dpt[BM / 2];
-    bwd90_issue_keys_x_queries<T>(st, sk, q_buf, wg);
+    bwd90_issue_keys_x_queries<T>(st, sk, q_buf, wgs);
     if constexpr (kFirst) {
       cp_async_wait<0>();
       fence_proxy_async_smem();
       named_barrier_sync(kBwdBarConsumers, 256);
     }
-    bwd90_issue_keys_x_queries<T>(dpt, sv, do_buf, wg);
+    bwd90_issue_keys_x_queries<T>(dpt, sv, do_buf, wgs);
     wgmma_wait<1>();
     fence_registers(st);
     // P^T while dP^T is in flight, masked where the mask cuts through this warp's scores (as in step).
@@ -311,11 +311,12 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     bwd90_fragments_and_ds<T>(st, dpt, ap, as,
                               reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes), key_local, t);
     mbar_arrive_warp(ds_bar(b, wg), lane);
-    // The store's lane-dependent addresses are recomputed (from laundered copies) rather than kept across the
-    // step: ptxas spilled them otherwise.
+    // The store's lane-dependent addresses and K's dQ atom are recomputed (from laundered copies) rather than
+    // kept across the step: ptxas spilled them otherwise.
     uint32_t sw = cwarp, sl = lane;
     launder(sw);
     launder(sl);
+    const uint32_t sa = D == 128 ? (sw / 4) * BN * 128 : 0;  // dq_k_atom
     float dq[32];
     if constexpr (kBwdVariant == 3 && !WINDOW) {
       // FlashAttention-3/4's order: dV, then (both warpgroups' dS^T(it) in shared memory) dQ and dK, dQ's
@@ -325,12 +326,12 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 32; ++i) dq[i] = 0.f;
       wgmma_fence();
-      bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_key_step0, it);
+      bwd90_issue_dq<T>(dq, ds_addr, k_addr, sa, dq_key_step0, it);
       bwd90_issue_rs<T>(dk, as, q_buf);
       wgmma_wait<1>();  // dV(it) and dQ(it) done, dK(it) in flight
       fence_registers(dq);
       fence_registers(dv);
-      bwd90_store_dq<T>(p, dq, dq_addr, it, static_cast<int>(sw), wg, static_cast<int>(sl / 4),
+      bwd90_store_dq<T>(p, dq, dq_addr, it, static_cast<int>(sw), static_cast<int>(sw / 4), static_cast<int>(sl / 4),
                         static_cast<int>(sl % 4));
       wgmma_wait<0>();
       fence_registers(dk);
@@ -346,11 +347,11 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 32; ++i) dq[i] = 0.f;
       wgmma_fence();
-      bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_key_step0, it);
+      bwd90_issue_dq<T>(dq, ds_addr, k_addr, sa, dq_key_step0, it);
       wgmma_wait<0>();
       fence_registers(dq);
       fence_registers(dk);
-      bwd90_store_dq<T>(p, dq, dq_addr, it, static_cast<int>(sw), wg, static_cast<int>(sl / 4),
+      bwd90_store_dq<T>(p, dq, dq_addr, it, static_cast<int>(sw), static_cast<int>(sw / 4), static_cast<int>(sl / 4),
                         static_cast<int>(sl % 4));
     }
     __syncwarp();

@@ -56,8 +56,8 @@ constexpr int kBwdStages = D == 128 ? 2 : CAD_BWD64_STAGES;
 // time the schedules side by side (bench/kernels/bwd_variants.sh):
 //   0  dQ(j-1) issued with S(j) and stored while S(j) runs; dV/dK(j) as one group at the end of the step;
 //      one dQ handshake for both warpgroups (the writer waits for both, both wait for the writer);
-//   1  as 0, but each warpgroup hands its half of the dQ buffer to the writer on barriers of its own, so
-//      that neither waits for the other at the dQ store;
+//   1  as 0, but each warpgroup hands its half of the dQ buffer to a writer warp of its own (warp 1 + w) on
+//      barriers of its own, so that neither waits for the other at the dQ store;
 //   2  1's handshakes, and dQ(j) within step j, as FlashAttention-3/4 compute it: dV(j) and dK(j) issued as
 //      soon as P^T(j) and dS^T(j) are in registers, dQ(j) (once both warpgroups' dS^T(j) are in shared
 //      memory) while dK(j) still runs, its store at the step's end;
