@@ -113,6 +113,7 @@ cad::kernels::AttentionProblem problem_of(const TimedCase& c, bool hopper) {
   pr.head_dim = c.head_dim;
   pr.softmax_scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   pr.causal = c.causal;
+  pr.window_left = c.window_left;
   pr.hopper = hopper;
   return pr;
 }
@@ -157,6 +158,16 @@ double forward_flops(const TimedCase& c) {
   double total = 0;
   for (const cad::kernels::Segment& s : c.segments) {
     const double q = static_cast<double>(s.q_len), kv = static_cast<double>(s.kv_len);
+    if (c.causal && c.window_left >= 0) {
+      // Query at key position p (bottom-right: p = i + kv - q) sees keys max(0, p - left) .. p: min(p, left) + 1.
+      const double w = c.window_left, a = std::max(kv - q, 0.0), b = kv - 1;
+      const double last_ramp = std::min(b, w);  // p <= left: p + 1 keys
+      double pairs = last_ramp >= a ? (last_ramp - a + 1) * (a + last_ramp + 2) / 2 : 0;
+      const double flat_from = std::max(a, w + 1);  // p > left: left + 1 keys
+      if (b >= flat_from) pairs += (b - flat_from + 1) * (w + 1);
+      total += 4.0 * c.head_dim * pairs;
+      continue;
+    }
     total += c.causal ? 4.0 * c.head_dim * (q * kv - q * (q - 1) / 2) : 4.0 * c.head_dim * q * kv;
   }
   return total * c.hq;

@@ -22,6 +22,7 @@ struct TimedCase {
   int64_t tq = 0, tk = 0;
   bool causal = true;
   int hq = 32, hkv = 8, head_dim = 128;
+  int window_left = -1;  // sliding window (AttentionProblem::window_left); -1: none
 };
 
 struct TimingOptions {
@@ -39,7 +40,8 @@ struct CaseTiming {
   bool bwd_kv_exclusive = false;
 };
 
-// Forward FLOPs: per segment and query head, causal 4*d*(q*kv - q*(q-1)/2), non-causal 4*d*q*kv. The
+// Forward FLOPs: per segment and query head, causal 4*d*(q*kv - q*(q-1)/2), non-causal 4*d*q*kv, a causal
+// window 4*d per (query, key) pair it keeps. The
 // backward counts 2.5x.
 double forward_flops(const TimedCase& c);
 

@@ -18,30 +18,40 @@ namespace cad::kernels::detail {
 
 // ---- dQ ------------------------------------------------------------------------------------------------
 // The dQ writer warp: per step, once buffer b is full, four boxes of 64 rows x 32 columns added into the
-// accumulator (at D=64, boxes 2 and 3 are the second warpgroup's partial of the same columns).
+// accumulator (at D=64, boxes 2 and 3 are the second warpgroup's partial of the same columns). With
+// kBwdDQPerWarpgroup there is one writer warp per consumer warpgroup (`wg`), adding that warpgroup's two boxes
+// as soon as it has filled them, whatever the other one is doing.
 template <typename T>
 __device__ __forceinline__ void bwd90_dq_writer(const BwdParams& p, const BwdItem& item, int kv_head,
                                                 const CUtensorMap* tm_dq, uint32_t dq_addr, int n_qt, int n_iter,
-                                                int lane) {
+                                                int lane, int wg = 0) {
   constexpr int D = T::kD, BM = T::kBlockM, NB = T::kDQBuffers;
   if (lane == 0) tma_prefetch_descriptor(tm_dq);
   for (int it = 0; it < n_iter; ++it) {
     const int b = it % NB;
-    named_barrier_sync(kBwdBarDQFull + b, kBwdDQBarThreads);
-    if (lane == 0) {
-      const int h = kv_head * p.group + it / n_qt;
-      const int q0 = item.q_begin + (it % n_qt) * BM;
-      const int row = static_cast<int>(item.q_row) + q0;
+    // Boxes c0..c0+nc-1 of buffer b, once their writers have filled them; handed back when read.
+    auto reduce = [&](int c0, int nc, int wg) {
+      named_barrier_sync(bwd_dq_bar(kBwdBarDQFull, b, wg), kBwdDQBarThreads);
+      if (lane == 0) {
+        const int h = kv_head * p.group + it / n_qt;
+        const int q0 = item.q_begin + (it % n_qt) * BM;
+        const int row = static_cast<int>(item.q_row) + q0;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        tma_reduce_add_3d(dq_addr + b * T::kDQBytes + c * (BM * 128), tm_dq, (c * 32) % D, h, row);
+        for (int c = c0; c < c0 + nc; ++c) {
+          tma_reduce_add_3d(dq_addr + b * T::kDQBytes + c * (BM * 128), tm_dq, (c * 32) % D, h, row);
+        }
+        bulk_commit();
+        bulk_wait_read_all();
       }
-      bulk_commit();
-      bulk_wait_read_all();
+      __syncwarp();
+      // Buffer b is used again at step it + NB (arrive only when someone will wait for it).
+      if (it + NB < n_iter) named_barrier_arrive(bwd_dq_bar(kBwdBarDQEmpty, b, wg), kBwdDQBarThreads);
+    };
+    if constexpr (kBwdDQPerWarpgroup) {
+      reduce(2 * wg, 2, wg);  // this writer's warpgroup's boxes
+    } else {
+      reduce(0, 4, 0);
     }
-    __syncwarp();
-    // Buffer b is used again at step it + NB (arrive only when someone will wait for it).
-    if (it + NB < n_iter) named_barrier_arrive(kBwdBarDQEmpty + b, kBwdDQBarThreads);
   }
   if (lane == 0) bulk_wait_all();
 }
@@ -54,7 +64,7 @@ __device__ __forceinline__ void bwd90_store_dq(const BwdParams& p, const float (
                                                int cwarp, int wg, int g, int t) {
   constexpr int BM = T::kBlockM, NB = T::kDQBuffers;
   const int b = j % NB;
-  if (j >= NB) named_barrier_sync(kBwdBarDQEmpty + b, kBwdDQBarThreads);
+  if (j >= NB) named_barrier_sync(bwd_dq_bar(kBwdBarDQEmpty, b, wg), kBwdDQBarThreads);
   const uint32_t dq_buf = dq_addr + b * T::kDQBytes;
   // A 64-bit store is served per half-warp (16 lanes, 128 bytes). Half-warp h holds 4 of the warp's 8 rows
   // (g = 4h..4h+3). If every lane stored n8 block i in instruction i, lanes t = 0,1 and t = 2,3 would write
@@ -79,7 +89,7 @@ __device__ __forceinline__ void bwd90_store_dq(const BwdParams& p, const float (
     }
   }
   fence_proxy_async_smem();
-  named_barrier_arrive(kBwdBarDQFull + b, kBwdDQBarThreads);
+  named_barrier_arrive(bwd_dq_bar(kBwdBarDQFull, b, wg), kBwdDQBarThreads);
 }
 
 // ---- dK, dV --------------------------------------------------------------------------------------------

@@ -52,13 +52,38 @@ static_assert(BwdWsTraits<128, 2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<64, 4
 template <int D>
 constexpr int kBwdStages = D == 128 ? 2 : CAD_BWD64_STAGES;
 
+// The consumer's step schedule, chosen at compile time (-DCAD_BWD90_VARIANT=N) so that one GPU run can
+// time the schedules side by side (bench/kernels/bwd_variants.sh):
+//   0  dQ(j-1) issued with S(j) and stored while S(j) runs; dV/dK(j) as one group at the end of the step;
+//      one dQ handshake for both warpgroups (the writer waits for both, both wait for the writer);
+//   1  as 0, but each warpgroup hands its half of the dQ buffer to a writer warp of its own (warp 1 + w) on
+//      barriers of its own, so that neither waits for the other at the dQ store;
+//   2  1's handshakes, and dQ(j) within step j, as FlashAttention-3/4 compute it: dV(j) and dK(j) issued as
+//      soon as P^T(j) and dS^T(j) are in registers, dQ(j) (once both warpgroups' dS^T(j) are in shared
+//      memory) while dK(j) still runs, its store at the step's end;
+//   3  2, in FlashAttention-3/4's order: dV(j), then dQ(j) and dK(j), dQ(j) stored while dK(j) runs (dV's,
+//      dQ's and dK's operands in registers at once: the most registers of the four; the WINDOW kernel,
+//      which spilled so, keeps 2's order).
+#ifndef CAD_BWD90_VARIANT
+#define CAD_BWD90_VARIANT 0
+#endif
+constexpr int kBwdVariant = CAD_BWD90_VARIANT;
+static_assert(kBwdVariant >= 0 && kBwdVariant <= 3, "CAD_BWD90_VARIANT: 0 to 3");
+constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
+
 // Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
-// dQ writer waits) and emptied (the other way round); stage s emptied (the consumers arrive, the producer
+// dQ writer waits) and emptied (the other way round) -- per warpgroup w where kBwdDQPerWarpgroup (ids
+// + 2b + w), else one pair per buffer (ids + b); stage s emptied (the consumers arrive, the producer
 // waits: kBwdBarStageEmpty + s, one id per stage).
-constexpr int kBwdBarConsumers = 2, kBwdBarDQFull = 3, kBwdBarDQEmpty = 5, kBwdBarStageEmpty = 7;
+constexpr int kBwdBarConsumers = 2, kBwdBarDQFull = 3, kBwdBarDQEmpty = kBwdDQPerWarpgroup ? 7 : 5,
+              kBwdBarStageEmpty = kBwdDQPerWarpgroup ? 11 : 7;
 constexpr int kBwdStageBarThreads = 256 + 32;
 static_assert(kBwdBarStageEmpty + kBwdStages<128> <= 16 && kBwdBarStageEmpty + kBwdStages<64> <= 16,
               "named barrier ids: one per stage");
-constexpr int kBwdDQBarThreads = 256 + 32;
+constexpr int kBwdDQBarThreads = (kBwdDQPerWarpgroup ? 128 : 256) + 32;
+// The dQ barrier ids of buffer b as warpgroup wg uses them.
+__host__ __device__ constexpr int bwd_dq_bar(int base, int b, int wg) {
+  return kBwdDQPerWarpgroup ? base + 2 * b + wg : base + b;
+}
 
 }  // namespace cad::kernels::detail
