@@ -64,8 +64,11 @@ constexpr int kBwdStages = D == 128 ? 2 : CAD_BWD64_STAGES;
 //   3  2, in FlashAttention-3/4's order: dV(j), then dQ(j) and dK(j), dQ(j) stored while dK(j) runs (dV's,
 //      dQ's and dK's operands in registers at once: the most registers of the four; the WINDOW kernel,
 //      which spilled so, keeps 2's order).
+// The default is 1: on one H200 (bench/results/bwd_variants_h200x1_2026-12-02) it ran the backward 3-6% faster
+// than 0 at D=128 and 6-9% at D=64 on every timed case, where 3 gained at most 0.4% at D=128 (2 is not timed
+// yet). 0, 2 and 3 stay selectable for the next A/B.
 #ifndef CAD_BWD90_VARIANT
-#define CAD_BWD90_VARIANT 0
+#define CAD_BWD90_VARIANT 1
 #endif
 constexpr int kBwdVariant = CAD_BWD90_VARIANT;
 static_assert(kBwdVariant >= 0 && kBwdVariant <= 3, "CAD_BWD90_VARIANT: 0 to 3");
