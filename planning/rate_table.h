@@ -47,7 +47,7 @@
 // With "backward_tiles" a shard's BACKWARD time is full_pair_us x full pairs + partial_pair_us x partial
 // pairs (per query head, times the query heads), not its FLOPs over the grid's bwd rate: the backward's
 // per-server time follows the causal diagonal's cut pairs, which a rate by (q, kv) cannot see (docs/
-// simulate.md, issue 14). The forward keeps the grid. The grid's bwd rates stay required (the dense
+// simulate.md). The forward keeps the grid. The grid's bwd rates stay required (the dense
 // reference and a reader without the key use them).
 #pragma once
 

@@ -13,7 +13,7 @@
 // block_n keys, the step holds block_m queries, and (causal) the step's first query sees the tile's last
 // key. Every other pair is PARTIAL: cut by the causal diagonal, or left partly empty by a short key tile
 // or a short last query step. A partial pair costs about as much as a full one plus the masking, for
-// less work (docs/simulate.md, issue 14), which is why the backward's time follows the two counts.
+// less work (docs/simulate.md), which is why the backward's time follows the two counts.
 #pragma once
 
 #include <cstdint>

@@ -130,7 +130,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup-steps", type=int, default=1,
                    help="steps left out of the means (default 1). The first configuration of the process still warms "
                         "up in its second step (DDP rebuilds its gradient buckets after the first iteration, the "
-                        "allocator grows): 2 compares configurations more fairly (docs/integrations.md, run 23)")
+                        "allocator grows): 2 compares configurations more fairly (measured on 2 H200s, 2026-11-27)")
     _recipe().add_attention_timing_option(p, "a CUDA synchronisation around every attention call, so the "
                                              "per-rank attention times are real")
     p.add_argument("--data", default=os.environ.get("CAD_DATA", str(REPO.parent / "shared" / "data" /

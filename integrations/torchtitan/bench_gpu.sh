@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_gpu.sh -- TorchTitan's own trainer on 2 GPUs ($NPROC) with CAD attention against TorchTitan's and PyTorch's attention
-# (issue 29; results in docs/integrations.md). torchtitan 0.2.2 (the PyPI release that runs on torch 2.11) through
+# (results in docs/integrations.md). torchtitan 0.2.2 (the PyPI release that runs on torch 2.11) through
 # titan_cad_spec.py (TrainSpecs + launcher = torchtitan.train.main with a step-timing trainer) and llama3_cad.toml:
 # Llama 3 8B shape, $LAYERS layers, vocab $VOCAB, $SEQ tokens per GPU (one packed row of Pretrain-recipe documents,
 # no download), FSDP2 + per-op selective AC as TorchTitan's Llama 3 8B TOML, compile off unless COMPILE=1.

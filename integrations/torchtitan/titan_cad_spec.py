@@ -319,7 +319,7 @@ def save_cad_attention_under_op_sac():
     That policy (selective_ac_option "op", TorchTitan's Llama 3 8B recipe) keeps the outputs of the ops on the list
     -- its own attention ops among them (SDPA, FlexAttention, torch's varlen_attn) -- and recomputes every other op
     in the backward. CAD's forward op was not on it, so every layer's backward ran CAD's forward again, exchanges
-    included, which TorchTitan's own attention does not pay (run 17's table compared CAD under that handicap). The
+    included, which TorchTitan's own attention does not pay (an earlier table compared CAD under that handicap). The
     list is the policy's extension point in TorchTitan 0.2.x (0.3 has SelectiveAC.get_save_ops instead); the op
     added matches CAD's calls only. Each forward then runs once per step and its backward re-sends its inputs from
     the owners (cad.init(keep_forward_tensors=False), as before under this policy)."""

@@ -22,7 +22,7 @@ LLAMA3 = (32, 8)  # Llama-3-8B's query and key/value heads: 2, 4 and 8 groups al
 
 
 def test_nvlink_like_step_pays_nothing():
-    """docs/multi_gpu.md run 42 on NVLink: 2377 ms, stall 68 ms (2.9%): under 5%, off for good, nothing predicted."""
+    """The 2-H200 NVLink step of trainer_h200x2_2026-11-28_6fc2a34_5: 2377 ms, stall 68 ms (2.9%): under 5%, off for good, nothing predicted."""
     choice = cad.OverlapChoice(heads=LLAMA3)
     assert choice.mode is None and choice.split is None
     assert choice.observe(2377.0, 68.0, 68.0) == "off"

@@ -1,4 +1,4 @@
-"""examples/train_pipeline.py (GPipe pipeline x data parallel, issue 27) on CPU ranks over gloo.
+"""examples/train_pipeline.py (GPipe pipeline x data parallel) on CPU ranks over gloo.
 
 - PP=2 on 2 ranks, PP=2 x DP=2 on 4 ranks and PP=3 on 3 ranks (a middle stage): CAD with one plan per tick over
   every rank (--pool tick), and CAD per stage (--pool stage), give the same losses and every parameter's gradient

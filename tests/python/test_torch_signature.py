@@ -197,7 +197,7 @@ def test_torch_compile_traces_it():
         assert q.grad is not None
 
 
-# ---- sliding windows (issue 26) ---------------------------------------------------------------------------------
+# ---- sliding windows ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("window", [(0, 0), (4, 0), (30, 0), (3, 5), (-1, 4), (6, -1)])
 def test_sliding_windows_match_masked_sdpa(window):
     # (left, 0) causal, any other right non-causal: sdpa with the band mask [i - left, i + right] per document.

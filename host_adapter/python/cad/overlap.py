@@ -21,12 +21,12 @@ best head-group prediction by `ping_pong_margin_share` (its constants were measu
 head groups were measured on both). The second observation, a step under the choice, reverts to none if that step
 was slower than the unsplit one by more than `revert_tolerance` of it: a wrong prediction costs one step.
 
-The constants are fitted to the measurements in docs/multi_gpu.md, 2 H200s, Llama-3-8B shapes, 64K tokens per
+The constants are fitted to the head-group and ping-pong records of 2026-11-28 (bench/results/trainer_h200x2_2026-11-28_6fc2a34*), 2 H200s, Llama-3-8B shapes, 64K tokens per
 GPU, 2 layers, 2 micro-batches, FSDP2 (predicted / measured saving per step, ms):
-  through host memory (NCCL_P2P_DISABLE=1, the slow-link stand-in; runs 41-42): unsplit 2777 ms, stall 244 ms
+  through host memory (NCCL_P2P_DISABLE=1, the slow-link stand-in; records _4 and _5): unsplit 2777 ms, stall 244 ms
     (8.8%): +hg2 28 / 29-31, +hg4 50 / 60-68, +hg8 48 / 58;
-  NVLink (runs 38, 42): unsplit 2377 ms, stall 68 ms: +hg2 -11 / -8..-20, +hg4 -10 / -19;
-  NVLink, ping-pong of halves (run 20): unsplit 2422 ms, GPU idle 41 ms: -45 / -37.
+  NVLink (records _2 and _5): unsplit 2377 ms, stall 68 ms: +hg2 -11 / -8..-20, +hg4 -10 / -19;
+  NVLink, ping-pong of halves (bench/cad/trace_overlap.py): unsplit 2422 ms, GPU idle 41 ms: -45 / -37.
 The model is a fit of these few points (the step-to-step noise is 5-10 ms), not a law: the second observation is
 what keeps a wrong prediction from lasting.
 """
@@ -36,14 +36,14 @@ from ._errors import CadError
 
 # Head groups: the share of the ideal pipeline's hiding that reaches the step. Fitted with FIXED_COST_SHARE on +hg2
 # through host memory (saved 29-31 ms where 122 can be hidden) and on NVLink (lost 8-20 where 34 can be hidden):
-# 0.5 x 122 - c = 30 and 0.5 x 34 - c = -14 give 0.5 and c = 31 ms, 1.2% of the step (runs 38, 41, 42).
+# 0.5 x 122 - c = 30 and 0.5 x 34 - c = -14 give 0.5 and c = 31 ms, 1.2% of the step (the records above).
 HIDDEN_SHARE = 0.5
 FIXED_COST_SHARE = 0.012
-# Each group beyond two: +hg8 was no better than +hg4 through host memory (58 against 62 ms saved, run 42), +hg4
-# 19 ms slower than unsplit on NVLink where +hg2 was 8-20 (run 42): about 0.15% of the step per group.
+# Each group beyond two: +hg8 was no better than +hg4 through host memory (58 against 62 ms saved, record _5), +hg4
+# 19 ms slower than unsplit on NVLink where +hg2 was 8-20 (record _5): about 0.15% of the step per group.
 PER_GROUP_COST_SHARE = 0.0015
-# Ping-pong of halves (run 20, 2 H200s, 64K, NVLink, bench/cad/trace_overlap.py): split, the GPU idled 15 ms where
-# unsplit it idled 41, and the split plans move 1.32x the bytes (heavier half first, run 53 and
+# Ping-pong of halves (2 H200s, 64K, NVLink, bench/cad/trace_overlap.py): split, the GPU idled 15 ms where
+# unsplit it idled 41, and the split plans move 1.32x the bytes (heavier half first,
 # bench/balancers/nano_split_bytes.py): 1 - 1.32 x 15 / 41 = 0.52 of the stall hidden; the compute kernels took
 # 2.8% longer (2375 against 2310 ms).
 PP_HIDDEN_SHARE = 0.52

@@ -39,8 +39,8 @@ def add_attention_timing_option(parser, on_means):
                         help=f"on: {on_means}; off: no CUDA waits around attention calls, step times as a trainer "
                              "without the measurement has them, attention times count only the enqueue; auto "
                              "(default): off on CUDA, on elsewhere. The syncs slow an imbalanced step far more than "
-                             "a balanced one (local attention 6-12%% slower on 2 H200s, CAD 1%%: docs/multi_gpu.md, "
-                             "runs 21-22), so step times and speedups come from off")
+                             "a balanced one (local attention 6-12%% slower on 2 H200s, CAD 1%%, "
+                             "measured 2026-11-26), so step times and speedups come from off")
 
 
 def resolve_attention_timing(args):

@@ -1,5 +1,5 @@
 """Train a transformers Llama model pipeline parallel (GPipe or 1F1B) x data parallel, with core attention through
-CAD balanced per pipeline tick across every rank (issue 27), or local.
+CAD balanced per pipeline tick across every rank, or local.
 
     torchrun --nproc-per-node 4 examples/train_pipeline.py --pp 2 --attention cad --pool tick \
         --context 1024 --layers 4 --micro-batches 4 --steps 3 --device cpu
