@@ -21,8 +21,8 @@
 //            the accumulator (the reductions are atomic per element), so the warpgroups never wait for
 //            each other.
 //
-// The consumer's step has compile-time variants (CAD_BWD90_VARIANT, sm90/bwd_traits.cuh; 0 by default); the
-// description here and at the consumer loop is variant 0's.
+// The consumer's step has two compile-time schedules (CAD_BWD90_VARIANT, sm90/bwd_traits.cuh): 1 (the default)
+// gives each consumer warpgroup a dQ writer warp and barriers of its own, 0 shares one of each between them.
 //
 // The roles of the 384 threads of a block (one block per SM):
 //  - warpgroup 0 gives its registers up (setmaxnreg) and hosts two helper warps:
@@ -247,126 +247,6 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     // Q, dO, LSE, Delta of stage s are no longer needed (arrive only where the producer will wait).
     if (it + S < n_iter) named_barrier_arrive(kBwdBarStageEmpty + s, kBwdStageBarThreads);
   };
-
-  // CAD_BWD90_VARIANT 2 and 3 (sm90/bwd_traits.cuh): step `it` whole -- S^T, dP^T, P^T, dS^T, then dV(it),
-  // dK(it) and dQ(it) (dQ once both warpgroups' dS^T(it) are in shared memory at D=128, its own at D=64; dS^T
-  // buffer b is rewritten at step it + 2, after both warpgroups have passed step it + 1's wait for theirs,
-  // that is after both have finished this step's dQ), and dQ(it)'s store. kFirst: V's copies land before
-  // dP^T.
-  auto step_in_order = [&](const int it, auto first) {
-    constexpr bool kFirst = decltype(first)::value;
-    const int s = it % S, b = it & 1;
-    const int q0 = item.q_begin + (it % n_qt) * BM;
-    const uint32_t q_buf = q_addr + s * T::kQBytes, do_buf = do_addr + s * T::kQBytes;
-    const int h = kv_head * p.group + it / n_qt;
-    const int shift = bwd90_stat_shift(p, item, h, q0);
-    const float* lse_tile = sLse + s * (T::kStatBytes / 4) + shift;
-    const float* delta_tile = sDelta + s * (T::kStatBytes / 4) + shift;
-    mbar_wait(full_bar(s), (it / S) & 1);
-    const int valid_q = item.q_len - q0;
-    if (valid_q < BM) {
-      bwd90_zero_rows_past_end<T>(q_buf, do_buf, valid_q, ctid);
-      named_barrier_sync(kBwdBarConsumers, 256);
-    }
-    // K's and V's addresses laundered: their per-warpgroup descriptors are then recomputed each step rather
-    // than kept in registers across it (ptxas spilled them).
-    uint32_t sk = k_addr, sv = v_addr, cw = cwarp;
-    launder(sk);
-    launder(sv);
-    launder(cw);
-    const int wgs = static_cast<int>(cw / 4);  // wg, from the warp index the step keeps anyway
-    float st[BM / 2], dpt[BM / 2];
-    bwd90_issue_keys_x_queries<T>(st, sk, q_buf, wgs);
-    if constexpr (kFirst) {
-      cp_async_wait<0>();
-      fence_proxy_async_smem();
-      named_barrier_sync(kBwdBarConsumers, 256);
-    }
-    bwd90_issue_keys_x_queries<T>(dpt, sv, do_buf, wgs);
-    wgmma_wait<1>();
-    fence_registers(st);
-    // P^T while dP^T is in flight, masked where the mask cuts through this warp's scores (as in step).
-    bool need_mask = !warp_keys_full || valid_q < BM || (p.causal && warp_key_last > q0 + item.causal_offset);
-    if constexpr (WINDOW) {
-      const int warp_key_first = warp_key_last - 15;
-      const bool cut = (p.window_left >= 0 && int64_t{warp_key_first} < int64_t{q0} + BM - 1 + item.causal_offset -
-                                                                             p.window_left) ||
-                       (p.window_right >= 0 && int64_t{warp_key_last} > int64_t{q0} + item.causal_offset +
-                                                                            p.window_right);
-      need_mask = need_mask || cut;
-    }
-    if (need_mask) {
-      bwd90_probabilities_masked<BM, WINDOW>(st, p, item, key_local, t, q0, lse_tile);
-    } else {
-      bwd90_probabilities_plain<BM>(st, p, t, lse_tile);
-    }
-    wgmma_wait<0>();
-    fence_registers(dpt);
-    if (valid_q < BM) {
-      bwd90_ds<BM, true>(dpt, st, delta_tile, t, valid_q);
-    } else {
-      bwd90_ds<BM, false>(dpt, st, delta_tile, t, valid_q);
-    }
-    uint32_t ap[BM / 16][4], as[BM / 16][4];
-    bwd90_fragments_and_ds<T>(st, dpt, ap, as,
-                              reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes), key_local, t);
-    mbar_arrive_warp(ds_bar(b, wg), lane);
-    // The store's lane-dependent addresses and K's dQ atom are recomputed (from laundered copies) rather than
-    // kept across the step: ptxas spilled them otherwise.
-    uint32_t sw = cwarp, sl = lane;
-    launder(sw);
-    launder(sl);
-    const uint32_t sa = D == 128 ? (sw / 4) * BN * 128 : 0;  // dq_k_atom
-    float dq[32];
-    if constexpr (kBwdVariant == 3 && !WINDOW) {
-      // FlashAttention-3/4's order: dV, then (both warpgroups' dS^T(it) in shared memory) dQ and dK, dQ's
-      // store while dK runs. (Not in the WINDOW kernel, whose mask's state ptxas then spilled: it runs 2's.)
-      bwd90_issue_rs<T>(dv, ap, do_buf);
-      mbar_wait(ds_bar(b, wg), (it >> 1) & 1);
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dq[i] = 0.f;
-      wgmma_fence();
-      bwd90_issue_dq<T>(dq, ds_addr, k_addr, sa, dq_key_step0, it);
-      bwd90_issue_rs<T>(dk, as, q_buf);
-      wgmma_wait<1>();  // dV(it) and dQ(it) done, dK(it) in flight
-      fence_registers(dq);
-      fence_registers(dv);
-      bwd90_store_dq<T>(p, dq, dq_addr, it, static_cast<int>(sw), static_cast<int>(sw / 4), static_cast<int>(sl / 4),
-                        static_cast<int>(sl % 4));
-      wgmma_wait<0>();
-      fence_registers(dk);
-    } else {
-      // dV and dK as two groups, so that dV's end (P^T's registers free again) can be waited for alone: dQ's
-      // accumulators are live only once it has ended (dV, dQ and dK all in flight hold the most registers).
-      // dQ is issued while dK still runs, so this warpgroup's products follow one another without a gap.
-      bwd90_issue_rs<T>(dv, ap, do_buf);
-      bwd90_issue_rs<T>(dk, as, q_buf);
-      mbar_wait(ds_bar(b, wg), (it >> 1) & 1);
-      wgmma_wait<1>();  // dV(it) done, dK(it) in flight
-      fence_registers(dv);
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dq[i] = 0.f;
-      wgmma_fence();
-      bwd90_issue_dq<T>(dq, ds_addr, k_addr, sa, dq_key_step0, it);
-      wgmma_wait<0>();
-      fence_registers(dq);
-      fence_registers(dk);
-      bwd90_store_dq<T>(p, dq, dq_addr, it, static_cast<int>(sw), static_cast<int>(sw / 4), static_cast<int>(sl / 4),
-                        static_cast<int>(sl % 4));
-    }
-    __syncwarp();
-    if (it + S < n_iter) named_barrier_arrive(kBwdBarStageEmpty + s, kBwdStageBarThreads);
-  };
-  if constexpr (kBwdVariant >= 2) {
-    if (n_iter > 0) {
-      step_in_order(0, std::true_type{});
-    } else {
-      cp_async_wait<0>();  // no step read V; its copies still finish before the block ends
-    }
-    for (int it = 1; it < n_iter; ++it) step_in_order(it, std::false_type{});
-    store_dk_dv<D>(p, dk, dv, key_local, t, item.kv_rows, key_row0, kv_stride, kv_head);
-    return;
-  }
 
   if (n_iter > 0) {
     step(0, std::false_type{});

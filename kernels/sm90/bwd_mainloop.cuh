@@ -167,20 +167,6 @@ __device__ __forceinline__ void bwd90_issue_dv_dk(float (&dv)[T::kD / 2], float 
   wgmma_commit();
 }
 
-// acc += A (from registers) x B (the stage's dO or Q tile, read transposed) as one wgmma group: dV += P^T dO
-// or dK += dS^T Q alone (CAD_BWD90_VARIANT 2 issues dQ between the two).
-template <typename T>
-__device__ __forceinline__ void bwd90_issue_rs(float (&acc)[T::kD / 2], const uint32_t (&a)[T::kBlockM / 16][4],
-                                               uint32_t b_buf) {
-  constexpr int D = T::kD, BM = T::kBlockM;
-  wgmma_fence();
-#pragma unroll
-  for (int kq = 0; kq < BM / 16; ++kq) {
-    wgmma_rs_tb_d<D>(acc, a[kq], smem_desc_sw128(b_buf + kq * 16 * 128, BM * 128, 1024));
-  }
-  wgmma_commit();
-}
-
 // dQ(j) = dS(j) K, 64 columns per warpgroup, as one wgmma group: A = dS (queries contiguous in dS^T
 // buffer j & 1), B = K (head-dim contiguous). D=128: all 128 keys, K's atom wg (dq_k_atom = wg * BN * 128:
 // columns 64wg..; dq_key_step0 = 0); D=64: this warpgroup's 64 keys (dq_key_step0 = 4 wg), K's only atom.

@@ -57,21 +57,17 @@ constexpr int kBwdStages = D == 128 ? 2 : CAD_BWD64_STAGES;
 //   0  dQ(j-1) issued with S(j) and stored while S(j) runs; dV/dK(j) as one group at the end of the step;
 //      one dQ handshake for both warpgroups (the writer waits for both, both wait for the writer);
 //   1  as 0, but each warpgroup hands its half of the dQ buffer to a writer warp of its own (warp 1 + w) on
-//      barriers of its own, so that neither waits for the other at the dQ store;
-//   2  1's handshakes, and dQ(j) within step j, as FlashAttention-3/4 compute it: dV(j) and dK(j) issued as
-//      soon as P^T(j) and dS^T(j) are in registers, dQ(j) (once both warpgroups' dS^T(j) are in shared
-//      memory) while dK(j) still runs, its store at the step's end;
-//   3  2, in FlashAttention-3/4's order: dV(j), then dQ(j) and dK(j), dQ(j) stored while dK(j) runs (dV's,
-//      dQ's and dK's operands in registers at once: the most registers of the four; the WINDOW kernel,
-//      which spilled so, keeps 2's order).
-// The default is 1: on one H200 (bench/results/bwd_variants_h200x1_2026-12-02) it ran the backward 3-6% faster
-// than 0 at D=128 and 6-9% at D=64 on every timed case, where 3 gained at most 0.4% at D=128 (2 is not timed
-// yet). 0, 2 and 3 stay selectable for the next A/B.
+//      barriers of its own, so that neither waits for the other at the dQ store.
+// The default is 1: on one H200 (bench/results/bwd_variants_h200x1_2026-12-02_b6aa63a) it ran the backward
+// 3-6% faster than 0 at D=128 and 6-9% at D=64 on every timed case. Two schedules with dQ(j) inside step j,
+// FlashAttention-3/4's way, were removed (git history: b6aa63a): the one in their exact order (dV, dQ, dK, dQ
+// stored while dK runs) ran 0.98-1.00x of 0 at D=128 and 1.01-1.07x at D=64, below 1 everywhere; the other
+// was not timed.
 #ifndef CAD_BWD90_VARIANT
 #define CAD_BWD90_VARIANT 1
 #endif
 constexpr int kBwdVariant = CAD_BWD90_VARIANT;
-static_assert(kBwdVariant >= 0 && kBwdVariant <= 3, "CAD_BWD90_VARIANT: 0 to 3");
+static_assert(kBwdVariant == 0 || kBwdVariant == 1, "CAD_BWD90_VARIANT: 0 or 1");
 constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
 
 // Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,

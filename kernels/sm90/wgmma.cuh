@@ -49,9 +49,6 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 
-// Makes a value opaque to the compiler at this point, so that what is computed from it after here is
-// recomputed rather than hoisted out of a loop and kept in registers.
-__device__ __forceinline__ void launder(uint32_t& x) { asm volatile("" : "+r"(x)); }
 
 // Keeps the compiler from moving accumulator reads/writes across an asynchronous wgmma.
 template <int N>
