@@ -14,20 +14,10 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
-import sys
+
+from simulate_cli import run
 
 GIB = 1024.0 ** 3
-
-
-def run(cad, args):
-    cmd = [cad, "simulate"] + args + ["--json", "--quiet"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit("failed (%d): %s\n%s" % (done.returncode, " ".join(cmd), done.stderr))
-    result = json.loads(done.stdout)
-    result["command"] = " ".join(cmd)
-    return result
 
 
 def row(r):

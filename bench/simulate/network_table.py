@@ -14,18 +14,8 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
-import sys
 
-
-def run(cad, args):
-    cmd = [cad, "simulate"] + args + ["--json", "--quiet"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit("failed (%d): %s\n%s" % (done.returncode, " ".join(cmd), done.stderr))
-    result = json.loads(done.stdout)
-    result["command"] = " ".join(cmd)
-    return result
+from simulate_cli import run
 
 
 def speedup(result, mode):

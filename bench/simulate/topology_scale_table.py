@@ -14,22 +14,12 @@ when a run fails.
 import argparse
 import json
 import os
-import subprocess
-import sys
+
+from simulate_cli import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VARIANTS = [("blind", "gpu", []), ("aware", "gpu", ["--ranks-per-node", "8"]),
             ("blind", "node", []), ("aware", "node", ["--ranks-per-node", "8"])]
-
-
-def run(cad, args):
-    cmd = [cad, "simulate"] + args + ["--json", "--quiet"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit("failed (%d): %s\n%s" % (done.returncode, " ".join(cmd), done.stderr))
-    result = json.loads(done.stdout)
-    result["command"] = " ".join(cmd)
-    return result
 
 
 def fitted_overlap():

@@ -24,6 +24,21 @@ std::string curve_refusal(const std::string& json) {
   return "(accepted)";
 }
 
+// Llama-8B, 32K tokens per rank of 300 short documents and 8 of 64K, planned by prefix_aware: a batch whose
+// plans move bytes between every pair of ranks.
+sim::Scenario short_and_long_documents() {
+  sim::Scenario s;
+  s.shape = sim::model_preset("llama-8b");
+  for (int i = 0; i < 300; ++i) s.lengths.push_back(500 + (i * 7919) % 9000);
+  for (int i = 0; i < 8; ++i) s.lengths.push_back(65536);
+  s.context = 32768;
+  sim::BalancerSpec b;
+  b.name = "prefix_aware";
+  s.balancers.push_back(b);
+  s.search_path = CAD_BALANCER_PLUGIN_DIR;
+  return s;
+}
+
 }  // namespace
 
 TEST(SimulateNetwork, OverlapHidesItsShareUpToTheCompute) {
@@ -95,15 +110,7 @@ TEST(SimulateNetwork, PingPongModeHidesTheNamedOverlap) {
 }
 
 TEST(SimulateNetwork, BytesSplitByNode) {
-  sim::Scenario s;
-  s.shape = sim::model_preset("llama-8b");
-  for (int i = 0; i < 300; ++i) s.lengths.push_back(500 + (i * 7919) % 9000);
-  for (int i = 0; i < 8; ++i) s.lengths.push_back(65536);
-  s.context = 32768;
-  sim::BalancerSpec b;
-  b.name = "prefix_aware";
-  s.balancers.push_back(b);
-  s.search_path = CAD_BALANCER_PLUGIN_DIR;
+  sim::Scenario s = short_and_long_documents();
   const auto rates = sim::constant_rates(600, 400, 2.5);
   const sim::SystemCalibration cal = sim::testing::calibration(500, 4000, 48, {{1e6, 10}, {1e9, 300}});
   auto run = [&](int64_t gpus_per_node) {
@@ -205,15 +212,7 @@ TEST(SimulateNetwork, RailRoutingSendsOverTheDestinationsRail) {
   // Through the whole model with a real plan (4 nodes of 4): the same bytes leave the nodes, the busiest NIC
   // carries less than the busiest GPU sent across over its own (its node's bytes spread over the rails), and the
   // relay hops add NVLink bytes.
-  sim::Scenario s;
-  s.shape = sim::model_preset("llama-8b");
-  for (int i = 0; i < 300; ++i) s.lengths.push_back(500 + (i * 7919) % 9000);
-  for (int i = 0; i < 8; ++i) s.lengths.push_back(65536);
-  s.context = 32768;
-  sim::BalancerSpec b;
-  b.name = "prefix_aware";
-  s.balancers.push_back(b);
-  s.search_path = CAD_BALANCER_PLUGIN_DIR;
+  sim::Scenario s = short_and_long_documents();
   const auto rates = sim::constant_rates(600, 400, 2.5);
   const sim::SystemCalibration cal = sim::testing::calibration(500, 4000, 48, {{1e6, 10}, {1e9, 300}});
   s.layout = sim::Layout{16, 4, 1, 1};
