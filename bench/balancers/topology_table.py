@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""topology_table.py -- the table of docs/slow_links.md: inter-node bytes of topology-aware prefix_aware against
-today's (topology-blind) prefix_aware and distca, from `cad plan --ranks-per-node` on Pretrain-recipe batches.
+"""topology_table.py -- the table of bench/results/topology_bytes_cpu_2026-12-02_233039a (summarised on
+docs/slow_links.md): inter-node bytes of topology-aware prefix_aware against topology-blind
+prefix_aware and distca, from `cad plan --ranks-per-node` on Pretrain-recipe batches.
 
 For each (ranks, context, seed) it runs, on the same batch:
   prefix_aware blind   --config '{"ranks_per_node": RANKS}' (one node: the plan before the node map)
