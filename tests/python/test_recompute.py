@@ -11,8 +11,8 @@ import harness
 
 DOCS = [[37, 5, 1, 21], [9, 60]]  # per rank; unequal attention work, equal tokens
 # Imported once by the ranks' forkserver (tests/python/harness.py): every case builds a transformers Llama, and
-# test_compiled_layers compiles its layers (torch._dynamo, AOTAutograd).
-PRELOAD = (*harness.TRANSFORMERS, "torch._dynamo", "torch._functorch.aot_autograd")
+# test_compiled_layers compiles its layers (AOTAutograd; torch._dynamo is in harness.BASE).
+PRELOAD = (*harness.TRANSFORMERS, "torch._functorch.aot_autograd")
 
 
 def _config():
