@@ -48,8 +48,8 @@ TRANSFORMERS = ("transformers", "transformers.models.auto.modeling_auto", "trans
 
 
 def context(preload=()):
-    """The forkserver context whose server imports BASE and `preload` when it starts (at a
-    suite's first run: a later run's `preload` is not read, and a module it names is then imported per rank)."""
+    """The forkserver context whose server imports BASE and `preload` when it starts (at a suite's first run: a
+    later run's `preload` is not read, and a module it names is then imported per rank, as before)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([*BASE, *preload])
     return ctx
