@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("megatron.core",
                     reason="megatron-core is not installed (pip install megatron-core; run_tests.sh does it)")
 
-from test_cad_megatron import HERE  # noqa: E402
+from test_cad_megatron import HERE, run_script  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 HEADS, GROUPS, HEAD_DIM = 4, 2, 16
@@ -246,19 +246,18 @@ def test_megatron_layout_maps_chunks_to_pieces():
         megatron_layout([1, 6], None, 2, 0, replica=0)
 
 
-def _train(tmp_path, name, launcher, *args):
+def _train(tmp_path, name, world, *args):
+    """train_gpt_cad.py's command line on `world` ranks (test_cad_megatron.run_script: forked ranks, as torchrun
+    starts them; the script under torchrun itself is test_cad_megatron's training test)."""
     import json
-    import os
-    import subprocess
     data = tmp_path / "lengths.json"
     # Long documents (the recipe scales them by context / 64K): many span both ranks' tokens.
     data.write_text(json.dumps([65536, 30000, 5000, 40000, 2000, 52000, 900, 12000] * 4))
-    command = launcher + [str(HERE / "train_gpt_cad.py"), "--device", "cpu", "--steps", "2", "--micro-batches", "2",
-                          "--data", str(data), "--hidden", "64", "--ffn", "128",
-                          "--json-out", str(tmp_path / f"{name}_{{config}}.json"), *args]
-    result = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    out = tmp_path / name
+    out.mkdir()
+    run_script(HERE / "train_gpt_cad.py", ["--device", "cpu", "--steps", "2", "--micro-batches", "2", "--data",
+                                          str(data), "--hidden", "64", "--ffn", "128",
+                                          "--json-out", str(tmp_path / f"{name}_{{config}}.json"), *args], world, out)
     return json.loads((tmp_path / f"{name}_cad.json").read_text())
 
 
@@ -267,10 +266,9 @@ def test_training_script_with_context_parallelism_trains_one_process_losses(tmp_
     cut at 256 tokens) trains the losses of one process holding the same documents whole (--layout cad, 512), with
     RoPE. (At this model's size positions restarting at a cut move the mean loss by less than the tolerance:
     test_cad_megatron_tp.py's per-document losses are the check that tells them apart.)"""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     rope = ["--configs", "cad", "--position-embedding", "rope"]
-    cp = _train(tmp_path, "cp", torchrun, *rope, "--context-parallel-size", "2", "--context", "256")
-    one = _train(tmp_path, "one", [sys.executable], *rope, "--layout", "cad", "--context", "512")
+    cp = _train(tmp_path, "cp", 2, *rope, "--context-parallel-size", "2", "--context", "256")
+    one = _train(tmp_path, "one", 1, *rope, "--layout", "cad", "--context", "512")
     assert cp["summary"]["context_parallel_size"] == 2 and cp["summary"]["ranks"] == 2
     got, want = cp["summary"]["losses"], one["summary"]["losses"]
     assert len(got) == len(want) == 2

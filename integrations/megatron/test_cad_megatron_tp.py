@@ -26,7 +26,7 @@ import torch
 pytest.importorskip("megatron.core",
                     reason="megatron-core is not installed (pip install megatron-core; run_tests.sh does it)")
 
-from test_cad_megatron import HERE, _run  # noqa: E402 -- the ranks' launcher (spawned, gloo)
+from test_cad_megatron import HERE, _run  # noqa: E402 -- the ranks' launcher (gloo)
 
 sys.path.insert(0, str(HERE))
 HEADS, GROUPS, HEAD_DIM, VOCAB = 4, 2, 16, 96

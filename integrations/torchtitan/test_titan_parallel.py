@@ -160,7 +160,10 @@ def test_cp_and_tp_layouts_give_the_unsplit_loss_and_gradients(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(tmp_path)), nprocs=WORLD, join=True)
+    # Forked from a server that imported torch once (a spawned rank imports it again: seconds of CPU each). Only
+    # torch: each rank imports this module (titan_common.prepare, then torchtitan) as a spawned rank would.
+    mp.get_context("forkserver").set_forkserver_preload(["torch"])
+    mp.start_processes(_worker, args=(port, str(tmp_path)), nprocs=WORLD, join=True, start_method="forkserver")
     reports = {r: (tmp_path / f"{r}.txt").read_text() for r in range(WORLD)}
     assert reports == {r: "ok" for r in range(WORLD)}, "\n".join(f"rank {r}: {t}" for r, t in reports.items())
 

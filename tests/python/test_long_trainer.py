@@ -147,7 +147,7 @@ def trained(tmp_path_factory):
     if not DATA.exists():
         pytest.skip(f"no Pretrain data at {DATA}")
     out = tmp_path_factory.mktemp("long") / "cases.pt"
-    harness.run(RANKS, _llama_cases, str(out), timeout_s=280)
+    harness.run(RANKS, _llama_cases, str(out), timeout_s=280, preload=harness.TRANSFORMERS)
     return torch.load(out)
 
 
@@ -227,7 +227,7 @@ def _pipeline_case(rank, world, out_dir):
 def test_pipeline_trains_as_one_process(tmp_path):
     """PP 2 x DP 2 (rank = stage * 2 + replica), each micro-batch's documents over the 2 replicas of a stage, CAD
     over all 4 ranks per tick: the step's losses and every stage's gradients equal one process's."""
-    harness.run(4, _pipeline_case, str(tmp_path), timeout_s=280)
+    harness.run(4, _pipeline_case, str(tmp_path), timeout_s=280, preload=harness.TRANSFORMERS)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]
     want = ranks[0]["one"]
     for rank, got in enumerate(ranks):

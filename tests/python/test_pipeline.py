@@ -12,7 +12,8 @@
 - Plans are per tick and made ahead: each forward tick has a plan of its own, tagged with its tick, asked for
   during the tick before; its mirrored backward tick reuses it; the step makes exactly one plan per tick.
 - A stage that stalls or raises in a tick ends every rank with an error naming its stage, tick, micro-batch and
-  rank, within the timeout (the processes are started here without torchrun, so nothing else ends them).
+  rank, within the timeout (the processes are started here without torchrun, so nothing else ends them; each runs
+  the trainer's own entry, forked from the ranks' forkserver, which imported torch and transformers once).
 - The command line: --help, and bad options refused.
 
 The training cases of one layout run in one set of spawned processes (tests/python/harness.py): torch and
@@ -23,6 +24,7 @@ import io
 import json
 import os
 import pathlib
+import runpy
 import subprocess
 import sys
 import time
@@ -149,7 +151,7 @@ def _run(tmp_path_factory, run):
         pytest.skip(f"no Pretrain data at {DATA}")
     world = RUNS[run][0]
     out = tmp_path_factory.mktemp(run)
-    harness.run(world, _train_cases, str(out), run, timeout_s=240)
+    harness.run(world, _train_cases, str(out), run, timeout_s=240, preload=harness.TRANSFORMERS)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
@@ -495,10 +497,12 @@ def test_comparison_table(two, tmp_path):
     for name, summary in summaries.items():
         (tmp_path / f"pipe_256_4_{name}.json").write_text(json.dumps(
             {"summary": dict(summary, sync_attention_timing="off"), "steps": []}))
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "multi_gpu" / "pipeline_table.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    # The script's main in this process (its command line ran above: a second interpreter would import torch again).
+    table_script = runpy.run_path(str(REPO / "tests" / "multi_gpu" / "pipeline_table.py"))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert table_script["main"]([str(tmp_path)]) == 0
+    rows = [line for line in printed.getvalue().splitlines() if line.startswith("| ") and "---" not in line]
     cells = [c.strip() for c in rows[3].split("|")[1:-1]]
     assert cells[3] == f"{speedup:.3f}" and cells[4] == "-" and cells[5] == "-" and cells[6] == "-"
     assert cells[7] == f"{cad['mean_planned_imbalance']:.3f}"
@@ -574,74 +578,86 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _launch(world, argv, timeout_s):
+def _trainer_rank(rank, world, port, argv, out_dir):
+    """One rank of examples/train_pipeline.py run as its command line runs it (its __main__, sys.argv, the
+    launcher's environment), its stdout and stderr (file descriptors 1 and 2: Python's and the library's) in
+    out_dir. A failing rank leaves through the trainer's own os._exit(1)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        with open(os.path.join(out_dir, f"{name}{rank}.txt"), "w") as f:
+            os.dup2(f.fileno(), fd)
+    sys.argv = [str(TRAINER), *argv]
+    runpy.run_path(str(TRAINER), run_name="__main__")
+
+
+def _launch(world, argv, timeout_s, tmp_path):
     """The trainer's command line on `world` processes started here (no torchrun, which would end the others when
     one fails): returns per rank (exit code, seconds until it exited, stderr)."""
+    ctx = harness.context(harness.TRANSFORMERS)
     port = _free_port()
-    procs = []
+    procs = [ctx.Process(target=_trainer_rank, args=(r, world, port, list(argv), str(tmp_path)))
+             for r in range(world)]
     start = time.monotonic()
-    for rank in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-        procs.append(subprocess.Popen([sys.executable, str(TRAINER), *argv], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        p.start()
     ended = [None] * world
     while any(e is None for e in ended) and time.monotonic() - start < timeout_s:
         for r, p in enumerate(procs):
-            if ended[r] is None and p.poll() is not None:
+            if ended[r] is None and p.exitcode is not None:
                 ended[r] = time.monotonic() - start
         time.sleep(0.05)
     for p in procs:
-        if p.poll() is None:
+        if p.exitcode is None:
             p.kill()
-    return [(p.wait(), ended[r], p.communicate()[1]) for r, p in enumerate(procs)]
+        p.join()
+    return [(p.exitcode, ended[r], (tmp_path / f"stderr{r}.txt").read_text()) for r, p in enumerate(procs)]
 
 
 FAULT_ARGS = ["--attention", "cad", "--pool", "tick", "--layers", "2", "--hidden", "64", "--intermediate", "96",
-              "--context", "256", "--micro-batches", "4", "--steps", "1", "--pp", "2", "--timeout-ms", "3000"]
+              "--context", "256", "--micro-batches", "4", "--steps", "1", "--pp", "2", "--timeout-ms", "2000"]
 
 
 @needs_data
-def test_a_stalled_stage_ends_every_rank_naming_the_tick():
-    """Stage 1 stalls (9 s: 3 x the 3 s timeout) at the start of forward tick 2. Stage 0 is then inside that
+def test_a_stalled_stage_ends_every_rank_naming_the_tick(tmp_path):
+    """Stage 1 stalls (6 s: 3 x the 2 s timeout) at the start of forward tick 2. Stage 0 is then inside that
     tick's CAD calls (micro-batch 2) and must give up after the timeout, naming its stage, tick, micro-batch and
     rank -- long before the stalled rank wakes up; the stalled rank fails at its next call (its peer is gone),
     naming its own tick (micro-batch 1)."""
     (rc0, t0, err0), (rc1, t1, err1) = _launch(2, FAULT_ARGS + ["--data", str(DATA), "--test-fault",
-                                                                "1:forward:2:stall"], timeout_s=90)
+                                                                "1:forward:2:stall"], 90, tmp_path)
     assert rc0 != 0 and rc1 != 0, (rc0, rc1, err0[-3000:], err1[-3000:])
     assert "pipeline: rank 0 (stage 0, replica 0): forward tick 2 (micro-batch 2) of step 0 failed" in err0, \
         err0[-3000:]
     assert "train_pipeline: rank 0 failed; exiting without teardown" in err0
     assert "pipeline: rank 1 (stage 1, replica 0): forward tick 2 (micro-batch 1) of step 0 failed" in err1, \
         err1[-3000:]
-    assert "test fault: rank 1 stalls for 9 s at forward tick 2" in err1
-    # rank 0 ended by its own timeout, not by rank 1 waking up (which takes 9 s from the same moment)
-    assert t1 - t0 > 3.0, (t0, t1)
+    assert "test fault: rank 1 stalls for 6 s at forward tick 2" in err1
+    # rank 0 ended by its own timeout, not by rank 1 waking up (which takes 6 s from the same moment)
+    assert t1 - t0 > 2.0, (t0, t1)
 
 
 @needs_data
-def test_a_stage_that_raises_ends_every_rank_naming_the_tick():
+def test_a_stage_that_raises_ends_every_rank_naming_the_tick(tmp_path):
     """Stage 1 raises at the start of backward tick 1; stage 0, waiting in that tick for micro-batch 3's gradient
     from stage 1, fails within the timeout naming its tick."""
     (rc0, t0, err0), (rc1, t1, err1) = _launch(2, FAULT_ARGS + ["--data", str(DATA), "--test-fault",
-                                                                "1:backward:1:raise"], timeout_s=90)
+                                                                "1:backward:1:raise"], 90, tmp_path)
     assert rc0 != 0 and rc1 != 0, (rc0, rc1, err0[-3000:], err1[-3000:])
     assert "pipeline: rank 1 (stage 1, replica 0): backward tick 1 (micro-batch 2) of step 0 failed" in err1
     assert "test fault: rank 1 raises at backward tick 1" in err1
     assert "pipeline: rank 0 (stage 0, replica 0): backward tick 1 (micro-batch 3) of step 0 failed" in err0, \
         err0[-3000:]
-    assert t0 - t1 < 3.0 + 5.0, (t0, t1)  # within the timeout (and a margin) of rank 1's failure
+    assert t0 - t1 < 2.0 + 5.0, (t0, t1)  # within the timeout (and a margin) of rank 1's failure
 
 
 @needs_data
-def test_a_stalled_stage_under_1f1b_ends_every_rank_naming_the_tick():
+def test_a_stalled_stage_under_1f1b_ends_every_rank_naming_the_tick(tmp_path):
     """1F1B, CAD over the world: stage 0 stalls at the start of tick 3 (its backward of micro-batch 0), where
     stage 1 runs the forward of micro-batch 1 and, by the tick's call order, waits inside the calls it shares
     with stage 0: it gives up after the timeout naming its stage, tick and micro-batch."""
-    (rc0, t0, err0), (rc1, t1, err1) = _launch(2, FAULT_ARGS + ["--schedule", "1f1b", "--timeout-ms", "2000",
-                                                                "--data", str(DATA), "--test-fault",
-                                                                "0:backward:3:stall"], timeout_s=90)
+    (rc0, t0, err0), (rc1, t1, err1) = _launch(2, FAULT_ARGS + ["--schedule", "1f1b", "--data", str(DATA),
+                                                                "--test-fault", "0:backward:3:stall"], 90, tmp_path)
     assert rc0 != 0 and rc1 != 0, (rc0, rc1, err0[-3000:], err1[-3000:])
     assert "pipeline: rank 1 (stage 1, replica 0): forward tick 3 (micro-batch 1) of step 0 failed" in err1, \
         err1[-3000:]

@@ -10,6 +10,9 @@ import torch
 import harness
 
 DOCS = [[37, 5, 1, 21], [9, 60]]  # per rank; unequal attention work, equal tokens
+# Imported once by the ranks' forkserver (tests/python/harness.py): every case builds a transformers Llama, and
+# test_compiled_layers compiles its layers (AOTAutograd; torch._dynamo is in harness.BASE).
+PRELOAD = (*harness.TRANSFORMERS, "torch._functorch.aot_autograd")
 
 
 def _config():
@@ -108,18 +111,19 @@ def test_activation_checkpointing():
     # transformers' gradient checkpointing, reentrant and not, with the plan derived from position_ids (the
     # case that failed with "plan #1 was released or never existed") and passed by the caller.
     harness.run(2, _compare, [(mode, None, explicit) for mode in ("non_reentrant", "reentrant")
-                              for explicit in (False, True)], timeout_s=240)
+                              for explicit in (False, True)], timeout_s=240, preload=PRELOAD)
 
 
 def test_selective_recompute():
     harness.run(2, _compare, [("self_attn", None, False), ("mlp", None, False), ("self_attn", None, True)],
-                timeout_s=240)
+                timeout_s=240, preload=PRELOAD)
 
 
 def test_data_parallel_wrappers_with_checkpointing():
     harness.run(2, _compare, [("non_reentrant", "ddp", False), ("non_reentrant", "fsdp2", False),
-                              ("reentrant", "fsdp2", True), (None, "fsdp2", False)], timeout_s=240)
+                              ("reentrant", "fsdp2", True), (None, "fsdp2", False)], timeout_s=240, preload=PRELOAD)
 
 
 def test_compiled_layers():
-    harness.run(2, _compare, [(None, "compile", True), ("non_reentrant", "compile", False)], timeout_s=300)
+    harness.run(2, _compare, [(None, "compile", True), ("non_reentrant", "compile", False)], timeout_s=300,
+                preload=PRELOAD)

@@ -8,6 +8,9 @@ import harness
 from reference import random_batch, sdpa_varlen, sdpa_varlen_window
 
 LENGTHS, HQ, HKV, D = [7, 1, 33, 12], 4, 2, 16  # odd lengths, a one-token document, GQA
+# Imported once by the ranks' forkserver (tests/python/harness.py): the two-rank cases build Mistral and Qwen2.
+HF_MODULES = (*harness.TRANSFORMERS, "transformers.models.mistral.modeling_mistral",
+              "transformers.models.qwen2.modeling_qwen2")
 
 
 def _grads(fn, q, k, v, d_o):
@@ -143,7 +146,7 @@ def _interleaved_layers(rank, world, balancer):
 
 @pytest.mark.parametrize("world,balancer", [(2, "prefix_aware"), (3, "distca")])
 def test_interleaved_local_and_global_layers_through_cad(world, balancer):
-    harness.run(world, _interleaved_layers, balancer)
+    harness.run(world, _interleaved_layers, balancer, preload=HF_MODULES)
 
 
 def test_torch_compile_traces_a_window():
@@ -300,4 +303,4 @@ def _hf_cad_equals_local(rank, world, kind):
 
 @pytest.mark.parametrize("kind", ["mistral", "qwen2"])
 def test_hf_sliding_window_through_cad_on_two_ranks(kind):
-    harness.run(2, _hf_cad_equals_local, kind, timeout_s=180)
+    harness.run(2, _hf_cad_equals_local, kind, timeout_s=180, preload=HF_MODULES)
