@@ -11,11 +11,9 @@ usage: python3 bench/simulate/long_docs_table.py [--cad build/bin/cad] [--dist F
 Exits non-zero when a run fails.
 """
 import argparse
-import json
-import os
 import shlex
 
-from simulate_cli import run
+from simulate_cli import add_path_options, run, write
 
 GIB = 1024.0 ** 3
 
@@ -37,11 +35,8 @@ def row(r):
 
 
 def main():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cad", default=os.path.join(root, "build", "bin", "cad"))
-    p.add_argument("--dist", default=os.path.join(root, "..", "shared", "data", "doclen_pretrain.json"))
-    p.add_argument("--out", default=os.path.join(root, "docs", "simulate", "long_docs"))
+    add_path_options(p, "long_docs")
     p.add_argument("--model", default="llama-8b")
     p.add_argument("--max-doc-len", default="1048576")
     p.add_argument("--tokens-per-rank", default="131072")
@@ -60,12 +55,8 @@ def main():
               "all GiB per layer | most K/V GiB one server holds (per layer) | per_doc_cp step (s) | "
               "prefix_aware vs per_doc_cp: ping-pong mode / no overlap | colocated (all-gather CP) vs per_doc_cp |")
     sep = "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
     text = "\n".join([header, sep] + [row(r) for r in results]) + "\n"
-    with open(os.path.join(a.out, "table.md"), "w") as f:
-        f.write(text)
+    write(a.out, "results.json", results, "table.md", text)
     print(text)
 
 

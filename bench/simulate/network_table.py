@@ -11,11 +11,9 @@ usage: python3 bench/simulate/network_table.py [--cad build/bin/cad] [--dist FIL
 Writes OUT/results.json (every run's --json and its command) and OUT/table.md. Exits non-zero when a run fails.
 """
 import argparse
-import json
-import os
 import shlex
 
-from simulate_cli import run
+from simulate_cli import add_path_options, run, write
 
 
 def speedup(result, mode):
@@ -24,11 +22,8 @@ def speedup(result, mode):
 
 
 def main():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cad", default=os.path.join(root, "build", "bin", "cad"))
-    p.add_argument("--dist", default=os.path.join(root, "..", "shared", "data", "doclen_pretrain.json"))
-    p.add_argument("--out", default=os.path.join(root, "docs", "simulate", "network"))
+    add_path_options(p, "network")
     p.add_argument("--models", default="llama-8b,34b")
     p.add_argument("--gpus", default="64,128,512,1024")
     p.add_argument("--contexts", default="131072,524288")
@@ -59,13 +54,9 @@ def main():
               " | ".join("%s Gb/s, overlap %s" % (g, a.overlap) for g in gbps) +
               " | 400 Gb/s, overlap 0 | inter-node GiB per layer, per_doc_cp / prefix_aware |")
     sep = "|---|---:|---:|---:|" + "---:|" * len(gbps) + "---:|---:|"
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
     text = "prefix_aware vs per_doc_cp (mean step time ratio, ping-pong mode at the overlap named)\n\n" + \
         "\n".join([header, sep] + rows) + "\n"
-    with open(os.path.join(a.out, "table.md"), "w") as f:
-        f.write(text)
+    write(a.out, "results.json", results, "table.md", text)
     print(text)
 
 

@@ -15,9 +15,8 @@ import argparse
 import json
 import os
 
-from simulate_cli import run
+from simulate_cli import ROOT, add_path_options, run, write
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VARIANTS = [("blind", "gpu", []), ("aware", "gpu", ["--ranks-per-node", "8"]),
             ("blind", "node", []), ("aware", "node", ["--ranks-per-node", "8"])]
 
@@ -30,10 +29,7 @@ def fitted_overlap():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cad", default=os.path.join(ROOT, "build", "bin", "cad"))
-    p.add_argument("--dist", default=os.environ.get("CAD_DATA") or os.path.join(ROOT, "..", "shared", "data",
-                                                                              "doclen_pretrain.json"))
-    p.add_argument("--out", default=os.path.join(ROOT, "docs", "simulate", "network"))
+    add_path_options(p, "network")
     p.add_argument("--models", default="llama-8b,34b")
     p.add_argument("--gpus", default="64,128,512,1024")
     p.add_argument("--contexts", default="131072,524288")
@@ -67,13 +63,9 @@ def main():
               "rail-routed, blind | rail-routed, aware | prefix_aware inter-node GiB per layer, blind / aware | "
               "busiest NIC GiB per layer: own blind / own aware / rail blind / rail aware |")
     sep = "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "topology_results.json"), "w") as f:
-        json.dump(results, f, indent=1)
     text = ("prefix_aware's step against per_doc_cp and colocated (mean step time ratios, ping-pong mode), TP 1, nodes "
             "of 8, %s Gb/s per GPU, overlap %s\n\n" % (a.gbps, overlap)) + "\n".join([header, sep] + rows) + "\n"
-    with open(os.path.join(a.out, "topology_table.md"), "w") as f:
-        f.write(text)
+    write(a.out, "topology_results.json", results, "topology_table.md", text)
     print(text)
 
 
