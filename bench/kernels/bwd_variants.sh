@@ -63,34 +63,40 @@ done
 t "built: ${built[*]:-none} ($(grep -h '^\[' "$LOG"/build_v*.log | tail -1 | cut -c1-60))"
 [ "${#built[@]}" = 0 ] && finish
 
+# side_by_side NAME V LIMIT_S COMMAND...: COMMAND in the background under LIMIT_S, its output in logs/NAME_vV.log and
+# its exit code in logs/NAME_vV.rc (the caller waits).
+side_by_side() {
+  local name=$1 v=$2 limit=$3; shift 3
+  ( timeout "$limit" "$@" > "$LOG/${name}_v$v.log" 2>&1; echo $? > "$LOG/${name}_v$v.rc" ) &
+}
+# report NAME LABEL PATTERN V: variant V's line (its exit code and the log's lines matching PATTERN) into
+# tests.txt, a failure counted with gtest's FAILED lines; returns 0 where the run passed.
+report() {
+  local name=$1 label=$2 pattern=$3 v=$4 rc line
+  rc=$(cat "$LOG/${name}_v$v.rc")
+  line="variant $v $label rc=$rc: $(grep -E "$pattern" "$LOG/${name}_v$v.log" | tr '\n' ' ')"
+  echo "$line" >> "$OUT/tests.txt"; t "$line"
+  [ "$rc" = 0 ] || { fail "variant $v: $label rc=$rc"; grep -E '^\[  FAILED  \]' "$LOG/${name}_v$v.log" | head -10; }
+  [ "$rc" = 0 ]
+}
+GTEST_SUMMARY='^\[  (PASSED|FAILED)  \] [0-9]+ test'
+
 # ---- 2. correctness per variant ----------------------------------------------------------------------------
 # The small cases' CPU reference is the slow part: the variants' runs go side by side (one process each).
 : > "$OUT/tests.txt"
 for v in "${built[@]}"; do
-  ( timeout 240 "build-bwdv$v/bin/cad_gpu_tests" \
-      --gtest_filter='Gpu/AttentionVsReference.*:Gpu/WindowVsReference.*-*portable*' > "$LOG/gpu_tests_v$v.log" 2>&1
-    echo $? > "$LOG/gpu_tests_v$v.rc" ) &
+  side_by_side gpu_tests "$v" 240 "build-bwdv$v/bin/cad_gpu_tests" \
+    --gtest_filter='Gpu/AttentionVsReference.*:Gpu/WindowVsReference.*-*portable*'
 done
 wait
+for v in "${built[@]}"; do report gpu_tests cad_gpu_tests "$GTEST_SUMMARY" "$v"; done
 for v in "${built[@]}"; do
-  rc=$(cat "$LOG/gpu_tests_v$v.rc")
-  line="variant $v cad_gpu_tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ test' "$LOG/gpu_tests_v$v.log" | tr '\n' ' ')"
-  echo "$line" >> "$OUT/tests.txt"; t "$line"
-  [ "$rc" = 0 ] || { fail "variant $v: cad_gpu_tests rc=$rc"; grep -E '^\[  FAILED  \]' "$LOG/gpu_tests_v$v.log" | head -10; }
-done
-for v in "${built[@]}"; do
-  ( timeout 150 "build-bwdv$v/bin/cad_gpu_large_tests" --gtest_filter='Gpu/LargeAttention.*' \
-      > "$LOG/large_tests_v$v.log" 2>&1
-    echo $? > "$LOG/large_tests_v$v.rc" ) &
+  side_by_side large_tests "$v" 150 "build-bwdv$v/bin/cad_gpu_large_tests" --gtest_filter='Gpu/LargeAttention.*'
 done
 wait
 good=()
 for v in "${built[@]}"; do
-  rc=$(cat "$LOG/large_tests_v$v.rc")
-  line="variant $v cad_gpu_large_tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ test' "$LOG/large_tests_v$v.log" | tr '\n' ' ')"
-  echo "$line" >> "$OUT/tests.txt"; t "$line"
-  [ "$rc" = 0 ] || { fail "variant $v: cad_gpu_large_tests rc=$rc"; grep -E '^\[  FAILED  \]' "$LOG/large_tests_v$v.log" | head -10; }
-  [ "$rc" = 0 ] && [ "$(cat "$LOG/gpu_tests_v$v.rc")" = 0 ] && good+=("$v")
+  report large_tests cad_gpu_large_tests "$GTEST_SUMMARY" "$v" && [ "$(cat "$LOG/gpu_tests_v$v.rc")" = 0 ] && good+=("$v")
 done
 # Only variants whose results are right are timed (one that fails may also hang).
 t "timed: ${good[*]:-none}"
@@ -129,17 +135,11 @@ for v in "${built[@]}"; do
     continue
   fi
   raced+=("$v")
-  ( timeout 100 "$SANITIZER" --tool racecheck --error-exitcode 17 "build-bwdv$v/bin/cad_gpu_tests" \
-      --gtest_filter="$small" > "$LOG/racecheck_v$v.log" 2>&1
-    echo $? > "$LOG/racecheck_v$v.rc" ) &
+  side_by_side racecheck "$v" 100 "$SANITIZER" --tool racecheck --error-exitcode 17 "build-bwdv$v/bin/cad_gpu_tests" \
+    --gtest_filter="$small"
 done
 wait
-for v in "${raced[@]}"; do
-  rc=$(cat "$LOG/racecheck_v$v.rc")
-  line="variant $v racecheck rc=$rc: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$LOG/racecheck_v$v.log" | tail -1)"
-  echo "$line" >> "$OUT/tests.txt"; t "$line"
-  [ "$rc" = 0 ] || fail "variant $v: racecheck rc=$rc"
-done
+for v in "${raced[@]}"; do report racecheck racecheck 'RACECHECK SUMMARY|ERROR SUMMARY' "$v"; done
 cat "$OUT/tests.txt" >> "$OUT/summary.md"  # (summary.md exists once a variant was timed)
 echo "---- summary ----"
 cat "$OUT/summary.md"
