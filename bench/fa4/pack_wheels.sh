@@ -2,7 +2,7 @@
 # pack_wheels.sh -- FlashAttention-4's wheels for the GPU machine (which has no network), run where pip works, from
 # the repository root. Downloads the set that imports there (/work/shared/ANCHORS.md: flash-attn-4 4.0.0b36 and
 # its CuTe DSL 4.8.1 runtime) into .whl/ (ignored, see .gitignore) and lays them out in three folders that each
-# fit one call's 64 MiB beside the working tree (about 28 MiB):
+# fit one run's 64 MiB beside the working tree (about 28 MiB):
 #   .whl/fa4a/  every wheel but nvidia-cutlass-dsl-libs-cu13, the first third of that one, and the document-length
 #               data the benchmarks sample from ($CAD_DATA, else ../shared/data/doclen_pretrain.json)
 #   .whl/fa4b/, .whl/fa4c/  the second and the last third
@@ -30,7 +30,7 @@ unzip -q "$cu13" -d "$DEST/cu13_tree"
 tar -C "$DEST/cu13_tree" -cf - . | xz -9e -T2 > "$DEST/cu13.tar.xz"
 rm -rf "$DEST/cu13_tree"
 size=$(stat -c %s "$DEST/cu13.tar.xz")
-# Three parts, one per call: each call's carry plus the working tree (about 28 MiB) stays under 64 MiB.
+# Three parts, one per run: each run's folder plus the working tree (about 28 MiB) stays under 64 MiB.
 split -b $(((size + 2) / 3)) -d -a 1 "$DEST/cu13.tar.xz" "$DEST/cu13.tar.xz.part"
 mv "$DEST/cu13.tar.xz.part0" "$DEST/fa4a/"
 mv "$DEST/cu13.tar.xz.part1" "$DEST/fa4b/"

@@ -2,7 +2,7 @@
 # server_directions.sh -- CAD's server backend chosen per direction, on ONE H200, unattended (not run by CI). Four
 # choices over the same batches: ours/ours (server_backend "default"), FA4/FA4 ("fa4"), our forward with FA4's
 # backward ("default+fa4"), and the local FA4 baseline (the trainer's --attention fa4, no CAD). Stages, one device
-# call each, in this order on one warm machine (ignored folders .whl/ and build-*/ stay between the calls):
+# run each, in this order on one warm machine (ignored folders .whl/ and build-*/ stay between the runs):
 #   build            CUDA build of the targets the Python side needs (build-gpu); checks .whl/fa4a arrived
 #   calls            FA4 installed (.whl/fa4b now there too); check: each choice, fa4+default included, against
 #                    the fp32 torch server backend (O, LSE, dQ, dK, dV) at world size 1; per server call: the
@@ -12,7 +12,7 @@
 #                    CTX tokens: the four configurations in one process, their order rotated by ROUND; one process
 #                    per CTX:ROUND given, in the order given
 # Every stage but build ends with the tables of everything measured so far ($OUT/table.md, server_directions_table.py).
-# Results accumulate in build-srvdir/ (kept between calls); each stage writes $OUT/summary.txt, its logs as
+# Results accumulate in build-srvdir/ (kept between runs); each stage writes $OUT/summary.txt, its logs as
 # $OUT/STAGE.tgz, and exits non-zero when a part failed. Every part has a hard time limit (`timeout`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,7 +25,7 @@ mkdir -p "$OUT" "$KEEP"
 name="$stage$(printf '_%s' "$@" | tr ':' r)"
 [ "$stage" = train ] || name=$stage
 LOG="$KEEP/$name"
-BUDGET_S="${BUDGET_S:-560}"  # the whole stage ends within this (one device call is at most 600 s)
+BUDGET_S="${BUDGET_S:-560}"  # the whole stage ends within this (one run on the GPU machine is at most 600 s)
 rm -rf "$LOG" && mkdir -p "$LOG"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
@@ -82,7 +82,7 @@ case "$stage" in
   build)
     bash bench/fa4/unpack.sh check > "$LOG/unpack_check.log" 2>&1
     record "FA4 part 1 here" $? "$LOG/unpack_check.log"
-    rm -rf "$KEEP/fa4a" && cp -r .whl/fa4a "$KEEP/fa4a"  # kept where no later carry replaces it
+    rm -rf "$KEEP/fa4a" && cp -r .whl/fa4a "$KEEP/fa4a"  # kept where no later folder sent replaces it
     { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
         -DCAD_BUILD_TESTS=OFF -DCAD_PYTHON_TESTS=OFF &&
       timeout 500 cmake --build "$BUILD" -j "$(nproc)" --target cad_host cad_plugin_cad cad_plugin_cuda \

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # unpack.sh -- installs FlashAttention-4 on the GPU machine from what bench/fa4/pack_wheels.sh laid out, run from
-# the repository root there. The wheels travel in three calls to one warm machine (each carries one folder; what an
-# earlier call brought stays, .whl/ being ignored through .gitignore):
-#   bash bench/fa4/unpack.sh check     # after the call that carried .whl/fa4a: says what is there, installs nothing
+# the repository root there. The wheels travel in three runs on one warm machine (each sends one folder; what an
+# earlier run brought stays, .whl/ being ignored through .gitignore):
+#   bash bench/fa4/unpack.sh check     # after the run that sent .whl/fa4a: says what is there, installs nothing
 #   bash bench/fa4/unpack.sh install   # once .whl/fa4a, fa4b and fa4c are all there: installs into $FA4_SITE
 # install checks the reassembled archive's digest, installs the wheels with pip --target (no index, no deps) and
-# unpacks the repacked -libs-cu13 tree beside them. FA4_SITE (default .whl/site, kept between calls) is then
+# unpacks the repacked -libs-cu13 tree beside them. FA4_SITE (default .whl/site, kept between runs) is then
 # importable with PYTHONPATH=$FA4_SITE:$FA4_SITE/nvidia_cutlass_dsl/dsl_packages (pip --target's .pth is not read);
 # `source bench/fa4/unpack.sh env` sets exactly that. Exits non-zero on anything missing or corrupt.
 set -uo pipefail
 W="${FA4_WHEELS:-.whl}"
 SITE="${FA4_SITE:-$PWD/.whl/site}"
-A="$W/fa4a"  # part 1; server_directions.sh's build stage also keeps a copy where no carry ever replaces it
+A="$W/fa4a"  # part 1; server_directions.sh's build stage also keeps a copy where no folder sent later replaces it
 [ -f "$A/cu13.tar.xz.part0" ] || [ ! -f "$PWD/build-srvdir/fa4a/cu13.tar.xz.part0" ] || A="$PWD/build-srvdir/fa4a"
 mode="${1:-install}"
 fa4_env() {
@@ -34,7 +34,7 @@ if [ -f "$SITE/.installed" ]; then
 else
   parts=("$A/cu13.tar.xz.part0" "$W/fa4b/cu13.tar.xz.part1" "$W/fa4c/cu13.tar.xz.part2")
   for f in "${parts[@]}" "$A/cu13.sha256"; do
-    [ -f "$f" ] || { echo "unpack.sh: $f is missing (carry .whl/fa4a, .whl/fa4b and .whl/fa4c, one per call, to one warm machine)" >&2; exit 1; }
+    [ -f "$f" ] || { echo "unpack.sh: $f is missing (send .whl/fa4a, .whl/fa4b and .whl/fa4c, one per run, to one warm machine)" >&2; exit 1; }
   done
   tmp=$(mktemp -d)
   cat "${parts[@]}" > "$tmp/cu13.tar.xz"
