@@ -41,7 +41,7 @@ basename "$cu13" > "$DEST/fa4a/cu13.wheel"
 rm "$DEST/cu13.tar.xz"
 # The GPU machine has no ../shared: the data travels with the wheels.
 data="${CAD_DATA:-$PWD/../shared/data/doclen_pretrain.json}"
-if [ -f "$data" ]; then cp "$data" "$DEST/fa4a/doclen_pretrain.json"; else echo "pack_wheels.sh: no $data to carry" >&2; exit 1; fi
+if [ -f "$data" ]; then cp "$data" "$DEST/fa4a/doclen_pretrain.json"; else echo "pack_wheels.sh: no $data to send with the wheels" >&2; exit 1; fi
 for d in fa4a fa4b fa4c; do
   bytes=$(du -cb "$DEST/$d" | tail -1 | cut -f1)
   echo "$DEST/$d: $((bytes / 1024 / 1024)) MiB"
