@@ -12,7 +12,8 @@
 #  4. compute-sanitizer racecheck of every variant but 0 on three small test cases (time permitting);
 #  5. $OUT/summary.md and $OUT/summary.csv: per case and head dim, each variant's median backward TFLOP/s
 #     over the rounds and its ratio to the first variant; the test results; logs in $OUT/logs.tgz.
-# A variant N_sK also sets the D=64 kernel's Q/dO stages to K (-DCAD_BWD64_STAGES=K; default 2), e.g. 2_s4.
+# Suffixes of a variant set the D=64 kernel's Q/dO stages (_sK: -DCAD_BWD64_STAGES=K, default 2) and queries per
+# step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), e.g. 1_q64 or 1_q64_s4.
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
 #   usage: [OUT=dir] [VARIANTS="0 1"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
 set -uo pipefail
@@ -41,8 +42,15 @@ t "gpu: $(cat "$OUT/gpu.txt"); variants: $VARIANTS; rounds: $ROUNDS"
 nv=$(echo $VARIANTS | wc -w)
 jobs=$(( ($(nproc) + nv - 1) / nv ))
 for v in $VARIANTS; do
-  flags="-DCAD_BWD90_VARIANT=${v%%_s*}"
-  [ "${v#*_s}" != "$v" ] && flags="$flags -DCAD_BWD64_STAGES=${v#*_s}"
+  flags="-DCAD_BWD90_VARIANT=${v%%_*}"
+  for part in $(echo "${v#*_}" | tr _ ' '); do
+    [ "$part" = "$v" ] && break  # no suffix
+    case "$part" in
+      s[0-9]*) flags="$flags -DCAD_BWD64_STAGES=${part#s}" ;;
+      q[0-9]*) flags="$flags -DCAD_BWD64_QUERIES=${part#q}" ;;
+      *) echo "variant $v: unknown suffix _$part (expected _sK or _qM)" >&2; exit 2 ;;
+    esac
+  done
   (
     timeout 120 cmake -S . -B "build-bwdv$v" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_FLAGS="$flags" &&

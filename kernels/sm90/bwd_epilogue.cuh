@@ -18,7 +18,8 @@ namespace cad::kernels::detail {
 
 // ---- dQ ------------------------------------------------------------------------------------------------
 // The dQ writer warp: per step, once buffer b is full, four boxes of 64 rows x 32 columns added into the
-// accumulator (at D=64, boxes 2 and 3 are the second warpgroup's partial of the same columns). With
+// accumulator (at D=64 with 64-query steps, boxes 2 and 3 are the second warpgroup's partial of the same
+// columns; with 128-query steps, the second warpgroup's 64 queries). With
 // kBwdDQPerWarpgroup there is one writer warp per consumer warpgroup (`wg`), adding that warpgroup's two boxes
 // as soon as it has filled them, whatever the other one is doing.
 template <typename T>
@@ -38,7 +39,9 @@ __device__ __forceinline__ void bwd90_dq_writer(const BwdParams& p, const BwdIte
         const int row = static_cast<int>(item.q_row) + q0;
 #pragma unroll
         for (int c = c0; c < c0 + nc; ++c) {
-          tma_reduce_add_3d(dq_addr + b * T::kDQBytes + c * (BM * 128), tm_dq, (c * 32) % D, h, row);
+          // Box c: columns (32 c) % D; with kDQRowHalves, rows 64 (c / 2).. of the step (warpgroup c / 2's).
+          const int box_row = T::kDQRowHalves ? row + (c / 2) * T::kDQBoxRows : row;
+          tma_reduce_add_3d(dq_addr + b * T::kDQBytes + c * T::kDQBoxBytes, tm_dq, (c * 32) % D, h, box_row);
         }
         bulk_commit();
         bulk_wait_read_all();
@@ -62,7 +65,7 @@ __device__ __forceinline__ void bwd90_dq_writer(const BwdParams& p, const BwdIte
 template <typename T>
 __device__ __forceinline__ void bwd90_store_dq(const BwdParams& p, const float (&dq)[32], uint32_t dq_addr, int j,
                                                int cwarp, int wg, int g, int t) {
-  constexpr int BM = T::kBlockM, NB = T::kDQBuffers;
+  constexpr int NB = T::kDQBuffers;
   const int b = j % NB;
   if (j >= NB) named_barrier_sync(bwd_dq_bar(kBwdBarDQEmpty, b, wg), kBwdDQBarThreads);
   const uint32_t dq_buf = dq_addr + b * T::kDQBytes;
@@ -81,7 +84,7 @@ __device__ __forceinline__ void bwd90_store_dq(const BwdParams& p, const float (
     for (int i = 0; i < 8; ++i) {
       const int nt = upper ? i ^ 2 : i;
       const int box = 2 * wg + nt / 4, unit = (nt % 4) * 2 + t / 2;
-      const uint32_t addr = dq_buf + box * (BM * 128) + row * 128 + ((unit ^ (row & 7)) << 4) + (t & 1) * 8;
+      const uint32_t addr = dq_buf + box * T::kDQBoxBytes + row * 128 + ((unit ^ (row & 7)) << 4) + (t & 1) * 8;
       const float v0 = upper ? dq[(i ^ 2) * 4 + 2 * r] : dq[i * 4 + 2 * r];
       const float v1 = upper ? dq[(i ^ 2) * 4 + 2 * r + 1] : dq[i * 4 + 2 * r + 1];
       asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v0 * p.scale), "f"(v1 * p.scale)

@@ -12,21 +12,23 @@
 // Compiled to a stub everywhere but sm_90a; the launcher only picks it where the sm_90a binary is loaded.
 //
 // One block = 128 keys (kBwdBlockN90) of one work item x one KV head: two math warpgroups of 64 keys, each
-// keeping its dK/dV (64 x D fp32) in registers. Per step of 64 queries:
-//   S^T = K Q^T, dP^T = V dO^T          (shared x shared)
+// keeping its dK/dV (64 x D fp32) in registers. Per step of BM queries (64 at D=128; 128 at D=64, as
+// FlashAttention-3/4 tile it there, or 64 with -DCAD_BWD64_QUERIES=64):
+//   S^T = K Q^T, dP^T = V dO^T          (shared x shared; 64 keys x BM queries per warpgroup)
 //   dV += P^T dO, dK += dS^T Q          (P^T / dS^T from registers, dO / Q transposed from shared)
-//   dQ = dS K                           (dS^T through shared memory), 64 fp32 columns per warpgroup:
-//     D=128: warpgroup w computes columns 64w..64w+63 over all 128 keys (it reads the other's dS^T);
-//     D=64:  warpgroup w computes all 64 columns over its own 64 keys, and both partials are added to
-//            the accumulator (the reductions are atomic per element), so the warpgroups never wait for
-//            each other.
+//   dQ = dS K                           (dS^T through shared memory), a 64 x 64 fp32 tile per warpgroup:
+//     D=128:             warpgroup w computes columns 64w..64w+63 over all 128 keys (it reads the other's dS^T);
+//     D=64, 128 queries: warpgroup w computes queries 64w..64w+63 over all 128 keys (the same);
+//     D=64, 64 queries:  warpgroup w computes all 64 columns over its own 64 keys, and both partials are
+//                        added to the accumulator (the reductions are atomic per element), so the
+//                        warpgroups never wait for each other.
 //
 // The consumer's step has two compile-time schedules (CAD_BWD90_VARIANT, sm90/bwd_traits.cuh): 1 (the default)
 // gives each consumer warpgroup a dQ writer warp and barriers of its own, 0 shares one of each between them.
 //
 // The roles of the 384 threads of a block (one block per SM):
 //  - warpgroup 0 gives its registers up (setmaxnreg) and hosts two helper warps:
-//      warp 0 ("producer"): per step, TMA loads of the Q and dO tiles (64 queries, 128-byte swizzle) into a
+//      warp 0 ("producer"): per step, TMA loads of the Q and dO tiles (BM queries, 128-byte swizzle) into a
 //      ring of kStages stages, and LSE/Delta of those queries into shared memory (plain loads by its 32
 //      lanes); each stage has a full mbarrier (bytes + 32 lanes) and an "empty" named barrier (the consumers
 //      arrive when they are done with the stage, the producer syncs on it before refilling). A named
@@ -36,11 +38,11 @@
 //      warp 1 ("dQ writer"): adds each step's dQ tile (fp32, in shared memory) to the global accumulator
 //      with TMA reductions (cp.reduce.async.bulk.tensor add), instead of per-thread atomics;
 //  - warpgroups 1 and 2 (consumers, 240 registers) own 64 keys each, keep their dK/dV in registers, and per
-//    step compute S^T, dP^T, P^T, dS^T, dV += P^T dO, dK += dS^T Q and 64 fp32 columns of dQ = dS K (see
-//    the top of the file). At D=128 the consumers wait for each other's dS^T of the step before (an
-//    mbarrier per dS^T buffer, see the consumer loop); at D=64 each waits only for its own four warps. dS^T
-//    and dQ are double-buffered in shared memory, so the two drift out of phase and one's elementwise work
-//    overlaps the other's products.
+//    step compute S^T, dP^T, P^T, dS^T, dV += P^T dO, dK += dS^T Q and a 64 x 64 fp32 tile of dQ = dS K
+//    (see the top of the file). The consumers wait for each other's dS^T of the step before (an mbarrier
+//    per dS^T buffer, see the consumer loop), except at D=64 with 64-query steps, where each waits only for
+//    its own four warps. dS^T (and, where they fit, dQ) are double-buffered in shared memory, so the two
+//    drift out of phase and one's elementwise work overlaps the other's products.
 // K and V are loaded once per block by the consumers (cp.async, rows past the tile's keys zero-filled; the
 // first step waits for K before S^T and for V only before dP^T). Rows of Q/dO past the segment's end (a
 // partial last query tile) come from whatever follows in memory and are zeroed in shared memory before
@@ -92,8 +94,8 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
   float* sDelta = reinterpret_cast<float*>(base + T::kDeltaOff);
   const uint32_t bars = s_base + T::kBarOff;
   auto full_bar = [&](int s) { return bars + 8 * s; };
-  // dS^T buffer b written: by all 8 consumer warps (D=128), by warpgroup wg's four (D=64).
-  auto ds_bar = [&](int b, int wg) { return bars + 8 * (S + (D == 64 ? 2 * b + wg : b)); };
+  // dS^T buffer b written: by all 8 consumer warps, or by warpgroup wg's four (kDQOwnKeys).
+  auto ds_bar = [&](int b, int wg) { return bars + 8 * (S + (T::kDQOwnKeys ? 2 * b + wg : b)); };
 
   const BwdUnit unit = bwd_unit(p, num_items, heads_inner);
   const BwdItem item = p.items[unit.item];
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     for (int s = 0; s < S; ++s) {
       mbar_init(full_bar(s), 1);  // the producer's expect_tx arrival; Q, dO, LSE and Delta come by TMA
     }
-    for (int b = 0; b < T::kDSBarriers; ++b) mbar_init(bars + 8 * (S + b), D == 64 ? 4 : 8);
+    for (int b = 0; b < T::kDSBarriers; ++b) mbar_init(bars + 8 * (S + b), T::kDQOwnKeys ? 4 : 8);
     mbar_fence_init();
   }
   __syncthreads();
@@ -157,9 +159,10 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
   const int warp_key_last = item.kv_begin + cwarp * 16 + 15;
   const bool warp_keys_full = cwarp * 16 + 15 < item.kv_rows;
 
-  // dQ(j) = dS(j) K: this warpgroup's first key step and K atom (see bwd90_issue_dq).
-  const int dq_key_step0 = D == 128 ? 0 : 4 * wg;
+  // dQ(j) = dS(j) K: this warpgroup's first key step, K atom and dS^T atom (see bwd90_issue_dq).
+  const int dq_key_step0 = T::kDQOwnKeys ? 4 * wg : 0;
   const uint32_t dq_k_atom = D == 128 ? wg * BN * 128 : 0;
+  const uint32_t dq_ds_atom = T::kDQRowHalves ? wg * BN * 128 : 0;
 
   // Step `it`; kPrev: there is a dQ(it-1) to issue and store (a compile-time flag, so that the compiler
   // sees one straight pipeline of wgmma groups per instance).
@@ -175,11 +178,11 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     const float* delta_tile = sDelta + s * (T::kStatBytes / 4) + shift;
     float dq[32];
     if constexpr (kPrev) {
-      mbar_wait(ds_bar(b ^ 1, wg), ((it - 1) >> 1) & 1);  // dS^T(it-1): both warpgroups' (D=128), its own (64)
+      mbar_wait(ds_bar(b ^ 1, wg), ((it - 1) >> 1) & 1);  // dS^T(it-1): both warpgroups', or its own (kDQOwnKeys)
 #pragma unroll
       for (int i = 0; i < 32; ++i) dq[i] = 0.f;
       wgmma_fence();
-      bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_key_step0, it - 1);
+      bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_ds_atom, dq_key_step0, it - 1);
     }
     mbar_wait(full_bar(s), (it / S) & 1);
     const int valid_q = item.q_len - q0;
@@ -260,7 +263,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     for (int i = 0; i < 32; ++i) dq[i] = 0.f;
     mbar_wait(ds_bar((n_iter - 1) & 1, wg), ((n_iter - 1) >> 1) & 1);
     wgmma_fence();
-    bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_key_step0, n_iter - 1);
+    bwd90_issue_dq<T>(dq, ds_addr, k_addr, dq_k_atom, dq_ds_atom, dq_key_step0, n_iter - 1);
     wgmma_wait<0>();
     fence_registers(dq);
     fence_registers(dk);

@@ -20,7 +20,7 @@ namespace cad::kernels::detail {
 template <int D>
 cudaError_t encode_bwd_dq_tensor_map(CUtensorMap* map, float* base, int64_t tokens, int heads) {
   return encode_rows_tensor_map(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, tokens, heads, D, 32,
-                                BwdWsTraits<D, 2>::kBlockM);
+                                BwdWsTraits<D, 2>::kDQBoxRows);
 }
 
 // WINDOW: the sliding-window instantiation of the kernel (sm90/bwd_kernel.cuh), for a windowed problem.

@@ -98,7 +98,8 @@ __device__ __forceinline__ void bwd90_zero_rows_past_end(uint32_t q_buf, uint32_
 }
 
 // acc = A B^T as one wgmma group (fence, products, commit; the caller waits): A = this warpgroup's 64
-// rows of the K (or V) tile at a_addr, B = the stage's Q (or dO) tile -- S^T = K Q^T, dP^T = V dO^T.
+// rows of the K (or V) tile at a_addr, B = the stage's Q (or dO) tile (BM = 64 or 128 queries, the products'
+// N) -- S^T = K Q^T, dP^T = V dO^T.
 template <typename T>
 __device__ __forceinline__ void bwd90_issue_keys_x_queries(float (&acc)[T::kBlockM / 2], uint32_t a_addr,
                                                            uint32_t b_buf, int wg) {
@@ -108,10 +109,17 @@ __device__ __forceinline__ void bwd90_issue_keys_x_queries(float (&acc)[T::kBloc
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t a_off = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
     const uint32_t b_off = (kk >> 2) * BM * 128 + (kk & 3) * 32;
-    if (kk == 0) {
-      wgmma_m64n64k16_ss_first(acc, smem_desc_sw128(a_addr + a_off, 0, 1024), smem_desc_sw128(b_buf + b_off, 0, 1024));
+    const uint64_t da = smem_desc_sw128(a_addr + a_off, 0, 1024), db = smem_desc_sw128(b_buf + b_off, 0, 1024);
+    if constexpr (BM == 128) {  // D=64's 128-query steps
+      if (kk == 0) {
+        wgmma_m64n128k16_ss_first(acc, da, db);
+      } else {
+        wgmma_m64n128k16_ss(acc, da, db, 1);
+      }
+    } else if (kk == 0) {
+      wgmma_m64n64k16_ss_first(acc, da, db);
     } else {
-      wgmma_m64n64k16_ss(acc, smem_desc_sw128(a_addr + a_off, 0, 1024), smem_desc_sw128(b_buf + b_off, 0, 1024), 1);
+      wgmma_m64n64k16_ss(acc, da, db, 1);
     }
   }
   wgmma_commit();
@@ -167,16 +175,19 @@ __device__ __forceinline__ void bwd90_issue_dv_dk(float (&dv)[T::kD / 2], float 
   wgmma_commit();
 }
 
-// dQ(j) = dS(j) K, 64 columns per warpgroup, as one wgmma group: A = dS (queries contiguous in dS^T
-// buffer j & 1), B = K (head-dim contiguous). D=128: all 128 keys, K's atom wg (dq_k_atom = wg * BN * 128:
-// columns 64wg..; dq_key_step0 = 0); D=64: this warpgroup's 64 keys (dq_key_step0 = 4 wg), K's only atom.
-// The two offsets come from the caller, once per block (computed here per call, the SASS changed).
+// dQ(j) = dS(j) K, one 64 x 64 tile per warpgroup (sm90/bwd_traits.cuh's kDQOwnKeys / kDQRowHalves), as one
+// wgmma group: A = dS (queries contiguous in dS^T buffer j & 1; dq_ds_atom = the atom of this warpgroup's 64
+// queries, 0 where a step has 64), B = K (head-dim contiguous). D=128: all 128 keys, K's atom wg (dq_k_atom =
+// wg * BN * 128: columns 64wg..; dq_key_step0 = 0); D=64 with 64 queries: this warpgroup's 64 keys
+// (dq_key_step0 = 4 wg), K's only atom; D=64 with 128 queries: queries 64wg.. (dq_ds_atom = wg * BN * 128)
+// over all 128 keys. The offsets come from the caller, once per block (computed here per call, the SASS
+// changed).
 template <typename T>
 __device__ __forceinline__ void bwd90_issue_dq(float (&dq)[32], uint32_t ds_addr, uint32_t k_addr, uint32_t dq_k_atom,
-                                               int dq_key_step0, int j) {
-  constexpr int D = T::kD, BN = T::kBlockN;
-  constexpr int kDQKeySteps = D == 128 ? BN / 16 : 4;
-  const uint32_t ds_buf = ds_addr + (j & 1) * T::kDSBytes;
+                                               uint32_t dq_ds_atom, int dq_key_step0, int j) {
+  constexpr int BN = T::kBlockN;
+  constexpr int kDQKeySteps = T::kDQOwnKeys ? 4 : BN / 16;
+  const uint32_t ds_buf = ds_addr + (j & 1) * T::kDSBytes + dq_ds_atom;
 #pragma unroll
   for (int i = 0; i < kDQKeySteps; ++i) {
     const int kn = dq_key_step0 + i;

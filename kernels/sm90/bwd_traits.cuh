@@ -10,22 +10,43 @@
 
 namespace cad::kernels::detail {
 
+// Queries per step at D=64: 128 (FlashAttention-3/4's tile there) or 64 (-DCAD_BWD64_QUERIES=64, the tile
+// before; kept so that one GPU run can time both, bench/kernels/bwd_variants.sh's variant suffix _q64). At
+// D=128 a step is 64 queries: dK, dV, S^T and dP^T in registers leave no room for 128.
+#ifndef CAD_BWD64_QUERIES
+#define CAD_BWD64_QUERIES 128
+#endif
+static_assert(CAD_BWD64_QUERIES == 64 || CAD_BWD64_QUERIES == 128, "CAD_BWD64_QUERIES: 64 or 128");
+
 // One block = 128 keys of one work item x one KV head, 384 threads, one block per SM (the roles:
 // sm90/bwd_kernel.cuh). STAGES = Q/dO stages; at D=128, 3 (with one dQ buffer, to fit) measured 0-1%
 // slower than 2 on H200.
 template <int D, int STAGES>
 struct BwdWsTraits {
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
-  static constexpr int kD = D, kBlockM = 64, kBlockN = kBwdBlockN90, kStages = STAGES, kThreads = 384;
-  // dQ buffers in shared memory: two, or one where three Q/dO stages fill shared memory at D=128.
-  static constexpr int kDQBuffers = D == 128 && STAGES > 2 ? 1 : 2;
-  // At D=64 the two warpgroups' dS^T barriers are separate (each waits only for its own warps).
-  static constexpr int kDSBarriers = D == 64 ? 4 : 2;
+  static constexpr int kD = D, kBlockM = D == 64 ? CAD_BWD64_QUERIES : 64, kBlockN = kBwdBlockN90;
+  static constexpr int kStages = STAGES, kThreads = 384;
+  // dQ = dS K: each consumer warpgroup computes one 64 x 64 fp32 tile of it per step, which one depends on
+  // the step's shape (sm90/bwd_kernel.cuh's header):
+  //   D=128:             columns 64w.. over all 128 keys;
+  //   D=64, 64 queries:  all 64 columns over its own 64 keys (kDQOwnKeys: partials, added by the reductions);
+  //   D=64, 128 queries: query rows 64w.. over all 128 keys (kDQRowHalves).
+  static constexpr bool kDQOwnKeys = D == 64 && kBlockM == 64;
+  static constexpr bool kDQRowHalves = kBlockM == 128;
+  // dQ buffers in shared memory: two, or one where they would not fit beside the rest (three Q/dO stages at
+  // D=128, or the 128-query steps' larger dS^T buffers).
+  static constexpr int kDQBuffers = (D == 128 && STAGES > 2) || kBlockM == 128 ? 1 : 2;
+  // dS^T barriers: where each warpgroup's dQ reads only its own keys, per warpgroup (each waits only for
+  // its own warps), else one per buffer for both.
+  static constexpr int kDSBarriers = kDQOwnKeys ? 4 : 2;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128*24 + 256*240 <= 64K
-  static constexpr uint32_t kKVBytes = kBlockN * kD * 2;          // K (and V): 32 KiB
+  static constexpr uint32_t kKVBytes = kBlockN * kD * 2;          // K (and V): 32 KiB at D=128
   static constexpr uint32_t kQBytes = kBlockM * kD * 2;           // one Q (or dO) stage: 16 KiB
-  static constexpr uint32_t kDSBytes = kBlockN * kBlockM * 2;     // one dS^T buffer: 16 KiB
-  static constexpr uint32_t kDQBytes = kBlockM * 128 * 4;         // one dQ buffer: 64 fp32 columns per warpgroup
+  static constexpr uint32_t kDSBytes = kBlockN * kBlockM * 2;     // one dS^T buffer: 16 or 32 KiB
+  // One dQ buffer: 4 TMA boxes of 64 rows x 32 fp32 columns (8 KiB each), boxes 2w and 2w + 1 warpgroup w's.
+  static constexpr int kDQBoxRows = 64;
+  static constexpr uint32_t kDQBoxBytes = kDQBoxRows * 32 * 4;
+  static constexpr uint32_t kDQBytes = 4 * kDQBoxBytes;
   static constexpr uint32_t kKOff = 0, kVOff = kKVBytes, kQOff = 2 * kKVBytes;
   static constexpr uint32_t kDOOff = kQOff + kStages * kQBytes;
   static constexpr uint32_t kDSOff = kDOOff + kStages * kQBytes;
@@ -42,8 +63,7 @@ struct BwdWsTraits {
   static constexpr int kSmemBytes = kBarOff + (kStages + kDSBarriers) * 8 + 1024;  // + alignment slack
 };
 // (Three Q/dO stages at D=128 no longer fit beside the statistics' aligned stages.)
-static_assert(BwdWsTraits<128, 2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<64, 4>::kSmemBytes <= 227 * 1024,
-              "shared memory per block");
+static_assert(BwdWsTraits<128, 2>::kSmemBytes <= 227 * 1024, "shared memory per block");
 
 // Q/dO stages per head dim.
 #ifndef CAD_BWD64_STAGES
@@ -51,6 +71,8 @@ static_assert(BwdWsTraits<128, 2>::kSmemBytes <= 227 * 1024 && BwdWsTraits<64, 4
 #endif
 template <int D>
 constexpr int kBwdStages = D == 128 ? 2 : CAD_BWD64_STAGES;
+static_assert(BwdWsTraits<64, kBwdStages<64>>::kSmemBytes <= 227 * 1024,
+              "shared memory per block at D=64 (128-query steps fit two Q/dO stages)");
 
 // The consumer's step schedule, chosen at compile time (-DCAD_BWD90_VARIANT=N) so that one GPU run can
 // time the schedules side by side (bench/kernels/bwd_variants.sh):
