@@ -79,7 +79,10 @@ static_assert(BwdWsTraits<64, kBwdStages<64>>::kSmemBytes <= 227 * 1024,
 //   0  dQ(j-1) issued with S(j) and stored while S(j) runs; dV/dK(j) as one group at the end of the step;
 //      one dQ handshake for both warpgroups (the writer waits for both, both wait for the writer);
 //   1  as 0, but each warpgroup hands its half of the dQ buffer to a writer warp of its own (warp 1 + w) on
-//      barriers of its own, so that neither waits for the other at the dQ store.
+//      barriers of its own, so that neither waits for the other at the dQ store;
+//   2  as 1, but dV(j) (which needs only P^T) is issued before dS^T(j) goes to shared memory, and dK(j) after
+//      it, as two groups: the store and its fence run under dV;
+//   3  as 2, but dV(j) is issued right behind dP^T(j), before its wait: dS^T's arithmetic runs under it too.
 // The default is 1: on one H200 (bench/results/bwd_variants_h200x1_2026-12-02_b6aa63a) it ran the backward
 // 3-6% faster than 0 at D=128 and 6-9% at D=64 on every timed case. Two schedules with dQ(j) inside step j,
 // FlashAttention-3/4's way, were removed (git history: b6aa63a): the one in their exact order (dV, dQ, dK, dQ
@@ -89,7 +92,7 @@ static_assert(BwdWsTraits<64, kBwdStages<64>>::kSmemBytes <= 227 * 1024,
 #define CAD_BWD90_VARIANT 1
 #endif
 constexpr int kBwdVariant = CAD_BWD90_VARIANT;
-static_assert(kBwdVariant == 0 || kBwdVariant == 1, "CAD_BWD90_VARIANT: 0 or 1");
+static_assert(kBwdVariant >= 0 && kBwdVariant <= 3, "CAD_BWD90_VARIANT: 0 to 3");
 constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
 
 // Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
