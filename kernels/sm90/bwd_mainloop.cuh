@@ -104,12 +104,11 @@ template <typename T>
 __device__ __forceinline__ void bwd90_issue_keys_x_queries(float (&acc)[T::kBlockM / 2], uint32_t a_addr,
                                                            uint32_t b_buf, int wg) {
   constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN;
+  const SmemTileDesc a(a_addr + wg * 64 * 128, 0, 1024), b(b_buf, 0, 1024);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    const uint32_t a_off = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
-    const uint32_t b_off = (kk >> 2) * BM * 128 + (kk & 3) * 32;
-    const uint64_t da = smem_desc_sw128(a_addr + a_off, 0, 1024), db = smem_desc_sw128(b_buf + b_off, 0, 1024);
+    const uint64_t da = a.at((kk >> 2) * BN * 128 + (kk & 3) * 32), db = b.at((kk >> 2) * BM * 128 + (kk & 3) * 32);
     if constexpr (BM == 128) {  // D=64's 128-query steps
       if (kk == 0) {
         wgmma_m64n128k16_ss_first(acc, da, db);
@@ -181,15 +180,12 @@ __device__ __forceinline__ void bwd90_issue_dv_dk(float (&dv)[T::kD / 2], float 
                                                   const uint32_t (&as)[T::kBlockM / 16][4], uint32_t do_buf,
                                                   uint32_t q_buf) {
   constexpr int D = T::kD, BM = T::kBlockM;
+  const SmemTileDesc d_o(do_buf, BM * 128, 1024), q(q_buf, BM * 128, 1024);
   wgmma_fence();
 #pragma unroll
-  for (int kq = 0; kq < BM / 16; ++kq) {
-    wgmma_rs_tb_d<D>(dv, ap[kq], smem_desc_sw128(do_buf + kq * 16 * 128, BM * 128, 1024));
-  }
+  for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(dv, ap[kq], d_o.at(kq * 16 * 128));
 #pragma unroll
-  for (int kq = 0; kq < BM / 16; ++kq) {
-    wgmma_rs_tb_d<D>(dk, as[kq], smem_desc_sw128(q_buf + kq * 16 * 128, BM * 128, 1024));
-  }
+  for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(dk, as[kq], q.at(kq * 16 * 128));
   wgmma_commit();
 }
 
@@ -198,22 +194,20 @@ template <typename T>
 __device__ __forceinline__ void bwd90_issue_dv(float (&dv)[T::kD / 2], const uint32_t (&ap)[T::kBlockM / 16][4],
                                                uint32_t do_buf) {
   constexpr int D = T::kD, BM = T::kBlockM;
+  const SmemTileDesc d_o(do_buf, BM * 128, 1024);
   wgmma_fence();
 #pragma unroll
-  for (int kq = 0; kq < BM / 16; ++kq) {
-    wgmma_rs_tb_d<D>(dv, ap[kq], smem_desc_sw128(do_buf + kq * 16 * 128, BM * 128, 1024));
-  }
+  for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(dv, ap[kq], d_o.at(kq * 16 * 128));
   wgmma_commit();
 }
 template <typename T>
 __device__ __forceinline__ void bwd90_issue_dk(float (&dk)[T::kD / 2], const uint32_t (&as)[T::kBlockM / 16][4],
                                                uint32_t q_buf) {
   constexpr int D = T::kD, BM = T::kBlockM;
+  const SmemTileDesc q(q_buf, BM * 128, 1024);
   wgmma_fence();
 #pragma unroll
-  for (int kq = 0; kq < BM / 16; ++kq) {
-    wgmma_rs_tb_d<D>(dk, as[kq], smem_desc_sw128(q_buf + kq * 16 * 128, BM * 128, 1024));
-  }
+  for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(dk, as[kq], q.at(kq * 16 * 128));
   wgmma_commit();
 }
 
@@ -229,13 +223,10 @@ __device__ __forceinline__ void bwd90_issue_dq(float (&dq)[32], uint32_t ds_addr
                                                uint32_t dq_ds_atom, int dq_key_step0, int j) {
   constexpr int BN = T::kBlockN;
   constexpr int kDQKeySteps = T::kDQOwnKeys ? 4 : BN / 16;
-  const uint32_t ds_buf = ds_addr + (j & 1) * T::kDSBytes + dq_ds_atom;
+  const SmemTileDesc ds(ds_addr + (j & 1) * T::kDSBytes + dq_ds_atom + dq_key_step0 * 16 * 128, BN * 128, 1024);
+  const SmemTileDesc k(k_addr + dq_k_atom + dq_key_step0 * 16 * 128, BN * 128, 1024);
 #pragma unroll
-  for (int i = 0; i < kDQKeySteps; ++i) {
-    const int kn = dq_key_step0 + i;
-    wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(ds_buf + kn * 16 * 128, BN * 128, 1024),
-                          smem_desc_sw128(k_addr + dq_k_atom + kn * 16 * 128, BN * 128, 1024), i > 0 ? 1 : 0);
-  }
+  for (int i = 0; i < kDQKeySteps; ++i) wgmma_m64n64k16_ss_tt(dq, ds.at(i * 16 * 128), k.at(i * 16 * 128), i > 0 ? 1 : 0);
   wgmma_commit();
 }
 

@@ -42,6 +42,35 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_byte_addr, uin
   return desc;
 }
 
+// A tile's descriptor, for the products that walk through it: at(bytes) is the descriptor of the tile `bytes`
+// past it (a multiple of 16). The start address is the descriptor's low 14 bits (address / 16) and every
+// shared-memory address here is below 256 KiB, so moving it is one 32-bit add to the low word, where rebuilding
+// the descriptor per product cost the backward five dependent integer instructions before each wgmma (its SASS;
+// Nsight Compute: twice FlashAttention-4's instruction count, the integer pipe the busiest by instructions).
+// -DCAD_WGMMA_DESC_ADVANCE=0 rebuilds each one from its address instead (the code before, for A/B).
+#ifndef CAD_WGMMA_DESC_ADVANCE
+#define CAD_WGMMA_DESC_ADVANCE 1
+#endif
+struct SmemTileDesc {
+  uint64_t desc;
+  uint32_t addr, leading_bytes, stride_bytes;
+  __device__ __forceinline__ SmemTileDesc(uint32_t smem_byte_addr, uint32_t leading, uint32_t stride)
+      : desc(smem_desc_sw128(smem_byte_addr, leading, stride)),
+        addr(smem_byte_addr),
+        leading_bytes(leading),
+        stride_bytes(stride) {}
+  __device__ __forceinline__ uint64_t at(uint32_t bytes) const {
+#if CAD_WGMMA_DESC_ADVANCE
+    const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4), hi = static_cast<uint32_t>(desc >> 32);
+    uint64_t out;
+    asm("mov.b64 %0, {%1, %2};" : "=l"(out) : "r"(lo), "r"(hi));
+    return out;
+#else
+    return smem_desc_sw128(addr + bytes, leading_bytes, stride_bytes);
+#endif
+  }
+};
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
