@@ -47,9 +47,11 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_byte_addr, uin
 // shared-memory address here is below 256 KiB, so moving it is one 32-bit add to the low word, where rebuilding
 // the descriptor per product cost the backward five dependent integer instructions before each wgmma (its SASS;
 // Nsight Compute: twice FlashAttention-4's instruction count, the integer pipe the busiest by instructions).
-// -DCAD_WGMMA_DESC_ADVANCE=0 rebuilds each one from its address instead (the code before, for A/B).
+// That is -DCAD_WGMMA_DESC_ADVANCE=1, not yet timed or tested on a GPU (bench/kernels/bwd_variants.sh,
+// VARIANTS="1 1_a1", is its A/B); the default, 0, rebuilds each descriptor from its address, the computation
+// every GPU test and record so far ran (the forward's PTX identical, the backward's the same operations reordered).
 #ifndef CAD_WGMMA_DESC_ADVANCE
-#define CAD_WGMMA_DESC_ADVANCE 1
+#define CAD_WGMMA_DESC_ADVANCE 0
 #endif
 struct SmemTileDesc {
   uint64_t desc;
