@@ -228,49 +228,21 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     } else {
       bwd90_probabilities_plain<BM>(st, p, t, lse_tile);
     }
-    if constexpr (kBwdVariant >= 2) {
-      __nv_bfloat16* const sdS = reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes);
-      uint32_t ap[BM / 16][4], as[BM / 16][4];
-      // dV(j) needs only P^T: issued now (variant 3: behind dP^T, before its wait; 2: once dP^T is done and
-      // dS^T computed), so that the dS^T work and its store to shared memory run under it; dK(j) after.
-      if constexpr (kBwdVariant == 3) {
-        accumulator_to_a_fragments(st, ap);
-        bwd90_issue_dv<T>(dv, ap, do_buf);
-        wgmma_wait<1>();
-        fence_registers(dpt);
-      } else {
-        wgmma_wait<0>();
-        fence_registers(dpt);
-      }
-      if (valid_q < BM) {
-        bwd90_ds<BM, true>(dpt, st, delta_tile, t, valid_q);
-      } else {
-        bwd90_ds<BM, false>(dpt, st, delta_tile, t, valid_q);
-      }
-      if constexpr (kBwdVariant == 2) {
-        accumulator_to_a_fragments(st, ap);
-        bwd90_issue_dv<T>(dv, ap, do_buf);
-      }
-      bwd90_ds_fragments_and_store<T>(dpt, as, sdS, key_local, t);
-      mbar_arrive_warp(ds_bar(b, wg), lane);
-      bwd90_issue_dk<T>(dk, as, q_buf);
+    wgmma_wait<0>();
+    fence_registers(dpt);
+    // dS^T = P^T (dP^T - Delta); P^T and dS^T as A fragments, dS^T also to shared memory for dQ.
+    if (valid_q < BM) {
+      bwd90_ds<BM, true>(dpt, st, delta_tile, t, valid_q);
     } else {
-      wgmma_wait<0>();
-      fence_registers(dpt);
-      // dS^T = P^T (dP^T - Delta); P^T and dS^T as A fragments, dS^T also to shared memory for dQ.
-      if (valid_q < BM) {
-        bwd90_ds<BM, true>(dpt, st, delta_tile, t, valid_q);
-      } else {
-        bwd90_ds<BM, false>(dpt, st, delta_tile, t, valid_q);
-      }
-      uint32_t ap[BM / 16][4], as[BM / 16][4];
-      bwd90_fragments_and_ds<T>(st, dpt, ap, as,
-                                reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes), key_local, t);
-      mbar_arrive_warp(ds_bar(b, wg), lane);
-
-      // dV += P^T dO and dK += dS^T Q.
-      bwd90_issue_dv_dk<T>(dv, dk, ap, as, do_buf, q_buf);
+      bwd90_ds<BM, false>(dpt, st, delta_tile, t, valid_q);
     }
+    uint32_t ap[BM / 16][4], as[BM / 16][4];
+    bwd90_fragments_and_ds<T>(st, dpt, ap, as,
+                              reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes), key_local, t);
+    mbar_arrive_warp(ds_bar(b, wg), lane);
+
+    // dV += P^T dO and dK += dS^T Q.
+    bwd90_issue_dv_dk<T>(dv, dk, ap, as, do_buf, q_buf);
     wgmma_wait<0>();
     fence_registers(dk);
     fence_registers(dv);

@@ -145,24 +145,6 @@ __device__ __forceinline__ void bwd90_fragments_and_ds(const float (&st)[T::kBlo
   fence_proxy_async_smem();  // dS^T was written with ordinary stores; wgmma reads it
 }
 
-// dS^T (accumulator) -> bf16 A fragments of 16 queries each, and to shared memory for the dQ product, made
-// visible to the async proxy: bwd90_fragments_and_ds's dS^T half (schedules 2 and 3 convert P^T apart).
-template <typename T>
-__device__ __forceinline__ void bwd90_ds_fragments_and_store(const float (&dpt)[T::kBlockM / 2],
-                                                             uint32_t (&as)[T::kBlockM / 16][4], __nv_bfloat16* sdS,
-                                                             int key_local, int t) {
-  constexpr int BM = T::kBlockM, BN = T::kBlockN;
-#pragma unroll
-  for (int kq = 0; kq < BM / 16; ++kq) {
-    accumulator_to_a_fragment(dpt, kq, as[kq]);
-    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 2 * t)) = as[kq][0];
-    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 2 * t)) = as[kq][1];
-    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 8 + 2 * t)) = as[kq][2];
-    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 8 + 2 * t)) = as[kq][3];
-  }
-  fence_proxy_async_smem();
-}
-
 // dV/dK += A (16 queries from registers) x B (16 x D, stored N-contiguous in shared memory).
 template <int D>
 __device__ __forceinline__ void wgmma_rs_tb_d(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t desc_b) {
@@ -184,28 +166,6 @@ __device__ __forceinline__ void bwd90_issue_dv_dk(float (&dv)[T::kD / 2], float 
   wgmma_fence();
 #pragma unroll
   for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(dv, ap[kq], d_o.at(kq * 16 * 128));
-#pragma unroll
-  for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(dk, as[kq], q.at(kq * 16 * 128));
-  wgmma_commit();
-}
-
-// dV += P^T dO, and dK += dS^T Q, each as a wgmma group of its own (schedules 2 and 3).
-template <typename T>
-__device__ __forceinline__ void bwd90_issue_dv(float (&dv)[T::kD / 2], const uint32_t (&ap)[T::kBlockM / 16][4],
-                                               uint32_t do_buf) {
-  constexpr int D = T::kD, BM = T::kBlockM;
-  const SmemTileDesc d_o(do_buf, BM * 128, 1024);
-  wgmma_fence();
-#pragma unroll
-  for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(dv, ap[kq], d_o.at(kq * 16 * 128));
-  wgmma_commit();
-}
-template <typename T>
-__device__ __forceinline__ void bwd90_issue_dk(float (&dk)[T::kD / 2], const uint32_t (&as)[T::kBlockM / 16][4],
-                                               uint32_t q_buf) {
-  constexpr int D = T::kD, BM = T::kBlockM;
-  const SmemTileDesc q(q_buf, BM * 128, 1024);
-  wgmma_fence();
 #pragma unroll
   for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(dk, as[kq], q.at(kq * 16 * 128));
   wgmma_commit();

@@ -79,20 +79,19 @@ static_assert(BwdWsTraits<64, kBwdStages<64>>::kSmemBytes <= 227 * 1024,
 //   0  dQ(j-1) issued with S(j) and stored while S(j) runs; dV/dK(j) as one group at the end of the step;
 //      one dQ handshake for both warpgroups (the writer waits for both, both wait for the writer);
 //   1  as 0, but each warpgroup hands its half of the dQ buffer to a writer warp of its own (warp 1 + w) on
-//      barriers of its own, so that neither waits for the other at the dQ store;
-//   2  as 1, but dV(j) (which needs only P^T) is issued before dS^T(j) goes to shared memory, and dK(j) after
-//      it, as two groups: the store and its fence run under dV;
-//   3  as 2, but dV(j) is issued right behind dP^T(j), before its wait: dS^T's arithmetic runs under it too.
+//      barriers of its own, so that neither waits for the other at the dQ store.
 // The default is 1: on one H200 (bench/results/bwd_variants_h200x1_2026-12-02_b6aa63a) it ran the backward
 // 3-6% faster than 0 at D=128 and 6-9% at D=64 on every timed case. Two schedules with dQ(j) inside step j,
 // FlashAttention-3/4's way, were removed (git history: b6aa63a): the one in their exact order (dV, dQ, dK, dQ
 // stored while dK runs) ran 0.98-1.00x of 0 at D=128 and 1.01-1.07x at D=64, below 1 everywhere; the other
-// was not timed.
+// was not timed. Two more, with dV(j) issued before dS^T(j)'s store or right behind dP^T(j), were removed too
+// (git history: 123a0da; bench/results/bwd_variants_h200x1_2026-12-02_123a0da): -1.6% to +2.2% of 1, and a
+// loss everywhere (it spills).
 #ifndef CAD_BWD90_VARIANT
 #define CAD_BWD90_VARIANT 1
 #endif
 constexpr int kBwdVariant = CAD_BWD90_VARIANT;
-static_assert(kBwdVariant >= 0 && kBwdVariant <= 3, "CAD_BWD90_VARIANT: 0 to 3");
+static_assert(kBwdVariant == 0 || kBwdVariant == 1, "CAD_BWD90_VARIANT: 0 or 1");
 constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
 
 // Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
