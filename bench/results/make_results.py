@@ -342,7 +342,11 @@ def page(steps, kernels, server, pred, with_plots):
               "`examples/train_llama.py` (Llama-3-8B shape, FSDP2, full activation checkpointing, 2 micro-batches). "
               "Speedup: the faster local baseline's step over CAD's; measured ideal: the same over `local_balanced` "
               "(local attention on batches made balanced); realised share: (speedup - 1) / (ideal - 1). "
-              "Means from step 1; rounds pooled.", ""]
+              "Means from step 1; rounds pooled. The local baseline of these runs is the project's kernel "
+              "(`local`): FlashAttention-4, the fastest local kernel on an H200, was not installed on the "
+              "multi-GPU machines that ran them. On one H200 FA4's local step is 2.9% faster than `local` at 64K "
+              "(record trainer_fa4_h200x1_ff1afce), so over FA4 these speedups would be smaller by about that; "
+              "CAD against local FA4 at world size 1: [kernels_fa4.md](kernels_fa4.md).", ""]
     if with_plots:
         lines += ["![speedup](results/speedup.png)", ""]
     for gpus in sorted(steps):
