@@ -1,86 +1,27 @@
-// host_plugin.cpp -- the "host" communicator's ABI table and entry symbol. Every entry point is wrapped
-// in guarded() so that no exception crosses the boundary.
-#include <string>
-
+// host_plugin.cpp -- the "host" communicator's ABI table and entry symbol: its collectives on HostCommContext,
+// the entry points around them from plugins/common/communicator_table.h (no exception crosses the boundary).
+#include "communicator_table.h"
 #include "host_context.h"
 
 namespace cad::host_comm {
 namespace {
 
-using plugin::fail;
-using plugin::guarded;
-
-template <class Body>
-cad_status_t entry(void* ctx, Body&& body) noexcept {
-  if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;  // nowhere to store a message
-  HostCommContext& c = *static_cast<HostCommContext*>(ctx);
-  return guarded(c.error, [&] { body(c); });
-}
-
-void check_stream(void* stream, const char* operation) {
-  if (stream != nullptr) {
-    fail(CAD_STATUS_INVALID_ARGUMENT,
-         std::string(operation) + ": stream must be NULL for the CPU communicator 'host' (buffers are host memory)");
-  }
-}
-
-cad_status_t create(const cad_host_services_v1_t* services, const char* config_json, void** out_ctx,
-                    char* error_message, size_t error_capacity) {
-  return plugin::create_context<HostCommContext>(services, config_json, out_ctx, error_message, error_capacity);
-}
-
-void destroy(void* ctx) { delete static_cast<HostCommContext*>(ctx); }
-
-const char* last_error(void* ctx) {
-  return ctx == nullptr ? "ctx is NULL" : static_cast<HostCommContext*>(ctx)->error.text();
-}
-
-cad_status_t get_rank(void* ctx, int32_t* out) {
-  return entry(ctx, [&](HostCommContext& c) {
-    if (out == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "get_rank: out_rank is NULL");
-    *out = c.rank();
-  });
-}
-
-cad_status_t get_world_size(void* ctx, int32_t* out) {
-  return entry(ctx, [&](HostCommContext& c) {
-    if (out == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "get_world_size: out_world_size is NULL");
-    *out = c.world_size();
-  });
-}
-
-cad_status_t get_device(void* ctx, cad_device_v1_t* out) {
-  return entry(ctx, [&](HostCommContext&) {
-    if (out == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "get_device: out_device is NULL");
-    *out = cad_device_v1_t{CAD_DEVICE_CPU, 0};
-  });
-}
-
-cad_status_t all_to_all_v(void* ctx, const void* send, const uint64_t* send_counts, const uint64_t* send_displs,
-                          void* recv, const uint64_t* recv_counts, const uint64_t* recv_displs, void* stream) {
-  return entry(ctx, [&](HostCommContext& c) {
-    check_stream(stream, "all_to_all_v");
+struct HostOps {
+  using Context = HostCommContext;
+  static cad_device_v1_t device(const Context&) { return cad_device_v1_t{CAD_DEVICE_CPU, 0}; }
+  static void all_to_all_v(Context& c, const void* send, const uint64_t* send_counts, const uint64_t* send_displs,
+                           void* recv, const uint64_t* recv_counts, const uint64_t* recv_displs, void* stream) {
+    plugin::require_no_stream(stream, "host", "all_to_all_v");
     c.all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs);
-  });
-}
-
-cad_status_t all_gather(void* ctx, const void* send, uint64_t bytes, void* recv, void* stream) {
-  return entry(ctx, [&](HostCommContext& c) {
-    check_stream(stream, "all_gather");
+  }
+  static void all_gather(Context& c, const void* send, uint64_t bytes, void* recv, void* stream) {
+    plugin::require_no_stream(stream, "host", "all_gather");
     c.all_gather(send, bytes, recv);
-  });
-}
-
-cad_status_t barrier(void* ctx, void* stream) {
-  return entry(ctx, [&](HostCommContext& c) {
-    check_stream(stream, "barrier");
+  }
+  static void barrier(Context& c, void* stream) {
+    plugin::require_no_stream(stream, "host", "barrier");
     c.barrier();
-  });
-}
-
-const cad_communicator_v1_t kCommunicator = {
-    sizeof(cad_communicator_v1_t), create, destroy, last_error, get_rank, get_world_size, get_device,
-    all_to_all_v, all_gather, barrier,
+  }
 };
 
 const cad_plugin_v1_t kPlugin = {
@@ -92,7 +33,7 @@ const cad_plugin_v1_t kPlugin = {
     "0.1.0",
     "CPU communicator over the collectives the host lends (e.g. torch.distributed with gloo): no MPI launcher",
     nullptr,
-    &kCommunicator,
+    &plugin::CommunicatorTable<HostOps>::kTable,
     nullptr,
 };
 

@@ -1,79 +1,25 @@
-// nccl_plugin.cpp -- the "nccl" communicator's ABI table and entry symbol. Every entry point is
-// wrapped in guarded() so that no exception crosses the boundary.
+// nccl_plugin.cpp -- the "nccl" communicator's ABI table and entry symbol: its collectives (nccl_collectives.h)
+// on NcclContext, the entry points around them from plugins/common/communicator_table.h (no exception crosses
+// the boundary).
+#include "communicator_table.h"
 #include "nccl_collectives.h"
 #include "nccl_context.h"
-#include "nccl_errors.h"
 
 namespace cad::nccl_comm {
 namespace {
 
-using plugin::fail;
-using plugin::guarded;
-
-template <class Body>
-cad_status_t entry(void* ctx, Body&& body) noexcept {
-  if (ctx == nullptr) return CAD_STATUS_INVALID_ARGUMENT;
-  NcclContext& c = *static_cast<NcclContext*>(ctx);
-  return guarded(c.error, [&] { body(c); });
-}
-
-cad_status_t create(const cad_host_services_v1_t* services, const char* config_json, void** out_ctx,
-                    char* error_message, size_t error_capacity) {
-  return plugin::create_context<NcclContext>(services, config_json, out_ctx, error_message, error_capacity);
-}
-
-void destroy(void* ctx) {
-  try {
-    delete static_cast<NcclContext*>(ctx);
-  } catch (...) {
-    // Destruction never throws out of the plugin.
+struct NcclOps {
+  using Context = NcclContext;
+  static cad_device_v1_t device(const Context& c) { return cad_device_v1_t{CAD_DEVICE_CUDA, c.device()}; }
+  static void all_to_all_v(Context& c, const void* send, const uint64_t* send_counts, const uint64_t* send_displs,
+                           void* recv, const uint64_t* recv_counts, const uint64_t* recv_displs, void* stream) {
+    nccl_comm::all_to_all_v(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                            static_cast<cudaStream_t>(stream));
   }
-}
-
-const char* last_error(void* ctx) {
-  if (ctx == nullptr) return "ctx is NULL";
-  return static_cast<NcclContext*>(ctx)->error.text();
-}
-
-cad_status_t get_rank(void* ctx, int32_t* out_rank) {
-  return entry(ctx, [&](NcclContext& c) {
-    if (out_rank == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "get_rank: out_rank is NULL");
-    *out_rank = c.rank();
-  });
-}
-
-cad_status_t get_world_size(void* ctx, int32_t* out_world_size) {
-  return entry(ctx, [&](NcclContext& c) {
-    if (out_world_size == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "get_world_size: out_world_size is NULL");
-    *out_world_size = c.world_size();
-  });
-}
-
-cad_status_t get_device(void* ctx, cad_device_v1_t* out_device) {
-  return entry(ctx, [&](NcclContext& c) {
-    if (out_device == nullptr) fail(CAD_STATUS_INVALID_ARGUMENT, "get_device: out_device is NULL");
-    *out_device = cad_device_v1_t{CAD_DEVICE_CUDA, c.device()};
-  });
-}
-
-cad_status_t all_to_all_v_entry(void* ctx, const void* send, const uint64_t* send_counts, const uint64_t* send_displs,
-                                void* recv, const uint64_t* recv_counts, const uint64_t* recv_displs, void* stream) {
-  return entry(ctx, [&](NcclContext& c) {
-    all_to_all_v(c, send, send_counts, send_displs, recv, recv_counts, recv_displs, static_cast<cudaStream_t>(stream));
-  });
-}
-
-cad_status_t all_gather_entry(void* ctx, const void* send, uint64_t bytes, void* recv, void* stream) {
-  return entry(ctx, [&](NcclContext& c) { all_gather(c, send, bytes, recv, static_cast<cudaStream_t>(stream)); });
-}
-
-cad_status_t barrier_entry(void* ctx, void* stream) {
-  return entry(ctx, [&](NcclContext& c) { barrier(c, static_cast<cudaStream_t>(stream)); });
-}
-
-const cad_communicator_v1_t kCommunicator = {
-    sizeof(cad_communicator_v1_t), create, destroy, last_error, get_rank, get_world_size, get_device,
-    all_to_all_v_entry, all_gather_entry, barrier_entry,
+  static void all_gather(Context& c, const void* send, uint64_t bytes, void* recv, void* stream) {
+    nccl_comm::all_gather(c, send, bytes, recv, static_cast<cudaStream_t>(stream));
+  }
+  static void barrier(Context& c, void* stream) { nccl_comm::barrier(c, static_cast<cudaStream_t>(stream)); }
 };
 
 const cad_plugin_v1_t kPlugin = {
@@ -85,7 +31,7 @@ const cad_plugin_v1_t kPlugin = {
     "0.1.0",
     "CUDA communicator over NCCL: grouped send/recv on the caller's stream, watchdog timeouts",
     nullptr,
-    &kCommunicator,
+    &plugin::CommunicatorTable<NcclOps>::kTable,
     nullptr,
 };
 
