@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "attention_rates.h"
 #include "tensor_slices.h"
+#include "trainer_calibration.h"
 
 namespace cad::cli::simulate_report {
 
@@ -179,6 +181,177 @@ std::string tensor_parallel_line(const sim::Scenario& s) {
          std::to_string(s.layout.dp()) + " data-parallel ranks on " + std::to_string(h.q_heads) + " query / " +
          std::to_string(h.kv_heads) + (h.kv_replicated ? " (replicated)" : "") +
          " KV heads, the same plan on every index; bytes and times are one GPU's";
+}
+
+// ---- the whole report -----------------------------------------------------------------------------------------
+
+nlohmann::json report_json(const SimulateRun& run) {
+  const sim::Scenario& s = run.scenario;
+  const sim::SystemCalibration& cal = run.cal;
+  const sim::TrainerCalibration* trainer = run.trainer;
+  const std::vector<sim::BalancerResult>& results = run.results;
+  const sim::BatchSummary& summary = run.summary;
+  const std::string &dist = run.dist, &schedule = run.schedule;
+  const bool long_docs = run.long_docs, trainer_pipeline = run.trainer_pipeline, has_tolerance = run.has_tolerance;
+  const double tolerance = run.tolerance;
+  const int64_t ranks_per_node = run.ranks_per_node;
+  const sim::BalancerResult* colocated = find(results, "colocated");
+  const sim::BalancerResult* per_doc_cp = find(results, "per_doc_cp");
+  nlohmann::json out;
+  out["model"] = {{"name", s.shape.name},       {"layers", s.shape.layers},   {"hidden", s.shape.hidden},
+                  {"heads", s.shape.heads},     {"kv_heads", s.shape.kv_heads}, {"head_dim", s.shape.head_dim},
+                  {"mlp", s.shape.mlp},         {"vocab", s.shape.vocab}};
+  out["layout"] = {{"gpus", s.layout.gpus}, {"gpus_per_node", s.layout.gpus_per_node}, {"tp", s.layout.tp},
+                   {"pp", s.layout.pp},     {"dp", s.layout.dp()}, {"schedule", schedule},
+                  {"ranks_per_node", ranks_per_node}, {"nic_share", s.layout.rail_routed ? "node" : "gpu"}};
+  out["tensor_parallel"] = tensor_parallel_json(s);
+  out["network"] = network_json(cal);
+  if (trainer_pipeline) out["layout"]["pool"] = pool_name(s.pool);
+  out["workload"] = {{"dist", dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
+                     {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens},
+                     {"balance_time", run.balance_time}};
+  if (has_tolerance) out["workload"]["tolerance"] = tolerance;
+  if (long_docs) {
+    out["workload"]["max_doc_len"] = s.max_doc_len;
+    out["workload"]["tokens_per_rank"] = s.context;
+    out["workload"]["document_group"] = s.document_group;
+  }
+  out["workload"]["documents_per_micro_batch"] = summary.documents;
+  out["workload"]["documents_cut_at_group_edges"] = summary.cut_documents;
+  out["workload"]["widest_span_ranks"] = summary.widest_span;
+  out["workload"]["longest_document"] = summary.longest;
+  out["calibration"] = {{"rates", run.rates.describe()},
+                        {"system", cal.path},
+                        {"gemm_tflops", cal.gemm_tflops},
+                        {"net_GBps_per_gpu", cal.net_GBps_per_gpu},
+                        {"net_efficiency", cal.net_efficiency}};
+  if (trainer) {
+    out["trainer"] = {{"file", trainer->path},
+                      {"fitted_on", trainer->fitted_on},
+                      {"checkpointing", s.trainer_options.checkpointing ? "full" : "none"},
+                      {"kernel_scale", s.trainer_options.kernel_scale},
+                      {"layer_us_per_token", trainer->layer_us_per_token},
+                      {"head_us_per_token", trainer->head_us_per_token},
+                      {"step_fixed_ms", trainer->step_fixed_ms},
+                      {"plan_make_ms", trainer->plan_make_ms},
+                      {"plan_make_us_per_task", trainer->plan_make_us_per_task},
+                      {"plan_make_ns_per_token", trainer->plan_make_ns_per_token},
+                      {"attention_call_us", trainer->attention_call_us},
+                      {"exchange_fixed_us", trainer->exchange_fixed_us},
+                      {"pack_unpack_ns_per_byte", trainer->pack_unpack_ns_per_byte},
+                      {"pingpong_compute_factor", trainer->pingpong_compute_factor}};
+  }
+  if (!s.batch_seeds.empty()) out["workload"]["batch_seeds"] = s.batch_seeds;
+  out["balancers"] = nlohmann::json::array();
+  for (const auto& r : results) {
+    nlohmann::json b = {{"name", r.name},
+                        {"group_size", r.group_size},
+                        {"attention_imbalance", r.attention_imbalance},
+                        {"bytes_per_layer", r.bytes_per_layer},
+                        {"bytes_intra_node_per_layer", r.bytes_intra_per_layer},
+                        {"bytes_inter_node_per_layer", r.bytes_inter_per_layer},
+                        {"max_inter_node_sent_per_gpu", r.max_inter_sent_per_gpu},
+                        {"memory", {{"max_kv_rows", r.max_kv_rows},
+                                    {"max_kv_bytes", r.max_kv_bytes},
+                                    {"max_memory_received", r.max_memory_received}}},
+                        {"plan_ms", r.plan_ms},
+                        {"off", mode_json(r.off)},
+                        {"on", mode_json(r.on)}};
+    if (s.detail && !trainer_pipeline) b["detail"] = detail_json(r.detail);
+    if (s.detail && trainer_pipeline) b["ticks"] = ticks_json(r.ticks);
+    for (const bool pp : {false, true}) {
+      const std::string mode = pp ? "on" : "off";
+      if (colocated != nullptr) b[mode]["speedup_vs_colocated"] = speedup(colocated, r, pp);
+      if (per_doc_cp != nullptr) b[mode]["speedup_vs_per_doc_cp"] = speedup(per_doc_cp, r, pp);
+    }
+    out["balancers"].push_back(b);
+  }
+  out["wall_seconds"] = run.wall_seconds;
+  return out;
+}
+
+void print_report(const SimulateRun& run) {
+  const sim::Scenario& s = run.scenario;
+  const sim::SystemCalibration& cal = run.cal;
+  const sim::TrainerCalibration* trainer = run.trainer;
+  const std::vector<sim::BalancerResult>& results = run.results;
+  const sim::BatchSummary& summary = run.summary;
+  const std::string &dist = run.dist, &schedule = run.schedule;
+  const bool long_docs = run.long_docs, trainer_pipeline = run.trainer_pipeline, has_tolerance = run.has_tolerance;
+  const double tolerance = run.tolerance;
+  const int64_t ranks_per_node = run.ranks_per_node;
+  const sim::BalancerResult* colocated = find(results, "colocated");
+  const sim::BalancerResult* per_doc_cp = find(results, "per_doc_cp");
+  const std::string& pingpong = run.pingpong;
+
+  std::printf("cad simulate: %s (L=%lld H=%lld Hq=%lld Hkv=%lld D=%lld mlp=%lld) on %lld GPUs (%lld per node), "
+              "tp=%lld pp=%lld dp=%lld\n",
+              s.shape.name.c_str(), static_cast<long long>(s.shape.layers), static_cast<long long>(s.shape.hidden),
+              static_cast<long long>(s.shape.heads), static_cast<long long>(s.shape.kv_heads),
+              static_cast<long long>(s.shape.head_dim), static_cast<long long>(s.shape.mlp),
+              static_cast<long long>(s.layout.gpus), static_cast<long long>(s.layout.gpus_per_node),
+              static_cast<long long>(s.layout.tp), static_cast<long long>(s.layout.pp),
+              static_cast<long long>(s.layout.dp()));
+  std::printf("workload: %s, %lld tokens per data-parallel rank, %lld step(s) x %lld micro-batch(es), seed %llu\n",
+              dist.c_str(), static_cast<long long>(s.context), static_cast<long long>(s.steps),
+              static_cast<long long>(s.microbatches), static_cast<unsigned long long>(s.seed));
+  if (has_tolerance) std::printf("balancer tolerance: %g (distca, prefix_aware)\n", tolerance);
+  if (long_docs) {
+    std::printf("long documents: up to %lld tokens, laid whole over the ranks in groups of %lld (%.1f documents per "
+                "micro-batch, %.1f cut at group edges, widest over %lld ranks)\n",
+                static_cast<long long>(s.max_doc_len), static_cast<long long>(s.document_group), summary.documents,
+                summary.cut_documents, static_cast<long long>(summary.widest_span));
+  }
+  std::printf("attention rates: %s\nsystem: %s (GEMM %.0f TFLOP/s)\n", run.rates.describe().c_str(), cal.path.c_str(),
+              cal.gemm_tflops);
+  std::printf("%s\n%s\n", network_line(cal).c_str(), tensor_parallel_line(s).c_str());
+  if (s.layout.rail_routed) {
+    std::printf("cross-node bytes rail-routed (--nic-share node): each NIC carries what its node sends to its rail\n");
+  }
+  if (trainer) {
+    std::printf("trainer: %s (fitted on %s), checkpointing %s, attention kernel x %.3f; linear_s includes the\n"
+                "trainer's non-attention time, comm_s CAD's exchanges with their fixed and pack/unpack costs\n",
+                trainer->path.c_str(), trainer->fitted_on.c_str(), s.trainer_options.checkpointing ? "full" : "none",
+                s.trainer_options.kernel_scale);
+  }
+  if (trainer_pipeline) {
+    std::printf("schedule: %s, %lld ticks per step (2 x (%lld micro-batches + %lld stages - 1)), CAD pooled per "
+                "%s; ping-pong not modelled (on = off); linear/attn/comm: along each tick's critical path\n",
+                schedule.c_str(), static_cast<long long>(2 * (s.microbatches + s.layout.pp - 1)),
+                static_cast<long long>(s.microbatches), static_cast<long long>(s.layout.pp),
+                s.pool == sim::PipelinePool::kBubble        ? "tick in the bubble ticks (some stage idle), local in the others"
+                : s.pool == sim::PipelinePool::kBubbleStage ? "tick in the bubble ticks (some stage idle), stage in the others"
+                                                            : pool_name(s.pool));
+  }
+  std::printf("\n");
+  for (const bool pp : {false, true}) {
+    if ((pp && pingpong == "off") || (!pp && pingpong == "on")) continue;
+    std::printf("ping-pong %s\n", pp ? "on" : "off");
+    std::printf("%-14s %6s %9s %10s %9s %9s %9s %9s %9s %8s %8s\n", "balancer", "group", "attn_imb", "GiB/layer",
+                "step_s", "linear_s", "attn_s", "comm_s", "exposed_s", "vs_coloc", "vs_cp");
+    for (const auto& r : results) {
+      const sim::ModeResult& m = pp ? r.on : r.off;
+      std::printf("%-14s %6lld %9.3f %10.3f %9.3f %9.3f %9.3f %9.3f %9.3f %8.3f %8.3f\n", r.name.c_str(),
+                  static_cast<long long>(r.group_size), r.attention_imbalance,
+                  r.bytes_per_layer / (1024.0 * 1024.0 * 1024.0), m.mean_step_seconds, m.slowest.linear,
+                  m.slowest.attention, m.slowest.comm, m.slowest.comm_exposed, speedup(colocated, r, pp),
+                  speedup(per_doc_cp, r, pp));
+    }
+    std::printf("\n");
+  }
+  std::printf("(linear/attn/comm/exposed: the slowest rank of each micro-batch, seconds per micro-batch; "
+              "simulated in %.2f s)\n\n", run.wall_seconds);
+  // One GPU's (one TP index's) exchanges per layer and pass, and the memory its server role needs.
+  std::printf("bytes per layer (all ranks of one TP index) by node (%lld ranks per node), and memory per server:\n",
+              static_cast<long long>(ranks_per_node));
+  std::printf("%-14s %11s %11s %16s %11s %13s\n", "balancer", "intra_GiB", "inter_GiB", "max_inter_GiB/GPU",
+              "max_kv_GiB", "max_recv_GiB");
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  for (const auto& r : results) {
+    std::printf("%-14s %11.3f %11.3f %16.3f %11.3f %13.3f\n", r.name.c_str(), r.bytes_intra_per_layer / gib,
+                r.bytes_inter_per_layer / gib, r.max_inter_sent_per_gpu / gib, static_cast<double>(r.max_kv_bytes) / gib,
+                static_cast<double>(r.max_memory_received) / gib);
+  }
 }
 
 }  // namespace cad::cli::simulate_report

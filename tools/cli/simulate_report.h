@@ -1,5 +1,6 @@
 // simulate_report.h -- `cad simulate`'s output (tools/cli/cmd_simulate.cpp): the model's results (tools/simulate/)
-// as JSON and the text lines naming what it priced. Pure functions of the results; nothing here reads options.
+// as JSON and as text, and the lines naming what it priced. Pure functions of the results and of the options the
+// caller parsed (SimulateRun); nothing here reads the command line.
 #pragma once
 
 #include <string>
@@ -7,7 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attention_rates.h"
 #include "simulation.h"
+#include "trainer_calibration.h"
 
 namespace cad::cli::simulate_report {
 
@@ -29,5 +32,24 @@ nlohmann::json network_json(const simulate::SystemCalibration& cal);
 std::string network_line(const simulate::SystemCalibration& cal);
 nlohmann::json tensor_parallel_json(const simulate::Scenario& s);
 std::string tensor_parallel_line(const simulate::Scenario& s);
+
+// What one `cad simulate` run priced, for the report: the scenario and calibrations it ran with, its results, and
+// the options that only the report reads. References into the caller's objects, which outlive the report.
+struct SimulateRun {
+  const simulate::Scenario& scenario;
+  const simulate::SystemCalibration& cal;
+  const simulate::AttentionRates& rates;
+  const simulate::TrainerCalibration* trainer;  // nullptr without --trainer
+  const std::vector<simulate::BalancerResult>& results;
+  const simulate::BatchSummary& summary;
+  std::string dist, schedule, pingpong;  // --dist, --schedule, --pingpong (on, off or both)
+  bool long_docs, trainer_pipeline, balance_time, has_tolerance;
+  double tolerance;
+  int64_t ranks_per_node;
+  double wall_seconds;  // the simulation's own time
+};
+// --json's document; the text report (to stdout) otherwise.
+nlohmann::json report_json(const SimulateRun& run);
+void print_report(const SimulateRun& run);
 
 }  // namespace cad::cli::simulate_report
