@@ -187,63 +187,55 @@ std::string tensor_parallel_line(const sim::Scenario& s) {
 
 nlohmann::json report_json(const SimulateRun& run) {
   const sim::Scenario& s = run.scenario;
-  const sim::SystemCalibration& cal = run.cal;
-  const sim::TrainerCalibration* trainer = run.trainer;
-  const std::vector<sim::BalancerResult>& results = run.results;
-  const sim::BatchSummary& summary = run.summary;
-  const std::string &dist = run.dist, &schedule = run.schedule;
-  const bool long_docs = run.long_docs, trainer_pipeline = run.trainer_pipeline, has_tolerance = run.has_tolerance;
-  const double tolerance = run.tolerance;
-  const int64_t ranks_per_node = run.ranks_per_node;
-  const sim::BalancerResult* colocated = find(results, "colocated");
-  const sim::BalancerResult* per_doc_cp = find(results, "per_doc_cp");
+  const sim::BalancerResult* colocated = find(run.results, "colocated");
+  const sim::BalancerResult* per_doc_cp = find(run.results, "per_doc_cp");
   nlohmann::json out;
   out["model"] = {{"name", s.shape.name},       {"layers", s.shape.layers},   {"hidden", s.shape.hidden},
                   {"heads", s.shape.heads},     {"kv_heads", s.shape.kv_heads}, {"head_dim", s.shape.head_dim},
                   {"mlp", s.shape.mlp},         {"vocab", s.shape.vocab}};
   out["layout"] = {{"gpus", s.layout.gpus}, {"gpus_per_node", s.layout.gpus_per_node}, {"tp", s.layout.tp},
-                   {"pp", s.layout.pp},     {"dp", s.layout.dp()}, {"schedule", schedule},
-                  {"ranks_per_node", ranks_per_node}, {"nic_share", s.layout.rail_routed ? "node" : "gpu"}};
+                   {"pp", s.layout.pp},     {"dp", s.layout.dp()}, {"schedule", run.schedule},
+                  {"ranks_per_node", run.ranks_per_node}, {"nic_share", s.layout.rail_routed ? "node" : "gpu"}};
   out["tensor_parallel"] = tensor_parallel_json(s);
-  out["network"] = network_json(cal);
-  if (trainer_pipeline) out["layout"]["pool"] = pool_name(s.pool);
-  out["workload"] = {{"dist", dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
+  out["network"] = network_json(run.cal);
+  if (run.trainer_pipeline) out["layout"]["pool"] = pool_name(s.pool);
+  out["workload"] = {{"dist", run.dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
                      {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens},
                      {"balance_time", run.balance_time}};
-  if (has_tolerance) out["workload"]["tolerance"] = tolerance;
-  if (long_docs) {
+  if (run.has_tolerance) out["workload"]["tolerance"] = run.tolerance;
+  if (run.long_docs) {
     out["workload"]["max_doc_len"] = s.max_doc_len;
     out["workload"]["tokens_per_rank"] = s.context;
     out["workload"]["document_group"] = s.document_group;
   }
-  out["workload"]["documents_per_micro_batch"] = summary.documents;
-  out["workload"]["documents_cut_at_group_edges"] = summary.cut_documents;
-  out["workload"]["widest_span_ranks"] = summary.widest_span;
-  out["workload"]["longest_document"] = summary.longest;
+  out["workload"]["documents_per_micro_batch"] = run.summary.documents;
+  out["workload"]["documents_cut_at_group_edges"] = run.summary.cut_documents;
+  out["workload"]["widest_span_ranks"] = run.summary.widest_span;
+  out["workload"]["longest_document"] = run.summary.longest;
   out["calibration"] = {{"rates", run.rates.describe()},
-                        {"system", cal.path},
-                        {"gemm_tflops", cal.gemm_tflops},
-                        {"net_GBps_per_gpu", cal.net_GBps_per_gpu},
-                        {"net_efficiency", cal.net_efficiency}};
-  if (trainer) {
-    out["trainer"] = {{"file", trainer->path},
-                      {"fitted_on", trainer->fitted_on},
+                        {"system", run.cal.path},
+                        {"gemm_tflops", run.cal.gemm_tflops},
+                        {"net_GBps_per_gpu", run.cal.net_GBps_per_gpu},
+                        {"net_efficiency", run.cal.net_efficiency}};
+  if (run.trainer) {
+    out["trainer"] = {{"file", run.trainer->path},
+                      {"fitted_on", run.trainer->fitted_on},
                       {"checkpointing", s.trainer_options.checkpointing ? "full" : "none"},
                       {"kernel_scale", s.trainer_options.kernel_scale},
-                      {"layer_us_per_token", trainer->layer_us_per_token},
-                      {"head_us_per_token", trainer->head_us_per_token},
-                      {"step_fixed_ms", trainer->step_fixed_ms},
-                      {"plan_make_ms", trainer->plan_make_ms},
-                      {"plan_make_us_per_task", trainer->plan_make_us_per_task},
-                      {"plan_make_ns_per_token", trainer->plan_make_ns_per_token},
-                      {"attention_call_us", trainer->attention_call_us},
-                      {"exchange_fixed_us", trainer->exchange_fixed_us},
-                      {"pack_unpack_ns_per_byte", trainer->pack_unpack_ns_per_byte},
-                      {"pingpong_compute_factor", trainer->pingpong_compute_factor}};
+                      {"layer_us_per_token", run.trainer->layer_us_per_token},
+                      {"head_us_per_token", run.trainer->head_us_per_token},
+                      {"step_fixed_ms", run.trainer->step_fixed_ms},
+                      {"plan_make_ms", run.trainer->plan_make_ms},
+                      {"plan_make_us_per_task", run.trainer->plan_make_us_per_task},
+                      {"plan_make_ns_per_token", run.trainer->plan_make_ns_per_token},
+                      {"attention_call_us", run.trainer->attention_call_us},
+                      {"exchange_fixed_us", run.trainer->exchange_fixed_us},
+                      {"pack_unpack_ns_per_byte", run.trainer->pack_unpack_ns_per_byte},
+                      {"pingpong_compute_factor", run.trainer->pingpong_compute_factor}};
   }
   if (!s.batch_seeds.empty()) out["workload"]["batch_seeds"] = s.batch_seeds;
   out["balancers"] = nlohmann::json::array();
-  for (const auto& r : results) {
+  for (const auto& r : run.results) {
     nlohmann::json b = {{"name", r.name},
                         {"group_size", r.group_size},
                         {"attention_imbalance", r.attention_imbalance},
@@ -257,8 +249,8 @@ nlohmann::json report_json(const SimulateRun& run) {
                         {"plan_ms", r.plan_ms},
                         {"off", mode_json(r.off)},
                         {"on", mode_json(r.on)}};
-    if (s.detail && !trainer_pipeline) b["detail"] = detail_json(r.detail);
-    if (s.detail && trainer_pipeline) b["ticks"] = ticks_json(r.ticks);
+    if (s.detail && !run.trainer_pipeline) b["detail"] = detail_json(r.detail);
+    if (s.detail && run.trainer_pipeline) b["ticks"] = ticks_json(r.ticks);
     for (const bool pp : {false, true}) {
       const std::string mode = pp ? "on" : "off";
       if (colocated != nullptr) b[mode]["speedup_vs_colocated"] = speedup(colocated, r, pp);
@@ -272,17 +264,8 @@ nlohmann::json report_json(const SimulateRun& run) {
 
 void print_report(const SimulateRun& run) {
   const sim::Scenario& s = run.scenario;
-  const sim::SystemCalibration& cal = run.cal;
-  const sim::TrainerCalibration* trainer = run.trainer;
-  const std::vector<sim::BalancerResult>& results = run.results;
-  const sim::BatchSummary& summary = run.summary;
-  const std::string &dist = run.dist, &schedule = run.schedule;
-  const bool long_docs = run.long_docs, trainer_pipeline = run.trainer_pipeline, has_tolerance = run.has_tolerance;
-  const double tolerance = run.tolerance;
-  const int64_t ranks_per_node = run.ranks_per_node;
-  const sim::BalancerResult* colocated = find(results, "colocated");
-  const sim::BalancerResult* per_doc_cp = find(results, "per_doc_cp");
-  const std::string& pingpong = run.pingpong;
+  const sim::BalancerResult* colocated = find(run.results, "colocated");
+  const sim::BalancerResult* per_doc_cp = find(run.results, "per_doc_cp");
 
   std::printf("cad simulate: %s (L=%lld H=%lld Hq=%lld Hkv=%lld D=%lld mlp=%lld) on %lld GPUs (%lld per node), "
               "tp=%lld pp=%lld dp=%lld\n",
@@ -293,31 +276,31 @@ void print_report(const SimulateRun& run) {
               static_cast<long long>(s.layout.tp), static_cast<long long>(s.layout.pp),
               static_cast<long long>(s.layout.dp()));
   std::printf("workload: %s, %lld tokens per data-parallel rank, %lld step(s) x %lld micro-batch(es), seed %llu\n",
-              dist.c_str(), static_cast<long long>(s.context), static_cast<long long>(s.steps),
+              run.dist.c_str(), static_cast<long long>(s.context), static_cast<long long>(s.steps),
               static_cast<long long>(s.microbatches), static_cast<unsigned long long>(s.seed));
-  if (has_tolerance) std::printf("balancer tolerance: %g (distca, prefix_aware)\n", tolerance);
-  if (long_docs) {
+  if (run.has_tolerance) std::printf("balancer tolerance: %g (distca, prefix_aware)\n", run.tolerance);
+  if (run.long_docs) {
     std::printf("long documents: up to %lld tokens, laid whole over the ranks in groups of %lld (%.1f documents per "
                 "micro-batch, %.1f cut at group edges, widest over %lld ranks)\n",
-                static_cast<long long>(s.max_doc_len), static_cast<long long>(s.document_group), summary.documents,
-                summary.cut_documents, static_cast<long long>(summary.widest_span));
+                static_cast<long long>(s.max_doc_len), static_cast<long long>(s.document_group), run.summary.documents,
+                run.summary.cut_documents, static_cast<long long>(run.summary.widest_span));
   }
-  std::printf("attention rates: %s\nsystem: %s (GEMM %.0f TFLOP/s)\n", run.rates.describe().c_str(), cal.path.c_str(),
-              cal.gemm_tflops);
-  std::printf("%s\n%s\n", network_line(cal).c_str(), tensor_parallel_line(s).c_str());
+  std::printf("attention rates: %s\nsystem: %s (GEMM %.0f TFLOP/s)\n", run.rates.describe().c_str(), run.cal.path.c_str(),
+              run.cal.gemm_tflops);
+  std::printf("%s\n%s\n", network_line(run.cal).c_str(), tensor_parallel_line(s).c_str());
   if (s.layout.rail_routed) {
     std::printf("cross-node bytes rail-routed (--nic-share node): each NIC carries what its node sends to its rail\n");
   }
-  if (trainer) {
+  if (run.trainer) {
     std::printf("trainer: %s (fitted on %s), checkpointing %s, attention kernel x %.3f; linear_s includes the\n"
                 "trainer's non-attention time, comm_s CAD's exchanges with their fixed and pack/unpack costs\n",
-                trainer->path.c_str(), trainer->fitted_on.c_str(), s.trainer_options.checkpointing ? "full" : "none",
+                run.trainer->path.c_str(), run.trainer->fitted_on.c_str(), s.trainer_options.checkpointing ? "full" : "none",
                 s.trainer_options.kernel_scale);
   }
-  if (trainer_pipeline) {
+  if (run.trainer_pipeline) {
     std::printf("schedule: %s, %lld ticks per step (2 x (%lld micro-batches + %lld stages - 1)), CAD pooled per "
                 "%s; ping-pong not modelled (on = off); linear/attn/comm: along each tick's critical path\n",
-                schedule.c_str(), static_cast<long long>(2 * (s.microbatches + s.layout.pp - 1)),
+                run.schedule.c_str(), static_cast<long long>(2 * (s.microbatches + s.layout.pp - 1)),
                 static_cast<long long>(s.microbatches), static_cast<long long>(s.layout.pp),
                 s.pool == sim::PipelinePool::kBubble        ? "tick in the bubble ticks (some stage idle), local in the others"
                 : s.pool == sim::PipelinePool::kBubbleStage ? "tick in the bubble ticks (some stage idle), stage in the others"
@@ -325,11 +308,11 @@ void print_report(const SimulateRun& run) {
   }
   std::printf("\n");
   for (const bool pp : {false, true}) {
-    if ((pp && pingpong == "off") || (!pp && pingpong == "on")) continue;
+    if ((pp && run.pingpong == "off") || (!pp && run.pingpong == "on")) continue;
     std::printf("ping-pong %s\n", pp ? "on" : "off");
     std::printf("%-14s %6s %9s %10s %9s %9s %9s %9s %9s %8s %8s\n", "balancer", "group", "attn_imb", "GiB/layer",
                 "step_s", "linear_s", "attn_s", "comm_s", "exposed_s", "vs_coloc", "vs_cp");
-    for (const auto& r : results) {
+    for (const auto& r : run.results) {
       const sim::ModeResult& m = pp ? r.on : r.off;
       std::printf("%-14s %6lld %9.3f %10.3f %9.3f %9.3f %9.3f %9.3f %9.3f %8.3f %8.3f\n", r.name.c_str(),
                   static_cast<long long>(r.group_size), r.attention_imbalance,
@@ -343,11 +326,11 @@ void print_report(const SimulateRun& run) {
               "simulated in %.2f s)\n\n", run.wall_seconds);
   // One GPU's (one TP index's) exchanges per layer and pass, and the memory its server role needs.
   std::printf("bytes per layer (all ranks of one TP index) by node (%lld ranks per node), and memory per server:\n",
-              static_cast<long long>(ranks_per_node));
+              static_cast<long long>(run.ranks_per_node));
   std::printf("%-14s %11s %11s %16s %11s %13s\n", "balancer", "intra_GiB", "inter_GiB", "max_inter_GiB/GPU",
               "max_kv_GiB", "max_recv_GiB");
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  for (const auto& r : results) {
+  for (const auto& r : run.results) {
     std::printf("%-14s %11.3f %11.3f %16.3f %11.3f %13.3f\n", r.name.c_str(), r.bytes_intra_per_layer / gib,
                 r.bytes_inter_per_layer / gib, r.max_inter_sent_per_gpu / gib, static_cast<double>(r.max_kv_bytes) / gib,
                 static_cast<double>(r.max_memory_received) / gib);
