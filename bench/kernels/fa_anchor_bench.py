@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The local attention kernels a user can install, beside ours, on the same buffers: FlashAttention-4, FA3's
-forward, torch's varlen_attn and cuDNN, forward and backward apart, medians of interleaved rounds, each as a
+forward, torch's varlen_attn, FlexAttention and cuDNN, forward and backward apart, medians of interleaved rounds, each as a
 ratio to our kernel, and how far each one's outputs are from ours.
 
 Implementations (--impls):
@@ -11,6 +11,8 @@ Implementations (--impls):
   torch  torch.nn.attention.varlen.varlen_attn (FA2 inside on torch 2.11), as window_bench.py's "torch".
   cudnn  torch's scaled_dot_product_attention with the cuDNN backend, one document at a time (no window there);
          K/V expanded to every query head outside the timing where it refuses GQA.
+  flex   torch.nn.attention.flex_attention (compiled), the packed buffer in one call with a document-causal block
+         mask (and the window's left edge), GQA through enable_gqa.
 An implementation that is not installed, or does not run a case (a window, a backward), is reported 'n/a'
 with the reason; one that fails is recorded with its error and the run goes on.
 
@@ -35,7 +37,7 @@ O, dQ, dK, dV (K/V gradients of expanded heads summed back), all from the same i
 --budget-s: no round starts that would end past it (the last round's time as the guess); results are
 rewritten after every round. --dry-run prints the cases and their FLOPs (no GPU, no torch needed).
 
-usage: fa_anchor_bench.py [--out results.json] [--build build-gpu] [--impls ours,fa4,fa3,torch,cudnn]
+usage: fa_anchor_bench.py [--out results.json] [--build build-gpu] [--impls ours,fa4,fa3,torch,cudnn,flex]
                           [--head-dims 128,64] [--contexts 65536,131072] [--buffers 4] [--dense 16384,65536]
                           [--window 4096] [--window-dense 65536] [--rounds 3] [--reps 3] [--warmup 2]
                           [--budget-s 420] [--dry-run] [--data doclen_pretrain.json]
@@ -57,7 +59,7 @@ import window_bench as wb  # noqa: E402  (batches, FLOPs, the ours/torch impleme
 
 REPO = wb.REPO
 HQ, HKV = 32, 8
-IMPLS = ("ours", "fa4", "fa3", "torch", "cudnn")
+IMPLS = ("ours", "fa4", "fa3", "torch", "cudnn", "flex")
 NotApplicable = wb.NotApplicable
 
 
@@ -207,8 +209,53 @@ class Cudnn:
         return (q, ke, ve), self._call(docs, False), f"K/V expanded (GQA refused: {self.gqa_error})"
 
 
+class Flex:
+    """torch's FlexAttention: one [1, H, T, D] call over the packed buffer with a block mask that keeps each query to
+    its own document's keys at or before it (and, with a window, the `left` before it), GQA through enable_gqa.
+    flex_attention is compiled once per process (torch.compile; each new buffer length compiles again, in the
+    untimed warmup); the block mask is made in prepare, outside the timing."""
+    name = "flex"
+    backward = True
+
+    def __init__(self, device):
+        import torch
+        self.torch = torch
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        except ImportError as e:
+            self.unavailable = f"torch {torch.__version__} has no FlexAttention ({wb.short_error(e)})"
+            return
+        self.unavailable = None
+        self.create_block_mask = create_block_mask
+        # Buffer lengths x head dims x directions are a dozen graphs or more: above dynamo's default of 8.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        self.flex = torch.compile(flex_attention, dynamic=False)
+
+    def block_mask(self, cu, left, device):
+        torch = self.torch
+        tokens = int(cu[-1])
+        lengths = (cu[1:] - cu[:-1]).to(torch.int64)
+        doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths.to(device))
+
+        def mask(b, h, q_idx, kv_idx):
+            keep = (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
+            return keep & (q_idx - kv_idx <= left) if left is not None else keep
+        return self.create_block_mask(mask, None, None, tokens, tokens, device=device)
+
+    def prepare(self, q, k, v, cu, longest, left):
+        if self.unavailable:
+            raise NotApplicable(self.unavailable)
+        block_mask = self.block_mask(cu, left, q.device)
+
+        def call(a, b, c):
+            def bhsd(t):
+                return t.transpose(0, 1).unsqueeze(0)
+            return self.flex(bhsd(a), bhsd(b), bhsd(c), block_mask=block_mask, enable_gqa=True)[0].transpose(0, 1)
+        return (q, k, v), call, "compiled, block mask"
+
+
 def make_impl(name, device):
-    return {"ours": Ours, "fa4": Fa4, "fa3": Fa3, "torch": Torch, "cudnn": Cudnn}[name](device)
+    return {"ours": Ours, "fa4": Fa4, "fa3": Fa3, "torch": Torch, "cudnn": Cudnn, "flex": Flex}[name](device)
 
 
 # ---- timing ------------------------------------------------------------------------------------------------------

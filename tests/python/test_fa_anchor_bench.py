@@ -1,0 +1,61 @@
+"""bench/kernels/fa_anchor_bench.py's FlexAttention implementation: its block mask keeps each query to its own
+document's keys at or before it (and, with a window, the `left` before it), over a packed buffer with GQA. Checked
+on the CPU, forward only (FlexAttention has no backward there), against attention computed document by document
+and head by head; the bench's GPU runs time its backward too."""
+import importlib.util
+import math
+import pathlib
+
+import pytest
+import torch
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "kernels" / "fa_anchor_bench.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("fa_anchor_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def reference(q, k, v, lengths, left):
+    """Causal attention per document (bottom-right = top-left: queries and keys are the same rows), GQA by index."""
+    out = torch.zeros_like(q)
+    group = q.shape[1] // k.shape[1]
+    start = 0
+    for n in lengths:
+        rows = torch.arange(n)
+        keep = rows[None, :] <= rows[:, None]
+        if left is not None:
+            keep &= rows[:, None] - rows[None, :] <= left
+        for h in range(q.shape[1]):
+            s = q[start:start + n, h] @ k[start:start + n, h // group].T / math.sqrt(q.shape[2])
+            out[start:start + n, h] = torch.softmax(s.masked_fill(~keep, -math.inf), -1) @ v[start:start + n, h // group]
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("left", [None, 5])
+def test_flex_matches_attention_per_document(left):
+    bench = load_bench()
+    flex = bench.Flex(torch.device("cpu"))
+    if flex.unavailable:
+        pytest.skip(flex.unavailable)
+    lengths = [37, 100, 1, 90]  # a one-token document, and lengths off FlexAttention's 128-row blocks
+    g = torch.Generator().manual_seed(1)
+    t = sum(lengths)
+    q, k, v = (torch.randn(t, h, 64, generator=g) for h in (4, 2, 2))
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    inputs, fn, note = flex.prepare(q, k, v, cu, max(lengths), left)
+    assert note == "compiled, block mask"
+    got = fn(*inputs)
+    assert got.shape == q.shape
+    want = reference(q, k, v, lengths, left)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+
+
+def test_flex_is_one_of_the_implementations():
+    bench = load_bench()
+    assert "flex" in bench.IMPLS
+    assert bench.make_impl("flex", torch.device("cpu")).name == "flex"
