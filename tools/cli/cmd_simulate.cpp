@@ -534,9 +534,8 @@ int run_simulate(int argc, char** argv) {
   require_finite(results);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  const SimulateRun run{s,      cal,         *rates,   trainer.get(), results,        summary, dist,
-                        schedule, pingpong, long_docs, trainer_pipeline, args.has("--balance-time"),
-                        has_tolerance, tolerance, ranks_per_node, wall};
+  const SimulateRun run{s,        cal,      *rates, trainer.get(), results, summary, dist, schedule, pingpong,
+                        args.has("--balance-time"), has_tolerance, tolerance, wall};
   if (json) {
     std::printf("%s\n", report_json(run).dump(2).c_str());
   } else {

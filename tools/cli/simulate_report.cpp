@@ -195,15 +195,15 @@ nlohmann::json report_json(const SimulateRun& run) {
                   {"mlp", s.shape.mlp},         {"vocab", s.shape.vocab}};
   out["layout"] = {{"gpus", s.layout.gpus}, {"gpus_per_node", s.layout.gpus_per_node}, {"tp", s.layout.tp},
                    {"pp", s.layout.pp},     {"dp", s.layout.dp()}, {"schedule", run.schedule},
-                  {"ranks_per_node", run.ranks_per_node}, {"nic_share", s.layout.rail_routed ? "node" : "gpu"}};
+                  {"ranks_per_node", run.ranks_per_node()}, {"nic_share", s.layout.rail_routed ? "node" : "gpu"}};
   out["tensor_parallel"] = tensor_parallel_json(s);
   out["network"] = network_json(run.cal);
-  if (run.trainer_pipeline) out["layout"]["pool"] = pool_name(s.pool);
+  if (run.trainer_pipeline()) out["layout"]["pool"] = pool_name(s.pool);
   out["workload"] = {{"dist", run.dist},   {"context", s.context}, {"steps", s.steps}, {"seed", s.seed},
                      {"microbatches", s.microbatches}, {"min_shard", s.min_shard_tokens},
                      {"balance_time", run.balance_time}};
   if (run.has_tolerance) out["workload"]["tolerance"] = run.tolerance;
-  if (run.long_docs) {
+  if (run.long_docs()) {
     out["workload"]["max_doc_len"] = s.max_doc_len;
     out["workload"]["tokens_per_rank"] = s.context;
     out["workload"]["document_group"] = s.document_group;
@@ -249,8 +249,8 @@ nlohmann::json report_json(const SimulateRun& run) {
                         {"plan_ms", r.plan_ms},
                         {"off", mode_json(r.off)},
                         {"on", mode_json(r.on)}};
-    if (s.detail && !run.trainer_pipeline) b["detail"] = detail_json(r.detail);
-    if (s.detail && run.trainer_pipeline) b["ticks"] = ticks_json(r.ticks);
+    if (s.detail && !run.trainer_pipeline()) b["detail"] = detail_json(r.detail);
+    if (s.detail && run.trainer_pipeline()) b["ticks"] = ticks_json(r.ticks);
     for (const bool pp : {false, true}) {
       const std::string mode = pp ? "on" : "off";
       if (colocated != nullptr) b[mode]["speedup_vs_colocated"] = speedup(colocated, r, pp);
@@ -279,7 +279,7 @@ void print_report(const SimulateRun& run) {
               run.dist.c_str(), static_cast<long long>(s.context), static_cast<long long>(s.steps),
               static_cast<long long>(s.microbatches), static_cast<unsigned long long>(s.seed));
   if (run.has_tolerance) std::printf("balancer tolerance: %g (distca, prefix_aware)\n", run.tolerance);
-  if (run.long_docs) {
+  if (run.long_docs()) {
     std::printf("long documents: up to %lld tokens, laid whole over the ranks in groups of %lld (%.1f documents per "
                 "micro-batch, %.1f cut at group edges, widest over %lld ranks)\n",
                 static_cast<long long>(s.max_doc_len), static_cast<long long>(s.document_group), run.summary.documents,
@@ -297,7 +297,7 @@ void print_report(const SimulateRun& run) {
                 run.trainer->path.c_str(), run.trainer->fitted_on.c_str(), s.trainer_options.checkpointing ? "full" : "none",
                 s.trainer_options.kernel_scale);
   }
-  if (run.trainer_pipeline) {
+  if (run.trainer_pipeline()) {
     std::printf("schedule: %s, %lld ticks per step (2 x (%lld micro-batches + %lld stages - 1)), CAD pooled per "
                 "%s; ping-pong not modelled (on = off); linear/attn/comm: along each tick's critical path\n",
                 run.schedule.c_str(), static_cast<long long>(2 * (s.microbatches + s.layout.pp - 1)),
@@ -326,7 +326,7 @@ void print_report(const SimulateRun& run) {
               "simulated in %.2f s)\n\n", run.wall_seconds);
   // One GPU's (one TP index's) exchanges per layer and pass, and the memory its server role needs.
   std::printf("bytes per layer (all ranks of one TP index) by node (%lld ranks per node), and memory per server:\n",
-              static_cast<long long>(run.ranks_per_node));
+              static_cast<long long>(run.ranks_per_node()));
   std::printf("%-14s %11s %11s %16s %11s %13s\n", "balancer", "intra_GiB", "inter_GiB", "max_inter_GiB/GPU",
               "max_kv_GiB", "max_recv_GiB");
   const double gib = 1024.0 * 1024.0 * 1024.0;

@@ -43,10 +43,15 @@ struct SimulateRun {
   const std::vector<simulate::BalancerResult>& results;
   const simulate::BatchSummary& summary;
   std::string dist, schedule, pingpong;  // --dist, --schedule, --pingpong (on, off or both)
-  bool long_docs, trainer_pipeline, balance_time, has_tolerance;
+  bool balance_time, has_tolerance;
   double tolerance;
-  int64_t ranks_per_node;
   double wall_seconds;  // the simulation's own time
+
+  // What the scenario itself says: long documents (a --max-doc-len), the pipeline trainer's schedules, and the
+  // data-parallel (CAD) ranks of a node.
+  bool long_docs() const { return scenario.max_doc_len > 0; }
+  bool trainer_pipeline() const { return simulate::is_trainer_pipeline(scenario.schedule); }
+  int64_t ranks_per_node() const { return scenario.layout.gpus_per_node / scenario.layout.tp; }
 };
 // --json's document; the text report (to stdout) otherwise.
 nlohmann::json report_json(const SimulateRun& run);
