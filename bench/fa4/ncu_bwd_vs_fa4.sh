@@ -4,7 +4,7 @@
 # Hkv 8, D 128, bf16) for the project's kernel (cad_kernel_bench, case dense_causal_16k) and for FA4's
 # (flash_attn.cute through cad.fa4.varlen_attn, bench/fa4/fa4_bwd_once.py), the same sections and metrics for
 # both, one profiled launch each: $OUT/ncu_ours_bwd.txt, $OUT/ncu_fa4_bwd.txt, and $OUT/ncu_bwd_side_by_side.md
-# (the lines of both that name the same metric). Exits non-zero when either profile failed.
+# (the lines of both that name the same metric). Exits non-zero when the build, either profile or the table failed.
 #   usage: [OUT=dir] bash bench/fa4/ncu_bwd_vs_fa4.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,4 +48,5 @@ for k, (unit, v) in a.items():
 (out / "ncu_bwd_side_by_side.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
+[ $? = 0 ] || { echo "side-by-side table failed"; rc=1; }
 exit $rc
