@@ -13,9 +13,7 @@
 #  5. $OUT/summary.md and $OUT/summary.csv: per case and head dim, each variant's median backward TFLOP/s
 #     over the rounds and its ratio to the first variant; the test results; logs in $OUT/logs.tgz.
 # Suffixes of a variant set the D=64 kernel's Q/dO stages (_sK: -DCAD_BWD64_STAGES=K, default 2) and queries per
-# step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), and _a1 moves each wgmma descriptor by one add
-# instead of rebuilding it (-DCAD_WGMMA_DESC_ADVANCE=1, sm90/wgmma.cuh; _a0 the default), e.g. 1_q64, 1_q64_s4
-# or 1_a1.
+# step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), e.g. 1_q64 or 1_q64_s4.
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
 #   usage: [OUT=dir] [VARIANTS="0 1"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
 set -uo pipefail
@@ -50,8 +48,7 @@ for v in $VARIANTS; do
     case "$part" in
       s[0-9]*) flags="$flags -DCAD_BWD64_STAGES=${part#s}" ;;
       q[0-9]*) flags="$flags -DCAD_BWD64_QUERIES=${part#q}" ;;
-      a[01]) flags="$flags -DCAD_WGMMA_DESC_ADVANCE=${part#a}" ;;
-      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM or _a0/_a1)" >&2; exit 2 ;;
+      *) echo "variant $v: unknown suffix _$part (expected _sK or _qM)" >&2; exit 2 ;;
     esac
   done
   (

@@ -56,11 +56,13 @@ __device__ __forceinline__ void fwd90_load_unit(const Fwd90Smem<T>& sm, const CU
 template <typename T, int D>
 __device__ __forceinline__ void fwd90_issue_qk(float (&s)[T::kBlockN / 2], const Fwd90Smem<T>& sm, int cw, int stage) {
   constexpr int BM = T::kBlockM, BN = T::kBlockN;
-  const SmemTileDesc q(sm.q + cw * 64 * 128, 0, 1024), k(sm.k_tile(stage), 0, 1024);
+  // Descriptors rebuilt per product, not moved by one add as the backward's (sm90/wgmma.cuh's SmemTileDesc says why).
+  const uint32_t q_addr = sm.q + cw * 64 * 128, k_addr = sm.k_tile(stage);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t col_bytes = (kk & 3) * 32;
-    const uint64_t da = q.at((kk >> 2) * BM * 128 + col_bytes), db = k.at((kk >> 2) * BN * 128 + col_bytes);
+    const uint64_t da = smem_desc_sw128(q_addr + (kk >> 2) * BM * 128 + col_bytes, 0, 1024),
+                   db = smem_desc_sw128(k_addr + (kk >> 2) * BN * 128 + col_bytes, 0, 1024);
     if (kk == 0) {
       wgmma_m64n128k16_ss_first(s, da, db);
     } else {
@@ -75,11 +77,11 @@ template <typename T, int D>
 __device__ __forceinline__ void fwd90_issue_pv(float (&o)[D / 2], const uint32_t (&pa)[T::kBlockN / 16][4],
                                                const Fwd90Smem<T>& sm, int stage) {
   constexpr int BN = T::kBlockN;
-  const SmemTileDesc v(sm.v_tile(stage), BN * 128, 1024);
+  const uint32_t v_addr = sm.v_tile(stage);
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
     // 16 keys = two 8-row groups (stride 1024 B); the next 64 head-dim columns are one atom (BN rows) on.
-    const uint64_t db = v.at(kk * 16 * 128);
+    const uint64_t db = smem_desc_sw128(v_addr + kk * 16 * 128, BN * 128, 1024);
     if constexpr (D == 128) {
       wgmma_m64n128k16_rs_tb(o, pa[kk], db, 1);
     } else {

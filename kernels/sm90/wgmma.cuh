@@ -44,32 +44,23 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_byte_addr, uin
 
 // A tile's descriptor, for the products that walk through it: at(bytes) is the descriptor of the tile `bytes`
 // past it (a multiple of 16). The start address is the descriptor's low 14 bits (address / 16) and every
-// shared-memory address here is below 256 KiB, so moving it is one 32-bit add to the low word, where rebuilding
-// the descriptor per product cost the backward five dependent integer instructions before each wgmma (its SASS;
-// Nsight Compute: twice FlashAttention-4's instruction count, the integer pipe the busiest by instructions).
-// That is -DCAD_WGMMA_DESC_ADVANCE=1, not yet timed or tested on a GPU (bench/kernels/bwd_variants.sh,
-// VARIANTS="1 1_a1", is its A/B); the default, 0, rebuilds each descriptor from its address, the computation
-// every GPU test and record so far ran (the forward's PTX identical, the backward's the same operations reordered).
-#ifndef CAD_WGMMA_DESC_ADVANCE
-#define CAD_WGMMA_DESC_ADVANCE 0
-#endif
+// shared-memory address here is below 256 KiB, so moving it is one 32-bit add to the low word. Rebuilding the
+// descriptor per product cost the backward about five dependent integer instructions before each wgmma (its SASS;
+// Nsight Compute: twice FlashAttention-4's instruction count, the integer pipe the busiest by instructions); moving
+// it made the backward 1.7-2.9% faster at D 128 and 0.4-2.1% at D 64 on one H200 (record
+// bench/results/bwd_variants_h200x1_2026-12-02_79f5b02). The forward rebuilds its descriptors
+// (smem_desc_sw128 per product, sm90/fwd_mainloop.cuh): moved by one add, its windowed cases ran 4-8% slower.
 struct SmemTileDesc {
-  uint64_t desc;
-  uint32_t addr, leading_bytes, stride_bytes;
-  __device__ __forceinline__ SmemTileDesc(uint32_t smem_byte_addr, uint32_t leading, uint32_t stride)
-      : desc(smem_desc_sw128(smem_byte_addr, leading, stride)),
-        addr(smem_byte_addr),
-        leading_bytes(leading),
-        stride_bytes(stride) {}
+  uint32_t lo, hi;  // the descriptor's two words; only lo (the start address) moves
+  __device__ __forceinline__ SmemTileDesc(uint32_t smem_byte_addr, uint32_t leading, uint32_t stride) {
+    const uint64_t desc = smem_desc_sw128(smem_byte_addr, leading, stride);
+    lo = static_cast<uint32_t>(desc);
+    hi = static_cast<uint32_t>(desc >> 32);
+  }
   __device__ __forceinline__ uint64_t at(uint32_t bytes) const {
-#if CAD_WGMMA_DESC_ADVANCE
-    const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4), hi = static_cast<uint32_t>(desc >> 32);
     uint64_t out;
-    asm("mov.b64 %0, {%1, %2};" : "=l"(out) : "r"(lo), "r"(hi));
+    asm("mov.b64 %0, {%1, %2};" : "=l"(out) : "r"(lo + (bytes >> 4)), "r"(hi));
     return out;
-#else
-    return smem_desc_sw128(addr + bytes, leading_bytes, stride_bytes);
-#endif
   }
 };
 
