@@ -232,10 +232,11 @@ cudaError_t attention_backward_resident(const BackwardPlan& plan, const void* q,
     CAD_CUDA_TRY(pr.head_dim == 64 ? detail::launch_attention_bwd<64>(p, n, stream)
                                    : detail::launch_attention_bwd<128>(p, n, stream));
   }
-  CAD_CUDA_TRY(detail::launch_f32_to_bf16(p.dq_acc, static_cast<__nv_bfloat16*>(d_q), static_cast<int64_t>(q_elems), stream));
+  CAD_CUDA_TRY(detail::launch_f32_to_bf16(p.dq_acc, static_cast<__nv_bfloat16*>(d_q), static_cast<int64_t>(q_elems),
+                                           pr.softmax_scale, stream));
   if (!plan.kv_exclusive) {
-    CAD_CUDA_TRY(detail::launch_f32_to_bf16(p.dk_acc, p.d_k, static_cast<int64_t>(kv_elems), stream));
-    CAD_CUDA_TRY(detail::launch_f32_to_bf16(p.dv_acc, p.d_v, static_cast<int64_t>(kv_elems), stream));
+    CAD_CUDA_TRY(detail::launch_f32_to_bf16(p.dk_acc, p.d_k, static_cast<int64_t>(kv_elems), 1.f, stream));
+    CAD_CUDA_TRY(detail::launch_f32_to_bf16(p.dv_acc, p.d_v, static_cast<int64_t>(kv_elems), 1.f, stream));
   }
   return cudaSuccess;
 }

@@ -88,12 +88,12 @@ __global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat1
   }
 }
 
-__global__ void f32_to_bf16_kernel(const float4* src, __nv_bfloat162* dst, int64_t n4) {
+__global__ void f32_to_bf16_kernel(const float4* src, __nv_bfloat162* dst, int64_t n4, float scale) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float4 v = src[i];
-    dst[2 * i] = __floats2bfloat162_rn(v.x, v.y);
-    dst[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
+    dst[2 * i] = __floats2bfloat162_rn(v.x * scale, v.y * scale);
+    dst[2 * i + 1] = __floats2bfloat162_rn(v.z * scale, v.w * scale);
   }
 }
 
@@ -129,11 +129,11 @@ cudaError_t launch_bwd_preprocess(const __nv_bfloat16* o, const __nv_bfloat16* d
 }
 
 // numel must be a multiple of 4 (every tensor here is [T, H, D] with D a multiple of 16).
-cudaError_t launch_f32_to_bf16(const float* src, __nv_bfloat16* dst, int64_t numel, cudaStream_t stream) {
+cudaError_t launch_f32_to_bf16(const float* src, __nv_bfloat16* dst, int64_t numel, float scale, cudaStream_t stream) {
   if (numel == 0) return cudaSuccess;
   const int64_t n4 = numel / 4;
   f32_to_bf16_kernel<<<grid_for(n4, 256), 256, 0, stream>>>(reinterpret_cast<const float4*>(src),
-                                                          reinterpret_cast<__nv_bfloat162*>(dst), n4);
+                                                          reinterpret_cast<__nv_bfloat162*>(dst), n4, scale);
   return cudaGetLastError();
 }
 

@@ -46,7 +46,7 @@ struct BwdParams {
   const float* lse;    // [hq, tq]
   const float* delta;  // [hq, tq]: rowsum(dO * O)
   const float* lse_log2;  // [hq, tq]: lse * log2(e), written beside delta by the preprocess (sm_90a reads it by TMA)
-  float* dq_acc;       // [tq, hq, D] fp32, scaled
+  float* dq_acc;       // [tq, hq, D] fp32, dS K before softmax_scale (launch_f32_to_bf16 applies it)
   float* dk_acc;       // [tk, hkv, D] fp32 (shared-KV mode)
   float* dv_acc;
   __nv_bfloat16* d_k;  // direct bf16 output (exclusive-KV mode)
@@ -100,6 +100,7 @@ cudaError_t launch_fill_uncovered(const RowRange* ranges, int num_ranges, __nv_b
 // delta[h, row] = rowsum(dO * O) and lse_log2[h, row] = lse * log2(e), both [hq, tq].
 cudaError_t launch_bwd_preprocess(const __nv_bfloat16* o, const __nv_bfloat16* d_o, const float* lse, float* delta,
                                   float* lse_log2, int64_t tq, int hq, int head_dim, cudaStream_t stream);
-cudaError_t launch_f32_to_bf16(const float* src, __nv_bfloat16* dst, int64_t numel, cudaStream_t stream);
+// dst = bf16(scale * src), numel a multiple of 4.
+cudaError_t launch_f32_to_bf16(const float* src, __nv_bfloat16* dst, int64_t numel, float scale, cudaStream_t stream);
 
 }  // namespace cad::kernels::detail

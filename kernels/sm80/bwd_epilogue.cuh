@@ -1,6 +1,6 @@
 // sm80/bwd_epilogue.cuh -- the outputs of the portable backward, per thread from its mma.sync
-// accumulators: every step, its part of dQ (scaled) added into the fp32 accumulator with atomics (several
-// blocks write the same query rows); at the block's end, dK (scaled) and dV of its two keys -- directly in
+// accumulators: every step, its part of dQ (unscaled: the conversion to bf16 scales it) added into the fp32
+// accumulator with atomics (several blocks write the same query rows); at the block's end, dK (scaled) and dV of its two keys -- directly in
 // bf16 when every key row has one writer (exclusive KV), else added to the fp32 accumulators. The Hopper
 // backward's version is sm90/bwd_epilogue.cuh.
 #pragma once
@@ -27,7 +27,7 @@ __device__ __forceinline__ void bwd80_add_dq(const BwdParams& p, const BwdItem& 
       float* dst = p.dq_acc + (item.q_row + q) * q_stride + h * D + warp_col0 + 2 * t;
 #pragma unroll
       for (int dn = 0; dn < COLS / 8; ++dn) {
-        atomic_add_pair(dst + dn * 8, dq[mm][dn][2 * r] * p.scale, dq[mm][dn][2 * r + 1] * p.scale);
+        atomic_add_pair(dst + dn * 8, dq[mm][dn][2 * r], dq[mm][dn][2 * r + 1]);
       }
     }
   }

@@ -1,5 +1,6 @@
 // sm90/bwd_epilogue.cuh -- the outputs of the Hopper backward:
-//  - dQ, every step: each consumer warpgroup writes its 64 fp32 columns of dQ(j) (scaled) into shared
+//  - dQ, every step: each consumer warpgroup writes its 64 fp32 columns of dQ(j) (unscaled: the conversion
+//    to bf16 after the kernel applies softmax_scale once per element instead of once per step) into shared
 //    buffer j % kDQBuffers in TMA's layout, and the dQ writer warp adds the buffer to the global fp32
 //    accumulator with TMA reductions (cp.reduce.async.bulk.tensor add) instead of per-thread atomics; the
 //    two sides hand the buffer back and forth through named barriers (full: consumers arrive, writer
@@ -59,11 +60,11 @@ __device__ __forceinline__ void bwd90_dq_writer(const BwdParams& p, const BwdIte
   if (lane == 0) bulk_wait_all();
 }
 
-// A consumer thread's part of dQ(j) (scaled) into shared buffer j % kDQBuffers: 4 boxes of 64 rows x 32
+// A consumer thread's part of dQ(j) (unscaled) into shared buffer j % kDQBuffers: 4 boxes of 64 rows x 32
 // fp32 columns, 128-byte swizzle (TMA's layout), boxes 2wg and 2wg + 1 from warpgroup wg; then the buffer
 // is handed to the dQ writer. cwarp = consumer warp 0..7, g = lane / 4, t = lane % 4.
 template <typename T>
-__device__ __forceinline__ void bwd90_store_dq(const BwdParams& p, const float (&dq)[32], uint32_t dq_addr, int j,
+__device__ __forceinline__ void bwd90_store_dq(const float (&dq)[32], uint32_t dq_addr, int j,
                                                int cwarp, int wg, int g, int t) {
   constexpr int NB = T::kDQBuffers;
   const int b = j % NB;
@@ -87,7 +88,7 @@ __device__ __forceinline__ void bwd90_store_dq(const BwdParams& p, const float (
       const uint32_t addr = dq_buf + box * T::kDQBoxBytes + row * 128 + ((unit ^ (row & 7)) << 4) + (t & 1) * 8;
       const float v0 = upper ? dq[(i ^ 2) * 4 + 2 * r] : dq[i * 4 + 2 * r];
       const float v1 = upper ? dq[(i ^ 2) * 4 + 2 * r + 1] : dq[i * 4 + 2 * r + 1];
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v0 * p.scale), "f"(v1 * p.scale)
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v0), "f"(v1)
                    : "memory");
     }
   }

@@ -62,6 +62,7 @@
 #include "sm90/async.cuh"
 #include "sm90/bwd_epilogue.cuh"
 #include "sm90/bwd_mainloop.cuh"
+
 #include "sm90/bwd_scheduler.cuh"
 #include "sm90/bwd_softmax.cuh"
 #include "sm90/bwd_traits.cuh"
@@ -132,8 +133,10 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
   // to about half a step and overlap one's elementwise work with the other's products.
   registers_claim<T::kConsumerRegs>();
   const int ctid = tid - 128;   // 0..255
-  const int wg = ctid / 128;    // this warpgroup's keys: 64*wg .. 64*wg + 63 of the tile
-  const int cwarp = ctid / 32;  // 0..7
+  // Broadcast from lane 0, so that the compiler knows them warp-uniform and keeps what derives from them (the
+  // wgmma descriptors' start addresses) in uniform registers instead of moving it there before every product.
+  const int wg = __shfl_sync(0xffffffffu, ctid / 128, 0);    // this warpgroup's keys: 64*wg .. 64*wg + 63 of the tile
+  const int cwarp = __shfl_sync(0xffffffffu, ctid / 32, 0);  // 0..7
   const int g = lane / 4, t = lane % 4;
   const int key_local = cwarp * 16 + g;  // this thread's keys: key_local and key_local + 8
 
@@ -163,16 +166,19 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
   const int dq_key_step0 = T::kDQOwnKeys ? 4 * wg : 0;
   const uint32_t dq_k_atom = D == 128 ? wg * BN * 128 : 0;
   const uint32_t dq_ds_atom = T::kDQRowHalves ? wg * BN * 128 : 0;
+  const uint32_t ds_lane_addr = ds_addr + bwd90_ds_lane_offset(cwarp, lane);  // this lane's dS^T rows, buffer 0
 
   // Step `it`; kPrev: there is a dQ(it-1) to issue and store (a compile-time flag, so that the compiler
   // sees one straight pipeline of wgmma groups per instance).
-  auto step = [&](const int it, auto has_prev) {
+  // qt, hg: the step's query tile and head within the group (it = hg * n_qt + qt), counted by the caller (the
+  // division it / n_qt cost about 40 instructions per step).
+  auto step = [&](const int it, const int qt, const int hg, auto has_prev) {
     constexpr bool kPrev = decltype(has_prev)::value;
     const int s = it % S, b = it & 1;
-    const int q0 = item.q_begin + (it % n_qt) * BM;
+    const int q0 = item.q_begin + qt * BM;
+    const int h = kv_head * p.group + hg;
     const uint32_t q_buf = q_addr + s * T::kQBytes, do_buf = do_addr + s * T::kQBytes;
     // The stage holds the statistics from the 16-byte boundary at or before this tile's first row.
-    const int h = kv_head * p.group + it / n_qt;
     const int shift = bwd90_stat_shift(p, item, h, q0);
     const float* lse_tile = sLse + s * (T::kStatBytes / 4) + shift;
     const float* delta_tile = sDelta + s * (T::kStatBytes / 4) + shift;
@@ -199,7 +205,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     if constexpr (kPrev) {
       wgmma_wait<1>();
       fence_registers(dq);
-      bwd90_store_dq<T>(p, dq, dq_addr, it - 1, cwarp, wg, g, t);
+      bwd90_store_dq<T>(dq, dq_addr, it - 1, cwarp, wg, g, t);
     }
     if constexpr (!kPrev) {  // the first step: V's copies (every consumer thread's) land before dP^T
       cp_async_wait<0>();
@@ -237,8 +243,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
       bwd90_ds<BM, false>(dpt, st, delta_tile, t, valid_q);
     }
     uint32_t ap[BM / 16][4], as[BM / 16][4];
-    bwd90_fragments_and_ds<T>(st, dpt, ap, as,
-                              reinterpret_cast<__nv_bfloat16*>(base + T::kDSOff + b * T::kDSBytes), key_local, t);
+    bwd90_fragments_and_ds<T>(st, dpt, ap, as, ds_lane_addr + b * T::kDSBytes);
     mbar_arrive_warp(ds_bar(b, wg), lane);
 
     // dV += P^T dO and dK += dS^T Q.
@@ -252,11 +257,17 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
   };
 
   if (n_iter > 0) {
-    step(0, std::false_type{});
+    step(0, 0, 0, std::false_type{});
   } else {
     cp_async_wait<0>();  // no step read V; its copies still finish before the block ends
   }
-  for (int it = 1; it < n_iter; ++it) step(it, std::true_type{});
+  for (int it = 1, qt = n_qt > 1 ? 1 : 0, hg = n_qt > 1 ? 0 : 1; it < n_iter; ++it) {
+    step(it, qt, hg, std::true_type{});
+    if (++qt == n_qt) {
+      qt = 0;
+      ++hg;
+    }
+  }
   if (n_iter > 0) {
     float dq[32];
 #pragma unroll
@@ -268,7 +279,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     fence_registers(dq);
     fence_registers(dk);
     fence_registers(dv);
-    bwd90_store_dq<T>(p, dq, dq_addr, n_iter - 1, cwarp, wg, g, t);
+    bwd90_store_dq<T>(dq, dq_addr, n_iter - 1, cwarp, wg, g, t);
   }
 
   store_dk_dv<D>(p, dk, dv, key_local, t, item.kv_rows, key_row0, kv_stride, kv_head);

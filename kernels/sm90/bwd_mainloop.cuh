@@ -124,25 +124,35 @@ __device__ __forceinline__ void bwd90_issue_keys_x_queries(float (&acc)[T::kBloc
   wgmma_commit();
 }
 
+// Where lane `lane` of consumer warp `cwarp` starts its part of dS^T's store (bwd90_fragments_and_ds), as a byte
+// offset into a dS^T buffer: the row address stmatrix takes from it for the step's first 16 queries, row lane % 8
+// of matrix lane / 8 -- key cwarp * 16 + lane % 8 (+ 8 for matrices 1 and 3), queries 0..7 (8..15 for matrices 2
+// and 3), its 16-byte chunk XOR-swizzled by key % 8 = lane % 8 (sm90/tiles.cuh's atom_swizzled). Constant over
+// the block's steps.
+__device__ __forceinline__ uint32_t bwd90_ds_lane_offset(int cwarp, int lane) {
+  const uint32_t key = cwarp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, upper = lane >> 4;
+  return key * 128 + ((upper ^ (lane & 7)) << 4);
+}
+
 // P^T and dS^T (accumulators) -> bf16 A fragments of 16 queries each (ap, as); dS^T also to shared memory
-// (sdS: keys x queries, wgmma's swizzled atoms) for the dQ product, made visible to the async proxy.
+// (keys x queries, wgmma's swizzled atoms) for the dQ product, made visible to the async proxy. ds_row_addr =
+// the dS^T buffer's address + bwd90_ds_lane_offset. A fragment kq is four 8x8 matrices of the accumulator
+// layout, stored by one stmatrix: queries 16 kq.. are chunks 2 kq and 2 kq + 1 of a row (of atom kq / 4), whose
+// swizzle moves them to chunk (2 kq + upper) ^ (key % 8) = 2 (kq % 4) ^ (the lane's chunk for kq = 0); the
+// buffer is 1024-byte aligned, so that is an XOR of the row address with (kq % 4) << 5.
 template <typename T>
 __device__ __forceinline__ void bwd90_fragments_and_ds(const float (&st)[T::kBlockM / 2],
                                                        const float (&dpt)[T::kBlockM / 2],
                                                        uint32_t (&ap)[T::kBlockM / 16][4],
-                                                       uint32_t (&as)[T::kBlockM / 16][4], __nv_bfloat16* sdS,
-                                                       int key_local, int t) {
+                                                       uint32_t (&as)[T::kBlockM / 16][4], uint32_t ds_row_addr) {
   constexpr int BM = T::kBlockM, BN = T::kBlockN;
 #pragma unroll
   for (int kq = 0; kq < BM / 16; ++kq) {
     accumulator_to_a_fragment(st, kq, ap[kq]);
     accumulator_to_a_fragment(dpt, kq, as[kq]);
-    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 2 * t)) = as[kq][0];
-    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 2 * t)) = as[kq][1];
-    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local, kq * 16 + 8 + 2 * t)) = as[kq][2];
-    *reinterpret_cast<uint32_t*>(sdS + atom_swizzled<BN>(key_local + 8, kq * 16 + 8 + 2 * t)) = as[kq][3];
+    stmatrix_x4((ds_row_addr ^ ((kq & 3) << 5)) + (kq >> 2) * BN * 128, as[kq]);
   }
-  fence_proxy_async_smem();  // dS^T was written with ordinary stores; wgmma reads it
+  fence_proxy_async_smem();  // dS^T was written by generic-proxy stores (stmatrix); wgmma reads it
 }
 
 // dV/dK += A (16 queries from registers) x B (16 x D, stored N-contiguous in shared memory).

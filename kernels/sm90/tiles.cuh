@@ -23,6 +23,16 @@ struct AtomSwizzle {
   __device__ __forceinline__ static int offset(int row, int col) { return atom_swizzled<ROWS>(row, col); }
 };
 
+// Four 8x8 bf16 matrices to shared memory in one instruction (stmatrix, sm_90): register m of every lane is its
+// two elements of matrix m in the mma accumulator layout (row lane / 4, columns 2 (lane % 4), +1), and lane l gives
+// the address of row l % 8 of matrix l / 8 (16-byte aligned). One instruction where four 4-byte stores and their
+// addresses were.
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_row_addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_row_addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 template <int ROWS, int COLS, int THREADS>
 __device__ __forceinline__ void load_tile_atoms_async(__nv_bfloat16* smem, const __nv_bfloat16* src, int64_t stride,
                                                       int valid_rows, int tid) {
