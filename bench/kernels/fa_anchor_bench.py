@@ -77,7 +77,7 @@ def make_cases(args):
                 sample_batch = wb.load_recipe()
                 pretrain = {ctx: sample_batch(lengths, ctx, args.buffers, args.seed) for ctx in args.contexts}
             except Exception as e:  # noqa: BLE001 -- reported per case
-                why = f"reading {path}: {wb.short_error(e)}"
+                why = f"sampling the Pretrain buffers from {path}: {wb.short_error(e)}"
     cases = []
 
     def add(name, window, buffers):
@@ -213,7 +213,8 @@ class Flex:
     """torch's FlexAttention: one [1, H, T, D] call over the packed buffer with a block mask that keeps each query to
     its own document's keys at or before it (and, with a window, the `left` before it), GQA through enable_gqa.
     flex_attention is compiled once per process (torch.compile; each new buffer length compiles again, in the
-    untimed warmup); the block mask is made in prepare, outside the timing."""
+    untimed warmup); the block mask is made in prepare, outside the timing (on the GPU by create_block_mask's
+    compiled, blockwise evaluation)."""
     name = "flex"
     backward = True
 
@@ -240,7 +241,9 @@ class Flex:
         def mask(b, h, q_idx, kv_idx):
             keep = (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
             return keep & (q_idx - kv_idx <= left) if left is not None else keep
-        return self.create_block_mask(mask, None, None, tokens, tokens, device=device)
+        # On the GPU the mask is evaluated block by block (compiled): evaluated at once, it is tokens x tokens
+        # (128 GiB of intermediates for a 128K buffer).
+        return self.create_block_mask(mask, None, None, tokens, tokens, device=device, _compile=device.type == "cuda")
 
     def prepare(self, q, k, v, cu, longest, left):
         if self.unavailable:
@@ -528,6 +531,7 @@ def main(argv=None):
     args = parse_args(argv)
     started = time.time()
     command = " ".join([os.path.relpath(__file__, REPO)] + (argv if argv is not None else sys.argv[1:]))
+    wb.setup_environment(args.build)  # the cad package (its recipe samples the Pretrain buffers) on sys.path
     cases = make_cases(args)
     if args.dry_run:
         for d in args.head_dims:
@@ -540,7 +544,6 @@ def main(argv=None):
                 print(f"D{d} {c['name']}: docs {docs}, longest {max(max(b) for b in c['buffers'])}, "
                       f"forward {f / 1e12:.2f} TFLOP")
         return 0
-    wb.setup_environment(args.build)
     import torch
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -59,3 +59,22 @@ def test_flex_is_one_of_the_implementations():
     bench = load_bench()
     assert "flex" in bench.IMPLS
     assert bench.make_impl("flex", torch.device("cpu")).name == "flex"
+
+
+def test_dry_run_samples_the_pretrain_buffers_without_cad_on_the_path(tmp_path):
+    """The Pretrain cases come from cad's recipe: the bench puts the package on sys.path itself (a GPU run's
+    environment has only FA4 on PYTHONPATH), before it samples them."""
+    import json
+    import os
+    import subprocess
+    import sys
+    data = tmp_path / "doclen.json"
+    data.write_text(json.dumps([3000, 500, 12000, 800, 64, 7000] * 50))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, str(BENCH), "--dry-run", "--data", str(data), "--contexts", "16384",
+                          "--head-dims", "128", "--dense", "4096", "--window-dense", "4096"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if "Pretrain buffers of 16K" in line]
+    assert len(lines) == 2, out.stdout  # without and with the window
+    assert all("docs [" in line and "sampling" not in line for line in lines), out.stdout
