@@ -76,7 +76,7 @@ train() {  # train CTX ROUND STEPS CAP_S
     --json-out "$KEEP/train_${ctx}_r$round/{config}.json" > "$LOG/train_${ctx}_r$round.log" 2>&1
   record "trainer ${ctx} round $round ($list, $steps steps)" $? "$LOG/train_${ctx}_r$round.log"
 }
-{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } \
+{ date -u; git describe --always --dirty --abbrev=12 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } \
   | tee -a "$SUMMARY"
 case "$stage" in
   build)

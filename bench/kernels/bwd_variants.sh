@@ -35,7 +35,8 @@ finish() {
   t "${#failed[@]} failure(s):"; for f in "${failed[@]}"; do t "  $f"; done; exit 1
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-git log -1 --format='%H %s' > "$LOG/commit.txt" 2>/dev/null || true
+# --dirty: a copy whose files differ from its git metadata (a stale .git beside newer files) says so.
+git describe --always --dirty --abbrev=12 > "$LOG/commit.txt" 2>/dev/null || true
 t "gpu: $(cat "$OUT/gpu.txt"); variants: $VARIANTS; rounds: $ROUNDS"
 
 # ---- 1. builds, one folder per variant, in parallel ------------------------------------------------------

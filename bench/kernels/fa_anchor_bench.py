@@ -483,8 +483,9 @@ def commit():
     if os.environ.get("CAD_BENCH_COMMIT"):  # a copy of the tree without .git (the GPU machine's)
         return os.environ["CAD_BENCH_COMMIT"]
     try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
+        # --dirty: a copy whose files differ from its git metadata (a stale .git beside newer files) says so.
+        return subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=7"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
     except Exception:  # noqa: BLE001 -- a copy without .git
         return "unknown"
 
