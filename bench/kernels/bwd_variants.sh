@@ -10,7 +10,7 @@
 #  3. ROUNDS rounds (default 3) of cad_bwd_variant_bench, every variant once per round, the order rotating
 #     by round (Pretrain 64K/128K buffers, dense causal 16K/64K, dense 64K with a window of 4096; D 128 and 64);
 #  4. compute-sanitizer racecheck of every variant but 0 on three small test cases (time permitting);
-#  5. $OUT/summary.md and $OUT/summary.csv: per case and head dim, each variant's median backward TFLOP/s
+#  5. $OUT/summary.md and $OUT/summary.csv: per case and head dim, each variant's median backward and forward TFLOP/s
 #     over the rounds and its ratio to the first variant; the test results; logs in $OUT/logs.tgz.
 # Suffixes of a variant set the D=64 kernel's Q/dO stages (_sK: -DCAD_BWD64_STAGES=K, default 2) and queries per
 # step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), e.g. 1_q64 or 1_q64_s4.
