@@ -62,7 +62,6 @@
 #include "sm90/async.cuh"
 #include "sm90/bwd_epilogue.cuh"
 #include "sm90/bwd_mainloop.cuh"
-
 #include "sm90/bwd_scheduler.cuh"
 #include "sm90/bwd_softmax.cuh"
 #include "sm90/bwd_traits.cuh"
