@@ -13,7 +13,8 @@
 #  5. $OUT/summary.md and $OUT/summary.csv: per case and head dim, each variant's median backward and forward TFLOP/s
 #     over the rounds and its ratio to the first variant; the test results; logs in $OUT/logs.tgz.
 # Suffixes of a variant set the D=64 kernel's Q/dO stages (_sK: -DCAD_BWD64_STAGES=K, default 2) and queries per
-# step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), e.g. 1_q64 or 1_q64_s4.
+# step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), and _d1 moves the backward's wgmma descriptors by a
+# 64-bit add (-DCAD_WGMMA_DESC_ADD64=1, sm90/wgmma.cuh; _d0 the default), e.g. 1_q64, 1_q64_s4 or 1_d1.
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
 #   usage: [OUT=dir] [VARIANTS="0 1"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
 set -uo pipefail
@@ -49,7 +50,8 @@ for v in $VARIANTS; do
     case "$part" in
       s[0-9]*) flags="$flags -DCAD_BWD64_STAGES=${part#s}" ;;
       q[0-9]*) flags="$flags -DCAD_BWD64_QUERIES=${part#q}" ;;
-      *) echo "variant $v: unknown suffix _$part (expected _sK or _qM)" >&2; exit 2 ;;
+      d[01]) flags="$flags -DCAD_WGMMA_DESC_ADD64=${part#d}" ;;
+      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM or _d0/_d1)" >&2; exit 2 ;;
     esac
   done
   (
