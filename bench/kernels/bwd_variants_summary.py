@@ -55,15 +55,15 @@ def summarize(data, variants):
 
 
 def markdown(rows, variants):
+    keys = []
+    for x in rows:
+        if (x["case"], x["d"]) not in keys:
+            keys.append((x["case"], x["d"]))
     lines = []
     for direction, title in (("bwd", "Backward"), ("fwd", "Forward")):
         head = "| case | D | " + " | ".join(f"v{v} {direction} TFLOP/s (range) | v{v}/v{variants[0]}" for v in variants) + " |"
         lines += [f"{title} TFLOP/s per variant, median over rounds (ratio: median of per-round ratios to v{variants[0]})",
                   "", head, "|---|---:|" + "---:|---:|" * len(variants)]
-        keys = []
-        for x in rows:
-            if (x["case"], x["d"]) not in keys:
-                keys.append((x["case"], x["d"]))
         for case, d in keys:
             cells = []
             for v in variants:

@@ -1,17 +1,15 @@
 """bench/kernels/bwd_variants_summary.py: medians over rounds and medians of per-round ratios to the first
 variant, for the backward and the forward apart, from cad_bwd_variant_bench's CSVs (a line cut short skipped)."""
 import csv
-import importlib.util
 import pathlib
+
+from script_module import load_script
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "kernels" / "bwd_variants_summary.py"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bwd_variants_summary", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def write(log, variant, rnd, fwd, bwd, cut=False):

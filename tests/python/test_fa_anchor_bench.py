@@ -2,21 +2,18 @@
 document's keys at or before it (and, with a window, the `left` before it), over a packed buffer with GQA. Checked
 on the CPU, forward only (FlexAttention has no backward there), against attention computed document by document
 and head by head; the bench's GPU runs time its backward too."""
-import importlib.util
 import math
 import pathlib
 
 import pytest
 import torch
+from script_module import load_script
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "kernels" / "fa_anchor_bench.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("fa_anchor_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH)
 
 
 def reference(q, k, v, lengths, left):

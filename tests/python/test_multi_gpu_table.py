@@ -233,10 +233,8 @@ def test_ideal_counts_the_imbalance_of_every_micro_batch(tmp_path):
 
 
 def test_trace_overlap_counts_streams_overlap_and_host_waits(tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("trace_overlap", REPO / "bench" / "cad" / "trace_overlap.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from script_module import load_script
+    tool = load_script(REPO / "bench" / "cad" / "trace_overlap.py")
 
     def kernel(stream, ts, dur, name="gemm"):
         return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}

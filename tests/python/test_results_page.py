@@ -4,7 +4,6 @@ record they cite exists, and every relative link of README.md, docs/ and the rec
 CPU only, a few seconds: make_results.py runs without plots; the `cad simulate` section is regenerated where the
 test is given the built CLI (CAD_CLI) and the document-length data (CAD_DATA), else left out of the comparison.
 """
-import importlib.util
 import os
 import pathlib
 import re
@@ -12,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from script_module import load_script
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -20,10 +20,7 @@ PREDICTED = "## Predicted against measured"
 
 def _load(name):
     sys.path.insert(0, str(RESULTS))
-    spec = importlib.util.spec_from_file_location(name, RESULTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(RESULTS / f"{name}.py")
 
 
 def _tables(text, with_predicted):

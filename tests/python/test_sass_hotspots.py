@@ -1,10 +1,10 @@
 """bench/kernels/sass_hotspots.py: the per-opcode totals and the most-stalled instructions from the CSV that
 Nsight Compute prints for a report's source page (banner lines before the table, thousands separators, predicated
 instructions, several columns whose names start alike)."""
-import importlib.util
 import pathlib
 
 import pytest
+from script_module import load_script
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "kernels" / "sass_hotspots.py"
 CSV = '''"Kernel Name","void k(int)",
@@ -17,10 +17,7 @@ CSV = '''"Kernel Name","void k(int)",
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("sass_hotspots", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_totals_per_opcode_and_the_most_stalled(tmp_path):
