@@ -51,15 +51,9 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_byte_addr, uin
 // bench/results/bwd_variants_h200x1_2026-12-02_79f5b02). The forward rebuilds its descriptors
 // (smem_desc_sw128 per product, sm90/fwd_mainloop.cuh): moved by one add, its windowed cases ran 4-8% slower.
 //
-// How the move is written changes ptxas's code, not the descriptor: the start address field never carries into
-// the next field (addresses stay below 256 KiB), so a 64-bit add of bytes / 16 gives the same 64 bits as the 32-bit
-// add to the low word. With the 32-bit add (the default, the measured code) ptxas rewrites the constant high word
-// into its uniform register before every wgmma (about 2 UMOV per product in the backward's SASS); with the 64-bit
-// add (-DCAD_WGMMA_DESC_ADD64=1) the backward's D 128 kernel has 89 fewer UMOV and 72 fewer instructions in all
-// (static count, cuobjdump). Not yet timed or tested on a GPU: bench/kernels/bwd_variants.sh's suffix _d1 builds it.
-#ifndef CAD_WGMMA_DESC_ADD64
-#define CAD_WGMMA_DESC_ADD64 0
-#endif
+// The move is a 32-bit add to the low word. A 64-bit add of bytes / 16 gives the same bits (the start address never
+// carries into the next field) and lets ptxas keep the constant high word in place (89 fewer UMOV in the D 128
+// backward's SASS), yet ran the D 128 backward 1.1-4.8% slower (record bwd_variants_h200x1_2026-12-02_77cb07d).
 struct SmemTileDesc {
   uint32_t lo, hi;  // the descriptor's two words; only lo (the start address) moves
   __device__ __forceinline__ SmemTileDesc(uint32_t smem_byte_addr, uint32_t leading, uint32_t stride) {
@@ -68,13 +62,9 @@ struct SmemTileDesc {
     hi = static_cast<uint32_t>(desc >> 32);
   }
   __device__ __forceinline__ uint64_t at(uint32_t bytes) const {
-#if CAD_WGMMA_DESC_ADD64
-    return ((static_cast<uint64_t>(hi) << 32) | lo) + (bytes >> 4);
-#else
     uint64_t out;
     asm("mov.b64 %0, {%1, %2};" : "=l"(out) : "r"(lo + (bytes >> 4)), "r"(hi));
     return out;
-#endif
   }
 };
 
