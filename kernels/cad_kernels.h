@@ -90,10 +90,18 @@ struct RowRange {
 };
 
 constexpr int kFwdBlockM = 64;     // queries per forward work item (portable mma.sync kernel)
-constexpr int kFwdBlockM90 = 128;  // queries per forward work item (Hopper wgmma kernel)
+// Queries per forward work item of the Hopper wgmma kernel: 64 per consumer warpgroup. Head dim 64 runs three
+// consumers (192 queries) by default: its products are half as long, so a third warpgroup's softmax is what keeps
+// the tensor cores fed; -DCAD_FWD64_CONSUMERS=2 builds the two-consumer kernel (both the host and CUDA sources).
+#ifndef CAD_FWD64_CONSUMERS
+#define CAD_FWD64_CONSUMERS 3
+#endif
+static_assert(CAD_FWD64_CONSUMERS == 2 || CAD_FWD64_CONSUMERS == 3, "CAD_FWD64_CONSUMERS: 2 or 3");
+constexpr int fwd90_consumers(int head_dim) { return head_dim == 64 ? CAD_FWD64_CONSUMERS : 2; }
+constexpr int fwd_block_m90(int head_dim) { return 64 * fwd90_consumers(head_dim); }
 constexpr int kFwdBlockN = 64;     // keys per K/V tile (portable kernel)
 constexpr int kFwdBlockN90 = 128;  // keys per K/V tile (Hopper kernel)
-inline int fwd_block_m(const AttentionProblem& p) { return p.hopper ? kFwdBlockM90 : kFwdBlockM; }
+inline int fwd_block_m(const AttentionProblem& p) { return p.hopper ? fwd_block_m90(p.head_dim) : kFwdBlockM; }
 inline int fwd_block_n(const AttentionProblem& p) { return p.hopper ? kFwdBlockN90 : kFwdBlockN; }
 
 struct ForwardPlan {

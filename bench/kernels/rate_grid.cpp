@@ -14,7 +14,9 @@ namespace cad::rates {
 
 namespace {
 
-constexpr int64_t kFwdTileRows = 128;  // queries per forward work unit of the Hopper kernel (kFwdBlockM90)
+// Queries per forward work unit of the Hopper kernel at D 128 (fwd_block_m90 in kernels/cad_kernels.h; 192 at
+// D 64). It only sizes a batch to fill the GPU, so the D 128 tile serves both head dims.
+constexpr int64_t kFwdTileRows = 128;
 
 void check_axis(const std::vector<int64_t>& axis, const char* name) {
   if (axis.empty()) throw std::invalid_argument(std::string(name) + ": needs at least one length");

@@ -10,9 +10,10 @@
 //   sm90/fwd_epilogue.cuh   O/LSE, or the split-KV partials
 //   sm90/fwd_launch.cuh     TMA descriptors, grid and launch
 //
-// One persistent block per SM walks (work item, query head) units; its producer picks them. Three warpgroups: a producer (one
-// thread issues everything) and two consumers of 64 queries each. Register budget: setmaxnreg moves
-// registers from the producer to the consumers (S 64 + O 64 + P 32 live). Tiles sit in shared memory in
+// One persistent block per SM walks (work item, query head) units; its producer picks them. Warpgroups: a
+// producer (one thread issues everything) and consumers of 64 queries each, two at head dim 128, three at 64
+// (sm90/fwd_traits.cuh). Register budget: setmaxnreg moves registers from the producer to the consumers
+// (fwd_traits.cuh's split). Tiles sit in shared memory in
 // wgmma's 128-byte-swizzled layout (atoms of 64 head-dim columns), which is what TMA writes with 128-byte
 // swizzle. Compiled to a stub everywhere but sm_90a; the launcher only picks it where the sm_90a binary
 // is loaded.
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
   // Swizzle atoms must start 1024-byte aligned.
   const uint32_t raw_addr = smem_addr(smem_raw);
   const Fwd90Smem<T> sm(raw_addr + ((1024 - (raw_addr & 1023)) & 1023));
-  constexpr uint32_t kConsumerWarps = 8;
+  constexpr uint32_t kConsumerWarps = T::kConsumerWarps;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
   const bool fold_scale = p.scale_log2 > 0.f;
   const float scale_eff = fold_scale ? p.scale_log2 : 1.f;
   int tiles_used = 0, units_done = 0;  // declared before the barrier: after it, ptxas allocates differently
-  if (cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // consumer 0 takes the first turn
+  if (cw == T::kConsumers - 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // consumer 0 takes the first turn
   for (int u; (u = fwd90_consumer_unit(p, sm, units_done, num_units, lane)) >= 0; ++units_done) {
     const FwdUnit unit = fwd90_unit(p, u, num_units);
     const FwdItem item = p.items[unit.item];
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
 
     fwd90_epilogue<D, BM>(p, item, head, o_acc, row_max, row_sum, scale_eff, q_stride, warp_row0, g, t);
   }
-  // Consumer 1 arrived once more on consumer 0's turn barrier than consumer 0 waited (the first turn).
+  // The last consumer arrived once more on consumer 0's turn barrier than consumer 0 waited (the first turn).
   if (cw == 0) named_barrier_sync(kTurnBarrier + 0, 256);
 #endif
 }

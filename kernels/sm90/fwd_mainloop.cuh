@@ -1,10 +1,10 @@
 // sm90/fwd_mainloop.cuh -- the Hopper forward's pipeline for one unit (work item x query head), both
 // sides of it:
 //  - producer (one thread): Q, then the unit's K/V tiles into a ring of kStages stages with TMA, each
-//    stage guarded by a pair of mbarriers (full: bytes landed; empty: both consumers done with it);
+//    stage guarded by a pair of mbarriers (full: bytes landed; empty: every consumer done with it);
 //  - consumer (one warpgroup of 64 queries): per KV tile j, S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued
 //    as two wgmma groups, then the softmax of S_j (sm90/fwd_softmax.cuh) while the PV product runs. The
-//    two consumers take turns to issue (named barriers), so one's softmax overlaps the other's products.
+//    consumers take turns to issue (named barriers), so one's softmax overlaps the others' products.
 // The unit order is sm90/fwd_scheduler.cuh's; the output is written by sm90/fwd_epilogue.cuh.
 #pragma once
 
@@ -114,7 +114,7 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
     named_barrier_sync(kTurnBarrier + cw, 256);
     wgmma_fence();
     fwd90_issue_qk<T, D>(s, sm, cw, stage);
-    named_barrier_arrive(kTurnBarrier + (1 - cw), 256);
+    named_barrier_arrive(kTurnBarrier + (cw + 1) % T::kConsumers, 256);
     wgmma_wait<0>();
     fence_registers(s);
     mbar_arrive_warp(sm.k_empty(stage), lane);
@@ -131,7 +131,7 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
       wgmma_fence();
       fwd90_issue_qk<T, D>(s, sm, cw, stage);
       fwd90_issue_pv<T, D>(o_acc, pa, sm, prev);
-      named_barrier_arrive(kTurnBarrier + (1 - cw), 256);
+      named_barrier_arrive(kTurnBarrier + (cw + 1) % T::kConsumers, 256);
       wgmma_wait<1>();
       fence_registers(s);
       mbar_arrive_warp(sm.k_empty(stage), lane);

@@ -5,7 +5,7 @@
 //  - dynamic: each block takes the next unit nobody has taken (an atomic counter in the workspace, zeroed
 //    before the launch), so that a block that starts late -- its SM held by a kernel beside this one, a
 //    collective -- takes fewer units and the grid still ends together.
-// Under the dynamic walk the block's producer picks the unit and hands its number to both consumers through
+// Under the dynamic walk the block's producer picks the unit and hands its number to every consumer through
 // two slots in shared memory (fwd90_publish_unit / fwd90_take_unit). The work items themselves (query tiles, KV splits,
 // heaviest first) come from the host plan (attention_plan.cpp).
 #pragma once

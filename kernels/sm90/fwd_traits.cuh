@@ -12,11 +12,16 @@ namespace cad::kernels::detail {
 
 template <int D, int STAGES>
 struct Fwd90Traits {
-  static constexpr int kBlockM = kFwdBlockM90;  // 2 consumer warpgroups x 64 queries
-  static constexpr int kBlockN = kFwdBlockN90;  // keys per K/V tile (the plan splits KV on these)
+  static constexpr int kConsumers = fwd90_consumers(D);  // consumer warpgroups of 64 queries each
+  static constexpr int kBlockM = fwd_block_m90(D);       // kConsumers x 64 queries
+  static constexpr int kBlockN = kFwdBlockN90;           // keys per K/V tile (the plan splits KV on these)
   static constexpr int kStages = STAGES;
-  static constexpr int kThreads = 384;          // producer warpgroup + 2 consumer warpgroups
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 = 384*168
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + the consumers
+  static constexpr uint32_t kConsumerWarps = 4 * kConsumers;  // arrivals that free a stage
+  // setmaxnreg's split of the 64K registers: 128*40 + 256*232 (two consumers: S 64 + O 64 + P 32 live at D 128);
+  // 128*32 + 384*160 (three, at D 64: S 64 + O 32 + P 32).
+  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32, kConsumerRegs = kConsumers == 2 ? 232 : 160;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register split over 64K");
   static constexpr uint32_t kQBytes = kBlockM * D * 2, kTileBytes = kBlockN * D * 2;
   static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kTileBytes;
   static constexpr int kBarriers = 2 + 4 * kStages + 4;  // Q, K/V stages, the unit hand-off's two slots
@@ -28,8 +33,9 @@ struct Fwd90Traits {
 template <int D>
 constexpr int kFwd90Stages = D == 64 ? 4 : 3;
 
-// Named barriers of the consumers: 1 + w = "consumer w may issue its products", 3 + w = warpgroup w only.
-constexpr int kTurnBarrier = 1, kWarpgroupBarrier = 3;
+// Named barriers of the consumers: 1 + w = "consumer w may issue its products" (the turn passes w -> w + 1 -> ...
+// -> 0), 4 + w = warpgroup w only (ids up to 6: three consumers at most).
+constexpr int kTurnBarrier = 1, kWarpgroupBarrier = 4;
 
 // Shared-memory byte addresses of one block: Q (kBlockM rows), then kStages K tiles, then kStages V
 // tiles (each in wgmma's 128-byte-swizzled atoms of 64 head-dim columns, as TMA writes them), then the

@@ -41,18 +41,17 @@ std::vector<Segment> random_segments(std::mt19937_64& rng, bool causal, int64_t*
 
 class PlanTest : public ::testing::TestWithParam<std::tuple<bool, bool, int, bool>> {};
 
-TEST_P(PlanTest, ForwardCoversEveryQueryOnceWithItsKeys) {
-  const auto [causal, hopper, num_sms, share] = GetParam();
-  std::mt19937_64 rng(causal * 7 + hopper * 3 + num_sms + share);
+void check_forward_plan(bool causal, bool hopper, int num_sms, bool share, int head_dim) {
+  std::mt19937_64 rng(causal * 7 + hopper * 3 + num_sms + share + head_dim);
   AttentionProblem pr;
   pr.hq = 8;
   pr.hkv = 2;
-  pr.head_dim = 128;
+  pr.head_dim = head_dim;
   pr.causal = causal;
   pr.hopper = hopper;
   const std::vector<Segment> segs = random_segments(rng, causal, &pr.tq, &pr.tk, share);
   const ForwardPlan plan = make_forward_plan(pr, segs.data(), int64_t(segs.size()), num_sms);
-  EXPECT_EQ(plan.block_m, hopper ? kFwdBlockM90 : kFwdBlockM);
+  EXPECT_EQ(plan.block_m, hopper ? (head_dim == 64 ? 64 * CAD_FWD64_CONSUMERS : 128) : kFwdBlockM);
 
   // Keys seen per query row: [kv_begin, kv_end) pieces collected from every item.
   std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> seen;
@@ -96,6 +95,15 @@ TEST_P(PlanTest, ForwardCoversEveryQueryOnceWithItsKeys) {
   EXPECT_TRUE(std::is_sorted(offsets.begin(), offsets.end()));
   for (size_t o : offsets) EXPECT_EQ(o % 256, 0u);
   EXPECT_GE(plan.combines_offset - plan.items_offset, plan.items.size() * sizeof(FwdItem));
+}
+
+TEST_P(PlanTest, ForwardCoversEveryQueryOnceWithItsKeys) {
+  const auto [causal, hopper, num_sms, share] = GetParam();
+  // Both head dims: the Hopper kernel's query tile depends on it (128 at D 128, 192 at D 64).
+  for (const int head_dim : {128, 64}) {
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+    check_forward_plan(causal, hopper, num_sms, share, head_dim);
+  }
 }
 
 TEST_P(PlanTest, BackwardTilesEveryReadKeyOncePerSegment) {
@@ -257,7 +265,7 @@ TEST(CudaPlanWindow, TilesReadOnlyTheKeysTheirWindowsReachOnTheKernelsAskedFor) 
         const ForwardPlan plan = make_forward_plan(pr, segs.data(), int64_t(segs.size()), num_sms);
         ASSERT_TRUE(plan.problem.windowed()) << what;  // every case hides keys of these segments
         EXPECT_EQ(plan.problem.hopper, hopper) << what;
-        EXPECT_EQ(plan.block_m, hopper ? kFwdBlockM90 : kFwdBlockM) << what;
+        EXPECT_EQ(plan.block_m, hopper ? fwd_block_m90(pr.head_dim) : kFwdBlockM) << what;
         for (const FwdItem& it : plan.items) EXPECT_LE(it.q_rows, plan.block_m) << what;
         std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> seen;
         std::map<int64_t, const Segment*> segment_of;
