@@ -13,8 +13,10 @@
 #  5. $OUT/summary.md and $OUT/summary.csv: per case and head dim, each variant's median backward and forward TFLOP/s
 #     over the rounds and its ratio to the first variant; the test results; logs in $OUT/logs.tgz.
 # Suffixes of a variant set the D=64 kernel's Q/dO stages (_sK: -DCAD_BWD64_STAGES=K, default 2) and queries per
-# step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), and _d1 moves the backward's wgmma descriptors by a
-# 64-bit add (-DCAD_WGMMA_DESC_ADD64=1, sm90/wgmma.cuh; _d0 the default), e.g. 1_q64, 1_q64_s4 or 1_d1.
+# step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), and _cN the D=64 forward's consumer warpgroups
+# (-DCAD_FWD64_CONSUMERS=N, 2 or 3, default 3; kernels/cad_kernels.h: the host plan's query tile follows it, so the
+# flags go to the C++ sources too), and _aN where the backward's LSE/Delta copy starts (-DCAD_BWD90_STATS_AT_ROW=N:
+# 1, the default, at the tile's row; 0, at the 16-byte boundary before it), e.g. 1_q64, 1_q64_s4, 1_c2 or 1_a0.
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
 #   usage: [OUT=dir] [VARIANTS="0 1"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
 set -uo pipefail
@@ -50,13 +52,14 @@ for v in $VARIANTS; do
     case "$part" in
       s[0-9]*) flags="$flags -DCAD_BWD64_STAGES=${part#s}" ;;
       q[0-9]*) flags="$flags -DCAD_BWD64_QUERIES=${part#q}" ;;
-      d[01]) flags="$flags -DCAD_WGMMA_DESC_ADD64=${part#d}" ;;
-      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM or _d0/_d1)" >&2; exit 2 ;;
+      c[23]) flags="$flags -DCAD_FWD64_CONSUMERS=${part#c}" ;;
+      a[01]) flags="$flags -DCAD_BWD90_STATS_AT_ROW=${part#a}" ;;
+      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM, _c2/_c3 or _a0/_a1)" >&2; exit 2 ;;
     esac
   done
   (
     timeout 120 cmake -S . -B "build-bwdv$v" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAD_ENABLE_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_FLAGS="$flags" &&
+      -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" &&
       timeout 300 cmake --build "build-bwdv$v" -j"$jobs" --target cad_bwd_variant_bench cad_gpu_tests \
         cad_gpu_large_tests cad_plugin_cuda cad_plugin_reference
     echo $? > "$LOG/build_v$v.rc"
