@@ -15,8 +15,7 @@
 # Suffixes of a variant set the D=64 kernel's Q/dO stages (_sK: -DCAD_BWD64_STAGES=K, default 2) and queries per
 # step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), and _cN the D=64 forward's consumer warpgroups
 # (-DCAD_FWD64_CONSUMERS=N, 2 or 3, default 3; kernels/cad_kernels.h: the host plan's query tile follows it, so the
-# flags go to the C++ sources too), and _aN where the backward's LSE/Delta copy starts (-DCAD_BWD90_STATS_AT_ROW=N:
-# 1, the default, at the tile's row; 0, at the 16-byte boundary before it), e.g. 1_q64, 1_q64_s4, 1_c2 or 1_a0.
+# flags go to the C++ sources too), e.g. 1_q64, 1_q64_s4 or 1_c2.
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
 #   usage: [OUT=dir] [VARIANTS="0 1"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
 set -uo pipefail
@@ -53,8 +52,7 @@ for v in $VARIANTS; do
       s[0-9]*) flags="$flags -DCAD_BWD64_STAGES=${part#s}" ;;
       q[0-9]*) flags="$flags -DCAD_BWD64_QUERIES=${part#q}" ;;
       c[23]) flags="$flags -DCAD_FWD64_CONSUMERS=${part#c}" ;;
-      a[01]) flags="$flags -DCAD_BWD90_STATS_AT_ROW=${part#a}" ;;
-      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM, _c2/_c3 or _a0/_a1)" >&2; exit 2 ;;
+      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM, or _c2/_c3)" >&2; exit 2 ;;
     esac
   done
   (

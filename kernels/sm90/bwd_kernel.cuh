@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     const int q0 = item.q_begin + qt * BM;
     const int h = kv_head * p.group + hg;
     const uint32_t q_buf = q_addr + s * T::kQBytes, do_buf = do_addr + s * T::kQBytes;
-    // The stage holds the statistics from this tile's first row (or shift floats before it).
+    // The stage holds the statistics from the 16-byte boundary at or before this tile's first row.
     const int shift = bwd90_stat_shift(p, item, h, q0);
     const float* lse_tile = sLse + s * (T::kStatBytes / 4) + shift;
     const float* delta_tile = sDelta + s * (T::kStatBytes / 4) + shift;

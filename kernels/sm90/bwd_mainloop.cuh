@@ -25,13 +25,13 @@ namespace cad::kernels::detail {
 // ---- producer ------------------------------------------------------------------------------------------
 // Every step of the block: stage s = it % kStages, refilled once the consumers of step it - kStages are
 // done with it. full_bar(s) = bars + 8 s.
-// First float of step (h, q0)'s statistics in the [hq, tq] arrays, and its offset from the element the
-// stage's copy starts at (both sides compute it the same way; 0 when the copy starts at the row itself).
+// First float of step (h, q0)'s statistics in the [hq, tq] arrays, and its offset from the 16-byte
+// boundary the stage's copy starts at (both sides compute it the same way).
 __device__ __forceinline__ int64_t bwd90_stat_index(const BwdParams& p, const BwdItem& item, int h, int q0) {
   return static_cast<int64_t>(h) * p.tq + item.q_row + q0;
 }
 __device__ __forceinline__ int bwd90_stat_shift(const BwdParams& p, const BwdItem& item, int h, int q0) {
-  return kBwdStatsAtRow ? 0 : static_cast<int>(bwd90_stat_index(p, item, h, q0) & 3);
+  return static_cast<int>(bwd90_stat_index(p, item, h, q0) & 3);
 }
 
 template <typename T>
@@ -61,14 +61,16 @@ __device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem
       // compute-sanitizer's racecheck follows (it reports a thread's st.shared, or a plain bulk copy, handed
       // over through an mbarrier as a hazard). Rows past the segment bring other rows' values: the
       // consumers zero those Q/dO rows and mask those statistics. The statistics come from the workspace copies the
-      // preprocess wrote, from the tile's first row (bwd_traits.cuh, kBwdStatsAtRow).
+      // preprocess wrote, from the 16-byte boundary at or before the tile's first row (a TMA box must start
+      // 16-byte aligned: one started at the row itself stopped the kernel with an illegal instruction on an
+      // H200, record bwd_variants_h200x1_2026-12-03_ce86ce0).
       mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes + 2 * T::kStatLoadBytes);
 #pragma unroll
       for (int a = 0; a < D / 64; ++a) {
         tma_load_3d(q_addr + s * T::kQBytes + a * BM * 128, tm_q, a * 64, h, row, full_bar(s));
         tma_load_3d(do_addr + s * T::kQBytes + a * BM * 128, tm_do, a * 64, h, row, full_bar(s));
       }
-      const int first = static_cast<int>(bwd90_stat_index(p, item, h, q0)) - bwd90_stat_shift(p, item, h, q0);
+      const int first = static_cast<int>(bwd90_stat_index(p, item, h, q0) & ~int64_t{3});
       tma_load_2d(lse_addr + s * T::kStatBytes, tm_lse, first, 0, full_bar(s));
       tma_load_2d(delta_addr + s * T::kStatBytes, tm_delta, first, 0, full_bar(s));
     }

@@ -18,16 +18,6 @@ namespace cad::kernels::detail {
 #endif
 static_assert(CAD_BWD64_QUERIES == 64 || CAD_BWD64_QUERIES == 128, "CAD_BWD64_QUERIES: 64 or 128");
 
-// Where a step's LSE/Delta copy starts: 1, at the tile's first row (a TMA box may start at any element; the
-// stage's copy is then 128-byte aligned in shared memory and each thread reads its two queries' values as one
-// 8-byte load); 0, at the 16-byte boundary at or before it (the copy shifted by 0-3 floats, read 4 bytes at
-// a time). -DCAD_BWD90_STATS_AT_ROW=0 builds the latter (bench/kernels/bwd_variants.sh's suffix _a0).
-#ifndef CAD_BWD90_STATS_AT_ROW
-#define CAD_BWD90_STATS_AT_ROW 1
-#endif
-static_assert(CAD_BWD90_STATS_AT_ROW == 0 || CAD_BWD90_STATS_AT_ROW == 1, "CAD_BWD90_STATS_AT_ROW: 0 or 1");
-constexpr bool kBwdStatsAtRow = CAD_BWD90_STATS_AT_ROW == 1;
-
 // One block = 128 keys of one work item x one KV head, 384 threads, one block per SM (the roles:
 // sm90/bwd_kernel.cuh). STAGES = Q/dO stages; at D=128, 3 (with one dQ buffer, to fit) measured 0-1%
 // slower than 2 on H200.
@@ -62,10 +52,10 @@ struct BwdWsTraits {
   static constexpr uint32_t kDSOff = kDOOff + kStages * kQBytes;
   static constexpr uint32_t kDQOff = kDSOff + 2 * kDSBytes;
   static constexpr uint32_t kLseOff = kDQOff + kDQBuffers * kDQBytes;
-  // Per stage, LSE and Delta of the step's BM queries (kStatLoad floats: from the tile's first row, or, with
-  // !kBwdStatsAtRow, from the 16-byte boundary at or before it), each stage's copy 128-byte aligned in shared
-  // memory as TMA requires.
-  static constexpr int kStatLoad = kBwdStatsAtRow ? kBlockM : kBlockM + 4;
+  // Per stage, LSE and Delta of the step's BM queries from the 16-byte boundary at or before the first
+  // (kStatLoad floats: a TMA box starts 16-byte aligned, the tile may start at any row), each stage's copy
+  // 128-byte aligned in shared memory as TMA requires.
+  static constexpr int kStatLoad = kBlockM + 4;
   static constexpr uint32_t kStatLoadBytes = kStatLoad * 4;
   static constexpr uint32_t kStatBytes = (kStatLoadBytes + 127) / 128 * 128;
   static constexpr uint32_t kDeltaOff = kLseOff + kStages * kStatBytes;
