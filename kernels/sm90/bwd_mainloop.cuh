@@ -63,7 +63,7 @@ __device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem
       // consumers zero those Q/dO rows and mask those statistics. The statistics come from the workspace copies the
       // preprocess wrote, from the 16-byte boundary at or before the tile's first row (a TMA box must start
       // 16-byte aligned: one started at the row itself stopped the kernel with an illegal instruction on an
-      // H200, record bwd_variants_h200x1_2026-12-03_ce86ce0).
+      // H200, record bwd_variants_h200x1_2026-12-03_4d1ff9b).
       mbar_arrive_expect_tx(full_bar(s), 2 * T::kQBytes + 2 * T::kStatLoadBytes);
 #pragma unroll
       for (int a = 0; a < D / 64; ++a) {
