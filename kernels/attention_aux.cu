@@ -65,10 +65,9 @@ __global__ void fill_uncovered_kernel(const RowRange* ranges, __nv_bfloat16* o, 
 
 // Delta[h, row] = sum_d dO[row, h, d] * O[row, h, d]; one warp per (row, head). The same pass copies the
 // row's LSE in base-2 units beside it: the sm_90a backward loads both per query tile by TMA (16-byte
-// aligned workspace, any start row), which the caller's LSE tensor need not allow. Each is written twice, the
-// second copy one float down (cad_kernels.h, stat_copy_stride); its last float, past every row, is 0.
+// aligned workspace, any start row), which the caller's LSE tensor need not allow.
 __global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat16* d_o, const float* lse, float* delta,
-                                      float* lse_log2, int64_t tq, int hq, int head_dim, int64_t copy_stride) {
+                                      float* lse_log2, int64_t tq, int hq, int head_dim) {
   const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (pair >= tq * hq) return;
@@ -84,18 +83,8 @@ __global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat1
   for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
   if (lane == 0) {
     const int64_t at = static_cast<int64_t>(h) * tq + row;
-    const int64_t shifted = copy_stride + at - 1;  // copy 1's float for this row
-    const float l2 = lse[at] * kLog2e;
     delta[at] = acc;
-    lse_log2[at] = l2;
-    if (at > 0) {
-      delta[shifted] = acc;
-      lse_log2[shifted] = l2;
-    }
-    if (at == tq * hq - 1) {
-      delta[shifted + 1] = 0.f;
-      lse_log2[shifted + 1] = 0.f;
-    }
+    lse_log2[at] = lse[at] * kLog2e;
   }
 }
 
@@ -135,7 +124,7 @@ cudaError_t launch_bwd_preprocess(const __nv_bfloat16* o, const __nv_bfloat16* d
   if (threads == 0) return cudaSuccess;
   const int64_t blocks = (threads + 255) / 256;
   bwd_preprocess_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(o, d_o, lse, delta, lse_log2, tq, hq,
-                                                                           head_dim, stat_copy_stride(tq * hq));
+                                                                           head_dim);
   return cudaGetLastError();
 }
 

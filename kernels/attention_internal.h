@@ -44,8 +44,8 @@ struct BwdParams {
   const __nv_bfloat16* v;
   const __nv_bfloat16* d_o;
   const float* lse;    // [hq, tq]
-  const float* delta;  // [hq, tq]: rowsum(dO * O), then its copy moved by one float (cad_kernels.h, stat_copy_stride)
-  const float* lse_log2;  // the same for lse * log2(e), written beside delta by the preprocess (sm_90a reads it by TMA)
+  const float* delta;  // [hq, tq]: rowsum(dO * O)
+  const float* lse_log2;  // [hq, tq]: lse * log2(e), written beside delta by the preprocess (sm_90a reads it by TMA)
   float* dq_acc;       // [tq, hq, D] fp32, dS K before softmax_scale (launch_f32_to_bf16 applies it)
   float* dk_acc;       // [tk, hkv, D] fp32 (shared-KV mode)
   float* dv_acc;
@@ -97,8 +97,7 @@ cudaError_t launch_fwd_combine(const FwdParams& p, const CombineItem* combines, 
                                cudaStream_t stream);
 cudaError_t launch_fill_uncovered(const RowRange* ranges, int num_ranges, __nv_bfloat16* o, float* lse, int64_t tq,
                                   int hq, int head_dim, cudaStream_t stream);
-// delta[h, row] = rowsum(dO * O) and lse_log2[h, row] = lse * log2(e), both [hq, tq], each followed by its copy
-// moved down by one float (cad_kernels.h, stat_copy_stride).
+// delta[h, row] = rowsum(dO * O) and lse_log2[h, row] = lse * log2(e), both [hq, tq].
 cudaError_t launch_bwd_preprocess(const __nv_bfloat16* o, const __nv_bfloat16* d_o, const float* lse, float* delta,
                                   float* lse_log2, int64_t tq, int hq, int head_dim, cudaStream_t stream);
 // dst = bf16(scale * src), numel a multiple of 4.

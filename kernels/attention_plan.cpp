@@ -274,12 +274,10 @@ BackwardPlan make_backward_plan(const AttentionProblem& problem, const Segment* 
   size_t at = 0;
   plan.items_offset = at;
   at = align_up(at + plan.items.size() * sizeof(BwdItem));
-  // Delta and LSE (base 2), two copies of [hq, tq] each (cad_kernels.h, stat_copy_stride). The sm_90a backward
-  // loads each step's values from the 16-byte boundary before its first row, BM + 4 floats: the padding keeps
-  // the last step's load inside the region (its tensor map ends at each copy's last value; TMA fills what lies
-  // past that with zeros).
-  const size_t stat_bytes =
-      2 * static_cast<size_t>(stat_copy_stride(problem.tq * problem.hq)) * sizeof(float) + kStatPadBytes;
+  // Delta and LSE (base 2), [hq, tq] each. The sm_90a backward loads each step's values from the 16-byte
+  // boundary before its first row, BM + 4 floats: the padding keeps the last step's load inside the region
+  // (its tensor map ends at the next multiple of 4 values; TMA fills what lies past that with zeros).
+  const size_t stat_bytes = static_cast<size_t>(problem.tq) * problem.hq * sizeof(float) + kStatPadBytes;
   plan.delta_offset = at;
   at = align_up(at + stat_bytes);
   plan.lse_log2_offset = at;

@@ -172,13 +172,6 @@ struct BwdItem {
   int32_t q_end;          // one past the last query that sees any key of the tile (window_left), else q_len
 };
 
-// The backward's statistics in the workspace (Delta, and LSE in base 2): per statistic two copies of the [hq, tq]
-// values, each kStatCopyStride(hq * tq) floats long (a multiple of 4: every copy starts 16-byte aligned); copy 1
-// is copy 0 moved down by one (copy1[i] = copy0[i + 1]). The sm_90a backward loads a step's values by TMA from
-// a 16-byte boundary: from copy 1 where the step's first row is odd, so that it lands at an even float and each
-// thread reads its two neighbouring queries' values as one 8-byte load. The portable kernel reads copy 0.
-constexpr int64_t stat_copy_stride(int64_t elements) { return (elements + 3) / 4 * 4; }
-
 struct BackwardPlan {
   AttentionProblem problem;
   std::vector<BwdItem> items;          // heaviest first

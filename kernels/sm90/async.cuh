@@ -123,11 +123,10 @@ inline cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, in
   return encode_rows_tensor_map(map, base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, tokens, heads, head_dim, 64, box_rows);
 }
 
-// Describes `copies` fp32 vectors of `elements` values for TMA, as rows stat_copy_stride(elements) floats apart
-// (cad_kernels.h; a rank-1 map is refused by the CUDA 13.0 driver): box = `box` consecutive values of one row,
-// which must start at a multiple of 4 (a box whose first value is not 16-byte aligned stops the kernel with an
-// illegal instruction on an H200; `box` a multiple of 4 too). The backward's per-query LSE and Delta, each in
-// two copies; the base must be 16-byte aligned.
-cudaError_t encode_vector_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box, int copies);
+// Describes an fp32 vector for TMA (as one row of `elements` values: a rank-1 map is refused by the CUDA 13.0
+// driver): box = `box` consecutive values, which must start at a multiple of 4 (a box's first value must be
+// 16-byte aligned: one that is not stops the kernel with an illegal instruction on an H200; `box` a multiple of 4 too). The backward's per-query LSE and Delta; the base must be
+// 16-byte aligned.
+cudaError_t encode_vector_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box);
 
 }  // namespace cad::kernels::detail

@@ -33,12 +33,11 @@ cudaError_t launch_attention_bwd_sm90_window(const BwdParams& p, int num_items, 
   cudaError_t err = encode_rows_tensor_map(&tm_q, p.q, p.tq, p.hq, D, T::kBlockM);
   if (err == cudaSuccess) err = encode_rows_tensor_map(&tm_do, p.d_o, p.tq, p.hq, D, T::kBlockM);
   if (err == cudaSuccess) err = encode_bwd_dq_tensor_map<D>(&tm_dq, p.dq_acc, p.tq, p.hq);
-  // LSE (base 2) and Delta, two copies of [hq, tq] each in the workspace (cad_kernels.h, stat_copy_stride); the
-  // kernel's row coordinate is an int.
+  // LSE (base 2) and Delta, [hq, tq] each in the workspace; the kernel's row coordinate is an int.
   const int64_t stat_elements = p.tq * p.hq;
   if (stat_elements >= INT32_MAX) return cudaErrorInvalidValue;
-  if (err == cudaSuccess) err = encode_vector_tensor_map(&tm_lse, p.lse_log2, stat_elements, T::kStatLoad, 2);
-  if (err == cudaSuccess) err = encode_vector_tensor_map(&tm_delta, p.delta, stat_elements, T::kStatLoad, 2);
+  if (err == cudaSuccess) err = encode_vector_tensor_map(&tm_lse, p.lse_log2, stat_elements, T::kStatLoad);
+  if (err == cudaSuccess) err = encode_vector_tensor_map(&tm_delta, p.delta, stat_elements, T::kStatLoad);
   if (err != cudaSuccess) return err;
   constexpr auto kernel = attention_bwd_sm90_ws_kernel<D, kBwdStages<D>, WINDOW>;
   err = set_max_dynamic_smem_once<kernel>(T::kSmemBytes);

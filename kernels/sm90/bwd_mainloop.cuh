@@ -25,16 +25,13 @@ namespace cad::kernels::detail {
 // ---- producer ------------------------------------------------------------------------------------------
 // Every step of the block: stage s = it % kStages, refilled once the consumers of step it - kStages are
 // done with it. full_bar(s) = bars + 8 s.
-// First float of step (h, q0)'s statistics in the [hq, tq] arrays; the copy its stage loads (1 where that float
-// is odd: the copy one float down, kBwdStatPairs); and the offset of the step's first row in the stage, whose
-// load starts at the 16-byte boundary at or before it (both sides compute these the same way).
+// First float of step (h, q0)'s statistics in the [hq, tq] arrays, and its offset from the 16-byte
+// boundary the stage's copy starts at (both sides compute it the same way).
 __device__ __forceinline__ int64_t bwd90_stat_index(const BwdParams& p, const BwdItem& item, int h, int q0) {
   return static_cast<int64_t>(h) * p.tq + item.q_row + q0;
 }
-__device__ __forceinline__ int bwd90_stat_copy(int64_t index) { return kBwdStatPairs ? static_cast<int>(index & 1) : 0; }
 __device__ __forceinline__ int bwd90_stat_shift(const BwdParams& p, const BwdItem& item, int h, int q0) {
-  const int64_t index = bwd90_stat_index(p, item, h, q0);
-  return static_cast<int>((index - bwd90_stat_copy(index)) & 3);  // even where the copies alternate
+  return static_cast<int>(bwd90_stat_index(p, item, h, q0) & 3);
 }
 
 template <typename T>
@@ -73,11 +70,9 @@ __device__ __forceinline__ void bwd90_producer(const BwdParams& p, const BwdItem
         tma_load_3d(q_addr + s * T::kQBytes + a * BM * 128, tm_q, a * 64, h, row, full_bar(s));
         tma_load_3d(do_addr + s * T::kQBytes + a * BM * 128, tm_do, a * 64, h, row, full_bar(s));
       }
-      const int64_t index = bwd90_stat_index(p, item, h, q0);
-      const int copy = bwd90_stat_copy(index);
-      const int first = static_cast<int>((index - copy) & ~int64_t{3});
-      tma_load_2d(lse_addr + s * T::kStatBytes, tm_lse, first, copy, full_bar(s));
-      tma_load_2d(delta_addr + s * T::kStatBytes, tm_delta, first, copy, full_bar(s));
+      const int first = static_cast<int>(bwd90_stat_index(p, item, h, q0) & ~int64_t{3});
+      tma_load_2d(lse_addr + s * T::kStatBytes, tm_lse, first, 0, full_bar(s));
+      tma_load_2d(delta_addr + s * T::kStatBytes, tm_delta, first, 0, full_bar(s));
     }
   }
 }

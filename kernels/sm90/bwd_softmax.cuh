@@ -3,27 +3,14 @@
 // keys g, g + 8 x queries 2t, 2t + 1). P^T = exp2(S^T scale_log2 - LSE), 0 outside the segment, above
 // the causal diagonal (bottom-right aligned per segment) and, in the WINDOW kernel, outside each query's
 // window (common/mask.cuh); dS^T = P^T (dP^T - Delta). LSE (base 2) and Delta of the step's queries come
-// from the producer, through shared memory (sm90/bwd_mainloop.cuh, bwd90_stat_copy).
+// from the producer, through shared memory.
 #pragma once
 
 #include "attention_internal.h"
 #include "common/mask.cuh"
 #include "common/mma_utils.cuh"
-#include "sm90/bwd_traits.cuh"
 
 namespace cad::kernels::detail {
-
-// Two neighbouring queries' statistic (the pair starts at an even query of the step). One 8-byte load where the
-// stage's rows start at an even float (kBwdStatPairs) in 64-query steps (D 128), else two 4-byte loads: in the
-// 128-query steps (D 64) the 8-byte loads made ptxas spill 120-160 bytes (24-40 with the 4-byte ones).
-template <int BM>
-__device__ __forceinline__ float2 bwd90_stat_pair(const float* at) {
-  if constexpr (kBwdStatPairs && BM == 64) {
-    return *reinterpret_cast<const float2*>(at);
-  } else {
-    return make_float2(at[0], at[1]);
-  }
-}
 
 // S^T -> P^T in place where the step needs the mask (some key of this warp past the tile's keys, some
 // query past the segment, the causal diagonal crossing the warp's keys, or -- kWindow, the WINDOW kernel --
@@ -48,7 +35,7 @@ __device__ __forceinline__ void bwd90_probabilities_plain(float (&st)[BM / 2], c
                                                           const float* lse_tile) {
 #pragma unroll
   for (int nt = 0; nt < BM / 8; ++nt) {
-    const float2 l = bwd90_stat_pair<BM>(lse_tile + nt * 8 + 2 * t);
+    const float2 l = make_float2(lse_tile[nt * 8 + 2 * t], lse_tile[nt * 8 + 2 * t + 1]);  // any 4-byte alignment
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       st[nt * 4 + e] = fast_exp2(st[nt * 4 + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
@@ -66,7 +53,7 @@ __device__ __forceinline__ void bwd90_ds(float (&dpt)[BM / 2], const float (&pt)
 #pragma unroll
   for (int nt = 0; nt < BM / 8; ++nt) {
     const int q = nt * 8 + 2 * t;
-    float2 dl = bwd90_stat_pair<BM>(delta_tile + q);
+    float2 dl = make_float2(delta_tile[q], delta_tile[q + 1]);  // any 4-byte alignment
     if (kPartial) {
       dl.x = q < valid_q ? dl.x : 0.f;
       dl.y = q + 1 < valid_q ? dl.y : 0.f;

@@ -18,16 +18,6 @@ namespace cad::kernels::detail {
 #endif
 static_assert(CAD_BWD64_QUERIES == 64 || CAD_BWD64_QUERIES == 128, "CAD_BWD64_QUERIES: 64 or 128");
 
-// 1: a step whose first row is odd takes its LSE/Delta from the statistics' second copy (one float down,
-// cad_kernels.h's stat_copy_stride), so that its rows land at even floats of the stage and, at D 128, each thread
-// reads its two queries' values as one 8-byte load; 0: always the first copy, read 4 bytes at a time
-// (-DCAD_BWD90_STAT_PAIRS=0, bench/kernels/bwd_variants.sh's suffix _p0).
-#ifndef CAD_BWD90_STAT_PAIRS
-#define CAD_BWD90_STAT_PAIRS 1
-#endif
-static_assert(CAD_BWD90_STAT_PAIRS == 0 || CAD_BWD90_STAT_PAIRS == 1, "CAD_BWD90_STAT_PAIRS: 0 or 1");
-constexpr bool kBwdStatPairs = CAD_BWD90_STAT_PAIRS == 1;
-
 // One block = 128 keys of one work item x one KV head, 384 threads, one block per SM (the roles:
 // sm90/bwd_kernel.cuh). STAGES = Q/dO stages; at D=128, 3 (with one dQ buffer, to fit) measured 0-1%
 // slower than 2 on H200.

@@ -5,7 +5,6 @@
 
 #include <mutex>
 
-#include "cad_kernels.h"
 #include "sm90/async.cuh"
 
 namespace cad::kernels::detail {
@@ -49,13 +48,13 @@ cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, CUtensorM
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-cudaError_t encode_vector_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box, int copies) {
+cudaError_t encode_vector_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   if ((reinterpret_cast<uintptr_t>(base) & 15) != 0) return cudaErrorMisalignedAddress;
   const cuuint64_t n = static_cast<cuuint64_t>(elements > 0 ? elements : 1);
-  const cuuint64_t dims[2] = {n, static_cast<cuuint64_t>(copies)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stat_copy_stride(static_cast<int64_t>(n))) * sizeof(float)};
+  const cuuint64_t dims[2] = {n, 1};
+  const cuuint64_t strides[1] = {(n * sizeof(float) + 15) / 16 * 16};
   const cuuint32_t box_dims[2] = {static_cast<cuuint32_t>(box), 1};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(base), dims, strides, box_dims,
