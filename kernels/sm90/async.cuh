@@ -125,8 +125,8 @@ inline cudaError_t encode_rows_tensor_map(CUtensorMap* map, const void* base, in
 
 // Describes an fp32 vector for TMA (as one row of `elements` values: a rank-1 map is refused by the CUDA 13.0
 // driver): box = `box` consecutive values, which must start at a multiple of 4 (a box's first value must be
-// 16-byte aligned: one that is not stops the kernel with an illegal instruction on an H200; `box` a multiple of 4 too). The backward's per-query LSE and Delta; the base must be
-// 16-byte aligned.
+// 16-byte aligned: one that is not stops the kernel with an illegal instruction on an H200; `box` a multiple
+// of 4 too). The backward's per-query LSE and Delta; the base must be 16-byte aligned.
 cudaError_t encode_vector_tensor_map(CUtensorMap* map, const float* base, int64_t elements, int box);
 
 }  // namespace cad::kernels::detail
