@@ -94,6 +94,18 @@ constexpr int kBwdVariant = CAD_BWD90_VARIANT;
 static_assert(kBwdVariant == 0 || kBwdVariant == 1, "CAD_BWD90_VARIANT: 0 or 1");
 constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
 
+// dV/dK in flight into the next step (-DCAD_BWD90_DKV_IN_FLIGHT=1; bench/kernels/bwd_variants.sh's suffix _f1):
+// dK += dS^T Q reads dS^T from shared memory (where the step stores it for dQ anyway) instead of registers, which
+// frees the registers for S^T(j+1) to be issued right behind dK(j), and the next step waits for dV/dK(j) behind
+// that issue instead of this step waiting for them before its end (the most-stalled instruction of the kernel in
+// bench/results/ncu_hotspots_h200x1_2026-12-02_5324b43). 0, the default: dK from registers, waited for in its
+// step. Built and compiled without serialization or spills (ptxas C7512/C7515), not yet timed on a GPU.
+#ifndef CAD_BWD90_DKV_IN_FLIGHT
+#define CAD_BWD90_DKV_IN_FLIGHT 0
+#endif
+static_assert(CAD_BWD90_DKV_IN_FLIGHT == 0 || CAD_BWD90_DKV_IN_FLIGHT == 1, "CAD_BWD90_DKV_IN_FLIGHT: 0 or 1");
+constexpr bool kBwdDkvInFlight = CAD_BWD90_DKV_IN_FLIGHT == 1;
+
 // Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
 // dQ writer waits) and emptied (the other way round) -- per warpgroup w where kBwdDQPerWarpgroup (ids
 // + 2b + w), else one pair per buffer (ids + b); stage s emptied (the consumers arrive, the producer
@@ -101,8 +113,13 @@ constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
 constexpr int kBwdBarConsumers = 2, kBwdBarDQFull = 3, kBwdBarDQEmpty = kBwdDQPerWarpgroup ? 7 : 5,
               kBwdBarStageEmpty = kBwdDQPerWarpgroup ? 11 : 7;
 constexpr int kBwdStageBarThreads = 256 + 32;
+// kBwdDkvInFlight: warpgroup w's dS^T rows stored (its four warps), before its dK reads them (id + w).
+constexpr int kBwdBarDSOwn = 13;
 static_assert(kBwdBarStageEmpty + kBwdStages<128> <= 16 && kBwdBarStageEmpty + kBwdStages<64> <= 16,
               "named barrier ids: one per stage");
+static_assert(!kBwdDkvInFlight || (kBwdBarStageEmpty + kBwdStages<128> <= kBwdBarDSOwn &&
+                                   kBwdBarStageEmpty + kBwdStages<64> <= kBwdBarDSOwn),
+              "named barrier ids: the stage barriers below kBwdBarDSOwn");
 constexpr int kBwdDQBarThreads = (kBwdDQPerWarpgroup ? 128 : 256) + 32;
 // The dQ barrier ids of buffer b as warpgroup wg uses them.
 __host__ __device__ constexpr int bwd_dq_bar(int base, int b, int wg) {
