@@ -99,7 +99,8 @@ constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
 // frees the registers for S^T(j+1) to be issued right behind dK(j), and the next step waits for dV/dK(j) behind
 // that issue instead of this step waiting for them before its end (the most-stalled instruction of the kernel in
 // bench/results/ncu_hotspots_h200x1_2026-12-02_5324b43). 0, the default: dK from registers, waited for in its
-// step. Built and compiled without serialization or spills (ptxas C7512/C7515), not yet timed on a GPU.
+// step. ptxas compiles it without serializing the wgmmas (no C7512/C7515; spills 4-20 bytes at D 128, 32-76 at
+// D 64, where the default spills 24-44); not yet run on a GPU.
 #ifndef CAD_BWD90_DKV_IN_FLIGHT
 #define CAD_BWD90_DKV_IN_FLIGHT 0
 #endif
