@@ -34,7 +34,8 @@ Outputs (first round, first buffer of each case): the relative Frobenius differe
 O, dQ, dK, dV (K/V gradients of expanded heads summed back), all from the same inputs and dO (uniform in
 [-1, 1)).
 
---budget-s: no round starts that would end past it (the last round's time as the guess); results are
+--budget-s: no round starts that would end past it (the guess: the last round's time less its warm-up calls and
+output checks, which only the first round makes; see next_round_guess); results are
 rewritten after every round. --dry-run prints the cases and their FLOPs (no GPU, no torch needed).
 
 usage: fa_anchor_bench.py [--out results.json] [--build build-gpu] [--impls ours,fa4,fa3,torch,cudnn,flex]
@@ -262,20 +263,24 @@ def make_impl(name, device):
 
 
 # ---- timing ------------------------------------------------------------------------------------------------------
-def measure(torch, device, fn, inputs, d_o, warmup, reps, backward):
-    """(forward ms, backward ms or None): medians of reps CUDA-event timings after warmup untimed calls."""
+def measure(torch, device, fn, inputs, d_o, warmup, reps, backward, clock=None):
+    """(forward ms, backward ms or None): medians of reps CUDA-event timings after warmup untimed calls (their wall
+    seconds added to clock["once_s"] where a clock is given: the first round's compiles happen there)."""
     timed = wb.timer(torch, device)
 
     def forward():
         with torch.no_grad():
             fn(*inputs)
 
+    start = time.time()
     for _ in range(warmup):
         if backward:
             torch.autograd.grad(fn(*inputs), inputs, d_o)
         else:
             forward()
     wb.sync(torch, device)
+    if clock is not None and warmup > 0:
+        clock["once_s"] = clock.get("once_s", 0.0) + time.time() - start
     fwd = statistics.median(timed(forward) for _ in range(reps))
     if not backward:
         return fwd, None
@@ -300,11 +305,20 @@ def outputs(torch, impl, fn, inputs, d_o, hkv):
 
 
 # ---- the run -------------------------------------------------------------------------------------------------------
+def next_round_guess(round_s, once_s):
+    """Seconds the next round should take: the last one's without its one-time work (the first round's warm-up
+    calls, where compiles happen, and output checks), which later rounds do not repeat; never below a tenth of the
+    last round (the rest of the compile cost hides in the first timed calls)."""
+    return max(round_s - once_s, 0.1 * round_s)
+
+
 def run_round(torch, state, r, args, log):
     """One round over head dims x cases x implementations (rotated by r); fills state["rounds"][r]."""
     impls = state["impls"]
     order = impls[r % len(impls):] + impls[:r % len(impls)]
     rnd = {}
+    clock = {"once_s": 0.0}  # this round's warm-up calls and output checks (first round only)
+    state["clocks"].append(clock)
     device = state["device"]
     for d in args.head_dims:
         for case in state["cases"]:
@@ -332,13 +346,15 @@ def run_round(torch, state, r, args, log):
                     for i, (q, k, v, d_o, cu, longest) in enumerate(tensors):
                         inputs, fn, note = impl.prepare(q, k, v, cu, longest, case["window"])
                         f, b = measure(torch, device, fn, inputs, d_o, args.warmup if r == 0 else 0, args.reps,
-                                       impl.backward)
+                                       impl.backward, clock)
                         entry["fwd_ms"] += f
                         if b is not None:
                             entry["bwd_ms"] += b
                         entry["note"] = note
                         if r == 0 and i == 0:
+                            started = time.time()
                             check(torch, state, key, impl, fn, inputs, d_o)
+                            clock["once_s"] += time.time() - started
                         del inputs, fn
                     if impl.name == "ours":
                         entry["kernels"] = impl.kernels()
@@ -568,7 +584,8 @@ def main(argv=None):
             "seed": args.seed, "buffers": {c["name"]: c["buffers"] for c in cases if not c["error"]},
             "rounds_done": 0, "elapsed_s": 0}
     print(f"{meta['gpu']}; torch {meta['torch']}; fa4: {meta['fa4']}", flush=True)
-    state = {"device": device, "impls": impls, "cases": cases, "rounds": [], "tensors": {}, "kept": {}, "pending": {}, "checks": {}}
+    state = {"device": device, "impls": impls, "cases": cases, "rounds": [], "clocks": [], "tensors": {}, "kept": {},
+             "pending": {}, "checks": {}}
     last = 0.0
     for r in range(args.rounds):
         now = time.time()
@@ -577,7 +594,8 @@ def main(argv=None):
                   flush=True)
             break
         run_round(torch, state, r, args, lambda s: print(s, flush=True))
-        last = time.time() - now  # the guess for the next round (the first one also compiles and checks)
+        took = time.time() - now
+        last = next_round_guess(took, state["clocks"][-1]["once_s"])
         meta.update(rounds_done=r + 1, elapsed_s=time.time() - started)
         result = {"meta": meta, "rows": summarize(state, args), "raw_rounds": state["rounds"]}
         if args.out:
@@ -585,7 +603,8 @@ def main(argv=None):
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=1) + "\n")
             out.with_suffix(".md").write_text(markdown(result))
-        print(f"round {r + 1} done in {time.time() - now:.0f} s", flush=True)
+        print(f"round {r + 1} done in {took:.0f} s ({state['clocks'][-1]['once_s']:.0f} s of it warm-up and checks); "
+              f"the next one guessed at {last:.0f} s", flush=True)
     print(markdown(result))
     return 0
 

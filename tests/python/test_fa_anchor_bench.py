@@ -75,3 +75,31 @@ def test_dry_run_samples_the_pretrain_buffers_without_cad_on_the_path(tmp_path):
     lines = [line for line in out.stdout.splitlines() if "Pretrain buffers of 16K" in line]
     assert len(lines) == 2, out.stdout  # without and with the window
     assert all("docs [" in line and "sampling" not in line for line in lines), out.stdout
+
+
+def test_the_next_round_is_guessed_without_the_first_rounds_one_time_work():
+    bench = load_bench()
+    # A first round of 218 s, 120 s of it warm-up calls (compiles) and output checks: the next one takes ~98 s.
+    assert bench.next_round_guess(218.0, 120.0) == pytest.approx(98.0)
+    assert bench.next_round_guess(100.0, 0.0) == pytest.approx(100.0)  # later rounds: their own time
+    # Never below a tenth of the round: the first timed calls still carry some of the compile cost.
+    assert bench.next_round_guess(100.0, 99.5) == pytest.approx(10.0)
+
+
+def test_measure_books_its_warmup_calls_on_the_clock():
+    bench = load_bench()
+    x = torch.randn(64, 8, requires_grad=True)
+
+    def slow(q):  # each call costs a few ms, so that the warm-up's share is measurable
+        out = q
+        for _ in range(200):
+            out = out * 1.0001
+        return out
+
+    clock = {}
+    f, b = bench.measure(torch, torch.device("cpu"), slow, (x,), torch.ones(64, 8), 3, 1, True, clock)
+    assert f > 0 and b > 0
+    assert clock["once_s"] > 0
+    before = clock["once_s"]
+    bench.measure(torch, torch.device("cpu"), slow, (x,), torch.ones(64, 8), 0, 1, True, clock)
+    assert clock["once_s"] == before  # no warm-up calls, nothing booked
