@@ -169,6 +169,11 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
   const uint32_t dq_ds_atom = T::kDQRowHalves ? wg * BN * 128 : 0;
   const uint32_t ds_lane_addr = ds_addr + bwd90_ds_lane_offset(cwarp, lane);  // this lane's dS^T rows, buffer 0
 
+  // Q, dO, LSE, Delta of step j's stage are no longer needed (arrive only where the producer will wait).
+  auto release_stage = [&](const int j) {
+    if (j + S < n_iter) named_barrier_arrive(kBwdBarStageEmpty + j % S, kBwdStageBarThreads);
+  };
+
   // Step `it`; kPrev: there is a dQ(it-1) to issue and store (a compile-time flag, so that the compiler
   // sees one straight pipeline of wgmma groups per instance).
   // qt, hg: the step's query tile and head within the group (it = hg * n_qt + qt), counted by the caller (the
@@ -210,7 +215,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
         // dV/dK(it-1), left in flight by the step before, are done too: their stage's Q and dO are free.
         // (No fence_registers on dk/dv: S^T(it) is in flight, and only wgmma instructions touch them until
         // the epilogue.)
-        if (it - 1 + S < n_iter) named_barrier_arrive(kBwdBarStageEmpty + (it - 1) % S, kBwdStageBarThreads);
+        release_stage(it - 1);
       }
       bwd90_store_dq<T>(dq, dq_addr, it - 1, cwarp, wg, g, t);
     }
@@ -261,8 +266,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
       fence_registers(dk);
       fence_registers(dv);
       __syncwarp();
-      // Q, dO, LSE, Delta of stage s are no longer needed (arrive only where the producer will wait).
-      if (it + S < n_iter) named_barrier_arrive(kBwdBarStageEmpty + s, kBwdStageBarThreads);
+      release_stage(it);
     }
   };
 
@@ -288,22 +292,18 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     fence_registers(dv);
     bwd90_store_dq<T>(dq, dq_addr, n_iter - 1, cwarp, wg, g, t);
   };
-  if constexpr (kBwdDkvInFlight) {
-    // One path from the first step through the last dQ's wait: a branch past it, with dV/dK in flight, would
-    // make ptxas (which cannot tell that n_iter > 0 held) serialize every wgmma of the kernel (C7515).
-    if (n_iter > 0) {
-      step(0, 0, 0, std::false_type{});
+  // kBwdDkvInFlight: one path from the first step through the last dQ's wait. A branch past it, with dV/dK in
+  // flight, would make ptxas (which cannot tell that n_iter > 0 held) serialize every wgmma of the kernel (C7515).
+  if (n_iter > 0) {
+    step(0, 0, 0, std::false_type{});
+    if constexpr (kBwdDkvInFlight) {
       later_steps();
       last_dq();
-    } else {
-      cp_async_wait<0>();  // no step read V; its copies still finish before the block ends
     }
   } else {
-    if (n_iter > 0) {
-      step(0, 0, 0, std::false_type{});
-    } else {
-      cp_async_wait<0>();  // no step read V; its copies still finish before the block ends
-    }
+    cp_async_wait<0>();  // no step read V; its copies still finish before the block ends
+  }
+  if constexpr (!kBwdDkvInFlight) {
     later_steps();
     if (n_iter > 0) last_dq();
   }

@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
   const bool fold_scale = p.scale_log2 > 0.f;
   const float scale_eff = fold_scale ? p.scale_log2 : 1.f;
   int tiles_used = 0, units_done = 0;  // declared before the barrier: after it, ptxas allocates differently
-  if (cw == T::kConsumers - 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // consumer 0 takes the first turn
+  if (cw == T::kConsumers - 1) named_barrier_arrive(kTurnBarrier + 0, kTurnBarrierThreads);  // consumer 0 takes the first turn
   for (int u; (u = fwd90_consumer_unit(p, sm, units_done, num_units, lane)) >= 0; ++units_done) {
     const FwdUnit unit = fwd90_unit(p, u, num_units);
     const FwdItem item = p.items[unit.item];
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
     fwd90_epilogue<D, BM>(p, item, head, o_acc, row_max, row_sum, scale_eff, q_stride, warp_row0, g, t);
   }
   // The last consumer arrived once more on consumer 0's turn barrier than consumer 0 waited (the first turn).
-  if (cw == 0) named_barrier_sync(kTurnBarrier + 0, 256);
+  if (cw == 0) named_barrier_sync(kTurnBarrier + 0, kTurnBarrierThreads);
 #endif
 }
 

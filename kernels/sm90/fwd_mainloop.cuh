@@ -111,10 +111,10 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
     // Tile 0: S only (there is no P yet).
     int stage = tiles_used % S;
     mbar_wait(sm.k_full(stage), (tiles_used / S) & 1);
-    named_barrier_sync(kTurnBarrier + cw, 256);
+    named_barrier_sync(kTurnBarrier + cw, kTurnBarrierThreads);
     wgmma_fence();
     fwd90_issue_qk<T, D>(s, sm, cw, stage);
-    named_barrier_arrive(kTurnBarrier + (cw + 1) % T::kConsumers, 256);
+    named_barrier_arrive(kTurnBarrier + (cw + 1) % T::kConsumers, kTurnBarrierThreads);
     wgmma_wait<0>();
     fence_registers(s);
     mbar_arrive_warp(sm.k_empty(stage), lane);
@@ -127,11 +127,11 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
       stage = (tiles_used + j) % S;
       mbar_wait(sm.k_full(stage), ((tiles_used + j) / S) & 1);
       mbar_wait(sm.v_full(prev), prev_parity);
-      named_barrier_sync(kTurnBarrier + cw, 256);
+      named_barrier_sync(kTurnBarrier + cw, kTurnBarrierThreads);
       wgmma_fence();
       fwd90_issue_qk<T, D>(s, sm, cw, stage);
       fwd90_issue_pv<T, D>(o_acc, pa, sm, prev);
-      named_barrier_arrive(kTurnBarrier + (cw + 1) % T::kConsumers, 256);
+      named_barrier_arrive(kTurnBarrier + (cw + 1) % T::kConsumers, kTurnBarrierThreads);
       wgmma_wait<1>();
       fence_registers(s);
       mbar_arrive_warp(sm.k_empty(stage), lane);

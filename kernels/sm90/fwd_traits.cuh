@@ -36,6 +36,9 @@ constexpr int kFwd90Stages = D == 64 ? 4 : 3;
 // Named barriers of the consumers: 1 + w = "consumer w may issue its products" (the turn passes w -> w + 1 -> ...
 // -> 0), 4 + w = warpgroup w only (ids up to 6: three consumers at most).
 constexpr int kTurnBarrier = 1, kWarpgroupBarrier = 4;
+// A turn barrier joins two warpgroups, whatever the consumer count: the one whose turn it is (sync) and the one
+// passing it on (arrive).
+constexpr int kTurnBarrierThreads = 256;
 
 // Shared-memory byte addresses of one block: Q (kBlockM rows), then kStages K tiles, then kStages V
 // tiles (each in wgmma's 128-byte-swizzled atoms of 64 head-dim columns, as TMA writes them), then the
