@@ -313,12 +313,12 @@ def next_round_guess(round_s, once_s):
 
 
 def run_round(torch, state, r, args, log):
-    """One round over head dims x cases x implementations (rotated by r); fills state["rounds"][r]."""
+    """One round over head dims x cases x implementations (rotated by r); fills state["rounds"][r] and returns the
+    seconds of its one-time work (warm-up calls and output checks: the first round's only)."""
     impls = state["impls"]
     order = impls[r % len(impls):] + impls[:r % len(impls)]
     rnd = {}
-    clock = {"once_s": 0.0}  # this round's warm-up calls and output checks (first round only)
-    state["clocks"].append(clock)
+    clock = {"once_s": 0.0}
     device = state["device"]
     for d in args.head_dims:
         for case in state["cases"]:
@@ -378,6 +378,7 @@ def run_round(torch, state, r, args, log):
         if device.type == "cuda":
             torch.cuda.empty_cache()
     state["rounds"].append(rnd)
+    return clock["once_s"]
 
 
 def check(torch, state, key, impl, fn, inputs, d_o):
@@ -584,8 +585,7 @@ def main(argv=None):
             "seed": args.seed, "buffers": {c["name"]: c["buffers"] for c in cases if not c["error"]},
             "rounds_done": 0, "elapsed_s": 0}
     print(f"{meta['gpu']}; torch {meta['torch']}; fa4: {meta['fa4']}", flush=True)
-    state = {"device": device, "impls": impls, "cases": cases, "rounds": [], "clocks": [], "tensors": {}, "kept": {},
-             "pending": {}, "checks": {}}
+    state = {"device": device, "impls": impls, "cases": cases, "rounds": [], "tensors": {}, "kept": {}, "pending": {}, "checks": {}}
     last = 0.0
     for r in range(args.rounds):
         now = time.time()
@@ -593,9 +593,9 @@ def main(argv=None):
             print(f"stopping after {r} rounds: another (~{last:.0f} s) would pass --budget-s {args.budget_s:.0f}",
                   flush=True)
             break
-        run_round(torch, state, r, args, lambda s: print(s, flush=True))
+        once = run_round(torch, state, r, args, lambda s: print(s, flush=True))
         took = time.time() - now
-        last = next_round_guess(took, state["clocks"][-1]["once_s"])
+        last = next_round_guess(took, once)
         meta.update(rounds_done=r + 1, elapsed_s=time.time() - started)
         result = {"meta": meta, "rows": summarize(state, args), "raw_rounds": state["rounds"]}
         if args.out:
@@ -603,7 +603,7 @@ def main(argv=None):
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=1) + "\n")
             out.with_suffix(".md").write_text(markdown(result))
-        print(f"round {r + 1} done in {took:.0f} s ({state['clocks'][-1]['once_s']:.0f} s of it warm-up and checks); "
+        print(f"round {r + 1} done in {took:.0f} s ({once:.0f} s of it warm-up and checks); "
               f"the next one guessed at {last:.0f} s", flush=True)
     print(markdown(result))
     return 0
