@@ -1,7 +1,7 @@
 // sm90/fwd_traits.cuh -- the Hopper forward's constants and shared-memory map: tile sizes, pipeline
 // depth, the producer/consumer register split, where Q, the K/V stages and their mbarriers sit in
-// shared memory, and the named-barrier ids of the two consumer warpgroups. Every other sm90/fwd_* file
-// works from these.
+// shared memory, and the named-barrier ids of the consumer warpgroups (two at D 128, three at D 64).
+// Every other sm90/fwd_* file works from these.
 #pragma once
 
 #include <cstdint>
