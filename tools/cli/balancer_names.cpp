@@ -1,6 +1,7 @@
 // balancer_names.cpp -- see balancer_names.h.
 #include "balancer_names.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -36,6 +37,12 @@ void require_balancer(const std::string& option, const std::string& name, const 
     }
   } catch (const cad::Error& e) {
     if (e.status() != CAD_STATUS_NOT_FOUND) throw;  // found but broken: the loader's reason is the news
+    // A valid name whose plugin file is missing (not built, or another search path): where it was looked for is
+    // the news, not a suggestion of the name itself.
+    if (std::find(valid.begin(), valid.end(), name) != valid.end()) {
+      throw UsageError(option + ": balancer '" + name + "' is a known name but its plugin was not found: " +
+                       e.what());
+    }
     throw UsageError(option + ": unknown balancer '" + name + "'" + keys::did_you_mean(name, valid) + hint);
   }
 }
