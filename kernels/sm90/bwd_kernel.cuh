@@ -25,8 +25,6 @@
 //
 // The consumer's step has two compile-time schedules (CAD_BWD90_VARIANT, sm90/bwd_traits.cuh): 1 (the default)
 // gives each consumer warpgroup a dQ writer warp and barriers of its own, 0 shares one of each between them.
-// With CAD_BWD90_DKV_IN_FLIGHT=1 (off by default, not yet timed) dK reads dS^T from shared memory and a step's
-// dV/dK run on into the next step, which waits for them behind its S^T issue.
 //
 // The roles of the 384 threads of a block (one block per SM):
 //  - warpgroup 0 gives its registers up (setmaxnreg) and hosts two helper warps:
@@ -211,12 +209,6 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     if constexpr (kPrev) {
       wgmma_wait<1>();
       fence_registers(dq);
-      if constexpr (kBwdDkvInFlight) {
-        // dV/dK(it-1), left in flight by the step before, are done too: their stage's Q and dO are free.
-        // (No fence_registers on dk/dv: S^T(it) is in flight, and only wgmma instructions touch them until
-        // the epilogue.)
-        release_stage(it - 1);
-      }
       bwd90_store_dq<T>(dq, dq_addr, it - 1, cwarp, wg, g, t);
     }
     if constexpr (!kPrev) {  // the first step: V's copies (every consumer thread's) land before dP^T
@@ -257,29 +249,29 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     uint32_t ap[BM / 16][4], as[BM / 16][4];
     bwd90_fragments_and_ds<T>(st, dpt, ap, as, ds_lane_addr + b * T::kDSBytes);
     mbar_arrive_warp(ds_bar(b, wg), lane);
-    if constexpr (kBwdDkvInFlight) named_barrier_sync(kBwdBarDSOwn + wg, 128);  // its dS^T rows, for dK
 
     // dV += P^T dO and dK += dS^T Q.
-    bwd90_issue_dv_dk<T>(dv, dk, ap, as, do_buf, q_buf, ds_addr + b * T::kDSBytes, wg);
-    if constexpr (!kBwdDkvInFlight) {
-      wgmma_wait<0>();
-      fence_registers(dk);
-      fence_registers(dv);
-      __syncwarp();
-      release_stage(it);
-    }
+    bwd90_issue_dv_dk<T>(dv, dk, ap, as, do_buf, q_buf);
+    wgmma_wait<0>();
+    fence_registers(dk);
+    fence_registers(dv);
+    __syncwarp();
+    release_stage(it);
   };
 
-  auto later_steps = [&] {
-    for (int it = 1, qt = n_qt > 1 ? 1 : 0, hg = n_qt > 1 ? 0 : 1; it < n_iter; ++it) {
-      step(it, qt, hg, std::true_type{});
-      if (++qt == n_qt) {
-        qt = 0;
-        ++hg;
-      }
+  if (n_iter > 0) {
+    step(0, 0, 0, std::false_type{});
+  } else {
+    cp_async_wait<0>();  // no step read V; its copies still finish before the block ends
+  }
+  for (int it = 1, qt = n_qt > 1 ? 1 : 0, hg = n_qt > 1 ? 0 : 1; it < n_iter; ++it) {
+    step(it, qt, hg, std::true_type{});
+    if (++qt == n_qt) {
+      qt = 0;
+      ++hg;
     }
-  };
-  auto last_dq = [&] {
+  }
+  if (n_iter > 0) {
     float dq[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) dq[i] = 0.f;
@@ -291,21 +283,6 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     fence_registers(dk);
     fence_registers(dv);
     bwd90_store_dq<T>(dq, dq_addr, n_iter - 1, cwarp, wg, g, t);
-  };
-  // kBwdDkvInFlight: one path from the first step through the last dQ's wait. A branch past it, with dV/dK in
-  // flight, would make ptxas (which cannot tell that n_iter > 0 held) serialize every wgmma of the kernel (C7515).
-  if (n_iter > 0) {
-    step(0, 0, 0, std::false_type{});
-    if constexpr (kBwdDkvInFlight) {
-      later_steps();
-      last_dq();
-    }
-  } else {
-    cp_async_wait<0>();  // no step read V; its copies still finish before the block ends
-  }
-  if constexpr (!kBwdDkvInFlight) {
-    later_steps();
-    if (n_iter > 0) last_dq();
   }
 
   store_dk_dv<D>(p, dk, dv, key_local, t, item.kv_rows, key_row0, kv_stride, kv_head);

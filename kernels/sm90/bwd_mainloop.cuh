@@ -167,36 +167,18 @@ __device__ __forceinline__ void wgmma_rs_tb_d(float (&d)[D / 2], const uint32_t 
 }
 
 // dV += P^T dO and dK += dS^T Q as one wgmma group (16 queries per product; dO / Q read transposed).
-// kBwdDkvInFlight: dS^T is read from this warpgroup's 64 rows of the step's dS^T buffer (ds_buf; keys x queries,
-// K-major, atoms of 64 queries BN rows apart), which the caller has made visible to the async proxy; `as` is
-// then not read.
 template <typename T>
 __device__ __forceinline__ void bwd90_issue_dv_dk(float (&dv)[T::kD / 2], float (&dk)[T::kD / 2],
                                                   const uint32_t (&ap)[T::kBlockM / 16][4],
                                                   const uint32_t (&as)[T::kBlockM / 16][4], uint32_t do_buf,
-                                                  uint32_t q_buf, uint32_t ds_buf, int wg) {
-  constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN;
+                                                  uint32_t q_buf) {
+  constexpr int D = T::kD, BM = T::kBlockM;
   const SmemTileDesc d_o(do_buf, BM * 128, 1024), q(q_buf, BM * 128, 1024);
   wgmma_fence();
 #pragma unroll
   for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(dv, ap[kq], d_o.at(kq * 16 * 128));
-  if constexpr (kBwdDkvInFlight) {
-    const SmemTileDesc ds(ds_buf + wg * 64 * 128, 0, 1024);
 #pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      const uint64_t da = ds.at((kq >> 2) * BN * 128 + (kq & 3) * 32), db = q.at(kq * 16 * 128);
-      if constexpr (D == 128) {
-        wgmma_m64n128k16_ss_tb(dk, da, db, 1);
-      } else {
-        wgmma_m64n64k16_ss_tb(dk, da, db, 1);
-      }
-    }
-  } else {
-    (void)ds_buf;
-    (void)wg;
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(dk, as[kq], q.at(kq * 16 * 128));
-  }
+  for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(dk, as[kq], q.at(kq * 16 * 128));
   wgmma_commit();
 }
 

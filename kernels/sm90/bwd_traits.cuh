@@ -86,26 +86,15 @@ static_assert(BwdWsTraits<64, kBwdStages<64>>::kSmemBytes <= 227 * 1024,
 // stored while dK runs) ran 0.98-1.00x of 0 at D=128 and 1.01-1.07x at D=64, below 1 everywhere; the other
 // was not timed. Two more, with dV(j) issued before dS^T(j)'s store or right behind dP^T(j), were removed too
 // (git history: 123a0da; bench/results/bwd_variants_h200x1_2026-12-02_123a0da): -1.6% to +2.2% of 1, and a
-// loss everywhere (it spills).
+// loss everywhere (it spills). So was a switch that left dV/dK(j) in flight into step j+1, dK reading dS^T from
+// shared memory (-DCAD_BWD90_DKV_IN_FLIGHT=1; git history: ee2a059): 0.95-0.99x of 1 on nine of the ten timed
+// cases, 1.00x on the tenth (bench/results/bwd_variants_h200x1_2026-12-03_ee2a059).
 #ifndef CAD_BWD90_VARIANT
 #define CAD_BWD90_VARIANT 1
 #endif
 constexpr int kBwdVariant = CAD_BWD90_VARIANT;
 static_assert(kBwdVariant == 0 || kBwdVariant == 1, "CAD_BWD90_VARIANT: 0 or 1");
 constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
-
-// dV/dK in flight into the next step (-DCAD_BWD90_DKV_IN_FLIGHT=1; bench/kernels/bwd_variants.sh's suffix _f1):
-// dK += dS^T Q reads dS^T from shared memory (where the step stores it for dQ anyway) instead of registers, which
-// frees the registers for S^T(j+1) to be issued right behind dK(j), and the next step waits for dV/dK(j) behind
-// that issue instead of this step waiting for them before its end (the most-stalled instruction of the kernel in
-// bench/results/ncu_hotspots_h200x1_2026-12-02_5324b43). 0, the default: dK from registers, waited for in its
-// step. ptxas compiles it without serializing the wgmmas (no C7512/C7515; spills 4-20 bytes at D 128, 32-76 at
-// D 64, where the default spills 24-44); not yet run on a GPU.
-#ifndef CAD_BWD90_DKV_IN_FLIGHT
-#define CAD_BWD90_DKV_IN_FLIGHT 0
-#endif
-static_assert(CAD_BWD90_DKV_IN_FLIGHT == 0 || CAD_BWD90_DKV_IN_FLIGHT == 1, "CAD_BWD90_DKV_IN_FLIGHT: 0 or 1");
-constexpr bool kBwdDkvInFlight = CAD_BWD90_DKV_IN_FLIGHT == 1;
 
 // Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
 // dQ writer waits) and emptied (the other way round) -- per warpgroup w where kBwdDQPerWarpgroup (ids
@@ -114,13 +103,8 @@ constexpr bool kBwdDkvInFlight = CAD_BWD90_DKV_IN_FLIGHT == 1;
 constexpr int kBwdBarConsumers = 2, kBwdBarDQFull = 3, kBwdBarDQEmpty = kBwdDQPerWarpgroup ? 7 : 5,
               kBwdBarStageEmpty = kBwdDQPerWarpgroup ? 11 : 7;
 constexpr int kBwdStageBarThreads = 256 + 32;
-// kBwdDkvInFlight: warpgroup w's dS^T rows stored (its four warps), before its dK reads them (id + w).
-constexpr int kBwdBarDSOwn = 13;
 static_assert(kBwdBarStageEmpty + kBwdStages<128> <= 16 && kBwdBarStageEmpty + kBwdStages<64> <= 16,
               "named barrier ids: one per stage");
-static_assert(!kBwdDkvInFlight || (kBwdBarStageEmpty + kBwdStages<128> <= kBwdBarDSOwn &&
-                                   kBwdBarStageEmpty + kBwdStages<64> <= kBwdBarDSOwn),
-              "named barrier ids: the stage barriers below kBwdBarDSOwn");
 constexpr int kBwdDQBarThreads = (kBwdDQPerWarpgroup ? 128 : 256) + 32;
 // The dQ barrier ids of buffer b as warpgroup wg uses them.
 __host__ __device__ constexpr int bwd_dq_bar(int base, int b, int wg) {

@@ -5,12 +5,12 @@ ptxas reports "Potential Performance Loss: wgmma.mma_async instructions are seri
 cannot keep a kernel's warpgroup products asynchronous -- a register touched while its product runs, too few
 registers for the pipeline, a path that leaves products in flight -- and then waits after every wgmma, which costs
 a large share of the kernel's speed while every result stays right. Only ptxas's -v output shows it, so this check
-compiles each sm_90a translation unit (and the switches the project keeps for GPU A/Bs) and fails on that line.
+compiles each sm_90a translation unit with its defaults and fails on that line.
 It also prints each kernel's spill bytes (information, not a failure).
 
 Usage: check_wgmma_serialization.py --nvcc NVCC [--source FILE.cu [--define NAME=VALUE ...]]
-  without --source: the project's sm_90a kernels (kernels/sm90/*_sm90.cu) with their defaults, and the backward
-  with -DCAD_BWD90_DKV_IN_FLIGHT=1 (bench/kernels/bwd_variants.sh's _f1). Exit 0: none serialized; 1: some
+  without --source: the project's sm_90a kernels (kernels/sm90/*_sm90.cu) with their defaults; --define (with
+  --source) checks one unit built with a switch, e.g. -DCAD_BWD90_VARIANT=0. Exit 0: none serialized; 1: some
   serialized or a compile failed; 2: bad arguments.
 """
 import argparse
@@ -30,8 +30,6 @@ DEFAULT_CASES = [
     ("sm90/fwd_hd64_sm90.cu", []),
     ("sm90/bwd_hd128_sm90.cu", []),
     ("sm90/bwd_hd64_sm90.cu", []),
-    ("sm90/bwd_hd128_sm90.cu", ["CAD_BWD90_DKV_IN_FLIGHT=1"]),
-    ("sm90/bwd_hd64_sm90.cu", ["CAD_BWD90_DKV_IN_FLIGHT=1"]),
 ]
 
 
