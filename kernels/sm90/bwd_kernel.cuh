@@ -83,6 +83,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
 #ifdef CAD_SM90_KERNEL_BODY
   using T = BwdWsTraits<DIM, STAGES>;
   constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
+  constexpr bool kEarlyStats = kBwdStatsEarly<D>;  // LSE/Delta read ahead of the waits (sm90/bwd_traits.cuh)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t pad = (1024 - (raw_addr & 1023)) & 1023;
@@ -217,6 +218,8 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
       named_barrier_sync(kBwdBarConsumers, 256);
     }
     bwd90_issue_keys_x_queries<T>(dpt, v_addr, do_buf, wg);
+    [[maybe_unused]] float2 lse_r[BM / 8], delta_r[BM / 8];  // kEarlyStats: read ahead of the waits
+    if constexpr (kEarlyStats) bwd90_stats_to_registers<BM>(lse_tile, t, lse_r);
     wgmma_wait<1>();
     fence_registers(st);
 
@@ -235,14 +238,19 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     }
     if (need_mask) {
       bwd90_probabilities_masked<BM, WINDOW>(st, p, item, key_local, t, q0, lse_tile);
+    } else if constexpr (kEarlyStats) {
+      bwd90_probabilities_plain<BM>(st, p, lse_r);
     } else {
       bwd90_probabilities_plain<BM>(st, p, t, lse_tile);
     }
+    if constexpr (kEarlyStats) bwd90_stats_to_registers<BM>(delta_tile, t, delta_r);
     wgmma_wait<0>();
     fence_registers(dpt);
     // dS^T = P^T (dP^T - Delta); P^T and dS^T as A fragments, dS^T also to shared memory for dQ.
     if (valid_q < BM) {
       bwd90_ds<BM, true>(dpt, st, delta_tile, t, valid_q);
+    } else if constexpr (kEarlyStats) {
+      bwd90_ds_full<BM>(dpt, st, delta_r);
     } else {
       bwd90_ds<BM, false>(dpt, st, delta_tile, t, valid_q);
     }

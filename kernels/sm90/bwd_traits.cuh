@@ -96,6 +96,21 @@ constexpr int kBwdVariant = CAD_BWD90_VARIANT;
 static_assert(kBwdVariant == 0 || kBwdVariant == 1, "CAD_BWD90_VARIANT: 0 or 1");
 constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
 
+// Where the unmasked steps read LSE and Delta from shared memory (-DCAD_BWD90_STATS_EARLY=1, D=128 only;
+// bench/kernels/bwd_variants.sh's suffix _e1): into registers right behind the dP^T issue (LSE, before S^T's wait)
+// and before dP^T's wait (Delta), FlashAttention-4's placement, instead of inside the exp and dS loops after the
+// waits (0, the default). Per-instruction profiles of dense causal 16K (docs/kernels.md, "What limits them") put
+// most of the softmax-and-dS phase's excess over FA4's at MUFU.EX2 waiting behind those scalar loads on the MIO
+// queue. The masked and partial steps keep their reads (they are few). D=64 is left as it is: the early registers
+// spill 112 bytes there (BM=128: twice as many statistics per thread). Built and compiled without wgmma
+// serialization; not yet timed.
+#ifndef CAD_BWD90_STATS_EARLY
+#define CAD_BWD90_STATS_EARLY 0
+#endif
+static_assert(CAD_BWD90_STATS_EARLY == 0 || CAD_BWD90_STATS_EARLY == 1, "CAD_BWD90_STATS_EARLY: 0 or 1");
+template <int D>
+constexpr bool kBwdStatsEarly = CAD_BWD90_STATS_EARLY == 1 && D == 128;
+
 // Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
 // dQ writer waits) and emptied (the other way round) -- per warpgroup w where kBwdDQPerWarpgroup (ids
 // + 2b + w), else one pair per buffer (ids + b); stage s emptied (the consumers arrive, the producer
