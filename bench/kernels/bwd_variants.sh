@@ -19,6 +19,7 @@
 # (-DCAD_BWD90_STATS_EARLY=1, sm90/bwd_traits.cuh), e.g. 1_q64, 1_q64_s4, 1_c2 or 1_e1.
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
 #   usage: [OUT=dir] [VARIANTS="0 1"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
+#   next A/B: VARIANTS="1 1_e1 2 2_e1" (FlashAttention's order and the statistics read ahead of the waits, apart and together)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}

@@ -166,6 +166,17 @@ __device__ __forceinline__ void wgmma_rs_tb_d(float (&d)[D / 2], const uint32_t 
   }
 }
 
+// acc += A B^T over the step's queries, 16 per product: A from registers (P^T or dS^T), B = dO or Q (read
+// transposed); no fence, no commit (the caller groups the products).
+template <typename T>
+__device__ __forceinline__ void bwd90_rs_products(float (&acc)[T::kD / 2], const uint32_t (&a)[T::kBlockM / 16][4],
+                                                  uint32_t b_buf) {
+  constexpr int D = T::kD, BM = T::kBlockM;
+  const SmemTileDesc b(b_buf, BM * 128, 1024);
+#pragma unroll
+  for (int kq = 0; kq < BM / 16; ++kq) wgmma_rs_tb_d<D>(acc, a[kq], b.at(kq * 16 * 128));
+}
+
 // dV += P^T dO and dK += dS^T Q as one wgmma group (16 queries per product; dO / Q read transposed).
 template <typename T>
 __device__ __forceinline__ void bwd90_issue_dv_dk(float (&dv)[T::kD / 2], float (&dk)[T::kD / 2],

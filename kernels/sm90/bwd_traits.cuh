@@ -79,7 +79,13 @@ static_assert(BwdWsTraits<64, kBwdStages<64>>::kSmemBytes <= 227 * 1024,
 //   0  dQ(j-1) issued with S(j) and stored while S(j) runs; dV/dK(j) as one group at the end of the step;
 //      one dQ handshake for both warpgroups (the writer waits for both, both wait for the writer);
 //   1  as 0, but each warpgroup hands its half of the dQ buffer to a writer warp of its own (warp 1 + w) on
-//      barriers of its own, so that neither waits for the other at the dQ store.
+//      barriers of its own, so that neither waits for the other at the dQ store;
+//   2  as 1, in FlashAttention-3/4's order: dV(j), then dQ(j) once both warpgroups' dS^T(j) are stored, then
+//      dK(j), and dQ(j) stored while dK(j) runs (nothing carried into step j+1). Without the statistics read
+//      ahead of the waits it ran 0.96-0.98x of 1 at D=128 and 0.95x at D=64 (a prototype of it, record
+//      bwd_vs_fa4_h200x1_2026-12-03_670b44f); in that order our dQ store leaves the step's critical path and
+//      what is left against FA4 is the softmax behind those reads, so it is kept to be timed with
+//      CAD_BWD90_STATS_EARLY=1 (bwd_variants.sh: VARIANTS="1 1_e1 2 2_e1").
 // The default is 1: on one H200 (bench/results/bwd_variants_h200x1_2026-12-02_b6aa63a) it ran the backward
 // 3-6% faster than 0 at D=128 and 6-9% at D=64 on every timed case. Two schedules with dQ(j) inside step j,
 // FlashAttention-3/4's way, were removed (git history: b6aa63a): the one in their exact order (dV, dQ, dK, dQ
@@ -93,8 +99,9 @@ static_assert(BwdWsTraits<64, kBwdStages<64>>::kSmemBytes <= 227 * 1024,
 #define CAD_BWD90_VARIANT 1
 #endif
 constexpr int kBwdVariant = CAD_BWD90_VARIANT;
-static_assert(kBwdVariant == 0 || kBwdVariant == 1, "CAD_BWD90_VARIANT: 0 or 1");
+static_assert(kBwdVariant >= 0 && kBwdVariant <= 2, "CAD_BWD90_VARIANT: 0, 1 or 2");
 constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
+constexpr bool kBwdDQInStep = kBwdVariant == 2;  // dQ(j) issued and stored in step j, not carried into j+1
 
 // Where the unmasked steps read LSE and Delta from shared memory (-DCAD_BWD90_STATS_EARLY=1, D=128 only;
 // bench/kernels/bwd_variants.sh's suffix _e1): into registers right behind the dP^T issue (LSE, before S^T's wait)
