@@ -137,8 +137,11 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
       mbar_arrive_warp(sm.k_empty(stage), lane);
       // The unit's last S is done: Q goes back now, so the producer loads the next unit's Q (and then its
       // first K/V tiles) under this tile's softmax, the last PV product and the epilogue, instead of after them.
-      if (j == n_tiles - 1) mbar_arrive_warp(sm.q_empty(), lane);
+      // kFwd90QAfterSoftmax (sm90/fwd_traits.cuh): after the softmax instead, where ptxas keeps the PV wait
+      // below the softmax.
+      if (!kFwd90QAfterSoftmax && j == n_tiles - 1) mbar_arrive_warp(sm.q_empty(), lane);
       softmax_tile(s, j, alpha);
+      if (kFwd90QAfterSoftmax && j == n_tiles - 1) mbar_arrive_warp(sm.q_empty(), lane);
       wgmma_wait<0>();
       fence_registers(o_acc);
       mbar_arrive_warp(sm.v_empty(prev), lane);
