@@ -46,6 +46,16 @@ constexpr int kFwd90Stages = D == 64 ? 4 : 3;
 static_assert(CAD_FWD90_Q_AFTER_SOFTMAX == 0 || CAD_FWD90_Q_AFTER_SOFTMAX == 1, "CAD_FWD90_Q_AFTER_SOFTMAX: 0 or 1");
 constexpr bool kFwd90QAfterSoftmax = CAD_FWD90_Q_AFTER_SOFTMAX == 1;
 
+// The consumer warpgroup's index broadcast from lane 0 (-DCAD_FWD90_UNIFORM_WARPGROUP=1; bwd_variants.sh's suffix
+// _u1) instead of computed from the thread index: in the static SASS 32 fewer instructions per warp and tile at
+// D 128 and 8 at D 64 (descriptors in uniform registers, no R2UR), and D 64's spills gone. Not yet timed.
+#ifndef CAD_FWD90_UNIFORM_WARPGROUP
+#define CAD_FWD90_UNIFORM_WARPGROUP 0
+#endif
+static_assert(CAD_FWD90_UNIFORM_WARPGROUP == 0 || CAD_FWD90_UNIFORM_WARPGROUP == 1,
+              "CAD_FWD90_UNIFORM_WARPGROUP: 0 or 1");
+constexpr bool kFwd90UniformWarpgroup = CAD_FWD90_UNIFORM_WARPGROUP == 1;
+
 // Named barriers of the consumers: 1 + w = "consumer w may issue its products" (the turn passes w -> w + 1 -> ...
 // -> 0), 4 + w = warpgroup w only (ids up to 6: three consumers at most).
 constexpr int kTurnBarrier = 1, kWarpgroupBarrier = 4;
