@@ -15,14 +15,9 @@
 # Suffixes of a variant set the D=64 kernel's Q/dO stages (_sK: -DCAD_BWD64_STAGES=K, default 2) and queries per
 # step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), and _cN the D=64 forward's consumer warpgroups
 # (-DCAD_FWD64_CONSUMERS=N, 2 or 3, default 3; kernels/cad_kernels.h: the host plan's query tile follows it, so the
-# flags go to the C++ sources too), and _e1 the D=128 backward's LSE/Delta read ahead of the waits
-# (-DCAD_BWD90_STATS_EARLY=1, sm90/bwd_traits.cuh), and _w1 the forward's Q handed back after the last tile's
-# softmax (-DCAD_FWD90_Q_AFTER_SOFTMAX=1, sm90/fwd_traits.cuh), and _u1 the forward's warpgroup index broadcast from
-# lane 0 (-DCAD_FWD90_UNIFORM_WARPGROUP=1), e.g. 1_q64, 1_q64_s4, 1_c2, 1_e1, 1_w1 or 1_w1_u1.
+# flags go to the C++ sources too), e.g. 1_q64, 1_q64_s4 or 1_c2.
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
 #   usage: [OUT=dir] [VARIANTS="0 1"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
-#   next A/B: VARIANTS="1 1_e1 2 2_e1 1_w1 1_w1_u1" (FlashAttention's order and the statistics read ahead of the
-#   waits, apart and together; the forward's Q release after the softmax, and with it the uniform warpgroup index)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -57,10 +52,7 @@ for v in $VARIANTS; do
       s[0-9]*) flags="$flags -DCAD_BWD64_STAGES=${part#s}" ;;
       q[0-9]*) flags="$flags -DCAD_BWD64_QUERIES=${part#q}" ;;
       c[23]) flags="$flags -DCAD_FWD64_CONSUMERS=${part#c}" ;;
-      e[01]) flags="$flags -DCAD_BWD90_STATS_EARLY=${part#e}" ;;
-      w[01]) flags="$flags -DCAD_FWD90_Q_AFTER_SOFTMAX=${part#w}" ;;
-      u[01]) flags="$flags -DCAD_FWD90_UNIFORM_WARPGROUP=${part#u}" ;;
-      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM, _c2/_c3, _e0/_e1, _w0/_w1 or _u0/_u1)" >&2; exit 2 ;;
+      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM or _c2/_c3)" >&2; exit 2 ;;
     esac
   done
   (

@@ -23,10 +23,9 @@
 //                        added to the accumulator (the reductions are atomic per element), so the
 //                        warpgroups never wait for each other.
 //
-// The consumer's step has three compile-time schedules (CAD_BWD90_VARIANT, sm90/bwd_traits.cuh): 1 (the default)
+// The consumer's step has two compile-time schedules (CAD_BWD90_VARIANT, sm90/bwd_traits.cuh): 1 (the default)
 // gives each consumer warpgroup a dQ writer warp and barriers of its own, 0 shares one of each between them; both
-// carry dQ(j) into step j+1 (issued with S(j+1)). 2 is 1 in FlashAttention's order (dV, dQ, dK, dQ stored while
-// dK runs, all in step j), kept for GPU A/Bs.
+// carry dQ(j) into step j+1 (issued with S(j+1)).
 //
 // The roles of the 384 threads of a block (one block per SM):
 //  - warpgroup 0 gives its registers up (setmaxnreg) and hosts two helper warps:
@@ -85,7 +84,6 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
 #ifdef CAD_SM90_KERNEL_BODY
   using T = BwdWsTraits<DIM, STAGES>;
   constexpr int D = T::kD, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
-  constexpr bool kEarlyStats = kBwdStatsEarly<D>;  // LSE/Delta read ahead of the waits (sm90/bwd_traits.cuh)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t pad = (1024 - (raw_addr & 1023)) & 1023;
@@ -189,8 +187,8 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     const int shift = bwd90_stat_shift(p, item, h, q0);
     const float* lse_tile = sLse + s * (T::kStatBytes / 4) + shift;
     const float* delta_tile = sDelta + s * (T::kStatBytes / 4) + shift;
-    [[maybe_unused]] float dq[32];  // dQ(it-1), carried into this step (all variants but kBwdDQInStep's)
-    if constexpr (kPrev && !kBwdDQInStep) {
+    [[maybe_unused]] float dq[32];  // dQ(it-1), carried into this step
+    if constexpr (kPrev) {
       mbar_wait(ds_bar(b ^ 1, wg), ((it - 1) >> 1) & 1);  // dS^T(it-1): both warpgroups', or its own (kDQOwnKeys)
 #pragma unroll
       for (int i = 0; i < 32; ++i) dq[i] = 0.f;
@@ -209,7 +207,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     // registers next to dK/dV would not fit.)
     float st[BM / 2], dpt[BM / 2];
     bwd90_issue_keys_x_queries<T>(st, k_addr, q_buf, wg);
-    if constexpr (kPrev && !kBwdDQInStep) {
+    if constexpr (kPrev) {
       wgmma_wait<1>();
       fence_registers(dq);
       bwd90_store_dq<T>(dq, dq_addr, it - 1, cwarp, wg, g, t);
@@ -220,8 +218,6 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
       named_barrier_sync(kBwdBarConsumers, 256);
     }
     bwd90_issue_keys_x_queries<T>(dpt, v_addr, do_buf, wg);
-    [[maybe_unused]] float2 lse_r[BM / 8], delta_r[BM / 8];  // kEarlyStats: read ahead of the waits
-    if constexpr (kEarlyStats) bwd90_stats_to_registers<BM>(lse_tile, t, lse_r);
     wgmma_wait<1>();
     fence_registers(st);
 
@@ -240,19 +236,14 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     }
     if (need_mask) {
       bwd90_probabilities_masked<BM, WINDOW>(st, p, item, key_local, t, q0, lse_tile);
-    } else if constexpr (kEarlyStats) {
-      bwd90_probabilities_plain<BM>(st, p, lse_r);
     } else {
       bwd90_probabilities_plain<BM>(st, p, t, lse_tile);
     }
-    if constexpr (kEarlyStats) bwd90_stats_to_registers<BM>(delta_tile, t, delta_r);
     wgmma_wait<0>();
     fence_registers(dpt);
     // dS^T = P^T (dP^T - Delta); P^T and dS^T as A fragments, dS^T also to shared memory for dQ.
     if (valid_q < BM) {
       bwd90_ds<BM, true>(dpt, st, delta_tile, t, valid_q);
-    } else if constexpr (kEarlyStats) {
-      bwd90_ds_full<BM>(dpt, st, delta_r);
     } else {
       bwd90_ds<BM, false>(dpt, st, delta_tile, t, valid_q);
     }
@@ -260,32 +251,9 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
     bwd90_fragments_and_ds<T>(st, dpt, ap, as, ds_lane_addr + b * T::kDSBytes);
     mbar_arrive_warp(ds_bar(b, wg), lane);
 
-    if constexpr (kBwdDQInStep) {
-      // FlashAttention's order: dV += P^T dO; dQ(it) once both warpgroups' dS^T(it) are in shared memory; dK +=
-      // dS^T Q once dV is done (its P^T registers free); dQ(it) stored while dK runs.
-      wgmma_fence();
-      bwd90_rs_products<T>(dv, ap, do_buf);
-      wgmma_commit();
-      mbar_wait(ds_bar(b, wg), (it >> 1) & 1);
-      float dq_now[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dq_now[i] = 0.f;
-      wgmma_fence();
-      bwd90_issue_dq<T>(dq_now, ds_addr, k_addr, dq_k_atom, dq_ds_atom, dq_key_step0, it);
-      wgmma_wait<1>();
-      fence_registers(dv);
-      wgmma_fence();
-      bwd90_rs_products<T>(dk, as, q_buf);
-      wgmma_commit();
-      wgmma_wait<1>();
-      fence_registers(dq_now);
-      bwd90_store_dq<T>(dq_now, dq_addr, it, cwarp, wg, g, t);
-      wgmma_wait<0>();
-    } else {
-      // dV += P^T dO and dK += dS^T Q.
-      bwd90_issue_dv_dk<T>(dv, dk, ap, as, do_buf, q_buf);
-      wgmma_wait<0>();
-    }
+    // dV += P^T dO and dK += dS^T Q.
+    bwd90_issue_dv_dk<T>(dv, dk, ap, as, do_buf, q_buf);
+    wgmma_wait<0>();
     fence_registers(dk);
     fence_registers(dv);
     __syncwarp();
@@ -304,7 +272,7 @@ __global__ void __launch_bounds__(BwdWsTraits<DIM, STAGES>::kThreads, 1)
       ++hg;
     }
   }
-  if (!kBwdDQInStep && n_iter > 0) {  // the last step's dQ, carried past the loop
+  if (n_iter > 0) {  // the last step's dQ, carried past the loop
     float dq[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) dq[i] = 0.f;

@@ -43,37 +43,6 @@ __device__ __forceinline__ void bwd90_probabilities_plain(float (&st)[BM / 2], c
   }
 }
 
-// The step's LSE or Delta of this thread's queries (per n8 block nt: queries 8nt + 2t, 8nt + 2t + 1) from shared
-// memory into registers, for the kernels that read them ahead of the waits (kBwdStatsEarly), and the plain
-// probabilities and full-step dS^T from those registers.
-template <int BM>
-__device__ __forceinline__ void bwd90_stats_to_registers(const float* tile, int t, float2 (&out)[BM / 8]) {
-#pragma unroll
-  for (int nt = 0; nt < BM / 8; ++nt) out[nt] = make_float2(tile[nt * 8 + 2 * t], tile[nt * 8 + 2 * t + 1]);
-}
-template <int BM>
-__device__ __forceinline__ void bwd90_probabilities_plain(float (&st)[BM / 2], const BwdParams& p,
-                                                          const float2 (&lse)[BM / 8]) {
-#pragma unroll
-  for (int nt = 0; nt < BM / 8; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      st[nt * 4 + e] = fast_exp2(st[nt * 4 + e] * p.scale_log2 - ((e & 1) ? lse[nt].y : lse[nt].x));
-    }
-  }
-}
-template <int BM>
-__device__ __forceinline__ void bwd90_ds_full(float (&dpt)[BM / 2], const float (&pt)[BM / 2],
-                                              const float2 (&delta)[BM / 8]) {
-#pragma unroll
-  for (int nt = 0; nt < BM / 8; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      dpt[nt * 4 + e] = pt[nt * 4 + e] * (dpt[nt * 4 + e] - ((e & 1) ? delta[nt].y : delta[nt].x));
-    }
-  }
-}
-
 // dP^T -> dS^T = P^T (dP^T - Delta) in place. Queries valid_q.. lie past the segment: their P^T is 0, and
 // their Delta (another segment's, or whatever follows the workspace's last value) is taken as 0 so that
 // no NaN or Inf there can turn 0 into NaN.

@@ -80,12 +80,6 @@ static_assert(BwdWsTraits<64, kBwdStages<64>>::kSmemBytes <= 227 * 1024,
 //      one dQ handshake for both warpgroups (the writer waits for both, both wait for the writer);
 //   1  as 0, but each warpgroup hands its half of the dQ buffer to a writer warp of its own (warp 1 + w) on
 //      barriers of its own, so that neither waits for the other at the dQ store;
-//   2  as 1, in FlashAttention-3/4's order: dV(j), then dQ(j) once both warpgroups' dS^T(j) are stored, then
-//      dK(j), and dQ(j) stored while dK(j) runs (nothing carried into step j+1). Without the statistics read
-//      ahead of the waits it ran 0.96-0.98x of 1 at D=128 and 0.95x at D=64 (a prototype of it, record
-//      bwd_vs_fa4_h200x1_2026-12-03_670b44f); in that order our dQ store leaves the step's critical path and
-//      what is left against FA4 is the softmax behind those reads, so it is kept to be timed with
-//      CAD_BWD90_STATS_EARLY=1 (bwd_variants.sh: VARIANTS="1 1_e1 2 2_e1").
 // The default is 1: on one H200 (bench/results/bwd_variants_h200x1_2026-12-02_b6aa63a) it ran the backward
 // 3-6% faster than 0 at D=128 and 6-9% at D=64 on every timed case. Two schedules with dQ(j) inside step j,
 // FlashAttention-3/4's way, were removed (git history: b6aa63a): the one in their exact order (dV, dQ, dK, dQ
@@ -94,29 +88,17 @@ static_assert(BwdWsTraits<64, kBwdStages<64>>::kSmemBytes <= 227 * 1024,
 // (git history: 123a0da; bench/results/bwd_variants_h200x1_2026-12-02_123a0da): -1.6% to +2.2% of 1, and a
 // loss everywhere (it spills). So was a switch that left dV/dK(j) in flight into step j+1, dK reading dS^T from
 // shared memory (-DCAD_BWD90_DKV_IN_FLIGHT=1; git history: ee2a059): 0.95-0.99x of 1 on nine of the ten timed
-// cases, 1.00x on the tenth (bench/results/bwd_variants_h200x1_2026-12-03_ee2a059).
+// cases, 1.00x on the tenth (bench/results/bwd_variants_h200x1_2026-12-03_ee2a059). Two more were removed
+// after bench/results/bwd_variants_h200x1_2026-12-04_84fc49f (git history: 84fc49f): schedule 2, 1 in
+// FlashAttention-3/4's order (dV, dQ once both dS^T are stored, dK, dQ stored while dK runs): 0.95-0.97x of 1 on nine
+// of the ten timed cases, 1.00x on D=128's window; and LSE/Delta read into registers ahead of the waits
+// (-DCAD_BWD90_STATS_EARLY=1, D=128): 1.00-1.02x of 1, the rounds' noise, and 0.97-1.02x of 2 with 2.
 #ifndef CAD_BWD90_VARIANT
 #define CAD_BWD90_VARIANT 1
 #endif
 constexpr int kBwdVariant = CAD_BWD90_VARIANT;
-static_assert(kBwdVariant >= 0 && kBwdVariant <= 2, "CAD_BWD90_VARIANT: 0, 1 or 2");
-constexpr bool kBwdDQPerWarpgroup = kBwdVariant >= 1;
-constexpr bool kBwdDQInStep = kBwdVariant == 2;  // dQ(j) issued and stored in step j, not carried into j+1
-
-// Where the unmasked steps read LSE and Delta from shared memory (-DCAD_BWD90_STATS_EARLY=1, D=128 only;
-// bench/kernels/bwd_variants.sh's suffix _e1): into registers right behind the dP^T issue (LSE, before S^T's wait)
-// and before dP^T's wait (Delta), FlashAttention-4's placement, instead of inside the exp and dS loops after the
-// waits (0, the default). Per-instruction profiles of dense causal 16K (docs/kernels.md, "What limits them") put
-// most of the softmax-and-dS phase's excess over FA4's at MUFU.EX2 waiting behind those scalar loads on the MIO
-// queue. The masked and partial steps keep their reads (they are few). D=64 is left as it is: the early registers
-// spill 112 bytes there (BM=128: twice as many statistics per thread). Built and compiled without wgmma
-// serialization; not yet timed.
-#ifndef CAD_BWD90_STATS_EARLY
-#define CAD_BWD90_STATS_EARLY 0
-#endif
-static_assert(CAD_BWD90_STATS_EARLY == 0 || CAD_BWD90_STATS_EARLY == 1, "CAD_BWD90_STATS_EARLY: 0 or 1");
-template <int D>
-constexpr bool kBwdStatsEarly = CAD_BWD90_STATS_EARLY == 1 && D == 128;
+static_assert(kBwdVariant == 0 || kBwdVariant == 1, "CAD_BWD90_VARIANT: 0 or 1");
+constexpr bool kBwdDQPerWarpgroup = kBwdVariant == 1;
 
 // Named barriers: Q/dO rows zeroed or K/V loaded (both consumers); dQ buffer b filled (consumers arrive,
 // dQ writer waits) and emptied (the other way round) -- per warpgroup w where kBwdDQPerWarpgroup (ids

@@ -135,13 +135,14 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
       wgmma_wait<1>();
       fence_registers(s);
       mbar_arrive_warp(sm.k_empty(stage), lane);
-      // The unit's last S is done: Q goes back now, so the producer loads the next unit's Q (and then its
-      // first K/V tiles) under this tile's softmax, the last PV product and the epilogue, instead of after them.
-      // kFwd90QAfterSoftmax (sm90/fwd_traits.cuh): after the softmax instead, where ptxas keeps the PV wait
-      // below the softmax.
-      if (!kFwd90QAfterSoftmax && j == n_tiles - 1) mbar_arrive_warp(sm.q_empty(), lane);
       softmax_tile(s, j, alpha);
-      if (kFwd90QAfterSoftmax && j == n_tiles - 1) mbar_arrive_warp(sm.q_empty(), lane);
+      // The unit's last S is done: Q goes back, so the producer loads the next unit's Q (and then its first
+      // K/V tiles) under the last PV product and the epilogue. After the softmax, not before it: with the
+      // arrive above the softmax, ptxas placed the wait for PV(j-1) right behind S(j)'s wait, above the whole
+      // softmax (no exp ran under PV; that wait drew 10.9% of the stall samples in record
+      // ncu_hotspots_h200x1_2026-12-02_5324b43); here all of the softmax sits under PV, and the forward ran
+      // 1.01-1.04x faster (bench/results/bwd_variants_h200x1_2026-12-04_84fc49f, suffix _w1).
+      if (j == n_tiles - 1) mbar_arrive_warp(sm.q_empty(), lane);
       wgmma_wait<0>();
       fence_registers(o_acc);
       mbar_arrive_warp(sm.v_empty(prev), lane);

@@ -33,29 +33,6 @@ struct Fwd90Traits {
 template <int D>
 constexpr int kFwd90Stages = D == 64 ? 4 : 3;
 
-// Where a unit's last tile hands Q back (-DCAD_FWD90_Q_AFTER_SOFTMAX=1; bench/kernels/bwd_variants.sh's suffix _w1):
-// after that tile's softmax instead of before it (0, the default). With the arrive before the softmax, ptxas
-// places the wait for PV(j-1) right behind S(j)'s wait, above the whole softmax (10 instructions apart in the D 128
-// SASS: no MUFU or FMNMX of the softmax runs under the PV product, and that wait is the kernel's most-stalled
-// instruction, 10.9% of the stall samples in record ncu_hotspots_h200x1_2026-12-02_5324b43); with it after, the
-// wait stays below the softmax (all 66 exps and 70 max operations per thread and tile under PV). The cost: the
-// next unit's Q loads one softmax later. Static SASS only; not yet timed.
-#ifndef CAD_FWD90_Q_AFTER_SOFTMAX
-#define CAD_FWD90_Q_AFTER_SOFTMAX 0
-#endif
-static_assert(CAD_FWD90_Q_AFTER_SOFTMAX == 0 || CAD_FWD90_Q_AFTER_SOFTMAX == 1, "CAD_FWD90_Q_AFTER_SOFTMAX: 0 or 1");
-constexpr bool kFwd90QAfterSoftmax = CAD_FWD90_Q_AFTER_SOFTMAX == 1;
-
-// The consumer warpgroup's index broadcast from lane 0 (-DCAD_FWD90_UNIFORM_WARPGROUP=1; bwd_variants.sh's suffix
-// _u1) instead of computed from the thread index: in the static SASS 32 fewer instructions per warp and tile at
-// D 128 and 8 at D 64 (descriptors in uniform registers, no R2UR), and D 64's spills gone. Not yet timed.
-#ifndef CAD_FWD90_UNIFORM_WARPGROUP
-#define CAD_FWD90_UNIFORM_WARPGROUP 0
-#endif
-static_assert(CAD_FWD90_UNIFORM_WARPGROUP == 0 || CAD_FWD90_UNIFORM_WARPGROUP == 1,
-              "CAD_FWD90_UNIFORM_WARPGROUP: 0 or 1");
-constexpr bool kFwd90UniformWarpgroup = CAD_FWD90_UNIFORM_WARPGROUP == 1;
-
 // Named barriers of the consumers: 1 + w = "consumer w may issue its products" (the turn passes w -> w + 1 -> ...
 // -> 0), 4 + w = warpgroup w only (ids up to 6: three consumers at most).
 constexpr int kTurnBarrier = 1, kWarpgroupBarrier = 4;
