@@ -15,9 +15,7 @@
 # Suffixes of a variant set the D=64 kernel's Q/dO stages (_sK: -DCAD_BWD64_STAGES=K, default 2) and queries per
 # step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), and _cN the D=64 forward's consumer warpgroups
 # (-DCAD_FWD64_CONSUMERS=N, 2 or 3, default 3; kernels/cad_kernels.h: the host plan's query tile follows it, so the
-# flags go to the C++ sources too), and _x4 the forward's row max in four chains (-DCAD_FWD90_MAX_CHAINS=4) and _n1
-# its K/V ring position carried from tile to tile (-DCAD_FWD90_STAGE_COUNTER=1; both sm90/fwd_traits.cuh), e.g.
-# 1_q64, 1_q64_s4, 1_c2, 1_x4 or 1_x4_n1.
+# flags go to the C++ sources too), e.g. 1_q64, 1_q64_s4 or 1_c2.
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
 #   usage: [OUT=dir] [VARIANTS="0 1"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
 set -uo pipefail
@@ -54,9 +52,7 @@ for v in $VARIANTS; do
       s[0-9]*) flags="$flags -DCAD_BWD64_STAGES=${part#s}" ;;
       q[0-9]*) flags="$flags -DCAD_BWD64_QUERIES=${part#q}" ;;
       c[23]) flags="$flags -DCAD_FWD64_CONSUMERS=${part#c}" ;;
-      x[14]) flags="$flags -DCAD_FWD90_MAX_CHAINS=${part#x}" ;;
-      n[01]) flags="$flags -DCAD_FWD90_STAGE_COUNTER=${part#n}" ;;
-      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM, _c2/_c3, _x1/_x4 or _n0/_n1)" >&2; exit 2 ;;
+      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM or _c2/_c3)" >&2; exit 2 ;;
     esac
   done
   (

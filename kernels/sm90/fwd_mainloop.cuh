@@ -110,7 +110,6 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
     float alpha[2];
     // Tile 0: S only (there is no P yet).
     int stage = tiles_used % S;
-    [[maybe_unused]] int phase = (tiles_used / S) & 1;  // stage's phase, carried from tile to tile (kFwd90StageCounter)
     mbar_wait(sm.k_full(stage), (tiles_used / S) & 1);
     named_barrier_sync(kTurnBarrier + cw, kTurnBarrierThreads);
     wgmma_fence();
@@ -124,17 +123,11 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
     accumulator_to_a_fragments(s, pa);
     // Tile j: S_j and O += P_{j-1} V_{j-1} in flight together; softmax of S_j under the PV product.
     for (int j = 1; j < n_tiles; ++j) {
-      const int prev = stage, prev_parity = kFwd90StageCounter ? phase : ((tiles_used + j - 1) / S) & 1;
-      if constexpr (kFwd90StageCounter) {
-        if (++stage == S) {
-          stage = 0;
-          phase ^= 1;
-        }
-        mbar_wait(sm.k_full(stage), phase);
-      } else {
-        stage = (tiles_used + j) % S;
-        mbar_wait(sm.k_full(stage), ((tiles_used + j) / S) & 1);
-      }
+      // The ring position from the tile count, per tile: carried from tile to tile instead (an add and a
+      // branch), the D 128 forward lost up to 7% (git history: f6a60bf; record fwd_variants_h200x1_2026-12-04_f6a60bf).
+      const int prev = stage, prev_parity = ((tiles_used + j - 1) / S) & 1;
+      stage = (tiles_used + j) % S;
+      mbar_wait(sm.k_full(stage), ((tiles_used + j) / S) & 1);
       mbar_wait(sm.v_full(prev), prev_parity);
       named_barrier_sync(kTurnBarrier + cw, kTurnBarrierThreads);
       wgmma_fence();
@@ -161,7 +154,7 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
     // Last PV product. Key rows past the segment's end in the last tile were loaded from whatever follows
     // in memory; P is 0 there, but 0 * (Inf or NaN) is not, so they are zeroed first.
     const int last = (tiles_used + n_tiles - 1);
-    mbar_wait(sm.v_full(stage), kFwd90StageCounter ? phase : (last / S) & 1);
+    mbar_wait(sm.v_full(stage), (last / S) & 1);
     const int valid_rows = n_keys - (n_tiles - 1) * BN;
     if (valid_rows < BN) {
       const uint32_t v_addr = sm.v_tile(stage);

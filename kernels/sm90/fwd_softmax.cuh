@@ -17,7 +17,6 @@
 
 #include "attention_internal.h"
 #include "common/mma_utils.cuh"
-#include "sm90/fwd_traits.cuh"
 
 namespace cad::kernels::detail {
 
@@ -105,18 +104,11 @@ __device__ __forceinline__ void fwd90_softmax_tile(float (&s)[BN / 2], int j, fl
   // m_use 0, and its P and sum 0, as for a fully masked causal row.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    // One running chain: four chains joined at the end moved the forward by -3% to +2%, the noise (git history:
+    // f6a60bf; bench/results/fwd_variants_h200x1_2026-12-04_f6a60bf).
     float mx = -INFINITY;
-    if constexpr (kFwd90MaxChains == 4) {  // sm90/fwd_traits.cuh: chain k takes n8 blocks k, k + 4, ...
-      float m[4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) m[k] = fmaxf(s[k * 4 + 2 * r], s[k * 4 + 2 * r + 1]);
-#pragma unroll
-      for (int nt = 4; nt < BN / 8; ++nt) m[nt % 4] = fmaxf(m[nt % 4], fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
-      mx = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
-    }
+    for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
     mx = warp_quad_max(mx);
     const float m_new = fmaxf(row_max[r], mx);
     const float m_use = m_new == -INFINITY ? 0.f : m_new * scale_eff;  // in base-2 units

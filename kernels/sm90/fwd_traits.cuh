@@ -33,28 +33,6 @@ struct Fwd90Traits {
 template <int D>
 constexpr int kFwd90Stages = D == 64 ? 4 : 3;
 
-// The consumers' row max over a tile's scores (-DCAD_FWD90_MAX_CHAINS=4; bench/kernels/bwd_variants.sh's suffix
-// _x4): four running maxima over every fourth n8 block, joined at the end (depth 6 for a row's 32 scores), instead
-// of one running chain over the n8 blocks (1, the default: depth 17). Per-instruction profiles put 11-15% of the
-// forward's stall samples on FMNMX (records ncu_hotspots_h200x1_2026-12-02_5324b43 at D 128,
-// ncu_fwd64_h200x1_2026-12-04_a3adf47 at D 64). The same number of max operations; a pairwise tree instead
-// spilled 64-76 bytes at D 64 (16 live partial maxima per row). Not yet timed.
-#ifndef CAD_FWD90_MAX_CHAINS
-#define CAD_FWD90_MAX_CHAINS 1
-#endif
-static_assert(CAD_FWD90_MAX_CHAINS == 1 || CAD_FWD90_MAX_CHAINS == 4, "CAD_FWD90_MAX_CHAINS: 1 or 4");
-constexpr int kFwd90MaxChains = CAD_FWD90_MAX_CHAINS;
-
-// The consumers' K/V ring position (-DCAD_FWD90_STAGE_COUNTER=1; bwd_variants.sh's suffix _n1): a stage index
-// and a phase bit carried from tile to tile (one add and compare) instead of the division of the block's tile count
-// by the stage count per tile (0, the default: with 3 stages at D 128 a multiply-high sequence, with 4 at D 64 a
-// signed shift sequence; about 20 uniform instructions ahead of each tile's waits in the D 64 SASS). Not yet timed.
-#ifndef CAD_FWD90_STAGE_COUNTER
-#define CAD_FWD90_STAGE_COUNTER 0
-#endif
-static_assert(CAD_FWD90_STAGE_COUNTER == 0 || CAD_FWD90_STAGE_COUNTER == 1, "CAD_FWD90_STAGE_COUNTER: 0 or 1");
-constexpr bool kFwd90StageCounter = CAD_FWD90_STAGE_COUNTER == 1;
-
 // Named barriers of the consumers: 1 + w = "consumer w may issue its products" (the turn passes w -> w + 1 -> ...
 // -> 0), 4 + w = warpgroup w only (ids up to 6: three consumers at most).
 constexpr int kTurnBarrier = 1, kWarpgroupBarrier = 4;
