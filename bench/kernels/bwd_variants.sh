@@ -15,8 +15,8 @@
 # Suffixes of a variant set the D=64 kernel's Q/dO stages (_sK: -DCAD_BWD64_STAGES=K, default 2) and queries per
 # step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), and _cN the D=64 forward's consumer warpgroups
 # (-DCAD_FWD64_CONSUMERS=N, 2 or 3, default 3; kernels/cad_kernels.h: the host plan's query tile follows it, so the
-# flags go to the C++ sources too), and _gN the forward's Q stages (-DCAD_FWD90_Q_STAGES=N, 1 or 2) and _kN its K/V
-# stages (-DCAD_FWD90_KV_STAGES=N; both sm90/fwd_traits.cuh), e.g. 1_q64, 1_q64_s4, 1_c2, 1_k2 or 1_g2.
+# flags go to the C++ sources too), and _kN the forward's K/V stages (-DCAD_FWD90_KV_STAGES=N, sm90/fwd_traits.cuh),
+# e.g. 1_q64, 1_q64_s4, 1_c2 or 1_k2.
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
 #   usage: [OUT=dir] [VARIANTS="0 1"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
 set -uo pipefail
@@ -53,9 +53,8 @@ for v in $VARIANTS; do
       s[0-9]*) flags="$flags -DCAD_BWD64_STAGES=${part#s}" ;;
       q[0-9]*) flags="$flags -DCAD_BWD64_QUERIES=${part#q}" ;;
       c[23]) flags="$flags -DCAD_FWD64_CONSUMERS=${part#c}" ;;
-      g[12]) flags="$flags -DCAD_FWD90_Q_STAGES=${part#g}" ;;
       k[2-4]) flags="$flags -DCAD_FWD90_KV_STAGES=${part#k}" ;;
-      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM, _c2/_c3, _g1/_g2 or _k2.._k4)" >&2; exit 2 ;;
+      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM, _c2/_c3 or _k2.._k4)" >&2; exit 2 ;;
     esac
   done
   (

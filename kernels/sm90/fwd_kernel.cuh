@@ -56,10 +56,8 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
-    for (int qs = 0; qs < T::kQStages; ++qs) {
-      mbar_init(sm.q_full(qs), 1);
-      mbar_init(sm.q_empty(qs), kConsumerWarps);
-    }
+    mbar_init(sm.q_full(), 1);
+    mbar_init(sm.q_empty(), kConsumerWarps);
     for (int s = 0; s < S; ++s) {
       mbar_init(sm.k_full(s), 1);
       mbar_init(sm.k_empty(s), kConsumerWarps);

@@ -26,14 +26,10 @@ __device__ __forceinline__ void fwd90_load_unit(const Fwd90Smem<T>& sm, const CU
                                                 const CUtensorMap* tm_v, const FwdItem& item, int head, int kv_head,
                                                 int units_done, int& tiles_issued) {
   constexpr int BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
-  // Q stage qs of the unit; its phase flips every kQStages units.
-  const int qs = units_done % T::kQStages;
-  mbar_wait(sm.q_empty(qs), ((units_done / T::kQStages) & 1) ^ 1);
-  mbar_arrive_expect_tx(sm.q_full(qs), T::kQBytes);
+  mbar_wait(sm.q_empty(), (units_done & 1) ^ 1);
+  mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
 #pragma unroll
-  for (int a = 0; a < D / 64; ++a) {
-    tma_load_3d(sm.q_tile(qs) + a * BM * 128, tm_q, a * 64, head, int(item.q_row), sm.q_full(qs));
-  }
+  for (int a = 0; a < D / 64; ++a) tma_load_3d(sm.q + a * BM * 128, tm_q, a * 64, head, int(item.q_row), sm.q_full());
   const int n_keys = item.kv_end - item.kv_begin;
   const int n_tiles = n_keys > 0 ? (n_keys + BN - 1) / BN : 0;
   const int row0 = int(item.kv_row + item.kv_begin);
@@ -58,11 +54,10 @@ __device__ __forceinline__ void fwd90_load_unit(const Fwd90Smem<T>& sm, const CU
 
 // S = Q K^T for one K stage (consumer cw's 64 queries x BN keys), one wgmma group.
 template <typename T, int D>
-__device__ __forceinline__ void fwd90_issue_qk(float (&s)[T::kBlockN / 2], const Fwd90Smem<T>& sm, int cw, int stage,
-                                               int qs) {
+__device__ __forceinline__ void fwd90_issue_qk(float (&s)[T::kBlockN / 2], const Fwd90Smem<T>& sm, int cw, int stage) {
   constexpr int BM = T::kBlockM, BN = T::kBlockN;
   // Descriptors rebuilt per product, not moved by one add as the backward's (sm90/wgmma.cuh's SmemTileDesc says why).
-  const uint32_t q_addr = sm.q_tile(qs) + cw * 64 * 128, k_addr = sm.k_tile(stage);
+  const uint32_t q_addr = sm.q + cw * 64 * 128, k_addr = sm.k_tile(stage);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t col_bytes = (kk & 3) * 32;
@@ -108,8 +103,7 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
                                                    SoftmaxTile& softmax_tile, int n_keys, int n_tiles, int cw, int wtid,
                                                    int lane, const int& units_done, int& tiles_used) {
   constexpr int BN = T::kBlockN, S = T::kStages;
-  const int qs = units_done % T::kQStages;  // the unit's Q stage (fwd90_load_unit)
-  mbar_wait(sm.q_full(qs), (units_done / T::kQStages) & 1);
+  mbar_wait(sm.q_full(), units_done & 1);
   if (n_tiles > 0) {
     float s[BN / 2];
     uint32_t pa[BN / 16][4];
@@ -119,12 +113,12 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
     mbar_wait(sm.k_full(stage), (tiles_used / S) & 1);
     named_barrier_sync(kTurnBarrier + cw, kTurnBarrierThreads);
     wgmma_fence();
-    fwd90_issue_qk<T, D>(s, sm, cw, stage, qs);
+    fwd90_issue_qk<T, D>(s, sm, cw, stage);
     named_barrier_arrive(kTurnBarrier + (cw + 1) % T::kConsumers, kTurnBarrierThreads);
     wgmma_wait<0>();
     fence_registers(s);
     mbar_arrive_warp(sm.k_empty(stage), lane);
-    if (n_tiles == 1) mbar_arrive_warp(sm.q_empty(qs), lane);  // the unit's last S: Q is free (see the loop)
+    if (n_tiles == 1) mbar_arrive_warp(sm.q_empty(), lane);  // the unit's last S: Q is free (see the loop)
     softmax_tile(s, 0, alpha);
     accumulator_to_a_fragments(s, pa);
     // Tile j: S_j and O += P_{j-1} V_{j-1} in flight together; softmax of S_j under the PV product.
@@ -137,7 +131,7 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
       mbar_wait(sm.v_full(prev), prev_parity);
       named_barrier_sync(kTurnBarrier + cw, kTurnBarrierThreads);
       wgmma_fence();
-      fwd90_issue_qk<T, D>(s, sm, cw, stage, qs);
+      fwd90_issue_qk<T, D>(s, sm, cw, stage);
       fwd90_issue_pv<T, D>(o_acc, pa, sm, prev);
       named_barrier_arrive(kTurnBarrier + (cw + 1) % T::kConsumers, kTurnBarrierThreads);
       wgmma_wait<1>();
@@ -150,7 +144,7 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
       // softmax (no exp ran under PV; that wait drew 10.9% of the stall samples in record
       // ncu_hotspots_h200x1_2026-12-02_5324b43); here all of the softmax sits under PV, and the forward ran
       // 1.01-1.04x faster (bench/results/bwd_variants_h200x1_2026-12-04_84fc49f, suffix _w1).
-      if (j == n_tiles - 1) mbar_arrive_warp(sm.q_empty(qs), lane);
+      if (j == n_tiles - 1) mbar_arrive_warp(sm.q_empty(), lane);
       wgmma_wait<0>();
       fence_registers(o_acc);
       mbar_arrive_warp(sm.v_empty(prev), lane);
@@ -180,7 +174,7 @@ __device__ __forceinline__ void fwd90_consume_unit(const Fwd90Smem<T>& sm, float
     mbar_arrive_warp(sm.v_empty(stage), lane);
     tiles_used += n_tiles;
   } else {
-    mbar_arrive_warp(sm.q_empty(qs), lane);  // no keys: Q was never read
+    mbar_arrive_warp(sm.q_empty(), lane);  // no keys: Q was never read
   }
 }
 

@@ -10,17 +10,6 @@
 
 namespace cad::kernels::detail {
 
-// Q stages in shared memory (-DCAD_FWD90_Q_STAGES=2; bench/kernels/bwd_variants.sh's suffix _g2): two, so that the
-// producer loads the next unit's Q while the consumers still work on this unit's last tiles, instead of one (1, the
-// default), which the next unit's Q reaches only once the last tile's softmax has handed it back (and with it the
-// next unit's first K/V tiles: every unit starts behind a Q load). At D 128 two Q stages leave room for two K/V
-// stages (64 + 2 x 64 KiB), not three. Not yet timed.
-#ifndef CAD_FWD90_Q_STAGES
-#define CAD_FWD90_Q_STAGES 1
-#endif
-static_assert(CAD_FWD90_Q_STAGES == 1 || CAD_FWD90_Q_STAGES == 2, "CAD_FWD90_Q_STAGES: 1 or 2");
-constexpr int kFwd90QStages = CAD_FWD90_Q_STAGES;
-
 template <int D, int STAGES>
 struct Fwd90Traits {
   static constexpr int kConsumers = fwd90_consumers(D);  // consumer warpgroups of 64 queries each
@@ -34,20 +23,21 @@ struct Fwd90Traits {
   static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32, kConsumerRegs = kConsumers == 2 ? 232 : 160;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register split over 64K");
   static constexpr uint32_t kQBytes = kBlockM * D * 2, kTileBytes = kBlockN * D * 2;
-  static constexpr int kQStages = kFwd90QStages;
-  static constexpr uint32_t kBarrierOffset = kQStages * kQBytes + 2 * kStages * kTileBytes;
-  static constexpr int kBarriers = 2 * kQStages + 4 * kStages + 4;  // Q stages, K/V stages, the unit hand-off's two slots
+  static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kTileBytes;
+  static constexpr int kBarriers = 2 + 4 * kStages + 4;  // Q, K/V stages, the unit hand-off's two slots
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8 + 2 * 4 + 1024;  // + unit slots, alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "Q and K/V stages over the 227 KiB of shared memory a block may have");
 };
 
 // K/V stages in shared memory (head dim 128: 32 KiB of Q + 3 x 2 x 32 KiB = 224 KiB; 3 stages measured
-// 1-6% faster than 2 on long KV). -DCAD_FWD90_KV_STAGES=N (bwd_variants.sh's suffix _kN) sets them for an A/B.
+// 1-6% faster than 2 on long KV, and 0-5% faster than 2 in bench/results/fwd_q_stages_h200x1_2026-12-04_b802893,
+// where two Q stages with two K/V stages ran -4.5% to +3.5% of the default and were removed (git history:
+// b802893)). -DCAD_FWD90_KV_STAGES=N (bench/kernels/bwd_variants.sh's suffix _kN) sets them for an A/B.
 #ifndef CAD_FWD90_KV_STAGES
 #define CAD_FWD90_KV_STAGES 0
 #endif
 template <int D>
-constexpr int kFwd90Stages = CAD_FWD90_KV_STAGES > 0 ? CAD_FWD90_KV_STAGES : D == 64 ? 4 : kFwd90QStages == 2 ? 2 : 3;
+constexpr int kFwd90Stages = CAD_FWD90_KV_STAGES > 0 ? CAD_FWD90_KV_STAGES : D == 64 ? 4 : 3;
 
 // Named barriers of the consumers: 1 + w = "consumer w may issue its products" (the turn passes w -> w + 1 -> ...
 // -> 0), 4 + w = warpgroup w only (ids up to 6: three consumers at most).
@@ -56,29 +46,23 @@ constexpr int kTurnBarrier = 1, kWarpgroupBarrier = 4;
 // passing it on (arrive).
 constexpr int kTurnBarrierThreads = 256;
 
-// Shared-memory byte addresses of one block: kQStages Q tiles (kBlockM rows), then kStages K tiles, then kStages V
+// Shared-memory byte addresses of one block: Q (kBlockM rows), then kStages K tiles, then kStages V
 // tiles (each in wgmma's 128-byte-swizzled atoms of 64 head-dim columns, as TMA writes them), then the
-// mbarriers: Q full per Q stage, Q empty per Q stage, a full/empty pair per K and per V stage, a full/empty pair
-// per unit slot; then the
+// mbarriers: Q full/empty, a full/empty pair per K and per V stage, a full/empty pair per unit slot; then the
 // two unit slots (the producer hands each unit's number to the consumers through them: sm90/fwd_scheduler.cuh).
 template <typename T>
 struct Fwd90Smem {
   uint32_t q, k, v, bars;
   __device__ __forceinline__ explicit Fwd90Smem(uint32_t q_addr)
-      : q(q_addr), k(q_addr + T::kQStages * T::kQBytes), v(k + T::kStages * T::kTileBytes),
-        bars(q_addr + T::kBarrierOffset) {}
-  static constexpr uint32_t kKV = 16 * T::kQStages;  // the K/V stages' barriers, behind Q's
-  __device__ __forceinline__ uint32_t q_tile(int qs) const { return q + qs * T::kQBytes; }
-  __device__ __forceinline__ uint32_t q_full(int qs) const { return bars + 8 * qs; }
-  __device__ __forceinline__ uint32_t q_empty(int qs) const { return bars + 8 * (T::kQStages + qs); }
-  __device__ __forceinline__ uint32_t k_full(int s) const { return bars + kKV + 8 * s; }
-  __device__ __forceinline__ uint32_t k_empty(int s) const { return bars + kKV + 8 * (T::kStages + s); }
-  __device__ __forceinline__ uint32_t v_full(int s) const { return bars + kKV + 8 * (2 * T::kStages + s); }
-  __device__ __forceinline__ uint32_t v_empty(int s) const { return bars + kKV + 8 * (3 * T::kStages + s); }
-  __device__ __forceinline__ uint32_t unit_full(int slot) const { return bars + kKV + 8 * (4 * T::kStages + slot); }
-  __device__ __forceinline__ uint32_t unit_empty(int slot) const {
-    return bars + kKV + 8 * (4 * T::kStages + 2 + slot);
-  }
+      : q(q_addr), k(q_addr + T::kQBytes), v(k + T::kStages * T::kTileBytes), bars(q_addr + T::kBarrierOffset) {}
+  __device__ __forceinline__ uint32_t q_full() const { return bars; }
+  __device__ __forceinline__ uint32_t q_empty() const { return bars + 8; }
+  __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 16 + 8 * s; }
+  __device__ __forceinline__ uint32_t k_empty(int s) const { return bars + 16 + 8 * (T::kStages + s); }
+  __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 8 * (2 * T::kStages + s); }
+  __device__ __forceinline__ uint32_t v_empty(int s) const { return bars + 16 + 8 * (3 * T::kStages + s); }
+  __device__ __forceinline__ uint32_t unit_full(int slot) const { return bars + 16 + 8 * (4 * T::kStages + slot); }
+  __device__ __forceinline__ uint32_t unit_empty(int slot) const { return bars + 16 + 8 * (4 * T::kStages + 2 + slot); }
   __device__ __forceinline__ uint32_t unit_slot(int slot) const { return bars + 8 * T::kBarriers + 4 * slot; }
   __device__ __forceinline__ uint32_t k_tile(int s) const { return k + s * T::kTileBytes; }
   __device__ __forceinline__ uint32_t v_tile(int s) const { return v + s * T::kTileBytes; }
