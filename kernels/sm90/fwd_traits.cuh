@@ -29,15 +29,17 @@ struct Fwd90Traits {
   static_assert(kSmemBytes <= 227 * 1024, "Q and K/V stages over the 227 KiB of shared memory a block may have");
 };
 
-// K/V stages in shared memory (head dim 128: 32 KiB of Q + 3 x 2 x 32 KiB = 224 KiB; 3 stages measured
+// K/V stages in shared memory, 3 at both head dims. D 128: 32 KiB of Q + 3 x 2 x 32 KiB = 224 KiB; 3 stages measured
 // 1-6% faster than 2 on long KV, and 0-5% faster than 2 in bench/results/fwd_q_stages_h200x1_2026-12-04_b802893,
 // where two Q stages with two K/V stages ran -4.5% to +3.5% of the default and were removed (git history:
-// b802893)). -DCAD_FWD90_KV_STAGES=N (bench/kernels/bwd_variants.sh's suffix _kN) sets them for an A/B.
+// b802893). D 64 (24 KiB of Q + 3 x 2 x 16 KiB): 3 stages ran its forward 0.4-1.5% faster than 4 on all five timed
+// cases (bench/results/fwd_kv_stages_h200x1_2026-12-04_38c21de, 5 rounds). -DCAD_FWD90_KV_STAGES=N
+// (bench/kernels/bwd_variants.sh's suffix _kN) sets them for an A/B.
 #ifndef CAD_FWD90_KV_STAGES
-#define CAD_FWD90_KV_STAGES 0
+#define CAD_FWD90_KV_STAGES 3
 #endif
 template <int D>
-constexpr int kFwd90Stages = CAD_FWD90_KV_STAGES > 0 ? CAD_FWD90_KV_STAGES : D == 64 ? 4 : 3;
+constexpr int kFwd90Stages = CAD_FWD90_KV_STAGES;
 
 // Named barriers of the consumers: 1 + w = "consumer w may issue its products" (the turn passes w -> w + 1 -> ...
 // -> 0), 4 + w = warpgroup w only (ids up to 6: three consumers at most).
