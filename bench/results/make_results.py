@@ -50,7 +50,7 @@ STEP_RECORDS = {
     4: ["trainer_h200x4_2026-11-27_00fd4de", "trainer_h200x4_2026-11-27_00fd4de/256k"],
 }
 CAD_CONFIGS = ["prefix_aware", "distca", "per_doc_cp"]  # the rows of the step tables, where a record has them
-KERNEL_RECORD = "fa_anchors_h200x1_2026-12-04_a3adf47/fa_anchor_bench.json"
+KERNEL_RECORD = "fa_anchors_h200x1_2026-12-04_6ce0c32/fa_anchor_bench.json"
 SERVER_RECORD = "cad_server_bench_h200/cad_server_bench_h200.json"
 FIRST_STEP = 1  # step 0 warms up
 
