@@ -15,8 +15,11 @@
 # Suffixes of a variant set the D=64 kernel's Q/dO stages (_sK: -DCAD_BWD64_STAGES=K, default 2) and queries per
 # step (_qM: -DCAD_BWD64_QUERIES=M, 64 or 128, default 128), and _cN the D=64 forward's consumer warpgroups
 # (-DCAD_FWD64_CONSUMERS=N, 2 or 3, default 3; kernels/cad_kernels.h: the host plan's query tile follows it, so the
-# flags go to the C++ sources too), and _kN the forward's K/V stages (-DCAD_FWD90_KV_STAGES=N, sm90/fwd_traits.cuh),
-# e.g. 1_q64, 1_q64_s4, 1_c2 or 1_k2.
+# flags go to the C++ sources too), and _kN the forward's K/V stages (-DCAD_FWD90_KV_STAGES=N) and _m1 its mask
+# ranges broadcast from lane 0 (-DCAD_FWD90_UNIFORM_MASKS=1; both sm90/fwd_traits.cuh), e.g. 1_q64, 1_q64_s4, 1_c2,
+# 1_k2 or 1_m1.
+#   next A/B: VARIANTS="1 1_m0 1_m1" (the mask ranges known warp-uniform, no reconvergence barrier per tile; 1_m0 is
+#   1's code in a folder of its own, so that the run shows how far identical builds move)
 # Exits 1 when a build, a correctness test or a sanitizer run failed (a timeout counts as a failure), else 0.
 #   usage: [OUT=dir] [VARIANTS="0 1"] [ROUNDS=3] bash bench/kernels/bwd_variants.sh
 set -uo pipefail
@@ -54,7 +57,8 @@ for v in $VARIANTS; do
       q[0-9]*) flags="$flags -DCAD_BWD64_QUERIES=${part#q}" ;;
       c[23]) flags="$flags -DCAD_FWD64_CONSUMERS=${part#c}" ;;
       k[2-4]) flags="$flags -DCAD_FWD90_KV_STAGES=${part#k}" ;;
-      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM, _c2/_c3 or _k2.._k4)" >&2; exit 2 ;;
+      m[01]) flags="$flags -DCAD_FWD90_UNIFORM_MASKS=${part#m}" ;;
+      *) echo "variant $v: unknown suffix _$part (expected _sK, _qM, _c2/_c3, _k2.._k4 or _m0/_m1)" >&2; exit 2 ;;
     esac
   done
   (

@@ -115,9 +115,12 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
     // Masks: the causal one (fwd90_masks), or the window's, both edges (WINDOW: fwd90_window_masks, which
     // also sets key_first and mask_until; the unwindowed kernel never reads them).
     int key_limit[2], key_first[2], mask_until;
-    const int mask_from = WINDOW
-                              ? fwd90_window_masks<BN>(p, item, n_keys, warp_row0, g, key_limit, key_first, mask_until)
-                              : fwd90_masks<BN>(p, item, n_keys, warp_row0, g, key_limit);
+    int mask_from = WINDOW ? fwd90_window_masks<BN>(p, item, n_keys, warp_row0, g, key_limit, key_first, mask_until)
+                           : fwd90_masks<BN>(p, item, n_keys, warp_row0, g, key_limit);
+    if constexpr (kFwd90UniformMasks) {  // sm90/fwd_traits.cuh: warp-uniform, and now known to be
+      mask_from = __shfl_sync(0xffffffffu, mask_from, 0);
+      if constexpr (WINDOW) mask_until = __shfl_sync(0xffffffffu, mask_until, 0);
+    }
 
     float o_acc[D / 2];
 #pragma unroll

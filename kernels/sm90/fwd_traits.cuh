@@ -41,6 +41,16 @@ struct Fwd90Traits {
 template <int D>
 constexpr int kFwd90Stages = CAD_FWD90_KV_STAGES;
 
+// The tile ranges that need masks, broadcast from lane 0 (-DCAD_FWD90_UNIFORM_MASKS=1; bench/kernels/bwd_variants.sh's
+// suffix _m1): they are the same in every lane of a warp (fwd90_masks), but computed per thread ptxas cannot know,
+// and wraps each tile's mask branch in a reconvergence barrier (BSSY/BSYNC) instead of a uniform branch. Not yet
+// timed.
+#ifndef CAD_FWD90_UNIFORM_MASKS
+#define CAD_FWD90_UNIFORM_MASKS 0
+#endif
+static_assert(CAD_FWD90_UNIFORM_MASKS == 0 || CAD_FWD90_UNIFORM_MASKS == 1, "CAD_FWD90_UNIFORM_MASKS: 0 or 1");
+constexpr bool kFwd90UniformMasks = CAD_FWD90_UNIFORM_MASKS == 1;
+
 // Named barriers of the consumers: 1 + w = "consumer w may issue its products" (the turn passes w -> w + 1 -> ...
 // -> 0), 4 + w = warpgroup w only (ids up to 6: three consumers at most).
 constexpr int kTurnBarrier = 1, kWarpgroupBarrier = 4;
