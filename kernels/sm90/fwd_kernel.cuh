@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(Fwd90Traits<D, STAGES>::kThreads, 1)
   // Consumer warpgroup: queries 64*cw .. 64*cw + 63 of the tile. Broadcast from lane 0, so that ptxas knows it is
   // warp-uniform and keeps what derives from it (the wgmma descriptors, the turn barrier ids) in uniform
   // registers, as the backward does: 32 fewer instructions per warp and tile at D 128, 8 at D 64, and no spills
-  // at D 64 (timed even with computing it per thread, record bwd_variants_h200x1_2026-12-04_84fc49f, suffix _u1).
+  // at D 64; as fast as computing it per thread (record bwd_variants_h200x1_2026-12-04_84fc49f, suffix _u1).
   const int cw = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);
   const int wtid = tid - 128 - cw * 128;
   const int g = lane / 4, t = lane % 4;

@@ -48,16 +48,16 @@ cudaError_t launch_attention_fwd_sm90(const FwdParams& p, int num_items, cudaStr
   // A window reaches here only when it hides some key (the plan drops any other): the unwindowed problem
   // runs exactly the kernel it ran before windows were supported here.
   if (p.window_left >= 0 || p.window_right >= 0) {
-    return launch_attention_fwd_sm90_stages<D, kFwd90Stages<D>, true>(p, num_items, stream);
+    return launch_attention_fwd_sm90_stages<D, kFwd90Stages, true>(p, num_items, stream);
   }
-  return launch_attention_fwd_sm90_stages<D, kFwd90Stages<D>, false>(p, num_items, stream);
+  return launch_attention_fwd_sm90_stages<D, kFwd90Stages, false>(p, num_items, stream);
 }
 
 // True when the loaded binary of the sm_90a kernel is real sm_90 code (not the stub of another arch).
 template <int D>
 bool attention_fwd_sm90_loaded() {
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, attention_fwd_sm90_kernel<D, kFwd90Stages<D>>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attr, attention_fwd_sm90_kernel<D, kFwd90Stages>) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }

@@ -93,7 +93,7 @@ __device__ __forceinline__ void fwd90_issue_pv(float (&o)[D / 2], const uint32_t
 
 // One unit of consumer warpgroup cw (thread wtid of it): every K/V tile of the unit through S, the softmax
 // step (softmax_tile(s, j, alpha): sm90/fwd_softmax.cuh, with the unit's masks and row statistics) and PV
-// into o_acc (zeroed by the caller); Q is handed back as soon as the unit's last S product is done.
+// into o_acc (zeroed by the caller); Q is handed back once the unit's last S product and its softmax are done.
 // `tiles_used` counts this block's earlier K/V tiles, as the producer's `tiles_issued` does. (units_done by
 // reference and the softmax as the caller's lambda: passed as values, the compiler numbers the loop's
 // registers differently and ptxas allocates them differently; this split of the kernel into files left the

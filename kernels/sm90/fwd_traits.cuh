@@ -38,7 +38,7 @@ struct Fwd90Traits {
 #ifndef CAD_FWD90_KV_STAGES
 #define CAD_FWD90_KV_STAGES 3
 #endif
-template <int D>
+static_assert(CAD_FWD90_KV_STAGES >= 2, "CAD_FWD90_KV_STAGES: at least 2 (one stage loads while the other is read)");
 constexpr int kFwd90Stages = CAD_FWD90_KV_STAGES;
 
 // The tile ranges that need masks, broadcast from lane 0 (-DCAD_FWD90_UNIFORM_MASKS=1; bench/kernels/bwd_variants.sh's
